@@ -1,0 +1,58 @@
+# shardfeed — one command each for set-up, demo, tests and benchmarks.
+# Every target installs what it needs first (a virtual environment in .venv).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SHARDFEED := $(VENV)/bin/shardfeed
+STAMP := $(VENV)/.installed
+# torch: an existing CPU build is kept; without a GPU a CPU build is installed (no multi-GB CUDA
+# download); with a GPU (nvidia-smi present) the default build. Override: make install TORCH_SPEC=...
+TORCH_SPEC ?=
+DEMO_DATA := data/sample
+DEMO_OUT := out/demo
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast bench lint clean system-deps
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
+	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
+
+# nginx (answers HTTP Range requests) for the HTTP reader tests; installed when we are root on Debian.
+system-deps:
+	@command -v nginx >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null) \
+	  || echo "note: nginx not installed; the tests against an HTTP server that answers Range requests use shardfeed serve only"; }
+
+demo: install  ## build the sample folder, pack it to WebDataset and LMDB, verify before vs after
+	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
+	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/wds --format wds --max-count 500 --overwrite
+	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/lmdb --format lmdb --overwrite
+	$(SHARDFEED) inspect $(DEMO_OUT)/wds
+	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --model tiny --image-size 64 --batch-size 64 --batches 30 --warmup 5
+
+test: install system-deps  ## the whole suite (slow and multi-process tests included)
+	$(PY) -P -m pytest $(PYTEST_ARGS)
+
+test-fast: install  ## skip slow and multi-process tests
+	$(PY) -P -m pytest -m "not slow and not multiprocess" $(PYTEST_ARGS)
+
+bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/bench.json
+	$(PY) scripts/bench.py --out out/bench
+
+lint: install
+	$(PY) -m pyflakes convert readers scripts tests 2>/dev/null || $(PY) -m compileall -q convert readers scripts tests
+
+clean:
+	rm -rf out build dist *.egg-info .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) data

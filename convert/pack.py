@@ -1,0 +1,637 @@
+"""Pack an image folder into a WebDataset or LMDB dataset: plan, write in parallel, resume.
+
+The flow (DESIGN.md): scan the folder (:mod:`shardfeed.convert.scan`), fix the packing order (a
+seeded shuffle of the whole dataset, or sorted order), give every sample its key (the zero-padded
+position in that order), then hand the plan to the format's packer from :data:`PACKERS`.
+
+For WebDataset the shard boundaries are computed up front from the sample order and the file
+sizes (every member's size on disk is known before reading a byte), so each shard is an
+independent task: shards are byte-identical whatever ``workers`` is, and a killed pack resumes by
+rewriting only the shards that were not complete. Pack state lives in ``OUT/.shardfeed-pack/``
+(the plan's fingerprint and one record per finished shard) until the manifest, written last and
+atomically, marks the dataset finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import queue
+import random
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from shardfeed.readers.errors import ShardfeedError, SourceChangedError
+from shardfeed.readers.format import (
+    DEFAULT_PREFIX,
+    LMDB_DATA_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    class_bytes,
+    format_key,
+    index_name,
+    key_width,
+    load_manifest,
+    meta_bytes,
+    shard_name,
+    tar_member_bytes,
+    write_bytes_atomic,
+)
+
+from .scan import ScanResult, ScannedFile, scan_image_folder
+from .tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile
+
+__all__ = [
+    "PackOptions",
+    "PlannedSample",
+    "PackReport",
+    "pack",
+    "plan_samples",
+    "plan_shards",
+    "read_source_bytes",
+    "PACKERS",
+    "FORMAT_ALIASES",
+    "STATE_DIR",
+    "prepare_output",
+    "ProgressSink",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = ".shardfeed-pack"
+FORMAT_ALIASES = {"wds": "webdataset", "webdataset": "webdataset", "lmdb": "lmdb"}
+
+
+@dataclasses.dataclass
+class PackOptions:
+    """Options of :func:`pack` (CLI flags are their kebab-case: ``max_bytes`` ↔ ``--max-bytes``).
+
+    Attributes:
+        format: ``"webdataset"`` (alias ``"wds"``) or ``"lmdb"``.
+        max_count: samples per shard at most (WebDataset).
+        max_bytes: bytes per shard file at most, headers and padding included (WebDataset).
+        prefix: shard file prefix (``shard`` → ``shard-000000.tar``).
+        workers: processes that read and write (default: CPU count).
+        seed: seed of the packing-order shuffle.
+        shuffle: False keeps sorted ImageFolder order.
+        extensions: extensions to pack (None: the defaults).
+        on_error: ``"fail"`` (stop, naming the file) or ``"skip"`` (list it in the manifest).
+        decode_check: fully decode every image while packing (readers' decode rules).
+        class_to_idx: fixed class map (``--classes-from``); None: from the folder.
+        resume: continue an interrupted pack in OUT.
+        overwrite: replace an existing dataset in OUT.
+    """
+
+    format: str = "webdataset"
+    max_count: int = 10000
+    max_bytes: int = 256_000_000
+    prefix: str = DEFAULT_PREFIX
+    workers: int | None = None
+    seed: int = 0
+    shuffle: bool = True
+    extensions: tuple[str, ...] | None = None
+    on_error: str = "fail"
+    decode_check: bool = False
+    class_to_idx: dict | None = None
+    resume: bool = False
+    overwrite: bool = False
+    #: LMDB: initial map size in bytes (None: payload + headroom). Tests use a tiny one.
+    map_size: int | None = None
+
+    def __post_init__(self):
+        fmt = FORMAT_ALIASES.get(str(self.format).lower())
+        if fmt is None:
+            raise ValueError(f"unknown format {self.format!r}: choose one of wds (webdataset), lmdb")
+        self.format = fmt
+        if self.max_count < 1:
+            raise ValueError(f"max_count must be at least 1, got {self.max_count}")
+        if self.max_bytes < 4096:
+            raise ValueError(f"max_bytes must be at least 4096 bytes, got {self.max_bytes}")
+        if self.on_error not in ("fail", "skip"):
+            raise ValueError(f"on_error must be 'fail' or 'skip', got {self.on_error!r}")
+        if self.workers is None:
+            self.workers = os.cpu_count() or 1
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if "/" in self.prefix or not self.prefix or "." in self.prefix:
+            raise ValueError(f"prefix {self.prefix!r} must be a plain name without '/' or '.'")
+
+    def fingerprint_fields(self) -> dict:
+        """The options that decide the output bytes (recorded in the manifest; checked on resume)."""
+        d = {"format": self.format, "seed": self.seed, "shuffle": self.shuffle,
+             "extensions": list(self.extensions) if self.extensions else None,
+             "on_error": self.on_error, "decode_check": self.decode_check}
+        if self.format == "webdataset":
+            d.update(max_count=self.max_count, max_bytes=self.max_bytes, prefix=self.prefix)
+        return d
+
+
+@dataclasses.dataclass
+class PlannedSample:
+    """A source file with its place in the packing order.
+
+    Attributes:
+        index: global position in packing order (0..N-1).
+        key: the sample key (``format_key(index)``).
+        file: the scanned source file.
+        meta: the sample's metadata (``{"path", "class"}``).
+    """
+
+    index: int
+    key: str
+    file: ScannedFile
+    meta: dict
+
+    def wds_bytes(self) -> int:
+        """Bytes this sample takes in a tar shard: three members with headers and padding."""
+        return (tar_member_bytes(self.file.size) + tar_member_bytes(len(class_bytes(self.file.label)))
+                + tar_member_bytes(len(meta_bytes(self.meta))))
+
+
+@dataclasses.dataclass
+class PackReport:
+    """Summary of a pack (printed by the CLI; ``--json`` writes :meth:`to_json`)."""
+
+    source: str
+    output: str
+    format: str
+    num_samples: int
+    num_shards: int
+    num_bytes: int
+    input_bytes: int
+    seconds: float
+    workers: int
+    files: dict
+    skipped: list
+    ignored: list
+    empty_classes: list
+    num_classes: int
+    shards_resumed: int = 0
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.num_samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.input_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["images_per_s"] = round(self.images_per_s, 1)
+        d["mb_per_s"] = round(self.mb_per_s, 2)
+        return d
+
+    def summary(self) -> str:
+        """The one-line human summary."""
+        s = (f"packed {self.num_samples} samples in {self.num_classes} classes into {self.num_shards} "
+             f"{'shard' if self.num_shards == 1 else 'shards'} ({self.format}, {self.num_bytes / 1e6:.1f} MB) "
+             f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
+             f"{self.mb_per_s:.1f} MB/s")
+        if self.skipped:
+            s += f"; {len(self.skipped)} skipped (listed in the manifest)"
+        if self.ignored:
+            s += f"; {len(self.ignored)} files ignored (hidden or other extensions)"
+        if self.shards_resumed:
+            s += f"; {self.shards_resumed} shards kept from the interrupted run"
+        return s
+
+
+# ---------------------------------------------------------------------------------------------
+# planning
+
+def plan_samples(scan: ScanResult, *, seed: int = 0, shuffle: bool = True) -> list[PlannedSample]:
+    """Fix the packing order and the keys.
+
+    The order is a ``random.Random(seed)`` shuffle of the scan's ImageFolder order (so no shard
+    holds one class only), or that order itself when ``shuffle`` is False. Key ``i`` is the
+    zero-padded position ``i``, so keys sort in packing order.
+    """
+    files = list(scan.files)
+    if shuffle:
+        random.Random(seed).shuffle(files)
+    width = key_width(len(files))
+    return [PlannedSample(i, format_key(i, width), f, {"path": f.rel, "class": f.class_name})
+            for i, f in enumerate(files)]
+
+
+def plan_shards(samples: Sequence[PlannedSample], *, max_count: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut the packing order into shards: ``[(start, end), ...]`` half-open sample ranges.
+
+    A shard closes *before* it would hold more than ``max_count`` samples or its file would pass
+    ``max_bytes`` (headers, padding and the end-of-archive blocks included).
+
+    Raises:
+        ValueError: one sample alone is larger than ``max_bytes`` (names the file and the fix).
+    """
+    ranges = []
+    start = 0
+    size = END_OF_ARCHIVE_BYTES
+    for i, s in enumerate(samples):
+        b = s.wds_bytes()
+        if b + END_OF_ARCHIVE_BYTES > max_bytes:
+            raise ValueError(f"{s.file.path}: this image needs {b + END_OF_ARCHIVE_BYTES} bytes in a shard, more "
+                             f"than --max-bytes {max_bytes}; raise --max-bytes")
+        if i > start and (i - start >= max_count or size + b > max_bytes):
+            ranges.append((start, i))
+            start, size = i, END_OF_ARCHIVE_BYTES
+        size += b
+    if start < len(samples):
+        ranges.append((start, len(samples)))
+    return ranges
+
+
+def _fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options: PackOptions) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(options.fingerprint_fields(), sort_keys=True).encode())
+    h.update(json.dumps(scan.class_to_idx, sort_keys=True).encode())
+    for s in samples:
+        h.update(f"{s.key}\0{s.file.rel}\0{s.file.size}\0{s.file.mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# reading sources (in worker processes)
+
+def read_source_bytes(f: ScannedFile) -> bytes:
+    """Read a source file, checking it is the file the scan saw.
+
+    Raises:
+        SourceChangedError: the file vanished, or its size or mtime changed since the scan.
+        OSError: it cannot be read (permissions, I/O error); the message names the file.
+    """
+    try:
+        fd = os.open(f.path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise SourceChangedError(f"{f.path}: disappeared after the scan; rerun the pack") from None
+    except OSError as exc:
+        raise OSError(exc.errno, f"{f.path}: cannot open ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+            raise SourceChangedError(f"{f.path}: changed while packing (size {f.size} -> {st.st_size} bytes); "
+                                     "rerun the pack once the folder is stable")
+        chunks = []
+        remaining = f.size
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except OSError as exc:
+        if isinstance(exc, ShardfeedError):
+            raise
+        raise OSError(exc.errno, f"{f.path}: read failed ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) != f.size:
+        raise SourceChangedError(f"{f.path}: shrank while packing ({f.size} -> {len(data)} bytes); rerun the pack")
+    return data
+
+
+def load_sample_payload(s: PlannedSample, options: PackOptions) -> tuple[bytes, str, dict]:
+    """The bytes, extension and metadata to store for one planned sample.
+
+    Reads the file (:func:`read_source_bytes`) and, with ``decode_check``, decodes it with the
+    readers' exact rules so that a file that packs also decodes in training.
+
+    Raises:
+        SourceChangedError, OSError: as :func:`read_source_bytes`.
+        shardfeed.readers.errors.CorruptDataError: the image does not decode (``decode_check``).
+    """
+    data = read_source_bytes(s.file)
+    if options.decode_check:
+        from shardfeed.readers.decode import decode_image
+
+        decode_image(data, s.file.ext, source=s.file.path)
+    return data, s.file.ext, s.meta
+
+
+def _skip_reason(exc: BaseException) -> str:
+    msg = str(exc)
+    return msg.split(": ", 1)[1] if ": " in msg else (msg or type(exc).__name__)
+
+
+class ProgressSink:
+    """Collects progress increments (samples, input bytes) from the packers; thread-safe.
+
+    In worker processes the increments travel through a multiprocessing queue; the main process
+    drains it into a tqdm bar.
+    """
+
+    def __init__(self, q=None, callback: Callable[[int, int], None] | None = None):
+        self._q = q
+        self._callback = callback
+        self._pending = [0, 0]
+        self._last = time.monotonic()
+
+    def add(self, samples: int, nbytes: int) -> None:
+        if self._callback is not None:
+            self._callback(samples, nbytes)
+            return
+        self._pending[0] += samples
+        self._pending[1] += nbytes
+        now = time.monotonic()
+        if now - self._last > 0.1:
+            self.flush()
+            self._last = now
+
+    def flush(self) -> None:
+        if self._q is not None and (self._pending[0] or self._pending[1]):
+            self._q.put(tuple(self._pending))
+            self._pending = [0, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# WebDataset packer
+
+_worker_progress: ProgressSink | None = None
+
+
+def _init_worker(q) -> None:
+    global _worker_progress
+    _worker_progress = ProgressSink(q)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
+
+
+def _write_wds_shard(task) -> tuple[dict, list]:
+    out_dir, shard_idx, samples, options = task
+    progress = _worker_progress or ProgressSink()
+    skipped = []
+    name, iname = shard_name(shard_idx, options.prefix), index_name(shard_idx, options.prefix)
+    with TarShardFile(out_dir, name, iname) as shard:
+        for s in samples:
+            try:
+                data, ext, meta = load_sample_payload(s, options)
+            except (OSError, ValueError) as exc:
+                if options.on_error != "skip":
+                    raise
+                skipped.append({"path": s.file.rel, "key": s.key, "reason": _skip_reason(exc)})
+                progress.add(1, 0)
+                continue
+            shard.add_sample(s.key, [(ext, data), ("cls", class_bytes(s.file.label)), ("json", meta_bytes(meta))])
+            progress.add(1, len(data))
+        if not shard.offsets:
+            shard.abort()
+            entry = None
+        else:
+            entry = shard.close()
+    progress.flush()
+    result = entry.to_json() if entry else None
+    record = {"shard": shard_idx, "entry": result, "skipped": skipped}
+    write_bytes_atomic(Path(out_dir) / STATE_DIR / f"{shard_idx:06d}.json", json.dumps(record).encode())
+    return result, skipped
+
+
+def _shard_done(out_dir: Path, shard_idx: int, prefix: str) -> dict | None:
+    rec_path = out_dir / STATE_DIR / f"{shard_idx:06d}.json"
+    try:
+        record = json.loads(rec_path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    entry = record.get("entry")
+    if entry is None:
+        return record  # every sample of that shard was skipped
+    tar = out_dir / entry["name"]
+    idx = out_dir / entry["index"]
+    if tar.exists() and idx.exists() and tar.stat().st_size == entry["num_bytes"]:
+        return record
+    return None
+
+
+def run_tasks(fn, tasks: list, workers: int, progress: Callable[[int, int], None]):
+    """Run ``fn(task)`` for each task in ``workers`` processes (inline when 1); yield results in order.
+
+    Progress increments sent by the tasks through their :class:`ProgressSink` reach ``progress``.
+    Ctrl-C terminates the workers promptly; their temporary files are removed.
+    """
+    if workers <= 1 or len(tasks) <= 1:
+        global _worker_progress
+        _worker_progress = ProgressSink(callback=progress)
+        try:
+            for t in tasks:
+                yield fn(t)
+        finally:
+            _worker_progress = None
+        return
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    q = ctx.Queue()
+    stop = threading.Event()
+
+    def drain():
+        while not stop.is_set() or not q.empty():
+            try:
+                n, b = q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                return
+            progress(n, b)
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(q,))
+    try:
+        for r in pool.imap(fn, tasks):
+            yield r
+        pool.close()
+        pool.join()
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    finally:
+        stop.set()
+        t.join(timeout=2)
+
+
+def pack_webdataset(scan: ScanResult, samples: list[PlannedSample], out: Path, options: PackOptions,
+                    progress: Callable[[int, int], None]) -> tuple[list[ShardEntry], list[dict], int, dict]:
+    """Write the planned samples as WebDataset shards; returns (shards, skipped, resumed, extra)."""
+    ranges = plan_shards(samples, max_count=options.max_count, max_bytes=options.max_bytes)
+    done: dict[int, dict] = {}
+    if options.resume:
+        for i in range(len(ranges)):
+            rec = _shard_done(out, i, options.prefix)
+            if rec is not None:
+                done[i] = rec
+                a, b = ranges[i]
+                progress(b - a, sum(s.file.size for s in samples[a:b]))
+    tasks = [(str(out), i, samples[a:b], options) for i, (a, b) in enumerate(ranges) if i not in done]
+    results: dict[int, tuple] = {i: (rec["entry"], rec["skipped"]) for i, rec in done.items()}
+    for task, res in zip(tasks, run_tasks(_write_wds_shard, tasks, options.workers, progress)):
+        results[task[1]] = res
+    shards, skipped = [], []
+    for i in range(len(ranges)):
+        entry, sk = results[i]
+        skipped.extend(sk)
+        if entry is not None:
+            shards.append(ShardEntry(**entry))
+    return shards, skipped, len(done), {"num_planned_shards": len(ranges)}
+
+
+#: Packers by canonical format name: fn(scan, samples, out, options, progress) ->
+#: (shards, skipped, shards_resumed, extra). The LMDB packer registers itself on import.
+PACKERS: dict[str, Callable] = {"webdataset": pack_webdataset}
+
+
+def _packer(fmt: str) -> Callable:
+    if fmt not in PACKERS and fmt == "lmdb":
+        from . import lmdb_writer  # noqa: F401  (registers itself)
+    try:
+        return PACKERS[fmt]
+    except KeyError:
+        raise ValueError(f"format {fmt!r} has no packer") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# output folder
+
+_OURS = (MANIFEST_NAME, LMDB_DATA_NAME, "lock.mdb", STATE_DIR)
+
+
+def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, prefix: str = DEFAULT_PREFIX) -> None:
+    """Check OUT before anything is written, and clear it for ``overwrite``.
+
+    Raises:
+        ValueError: OUT equals SRC or lies inside it; OUT is not empty (without ``resume`` or
+            ``overwrite``); OUT is already a finished dataset (with ``resume``); OUT holds files
+            shardfeed did not write (with ``overwrite``).
+        NotADirectoryError: OUT is a file.
+    """
+    src_r, out_r = src.resolve(), out.resolve()
+    if out_r == src_r:
+        raise ValueError(f"{out}: OUT is the source folder itself; choose another output folder")
+    if src_r in out_r.parents:
+        raise ValueError(f"{out}: OUT lies inside the source folder {src} (it would be scanned as a class); "
+                         "choose an output folder outside it")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: exists and is a file; choose a folder for the output")
+    if not out.exists() or not any(out.iterdir()):
+        out.mkdir(parents=True, exist_ok=True)
+        return
+    if resume:
+        if (out / MANIFEST_NAME).exists():
+            raise ValueError(f"{out}: already holds a finished dataset ({MANIFEST_NAME}); nothing to resume "
+                             "(use --overwrite to rebuild it)")
+        if not (out / STATE_DIR).exists():
+            raise ValueError(f"{out}: not an interrupted shardfeed pack (no {STATE_DIR}/); "
+                             "choose an empty folder or use --overwrite")
+        return
+    if not overwrite:
+        raise ValueError(f"{out}: output folder is not empty; use --overwrite to replace it, "
+                         "--resume to finish an interrupted pack, or choose an empty folder")
+    foreign = [p.name for p in out.iterdir() if not _is_ours(p.name)]
+    if foreign:
+        raise ValueError(f"{out}: holds files shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
+                         "refusing to delete them with --overwrite: choose an empty folder")
+    for p in out.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _is_ours(name: str) -> bool:
+    if name in _OURS or name.endswith((".tar", ".idx", ".tmp")):
+        return True
+    return name.startswith(".") and (name.endswith(".tmp") or name.startswith("." + MANIFEST_NAME))
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | None = None, *,
+         progress: Callable[[int, int], None] | None = None,
+         scan: ScanResult | None = None) -> PackReport:
+    """Pack the image folder ``src`` into ``out`` (WebDataset shards or LMDB) with a manifest.
+
+    Args:
+        src: an ImageFolder root (``SRC/CLASS/IMAGE``).
+        out: output folder (created; must be empty unless ``resume``/``overwrite``).
+        options: :class:`PackOptions`.
+        progress: ``callback(num_samples, num_input_bytes)`` called as samples are written.
+        scan: a scan of ``src`` done already (to avoid scanning twice).
+
+    Returns:
+        A :class:`PackReport`.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: SRC missing or a file; OUT a file.
+        ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``.
+        SourceChangedError: a file changed during the pack (``on_error="fail"``).
+        shardfeed.readers.errors.CorruptDataError: an image failed ``decode_check``.
+        OSError: reading a source or writing OUT failed (disk full: ``ENOSPC``/``EFBIG``); complete
+            shards stay and ``resume`` continues.
+    """
+    options = options or PackOptions()
+    src, out = Path(src), Path(out)
+    t0 = time.perf_counter()
+    if scan is None:
+        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
+    prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, prefix=options.prefix)
+    samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
+    fingerprint = _fingerprint(scan, samples, options)
+    state = out / STATE_DIR
+    plan_path = state / "plan.json"
+    if options.resume:
+        try:
+            old = json.loads(plan_path.read_text())
+        except (FileNotFoundError, ValueError):
+            old = {}
+        if old.get("fingerprint") != fingerprint:
+            raise ValueError(f"{out}: the interrupted pack used other options or another version of the source "
+                             f"folder (plan fingerprint differs); rerun with the same options, or use --overwrite")
+    else:
+        state.mkdir(exist_ok=True)
+        write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
+                                                  "options": options.fingerprint_fields()}).encode())
+    progress = progress or (lambda n, b: None)
+    shards, skipped, resumed, extra = _packer(options.format)(scan, samples, out, options, progress)
+    num_samples = sum(s.num_samples for s in shards)
+    if num_samples == 0:
+        raise ValueError(f"{src}: every image was skipped ({len(skipped)}); nothing to pack")
+    manifest = Manifest(
+        format=options.format, num_samples=num_samples, classes=scan.classes, class_to_idx=scan.class_to_idx,
+        shards=shards, skipped=skipped,
+        options={**options.fingerprint_fields(), "source": scan.root},
+        files={"found": scan.num_found, "packed": num_samples, "skipped": len(skipped),
+               "ignored": len(scan.ignored)},
+    )
+    finalize = extra.pop("finalize", None)
+    if finalize is not None:
+        finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction
+    manifest.write(out)
+    shutil.rmtree(state, ignore_errors=True)
+    seconds = time.perf_counter() - t0
+    return PackReport(
+        source=scan.root, output=str(out), format=options.format, num_samples=num_samples,
+        num_shards=len(shards), num_bytes=sum(s.num_bytes for s in shards),
+        input_bytes=sum(s.file.size for s in samples), seconds=seconds, workers=options.workers,
+        files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
+        num_classes=len(scan.classes), shards_resumed=resumed, extra=extra,
+    )
+
+
+def load_class_map(manifest_path: str | os.PathLike) -> dict[str, int]:
+    """The ``class_to_idx`` of a packed dataset's manifest (for ``--classes-from``)."""
+    return load_manifest(manifest_path, check_files=False).class_to_idx
+
+
+__all__.append("load_class_map")
+__all__.append("run_tasks")
+__all__.append("load_sample_payload")

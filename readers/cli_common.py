@@ -1,0 +1,117 @@
+"""Helpers shared by every shardfeed command (the CLI conventions of DESIGN.md).
+
+Every reporting command takes ``--json PATH`` (``-`` for stdout); sizes accept ``KB/MB/GB``
+(powers of 1000) and ``KiB/MiB/GiB``; library errors become one line on stderr and a non-zero
+exit status, never a traceback (set ``SHARDFEED_DEBUG=1`` to see it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+__all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "command", "progress_bar",
+           "EXIT_ERROR", "EXIT_INTERRUPTED"]
+
+#: Exit status when a command fails on bad input or a fault it reports.
+EXIT_ERROR = 1
+#: Exit status after Ctrl-C (128 + SIGINT), as shells do.
+EXIT_INTERRUPTED = 130
+
+
+class SizeParam(click.ParamType):
+    """A byte size: ``256MB`` (powers of 1000), ``1GiB`` (powers of 1024) or a byte count."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        from shardfeed.readers.format import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def write_json_report(path: str | None, report: Any) -> None:
+    """Write ``report`` as JSON to ``path`` (``-``: stdout); nothing when ``path`` is None."""
+    if not path:
+        return
+    text = json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n"
+    if path == "-":
+        click.echo(text, nl=False)
+    else:
+        from shardfeed.readers.format import write_bytes_atomic
+
+        write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def json_option(f: Callable) -> Callable:
+    """Add ``--json PATH`` (the full report as JSON; ``-`` for stdout)."""
+    return click.option("--json", "json_path", metavar="PATH", default=None,
+                        help="Also write the full report as JSON to PATH ('-' for stdout).")(f)
+
+
+def fail_cleanly(f: Callable) -> Callable:
+    """Turn library errors into one line on stderr and a non-zero exit (no traceback)."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        from shardfeed.readers.errors import ShardfeedError
+
+        try:
+            return f(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("shardfeed: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.ClickException:
+            raise
+        except (ShardfeedError, ValueError, OSError, LookupError) as exc:
+            msg = str(exc) or type(exc).__name__
+            if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
+                msg = f"{exc.filename}: {msg}"
+            click.echo(f"shardfeed: error: {msg}", err=True)
+            if os.environ.get("SHARDFEED_DEBUG"):
+                raise
+            sys.exit(EXIT_ERROR)
+
+    return wrapper
+
+
+def command(*args, **kwargs) -> Callable:
+    """``click.command`` with clean error handling (see :func:`fail_cleanly`)."""
+
+    def deco(f):
+        return click.command(*args, **kwargs)(fail_cleanly(f))
+
+    return deco
+
+
+def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
+    """A tqdm bar counting images, with MB/s in its postfix; returns (bar, callback)."""
+    from tqdm import tqdm
+    import time
+
+    bar = tqdm(total=total_samples, unit="img", unit_scale=True, desc=desc, disable=quiet,
+               dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
+    state = {"bytes": 0, "t0": time.perf_counter(), "last": 0.0}
+
+    def update(n: int, nbytes: int) -> None:
+        state["bytes"] += nbytes
+        bar.update(n)
+        now = time.perf_counter()
+        if now - state["last"] > 0.25 or bar.n >= total_samples:
+            state["last"] = now
+            mb_s = state["bytes"] / 1e6 / max(now - state["t0"], 1e-9)
+            bar.set_postfix_str(f"{state['bytes'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB, {mb_s:.1f} MB/s", refresh=False)
+
+    return bar, update
+
+

@@ -1,0 +1,42 @@
+"""The small family of exceptions shardfeed raises.
+
+Every library error is a precise exception; the CLI turns any :class:`ShardfeedError` (and
+``ValueError``/``FileNotFoundError``) into a one-line message and a non-zero exit status.
+Each subclass also derives from the built-in exception a caller would naturally catch, so
+``except ValueError`` still works for a bad argument.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ShardfeedError",
+    "ManifestError",
+    "IncompleteDatasetError",
+    "CorruptDataError",
+    "SourceChangedError",
+    "DataSourceError",
+]
+
+
+class ShardfeedError(Exception):
+    """Base class of every error shardfeed raises on purpose."""
+
+
+class ManifestError(ShardfeedError, ValueError):
+    """A manifest is missing, unreadable, of another format/version, or disagrees with the files."""
+
+
+class IncompleteDatasetError(ManifestError):
+    """A packed dataset has no finished manifest (a pack was interrupted): resume or rebuild it."""
+
+
+class CorruptDataError(ShardfeedError, ValueError):
+    """Stored bytes are damaged: a truncated tar member, a bad header, a checksum mismatch."""
+
+
+class SourceChangedError(ShardfeedError, OSError):
+    """A source file changed size or mtime (or vanished) between the scan and the pack."""
+
+
+class DataSourceError(ShardfeedError, OSError):
+    """Reading a shard failed (network error, HTTP status, stalled stream) after bounded retries."""

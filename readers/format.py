@@ -1,0 +1,502 @@
+"""The on-disk format: manifest schema, key and member naming, offset index, LMDB record codec.
+
+This module is the single definition of what shardfeed writes and reads. Writers
+(``shardfeed.convert``) import it; readers never import the writers. Binding names (see
+DESIGN.md, "On-disk formats"):
+
+WebDataset
+    ``OUT/{prefix}-{index:06d}.tar``; per sample the contiguous members ``{key}.{ext}`` (original
+    image bytes), ``{key}.cls`` (ASCII decimal class index) and ``{key}.json`` (UTF-8 metadata).
+    Tar members carry fixed metadata (:data:`TAR_MTIME`, :data:`TAR_MODE`, uid/gid 0) so the same
+    input gives byte-identical shards. Beside each shard, ``{prefix}-{index:06d}.idx`` holds the
+    byte offset of every sample's first tar header as little-endian uint64.
+
+LMDB
+    ``OUT/data.mdb`` (+ ``lock.mdb``), one record per sample, key = sample key (UTF-8), value =
+    :func:`encode_record` (msgpack map, versioned, pickle-free, with a CRC-32 of the image bytes).
+    The manifest is also stored under :data:`LMDB_MANIFEST_KEY` (without file hashes).
+
+manifest.json
+    Written last and atomically; a finished manifest means a finished dataset. See
+    :class:`Manifest`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import struct
+import tempfile
+import zlib
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "LMDB_DATA_NAME",
+    "LMDB_MANIFEST_KEY",
+    "LMDB_RECORD_VERSION",
+    "DEFAULT_PREFIX",
+    "DEFAULT_EXTENSIONS",
+    "TAR_MTIME",
+    "TAR_MODE",
+    "TAR_BLOCK",
+    "KEY_MIN_DIGITS",
+    "Manifest",
+    "ShardEntry",
+    "Sample",
+    "normalize_ext",
+    "format_key",
+    "key_width",
+    "shard_name",
+    "index_name",
+    "split_member_name",
+    "class_bytes",
+    "meta_bytes",
+    "tar_member_bytes",
+    "encode_index",
+    "decode_index",
+    "read_index",
+    "encode_record",
+    "decode_record",
+    "parse_size",
+    "write_bytes_atomic",
+    "load_manifest",
+    "find_manifest_path",
+    "check_files_present",
+    "created_by",
+]
+
+#: Version of the manifest schema and of the on-disk layout it describes.
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+LMDB_DATA_NAME = "data.mdb"
+#: Reserved LMDB key holding the manifest (no file hashes: the DB's own hash changes with layout).
+LMDB_MANIFEST_KEY = b"__shardfeed_manifest__"
+#: Version of the LMDB value encoding (see :func:`encode_record`).
+LMDB_RECORD_VERSION = 1
+DEFAULT_PREFIX = "shard"
+#: Extensions packed by default (torchvision's IMG_EXTENSIONS, without the dots).
+DEFAULT_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
+#: Fixed tar member metadata: the same input gives byte-identical shards.
+TAR_MTIME = 0
+TAR_MODE = 0o644
+TAR_BLOCK = 512
+#: Keys are the zero-padded global sample index, at least this many digits.
+KEY_MIN_DIGITS = 9
+
+class Sample(NamedTuple):
+    """One sample as packed and as yielded raw by the readers (``decode=False``).
+
+    Attributes:
+        key: the sample key, a zero-padded global index (``"000001234"``).
+        data: the encoded image bytes, exactly as stored.
+        ext: canonical lower-case extension (``"jpg"``, ``"png"``; see :func:`normalize_ext`).
+        label: class index (int).
+        meta: JSON object; at least ``"path"`` (source-relative, ``/`` separators) and ``"class"``.
+    """
+
+    key: str
+    data: bytes
+    ext: str
+    label: int
+    meta: dict
+
+
+_EXT_ALIASES = {"jpeg": "jpg", "tiff": "tif"}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    None: 1, "b": 1,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def created_by() -> str:
+    """The ``created_by`` string written into manifests, e.g. ``"shardfeed 0.1.0"``."""
+    from . import __version__
+
+    return f"shardfeed {__version__}"
+
+
+def normalize_ext(ext: str) -> str:
+    """Lower-case an extension and map aliases (``jpeg``→``jpg``, ``tiff``→``tif``).
+
+    Args:
+        ext: an extension with or without its leading dot, any case (``".JPEG"``).
+
+    Returns:
+        The canonical extension used in member names and records (``"jpg"``).
+    """
+    ext = ext.lower().lstrip(".")
+    return _EXT_ALIASES.get(ext, ext)
+
+
+def key_width(num_samples: int) -> int:
+    """Digits of the zero-padded keys of a dataset of ``num_samples`` samples (at least 9)."""
+    return max(KEY_MIN_DIGITS, len(str(max(num_samples - 1, 0))))
+
+
+def format_key(index: int, width: int = KEY_MIN_DIGITS) -> str:
+    """The key of the sample at global position ``index`` in packing order (``000001234``).
+
+    Keys contain no ``.`` (WebDataset splits key from extension at the first dot) and sort in
+    packing order because they are zero-padded to a common width.
+    """
+    return str(index).zfill(width)
+
+
+def shard_name(index: int, prefix: str = DEFAULT_PREFIX) -> str:
+    """File name of WebDataset shard number ``index``: ``{prefix}-{index:06d}.tar``."""
+    return f"{prefix}-{index:06d}.tar"
+
+
+def index_name(index: int, prefix: str = DEFAULT_PREFIX) -> str:
+    """File name of the offset index of shard ``index``: ``{prefix}-{index:06d}.idx``."""
+    return f"{prefix}-{index:06d}.idx"
+
+
+def split_member_name(name: str) -> tuple[str, str]:
+    """Split a tar member name into ``(key, ext)`` the way WebDataset does.
+
+    The key is everything before the first dot of the basename (directories kept), the extension
+    everything after it: ``"a/000001.seg.png"`` → ``("a/000001", "seg.png")``.
+    """
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1:]
+
+
+def class_bytes(label: int) -> bytes:
+    """Content of the ``{key}.cls`` member: the class index as ASCII decimal, no newline."""
+    return str(int(label)).encode("ascii")
+
+
+def meta_bytes(meta: dict) -> bytes:
+    """Content of the ``{key}.json`` member: compact UTF-8 JSON with sorted keys."""
+    return json.dumps(meta, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def tar_member_bytes(size: int) -> int:
+    """Bytes one tar member of ``size`` data bytes takes on disk: a 512-byte header + padded data."""
+    return TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
+
+
+def encode_index(offsets: Sequence[int]) -> bytes:
+    """Encode sample offsets (bytes from the start of the shard) as little-endian uint64."""
+    return struct.pack(f"<{len(offsets)}Q", *offsets)
+
+
+def decode_index(data: bytes, source: str = "<index>") -> list[int]:
+    """Decode an offset index written by :func:`encode_index`.
+
+    Raises:
+        CorruptDataError: the length is not a multiple of 8 bytes.
+    """
+    if len(data) % 8:
+        raise CorruptDataError(f"{source}: offset index of {len(data)} bytes is not a multiple of 8")
+    return list(struct.unpack(f"<{len(data) // 8}Q", data))
+
+
+def read_index(path: str | os.PathLike) -> list[int]:
+    """Read a local ``.idx`` file: the byte offset of every sample's first header."""
+    with open(path, "rb") as f:
+        return decode_index(f.read(), str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# LMDB record codec
+
+def encode_record(key: str, data: bytes, ext: str, label: int, meta: dict) -> bytes:
+    """Encode one sample as an LMDB value (pickle-free, versioned).
+
+    Layout (msgpack map, ``use_bin_type=True``), readable with ``msgpack`` alone::
+
+        {"v": 1,                 # LMDB_RECORD_VERSION
+         "key": str,             # the sample key (also the LMDB key)
+         "ext": str,             # canonical extension: jpg, png, ...
+         "label": int,           # class index
+         "meta": {...},          # {"path": ..., "class": ..., ...}
+         "crc32": int,           # zlib.crc32 of "data" (unsigned 32-bit)
+         "data": bytes}          # the original encoded image bytes
+
+    Returns:
+        The encoded value (bytes).
+    """
+    import msgpack
+
+    return msgpack.packb(
+        {"v": LMDB_RECORD_VERSION, "key": key, "ext": ext, "label": int(label), "meta": meta,
+         "crc32": zlib.crc32(data), "data": data},
+        use_bin_type=True,
+    )
+
+
+def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>") -> dict:
+    """Decode an LMDB value written by :func:`encode_record`.
+
+    Args:
+        value: the raw value bytes.
+        verify: check the CRC-32 of the image bytes.
+        source: named in error messages (e.g. ``"data/train.lmdb key 000000042"``).
+
+    Returns:
+        ``{"key", "ext", "label", "meta", "crc32", "data", "v"}``.
+
+    Raises:
+        CorruptDataError: undecodable value, unknown version, or checksum mismatch.
+    """
+    import msgpack
+
+    try:
+        rec = msgpack.unpackb(value, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptDataError(f"{source}: undecodable record ({exc})") from None
+    if not isinstance(rec, dict) or rec.get("v") != LMDB_RECORD_VERSION:
+        raise CorruptDataError(
+            f"{source}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is not "
+            f"{LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
+    if verify and zlib.crc32(rec["data"]) != rec["crc32"]:
+        raise CorruptDataError(f"{source}: image bytes fail their CRC-32 check (record is damaged)")
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes and atomic files
+
+def parse_size(text: str | int) -> int:
+    """Parse a size: ``"512MB"`` (powers of 1000), ``"1GiB"`` (powers of 1024), or a plain int.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ValueError: unparseable or not positive.
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        if not m:
+            raise ValueError(f"cannot parse size {text!r}: use e.g. 256MB, 1GiB, 500KB or a byte count")
+        unit = m.group(2).lower() if m.group(2) else None
+        value = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return value
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file its usual mode
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# manifest
+
+@dataclasses.dataclass
+class ShardEntry:
+    """One shard (or ``data.mdb``) of a dataset, as listed in the manifest.
+
+    Attributes:
+        name: file name relative to the dataset root (``shard-000000.tar``).
+        num_samples: samples it holds.
+        num_bytes: its size on disk, bytes.
+        sha256: hex digest of the whole file (None for LMDB and inside the DB's own copy).
+        index: offset-index file name (WebDataset only).
+        index_sha256: hex digest of the offset index.
+    """
+
+    name: str
+    num_samples: int
+    num_bytes: int
+    sha256: str | None = None
+    index: str | None = None
+    index_sha256: str | None = None
+
+    def to_json(self) -> dict:
+        d = {"name": self.name, "num_samples": self.num_samples, "num_bytes": self.num_bytes}
+        for field in ("sha256", "index", "index_sha256"):
+            if getattr(self, field) is not None:
+                d[field] = getattr(self, field)
+        return d
+
+
+@dataclasses.dataclass
+class Manifest:
+    """The description of a packed dataset (``manifest.json``).
+
+    Attributes:
+        format: ``"webdataset"`` or ``"lmdb"``.
+        num_samples: total samples N (epoch length).
+        classes: class names; index = class index (order as torchvision.datasets.ImageFolder:
+            sorted sub-folder names, unless a class map was given).
+        class_to_idx: name → index.
+        shards: the files, in shard-index order.
+        skipped: ``[{"path", "reason"}]`` for files not packed because of errors (``--on-error skip``).
+        options: the packing options (for ``--resume`` and provenance).
+        files: accounting of the input: ``{"found", "packed", "skipped", "ignored"}``.
+        version: :data:`FORMAT_VERSION`.
+        created_by: ``"shardfeed X.Y.Z"``.
+    """
+
+    format: str
+    num_samples: int
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    shards: list[ShardEntry]
+    skipped: list[dict] = dataclasses.field(default_factory=list)
+    options: dict = dataclasses.field(default_factory=dict)
+    files: dict = dataclasses.field(default_factory=dict)
+    version: int = FORMAT_VERSION
+    created_by: str = dataclasses.field(default_factory=created_by)
+
+    def to_json(self, *, hashes: bool = True) -> dict:
+        """The manifest as a JSON-able dict (``hashes=False`` drops the file hashes)."""
+        shards = [s.to_json() for s in self.shards]
+        if not hashes:
+            for s in shards:
+                s.pop("sha256", None)
+                s.pop("index_sha256", None)
+        return {
+            "format": self.format, "version": self.version, "created_by": self.created_by,
+            "num_samples": self.num_samples, "classes": list(self.classes),
+            "class_to_idx": dict(self.class_to_idx), "shards": shards,
+            "skipped": list(self.skipped), "options": dict(self.options), "files": dict(self.files),
+        }
+
+    def dumps(self, *, hashes: bool = True) -> bytes:
+        """Serialise to UTF-8 JSON bytes (indented, stable key order)."""
+        return (json.dumps(self.to_json(hashes=hashes), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: dict | bytes | str, source: str = "<manifest>") -> "Manifest":
+        """Parse and validate a manifest.
+
+        Raises:
+            ManifestError: not JSON, missing fields, or another format version.
+        """
+        if isinstance(data, (bytes, str)):
+            try:
+                data = json.loads(data)
+            except ValueError as exc:
+                raise ManifestError(f"{source}: not valid JSON ({exc}); rebuild the dataset with "
+                                    "`shardfeed pack` or `shardfeed index`") from None
+        if not isinstance(data, dict):
+            raise ManifestError(f"{source}: a manifest is a JSON object")
+        version = data.get("version")
+        if version != FORMAT_VERSION:
+            raise ManifestError(f"{source}: manifest version {version!r} is not supported (this "
+                                f"shardfeed reads version {FORMAT_VERSION}); repack with this version")
+        try:
+            shards = [ShardEntry(**{k: s.get(k) for k in ("name", "num_samples", "num_bytes", "sha256",
+                                                           "index", "index_sha256")})
+                      for s in data["shards"]]
+            m = cls(format=data["format"], num_samples=int(data["num_samples"]),
+                    classes=list(data["classes"]),
+                    class_to_idx={k: int(v) for k, v in data["class_to_idx"].items()},
+                    shards=shards, skipped=list(data.get("skipped", [])),
+                    options=dict(data.get("options", {})), files=dict(data.get("files", {})),
+                    version=version, created_by=data.get("created_by", "?"))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ManifestError(f"{source}: malformed manifest ({exc!r} missing or wrong type)") from None
+        if sum(s.num_samples for s in m.shards) != m.num_samples:
+            raise ManifestError(f"{source}: shard sample counts add up to "
+                                f"{sum(s.num_samples for s in m.shards)}, not num_samples={m.num_samples}")
+        return m
+
+    def write(self, root: str | os.PathLike) -> Path:
+        """Write ``root/manifest.json`` atomically (last step of a pack). Returns its path."""
+        path = Path(root) / MANIFEST_NAME
+        write_bytes_atomic(path, self.dumps())
+        return path
+
+
+def find_manifest_path(path: str | os.PathLike) -> Path:
+    """Resolve a dataset directory or a manifest file path to the manifest file path."""
+    p = Path(path)
+    return p / MANIFEST_NAME if p.is_dir() else p
+
+
+def load_manifest(path: str | os.PathLike, *, check_files: bool = True) -> Manifest:
+    """Load and validate a local manifest (a dataset directory or its ``manifest.json``).
+
+    Args:
+        path: the dataset directory or the manifest file.
+        check_files: also check that every listed file exists with the listed size (cheap; hashes
+            are for ``shardfeed check``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        IncompleteDatasetError: the directory holds shards but no manifest (interrupted pack).
+        ManifestError: bad manifest, or files missing / of the wrong size.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    mpath = find_manifest_path(p)
+    if not mpath.exists():
+        root = mpath.parent
+        if any(root.glob("*.tar")) or (root / LMDB_DATA_NAME).exists() or any(root.glob(".shardfeed-*")):
+            raise IncompleteDatasetError(
+                f"{root}: no {MANIFEST_NAME}; the pack that wrote it did not finish. Finish it with "
+                f"`shardfeed pack SRC {root} --resume`, or rebuild it")
+        raise ManifestError(f"{root}: no {MANIFEST_NAME}: not a packed dataset (pack it with `shardfeed pack`, "
+                            "or write a manifest for existing shards with `shardfeed index`)")
+    manifest = Manifest.from_json(mpath.read_bytes(), str(mpath))
+    if check_files:
+        check_files_present(manifest, mpath.parent)
+    return manifest
+
+
+def check_files_present(manifest: Manifest, root: str | os.PathLike) -> None:
+    """Check that each shard (and offset index) exists; shards must have the listed size.
+
+    Raises:
+        ManifestError: a file is missing or has another size; the message says how to fix it.
+    """
+    root = Path(root)
+    for s in manifest.shards:
+        f = root / s.name
+        try:
+            size = f.stat().st_size
+        except FileNotFoundError:
+            raise ManifestError(f"{f}: listed in {MANIFEST_NAME} but missing; restore it, or run "
+                                f"`shardfeed check {root}` and repack") from None
+        if size != s.num_bytes and manifest.format != "lmdb":
+            raise ManifestError(f"{f}: {size} bytes on disk but {s.num_bytes} in {MANIFEST_NAME}; the file was "
+                                f"changed or truncated: run `shardfeed check {root}` and repack")
+        if s.index and not (root / s.index).exists():
+            raise ManifestError(f"{root / s.index}: offset index missing; rebuild it with "
+                                f"`shardfeed index {root}`")
+
