@@ -68,6 +68,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_DIR = ".shardfeed-pack"
+#: Test hook: ``SHARDFEED_TEST_DELAY_MS`` slows every sample read so tests can kill a pack mid-way.
+_TEST_DELAY_S = float(os.environ.get("SHARDFEED_TEST_DELAY_MS", "0") or 0) / 1000
 FORMAT_ALIASES = {"wds": "webdataset", "webdataset": "webdataset", "lmdb": "lmdb"}
 
 
@@ -311,6 +313,8 @@ def load_sample_payload(s: PlannedSample, options: PackOptions) -> tuple[bytes, 
         SourceChangedError, OSError: as :func:`read_source_bytes`.
         shardfeed.readers.errors.CorruptDataError: the image does not decode (``decode_check``).
     """
+    if _TEST_DELAY_S:
+        time.sleep(_TEST_DELAY_S)
     data = read_source_bytes(s.file)
     if options.decode_check:
         from shardfeed.readers.decode import decode_image
