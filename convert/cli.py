@@ -129,7 +129,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
       shardfeed pack ~/data/val out/val --classes-from out/train/manifest.json
       shardfeed pack ~/data/train out/train --resume        # after a crash or kill -9
     """
-    from .pack import PackOptions, load_class_map, pack
+    from .pack import PackOptions, load_class_map, pack, prepare_output
     from .scan import scan_image_folder
 
     _check_flag_format(fmt.lower(), ctx)
@@ -138,6 +138,9 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
                           seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
                           on_error=on_error, decode_check=decode_check, class_to_idx=class_to_idx,
                           resume=resume, overwrite=overwrite)
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: source folder does not exist")
+    prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
     scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
     quiet = ctx.obj.get("quiet", False)
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet)
@@ -145,9 +148,6 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
         report = pack(src, out, options, progress=update, scan=scan)
     finally:
         bar.close()
-    if report.empty_classes:
-        click.echo(f"warning: empty class folders (kept with their index): {', '.join(report.empty_classes)}",
-                   err=True)
     for item in report.skipped[:20]:
         click.echo(f"skipped {item['path']}: {item['reason']}", err=True)
     if len(report.skipped) > 20:
@@ -182,3 +182,7 @@ def _register_more_commands() -> None:
 
 
 _register_more_commands()
+
+
+if __name__ == "__main__":
+    main()

@@ -508,8 +508,10 @@ def _packer(fmt: str) -> Callable:
 _OURS = (MANIFEST_NAME, LMDB_DATA_NAME, "lock.mdb", STATE_DIR)
 
 
-def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, prefix: str = DEFAULT_PREFIX) -> None:
-    """Check OUT before anything is written, and clear it for ``overwrite``.
+def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check_only: bool = False) -> None:
+    """Check OUT before anything is written, then create it, or clear it for ``overwrite``.
+
+    With ``check_only`` nothing is created or removed (the CLI checks before scanning).
 
     Raises:
         ValueError: OUT equals SRC or lies inside it; OUT is not empty (without ``resume`` or
@@ -526,7 +528,8 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, prefi
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is a file; choose a folder for the output")
     if not out.exists() or not any(out.iterdir()):
-        out.mkdir(parents=True, exist_ok=True)
+        if not check_only:
+            out.mkdir(parents=True, exist_ok=True)
         return
     if resume:
         if (out / MANIFEST_NAME).exists():
@@ -543,6 +546,8 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, prefi
     if foreign:
         raise ValueError(f"{out}: holds files shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
                          "refusing to delete them with --overwrite: choose an empty folder")
+    if check_only:
+        return
     for p in out.iterdir():
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
@@ -587,7 +592,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     t0 = time.perf_counter()
     if scan is None:
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
-    prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, prefix=options.prefix)
+    prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
     fingerprint = _fingerprint(scan, samples, options)
     state = out / STATE_DIR
