@@ -1,0 +1,150 @@
+"""Tar member iteration (readers/tario.py) against archives written by tarfile and by our writer."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import tarfile
+
+import pytest
+
+from shardfeed.convert.tarwriter import TarShardFile
+from shardfeed.readers.errors import CorruptDataError
+from shardfeed.readers.format import read_index
+from shardfeed.readers.tario import iter_members, iter_samples
+
+
+class NoSeek(io.RawIOBase):
+    """A non-seekable stream that returns short reads (like a socket)."""
+
+    def __init__(self, data: bytes, max_read: int = 7000):
+        self._b = io.BytesIO(data)
+        self._max = max_read
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        chunk = self._b.read(min(len(b), self._max))
+        b[:len(chunk)] = chunk
+        return len(chunk)
+
+
+def _tar(fmt: int, members: list[tuple[str, bytes]], extras: bool = True) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
+        if extras:
+            d = tarfile.TarInfo("somedir")
+            d.type = tarfile.DIRTYPE
+            t.addfile(d)
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+        if extras:
+            s = tarfile.TarInfo("alink")
+            s.type = tarfile.SYMTYPE
+            s.linkname = "target"
+            t.addfile(s)
+    return buf.getvalue()
+
+
+def _members(rng: random.Random, long_names: bool) -> list[tuple[str, bytes]]:
+    out = []
+    for i in range(25):
+        d = ("deep" * 40 if long_names else "d" * 120) + f"/{i:04d}"
+        out.append((f"{d}.jpg", rng.randbytes(rng.randint(0, 3000))))
+        out.append((f"{d}.cls", str(i % 3).encode()))
+    out.append(("ünï/0099.jpg", b"x" * 512))
+    return out
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT],
+                         ids=["ustar", "gnu", "pax"])
+@pytest.mark.parametrize("read_bytes", [512, 3000, 1 << 18])
+def test_members_match_tarfile(fmt, read_bytes):
+    members = _members(random.Random(fmt), long_names=fmt != tarfile.USTAR_FORMAT)
+    raw = _tar(fmt, members)
+    expected_offsets = {m.name: m.offset for m in tarfile.open(fileobj=io.BytesIO(raw)) if m.isreg()}
+    for stream in (io.BytesIO(raw), NoSeek(raw)):
+        got = list(iter_members(stream, source="t.tar", read_bytes=read_bytes))
+        assert [(n, d) for n, d, _ in got] == members
+        assert [o for _, _, o in got] == [expected_offsets[n] for n, _ in members]
+
+
+def test_pax_size_and_global_header():
+    # a PAX size record overrides the header's size field
+    big = os.urandom(5000)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": "global"}) as t:
+        ti = tarfile.TarInfo("k.bin")
+        ti.size = len(big)
+        ti.pax_headers = {"size": str(len(big))}
+        t.addfile(ti, io.BytesIO(big))
+    got = list(iter_members(io.BytesIO(buf.getvalue()), source="t.tar"))
+    assert [(n, d) for n, d, _ in got] == [("k.bin", big)]
+
+
+def _shard(tmp_path, n=40, seed=0):
+    rng = random.Random(seed)
+    samples = [(f"{i:09d}", rng.randbytes(rng.randint(1, 4000)), i % 5) for i in range(n)]
+    w = TarShardFile(tmp_path, "shard-000000.tar", "shard-000000.idx")
+    for key, data, label in samples:
+        w.add_sample(key, [("jpg", data), ("cls", str(label).encode()), ("json", b"{}")])
+    w.close()
+    return tmp_path / "shard-000000.tar", samples
+
+
+def test_samples_and_ranges(tmp_path):
+    path, samples = _shard(tmp_path)
+    offsets = read_index(tmp_path / "shard-000000.idx")
+    with open(path, "rb") as f:
+        got = list(iter_samples(iter_members(f, source=str(path)), source=str(path)))
+    assert [k for k, _, _ in got] == [s[0] for s in samples]
+    assert [p["jpg"] for _, p, _ in got] == [s[1] for s in samples]
+    assert [int(p["cls"]) for _, p, _ in got] == [s[2] for s in samples]
+    assert [o for _, _, o in got] == offsets
+    raw = path.read_bytes()
+    for a, b in [(0, 1), (3, 17), (17, 40), (39, 40)]:
+        end = offsets[b] if b < len(offsets) else None
+        for stream, kw in [(open(path, "rb"), {}), (NoSeek(raw), {"stream_offset": 0}),
+                           (NoSeek(raw[offsets[a]:]), {})]:
+            with stream:
+                got = list(iter_samples(iter_members(stream, start_offset=offsets[a], end_offset=end,
+                                                     source="s", read_bytes=1000, **kw), source="s"))
+            assert [k for k, _, _ in got] == [s[0] for s in samples[a:b]]
+            assert [p["jpg"] for _, p, _ in got] == [s[1] for s in samples[a:b]]
+
+
+def test_truncated_shard_never_yields_half_members(tmp_path):
+    path, samples = _shard(tmp_path, n=10)
+    raw = path.read_bytes()
+    sizes = {s[0]: s[1] for s in samples}
+    # cut inside headers, data and padding of several members (not inside the final zero blocks)
+    for cut in [100, 512, 700, 1500, len(raw) // 2 + 3, len(raw) - 1024 - 1]:
+        got = []
+        with pytest.raises(CorruptDataError, match=r"t\.tar.*byte offset \d+"):
+            for name, data, _ in iter_members(io.BytesIO(raw[:cut]), source="t.tar", read_bytes=600):
+                got.append((name, data))
+        for name, data in got:  # everything yielded before the error is whole
+            if name.endswith(".jpg"):
+                assert data == sizes[name[:-4]]
+
+
+def test_bad_checksum(tmp_path):
+    path, _ = _shard(tmp_path, n=3)
+    raw = path.read_bytes()
+    first_size = int(raw[124:135], 8)
+    second = 512 + first_size + (-first_size % 512)
+    raw = bytearray(path.read_bytes())
+    raw[second + 3] ^= 0x20
+    with pytest.raises(CorruptDataError, match=rf"bad tar header checksum at byte offset {second}"):
+        list(iter_members(io.BytesIO(bytes(raw)), source="t.tar"))
+
+
+def test_key_reappearing_is_corrupt():
+    raw = _tar(tarfile.USTAR_FORMAT, [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"3")], extras=False)
+    with pytest.raises(CorruptDataError, match=r"x\.tar.*'a' reappears"):
+        list(iter_samples(iter_members(io.BytesIO(raw), source="x.tar"), source="x.tar"))
