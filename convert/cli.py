@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -50,6 +51,8 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
     Every command explains its options with --help; every report has a --json form.
     """
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(level=level, format="shardfeed: %(levelname)s: %(message)s", stream=sys.stderr)
     ctx.ensure_object(dict)

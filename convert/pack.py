@@ -610,7 +610,13 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
                                                   "options": options.fingerprint_fields()}).encode())
     progress = progress or (lambda n, b: None)
-    shards, skipped, resumed, extra = _packer(options.format)(scan, samples, out, options, progress)
+    try:
+        shards, skipped, resumed, extra = _packer(options.format)(scan, samples, out, options, progress)
+    except BaseException:
+        # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
+        for tmp in out.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        raise
     num_samples = sum(s.num_samples for s in shards)
     if num_samples == 0:
         raise ValueError(f"{src}: every image was skipped ({len(skipped)}); nothing to pack")

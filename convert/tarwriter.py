@@ -123,9 +123,13 @@ class TarShardFile:
             buf = b"".join(self._parts)
             self._hash.update(buf)
             mv = memoryview(buf)
-            while mv:
-                n = self._f.write(mv)
-                mv = mv[n:]
+            try:
+                while mv:
+                    n = self._f.write(mv)
+                    mv = mv[n:]
+            except OSError as exc:
+                raise OSError(exc.errno, f"{self.tmp_path}: writing shard {self.name} failed ({exc.strerror}); "
+                                         "free space (or fix the output) and finish with --resume") from None
             self._parts.clear()
             self._buffered = 0
 
@@ -138,7 +142,11 @@ class TarShardFile:
         self._parts.append(_ZERO_BLOCK * 2)
         self.num_bytes += END_OF_ARCHIVE_BYTES
         self._flush()
-        os.fsync(self._f.fileno())
+        try:
+            os.fsync(self._f.fileno())
+        except OSError as exc:
+            raise OSError(exc.errno, f"{self.tmp_path}: syncing shard {self.name} failed ({exc.strerror}); "
+                                     "free space (or fix the output) and finish with --resume") from None
         self._f.close()
         index_sha = None
         if self.index_name:
