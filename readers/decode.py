@@ -1,0 +1,470 @@
+"""Image decoding shared by every source: encoded bytes → ``uint8`` RGB array (HWC).
+
+All readers (folder, WebDataset, LMDB) decode through :func:`decode_image`, so comparing them
+measures storage and I/O only. Two backends produce the same result by one rule:
+
+``"pil"`` (default)
+    Pillow (libjpeg-turbo, libpng, libwebp, ...). Reads every format Pillow reads.
+``"cv2"``
+    ``cv2.imdecode`` for JPEG/MPO, PNG and WebP. Other formats (GIF, BMP, TIFF, ...) and the rare
+    8/16-bit greyscale image with a colour-key transparency fall back to Pillow (logged once at
+    DEBUG). ``cv2.setNumThreads`` is the loader's business, not this module's.
+
+Both backends read the header with Pillow first (lazy: no pixel is decoded), which gives the size
+for the pixel limit, the mode that decides how cv2 must load the image, and the EXIF orientation.
+
+Conversion rule (identical in both backends; the arithmetic is done in numpy, not by a library):
+
+* **Colour**: L, 1, P, CMYK, YCbCr, LAB, HSV → RGB. L is replicated into three channels; P is
+  looked up in its palette; CMYK JPEGs use Pillow's ``convert("RGB")`` (naive, no ICC; cv2 converts
+  Adobe CMYK JPEGs itself — the two agree within a few levels). ICC profiles are ignored, as in
+  torchvision.
+* **Alpha** (LA, RGBA, PA, La/RGBa after un-premultiplying, palette transparency ``tRNS``, and
+  colour-key transparency of 8-bit L/RGB) is composited over :data:`BACKGROUND` (white, 255)::
+
+      out = (rgb * a + 255 * (255 - a) + 127) // 255      # in uint16, exact rounding
+
+* **Bit depth**: 16-bit samples keep their high byte, ``v >> 8`` (what Pillow and libpng's
+  ``strip_16`` already do for 16-bit RGB/RGBA PNGs, so it is the only rule both libraries can agree
+  on; it is at most one level below exact rounding). Mode ``I`` (32-bit int, as 16-bit files used
+  to open) is clipped to 0..65535, then ``>> 8``. Mode ``F`` (32-bit float) is rounded and clipped
+  to 0..255 — Pillow's own ``F → L`` rule; float data in [0, 1] needs its own decoder.
+* **EXIF orientation** (tags 1–8, from EXIF or XMP, read from the header only) is applied by the
+  same numpy flips/transposes in both backends (cv2 loads with ``IMREAD_IGNORE_ORIENTATION`` /
+  ``IMREAD_UNCHANGED``), so both give identical geometry; the result matches
+  ``PIL.ImageOps.exif_transpose``.
+* **Reduced JPEG decoding**: with ``target_size`` set, a JPEG whose shorter side is at least
+  ``2 * target_size`` is decoded at 1/2, 1/4 or 1/8 scale by libjpeg's scaled IDCT (Pillow
+  ``draft``, cv2 ``IMREAD_REDUCED_COLOR_*``): the factor is the largest ``f`` in {2, 4, 8} with
+  ``f * target_size <= min(w, h)``, and the result is ``ceil(w / f) x ceil(h / f)``, so its shorter
+  side stays ``>= target_size``. Both backends pick the same factor. Other formats ignore it.
+* **Damage**: undecodable, truncated or garbage bytes raise
+  :class:`~shardfeed.readers.errors.CorruptDataError` naming the ``source``. A JPEG must have an
+  end-of-image marker after its scan data; this check runs for both backends, so a truncated JPEG
+  raises even where a library would pad it with grey (older OpenCV, or
+  ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` set by an application).
+
+Pixel limit: :data:`DEFAULT_MAX_PIXELS` (100 million, e.g. 10000 x 10000) is checked on the header
+size before any pixel is decoded, raising :class:`ImageTooLargeError`. Pillow's own
+decompression-bomb check cannot be switched off per call: it reads the process-wide
+``PIL.Image.MAX_IMAGE_PIXELS`` inside ``Image.open`` and several plugins (TIFF tiles, GIF/MPO
+frames). So the first call to :func:`decode_image` or :func:`image_size_of` in a process sets
+``PIL.Image.MAX_IMAGE_PIXELS = None`` **if it still holds Pillow's default** (otherwise Pillow
+would warn at 89.5 M pixels, below our default, and refuse 179 M pixels even with
+``max_pixels=None``). An application that set its own value keeps it: both checks then apply, and
+Pillow's refusal is reported as :class:`ImageTooLargeError` too.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+import threading
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+from .errors import CorruptDataError, ShardfeedError
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "BACKGROUND",
+    "DECODERS",
+    "ImageTooLargeError",
+    "decode_image",
+    "image_size_of",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Default pixel limit (width * height) checked on the header before decoding: 100 million
+#: pixels, 300 MB as RGB uint8. Pillow's own default warns at 89.5 M and refuses 179 M.
+DEFAULT_MAX_PIXELS: int = 100_000_000
+
+#: Background grey level (0..255) that transparent pixels are composited over: white.
+BACKGROUND: int = 255
+
+#: Names accepted by ``decode_image(decoder=...)``.
+DECODERS: tuple[str, ...] = ("pil", "cv2")
+
+_ORIENTATION_TAG = 0x0112
+_JPEG_FORMATS = frozenset({"JPEG", "MPO"})
+#: Formats the cv2 backend decodes itself; anything else goes through Pillow.
+_CV2_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP"})
+#: Pillow modes whose alpha/transparency or bit depth needs ``IMREAD_UNCHANGED`` in cv2.
+_CV2_UNCHANGED_MODES = frozenset(
+    {"LA", "La", "RGBA", "RGBa", "PA", "I;16", "I;16B", "I;16L", "I;16N", "I"}
+)
+_REDUCTION_FACTORS = (8, 4, 2)
+_PIL_LOAD_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error)
+_PILLOW_DEFAULT_MAX_IMAGE_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
+
+_pillow_limit_lock = threading.Lock()
+_pillow_limit_done = False
+_logged_once: set[str] = set()
+
+
+class ImageTooLargeError(ShardfeedError, ValueError):
+    """An image's header declares more pixels than ``max_pixels`` allows; nothing was decoded."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def image_size_of(data: bytes, *, source: str = "<bytes>") -> tuple[int, int]:
+    """Read an image's stored size from its header, without decoding pixels.
+
+    Cheap (microseconds): Pillow parses the header lazily. Used by the packer's decode-check and
+    by the pixel limit. The size is the stored one, *before* EXIF orientation: for orientations
+    5–8 :func:`decode_image` returns an array of shape ``(w, h, 3)``.
+
+    Args:
+        data: The encoded image (bytes-like).
+        source: Where the bytes came from (a file path or ``"shard X key Y"``), for messages.
+
+    Returns:
+        ``(width, height)`` in pixels.
+
+    Raises:
+        TypeError: ``data`` is not bytes-like.
+        CorruptDataError: Pillow cannot identify an image in ``data``.
+        ImageTooLargeError: Only when an application set its own ``PIL.Image.MAX_IMAGE_PIXELS``
+            and the image exceeds twice that.
+    """
+    with _open_header(_as_bytes(data), source, ext=None) as img:
+        return img.size
+
+
+def decode_image(
+    data: bytes,
+    ext: str | None = None,
+    *,
+    decoder: str = "pil",
+    target_size: int | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    source: str = "<bytes>",
+) -> np.ndarray:
+    """Decode an encoded image into an RGB ``uint8`` array, by the module's conversion rule.
+
+    The format is sniffed from the content; ``ext`` is only a hint for messages (ImageNet, for
+    one, holds PNG and CMYK files named ``.JPEG``).
+
+    Args:
+        data: The encoded image (bytes-like: ``bytes``, ``bytearray``, ``memoryview``).
+        ext: The sample's extension (``"jpg"``, ``"png"``, ...), used in error messages only.
+        decoder: ``"pil"`` or ``"cv2"`` (see :data:`DECODERS` and the module docstring).
+        target_size: Shorter side, in pixels, that the caller will resize to. When given, a JPEG
+            may be decoded at 1/2, 1/4 or 1/8 scale while keeping its shorter side
+            ``>= target_size``. ``None`` decodes at full size. Ignored for other formats.
+        max_pixels: Largest ``width * height`` accepted, checked on the header before decoding.
+            ``None`` disables the check.
+        source: Where the bytes came from (a file path or ``"shard X key Y"``); every error
+            message names it.
+
+    Returns:
+        ``numpy.ndarray`` of shape ``(H, W, 3)``, dtype ``uint8``, RGB, C-contiguous, writable,
+        EXIF orientation applied.
+
+    Raises:
+        TypeError: ``data`` is not bytes-like, or ``target_size``/``max_pixels`` is not an int.
+        ValueError: Unknown ``decoder``, or ``target_size``/``max_pixels`` is not positive.
+        ImageTooLargeError: The header declares more than ``max_pixels`` pixels.
+        CorruptDataError: The bytes are not an image, are truncated, or fail to decode.
+    """
+    backend = _BACKENDS.get(decoder)
+    if backend is None:
+        raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
+    _check_positive_int("target_size", target_size)
+    _check_positive_int("max_pixels", max_pixels)
+    data = _as_bytes(data)
+
+    with _open_header(data, source, ext) as img:
+        width, height = img.size
+        if max_pixels is not None and width * height > max_pixels:
+            raise ImageTooLargeError(
+                f"image from {_where(source, ext)} is {width}x{height} = "
+                f"{width * height:,} pixels, "
+                f"over the limit max_pixels={max_pixels:,}; if it is legitimate, pass a larger "
+                "max_pixels (or max_pixels=None to disable the check)"
+            )
+        orientation = _read_orientation(img, source)
+        factor = 1
+        if img.format in _JPEG_FORMATS:
+            if not _jpeg_is_complete(data):
+                raise CorruptDataError(
+                    f"cannot decode image from {_where(source, ext)}: truncated JPEG "
+                    "(no end-of-image marker after the scan data)"
+                )
+            factor = _reduction_factor(width, height, target_size)
+        rgb = backend(data, img, factor, _where(source, ext))
+
+    rgb = _ORIENT[orientation](rgb)
+    rgb = np.ascontiguousarray(rgb)
+    if not rgb.flags.writeable:
+        rgb = rgb.copy()
+    return rgb
+
+
+# ---------------------------------------------------------------------------------------------
+# Header probe (shared by both backends)
+
+
+def _as_bytes(data: bytes) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"data must be bytes-like, got {type(data).__name__}")
+
+
+def _check_positive_int(name: str, value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+def _where(source: str, ext: str | None) -> str:
+    return f"{source} (ext {ext!r})" if ext else source
+
+
+def _log_once(key: str, msg: str, *args: object) -> None:
+    if key not in _logged_once:
+        _logged_once.add(key)
+        logger.debug(msg, *args)
+
+
+def _replace_pillow_pixel_limit() -> None:
+    """Hand the pixel limit to ``max_pixels``: see the module docstring for why it is global."""
+    global _pillow_limit_done
+    if _pillow_limit_done:
+        return
+    with _pillow_limit_lock:
+        if _pillow_limit_done:
+            return
+        if Image.MAX_IMAGE_PIXELS == _PILLOW_DEFAULT_MAX_IMAGE_PIXELS:
+            Image.MAX_IMAGE_PIXELS = None
+            logger.debug(
+                "set PIL.Image.MAX_IMAGE_PIXELS = None: shardfeed checks max_pixels itself"
+            )
+        else:
+            logger.debug(
+                "PIL.Image.MAX_IMAGE_PIXELS = %r was set by the application; Pillow's check "
+                "stays active besides max_pixels",
+                Image.MAX_IMAGE_PIXELS,
+            )
+        _pillow_limit_done = True
+
+
+def _open_header(data: bytes, source: str, ext: str | None) -> Image.Image:
+    """Open lazily with Pillow (header only), mapping its failures to our errors."""
+    _replace_pillow_pixel_limit()
+    if not data:
+        raise CorruptDataError(f"cannot decode image from {_where(source, ext)}: no bytes")
+    try:
+        return Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(
+            f"image from {_where(source, ext)} is too large for PIL.Image.MAX_IMAGE_PIXELS="
+            f"{Image.MAX_IMAGE_PIXELS} set by the application: {exc}"
+        ) from exc
+    except _PIL_LOAD_ERRORS as exc:
+        raise CorruptDataError(
+            f"cannot decode image from {_where(source, ext)}: not a readable image "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _read_orientation(img: Image.Image, source: str) -> int:
+    """EXIF/XMP orientation 1..8 from the header; 1 when absent, malformed or out of range."""
+    try:
+        # The base-class method only parses what the header already holds. PNG's override
+        # would decode every pixel to look for an eXIf chunk after the image data.
+        value = Image.Image.getexif(img).get(_ORIENTATION_TAG, 1)
+    except Exception as exc:  # malformed EXIF must not make a good image unreadable
+        logger.debug("ignoring unreadable EXIF in %s: %s: %s", source, type(exc).__name__, exc)
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _jpeg_is_complete(data: bytes) -> bool:
+    """True when an end-of-image marker follows the first start-of-scan segment.
+
+    Walks the marker segments from SOI to the first SOS (skipping junk bytes between markers, as
+    libjpeg and Pillow do), then looks for ``FF D9`` after it. Entropy-coded data cannot contain
+    ``FF D9`` (``FF`` is byte-stuffed), so a file cut anywhere in its scans has none.
+    """
+    n = len(data)
+    pos = 2
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            pos += 1
+            continue
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            pos += 2
+        elif marker == 0xD9:
+            return False
+        else:
+            segment_end = pos + 2 + ((data[pos + 2] << 8) | data[pos + 3])
+            if marker == 0xDA:
+                return data.rfind(b"\xff\xd9", segment_end) != -1
+            pos = segment_end
+    return False
+
+
+def _reduction_factor(width: int, height: int, target_size: int | None) -> int:
+    """Largest f in {8, 4, 2} with f * target_size <= min(width, height); 1 if none."""
+    if target_size is None:
+        return 1
+    shorter = min(width, height)
+    for factor in _REDUCTION_FACTORS:
+        if factor * target_size <= shorter:
+            return factor
+    return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared conversion rule (numpy)
+
+
+def _to_8bit(arr: np.ndarray) -> np.ndarray:
+    """Bit-depth rule: uint16 → high byte; int → clip 0..65535, high byte; float → round, clip."""
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 2:
+        return (arr >> 8).astype(np.uint8)
+    if arr.dtype.kind in "iu":
+        return (np.clip(arr, 0, 65535) >> 8).astype(np.uint8)
+    if arr.dtype.kind == "f":
+        return np.clip(np.rint(np.nan_to_num(arr)), 0, 255).astype(np.uint8)
+    raise TypeError(f"unsupported sample type {arr.dtype}")
+
+
+def _composite(color: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """Composite ``color`` (H, W, C) uint8 over :data:`BACKGROUND` with ``alpha`` (H, W) uint8."""
+    if alpha.min() == 255:
+        return color
+    a = alpha[..., None].astype(np.uint16)
+    # color * a + 255 * (255 - a) <= 255 * 255, so uint16 cannot overflow.
+    out = (color.astype(np.uint16) * a + BACKGROUND * (255 - a) + 127) // 255
+    return out.astype(np.uint8)
+
+
+def _gray_to_rgb(gray: np.ndarray) -> np.ndarray:
+    return np.repeat(gray[..., None], 3, axis=2)
+
+
+_ORIENT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],  # mirror left-right
+    3: lambda a: a[::-1, ::-1],  # rotate 180
+    4: lambda a: a[::-1],  # mirror top-bottom
+    5: lambda a: a.swapaxes(0, 1),  # transpose
+    6: lambda a: a.swapaxes(0, 1)[:, ::-1],  # rotate 90 clockwise
+    7: lambda a: a[::-1, ::-1].swapaxes(0, 1),  # transverse
+    8: lambda a: a.swapaxes(0, 1)[::-1],  # rotate 90 counter-clockwise
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends: (data, lazily opened image, reduction factor, where) -> (H, W, 3) uint8 RGB array
+
+
+def _decode_pil(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
+    try:
+        if factor > 1:
+            target = (img.size[0] // factor, img.size[1] // factor)  # draft picks this factor
+            img.draft("RGB", target)
+        img.load()
+        return _pil_to_rgb(img)
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"image from {where} is too large for Pillow: {exc}") from exc
+    except _PIL_LOAD_ERRORS as exc:
+        raise CorruptDataError(
+            f"cannot decode image from {where}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+    mode = img.mode
+    keyed = "transparency" in img.info and mode in ("L", "RGB", "P")
+    if mode == "RGB" and not keyed:
+        return np.asarray(img)
+    if mode == "L" and not keyed:
+        return _gray_to_rgb(np.asarray(img))
+    if mode.startswith("I") or mode == "F":  # I, I;16, I;16B, I;16L, I;16N, F
+        return _gray_to_rgb(_to_8bit(np.asarray(img)))
+    if mode == "LA":
+        arr = np.asarray(img)
+        return _gray_to_rgb(_composite(arr[..., :1], arr[..., 1])[..., 0])
+    if mode == "La":
+        return _pil_to_rgb(img.convert("LA"))
+    if mode == "RGBA":
+        arr = np.asarray(img)
+        return _composite(arr[..., :3], arr[..., 3])
+    if keyed or mode in ("PA", "RGBa"):
+        return _pil_to_rgb(img.convert("RGBA"))
+    # P without transparency, 1, CMYK, YCbCr, LAB, HSV, RGBX: Pillow's own conversion.
+    return np.asarray(img.convert("RGB"))
+
+
+def _decode_cv2(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
+    import cv2
+
+    mode = img.mode
+    if img.format not in _CV2_FORMATS or ("transparency" in img.info and mode not in ("RGB", "P")):
+        _log_once(
+            f"cv2-fallback-{img.format}-{mode}",
+            "cv2 decoder: %s images in mode %s (transparency=%s) are decoded with Pillow",
+            img.format,
+            mode,
+            "transparency" in img.info,
+        )
+        return _decode_pil(data, img, factor, where)
+
+    if mode in _CV2_UNCHANGED_MODES or "transparency" in img.info:
+        flags = cv2.IMREAD_UNCHANGED  # keeps alpha and 16 bits, ignores EXIF orientation
+    elif factor > 1:
+        flags = _cv2_reduced_flag(cv2, factor) | cv2.IMREAD_IGNORE_ORIENTATION
+    else:
+        flags = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    except cv2.error as exc:
+        raise CorruptDataError(f"cannot decode image from {where}: OpenCV: {exc}") from exc
+    if arr is None:
+        raise CorruptDataError(f"cannot decode image from {where}: OpenCV could not decode it")
+
+    arr = _to_8bit(arr)
+    if arr.ndim == 2:
+        return _gray_to_rgb(arr)
+    channels = arr.shape[2]
+    if channels == 3:
+        return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
+    if channels == 4:
+        return _composite(arr[..., 2::-1], arr[..., 3])
+    if channels == 1:
+        return _gray_to_rgb(arr[..., 0])
+    raise CorruptDataError(f"cannot decode image from {where}: OpenCV gave {channels} channels")
+
+
+def _cv2_reduced_flag(cv2: object, factor: int) -> int:
+    return {
+        2: cv2.IMREAD_REDUCED_COLOR_2,  # type: ignore[attr-defined]
+        4: cv2.IMREAD_REDUCED_COLOR_4,  # type: ignore[attr-defined]
+        8: cv2.IMREAD_REDUCED_COLOR_8,  # type: ignore[attr-defined]
+    }[factor]
+
+
+_BACKENDS: dict[str, Callable[[bytes, Image.Image, int, str], np.ndarray]] = {
+    "pil": _decode_pil,
+    "cv2": _decode_cv2,
+}
