@@ -47,8 +47,8 @@ test-fast: install  ## skip slow and multi-process tests
 bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/bench.json
 	$(PY) scripts/bench.py --out out/bench
 
-lint: install
-	$(PY) -m pyflakes convert readers scripts tests 2>/dev/null || $(PY) -m compileall -q convert readers scripts tests
+lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
+	$(VENV)/bin/ruff check convert readers scripts tests
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache

@@ -9,14 +9,11 @@ non-zero exit status, never a traceback. Commands import their heavy modules laz
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import click
 

@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from shardfeed.readers.errors import ShardfeedError, SourceChangedError
 from shardfeed.readers.format import (

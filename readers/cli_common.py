@@ -110,7 +110,8 @@ def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
         if now - state["last"] > 0.25 or bar.n >= total_samples:
             state["last"] = now
             mb_s = state["bytes"] / 1e6 / max(now - state["t0"], 1e-9)
-            bar.set_postfix_str(f"{state['bytes'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB, {mb_s:.1f} MB/s", refresh=False)
+            bar.set_postfix_str(f"{state['bytes'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB, {mb_s:.1f} MB/s",
+                                refresh=False)
 
     return bar, update
 

@@ -42,7 +42,7 @@ def _samples_by_path(out: Path) -> dict[str, tuple[bytes, int]]:
             for m in tf.getmembers():
                 key, ext = m.name.split(".", 1)
                 members.setdefault(key, {})[ext] = tf.extractfile(m).read()
-        for key, mem in members.items():
+        for mem in members.values():
             img = [v for k, v in mem.items() if k not in ("cls", "json")][0]
             got[json.loads(mem["json"])["path"]] = (img, int(mem["cls"]))
     return got
