@@ -19,6 +19,8 @@ import click
 
 from shardfeed.readers.cli_common import SizeParam, fail_cleanly, json_option, progress_bar, write_json_report
 
+from .reencode import reencode_options, reencode_progress_bar
+
 __all__ = ["main", "command", "pack_options"]
 
 log = logging.getLogger("shardfeed")
@@ -111,23 +113,26 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
               help="Use the class map of a packed dataset (e.g. the training split's manifest.json) so "
                    "labels match it; a class folder it lacks is an error.")
 @pack_options
+@reencode_options
 @click.pass_context
 def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count, max_bytes, prefix, workers,
-             seed, no_shuffle, on_error, decode_check, resume, overwrite, json_path) -> None:
+             seed, no_shuffle, on_error, decode_check, resume, overwrite, json_path, reencode) -> None:
     """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
 
     \b
     Classes are SRC's sorted sub-folders, as torchvision.datasets.ImageFolder finds them;
     hidden files and folders are ignored. Samples are shuffled (--seed) and keyed by their
-    zero-padded position; each keeps its original bytes, its class index and its metadata
-    (original path, class name). OUT gets the shards (or data.mdb), an offset index per shard,
-    and manifest.json, written last: a finished manifest means a finished dataset.
+    zero-padded position; each keeps its original bytes (unless re-encoded with --resize,
+    --quality or --image-format), its class index and its metadata (original path, class
+    name). OUT gets the shards (or data.mdb), an offset index per shard, and manifest.json,
+    written last: a finished manifest means a finished dataset.
 
     \b
     Examples:
       shardfeed pack ~/data/train out/train --format wds --max-bytes 512MB
       shardfeed pack ~/data/val out/val --classes-from out/train/manifest.json
       shardfeed pack ~/data/train out/train --resume        # after a crash or kill -9
+      shardfeed pack ~/data/train out/train-256 --resize 256   # shorter side 256 px, JPEG q90
     """
     from .pack import PackOptions, load_class_map, pack, prepare_output
     from .scan import scan_image_folder
@@ -137,13 +142,14 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix, workers=workers,
                           seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
                           on_error=on_error, decode_check=decode_check, class_to_idx=class_to_idx,
-                          resume=resume, overwrite=overwrite)
+                          resume=resume, overwrite=overwrite, reencode=reencode)
     if not src.exists():
         raise FileNotFoundError(f"{src}: source folder does not exist")
     prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
     scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
     quiet = ctx.obj.get("quiet", False)
-    bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet)
+    make_bar = reencode_progress_bar if reencode is not None else progress_bar  # re-encode: input -> output MB
+    bar, update = make_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet)
     try:
         report = pack(src, out, options, progress=update, scan=scan)
     finally:

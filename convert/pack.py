@@ -14,8 +14,10 @@ atomically, marks the dataset finished.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -47,6 +49,7 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 
+from .reencode import ReencodeOptions, reencode_payload
 from .scan import ScanResult, ScannedFile, scan_image_folder
 from .tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile
 
@@ -91,6 +94,9 @@ class PackOptions:
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
         resume: continue an interrupted pack in OUT.
         overwrite: replace an existing dataset in OUT.
+        reencode: re-encode every image (resize / quality / format,
+            :class:`~shardfeed.convert.reencode.ReencodeOptions` or a dict of its fields); None
+            stores the original bytes unchanged.
     """
 
     format: str = "webdataset"
@@ -108,8 +114,13 @@ class PackOptions:
     overwrite: bool = False
     #: LMDB: initial map size in bytes (None: payload + headroom). Tests use a tiny one.
     map_size: int | None = None
+    reencode: ReencodeOptions | None = None
 
     def __post_init__(self):
+        if isinstance(self.reencode, dict):
+            self.reencode = ReencodeOptions(**self.reencode)
+        if self.reencode is not None and not isinstance(self.reencode, ReencodeOptions):
+            raise TypeError(f"reencode must be a ReencodeOptions, a dict or None, got {type(self.reencode).__name__}")
         fmt = FORMAT_ALIASES.get(str(self.format).lower())
         if fmt is None:
             raise ValueError(f"unknown format {self.format!r}: choose one of wds (webdataset), lmdb")
@@ -134,6 +145,8 @@ class PackOptions:
              "on_error": self.on_error, "decode_check": self.decode_check}
         if self.format == "webdataset":
             d.update(max_count=self.max_count, max_bytes=self.max_bytes, prefix=self.prefix)
+        if self.reencode is not None:  # only then: manifests of packs that keep the bytes are unchanged
+            d["reencode"] = self.reencode.fingerprint_fields()
         return d
 
 
@@ -306,7 +319,9 @@ def read_source_bytes(f: ScannedFile) -> bytes:
 def load_sample_payload(s: PlannedSample, options: PackOptions) -> tuple[bytes, str, dict]:
     """The bytes, extension and metadata to store for one planned sample.
 
-    Reads the file (:func:`read_source_bytes`) and, with ``decode_check``, decodes it with the
+    Reads the file (:func:`read_source_bytes`), re-encodes it when ``options.reencode`` is set
+    (:func:`shardfeed.convert.reencode.reencode_payload`: new bytes and extension, ``orig_*`` added
+    to a copy of the metadata) and, with ``decode_check``, decodes the bytes to store with the
     readers' exact rules so that a file that packs also decodes in training.
 
     Raises:
@@ -316,11 +331,14 @@ def load_sample_payload(s: PlannedSample, options: PackOptions) -> tuple[bytes, 
     if _TEST_DELAY_S:
         time.sleep(_TEST_DELAY_S)
     data = read_source_bytes(s.file)
+    ext, meta = s.file.ext, s.meta
+    if options.reencode is not None:
+        data, ext, meta = reencode_payload(data, ext, meta, options.reencode, source=s.file.path)
     if options.decode_check:
         from shardfeed.readers.decode import decode_image
 
-        decode_image(data, s.file.ext, source=s.file.path)
-    return data, s.file.ext, s.meta
+        decode_image(data, ext, source=s.file.path)
+    return data, ext, meta
 
 
 def _skip_reason(exc: BaseException) -> str:
@@ -417,11 +435,14 @@ def _shard_done(out_dir: Path, shard_idx: int, prefix: str) -> dict | None:
     return None
 
 
-def run_tasks(fn, tasks: list, workers: int, progress: Callable[[int, int], None]):
+def run_tasks(fn, tasks: list, workers: int, progress: Callable[[int, int], None],
+              max_in_flight: int | None = None):
     """Run ``fn(task)`` for each task in ``workers`` processes (inline when 1); yield results in order.
 
     Progress increments sent by the tasks through their :class:`ProgressSink` reach ``progress``.
-    Ctrl-C terminates the workers promptly; their temporary files are removed.
+    Ctrl-C terminates the workers promptly; their temporary files are removed. With
+    ``max_in_flight``, at most that many tasks are submitted ahead of the consumer (memory stays
+    bounded when results are large and the consumer is the slower side).
     """
     if workers <= 1 or len(tasks) <= 1:
         global _worker_progress
@@ -450,8 +471,16 @@ def run_tasks(fn, tasks: list, workers: int, progress: Callable[[int, int], None
     t.start()
     pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(q,))
     try:
-        for r in pool.imap(fn, tasks):
-            yield r
+        if max_in_flight is None:
+            for r in pool.imap(fn, tasks):
+                yield r
+        else:
+            it = iter(tasks)
+            pending = collections.deque(pool.apply_async(fn, (t,)) for t in itertools.islice(it, max_in_flight))
+            while pending:
+                r = pending.popleft().get()
+                pending.extend(pool.apply_async(fn, (t,)) for t in itertools.islice(it, 1))
+                yield r
         pool.close()
         pool.join()
     except BaseException:
@@ -466,6 +495,10 @@ def run_tasks(fn, tasks: list, workers: int, progress: Callable[[int, int], None
 def pack_webdataset(scan: ScanResult, samples: list[PlannedSample], out: Path, options: PackOptions,
                     progress: Callable[[int, int], None]) -> tuple[list[ShardEntry], list[dict], int, dict]:
     """Write the planned samples as WebDataset shards; returns (shards, skipped, resumed, extra)."""
+    if options.reencode is not None:  # sizes are known only after encoding: cut shards as they come
+        from .reencode import pack_webdataset_reencoded
+
+        return pack_webdataset_reencoded(scan, samples, out, options, progress)
     ranges = plan_shards(samples, max_count=options.max_count, max_bytes=options.max_bytes)
     done: dict[int, dict] = {}
     if options.resume:
