@@ -74,7 +74,6 @@ small re-encoded images run at hundreds of MB/s, far above what the workers enco
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import inspect
@@ -84,7 +83,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from shardfeed.readers.errors import CorruptDataError
 from shardfeed.readers.format import ShardEntry, class_bytes, index_name, meta_bytes, shard_name, tar_member_bytes
