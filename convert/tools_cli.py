@@ -1,0 +1,357 @@
+"""``shardfeed inspect | check | unpack | convert | stage | index | serve``: the dataset tools.
+
+Plain click commands (``shardfeed.convert.cli`` attaches every command in :data:`COMMANDS`).
+The work is done in :mod:`shardfeed.convert.tools`, :mod:`shardfeed.readers.inspect` and
+:mod:`shardfeed.readers.serve`; these functions only parse options, draw progress bars and print.
+None of them imports torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from shardfeed.readers.cli_common import EXIT_ERROR, SizeParam, command, json_option, progress_bar, write_json_report
+
+__all__ = ["COMMANDS", "inspect_cmd", "check_cmd", "unpack_cmd", "convert_cmd", "stage_cmd", "index_cmd", "serve_cmd"]
+
+
+def _quiet() -> bool:
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx else None
+    return bool((obj or {}).get("quiet", False))
+
+
+def _out(json_path: str | None) -> bool:
+    """Human output goes to stderr when the JSON report goes to stdout."""
+    return json_path == "-"
+
+
+def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
+    for p in problems[:limit]:
+        where = p["shard"] or "dataset"
+        if p.get("key"):
+            where += f" key {p['key']}"
+        click.echo(f"  {where}: {p['problem']}", err=err)
+    if len(problems) > limit:
+        click.echo(f"  ... and {len(problems) - limit} more (see --json)", err=err)
+
+
+@command("inspect", short_help="Describe a dataset: format, classes with counts, shards.")
+@click.argument("source", metavar="PATH_OR_URL")
+@click.option("--class-counts/--no-class-counts", default=None,
+              help="Count samples per class by reading every label from the data [default: on for local "
+                   "datasets, off for URLs, where it downloads every shard].")
+@click.option("--examples", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Sample keys to show with their metadata.")
+@click.option("--max-shards", type=click.IntRange(min=2), default=10, show_default=True,
+              help="Shards listed one by one before the list is summarised (--json lists all).")
+@json_option
+def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_path) -> None:
+    """Describe a dataset: format, version, creator, samples, classes with counts, shards, skipped files.
+
+    PATH_OR_URL is a packed directory, its manifest.json, an http(s):// URL of either, or an
+    image folder (ImageFolder layout: class counts come from its files).
+
+    \b
+    Class counts of a packed dataset come from the data (every .cls member or LMDB record
+    is read; the manifest has the class map, not per-class counts); the report says so.
+
+    \b
+    Examples:
+      shardfeed inspect out/train
+      shardfeed inspect http://127.0.0.1:8000/ --json -
+    """
+    from shardfeed.readers.inspect import format_inspect_report, inspect_dataset, is_url
+
+    err = _out(json_path)
+    if not is_url(source):
+        from .tools import looks_like_image_folder
+
+        if looks_like_image_folder(source):
+            report = _inspect_folder(source, examples)
+            click.echo(_format_folder_report(report), err=err)
+            write_json_report(json_path, report)
+            return
+    bar, update = progress_bar(0, 0, "count classes", _quiet() or class_counts is False
+                               or (class_counts is None and is_url(source)))
+    try:
+        report = inspect_dataset(source, count_classes_from_data=class_counts, num_examples=examples,
+                                 max_shards_listed=max_shards, progress=update)
+    finally:
+        bar.close()
+    click.echo(format_inspect_report(report), err=err)
+    write_json_report(json_path, report)
+
+
+def _inspect_folder(source: str, num_examples: int) -> dict:
+    from .scan import scan_image_folder
+
+    scan = scan_image_folder(source)
+    counts = {c: 0 for c in scan.classes}
+    for f in scan.files:
+        counts[f.class_name] += 1
+    return {
+        "source": scan.root, "format": "imagefolder", "num_samples": len(scan.files),
+        "num_classes": len(scan.classes), "num_bytes": scan.num_bytes,
+        "classes": [{"index": scan.class_to_idx[c], "name": c, "count": counts[c]} for c in scan.classes],
+        "class_counts_from": "files", "ignored": scan.ignored, "empty_classes": scan.empty_classes,
+        "examples": [{"path": f.rel, "class": f.class_name, "label": f.label, "ext": f.ext, "num_bytes": f.size}
+                     for f in scan.files[:num_examples]],
+    }
+
+
+def _format_folder_report(r: dict) -> str:
+    lines = [f"{r['source']}: image folder (ImageFolder layout), {r['num_samples']:,} images in "
+             f"{r['num_classes']} classes, {r['num_bytes'] / 1e6:,.1f} MB (not packed: `shardfeed pack` it)",
+             "classes (counts from the files):"]
+    for c in r["classes"][:20]:
+        lines.append(f"  {c['index']:>5}  {c['count']:>8,}  {c['name']}")
+    if len(r["classes"]) > 20:
+        lines.append(f"  ... {len(r['classes']) - 20} more")
+    lines.append(f"ignored files: {len(r['ignored'])}")
+    for item in r["ignored"][:10]:
+        lines.append(f"  {item['path']}: {item['reason']}")
+    for e in r["examples"]:
+        lines.append(f"  example: {e['path']} (label {e['label']}, {e['num_bytes']:,} bytes)")
+    return "\n".join(lines)
+
+
+@command("check", short_help="Verify sha256, sizes and samples against the manifest.")
+@click.argument("source", metavar="PATH")
+@click.option("--decode", is_flag=True, help="Also decode every image (catches damage the sha256 cannot place, "
+                                             "and images that never decoded).")
+@json_option
+def check_cmd(source: str, decode: bool, json_path) -> None:
+    """Prove a packed dataset is intact: recompute every shard's sha256, size and sample count.
+
+    \b
+    WebDataset: each shard's sha256, size and sample count against the manifest, its offset
+    index, and every sample's members (image, .cls in range, readable .json), keys unique.
+    LMDB: every record's CRC-32, keys and labels, the record count, and the manifest stored in
+    the database against manifest.json.
+    Prints what is wrong by shard and key; the exit status is 1 when anything is.
+
+    \b
+    Examples:
+      shardfeed check out/train
+      shardfeed check out/train --decode --json check.json
+    """
+    from shardfeed.readers.inspect import DatasetLocation
+
+    from .tools import check_dataset
+
+    manifest = DatasetLocation(source).load_manifest(check_files=False)
+    bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards),
+                               "check" + (" + decode" if decode else ""), _quiet())
+    try:
+        report = check_dataset(source, decode=decode, progress=update)
+    finally:
+        bar.close()
+    err = _out(json_path)
+    click.echo(report.summary(), err=err)
+    _print_problems(report.problems, err)
+    write_json_report(json_path, report.to_json())
+    if not report.ok:
+        sys.exit(EXIT_ERROR)
+
+
+@command("unpack", short_help="Write a packed dataset back as an image folder, byte-identical.")
+@click.argument("source", metavar="PATH")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--overwrite", is_flag=True, help="Write into a non-empty OUT, replacing files of the same names.")
+@json_option
+def unpack_cmd(source: str, out: Path, overwrite: bool, json_path) -> None:
+    """Write a packed dataset back as an image folder: OUT/CLASS/..., byte-identical files.
+
+    Each image goes to its original relative path (stored in its metadata); one without a
+    stored path goes to CLASS/KEY.EXT. Every class gets its folder (empty ones too), so
+    ImageFolder(OUT) finds the same class indices. Stored paths that are absolute or hold '..'
+    are refused. Files skipped at pack time are not in the dataset and are not written.
+
+    \b
+    Example:
+      shardfeed unpack out/train restored/train
+    """
+    from shardfeed.readers.inspect import DatasetLocation
+
+    from .tools import unpack
+
+    manifest = DatasetLocation(source).load_manifest(check_files=False)
+    bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards), "unpack", _quiet())
+    try:
+        report = unpack(source, out, overwrite=overwrite, progress=update)
+    finally:
+        bar.close()
+    click.echo(report.summary(), err=_out(json_path))
+    write_json_report(json_path, report.to_json())
+
+
+@command("convert", short_help="Convert between wds and lmdb, or re-shard; bytes unchanged.")
+@click.argument("src", metavar="SRC")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--format", "-f", "fmt", type=click.Choice(["wds", "webdataset", "lmdb"], case_sensitive=False),
+              required=True, help="Output format: WebDataset .tar shards (wds) or one LMDB database (lmdb).")
+@click.option("--max-count", type=click.IntRange(min=1), default=10000, show_default=True,
+              help="WebDataset: samples per shard at most.")
+@click.option("--max-bytes", type=SizeParam(), default="256MB", show_default=True,
+              help="WebDataset: size of a shard file at most (headers and padding included); e.g. 512MB, 1GiB.")
+@click.option("--prefix", default="shard", show_default=True, help="WebDataset: shard file prefix.")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None,
+              help="Image-folder SRC only: processes that pack [default: CPU count].")
+@click.option("--overwrite", is_flag=True, help="Replace a dataset in OUT (only files shardfeed writes).")
+@json_option
+def convert_cmd(src: str, out: Path, fmt: str, max_count: int, max_bytes: int, prefix: str, workers, overwrite: bool,
+                json_path) -> None:
+    """Convert SRC to another format or re-shard it, without decoding or re-encoding.
+
+    SRC is a packed dataset (directory, manifest, or URL of a WebDataset) or an image folder
+    (then this is `shardfeed pack` with its default seed and shuffle). Keys, labels, metadata,
+    image bytes, sample order and the class map are kept; the new manifest records where the
+    data came from.
+
+    \b
+    Examples:
+      shardfeed convert out/train-wds out/train-lmdb --format lmdb
+      shardfeed convert out/train-wds out/train-big --format wds --max-bytes 1GB   # re-shard
+    """
+    from shardfeed.readers.inspect import DatasetLocation, is_url
+
+    from .tools import convert_dataset, looks_like_image_folder
+
+    total, total_bytes = 0, 0
+    if is_url(src) or not looks_like_image_folder(src):
+        manifest = DatasetLocation(src).load_manifest(check_files=False)
+        total, total_bytes = manifest.num_samples, sum(s.num_bytes for s in manifest.shards)
+    bar, update = progress_bar(total, total_bytes, f"convert -> {fmt.lower()}", _quiet())
+    try:
+        report = convert_dataset(src, out, format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                                 workers=workers, overwrite=overwrite, progress=update)
+    finally:
+        bar.close()
+    click.echo(report.summary(), err=_out(json_path))
+    write_json_report(json_path, report.to_json())
+
+
+@command("stage", short_help="Copy a dataset to fast local storage: verified, resumable.")
+@click.argument("src", metavar="SRC")
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--min-free", "min_free_bytes", type=SizeParam(), default=None, metavar="SIZE",
+              help="Space to leave free on DEST's file system [default: 1 GB + 2% of it; on a memory file "
+                   "system such as /dev/shm 1 GB + 10%, and RAM available is counted too].")
+@click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="HTTP: retries per request after the first attempt (a broken transfer resumes where it stopped).")
+@json_option
+def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, json_path) -> None:
+    """Copy a packed dataset (local path or http(s):// URL) to fast local storage before training.
+
+    \b
+    Checks free space first (with headroom; refuses to fill /dev/shm), copies shard by shard
+    with sha256 verification under temporary names renamed when verified, continues partial
+    copies and skips files already staged and intact (rerun it after an interruption), and
+    writes manifest.json last. Prints the path to give the reader; exit status 1 on any mismatch.
+
+    \b
+    Examples:
+      shardfeed stage /nfs/datasets/train /local/nvme/train
+      shardfeed stage http://data-host:8000/train/ /dev/shm/train --json stage.json
+    """
+    from shardfeed.readers.inspect import DatasetLocation
+
+    from .tools import stage
+
+    manifest = DatasetLocation(src).load_manifest(check_files=False)
+    total_bytes = sum(s.num_bytes for s in manifest.shards)
+    bar, update = progress_bar(len(manifest.shards), total_bytes, "stage", _quiet())
+    bar.unit = "file"
+    try:
+        report = stage(src, dest, min_free_bytes=min_free_bytes, progress=update, retries=retries)
+    finally:
+        bar.close()
+    err = _out(json_path)
+    click.echo(report.summary(), err=True)
+    _print_problems(report.problems, True)
+    write_json_report(json_path, report.to_json())
+    if not report.ok:
+        sys.exit(EXIT_ERROR)
+    if not err:
+        click.echo(report.path)
+
+
+@command("index", short_help="Write manifest + .idx files for shards made by other tools.")
+@click.argument("pattern", metavar="DIR_OR_URL_PATTERN")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Folder for manifest.json and the .idx files [default: beside the shards; required for URLs, "
+                   "then upload them beside the shards].")
+@click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Text file with one class name per line (line i names class index i).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing manifest.json.")
+@json_option
+def index_cmd(pattern: str, out, classes_file, overwrite: bool, json_path) -> None:
+    """Make WebDataset shards written by other tools readable by shardfeed, without rewriting them.
+
+    DIR_OR_URL_PATTERN is a folder (its *.tar), a path with globs or braces
+    (shards/train-{000000..000099}.tar), or an http(s):// URL with braces. Each shard is read
+    once; the manifest (format webdataset, sha256 per shard) and an offset index per shard are
+    written. Labels come from .cls members; class names from --classes, else from the samples'
+    .json "class" field, else "0", "1", ... Members that do not form a sample (no image, no
+    class, ...) are reported by shard and key and left out.
+
+    \b
+    Examples:
+      shardfeed index /data/wds-shards
+      shardfeed index 'http://host/shards/train-{000000..000146}.tar' --out manifests/ --classes classes.txt
+    """
+    from .tools import index_shards
+
+    bar, update = progress_bar(0, 0, "index", _quiet())
+    try:
+        report = index_shards(pattern, out=out, classes_file=classes_file, overwrite=overwrite, progress=update)
+    finally:
+        bar.close()
+    err = _out(json_path)
+    click.echo(report.summary(), err=err)
+    if report.problems:
+        click.echo("members that do not form a sample (left out):", err=True)
+        _print_problems(report.problems, True)
+    write_json_report(json_path, report.to_json())
+
+
+@command("serve", short_help="Serve a packed directory over HTTP, with Range requests.")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; 0.0.0.0 exposes every file below PATH to the network, without authentication.")
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True,
+              help="TCP port (0: any free port).")
+def serve_cmd(path: Path, host: str, port: int) -> None:
+    """Serve a packed directory over HTTP (threaded, with Range requests) until Ctrl-C.
+
+    Readers on other machines then open it with open_dataset("http://HOST:PORT/").
+    This is for tests and quick sharing: for production, serve the files with a real web
+    server (nginx answers Range requests out of the box) or an object store; see the README
+    for an nginx location block.
+
+    \b
+    Example:
+      shardfeed serve out/train --port 8000
+    """
+    from shardfeed.readers.serve import make_server, server_url
+
+    server = make_server(path, host, port)
+    url = server_url(server)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: serving {path} to the network on {host}, without authentication", err=True)
+    click.echo(f"serving {path.resolve()} at {url} (Ctrl-C to stop)", err=True)
+    click.echo(url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+    finally:
+        server.server_close()
+
+
+#: The commands ``shardfeed.convert.cli`` attaches to the ``shardfeed`` group.
+COMMANDS = [inspect_cmd, check_cmd, unpack_cmd, convert_cmd, stage_cmd, index_cmd, serve_cmd]
