@@ -7,7 +7,7 @@ base URL, and the files in it), :func:`parts_to_sample` (WebDataset members → 
 
 Class counts come **from the data** (every ``.cls`` member or LMDB record is read), not from
 the manifest, which records the class map but not per-class counts. For a local WebDataset only
-the tar headers and the tiny ``.cls`` members are read (``tarfile`` seeks over the images); an
+the tar headers and the tiny ``.cls`` members are read (the walk skips over the images); an
 LMDB is read record by record; over HTTP, counting means downloading every shard, so it is off
 unless asked for (``count_classes=True``). The report says which it did (``class_counts_from``).
 """
@@ -18,7 +18,6 @@ import collections
 import json
 import logging
 import os
-import tarfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -299,8 +298,8 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
                   progress: Callable[[int, int], None] | None = None) -> dict[int, int]:
     """Count samples per class index by reading the labels stored in the data.
 
-    Local WebDataset: ``tarfile`` walks the headers (seeking over image data) and reads only the
-    ``.cls`` members (those of groups ``shardfeed index`` left out, listed in the manifest's
+    Local WebDataset: the tar headers are walked with ``pread`` (image data is never read) and
+    only the ``.cls`` members are read (those of groups ``shardfeed index`` left out, listed in the manifest's
     ``skipped`` with their shard and key, are not counted); over HTTP the shards are
     downloaded; LMDB: every record is decoded.
 
@@ -328,17 +327,62 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
             continue
         path = location.root / shard.name
         left_out = {item.get("key") for item in manifest.skipped if item.get("shard") == shard.name}
+        labels = _shard_labels_by_headers(path)
+        if labels is None:  # PAX / GNU long-name headers: read the shard with the full tar reader
+            labels = [(s.key, s.label) for s in iter_shard_samples(location, shard.name,
+                                                                   class_to_idx=manifest.class_to_idx,
+                                                                   index=shard.index)]
         n = 0
-        try:
-            with tarfile.open(path, "r:") as tf:
-                for ti in tf:
-                    if ti.isfile() and ti.name.endswith(".cls") and ti.name[:-4] not in left_out:
-                        counts[int(tf.extractfile(ti).read().strip())] += 1
-                        n += 1
-        except (tarfile.TarError, ValueError) as exc:
-            raise CorruptDataError(f"{path}: cannot read the class labels ({exc}); run `shardfeed check`") from None
+        for key, label in labels:
+            if key not in left_out:
+                counts[label] += 1
+                n += 1
         progress(n, shard.num_bytes)
     return dict(counts)
+
+
+def _shard_labels_by_headers(path: Path) -> list[tuple[str, int]] | None:
+    """``(key, label)`` of every ``.cls`` member of a plain-ustar shard, reading only headers.
+
+    Walks the tar headers with ``os.pread`` (one 512-byte read per member, plus the tiny
+    ``.cls`` data), never reading image bytes. Returns None when the shard uses PAX or GNU
+    long-name records (the caller then reads it with the full reader).
+
+    Raises:
+        CorruptDataError: a header's size field or a ``.cls`` member is unreadable.
+    """
+    out: list[tuple[str, int]] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end = os.fstat(fd).st_size
+        pos = 0
+        while pos + 512 <= end:
+            h = os.pread(fd, 512, pos)
+            if h == bytes(512):
+                break
+            typeflag = h[156:157]
+            if typeflag in (b"x", b"g", b"L", b"K"):
+                return None
+            try:
+                size = int(h[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+            except ValueError:
+                raise CorruptDataError(f"{path}: unreadable tar header at byte offset {pos}; run `shardfeed "
+                                       "check`") from None
+            name = h[:100].split(b"\0", 1)[0]
+            if h[257:262] == b"ustar" and h[345:346] != b"\0":
+                name = h[345:500].split(b"\0", 1)[0] + b"/" + name
+            if typeflag in (b"0", b"\0", b"7") and name.endswith(b".cls"):
+                data = os.pread(fd, size, pos + 512)
+                try:
+                    out.append((name[:-4].decode("utf-8", "surrogateescape"), int(data.strip())))
+                except ValueError:
+                    raise CorruptDataError(f"{path}: {name.decode('utf-8', 'replace')} holds {data[:20]!r}, not a "
+                                           "class index") from None
+            has_data = typeflag not in (b"1", b"2", b"3", b"4", b"5", b"6")
+            pos += 512 + ((size + 511) // 512 * 512 if has_data else 0)
+    finally:
+        os.close(fd)
+    return out
 
 
 def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: bool | None = None,

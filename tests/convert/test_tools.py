@@ -418,6 +418,8 @@ def test_index_makes_webdataset_shardwriter_output_readable(src, tmp_path):
 
     got = {s.key: (s.data, s.label, s.meta["path"]) for _, s in iter_raw_samples(shard_dir)}
     assert got == written
+    counts = {c["name"]: c["count"] for c in inspect_dataset(shard_dir)["classes"]}
+    assert counts == {c: sum(1 for v in written.values() if v[1] == i) for i, c in enumerate(CLASSES)}
     assert check_dataset(shard_dir).ok
     # every .idx offset is the start of a sample, as tarfile sees the archive
     for shard in manifest["shards"]:
