@@ -51,17 +51,18 @@ def _jpeg(width: int, height: int, seed: int = 0, **params) -> bytes:
     return _encode(Image.fromarray(_texture(width, height, seed)), "JPEG", quality=92, **params)
 
 
-def _exif_rotated_jpeg() -> bytes:
-    """Stored 400x300, left half red and right half blue, EXIF orientation 6 (shown rotated 90° CW).
+def _exif_rotated_jpeg(orientation: int = 6, width: int = 400, height: int = 300) -> bytes:
+    """Stored ``width`` x ``height``, left half red and right half blue, with an EXIF orientation.
 
-    Displayed, it is 300 wide and 400 tall with the red half on top (the stored left edge becomes
-    the top edge when rotating clockwise).
+    Orientation 6 shows it rotated 90° clockwise: ``height`` wide, ``width`` tall, the stored left
+    edge (red) on top. Orientation 8 rotates it 90° counter-clockwise: the stored left edge (red)
+    at the bottom.
     """
-    arr = np.zeros((300, 400, 3), np.uint8)
-    arr[:, :200] = (255, 0, 0)
-    arr[:, 200:] = (0, 0, 255)
+    arr = np.zeros((height, width, 3), np.uint8)
+    arr[:, : width // 2] = (255, 0, 0)
+    arr[:, width // 2:] = (0, 0, 255)
     exif = Image.Exif()
-    exif[ORIENTATION] = 6
+    exif[ORIENTATION] = orientation
     return _encode(Image.fromarray(arr), "JPEG", quality=95, exif=exif.tobytes())
 
 
@@ -71,6 +72,7 @@ SOURCES = {
     "tiny": lambda: _jpeg(40, 30, 3),
     "wide": lambda: _jpeg(300, 150, 4),
     "exif6": _exif_rotated_jpeg,
+    "exif8_large": lambda: _exif_rotated_jpeg(8, 1200, 800),  # large enough for the reduced-size decode
 }
 
 # N = 200. Hand arithmetic (round half up):
@@ -80,19 +82,21 @@ SOURCES = {
 #   wide 300x150: shorter 150 < 200, kept (fit: cropped to 200x150); longer 300 -> 200, 150*200/300 = 100;
 #                 upscaled shorter: 300*200/150 = 400
 #   exif6: shown 300x400 (stored 400x300, rotated): like portrait, 400*200/300 = 266.67 -> 267; 300*200/400 = 150
+#   exif8_large: shown 800x1200 (stored 1200x800): shorter 800 -> 200, 1200*200/800 = 300; longer: 800*200/1200
+#                = 133.33 -> 133
 EXPECTED = {
     ("shorter", False): {"landscape": (267, 200), "portrait": (200, 333), "tiny": (40, 30), "wide": (300, 150),
-                         "exif6": (200, 267)},
+                         "exif6": (200, 267), "exif8_large": (200, 300)},
     ("shorter", True): {"landscape": (267, 200), "portrait": (200, 333), "tiny": (267, 200), "wide": (400, 200),
-                        "exif6": (200, 267)},
+                        "exif6": (200, 267), "exif8_large": (200, 300)},
     ("longer", False): {"landscape": (200, 150), "portrait": (120, 200), "tiny": (40, 30), "wide": (200, 100),
-                        "exif6": (150, 200)},
+                        "exif6": (150, 200), "exif8_large": (133, 200)},
     ("longer", True): {"landscape": (200, 150), "portrait": (120, 200), "tiny": (200, 150), "wide": (200, 100),
-                       "exif6": (150, 200)},
+                       "exif6": (150, 200), "exif8_large": (133, 200)},
     ("fit", False): {"landscape": (200, 200), "portrait": (200, 200), "tiny": (40, 30), "wide": (200, 150),
-                     "exif6": (200, 200)},
+                     "exif6": (200, 200), "exif8_large": (200, 200)},
     ("fit", True): {"landscape": (200, 200), "portrait": (200, 200), "tiny": (200, 200), "wide": (200, 200),
-                    "exif6": (200, 200)},
+                    "exif6": (200, 200), "exif8_large": (200, 200)},
 }
 
 
@@ -122,6 +126,19 @@ def test_output_sizes_for_each_resize_mode(sources, mode, upscale):
         assert img.format == "JPEG" and r.ext == "jpg" and img.mode == "RGB"
 
 
+def test_fit_crops_the_center():
+    # 600x200: thirds red | green | blue. fit 100: scaled to 300x100 (shorter side 200 -> 100), then
+    # cropped from left = (300 - 100) // 2 = 100 to 200: exactly the green third.
+    arr = np.zeros((200, 600, 3), np.uint8)
+    arr[:, :200], arr[:, 200:400], arr[:, 400:] = (255, 0, 0), (0, 255, 0), (0, 0, 255)
+    data = _encode(Image.fromarray(arr), "PNG")
+    img = _decode(reencode_image(data, ReencodeOptions(resize=100, resize_mode="fit", image_format="png")).data)
+    assert img.size == (100, 100)
+    out = np.asarray(img.convert("RGB")).astype(int)
+    inner = out[:, 3:-3].reshape(-1, 3)  # away from the Lanczos ringing at the band edges
+    assert inner[:, 1].min() >= 250 and inner[:, [0, 2]].max() <= 5
+
+
 def test_resize_size_rounds_half_up():
     # 300x200, shorter side 200 -> 75: 300 * 75 / 200 = 112.5 -> 113 (Python's round() would give 112)
     assert resize_size(300, 200, 75) == (113, 75)
@@ -131,18 +148,20 @@ def test_resize_size_rounds_half_up():
         assert resize_size(512, 512, 128, mode) == (128, 128)
 
 
-def test_exif_orientation_applied_and_tag_dropped(sources):
-    for options in (ReencodeOptions(resize=200), ReencodeOptions(quality=90)):
-        r = reencode_image(sources["exif6"], options)
+@pytest.mark.parametrize("name,shown,top_is_red", [("exif6", (300, 400), True), ("exif8_large", (800, 1200), False)])
+def test_exif_orientation_applied_and_tag_dropped(sources, name, shown, top_is_red):
+    for options in (ReencodeOptions(resize=200), ReencodeOptions(resize=200, draft=False), ReencodeOptions(quality=90)):
+        r = reencode_image(sources[name], options)
         img = _decode(r.data)
         assert img.getexif().get(ORIENTATION) is None
-        assert (r.orig_width, r.orig_height) == (300, 400)
+        assert (r.orig_width, r.orig_height) == shown
         w, h = img.size
         assert h > w
         arr = np.asarray(img.convert("RGB")).astype(int)
         top, bottom = arr[: h // 4].reshape(-1, 3).mean(0), arr[-h // 4:].reshape(-1, 3).mean(0)
-        assert top[0] > 200 and top[2] < 60, top          # red on top
-        assert bottom[2] > 200 and bottom[0] < 60, bottom  # blue at the bottom
+        red, blue = (top, bottom) if top_is_red else (bottom, top)
+        assert red[0] > 200 and red[2] < 60, (name, red)
+        assert blue[2] > 200 and blue[0] < 60, (name, blue)
 
 
 def test_icc_profile_and_exif_metadata_are_dropped():
