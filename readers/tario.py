@@ -30,7 +30,6 @@ import zlib
 from typing import BinaryIO, Iterable, Iterator
 
 from .errors import CorruptDataError
-from .format import split_member_name
 
 __all__ = ["iter_members", "iter_samples", "skip_stream", "DEFAULT_READ_BYTES"]
 
@@ -351,7 +350,7 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *,
     """Group contiguous tar members into samples by key (WebDataset's rule).
 
     The key is the member name up to the first dot of its basename, the extension the rest
-    (:func:`shardfeed.readers.format.split_member_name`): ``000000042.jpg`` and
+    (the rule of :func:`shardfeed.readers.format.split_member_name`, inlined here): ``000000042.jpg`` and
     ``000000042.cls`` form the sample ``000000042``.
 
     Args:
@@ -370,9 +369,13 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *,
     key = None
     parts: dict[str, bytes] = {}
     first = 0
-    split = split_member_name
     for name, data, offset in members:
-        k, ext = split(name)
+        # split_member_name, inlined (hot loop): key up to the first dot of the basename
+        dot = name.find(".", name.rfind("/") + 1)
+        if dot < 0:
+            k, ext = name, ""
+        else:
+            k, ext = name[:dot], name[dot + 1:]
         if k == key:
             if ext in parts:
                 raise CorruptDataError(f"{source}: sample {k!r} holds member {name!r} twice "

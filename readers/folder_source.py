@@ -1,0 +1,180 @@
+"""Folder source: the ImageFolder baseline, with the same outputs as the packed sources.
+
+Classes and files are found as ``torchvision.datasets.ImageFolder`` finds them (and as
+``shardfeed pack`` does): sorted non-hidden sub-folders are the classes; images are found
+recursively (symlinked folders followed, each real folder once), directories in sorted path
+order and names sorted within each; extensions match case-insensitively
+(:data:`~shardfeed.readers.format.DEFAULT_EXTENSIONS` by default); hidden files and folders are
+skipped. ``class_to_idx`` may be a dict or a packed dataset (directory or manifest path) whose
+class map then gives the labels, so that the folder's labels match that dataset's.
+
+The file list is held in numpy arrays (paths as one fixed-width bytes array, labels as int64), not
+Python lists, so forked ``DataLoader`` workers do not copy it page by page through reference
+counting. Map-style: :func:`~shardfeed.readers.loader.make_loader` reads it with
+:class:`~shardfeed.readers.loader.EpochSampler` (the sample-range split); it also works with
+``torch.utils.data.DistributedSampler``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+import torch.utils.data
+
+from .format import DEFAULT_EXTENSIONS, format_key, key_width, load_manifest, normalize_ext
+from .source_base import SourceBase
+
+__all__ = ["FolderSource", "scan_folder"]
+
+
+def _walk_sorted(top: str) -> list[tuple[str, list[str]]]:
+    seen: set[tuple[int, int]] = set()
+    out: list[tuple[str, list[str]]] = []
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue
+        ident = (st.st_dev, st.st_ino)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        names = []
+        with os.scandir(d) as it:
+            for e in it:
+                if e.name.startswith("."):
+                    continue
+                try:
+                    is_dir = e.is_dir(follow_symlinks=True)
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    stack.append(e.path)
+                else:
+                    names.append(e.name)
+        out.append((d, sorted(names)))
+    out.sort(key=lambda t: t[0])
+    return out
+
+
+def scan_folder(root: str | os.PathLike, *, extensions: Iterable[str] | None = None,
+                class_to_idx: Mapping[str, int] | None = None) -> tuple[list[str], dict[str, int], list[tuple[str, int]]]:
+    """Find the classes and images of an ImageFolder root.
+
+    Returns:
+        ``(classes, class_to_idx, [(relative_path, label), ...])`` in ImageFolder order.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: ``root`` missing or a file.
+        ValueError: no class folders, no images, or a class folder missing from ``class_to_idx``.
+    """
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root}: is a file, not an image folder (expected ROOT/CLASS/IMAGE files)")
+    exts = tuple(normalize_ext(e) for e in (extensions or DEFAULT_EXTENSIONS))
+    alias = {"jpg": ("jpg", "jpeg"), "tif": ("tif", "tiff")}
+    suffixes = tuple("." + a for e in exts for a in alias.get(e, (e,)))
+    with os.scandir(root) as it:
+        folders = sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=True))
+    if not folders:
+        raise ValueError(f"{root}: no class folders found; expected the ImageFolder layout ROOT/CLASS_NAME/IMAGE")
+    if class_to_idx is not None:
+        unknown = [c for c in folders if c not in class_to_idx]
+        if unknown:
+            raise ValueError(f"{root}: class folder(s) {unknown[:5]} are not in the given class map "
+                             f"({len(class_to_idx)} classes)")
+        mapping = {str(k): int(v) for k, v in class_to_idx.items()}
+        classes = [c for c, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+    else:
+        classes = folders
+        mapping = {c: i for i, c in enumerate(classes)}
+    files: list[tuple[str, int]] = []
+    roots = str(root)
+    for c in folders:
+        label = mapping[c]
+        for dirpath, names in _walk_sorted(os.path.join(roots, c)):
+            rel_dir = os.path.relpath(dirpath, roots).replace(os.sep, "/")
+            for name in names:
+                if name.lower().endswith(suffixes) and os.path.isfile(os.path.join(dirpath, name)):
+                    files.append((f"{rel_dir}/{name}", label))
+    if not files:
+        raise ValueError(f"{root}: no images with extensions {','.join(exts)} below its {len(folders)} class "
+                         "folder(s); check the path, or pass extensions=")
+    return classes, mapping, files
+
+
+def _class_map_from(value) -> dict[str, int] | None:
+    if value is None or isinstance(value, Mapping):
+        return value
+    return dict(load_manifest(value, check_files=False).class_to_idx)
+
+
+class FolderSource(SourceBase, torch.utils.data.Dataset):
+    """Map-style dataset over an image folder (``ROOT/CLASS/.../IMAGE``).
+
+    Args:
+        root: the image folder.
+        class_to_idx: a class map (dict) or a packed dataset (path) whose map to use.
+        extensions: extensions to read (default: the packer's defaults).
+        **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
+
+    ``ds[i]`` is ``(image uint8 [3, H, W], label int)``, a raw
+    :class:`~shardfeed.readers.format.Sample` with ``decode=False`` (key: the zero-padded index
+    in ImageFolder order; meta: ``{"path", "class"}``), or None when the sample was skipped
+    (``on_error="skip"``).
+    """
+
+    map_style = True
+
+    def __init__(self, root: str | os.PathLike, *, class_to_idx=None, extensions: Iterable[str] | None = None,
+                 **common):
+        self.root = Path(root)
+        classes, mapping, files = scan_folder(self.root, extensions=extensions,
+                                              class_to_idx=_class_map_from(class_to_idx))
+        self._classes, self._class_to_idx = classes, mapping
+        self._num_samples = len(files)
+        self._paths = np.array([f.encode("utf-8", "surrogateescape") for f, _ in files])
+        self._labels = np.array([lbl for _, lbl in files], dtype=np.int64)
+        self._width = key_width(len(files))
+        self._init_common(**common)
+
+    def __repr__(self) -> str:
+        return f"FolderSource({str(self.root)!r}, num_samples={self._num_samples}, classes={len(self._classes)})"
+
+    def __len__(self) -> int:
+        return self._num_samples
+
+    def rel_path(self, i: int) -> str:
+        """Path of sample ``i`` relative to the root (``/`` separators)."""
+        return self._paths[i].decode("utf-8", "surrogateescape")
+
+    def read_raw(self, i: int) -> tuple[str, bytes, str, int, dict]:
+        """``(key, data, ext, label, meta)`` of sample ``i``, read from its file."""
+        rel = self.rel_path(i)
+        path = os.path.join(self.root, rel)
+        with open(path, "rb", buffering=0) as f:
+            data = f.read()
+        label = int(self._labels[i])
+        ext = normalize_ext(os.path.splitext(rel)[1])
+        return format_key(i, self._width), data, ext, label, {"path": rel, "class": rel.split("/", 1)[0]}
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self._num_samples:
+            raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
+        self._map_epoch_check()
+        where = os.path.join(self.root, self.rel_path(i))
+        try:
+            key, data, ext, label, meta = self.read_raw(i)
+            return self.emit(key, data, ext, label, meta, where)
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and where not in str(exc):
+                exc = OSError(exc.errno, f"{where}: {exc.strerror or exc}")
+            self.handle_error(exc, where)
+            return None

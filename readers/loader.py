@@ -1,0 +1,293 @@
+"""The ``DataLoader`` factory and the host-to-device step.
+
+:func:`make_loader` applies the knobs the field tunes (DESIGN.md, "Readers"):
+
+* ``num_workers``: default ``min(4, usable CPUs)``;
+* ``pin_memory``: on when CUDA is available (batches then reach the GPU by a ``non_blocking``
+  copy, see :func:`to_device`);
+* ``prefetch_factor`` (2) and ``persistent_workers`` (True), both only when ``num_workers > 0``;
+* every worker starts with ``cv2.setNumThreads(1)`` and ``torch.set_num_threads(1)`` (workers
+  must not fight over cores) and tells the dataset its worker id.
+
+The epoch is split by sample ranges (:mod:`shardfeed.readers.dataset`), so ``len(loader)`` is
+exact: ``ceil(L / batch_size)`` (``L // batch_size`` with ``drop_last``) where ``L`` is
+``N // world_size`` (``ceil(N / world_size)`` with ``pad=True``), and the same for any
+``num_workers``. The loader counts epochs: each ``iter(loader)`` uses the next epoch (0, 1, ...)
+unless :meth:`ShardfeedLoader.set_epoch` was called.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils.data
+
+from .dataset import epoch_positions, is_url, num_batches, open_dataset, resolve_rank, samples_per_rank
+from .source_base import SourceBase
+
+__all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers",
+           "collate_raw", "worker_init"]
+
+log = logging.getLogger(__name__)
+
+
+def default_num_workers() -> int:
+    """``min(4, CPUs this process may use)``."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(0, min(4, cpus))
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Indices of one rank for random-access datasets, by the sample-range rule.
+
+    Each epoch the N indices are permuted with ``random.Random(seed + epoch)`` (identity without
+    ``shuffle``) and the rank takes its contiguous range of that sequence (remainder dropped,
+    or filled from the start with ``pad``), cut to whole batches with ``drop_last``.
+    """
+
+    def __init__(self, num_samples: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False):
+        self.num_samples = int(num_samples)
+        self.shuffle, self.seed, self.pad = bool(shuffle), int(seed), bool(pad)
+        self.rank, self.world_size = rank, world_size
+        self.batch_size, self.drop_last = int(batch_size), bool(drop_last)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        return iter(epoch_positions(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                                    rank=self.rank, world_size=self.world_size, pad=self.pad,
+                                    batch_size=self.batch_size, drop_last=self.drop_last))
+
+    def __len__(self) -> int:
+        return samples_per_rank(self.num_samples, self.world_size, pad=self.pad, batch_size=self.batch_size,
+                                drop_last=self.drop_last)
+
+
+def worker_init(worker_id: int, user_fn: Callable[[int], Any] | None = None) -> None:
+    """``worker_init_fn``: one OpenCV and one torch thread per worker; tell the dataset its id."""
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)
+    except Exception:  # pragma: no cover - OpenCV missing or broken: nothing to limit
+        pass
+    torch.set_num_threads(1)
+    info = torch.utils.data.get_worker_info()
+    ds = info.dataset if info is not None else None
+    if isinstance(ds, SourceBase):
+        ds.worker_init(worker_id)
+    if user_fn is not None:
+        user_fn(worker_id)
+
+
+def collate_raw(batch: Sequence) -> list:
+    """Collate for ``decode=False``: the batch is the list of samples (skipped ones removed)."""
+    return [s for s in batch if s is not None]
+
+
+def _collate_decoded(batch: Sequence, image_size: int | None = None):
+    from .transforms import collate_uint8
+
+    items = [s for s in batch if s is not None]
+    if not items:  # every sample of the batch was skipped (on_error="skip")
+        side = image_size or 0
+        return torch.empty((0, 3, side, side), dtype=torch.uint8), torch.empty((0,), dtype=torch.int64)
+    return collate_uint8(items)
+
+
+class ShardfeedLoader(torch.utils.data.DataLoader):
+    """A ``DataLoader`` that tells its dataset (and sampler) the epoch before each iteration.
+
+    ``iter(loader)`` uses epoch 0, then 1, 2, ...; :meth:`set_epoch` chooses the next one.
+    """
+
+    def __init__(self, *args, epoch_sampler: EpochSampler | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._epoch_sampler = epoch_sampler
+        self._next_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next ``iter(loader)`` (then ``epoch + 1``, ...)."""
+        if int(epoch) < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._next_epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter(loader)`` will use."""
+        return self._next_epoch
+
+    def __iter__(self):
+        e = self._next_epoch
+        self._next_epoch = e + 1
+        ds = self.dataset
+        if isinstance(ds, SourceBase) or hasattr(ds, "set_epoch"):
+            ds.set_epoch(e)
+        if self._epoch_sampler is not None:
+            self._epoch_sampler.set_epoch(e)
+        elif hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(e)
+        return super().__iter__()
+
+
+def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None = None,
+                pin_memory: bool | None = None, prefetch_factor: int | None = 2, persistent_workers: bool = True,
+                shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = False,
+                rank: int | None = None, world_size: int | None = None,
+                **open_dataset_options: Any) -> ShardfeedLoader:
+    """A ``DataLoader`` over a source (path/URL) or a dataset from :func:`open_dataset`.
+
+    Args:
+        source_or_dataset: what :func:`~shardfeed.readers.dataset.open_dataset` accepts, or a
+            dataset (ours, or any map-style / iterable torch dataset).
+        batch_size: samples per batch.
+        num_workers: worker processes (default ``min(4, CPUs)``; 0 reads in the main process).
+        pin_memory: page-locked batches for fast ``non_blocking`` copies (default: CUDA available).
+        prefetch_factor: batches each worker prepares ahead (ignored without workers).
+        persistent_workers: keep workers between epochs (only with ``num_workers > 0``).
+        shuffle: shuffle each epoch (shard order + shuffle buffer, or a permutation), seeded by
+            ``seed + epoch``.
+        seed: the run's seed (shuffling and random transforms).
+        drop_last: drop each rank's last partial batch.
+        pad: give every rank ``ceil(N / world_size)`` samples by repeating samples from the start
+            of the epoch instead of dropping the remainder ``N % world_size``.
+        rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
+        **open_dataset_options: passed to :func:`open_dataset` (``image_size``, ``train``,
+            ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
+            ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
+            ``worker_init_fn`` (called after ours), ``collate_fn`` and ``timeout`` go to the
+            ``DataLoader``.
+
+    Returns:
+        A :class:`ShardfeedLoader`. Batches: ``(images, labels)``: ``torch.uint8``
+        ``[B, 3, H, W]`` and ``torch.int64`` ``[B]`` (``B <= batch_size`` for the last one unless
+        ``drop_last``); with ``decode=False`` a list of :class:`~shardfeed.readers.format.Sample`.
+        ``len(loader)`` is exact (see the module docstring).
+
+    Raises:
+        ValueError: bad sizes or options; what :func:`open_dataset` raises.
+    """
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    loader_keys = ("multiprocessing_context", "worker_init_fn", "collate_fn", "timeout", "generator")
+    loader_opts = {k: open_dataset_options.pop(k) for k in loader_keys if k in open_dataset_options}
+    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
+        ds = open_dataset(source_or_dataset, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
+                          world_size=world_size, **open_dataset_options)
+    else:
+        if open_dataset_options:
+            raise TypeError(f"options {sorted(open_dataset_options)} apply when opening a source; the dataset "
+                            "was already opened (pass them to open_dataset)")
+        ds = source_or_dataset
+        if isinstance(ds, SourceBase):
+            ds.shuffle, ds.seed, ds.pad = bool(shuffle), int(seed), bool(pad)
+            ds.sample_decoder.seed = int(seed)
+            ds.set_distributed(rank if rank is not None else None, world_size if world_size is not None else None)
+    num_workers = default_num_workers() if num_workers is None else int(num_workers)
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    kwargs: dict[str, Any] = dict(batch_size=int(batch_size), num_workers=num_workers, pin_memory=bool(pin_memory))
+    if num_workers > 0:
+        kwargs["persistent_workers"] = bool(persistent_workers)
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = int(prefetch_factor)
+        kwargs["worker_init_fn"] = functools.partial(worker_init, user_fn=loader_opts.pop("worker_init_fn", None))
+        if "multiprocessing_context" in loader_opts:
+            kwargs["multiprocessing_context"] = loader_opts.pop("multiprocessing_context")
+    else:
+        loader_opts.pop("worker_init_fn", None)
+        loader_opts.pop("multiprocessing_context", None)
+    decode = getattr(ds, "decode", True)
+    if "collate_fn" not in loader_opts:
+        if isinstance(ds, SourceBase):
+            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size) if decode
+                                    else collate_raw)
+    kwargs.update(loader_opts)
+    epoch_sampler = None
+    if isinstance(ds, SourceBase):
+        ds.configure_batching(batch_size, drop_last)
+    if isinstance(ds, torch.utils.data.IterableDataset):
+        kwargs["drop_last"] = bool(drop_last)
+    else:
+        r, w = (ds.rank, ds.world_size) if isinstance(ds, SourceBase) else resolve_rank(rank, world_size)
+        epoch_sampler = EpochSampler(len(ds), shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
+                                     batch_size=batch_size, drop_last=drop_last)
+        kwargs["sampler"] = epoch_sampler
+        kwargs["drop_last"] = bool(drop_last)
+    loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
+    log.debug("make_loader: %r batch_size=%d num_workers=%d pin_memory=%s -> %d batches per epoch",
+              ds, batch_size, num_workers, pin_memory, len(loader))
+    return loader
+
+
+_NORM_CACHE: dict = {}
+
+
+def _norm_tensor(values, device, dtype) -> torch.Tensor:
+    key = (tuple(float(v) for v in values), str(device), dtype)
+    t = _NORM_CACHE.get(key)
+    if t is None:
+        t = torch.tensor(key[0], dtype=dtype, device=device).view(1, -1, 1, 1)
+        if len(_NORM_CACHE) < 64:
+            _NORM_CACHE[key] = t
+    return t
+
+
+def to_device(batch, device, *, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+              dtype: torch.dtype = torch.float32, channels_last: bool = False):
+    """Move a batch to ``device`` and convert it there: uint8 → ``dtype`` in [0, 1], normalised.
+
+    The copy is ``non_blocking`` (asynchronous from pinned memory, see ``pin_memory``); the
+    conversion ``x / 255`` and ``(x - mean) / std`` run on the device.
+
+    Args:
+        batch: ``(images, labels)``: ``torch.uint8`` ``[B, 3, H, W]`` and ``torch.int64`` ``[B]``.
+        device: target device (``"cuda"``, ``torch.device("cuda:0")``, ``"cpu"``).
+        mean, std: per-channel values on the [0, 1] scale (e.g. ImageNet's
+            ``(0.485, 0.456, 0.406)``, ``(0.229, 0.224, 0.225)``); None skips that step.
+        dtype: floating dtype of the result (``torch.float32``, ``torch.float16``,
+            ``torch.bfloat16``).
+        channels_last: return images in ``torch.channels_last`` memory format.
+
+    Returns:
+        ``(images, labels)`` on ``device``: ``dtype`` ``[B, 3, H, W]`` and ``torch.int64`` ``[B]``.
+
+    Raises:
+        TypeError: images are not a uint8 tensor, or ``dtype`` is not floating.
+        ValueError: images are not ``[B, C, H, W]``, or mean/std do not have C values.
+    """
+    images, labels = batch
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
+        raise TypeError(f"expected a torch.uint8 image batch, got "
+                        f"{images.dtype if isinstance(images, torch.Tensor) else type(images).__name__}")
+    if images.dim() != 4:
+        raise ValueError(f"expected images [B, C, H, W], got shape {tuple(images.shape)}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    device = torch.device(device)
+    x = images.to(device, non_blocking=True)
+    y = labels.to(device, non_blocking=True)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x = x.to(dtype).div_(255.0)
+    channels = x.shape[1]
+    for name, values in (("mean", mean), ("std", std)):
+        if values is not None and len(values) != channels:
+            raise ValueError(f"{name} has {len(values)} values but the images have {channels} channels")
+    if mean is not None:
+        x.sub_(_norm_tensor(mean, device, dtype))
+    if std is not None:
+        x.div_(_norm_tensor(std, device, dtype))
+    return x, y

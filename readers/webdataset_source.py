@@ -1,0 +1,222 @@
+"""WebDataset source: shards from a local directory or an ``http(s)://`` URL, split by sample ranges.
+
+Each epoch a worker gets its list of ``(shard, first_sample, end_sample)`` ranges from
+:func:`~shardfeed.readers.dataset.epoch_ranges` and reads exactly those bytes: a range that
+starts inside a shard starts at the sample's byte offset from the shard's ``.idx`` (local
+``seek``; over HTTP a ``Range`` request, or streaming and skipping when the server ignores
+``Range``) and stops at the next sample's offset. Shards without an offset index (made by other
+tools) are read from their start, skipping the samples before the range. Members are parsed by
+:mod:`shardfeed.readers.tario` (no ``webdataset`` import, no per-member ``read`` call).
+
+A seeded shuffle buffer (``shuffle_buffer`` samples, default 1000; seed, epoch, rank, worker)
+mixes the samples of a worker; samples are decoded only when they leave the buffer.
+
+Every sample of a range is checked against the manifest: a shard that yields fewer samples than
+the manifest says raises :class:`~shardfeed.readers.errors.CorruptDataError` naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import torch.utils.data
+
+from .dataset import epoch_ranges, samples_per_rank
+from .errors import CorruptDataError, DataSourceError
+from .format import Manifest, decode_index, read_index
+from .source_base import SourceBase, parts_to_raw
+from .tario import iter_members, iter_samples
+
+__all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
+
+log = logging.getLogger(__name__)
+
+#: Samples held by each worker's shuffle buffer.
+DEFAULT_SHUFFLE_BUFFER = 1000
+
+
+class LocalLocation:
+    """A dataset directory on a local (or mounted) file system."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def where(self, name: str) -> str:
+        return str(self.root / name)
+
+    def read_bytes(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
+
+    def read_index(self, name: str) -> list[int]:
+        return read_index(self.root / name)
+
+    def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
+        f = open(self.root / name, "rb", buffering=0)
+        try:
+            f.seek(start)
+        except BaseException:
+            f.close()
+            raise
+        return f, start
+
+
+def _shuffled(items: Iterator, size: int, rng: random.Random) -> Iterator:
+    """Reservoir-style shuffle buffer: holds up to ``size`` items, yields a random one per input."""
+    buf = []
+    randrange = rng.randrange
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        j = randrange(size)
+        out = buf[j]
+        buf[j] = item
+        yield out
+    rng.shuffle(buf)
+    yield from buf
+
+
+class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
+    """Iterable dataset over WebDataset shards (local directory or HTTP URL).
+
+    Usually built by :func:`~shardfeed.readers.dataset.open_dataset`; pass it to
+    :func:`~shardfeed.readers.loader.make_loader` (which tells it the batch size and the epoch).
+
+    Args:
+        location: a local dataset directory (path) or an
+            :class:`~shardfeed.readers.http_io.HttpLocation`.
+        manifest: the dataset's validated manifest.
+        shuffle_buffer: samples in each worker's shuffle buffer (1 or 0: no buffer).
+        timeout_s, retries: HTTP options (see :mod:`shardfeed.readers.http_io`); ignored locally.
+        **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
+
+    Yields:
+        ``(image uint8 [3, H, W], label int)``, or :class:`~shardfeed.readers.format.Sample`
+        with ``decode=False``.
+
+    ``len(ds)`` is the number of samples this rank reads per epoch (all its workers together).
+    """
+
+    def __init__(self, location, manifest: Manifest, *, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+                 timeout_s: float | None = None, retries: int | None = None, **common):
+        if isinstance(location, (str, os.PathLike)):
+            location = LocalLocation(location)
+        self.location = location
+        self.manifest = manifest
+        self.shuffle_buffer = int(shuffle_buffer)
+        self._classes = list(manifest.classes)
+        self._class_to_idx = dict(manifest.class_to_idx)
+        self._num_samples = manifest.num_samples
+        self._counts = [s.num_samples for s in manifest.shards]
+        self._offsets: dict[int, list[int] | None] = {}
+        self._init_common(**common)
+
+    def __repr__(self) -> str:
+        return (f"WebDatasetSource({str(self.location)!r}, num_samples={self._num_samples}, "
+                f"shards={len(self._counts)}, rank={self.rank}/{self.world_size})")
+
+    def __len__(self) -> int:
+        return samples_per_rank(self._num_samples, self.world_size, pad=self.pad, batch_size=self.batch_size,
+                                drop_last=self.drop_last)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_offsets"] = {}
+        return state
+
+    # ---- reading
+    def _index(self, i: int) -> list[int] | None:
+        if i in self._offsets:
+            return self._offsets[i]
+        entry = self.manifest.shards[i]
+        offsets = None
+        if entry.index:
+            if isinstance(self.location, LocalLocation):
+                offsets = self.location.read_index(entry.index)
+            else:
+                offsets = decode_index(self.location.read_bytes(entry.index), self.location.where(entry.index))
+            if len(offsets) != entry.num_samples:
+                raise CorruptDataError(f"{self.location.where(entry.index)}: {len(offsets)} offsets but "
+                                       f"{entry.num_samples} samples in the manifest; rebuild it with "
+                                       "`shardfeed index`")
+        self._offsets[i] = offsets
+        return offsets
+
+    def iter_range(self, shard: int, start: int, end: int) -> Iterator[tuple[str, dict, str]]:
+        """Raw samples ``[start, end)`` of shard ``shard``: ``(key, {ext: bytes}, where)``.
+
+        Raises:
+            CorruptDataError: the shard is damaged or holds fewer samples than the manifest says.
+            DataSourceError: an HTTP read failed (names the URL).
+        """
+        entry = self.manifest.shards[shard]
+        where = self.location.where(entry.name)
+        offsets = self._index(shard)
+        if offsets is not None:
+            first = offsets[start]
+            stop = offsets[end] if end < len(offsets) else None
+            skip = 0
+        else:
+            first, stop, skip = 0, None, start
+        stream, stream_offset = self.location.open(entry.name, first, stop)
+        want = end - start
+        got = 0
+        try:
+            total = getattr(stream, "total_bytes", None)
+            if total is not None and total != entry.num_bytes:
+                raise CorruptDataError(f"{where}: {total} bytes on the server but {entry.num_bytes} in the "
+                                       "manifest; the shard changed: run `shardfeed check` and repack")
+            members = iter_members(stream, start_offset=first, end_offset=stop, source=where,
+                                   stream_offset=stream_offset)
+            for key, parts, _ in iter_samples(members, source=where):
+                if skip:
+                    skip -= 1
+                    continue
+                yield key, parts, where
+                got += 1
+                if got == want:
+                    return
+        finally:
+            stream.close()
+        if got < want:
+            raise CorruptDataError(f"{where}: holds only {start + got} samples, the manifest says at least "
+                                   f"{end}; the shard is damaged or was replaced: run `shardfeed check`")
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        epoch = self.begin_epoch(worker)
+        ranges = epoch_ranges(self._counts, seed=self.seed, epoch=epoch, rank=self.rank,
+                              world_size=self.world_size, num_workers=num_workers, worker=worker, pad=self.pad,
+                              shuffle=self.shuffle, batch_size=self.batch_size, drop_last=self.drop_last)
+        raw = self._iter_ranges(ranges)
+        if self.shuffle and self.shuffle_buffer > 1:
+            rng = random.Random(f"shuffle-buffer:{self.seed}:{epoch}:{self.rank}:{worker}")
+            raw = _shuffled(raw, self.shuffle_buffer, rng)
+        emit = self.emit
+        c2i = self._class_to_idx
+        for key, parts, where in raw:
+            try:
+                data, ext, label, meta = parts_to_raw(key, parts, c2i, where)
+                out = emit(key, data, ext, label, meta, f"{where} key {key}")
+            except (CorruptDataError, ValueError) as exc:
+                self.handle_error(exc, f"{where} key {key}")
+                continue
+            yield out
+        self.end_epoch()
+
+    def _iter_ranges(self, ranges):
+        for shard, start, end in ranges:
+            try:
+                yield from self.iter_range(shard, start, end)
+            except (CorruptDataError, DataSourceError) as exc:
+                if self.on_error == "raise":
+                    raise
+                self.handle_error(exc, self.location.where(self.manifest.shards[shard].name))

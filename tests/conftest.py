@@ -1,0 +1,211 @@
+"""Shared, session-scoped fixtures: a tiny image folder, its packed copies, and HTTP servers.
+
+Fixtures (all session-scoped; treat their files as read-only):
+
+``tiny_image_folder``
+    ``Path`` of an ImageFolder with 3 classes and 60 small images (RGB JPEG, greyscale PNG,
+    RGBA PNG, palette PNG; 20-48 px), generated with a fixed seed.
+``tiny_folder_expected``
+    ``{relative_path: (file_bytes, label)}`` computed from the folder itself (labels from the
+    sorted class folder names), for honest expectations.
+``packed_root``
+    ``Path`` of a folder holding ``wds/`` (WebDataset, ``max_count=16``: shards of 16/16/16/12)
+    and ``lmdb/`` (LMDB, once the LMDB packer is available), both packed from
+    ``tiny_image_folder``.
+``packed_wds`` / ``packed_lmdb``
+    ``packed_root / "wds"`` / ``packed_root / "lmdb"``.
+``nginx_server``
+    Base URL (``http://127.0.0.1:PORT``) of an nginx (answers ``Range``) serving
+    ``packed_root``; skipped with a reason when nginx is not installed.
+``simple_http_server``
+    Base URL of Python's ``http.server`` (ignores ``Range``) serving ``packed_root``.
+``start_http_server``
+    Factory: ``start_http_server(directory, handler_class=None) -> base URL`` for a threaded
+    ``http.server`` on 127.0.0.1 (stopped at the end of the session).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
+
+
+def _make_image(rng: np.random.Generator, kind: str, w: int, h: int):
+    from PIL import Image
+
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([(xx * 255 // max(w - 1, 1)), (yy * 255 // max(h - 1, 1)),
+                     np.full_like(xx, int(rng.integers(0, 256)))], axis=-1)
+    noise = rng.integers(-20, 21, size=base.shape)
+    rgb = np.clip(base + noise, 0, 255).astype(np.uint8)
+    if kind == "jpg":
+        return Image.fromarray(rgb, "RGB")
+    if kind == "gray":
+        return Image.fromarray(rgb[..., 0], "L")
+    if kind == "rgba":
+        alpha = (rng.integers(0, 256, size=(h, w))).astype(np.uint8)
+        return Image.fromarray(np.dstack([rgb, alpha]), "RGBA")
+    return Image.fromarray(rgb, "RGB").quantize(colors=16)  # palette
+
+
+@pytest.fixture(scope="session")
+def tiny_image_folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny") / "images"
+    rng = np.random.default_rng(1234)
+    kinds = ["jpg", "jpg", "gray", "rgba", "palette"]
+    for c, cls in enumerate(["cat", "dog", "eel"]):
+        d = root / cls
+        d.mkdir(parents=True)
+        for i in range(20):
+            kind = kinds[(i + c) % len(kinds)]
+            w, h = int(rng.integers(20, 49)), int(rng.integers(20, 49))
+            img = _make_image(rng, kind, w, h)
+            if kind == "jpg":
+                img.save(d / f"img_{i:03d}.jpg", quality=90)
+            else:
+                img.save(d / f"img_{i:03d}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_folder_expected(tiny_image_folder) -> dict[str, tuple[bytes, int]]:
+    classes = sorted(p.name for p in tiny_image_folder.iterdir() if p.is_dir())
+    out = {}
+    for label, cls in enumerate(classes):
+        for f in sorted((tiny_image_folder / cls).iterdir()):
+            out[f"{cls}/{f.name}"] = (f.read_bytes(), label)
+    return out
+
+
+def _lmdb_packer_available() -> bool:
+    try:
+        from shardfeed.convert.pack import PACKERS, _packer
+
+        _packer("lmdb")
+        return "lmdb" in PACKERS
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def packed_root(tiny_image_folder, tmp_path_factory) -> Path:
+    from shardfeed.convert.pack import PackOptions, pack
+
+    root = tmp_path_factory.mktemp("packed")
+    pack(tiny_image_folder, root / "wds", PackOptions(format="wds", max_count=16, workers=1, seed=0))
+    if _lmdb_packer_available():
+        pack(tiny_image_folder, root / "lmdb", PackOptions(format="lmdb", workers=1, seed=0))
+    return root
+
+
+@pytest.fixture(scope="session")
+def packed_wds(packed_root) -> Path:
+    return packed_root / "wds"
+
+
+@pytest.fixture(scope="session")
+def packed_lmdb(packed_root) -> Path:
+    p = packed_root / "lmdb"
+    if not p.exists():
+        pytest.skip("the LMDB packer (convert/lmdb_writer.py) is not available")
+    return p
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="session")
+def start_http_server():
+    servers = []
+
+    def start(directory, handler_class=None) -> str:
+        handler = functools.partial(handler_class or _QuietHandler, directory=str(directory))
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(scope="session")
+def simple_http_server(packed_root, start_http_server) -> str:
+    return start_http_server(packed_root)
+
+
+@pytest.fixture(scope="session")
+def nginx_server(packed_root, tmp_path_factory) -> str:
+    nginx = shutil.which("nginx") or next((p for p in NGINX_CANDIDATES if os.access(p, os.X_OK)), None)
+    if nginx is None:
+        pytest.skip("nginx is not installed (Debian: apt-get install nginx-light); the Range-answering "
+                    "server tests need it")
+    work = tmp_path_factory.mktemp("nginx")
+    port = free_port()
+    user = "user root;\n" if os.geteuid() == 0 else ""  # workers must read the 0700 pytest tmp dirs
+    temp = "\n".join(f"    {k}_temp_path {work}/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (work / "nginx.conf").write_text(f"""{user}daemon off;
+worker_processes 1;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+{temp}
+    server {{
+        listen 127.0.0.1:{port};
+        root {packed_root};
+        location / {{ }}
+    }}
+}}
+""")
+    proc = subprocess.Popen([nginx, "-p", str(work), "-c", str(work / "nginx.conf"), "-e", str(work / "error.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port)
+    except RuntimeError:
+        proc.kill()
+        err = proc.stderr.read().decode(errors="replace")
+        log = (work / "error.log").read_text() if (work / "error.log").exists() else ""
+        pytest.fail(f"nginx did not start: {err} {log}")
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -1,0 +1,161 @@
+"""The epoch split (DESIGN.md "Splitting an epoch across ranks and workers"), as pure functions.
+
+Expectations are computed here from the rule's definition (shards laid end to end, N // W per
+rank, contiguous ranges), not from the code under test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from shardfeed.readers.dataset import epoch_positions, epoch_ranges, num_batches, resolve_rank
+
+
+def _ids(counts, ranges):
+    """Global sample ids (shard, index) of a list of ranges."""
+    out = []
+    for shard, a, b in ranges:
+        assert 0 <= a < b <= counts[shard]
+        out.extend((shard, i) for i in range(a, b))
+    return out
+
+
+def _batches_of(worker_counts, batch_size, drop_last=False):
+    # a DataLoader batches each worker's samples separately
+    return sum((n // batch_size) if drop_last else -(-n // batch_size) for n in worker_counts)
+
+
+CASES = [
+    ([100, 100, 50], 2, 1, 7),
+    ([100, 100, 50], 2, 3, 7),
+    ([250], 2, 2, 7),
+    ([1], 2, 4, 3),
+    ([7, 0, 5, 3], 3, 2, 2),
+    ([5] * 40, 4, 4, 16),
+]
+
+
+@pytest.mark.parametrize("counts,world,workers,bs", CASES)
+@pytest.mark.parametrize("pad", [False, True])
+def test_disjoint_union_equal(counts, world, workers, bs, pad):
+    n = sum(counts)
+    per_rank = -(-n // world) if pad else n // world
+    all_ids = []
+    for epoch in (0, 1):
+        seen = []
+        for rank in range(world):
+            rank_ids = []
+            worker_counts = []
+            for w in range(workers):
+                r = epoch_ranges(counts, seed=3, epoch=epoch, rank=rank, world_size=world, num_workers=workers,
+                                 worker=w, pad=pad, shuffle=True, batch_size=bs)
+                ids = _ids(counts, r)
+                worker_counts.append(len(ids))
+                rank_ids.extend(ids)
+            assert len(rank_ids) == per_rank
+            # same batch count whatever the number of workers
+            assert _batches_of(worker_counts, bs) == -(-per_rank // bs) == num_batches(n, world, bs, pad=pad)
+            seen.extend(rank_ids)
+        universe = {(s, i) for s, c in enumerate(counts) for i in range(c)}
+        if pad:
+            assert set(seen) == universe
+            assert len(seen) == per_rank * world
+        else:
+            assert len(seen) == len(set(seen))  # no sample read twice
+            assert len(universe - set(seen)) == n % world  # only the remainder is missing
+        all_ids.append(seen)
+    if len(counts) > 2 and any(counts):
+        # the shard order changes between epochs (seed + epoch)
+        orders = [[s for s, _ in itertools.groupby(x, key=lambda t: t[0])] for x in all_ids]
+        assert orders[0] != orders[1] or len(set(counts)) == 1
+
+
+def test_remainder_is_the_tail_of_the_epoch_sequence():
+    counts = [4, 3]
+    # no shuffle: sequence is shard 0 then shard 1; 7 samples, 2 ranks -> 3 each, last one dropped
+    r0 = epoch_ranges(counts, rank=0, world_size=2, shuffle=False)
+    r1 = epoch_ranges(counts, rank=1, world_size=2, shuffle=False)
+    assert r0 == [(0, 0, 3)]
+    assert r1 == [(0, 3, 4), (1, 0, 2)]
+
+
+def test_pad_wraps():
+    counts = [4, 3]
+    assert epoch_ranges(counts, rank=0, world_size=2, shuffle=False, pad=True) == [(0, 0, 4)]
+    assert epoch_ranges(counts, rank=1, world_size=2, shuffle=False, pad=True) == [(1, 0, 3), (0, 0, 1)]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_drop_last_only_decides_the_last_batch(drop_last):
+    counts = [100, 100, 50]
+    bs = 7
+    for workers in (1, 2, 4):
+        for rank in range(2):
+            wc = [len(_ids(counts, epoch_ranges(counts, rank=rank, world_size=2, num_workers=workers, worker=w,
+                                                batch_size=bs, drop_last=drop_last))) for w in range(workers)]
+            expected = 125 // 7 if drop_last else -(-125 // 7)
+            assert _batches_of(wc, bs) == expected
+            assert sum(wc) == (125 - 125 % 7 if drop_last else 125)
+            # only one worker holds a partial batch
+            assert sum(1 for c in wc if c % bs) <= 1
+
+
+def test_one_shard_feeds_two_ranks_times_four_workers():
+    counts = [64]
+    got = []
+    for rank, w in itertools.product(range(2), range(4)):
+        ids = _ids(counts, epoch_ranges(counts, rank=rank, world_size=2, num_workers=4, worker=w, batch_size=1))
+        assert len(ids) == 8
+        got.extend(ids)
+    assert sorted(got) == [(0, i) for i in range(64)]
+
+
+def test_positions_for_random_access():
+    n = 23
+    for pad in (False, True):
+        ranks = [epoch_positions(n, seed=1, epoch=2, shuffle=True, rank=r, world_size=3, pad=pad) for r in range(3)]
+        assert all(len(r) == (8 if pad else 7) for r in ranks)
+        flat = [i for r in ranks for i in r]
+        if pad:
+            assert set(flat) == set(range(n))
+        else:
+            assert len(set(flat)) == 21
+    a = epoch_positions(n, seed=1, epoch=0, shuffle=True, rank=0, world_size=1)
+    b = epoch_positions(n, seed=1, epoch=1, shuffle=True, rank=0, world_size=1)
+    assert sorted(a) == sorted(b) == list(range(n)) and a != b
+    assert epoch_positions(n, seed=1, epoch=0, shuffle=False, rank=0, world_size=1) == list(range(n))
+
+
+def test_resolve_rank(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert resolve_rank() == (0, 1)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert resolve_rank() == (1, 3)
+    assert resolve_rank(0, 2) == (0, 2)
+    with pytest.raises(ValueError, match="outside"):
+        resolve_rank(2, 2)
+
+
+def test_random_configurations():
+    rng = random.Random(0)
+    for _ in range(200):
+        counts = [rng.randint(0, 30) for _ in range(rng.randint(1, 6))]
+        world, workers, bs = rng.randint(1, 4), rng.randint(1, 5), rng.randint(1, 9)
+        n = sum(counts)
+        seed = rng.randint(0, 9)
+        seen = []
+        for rank in range(world):
+            wc = []
+            for w in range(workers):
+                ids = _ids(counts, epoch_ranges(counts, seed=seed, epoch=0, rank=rank, world_size=world,
+                                                num_workers=workers, worker=w, batch_size=bs))
+                wc.append(len(ids))
+                seen.extend(ids)
+            assert sum(wc) == n // world
+            assert _batches_of(wc, bs) == -(-(n // world) // bs)
+        assert len(seen) == len(set(seen)) == n - n % world
