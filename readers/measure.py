@@ -989,6 +989,9 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
 
 
 _LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+#: make_loader / open_dataset defaults, left out of the printed make_loader(...) call.
+_MAKE_LOADER_DEFAULTS = {"shuffle": True, "seed": 0, "drop_last": False, "pad": False, "train": False,
+                         "decoder": "pil", "decode": True, "on_error": "raise", "cache": None}
 
 
 def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size: int | None = 224,
@@ -1305,33 +1308,38 @@ def _on_tmpfs(path: Path) -> bool:
 
 
 def _storage_advice(source: str | os.PathLike) -> list[str]:
+    """Where the data should live: ``cache="memory"``, ``shardfeed stage`` to /dev/shm, a local disk."""
     files = dataset_files(source)
     if not files:
         return []
     size = sum(f.stat().st_size for f in files)
-    mem = _meminfo()
-    avail = mem.get("MemAvailable")
+    avail = _meminfo().get("MemAvailable")
+    packed = detect_source_format(source) != "folder"
     advice = []
     if avail and size < 0.5 * avail:
         advice.append(f"the dataset ({_fmt_bytes(size)}) fits comfortably in RAM ({_fmt_bytes(avail)} available): "
-                      "cache='memory' keeps it there after the first epoch")
+                      "cache='memory' keeps its bytes there after one read (per process)")
     shm_free = _fs_free_bytes("/dev/shm")
     src = Path(str(source))
-    if shm_free and size * 1.2 < shm_free and not _on_tmpfs(src):
+    if shm_free and size * 1.5 < shm_free and not _on_tmpfs(src):
         name = src.resolve().name or "dataset"
-        advice.append(f"/dev/shm has room ({_fmt_bytes(shm_free)} free): `shardfeed stage {source} /dev/shm/{name}` "
-                      "puts it in RAM for every process and rank of the machine")
+        how = (f"`shardfeed stage {source} /dev/shm/{name}`" if packed else
+               f"pack it (`shardfeed pack {source} OUT`), then `shardfeed stage OUT /dev/shm/{name}`")
+        advice.append(f"/dev/shm has room ({_fmt_bytes(shm_free)} free): {how} puts it in RAM once for every "
+                      "process and rank of the machine")
     elif avail and size >= 0.5 * avail:
-        advice.append(f"the dataset ({_fmt_bytes(size)}) does not fit in RAM: keep it on the fastest local disk "
-                      "(`shardfeed stage` copies it there) and pack it (sequential reads)")
+        advice.append(f"the dataset ({_fmt_bytes(size)}) does not fit comfortably in RAM: "
+                      + ("stage it to the fastest local disk (`shardfeed stage`)" if packed else
+                         "pack it (`shardfeed pack`, sequential reads) and stage it to the fastest local disk "
+                         "(`shardfeed stage`)"))
     return advice
 
 
 def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size: int = 64,
                 image_size: int | None = 224, model: str = "tiny", device: str = "auto",
                 compute_ms: float | None = None, warmup: int = 5, batches: int = 30, max_workers: int | None = None,
-                min_gain: float = 0.05, progress: Callable[[str], None] | None = None,
-                **loader_options: Any) -> dict:
+                min_gain: float = 0.05, channels_last: bool = False, num_threads: int | None = None,
+                progress: Callable[[str], None] | None = None, **loader_options: Any) -> dict:
     """Sweep the ``DataLoader`` knobs one at a time, the way practitioners do by hand.
 
     1. ``num_workers``: 0, 1, 2, 4, 8, … up to ``max_workers`` (default 2 × CPU count); the sweep
@@ -1373,7 +1381,8 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
         opts = dict(options)
         ts = time.perf_counter()
         rep = bench_source(source, batch_size=batch_size, image_size=image_size, model=model, device=dev,
-                           compute_ms=compute_ms, warmup=warmup, batches=batches, label=step, **base, **opts)
+                           compute_ms=compute_ms, warmup=warmup, batches=batches, label=step,
+                           channels_last=channels_last, num_threads=num_threads, **base, **opts)
         dur = time.perf_counter() - ts
         longest[0] = max(longest[0], dur)
         rec = {"step": step, "options": dict(options), "images_per_s": rep.images_per_s,
@@ -1441,7 +1450,8 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
                         "not the loader, sets the pace")
     if best["num_workers"] == 0:
         best = {"num_workers": 0, "pin_memory": best["pin_memory"]}
-    extra = {k: v for k, v in loader_options.items() if k not in _LOADER_KNOBS and v is not None}
+    extra = {k: v for k, v in loader_options.items()
+             if k not in _LOADER_KNOBS and v is not None and _MAKE_LOADER_DEFAULTS.get(k, object()) != v}
     call_opts = {**best, **({"image_size": image_size} if image_size else {}), **extra}
     return {"source": str(source), "trials": trials, "best": best_rec, "best_options": best,
             "call": make_loader_call(source, batch_size, call_opts), "warnings": warnings,

@@ -245,9 +245,11 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, json
     for t in result["trials"]:
         o = t["options"]
         mark = "*" if t is best else ""
-        rows.append((t["step"], str(o.get("num_workers")), str(o.get("pin_memory")), str(o.get("prefetch_factor")),
-                     str(o.get("persistent_workers")), f"{t['images_per_s']:.1f}", f"{t['stall_share']:.0%}",
-                     f"{t['seconds']:.1f}", mark))
+        workers = o.get("num_workers")
+        rows.append((t["step"], str(workers), str(o.get("pin_memory")),
+                     str(o.get("prefetch_factor")) if workers else "-",
+                     str(o.get("persistent_workers")) if workers else "-", f"{t['images_per_s']:.1f}",
+                     f"{t['stall_share']:.0%}", f"{t['seconds']:.1f}", mark))
     _echo(format_table(rows, header=("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall",
                                      "took s", "best")), json_path)
     for w in result["warnings"]:

@@ -102,6 +102,7 @@ def _check_run(run: dict) -> None:
 # bench
 
 
+@pytest.mark.multiprocess
 def test_bench_json_fields_consistent(data, tmp_path):
     out = tmp_path / "bench.json"
     r = _run(["bench", data["wds"], *SMALL, "--batches", "4", "--num-workers", "1", "--json", out])
@@ -131,8 +132,9 @@ def test_bench_compute_ms_mean_is_about_the_step(data, tmp_path):
     _check_run(run)
     assert run["config"]["source_format"] == "lmdb"
     assert run["config"]["compute_ms"] == 20 and run["config"]["model"] is None
-    # time.sleep never returns early; 15 ms of slack for a loaded machine
-    assert 0.0195 <= run["t_compute_s"]["mean"] <= 0.035
+    # time.sleep never returns early; a busy machine may wake the loop late (the median is robust to that)
+    assert 0.0195 <= run["t_compute_s"]["p50"] <= 0.030
+    assert 0.0195 <= run["t_compute_s"]["mean"] <= 0.050
 
 
 def test_bench_model_none_stalls_on_data(data, tmp_path):
@@ -150,6 +152,7 @@ def test_bench_model_none_stalls_on_data(data, tmp_path):
 # verify
 
 
+@pytest.mark.multiprocess
 def test_verify_alternates_and_reports_speedup(data, tmp_path):
     out = tmp_path / "verify.json"
     r = _run(["verify", data["folder"], data["wds"], *SMALL, "--batches", "3", "--num-workers", "1",
@@ -174,6 +177,7 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
     assert ("x faster; data stall" in r.output) or ("x slower" in r.output)
 
 
+@pytest.mark.multiprocess
 def test_verify_cold_runs(data, tmp_path):
     out = tmp_path / "verify.json"
     r = _run(["verify", data["folder"], data["lmdb"], *SMALL, "--batches", "2", "--num-workers", "1", "--cold",
