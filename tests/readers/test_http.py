@@ -1,0 +1,117 @@
+"""WebDataset over HTTP from real servers on 127.0.0.1: nginx (answers Range) and Python's
+http.server (ignores Range) give the same samples as the local read; failures name the URL."""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+
+import pytest
+
+from shardfeed.readers import open_dataset
+from shardfeed.readers.errors import DataSourceError, ManifestError
+from shardfeed.readers.format import read_index
+from shardfeed.readers.http_io import HttpLocation
+
+pytestmark = pytest.mark.network
+
+
+def _raw(source, **kw):
+    return [(s.key, s.data, s.label, s.meta["path"]) for s in open_dataset(source, decode=False, shuffle=False, **kw)]
+
+
+@pytest.fixture(scope="module")
+def local_samples(packed_wds):
+    return _raw(packed_wds)
+
+
+@pytest.mark.parametrize("server", ["nginx_server", "simple_http_server"])
+def test_http_same_samples_as_local(server, request, packed_wds, local_samples):
+    base = request.getfixturevalue(server)
+    assert _raw(f"{base}/wds/") == local_samples
+    assert _raw(f"{base}/wds/manifest.json") == local_samples
+    # ranges that start and end inside shards (3 ranks of 20 samples over shards of 16)
+    parts = [_raw(f"{base}/wds/", rank=r, world_size=3) for r in range(3)]
+    assert [len(p) for p in parts] == [20, 20, 20]
+    assert sorted(x for p in parts for x in p) == sorted(local_samples)
+    # decoded samples too
+    decoded = list(open_dataset(f"{base}/wds/", shuffle=False, image_size=8))
+    local = list(open_dataset(packed_wds, shuffle=False, image_size=8))
+    assert all(a[1] == b[1] and a[0].equal(b[0]) for a, b in zip(decoded, local)) and len(decoded) == 60
+
+
+def test_range_answered_or_not(nginx_server, simple_http_server, packed_wds):
+    off = read_index(packed_wds / "shard-000000.idx")[3]
+    s, at = HttpLocation(f"{nginx_server}/wds/").open("shard-000000.tar", off, off + 512)
+    with s:
+        assert (s.ranged, at) == (True, off)
+        assert s.read(512) == (packed_wds / "shard-000000.tar").read_bytes()[off:off + 512]
+    s, at = HttpLocation(f"{simple_http_server}/wds/").open("shard-000000.tar", off)
+    with s:
+        assert (s.ranged, at) == (False, 0)
+
+
+@pytest.mark.timeout(30)
+def test_missing_files_name_the_url(nginx_server, packed_root, tmp_path, start_http_server):
+    with pytest.raises(ManifestError, match=rf"{nginx_server}/nothing/manifest.json: not found"):
+        open_dataset(f"{nginx_server}/nothing/", timeout_s=2, retries=1)
+    # a shard missing on the server: refused at open, or a 404 naming it when not checked
+    site = tmp_path / "site"
+    shutil.copytree(packed_root / "wds", site / "wds")
+    (site / "wds" / "shard-000002.tar").unlink()
+    base = start_http_server(site)
+    with pytest.raises(ManifestError, match=rf"{base}/wds/shard-000002.tar: listed in manifest.json but missing"):
+        open_dataset(f"{base}/wds/", timeout_s=2, retries=1)
+    ds = open_dataset(f"{base}/wds/", timeout_s=2, retries=1, check_files=False, shuffle=False)
+    with pytest.raises(FileNotFoundError, match=rf"{base}/wds/shard-000002.tar: HTTP 404"):
+        list(ds)
+
+
+class _ClosingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the manifest and HEAD; for shard GETs sends the headers and 700 bytes, then hangs up."""
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def do_GET(self):
+        if not self.path.endswith(".tar"):
+            return super().do_GET()
+        f = self.send_head()
+        if f:
+            with f:
+                self.wfile.write(f.read(700))
+            self.wfile.flush()
+        self.close_connection = True
+
+
+class _HangUpHandler(_ClosingHandler):
+    """Closes the connection without answering shard GETs."""
+
+    def do_GET(self):
+        if not self.path.endswith(".tar"):
+            return super().do_GET()
+        self.close_connection = True
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("handler", [_ClosingHandler, _HangUpHandler], ids=["cut-body", "hang-up"])
+def test_server_closing_the_connection(handler, packed_root, start_http_server):
+    base = start_http_server(packed_root, handler)
+    ds = open_dataset(f"{base}/wds/", timeout_s=2, retries=2, shuffle=False, decode=False)
+    with pytest.raises(DataSourceError, match=rf"{base}/wds/shard-00000\d.tar"):
+        list(ds)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(30)
+def test_refused(tmp_path):
+    url = f"http://127.0.0.1:{_free_port()}/data/"
+    with pytest.raises(DataSourceError, match=rf"{url}manifest.json: GET failed after 2 attempts"):
+        open_dataset(url, timeout_s=2, retries=1)
