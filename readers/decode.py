@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import struct
 import threading
 from typing import Callable
@@ -274,9 +275,10 @@ def _open_header(data: bytes, source: str, ext: str | None) -> Image.Image:
             f"{Image.MAX_IMAGE_PIXELS} set by the application: {exc}"
         ) from exc
     except _PIL_LOAD_ERRORS as exc:
+        detail = re.sub(r" at 0x[0-9a-fA-F]+", "", str(exc))  # no memory addresses: stable messages
         raise CorruptDataError(
             f"cannot decode image from {_where(source, ext)}: not a readable image "
-            f"({type(exc).__name__}: {exc})"
+            f"({type(exc).__name__}: {detail})"
         ) from exc
 
 
