@@ -101,6 +101,7 @@ __all__ = [
     "reencode_payload",
     "reencode_options",
     "reencode_progress_bar",
+    "progress_with_output",
     "pack_webdataset_reencoded",
 ]
 
@@ -538,14 +539,19 @@ def reencode_progress_bar(total_samples: int, total_bytes: int, desc: str, quiet
             if now - state["last"] > 0.25 or bar.n >= total_samples:
                 state["last"] = now
                 mb_s = state["in"] / 1e6 / max(now - state["t0"], 1e-9)
-                bar.set_postfix_str(f"{state['in'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB -> "
-                                    f"{state['out'] / 1e6:.1f} MB, {mb_s:.1f} MB/s in", refresh=False)
+                out = f" -> {state['out'] / 1e6:.1f} MB" if state["out"] else ""  # a packer may send none
+                bar.set_postfix_str(f"{state['in'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB{out}, {mb_s:.1f} MB/s in",
+                                    refresh=False)
 
     return bar, update
 
 
-def _with_output_bytes(progress: Callable) -> Callable:
-    """``progress`` as a 3-argument callback (callbacks of 2 arguments do not get output bytes)."""
+def progress_with_output(progress: Callable) -> Callable:
+    """``progress`` as a callback ``(num_samples, input_bytes, output_bytes)``.
+
+    Packers that know the stored bytes report them through this; a callback written for the
+    documented two arguments ``(num_samples, input_bytes)`` is wrapped and does not get them.
+    """
     try:
         inspect.signature(progress).bind(0, 0, 0)
         return progress
@@ -621,7 +627,7 @@ def pack_webdataset_reencoded(scan, samples: list, out: Path, options, progress:
 
     from . import pack as _pack
 
-    report = _with_output_bytes(progress)
+    report = progress_with_output(progress)
     state_dir = out / _pack.STATE_DIR
     done = _finished_prefix(out, len(samples), options.prefix) if options.resume else []
     start = done[-1]["end"] if done else 0
@@ -650,7 +656,7 @@ def pack_webdataset_reencoded(scan, samples: list, out: Path, options, progress:
 
     tasks = [(samples[a:a + CHUNK_SAMPLES], options) for a in range(start, len(samples), CHUNK_SAMPLES)]
     try:
-        for results in _pack.run_tasks(_encode_chunk, tasks, options.workers, lambda n, b: None,
+        for results in _pack.active_executor(options).map_ordered(_encode_chunk, tasks, lambda n, b: None,
                                        max_in_flight=2 * options.workers + 2):
             n_in = b_in = b_out = 0
             for index, payload, skip in results:

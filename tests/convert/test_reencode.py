@@ -459,8 +459,12 @@ def test_pack_resize_skips_or_names_a_broken_image(folder, tmp_path):
         (src / p.parent.name).mkdir(parents=True, exist_ok=True)
         (src / p.parent.name / p.name).write_bytes(p.read_bytes())
     (src / "ant" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    report = pack(src, tmp_path / "skip", PackOptions(workers=1, on_error="skip", reencode={"resize": 32}))
+    seen = []  # a progress callback of the documented two arguments still works
+    report = pack(src, tmp_path / "skip", PackOptions(workers=1, on_error="skip", reencode={"resize": 32}),
+                  progress=lambda n, b: seen.append((n, b)))
     assert [s["path"] for s in report.skipped] == ["ant/broken.jpg"]
+    files = list(src.rglob("*.jpg"))
+    assert sum(n for n, _ in seen) == len(files) and sum(b for _, b in seen) == sum(f.stat().st_size for f in files)
     manifest = json.loads((tmp_path / "skip" / "manifest.json").read_text())
     assert [s["path"] for s in manifest["skipped"]] == ["ant/broken.jpg"]
     with pytest.raises(CorruptDataError, match="broken.jpg"):
