@@ -39,7 +39,6 @@ Splitting an epoch (DESIGN.md, binding). For every epoch:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 from pathlib import Path

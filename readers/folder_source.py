@@ -62,8 +62,10 @@ def _walk_sorted(top: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-def scan_folder(root: str | os.PathLike, *, extensions: Iterable[str] | None = None,
-                class_to_idx: Mapping[str, int] | None = None) -> tuple[list[str], dict[str, int], list[tuple[str, int]]]:
+def scan_folder(
+    root: str | os.PathLike, *, extensions: Iterable[str] | None = None,
+    class_to_idx: Mapping[str, int] | None = None,
+) -> tuple[list[str], dict[str, int], list[tuple[str, int]]]:
     """Find the classes and images of an ImageFolder root.
 
     Returns:

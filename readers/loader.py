@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils.data
 
-from .dataset import epoch_positions, is_url, num_batches, open_dataset, resolve_rank, samples_per_rank
+from .dataset import epoch_positions, is_url, open_dataset, resolve_rank, samples_per_rank
 from .source_base import SourceBase
 
 __all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers",

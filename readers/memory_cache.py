@@ -68,8 +68,8 @@ def _iter_source(src):
     if isinstance(src, WebDatasetSource):
         c2i = src.class_to_idx
         for i, entry in enumerate(src.manifest.shards):
-            for key, parts, where in src.iter_range(i, 0, entry.num_samples):
-                data, ext, label, meta = parts_to_raw(key, parts, c2i, where)
+            for key, parts, _ in src.iter_range(i, 0, entry.num_samples):
+                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"])
                 yield key, data, ext, label, meta if meta is not None else b"{}"
     else:
         for i in range(len(src)):

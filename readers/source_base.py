@@ -32,7 +32,7 @@ log = logging.getLogger("shardfeed.readers")
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "webp", "gif", "jpe",
                         "jfif", "jp2", "tga", "ico", "img"})
 #: Members that are not the image.
-SIDE_EXTS = frozenset({"cls", "json", "txt", "__key__", "idx", "meta"})
+SIDE_EXTS = frozenset({"cls", "json", "txt", "__key__", "__url__", "idx", "meta"})
 
 
 def parts_to_raw(key: str, parts: dict, class_to_idx: dict, source: str) -> tuple[bytes, str, int, bytes | None]:

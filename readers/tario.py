@@ -27,7 +27,7 @@ Typical use::
 from __future__ import annotations
 
 import zlib
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Generator, Iterable, Iterator
 
 from .errors import CorruptDataError
 
@@ -345,21 +345,27 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
             first_offset = None
 
 
-def iter_samples(members: Iterable[tuple[str, bytes, int]], *,
-                 source: str = "<tar>") -> Iterator[tuple[str, dict[str, bytes], int]]:
+def iter_samples(members: Iterable[tuple[str, bytes, int]], *, source: str = "<tar>",
+                 limit: int | None = None,
+                 tag_source: bool = False) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
     """Group contiguous tar members into samples by key (WebDataset's rule).
 
     The key is the member name up to the first dot of its basename, the extension the rest
-    (the rule of :func:`shardfeed.readers.format.split_member_name`, inlined here): ``000000042.jpg`` and
-    ``000000042.cls`` form the sample ``000000042``.
+    (the rule of :func:`shardfeed.readers.format.split_member_name`, inlined here):
+    ``000000042.jpg`` and ``000000042.cls`` form the sample ``000000042``.
 
     Args:
         members: ``(name, data, header_offset)`` as :func:`iter_members` yields them.
         source: the shard's path or URL, named in error messages.
+        limit: stop after this many samples (None: all).
+        tag_source: add ``"__url__": source`` to every sample's dict (as webdataset does).
 
     Yields:
         ``(key, {ext: data}, header_offset)`` with the shard byte offset of the sample's first
         header.
+
+    Returns:
+        The number of samples yielded (the value of ``yield from iter_samples(...)``).
 
     Raises:
         CorruptDataError: a key reappears after another key (its members are not contiguous), or
@@ -369,6 +375,9 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *,
     key = None
     parts: dict[str, bytes] = {}
     first = 0
+    n = 0
+    if limit is not None and limit <= 0:
+        return 0
     for name, data, offset in members:
         # split_member_name, inlined (hot loop): key up to the first dot of the basename
         dot = name.find(".", name.rfind("/") + 1)
@@ -384,10 +393,16 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *,
             continue
         if key is not None:
             yield key, parts, first
+            n += 1
+            if n == limit:
+                return n
         if k in seen:
             raise CorruptDataError(f"{source}: key {k!r} reappears at byte offset {offset} after other "
                                    "keys; a sample's members must be contiguous (repack the shard)")
         seen.add(k)
-        key, parts, first = k, {ext: data}, offset
+        key, first = k, offset
+        parts = {"__url__": source, ext: data} if tag_source else {ext: data}
     if key is not None:
         yield key, parts, first
+        n += 1
+    return n

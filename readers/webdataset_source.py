@@ -17,6 +17,7 @@ the manifest says raises :class:`~shardfeed.readers.errors.CorruptDataError` nam
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -27,13 +28,15 @@ import torch.utils.data
 
 from .dataset import epoch_ranges, samples_per_rank
 from .errors import CorruptDataError, DataSourceError
-from .format import Manifest, decode_index, read_index
-from .source_base import SourceBase, parts_to_raw
+from .format import Manifest, Sample, decode_index, read_index
+from .source_base import IMAGE_EXTS, SourceBase, parts_to_raw
 from .tario import iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
 
 log = logging.getLogger(__name__)
+
+_json_loads = json.JSONDecoder().raw_decode  # no whitespace scan: meta is compact JSON
 
 #: Samples held by each worker's shuffle buffer.
 DEFAULT_SHUFFLE_BUFFER = 1000
@@ -70,12 +73,12 @@ class LocalLocation:
 def _shuffled(items: Iterator, size: int, rng: random.Random) -> Iterator:
     """Reservoir-style shuffle buffer: holds up to ``size`` items, yields a random one per input."""
     buf = []
-    randrange = rng.randrange
+    rand = rng.random
     for item in items:
         if len(buf) < size:
             buf.append(item)
             continue
-        j = randrange(size)
+        j = int(rand() * size)
         out = buf[j]
         buf[j] = item
         yield out
@@ -149,8 +152,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._offsets[i] = offsets
         return offsets
 
-    def iter_range(self, shard: int, start: int, end: int) -> Iterator[tuple[str, dict, str]]:
-        """Raw samples ``[start, end)`` of shard ``shard``: ``(key, {ext: bytes}, where)``.
+    def iter_range(self, shard: int, start: int, end: int):
+        """Raw samples ``[start, end)`` of shard ``shard``: ``(key, {ext: bytes}, header_offset)``.
+
+        Each dict also holds ``"__url__"``: the shard's path or URL.
 
         Raises:
             CorruptDataError: the shard is damaged or holds fewer samples than the manifest says.
@@ -165,9 +170,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             skip = 0
         else:
             first, stop, skip = 0, None, start
-        stream, stream_offset = self.location.open(entry.name, first, stop)
         want = end - start
-        got = 0
+        stream, stream_offset = self.location.open(entry.name, first, stop)
         try:
             total = getattr(stream, "total_bytes", None)
             if total is not None and total != entry.num_bytes:
@@ -175,14 +179,17 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                                        "manifest; the shard changed: run `shardfeed check` and repack")
             members = iter_members(stream, start_offset=first, end_offset=stop, source=where,
                                    stream_offset=stream_offset)
-            for key, parts, _ in iter_samples(members, source=where):
-                if skip:
-                    skip -= 1
-                    continue
-                yield key, parts, where
-                got += 1
-                if got == want:
-                    return
+            samples = iter_samples(members, source=where, limit=want + skip, tag_source=True)
+            if skip:
+                got = 0
+                for item in samples:
+                    if skip:
+                        skip -= 1
+                        continue
+                    got += 1
+                    yield item
+            else:
+                got = yield from samples
         finally:
             stream.close()
         if got < want:
@@ -200,16 +207,38 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         if self.shuffle and self.shuffle_buffer > 1:
             rng = random.Random(f"shuffle-buffer:{self.seed}:{epoch}:{self.rank}:{worker}")
             raw = _shuffled(raw, self.shuffle_buffer, rng)
-        emit = self.emit
         c2i = self._class_to_idx
-        for key, parts, where in raw:
-            try:
-                data, ext, label, meta = parts_to_raw(key, parts, c2i, where)
-                out = emit(key, data, ext, label, meta, f"{where} key {key}")
-            except (CorruptDataError, ValueError) as exc:
-                self.handle_error(exc, f"{where} key {key}")
-                continue
-            yield out
+        if self.decode:
+            decoder = self.sample_decoder
+            for key, parts, _ in raw:
+                try:
+                    data, ext, label, _ = parts_to_raw(key, parts, c2i, parts["__url__"])
+                    out = decoder(data, ext, label, f"{parts['__url__']} key {key}")
+                except (CorruptDataError, ValueError) as exc:
+                    self.handle_error(exc, f"{parts['__url__']} key {key}")
+                    continue
+                yield out
+        else:
+            loads = _json_loads
+            image_exts = IMAGE_EXTS
+            for key, parts, _ in raw:
+                try:
+                    # fast path for shardfeed's layout (__url__, image, cls, json); else the general rule
+                    it = iter(parts)
+                    next(it)
+                    ext = next(it, None)
+                    meta = parts.get("json")
+                    cls = parts.get("cls")
+                    if ext in image_exts and cls is not None and meta is not None and ext != "jpeg" and ext != "tiff":
+                        out = Sample(key, parts[ext], ext, int(cls), loads(meta.decode("utf-8").lstrip())[0])
+                    else:
+                        data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"])
+                        meta = loads(meta.decode("utf-8").lstrip())[0] if meta is not None else {}
+                        out = Sample(key, data, ext, label, meta)
+                except (CorruptDataError, ValueError) as exc:
+                    self.handle_error(exc, f"{parts['__url__']} key {key}")
+                    continue
+                yield out
         self.end_epoch()
 
     def _iter_ranges(self, ranges):

@@ -215,3 +215,34 @@ def test_to_device_cpu():
         std, dtype=torch.float64).view(1, 3, 1, 1)
     assert torch.allclose(xn, ref)
     assert xn.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_shards_from_other_tools_without_index(tiny_folder_expected, tmp_path):
+    """PAX tar shards written by tarfile, no .idx: read whole and by ranges (skipping samples)."""
+    import hashlib
+    import tarfile
+
+    from shardfeed.readers.format import Manifest, ShardEntry
+
+    items = sorted(tiny_folder_expected.items())
+    classes = sorted({p.split("/")[0] for p, _ in items})
+    shards = []
+    for si in range(2):
+        name = f"other-{si}.tar"
+        with tarfile.open(tmp_path / name, "w", format=tarfile.PAX_FORMAT) as t:
+            for i, (path, (data, label)) in enumerate(items[si * 30:(si + 1) * 30]):
+                key = f"sub/sample{si * 30 + i:05d}"
+                ext = path.rsplit(".", 1)[1]
+                for e, payload in ((ext, data), ("cls", str(label).encode()),
+                                   ("json", json.dumps({"path": path, "class": path.split("/")[0]}).encode())):
+                    ti = tarfile.TarInfo(f"{key}.{e}")
+                    ti.size = len(payload)
+                    t.addfile(ti, io.BytesIO(payload))
+        raw = (tmp_path / name).read_bytes()
+        shards.append(ShardEntry(name, 30, len(raw), hashlib.sha256(raw).hexdigest()))
+    Manifest("webdataset", 60, classes, {c: i for i, c in enumerate(classes)}, shards).write(tmp_path)
+    whole = {s.meta["path"]: (s.data, s.label) for s in open_dataset(tmp_path, decode=False, shuffle=False)}
+    assert whole == tiny_folder_expected
+    parts = [list(open_dataset(tmp_path, decode=False, rank=r, world_size=4)) for r in range(4)]
+    assert [len(p) for p in parts] == [15] * 4
+    assert sorted(s.meta["path"] for p in parts for s in p) == sorted(tiny_folder_expected)

@@ -1,6 +1,7 @@
 """Run under torchrun by test_distributed.py: read each dataset, write what this rank saw.
 
-Usage: python -m torch.distributed.run --nproc_per_node=2 torchrun_reader.py OUT_DIR NAME=SOURCE,BATCH,WORKERS,EPOCHS ...
+Usage: python -m torch.distributed.run --nproc_per_node=2 torchrun_reader.py OUT_DIR \\
+    NAME=SOURCE,BATCH,WORKERS,EPOCHS ...
 Writes ``OUT_DIR/{NAME}-rank{R}.json``: ``{"rank", "world_size", "len", "epochs": [[[key, ...], ...], ...]}``.
 """
 
