@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import shutil
+import time
 
 import pytest
 
@@ -93,11 +94,27 @@ class _HangUpHandler(_ClosingHandler):
         self.close_connection = True
 
 
+class _StallHandler(_ClosingHandler):
+    """Sends the headers and 700 bytes of a shard, then stalls (keeps the connection open)."""
+
+    def do_GET(self):
+        if not self.path.endswith(".tar"):
+            return super().do_GET()
+        f = self.send_head()
+        if f:
+            with f:
+                self.wfile.write(f.read(700))
+            self.wfile.flush()
+            time.sleep(4)
+        self.close_connection = True
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("handler", [_ClosingHandler, _HangUpHandler], ids=["cut-body", "hang-up"])
+@pytest.mark.parametrize("handler", [_ClosingHandler, _HangUpHandler, _StallHandler],
+                         ids=["cut-body", "hang-up", "stall"])
 def test_server_closing_the_connection(handler, packed_root, start_http_server):
     base = start_http_server(packed_root, handler)
-    ds = open_dataset(f"{base}/wds/", timeout_s=2, retries=2, shuffle=False, decode=False)
+    ds = open_dataset(f"{base}/wds/", timeout_s=0.5, retries=1, shuffle=False, decode=False)
     with pytest.raises(DataSourceError, match=rf"{base}/wds/shard-00000\d.tar"):
         list(ds)
 
