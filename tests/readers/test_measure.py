@@ -300,7 +300,7 @@ def test_evict_reports_when_tmpfs_ignores_it():
     finally:
         f.unlink(missing_ok=True)
     assert rep["ignored"] is True  # tmpfs pages are the file itself: DONTNEED cannot drop them
-    assert "RAM, not disk" in rep["message"]
+    assert "from RAM, not disk" in rep["message"] and rep["attempts"] == 2
 
 
 # ---------------------------------------------------------------------------------------------
