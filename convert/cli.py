@@ -85,6 +85,14 @@ def pack_options(f: Callable) -> Callable:
         click.option("--resume", is_flag=True,
                      help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten."),
         click.option("--overwrite", is_flag=True, help="Replace an existing dataset in OUT."),
+        click.option("--executor", type=click.Choice(["local", "ray"], case_sensitive=False), default="local",
+                     show_default=True,
+                     help="Where the tasks run: this machine's --workers processes, or a Ray cluster (one task "
+                          "per shard; SRC and OUT must be on storage every node mounts at the same path). "
+                          "Same output bytes either way. Needs pip install 'shardfeed[ray]'."),
+        click.option("--ray-address", default=None, metavar="ADDR",
+                     help="--executor ray: the cluster to use (auto, HOST:PORT) [default: $RAY_ADDRESS, "
+                          "else a local Ray instance with --workers CPUs]."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -116,7 +124,8 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
 @reencode_options
 @click.pass_context
 def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count, max_bytes, prefix, workers,
-             seed, no_shuffle, on_error, decode_check, resume, overwrite, json_path, reencode) -> None:
+             seed, no_shuffle, on_error, decode_check, resume, overwrite, executor, ray_address, json_path,
+             reencode) -> None:
     """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
 
     \b
@@ -142,7 +151,8 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix, workers=workers,
                           seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
                           on_error=on_error, decode_check=decode_check, class_to_idx=class_to_idx,
-                          resume=resume, overwrite=overwrite, reencode=reencode)
+                          resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
+                          ray_address=ray_address)
     if not src.exists():
         raise FileNotFoundError(f"{src}: source folder does not exist")
     prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)

@@ -49,6 +49,7 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 
+from .executors import active_executor, check_executor, make_executor, use_executor
 from .reencode import ReencodeOptions, reencode_payload
 from .scan import ScanResult, ScannedFile, scan_image_folder
 from .tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile
@@ -97,6 +98,10 @@ class PackOptions:
         reencode: re-encode every image (resize / quality / format,
             :class:`~shardfeed.convert.reencode.ReencodeOptions` or a dict of its fields); None
             stores the original bytes unchanged.
+        executor: where the tasks run: ``"local"`` (``workers`` processes) or ``"ray"`` (a Ray
+            cluster, :mod:`shardfeed.convert.executors`); the output bytes are the same.
+        ray_address: the Ray cluster (``auto``, ``HOST:PORT``); None: ``RAY_ADDRESS`` when set,
+            else a local Ray instance.
     """
 
     format: str = "webdataset"
@@ -115,8 +120,15 @@ class PackOptions:
     #: LMDB: initial map size in bytes (None: payload + headroom). Tests use a tiny one.
     map_size: int | None = None
     reencode: ReencodeOptions | None = None
+    #: not part of fingerprint_fields(): the executor does not change the output bytes
+    executor: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self):
+        self.executor = str(self.executor).lower()
+        check_executor(self.executor)
+        if self.ray_address and self.executor != "ray":
+            raise ValueError(f"ray_address {self.ray_address!r} applies to the ray executor only; add --executor ray")
         if isinstance(self.reencode, dict):
             self.reencode = ReencodeOptions(**self.reencode)
         if self.reencode is not None and not isinstance(self.reencode, ReencodeOptions):
@@ -219,6 +231,12 @@ class PackReport:
             s += f"; {len(self.ignored)} files ignored (hidden or other extensions)"
         if self.shards_resumed:
             s += f"; {self.shards_resumed} shards kept from the interrupted run"
+        if self.extra.get("executor", "local") != "local":
+            n_nodes = len(self.extra.get("nodes") or [])
+            s += (f"; {self.extra['executor']}: {self.extra.get('num_tasks', 0)} tasks on {n_nodes} "
+                  f"{'node' if n_nodes == 1 else 'nodes'}")
+            if self.extra.get("task_retries"):
+                s += f", {self.extra['task_retries']} retried"
         return s
 
 
@@ -508,9 +526,12 @@ def pack_webdataset(scan: ScanResult, samples: list[PlannedSample], out: Path, o
                 done[i] = rec
                 a, b = ranges[i]
                 progress(b - a, sum(s.file.size for s in samples[a:b]))
-    tasks = [(str(out), i, samples[a:b], options) for i, (a, b) in enumerate(ranges) if i not in done]
+    tasks = [(str(out.absolute()), i, samples[a:b], options) for i, (a, b) in enumerate(ranges) if i not in done]
     results: dict[int, tuple] = {i: (rec["entry"], rec["skipped"]) for i, rec in done.items()}
-    for task, res in zip(tasks, run_tasks(_write_wds_shard, tasks, options.workers, progress)):
+    shared = (scan.root, str(out.absolute() / STATE_DIR / "plan.json"))  # what every Ray node must see
+    # the generator first: zip then runs it to its end (a clean pool shutdown), not tasks first
+    for res, task in zip(active_executor(options).map_ordered(_write_wds_shard, tasks, progress,
+                                                              required_paths=shared), tasks):
         results[task[1]] = res
     shards, skipped = [], []
     for i in range(len(ranges)):
@@ -644,7 +665,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
                                                   "options": options.fingerprint_fields()}).encode())
     progress = progress or (lambda n, b: None)
     try:
-        shards, skipped, resumed, extra = _packer(options.format)(scan, samples, out, options, progress)
+        with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
+            shards, skipped, resumed, extra = _packer(options.format)(scan, samples, out, options, progress)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
         for tmp in out.glob(".*.tmp"):
@@ -660,6 +682,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         files={"found": scan.num_found, "packed": num_samples, "skipped": len(skipped),
                "ignored": len(scan.ignored)},
     )
+    extra.update(executor.describe())  # executor, num_tasks, nodes, task_retries
     finalize = extra.pop("finalize", None)
     if finalize is not None:
         finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction

@@ -1,0 +1,490 @@
+"""Where a pack's tasks run: this machine's process pool (``local``) or a Ray cluster (``ray``).
+
+Packing is task-parallel by design: :func:`~shardfeed.convert.pack.plan_shards` fixes every
+WebDataset shard's samples before a byte is read, so each shard is one independent task that reads
+its source files and writes ``OUT/{prefix}-NNNNNN.tar`` (+ ``.idx``, + its completion record in
+``OUT/.shardfeed-pack/``); the LMDB packer's tasks read (and re-encode) chunks of samples and hand
+the encoded records back to the single writer. An :class:`Executor` runs such tasks and yields
+their results **in task order**, whatever order they finish in, so the output does not depend on
+the executor: a Ray pack is byte-identical to a local one.
+
+* :class:`LocalExecutor` (``--executor local``, the default): the fork process pool of
+  :func:`shardfeed.convert.pack.run_tasks`, ``--workers`` processes.
+* :class:`RayExecutor` (``--executor ray [--ray-address ADDR]``): one Ray task per pack task.
+  Connects to ``ADDR`` (``auto``: the cluster started with ``ray start`` on this machine), else to
+  ``RAY_ADDRESS`` when set, else starts a local Ray instance with ``--workers`` CPUs. At most
+  ``max_in_flight`` tasks are submitted ahead of the consumer (default: twice the cluster's CPUs plus 2),
+  results stream back with ``ray.wait`` and are yielded in order; the progress callback hears of
+  each task's samples and bytes when the task completes. A task whose worker or node dies (Ray
+  system errors) or that fails with an error other than a deterministic one
+  (:class:`~shardfeed.readers.errors.ShardfeedError`, ``ValueError``: a changed source file, a
+  corrupt image, a bad option) is resubmitted, at most ``max_retries`` times; a rewritten shard
+  has the same bytes (the temporary file is replaced, the rename is atomic), so a retry is
+  invisible in the output. The report names the nodes (Ray node id, IP, host name) that ran the
+  tasks and the number of retries.
+
+Ray is optional (``pip install 'shardfeed[ray]'``) and imported only when a :class:`RayExecutor`
+starts. Every node must reach the source folder and OUT **at the same path** (NFS, a parallel file
+system) and have shardfeed installed in the Python environment its Ray workers run; a task that
+does not see them fails at once with :class:`SharedStorageError` naming the node.
+
+Test hooks (environment variables, not for production use): ``SHARDFEED_TEST_FAIL_ONCE_DIR``
+makes the first Ray task that reaches it (after writing its first sample, or at its end) create
+``DIR/failed-once`` and kill its own worker process (``os._exit``), the way a lost node or an
+out-of-memory kill ends a task; every ``SHARDFEED_TEST_*`` variable of the driver is passed to the
+Ray tasks (``runtime_env``), so ``SHARDFEED_TEST_DELAY_MS`` slows them as it slows local workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.util
+import logging
+import os
+import socket
+import time
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+from shardfeed.readers.errors import ShardfeedError
+
+__all__ = [
+    "Executor",
+    "LocalExecutor",
+    "RayExecutor",
+    "EXECUTORS",
+    "ExecutorUnavailableError",
+    "SharedStorageError",
+    "TaskFailedError",
+    "check_executor",
+    "make_executor",
+    "use_executor",
+    "active_executor",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``callback(num_samples, num_input_bytes)``, as taken by :func:`shardfeed.convert.pack.pack`.
+Progress = Callable[[int, int], None]
+
+_FAIL_ONCE_ENV = "SHARDFEED_TEST_FAIL_ONCE_DIR"
+_FAIL_ONCE_MARKER = "failed-once"
+_TEST_ENV_PREFIX = "SHARDFEED_TEST_"
+
+
+class ExecutorUnavailableError(ShardfeedError, ImportError):
+    """The executor needs a package that is not installed (the message says what to install)."""
+
+
+class SharedStorageError(ShardfeedError, FileNotFoundError):
+    """A Ray node does not see the source folder or OUT at the path the driver uses."""
+
+
+class TaskFailedError(ShardfeedError, RuntimeError):
+    """A task failed on every attempt (worker or node lost each time, or a transient error)."""
+
+
+def _no_progress(num_samples: int, num_bytes: int) -> None:
+    pass
+
+
+class Executor(Protocol):
+    """Runs a pack's tasks and yields their results in task order.
+
+    Attributes:
+        name: the registry name (``"local"``, ``"ray"``).
+    """
+
+    name: str
+
+    def map_ordered(self, fn: Callable[[Any], Any], tasks: Sequence, progress: Progress | None = None, *,
+                    max_in_flight: int | None = None, required_paths: Sequence[str] = ()) -> Iterator:
+        """Run ``fn(task)`` for every task; yield the results in task order.
+
+        Args:
+            fn: a module-level function (it travels by reference to the workers).
+            tasks: picklable task arguments.
+            progress: receives ``(num_samples, num_input_bytes)`` increments that the tasks report
+                through their :class:`~shardfeed.convert.pack.ProgressSink`.
+            max_in_flight: tasks submitted ahead of the consumer at most (bounds memory when results
+                are large). None: every task at once (local), ``2 * CPUs + 2`` (Ray). Ray never
+                goes below ``CPUs + 2``, which would leave cluster CPUs idle.
+            required_paths: paths every worker must see (a remote node that does not fails the task
+                with :class:`SharedStorageError`).
+
+        Raises:
+            The task's own exception for a deterministic failure; :class:`TaskFailedError` when
+            retries are exhausted.
+        """
+        ...
+
+    def describe(self) -> dict:
+        """The report: ``executor`` (name), ``num_tasks`` (tasks run), ``nodes`` (where, with
+        ``num_tasks`` each) and ``task_retries``."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor started (a local Ray instance); idempotent."""
+        ...
+
+
+class _ExecutorBase:
+    name = "?"
+    #: the module that must be importable for this executor (None: always available)
+    requires: str | None = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+
+class LocalExecutor(_ExecutorBase):
+    """Tasks in ``workers`` forked processes of this machine (inline when 1), via
+    :func:`shardfeed.convert.pack.run_tasks`.
+
+    Args:
+        workers: processes (default: CPU count).
+
+    Raises:
+        ValueError: ``workers`` < 1.
+    """
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None):
+        self.workers = int(workers or os.cpu_count() or 1)
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.num_tasks = 0
+
+    @classmethod
+    def from_options(cls, options) -> "LocalExecutor":
+        """The executor a :class:`~shardfeed.convert.pack.PackOptions` asks for."""
+        return cls(options.workers)
+
+    def map_ordered(self, fn, tasks, progress=None, *, max_in_flight=None, required_paths=()) -> Iterator:
+        from .pack import run_tasks
+
+        tasks = list(tasks)
+        kwargs = {"max_in_flight": max_in_flight} if max_in_flight is not None else {}
+        for result in run_tasks(fn, tasks, self.workers, progress or _no_progress, **kwargs):
+            self.num_tasks += 1
+            yield result
+
+    def describe(self) -> dict:
+        nodes = [{"node_id": None, "ip": None, "host": socket.gethostname(), "num_tasks": self.num_tasks}]
+        return {"executor": self.name, "num_tasks": self.num_tasks, "nodes": nodes if self.num_tasks else [],
+                "task_retries": 0, "workers": self.workers}
+
+
+class RayExecutor(_ExecutorBase):
+    """One Ray task per pack task, on a Ray cluster or a local Ray instance.
+
+    Args:
+        address: the cluster to connect to (``ray.init(address=...)``: ``auto``, ``HOST:PORT``,
+            ``ray://HOST:10001``); None: ``RAY_ADDRESS`` when set, else a new local instance.
+        max_retries: resubmissions of a failed task at most (a task runs at most
+            ``max_retries + 1`` times).
+        num_cpus: CPUs of a local instance this executor starts (default: CPU count); ignored when
+            connecting to a cluster, whose CPUs decide the parallelism.
+        max_in_flight: default bound of tasks submitted ahead of the consumer (None: twice the
+            cluster's CPUs, plus 2).
+
+    If Ray is already initialised in this process (``ray.init`` was called), that connection is
+    used and left open; an instance this executor started is shut down by :meth:`close`.
+
+    Raises:
+        ExecutorUnavailableError: Ray is not installed.
+        ValueError: ``max_retries`` < 0.
+    """
+
+    name = "ray"
+    requires = "ray"
+
+    def __init__(self, address: str | None = None, max_retries: int = 3, *, num_cpus: int | None = None,
+                 max_in_flight: int | None = None):
+        check_executor(self.name)
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be at least 0, got {max_retries}")
+        self.address = address
+        self.max_retries = int(max_retries)
+        self.num_cpus = num_cpus
+        self.max_in_flight = max_in_flight
+        self.num_tasks = 0
+        self.retries = 0
+        self.cluster_address: str | None = None
+        self.cluster_cpus: int | None = None
+        self._nodes: dict[str, dict] = {}
+        self._ray = None
+        self._owns_instance = False
+
+    @classmethod
+    def from_options(cls, options) -> "RayExecutor":
+        """The executor a :class:`~shardfeed.convert.pack.PackOptions` asks for."""
+        return cls(getattr(options, "ray_address", None), num_cpus=options.workers)
+
+    # -- connection ------------------------------------------------------------------------
+
+    def _connect(self):
+        if self._ray is not None:
+            return self._ray
+        import ray
+
+        if ray.is_initialized():
+            if self.address:
+                log.info("Ray is already initialised in this process; using that connection, not %s", self.address)
+        else:
+            address = self.address or os.environ.get("RAY_ADDRESS") or "local"
+            kwargs: dict = {"address": address, "logging_level": logging.WARNING}
+            if address == "local":
+                kwargs.update(num_cpus=self.num_cpus, include_dashboard=False)
+            _check_reachable(address)
+            t0 = time.perf_counter()
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, TimeoutError, RuntimeError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConnectionError(
+                    f"Ray cluster at {address!r}: cannot connect ({first}); check --ray-address / RAY_ADDRESS "
+                    "(or leave both unset to start a local Ray instance); a cluster with token authentication "
+                    "needs the same token here (RAY_AUTH_TOKEN or ~/.ray/auth_token, see `ray get-auth-token`)"
+                ) from None
+            self._owns_instance = address == "local"
+            log.info("Ray %s in %.1f s", "started" if self._owns_instance else f"connected to {address}",
+                     time.perf_counter() - t0)
+        self._ray = ray
+        self.cluster_address = ray.get_runtime_context().gcs_address
+        self.cluster_cpus = int(ray.cluster_resources().get("CPU", 0))
+        if self.cluster_cpus < 1:
+            raise TaskFailedError(f"Ray cluster at {self.cluster_address} has no CPUs to run tasks on; "
+                                  "add a worker node (`ray start --address ...`)")
+        return ray
+
+    def close(self) -> None:
+        """Shut down the local Ray instance this executor started (a cluster connection made by
+        someone else is left open)."""
+        if self._ray is not None and self._owns_instance:
+            self._ray.shutdown()
+        self._ray = None
+        self._owns_instance = False
+
+    def _task_options(self) -> dict:
+        opts: dict = {"num_cpus": 1, "max_retries": 0, "retry_exceptions": False}
+        test_env = {k: v for k, v in os.environ.items() if k.startswith(_TEST_ENV_PREFIX)}
+        if test_env:
+            opts["runtime_env"] = {"env_vars": test_env}
+        return opts
+
+    # -- running ---------------------------------------------------------------------------
+
+    def map_ordered(self, fn, tasks, progress=None, *, max_in_flight=None, required_paths=()) -> Iterator:
+        tasks = list(tasks)
+        if not tasks:
+            return
+        ray = self._connect()
+        from ray.exceptions import RayError, RayTaskError
+
+        progress = progress or _no_progress
+        remote = ray.remote(_ray_task).options(**self._task_options())
+        bound = max_in_flight or self.max_in_flight
+        # a bound below the CPU count would leave CPUs idle; results for one task per CPU are needed anyway
+        window = max(bound, self.cluster_cpus + 2) if bound else 2 * self.cluster_cpus + 2
+        paths = tuple(str(p) for p in required_paths)
+        pending: dict = {}          # ObjectRef -> task index
+        finished: dict = {}         # task index -> result, waiting for its turn
+        attempts = [0] * len(tasks)
+        next_submit = next_yield = 0
+        log.info("running %d tasks on Ray (%d CPUs, %d in flight at most)", len(tasks), self.cluster_cpus, window)
+        try:
+            while next_yield < len(tasks):
+                while next_submit < len(tasks) and len(pending) + len(finished) < window:
+                    pending[remote.remote(fn, tasks[next_submit], paths)] = next_submit
+                    next_submit += 1
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    i = pending.pop(ref)
+                    try:
+                        result, counts, node = ray.get(ref)
+                    except RayTaskError as exc:
+                        cause = getattr(exc, "cause", None)
+                        cause = cause if isinstance(cause, BaseException) else exc
+                        if isinstance(cause, (ShardfeedError, ValueError, KeyboardInterrupt)):
+                            raise cause from None  # deterministic: the same input fails again
+                        pending[self._retry(remote, fn, tasks, paths, i, attempts, len(tasks),
+                                            f"{type(cause).__name__}: {_first_line(cause)}")] = i
+                        continue
+                    except RayError as exc:  # the worker or its node died, the result was lost
+                        pending[self._retry(remote, fn, tasks, paths, i, attempts, len(tasks),
+                                            f"{type(exc).__name__}: {_first_line(exc)}")] = i
+                        continue
+                    self._record_node(node)
+                    progress(*counts)
+                    finished[i] = result
+                while next_yield in finished:
+                    self.num_tasks += 1
+                    yield finished.pop(next_yield)
+                    next_yield += 1
+        finally:
+            for ref in pending:  # early exit (error, Ctrl-C, consumer stopped): stop what still runs
+                try:
+                    ray.cancel(ref)  # KeyboardInterrupt in the task: the shard in progress is dropped
+                except Exception:  # noqa: BLE001 - best effort while unwinding
+                    pass
+
+    def _retry(self, remote, fn, tasks, paths, i: int, attempts: list, num_tasks: int, reason: str):
+        attempts[i] += 1
+        if attempts[i] > self.max_retries:
+            raise TaskFailedError(f"Ray task {i + 1} of {num_tasks} failed {attempts[i]} times (last: {reason}); "
+                                  "finished shards are kept: fix the cause and rerun with --resume")
+        self.retries += 1
+        log.warning("Ray task %d of %d failed (%s); retrying (%d of %d)", i + 1, num_tasks, reason, attempts[i],
+                    self.max_retries)
+        return remote.remote(fn, tasks[i], paths)
+
+    def _record_node(self, node: dict) -> None:
+        rec = self._nodes.setdefault(node["node_id"], {**node, "num_tasks": 0})
+        rec["num_tasks"] += 1
+
+    def describe(self) -> dict:
+        nodes = sorted(self._nodes.values(), key=lambda n: (str(n["ip"]), n["node_id"]))
+        return {"executor": self.name, "num_tasks": self.num_tasks, "nodes": [dict(n) for n in nodes],
+                "task_retries": self.retries, "ray_address": self.cluster_address,
+                "ray_cluster_cpus": self.cluster_cpus}
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``HOST:PORT`` nobody listens on (``ray.init`` would retry for minutes).
+
+    Raises:
+        ConnectionError: no TCP connection within ``timeout_s`` seconds.
+    """
+    if "://" in address or ":" not in address:
+        return  # "local", "auto", "ray://...": Ray resolves (and fails) these quickly itself
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"Ray cluster at {address!r}: nothing answers there ({exc.strerror or exc}); check --ray-address / "
+            "RAY_ADDRESS (the head's GCS address, e.g. HEAD_IP:6379, printed by `ray start --head`), or use "
+            "--ray-address auto on a node of the cluster") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# the Ray task (runs in a Ray worker process)
+
+def _fail_once_hook() -> None:
+    """``SHARDFEED_TEST_FAIL_ONCE_DIR``: the first caller creates the marker and dies."""
+    d = os.environ.get(_FAIL_ONCE_ENV)
+    if not d:
+        return
+    try:
+        fd = os.open(os.path.join(d, _FAIL_ONCE_MARKER), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return
+    os.close(fd)
+    log.warning("%s: killing this Ray worker once (test hook)", _FAIL_ONCE_ENV)
+    os._exit(17)
+
+
+def _ray_task(fn, task, required_paths: tuple[str, ...]):
+    """Run ``fn(task)`` in a Ray worker; returns ``(result, (num_samples, num_bytes), node)``.
+
+    The task's progress increments are counted (not streamed) and returned with the result, so a
+    task that fails half-way and is retried is counted once.
+    """
+    import ray
+
+    from .pack import run_tasks
+
+    node = {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+            "host": socket.gethostname()}
+    for p in required_paths:
+        if not os.path.exists(p):
+            raise SharedStorageError(
+                f"{p}: not visible on Ray node {node['ip']} ({node['host']}); --executor ray needs the source "
+                "folder and OUT on storage every node mounts at the same path (NFS, a parallel file system)")
+    counts = [0, 0]
+    hook = bool(os.environ.get(_FAIL_ONCE_ENV))
+
+    def progress(n: int, b: int) -> None:
+        counts[0] += n
+        counts[1] += b
+        if hook:
+            _fail_once_hook()
+
+    (result,) = list(run_tasks(fn, [task], 1, progress))
+    if hook:
+        _fail_once_hook()
+    return result, (counts[0], counts[1]), node
+
+
+# ---------------------------------------------------------------------------------------------
+# registry
+
+#: Executors by name (``--executor``); each class builds itself with ``from_options(PackOptions)``.
+EXECUTORS: dict[str, type] = {"local": LocalExecutor, "ray": RayExecutor}
+
+
+def check_executor(name: str) -> None:
+    """Check that executor ``name`` exists and its package is installed (imports nothing).
+
+    Raises:
+        ValueError: unknown name.
+        ExecutorUnavailableError: its package is missing; the message says how to install it.
+    """
+    cls = EXECUTORS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown executor {name!r}: choose one of {', '.join(EXECUTORS)}")
+    if cls.requires and importlib.util.find_spec(cls.requires) is None:
+        raise ExecutorUnavailableError(f"--executor {name} needs {cls.requires}, which is not installed: "
+                                       f"pip install 'shardfeed[{name}]'")
+
+
+def make_executor(options) -> Executor:
+    """The executor ``options.executor`` names, configured from ``options`` (a PackOptions).
+
+    Raises:
+        ValueError, ExecutorUnavailableError: as :func:`check_executor`.
+    """
+    name = getattr(options, "executor", "local")
+    check_executor(name)
+    return EXECUTORS[name].from_options(options)
+
+
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("shardfeed_executor", default=None)
+
+
+@contextlib.contextmanager
+def use_executor(executor: Executor) -> Iterator[Executor]:
+    """Make ``executor`` the one :func:`active_executor` returns inside the block; close it after.
+
+    :func:`shardfeed.convert.pack.pack` wraps the packer call in it, so every packer (and helper)
+    runs its tasks on the pack's executor and the report describes all of them.
+    """
+    token = _ACTIVE.set(executor)
+    try:
+        yield executor
+    finally:
+        _ACTIVE.reset(token)
+        executor.close()
+
+
+def active_executor(options) -> Executor:
+    """The executor of the pack in progress (see :func:`use_executor`), else a new one for ``options``."""
+    ex = _ACTIVE.get()
+    if ex is not None and ex.name == getattr(options, "executor", "local"):
+        return ex
+    return make_executor(options)
