@@ -22,12 +22,13 @@ import dataclasses
 import logging
 import os
 import stat as stat_mod
+from array import array
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence, overload
 
 from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext
 
-__all__ = ["ScannedFile", "ScanResult", "scan_image_folder", "find_classes", "parse_extensions"]
+__all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes", "parse_extensions"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,141 @@ class ScannedFile:
     mtime_ns: int
 
 
+_new_object = object.__new__
+_set_attr = object.__setattr__
+
+
+def new_scanned_file(path: str, rel: str, class_name: str, label: int, ext: str, size: int,
+                     mtime_ns: int) -> ScannedFile:
+    """``ScannedFile(...)`` at half the cost (a frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__``; this sets the instance dict at once). Same object, same equality."""
+    f = _new_object(ScannedFile)
+    _set_attr(f, "__dict__", {"path": path, "rel": rel, "class_name": class_name, "label": label, "ext": ext,
+                              "size": size, "mtime_ns": mtime_ns})
+    return f
+
+
+class ScannedFiles(Sequence[ScannedFile]):
+    """The scanned images as compact columns; a read-only sequence of :class:`ScannedFile`.
+
+    A million-file folder would take ~1 KB per file as Python objects; columns (the relative
+    paths as strings, sizes and mtimes as ``array('q')``, class and extension as small codes)
+    take ~100 bytes, so the pack's memory barely grows with the dataset (issue 8). Indexing
+    builds a :class:`ScannedFile` on demand; slicing gives another compact :class:`ScannedFiles`
+    (it pickles compactly, for worker processes). The hot paths read the columns directly:
+    :meth:`path_of`, :attr:`rels`, :attr:`sizes`, :attr:`mtimes_ns`, :meth:`label_of`,
+    :meth:`ext_of`, :meth:`class_name_of`.
+
+    Args:
+        root: the source folder (absolute); ``path = root + os.sep + rel``.
+        rels: paths relative to ``root`` with ``/`` separators.
+        sizes: sizes in bytes.
+        mtimes_ns: modification times (ns).
+        class_codes: per file, an index into ``class_names``/``class_labels``.
+        class_names: class folder names.
+        class_labels: the class index of each entry of ``class_names``.
+        ext_codes: per file, an index into ``exts``.
+        exts: canonical extensions.
+    """
+
+    __slots__ = ("root", "rels", "sizes", "mtimes_ns", "class_codes", "class_names", "class_labels",
+                 "ext_codes", "exts", "path_prefix")
+
+    def __init__(self, root: str, rels: list[str], sizes: array, mtimes_ns: array, class_codes: array,
+                 class_names: Sequence[str], class_labels: Sequence[int], ext_codes: array, exts: Sequence[str]):
+        self.root = root
+        self.rels = rels
+        self.sizes = sizes
+        self.mtimes_ns = mtimes_ns
+        self.class_codes = class_codes
+        self.class_names = tuple(class_names)
+        self.class_labels = tuple(class_labels)
+        self.ext_codes = ext_codes
+        self.exts = tuple(exts)
+        #: ``root`` + separator: ``path_prefix + rel`` is the path where ``os.sep`` is ``/``
+        self.path_prefix = root.rstrip(os.sep) + os.sep
+
+    @classmethod
+    def from_files(cls, root: str, files: Iterable[ScannedFile]) -> "ScannedFiles":
+        """Build the columns from :class:`ScannedFile` objects (e.g. a filtered list)."""
+        rels, sizes, mtimes, codes, ecodes = [], array("q"), array("q"), array("i"), array("H")
+        class_index: dict[tuple[str, int], int] = {}
+        ext_index: dict[str, int] = {}
+        for f in files:
+            rels.append(f.rel)
+            sizes.append(f.size)
+            mtimes.append(f.mtime_ns)
+            codes.append(class_index.setdefault((f.class_name, f.label), len(class_index)))
+            ecodes.append(ext_index.setdefault(f.ext, len(ext_index)))
+        names = [c for c, _ in class_index]
+        labels = [lab for _, lab in class_index]
+        return cls(root, rels, sizes, mtimes, codes, names, labels, ecodes, list(ext_index))
+
+    def path_of(self, i: int) -> str:
+        """Absolute path of file ``i``."""
+        rel = self.rels[i]
+        return self.path_prefix + (rel if os.sep == "/" else rel.replace("/", os.sep))
+
+    def label_of(self, i: int) -> int:
+        """Class index of file ``i``."""
+        return self.class_labels[self.class_codes[i]]
+
+    def class_name_of(self, i: int) -> str:
+        """Class folder name of file ``i``."""
+        return self.class_names[self.class_codes[i]]
+
+    def ext_of(self, i: int) -> str:
+        """Canonical extension of file ``i``."""
+        return self.exts[self.ext_codes[i]]
+
+    def __len__(self) -> int:
+        return len(self.rels)
+
+    @overload
+    def __getitem__(self, i: int) -> ScannedFile: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> "ScannedFiles": ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(range(*i.indices(len(self.rels))))
+        code = self.class_codes[i]
+        return new_scanned_file(self.path_of(i), self.rels[i], self.class_names[code], self.class_labels[code],
+                                self.exts[self.ext_codes[i]], self.sizes[i], self.mtimes_ns[i])
+
+    def __iter__(self) -> Iterator[ScannedFile]:
+        for i in range(len(self.rels)):
+            yield self[i]
+
+    def take(self, indices: Sequence[int]) -> "ScannedFiles":
+        """The files at ``indices`` (in that order), as compact columns."""
+        if isinstance(indices, range) and indices.step == 1:
+            a, b = indices.start, indices.stop
+            return ScannedFiles(self.root, self.rels[a:b], self.sizes[a:b], self.mtimes_ns[a:b],
+                                self.class_codes[a:b], self.class_names, self.class_labels, self.ext_codes[a:b],
+                                self.exts)
+        rels, sizes, mtimes, codes, ecodes = self.rels, self.sizes, self.mtimes_ns, self.class_codes, self.ext_codes
+        return ScannedFiles(self.root, [rels[i] for i in indices], array("q", [sizes[i] for i in indices]),
+                            array("q", [mtimes[i] for i in indices]), array("i", [codes[i] for i in indices]),
+                            self.class_names, self.class_labels, array("H", [ecodes[i] for i in indices]),
+                            self.exts)
+
+    def __reduce__(self):
+        return (ScannedFiles, (self.root, self.rels, self.sizes, self.mtimes_ns, self.class_codes, self.class_names,
+                               self.class_labels, self.ext_codes, self.exts))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, ScannedFiles):
+            return len(self) == len(other) and list(self) == list(other)
+        if isinstance(other, (list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ScannedFiles({len(self)} files below {self.root!r})"
+
+
 @dataclasses.dataclass
 class ScanResult:
     """What :func:`scan_image_folder` found.
@@ -63,7 +199,8 @@ class ScanResult:
         root: the source folder (absolute).
         classes: class names in class-index order.
         class_to_idx: name → class index.
-        files: the images, in ImageFolder order (class by class).
+        files: the images, in ImageFolder order (class by class), as compact columns
+            (:class:`ScannedFiles`, a sequence of :class:`ScannedFile`).
         ignored: ``[{"path": rel, "reason": ...}]`` for hidden files and other extensions.
         empty_classes: class names with no image.
         extensions: the canonical extensions that were matched.
@@ -72,7 +209,7 @@ class ScanResult:
     root: str
     classes: list[str]
     class_to_idx: dict[str, int]
-    files: list[ScannedFile]
+    files: ScannedFiles
     ignored: list[dict]
     empty_classes: list[str]
     extensions: tuple[str, ...]
@@ -85,7 +222,8 @@ class ScanResult:
     @property
     def num_bytes(self) -> int:
         """Total size of the images, bytes."""
-        return sum(f.size for f in self.files)
+        files = self.files
+        return sum(files.sizes) if isinstance(files, ScannedFiles) else sum(f.size for f in files)
 
 
 def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -159,7 +297,6 @@ def scan_image_folder(
     """
     root_path = Path(root).absolute()
     exts = parse_extensions(extensions)
-    suffixes = tuple("." + e for e in exts)
     folder_classes = find_classes(root_path)
     if class_to_idx is not None:
         unknown = [c for c in folder_classes if c not in class_to_idx]
@@ -172,7 +309,6 @@ def scan_image_folder(
         classes = folder_classes
         mapping = {c: i for i, c in enumerate(classes)}
 
-    files: list[ScannedFile] = []
     ignored: list[dict] = []
     empty: list[str] = []
     hidden_dirs: list[str] = []
@@ -182,31 +318,48 @@ def scan_image_folder(
                 hidden_dirs.append(e.path)
             elif not e.is_dir():
                 ignored.append({"path": e.name, "reason": "not in a class folder"})
-    for class_name in folder_classes:
-        label = mapping[class_name]
-        before = len(files)
+    # The hot loop (one pass per file): relative paths by slicing (no os.path.relpath), the
+    # extension by one dict lookup, results appended to compact columns (no object per file).
+    canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
+    ext_code = {e: canonical.index(normalize_ext(e)) for e in exts}
+    root_str = str(root_path)
+    prefix_len = len(root_str.rstrip(os.sep)) + 1
+    rels: list[str] = []
+    sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
+    stat, s_isreg = os.stat, stat_mod.S_ISREG
+    slash = os.sep == "/"
+    for code, class_name in enumerate(folder_classes):
+        before = len(rels)
         for dirpath, names in _walk_sorted(root_path / class_name, hidden_dirs):
+            rel_dir = dirpath[prefix_len:] if slash else dirpath[prefix_len:].replace(os.sep, "/")
+            rel_dir += "/"
+            dir_prefix = dirpath + os.sep
             for name in names:
-                full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, root_path).replace(os.sep, "/")
-                if _is_hidden(name):
-                    ignored.append({"path": rel, "reason": "hidden file"})
+                if name[0] == ".":
+                    ignored.append({"path": rel_dir + name, "reason": "hidden file"})
                     continue
-                if not name.lower().endswith(suffixes):
-                    ignored.append({"path": rel, "reason": "extension not packed"})
+                dot = name.rfind(".")
+                ec = ext_code.get(name[dot + 1:].lower()) if dot > 0 else None
+                if ec is None:
+                    ignored.append({"path": rel_dir + name, "reason": "extension not packed"})
                     continue
                 try:
-                    st = os.stat(full)
+                    st = stat(dir_prefix + name)
                 except OSError as exc:
-                    ignored.append({"path": rel, "reason": f"cannot stat: {exc.strerror}"})
+                    ignored.append({"path": rel_dir + name, "reason": f"cannot stat: {exc.strerror}"})
                     continue
-                if not stat_mod.S_ISREG(st.st_mode):
-                    ignored.append({"path": rel, "reason": "not a regular file"})
+                if not s_isreg(st.st_mode):
+                    ignored.append({"path": rel_dir + name, "reason": "not a regular file"})
                     continue
-                ext = normalize_ext(os.path.splitext(name)[1])
-                files.append(ScannedFile(full, rel, class_name, label, ext, st.st_size, st.st_mtime_ns))
-        if len(files) == before:
+                rels.append(rel_dir + name)
+                sizes.append(st.st_size)
+                mtimes.append(st.st_mtime_ns)
+                codes.append(code)
+                ecodes.append(ec)
+        if len(rels) == before:
             empty.append(class_name)
+    files = ScannedFiles(root_str, rels, sizes, mtimes, codes, folder_classes,
+                         [mapping[c] for c in folder_classes], ecodes, canonical)
     for d in sorted(hidden_dirs):
         for dirpath, _, names in os.walk(d):
             for name in sorted(names):

@@ -42,19 +42,24 @@ def make_image(rng: np.random.Generator, label: int, num_classes: int, width: in
 
 def make_image_folder(out: str | os.PathLike, *, num_images: int = 3000, num_classes: int = 10,
                       min_size: int = 64, max_size: int = 160, png_share: float = 0.2, seed: int = 0,
-                      quality: int = 90) -> int:
+                      quality: int = 90, part: tuple[int, int] = (0, 1)) -> int:
     """Write ``num_images`` images into ``out/class_XX/img_XXXXXX.{jpg,png}``; returns the count.
 
     Existing files with the right name are kept (re-running is cheap and gives the same folder).
+    ``part=(k, n)`` writes only images ``i`` with ``i % n == k`` (the same files as a full run),
+    so ``n`` processes can share the work.
     """
     out = Path(out)
     rng = np.random.default_rng(seed)
     written = 0
+    k, n = part
     for i in range(num_images):
         label = i % num_classes
         w, h = (int(v) for v in rng.integers(min_size, max_size + 1, size=2))
         is_png = rng.random() < png_share
         img_seed = int(rng.integers(0, 2**31))
+        if i % n != k:
+            continue
         d = out / f"class_{label:02d}"
         path = d / f"img_{i:06d}.{'png' if is_png else 'jpg'}"
         if path.exists():
