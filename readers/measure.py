@@ -365,10 +365,16 @@ class ProcessSampler:
     :meth:`stop` returns ``(cpu, io, memory, system)`` dicts for :class:`RunReport` (None where
     ``/proc`` is not available). Finished workers are counted through the parent's ``cutime`` and
     I/O accounting (the kernel adds a reaped child's figures to its parent).
+
+    Args:
+        pid: the main process (default: this one).
+        worker_pids: returns the PIDs of the loader's live worker processes (None: every child of
+            ``pid`` counts as a worker).
     """
 
-    def __init__(self, pid: int | None = None):
+    def __init__(self, pid: int | None = None, worker_pids: Callable[[], Iterable[int] | None] | None = None):
         self.pid = pid or os.getpid()
+        self.worker_pids = worker_pids
         self.available = os.path.exists(f"/proc/{self.pid}/stat")
         self._start: _Snapshot | None = None
 
@@ -378,6 +384,10 @@ class ProcessSampler:
             return _Snapshot(now, None, None, {}, None, {}, None, {}, None, None)
         st = _proc_stat(self.pid)
         kids = _children(self.pid)
+        allowed = self.worker_pids() if self.worker_pids is not None else None
+        if allowed is not None:  # other children (servers, helpers) are not the loader's
+            allowed = set(allowed)
+            kids = [k for k in kids if k in allowed]
         child_cpu, child_io, child_rss = {}, {}, {}
         for k in kids:
             kst = _proc_stat(k)
@@ -895,9 +905,10 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
     dev = select_device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    if num_threads is not None and num_threads < 1:
+        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+    threads_before = torch.get_num_threads()
     if num_threads is not None:
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
         torch.set_num_threads(num_threads)
     model_name = model if isinstance(model, str) else (None if model is None else type(model).__name__)
     if compute_ms is not None:
@@ -912,7 +923,16 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
     step = _Step(dev, model_obj, compute_ms, lr, channels_last)
     warnings: list[str] = []
 
-    whole_run = ProcessSampler()  # from before the first batch: warm-up reads (readahead, worker start) too
+    def worker_pids() -> set[int] | None:
+        if it is None:  # before the first iter(loader): no worker yet
+            return set()
+        workers = getattr(it, "_workers", None)  # torch's multiprocessing iterator
+        if workers is None:
+            return None if getattr(loader, "num_workers", 0) else set()
+        return {w.pid for w in workers if w.pid}
+
+    it = None
+    whole_run = ProcessSampler(worker_pids=worker_pids)  # from before the first batch: warm-up reads too
     whole_run.start()
     epochs = 1
     it = iter(loader)
@@ -933,11 +953,13 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
 
     def fetch():
         batch = next_batch()
+        while len(batch[1]) == 0:  # every sample of the batch skipped (on_error="skip"): keep waiting
+            batch = next_batch()
         x, y = to_device(batch, dev, mean=mean, std=std, channels_last=channels_last)
         _synchronize(dev)  # the copy (non_blocking) is part of the wait
         return x, y
 
-    sampler = ProcessSampler()
+    sampler = ProcessSampler(worker_pids=worker_pids)
     gpu_sampler = None
     waits: list[float] = []
     computes: list[float] = []
@@ -976,6 +998,8 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
             gpu_sampler.stop()
         if shutdown:
             _shutdown_loader(loader, it)
+        used_threads = torch.get_num_threads()
+        torch.set_num_threads(threads_before)
 
     gpu = None
     gpu_util = None
@@ -999,7 +1023,7 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
     cfg.setdefault("warmup", warmup)
     cfg.setdefault("batches", batches)
     cfg.setdefault("channels_last", channels_last)
-    cfg.setdefault("torch_threads", torch.get_num_threads())
+    cfg.setdefault("torch_threads", used_threads)
     cfg.setdefault("normalize", {"mean": list(mean) if mean else None, "std": list(std) if std else None})
     return RunReport(
         images_per_s=num_samples / seconds if seconds > 0 else 0.0, num_batches=len(waits), num_samples=num_samples,

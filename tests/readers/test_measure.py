@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +106,13 @@ def _check_run(run: dict) -> None:
 @pytest.mark.multiprocess
 def test_bench_json_fields_consistent(data, tmp_path):
     out = tmp_path / "bench.json"
-    r = _run(["bench", data["wds"], *SMALL, "--batches", "4", "--num-workers", "1", "--json", out])
+    # another child of this process (as a test server would be) is not a loader worker
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        r = _run(["bench", data["wds"], *SMALL, "--batches", "4", "--num-workers", "1", "--json", out])
+    finally:
+        other.kill()
+        other.wait()
     assert r.exit_code == 0, r.output
     run = _json(out)
     _check_run(run)
