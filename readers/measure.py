@@ -1590,7 +1590,9 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
     else:
         c = r.cache
         after, total = c.get("cached_bytes_after"), c.get("bytes") or 0
-        if after is None or not total:
+        if not c.get("files"):
+            state = "not evicted (no local files)"
+        elif after is None or not total:
             state = "evicted (unchecked)"
         elif c.get("ignored"):
             state = f"NOT evicted ({after / total:.0%} still cached)"
