@@ -71,6 +71,7 @@ from shardfeed.readers.format import (
 
 from . import pack as _pack
 from .pack import PACKERS, STATE_DIR, PackOptions, PlannedSample
+from .plan import file_sizes
 from .scan import ScanResult
 
 __all__ = [
@@ -432,17 +433,22 @@ def _encode_chunk(task) -> list[tuple]:
     return out, None
 
 
-def _chunks(samples: Sequence[PlannedSample], max_count: int, max_bytes: int) -> list[list[PlannedSample]]:
-    chunks, cur, size = [], [], 0
-    for s in samples:
-        if cur and (len(cur) >= max_count or size + s.file.size > max_bytes):
-            chunks.append(cur)
-            cur, size = [], 0
-        cur.append(s)
-        size += s.file.size
-    if cur:
-        chunks.append(cur)
-    return chunks
+def _chunks(samples: Sequence[PlannedSample], max_count: int, max_bytes: int) -> list[Sequence[PlannedSample]]:
+    """Consecutive slices of ``samples`` of at most ``max_count`` samples / ``max_bytes`` input bytes.
+
+    Cut from the file sizes alone; slices of a :class:`~shardfeed.convert.plan.SamplePlan` are O(1)
+    views that pickle as their own columns, so no :class:`PlannedSample` of the whole dataset is
+    ever held (the pack's memory stays flat in the number of files).
+    """
+    bounds, a, size = [], 0, 0
+    for i, n in enumerate(file_sizes(samples)):
+        if i > a and (i - a >= max_count or size + n > max_bytes):
+            bounds.append((a, i))
+            a, size = i, 0
+        size += n
+    if a < len(samples):
+        bounds.append((a, len(samples)))
+    return [samples[a:b] for a, b in bounds]
 
 
 class _OrderedPool:
@@ -534,7 +540,7 @@ def pack_lmdb(scan: ScanResult, samples: list[PlannedSample], out: Path, options
         raise ValueError(f"{out / LMDB_DATA_NAME}: exists already; use --resume to continue it or --overwrite")
     start, payload_bytes, skipped, records_resumed = 0, 0, [], 0
     done = False
-    map_size = options.map_size or estimate_map_size(s.file.size for s in samples)
+    map_size = options.map_size or estimate_map_size(file_sizes(samples))
     pool = None
     store = None
     ok = False

@@ -229,12 +229,18 @@ def _fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options: Pa
     h.update(json.dumps(scan.class_to_idx, sort_keys=True).encode())
     if isinstance(samples, SamplePlan):
         files, start, width = samples.files, samples.start, samples.width
-        keys = "\n".join([str(i).zfill(width) for i in range(start, start + len(files))])
+        keys = (str(i).zfill(width) for i in range(start, start + len(files)))
     else:
         files = ScannedFiles.from_files(scan.root, [s.file for s in samples])
-        keys = "\n".join([s.key for s in samples])
-    h.update(b"keys\0" + keys.encode())
-    h.update(b"\0paths\0" + "\0".join(files.rels).encode("utf-8", "surrogateescape"))
+        keys = (s.key for s in samples)
+    # in chunks: a bounded temporary string whatever the number of files
+    h.update(b"keys\0")
+    for chunk in iter(lambda: list(itertools.islice(keys, 4096)), []):
+        h.update("".join([k + "\n" for k in chunk]).encode())
+    h.update(b"\0paths\0")
+    rels = files.rels
+    for a in range(0, len(rels), 4096):
+        h.update("".join([r + "\0" for r in rels[a:a + 4096]]).encode("utf-8", "surrogateescape"))
     for column in (files.sizes, files.mtimes_ns):
         col = array("q", column)
         if sys.byteorder != "little":
@@ -338,7 +344,7 @@ def _add_plain_samples(shard: TarShardFile, plan: SamplePlan, on_error: str, ski
     :func:`load_sample_payload` and ``shard.add_sample`` with ``meta_bytes``; none of those
     objects is built (a few microseconds per sample, as much as reading a small file).
     """
-    files = plan.files
+    files, lo, hi = plan._files, plan._lo, plan._hi  # the plan's range of the columns, no copy
     rels, sizes, mtimes, codes, ecodes = files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.ext_codes
     exts = files.exts
     cls = [class_bytes(label) for label in files.class_labels]
@@ -346,12 +352,13 @@ def _add_plain_samples(shard: TarShardFile, plan: SamplePlan, on_error: str, ski
     meta_head = [sample_meta_bytes(c, "")[:-3].decode("utf-8") for c in files.class_names]
     enc = json.encoder.encode_basestring
     prefix = files.path_prefix if os.sep == "/" else None
-    start, width = plan.start, plan.width
+    base, width = plan.start - lo, plan.width  # global index of rels[j] is base + j
     add = shard.add_wds_sample
     open_, fstat, read, close, rdonly = os.open, os.fstat, os.read, os.close, os.O_RDONLY
     n_done = n_bytes = 0
-    for j, rel in enumerate(rels):
-        key = str(start + j).zfill(width)
+    for j in range(lo, hi):
+        rel = rels[j]
+        key = str(base + j).zfill(width)
         path = prefix + rel if prefix is not None else files.path_of(j)
         size = sizes[j]
         data = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from array import array
 from typing import Iterator, Sequence, overload
 
 from shardfeed.readers.format import class_bytes, key_width, meta_bytes, tar_member_bytes
@@ -25,7 +26,7 @@ from .scan import ScannedFile, ScannedFiles, ScanResult, new_scanned_file
 from .tarwriter import END_OF_ARCHIVE_BYTES
 
 __all__ = ["PlannedSample", "SamplePlan", "plan_samples", "plan_shards", "sample_meta_bytes", "fast_meta_bytes",
-           "input_bytes"]
+           "input_bytes", "file_sizes"]
 
 # json.dumps(..., ensure_ascii=False) encodes strings with this very function (C when available)
 _encode_str = json.encoder.encode_basestring
@@ -155,10 +156,18 @@ class SamplePlan(Sequence[PlannedSample]):
         return f"SamplePlan({len(self)} samples from index {self.start})"
 
 
+def file_sizes(samples: Sequence[PlannedSample]) -> Sequence[int]:
+    """The samples' source file sizes, bytes, in order (a column slice for a :class:`SamplePlan`,
+    no :class:`PlannedSample` built)."""
+    if isinstance(samples, SamplePlan):
+        return samples._files.sizes[samples._lo:samples._hi]
+    return [s.file.size for s in samples]
+
+
 def input_bytes(samples: Sequence[PlannedSample]) -> int:
     """Total size of the samples' source files, bytes (from the columns for a :class:`SamplePlan`)."""
     if isinstance(samples, SamplePlan):
-        return sum(samples._files.sizes[samples._lo:samples._hi])
+        return sum(file_sizes(samples))
     return sum(s.file.size for s in samples)
 
 
@@ -176,7 +185,7 @@ def plan_samples(scan: ScanResult, *, seed: int = 0, shuffle: bool = True) -> Sa
     if not isinstance(files, ScannedFiles):
         files = ScannedFiles.from_files(scan.root, files)
     if shuffle:
-        order = list(range(len(files)))
+        order = array("l", range(len(files)))  # 8 bytes an entry (a list of ints takes ~36)
         random.Random(seed).shuffle(order)  # the same permutation as shuffling the files themselves
         files = files.take(order)
     return SamplePlan(files, 0, key_width(len(files)))

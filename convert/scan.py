@@ -171,9 +171,10 @@ class ScannedFiles(Sequence[ScannedFile]):
                                 self.class_codes[a:b], self.class_names, self.class_labels, self.ext_codes[a:b],
                                 self.exts)
         rels, sizes, mtimes, codes, ecodes = self.rels, self.sizes, self.mtimes_ns, self.class_codes, self.ext_codes
-        return ScannedFiles(self.root, [rels[i] for i in indices], array("q", [sizes[i] for i in indices]),
-                            array("q", [mtimes[i] for i in indices]), array("i", [codes[i] for i in indices]),
-                            self.class_names, self.class_labels, array("H", [ecodes[i] for i in indices]),
+        # arrays filled from generators: no temporary list of int objects (peak memory)
+        return ScannedFiles(self.root, [rels[i] for i in indices], array("q", (sizes[i] for i in indices)),
+                            array("q", (mtimes[i] for i in indices)), array("i", (codes[i] for i in indices)),
+                            self.class_names, self.class_labels, array("H", (ecodes[i] for i in indices)),
                             self.exts)
 
     def __reduce__(self):

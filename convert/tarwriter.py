@@ -169,12 +169,12 @@ class _BackgroundSink:
             raise self.error
 
 
-def _encode_offsets(offsets: list[int]) -> bytes:
+def _encode_offsets(offsets) -> bytes:
     """:func:`~shardfeed.readers.format.encode_index`'s bytes (little-endian uint64), without
     passing every offset as an argument to ``struct.pack`` (6 % of a small-file pack)."""
     if sys.byteorder == "little":
-        return array("Q", offsets).tobytes()
-    return encode_index(offsets)
+        return (offsets if isinstance(offsets, array) and offsets.typecode == "Q" else array("Q", offsets)).tobytes()
+    return encode_index(list(offsets))
 
 
 def _write_all(f, buf: bytes) -> None:
@@ -211,7 +211,8 @@ class TarShardFile:
         self._buffer_bytes = buffer_bytes
         self._background = background
         self._sink: _BackgroundSink | None = None
-        self.offsets: list[int] = []
+        #: byte offset of each sample's first header (uint64: 8 bytes a sample, not a list of ints)
+        self.offsets = array("Q")
         self.num_bytes = 0
 
     def _write_error(self, exc: BaseException, doing: str = "writing") -> BaseException:
