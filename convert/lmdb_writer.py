@@ -575,7 +575,9 @@ def pack_lmdb(scan: ScanResult, samples: list[PlannedSample], out: Path, options
                      len(samples))
             progress(start, sum(s.file.size for s in samples[:start]))
         rest = samples[start:]
-        chunks = _chunks(rest, 32, 8 * 1024 * 1024)
+        # 256 samples (at most 8 MB) a task: with 32, the per-task IPC of the process pool cost more
+        # than the reads it spreads (20,000 small files: 1.57 s -> 1.21 s with 2 workers; issue 8)
+        chunks = _chunks(rest, 256, 8 * 1024 * 1024)
         local = getattr(options, "executor", "local") == "local"
         pool = _OrderedPool(options.workers if local else 1, len(chunks))  # Ray: no forks
         if db_exists:
