@@ -188,18 +188,40 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
 def test_verify_cold_runs(data, tmp_path):
     out = tmp_path / "verify.json"
     r = _run(["verify", data["folder"], data["lmdb"], *SMALL, "--batches", "2", "--num-workers", "1", "--cold",
-              "--json", out])
+              "--deep", "--json", out])
     assert r.exit_code == 0, r.output
     res = _json(out)
     _check_run(res["before"])
     _check_run(res["after"])
     files = [p for p in data["folder"].rglob("*") if p.is_file()] + [p for p in data["lmdb"].iterdir() if p.is_file()]
+    honoured = _fs_honours_dontneed(data["root"])
     for side in ("before", "after"):
         cache = res[side]["cache"]
         assert cache["files"] == len(files)  # both datasets are evicted before each run
         assert cache["bytes"] == sum(p.stat().st_size for p in files)
         assert cache["ignored"] in (True, False, None)
+        if honoured:
+            # the --deep check read every LMDB record, yet left nothing mapped that eviction could not drop
+            assert cache["ignored"] is False, cache
     assert res["after"]["config"]["cold"] is True
+
+
+def _fs_honours_dontneed(directory: Path) -> bool:
+    """Whether the file system under ``directory`` drops a fresh file's pages on DONTNEED (seen by fincore)."""
+    probe = directory / f"probe-{os.getpid()}.bin"
+    probe.write_bytes(os.urandom(1 << 20))
+    try:
+        probe.read_bytes()
+        fd = os.open(probe, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        left = _fincore_bytes(probe)
+        return left is not None and left < (1 << 20) * 0.05
+    finally:
+        probe.unlink()
 
 
 def _copy_folder(src: Path, dst: Path) -> Path:
