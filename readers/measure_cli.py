@@ -185,7 +185,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
       shardfeed verify data/train out/train-lmdb --cold --repeats 3 --model resnet18
       shardfeed verify data/train out/train-wds --compute-ms 30 --min-speedup 1.5 --json verify.json
     """
-    from .measure import compare_sources, format_comparison, plot_runs
+    from .measure import compare_sources, comparison_headline, format_comparison, plot_runs
 
     _check_plot(plot)
     opts = _split_kwargs(kwargs)
@@ -198,11 +198,10 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
         _echo(f"plot: {plot_runs([result['before'], result['after']], plot)}", json_path)
     out = {"before": result["before"].to_json(), "after": result["after"].to_json(), "speedup": result["speedup"],
            "stall_share_before": result["stall_share_before"], "stall_share_after": result["stall_share_after"],
-           "headline": None, "check": result["check"], "repeats": repeats, "cold": cold,
-           "min_speedup": min_speedup, "runs": [r.to_json() for r in result["runs"]]}
-    from .measure import comparison_headline
-
-    out["headline"] = comparison_headline(result["speedup"], result["stall_share_before"], result["stall_share_after"])
+           "headline": comparison_headline(result["speedup"], result["stall_share_before"],
+                                           result["stall_share_after"]),
+           "check": result["check"], "repeats": repeats, "cold": cold, "min_speedup": min_speedup,
+           "runs": [r.to_json() for r in result["runs"]]}
     write_json_report(json_path, out)
     if min_speedup is not None and result["speedup"] < min_speedup:
         click.echo(f"shardfeed: error: speed-up {result['speedup']:.2f}x is below --min-speedup {min_speedup}",
