@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing
 import os
+import sys
 from typing import Any, Callable, Sequence
 
 import torch
@@ -73,21 +75,44 @@ class EpochSampler(torch.utils.data.Sampler):
                                 drop_last=self.drop_last)
 
 
-def worker_init(worker_id: int, user_fn: Callable[[int], Any] | None = None) -> None:
-    """``worker_init_fn``: one OpenCV and one torch thread per worker; tell the dataset its id."""
-    try:
-        import cv2
+def worker_init(worker_id: int, user_fn: Callable[[int], Any] | None = None,
+                forked_cv2_threads: int | None = None) -> None:
+    """``worker_init_fn``: one OpenCV and one torch thread per worker; tell the dataset its id.
 
-        cv2.setNumThreads(1)
-    except Exception:  # pragma: no cover - OpenCV missing or broken: nothing to limit
-        pass
-    torch.set_num_threads(1)
+    OpenCV's thread pool does not survive ``fork``: in a worker forked from a parent whose OpenCV
+    pool may be running (``forked_cv2_threads`` > 1), ``cv2.setNumThreads`` deadlocks in
+    ``pthread_cond_destroy``, so it is left alone there (OpenCV still works, with the parent's
+    setting). Spawned and forkserver workers, and forked ones whose parent never imported cv2,
+    get one OpenCV thread.
+    """
+    if forked_cv2_threads is None or forked_cv2_threads <= 1:
+        try:
+            import cv2
+
+            if cv2.getNumThreads() != 1:
+                cv2.setNumThreads(1)
+        except Exception:  # pragma: no cover - OpenCV missing or broken: nothing to limit
+            pass
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
     info = torch.utils.data.get_worker_info()
     ds = info.dataset if info is not None else None
     if isinstance(ds, SourceBase):
         ds.worker_init(worker_id)
     if user_fn is not None:
         user_fn(worker_id)
+
+
+def _cv2_threads_if_forking(context) -> int | None:
+    """The parent's OpenCV thread count when workers will be forked after cv2 was imported."""
+    cv2 = sys.modules.get("cv2")
+    if cv2 is None:
+        return None
+    if context is None:
+        method = multiprocessing.get_start_method(allow_none=False)
+    else:
+        method = context if isinstance(context, str) else context.get_start_method()
+    return cv2.getNumThreads() if method == "fork" else None
 
 
 def collate_raw(batch: Sequence) -> list:
@@ -203,9 +228,11 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
         kwargs["persistent_workers"] = bool(persistent_workers)
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = int(prefetch_factor)
-        kwargs["worker_init_fn"] = functools.partial(worker_init, user_fn=loader_opts.pop("worker_init_fn", None))
         if "multiprocessing_context" in loader_opts:
             kwargs["multiprocessing_context"] = loader_opts.pop("multiprocessing_context")
+        kwargs["worker_init_fn"] = functools.partial(
+            worker_init, user_fn=loader_opts.pop("worker_init_fn", None),
+            forked_cv2_threads=_cv2_threads_if_forking(kwargs.get("multiprocessing_context")))
     else:
         loader_opts.pop("worker_init_fn", None)
         loader_opts.pop("multiprocessing_context", None)
