@@ -24,49 +24,18 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch.utils.data
 
-from .format import DEFAULT_EXTENSIONS, format_key, key_width, load_manifest, normalize_ext
+from .format import format_key, key_width, load_manifest, normalize_ext
+from .imagefolder import scan_image_folder
 from .source_base import SourceBase
 
 __all__ = ["FolderSource", "scan_folder"]
-
-
-def _walk_sorted(top: str) -> list[tuple[str, list[str]]]:
-    seen: set[tuple[int, int]] = set()
-    out: list[tuple[str, list[str]]] = []
-    stack = [top]
-    while stack:
-        d = stack.pop()
-        try:
-            st = os.stat(d)
-        except OSError:
-            continue
-        ident = (st.st_dev, st.st_ino)
-        if ident in seen:
-            continue
-        seen.add(ident)
-        names = []
-        with os.scandir(d) as it:
-            for e in it:
-                if e.name.startswith("."):
-                    continue
-                try:
-                    is_dir = e.is_dir(follow_symlinks=True)
-                except OSError:
-                    is_dir = False
-                if is_dir:
-                    stack.append(e.path)
-                else:
-                    names.append(e.name)
-        out.append((d, sorted(names)))
-    out.sort(key=lambda t: t[0])
-    return out
 
 
 def scan_folder(
     root: str | os.PathLike, *, extensions: Iterable[str] | None = None,
     class_to_idx: Mapping[str, int] | None = None,
 ) -> tuple[list[str], dict[str, int], list[tuple[str, int]]]:
-    """Find the classes and images of an ImageFolder root.
+    """Find the classes and images of an ImageFolder root (the packer's scan: the same rules).
 
     Returns:
         ``(classes, class_to_idx, [(relative_path, label), ...])`` in ImageFolder order.
@@ -75,41 +44,10 @@ def scan_folder(
         FileNotFoundError, NotADirectoryError: ``root`` missing or a file.
         ValueError: no class folders, no images, or a class folder missing from ``class_to_idx``.
     """
-    root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"{root}: no such directory")
-    if not root.is_dir():
-        raise NotADirectoryError(f"{root}: is a file, not an image folder (expected ROOT/CLASS/IMAGE files)")
-    exts = tuple(normalize_ext(e) for e in (extensions or DEFAULT_EXTENSIONS))
-    alias = {"jpg": ("jpg", "jpeg"), "tif": ("tif", "tiff")}
-    suffixes = tuple("." + a for e in exts for a in alias.get(e, (e,)))
-    with os.scandir(root) as it:
-        folders = sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=True))
-    if not folders:
-        raise ValueError(f"{root}: no class folders found; expected the ImageFolder layout ROOT/CLASS_NAME/IMAGE")
-    if class_to_idx is not None:
-        unknown = [c for c in folders if c not in class_to_idx]
-        if unknown:
-            raise ValueError(f"{root}: class folder(s) {unknown[:5]} are not in the given class map "
-                             f"({len(class_to_idx)} classes)")
-        mapping = {str(k): int(v) for k, v in class_to_idx.items()}
-        classes = [c for c, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
-    else:
-        classes = folders
-        mapping = {c: i for i, c in enumerate(classes)}
-    files: list[tuple[str, int]] = []
-    roots = str(root)
-    for c in folders:
-        label = mapping[c]
-        for dirpath, names in _walk_sorted(os.path.join(roots, c)):
-            rel_dir = os.path.relpath(dirpath, roots).replace(os.sep, "/")
-            for name in names:
-                if name.lower().endswith(suffixes) and os.path.isfile(os.path.join(dirpath, name)):
-                    files.append((f"{rel_dir}/{name}", label))
-    if not files:
-        raise ValueError(f"{root}: no images with extensions {','.join(exts)} below its {len(folders)} class "
-                         "folder(s); check the path, or pass extensions=")
-    return classes, mapping, files
+    scan = scan_image_folder(root, extensions=extensions, class_to_idx=class_to_idx)
+    files = scan.files
+    labels = [files.class_labels[c] for c in files.class_codes]
+    return list(scan.classes), dict(scan.class_to_idx), list(zip(files.rels, labels))
 
 
 def _class_map_from(value) -> dict[str, int] | None:

@@ -1,0 +1,419 @@
+"""Scan an image folder laid out as torchvision's ``ImageFolder`` (one sub-folder per class).
+
+Rules (DESIGN.md, "Sample and key conventions"):
+
+* Classes are the sorted names of the root's sub-folders (symlinked folders included);
+  ``class_to_idx`` follows that order, exactly as ``torchvision.datasets.ImageFolder.find_classes``.
+  Class names that are numbers therefore sort as strings (``"10" < "9"``), as in torchvision.
+* Images are found recursively below each class folder, in the order of
+  ``torchvision.datasets.folder.make_dataset``: directories in sorted path order, file names
+  sorted within each directory; symlinked folders are followed, each real folder once (no loops).
+* Extensions are matched case-insensitively (``.JPG`` = ``.jpg``); each file is listed once.
+* Hidden files and folders (names starting with ``.``: ``.DS_Store``, ``._x.jpg``,
+  ``.ipynb_checkpoints/``) are neither classes nor samples; they are counted as ignored.
+* Files with other extensions are counted and listed as ignored, not packed.
+* An empty class folder keeps its index (as ``ImageFolder(..., allow_empty=True)``) and is named
+  in a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import stat as stat_mod
+from array import array
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping, Sequence, overload
+
+from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext
+
+__all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
+           "parse_extensions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScannedFile:
+    """One image file found by the scan.
+
+    Attributes:
+        path: absolute path to read the bytes from.
+        rel: path relative to the source root, ``/`` separators (stored as ``meta["path"]``).
+        class_name: its class folder's name.
+        label: class index.
+        ext: canonical extension (``jpg`` for ``.JPEG``).
+        size: size in bytes at scan time.
+        mtime_ns: modification time at scan time (ns), rechecked when packing.
+    """
+
+    path: str
+    rel: str
+    class_name: str
+    label: int
+    ext: str
+    size: int
+    mtime_ns: int
+
+
+_new_object = object.__new__
+_set_attr = object.__setattr__
+
+
+def new_scanned_file(path: str, rel: str, class_name: str, label: int, ext: str, size: int,
+                     mtime_ns: int) -> ScannedFile:
+    """``ScannedFile(...)`` at half the cost (a frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__``; this sets the instance dict at once). Same object, same equality."""
+    f = _new_object(ScannedFile)
+    _set_attr(f, "__dict__", {"path": path, "rel": rel, "class_name": class_name, "label": label, "ext": ext,
+                              "size": size, "mtime_ns": mtime_ns})
+    return f
+
+
+class ScannedFiles(Sequence[ScannedFile]):
+    """The scanned images as compact columns; a read-only sequence of :class:`ScannedFile`.
+
+    A million-file folder would take ~1 KB per file as Python objects; columns (the relative
+    paths as strings, sizes and mtimes as ``array('q')``, class and extension as small codes)
+    take ~100 bytes, so the pack's memory barely grows with the dataset (issue 8). Indexing
+    builds a :class:`ScannedFile` on demand; slicing gives another compact :class:`ScannedFiles`
+    (it pickles compactly, for worker processes). The hot paths read the columns directly:
+    :meth:`path_of`, :attr:`rels`, :attr:`sizes`, :attr:`mtimes_ns`, :meth:`label_of`,
+    :meth:`ext_of`, :meth:`class_name_of`.
+
+    Args:
+        root: the source folder (absolute); ``path = root + os.sep + rel``.
+        rels: paths relative to ``root`` with ``/`` separators.
+        sizes: sizes in bytes.
+        mtimes_ns: modification times (ns).
+        class_codes: per file, an index into ``class_names``/``class_labels``.
+        class_names: class folder names.
+        class_labels: the class index of each entry of ``class_names``.
+        ext_codes: per file, an index into ``exts``.
+        exts: canonical extensions.
+    """
+
+    __slots__ = ("root", "rels", "sizes", "mtimes_ns", "class_codes", "class_names", "class_labels",
+                 "ext_codes", "exts", "path_prefix")
+
+    def __init__(self, root: str, rels: list[str], sizes: array, mtimes_ns: array, class_codes: array,
+                 class_names: Sequence[str], class_labels: Sequence[int], ext_codes: array, exts: Sequence[str]):
+        self.root = root
+        self.rels = rels
+        self.sizes = sizes
+        self.mtimes_ns = mtimes_ns
+        self.class_codes = class_codes
+        self.class_names = tuple(class_names)
+        self.class_labels = tuple(class_labels)
+        self.ext_codes = ext_codes
+        self.exts = tuple(exts)
+        #: ``root`` + separator: ``path_prefix + rel`` is the path where ``os.sep`` is ``/``
+        self.path_prefix = root.rstrip(os.sep) + os.sep
+
+    @classmethod
+    def from_files(cls, root: str, files: Iterable[ScannedFile]) -> "ScannedFiles":
+        """Build the columns from :class:`ScannedFile` objects (e.g. a filtered list)."""
+        rels, sizes, mtimes, codes, ecodes = [], array("q"), array("q"), array("i"), array("H")
+        class_index: dict[tuple[str, int], int] = {}
+        ext_index: dict[str, int] = {}
+        for f in files:
+            rels.append(f.rel)
+            sizes.append(f.size)
+            mtimes.append(f.mtime_ns)
+            codes.append(class_index.setdefault((f.class_name, f.label), len(class_index)))
+            ecodes.append(ext_index.setdefault(f.ext, len(ext_index)))
+        names = [c for c, _ in class_index]
+        labels = [lab for _, lab in class_index]
+        return cls(root, rels, sizes, mtimes, codes, names, labels, ecodes, list(ext_index))
+
+    def path_of(self, i: int) -> str:
+        """Absolute path of file ``i``."""
+        rel = self.rels[i]
+        return self.path_prefix + (rel if os.sep == "/" else rel.replace("/", os.sep))
+
+    def label_of(self, i: int) -> int:
+        """Class index of file ``i``."""
+        return self.class_labels[self.class_codes[i]]
+
+    def class_name_of(self, i: int) -> str:
+        """Class folder name of file ``i``."""
+        return self.class_names[self.class_codes[i]]
+
+    def ext_of(self, i: int) -> str:
+        """Canonical extension of file ``i``."""
+        return self.exts[self.ext_codes[i]]
+
+    def __len__(self) -> int:
+        return len(self.rels)
+
+    @overload
+    def __getitem__(self, i: int) -> ScannedFile: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> "ScannedFiles": ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(range(*i.indices(len(self.rels))))
+        code = self.class_codes[i]
+        return new_scanned_file(self.path_of(i), self.rels[i], self.class_names[code], self.class_labels[code],
+                                self.exts[self.ext_codes[i]], self.sizes[i], self.mtimes_ns[i])
+
+    def __iter__(self) -> Iterator[ScannedFile]:
+        for i in range(len(self.rels)):
+            yield self[i]
+
+    def take(self, indices: Sequence[int]) -> "ScannedFiles":
+        """The files at ``indices`` (in that order), as compact columns."""
+        if isinstance(indices, range) and indices.step == 1:
+            a, b = indices.start, indices.stop
+            return ScannedFiles(self.root, self.rels[a:b], self.sizes[a:b], self.mtimes_ns[a:b],
+                                self.class_codes[a:b], self.class_names, self.class_labels, self.ext_codes[a:b],
+                                self.exts)
+        rels, sizes, mtimes, codes, ecodes = self.rels, self.sizes, self.mtimes_ns, self.class_codes, self.ext_codes
+        # arrays filled from generators: no temporary list of int objects (peak memory)
+        return ScannedFiles(self.root, [rels[i] for i in indices], array("q", (sizes[i] for i in indices)),
+                            array("q", (mtimes[i] for i in indices)), array("i", (codes[i] for i in indices)),
+                            self.class_names, self.class_labels, array("H", (ecodes[i] for i in indices)),
+                            self.exts)
+
+    def __reduce__(self):
+        return (ScannedFiles, (self.root, self.rels, self.sizes, self.mtimes_ns, self.class_codes, self.class_names,
+                               self.class_labels, self.ext_codes, self.exts))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, ScannedFiles):
+            return len(self) == len(other) and list(self) == list(other)
+        if isinstance(other, (list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ScannedFiles({len(self)} files below {self.root!r})"
+
+
+@dataclasses.dataclass
+class ScanResult:
+    """What :func:`scan_image_folder` found.
+
+    Attributes:
+        root: the source folder (absolute).
+        classes: class names in class-index order.
+        class_to_idx: name → class index.
+        files: the images, in ImageFolder order (class by class), as compact columns
+            (:class:`ScannedFiles`, a sequence of :class:`ScannedFile`).
+        ignored: ``[{"path": rel, "reason": ...}]`` for hidden files and other extensions.
+        empty_classes: class names with no image.
+        extensions: the canonical extensions that were matched.
+    """
+
+    root: str
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    files: ScannedFiles
+    ignored: list[dict]
+    empty_classes: list[str]
+    extensions: tuple[str, ...]
+
+    @property
+    def num_found(self) -> int:
+        """Every regular file seen below the class folders (images + ignored)."""
+        return len(self.files) + len(self.ignored)
+
+    @property
+    def num_bytes(self) -> int:
+        """Total size of the images, bytes."""
+        files = self.files
+        return sum(files.sizes) if isinstance(files, ScannedFiles) else sum(f.size for f in files)
+
+
+def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Parse ``"jpg,png,webp"`` (no dots, any case) into lower-case extensions.
+
+    Raises:
+        ValueError: empty list or an entry with a dot or a path separator.
+    """
+    if text is None:
+        return DEFAULT_EXTENSIONS
+    items = text.split(",") if isinstance(text, str) else list(text)
+    exts = []
+    for item in items:
+        item = item.strip().lower()
+        if not item:
+            continue
+        if "." in item or "/" in item:
+            raise ValueError(f"extension {item!r}: give extensions without dots, comma-separated, e.g. jpg,png,webp")
+        exts.append(item)
+    if not exts:
+        raise ValueError("no extensions given: use e.g. --extensions jpg,png")
+    return tuple(dict.fromkeys(exts))
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def find_classes(root: str | os.PathLike) -> list[str]:
+    """Class names of an ImageFolder root: its sorted, non-hidden sub-folders (links followed).
+
+    Raises:
+        FileNotFoundError: ``root`` does not exist.
+        NotADirectoryError: ``root`` is a file.
+        ValueError: no class folder.
+    """
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root}: is a file, not an image folder (expected ROOT/CLASS/IMAGE files)")
+    with os.scandir(root) as it:
+        classes = sorted(e.name for e in it if not _is_hidden(e.name) and e.is_dir(follow_symlinks=True))
+    if not classes:
+        raise ValueError(f"{root}: no class folders found; expected the ImageFolder layout ROOT/CLASS_NAME/IMAGE "
+                         "(one sub-folder per class)")
+    return classes
+
+
+def scan_image_folder(
+    root: str | os.PathLike,
+    *,
+    extensions: Iterable[str] | str | None = None,
+    class_to_idx: Mapping[str, int] | None = None,
+) -> ScanResult:
+    """Scan ``root`` as torchvision's ImageFolder would, recording size and mtime of each image.
+
+    Args:
+        root: the image folder (``ROOT/CLASS/.../IMAGE``).
+        extensions: extensions to pack (no dots, case-insensitive); default
+            :data:`~shardfeed.readers.format.DEFAULT_EXTENSIONS`.
+        class_to_idx: a fixed class map (e.g. the training split's, ``--classes-from``); every class
+            folder must be in it. Classes of the map with no folder keep their index.
+
+    Returns:
+        A :class:`ScanResult`.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: ``root`` is missing or a file.
+        ValueError: no class folders, no images, or a class folder missing from ``class_to_idx``.
+    """
+    root_path = Path(root).absolute()
+    exts = parse_extensions(extensions)
+    folder_classes = find_classes(root_path)
+    if class_to_idx is not None:
+        unknown = [c for c in folder_classes if c not in class_to_idx]
+        if unknown:
+            raise ValueError(f"{root_path}: class folder(s) {unknown[:5]} are not in the given class map "
+                             f"({len(class_to_idx)} classes); pack with the right --classes-from, or add them")
+        mapping = dict(class_to_idx)
+        classes = [c for c, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+    else:
+        classes = folder_classes
+        mapping = {c: i for i, c in enumerate(classes)}
+
+    ignored: list[dict] = []
+    empty: list[str] = []
+    hidden_dirs: list[str] = []
+    with os.scandir(root_path) as it:
+        for e in it:
+            if e.name.startswith(".") and e.is_dir():
+                hidden_dirs.append(e.path)
+            elif not e.is_dir():
+                ignored.append({"path": e.name, "reason": "not in a class folder"})
+    # The hot loop (one pass per file): relative paths by slicing (no os.path.relpath), the
+    # extension by one dict lookup, results appended to compact columns (no object per file).
+    canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
+    ext_code = {e: canonical.index(normalize_ext(e)) for e in exts}
+    root_str = str(root_path)
+    prefix_len = len(root_str.rstrip(os.sep)) + 1
+    rels: list[str] = []
+    sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
+    stat, s_isreg = os.stat, stat_mod.S_ISREG
+    slash = os.sep == "/"
+    for code, class_name in enumerate(folder_classes):
+        before = len(rels)
+        for dirpath, names in _walk_sorted(root_path / class_name, hidden_dirs):
+            rel_dir = dirpath[prefix_len:] if slash else dirpath[prefix_len:].replace(os.sep, "/")
+            rel_dir += "/"
+            dir_prefix = dirpath + os.sep
+            for name in names:
+                if name[0] == ".":
+                    ignored.append({"path": rel_dir + name, "reason": "hidden file"})
+                    continue
+                dot = name.rfind(".")
+                ec = ext_code.get(name[dot + 1:].lower()) if dot > 0 else None
+                if ec is None:
+                    ignored.append({"path": rel_dir + name, "reason": "extension not packed"})
+                    continue
+                try:
+                    st = stat(dir_prefix + name)
+                except OSError as exc:
+                    ignored.append({"path": rel_dir + name, "reason": f"cannot stat: {exc.strerror}"})
+                    continue
+                if not s_isreg(st.st_mode):
+                    ignored.append({"path": rel_dir + name, "reason": "not a regular file"})
+                    continue
+                rels.append(rel_dir + name)
+                sizes.append(st.st_size)
+                mtimes.append(st.st_mtime_ns)
+                codes.append(code)
+                ecodes.append(ec)
+        if len(rels) == before:
+            empty.append(class_name)
+    files = ScannedFiles(root_str, rels, sizes, mtimes, codes, folder_classes,
+                         [mapping[c] for c in folder_classes], ecodes, canonical)
+    for d in sorted(hidden_dirs):
+        for dirpath, _, names in os.walk(d):
+            for name in sorted(names):
+                rel = os.path.relpath(os.path.join(dirpath, name), root_path).replace(os.sep, "/")
+                ignored.append({"path": rel, "reason": "in a hidden folder"})
+    if empty:
+        log.warning("%d empty class folder(s) keep their class index but hold no image: %s",
+                    len(empty), ", ".join(empty[:10]) + (" ..." if len(empty) > 10 else ""))
+    if not files:
+        raise ValueError(f"{root_path}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
+                         "class folder(s); check the path, or pass --extensions")
+    return ScanResult(str(root_path), classes, mapping, files, ignored, empty, exts)
+
+
+def _walk_sorted(top: Path, hidden_dirs: list[str]):
+    """Return ``[(dirpath, sorted file names)]`` below ``top`` in sorted dirpath order.
+
+    Same order as ``sorted(os.walk(top, followlinks=True))`` (torchvision's make_dataset), without
+    hidden folders (appended to ``hidden_dirs``), and visiting each real directory once so
+    symlink loops terminate.
+    """
+    seen: set[tuple[int, int]] = set()
+    out: list[tuple[str, list[str]]] = []
+    stack = [str(top)]
+    while stack:
+        d = stack.pop()
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue
+        ident = (st.st_dev, st.st_ino)
+        if ident in seen:
+            log.warning("%s: already visited through another path (symlink loop?); skipped", d)
+            continue
+        seen.add(ident)
+        names: list[str] = []
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    try:
+                        is_dir = e.is_dir(follow_symlinks=True)
+                    except OSError:
+                        is_dir = False
+                    if is_dir:
+                        if _is_hidden(e.name):
+                            hidden_dirs.append(e.path)  # pruned: neither classes nor samples
+                        else:
+                            stack.append(e.path)
+                    else:
+                        names.append(e.name)
+        except PermissionError as exc:
+            raise PermissionError(f"{d}: cannot list folder ({exc.strerror}); fix its permissions") from None
+        out.append((d, sorted(names)))
+    out.sort(key=lambda t: t[0])
+    return out
