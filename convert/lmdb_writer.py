@@ -575,9 +575,10 @@ def pack_lmdb(scan: ScanResult, samples: list[PlannedSample], out: Path, options
                      len(samples))
             progress(start, sum(s.file.size for s in samples[:start]))
         rest = samples[start:]
-        # 256 samples (at most 8 MB) a task: with 32, the per-task IPC of the process pool cost more
-        # than the reads it spreads (20,000 small files: 1.57 s -> 1.21 s with 2 workers; issue 8)
-        chunks = _chunks(rest, 256, 8 * 1024 * 1024)
+        # up to 256 samples and 2 MB a task: with 32 small files a task, the process pool's per-task
+        # IPC cost more than the reads it spreads (20,000 small files: 1.57 s -> 1.21 s with 2 workers);
+        # the 2 MB cap keeps the chunks in flight (and their pickled copies) small for large images
+        chunks = _chunks(rest, 256, 2 * 1024 * 1024)
         local = getattr(options, "executor", "local") == "local"
         pool = _OrderedPool(options.workers if local else 1, len(chunks))  # Ray: no forks
         if db_exists:
