@@ -299,15 +299,18 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         decoder: ``"pil"`` or ``"cv2"``.
         decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples
             ``(key, data, ext, label, meta)`` instead of decoded images.
-        on_error: ``"raise"`` (the error names the file, or the shard and key) or ``"skip"``
-            (the sample is dropped, counted, and logged once per epoch).
+        on_error: ``"raise"`` (the error names the file, or the shard and key and the original
+            file) or ``"skip"`` (the sample is dropped, counted in ``ds.skipped``, and the
+            epoch's total logged once; see :mod:`~shardfeed.readers.source_base`).
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
             buffer (refused when it would not fit in the available memory).
         **options: passed to the source: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
             replaces the built-in resize/crop), ``max_pixels``, ``seed`` (0), ``shuffle`` (True),
             ``shuffle_buffer`` (WebDataset, samples; 1000), ``pad`` (False), ``rank``,
             ``world_size``, ``timeout_s`` and ``retries`` (HTTP), ``readahead`` (LMDB),
-            ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True).
+            ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True: refuse a dataset
+            whose files are missing or of another size than the manifest says; False reads
+            anyway, and damage is then found, and named, while reading).
 
     Returns:
         A ``torch.utils.data`` dataset: iterable (WebDataset) or map-style (LMDB, folder,

@@ -13,26 +13,10 @@
   seeded permutation); ``torch.utils.data.DistributedSampler`` works too (``len(ds)`` is N).
 * Each record's CRC-32 is checked (``verify=True``).
 
-``readahead`` — chosen by measurement (``scripts/lmdb_readahead.py``; 3,000 images of ~10 KB,
-``data.mdb`` 38 MB, page cache dropped with ``posix_fadvise(DONTNEED)`` before each run; 2-core VM,
-virtual disk), reading every record once, in a shuffled order (as a map-style ``Dataset`` does)
-and in key order:
-
-===========  =============================  =============================
-order        ``readahead=True``              ``readahead=False``
-===========  =============================  =============================
-shuffled     26,300 records/s (272 MB/s)     5,190 records/s (54 MB/s)
-sequential   36,700 records/s (380 MB/s)     4,910 records/s (51 MB/s)
-===========  =============================  =============================
-
-(median of 3 cold runs each; ``.venv/bin/python scripts/lmdb_readahead.py DATASET``.) Records of
-~10 KB share pages with their neighbours and the packing order is already shuffled, so the
-read-around of a fault brings in records that are read soon; without it every 4 KiB page is a
-separate synchronous read: 5x slower even in shuffled order.
-
-So the default is :data:`DEFAULT_READAHEAD` = True (the usual advice, ``readahead=False``, is
-for databases far larger than RAM read at random, where read-around evicts useful pages; pass it
-explicitly there).
+``readahead``: default None = automatic, :func:`shardfeed.readers.lmdb_io.choose_readahead` by the
+size of ``data.mdb`` against physical memory (on up to half the RAM, off above; the measurements
+are in :mod:`shardfeed.readers.lmdb_io`). Pass True/False to force it. One environment is opened
+per process and database, so the first source to open it in a process decides.
 """
 
 from __future__ import annotations
@@ -45,12 +29,12 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .format import Manifest, decode_record, format_key, key_width
-from .source_base import SourceBase
+from .source_base import SourceBase, name_original_file
 
 __all__ = ["LMDBSource", "DEFAULT_READAHEAD"]
 
-#: ``readahead`` used unless the caller passes one (see the measurements above).
-DEFAULT_READAHEAD = True
+#: ``readahead`` used unless the caller passes one: None, automatic by database size (see above).
+DEFAULT_READAHEAD = None
 
 
 #: One environment per (process, database): py-lmdb refuses to open the same files twice in a
@@ -89,7 +73,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     Args:
         location: the dataset directory (local path; LMDB is not read over HTTP: stage it first).
         manifest: its validated manifest.
-        readahead: kernel read-around (default :data:`DEFAULT_READAHEAD`).
+        readahead: kernel read-around on page faults: True, False, or None (default): automatic,
+            :func:`~shardfeed.readers.lmdb_io.choose_readahead` by the size of ``data.mdb``.
         verify: check each record's CRC-32.
         **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
 
@@ -112,7 +97,13 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
                              "first (e.g. `shardfeed stage`) or pack the dataset as WebDataset shards")
         self.root = Path(location)
         self.manifest = manifest
-        self.readahead = DEFAULT_READAHEAD if readahead is None else bool(readahead)
+        if readahead is None:
+            from .lmdb_io import choose_readahead
+
+            data = self.root / "data.mdb"
+            readahead = choose_readahead(data.stat().st_size) if data.is_file() else True
+        #: the readahead in use (resolved when the caller left it automatic)
+        self.readahead = bool(readahead)
         self.verify = bool(verify)
         self._classes = list(manifest.classes)
         self._class_to_idx = dict(manifest.class_to_idx)
@@ -210,9 +201,10 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         if not 0 <= i < self._num_samples:
             raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
         self._map_epoch_check()
+        meta = None
         try:
             key, data, ext, label, meta = self.read_raw(i)
             return self.emit(key, data, ext, label, meta, f"{self.root / 'data.mdb'} key {key}")
         except (CorruptDataError, ValueError) as exc:
-            self.handle_error(exc, f"{self.root / 'data.mdb'} key {self.key(i).decode()}")
+            self.handle_error(name_original_file(exc, meta), f"{self.root / 'data.mdb'} key {self.key(i).decode()}")
             return None

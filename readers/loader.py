@@ -130,10 +130,41 @@ def _collate_decoded(batch: Sequence, image_size: int | None = None):
     return collate_uint8(items)
 
 
+class _EpochIterator:
+    """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end."""
+
+    def __init__(self, it, loader: "ShardfeedLoader", epoch: int):
+        self._it = it
+        self._loader = loader
+        self._epoch = epoch
+        self._reported = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            if not self._reported:
+                self._reported = True
+                self._loader._report_epoch(self._epoch)
+            raise
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str):
+        return getattr(self._it, name)
+
+
 class ShardfeedLoader(torch.utils.data.DataLoader):
     """A ``DataLoader`` that tells its dataset (and sampler) the epoch before each iteration.
 
     ``iter(loader)`` uses epoch 0, then 1, 2, ...; :meth:`set_epoch` chooses the next one.
+    With ``on_error="skip"``, the epoch's skipped samples (all workers together) are logged once
+    when the epoch ends (WARNING) and can be read as ``loader.dataset.skipped`` (see
+    :class:`~shardfeed.readers.source_base.SourceBase`).
     """
 
     def __init__(self, *args, epoch_sampler: EpochSampler | None = None, **kwargs):
@@ -162,7 +193,15 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             self._epoch_sampler.set_epoch(e)
         elif hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(e)
-        return super().__iter__()
+        return _EpochIterator(super().__iter__(), self, e)
+
+    def _report_epoch(self, epoch: int) -> None:
+        ds = self.dataset
+        if isinstance(ds, SourceBase):
+            n = ds.skipped_in_epoch(epoch)
+            if n:
+                log.warning("on_error='skip': %d samples skipped in epoch %d of %r (reasons logged above; "
+                            "`shardfeed check` finds damaged files)", n, epoch, ds)
 
 
 def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None = None,

@@ -30,7 +30,7 @@ import torch
 import torch.utils.data
 
 from .format import meta_bytes
-from .source_base import SourceBase
+from .source_base import SourceBase, name_original_file
 
 __all__ = ["MemoryCachedSource", "available_memory_bytes", "MEMORY_MARGIN_BYTES"]
 
@@ -207,5 +207,5 @@ class MemoryCachedSource(SourceBase, torch.utils.data.Dataset):
             m = meta[moff[i]:moff[i + 1]].tobytes() if not self.decode else None
             return self.emit(key, blob, self._exts[codes[i]], int(labels[i]), m, where)
         except ValueError as exc:
-            self.handle_error(exc, where)
+            self.handle_error(name_original_file(exc, meta[moff[i]:moff[i + 1]].tobytes()), where)
             return None

@@ -6,9 +6,23 @@ Every source turns a stored sample into the same output through :meth:`SourceBas
   ``(image: torch.uint8 [3, H, W], label: int)``;
 * ``decode=False``: :class:`~shardfeed.readers.format.Sample` ``(key, data, ext, label, meta)``.
 
-``on_error="skip"`` drops a sample that cannot be read or decoded; each process counts its skips,
-logs the first one of an epoch with its reason (WARNING) and the epoch's total when the epoch
-ends. ``on_error="raise"`` re-raises, the message naming the file or the shard and key.
+``on_error="raise"`` re-raises, the message naming the file, or the shard and key (and the
+sample's original file from its metadata when there is one). ``on_error="skip"`` drops a sample
+that cannot be read or decoded (a damaged shard: the rest of its range) and counts it:
+
+* each process logs the first skip of an epoch with its reason (WARNING);
+* the epoch's total is reported once: by :class:`~shardfeed.readers.loader.ShardfeedLoader` at
+  the end of each epoch (all workers together), or by the source itself when it is iterated
+  without a loader;
+* the counts are readable in the main process, workers included: :attr:`SourceBase.skipped`
+  (this epoch), :meth:`SourceBase.skipped_in_epoch`, :attr:`SourceBase.skipped_total`. They live
+  in a small shared-memory table (one row per process: the main process and each ``DataLoader``
+  worker), so they survive ``fork``, ``spawn`` and ``forkserver``; read them after an epoch ends.
+* Under a loader (after :meth:`SourceBase.configure_batching`) a skipped sample of an iterable
+  source leaves a ``None`` hole that the loader's collate removes, exactly as map-style sources
+  return ``None``: every rank then still yields ``len(loader)`` batches (a batch may be smaller),
+  so a damaged sample on one rank cannot leave the other ranks waiting in a collective.
+  Iterating the dataset directly simply leaves the sample out.
 
 The epoch lives in a one-element shared-memory tensor, so :meth:`SourceBase.set_epoch` called in
 the main process reaches persistent ``DataLoader`` workers (fork, spawn or forkserver).
@@ -24,7 +38,7 @@ from typing import Any
 from .decode import DEFAULT_MAX_PIXELS
 from .format import Sample
 
-__all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw"]
+__all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS"]
 
 log = logging.getLogger("shardfeed.readers")
 
@@ -33,6 +47,31 @@ IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "tif",
                         "jfif", "jp2", "tga", "ico", "img"})
 #: Members that are not the image.
 SIDE_EXTS = frozenset({"cls", "json", "txt", "__key__", "__url__", "idx", "meta"})
+
+#: Rows of the shared skip-count table: row 0 is the main process, row ``1 + w % (SKIP_SLOTS - 1)``
+#: is ``DataLoader`` worker ``w``.
+SKIP_SLOTS = 64
+
+
+def name_original_file(exc: BaseException, meta: Any) -> BaseException:
+    """Add the sample's original file (``meta["path"]``) to ``exc``'s message, in place.
+
+    Args:
+        exc: the error raised for a stored sample (its message names the shard and key).
+        meta: the sample's metadata: a dict, its JSON bytes, or None.
+
+    Returns:
+        ``exc`` (its ``args[0]`` extended with ``"(original file PATH)"`` when the path is known).
+    """
+    try:
+        if isinstance(meta, (bytes, bytearray, memoryview, str)):
+            meta = json.loads(bytes(meta) if not isinstance(meta, str) else meta)
+        path = meta.get("path") if isinstance(meta, dict) else None
+    except Exception:  # unreadable metadata: the shard and key still name the sample
+        path = None
+    if path and exc.args and isinstance(exc.args[0], str) and path not in exc.args[0]:
+        exc.args = (f"{exc.args[0]} (original file {path})",) + exc.args[1:]
+    return exc
 
 
 def parts_to_raw(key: str, parts: dict, class_to_idx: dict, source: str) -> tuple[bytes, str, int, bytes | None]:
@@ -126,6 +165,11 @@ class SourceBase:
         self._ctx_epoch = None
         self._skips = 0
         self._skip_epoch = None
+        # skip counts of every process: [epoch + 1 (0: unused), skipped in that epoch, skipped in all]
+        self._skip_table = torch.zeros((SKIP_SLOTS, 3), dtype=torch.int64).share_memory_()
+        #: True once a loader drives the source (configure_batching): skipped samples of an
+        #: iterable source then stand as None holes, and the loader reports the epoch's total
+        self.holes = False
         self._pid = os.getpid()
 
     # ---- configuration
@@ -152,6 +196,7 @@ class SourceBase:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
+        self.holes = True
 
     @property
     def classes(self) -> list[str]:
@@ -192,8 +237,10 @@ class SourceBase:
 
     def _report_skips(self) -> None:
         if self._skips:
-            log.warning("on_error='skip': %d samples skipped in epoch %s (process %d)", self._skips,
-                        self._skip_epoch, os.getpid())
+            # under a loader the loader reports the epoch's total (all workers) once
+            log.log(logging.DEBUG if self.holes else logging.WARNING,
+                    "on_error='skip': %d samples skipped in epoch %s (process %d)", self._skips,
+                    self._skip_epoch, os.getpid())
         self._skips = 0
         self._skip_epoch = None
 
@@ -221,19 +268,61 @@ class SourceBase:
             meta = json.loads(meta)
         return Sample(key, data, ext, label, meta)
 
-    def handle_error(self, exc: BaseException, where: str) -> None:
-        """``on_error``: re-raise, or count and log the first skip of the epoch."""
+    def handle_error(self, exc: BaseException, where: str, count: int = 1) -> None:
+        """``on_error``: re-raise, or count ``count`` skipped samples and log the epoch's first skip.
+
+        Args:
+            exc: the error (its message names the file, or the shard and key).
+            where: the file, shard or ``"shard S key K"`` it concerns.
+            count: samples lost with it (a damaged shard loses the rest of its range).
+        """
         if self.on_error == "raise":
             raise exc
         if self._skips == 0:
             log.warning("on_error='skip': skipping %s: %s (further skips this epoch are counted)", where, exc)
-        self._skips += 1
-        self._skip_epoch = self._ctx_epoch
+        self._skips += count
+        epoch = self._ctx_epoch if self._ctx_epoch is not None else 0
+        self._skip_epoch = epoch
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        row = self._skip_table[0 if info is None else 1 + info.id % (SKIP_SLOTS - 1)]
+        if int(row[0]) != epoch + 1:  # this process's first skip of the epoch
+            row[0] = epoch + 1
+            row[1] = 0
+        row[1] += count
+        row[2] += count
+
+    def skipped_in_epoch(self, epoch: int) -> int:
+        """Samples skipped in ``epoch``, by every process reading this source (main + workers).
+
+        Each process keeps the count of its latest epoch only: read it once the epoch has ended
+        (before the next one ends).
+        """
+        t = self._skip_table
+        return int(t[t[:, 0] == int(epoch) + 1, 1].sum())
 
     @property
     def skipped(self) -> int:
-        """Samples skipped so far in this epoch, in this process."""
-        return self._skips
+        """Samples skipped in the current (or just finished) epoch, all processes together.
+
+        The epoch is the one set by ``set_epoch`` (the loader sets it before each epoch), else the
+        one this process last began, else the newest one any worker counted.
+        """
+        e = int(self._epoch_state[0])
+        if e < 0:
+            e = self._ctx_epoch
+        if e is None:
+            newest = int(self._skip_table[:, 0].max())
+            if newest == 0:
+                return 0
+            e = newest - 1
+        return self.skipped_in_epoch(e)
+
+    @property
+    def skipped_total(self) -> int:
+        """Samples skipped in all epochs so far, all processes together."""
+        return int(self._skip_table[:, 2].sum())
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -15,7 +15,9 @@ the fast path is checked exactly, accepting the unsigned and the historic signed
 Errors: a header with a bad checksum or an unparseable size, a member cut short by the end of the
 stream, a key that reappears after another key (:func:`iter_samples`) raise
 :class:`~shardfeed.readers.errors.CorruptDataError` naming the shard (``source``) and the byte
-offset; a half-read member is never yielded.
+offset; a half-read member is never yielded. An error from :func:`iter_members` also carries the
+offset as an attribute, ``exc.offset``: the first header of the member that could not be read
+whole (so every member before it was read completely).
 
 Typical use::
 
@@ -27,7 +29,7 @@ Typical use::
 from __future__ import annotations
 
 import zlib
-from typing import BinaryIO, Generator, Iterable, Iterator
+from typing import BinaryIO, Container, Generator, Iterable, Iterator
 
 from .errors import CorruptDataError
 
@@ -177,177 +179,184 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
     global_size: int | None = None
     first_offset: int | None = None   # first header of the member in progress (PAX/L included)
 
-    while True:
-        if nbuf - pos < block:
-            # ---- refill: keep buf[pos:], append at least up to one header
-            if end_offset is not None and base + pos >= end_offset and first_offset is None:
-                return
-            parts = [buf[pos:]] if pos < nbuf else []
-            have = nbuf - pos
-            base += pos
-            pos = 0
-            while have < block and not eof:
-                want = read_bytes
-                if end_offset is not None:
-                    want = max(block - have, min(read_bytes, end_offset - fed))
-                chunk = read(want)
-                if not chunk:
-                    eof = True
-                    break
-                parts.append(chunk)
-                have += len(chunk)
-                fed += len(chunk)
-            buf = parts[0] if len(parts) == 1 else b"".join(parts)
-            nbuf = len(buf)
-            mv = memoryview(buf)
-            if nbuf < block:
-                if nbuf == 0 and first_offset is None:
-                    return  # archive ends without its zero blocks: tolerated, as tarfile does
-                raise CorruptDataError(f"{source}: truncated tar header at byte offset {base} ({nbuf} of "
-                                       "512 bytes); the shard is incomplete or damaged")
-        p = pos
-        offset = base + p
-        if end_offset is not None and offset >= end_offset and first_offset is None:
-            return
-        if buf[p] == 0 and buf[p:p + block] == _ZERO_BLOCK:
-            if first_offset is not None:
-                raise CorruptDataError(f"{source}: extended header at byte offset {first_offset} is not "
-                                       "followed by a member; the shard is damaged")
-            return  # end-of-archive marker
-        # ---- checksum. Fast path: Adler-32's A half is 1 + byte sum (mod 65521); the field
-        # itself counts as 8 spaces (256). Any other layout of the field takes the exact path.
-        try:
-            stored = int(buf[p + 148:p + 154], 8)
-        except ValueError:
-            stored = -1
-        if ((stored - 255) % _ADLER_MOD != adler32(mv[p + 156:p + block], adler32(mv[p:p + 148])) & 0xFFFF
-                and not _checksum_ok(mv[p:p + block])):
-            raise CorruptDataError(f"{source}: bad tar header checksum at byte offset {offset}; the shard "
-                                   "is damaged (run `shardfeed check` and repack it)")
-        typeflag = buf[p + 156]
-        if buf[p + 135] in _FIELD_END:
-            try:
-                size = int(buf[p + 124:p + 135], 8)
-            except ValueError:
-                size = _octal(buf[p + 124:p + 136], "size", source, offset)
-        else:
-            size = _octal(buf[p + 124:p + 136], "size", source, offset)
-        if first_offset is None:
-            first_offset = offset
-        if typeflag in regular:
-            if pending_size is not None:
-                size = pending_size
-            elif global_size is not None:
-                size = global_size
-            if pending_name is not None:
-                name = pending_name
-            elif global_name is not None:
-                name = global_name
-            else:
-                end = buf.find(b"\0", p, p + 100)
-                raw = buf[p:end] if end >= 0 else buf[p:p + 100]
-                if buf[p + 345] and buf[p + 257:p + 263] == _POSIX_MAGIC:
-                    pend = buf.find(b"\0", p + 345, p + 500)
-                    raw = (buf[p + 345:pend] if pend >= 0 else buf[p + 345:p + 500]) + b"/" + raw
-                name = raw.decode("utf-8", "surrogateescape")
-                if typeflag == 0 and name.endswith("/"):  # old-style directory entry
-                    first_offset = None
-                    pos = p + block
-                    continue
-            data_end = p + block + size
-            next_pos = data_end + (-size % block)
-            if next_pos <= nbuf:
-                data = buf[p + block:data_end]
-                pos = next_pos
-            else:
-                # member (or its padding) runs past the buffer: read the rest directly
-                head = buf[p + block:data_end]
-                tail = [head]
-                rest = size - len(head)
-                skip = next_pos - max(data_end, nbuf)  # padding still to read
-                base += nbuf
-                buf, mv, nbuf, pos = b"", memoryview(b""), 0, 0
-                while rest > 0 or skip > 0:
-                    chunk = b"" if eof else read(rest + skip)
+    try:
+        while True:
+            if nbuf - pos < block:
+                # ---- refill: keep buf[pos:], append at least up to one header
+                if end_offset is not None and base + pos >= end_offset and first_offset is None:
+                    return
+                parts = [buf[pos:]] if pos < nbuf else []
+                have = nbuf - pos
+                base += pos
+                pos = 0
+                while have < block and not eof:
+                    want = read_bytes
+                    if end_offset is not None:
+                        want = max(block - have, min(read_bytes, end_offset - fed))
+                    chunk = read(want)
                     if not chunk:
                         eof = True
-                        raise CorruptDataError(
-                            f"{source}: tar member {name!r} at byte offset {first_offset} is truncated "
-                            f"({size - rest} of {size} data bytes); the shard is incomplete or damaged")
+                        break
+                    parts.append(chunk)
+                    have += len(chunk)
                     fed += len(chunk)
-                    base += len(chunk)
-                    if rest:
-                        if len(chunk) > rest:
-                            tail.append(chunk[:rest])
-                            skip -= len(chunk) - rest
-                            rest = 0
+                buf = parts[0] if len(parts) == 1 else b"".join(parts)
+                nbuf = len(buf)
+                mv = memoryview(buf)
+                if nbuf < block:
+                    if nbuf == 0 and first_offset is None:
+                        return  # archive ends without its zero blocks: tolerated, as tarfile does
+                    raise CorruptDataError(f"{source}: truncated tar header at byte offset {base} ({nbuf} of "
+                                           "512 bytes); the shard is incomplete or damaged")
+            p = pos
+            offset = base + p
+            if end_offset is not None and offset >= end_offset and first_offset is None:
+                return
+            if buf[p] == 0 and buf[p:p + block] == _ZERO_BLOCK:
+                if first_offset is not None:
+                    raise CorruptDataError(f"{source}: extended header at byte offset {first_offset} is not "
+                                           "followed by a member; the shard is damaged")
+                return  # end-of-archive marker
+            # ---- checksum. Fast path: Adler-32's A half is 1 + byte sum (mod 65521); the field
+            # itself counts as 8 spaces (256). Any other layout of the field takes the exact path.
+            try:
+                stored = int(buf[p + 148:p + 154], 8)
+            except ValueError:
+                stored = -1
+            if ((stored - 255) % _ADLER_MOD != adler32(mv[p + 156:p + block], adler32(mv[p:p + 148])) & 0xFFFF
+                    and not _checksum_ok(mv[p:p + block])):
+                raise CorruptDataError(f"{source}: bad tar header checksum at byte offset {offset}; the shard "
+                                       "is damaged (run `shardfeed check` and repack it)")
+            typeflag = buf[p + 156]
+            if buf[p + 135] in _FIELD_END:
+                try:
+                    size = int(buf[p + 124:p + 135], 8)
+                except ValueError:
+                    size = _octal(buf[p + 124:p + 136], "size", source, offset)
+            else:
+                size = _octal(buf[p + 124:p + 136], "size", source, offset)
+            if first_offset is None:
+                first_offset = offset
+            if typeflag in regular:
+                if pending_size is not None:
+                    size = pending_size
+                elif global_size is not None:
+                    size = global_size
+                if pending_name is not None:
+                    name = pending_name
+                elif global_name is not None:
+                    name = global_name
+                else:
+                    end = buf.find(b"\0", p, p + 100)
+                    raw = buf[p:end] if end >= 0 else buf[p:p + 100]
+                    if buf[p + 345] and buf[p + 257:p + 263] == _POSIX_MAGIC:
+                        pend = buf.find(b"\0", p + 345, p + 500)
+                        raw = (buf[p + 345:pend] if pend >= 0 else buf[p + 345:p + 500]) + b"/" + raw
+                    name = raw.decode("utf-8", "surrogateescape")
+                    if typeflag == 0 and name.endswith("/"):  # old-style directory entry
+                        first_offset = None
+                        pos = p + block
+                        continue
+                data_end = p + block + size
+                next_pos = data_end + (-size % block)
+                if next_pos <= nbuf:
+                    data = buf[p + block:data_end]
+                    pos = next_pos
+                else:
+                    # member (or its padding) runs past the buffer: read the rest directly
+                    head = buf[p + block:data_end]
+                    tail = [head]
+                    rest = size - len(head)
+                    skip = next_pos - max(data_end, nbuf)  # padding still to read
+                    base += nbuf
+                    buf, mv, nbuf, pos = b"", memoryview(b""), 0, 0
+                    while rest > 0 or skip > 0:
+                        chunk = b"" if eof else read(rest + skip)
+                        if not chunk:
+                            eof = True
+                            raise CorruptDataError(
+                                f"{source}: tar member {name!r} at byte offset {first_offset} is truncated "
+                                f"({size - rest} of {size} data bytes); the shard is incomplete or damaged")
+                        fed += len(chunk)
+                        base += len(chunk)
+                        if rest:
+                            if len(chunk) > rest:
+                                tail.append(chunk[:rest])
+                                skip -= len(chunk) - rest
+                                rest = 0
+                            else:
+                                tail.append(chunk)
+                                rest -= len(chunk)
                         else:
-                            tail.append(chunk)
-                            rest -= len(chunk)
-                    else:
-                        skip -= len(chunk)
-                data = tail[0] if len(tail) == 1 else b"".join(tail)
-            yield name, data, first_offset
-            pending_name = pending_size = None
-            first_offset = None
-            continue
-        # ---- metadata records and non-regular members
-        if typeflag in _NO_DATA:
-            size = 0
-        need = block + size + (-size % block)
-        if nbuf - p < need:
-            # records are small: gather them into the buffer
-            parts = [buf[p:]]
-            have = nbuf - p
-            base += p
-            while have < need and not eof:
-                chunk = read(max(need - have, read_bytes))
-                if not chunk:
-                    eof = True
-                    break
-                parts.append(chunk)
-                have += len(chunk)
-                fed += len(chunk)
-            buf = b"".join(parts)
-            nbuf, mv, p = len(buf), memoryview(buf), 0
-            if nbuf < need:
-                raise CorruptDataError(f"{source}: tar record at byte offset {offset} is truncated (type "
-                                       f"{chr(typeflag)!r}, {size} bytes); the shard is incomplete or damaged")
-        payload = buf[p + block:p + block + size]
-        pos = p + need
-        if typeflag == _GNU_LONGNAME:
-            pending_name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        elif typeflag == _PAX_LOCAL:
-            pax = _parse_pax(payload, source, offset)
-            if "path" in pax:
-                pending_name = pax["path"]
-            if "size" in pax:
-                try:
-                    pending_size = int(pax["size"])
-                except ValueError:
-                    raise CorruptDataError(f"{source}: PAX header at byte offset {offset} has a bad size "
-                                           f"{pax['size']!r}") from None
-        elif typeflag == _PAX_GLOBAL:
-            pax = _parse_pax(payload, source, offset)
-            global_name = pax.get("path", global_name)
-            if "size" in pax:
-                try:
-                    global_size = int(pax["size"])
-                except ValueError:
-                    raise CorruptDataError(f"{source}: PAX header at byte offset {offset} has a bad size "
-                                           f"{pax['size']!r}") from None
-            first_offset = None
-        elif typeflag == _GNU_LONGLINK:
-            pass  # link target of the next member: irrelevant, links are skipped
-        else:
-            # directory, link, device, FIFO, volume label, ...: skipped with its extension headers
-            pending_name = pending_size = None
-            first_offset = None
+                            skip -= len(chunk)
+                    data = tail[0] if len(tail) == 1 else b"".join(tail)
+                yield name, data, first_offset
+                pending_name = pending_size = None
+                first_offset = None
+                continue
+            # ---- metadata records and non-regular members
+            if typeflag in _NO_DATA:
+                size = 0
+            need = block + size + (-size % block)
+            if nbuf - p < need:
+                # records are small: gather them into the buffer
+                parts = [buf[p:]]
+                have = nbuf - p
+                base += p
+                while have < need and not eof:
+                    chunk = read(max(need - have, read_bytes))
+                    if not chunk:
+                        eof = True
+                        break
+                    parts.append(chunk)
+                    have += len(chunk)
+                    fed += len(chunk)
+                buf = b"".join(parts)
+                nbuf, mv, p = len(buf), memoryview(buf), 0
+                if nbuf < need:
+                    raise CorruptDataError(f"{source}: tar record at byte offset {offset} is truncated (type "
+                                           f"{chr(typeflag)!r}, {size} bytes); the shard is incomplete or damaged")
+            payload = buf[p + block:p + block + size]
+            pos = p + need
+            if typeflag == _GNU_LONGNAME:
+                pending_name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            elif typeflag == _PAX_LOCAL:
+                pax = _parse_pax(payload, source, offset)
+                if "path" in pax:
+                    pending_name = pax["path"]
+                if "size" in pax:
+                    try:
+                        pending_size = int(pax["size"])
+                    except ValueError:
+                        raise CorruptDataError(f"{source}: PAX header at byte offset {offset} has a bad size "
+                                               f"{pax['size']!r}") from None
+            elif typeflag == _PAX_GLOBAL:
+                pax = _parse_pax(payload, source, offset)
+                global_name = pax.get("path", global_name)
+                if "size" in pax:
+                    try:
+                        global_size = int(pax["size"])
+                    except ValueError:
+                        raise CorruptDataError(f"{source}: PAX header at byte offset {offset} has a bad size "
+                                               f"{pax['size']!r}") from None
+                first_offset = None
+            elif typeflag == _GNU_LONGLINK:
+                pass  # link target of the next member: irrelevant, links are skipped
+            else:
+                # directory, link, device, FIFO, volume label, ...: skipped with its extension headers
+                pending_name = pending_size = None
+                first_offset = None
+
+    except CorruptDataError as exc:
+        # where the damage is: the first header of the member that could not be read whole
+        if getattr(exc, "offset", None) is None:
+            exc.offset = first_offset if first_offset is not None else base + pos
+        raise
 
 
 def iter_samples(members: Iterable[tuple[str, bytes, int]], *, source: str = "<tar>",
-                 limit: int | None = None,
-                 tag_source: bool = False) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
+                 limit: int | None = None, tag_source: bool = False,
+                 starts: Container[int] | None = None) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
     """Group contiguous tar members into samples by key (WebDataset's rule).
 
     The key is the member name up to the first dot of its basename, the extension the rest
@@ -359,6 +368,14 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *, source: str = "<t
         source: the shard's path or URL, named in error messages.
         limit: stop after this many samples (None: all).
         tag_source: add ``"__url__": source`` to every sample's dict (as webdataset does).
+        starts: the shard byte offsets at which samples start (from the shard's ``.idx``), or
+            None. When given, (1) a member group that does not start at one of them is not a
+            sample and is passed over silently (a stray member that ``shardfeed index`` left
+            out and listed in the manifest's ``skipped``), and (2) when the members break off
+            (a :class:`~shardfeed.readers.errors.CorruptDataError` from :func:`iter_members`)
+            exactly at a sample start, the sample before it is known to be complete and is
+            yielded before the error is raised. Without ``starts`` the sample in progress at a
+            break is dropped: its last members may be missing.
 
     Yields:
         ``(key, {ext: data}, header_offset)`` with the shard byte offset of the sample's first
@@ -369,40 +386,52 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *, source: str = "<t
 
     Raises:
         CorruptDataError: a key reappears after another key (its members are not contiguous), or
-            one sample holds the same extension twice.
+            one sample holds the same extension twice; what ``members`` raises passes through
+            (with its ``offset`` attribute: the first header that could not be read whole).
     """
     seen: set[str] = set()
     key = None
     parts: dict[str, bytes] = {}
     first = 0
     n = 0
+    pending = False  # a group is in progress and not yet yielded or passed over
     if limit is not None and limit <= 0:
         return 0
-    for name, data, offset in members:
-        # split_member_name, inlined (hot loop): key up to the first dot of the basename
-        dot = name.find(".", name.rfind("/") + 1)
-        if dot < 0:
-            k, ext = name, ""
-        else:
-            k, ext = name[:dot], name[dot + 1:]
-        if k == key:
-            if ext in parts:
-                raise CorruptDataError(f"{source}: sample {k!r} holds member {name!r} twice "
-                                       f"(byte offset {offset})")
-            parts[ext] = data
-            continue
-        if key is not None:
+    try:
+        for name, data, offset in members:
+            # split_member_name, inlined (hot loop): key up to the first dot of the basename
+            dot = name.find(".", name.rfind("/") + 1)
+            if dot < 0:
+                k, ext = name, ""
+            else:
+                k, ext = name[:dot], name[dot + 1:]
+            if k == key:
+                if ext in parts:
+                    raise CorruptDataError(f"{source}: sample {k!r} holds member {name!r} twice "
+                                           f"(byte offset {offset})")
+                parts[ext] = data
+                continue
+            if key is not None and (starts is None or first in starts):
+                pending = False
+                yield key, parts, first
+                n += 1
+                if n == limit:
+                    return n
+            if k in seen:
+                raise CorruptDataError(f"{source}: key {k!r} reappears at byte offset {offset} after other "
+                                       "keys; a sample's members must be contiguous (repack the shard)")
+            seen.add(k)
+            key, first = k, offset
+            parts = {"__url__": source, ext: data} if tag_source else {ext: data}
+            pending = True
+    except CorruptDataError as exc:
+        # the break lies exactly where the next sample starts: the one in progress is whole
+        if (pending and starts is not None and first in starts
+                and getattr(exc, "offset", None) in starts and exc.offset != first):
+            pending = False
             yield key, parts, first
-            n += 1
-            if n == limit:
-                return n
-        if k in seen:
-            raise CorruptDataError(f"{source}: key {k!r} reappears at byte offset {offset} after other "
-                                   "keys; a sample's members must be contiguous (repack the shard)")
-        seen.add(k)
-        key, first = k, offset
-        parts = {"__url__": source, ext: data} if tag_source else {ext: data}
-    if key is not None:
+        raise
+    if key is not None and pending and (starts is None or first in starts):
         yield key, parts, first
         n += 1
     return n

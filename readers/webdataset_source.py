@@ -13,6 +13,16 @@ mixes the samples of a worker; samples are decoded only when they leave the buff
 
 Every sample of a range is checked against the manifest: a shard that yields fewer samples than
 the manifest says raises :class:`~shardfeed.readers.errors.CorruptDataError` naming it.
+
+With an offset index, only member groups that start at an indexed offset are samples: groups that
+``shardfeed index`` found to be no sample (a stray member; listed in the manifest's ``skipped``)
+are passed over silently, wherever they lie.
+
+Damage: a truncated shard or a damaged tar header raises ``CorruptDataError`` naming the shard and
+the byte offset (:mod:`~shardfeed.readers.tario`). Under ``on_error="skip"`` the samples read
+before the damage are kept (with an index, also the last one before a damaged sample start), the
+rest of that range is dropped and counted as skipped (one count per lost sample), and the other
+ranges and shards are read normally; a half-read sample is never yielded.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import torch.utils.data
 from .dataset import epoch_ranges, samples_per_rank
 from .errors import CorruptDataError, DataSourceError
 from .format import Manifest, Sample, decode_index, read_index
-from .source_base import IMAGE_EXTS, SourceBase, parts_to_raw
+from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .tario import iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
@@ -168,8 +178,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             first = offsets[start]
             stop = offsets[end] if end < len(offsets) else None
             skip = 0
+            # only groups starting at an indexed offset are samples (stray members are passed over)
+            starts = set(offsets[start:end + 1])
         else:
-            first, stop, skip = 0, None, start
+            first, stop, skip, starts = 0, None, start, None
         want = end - start
         stream, stream_offset = self.location.open(entry.name, first, stop)
         try:
@@ -179,7 +191,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                                        "manifest; the shard changed: run `shardfeed check` and repack")
             members = iter_members(stream, start_offset=first, end_offset=stop, source=where,
                                    stream_offset=stream_offset)
-            samples = iter_samples(members, source=where, limit=want + skip, tag_source=True)
+            samples = iter_samples(members, source=where, limit=want + skip, tag_source=True, starts=starts)
             if skip:
                 got = 0
                 for item in samples:
@@ -208,20 +220,29 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             rng = random.Random(f"shuffle-buffer:{self.seed}:{epoch}:{self.rank}:{worker}")
             raw = _shuffled(raw, self.shuffle_buffer, rng)
         c2i = self._class_to_idx
+        hole = self.holes
         if self.decode:
             decoder = self.sample_decoder
             for key, parts, _ in raw:
+                if key is None:  # samples of a damaged shard, counted as skipped
+                    yield None
+                    continue
                 try:
                     data, ext, label, _ = parts_to_raw(key, parts, c2i, parts["__url__"])
                     out = decoder(data, ext, label, f"{parts['__url__']} key {key}")
                 except (CorruptDataError, ValueError) as exc:
-                    self.handle_error(exc, f"{parts['__url__']} key {key}")
+                    self.handle_error(name_original_file(exc, parts.get("json")), f"{parts['__url__']} key {key}")
+                    if hole:
+                        yield None
                     continue
                 yield out
         else:
             loads = _json_loads
             image_exts = IMAGE_EXTS
             for key, parts, _ in raw:
+                if key is None:
+                    yield None
+                    continue
                 try:
                     # fast path for shardfeed's layout (__url__, image, cls, json); else the general rule
                     it = iter(parts)
@@ -236,16 +257,28 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                         meta = loads(meta.decode("utf-8").lstrip())[0] if meta is not None else {}
                         out = Sample(key, data, ext, label, meta)
                 except (CorruptDataError, ValueError) as exc:
-                    self.handle_error(exc, f"{parts['__url__']} key {key}")
+                    self.handle_error(name_original_file(exc, parts.get("json")), f"{parts['__url__']} key {key}")
+                    if hole:
+                        yield None
                     continue
                 yield out
         self.end_epoch()
 
     def _iter_ranges(self, ranges):
+        """Raw samples of ``ranges``; under ``on_error="skip"`` a damaged shard's remaining samples
+        are counted as skipped (and, under a loader, stand as ``(None, None, None)`` holes)."""
+        hole = (None, None, None)
         for shard, start, end in ranges:
+            got = 0
             try:
-                yield from self.iter_range(shard, start, end)
+                for item in self.iter_range(shard, start, end):
+                    got += 1
+                    yield item
             except (CorruptDataError, DataSourceError) as exc:
                 if self.on_error == "raise":
                     raise
-                self.handle_error(exc, self.location.where(self.manifest.shards[shard].name))
+                lost = end - start - got
+                self.handle_error(exc, self.location.where(self.manifest.shards[shard].name), count=lost)
+                if self.holes:
+                    for _ in range(lost):
+                        yield hole
