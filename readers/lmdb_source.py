@@ -96,6 +96,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             raise ValueError(f"{location}: LMDB datasets are read from a local path, not over HTTP; copy it "
                              "first (e.g. `shardfeed stage`) or pack the dataset as WebDataset shards")
         self.root = Path(location)
+        self._db_path = str(self.root / "data.mdb")
         self.manifest = manifest
         if readahead is None:
             from .lmdb_io import choose_readahead
@@ -191,7 +192,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         k = self.key(i)
         with self.env().begin(buffers=False) as txn:
             value = txn.get(k)
-        where = f"{self.root / 'data.mdb'} key {k.decode()}"
+        where = f"{self._db_path} key {k.decode()}"  # a plain string: pathlib's / costs 10 us a sample
         if value is None:
             raise CorruptDataError(f"{where}: record missing; run `shardfeed check {self.root}`")
         rec = decode_record(value, verify=self.verify, source=where)
@@ -204,7 +205,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         meta = None
         try:
             key, data, ext, label, meta = self.read_raw(i)
-            return self.emit(key, data, ext, label, meta, f"{self.root / 'data.mdb'} key {key}")
+            return self.emit(key, data, ext, label, meta, f"{self._db_path} key {key}")
         except (CorruptDataError, ValueError) as exc:
             self.handle_error(name_original_file(exc, meta), f"{self.root / 'data.mdb'} key {self.key(i).decode()}")
             return None

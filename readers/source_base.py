@@ -246,7 +246,7 @@ class SourceBase:
 
     def _map_epoch_check(self) -> None:
         """Map-style sources: follow the shared epoch in each process (for random transforms)."""
-        e = int(self._epoch_state[0])
+        e = self._epoch_state.item()  # per sample: .item() costs 0.5 us, int(t[0]) 2 us
         if e < 0:
             e = 0
         if e != self._ctx_epoch:
