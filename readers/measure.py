@@ -587,17 +587,29 @@ def dataset_files(source: str | os.PathLike) -> list[Path]:
         p = p.parent if p.name == MANIFEST_NAME else p
         if p.is_file():
             return [p]
+    if p.is_dir() and not (p / MANIFEST_NAME).exists():
+        try:  # an image folder: exactly its samples, through symlinked class folders too
+            from .imagefolder import scan_image_folder
+
+            scanned = scan_image_folder(p).files
+            return [Path(os.path.realpath(scanned.path_of(i))) for i in range(len(scanned))]
+        except ValueError:
+            pass  # not an ImageFolder: every file below it
     files: list[Path] = []
-    for root, dirs, names in os.walk(p):
+    seen: set[str] = set()
+    for root, dirs, names in os.walk(p, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # a symlink loop
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
             if name.startswith("."):
                 continue
             f = Path(root) / name
-            if f.is_file() and not f.is_symlink():
-                files.append(f)
-            elif f.is_symlink() and f.is_file():
-                files.append(f.resolve())
+            if f.is_file():
+                files.append(f.resolve() if f.is_symlink() else f)
     return files
 
 
@@ -1654,7 +1666,9 @@ def format_report(report: RunReport) -> str:
 
 def comparison_headline(speedup: float, stall_before: float, stall_after: float) -> str:
     """``"2.9x faster; data stall 71% -> 6%"`` (or ``"1.3x slower; ..."``)."""
-    if speedup >= 1:
+    if 0.95 <= speedup < 1.05:
+        head = f"no clear difference ({speedup:.2f}x)"
+    elif speedup >= 1:
         head = f"{speedup:.1f}x faster"
     elif speedup > 0:
         head = f"{1 / speedup:.1f}x slower ({speedup:.2f}x)"

@@ -181,7 +181,7 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
     assert res["check"]["num_samples"] == NUM_IMAGES and res["check"]["num_classes"] == NUM_CLASSES
     assert res["check"]["deep"] and res["check"]["num_compared"] == NUM_IMAGES
     assert "BEFORE" in r.output and "AFTER" in r.output
-    assert ("x faster; data stall" in r.output) or ("x slower" in r.output)
+    assert ("x faster; data stall" in r.output) or ("x slower" in r.output) or ("no clear difference" in r.output)
 
 
 @pytest.mark.multiprocess
@@ -424,3 +424,15 @@ def test_cuda_compute_ms(data):
                        batches=5, num_workers=1)
     assert 0.0195 <= rep.t_compute_s.mean <= 0.035
     assert rep.config["loader"]["pin_memory"] is True
+
+
+def test_cold_eviction_covers_symlinked_class_folders(tmp_path, tiny_image_folder):
+    """--cold must evict the real files behind symlinked class folders (a common layout)."""
+    from shardfeed.readers.measure import dataset_files
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for class_dir in sorted(p for p in tiny_image_folder.iterdir() if p.is_dir()):
+        (linked / class_dir.name).symlink_to(class_dir)
+    expected = sorted(p.resolve() for p in tiny_image_folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    assert sorted(dataset_files(linked)) == expected
