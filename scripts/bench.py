@@ -716,6 +716,22 @@ def bench_memory(res: Results, folders: dict, work: Path, rounds: int) -> None:
 
 # ----------------------------------------------------------------------------------------------
 
+def _busy_ticks() -> int:
+    """CPU ticks the whole machine spent busy since boot (/proc/stat)."""
+    try:
+        v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    except OSError:
+        return 0
+    return sum(v) - v[3] - (v[4] if len(v) > 4 else 0)
+
+
+def _our_cpu_s() -> float:
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="out/bench", help="output folder (bench.json, bench.md, work/)")
@@ -748,6 +764,7 @@ def main(argv=None) -> int:
         f"Python {info['python']}, torch {info['versions']['torch']}, Pillow {info['versions']['pillow']}, "
         f"{info['filesystem']['type']} on {info['filesystem']['device']}")
     load1 = os.getloadavg()[0]
+    busy0, cpu0 = _busy_ticks(), _our_cpu_s()
     if load1 > 0.5 * (os.cpu_count() or 1):
         res.note(f"load average {load1:.1f} at start on {os.cpu_count()} CPUs: other processes compete; "
                  "ratios are paired per round, absolute figures are noisy")
@@ -782,6 +799,12 @@ def main(argv=None) -> int:
     group("decode", lambda: bench_decode(res, folders, rounds))
     group("http", lambda: bench_http(res, ds, work, rounds))
     total = time.perf_counter() - t_start
+    # CPU that other processes used meanwhile (their share of the machine): the figures' noise
+    others_s = (_busy_ticks() - busy0) / os.sysconf("SC_CLK_TCK") - (_our_cpu_s() - cpu0)
+    others_share = max(0.0, others_s) / (total * (os.cpu_count() or 1))
+    if others_share > 0.1:
+        res.note(f"other processes used {others_share:.0%} of this machine's CPU during the run (kernel "
+                 "write-back of our own files included): figures are noisy; rerun on a quiet machine")
     table = res.table()
     print("\n" + table)
     for n in res.notes:
@@ -791,7 +814,8 @@ def main(argv=None) -> int:
           f"({', '.join(f'{k} {v:.0f} s' for k, v in timings.items())})")
     report = {"version": 1, "quick": a.quick, "rounds": rounds, "machine": info, "rows": res.rows,
               "figures": res.figures, "notes": res.notes, "timings_s": timings, "total_s": total,
-              "load_average_at_start": load1, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+              "load_average_at_start": load1, "others_cpu_share": others_share,
+              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "bench.md").write_text(res.markdown() + "\n")
