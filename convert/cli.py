@@ -17,7 +17,14 @@ from typing import Callable
 
 import click
 
-from shardfeed.readers.cli_common import SizeParam, fail_cleanly, json_option, progress_bar, write_json_report
+from shardfeed.readers.cli_common import (
+    EXIT_INTERRUPTED,
+    SizeParam,
+    fail_cleanly,
+    json_option,
+    progress_bar,
+    write_json_report,
+)
 
 from .reencode import reencode_options, reencode_progress_bar
 
@@ -162,6 +169,11 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     bar, update = make_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet)
     try:
         report = pack(src, out, options, progress=update, scan=scan)
+    except KeyboardInterrupt:
+        bar.close()
+        click.echo(f"shardfeed: interrupted; the complete part of {out} is kept: finish it with the same "
+                   "command plus --resume", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         bar.close()
     for item in report.skipped[:20]:

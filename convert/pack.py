@@ -31,7 +31,7 @@ from array import array
 from pathlib import Path
 from typing import Callable, Sequence
 
-from shardfeed.readers.errors import ShardfeedError, SourceChangedError
+from shardfeed.readers.errors import CorruptDataError, ShardfeedError, SourceChangedError
 from shardfeed.readers.format import (
     DEFAULT_PREFIX,
     LMDB_DATA_NAME,
@@ -135,9 +135,10 @@ class PackOptions:
             raise ValueError(f"unknown format {self.format!r}: choose one of wds (webdataset), lmdb")
         self.format = fmt
         if self.max_count < 1:
-            raise ValueError(f"max_count must be at least 1, got {self.max_count}")
+            raise ValueError(f"--max-count (max_count) must be at least 1, got {self.max_count}")
         if self.max_bytes < 4096:
-            raise ValueError(f"max_bytes must be at least 4096 bytes, got {self.max_bytes}")
+            raise ValueError(f"--max-bytes (max_bytes) must be at least 4096 bytes (KB/MB/GB are powers of 1000, "
+                             f"KiB/MiB/GiB of 1024), got {self.max_bytes}")
         if self.on_error not in ("fail", "skip"):
             raise ValueError(f"on_error must be 'fail' or 'skip', got {self.on_error!r}")
         if self.workers is None:
@@ -196,8 +197,9 @@ class PackReport:
 
     def summary(self) -> str:
         """The one-line human summary."""
-        s = (f"packed {self.num_samples} samples in {self.num_classes} classes into {self.num_shards} "
-             f"{'shard' if self.num_shards == 1 else 'shards'} ({self.format}, {self.num_bytes / 1e6:.1f} MB) "
+        shards = "one database" if self.format == "lmdb" else _plural(self.num_shards, "shard")
+        s = (f"packed {_plural(self.num_samples, 'sample')} in {_plural(self.num_classes, 'class', 'classes')} "
+             f"into {shards} ({self.format}, {_size(self.num_bytes)}) "
              f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
              f"{self.mb_per_s:.1f} MB/s")
         if self.skipped:
@@ -205,7 +207,8 @@ class PackReport:
         if self.ignored:
             s += f"; {len(self.ignored)} files ignored (hidden or other extensions)"
         if self.shards_resumed:
-            s += f"; {self.shards_resumed} shards kept from the interrupted run"
+            done = "database" if self.format == "lmdb" else _plural(self.shards_resumed, "shard")
+            s += f"; {done} kept from the interrupted run"
         if self.extra.get("executor", "local") != "local":
             n_nodes = len(self.extra.get("nodes") or [])
             s += (f"; {self.extra['executor']}: {self.extra.get('num_tasks', 0)} tasks on {n_nodes} "
@@ -213,6 +216,14 @@ class PackReport:
             if self.extra.get("task_retries"):
                 s += f", {self.extra['task_retries']} retried"
         return s
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (plural or word + 's')}"
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 1e6:.1f} MB" if num_bytes >= 100_000 else f"{num_bytes / 1e3:.1f} KB"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +287,8 @@ def read_file_checked(path: str, size: int, mtime_ns: int) -> bytes:
     except FileNotFoundError:
         raise SourceChangedError(f"{path}: disappeared after the scan; rerun the pack") from None
     except OSError as exc:
-        raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror})") from None
+        raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}); fix its permissions, or pass "
+                                 "--on-error skip to pack without it (then --resume)") from None
     try:
         st = os.fstat(fd)
         if st.st_size != size or st.st_mtime_ns != mtime_ns:
@@ -301,6 +313,8 @@ def read_file_checked(path: str, size: int, mtime_ns: int) -> bytes:
         os.close(fd)
     if len(data) != size:
         raise SourceChangedError(f"{path}: shrank while packing ({size} -> {len(data)} bytes); rerun the pack")
+    if not size:
+        raise CorruptDataError(f"{path}: empty file (0 bytes), not an image; delete it, or pass --on-error skip")
     return data
 
 
@@ -372,8 +386,8 @@ def _add_plain_samples(shard: TarShardFile, plan: SamplePlan, on_error: str, ski
                 close(fd)
         except OSError:
             pass
-        if data is None or len(data) != size:
-            try:  # anything unusual: the full checks, and their precise errors
+        if not data or len(data) != size:
+            try:  # anything unusual (or an empty file): the full checks, and their precise errors
                 data = read_file_checked(path, size, mtimes[j])
             except (OSError, ValueError) as exc:
                 if on_error != "skip":

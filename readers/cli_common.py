@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import click
 
-__all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "command", "progress_bar",
+__all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "one_line", "command", "progress_bar",
            "EXIT_ERROR", "EXIT_INTERRUPTED"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
@@ -53,10 +53,33 @@ def write_json_report(path: str | None, report: Any) -> None:
         write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def _check_json_path(ctx, param, value):
+    """Refuse a ``--json`` path whose folder does not exist before any work is done."""
+    if value in (None, "-"):
+        return value
+    parent = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(parent):
+        raise click.BadParameter(f"folder {parent} does not exist: create it or choose another path", ctx, param)
+    if os.path.isdir(value):
+        raise click.BadParameter(f"{value} is a folder: give a file path such as {value.rstrip('/')}/report.json",
+                                 ctx, param)
+    return value
+
+
 def json_option(f: Callable) -> Callable:
-    """Add ``--json PATH`` (the full report as JSON; ``-`` for stdout)."""
-    return click.option("--json", "json_path", metavar="PATH", default=None,
+    """Add ``--json PATH`` (the full report as JSON; ``-`` for stdout), checked before any work."""
+    return click.option("--json", "json_path", metavar="PATH", default=None, callback=_check_json_path,
                         help="Also write the full report as JSON to PATH ('-' for stdout).")(f)
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` as one line: a DataLoader worker's wrapped traceback keeps its last line."""
+    msg = str(exc) or type(exc).__name__
+    if "Traceback (most recent call last)" in msg:
+        last = [ln for ln in msg.splitlines() if ln.strip()][-1].strip()
+        name = type(exc).__name__
+        msg = last[len(name) + 2:] if last.startswith(name + ": ") else last
+    return msg
 
 
 def fail_cleanly(f: Callable) -> Callable:
@@ -74,7 +97,7 @@ def fail_cleanly(f: Callable) -> Callable:
         except click.ClickException:
             raise
         except (ShardfeedError, ValueError, OSError, LookupError) as exc:
-            msg = str(exc) or type(exc).__name__
+            msg = one_line(exc)
             if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
                 msg = f"{exc.filename}: {msg}"
             click.echo(f"shardfeed: error: {msg}", err=True)

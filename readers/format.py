@@ -416,8 +416,10 @@ class Manifest:
             raise ManifestError(f"{source}: a manifest is a JSON object")
         version = data.get("version")
         if version != FORMAT_VERSION:
+            fix = ("upgrade shardfeed to read it" if isinstance(version, int) and version > FORMAT_VERSION
+                   else "repack it with this shardfeed version")
             raise ManifestError(f"{source}: manifest version {version!r} is not supported (this "
-                                f"shardfeed reads version {FORMAT_VERSION}); repack with this version")
+                                f"shardfeed reads version {FORMAT_VERSION}); {fix}")
         try:
             shards = [ShardEntry(**{k: s.get(k) for k in ("name", "num_samples", "num_bytes", "sha256",
                                                            "index", "index_sha256")})

@@ -191,7 +191,7 @@ def test_ctrl_c_exits_promptly_and_resume_finishes(medium, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
     assert time.monotonic() - t0 < 10, "Ctrl-C must exit promptly"
-    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert proc.returncode == 130 and "interrupted" in err and "--resume" in err and "Traceback" not in err, err
     assert not (out / "manifest.json").exists()
     assert not list(out.glob(".*.tmp")), "partial shards must not be left behind"
     r = subprocess.run([*SHARDFEED, "pack", str(medium), str(out), "--max-count", "4", "--resume"],
@@ -225,3 +225,22 @@ def test_disk_full_mid_pack_names_output_and_resume_works(medium, tmp_path):
     ref2 = tmp_path / "ref2"
     pack(medium, ref2, PackOptions(max_count=4, max_bytes=1_000_000, workers=1))
     assert _files(out) == _files(ref2)
+
+
+def test_empty_image_file_is_an_error_or_skipped(tmp_path):
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "ok.png").write_bytes(_img_bytes(1, "PNG"))
+    (root / "a" / "zero.jpg").write_bytes(b"")
+    r = subprocess.run([*SHARDFEED, "pack", str(root), str(tmp_path / "o"), "-j", "1"], capture_output=True, text=True)
+    assert r.returncode != 0 and "zero.jpg" in r.stderr and "empty file" in r.stderr, r.stderr
+    report = pack(root, tmp_path / "o2", PackOptions(on_error="skip", workers=1))
+    assert report.num_samples == 1 and [s["path"] for s in report.skipped] == ["a/zero.jpg"]
+
+
+def test_json_path_in_missing_folder_is_refused_before_any_work(tmp_path, medium):
+    out = tmp_path / "o"
+    r = subprocess.run([*SHARDFEED, "pack", str(medium), str(out), "--json", str(tmp_path / "nope" / "r.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "does not exist" in r.stderr, r.stderr
+    assert not out.exists()
