@@ -203,9 +203,9 @@ class PackReport:
              f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
              f"{self.mb_per_s:.1f} MB/s")
         if self.skipped:
-            s += f"; {len(self.skipped)} skipped (listed in the manifest)"
+            s += f"; {_plural(len(self.skipped), 'file')} skipped (listed in the manifest)"
         if self.ignored:
-            s += f"; {len(self.ignored)} files ignored (hidden or other extensions)"
+            s += f"; {_plural(len(self.ignored), 'file')} ignored (hidden, other extensions, outside class folders)"
         if self.shards_resumed:
             done = "database" if self.format == "lmdb" else _plural(self.shards_resumed, "shard")
             s += f"; {done} kept from the interrupted run"

@@ -8,6 +8,8 @@ None of them imports torch.
 
 from __future__ import annotations
 
+import errno
+
 import sys
 from pathlib import Path
 
@@ -339,7 +341,13 @@ def serve_cmd(path: Path, host: str, port: int) -> None:
     """
     from shardfeed.readers.serve import make_server, server_url
 
-    server = make_server(path, host, port)
+    try:
+        server = make_server(path, host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(exc.errno, f"{host}:{port} is already in use: choose another --port "
+                                     "(--port 0 picks a free one)") from None
+        raise
     url = server_url(server)
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving {path} to the network on {host}, without authentication", err=True)

@@ -464,6 +464,8 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True) -> Manif
         ManifestError: bad manifest, or files missing / of the wrong size.
     """
     p = Path(path)
+    if not p.exists() and p.name == MANIFEST_NAME and p.parent.is_dir():
+        p = p.parent  # "DIR/manifest.json" that is not there: say what DIR is
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory")
     mpath = find_manifest_path(p)
@@ -473,6 +475,9 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True) -> Manif
             raise IncompleteDatasetError(
                 f"{root}: no {MANIFEST_NAME}; the pack that wrote it did not finish. Finish it with "
                 f"`shardfeed pack SRC {root} --resume`, or rebuild it")
+        if any(d.is_dir() and not d.name.startswith(".") for d in root.iterdir()):
+            raise ManifestError(f"{root}: an image folder (or other folder), not a packed dataset: pack it first "
+                                f"with `shardfeed pack {root} OUT`")
         raise ManifestError(f"{root}: no {MANIFEST_NAME}: not a packed dataset (pack it with `shardfeed pack`, "
                             "or write a manifest for existing shards with `shardfeed index`)")
     manifest = Manifest.from_json(mpath.read_bytes(), str(mpath))

@@ -319,7 +319,12 @@ def scan_image_folder(
             if e.name.startswith(".") and e.is_dir():
                 hidden_dirs.append(e.path)
             elif not e.is_dir():
-                ignored.append({"path": e.name, "reason": "not in a class folder"})
+                if e.is_symlink() and not os.path.exists(e.path):
+                    log.warning("%s: broken symbolic link (points to %s); not a class folder", e.path,
+                                os.readlink(e.path))
+                    ignored.append({"path": e.name, "reason": "broken symbolic link"})
+                else:
+                    ignored.append({"path": e.name, "reason": "not in a class folder"})
     # The hot loop (one pass per file): relative paths by slicing (no os.path.relpath), the
     # extension by one dict lookup, results appended to compact columns (no object per file).
     canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
