@@ -31,12 +31,15 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null) \
 	  || echo "note: nginx not installed; the tests against an HTTP server that answers Range requests use shardfeed serve only"; }
 
+# verify runs the same loop over the folder and the shards; --compute-ms 20 stands in for a GPU
+# step that leaves the CPU to the loader, --cold reads from the disk rather than the page cache.
 demo: install  ## build the sample folder, pack it to WebDataset and LMDB, verify before vs after
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/wds --format wds --max-count 500 --overwrite
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/lmdb --format lmdb --overwrite
 	$(SHARDFEED) inspect $(DEMO_OUT)/wds
-	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --model tiny --image-size 64 --batch-size 64 --batches 30 --warmup 5
+	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --compute-ms 20 --cold --repeats 3 \
+	  --image-size 64 --batch-size 64 --batches 30 --warmup 5 --json $(DEMO_OUT)/verify.json
 
 # The Ray tests run in their own pytest process: Ray leaves gRPC threads behind, and forking
 # DataLoader workers from a process with such threads is asking for a deadlock.
@@ -47,8 +50,11 @@ test: install system-deps  ## the whole suite (slow, multi-process and Ray tests
 test-fast: install  ## skip slow and multi-process tests
 	$(PY) -P -m pytest -m "not slow and not multiprocess and not ray" $(PYTEST_ARGS)
 
-bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/bench.json
+bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/*.json
 	$(PY) scripts/bench.py --out out/bench
+	$(PY) scripts/bench_reencode.py --out out/bench/reencode
+	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
+	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 
 lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
 	$(VENV)/bin/ruff check convert readers scripts tests
