@@ -40,6 +40,7 @@ from shardfeed.readers.format import (
     ShardEntry,
     created_by,
     decode_index,
+    normalize_ext,
     encode_index,
     write_bytes_atomic,
 )
@@ -425,6 +426,8 @@ class UnpackReport:
         num_classes: class folders created (empty classes included, so ImageFolder gives the same
             class indices).
         generated_paths: samples without ``meta["path"]`` written as ``CLASS/KEY.EXT``.
+        renamed: samples whose stored format differs from their path's extension (re-encoded by
+            ``pack --resize``/``--image-format``), written with the stored extension instead.
         label_mismatches: samples whose path's class folder is not their label's class
             (``[{"key", "path", "class"}]``; re-packing would label them by folder).
         skipped: the manifest's skipped files (not in the dataset, so not written).
@@ -437,6 +440,7 @@ class UnpackReport:
     num_bytes: int = 0
     num_classes: int = 0
     generated_paths: int = 0
+    renamed: int = 0
     label_mismatches: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
@@ -508,6 +512,10 @@ def unpack(path_or_url: str | os.PathLike, out: str | os.PathLike, *, overwrite:
             rel = f"{cls_name}/{s.key.replace('/', '_')}.{s.ext}"
             report.generated_paths += 1
         safe_relative_path(rel, what=where)
+        stem, dot_ext = os.path.splitext(rel)
+        if s.ext and normalize_ext(dot_ext) != s.ext:  # re-encoded (e.g. --resize made a PNG a JPEG)
+            rel = f"{stem}.{s.ext}"
+            report.renamed += 1
         if rel in written:
             raise ValueError(f"{where}: path {rel!r} was already written for key {written[rel]}; two samples "
                              "cannot be unpacked to the same file")
