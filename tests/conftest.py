@@ -209,3 +209,47 @@ http {{
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def _call_on_read_only_folder(fn, folder: Path) -> str:
+    """``fn(str(folder))`` where ``folder`` is really read-only; returns its string result.
+
+    Root ignores file modes, so as root the call runs in a forked child switched to user
+    ``nobody`` (uid/gid 65534), after checking that this user cannot write to the folder.
+
+    Raises:
+        AssertionError: the folder is writable, or ``fn`` failed (its error as the message).
+    """
+    if os.geteuid() != 0:
+        return fn(str(folder))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                (folder / "probe").write_bytes(b"x")
+                msg = "the folder is writable"
+            except PermissionError:
+                msg = fn(str(folder))
+                code = 0
+        except BaseException as exc:  # report anything to the parent
+            msg = f"{type(exc).__name__}: {exc}"
+        os.write(w, msg.encode())
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        msg = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise AssertionError(msg[:2000])
+    return msg
+
+
+@pytest.fixture
+def call_on_read_only_folder():
+    """``call(fn, folder) -> str``: run ``fn(str(folder))`` with the folder really read-only (see above)."""
+    return _call_on_read_only_folder

@@ -17,7 +17,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -555,38 +554,12 @@ def _read_through_open_dataset(path: str) -> str:
 
 
 @pytest.mark.multiprocess
-def test_read_only_lmdb_folder_opens_and_reads(packed_lmdb, tiny_folder_expected):
+def test_read_only_lmdb_folder_opens_and_reads(packed_lmdb, tiny_folder_expected, call_on_read_only_folder):
     raw = sorted((p, hashlib.sha256(d).hexdigest(), y) for p, (d, y) in tiny_folder_expected.items())
     want = json.dumps({"raw": raw, "decoded": len(tiny_folder_expected)})
     ro = _read_only_copy(packed_lmdb)
     try:
-        if os.geteuid() != 0:
-            assert _read_through_open_dataset(str(ro)) == want
-        else:
-            # root ignores file modes: read as "nobody", for whom the folder really is read-only
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # child
-                code = 1
-                try:
-                    os.close(r)
-                    os.setgid(65534)
-                    os.setuid(65534)
-                    try:
-                        (ro / "probe").write_bytes(b"x")
-                        msg = "the folder is writable"
-                    except PermissionError:
-                        msg = _read_through_open_dataset(str(ro))
-                        code = 0
-                except BaseException as exc:  # report anything to the parent
-                    msg = f"{type(exc).__name__}: {exc}"
-                os.write(w, msg.encode())
-                os._exit(code)
-            os.close(w)
-            with os.fdopen(r, "rb") as f:
-                msg = f.read().decode()
-            _, status = os.waitpid(pid, 0)
-            assert os.waitstatus_to_exitcode(status) == 0 and msg == want, msg[:500]
+        assert call_on_read_only_folder(_read_through_open_dataset, ro) == want
         assert sorted(p.name for p in ro.iterdir()) == ["data.mdb", "manifest.json"]
     finally:
         ro.chmod(0o755)
