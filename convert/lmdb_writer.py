@@ -22,7 +22,8 @@ How the classic ImageFolder→LMDB failures are avoided:
   average (ratio ~1.2 for 10 KB images, ~1.02 for 100 KB photos). The ratio
   ``data.mdb bytes / image bytes`` is reported as ``extra["lmdb_file_to_payload_ratio"]``.
 * **A half-written database that looks complete**: commits are durable (``sync=True``,
-  ``map_async`` off); the manifest key is written last, in the transaction with the last records. ``manifest.json`` beside the database is written after it.
+  ``map_async`` off); the manifest key is written last, in the transaction with the last records.
+  ``manifest.json`` beside the database is written after it.
 * **Resume**: records are appended in packing order, so the last committed key (found with a
   cursor) says where to continue. Bookkeeping that must survive a ``kill -9`` together with the
   records (the ``--on-error skip`` list and the payload byte count) lives in the reserved key
@@ -70,7 +71,7 @@ from shardfeed.readers.format import (
 )
 
 from . import pack as _pack
-from .pack import PACKERS, STATE_DIR, PackOptions, PlannedSample
+from .pack import PACKERS, PackOptions, PlannedSample
 from .plan import file_sizes
 from .scan import ScanResult
 

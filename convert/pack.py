@@ -64,6 +64,11 @@ __all__ = [
     "STATE_DIR",
     "prepare_output",
     "ProgressSink",
+    "load_class_map",
+    "run_tasks",
+    "load_sample_payload",
+    "SamplePlan",
+    "read_file_checked",
 ]
 
 log = logging.getLogger(__name__)
@@ -758,10 +763,3 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
 def load_class_map(manifest_path: str | os.PathLike) -> dict[str, int]:
     """The ``class_to_idx`` of a packed dataset's manifest (for ``--classes-from``)."""
     return load_manifest(manifest_path, check_files=False).class_to_idx
-
-
-__all__.append("load_class_map")
-__all__.append("run_tasks")
-__all__.append("load_sample_payload")
-__all__.append("SamplePlan")
-__all__.append("read_file_checked")

@@ -127,7 +127,8 @@ class SamplePlan(Sequence[PlannedSample]):
     def __iter__(self) -> Iterator[PlannedSample]:
         files, width, lo = self._files, self.width, self._lo
         base = self.start - lo  # global index of files[i] is base + i
-        rels, sizes, mtimes, codes, ecodes = files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.ext_codes
+        rels, sizes, mtimes = files.rels, files.sizes, files.mtimes_ns
+        codes, ecodes = files.class_codes, files.ext_codes
         names, labels, exts = files.class_names, files.class_labels, files.exts
         path_of = files.path_of
         for i in range(lo, self._hi):

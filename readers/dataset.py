@@ -59,8 +59,7 @@ __all__ = [
     "epoch_ranges",
     "spans_to_ranges",
     "is_url",
-    "ON_ERROR",
-]
+    "ON_ERROR", "num_batches", "epoch_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +147,6 @@ def num_batches(num_samples: int, world_size: int, batch_size: int, *, pad: bool
     return -(-n // batch_size)
 
 
-__all__.append("num_batches")
 
 
 def rank_span(num_samples: int, rank: int, world_size: int, *, pad: bool = False, batch_size: int = 1,
@@ -265,7 +263,6 @@ def epoch_positions(num_samples: int, *, seed: int, epoch: int, shuffle: bool, r
     return [order[p % num_samples] for p in range(start, stop)]
 
 
-__all__.append("epoch_positions")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,8 +42,7 @@ __all__ = [
     "count_classes",
     "inspect_dataset",
     "format_inspect_report",
-    "IMAGE_EXTENSIONS",
-]
+    "IMAGE_EXTENSIONS", "iter_lmdb_records"]
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +260,6 @@ def iter_lmdb_records(root: str | os.PathLike, *, verify: bool = True) -> Iterat
         env.close()
 
 
-__all__.append("iter_lmdb_records")
 
 
 def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest: Manifest | None = None

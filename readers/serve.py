@@ -37,7 +37,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["RangeRequestHandler", "make_server", "serve_directory", "parse_range", "LOOPBACK"]
+__all__ = ["RangeRequestHandler", "make_server", "serve_directory", "parse_range", "LOOPBACK", "server_url"]
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,3 @@ def serve_directory(path: str | os.PathLike, host: str = LOOPBACK, port: int = 0
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-
-
-__all__.append("server_url")
