@@ -253,3 +253,25 @@ def _call_on_read_only_folder(fn, folder: Path) -> str:
 def call_on_read_only_folder():
     """``call(fn, folder) -> str``: run ``fn(str(folder))`` with the folder really read-only (see above)."""
     return _call_on_read_only_folder
+
+
+def _lmdb_entries(out: Path) -> int:
+    """Records committed so far in ``out/data.mdb`` (0 when there is none yet); safe during a pack."""
+    import lmdb
+
+    if not (out / "data.mdb").exists():
+        return 0
+    try:
+        env = lmdb.open(str(out), readonly=True, lock=True, subdir=True)
+    except lmdb.Error:
+        return 0
+    try:
+        return env.stat()["entries"]
+    finally:
+        env.close()
+
+
+@pytest.fixture
+def lmdb_entries():
+    """``count(out) -> int``: records committed so far in an LMDB being packed into ``out``."""
+    return _lmdb_entries

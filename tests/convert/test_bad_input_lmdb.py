@@ -41,19 +41,6 @@ def _records(out: Path) -> dict[bytes, bytes]:
         env.close()
 
 
-def _entries(out: Path) -> int:
-    if not (out / "data.mdb").exists():
-        return 0
-    try:
-        env = lmdb.open(str(out), readonly=True, lock=True, subdir=True)
-    except lmdb.Error:
-        return 0
-    try:
-        return env.stat()["entries"]
-    finally:
-        env.close()
-
-
 def _same_as_reference(out: Path, ref: Path) -> None:
     got, want = _records(out), _records(ref)
     assert {k: v for k, v in got.items() if k != MANIFEST_KEY} == {k: v for k, v in want.items() if k != MANIFEST_KEY}
@@ -103,13 +90,13 @@ def _refused_as_incomplete(out: Path) -> None:
 
 
 @pytest.mark.multiprocess
-def test_ctrl_c_mid_lmdb_pack_then_resume(folder, reference, tmp_path):
+def test_ctrl_c_mid_lmdb_pack_then_resume(folder, reference, tmp_path, lmdb_entries):
     out = tmp_path / "o"
     env = {**os.environ, "SHARDFEED_TEST_LMDB_COMMIT_COUNT": "5", "SHARDFEED_TEST_SLOW_MS": "100"}
     proc = subprocess.Popen([*SHARDFEED, "-q", "pack", str(folder), str(out), "--format", "lmdb", "-j", "2"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _entries(out) < 15 and proc.poll() is None:
+    while time.monotonic() < deadline and lmdb_entries(out) < 15 and proc.poll() is None:
         time.sleep(0.02)
     assert proc.poll() is None, "the pack finished before Ctrl-C: " + proc.stderr.read()
     t0 = time.monotonic()
@@ -119,7 +106,7 @@ def test_ctrl_c_mid_lmdb_pack_then_resume(folder, reference, tmp_path):
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("shardfeed: interrupted") and "--resume" in lines[0], err
-    assert 15 <= _entries(out) < 60
+    assert 15 <= lmdb_entries(out) < 60
     _refused_as_incomplete(out)
 
     r = subprocess.run([*SHARDFEED, "pack", str(folder), str(out), "--format", "lmdb", "-j", "2", "--resume",
@@ -129,7 +116,7 @@ def test_ctrl_c_mid_lmdb_pack_then_resume(folder, reference, tmp_path):
     _same_as_reference(out, reference)
 
 
-def test_disk_full_mid_lmdb_pack_names_output_and_resume_works(folder, reference, tmp_path):
+def test_disk_full_mid_lmdb_pack_names_output_and_resume_works(folder, reference, tmp_path, lmdb_entries):
     out = tmp_path / "o"
     # RLIMIT_FSIZE caps every file the pack writes: data.mdb cannot grow past half its final size
     limit = (reference / "data.mdb").stat().st_size // 2
@@ -143,7 +130,7 @@ def test_disk_full_mid_lmdb_pack_names_output_and_resume_works(folder, reference
     assert r.returncode not in (0, -signal.SIGXFSZ) and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert str(out / "data.mdb") in r.stderr and "--resume" in r.stderr, r.stderr
-    assert _entries(out) < 60
+    assert lmdb_entries(out) < 60
     _refused_as_incomplete(out)
 
     # space is back: resume finishes with the records of an uninterrupted pack

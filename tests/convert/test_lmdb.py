@@ -322,22 +322,9 @@ def kill_folder(tmp_path_factory) -> Path:
     return _write(root, files)
 
 
-def _entries(out: Path) -> int:
-    if not (out / "data.mdb").exists():
-        return 0
-    try:
-        env = lmdb.open(str(out), readonly=True, lock=True, subdir=True)
-    except lmdb.Error:
-        return 0
-    try:
-        return env.stat()["entries"]
-    finally:
-        env.close()
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_after_kill_9_gives_the_same_records(kill_folder, tmp_path):
+def test_resume_after_kill_9_gives_the_same_records(kill_folder, tmp_path, lmdb_entries):
     args = ["--format", "lmdb", "-j", "2", "--on-error", "skip", "--decode-check"]
     ref = tmp_path / "ref"
     pack(kill_folder, ref, PackOptions(format="lmdb", workers=1, on_error="skip", decode_check=True))
@@ -346,12 +333,12 @@ def test_resume_after_kill_9_gives_the_same_records(kill_folder, tmp_path):
     proc = subprocess.Popen([*SHARDFEED, "-q", "pack", str(kill_folder), str(out), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _entries(out) < 30 and proc.poll() is None:
+    while time.monotonic() < deadline and lmdb_entries(out) < 30 and proc.poll() is None:
         time.sleep(0.02)
     assert proc.poll() is None, "the pack finished before it could be killed: " + proc.stderr.read().decode()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    killed_at = _entries(out)
+    killed_at = lmdb_entries(out)
     assert 30 <= killed_at < 160
     assert not (out / "manifest.json").exists(), "a killed pack must not look complete"
     assert LMDB_MANIFEST_KEY not in read_db_plain(out)
