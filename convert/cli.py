@@ -44,7 +44,8 @@ def command(group: click.Group, *args, **kwargs) -> Callable:
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="shardfeed", prog_name="shardfeed")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors; no progress bar.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress bar and no warnings (errors and the one-line summary still print).")
 @click.pass_context
 def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """shardfeed: pack image folders into WebDataset shards or LMDB, and read them back fast.
@@ -118,7 +119,7 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
                                    f"(drop {flag}, or use --format wds)")
 
 
-@command(main, "pack")
+@command(main, "pack", short_help="Pack an image folder into WebDataset shards or one LMDB.")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--extensions", default=None, metavar="LIST",

@@ -123,7 +123,7 @@ def _progress(json_path: str | None) -> Callable[[str], None]:
     return lambda line: click.echo(f"shardfeed: {line}", err=True)
 
 
-@command("bench")
+@command("bench", short_help="Measure one loader on a dataset: images/s, data stall.")
 @click.argument("source")
 @harness_options
 @loader_options
@@ -155,7 +155,7 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
     write_json_report(json_path, report.to_json())
 
 
-@command("verify")
+@command("verify", short_help="The same training loop before and after packing, side by side.")
 @click.argument("before")
 @click.argument("after")
 @harness_options
@@ -209,7 +209,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
         sys.exit(1)
 
 
-@command("tune")
+@command("tune", short_help="Sweep num_workers, pin_memory, prefetch_factor, persistent_workers.")
 @click.argument("source")
 @harness_options
 @_sweep_loader_options
