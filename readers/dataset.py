@@ -303,7 +303,8 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             buffer (refused when it would not fit in the available memory).
         **options: passed to the source: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
             replaces the built-in resize/crop), ``max_pixels``, ``seed`` (0), ``shuffle`` (True),
-            ``shuffle_buffer`` (WebDataset, samples; 1000), ``pad`` (False), ``rank``,
+            ``shuffle_buffer`` (WebDataset, samples; 1000; map-style sources shuffle by index and
+            ignore it), ``pad`` (False), ``rank``,
             ``world_size``, ``timeout_s`` and ``retries`` (HTTP), ``readahead`` (LMDB),
             ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads
@@ -346,6 +347,7 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             from .folder_source import FolderSource
 
             options.pop("check_files", None)
+            options.pop("shuffle_buffer", None)  # map-style: shuffled by index, no stream buffer
             ds = FolderSource(p, **common, **options)
     if cache == "memory":
         from .memory_cache import MemoryCachedSource
@@ -361,4 +363,6 @@ def _open_packed(location: Any, manifest: Manifest, common: dict, options: dict)
                             f"reads ({', '.join(sorted(SOURCES))}); repack the dataset with "
                             "`shardfeed pack --format wds|lmdb`")
     cls = _load_source_class(factory)
+    if getattr(cls, "map_style", False):
+        options = {k: v for k, v in options.items() if k != "shuffle_buffer"}  # shuffled by index instead
     return cls(location, manifest, **common, **options)

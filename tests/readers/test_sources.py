@@ -246,3 +246,13 @@ def test_shards_from_other_tools_without_index(tiny_folder_expected, tmp_path):
     parts = [list(open_dataset(tmp_path, decode=False, rank=r, world_size=4)) for r in range(4)]
     assert [len(p) for p in parts] == [15] * 4
     assert sorted(s.meta["path"] for p in parts for s in p) == sorted(tiny_folder_expected)
+
+
+def test_shuffle_buffer_is_accepted_by_every_source(tiny_image_folder, packed_wds, packed_lmdb):
+    """verify/bench pass the same options to both datasets: map-style sources ignore the buffer."""
+    from shardfeed.readers import open_dataset
+
+    for src in (tiny_image_folder, packed_wds, packed_lmdb):
+        ds = open_dataset(src, decode=False, shuffle_buffer=16)
+        items = [ds[i] for i in range(len(ds))] if getattr(ds, "map_style", False) else list(ds)
+        assert len(items) == 60
