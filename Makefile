@@ -32,13 +32,14 @@ system-deps:
 	  || echo "note: nginx not installed; the tests against an HTTP server that answers Range requests use shardfeed serve only"; }
 
 # verify runs the same loop over the folder and the shards; --compute-ms 20 stands in for a GPU
-# step that leaves the CPU to the loader, --cold reads from the disk rather than the page cache.
+# step that leaves the CPU to the loader, --cold reads from the disk rather than the page cache,
+# --threads 1 keeps the main process's torch threads off the loader workers' cores.
 demo: install  ## build the sample folder, pack it to WebDataset and LMDB, verify before vs after
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/wds --format wds --max-count 500 --overwrite
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/lmdb --format lmdb --overwrite
 	$(SHARDFEED) inspect $(DEMO_OUT)/wds
-	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --compute-ms 20 --cold --repeats 3 \
+	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --compute-ms 20 --cold --repeats 3 --threads 1 \
 	  --image-size 64 --batch-size 64 --batches 30 --warmup 5 --json $(DEMO_OUT)/verify.json
 
 # The Ray tests run in their own pytest process: Ray leaves gRPC threads behind, and forking
