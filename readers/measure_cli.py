@@ -39,8 +39,8 @@ def harness_options(f: Callable) -> Callable:
                      help="Batches measured per run."),
         click.option("--channels-last", is_flag=True, help="Channels-last memory format for batch and model."),
         click.option("--threads", "num_threads", type=click.IntRange(min=1), default=None,
-                     help="torch threads of the step in the main process [default: torch's, one per core]; "
-                          "on a small CPU, fewer leave cores to the loader workers."),
+                     help="torch threads of the step in the main process [default on the CPU: cores minus "
+                          "loader workers, at least 1; on CUDA: torch's]."),
         click.option("--cold", is_flag=True,
                      help="Evict the dataset's files from the page cache before each run "
                           "(posix_fadvise DONTNEED), so the disk is measured, not RAM."),
