@@ -286,10 +286,6 @@ class LmdbStore:
         """True when the buffered records reach the commit count or bytes."""
         return len(self._pending) >= self.commit_count or self._pending_bytes >= self.commit_bytes
 
-    @property
-    def num_pending(self) -> int:
-        return len(self._pending)
-
     def commit(self, extra_puts: Sequence[tuple[bytes, bytes]] = (), deletes: Sequence[bytes] = ()) -> None:
         """Write the buffered records, then ``extra_puts`` and ``deletes``, in one transaction.
 

@@ -788,7 +788,7 @@ def _stage_files(manifest: Manifest) -> list[_StageFile]:
     return files
 
 
-def _sha256_file(path: Path, progress_bytes: Callable[[int], None] | None = None) -> str:
+def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:

@@ -126,35 +126,34 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         from .lmdb_io import is_reserved_key, read_lmdb_manifest
 
         env = self._open_env()
-        if True:
-            stored = read_lmdb_manifest(env)
-            n = self._num_samples
-            if stored.num_samples != n:
-                raise ManifestError(f"{self.root}: manifest.json says {n} samples, the database's own manifest "
-                                    f"{stored.num_samples}; the files are from different packs: repack")
-            with env.begin(buffers=False) as txn:
-                cur = txn.cursor()
-                entries = env.stat()["entries"]
-                reserved = 0
-                first = last = None
-                if cur.first():
-                    while is_reserved_key(cur.key()):
-                        reserved += 1
-                        if not cur.next():
-                            break
-                    first = cur.key()
-                if cur.last():
-                    while is_reserved_key(cur.key()):
-                        reserved += 1
-                        if not cur.prev():
-                            break
-                    last = cur.key()
-                w = self._width
-                if (entries - reserved == n and n > 0 and first == format_key(0, w).encode()
-                        and last == format_key(n - 1, w).encode()):
-                    return None
-                keys = [k for k in cur.iternext(keys=True, values=False)] if cur.first() else []
-            keys = [k for k in keys if not is_reserved_key(k)]
+        stored = read_lmdb_manifest(env)
+        n = self._num_samples
+        if stored.num_samples != n:
+            raise ManifestError(f"{self.root}: manifest.json says {n} samples, the database's own manifest "
+                                f"{stored.num_samples}; the files are from different packs: repack")
+        with env.begin(buffers=False) as txn:
+            cur = txn.cursor()
+            entries = env.stat()["entries"]
+            reserved = 0
+            first = last = None
+            if cur.first():
+                while is_reserved_key(cur.key()):
+                    reserved += 1
+                    if not cur.next():
+                        break
+                first = cur.key()
+            if cur.last():
+                while is_reserved_key(cur.key()):
+                    reserved += 1
+                    if not cur.prev():
+                        break
+                last = cur.key()
+            w = self._width
+            if (entries - reserved == n and n > 0 and first == format_key(0, w).encode()
+                    and last == format_key(n - 1, w).encode()):
+                return None
+            keys = [k for k in cur.iternext(keys=True, values=False)] if cur.first() else []
+        keys = [k for k in keys if not is_reserved_key(k)]
         if len(keys) != n:
             raise ManifestError(f"{self.root}: the database holds {len(keys)} samples but its manifest says {n}; "
                                 f"run `shardfeed check {self.root}` and repack")
