@@ -28,12 +28,15 @@ Typical use::
 
 from __future__ import annotations
 
+import os
 import zlib
-from typing import BinaryIO, Container, Generator, Iterable, Iterator
+from bisect import bisect_left
+from typing import BinaryIO, Callable, Container, Generator, Iterable, Iterator
 
 from .errors import CorruptDataError
 
-__all__ = ["iter_members", "iter_samples", "skip_stream", "DEFAULT_READ_BYTES"]
+__all__ = ["iter_members", "iter_samples", "iter_indexed_samples", "SequentialReader", "skip_stream",
+           "DEFAULT_READ_BYTES"]
 
 #: Bytes asked of the stream per read (large reads keep the per-sample Python work small).
 DEFAULT_READ_BYTES = 1 << 18
@@ -435,3 +438,198 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *, source: str = "<t
         yield key, parts, first
         n += 1
     return n
+
+
+# caches of iter_indexed_samples: size field -> size; Adler-32 A half of a header -> the
+# checksum field ("%06o\0 ") a valid header with that byte sum holds
+_SIZE_FIELDS: dict[bytes, int] = {}
+_CHECKSUM_FIELDS: dict[int, frozenset[bytes]] = {}
+# member extension bytes -> str (a handful per dataset)
+_EXT_NAMES: dict[bytes, str] = {}
+
+
+def _checksum_fields(adler_a: int) -> frozenset[bytes]:
+    """The checksum fields ``b"%06o\\0 "`` a valid header whose byte sum (field included) is
+    ``adler_a - 1`` can hold.
+
+    A header's checksum ``c`` is its byte sum with the field counted as 8 spaces (256); written
+    as ``"%06o\\0 "`` the field itself adds ``6 * 48 + digitsum(c) + 32``, so the full byte sum is
+    ``c + digitsum(c) + 64``: every ``c`` that solves it (usually one or two; none for a header
+    written another way, which then takes the exact check).
+    """
+    total = adler_a - 1
+    return frozenset(b"%06o\0 " % c for c in range(max(0, total - 64 - 42), total - 64 + 1)
+                     if c + sum(int(d) for d in "%06o" % c) + 64 == total)
+
+
+#: Bytes :func:`iter_indexed_samples` reads per ``pread`` (whole samples; a bigger sample alone).
+INDEXED_READ_BYTES = 96 << 10
+
+
+def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: int, end: int, file_bytes: int, *,
+                         source: str = "<tar>",
+                         tag_source: bool = False,
+                         read_bytes: int = INDEXED_READ_BYTES) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
+    """Samples ``[start, end)`` of a local shard whose ``.idx`` gives every sample's first header.
+
+    The fast path of the local reader (issue 8): the index tells where samples start, so whole
+    samples are read with one ``read_at`` call per ~``read_bytes`` (no read per member, no buffer
+    splicing) and each plain ustar member is parsed inline, the key's bytes compared rather than
+    decoded again; a member whose key differs from its sample's (a stray member between indexed
+    samples) is passed over, as :func:`iter_samples` does with ``starts``. Header checksums are
+    checked as in :func:`iter_members`.
+
+    The default ``read_bytes`` (96 KiB) keeps each read's ``bytes`` object below glibc's
+    ``mmap`` threshold (128 KiB): bigger ones come as fresh pages from the kernel, and faulting
+    them in cost 1.6 us a small sample, more than parsing it (measured on the bench's small set).
+
+    Anything else — a bad checksum, a PAX/GNU record, a non-regular member, a short read, a
+    member running past the next sample's offset — is not handled here: the generator stops
+    *before* yielding that sample and returns how many it yielded, so that the caller reads the
+    rest with :func:`iter_members`/:func:`iter_samples` (which raise the precise error or parse
+    the exotic layout).
+
+    Args:
+        read_at: ``read_at(offset, nbytes)`` returns the shard's bytes ``[offset, offset + nbytes)``
+            (fewer only at its end): ``os.pread`` on a local file, or :class:`SequentialReader`
+            over a stream. It is called with increasing offsets, each at the previous end.
+        offsets: the shard's sample offsets (``.idx``), a sequence of ints in increasing order.
+        start, end: sample indices (``0 <= start <= end <= len(offsets)``).
+        file_bytes: the shard's size in bytes (bounds the last sample).
+        source: the shard's path, named in error messages.
+        tag_source: add ``"__url__": source`` to every sample's dict.
+        read_bytes: target bytes per read.
+
+    Yields:
+        ``(key, {ext: data}, header_offset)``, as :func:`iter_samples` does.
+
+    Returns:
+        The number of samples yielded (fewer than ``end - start`` when it stopped early).
+
+    Raises:
+        CorruptDataError: one sample holds the same extension twice.
+        OSError: the read itself failed (or what ``read_at`` raises).
+    """
+    adler32 = zlib.adler32
+    block = _BLOCK
+    exts = _EXT_NAMES
+    size_of = _SIZE_FIELDS
+    chk_field = _CHECKSUM_FIELDS
+    n_off = len(offsets)
+    i = start
+    done = 0
+    while i < end:
+        a = offsets[i]
+        j = max(i + 1, min(end, bisect_left(offsets, a + read_bytes, i + 1, end)))
+        b = offsets[j] if j < n_off else file_bytes
+        if b <= a:
+            return done
+        buf = read_at(a, b - a)
+        nbuf = len(buf)
+        for k in range(i, j):
+            p = offsets[k] - a
+            span_end = (offsets[k + 1] - a) if k + 1 < n_off else nbuf
+            if span_end > nbuf:
+                return done  # short read: the shard is shorter than its index says
+            key_b = None  # the key's bytes and its dot: b"000000042."
+            while p < span_end:
+                if p + block > nbuf:
+                    return done
+                if buf[p + 156] != 48:  # not a regular file ("0")
+                    if k + 1 >= n_off and key_b is not None and buf[p:p + block] == _ZERO_BLOCK:
+                        break  # the end-of-archive blocks after the last sample
+                    return done  # anything else: the general reader decides
+                field = buf[p + 124:p + 135]
+                size = size_of.get(field)
+                if size is None:
+                    try:
+                        size = int(field, 8)
+                    except ValueError:
+                        return done
+                    if len(size_of) < 4096:
+                        size_of[field] = size
+                # checksum: the field that a valid header with this byte sum holds (cached per sum)
+                header_sum = adler32(buf[p:p + block]) & 0xFFFF
+                expected = chk_field.get(header_sum)
+                if expected is None:
+                    expected = chk_field[header_sum] = _checksum_fields(header_sum)
+                if (buf[p + 148:p + 156] not in expected and not _checksum_ok(buf[p:p + block])) or buf[p + 345]:
+                    return done  # a bad checksum (or a ustar name prefix): the general reader decides
+                data_end = p + block + size
+                if data_end > span_end:
+                    return done
+                if key_b is not None:
+                    if buf.startswith(key_b, p, p + 100):
+                        nend = buf.find(b"\0", p + lk, p + 100)
+                        eb = buf[p + lk:nend] if nend >= 0 else buf[p + lk:p + 100]
+                        ext = exts.get(eb)
+                        if ext is None:
+                            ext = eb.decode("utf-8", "surrogateescape")
+                            if "/" in ext:
+                                return done
+                            if len(exts) < 64:
+                                exts[eb] = ext
+                        if ext in parts:
+                            raise CorruptDataError(f"{source}: sample {key!r} holds member {key + '.' + ext!r} "
+                                                   f"twice (byte offset {a + p})")
+                        parts[ext] = buf[p + block:data_end]
+                    # else: a stray member inside this sample's span, passed over
+                else:
+                    nend = buf.find(b"\0", p, p + 100)
+                    name = (buf[p:nend] if nend >= 0 else buf[p:p + 100]).decode("utf-8", "surrogateescape")
+                    dot = name.find(".", name.rfind("/") + 1)
+                    if dot < 0:
+                        return done  # no extension: the general reader decides
+                    key = name[:dot]
+                    key_b = name[:dot + 1].encode("utf-8", "surrogateescape")
+                    lk = len(key_b)
+                    parts = {"__url__": source, name[dot + 1:]: buf[p + block:data_end]} if tag_source \
+                        else {name[dot + 1:]: buf[p + block:data_end]}
+                p = data_end + (-size % block)
+            if key_b is None:
+                return done
+            yield key, parts, offsets[k]
+            done += 1
+        i = j
+    return done
+
+
+class SequentialReader:
+    """``read_at(offset, nbytes)`` over a stream that only reads forward (an HTTP body), for
+    :func:`iter_indexed_samples`.
+
+    Args:
+        stream: a binary stream whose next byte is the shard's byte ``position``.
+        position: that offset.
+        source: named in error messages.
+
+    Raises (when called):
+        ValueError: an offset before the stream's position.
+        CorruptDataError: the stream ends while skipping forward to an offset.
+    """
+
+    def __init__(self, stream: BinaryIO, position: int, *, source: str = "<stream>"):
+        self.stream = stream
+        self.position = position
+        self.source = source
+
+    def __call__(self, offset: int, nbytes: int) -> bytes:
+        if offset != self.position:
+            if offset < self.position:
+                raise ValueError(f"{self.source}: cannot read back to offset {offset} from {self.position}")
+            skip_stream(self.stream, offset - self.position, source=self.source)
+            self.position = offset
+        read = self.stream.read
+        data = read(nbytes)
+        if len(data) < nbytes and data:
+            parts = [data]
+            got = len(data)
+            while got < nbytes:
+                chunk = read(nbytes - got)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                got += len(chunk)
+            data = b"".join(parts)
+        self.position += len(data)
+        return data

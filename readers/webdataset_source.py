@@ -40,13 +40,15 @@ from .dataset import epoch_ranges, samples_per_rank
 from .errors import CorruptDataError, DataSourceError
 from .format import Manifest, Sample, decode_index, read_index
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
-from .tario import iter_members, iter_samples
+from .tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
 
 log = logging.getLogger(__name__)
 
 _json_loads = json.JSONDecoder().raw_decode  # no whitespace scan: meta is compact JSON
+# image extensions already canonical (what the packer writes): the raw fast path keeps them as they are
+_FAST_EXTS = IMAGE_EXTS - {"jpeg", "tiff"}
 
 #: Samples held by each worker's shuffle buffer.
 DEFAULT_SHUFFLE_BUFFER = 1000
@@ -69,6 +71,17 @@ class LocalLocation:
 
     def read_index(self, name: str) -> list[int]:
         return read_index(self.root / name)
+
+    def read_indexed(self, name: str, offsets, start: int, end: int, where: str):
+        """Samples ``[start, end)`` of an indexed local shard by :func:`~shardfeed.readers.tario.iter_indexed_samples`
+        (``__url__`` tagged); returns how many it yielded (it stops before anything unusual)."""
+        fd = os.open(self.root / name, os.O_RDONLY)
+        pread = os.pread
+        try:
+            return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
+                                                    os.fstat(fd).st_size, source=where, tag_source=True))
+        finally:
+            os.close(fd)
 
     def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
         f = open(self.root / name, "rb", buffering=0)
@@ -183,6 +196,29 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         else:
             first, stop, skip, starts = 0, None, start, None
         want = end - start
+        if offsets is not None and want:
+            # fast path: whole samples per read, parsed inline; it stops before anything unusual,
+            # and the general reader below takes over from there (and raises the precise error)
+            if isinstance(self.location, LocalLocation):
+                fast = yield from self.location.read_indexed(entry.name, offsets, start, end, where)
+            else:
+                stream, stream_offset = self.location.open(entry.name, first, stop)
+                try:
+                    total = getattr(stream, "total_bytes", None)
+                    if total is not None and total != entry.num_bytes:
+                        raise CorruptDataError(f"{where}: {total} bytes on the server but {entry.num_bytes} in the "
+                                               "manifest; the shard changed: run `shardfeed check` and repack")
+                    fast = yield from iter_indexed_samples(SequentialReader(stream, stream_offset, source=where),
+                                                           offsets, start, end, entry.num_bytes, source=where,
+                                                           tag_source=True)
+                finally:
+                    stream.close()
+            if fast == want:
+                return
+            start += fast
+            want -= fast
+            first = offsets[start]
+            starts = set(offsets[start:end + 1])
         stream, stream_offset = self.location.open(entry.name, first, stop)
         try:
             total = getattr(stream, "total_bytes", None)
@@ -238,7 +274,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 yield out
         else:
             loads = _json_loads
-            image_exts = IMAGE_EXTS
+            fast_exts = _FAST_EXTS
+            new = tuple.__new__
+            labels: dict[bytes, int] = {}
             for key, parts, _ in raw:
                 if key is None:
                     yield None
@@ -250,11 +288,20 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     ext = next(it, None)
                     meta = parts.get("json")
                     cls = parts.get("cls")
-                    if ext in image_exts and cls is not None and meta is not None and ext != "jpeg" and ext != "tiff":
-                        out = Sample(key, parts[ext], ext, int(cls), loads(meta.decode("utf-8").lstrip())[0])
+                    if ext in fast_exts and cls is not None and meta is not None:
+                        label = labels.get(cls)
+                        if label is None:
+                            label = int(cls)
+                            if len(labels) < 4096:
+                                labels[cls] = label
+                        try:
+                            meta = loads(meta.decode("utf-8"))[0]
+                        except ValueError:
+                            meta = json.loads(meta)
+                        out = new(Sample, (key, parts[ext], ext, label, meta))
                     else:
                         data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"])
-                        meta = loads(meta.decode("utf-8").lstrip())[0] if meta is not None else {}
+                        meta = json.loads(meta) if meta is not None else {}
                         out = Sample(key, data, ext, label, meta)
                 except (CorruptDataError, ValueError) as exc:
                     self.handle_error(name_original_file(exc, parts.get("json")), f"{parts['__url__']} key {key}")

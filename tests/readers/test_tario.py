@@ -12,7 +12,7 @@ import pytest
 from shardfeed.convert.tarwriter import TarShardFile
 from shardfeed.readers.errors import CorruptDataError
 from shardfeed.readers.format import read_index
-from shardfeed.readers.tario import iter_members, iter_samples
+from shardfeed.readers.tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 
 class NoSeek(io.RawIOBase):
@@ -148,3 +148,97 @@ def test_key_reappearing_is_corrupt():
     raw = _tar(tarfile.USTAR_FORMAT, [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"3")], extras=False)
     with pytest.raises(CorruptDataError, match=r"x\.tar.*'a' reappears"):
         list(iter_samples(iter_members(io.BytesIO(raw), source="x.tar"), source="x.tar"))
+
+
+# ---- the indexed fast path (iter_indexed_samples) -----------------------------------------------
+
+def _pread_of(raw: bytes):
+    return lambda offset, n: raw[offset:offset + n]
+
+
+def test_indexed_fast_path_matches_the_source_files(tmp_path):
+    path, samples = _shard(tmp_path)
+    offsets = read_index(tmp_path / "shard-000000.idx")
+    raw = path.read_bytes()
+    for a, b in [(0, 40), (0, 1), (3, 17), (39, 40)]:
+        for read_bytes in (600, 5000, 1 << 20):  # one sample per read ... all in one read
+            gen = iter_indexed_samples(_pread_of(raw), offsets, a, b, len(raw), source="s", tag_source=True,
+                                       read_bytes=read_bytes)
+            got = []
+            try:
+                while True:
+                    got.append(next(gen))
+            except StopIteration as stop:
+                assert stop.value == b - a
+            assert [k for k, _, _ in got] == [s[0] for s in samples[a:b]]
+            assert [p["jpg"] for _, p, _ in got] == [s[1] for s in samples[a:b]]
+            assert [int(p["cls"]) for _, p, _ in got] == [s[2] for s in samples[a:b]]
+            assert [p["__url__"] for _, p, _ in got] == ["s"] * (b - a)
+            assert [o for _, _, o in got] == offsets[a:b]
+        # over a forward-only stream that starts at the first sample (an HTTP Range answer)
+        stream = NoSeek(raw[offsets[a]:], max_read=1000)
+        got = list(iter_indexed_samples(SequentialReader(stream, offsets[a]), offsets, a, b, len(raw)))
+        assert [p["jpg"] for _, p, _ in got] == [s[1] for s in samples[a:b]]
+    # a stream from byte 0 (a server that ignored Range): skips forward to the first sample
+    got = list(iter_indexed_samples(SequentialReader(NoSeek(raw), 0), offsets, 5, 9, len(raw)))
+    assert [k for k, _, _ in got] == [s[0] for s in samples[5:9]]
+
+
+def _run_until_stop(gen) -> tuple[list, int]:
+    got = []
+    try:
+        while True:
+            got.append(next(gen))
+    except StopIteration as stop:
+        return got, stop.value
+
+
+def test_indexed_fast_path_stops_before_what_it_does_not_handle(tmp_path):
+    path, samples = _shard(tmp_path, n=10)
+    offsets = read_index(tmp_path / "shard-000000.idx")
+    raw = bytearray(path.read_bytes())
+    # a flipped byte in the 3rd member header of sample 6 (its json): the fast path yields 0..5
+    # and stops; the general reader then raises the checksum error naming that header's offset
+    with open(path, "rb") as f:
+        members = list(iter_members(f, source="s"))
+    json6 = [off for name, _, off in members if name == f"{samples[6][0]}.json"][0]
+    raw[json6 + 30] ^= 0x01
+    got, n = _run_until_stop(iter_indexed_samples(_pread_of(bytes(raw)), offsets, 0, 10, len(raw)))
+    assert n == 6 and [k for k, _, _ in got] == [s[0] for s in samples[:6]]
+    with pytest.raises(CorruptDataError, match=f"checksum at byte offset {json6}"):
+        list(iter_samples(iter_members(io.BytesIO(bytes(raw)), start_offset=offsets[6], source="s"), source="s"))
+    # cut inside sample 8's image: 0..7 come out, and the count says where to go on
+    cut = bytes(path.read_bytes()[:offsets[8] + 700])
+    got, n = _run_until_stop(iter_indexed_samples(_pread_of(cut), offsets, 0, 10, len(cut)))
+    assert n == 8 and [p["jpg"] for _, p, _ in got] == [s[1] for s in samples[:8]]
+
+
+def test_indexed_fast_path_and_other_writers(tmp_path):
+    """PAX long names, GNU long names, directories: the fast path hands over (returns 0 yielded)
+    at the first sample it cannot parse; the general reader reads the shard as before."""
+    rng = random.Random(5)
+    members = _members(rng, long_names=True)
+    for fmt in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        raw = _tar(fmt, members, extras=False)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+            infos = t.getmembers()
+        # first header of each sample: tarfile's offset is the (PAX/GNU) record's start
+        starts = [ti.offset for ti in infos if ti.name.endswith(".jpg")]
+        got, n = _run_until_stop(iter_indexed_samples(_pread_of(raw), starts, 0, len(starts), len(raw)))
+        assert n == 0 and got == []
+    # ustar members: every sample is read by the fast path; members with another key inside a
+    # sample's span (a stray member the index does not list) are passed over
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in [("a.jpg", b"A" * 700), ("a.cls", b"1"), ("stray.txt", b"zz"), ("b.jpg", b"B" * 10),
+                           ("b.cls", b"2")]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    raw = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+        offs = {ti.name: ti.offset for ti in t.getmembers()}
+    got, n = _run_until_stop(iter_indexed_samples(_pread_of(raw), [offs["a.jpg"], offs["b.jpg"]], 0, 2, len(raw)))
+    assert n == 2
+    assert got == [("a", {"jpg": b"A" * 700, "cls": b"1"}, offs["a.jpg"]),
+                   ("b", {"jpg": b"B" * 10, "cls": b"2"}, offs["b.jpg"])]
