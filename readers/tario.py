@@ -28,7 +28,6 @@ Typical use::
 
 from __future__ import annotations
 
-import os
 import zlib
 from bisect import bisect_left
 from typing import BinaryIO, Callable, Container, Generator, Iterable, Iterator
@@ -467,9 +466,8 @@ INDEXED_READ_BYTES = 96 << 10
 
 
 def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: int, end: int, file_bytes: int, *,
-                         source: str = "<tar>",
-                         tag_source: bool = False,
-                         read_bytes: int = INDEXED_READ_BYTES) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
+                         source: str = "<tar>", tag_source: bool = False, read_bytes: int = INDEXED_READ_BYTES
+                         ) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
     """Samples ``[start, end)`` of a local shard whose ``.idx`` gives every sample's first header.
 
     The fast path of the local reader (issue 8): the index tells where samples start, so whole
@@ -531,7 +529,8 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
             span_end = (offsets[k + 1] - a) if k + 1 < n_off else nbuf
             if span_end > nbuf:
                 return done  # short read: the shard is shorter than its index says
-            key_b = None  # the key's bytes and its dot: b"000000042."
+            key_b = None  # the key's bytes and its dot: b"000000042."; set by the first member
+            key, lk, parts = "", 0, {}
             while p < span_end:
                 if p + block > nbuf:
                     return done
