@@ -239,13 +239,16 @@ def encode_record(key: str, data: bytes, ext: str, label: int, meta: dict) -> by
     )
 
 
-def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>") -> dict:
+def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", key: bytes | None = None) -> dict:
     """Decode an LMDB value written by :func:`encode_record`.
 
     Args:
         value: the raw value bytes.
         verify: check the CRC-32 of the image bytes.
-        source: named in error messages (e.g. ``"data/train.lmdb key 000000042"``).
+        source: named in error messages (the database, e.g. ``"data/train.lmdb/data.mdb"``, or
+            ``"... key 000000042"``).
+        key: the record's LMDB key, appended to ``source`` in error messages when given (the
+            message string is built only when there is an error).
 
     Returns:
         ``{"key", "ext", "label", "meta", "crc32", "data", "v"}``.
@@ -253,19 +256,29 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>") 
     Raises:
         CorruptDataError: undecodable value, unknown version, or checksum mismatch.
     """
-    import msgpack
+    global _unpackb
+    if _unpackb is None:
+        import msgpack
 
+        _unpackb = msgpack.unpackb
     try:
-        rec = msgpack.unpackb(value, raw=False, strict_map_key=True)
+        rec = _unpackb(value, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise CorruptDataError(f"{source}: undecodable record ({exc})") from None
-    if not isinstance(rec, dict) or rec.get("v") != LMDB_RECORD_VERSION:
+        raise CorruptDataError(f"{_record_where(source, key)}: undecodable record ({exc})") from None
+    if type(rec) is not dict or rec.get("v") != LMDB_RECORD_VERSION:
         raise CorruptDataError(
-            f"{source}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is not "
-            f"{LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
+            f"{_record_where(source, key)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
+            f"not {LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
     if verify and zlib.crc32(rec["data"]) != rec["crc32"]:
-        raise CorruptDataError(f"{source}: image bytes fail their CRC-32 check (record is damaged)")
+        raise CorruptDataError(f"{_record_where(source, key)}: image bytes fail their CRC-32 check (record is damaged)")
     return rec
+
+
+_unpackb = None  # msgpack.unpackb, imported on first use
+
+
+def _record_where(source: str, key: bytes | None) -> str:
+    return source if key is None else f"{source} key {key.decode('utf-8', 'replace')}"
 
 
 # ---------------------------------------------------------------------------------------------

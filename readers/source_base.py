@@ -40,6 +40,7 @@ from .format import Sample
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS"]
 
+_new_tuple = tuple.__new__
 log = logging.getLogger("shardfeed.readers")
 
 #: Extensions recognised as the image member of a WebDataset sample.
@@ -266,7 +267,7 @@ class SourceBase:
             meta = {}
         elif not isinstance(meta, dict):
             meta = json.loads(meta)
-        return Sample(key, data, ext, label, meta)
+        return _new_tuple(Sample, (key, data, ext, label, meta))  # Sample(...) without its Python __new__
 
     def handle_error(self, exc: BaseException, where: str, count: int = 1) -> None:
         """``on_error``: re-raise, or count ``count`` skipped samples and log the epoch's first skip.
