@@ -28,6 +28,8 @@ Typical use::
 
 from __future__ import annotations
 
+import queue
+import threading
 import zlib
 from bisect import bisect_left
 from typing import BinaryIO, Callable, Container, Generator, Iterable, Iterator
@@ -466,8 +468,8 @@ INDEXED_READ_BYTES = 96 << 10
 
 
 def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: int, end: int, file_bytes: int, *,
-                         source: str = "<tar>", tag_source: bool = False, read_bytes: int = INDEXED_READ_BYTES
-                         ) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
+                         source: str = "<tar>", tag_source: bool = False, read_bytes: int = INDEXED_READ_BYTES,
+                         prefetch: int = 0) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
     """Samples ``[start, end)`` of a local shard whose ``.idx`` gives every sample's first header.
 
     The fast path of the local reader (issue 8): the index tells where samples start, so whole
@@ -497,6 +499,8 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
         source: the shard's path, named in error messages.
         tag_source: add ``"__url__": source`` to every sample's dict.
         read_bytes: target bytes per read.
+        prefetch: when > 0, a background thread does the reads, up to this many ahead (for a
+            socket: receiving overlaps parsing); 0 reads in the caller's thread.
 
     Yields:
         ``(key, {ext: data}, header_offset)``, as :func:`iter_samples` does.
@@ -514,15 +518,10 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
     size_of = _SIZE_FIELDS
     chk_field = _CHECKSUM_FIELDS
     n_off = len(offsets)
-    i = start
     done = 0
-    while i < end:
-        a = offsets[i]
-        j = max(i + 1, min(end, bisect_left(offsets, a + read_bytes, i + 1, end)))
-        b = offsets[j] if j < n_off else file_bytes
-        if b <= a:
-            return done
-        buf = read_at(a, b - a)
+    plan = _chunk_plan(offsets, start, end, file_bytes, read_bytes)
+    chunks = _prefetched(read_at, plan, prefetch) if prefetch > 0 else (read_at(a, b - a) for _, _, a, b in plan)
+    for (i, j, a, _), buf in zip(plan, chunks):
         nbuf = len(buf)
         for k in range(i, j):
             p = offsets[k] - a
@@ -589,8 +588,66 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
                 return done
             yield key, parts, offsets[k]
             done += 1
-        i = j
     return done
+
+
+def _chunk_plan(offsets, start: int, end: int, file_bytes: int, read_bytes: int) -> list[tuple[int, int, int, int]]:
+    """``(first sample, end sample, first byte, end byte)`` of each read: whole samples, about
+    ``read_bytes`` each (one sample when it is bigger); stops at an offset that does not increase."""
+    plan = []
+    n_off = len(offsets)
+    i = start
+    while i < end:
+        a = offsets[i]
+        j = max(i + 1, min(end, bisect_left(offsets, a + read_bytes, i + 1, end)))
+        b = offsets[j] if j < n_off else file_bytes
+        if b <= a:
+            break
+        plan.append((i, j, a, b))
+        i = j
+    return plan
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _prefetched(read_at: Callable[[int, int], bytes], plan, depth: int) -> Iterator[bytes]:
+    """The reads of ``plan``, done by a background thread up to ``depth`` reads ahead (a socket
+    read releases the GIL, so receiving overlaps parsing); its error is raised here, in order.
+    Closing the generator stops the thread at its next read."""
+    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for _, _, a, b in plan:
+                if stop.is_set() or not put(read_at(a, b - a)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            if not stop.is_set():
+                put(_Failure(exc))
+
+    thread = threading.Thread(target=run, name="shardfeed-prefetch", daemon=True)
+    thread.start()
+    try:
+        for _ in plan:
+            item = q.get()
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
 
 
 class SequentialReader:
