@@ -242,3 +242,37 @@ def test_indexed_fast_path_and_other_writers(tmp_path):
     assert n == 2
     assert got == [("a", {"jpg": b"A" * 700, "cls": b"1"}, offs["a.jpg"]),
                    ("b", {"jpg": b"B" * 10, "cls": b"2"}, offs["b.jpg"])]
+
+
+def test_indexed_fast_path_prefetch_thread(tmp_path):
+    """With ``prefetch``, reads happen on a background thread: same samples; a read error reaches
+    the caller after the samples read before it; closing early stops the thread."""
+    import threading
+
+    path, samples = _shard(tmp_path)
+    offsets = read_index(tmp_path / "shard-000000.idx")
+    raw = path.read_bytes()
+    got = list(iter_indexed_samples(_pread_of(raw), offsets, 0, 40, len(raw), read_bytes=5000, prefetch=2))
+    assert [p["jpg"] for _, p, _ in got] == [s[1] for s in samples]
+
+    calls = []
+
+    def failing(offset, n):
+        calls.append(offset)
+        if len(calls) == 3:
+            raise OSError("connection reset")
+        return raw[offset:offset + n]
+
+    seen = []
+    with pytest.raises(OSError, match="connection reset"):
+        for key, _, _ in iter_indexed_samples(failing, offsets, 0, 40, len(raw), read_bytes=5000, prefetch=2):
+            seen.append(key)
+    assert 0 < len(seen) < 40 and seen == [s[0] for s in samples[:len(seen)]]
+
+    gen = iter_indexed_samples(_pread_of(raw), offsets, 0, 40, len(raw), read_bytes=600, prefetch=2)
+    next(gen)
+    gen.close()
+    for t in threading.enumerate():
+        if t.name == "shardfeed-prefetch":
+            t.join(timeout=2)
+            assert not t.is_alive()
