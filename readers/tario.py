@@ -574,15 +574,23 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
                     # else: a stray member inside this sample's span, passed over
                 else:
                     nend = buf.find(b"\0", p, p + 100)
-                    name = (buf[p:nend] if nend >= 0 else buf[p:p + 100]).decode("utf-8", "surrogateescape")
-                    dot = name.find(".", name.rfind("/") + 1)
+                    if nend < 0:
+                        nend = p + 100
+                    # the key: up to the first dot of the basename (split_member_name's rule, on bytes)
+                    dot = buf.find(b".", buf.rfind(b"/", p, nend) + 1 or p, nend)
                     if dot < 0:
                         return done  # no extension: the general reader decides
-                    key = name[:dot]
-                    key_b = name[:dot + 1].encode("utf-8", "surrogateescape")
-                    lk = len(key_b)
-                    parts = {"__url__": source, name[dot + 1:]: buf[p + block:data_end]} if tag_source \
-                        else {name[dot + 1:]: buf[p + block:data_end]}
+                    key_b = buf[p:dot + 1]
+                    key = key_b[:-1].decode("utf-8", "surrogateescape")
+                    lk = dot + 1 - p
+                    eb = buf[dot + 1:nend]
+                    ext = exts.get(eb)
+                    if ext is None:
+                        ext = eb.decode("utf-8", "surrogateescape")
+                        if len(exts) < 64:
+                            exts[eb] = ext
+                    parts = {"__url__": source, ext: buf[p + block:data_end]} if tag_source \
+                        else {ext: buf[p + block:data_end]}
                 p = data_end + (-size % block)
             if key_b is None:
                 return done

@@ -276,3 +276,25 @@ def test_indexed_fast_path_prefetch_thread(tmp_path):
         if t.name == "shardfeed-prefetch":
             t.join(timeout=2)
             assert not t.is_alive()
+
+
+def test_indexed_fast_path_keys_with_folders_dots_and_unicode():
+    """The key is the member name up to the first dot of its basename (WebDataset's rule)."""
+    names = [("dir.v1/x.y.jpg", b"1" * 600), ("dir.v1/x.cls", b"3"), ("dir.v1/x.y.json", b"{}"),
+             ("ünï/ä.b.png", b"2" * 10), ("ünï/ä.b.cls", b"4")]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in names:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    raw = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+        offs = {ti.name: ti.offset for ti in t.getmembers()}
+    got, n = _run_until_stop(iter_indexed_samples(_pread_of(raw), [offs["dir.v1/x.y.jpg"], offs["ünï/ä.b.png"]],
+                                                  0, 2, len(raw)))
+    assert n == 2
+    # the folder's dot does not count; "x.y.jpg" and "x.cls" are both key "dir.v1/x"
+    assert got == [("dir.v1/x", {"y.jpg": b"1" * 600, "cls": b"3", "y.json": b"{}"}, offs["dir.v1/x.y.jpg"]),
+                   ("ünï/ä", {"b.png": b"2" * 10, "b.cls": b"4"}, offs["ünï/ä.b.png"])]
+    assert got == list(iter_samples(iter_members(io.BytesIO(raw), source="t"), source="t"))
