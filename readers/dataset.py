@@ -305,7 +305,8 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             replaces the built-in resize/crop), ``max_pixels``, ``seed`` (0), ``shuffle`` (True),
             ``shuffle_buffer`` (WebDataset, samples; 1000; map-style sources shuffle by index and
             ignore it), ``pad`` (False), ``rank``,
-            ``world_size``, ``timeout_s`` and ``retries`` (HTTP), ``readahead`` (LMDB),
+            ``world_size``, ``timeout_s`` and ``retries`` (HTTP), ``readahead`` and ``verify`` (LMDB: check
+            each record's CRC-32; True),
             ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads
             anyway, and damage is then found, and named, while reading).

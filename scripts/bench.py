@@ -415,6 +415,8 @@ def bench_read(res: Results, folders: dict, ds: dict, rounds: int) -> None:
         "shardfeed_folder_raw": lambda: _timed_rate(_raw_reader(src)),
         "shardfeed_wds_raw": lambda: _timed_rate(_raw_reader(ds["small-wds"])),
         "shardfeed_lmdb_raw": lambda: _timed_rate(_raw_reader(ds["small-lmdb"])),
+        # information: what checking each record's CRC-32 costs
+        "shardfeed_lmdb_raw_no_crc": lambda: _timed_rate(_raw_reader(ds["small-lmdb"], verify=False)),
         "webdataset_pipeline": lambda: _timed_rate(_webdataset_reader(ds["small-wds"])),
     }
     log(f"[read] raw samples, warm page cache, small set ({len(files)} samples); {rounds} rounds + warm-up")
@@ -433,6 +435,10 @@ def bench_read(res: Results, folders: dict, ds: dict, rounds: int) -> None:
     res.row("raw read warm: LMDB source / folder open+read", "small",
             paired_ratio(v["shardfeed_lmdb_raw"], v["folder_open_read"]), ">= 3", ">=", 3.0,
             f"{median(v['shardfeed_lmdb_raw']):,.0f} samples/s")
+    no_crc = paired_ratio(v["shardfeed_lmdb_raw_no_crc"], v["folder_open_read"])
+    res.figures["read_warm_small"]["lmdb_no_crc_over_folder"] = no_crc
+    log(f"  info: LMDB source with verify=False (no CRC-32 check) / folder open+read: {no_crc:.2f} "
+        f"({median(v['shardfeed_lmdb_raw_no_crc']):,.0f} samples/s)")
 
 
 def bench_cold(res: Results, folders: dict, ds: dict, rounds: int) -> None:
