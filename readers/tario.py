@@ -475,16 +475,15 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
     The fast path of the local reader (issue 8): the index tells where samples start, so whole
     samples are read with one ``read_at`` call per ~``read_bytes`` (no read per member, no buffer
     splicing) and each plain ustar member is parsed inline, the key's bytes compared rather than
-    decoded again; a member whose key differs from its sample's (a stray member between indexed
-    samples) is passed over, as :func:`iter_samples` does with ``starts``. Header checksums are
-    checked as in :func:`iter_members`.
+    decoded again. Header checksums are checked as in :func:`iter_members`.
 
     The default ``read_bytes`` (96 KiB) keeps each read's ``bytes`` object below glibc's
     ``mmap`` threshold (128 KiB): bigger ones come as fresh pages from the kernel, and faulting
     them in cost 1.6 us a small sample, more than parsing it (measured on the bench's small set).
 
-    Anything else — a bad checksum, a PAX/GNU record, a non-regular member, a short read, a
-    member running past the next sample's offset — is not handled here: the generator stops
+    Anything else — a bad checksum, a PAX/GNU record, a non-regular member, a member of another
+    key inside a sample's span (a stray member, or a damaged name), a short read, a member
+    running past the next sample's offset — is not handled here: the generator stops
     *before* yielding that sample and returns how many it yielded, so that the caller reads the
     rest with :func:`iter_members`/:func:`iter_samples` (which raise the precise error or parse
     the exotic layout).
@@ -557,21 +556,21 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
                 if data_end > span_end:
                     return done
                 if key_b is not None:
-                    if buf.startswith(key_b, p, p + 100):
-                        nend = buf.find(b"\0", p + lk, p + 100)
-                        eb = buf[p + lk:nend] if nend >= 0 else buf[p + lk:p + 100]
-                        ext = exts.get(eb)
-                        if ext is None:
-                            ext = eb.decode("utf-8", "surrogateescape")
-                            if "/" in ext:
-                                return done
-                            if len(exts) < 64:
-                                exts[eb] = ext
-                        if ext in parts:
-                            raise CorruptDataError(f"{source}: sample {key!r} holds member {key + '.' + ext!r} "
-                                                   f"twice (byte offset {a + p})")
-                        parts[ext] = buf[p + block:data_end]
-                    # else: a stray member inside this sample's span, passed over
+                    if not buf.startswith(key_b, p, p + 100):
+                        return done  # another key inside the sample's span: the general reader decides
+                    nend = buf.find(b"\0", p + lk, p + 100)
+                    eb = buf[p + lk:nend] if nend >= 0 else buf[p + lk:p + 100]
+                    ext = exts.get(eb)
+                    if ext is None:
+                        ext = eb.decode("utf-8", "surrogateescape")
+                        if "/" in ext:
+                            return done
+                        if len(exts) < 64:
+                            exts[eb] = ext
+                    if ext in parts:
+                        raise CorruptDataError(f"{source}: sample {key!r} holds member {key + '.' + ext!r} "
+                                               f"twice (byte offset {a + p})")
+                    parts[ext] = buf[p + block:data_end]
                 else:
                     nend = buf.find(b"\0", p, p + 100)
                     if nend < 0:

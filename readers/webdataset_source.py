@@ -312,6 +312,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                         meta = json.loads(meta) if meta is not None else {}
                         out = Sample(key, data, ext, label, meta)
                 except (CorruptDataError, ValueError) as exc:
+                    if not isinstance(exc, CorruptDataError):  # an unreadable .cls or .json member
+                        exc = CorruptDataError(f"{parts['__url__']} key {key}: unreadable label or metadata "
+                                               f"member ({exc}); the shard is damaged: run `shardfeed check`")
                     self.handle_error(name_original_file(exc, parts.get("json")), f"{parts['__url__']} key {key}")
                     if hole:
                         yield None

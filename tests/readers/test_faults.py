@@ -334,6 +334,28 @@ def test_damaged_header_names_offset_and_keeps_samples_before(member, packed_wds
     assert ds.skipped == len(samples) - k
 
 
+@pytest.mark.parametrize("ext,bad", [("cls", b"x"), ("json", b"[")])
+def test_raw_read_of_an_unreadable_label_or_meta_names_the_sample(ext, bad, packed_wds, tiny_folder_expected,
+                                                                   tmp_path):
+    """decode=False: a damaged .cls/.json member (same size, tar still valid) is a CorruptDataError
+    naming the shard and key, not a bare ValueError; under skip only that sample is dropped."""
+    d = _copy(packed_wds, tmp_path / "d")
+    shard = d / "shard-000000.tar"
+    samples = _tar_samples(shard)
+    k = 3
+    m = next(m for m in samples[k]["members"] if m.name.endswith("." + ext))
+    raw = bytearray(shard.read_bytes())
+    raw[m.offset_data] = bad[0]
+    shard.write_bytes(bytes(raw))
+    key = m.name.split(".")[0]
+    with pytest.raises(CorruptDataError, match=rf"shard-000000\.tar key {key}: unreadable label or metadata"):
+        list(open_dataset(d, decode=False, shuffle=False))
+    ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")
+    out = list(ds)
+    _check_kept(out, tiny_folder_expected, set(tiny_folder_expected) - {samples[k]["path"]})
+    assert ds.skipped == 1
+
+
 @pytest.mark.multiprocess
 def test_damaged_shard_under_loader_keeps_batch_count(packed_wds, tiny_folder_expected, tmp_path):
     d = _copy(packed_wds, tmp_path / "d")
