@@ -269,8 +269,15 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
         raise CorruptDataError(
             f"{_record_where(source, key)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
             f"not {LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
-    if verify and zlib.crc32(rec["data"]) != rec["crc32"]:
-        raise CorruptDataError(f"{_record_where(source, key)}: image bytes fail their CRC-32 check (record is damaged)")
+    if verify:
+        try:
+            ok = zlib.crc32(rec["data"]) == rec["crc32"]
+        except (KeyError, TypeError) as exc:  # valid msgpack, damaged fields
+            what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
+            raise CorruptDataError(f"{_record_where(source, key)}: damaged record ({what})") from None
+        if not ok:
+            raise CorruptDataError(f"{_record_where(source, key)}: image bytes fail their CRC-32 check "
+                                   "(record is damaged)")
     return rec
 
 

@@ -150,6 +150,7 @@ class HttpRangeStream:
         self.timeout_s = timeout_s
         self.retries = retries
         self._conn = self._resp = None
+        self._closed = False
         self.ranged = False
         self.total_bytes: int | None = None
         self._expect_end: int | None = None
@@ -158,6 +159,7 @@ class HttpRangeStream:
 
     def _open(self, start: int) -> None:
         self.close()
+        self._closed = False
         want_range = start > 0 or self.end is not None
 
         def once():
@@ -217,6 +219,8 @@ class HttpRangeStream:
             except (OSError, http.client.HTTPException) as exc:
                 if isinstance(exc, DataSourceError):
                     raise
+                if self._closed:
+                    raise DataSourceError(f"{self.url}: stream closed while reading at byte {self.offset}") from None
                 attempts += 1
                 if attempts > self.retries:
                     raise DataSourceError(f"{self.url}: reading at byte {self.offset} failed after "
@@ -237,6 +241,7 @@ class HttpRangeStream:
                         self.offset += len(chunk)
 
     def close(self) -> None:
+        self._closed = True  # a read failing because of this close is not retried
         if self._conn is not None:
             try:
                 self._conn.close()

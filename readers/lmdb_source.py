@@ -40,7 +40,7 @@ DEFAULT_READAHEAD = None
 
 #: One environment per (process, database): py-lmdb refuses to open the same files twice in a
 #: process, so every dataset object on the same database shares it.
-_ENVS: dict[str, tuple[int, object]] = {}
+_ENVS: dict[str, tuple[int, object, tuple[int, int] | None]] = {}
 
 #: Bumped in a child after ``fork``: per-thread read transactions of the parent are not reused
 #: there (checking it costs less than ``os.getpid()``, a system call, on every sample).
@@ -65,18 +65,25 @@ def _process_env(root: Path, readahead: bool):
 
     key = os.path.realpath(root)
     pid = os.getpid()
+    try:
+        st = os.stat(os.path.join(key, "data.mdb"))
+        identity = (st.st_dev, st.st_ino)
+    except OSError:
+        identity = None  # open_lmdb_readonly names the problem
     entry = _ENVS.get(key)
     if entry is not None:
-        owner, env = entry
-        if owner == pid:
+        owner, env, opened = entry
+        if owner == pid and opened == identity:
             return env
+        # another process's (after fork), or a database replaced on disk (repacked to the same
+        # path): a stale environment would serve the old records
         try:
             env.close()
         except Exception:  # pragma: no cover - nothing more to release
             pass
         del _ENVS[key]
     env = open_lmdb_readonly(root, readahead=readahead)
-    _ENVS[key] = (pid, env)
+    _ENVS[key] = (pid, env, identity)
     return env
 
 
@@ -227,7 +234,12 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             raise CorruptDataError(f"{self._db_path} key {k.decode()}: record missing; run "
                                    f"`shardfeed check {self.root}`")
         rec = decode_record(value, verify=self.verify, source=self._db_path, key=k)
-        return rec["key"], rec["data"], rec["ext"], int(rec["label"]), rec["meta"]
+        try:
+            return rec["key"], rec["data"], rec["ext"], int(rec["label"]), rec["meta"]
+        except (KeyError, TypeError, ValueError) as exc:  # valid msgpack, damaged fields
+            what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
+            raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: damaged record ({what}); "
+                                   f"run `shardfeed check {self.root}`") from None
 
     def __getitem__(self, i: int):
         if not 0 <= i < self._num_samples:

@@ -602,3 +602,49 @@ def test_unfinished_lmdb_is_refused(packed_lmdb, tmp_path):
     shutil.copy2(packed_lmdb / "manifest.json", d / "manifest.json")  # a manifest, but the DB lacks its own
     with pytest.raises(IncompleteDatasetError, match="did not finish"):
         open_dataset(d)
+
+
+@pytest.mark.parametrize("damage", ["no-data", "no-label", "label-nil", "no-crc32"])
+def test_lmdb_record_with_damaged_fields_is_named_and_skippable(damage, packed_lmdb, tiny_folder_expected, tmp_path):
+    """A record that is valid msgpack but lacks a field (or holds a wrong type) is a
+    CorruptDataError naming the database and key, and ``on_error="skip"`` drops only it."""
+    import lmdb
+    import msgpack
+
+    d = _copy(packed_lmdb, tmp_path / "d")
+    key = b"000000002"
+    env = lmdb.open(str(d), subdir=True, lock=True)
+    with env.begin(write=True) as txn:
+        rec = msgpack.unpackb(txn.get(key), raw=False)
+        path = rec["meta"]["path"]
+        field = {"no-data": "data", "no-label": "label", "no-crc32": "crc32"}.get(damage)
+        if field:
+            del rec[field]
+        else:
+            rec["label"] = None
+        txn.put(key, msgpack.packb(rec, use_bin_type=True))
+    env.close()
+    with pytest.raises(CorruptDataError, match=r"data\.mdb key 000000002: damaged record"):
+        ds = open_dataset(d, decode=False, shuffle=False)
+        [ds[i] for i in range(len(ds))]
+    ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")
+    out = [s for s in (ds[i] for i in range(len(ds))) if s is not None]
+    _check_kept(out, tiny_folder_expected, set(tiny_folder_expected) - {path})
+    assert ds.skipped == 1
+
+
+def test_lmdb_repacked_to_the_same_path_is_read_anew(tiny_image_folder, tiny_folder_expected, tmp_path):
+    """A database deleted and packed again at the same path, in the same process, is not read
+    through the old (cached) environment."""
+    out = tmp_path / "db"
+    firsts = []
+    for seed in (0, 1):
+        if out.exists():
+            shutil.rmtree(out)
+        subprocess.run(SHARDFEED + ["-q", "pack", str(tiny_image_folder), str(out), "--format", "lmdb",
+                                    "--seed", str(seed)], check=True, capture_output=True)
+        ds = open_dataset(out, decode=False, shuffle=False)
+        first = ds[0]
+        assert first.data == tiny_folder_expected[first.meta["path"]][0]
+        firsts.append(first.meta["path"])
+    assert firsts[0] != firsts[1]  # the seeds order the samples differently
