@@ -87,6 +87,25 @@ def _process_env(root: Path, readahead: bool):
     return env
 
 
+def close_environments(roots) -> int:
+    """Close this process's cached environments of the databases in ``roots`` (folders).
+
+    Used before evicting their files from the page cache (mapped pages cannot be evicted). A
+    dataset object still alive on them cannot read afterwards: open it again. Returns how many
+    were closed.
+    """
+    wanted = {os.path.realpath(r) for r in roots}
+    closed = 0
+    for key in [k for k in _ENVS if k in wanted]:
+        env = _ENVS.pop(key)[1]
+        try:
+            env.close()
+        except Exception:  # pragma: no cover - nothing more to release
+            pass
+        closed += 1
+    return closed
+
+
 class LMDBSource(SourceBase, torch.utils.data.Dataset):
     """Map-style dataset over ``ROOT/data.mdb``.
 

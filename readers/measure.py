@@ -1133,19 +1133,11 @@ def _close_lmdb_envs(files: Sequence[str | os.PathLike]) -> int:
     :func:`bench_source` builds its own and drops it after the run. Returns how many were closed.
     """
     mod = sys.modules.get("shardfeed.readers.lmdb_source")
-    envs = getattr(mod, "_ENVS", None)  # the reader's per-process environments, keyed by realpath
-    if not isinstance(envs, dict):
+    if mod is None:  # no LMDB reader in this process: nothing is open
         return 0
     from .format import LMDB_DATA_NAME
 
-    roots = {os.path.realpath(Path(f).parent) for f in files if Path(f).name == LMDB_DATA_NAME}
-    closed = 0
-    for key in [k for k in envs if k in roots]:
-        _, env = envs.pop(key)
-        with contextlib.suppress(Exception):
-            env.close()
-        closed += 1
-    return closed
+    return mod.close_environments({Path(f).parent for f in files if Path(f).name == LMDB_DATA_NAME})
 
 
 def _len_or_none(obj: Any) -> int | None:
