@@ -127,7 +127,7 @@ class _BackgroundSink:
     def _write_loop(self) -> None:
         fd = self._f.fileno()
         written = synced = 0
-        sync_range = getattr(os, "sync_file_range", None)
+        sync_range = _sync_file_range()
         q, stop = self._write_q, self._STOP
         while True:
             buf = q.get()
@@ -146,7 +146,7 @@ class _BackgroundSink:
                 written += sum(len(c) for c in buf)
                 if sync_range is not None and written - synced >= self._writeback_bytes:
                     # start the disk write-back now (asynchronous), so close()'s fsync waits less
-                    sync_range(fd, synced, written - synced, os.SYNC_FILE_RANGE_WRITE)
+                    sync_range(fd, synced, written - synced)
                     synced = written
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 self.error = self._on_error(exc)
@@ -168,6 +168,37 @@ class _BackgroundSink:
             t.join()
         if self.error is not None:
             raise self.error
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start write-out of dirty pages in the range, do not wait
+_sync_range_fn: list = []
+
+
+def _sync_file_range():
+    """``start_writeback(fd, offset, nbytes)`` by Linux's ``sync_file_range(..., SYNC_FILE_RANGE_WRITE)``
+    (through ctypes: the ``os`` module does not offer it), or None where there is none.
+
+    It only starts the disk write of what is already written (it neither waits nor makes anything
+    durable: the fsync before the rename still does that), so that fsync finds most of the shard
+    on disk already; a failure is ignored (the fsync reports real I/O errors).
+    """
+    if not _sync_range_fn:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                raw = libc.sync_file_range
+                raw.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                raw.restype = ctypes.c_int
+
+                def fn(fd: int, offset: int, nbytes: int, _raw=raw) -> None:
+                    _raw(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+            except (OSError, AttributeError):
+                fn = None
+        _sync_range_fn.append(fn)
+    return _sync_range_fn[0]
 
 
 def _encode_offsets(offsets) -> bytes:
