@@ -287,7 +287,8 @@ def bench_pack(res: Results, folders: dict, work: Path, rounds: int, info_rounds
         log(f"  floor (Python, this machine): start {floor['cli_start_s']:.3f} s (bare interpreter "
             f"{floor['python_start_s']:.3f}), stat every file {floor['stat_loop_s']:.3f} s, open+fstat+read+close "
             f"every file {floor['read_loop_s']:.3f} s, sha256 of the shards {floor['sha256_s']:.3f} s, write them "
-            f"{floor['write_s']:.3f} s + fsync {floor['fsync_s']:.3f} s; tar cf {tar_s:.3f} s")
+            f"{floor['write_s']:.3f} s + fsync {floor['fsync_s']:.3f} s; a bare py-lmdb read+put loop "
+            f"{floor['lmdb_put_loop_s']:.3f} s ({floor['lmdb_put_loop_s'] / tar_s:.1f}x tar); tar cf {tar_s:.3f} s")
         res.figures[f"pack_{name}"] = fig
         res.row("pack --workers 1 / tar cf", name, paired_ratio(v["pack_w1"], v["tar"]), "<= 2.0", "<=", 2.0,
                 f"{median(v['pack_w1']):.3f} s vs {median(v['tar']):.3f} s")

@@ -12,6 +12,9 @@ Run by ``scripts/bench.py`` next to the pack comparison, on the same folder, as 
 * ``sha256_s``: sha256 over as many bytes as the shards hold (the manifest's ``sha256``).
 * ``write_s``: writing those bytes in 1 MiB blocks to a new file (page cache), ``fsync_s`` then
   syncing it to the disk.
+* ``lmdb_put_loop_s``: the least an LMDB packer in Python does: read every file and
+  ``txn.put`` its bytes as they are (no record encoding, no CRC), appending in key order,
+  committing every 64 MiB with LMDB's default durable commits, then ``env.sync``.
 
 Usage: ``bench_floor.py SRC OUT_DIR SHARD_BYTES``.
 """
@@ -35,6 +38,34 @@ def _best(fn, repeats: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _lmdb_put_loop(paths: list[str], db_dir: str) -> float:
+    import shutil
+
+    import lmdb
+
+    shutil.rmtree(db_dir, ignore_errors=True)
+    os.sync()
+    t0 = time.perf_counter()
+    env = lmdb.open(db_dir, map_size=1 << 40, readahead=False)
+    txn = env.begin(write=True)
+    pending = 0
+    for i, p in enumerate(paths):
+        with open(p, "rb") as fh:
+            data = fh.read()
+        txn.put(b"%09d" % i, data, append=True)
+        pending += len(data)
+        if pending >= 64 << 20:
+            txn.commit()
+            txn = env.begin(write=True)
+            pending = 0
+    txn.commit()
+    env.sync(True)
+    env.close()
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(db_dir, ignore_errors=True)
+    return seconds
 
 
 def main(argv: list[str]) -> int:
@@ -81,6 +112,7 @@ def main(argv: list[str]) -> int:
         t2 = time.perf_counter()
     os.unlink(target)
     out.update(write_s=t1 - t0, fsync_s=t2 - t1)
+    out["lmdb_put_loop_s"] = _lmdb_put_loop(paths, os.path.join(out_dir, "floor-lmdb"))
     print(json.dumps(out))
     return 0
 
