@@ -407,3 +407,20 @@ def test_failure_keeps_committed_batches_for_resume(tmp_path, monkeypatch):
         pack(src, out, PackOptions(**opts, resume=True))
     pack(src, out, PackOptions(**opts, overwrite=True))
     check_round_trip(src, out)
+
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65535, 65536, 300_000])
+def test_record_bytes_are_the_documented_msgpack_map(size):
+    """encode_record assembles the record without packing the image twice: the bytes must be
+    exactly msgpack's encoding of the documented map, field order included."""
+    import zlib
+
+    import msgpack
+
+    from shardfeed.readers.format import LMDB_RECORD_VERSION, encode_record
+
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    meta = {"path": "ünï/cat 1.jpg", "class": "ünï"}
+    want = msgpack.packb({"v": LMDB_RECORD_VERSION, "key": "000000042", "ext": "jpg", "label": 7, "meta": meta,
+                          "crc32": zlib.crc32(data), "data": data}, use_bin_type=True)
+    assert encode_record("000000042", data, "jpg", 7, meta) == want
