@@ -10,15 +10,19 @@ Rules:
   server that stalls ends in an error instead of a hang.
 * Connection errors, ``5xx`` answers, stalled reads and bodies cut short are retried
   ``retries`` times (default :data:`DEFAULT_RETRIES`) with a short back-off, resuming at the byte
-  where the failure happened; ``4xx`` answers are not retried. The final error is a
-  :class:`~shardfeed.readers.errors.DataSourceError` naming the URL (``FileNotFoundError`` for a
-  404), raised within about ``(retries + 1) * timeout_s`` seconds plus the back-off.
+  where the failure happened; ``4xx`` answers and untrusted TLS certificates are not retried.
+  The final error is a :class:`~shardfeed.readers.errors.DataSourceError` naming the URL
+  (``FileNotFoundError`` for a 404), raised within about ``(retries + 1) * timeout_s`` seconds
+  plus the back-off.
+* HTTPS uses Python's default TLS context: the system's CAs, or the bundle named by the
+  ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` environment variables (e.g. for a private CA).
 """
 
 from __future__ import annotations
 
 import http.client
 import logging
+import ssl
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +93,10 @@ def _with_retries(url: str, what: str, fn, retries: int):
             return fn()
         except _Permanent as exc:
             raise exc.args[0] from None
+        except ssl.SSLCertVerificationError as exc:  # retrying will not make the certificate trusted
+            raise DataSourceError(f"{url}: the server's TLS certificate is not trusted ({exc.verify_message}); "
+                                  "point SSL_CERT_FILE (or SSL_CERT_DIR) at the CA that signed it, or fix the "
+                                  "server's certificate") from None
         except (OSError, http.client.HTTPException) as exc:
             last = exc
             log.debug("%s %s failed (attempt %d of %d): %r", what, url, attempt + 1, retries + 1, exc)

@@ -132,3 +132,58 @@ def test_refused(tmp_path):
     url = f"http://127.0.0.1:{_free_port()}/data/"
     with pytest.raises(DataSourceError, match=rf"{url}manifest.json: GET failed after 2 attempts"):
         open_dataset(url, timeout_s=2, retries=1)
+
+
+@pytest.fixture(scope="module")
+def https_server(packed_root, tmp_path_factory):
+    """``shardfeed serve``'s server behind TLS with a self-signed certificate for 127.0.0.1."""
+    import ssl
+    import subprocess
+    import threading
+
+    from shardfeed.readers.serve import make_server
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    srv = make_server(packed_root)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{srv.server_address[1]}", cert
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_https_with_a_trusted_certificate_reads_the_original_files(https_server, tiny_folder_expected,
+                                                                      monkeypatch):
+    base, cert = https_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    got = open_dataset(f"{base}/wds/", decode=False, shuffle=False)
+    samples = list(got)
+    assert sorted((s.meta["path"], s.data, s.label) for s in samples) == \
+        sorted((p, d, y) for p, (d, y) in tiny_folder_expected.items())
+    # two ranks split it over ranged reads
+    parts = [[s.meta["path"] for s in open_dataset(f"{base}/wds/", decode=False, shuffle=False, rank=r,
+                                                   world_size=2)] for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == sorted(tiny_folder_expected)
+
+
+@pytest.mark.timeout(60)
+def test_https_with_an_untrusted_certificate_says_so_without_retrying(https_server, monkeypatch, tmp_path):
+    base, _ = https_server
+    empty = tmp_path / "no-ca.pem"
+    empty.write_text("")
+    monkeypatch.setenv("SSL_CERT_FILE", str(empty))  # trust nothing
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
+    t0 = time.monotonic()
+    with pytest.raises(DataSourceError, match=r"https://127\.0\.0\.1:\d+/wds/manifest\.json: the server's TLS "
+                                              r"certificate is not trusted .*SSL_CERT_FILE"):
+        open_dataset(f"{base}/wds/")
+    assert time.monotonic() - t0 < 5  # no retries with back-off
