@@ -1434,7 +1434,7 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
                 image_size: int | None = 224, model: str = "tiny", device: str = "auto",
                 compute_ms: float | None = None, warmup: int = 5, batches: int = 30, max_workers: int | None = None,
                 min_gain: float = 0.05, channels_last: bool = False, num_threads: int | None = None,
-                progress: Callable[[str], None] | None = None, **loader_options: Any) -> dict:
+                cold: bool = False, progress: Callable[[str], None] | None = None, **loader_options: Any) -> dict:
     """Sweep the ``DataLoader`` knobs one at a time, the way practitioners do by hand.
 
     1. ``num_workers``: 0, 1, 2, 4, 8, … up to ``max_workers`` (default 2 × CPU count); the sweep
@@ -1445,6 +1445,8 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
 
     Each step keeps the fastest setting so far (the best configuration is the fastest trial). A
     trial is skipped when the time left in ``budget_s`` is less than the longest trial so far.
+    With ``cold``, every trial starts with the dataset's files evicted from the page cache (as
+    :func:`bench_source` does): the knobs for a dataset that does not stay in memory.
 
     Returns:
         ``{"trials": [...], "best": {...}, "call": "make_loader(...)", "warnings": [...],
@@ -1477,7 +1479,7 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
         ts = time.perf_counter()
         rep = bench_source(source, batch_size=batch_size, image_size=image_size, model=model, device=dev,
                            compute_ms=compute_ms, warmup=warmup, batches=batches, label=step,
-                           channels_last=channels_last, num_threads=num_threads, **base, **opts)
+                           channels_last=channels_last, num_threads=num_threads, cold=cold, **base, **opts)
         dur = time.perf_counter() - ts
         longest[0] = max(longest[0], dur)
         rec = {"step": step, "options": dict(options), "images_per_s": rep.images_per_s,

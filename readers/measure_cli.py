@@ -235,10 +235,9 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, json
     from .measure import format_table, tune_loader
 
     opts = _split_kwargs(kwargs)
-    if cold:
-        click.echo("shardfeed: tune measures a warm page cache (--cold applies to bench and verify)", err=True)
     opts.setdefault("warmup", 5)
-    result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, progress=_progress(json_path), **opts)
+    result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
+                         progress=_progress(json_path), **opts)
     best = result["best"]
     rows = []
     for t in result["trials"]:

@@ -283,6 +283,21 @@ def test_tune_sweeps_and_prints_a_call(data, tmp_path):
         assert rep["config"]["loader"]["num_workers"] == t["options"]["num_workers"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_tune_cold_evicts_before_every_trial(data, tmp_path):
+    out = tmp_path / "tune.json"
+    r = _run(["tune", data["wds"], *SMALL, "--batches", "2", "--warmup", "1", "--max-workers", "1",
+              "--budget-s", "60", "--cold", "--json", out])
+    assert r.exit_code == 0, r.output
+    trials = _json(out)["trials"]
+    assert trials
+    for t in trials:
+        rep = t["report"]
+        assert rep["config"]["cold"] is True
+        assert rep["cache"] is not None and rep["cache"]["files"] > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # page cache
 
