@@ -91,6 +91,8 @@ log = logging.getLogger(__name__)
 
 #: Records per write transaction at most.
 COMMIT_COUNT = 1000
+#: Commits between two remaps of ``data.mdb`` (see :meth:`LmdbStore.commit`).
+REMAP_EVERY_COMMITS = 4
 #: Encoded bytes per write transaction at most (the batch is held in memory until committed).
 COMMIT_BYTES = 64 * 1024 * 1024
 #: Reserved key of the pack's resume bookkeeping (msgpack ``{"v", "next_index", "payload_bytes",
@@ -317,6 +319,14 @@ class LmdbStore:
         self.num_commits += 1
         self._pending.clear()
         self._pending_bytes = 0
+        if self.num_commits % REMAP_EVERY_COMMITS == 0:
+            # Map the file anew (same size): drops the pages of data.mdb that reading the B-tree
+            # mapped into this process (clean page cache, but counted in its RSS: +3.3 MB over 20
+            # commits of 20,000 small files), so the pack's memory stays flat in the dataset size.
+            try:
+                self.env.set_mapsize(self.map_size)
+            except lmdb.Error:  # pragma: no cover - only a live transaction prevents it
+                pass
         if self._slow_s:
             time.sleep(self._slow_s)
 
