@@ -329,9 +329,15 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         for shard, start, end in ranges:
             got = 0
             try:
-                for item in self.iter_range(shard, start, end):
-                    got += 1
-                    yield item
+                try:
+                    for item in self.iter_range(shard, start, end):
+                        got += 1
+                        yield item
+                except FileNotFoundError as exc:  # a shard or its index gone since the manifest was read
+                    entry = self.manifest.shards[shard]
+                    raise DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing "
+                                          f"({exc}); restore it (or rebuild the index with `shardfeed index`)"
+                                          ) from None
             except (CorruptDataError, DataSourceError) as exc:
                 if self.on_error == "raise":
                     raise

@@ -4,6 +4,7 @@ http.server (ignores Range) give the same samples as the local read; failures na
 from __future__ import annotations
 
 import http.server
+import json
 import shutil
 import time
 
@@ -64,7 +65,8 @@ def test_missing_files_name_the_url(nginx_server, packed_root, tmp_path, start_h
     with pytest.raises(ManifestError, match=rf"{base}/wds/shard-000002.tar: listed in manifest.json but missing"):
         open_dataset(f"{base}/wds/", timeout_s=2, retries=1)
     ds = open_dataset(f"{base}/wds/", timeout_s=2, retries=1, check_files=False, shuffle=False)
-    with pytest.raises(FileNotFoundError, match=rf"{base}/wds/shard-000002.tar: HTTP 404"):
+    with pytest.raises(DataSourceError, match=rf"{base}/wds/shard-000002.tar: a file of this shard is missing "
+                                              r"\(.*HTTP 404"):
         list(ds)
 
 
@@ -187,3 +189,44 @@ def test_https_with_an_untrusted_certificate_says_so_without_retrying(https_serv
                                               r"certificate is not trusted .*SSL_CERT_FILE"):
         open_dataset(f"{base}/wds/")
     assert time.monotonic() - t0 < 5  # no retries with back-off
+
+
+@pytest.mark.timeout(60)
+def test_many_shards_open_with_bounded_head_checks(packed_wds, tmp_path, start_http_server, tiny_folder_expected):
+    """Opening a URL checks at most HEAD_CHECK_MAX_SHARDS shards up front; a shard missing on the
+    server that was not checked is a DataSourceError naming it when read (skippable)."""
+    from shardfeed.readers import http_io
+
+    d = tmp_path / "d"
+    shutil.copytree(packed_wds, d)
+    base = start_http_server(d)
+    shards = sorted(p.name for p in d.glob("*.tar"))
+    assert len(shards) >= 3
+    missing = shards[1]
+    (d / missing).unlink()
+    with pytest.raises(ManifestError, match=missing):  # every shard checked: the gap is found at open
+        open_dataset(f"{base}/")
+    heads = []
+    real = http_io._http_head_size
+
+    def counting(url, *a, **k):
+        heads.append(url)
+        return real(url, *a, **k)
+
+    try:
+        http_io._http_head_size = counting
+        loc = http_io.HttpLocation(f"{base}/")
+        manifest = loc.load_manifest(check_files=False)
+        loc.check_files(manifest, max_shards=2)  # first and last only: the missing middle one is not seen
+        assert sorted(u.rsplit("/", 1)[1] for u in heads) == sorted(
+            [shards[0], shards[-1], shards[0][:-4] + ".idx", shards[-1][:-4] + ".idx"])
+    finally:
+        http_io._http_head_size = real
+    with pytest.raises(DataSourceError, match=rf"{missing}: a file of this shard is missing"):
+        list(open_dataset(f"{base}/", decode=False, shuffle=False, check_files=False))
+    ds = open_dataset(f"{base}/", decode=False, shuffle=False, check_files=False, on_error="skip")
+    got = list(ds)
+    n_missing = json.loads((d / "manifest.json").read_text())["shards"][1]["num_samples"]
+    assert len(got) == len(tiny_folder_expected) - n_missing and ds.skipped == n_missing
+    for s in got:
+        assert s.data == tiny_folder_expected[s.meta["path"]][0]
