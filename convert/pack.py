@@ -411,8 +411,13 @@ def _add_plain_samples(shard: TarShardFile, plan: SamplePlan, on_error: str, ski
 
 
 def _skip_reason(exc: BaseException) -> str:
+    """The error's message without its path prefix, and without the advice to pass
+    ``--on-error skip`` (the file *was* skipped that way)."""
     msg = str(exc)
-    return msg.split(": ", 1)[1] if ": " in msg else (msg or type(exc).__name__)
+    reason = msg.split(": ", 1)[1] if ": " in msg else (msg or type(exc).__name__)
+    if "--on-error skip" in reason and "; " in reason:
+        reason = reason.rsplit("; ", 1)[0]
+    return reason
 
 
 class ProgressSink:
@@ -656,6 +661,10 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
                              "choose an empty folder or use --overwrite")
         return
     if not overwrite:
+        if (out / STATE_DIR).exists() and not (out / MANIFEST_NAME).exists():
+            raise ValueError(f"{out}: holds an unfinished pack ({STATE_DIR}/, kept when a pack stops): --resume "
+                             "finishes it with the same source and options; after changing either (a file fixed "
+                             "or removed, --on-error), start again with --overwrite")
         raise ValueError(f"{out}: output folder is not empty; use --overwrite to replace it, "
                          "--resume to finish an interrupted pack, or choose an empty folder")
     foreign = [p.name for p in out.iterdir() if not _is_ours(p.name)]

@@ -519,10 +519,15 @@ def reencode_options(f: Callable) -> Callable:
 def reencode_progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
     """A tqdm bar counting images, with input -> output MB in its postfix; returns (bar, callback).
 
-    The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe.
+    The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe. No
+    bar with ``quiet`` or when stderr is not a terminal (as for a plain pack).
     """
     import sys
 
+    from shardfeed.readers.cli_common import bar_wanted, no_bar
+
+    if not bar_wanted(quiet):
+        return no_bar(), lambda n, input_bytes, output_bytes=0: None
     from tqdm import tqdm
 
     bar = tqdm(total=total_samples, unit="img", unit_scale=True, desc=desc, disable=quiet,

@@ -160,7 +160,7 @@ class CheckReport:
 
     def summary(self) -> str:
         what = "decoded and checked" if self.decoded else "checked"
-        files = "file" if self.format == "lmdb" else "shards"
+        files = "file" if self.format == "lmdb" else ("shard" if self.num_shards == 1 else "shards")
         head = (f"{self.source}: {what} {self.num_samples_found:,} samples in {self.num_shards} {files} "
                 f"({self.num_bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s")
         if self.ok:
@@ -277,7 +277,8 @@ def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry
                 if decode:
                     msg = _decode_problem(s.data, s.ext, f"{where} key {key}")
                     if msg:
-                        probs.add(key, msg)
+                        path = s.meta.get("path") if isinstance(s.meta, dict) else None
+                        probs.add(key, f"{msg} (original file {path})" if path else msg)
                 progress(1, len(s.data))
         except CorruptDataError as exc:
             probs.add(None, str(exc))
@@ -297,12 +298,14 @@ def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry
     if status["num_samples"] != shard.num_samples:
         probs.add(None, f"{where}: {status['num_samples']} samples, the manifest says {shard.num_samples}")
     if shard.index:
-        _check_index(loc, shard, offsets, probs)
+        # when the shard itself changed, the index is not what to rebuild
+        _check_index(loc, shard, offsets, probs, shard_intact=status["sha256"] == shard.sha256 or not shard.sha256)
     probs.finish()
     status["ok"] = probs.count == 0
 
 
-def _check_index(loc: DatasetLocation, shard: ShardEntry, offsets: list[int], probs: _ProblemList) -> None:
+def _check_index(loc: DatasetLocation, shard: ShardEntry, offsets: list[int], probs: _ProblemList,
+                 shard_intact: bool = True) -> None:
     where = loc.where(shard.index)
     try:
         data = loc.read_bytes(shard.index)
@@ -318,8 +321,10 @@ def _check_index(loc: DatasetLocation, shard: ShardEntry, offsets: list[int], pr
         return
     if idx != offsets:
         bad = next((i for i, (a, b) in enumerate(zip(idx, offsets)) if a != b), min(len(idx), len(offsets)))
+        fix = ("rebuild it with `shardfeed index`" if shard_intact else
+               "the shard itself changed (above): repack it, or restore it from a copy")
         probs.add(None, f"{where}: offset index disagrees with the shard from sample {bad} on "
-                        f"({len(idx)} offsets, {len(offsets)} samples); rebuild it with `shardfeed index`")
+                        f"({len(idx)} offsets, {len(offsets)} samples); {fix}")
 
 
 def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, decode: bool, progress: Progress,
@@ -344,6 +349,11 @@ def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, d
             if isinstance(rec, Exception):
                 probs.add(key, str(rec))
                 continue
+            missing = [f for f in ("data", "ext", "label", "meta") if f not in rec]
+            if missing or not isinstance(rec["label"], int) or not isinstance(rec["data"], bytes):
+                what = f"no field(s) {', '.join(missing)}" if missing else "a field of the wrong type"
+                probs.add(key, f"{path} key {key}: damaged record ({what})")
+                continue
             status["num_bytes"] += len(rec["data"])
             if rec.get("key") != key:
                 probs.add(key, f"record says key {rec.get('key')!r}, stored under {key!r}")
@@ -352,7 +362,8 @@ def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, d
             if decode:
                 msg = _decode_problem(rec["data"], rec["ext"], f"{path} key {key}")
                 if msg:
-                    probs.add(key, msg)
+                    orig = rec["meta"].get("path") if isinstance(rec["meta"], dict) else None
+                    probs.add(key, f"{msg} (original file {orig})" if orig else msg)
             progress(1, len(rec["data"]))
     except (ShardfeedError, OSError) as exc:
         probs.add(None, f"{path}: cannot read the database ({exc})")
@@ -371,14 +382,10 @@ def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, d
 
 
 def _lmdb_stored_manifest(root: Path) -> dict | None:
-    from shardfeed.readers.lmdb_io import open_lmdb_readonly
+    from shardfeed.readers.lmdb_io import process_env
 
-    env = open_lmdb_readonly(root)
-    try:
-        with env.begin() as txn:
-            raw = txn.get(LMDB_MANIFEST_KEY)
-    finally:
-        env.close()
+    with process_env(root).begin() as txn:  # the process's shared environment (not to be closed)
+        raw = txn.get(LMDB_MANIFEST_KEY)
     if raw is None:
         return None
     try:
@@ -596,7 +603,8 @@ class ConvertReport:
     def summary(self) -> str:
         mb = self.num_bytes / 1e6
         return (f"converted {self.source} ({self.source_format}) to {self.output} ({self.format}): "
-                f"{self.num_samples:,} samples in {self.num_shards} {'file' if self.format == 'lmdb' else 'shards'}, "
+                f"{self.num_samples:,} samples in {self.num_shards} "
+                f"{'file' if self.format == 'lmdb' else ('shard' if self.num_shards == 1 else 'shards')}, "
                 f"{mb:,.1f} MB in {self.seconds:.1f} s")
 
 
@@ -1078,7 +1086,8 @@ class IndexReport:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        s = (f"indexed {self.num_samples:,} samples in {self.num_shards} shards ({self.num_bytes / 1e6:,.1f} MB, "
+        shards = "shard" if self.num_shards == 1 else "shards"
+        s = (f"indexed {self.num_samples:,} samples in {self.num_shards} {shards} ({self.num_bytes / 1e6:,.1f} MB, "
              f"{len(self.classes)} classes); manifest and offset indexes in {self.output} ({self.seconds:.1f} s)")
         if self.problems:
             s += f"; {len(self.problems)} sample(s) left out (members that do not form a sample)"

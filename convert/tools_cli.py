@@ -9,7 +9,7 @@ None of them imports torch.
 from __future__ import annotations
 
 import errno
-
+import os
 import sys
 from pathlib import Path
 
@@ -36,7 +36,13 @@ def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
         where = p["shard"] or "dataset"
         if p.get("key"):
             where += f" key {p['key']}"
-        click.echo(f"  {where}: {p['problem']}", err=err)
+        problem = p["problem"]
+        # most messages already start with the file's path: do not name the shard twice
+        first = problem.split(": ", 1)[0]
+        if p["shard"] and not p.get("key") and os.path.basename(first).split(".")[0] == p["shard"].split(".")[0]:
+            click.echo(f"  {problem}", err=err)
+        else:
+            click.echo(f"  {where}: {problem}", err=err)
     if len(problems) > limit:
         click.echo(f"  ... and {len(problems) - limit} more (see --json)", err=err)
 

@@ -139,13 +139,23 @@ def _stderr_is_tty() -> bool:
         return False
 
 
+def bar_wanted(quiet: bool) -> bool:
+    """Whether to show a progress bar: not with ``quiet``, and only when stderr is a terminal."""
+    return not quiet and _stderr_is_tty()
+
+
+def no_bar():
+    """A stand-in for a tqdm bar when none is shown (``update``, ``set_postfix_str``, ``close``)."""
+    return _NoBar()
+
+
 def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
     """A tqdm bar counting images, with MB/s in its postfix; returns (bar, callback).
 
     No bar (and no ``tqdm`` import, ~30 ms of a short command's start-up) with ``quiet`` or when
     stderr is not a terminal (a log file would fill with carriage-return redraws).
     """
-    if quiet or not _stderr_is_tty():
+    if not bar_wanted(quiet):
         return _NoBar(), lambda n, nbytes: None
     from tqdm import tqdm
     import time

@@ -275,7 +275,9 @@ def _open_header(data: bytes, source: str, ext: str | None) -> Image.Image:
             f"{Image.MAX_IMAGE_PIXELS} set by the application: {exc}"
         ) from exc
     except _PIL_LOAD_ERRORS as exc:
-        detail = re.sub(r" at 0x[0-9a-fA-F]+", "", str(exc))  # no memory addresses: stable messages
+        # no memory addresses or in-memory file objects (stable, readable messages)
+        detail = re.sub(r" ?<_io\.\w+ object(?: at 0x[0-9a-fA-F]+)?>", "", str(exc))
+        detail = re.sub(r" at 0x[0-9a-fA-F]+", "", detail)
         raise CorruptDataError(
             f"cannot decode image from {_where(source, ext)}: not a readable image "
             f"({type(exc).__name__}: {detail})"

@@ -229,10 +229,11 @@ class ScanResult:
 
 
 def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...]:
-    """Parse ``"jpg,png,webp"`` (no dots, any case) into lower-case extensions.
+    """Parse ``"jpg,png,webp"`` (any case; a leading dot is dropped: ``".PNG"``) into lower-case
+    extensions.
 
     Raises:
-        ValueError: empty list or an entry with a dot or a path separator.
+        ValueError: empty list, or an entry with a dot inside or a path separator.
     """
     if text is None:
         return DEFAULT_EXTENSIONS
@@ -240,6 +241,8 @@ def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...]:
     exts = []
     for item in items:
         item = item.strip().lower()
+        if item.startswith("."):
+            item = item[1:]
         if not item:
             continue
         if "." in item or "/" in item:

@@ -230,9 +230,11 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
 
 
 def _open_lmdb(root: Path):
-    from .lmdb_io import open_lmdb_readonly
+    """This process's shared read-only environment (:func:`~shardfeed.readers.lmdb_io.process_env`):
+    a dataset object may have it open already, and LMDB allows one per process. Not to be closed."""
+    from .lmdb_io import process_env
 
-    return open_lmdb_readonly(root)
+    return process_env(root)
 
 
 def iter_lmdb_records(root: str | os.PathLike, *, verify: bool = True) -> Iterator[tuple[str, dict | Exception]]:
@@ -246,18 +248,15 @@ def iter_lmdb_records(root: str | os.PathLike, *, verify: bool = True) -> Iterat
 
     root = Path(root)
     env = _open_lmdb(root)
-    try:
-        with env.begin(buffers=False) as txn:
-            for k, v in txn.cursor():
-                if k == LMDB_MANIFEST_KEY:
-                    continue
-                key = k.decode("utf-8", "replace")
-                try:
-                    yield key, decode_record(v, verify=verify, source=f"{root} key {key}")
-                except CorruptDataError as exc:
-                    yield key, exc
-    finally:
-        env.close()
+    with env.begin(buffers=False) as txn:
+        for k, v in txn.cursor():
+            if k == LMDB_MANIFEST_KEY:
+                continue
+            key = k.decode("utf-8", "replace")
+            try:
+                yield key, decode_record(v, verify=verify, source=f"{root} key {key}")
+            except CorruptDataError as exc:
+                yield key, exc
 
 
 
@@ -485,7 +484,8 @@ def format_inspect_report(report: dict) -> str:
         f"{report['source']}: {report['format']} dataset, manifest version {report['version']}, "
         f"created by {report['created_by']}",
         f"samples: {report['num_samples']:,} in {report['num_classes']} classes, "
-        f"{report['num_shards']} {'file' if report['format'] == 'lmdb' else 'shards'}, "
+        f"{report['num_shards']} "
+        f"{'file' if report['format'] == 'lmdb' else ('shard' if report['num_shards'] == 1 else 'shards')}, "
         f"{report['shard_summary']['total_bytes'] / 1e6:,.1f} MB",
     ]
     counted = report["class_counts_from"] == "data"

@@ -45,8 +45,8 @@ from pathlib import Path
 from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
 from .format import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, MANIFEST_NAME, Manifest
 
-__all__ = ["open_lmdb_readonly", "read_lmdb_manifest", "choose_readahead", "READAHEAD_MAX_RAM_FRACTION",
-           "MAX_READERS", "RESERVED_KEY_PREFIXES", "is_reserved_key"]
+__all__ = ["open_lmdb_readonly", "process_env", "close_environments", "read_lmdb_manifest", "choose_readahead",
+           "READAHEAD_MAX_RAM_FRACTION", "MAX_READERS", "RESERVED_KEY_PREFIXES", "is_reserved_key"]
 
 #: Automatic ``readahead`` is on for databases up to this share of physical memory (see above).
 READAHEAD_MAX_RAM_FRACTION = 0.5
@@ -116,6 +116,69 @@ def open_lmdb_readonly(path: str | os.PathLike, *, readahead: bool | None = None
                                "or repack it") from None
     except lmdb.Error as exc:
         raise OSError(f"{data}: cannot open the LMDB database read-only ({exc})") from None
+
+
+#: One environment per (process, database), see :func:`process_env`.
+_ENVS: dict[str, tuple[int, object, tuple[int, int] | None]] = {}
+
+
+def process_env(root: str | os.PathLike, readahead: bool | None = None):
+    """This process's read-only environment of the database in folder ``root`` (opened without a
+    lock on first use, then shared: py-lmdb refuses to open the same files twice in a process, so
+    the readers, ``check``, ``inspect`` and ``unpack`` all borrow this one; do not close it).
+
+    An environment inherited through ``fork`` is closed in the child first (it was opened
+    read-only without a lock, so closing it only unmaps the child's copy) and opened anew; so is
+    one whose ``data.mdb`` was replaced on disk. ``readahead``: see :func:`open_lmdb_readonly`
+    (None: automatic); the first opener in a process decides.
+
+    Raises:
+        OSError, IncompleteDatasetError, ManifestError: as :func:`open_lmdb_readonly`.
+    """
+    folder = Path(root)
+    if folder.name == LMDB_DATA_NAME and folder.is_file():
+        folder = folder.parent
+    key = os.path.realpath(folder)
+    pid = os.getpid()
+    try:
+        st = os.stat(os.path.join(key, LMDB_DATA_NAME))
+        identity = (st.st_dev, st.st_ino)
+    except OSError:
+        identity = None  # open_lmdb_readonly names the problem
+    entry = _ENVS.get(key)
+    if entry is not None:
+        owner, env, opened = entry
+        if owner == pid and opened == identity:
+            return env
+        # another process's (after fork), or a database replaced on disk (repacked to the same
+        # path): a stale environment would serve the old records
+        try:
+            env.close()
+        except Exception:  # pragma: no cover - nothing more to release
+            pass
+        del _ENVS[key]
+    env = open_lmdb_readonly(folder, readahead=readahead)
+    _ENVS[key] = (pid, env, identity)
+    return env
+
+
+def close_environments(roots) -> int:
+    """Close this process's cached environments of the databases in ``roots`` (folders).
+
+    Used before evicting their files from the page cache (mapped pages cannot be evicted). A
+    dataset object still alive on them cannot read afterwards: open it again. Returns how many
+    were closed.
+    """
+    wanted = {os.path.realpath(r) for r in roots}
+    closed = 0
+    for key in [k for k in _ENVS if k in wanted]:
+        env = _ENVS.pop(key)[1]
+        try:
+            env.close()
+        except Exception:  # pragma: no cover - nothing more to release
+            pass
+        closed += 1
+    return closed
 
 
 def read_lmdb_manifest(env) -> Manifest:

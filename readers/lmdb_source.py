@@ -29,6 +29,7 @@ import numpy as np
 import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
+from .lmdb_io import process_env
 from .format import Manifest, decode_record, format_key, key_width
 from .source_base import SourceBase, name_original_file
 
@@ -38,9 +39,6 @@ __all__ = ["LMDBSource", "DEFAULT_READAHEAD"]
 DEFAULT_READAHEAD = None
 
 
-#: One environment per (process, database): py-lmdb refuses to open the same files twice in a
-#: process, so every dataset object on the same database shares it.
-_ENVS: dict[str, tuple[int, object, tuple[int, int] | None]] = {}
 
 #: Bumped in a child after ``fork``: per-thread read transactions of the parent are not reused
 #: there (checking it costs less than ``os.getpid()``, a system call, on every sample).
@@ -53,57 +51,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _process_env(root: Path, readahead: bool):
-    """This process's environment for ``root`` (opened read-only, no lock, on first use).
-
-    An environment inherited through ``fork`` is closed in the child first (it was opened
-    read-only without a lock, so closing it only unmaps the child's copy) and opened anew.
-    """
-    from .lmdb_io import open_lmdb_readonly
-
-    key = os.path.realpath(root)
-    pid = os.getpid()
-    try:
-        st = os.stat(os.path.join(key, "data.mdb"))
-        identity = (st.st_dev, st.st_ino)
-    except OSError:
-        identity = None  # open_lmdb_readonly names the problem
-    entry = _ENVS.get(key)
-    if entry is not None:
-        owner, env, opened = entry
-        if owner == pid and opened == identity:
-            return env
-        # another process's (after fork), or a database replaced on disk (repacked to the same
-        # path): a stale environment would serve the old records
-        try:
-            env.close()
-        except Exception:  # pragma: no cover - nothing more to release
-            pass
-        del _ENVS[key]
-    env = open_lmdb_readonly(root, readahead=readahead)
-    _ENVS[key] = (pid, env, identity)
-    return env
-
-
-def close_environments(roots) -> int:
-    """Close this process's cached environments of the databases in ``roots`` (folders).
-
-    Used before evicting their files from the page cache (mapped pages cannot be evicted). A
-    dataset object still alive on them cannot read afterwards: open it again. Returns how many
-    were closed.
-    """
-    wanted = {os.path.realpath(r) for r in roots}
-    closed = 0
-    for key in [k for k in _ENVS if k in wanted]:
-        env = _ENVS.pop(key)[1]
-        try:
-            env.close()
-        except Exception:  # pragma: no cover - nothing more to release
-            pass
-        closed += 1
-    return closed
 
 
 class LMDBSource(SourceBase, torch.utils.data.Dataset):
@@ -159,7 +106,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         return f"LMDBSource({str(self.root)!r}, num_samples={self._num_samples}, readahead={self.readahead})"
 
     def _open_env(self):
-        return _process_env(self.root, self.readahead)
+        return process_env(self.root, self.readahead)
 
     def _list_keys(self):
         """None when the keys are 0..N-1 zero-padded; else a numpy ``S`` array of the keys."""

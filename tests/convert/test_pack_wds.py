@@ -409,3 +409,11 @@ def test_built_wheel_runs_in_fresh_venv(tmp_path):
     r = subprocess.run([str(venv / "bin" / "shardfeed"), "pack", "--help"], capture_output=True, text=True,
                        cwd=tmp_path)
     assert r.returncode == 0 and "--max-bytes" in r.stdout, r.stderr
+
+
+def test_extensions_parse_case_and_leading_dots():
+    from shardfeed.readers.imagefolder import parse_extensions
+
+    assert parse_extensions(".PNG, jpg,.JPEG") == ("png", "jpg", "jpeg")
+    with pytest.raises(ValueError, match="without dots"):
+        parse_extensions("tar.gz")

@@ -631,6 +631,13 @@ def test_lmdb_record_with_damaged_fields_is_named_and_skippable(damage, packed_l
     out = [s for s in (ds[i] for i in range(len(ds))) if s is not None]
     _check_kept(out, tiny_folder_expected, set(tiny_folder_expected) - {path})
     assert ds.skipped == 1
+    # `shardfeed check` reports it (and only it), without a traceback
+    from shardfeed.convert.tools import check_dataset
+
+    report = check_dataset(d)
+    assert not report.ok
+    assert [p["key"] for p in report.problems] == ["000000002"]
+    assert "damaged record" in report.problems[0]["problem"]
 
 
 def test_lmdb_repacked_to_the_same_path_is_read_anew(tiny_image_folder, tiny_folder_expected, tmp_path):
