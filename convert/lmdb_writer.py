@@ -507,6 +507,14 @@ class _OrderedPool:
 # ---------------------------------------------------------------------------------------------
 # the packer
 
+def _counted(results: Iterator, executor) -> Iterator:
+    """``results``, counting each as a task of ``executor`` (its report's ``num_tasks``): the local
+    LMDB packer runs its own bounded pool rather than the executor's."""
+    for r in results:
+        executor.num_tasks += 1
+        yield r
+
+
 def _state_value(next_index: int, payload_bytes: int, skipped: list) -> bytes:
     return msgpack.packb({"v": 1, "next_index": next_index, "payload_bytes": payload_bytes, "skipped": skipped},
                          use_bin_type=True)
@@ -598,8 +606,9 @@ def pack_lmdb(scan: ScanResult, samples: list[PlannedSample], out: Path, options
         num_records = records_resumed
         next_index = start
         tasks = [(c, options) for c in chunks]
-        ordered = (pool.imap(_encode_chunk, tasks) if local else  # Ray tasks read, in order
-                   _pack.active_executor(options).map_ordered(_encode_chunk, tasks, required_paths=(scan.root,)))
+        executor = _pack.active_executor(options)
+        ordered = (_counted(pool.imap(_encode_chunk, tasks), executor) if local else  # Ray tasks read, in order
+                   executor.map_ordered(_encode_chunk, tasks, required_paths=(scan.root,)))
         for results, error in ordered:
             n_in, b_in = 0, 0
             for (key, value, nbytes, skip), s in zip(results, rest[next_index - start:]):

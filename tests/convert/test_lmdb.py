@@ -152,6 +152,9 @@ def test_workers_give_the_same_database(folder, packed, tmp_path):
     assert (out / "data.mdb").read_bytes() == (packed / "data.mdb").read_bytes()
     ratio = report.extra["lmdb_file_to_payload_ratio"]
     assert ratio == pytest.approx((out / "data.mdb").stat().st_size / report.input_bytes, rel=1e-3)
+    # the local executor counts the reader tasks it ran (chunks of at most 256 samples)
+    n = report.num_samples + len(report.skipped)
+    assert report.extra["executor"] == "local" and -(-n // 256) <= report.extra["num_tasks"] <= n
 
 
 def test_tiny_map_grows_instead_of_failing(tmp_path):
