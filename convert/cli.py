@@ -26,7 +26,7 @@ from shardfeed.readers.cli_common import (
     write_json_report,
 )
 
-from .reencode import reencode_options, reencode_progress_bar
+from .reencode import reencode_options
 
 __all__ = ["main", "command", "pack_options"]
 
@@ -166,8 +166,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
     scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
     quiet = ctx.obj.get("quiet", False)
-    make_bar = reencode_progress_bar if reencode is not None else progress_bar  # re-encode: input -> output MB
-    bar, update = make_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet)
+    bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet)
     try:
         report = pack(src, out, options, progress=update, scan=scan)
     except KeyboardInterrupt:

@@ -80,8 +80,6 @@ import inspect
 import io
 import json
 import logging
-import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -100,7 +98,6 @@ __all__ = [
     "reencode_image",
     "reencode_payload",
     "reencode_options",
-    "reencode_progress_bar",
     "progress_with_output",
     "pack_webdataset_reencoded",
 ]
@@ -514,41 +511,6 @@ def reencode_options(f: Callable) -> Callable:
     for opt in reversed(opts):
         wrapper = opt(wrapper)
     return wrapper
-
-
-def reencode_progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
-    """A tqdm bar counting images, with input -> output MB in its postfix; returns (bar, callback).
-
-    The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe. No
-    bar with ``quiet`` or when stderr is not a terminal (as for a plain pack).
-    """
-    import sys
-
-    from shardfeed.readers.cli_common import bar_wanted, no_bar
-
-    if not bar_wanted(quiet):
-        return no_bar(), lambda n, input_bytes, output_bytes=0: None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total_samples, unit="img", unit_scale=True, desc=desc, disable=quiet,
-               dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
-    state = {"in": 0, "out": 0, "t0": time.perf_counter(), "last": 0.0}
-    lock = threading.Lock()
-
-    def update(n: int, input_bytes: int, output_bytes: int = 0) -> None:
-        with lock:
-            state["in"] += input_bytes
-            state["out"] += output_bytes
-            bar.update(n)
-            now = time.perf_counter()
-            if now - state["last"] > 0.25 or bar.n >= total_samples:
-                state["last"] = now
-                mb_s = state["in"] / 1e6 / max(now - state["t0"], 1e-9)
-                out = f" -> {state['out'] / 1e6:.1f} MB" if state["out"] else ""  # a packer may send none
-                bar.set_postfix_str(f"{state['in'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB{out}, {mb_s:.1f} MB/s in",
-                                    refresh=False)
-
-    return bar, update
 
 
 def progress_with_output(progress: Callable) -> Callable:

@@ -139,40 +139,41 @@ def _stderr_is_tty() -> bool:
         return False
 
 
-def bar_wanted(quiet: bool) -> bool:
-    """Whether to show a progress bar: not with ``quiet``, and only when stderr is a terminal."""
-    return not quiet and _stderr_is_tty()
-
-
-def no_bar():
-    """A stand-in for a tqdm bar when none is shown (``update``, ``set_postfix_str``, ``close``)."""
-    return _NoBar()
-
-
 def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
     """A tqdm bar counting images, with MB/s in its postfix; returns (bar, callback).
 
-    No bar (and no ``tqdm`` import, ~30 ms of a short command's start-up) with ``quiet`` or when
-    stderr is not a terminal (a log file would fill with carriage-return redraws).
+    The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe; once
+    a caller reports output bytes (``pack --resize``), the postfix shows input -> output MB. No bar
+    (and no ``tqdm`` import, ~30 ms of a short command's start-up) with ``quiet`` or when stderr
+    is not a terminal (a log file would fill with carriage-return redraws).
     """
-    if not bar_wanted(quiet):
-        return _NoBar(), lambda n, nbytes: None
-    from tqdm import tqdm
+    if quiet or not _stderr_is_tty():
+        return _NoBar(), lambda n, nbytes, output_bytes=0: None
+    import threading
     import time
+
+    from tqdm import tqdm
 
     bar = tqdm(total=total_samples, unit="img", unit_scale=True, desc=desc, disable=quiet,
                dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
-    state = {"bytes": 0, "t0": time.perf_counter(), "last": 0.0}
+    state = {"in": 0, "out": 0, "t0": time.perf_counter(), "last": 0.0}
+    lock = threading.Lock()
 
-    def update(n: int, nbytes: int) -> None:
-        state["bytes"] += nbytes
-        bar.update(n)
-        now = time.perf_counter()
-        if now - state["last"] > 0.25 or bar.n >= total_samples:
-            state["last"] = now
-            mb_s = state["bytes"] / 1e6 / max(now - state["t0"], 1e-9)
-            bar.set_postfix_str(f"{state['bytes'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB, {mb_s:.1f} MB/s",
-                                refresh=False)
+    def update(n: int, nbytes: int, output_bytes: int = 0) -> None:
+        with lock:
+            state["in"] += nbytes
+            state["out"] += output_bytes
+            bar.update(n)
+            now = time.perf_counter()
+            if now - state["last"] > 0.25 or bar.n >= total_samples:
+                state["last"] = now
+                mb_s = state["in"] / 1e6 / max(now - state["t0"], 1e-9)
+                done = f"{state['in'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB"
+                if state["out"]:
+                    done += f" -> {state['out'] / 1e6:.1f} MB, {mb_s:.1f} MB/s in"
+                else:
+                    done += f", {mb_s:.1f} MB/s"
+                bar.set_postfix_str(done, refresh=False)
 
     return bar, update
 

@@ -182,6 +182,17 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._offsets[i] = offsets
         return offsets
 
+    def _open_shard(self, entry, first: int, stop: int | None, where: str):
+        """``location.open`` of the shard's bytes ``[first, stop)``, refusing a server copy whose
+        size differs from the manifest's. Returns ``(stream, stream_offset)``."""
+        stream, stream_offset = self.location.open(entry.name, first, stop)
+        total = getattr(stream, "total_bytes", None)
+        if total is not None and total != entry.num_bytes:
+            stream.close()
+            raise CorruptDataError(f"{where}: {total} bytes on the server but {entry.num_bytes} in the "
+                                   "manifest; the shard changed: run `shardfeed check` and repack")
+        return stream, stream_offset
+
     def iter_range(self, shard: int, start: int, end: int):
         """Raw samples ``[start, end)`` of shard ``shard``: ``(key, {ext: bytes}, header_offset)``.
 
@@ -209,12 +220,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             if isinstance(self.location, LocalLocation):
                 fast = yield from self.location.read_indexed(entry.name, offsets, start, end, where)
             else:
-                stream, stream_offset = self.location.open(entry.name, first, stop)
+                stream, stream_offset = self._open_shard(entry, first, stop, where)
                 try:
-                    total = getattr(stream, "total_bytes", None)
-                    if total is not None and total != entry.num_bytes:
-                        raise CorruptDataError(f"{where}: {total} bytes on the server but {entry.num_bytes} in the "
-                                               "manifest; the shard changed: run `shardfeed check` and repack")
                     fast = yield from iter_indexed_samples(SequentialReader(stream, stream_offset, source=where),
                                                            offsets, start, end, entry.num_bytes, source=where,
                                                            tag_source=True, read_bytes=HTTP_READ_BYTES,
@@ -227,12 +234,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             want -= fast
             first = offsets[start]
             starts = set(offsets[start:end + 1])
-        stream, stream_offset = self.location.open(entry.name, first, stop)
+        stream, stream_offset = self._open_shard(entry, first, stop, where)
         try:
-            total = getattr(stream, "total_bytes", None)
-            if total is not None and total != entry.num_bytes:
-                raise CorruptDataError(f"{where}: {total} bytes on the server but {entry.num_bytes} in the "
-                                       "manifest; the shard changed: run `shardfeed check` and repack")
             members = iter_members(stream, start_offset=first, end_offset=stop, source=where,
                                    stream_offset=stream_offset)
             samples = iter_samples(members, source=where, limit=want + skip, tag_source=True, starts=starts)
