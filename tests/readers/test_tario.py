@@ -162,14 +162,9 @@ def test_indexed_fast_path_matches_the_source_files(tmp_path):
     raw = path.read_bytes()
     for a, b in [(0, 40), (0, 1), (3, 17), (39, 40)]:
         for read_bytes in (600, 5000, 1 << 20):  # one sample per read ... all in one read
-            gen = iter_indexed_samples(_pread_of(raw), offsets, a, b, len(raw), source="s", tag_source=True,
-                                       read_bytes=read_bytes)
-            got = []
-            try:
-                while True:
-                    got.append(next(gen))
-            except StopIteration as stop:
-                assert stop.value == b - a
+            got, n = _run_until_stop(iter_indexed_samples(_pread_of(raw), offsets, a, b, len(raw), source="s",
+                                                          tag_source=True, read_bytes=read_bytes))
+            assert n == b - a
             assert [k for k, _, _ in got] == [s[0] for s in samples[a:b]]
             assert [p["jpg"] for _, p, _ in got] == [s[1] for s in samples[a:b]]
             assert [int(p["cls"]) for _, p, _ in got] == [s[2] for s in samples[a:b]]
@@ -182,6 +177,19 @@ def test_indexed_fast_path_matches_the_source_files(tmp_path):
     # a stream from byte 0 (a server that ignored Range): skips forward to the first sample
     got = list(iter_indexed_samples(SequentialReader(NoSeek(raw), 0), offsets, 5, 9, len(raw)))
     assert [k for k, _, _ in got] == [s[0] for s in samples[5:9]]
+
+
+def _ustar(members: list[tuple[str, bytes]]) -> tuple[bytes, dict[str, int]]:
+    """A ustar archive written by ``tarfile``, and each member's header offset as ``tarfile`` reads it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    raw = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+        return raw, {ti.name: ti.offset for ti in t.getmembers()}
 
 
 def _run_until_stop(gen) -> tuple[list, int]:
@@ -228,16 +236,8 @@ def test_indexed_fast_path_and_other_writers(tmp_path):
         assert n == 0 and got == []
     # ustar members with a stray member (another key) inside the first sample's span: the fast
     # path hands over before that sample; the general reader passes the stray member over
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
-        for name, data in [("a.jpg", b"A" * 700), ("a.cls", b"1"), ("stray.txt", b"zz"), ("b.jpg", b"B" * 10),
-                           ("b.cls", b"2")]:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
-    raw = buf.getvalue()
-    with tarfile.open(fileobj=io.BytesIO(raw)) as t:
-        offs = {ti.name: ti.offset for ti in t.getmembers()}
+    raw, offs = _ustar([("a.jpg", b"A" * 700), ("a.cls", b"1"), ("stray.txt", b"zz"), ("b.jpg", b"B" * 10),
+                        ("b.cls", b"2")])
     starts = [offs["a.jpg"], offs["b.jpg"]]
     got, n = _run_until_stop(iter_indexed_samples(_pread_of(raw), starts, 0, 2, len(raw)))
     assert n == 0 and got == []
@@ -286,15 +286,7 @@ def test_indexed_fast_path_keys_with_folders_dots_and_unicode():
     """The key is the member name up to the first dot of its basename (WebDataset's rule)."""
     names = [("dir.v1/x.y.jpg", b"1" * 600), ("dir.v1/x.cls", b"3"), ("dir.v1/x.y.json", b"{}"),
              ("ünï/ä.b.png", b"2" * 10), ("ünï/ä.b.cls", b"4")]
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
-        for name, data in names:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
-    raw = buf.getvalue()
-    with tarfile.open(fileobj=io.BytesIO(raw)) as t:
-        offs = {ti.name: ti.offset for ti in t.getmembers()}
+    raw, offs = _ustar(names)
     got, n = _run_until_stop(iter_indexed_samples(_pread_of(raw), [offs["dir.v1/x.y.jpg"], offs["ünï/ä.b.png"]],
                                                   0, 2, len(raw)))
     assert n == 2
