@@ -1519,27 +1519,25 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
                             f"{p['options']['num_workers']} -> {c['options']['num_workers']} workers gave "
                             f"{p['images_per_s']:.0f} -> {c['images_per_s']:.0f} images/s "
                             f"({cpu} CPU core(s); the bottleneck is elsewhere: CPU, storage or the step)")
+    def try_knob(knob: str, value) -> None:
+        """Run a trial with one knob changed; keep it only for a gain of at least ``min_gain``."""
+        nonlocal best, best_rec
+        other = {**best, knob: value}
+        rec = trial(knob, other)
+        if rec and rec["images_per_s"] > best_rec["images_per_s"] * (1 + min_gain):
+            best_rec, best = rec, other
+
     # 2. pin_memory
     if dev.type == "cuda":
-        other = {**best, "pin_memory": not best["pin_memory"]}
-        rec = trial("pin_memory", other)
-        if rec and rec["images_per_s"] > best_rec["images_per_s"] * (1 + min_gain):
-            best_rec, best = rec, dict(other)
+        try_knob("pin_memory", not best["pin_memory"])
     else:
         skipped.append("pin_memory (no CUDA device: pinning only speeds up copies to a GPU)")
     # 3. prefetch_factor, 4. persistent_workers
     if best["num_workers"] > 0:
         for pf in (2, 4):
-            if pf == best["prefetch_factor"]:
-                continue
-            other = {**best, "prefetch_factor": pf}
-            rec = trial("prefetch_factor", other)
-            if rec and rec["images_per_s"] > best_rec["images_per_s"] * (1 + min_gain):
-                best_rec, best = rec, dict(other)
-        other = {**best, "persistent_workers": not best["persistent_workers"]}
-        rec = trial("persistent_workers", other)
-        if rec and rec["images_per_s"] > best_rec["images_per_s"] * (1 + min_gain):
-            best_rec, best = rec, dict(other)
+            if pf != best["prefetch_factor"]:
+                try_knob("prefetch_factor", pf)
+        try_knob("persistent_workers", not best["persistent_workers"])
     else:
         skipped.append("prefetch_factor, persistent_workers (they apply to worker processes; the best was 0)")
     if best_rec["stall_share"] < 0.05:
