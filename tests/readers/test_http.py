@@ -71,7 +71,10 @@ def test_missing_files_name_the_url(nginx_server, packed_root, tmp_path, start_h
 
 
 class _ClosingHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves the manifest and HEAD; for shard GETs sends the headers and 700 bytes, then hangs up."""
+    """Serves the manifest and HEAD; for shard GETs sends the headers and 700 bytes, then hangs up
+    (after ``stall_s`` seconds)."""
+
+    stall_s = 0.0
 
     def log_message(self, format, *args):  # noqa: A002
         pass
@@ -79,36 +82,29 @@ class _ClosingHandler(http.server.SimpleHTTPRequestHandler):
     def do_GET(self):
         if not self.path.endswith(".tar"):
             return super().do_GET()
+        self.answer_shard_get()
+        self.close_connection = True
+
+    def answer_shard_get(self):
         f = self.send_head()
         if f:
             with f:
                 self.wfile.write(f.read(700))
             self.wfile.flush()
-        self.close_connection = True
+            time.sleep(self.stall_s)
 
 
 class _HangUpHandler(_ClosingHandler):
     """Closes the connection without answering shard GETs."""
 
-    def do_GET(self):
-        if not self.path.endswith(".tar"):
-            return super().do_GET()
-        self.close_connection = True
+    def answer_shard_get(self):
+        pass
 
 
 class _StallHandler(_ClosingHandler):
     """Sends the headers and 700 bytes of a shard, then stalls (keeps the connection open)."""
 
-    def do_GET(self):
-        if not self.path.endswith(".tar"):
-            return super().do_GET()
-        f = self.send_head()
-        if f:
-            with f:
-                self.wfile.write(f.read(700))
-            self.wfile.flush()
-            time.sleep(4)
-        self.close_connection = True
+    stall_s = 4.0
 
 
 @pytest.mark.timeout(30)
