@@ -258,7 +258,8 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
         source: named in error messages (the database, e.g. ``"data/train.lmdb/data.mdb"``, or
             ``"... key 000000042"``).
         key: the record's LMDB key, appended to ``source`` in error messages when given (the
-            message string is built only when there is an error).
+            message string is built only when there is an error). Error messages also name the
+            sample's original file (``meta["path"]``) when that part of the record can be read.
 
     Returns:
         ``{"key", "ext", "label", "meta", "crc32", "data", "v"}``.
@@ -274,19 +275,19 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
     try:
         rec = _unpackb(value, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise CorruptDataError(f"{_record_where(source, key)}: undecodable record ({exc})") from None
+        raise CorruptDataError(f"{_record_where(source, key, value)}: undecodable record ({exc})") from None
     if type(rec) is not dict or rec.get("v") != LMDB_RECORD_VERSION:
         raise CorruptDataError(
-            f"{_record_where(source, key)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
+            f"{_record_where(source, key, value)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
             f"not {LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
     if verify:
         try:
             ok = zlib.crc32(rec["data"]) == rec["crc32"]
         except (KeyError, TypeError) as exc:  # valid msgpack, damaged fields
             what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
-            raise CorruptDataError(f"{_record_where(source, key)}: damaged record ({what})") from None
+            raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record ({what})") from None
         if not ok:
-            raise CorruptDataError(f"{_record_where(source, key)}: image bytes fail their CRC-32 check "
+            raise CorruptDataError(f"{_record_where(source, key, value)}: image bytes fail their CRC-32 check "
                                    "(record is damaged)")
     return rec
 
@@ -294,8 +295,38 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
 _unpackb = None  # msgpack.unpackb, imported on first use
 
 
-def _record_where(source: str, key: bytes | None) -> str:
-    return source if key is None else f"{source} key {key.decode('utf-8', 'replace')}"
+def _record_where(source: str, key: bytes | None, value: bytes | None = None) -> str:
+    where = source if key is None else f"{source} key {key.decode('utf-8', 'replace')}"
+    path = None if value is None else _record_path(value)
+    if path is not None:
+        return f"{where} (original file {path!r})"
+    if value is not None:
+        return f"{where} (original file unknown: the record's metadata is unreadable)"
+    return where
+
+
+def _record_path(value: bytes) -> str | None:
+    """The ``meta["path"]`` of a possibly damaged record, or None.
+
+    The fields are read one by one, in the order :func:`encode_record` writes them (the image
+    bytes come last), so a record whose image bytes are damaged or cut short still gives its path.
+    """
+    import msgpack
+
+    try:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(len(value), 1))
+        unpacker.feed(value)
+        for _ in range(unpacker.read_map_header()):
+            name = unpacker.unpack()
+            if name == "data":
+                return None  # the image comes last: no meta before it
+            field = unpacker.unpack()
+            if name == "meta":
+                path = field.get("path") if isinstance(field, dict) else None
+                return path if isinstance(path, str) else None
+    except Exception:  # damaged before the meta field: msgpack raises several unrelated types
+        return None
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
