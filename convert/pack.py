@@ -717,6 +717,11 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     t0 = time.perf_counter()
     if scan is None:
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
+    if scan.unpackable and options.on_error != "skip":
+        first = scan.unpackable[0]
+        more = f" (and {len(scan.unpackable) - 1} more such file(s))" if len(scan.unpackable) > 1 else ""
+        raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
+                         "pack the rest and list these in the manifest's skipped")
     prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
     fingerprint = _fingerprint(scan, samples, options)
@@ -743,6 +748,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         for tmp in out.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         raise
+    skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + skipped
     num_samples = sum(s.num_samples for s in shards)
     if num_samples == 0:
         raise ValueError(f"{src}: every image was skipped ({len(skipped)}); nothing to pack")
