@@ -19,10 +19,13 @@ import click
 
 from shardfeed.readers.cli_common import (
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     SizeParam,
+    Terminated,
     fail_cleanly,
     json_option,
     progress_bar,
+    stop_on_sigterm,
     write_json_report,
 )
 
@@ -60,6 +63,7 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
+    stop_on_sigterm()  # SIGTERM stops a command as Ctrl-C does: workers ended, partial files removed, one line
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(level=level, format="shardfeed: %(levelname)s: %(message)s", stream=sys.stderr)
     ctx.ensure_object(dict)
@@ -169,11 +173,12 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet)
     try:
         report = pack(src, out, options, progress=update, scan=scan)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         bar.close()
-        click.echo(f"shardfeed: interrupted; the complete part of {out} is kept: finish it with the same "
-                   "command plus --resume", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        terminated = isinstance(exc, Terminated)
+        click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}; the complete part of {out} is "
+                   "kept: finish it with the same command plus --resume", err=True)
+        sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     finally:
         bar.close()
     for item in report.skipped[:20]:

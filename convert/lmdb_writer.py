@@ -417,6 +417,7 @@ class LmdbStore:
 
 def _init_reader_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: pool.terminate() ends us quietly
 
 
 def _encode_chunk(task) -> list[tuple]:

@@ -95,7 +95,8 @@ class PackOptions:
         on_error: ``"fail"`` (stop, naming the file) or ``"skip"`` (list it in the manifest).
         decode_check: fully decode every image while packing (readers' decode rules).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
-        resume: continue an interrupted pack in OUT.
+        resume: continue an interrupted pack in OUT (an OUT that is missing or empty is packed
+            from the start, so scripts may always pass it).
         overwrite: replace an existing dataset in OUT.
         reencode: re-encode every image (resize / quality / format,
             :class:`~shardfeed.convert.reencode.ReencodeOptions` or a dict of its fields); None
@@ -460,6 +461,7 @@ def _init_worker(q) -> None:
     global _worker_progress
     _worker_progress = ProgressSink(q)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: pool.terminate() ends us quietly
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
 
@@ -722,6 +724,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         more = f" (and {len(scan.unpackable) - 1} more such file(s))" if len(scan.unpackable) > 1 else ""
         raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
                          "pack the rest and list these in the manifest's skipped")
+    if options.resume and (not out.exists() or (out.is_dir() and not any(out.iterdir()))):
+        # scripts that always pass --resume work on their first run: nothing to resume, so start
+        log.info("%s: missing or empty, nothing to resume; starting the pack", out)
+        options = dataclasses.replace(options, resume=False)
     prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
     fingerprint = _fingerprint(scan, samples, options)
