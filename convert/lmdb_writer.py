@@ -700,6 +700,8 @@ class LmdbWriter:
         self.skipped: list[dict] = []
         self.num_samples = 0
         self.payload_bytes = 0
+        #: samples per image extension, recorded in the manifest
+        self.extensions: dict[str, int] = {}
         if map_size is None:
             map_size = int(expected_bytes * 1.25) + MAP_HEADROOM_BYTES if expected_bytes else 1 << 30
         self._store = LmdbStore(self.out, map_size=map_size, commit_count=commit_count, commit_bytes=commit_bytes)
@@ -719,8 +721,10 @@ class LmdbWriter:
         if not 0 <= label < len(self.classes):
             raise ValueError(f"{self.out}: sample {sample.key!r} has label {label}, outside the "
                              f"{len(self.classes)} classes")
-        value = encode_record(sample.key, bytes(sample.data), normalize_ext(sample.ext), label, dict(sample.meta))
+        ext = normalize_ext(sample.ext)
+        value = encode_record(sample.key, bytes(sample.data), ext, label, dict(sample.meta))
         self._store.add(sample.key.encode("utf-8"), value)
+        self.extensions[ext] = self.extensions.get(ext, 0) + 1
         self.num_samples += 1
         self.payload_bytes += len(sample.data)
         if self._store.batch_full:
@@ -753,7 +757,7 @@ class LmdbWriter:
         entry = ShardEntry(name=LMDB_DATA_NAME, num_samples=self.num_samples, num_bytes=0)
         manifest = Manifest(format="lmdb", num_samples=self.num_samples, classes=self.classes,
                             class_to_idx=self.class_to_idx, shards=[entry], skipped=self.skipped,
-                            options=self.options,
+                            options=self.options, extensions=dict(sorted(self.extensions.items())),
                             files={"packed": self.num_samples, "skipped": len(self.skipped)})
         try:
             size = self._store.finalize(manifest, entry)

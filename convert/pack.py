@@ -41,6 +41,8 @@ from shardfeed.readers.format import (
     class_bytes,
     index_name,
     load_manifest,
+    merge_extension_counts,
+    normalize_ext,
     shard_name,
     write_bytes_atomic,
 )
@@ -683,7 +685,7 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
 
 
 def _is_ours(name: str) -> bool:
-    if name in _OURS or name.endswith((".tar", ".idx", ".tmp")):
+    if name in _OURS or name.endswith((".tar", ".sfidx", ".idx", ".tmp")):
         return True
     return name.startswith(".") and (name.endswith(".tmp") or name.startswith("." + MANIFEST_NAME))
 
@@ -758,9 +760,12 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     num_samples = sum(s.num_samples for s in shards)
     if num_samples == 0:
         raise ValueError(f"{src}: every image was skipped ({len(skipped)}); nothing to pack")
+    extensions = merge_extension_counts([s.extensions for s in shards])
+    if extensions is None and options.reencode is None:  # LMDB: the plan's (original bytes), less the skipped
+        extensions = _plan_extension_counts(scan.files, skipped)
     manifest = Manifest(
         format=options.format, num_samples=num_samples, classes=scan.classes, class_to_idx=scan.class_to_idx,
-        shards=shards, skipped=skipped,
+        shards=shards, skipped=skipped, extensions=extensions,
         options={**options.fingerprint_fields(), "source": scan.root},
         files={"found": scan.num_found, "packed": num_samples, "skipped": len(skipped),
                "ignored": len(scan.ignored)},
@@ -779,6 +784,15 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
         num_classes=len(scan.classes), shards_resumed=resumed, extra=extra,
     )
+
+
+def _plan_extension_counts(files: ScannedFiles, skipped: list[dict]) -> dict[str, int]:
+    """``{ext: samples}`` of the scanned images, less the skipped ones (by their path's extension)."""
+    counts = collections.Counter(files.exts[c] for c in files.ext_codes)
+    for item in skipped:
+        if item.get("key") is not None and "." in item["path"]:
+            counts[normalize_ext(item["path"].rsplit(".", 1)[1])] -= 1
+    return {e: n for e, n in sorted(counts.items()) if n > 0}
 
 
 def load_class_map(manifest_path: str | os.PathLike) -> dict[str, int]:

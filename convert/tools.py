@@ -34,6 +34,7 @@ from shardfeed.readers.errors import CorruptDataError, DataSourceError, Manifest
 from shardfeed.readers.format import (
     LMDB_DATA_NAME,
     LMDB_MANIFEST_KEY,
+    INDEX_SUFFIX,
     MANIFEST_NAME,
     TAR_BLOCK,
     Manifest,
@@ -1205,7 +1206,7 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
         if stem in stems:
             raise ValueError(f"{source}: another shard has the same name {stem!r}; index them separately")
         stems.add(stem)
-        idx_name = f"{stem}.idx"
+        idx_name = f"{stem}{INDEX_SUFFIX}"  # not .idx: DALI's wds2idx index of this shard keeps that name
         if url:
             from shardfeed.readers.http_io import HttpRangeStream
 
@@ -1213,6 +1214,7 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
         else:
             stream = open(source, "rb")
         offsets: list[int] = []
+        exts: dict[str, int] = {}
         with stream:
             reader = HashingReader(stream)
             head = reader.read(TAR_BLOCK)
@@ -1238,12 +1240,13 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
                     label_names.setdefault(s.label, s.meta["class"])
                 label_names.setdefault(s.label, None)
                 offsets.append(offset)
+                exts[s.ext] = exts.get(s.ext, 0) + 1
                 progress(1, len(s.data))
             reader.drain()
         index_bytes = encode_index(offsets)
         write_bytes_atomic(root / idx_name, index_bytes)
         shards.append(ShardEntry(name, len(offsets), reader.num_bytes, reader.hexdigest(), idx_name,
-                                 hashlib.sha256(index_bytes).hexdigest()))
+                                 hashlib.sha256(index_bytes).hexdigest(), dict(sorted(exts.items()))))
         report.num_bytes += reader.num_bytes
         log.info("%s: %d samples", source, len(offsets))
     n = sum(s.num_samples for s in shards)

@@ -191,7 +191,7 @@ def test_keys_members_and_order(packed):
 
 def test_manifest_hashes_sizes_and_offset_index(packed):
     manifest = json.loads((packed / "manifest.json").read_text())
-    assert manifest["format"] == "webdataset" and manifest["version"] == 1
+    assert manifest["format"] == "webdataset" and manifest["version"] == 2
     total = 0
     for entry in manifest["shards"]:
         tar_bytes = (packed / entry["name"]).read_bytes()

@@ -624,7 +624,8 @@ def test_lmdb_record_with_damaged_fields_is_named_and_skippable(damage, packed_l
             rec["label"] = None
         txn.put(key, msgpack.packb(rec, use_bin_type=True))
     env.close()
-    with pytest.raises(CorruptDataError, match=r"data\.mdb key 000000002: damaged record"):
+    with pytest.raises(CorruptDataError, match=rf"data\.mdb key 000000002 \(original file {re.escape(repr(path))}\): "
+                                               r"damaged record"):
         ds = open_dataset(d, decode=False, shuffle=False)
         [ds[i] for i in range(len(ds))]
     ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")

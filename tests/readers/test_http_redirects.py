@@ -68,7 +68,7 @@ def test_redirected_dataset_reads_the_original_files(status, nginx_server, packe
     methods = {(m, path.rsplit("/", 1)[1].rsplit(".", 1)[-1]) for m, path, _ in handler.requests}
     assert {("GET", "json"), ("HEAD", "tar"), ("GET", "tar")} <= methods
     # ranged reads keep their Range header over both hops, and nginx answers it
-    off = read_index(packed_wds / "shard-000000.idx")[3]
+    off = read_index(packed_wds / "shard-000000.sfidx")[3]
     handler.requests.clear()
     s, at = HttpLocation(f"{front}/old/").open("shard-000000.tar", off, off + 512)
     with s:
