@@ -20,10 +20,10 @@ $(PY):
 
 $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
-	$(PY) -m pip install -q -e ".[dev,ray]"
+	$(PY) -m pip install -q -e ".[dev,ray,interop]"
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
+install: $(STAMP)  ## create .venv with shardfeed (editable), torch, the test tools and the interop readers (DALI, wids, datasets)
 
 # nginx (answers HTTP Range requests) for the HTTP reader tests; installed when we are root on Debian.
 system-deps:

@@ -47,6 +47,8 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 
+from .consumers import CARD_NAME, WIDS_INDEX_NAME, write_consumer_files
+from .consumers import is_ours as _consumer_file_is_ours
 from .executors import active_executor, check_executor, make_executor, use_executor
 from .reencode import ReencodeOptions, reencode_payload
 from .plan import PlannedSample, SamplePlan, fast_meta_bytes, input_bytes, plan_samples, plan_shards, sample_meta_bytes
@@ -671,7 +673,8 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
                              "or removed, --on-error), start again with --overwrite")
         raise ValueError(f"{out}: output folder is not empty; use --overwrite to replace it, "
                          "--resume to finish an interrupted pack, or choose an empty folder")
-    foreign = [p.name for p in out.iterdir() if not _is_ours(p.name)]
+    foreign = [p.name for p in out.iterdir() if not _is_ours(p.name)
+               and not (p.name in (CARD_NAME, WIDS_INDEX_NAME) and _consumer_file_is_ours(p))]
     if foreign:
         raise ValueError(f"{out}: holds files shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
                          "refusing to delete them with --overwrite: choose an empty folder")
@@ -775,6 +778,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     if finalize is not None:
         finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction
     manifest.write(out)
+    write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
     shutil.rmtree(state, ignore_errors=True)
     seconds = time.perf_counter() - t0
     return PackReport(

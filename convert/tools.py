@@ -906,6 +906,9 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
         (report.resumed if status == "resumed" else report.copied).append(f.name)
     if not report.problems:
         write_bytes_atomic(dest_manifest, manifest_bytes)
+        from .consumers import write_consumer_files
+
+        write_consumer_files(dest, manifest)  # wids' shardindex.json, the Hugging Face card: made from the copy
         report.ok = True
     report.seconds = time.perf_counter() - t0
     return report
@@ -1266,6 +1269,10 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
                         options={"indexed_from": str(pattern), "indexed_by": created_by()},
                         files={"indexed": n, "left_out": len(skipped)})
     manifest.write(root)
+    if not url:  # beside local shards: wids' shardindex.json, the Hugging Face dataset card
+        from .consumers import write_consumer_files
+
+        write_consumer_files(root, manifest)
     report.num_samples, report.num_shards, report.classes = n, len(shards), classes
     report.seconds = time.perf_counter() - t0
     return report
