@@ -202,12 +202,52 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
             members are not contiguous.
         FileNotFoundError, DataSourceError: a shard cannot be read.
     """
-    from shardfeed.readers.tario import iter_members, iter_samples
-
     t0 = time.perf_counter()
     progress = progress or noop_progress
     sources = _list_shards(str(pattern))
     url = is_url(str(pattern))
+    root, names = _index_root(pattern, sources, out, url)
+    if (root / MANIFEST_NAME).exists() and not overwrite:
+        raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
+    classes = _read_classes_file(classes_file) if classes_file else None
+    class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
+    report = IndexReport(source=str(pattern), output=str(root))
+    shards: list[ShardEntry] = []
+    label_names: dict[int, str | None] = {}
+    stems: set[str] = set()
+    for source, name in zip(sources, names):
+        stem = PurePosixPath(name).name
+        stem = stem[:-4] if stem.endswith(".tar") else stem
+        if stem in stems:
+            raise ValueError(f"{source}: another shard has the same name {stem!r}; index them separately")
+        stems.add(stem)
+        shard = _index_one_shard(source, name, root / f"{stem}.idx", url=url, classes=classes,
+                                 class_to_idx=class_to_idx, classes_file=classes_file, report=report,
+                                 label_names=label_names, progress=progress)
+        shards.append(shard)
+        report.num_bytes += shard.num_bytes
+        log.info("%s: %d samples", source, shard.num_samples)
+    n = sum(s.num_samples for s in shards)
+    if n == 0:
+        raise ValueError(f"{pattern}: no sample with an image and a class found in {len(shards)} shard(s)"
+                         + (f"; first problem: {report.problems[0]['problem']}" if report.problems else ""))
+    if classes is None:
+        classes = _classes_from_labels(label_names)
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+    skipped = [{"path": f"{p['shard']}:{p['key']}", "shard": p["shard"], "key": p["key"], "reason": p["problem"]}
+               for p in report.problems]
+    manifest = Manifest(format="webdataset", num_samples=n, classes=classes, class_to_idx=class_to_idx,
+                        shards=shards, skipped=skipped,
+                        options={"indexed_from": str(pattern), "indexed_by": created_by()},
+                        files={"indexed": n, "left_out": len(skipped)})
+    manifest.write(root)
+    report.num_samples, report.num_shards, report.classes = n, len(shards), classes
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _index_root(pattern, sources: list[str], out, url: bool) -> tuple[Path, list[str]]:
+    """The folder of the manifest and the shards' names relative to it (created when local)."""
     if url:
         if out is None:
             raise ValueError(f"{pattern}: shards on a web server need --out (a local folder for the manifest and "
@@ -228,79 +268,67 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     if len(set(names)) != len(names):
         raise ValueError(f"{pattern}: two shards share a file name; index them separately")
     root.mkdir(parents=True, exist_ok=True)
-    if (root / MANIFEST_NAME).exists() and not overwrite:
-        raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
-    classes = _read_classes_file(classes_file) if classes_file else None
-    class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
-    report = IndexReport(source=str(pattern), output=str(root))
-    shards: list[ShardEntry] = []
-    label_names: dict[int, str] = {}
-    stems: set[str] = set()
-    for source, name in zip(sources, names):
-        stem = PurePosixPath(name).name
-        stem = stem[:-4] if stem.endswith(".tar") else stem
-        if stem in stems:
-            raise ValueError(f"{source}: another shard has the same name {stem!r}; index them separately")
-        stems.add(stem)
-        idx_name = f"{stem}.idx"
-        if url:
-            from shardfeed.readers.http_io import HttpRangeStream
+    return root, names
 
-            stream = HttpRangeStream(source)
-        else:
-            stream = open(source, "rb")
-        offsets: list[int] = []
-        with stream:
-            reader = HashingReader(stream)
-            head = reader.read(TAR_BLOCK)
-            if head.startswith(_COMPRESSED_MAGIC):
-                raise ValueError(f"{source}: a compressed tar; offset indexes need an uncompressed shard "
-                                 "(decompress it first, e.g. `gunzip`)")
-            members = iter_members(_Prepended(head, reader), source=source)
-            for key, parts, offset in iter_samples(members, source=source):
-                try:
-                    s = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
-                except CorruptDataError as exc:
-                    msg = str(exc).split(": ", 1)[-1]
-                    report.problems.append(make_problem(name, key, msg))
-                    continue
-                if classes is not None and not 0 <= s.label < len(classes):
-                    report.problems.append(make_problem(name, key, f"class index {s.label} is outside the "
-                                                               f"{len(classes)} classes of {classes_file}"))
-                    continue
-                if s.label < 0:
-                    report.problems.append(make_problem(name, key, f"negative class index {s.label}"))
-                    continue
-                if isinstance(s.meta.get("class"), str):
-                    label_names.setdefault(s.label, s.meta["class"])
-                label_names.setdefault(s.label, None)
-                offsets.append(offset)
-                progress(1, len(s.data))
-            reader.drain()
-        index_bytes = encode_index(offsets)
-        write_bytes_atomic(root / idx_name, index_bytes)
-        shards.append(ShardEntry(name, len(offsets), reader.num_bytes, reader.hexdigest(), idx_name,
-                                 hashlib.sha256(index_bytes).hexdigest()))
-        report.num_bytes += reader.num_bytes
-        log.info("%s: %d samples", source, len(offsets))
-    n = sum(s.num_samples for s in shards)
-    if n == 0:
-        raise ValueError(f"{pattern}: no sample with an image and a class found in {len(shards)} shard(s)"
-                         + (f"; first problem: {report.problems[0]['problem']}" if report.problems else ""))
-    if classes is None:
-        num = max(label_names) + 1
-        classes = [label_names.get(i) or str(i) for i in range(num)]
-        if len(set(classes)) != len(classes):
-            classes = [str(i) for i in range(num)]
-        class_to_idx = {c: i for i, c in enumerate(classes)}
-    skipped = [{"path": f"{p['shard']}:{p['key']}", "shard": p["shard"], "key": p["key"], "reason": p["problem"]}
-               for p in report.problems]
-    manifest = Manifest(format="webdataset", num_samples=n, classes=classes, class_to_idx=class_to_idx,
-                        shards=shards, skipped=skipped,
-                        options={"indexed_from": str(pattern), "indexed_by": created_by()},
-                        files={"indexed": n, "left_out": len(skipped)})
-    manifest.write(root)
-    report.num_samples, report.num_shards, report.classes = n, len(shards), classes
-    report.seconds = time.perf_counter() - t0
-    return report
 
+def _sample_problem(s, classes, classes_file) -> str | None:
+    """Why an otherwise well-formed sample cannot be indexed (a class index out of range), or None."""
+    if classes is not None and not 0 <= s.label < len(classes):
+        return f"class index {s.label} is outside the {len(classes)} classes of {classes_file}"
+    if s.label < 0:
+        return f"negative class index {s.label}"
+    return None
+
+
+def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, classes, class_to_idx, classes_file,
+                     report: IndexReport, label_names: dict, progress: Progress) -> ShardEntry:
+    """Read one shard once (sha256, size, samples), write its ``.idx`` and return its manifest entry.
+
+    Samples that do not group by the one rule (:func:`~.common.parts_to_sample`) are added to
+    ``report.problems``; ``label_names`` collects the class names the samples' metadata gives.
+    """
+    from shardfeed.readers.tario import iter_members, iter_samples
+
+    if url:
+        from shardfeed.readers.http_io import HttpRangeStream
+
+        stream = HttpRangeStream(source)
+    else:
+        stream = open(source, "rb")
+    offsets: list[int] = []
+    with stream:
+        reader = HashingReader(stream)
+        head = reader.read(TAR_BLOCK)
+        if head.startswith(_COMPRESSED_MAGIC):
+            raise ValueError(f"{source}: a compressed tar; offset indexes need an uncompressed shard "
+                             "(decompress it first, e.g. `gunzip`)")
+        members = iter_members(_Prepended(head, reader), source=source)
+        for key, parts, offset in iter_samples(members, source=source):
+            try:
+                s = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
+            except CorruptDataError as exc:
+                report.problems.append(make_problem(name, key, str(exc).split(": ", 1)[-1]))
+                continue
+            why = _sample_problem(s, classes, classes_file)
+            if why:
+                report.problems.append(make_problem(name, key, why))
+                continue
+            if isinstance(s.meta.get("class"), str):
+                label_names.setdefault(s.label, s.meta["class"])
+            label_names.setdefault(s.label, None)
+            offsets.append(offset)
+            progress(1, len(s.data))
+        reader.drain()
+    index_bytes = encode_index(offsets)
+    write_bytes_atomic(idx_path, index_bytes)
+    return ShardEntry(name, len(offsets), reader.num_bytes, reader.hexdigest(), idx_path.name,
+                      hashlib.sha256(index_bytes).hexdigest())
+
+
+def _classes_from_labels(label_names: dict[int, str | None]) -> list[str]:
+    """Class names from the samples' metadata where every index has a distinct one, else ``"0"``, ``"1"``, ..."""
+    num = max(label_names) + 1
+    classes = [label_names.get(i) or str(i) for i in range(num)]
+    if len(set(classes)) != len(classes):
+        classes = [str(i) for i in range(num)]
+    return classes

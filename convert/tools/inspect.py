@@ -182,15 +182,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         known = set(manifest.class_to_idx.values())
         for i in sorted(set(counts) - known):
             classes.append({"index": i, "name": None, "count": counts[i]})
-    examples = []
-    if num_examples > 0 and manifest.shards and not problems:
-        try:
-            for _, s in _first_samples(loc, manifest, num_examples):
-                examples.append({"key": s.key, "ext": s.ext, "label": s.label,
-                                 "class": manifest.classes[s.label] if 0 <= s.label < len(manifest.classes) else None,
-                                 "num_bytes": len(s.data), "meta": s.meta})
-        except (CorruptDataError, OSError) as exc:
-            problems.append(f"cannot read example samples: {exc}")
+    examples = _examples(loc, manifest, num_examples, problems) if not problems else []
     sizes = [s.num_bytes for s in manifest.shards]
     counts_per_shard = [s.num_samples for s in manifest.shards]
     return {
@@ -219,6 +211,21 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         "examples": examples,
         "problems": problems,
     }
+
+
+def _examples(loc: DatasetLocation, manifest: Manifest, num_examples: int, problems: list[str]) -> list[dict]:
+    """The first ``num_examples`` samples described; a read error goes to ``problems``."""
+    examples: list[dict] = []
+    if num_examples <= 0 or not manifest.shards:
+        return examples
+    try:
+        for _, s in _first_samples(loc, manifest, num_examples):
+            examples.append({"key": s.key, "ext": s.ext, "label": s.label,
+                             "class": manifest.classes[s.label] if 0 <= s.label < len(manifest.classes) else None,
+                             "num_bytes": len(s.data), "meta": s.meta})
+    except (CorruptDataError, OSError) as exc:
+        problems.append(f"cannot read example samples: {exc}")
+    return examples
 
 
 def _first_samples(loc: DatasetLocation, manifest: Manifest, n: int) -> Iterator[tuple[str, Sample]]:

@@ -213,26 +213,7 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
     if todo and dest_manifest.exists():
         dest_manifest.unlink()  # DEST is incomplete until the manifest comes back, last
 
-    st = os.statvfs(dest)
-    free = st.f_bavail * st.f_frsize
-    fs_type = _fs_type(dest)
-    if fs_type in _MEMORY_FS:
-        mem = _mem_available_bytes()
-        if mem is not None:
-            free = min(free, mem)
-    keep = default_min_free_bytes(dest) if min_free_bytes is None else int(min_free_bytes)
-    report.free_bytes_before, report.min_free_bytes = free, keep
-    need = 0
-    for f in todo:
-        tmp = dest / f".{f.name}.stage.tmp"
-        partial = tmp.stat().st_size if tmp.exists() else 0
-        need += max((f.num_bytes or 0) - partial, 0)
-    if todo and free - need < keep:
-        where = f"{dest} ({fs_type or 'unknown fs'})"
-        raise ValueError(f"{where}: staging needs {need / 1e9:,.2f} GB more, {free / 1e9:,.2f} GB are free"
-                         f"{' (RAM available included: this is a memory file system)' if fs_type in _MEMORY_FS else ''}"
-                         f" and {keep / 1e9:,.2f} GB must stay free; free some space, choose another DEST, or "
-                         "lower --min-free")
+    _check_free_space(dest, todo, min_free_bytes, report)
 
     for f in todo:
         try:
@@ -253,6 +234,34 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
         report.ok = True
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _check_free_space(dest: Path, todo: list[_StageFile], min_free_bytes: int | None, report: StageReport) -> None:
+    """Refuse (ValueError) when copying ``todo`` would leave less than ``min_free_bytes`` free on DEST.
+
+    Partial temporary files count as copied; on a memory file system the RAM available counts too.
+    Records the free bytes and the bytes kept free in ``report``.
+    """
+    st = os.statvfs(dest)
+    free = st.f_bavail * st.f_frsize
+    fs_type = _fs_type(dest)
+    if fs_type in _MEMORY_FS:
+        mem = _mem_available_bytes()
+        if mem is not None:
+            free = min(free, mem)
+    keep = default_min_free_bytes(dest) if min_free_bytes is None else int(min_free_bytes)
+    report.free_bytes_before, report.min_free_bytes = free, keep
+    need = 0
+    for f in todo:
+        tmp = dest / f".{f.name}.stage.tmp"
+        partial = tmp.stat().st_size if tmp.exists() else 0
+        need += max((f.num_bytes or 0) - partial, 0)
+    if todo and free - need < keep:
+        where = f"{dest} ({fs_type or 'unknown fs'})"
+        raise ValueError(f"{where}: staging needs {need / 1e9:,.2f} GB more, {free / 1e9:,.2f} GB are free"
+                         f"{' (RAM available included: this is a memory file system)' if fs_type in _MEMORY_FS else ''}"
+                         f" and {keep / 1e9:,.2f} GB must stay free; free some space, choose another DEST, or "
+                         "lower --min-free")
 
 
 def _intact(final: Path, f: _StageFile, manifest: Manifest, dest: Path, same_manifest: bool) -> bool:
