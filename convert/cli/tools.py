@@ -32,7 +32,9 @@ def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
         problem = p["problem"]
         # most messages already start with the file's path: do not name the shard twice
         first = problem.split(": ", 1)[0]
-        if p["shard"] and not p.get("key") and os.path.basename(first).split(".")[0] == p["shard"].split(".")[0]:
+        names_key = bool(p.get("key")) and first.endswith(f" key {p['key']}")  # "PATH key KEY: ..." names both
+        if names_key or (p["shard"] and not p.get("key")
+                         and os.path.basename(first).split(".")[0] == p["shard"].split(".")[0]):
             click.echo(f"  {problem}", err=err)
         else:
             click.echo(f"  {where}: {problem}", err=err)
