@@ -54,7 +54,7 @@ COPY_CHUNK_BYTES = 4 << 20
 
 
 def noop_progress(n: int, b: int) -> None:
-    pass
+    """The progress callback used when none is given: ``(num_samples, num_bytes)``, ignored."""
 
 
 class HashingReader:
@@ -91,6 +91,7 @@ class HashingReader:
 
 
 def make_problem(shard: str | None, key: str | None, problem: str) -> dict:
+    """One entry of a report's ``problems``: ``{"shard", "key", "problem"}`` (None: dataset / shard level)."""
     return {"shard": shard, "key": key, "problem": problem}
 
 
