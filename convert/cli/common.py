@@ -23,7 +23,7 @@ import click
 
 __all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "one_line", "command", "progress_bar",
            "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice", "pack_options",
-           "reencode_options", "num_workers_options", "PACK_OPTION_NAMES"]
+           "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -217,10 +217,18 @@ class OnErrorChoice(click.Choice):
         return super().convert(value, param, ctx)
 
 
-def _deprecated_j(ctx: click.Context, param: click.Parameter, value):
-    if value is not None:
-        deprecated("-j for DataLoader workers", "--num-workers (-j is packing processes only)")
-    return value
+def deprecated_option(old: str, new: str) -> Callable:
+    """A Click callback for a hidden old spelling: prints :func:`deprecated` when the option is given."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value is not None:
+            deprecated(old, new)
+        return value
+
+    return callback
+
+
+_deprecated_j = deprecated_option("-j for DataLoader workers", "--num-workers (-j is packing processes only)")
 
 
 def num_workers_options(f: Callable) -> Callable:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import click
 
-from .common import command, echo, json_option, num_workers_options, write_json_report
+from .common import command, deprecated_option, echo, json_option, num_workers_options, write_json_report
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
 
@@ -209,11 +209,13 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
 @_sweep_loader_options
 @click.option("--budget-s", type=click.FloatRange(min=1), default=300, show_default=True,
               help="Time budget of the whole sweep, seconds; trials that would not fit are skipped.")
-@click.option("--max-workers", type=click.IntRange(min=0), default=None,
+@click.option("--max-num-workers", "max_workers", type=click.IntRange(min=0), default=None,
               help="Largest num_workers tried [default: 2 x CPU count].")
+@click.option("--max-workers", "max_workers_old", type=click.IntRange(min=0), default=None, hidden=True,
+              callback=deprecated_option("--max-workers", "--max-num-workers"))
 @json_option
-def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, json_path: str | None,
-         **kwargs: Any) -> None:
+def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_workers_old: int | None,
+         json_path: str | None, **kwargs: Any) -> None:
     """Sweep the DataLoader knobs on SOURCE one at a time and print the best make_loader(...) call.
 
     \b
@@ -230,6 +232,7 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, json
 
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
+    max_workers = max_workers_old if max_workers is None else max_workers
     result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
                          progress=_progress(json_path), **opts)
     best = result["best"]

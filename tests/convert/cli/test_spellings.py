@@ -87,6 +87,16 @@ def test_measure_commands_spell_loader_workers_num_workers(command):
         assert "--num-workers" in out
 
 
+def test_tune_max_workers_is_max_num_workers(tmp_path):
+    runner = CliRunner()
+    assert "--max-num-workers" in runner.invoke(main, ["tune", "--help"]).output
+    assert "--max-workers" not in runner.invoke(main, ["tune", "--help"]).output
+    # the old spelling is still parsed (then the missing dataset stops the command before any work)
+    res = runner.invoke(main, ["tune", str(tmp_path / "missing"), "--max-workers", "1"])
+    assert "--max-workers is deprecated: use --max-num-workers" in res.output
+    assert res.exit_code == 1 and "missing" in res.output
+
+
 @pytest.mark.parametrize("command", ["pack", "convert"])
 def test_packing_commands_spell_processes_workers(command):
     out = CliRunner().invoke(main, [command, "--help"]).output
