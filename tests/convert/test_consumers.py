@@ -131,7 +131,7 @@ def test_dali_reads_every_sample_once_with_its_own_index_beside_shardfeeds(packe
     dali_idx = [t.with_suffix(".idx") for t in tars]
     assert all(p.read_bytes().startswith(b"v1.") for p in dali_idx)
     assert {p.name: p.read_bytes() for p in d.iterdir() if p.suffix != ".idx"} == before
-    from shardfeed.convert.tools import check_dataset
+    from shardfeed.convert.tools.check import check_dataset
 
     assert check_dataset(d).ok  # shardfeed's dataset is untouched by DALI's indexes
     m = json.loads((d / "manifest.json").read_text())

@@ -53,7 +53,7 @@ def test_version_1_dataset_is_still_read(packed_wds, tiny_folder_expected, tmp_p
     assert _raw(d) == want
     parts = [_raw(d, rank=r, world_size=3) for r in range(3)]  # ranges inside shards: the .idx offsets
     assert sorted(x for p in parts for x in p) == want
-    from shardfeed.convert.tools import check_dataset
+    from shardfeed.convert.tools.check import check_dataset
 
     assert check_dataset(d).ok
 

@@ -1,9 +1,6 @@
 """Look inside a packed dataset (local folder or HTTP URL): what ``shardfeed inspect`` reports.
 
-Also home of the small pieces the dataset tools share for reading a dataset sequentially, in
-storage order, without torch: :class:`DatasetLocation` (a local directory or an ``http(s)://``
-base URL, and the files in it), :func:`parts_to_sample` (WebDataset members → a
-:class:`~shardfeed.readers.format.Sample`), and :func:`iter_raw_samples`.
+An image folder (ImageFolder layout) is described too (:func:`inspect_image_folder`).
 
 Class counts come **from the data** (every ``.cls`` member or LMDB record is read), not from
 the manifest, which records the class map but not per-class counts. For a local WebDataset only
@@ -19,273 +16,30 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Callable, Iterator
 
-from .errors import CorruptDataError, ManifestError
-from .format import (
-    DEFAULT_EXTENSIONS,
-    LMDB_MANIFEST_KEY,
-    MANIFEST_NAME,
+from shardfeed.readers.errors import CorruptDataError, ManifestError
+from shardfeed.readers.format import (
     Manifest,
     Sample,
-    find_manifest_path,
-    load_manifest,
-    normalize_ext,
 )
 
-__all__ = [
-    "DatasetLocation",
-    "is_url",
-    "parts_to_sample",
-    "iter_raw_samples",
-    "iter_shard_samples",
-    "count_classes",
-    "inspect_dataset",
-    "format_inspect_report",
-    "IMAGE_EXTENSIONS", "iter_lmdb_records"]
+from .common import (
+    DatasetLocation,
+    iter_lmdb_records,
+    iter_raw_samples,
+    iter_shard_samples,
+)
 
 log = logging.getLogger(__name__)
 
-#: Extensions a tar member may carry to count as a sample's image (canonical and aliases).
-IMAGE_EXTENSIONS = frozenset(DEFAULT_EXTENSIONS) | {"gif", "jfif"}
-
-
-def is_url(text: str | os.PathLike) -> bool:
-    """True for ``http://`` and ``https://`` strings."""
-    return isinstance(text, str) and text.lower().startswith(("http://", "https://"))
-
-
-class DatasetLocation:
-    """Where a dataset lives: a local directory or an HTTP base URL, and how to open its files.
-
-    ``path_or_url`` may name the directory (``out/train``, ``http://host/train/``) or its
-    ``manifest.json`` directly. URLs are read through
-    :class:`shardfeed.readers.http_io.HttpLocation` (timeouts, retries that resume mid-file,
-    servers that ignore ``Range``).
-
-    Args:
-        path_or_url: the dataset directory or manifest, local or ``http(s)://``.
-        timeout_s, retries: HTTP socket timeout (seconds) and retries (None: http_io's defaults).
-
-    Attributes:
-        url: True for an HTTP(S) location.
-        http: the ``HttpLocation`` for a URL, else None.
-        root: the local directory (``Path``) or the base URL ending in ``/`` (``str``).
-        manifest_source: the manifest's path or URL (``str``).
-    """
-
-    def __init__(self, path_or_url: str | os.PathLike, *, timeout_s: float | None = None,
-                 retries: int | None = None):
-        self.url = is_url(str(path_or_url))
-        self.http = None
-        if self.url:
-            from .http_io import HttpLocation
-
-            self.http = HttpLocation(str(path_or_url), timeout_s=timeout_s, retries=retries)
-            self.root = self.http.base
-            self.manifest_source = self.http.url(self.http.manifest_name)
-        else:
-            p = Path(path_or_url)
-            self.manifest_source = str(find_manifest_path(p))
-            self.root = Path(self.manifest_source).parent
-
-    def __str__(self) -> str:
-        return str(self.root)
-
-    def where(self, name: str) -> str:
-        """The path or URL of the file ``name`` of the dataset (for messages)."""
-        if self.url:
-            return self.http.where(name)
-        return str(self.root / name)
-
-    def load_manifest(self, *, check_files: bool = False) -> Manifest:
-        """Load the manifest (over HTTP for a URL; ``check_files`` applies to local datasets).
-
-        Raises:
-            ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: as
-                :func:`~shardfeed.readers.format.load_manifest`, or the download failed.
-        """
-        if not self.url:
-            return load_manifest(self.manifest_source, check_files=check_files)
-        return Manifest.from_json(self.read_manifest_bytes(), self.manifest_source)
-
-    def read_manifest_bytes(self) -> bytes:
-        """The manifest file's bytes, unparsed (``stage`` copies them verbatim).
-
-        Raises:
-            ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: no manifest
-                there (the message says whether a pack was interrupted), or the download failed.
-        """
-        if not self.url:
-            path = Path(self.manifest_source)
-            if not path.is_file():
-                load_manifest(path.parent if path.name == MANIFEST_NAME else path, check_files=False)  # precise error
-                raise ManifestError(f"{path}: cannot read the manifest")
-            return path.read_bytes()
-        from .http_io import http_get
-
-        try:
-            return http_get(self.manifest_source, timeout_s=self.http.timeout_s, retries=self.http.retries)
-        except FileNotFoundError:
-            raise ManifestError(f"{self.manifest_source}: not found (HTTP 404); give the URL of a packed dataset's "
-                                "folder or of its manifest.json (a pack writes it last)") from None
-
-    def open(self, name: str, start: int = 0) -> tuple[BinaryIO, int]:
-        """Open the dataset file ``name`` for reading from byte ``start``.
-
-        Returns:
-            ``(stream, offset)``: the stream and the file offset of its next byte (0 when an
-            HTTP server ignored the range; skip ``start - offset`` bytes then).
-
-        Raises:
-            FileNotFoundError: no such file; DataSourceError: HTTP failure.
-        """
-        if self.url:
-            return self.http.open(name, start)
-        f = open(self.root / name, "rb")
-        if start:
-            f.seek(start)
-        return f, start
-
-    def read_bytes(self, name: str) -> bytes:
-        """The whole content of the dataset file ``name``."""
-        if self.url:
-            return self.http.read_bytes(name)
-        return (self.root / name).read_bytes()
-
-
-# ---------------------------------------------------------------------------------------------
-# samples
-
-def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
-                    class_to_idx: dict[str, int] | None = None) -> Sample:
-    """Build a :class:`Sample` from one WebDataset sample's members.
-
-    The image is the one member whose extension is an image type (:data:`IMAGE_EXTENSIONS`,
-    case-insensitive); the label is the ``.cls`` member (ASCII integer) or, failing that, the
-    ``"class"`` name in the ``.json`` metadata looked up in ``class_to_idx``; the metadata is the
-    ``.json`` member (``{}`` without one). Other members are ignored.
-
-    Raises:
-        CorruptDataError: no image member or several, an unreadable ``.cls`` or ``.json``, no
-            label (the message names ``source`` and the key).
-    """
-    images = [e for e in parts if normalize_ext(e) in IMAGE_EXTENSIONS]
-    if len(images) != 1:
-        what = "no image member" if not images else f"{len(images)} image members ({', '.join(images)})"
-        raise CorruptDataError(f"{source}: sample {key!r} has {what}; members: "
-                               f"{', '.join(key + '.' + e for e in parts)}")
-    ext = images[0]
-    meta: dict = {}
-    if "json" in parts:
-        try:
-            meta = json.loads(parts["json"])
-        except ValueError as exc:
-            raise CorruptDataError(f"{source}: sample {key!r}: unreadable {key}.json ({exc})") from None
-        if not isinstance(meta, dict):
-            meta = {"value": meta}
-    if "cls" in parts:
-        try:
-            label = int(parts["cls"].strip())
-        except ValueError:
-            raise CorruptDataError(f"{source}: sample {key!r}: {key}.cls holds {parts['cls'][:20]!r}, not a class "
-                                   "index") from None
-    elif class_to_idx and isinstance(meta.get("class"), str) and meta["class"] in class_to_idx:
-        label = class_to_idx[meta["class"]]
-    else:
-        raise CorruptDataError(f"{source}: sample {key!r} has no .cls member (class index); members: "
-                               f"{', '.join(key + '.' + e for e in parts)}")
-    return Sample(key, parts[ext], normalize_ext(ext), label, meta)
-
-
-def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: dict[str, int] | None = None,
-                       index: str | None = None) -> Iterator[Sample]:
-    """Yield the samples of one WebDataset shard of ``location`` in storage order.
-
-    With ``index`` (the shard's ``.idx`` file name), only the member groups that start at one
-    of its offsets are samples: ``shardfeed index`` leaves groups that do not form a sample (an
-    image without a class, a stray member) out of the index, and they are skipped here too.
-
-    Args:
-        location: the dataset's location.
-        name: the shard's file name (as in the manifest).
-        class_to_idx: for :func:`parts_to_sample`.
-        index: the shard's offset-index file name, if it has one.
-
-    Raises:
-        CorruptDataError: a damaged tar or sample (names the shard and the key/offset).
-        FileNotFoundError, DataSourceError: the shard cannot be opened.
-    """
-    from .format import decode_index
-    from .tario import iter_members, iter_samples
-
-    source = location.where(name)
-    starts = set(decode_index(location.read_bytes(index), location.where(index))) if index else None
-    stream, _ = location.open(name)
-    with stream:
-        for key, parts, offset in iter_samples(iter_members(stream, source=source), source=source):
-            if starts is not None and offset not in starts:
-                continue
-            yield parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
-
-
-def _open_lmdb(root: Path):
-    """This process's shared read-only environment (:func:`~shardfeed.readers.lmdb_io.process_env`):
-    a dataset object may have it open already, and LMDB allows one per process. Not to be closed."""
-    from .lmdb_io import process_env
-
-    return process_env(root)
-
-
-def iter_lmdb_records(root: str | os.PathLike, *, verify: bool = True) -> Iterator[tuple[str, dict | Exception]]:
-    """Yield ``(key, record)`` for every sample record of a local LMDB dataset, in key order.
-
-    A record that fails to decode (or its CRC-32, with ``verify``) is yielded as
-    ``(key, CorruptDataError)`` instead of stopping the iteration, so checks can report every bad
-    key. The reserved manifest record is skipped.
-    """
-    from .format import decode_record
-
-    root = Path(root)
-    env = _open_lmdb(root)
-    with env.begin(buffers=False) as txn:
-        for k, v in txn.cursor():
-            if k == LMDB_MANIFEST_KEY:
-                continue
-            key = k.decode("utf-8", "replace")
-            try:
-                yield key, decode_record(v, verify=verify, source=f"{root} key {key}")
-            except CorruptDataError as exc:
-                yield key, exc
-
-
-
-
-def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest: Manifest | None = None
-                     ) -> Iterator[tuple[str, Sample]]:
-    """Yield ``(shard_name, sample)`` for every sample of a packed dataset, in storage order.
-
-    No decoding, no shuffling, no torch: the exact stored bytes, labels and metadata.
-    WebDataset works locally and over HTTP; LMDB locally only.
-
-    Raises:
-        CorruptDataError: a damaged shard or record (names it and the key).
-        ManifestError: no manifest, or an LMDB dataset given as a URL.
-    """
-    loc = path_or_url if isinstance(path_or_url, DatasetLocation) else DatasetLocation(path_or_url)
-    manifest = manifest or loc.load_manifest(check_files=not loc.url)
-    if manifest.format == "lmdb":
-        if loc.url:
-            raise ManifestError(f"{loc.root}: an LMDB dataset cannot be read over HTTP; stage it locally first")
-        name = manifest.shards[0].name if manifest.shards else "data.mdb"
-        for _key, rec in iter_lmdb_records(loc.root):
-            if isinstance(rec, Exception):
-                raise rec
-            yield name, Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])
-        return
-    for shard in manifest.shards:
-        for sample in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index):
-            yield shard.name, sample
+__all__ = [
+    "count_classes",
+    "inspect_dataset",
+    "format_inspect_report",
+    "inspect_image_folder",
+    "format_folder_report",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,7 +167,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
     problems = []
     if not loc.url:
         try:
-            from .format import check_files_present
+            from shardfeed.readers.format import check_files_present
 
             check_files_present(manifest, loc.root)
         except ManifestError as exc:
@@ -429,15 +183,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         known = set(manifest.class_to_idx.values())
         for i in sorted(set(counts) - known):
             classes.append({"index": i, "name": None, "count": counts[i]})
-    examples = []
-    if num_examples > 0 and manifest.shards and not problems:
-        try:
-            for _, s in _first_samples(loc, manifest, num_examples):
-                examples.append({"key": s.key, "ext": s.ext, "label": s.label,
-                                 "class": manifest.classes[s.label] if 0 <= s.label < len(manifest.classes) else None,
-                                 "num_bytes": len(s.data), "meta": s.meta})
-        except (CorruptDataError, OSError) as exc:
-            problems.append(f"cannot read example samples: {exc}")
+    examples = _examples(loc, manifest, num_examples, problems) if not problems else []
     sizes = [s.num_bytes for s in manifest.shards]
     counts_per_shard = [s.num_samples for s in manifest.shards]
     return {
@@ -467,6 +213,21 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         "examples": examples,
         "problems": problems,
     }
+
+
+def _examples(loc: DatasetLocation, manifest: Manifest, num_examples: int, problems: list[str]) -> list[dict]:
+    """The first ``num_examples`` samples described; a read error goes to ``problems``."""
+    examples: list[dict] = []
+    if num_examples <= 0 or not manifest.shards:
+        return examples
+    try:
+        for _, s in _first_samples(loc, manifest, num_examples):
+            examples.append({"key": s.key, "ext": s.ext, "label": s.label,
+                             "class": manifest.classes[s.label] if 0 <= s.label < len(manifest.classes) else None,
+                             "num_bytes": len(s.data), "meta": s.meta})
+    except (CorruptDataError, OSError) as exc:
+        problems.append(f"cannot read example samples: {exc}")
+    return examples
 
 
 def _first_samples(loc: DatasetLocation, manifest: Manifest, n: int) -> Iterator[tuple[str, Sample]]:
@@ -533,4 +294,53 @@ def format_inspect_report(report: dict) -> str:
                          f"meta {json.dumps(e['meta'], ensure_ascii=False)}")
     for p in report["problems"]:
         lines.append(f"problem: {p}")
+    return "\n".join(lines)
+
+
+
+def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3) -> dict:
+    """Describe an image folder (ImageFolder layout) as ``shardfeed inspect`` reports it.
+
+    Args:
+        source: the folder (``SOURCE/CLASS/IMAGE``).
+        num_examples: files listed as examples (first in sorted order).
+
+    Returns:
+        The report: ``format`` ``"imagefolder"``, ``num_samples``, ``num_classes``, ``num_bytes``,
+        ``classes`` (index, name, count, counted from the files), ``ignored``, ``empty_classes``
+        and ``examples``.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`~shardfeed.convert.scan.scan_image_folder`.
+    """
+    from ..scan import scan_image_folder
+
+    scan = scan_image_folder(source)
+    counts = {c: 0 for c in scan.classes}
+    for f in scan.files:
+        counts[f.class_name] += 1
+    return {
+        "source": scan.root, "format": "imagefolder", "num_samples": len(scan.files),
+        "num_classes": len(scan.classes), "num_bytes": scan.num_bytes,
+        "classes": [{"index": scan.class_to_idx[c], "name": c, "count": counts[c]} for c in scan.classes],
+        "class_counts_from": "files", "ignored": scan.ignored, "empty_classes": scan.empty_classes,
+        "examples": [{"path": f.rel, "class": f.class_name, "label": f.label, "ext": f.ext, "num_bytes": f.size}
+                     for f in scan.files[:num_examples]],
+    }
+
+
+def format_folder_report(r: dict) -> str:
+    """The human form of :func:`inspect_image_folder`'s report (several lines)."""
+    lines = [f"{r['source']}: image folder (ImageFolder layout), {r['num_samples']:,} images in "
+             f"{r['num_classes']} classes, {r['num_bytes'] / 1e6:,.1f} MB (not packed: `shardfeed pack` it)",
+             "classes (counts from the files):"]
+    for c in r["classes"][:20]:
+        lines.append(f"  {c['index']:>5}  {c['count']:>8,}  {c['name']}")
+    if len(r["classes"]) > 20:
+        lines.append(f"  ... {len(r['classes']) - 20} more")
+    lines.append(f"ignored files: {len(r['ignored'])}")
+    for item in r["ignored"][:10]:
+        lines.append(f"  {item['path']}: {item['reason']}")
+    for e in r["examples"]:
+        lines.append(f"  example: {e['path']} (label {e['label']}, {e['num_bytes']:,} bytes)")
     return "\n".join(lines)
