@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import json
 
-from .format import DEFAULT_EXTENSIONS, normalize_ext
+from .format import sample_from_members
 
-__all__ = ["webdataset_row", "IMAGE_EXTENSIONS"]
-
-#: Member extensions taken as the image (shardfeed's canonical ones and their aliases).
-IMAGE_EXTENSIONS = frozenset(DEFAULT_EXTENSIONS) | {"tif", "jpg"}
+__all__ = ["webdataset_row"]
 
 
 def webdataset_row(sample: dict) -> dict:
     """One raw WebDataset sample (a dict of member bytes) as fixed columns.
+
+    The members are grouped by shardfeed's one rule
+    (:func:`~shardfeed.readers.format.sample_from_members`), as in its own readers and tools.
 
     Args:
         sample: ``{"__key__": str, "<image ext>": bytes, "cls": bytes, "json": bytes, ...}``;
@@ -45,21 +45,11 @@ def webdataset_row(sample: dict) -> dict:
         the metadata (``{"path", "class", ...}``; ``{}`` without a ``json`` member).
 
     Raises:
-        ValueError: the sample has no image member, several, or no ``cls`` (names the key).
+        shardfeed.readers.errors.CorruptDataError: no image member or several, or no class index
+            (names the key).
     """
-    members = {k.lstrip("."): v for k, v in sample.items() if not k.startswith("__")}
-    images = [k for k in members if k.lower() in IMAGE_EXTENSIONS]
     key = sample.get("__key__", "?")
-    if len(images) != 1:
-        raise ValueError(f"sample {key}: {len(images)} image members ({', '.join(images) or 'none'}); expected one "
-                         f"of {', '.join(sorted(IMAGE_EXTENSIONS))}")
-    if "cls" not in members:
-        raise ValueError(f"sample {key}: no cls member (class index)")
-    meta = members.get("json")
-    return {
-        "__key__": key,
-        "image": bytes(members[images[0]]),
-        "ext": normalize_ext(images[0].lower()),
-        "label": int(members["cls"]),
-        "meta": json.loads(meta) if meta is not None else {},
-    }
+    parts = {k.lstrip("."): v for k, v in sample.items() if not k.startswith("__")}
+    data, ext, label, meta = sample_from_members(key, parts, None, str(sample.get("__url__", "<sample>")))
+    return {"__key__": key, "image": bytes(data), "ext": ext, "label": label,
+            "meta": json.loads(meta) if meta is not None else {}}
