@@ -1,4 +1,4 @@
-"""A streaming WebDataset writer: samples in, rolling ``.tar`` shards + ``.idx`` + manifest out.
+"""A streaming WebDataset writer: samples in, rolling ``.tar`` shards + ``.sfidx`` + manifest out.
 
 ``pack`` plans its shard boundaries up front (it knows every file size before reading a byte);
 ``convert`` and other producers see samples one at a time, so this writer follows the

@@ -323,7 +323,7 @@ def decode_index(data: bytes, source: str = "<index>") -> list[int]:
 
 
 def read_index(path: str | os.PathLike) -> list[int]:
-    """Read a local ``.idx`` file: the byte offset of every sample's first header."""
+    """Read a local ``.sfidx`` file (``.idx`` in version-1 datasets): the byte offset of every sample's first header."""
     with open(path, "rb") as f:
         return decode_index(f.read(), str(path))
 

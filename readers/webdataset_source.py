@@ -2,7 +2,7 @@
 
 Each epoch a worker gets its list of ``(shard, first_sample, end_sample)`` ranges from
 :func:`~shardfeed.readers.dataset.epoch_ranges` and reads exactly those bytes: a range that
-starts inside a shard starts at the sample's byte offset from the shard's ``.idx`` (local
+starts inside a shard starts at the sample's byte offset from the shard's ``.sfidx`` (local
 ``seek``; over HTTP a ``Range`` request, or streaming and skipping when the server ignores
 ``Range``) and stops at the next sample's offset. Shards without an offset index (made by other
 tools) are read from their start, skipping the samples before the range. Members are parsed by

@@ -287,7 +287,7 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
                        index: str | None = None) -> Iterator[Sample]:
     """Yield the samples of one WebDataset shard of ``location`` in storage order.
 
-    With ``index`` (the shard's ``.idx`` file name), only the member groups that start at one
+    With ``index`` (the shard's ``.sfidx`` file name), only the member groups that start at one
     of its offsets are samples: ``shardfeed index`` leaves groups that do not form a sample (an
     image without a class, a stray member) out of the index, and they are skipped here too.
 

@@ -103,7 +103,7 @@ class IndexReport:
 
     Attributes:
         source: the pattern given.
-        output: where the manifest and ``.idx`` files were written.
+        output: where the manifest and ``.sfidx`` files were written.
         num_samples: samples indexed; num_shards: shards; num_bytes: their total size.
         classes: the class names in the manifest.
         problems: ``[{"shard", "key", "problem"}]``: members that do not group into a sample
@@ -172,7 +172,7 @@ def _read_classes_file(path: str | os.PathLike) -> list[str]:
 def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = None,
                  classes_file: str | os.PathLike | None = None, overwrite: bool = False,
                  progress: Progress | None = None) -> IndexReport:
-    """Make existing WebDataset shards readable by shardfeed: write ``manifest.json`` and ``.idx`` files.
+    """Make existing WebDataset shards readable by shardfeed: write ``manifest.json`` and ``.sfidx`` files.
 
     Each shard is read once: its sha256 and size, and every sample (members grouped by key,
     WebDataset's rule) with the byte offset of its first header. A sample needs exactly one
@@ -186,7 +186,7 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     Args:
         pattern: a folder (its ``*.tar``), a path with globs or braces
             (``shards/train-{000000..000099}.tar``), or an ``http(s)://`` URL with braces.
-        out: where to write the manifest and the ``.idx`` files; default the shards' folder.
+        out: where to write the manifest and the ``.sfidx`` files; default the shards' folder.
             Required for URLs (then upload them beside the shards: the manifest names the shards
             by their file names, relative to its own folder).
         classes_file: a text file with one class name per line.
@@ -288,7 +288,7 @@ def _sample_problem(s, classes, classes_file) -> str | None:
 
 def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, classes, class_to_idx, classes_file,
                      report: IndexReport, label_names: dict, progress: Progress) -> ShardEntry:
-    """Read one shard once (sha256, size, samples), write its ``.idx`` and return its manifest entry.
+    """Read one shard once (sha256, size, samples), write its ``.sfidx`` and return its manifest entry.
 
     Samples that do not group by the one rule (:func:`~.common.parts_to_sample`) are added to
     ``report.problems``; ``label_names`` collects the class names the samples' metadata gives.

@@ -55,7 +55,8 @@ def source(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def expected(source) -> dict[str, tuple[bytes, int]]:
     classes = sorted(d.name for d in source.iterdir() if d.is_dir())
-    return {f"{c}/{p.name}": (p.read_bytes(), classes.index(c)) for c in classes for p in sorted((source / c).iterdir())}
+    return {f"{c}/{p.name}": (p.read_bytes(), classes.index(c))
+            for c in classes for p in sorted((source / c).iterdir())}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ def mixed(tmp_path_factory):
         cls = ("a", "b", "c")[i % 3]
         fmt, ext = ("PNG", "png") if i % 2 else ("JPEG", "jpg")
         buf = io.BytesIO()
-        Image.fromarray(np.random.default_rng(i).integers(0, 255, size=(5 + i % 4, 6, 3), dtype=np.uint8)).save(buf, fmt)
+        pixels = np.random.default_rng(i).integers(0, 255, size=(5 + i % 4, 6, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(buf, fmt)
         (root / cls).mkdir(parents=True, exist_ok=True)
         (root / cls / f"{i:02d}.{ext}").write_bytes(buf.getvalue())
         expected[f"{cls}/{i:02d}.{ext}"] = (buf.getvalue(), "abc".index(cls), ext)
