@@ -50,6 +50,7 @@ from shardfeed.readers.format import (
 
 from .consumers import CARD_NAME, WIDS_INDEX_NAME, write_consumer_files
 from .consumers import is_ours as _consumer_file_is_ours
+from .outlock import listing, output_lock
 from .executors import active_executor, check_executor, make_executor, use_executor
 from .reencode import ReencodeOptions, reencode_payload
 from .plan import PlannedSample, SamplePlan, fast_meta_bytes, input_bytes, plan_samples, plan_shards, sample_meta_bytes
@@ -662,7 +663,7 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
                          "choose an output folder outside it")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is a file; choose a folder for the output")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not listing(out):
         if not check_only:
             out.mkdir(parents=True, exist_ok=True)
         return
@@ -681,14 +682,14 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
                              "or removed, --on-error), start again with --overwrite")
         raise ValueError(f"{out}: output folder is not empty; use --overwrite to replace it, "
                          "--resume to finish an interrupted pack, or choose an empty folder")
-    foreign = [p.name for p in out.iterdir() if not _is_ours(p.name)
+    foreign = [p.name for p in listing(out) if not _is_ours(p.name)
                and not (p.name in (CARD_NAME, WIDS_INDEX_NAME) and _consumer_file_is_ours(p))]
     if foreign:
         raise ValueError(f"{out}: holds files shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
                          "refusing to delete them with --overwrite: choose an empty folder")
     if check_only:
         return
-    for p in out.iterdir():
+    for p in listing(out):  # not the lock file: this pack holds it
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
@@ -722,6 +723,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file; OUT a file.
         ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``.
+        shardfeed.convert.outlock.OutputBusyError: another command is writing OUT (names it).
         SourceChangedError: a file changed during the pack (``on_error="raise"``).
         shardfeed.readers.errors.CorruptDataError: an image failed ``decode_check``.
         OSError: reading a source or writing OUT failed (disk full: ``ENOSPC``/``EFBIG``); complete
@@ -737,7 +739,14 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         more = f" (and {len(scan.unpackable) - 1} more such file(s))" if len(scan.unpackable) > 1 else ""
         raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
                          "pack the rest and list these in the manifest's skipped")
-    if options.resume and (not out.exists() or (out.is_dir() and not any(out.iterdir()))):
+    with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
+        return _pack_locked(src, out, options, scan, progress, t0)
+
+
+def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
+                 progress: Callable[[int, int], None] | None, t0: float) -> PackReport:
+    """:func:`pack` once OUT's lock is held."""
+    if options.resume and (not out.exists() or (out.is_dir() and not listing(out))):
         # scripts that always pass --resume work on their first run: nothing to resume, so start
         log.info("%s: missing or empty, nothing to resume; starting the pack", out)
         options = dataclasses.replace(options, resume=False)

@@ -25,6 +25,7 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 
+from ..outlock import output_lock
 from .common import (
     HashingReader,
     Progress,
@@ -208,6 +209,13 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     sources = _list_shards(str(pattern))
     url = is_url(str(pattern))
     root, names = _index_root(pattern, sources, out, url)
+    with output_lock(root, "index"):  # one writer per folder: a second command fails at once, naming this one
+        return _index_locked(pattern, root, names, sources, url, classes_file, overwrite, progress, t0)
+
+
+def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url: bool, classes_file,
+                  overwrite: bool, progress: Progress, t0: float) -> IndexReport:
+    """:func:`index_shards` once the folder's lock is held."""
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
     classes = _read_classes_file(classes_file) if classes_file else None
