@@ -91,10 +91,11 @@ def tiny_folder_expected(tiny_image_folder) -> dict[str, tuple[bytes, int]]:
 
 def _lmdb_packer_available() -> bool:
     try:
-        from shardfeed.convert.pack import PACKERS, _packer
+        import shardfeed.convert.writers  # noqa: F401  (registers the packers)
+        from shardfeed.readers.registry import packer
 
-        _packer("lmdb")
-        return "lmdb" in PACKERS
+        packer("lmdb")
+        return True
     except Exception:
         return False
 
