@@ -136,6 +136,20 @@ def _resume_point(store: LmdbStore, out: Path, samples: Sequence[PlannedSample])
     return start, payload_bytes, skipped, records_resumed, done
 
 
+def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw: dict, progress
+            ) -> tuple[int, int, list, int, bool]:
+    """:func:`_resume_point` of the database in ``out``, reported to ``progress``."""
+    store = LmdbStore(out, map_size=map_size, **store_kw)
+    try:
+        point = _resume_point(store, out, samples)
+    finally:
+        store.close()
+    start, records_resumed = point[0], point[3]
+    log.info("%s: resuming after %d committed records (sample %d of %d)", out, records_resumed, start, len(samples))
+    progress(start, sum(s.file.size for s in samples[:start]))
+    return point
+
+
 def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progress
               ) -> tuple[list[ShardEntry], list[dict], int, dict]:
     """Write the planned samples into ``out/data.mdb`` (the ``"lmdb"`` packer of the registry).
@@ -157,9 +171,7 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
     Returns:
         ``(shards, skipped, shards_resumed, extra)``: one :class:`ShardEntry` for ``data.mdb``; the
         skipped files (``{"path", "key", "reason"}``); 1 when an interrupted database was continued,
-        else 0; ``extra`` with ``finalize`` and, once it ran, ``lmdb_payload_bytes``,
-        ``lmdb_file_bytes``, ``lmdb_file_to_payload_ratio``, ``lmdb_map_size``,
-        ``lmdb_map_resizes``, ``lmdb_commits``, ``lmdb_compacted``, ``lmdb_records_resumed``.
+        else 0; ``extra`` with ``finalize`` and, once it ran, the ``lmdb_*`` figures of :func:`_finish`.
 
     Raises:
         ValueError: ``resume`` on a database written from another plan.
@@ -175,14 +187,7 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
     start, payload_bytes, skipped, records_resumed, done = 0, 0, [], 0, False
     map_size = options.map_size or estimate_map_size(file_sizes(samples))
     if db_exists:  # resume: see what the interrupted run committed (before any worker is forked)
-        store = LmdbStore(out, map_size=map_size, **store_kw)
-        try:
-            start, payload_bytes, skipped, records_resumed, done = _resume_point(store, out, samples)
-        finally:
-            store.close()
-        log.info("%s: resuming after %d committed records (sample %d of %d)", out, records_resumed, start,
-                 len(samples))
-        progress(start, sum(s.file.size for s in samples[:start]))
+        start, payload_bytes, skipped, records_resumed, done = _resume(out, samples, map_size, store_kw, progress)
         # room for what is there plus what is left
         map_size = max(map_size, (out / LMDB_DATA_NAME).stat().st_size + estimate_map_size(file_sizes(samples[start:])))
     # up to 256 samples and 2 MB a task: with 32 small files a task, the process pool's per-task
@@ -236,7 +241,9 @@ def _open_store(out: Path, map_size: int, store_kw: dict, db_exists: bool) -> Lm
 
 def _finish(store: LmdbStore, num_records: int, records_resumed: int, payload_bytes: int, skipped: list,
             done: bool) -> tuple[list[ShardEntry], list[dict], int, dict]:
-    """The packer's result, with ``extra["finalize"]`` that commits the manifest into ``store``."""
+    """The packer's result, with ``extra["finalize"]`` that commits the manifest into ``store`` and then
+    adds ``lmdb_payload_bytes``, ``lmdb_file_bytes``, ``lmdb_file_to_payload_ratio``, ``lmdb_map_size``,
+    ``lmdb_map_resizes``, ``lmdb_commits``, ``lmdb_compacted`` and ``lmdb_records_resumed`` to ``extra``."""
     entry = ShardEntry(name=LMDB_DATA_NAME, num_samples=num_records, num_bytes=store.file_bytes)
     extra: dict = {}
 

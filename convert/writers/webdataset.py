@@ -202,8 +202,9 @@ def _limits(options) -> ShardLimits:
 def _payload_is_plain(options) -> bool:
     """True when :func:`load_sample_payload` stores every file's bytes, extension and metadata as
     they are: the WebDataset packer then takes its lean loop (:func:`_add_plain_samples`), which
-    must stay equivalent to ``load_sample_payload`` + ``add_sample`` (keep the two in step)."""
-    return options.reencode is None and not options.decode_check and (options.faults is None or not options.faults.sample_delay_s)
+    must stay equivalent to ``load_sample_payload`` + ``ShardWriter.add`` (keep the two in step)."""
+    slowed = options.faults is not None and options.faults.sample_delay_s
+    return options.reencode is None and not options.decode_check and not slowed
 
 
 def _add_plain_samples(writer: ShardWriter, plan: SamplePlan, on_error: str, skipped: list,
