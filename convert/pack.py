@@ -2,14 +2,20 @@
 
 The flow (DESIGN.md): scan the folder (:mod:`shardfeed.convert.scan`), fix the packing order (a
 seeded shuffle of the whole dataset, or sorted order), give every sample its key (the zero-padded
-position in that order), then hand the plan to the format's packer from :data:`PACKERS`.
+position in that order), then hand the plan to the format's packer, found in the format
+registry (:func:`shardfeed.readers.registry.packer`; the packers live in
+:mod:`shardfeed.convert.writers`), which runs its tasks on the pack's executor
+(:mod:`shardfeed.convert.executors`: local processes or Ray).
 
 For WebDataset the shard boundaries are computed up front from the sample order and the file
 sizes (every member's size on disk is known before reading a byte), so each shard is an
 independent task: shards are byte-identical whatever ``workers`` is, and a killed pack resumes by
 rewriting only the shards that were not complete. Pack state lives in ``OUT/.shardfeed-pack/``
-(the plan's fingerprint and one record per finished shard) until the manifest, written last and
-atomically, marks the dataset finished.
+(:mod:`shardfeed.convert.pack_state`: the plan's fingerprint and one record per finished shard)
+until the manifest, written last and atomically, marks the dataset finished.
+
+Reading a sample (checked reads, re-encoding, decode checks) is :mod:`shardfeed.convert.samples`;
+its functions stay importable from here.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def packed_wds(packed_root) -> Path:
 def packed_lmdb(packed_root) -> Path:
     p = packed_root / "lmdb"
     if not p.exists():
-        pytest.skip("the LMDB packer (convert/lmdb_writer.py) is not available")
+        pytest.skip("the LMDB packer (convert/writers/lmdb.py) is not available")
     return p
 
 

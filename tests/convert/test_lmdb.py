@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.lmdb_writer import PACK_STATE_KEY, LmdbWriter
+from shardfeed.convert.writers.lmdb import LmdbWriter
+from shardfeed.convert.writers.lmdb_store import PACK_STATE_KEY
 from shardfeed.convert.faults import FaultHooks
 from shardfeed.convert.pack import PackOptions, pack
 from shardfeed.readers.errors import IncompleteDatasetError
