@@ -130,7 +130,7 @@ class ChunkTask:
         options: the pack's options (``on_error``, ``reencode``, ``decode_check``, ``faults``).
         encode: None, or a module-level ``encode(sample, data, ext, meta) -> payload`` run in the
             worker (the LMDB packer encodes its records there).
-        keep_partial: on a failure with ``on_error="fail"``, return the results before it with the
+        keep_partial: on a failure with ``on_error="raise"``, return the results before it with the
             error (the LMDB packer commits them first) instead of raising.
     """
 
@@ -151,7 +151,7 @@ def load_chunk(task: ChunkTask) -> tuple[list[tuple], BaseException | None]:
 
     Raises:
         SourceChangedError, OSError, CorruptDataError, ValueError: as :func:`load_sample_payload`,
-            with ``on_error="fail"`` and not ``keep_partial``.
+            with ``on_error="raise"`` and not ``keep_partial``.
     """
     options, encode = task.options, task.encode
     out = []

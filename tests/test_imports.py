@@ -67,14 +67,19 @@ def _targets(module: str) -> list[tuple[str, str | None, int]]:
 
 
 def _edges(package: str) -> dict[str, set[str]]:
-    """Imports between the modules of ``package`` (importing ``a.b.c`` also runs ``a.b``'s ``__init__``)."""
+    """Imports between the modules of ``package``.
+
+    Importing ``a.b.c`` also runs ``a.b``'s ``__init__``, unless ``a.b`` is a package the importer
+    lives in (it was initialised before the importer ran: a package's ``__init__`` importing its
+    submodules, which import their siblings, is no cycle).
+    """
     graph: dict[str, set[str]] = {m: set() for m in MODULES if m.startswith(package + ".") or m == package}
     for m in graph:
         for target, _, _ in _targets(m):
             parts = target.split(".")
             for i in range(len(package.split(".")) + 1, len(parts) + 1):
                 t = ".".join(parts[:i])
-                if t in graph and t != m:
+                if t in graph and t != m and not m.startswith(t + "."):
                     graph[m].add(t)
     return graph
 

@@ -17,7 +17,7 @@ import lmdb
 import msgpack
 
 from shardfeed.readers.format import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, Manifest, ShardEntry, decode_record
-from shardfeed.readers.lmdb_io import is_reserved_key
+from shardfeed.readers.lmdb_io import is_reserved_key  # the one definition: format.RESERVED_KEY_PREFIXES
 
 __all__ = [
     "LmdbStore",

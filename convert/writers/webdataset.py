@@ -381,7 +381,7 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
     Raises:
         ValueError: one re-encoded sample alone is larger than ``max_bytes`` (names the file).
         OSError, CorruptDataError, SourceChangedError: as
-            :func:`~shardfeed.convert.samples.load_sample_payload` (``on_error="fail"``); finished
+            :func:`~shardfeed.convert.samples.load_sample_payload` (``on_error="raise"``); finished
             shards stay and ``resume`` continues after them.
     """
     report = progress_with_output(progress)
