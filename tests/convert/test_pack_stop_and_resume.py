@@ -116,3 +116,45 @@ def test_sigterm_during_a_parallel_pack_prints_one_line_and_resumes(fmt, target,
                         "--resume"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _files(out) == ref[fmt]
+
+
+def test_resume_refused_names_the_changed_options_and_files(tmp_path):
+    """A pack stopped by a bad file; then the file is removed, another one rewritten and an
+    option changed: --resume names each (issue 15 item 15)."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    for i in range(8):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 2}" / f"{i}.jpg").write_bytes(_jpeg(i))
+    (src / "c0" / "zz_empty.jpg").write_bytes(b"")  # an empty image stops the pack
+    r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--max-count", "2", "-j", "1", "--no-shuffle"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "zz_empty.jpg" in r.stderr
+    (src / "c0" / "zz_empty.jpg").unlink()
+    (src / "c1" / "1.jpg").write_bytes(_jpeg(100))  # another size
+    (src / "c1" / "new.jpg").write_bytes(_jpeg(101))
+    r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--max-count", "3", "-j", "1", "--no-shuffle",
+                        "--resume"], capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    err = " ".join(r.stderr.split())
+    assert "options changed: --max-count 2 then, 3 now" in err, err
+    assert "1 file(s) added: c1/new.jpg" in err and "1 file(s) removed: c0/zz_empty.jpg" in err
+    assert "1 file(s) changed (size or modification time): c1/1.jpg" in err
+
+
+def test_overwrite_is_advised_only_where_it_works(src, tmp_path):
+    foreign, ours = tmp_path / "foreign", tmp_path / "ours"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError) as err:
+        pack(src, foreign, PackOptions(workers=1))
+    msg = str(err.value)
+    assert "notes.txt" in msg and "--overwrite would not delete" in msg and "use --overwrite" not in msg
+    with pytest.raises(ValueError, match="refusing to delete them with --overwrite"):  # and indeed it refuses
+        pack(src, foreign, PackOptions(workers=1, overwrite=True))
+    with pytest.raises(ValueError, match="it holds files shardfeed did not write .notes.txt.: choose an empty"):
+        pack(src, foreign, PackOptions(workers=1, resume=True))
+    pack(src, ours, PackOptions(workers=1))
+    with pytest.raises(ValueError, match="use --overwrite to replace it"):
+        pack(src, ours, PackOptions(workers=1))
+    pack(src, ours, PackOptions(workers=1, overwrite=True))  # the advice works
+    assert (foreign / "notes.txt").read_text() == "mine"
