@@ -43,6 +43,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "INDEX_SUFFIX",
     "is_dali_index",
+    "stored_path_problem",
     "merge_extension_counts",
     "MANIFEST_NAME",
     "LMDB_DATA_NAME",
@@ -253,6 +254,43 @@ def index_name(index: int, prefix: str = DEFAULT_PREFIX) -> str:
     Not ``.idx``: that is the name NVIDIA DALI's ``wds2idx`` gives its text index of the same shard.
     """
     return f"{prefix}-{index:06d}{INDEX_SUFFIX}"
+
+
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
+
+
+def stored_path_problem(rel: str) -> str | None:
+    """The one name policy for the relative paths a dataset stores (``meta["path"]``, class names).
+
+    ``pack`` checks every file against it (a file that fails is refused, naming it, or skipped
+    under ``on_error="skip"``) and every tool that writes those paths back as files (``unpack``)
+    honours the same rule, so what ``pack`` accepts ``unpack`` writes, on every system. A path
+    fails when it is not valid UTF-8, is empty, absolute or starts with a drive (``C:``), has an
+    empty, ``.`` or ``..`` component, or holds a backslash (a folder separator on Windows) or NUL.
+
+    Args:
+        rel: the path relative to the dataset's source root, ``/`` separators.
+
+    Returns:
+        None when the path is fine, else the reason and the fix, for a message.
+    """
+    if rel.isascii() and "\\" not in rel and "\0" not in rel:
+        ok_chars = True
+    else:
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            return ("name not valid UTF-8 (bytes shown as %XX): rename the file or folder to UTF-8, e.g. "
+                    "`convmv -r -f latin1 -t utf8 --notest SRC`")
+        ok_chars = "\\" not in rel and "\0" not in rel
+    if not ok_chars:
+        return ("name holds a backslash or NUL (a backslash separates folders on Windows, so shardfeed refuses it "
+                "everywhere: a dataset unpacks the same on every system): rename it, e.g. replace \\ with _")
+    if not rel or rel.startswith("/") or _DRIVE_RE.match(rel):
+        return "path is empty, absolute or starts with a drive letter (C:): rename the folder"
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return "path has an empty, '.' or '..' component: rename it"
+    return None
 
 
 def is_dali_index(head: bytes) -> bool:

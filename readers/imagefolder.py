@@ -18,11 +18,11 @@ Rules (DESIGN.md, "Sample and key conventions"):
   ``.ipynb_checkpoints/``) are neither classes nor samples; they are counted as ignored.
 * Files with other extensions are counted and listed as ignored, not packed.
 * A file with a packed extension that cannot be packed (a broken symbolic link, a file that
-  cannot be stat'ed, a file or folder name that is not valid UTF-8) is listed in
-  :attr:`ScanResult.unpackable` with its reason; the packer stops naming it, or lists it as
-  skipped under ``on_error="skip"``. Names that are not valid UTF-8 are shown with the bad bytes
-  escaped (``caf\\xe9.jpg``, see :func:`display_name`); a class folder so named keeps its index
-  under its escaped name.
+  cannot be stat'ed, a path that fails the one name policy,
+  :func:`~shardfeed.readers.format.stored_path_problem`: not valid UTF-8, a backslash...) is
+  listed in :attr:`ScanResult.unpackable` with its reason; the packer stops naming it, or lists
+  it as skipped under ``on_error="skip"``. Such names are shown escaped (``caf%E9.jpg``, see
+  :func:`display_name`); a class folder so named keeps its index under its escaped name.
 * An empty class folder keeps its index (as ``ImageFolder(..., allow_empty=True)``) and is named
   in a warning.
 """
@@ -33,12 +33,13 @@ import dataclasses
 import heapq
 import logging
 import os
+import re
 import stat as stat_mod
 from array import array
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence, overload
 
-from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext
+from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext, stored_path_problem
 
 __all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
            "parse_extensions", "display_name", "is_utf8_name"]
@@ -219,8 +220,8 @@ class ScanResult:
         empty_classes: class names with no image.
         extensions: the canonical extensions that were matched.
         unpackable: ``[{"path": rel, "reason": ...}]`` for files with a packed extension that
-            cannot be packed (broken symbolic link, cannot stat, name not valid UTF-8; paths
-            shown by :func:`display_name`). They are not in ``files`` nor in ``ignored``.
+            cannot be packed (broken symbolic link, cannot stat, a path failing the name policy;
+            paths shown by :func:`display_name`). They are not in ``files`` nor in ``ignored``.
     """
 
     root: str
@@ -286,11 +287,25 @@ def is_utf8_name(name: str) -> bool:
 
 
 def display_name(name: str) -> str:
-    """``name`` safe to print and to store as UTF-8: bytes that are not valid UTF-8 are shown as
-    ``\\xNN`` (``b"caf\\xe9.jpg"`` → ``caf\\xe9.jpg``); valid names are returned unchanged."""
-    if is_utf8_name(name):
+    """``name`` safe to print and to store: bytes that are not valid UTF-8 and backslashes are shown
+    as ``%XX`` (``b"caf\\xe9.jpg"`` → ``caf%E9.jpg``, ``a\\b`` → ``a%5Cb``), and a leading drive
+    (``C:``) as ``C%3A``, so the result passes :func:`~shardfeed.readers.format.stored_path_problem`
+    as a folder name; other names are returned unchanged."""
+    if name.isascii() and "\\" not in name and not _DRIVE_RE.match(name):
         return name
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
+    out = []
+    for ch in name:
+        if "\udc80" <= ch <= "\udcff":  # an undecodable byte kept by PEP 383
+            out.append(f"%{ord(ch) - 0xDC00:02X}")
+        elif ch == "\\":
+            out.append("%5C")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    return text[0] + "%3A" + text[2:] if _DRIVE_RE.match(text) else text
+
+
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
 def find_classes(root: str | os.PathLike) -> list[str]:
@@ -382,7 +397,7 @@ def scan_image_folder(
         for dirpath, names in walks[code]:
             rel_dir = dirpath[prefix_len:] if slash else dirpath[prefix_len:].replace(os.sep, "/")
             rel_dir += "/"
-            dir_ok = is_utf8_name(rel_dir)
+            dir_ok = stored_path_problem(rel_dir + "_") is None  # the one name policy, once per folder
             dir_prefix = dirpath + os.sep
             for name in names:
                 if name[0] == ".":
@@ -393,11 +408,11 @@ def scan_image_folder(
                 if ec is None:
                     ignored.append({"path": display_name(rel_dir + name), "reason": "extension not packed"})
                     continue
-                if not (dir_ok and is_utf8_name(name)):
-                    unpackable.append({"path": display_name(rel_dir + name),
-                                       "reason": "name not valid UTF-8 (bytes shown as \\xNN): rename the file or "
-                                                 "folder to UTF-8, e.g. `convmv -r -f latin1 -t utf8 --notest SRC`"})
-                    continue
+                if not (dir_ok and name.isascii() and "\\" not in name):
+                    problem = stored_path_problem(rel_dir + name)
+                    if problem is not None:  # what pack accepts, every tool (unpack) writes back
+                        unpackable.append({"path": display_name(rel_dir + name), "reason": problem})
+                        continue
                 try:
                     st = stat(dir_prefix + name)
                 except OSError as exc:

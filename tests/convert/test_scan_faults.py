@@ -144,17 +144,44 @@ def test_names_not_utf8_are_named_escaped_and_skippable(tmp_path):
     os.mkdir(os.path.join(broot, b"r\xe9seau"))                            # Latin-1 class folder
     with open(os.path.join(broot, b"r\xe9seau", b"x.png"), "wb") as f:
         f.write(_img(4))
-    with pytest.raises(ValueError, match=r"cat/caf\\xe9\.png: name not valid UTF-8.*convmv.*--on-error skip"):
+    with pytest.raises(ValueError, match=r"cat/caf%E9\.png: name not valid UTF-8.*convmv.*--on-error skip"):
         pack(root, tmp_path / "out1", PackOptions(workers=1))
     r = subprocess.run([*SHARDFEED, "pack", str(root), str(tmp_path / "out3")], capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "codec" not in r.stderr
-    assert "caf\\xe9.png: name not valid UTF-8" in r.stderr
+    assert "caf%E9.png: name not valid UTF-8" in r.stderr
 
     pack(root, tmp_path / "out2", PackOptions(workers=1, on_error="skip"))
     manifest = json.loads((tmp_path / "out2" / "manifest.json").read_text())
-    assert sorted(s["path"] for s in manifest["skipped"]) == ["cat/caf\\xe9.png", "r\\xe9seau/x.png"]
+    assert sorted(s["path"] for s in manifest["skipped"]) == ["cat/caf%E9.png", "r%E9seau/x.png"]
     # the class keeps its torchvision index, under its escaped name; the others keep theirs
     tv = _classes_torchvision(root)
-    assert manifest["classes"] == [os.fsencode(c).decode("utf-8", "backslashreplace") for c in tv]
+    assert manifest["classes"] == [c.replace("\udce9", "%E9") for c in tv]
     got = {s["meta"]["path"]: (s["data"], s["cls"]) for s in _shard_samples(tmp_path / "out2")}
     assert got == {rel: (data, tv.index(rel.split("/")[0])) for rel, data in files.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# item 9: one name policy (pack refuses or skips what unpack would refuse)
+
+def test_backslash_names_are_refused_at_pack_time_and_unpack_writes_back_what_pack_accepted(tmp_path):
+    from shardfeed.convert.tools.unpack import unpack
+
+    root = tmp_path / "src"
+    files = {"cat/c.png": _img(1), "dog/d.png": _img(2), "dog/sub/e.png": _img(5)}
+    _write(root, files)
+    (root / "cat" / "a\\b.png").write_bytes(_img(3))       # a backslash in a file name
+    (root / "back\\slash").mkdir()                        # ... and in a class name
+    (root / "back\\slash" / "x.png").write_bytes(_img(4))
+    with pytest.raises(ValueError, match=r"back%5Cslash/x\.png: name holds a backslash.*rename it.*and 1 more.*"
+                                         r"--on-error skip"):
+        pack(root, tmp_path / "out1", PackOptions(workers=1))
+    report = pack(root, tmp_path / "out2", PackOptions(workers=1, on_error="skip"))
+    manifest = json.loads((tmp_path / "out2" / "manifest.json").read_text())
+    assert sorted(s["path"] for s in manifest["skipped"]) == ["back%5Cslash/x.png", "cat/a%5Cb.png"]
+    tv = _classes_torchvision(root)  # the class keeps its index, under its escaped name
+    assert manifest["classes"] == [c.replace("\\", "%5C") for c in tv] and report.num_samples == 3
+    # unpack writes back every packed file, byte for byte; it refuses nothing pack accepted
+    unpack(tmp_path / "out2", tmp_path / "back")
+    got = {str(p.relative_to(tmp_path / "back")): p.read_bytes() for p in (tmp_path / "back").rglob("*.png")}
+    assert got == files
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == sorted(manifest["classes"])
