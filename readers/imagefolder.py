@@ -380,7 +380,10 @@ def scan_image_folder(
                                 display_name(os.readlink(e.path)))
                     ignored.append({"path": display_name(e.name), "reason": "broken symbolic link"})
                 else:
-                    ignored.append({"path": display_name(e.name), "reason": "not in a class folder"})
+                    dot = e.name.rfind(".")
+                    image = dot > 0 and e.name[dot + 1:].lower() in exts
+                    ignored.append({"path": display_name(e.name),
+                                    "reason": "image not in a class folder" if image else "not in a class folder"})
     # The hot loop (one pass per file): relative paths by slicing (no os.path.relpath), the
     # extension by one dict lookup, results appended to compact columns (no object per file).
     canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
@@ -440,6 +443,10 @@ def scan_image_folder(
             for name in sorted(names):
                 rel = os.path.relpath(os.path.join(dirpath, name), root_path).replace(os.sep, "/")
                 ignored.append({"path": display_name(rel), "reason": "in a hidden folder"})
+    beside = [i["path"] for i in ignored if i["reason"] == "image not in a class folder"]
+    if beside:
+        log.warning("%d image(s) lie beside the class folders of %s, not inside one (e.g. %s): not packed; move "
+                    "each into its class folder", len(beside), root_path, ", ".join(beside[:3]))
     if unpackable:
         log.warning("%d file(s) with an image extension cannot be packed, e.g. %s: %s", len(unpackable),
                     unpackable[0]["path"], unpackable[0]["reason"])
