@@ -54,12 +54,11 @@ def _packed_paths(out: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_second_pack_into_the_same_out_fails_at_once_naming_the_first(tmp_path):
+def test_second_pack_into_the_same_out_fails_at_once_naming_the_first(tmp_path, hooked_cli):
     a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
     files_a, _ = _folder(a, 1), _folder(b, 2)
-    env = {**os.environ, "SHARDFEED_TEST_DELAY_MS": "60"}
-    first = subprocess.Popen([*SHARDFEED, "-q", "pack", str(a), str(out), "--overwrite", "--max-count", "4", "-j", "1"],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.06}), "-q", "pack", str(a), str(out), "--overwrite",
+                              "--max-count", "4", "-j", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not list(out.glob("*.tar")):
         time.sleep(0.02)
