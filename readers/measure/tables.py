@@ -1,0 +1,165 @@
+"""Report formatting: the aligned tables of ``bench``, ``verify`` and ``tune``, and the per-batch plot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .report import RunReport, fmt_bytes
+
+__all__ = ["format_table", "format_report", "format_comparison", "comparison_headline", "plot_runs"]
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None) -> str:
+    """Align ``rows`` in columns (first column left-aligned, the others right-aligned)."""
+    all_rows = [list(header)] if header else []
+    all_rows += [list(r) for r in rows]
+    if not all_rows:
+        return ""
+    ncol = max(len(r) for r in all_rows)
+    for r in all_rows:
+        r += [""] * (ncol - len(r))
+    widths = [max(len(r[i]) for r in all_rows) for i in range(ncol)]
+    lines = []
+    for j, r in enumerate(all_rows):
+        cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, ncol)]
+        lines.append("  ".join(cells).rstrip())
+        if header and j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _report_rows(r: RunReport) -> list[tuple[str, str]]:
+    cfg = r.config
+    rows = [
+        ("source", f"{cfg.get('source_format', '?')}: {cfg.get('source', '?')}"),
+        ("images/s", f"{r.images_per_s:.1f}"),
+        ("batches x images", f"{r.num_batches} x {cfg.get('batch_size', '?')} = {r.num_samples}"),
+        ("measured time", f"{r.seconds:.2f} s"),
+        ("wait for data, ms (mean/p50/p95)", f"{_ms(r.t_wait_s.mean)} / {_ms(r.t_wait_s.p50)} / {_ms(r.t_wait_s.p95)}"),
+        ("compute, ms (mean/p50/p95)",
+         f"{_ms(r.t_compute_s.mean)} / {_ms(r.t_compute_s.p50)} / {_ms(r.t_compute_s.p95)}"),
+        ("data stall", f"{r.stall_share:.0%}"),
+        ("GPU utilisation", "n/a (not CUDA)" if not r.device.startswith("cuda")
+         else (f"{r.gpu_util:.0%}" if r.gpu_util is not None else "n/a (no NVML)")),
+    ]
+    if r.gpu:
+        nv = r.gpu.get("nvml") or {}
+        rows.append(("GPU memory (NVML max / torch max)",
+                     f"{fmt_bytes(nv.get('memory_used_max_bytes'))} / {fmt_bytes(r.gpu.get('max_allocated_bytes'))}"))
+    if r.cpu:
+        nw = (cfg.get("loader") or {}).get("num_workers")
+        rows.append(("CPU, loader workers", f"{r.cpu['workers_cores']:.2f} cores ({nw} workers)"))
+        rows.append(("CPU, main process", f"{r.cpu['main_cores']:.2f} cores"))
+        rows.append(("CPU, all of ours", f"{r.cpu['util_share']:.0%} of {r.cpu['cpu_count']} cores"))
+    if r.io:
+        rows.append(("read from disk", f"{fmt_bytes(r.io['read_bytes_per_s'])}/s"
+                     + (f" ({fmt_bytes(r.io['read_bytes_with_warmup'])} incl. warm-up)"
+                        if r.io.get("read_bytes_with_warmup") is not None else "")))
+        rows.append(("read calls (incl. page cache)", f"{fmt_bytes(r.io['rchar_per_s'])}/s"))
+    if r.memory:
+        m = r.memory
+        rows.append(("memory, main (RSS start -> end)",
+                     f"{fmt_bytes(m['main_rss_start_bytes'])} -> {fmt_bytes(m['main_rss_end_bytes'])}"))
+        rows.append(("memory, workers (RSS start -> end)",
+                     f"{fmt_bytes(m['workers_rss_start_bytes'])} -> {fmt_bytes(m['workers_rss_end_bytes'])}"))
+        rows.append(("memory growth", ("YES " if m["growth_flag"] else "no, ") + f"{fmt_bytes(m['growth_bytes'])}"))
+    if r.system:
+        rows.append(("swap in use", fmt_bytes(r.system.get("swap_used_end_bytes"))))
+        if r.system.get("iowait_share") is not None:
+            rows.append(("CPU time in I/O wait (machine)", f"{r.system['iowait_share']:.1%}"))
+    if r.cache is None:
+        rows.append(("page cache", "warm (not evicted)"))
+    else:
+        c = r.cache
+        after, total = c.get("cached_bytes_after"), c.get("bytes") or 0
+        if not c.get("files"):
+            state = "not evicted (no local files)"
+        elif after is None or not total:
+            state = "evicted (unchecked)"
+        elif c.get("ignored"):
+            state = f"NOT evicted, {after / total:.0%} left"
+        else:
+            state = f"evicted, {after / total:.0%} left"
+        rows.append(("page cache", f"{state} of {c.get('files', 0)} files, {fmt_bytes(total)}"))
+    rows.append(("device", f"{r.device} ({r.timing})"))
+    return rows
+
+
+def format_report(report: RunReport) -> str:
+    """The aligned table of one run (``bench``)."""
+    text = format_table(_report_rows(report), header=("", report.label or "run"))
+    if report.warnings:
+        text += "\n" + "\n".join(f"warning: {w}" for w in report.warnings)
+    return text
+
+
+def comparison_headline(speedup: float, stall_before: float, stall_after: float) -> str:
+    """``"2.9x faster; data stall 71% -> 6%"`` (or ``"1.3x slower; ..."``)."""
+    if 0.95 <= speedup < 1.05:
+        head = f"no clear difference ({speedup:.2f}x)"
+    elif speedup >= 1:
+        head = f"{speedup:.1f}x faster"
+    elif speedup > 0:
+        head = f"{1 / speedup:.1f}x slower ({speedup:.2f}x)"
+    else:
+        head = "no throughput"
+    return f"{head}; data stall {stall_before:.0%} -> {stall_after:.0%}"
+
+
+def format_comparison(result: dict) -> str:
+    """Both median runs side by side, then the headline (``verify``)."""
+    b, a = result["before"], result["after"]
+    rb, ra = _report_rows(b), _report_rows(a)
+    rows = [(name, vb, va) for (name, vb), (_, va) in zip(rb, ra)]
+    text = format_table(rows, header=("", "BEFORE", "AFTER"))
+    warnings = [f"before: {w}" for w in b.warnings] + [f"after: {w}" for w in a.warnings]
+    if warnings:
+        text += "\n" + "\n".join(f"warning: {w}" for w in dict.fromkeys(warnings))
+    if result.get("repeats", 1) > 1:
+        text += (f"\n(median of {result['repeats']} alternating rounds; images/s per run: before "
+                 + ", ".join(f"{r.images_per_s:.0f}" for r in result["runs"] if r.label == "before")
+                 + "; after " + ", ".join(f"{r.images_per_s:.0f}" for r in result["runs"] if r.label == "after") + ")")
+    text += "\n" + comparison_headline(result["speedup"], result["stall_share_before"], result["stall_share_after"])
+    return text
+
+
+def plot_runs(runs: Sequence[RunReport], path: str | os.PathLike) -> Path:
+    """Draw per-batch wait and compute over time, one panel per run, into a PNG.
+
+    Each batch is a bar from its start time: the wait for data (bottom), then the compute.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'shardfeed[plot]'``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'shardfeed[plot]' "
+                          "(or pip install matplotlib)") from None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.6 * len(runs)), squeeze=False, sharex=True)
+    for ax, r in zip(axes[:, 0], runs):
+        starts = r.batches.get("t_start_s", [])
+        waits = [w * 1000 for w in r.batches.get("t_wait_s", [])]
+        comps = [c * 1000 for c in r.batches.get("t_compute_s", [])]
+        ax.plot(starts, waits, drawstyle="steps-post", label="wait for data (ms)", color="tab:red")
+        ax.plot(starts, comps, drawstyle="steps-post", label="compute (ms)", color="tab:blue")
+        ax.set_title(f"{r.label or 'run'}: {r.config.get('source_format', '')} {r.config.get('source', '')} - "
+                     f"{r.images_per_s:.0f} images/s, data stall {r.stall_share:.0%}", fontsize=9)
+        ax.set_ylabel("ms per batch")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel("time since the first measured batch (s)")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

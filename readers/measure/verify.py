@@ -1,0 +1,82 @@
+"""``verify``: check AFTER against BEFORE, then measure both with the same loop in alternating rounds."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+from .bench import bench_source
+from .cache import dataset_files
+from .check import check_same_samples
+from .report import RunReport
+
+__all__ = ["compare_sources"]
+
+
+def _run_in_child(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a short-lived child process (fork where available); re-raises its error."""
+    import concurrent.futures
+    import multiprocessing as mp
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context(method)) as pool:
+        return pool.submit(fn, *args, **kwargs).result()
+
+
+def _median_run(runs: Sequence[RunReport]) -> RunReport:
+    ordered = sorted(runs, key=lambda r: r.images_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repeats: int = 1, cold: bool = False,
+                    deep: bool = False, check: bool = True,
+                    progress: Callable[[str], None] | None = None, **bench_options: Any) -> dict:
+    """``verify``: check AFTER against BEFORE, then measure both with the same loop, alternately.
+
+    Round ``r`` runs BEFORE then AFTER when ``r`` is even, AFTER then BEFORE when odd, so drift
+    (thermal, page cache, other load) does not favour one side. With ``cold`` the files of *both*
+    datasets are evicted before every run.
+
+    Args:
+        before, after: the original image folder and the packed dataset (any two sources).
+        repeats: rounds (≥ 1); the reported runs are each side's median by images/s.
+        cold: evict the page cache before each run.
+        deep: compare every sample's bytes in the check.
+        check: run :func:`check_same_samples` first.
+        progress: called with a line of text before each run.
+        **bench_options: :func:`bench_source` options (model, device, batch size, loader knobs).
+
+    Returns:
+        ``{"before": run, "after": run, "speedup", "stall_share_before", "stall_share_after",
+        "check", "runs": [run, ...]}`` with runs as JSON dicts; ``speedup`` = after images/s ÷
+        before images/s.
+
+    Raises:
+        DatasetMismatchError: the check failed (nothing is measured).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    checked = None
+    if check:
+        # with cold runs, check in a child process: readers that map files (LMDB) keep what they
+        # mapped while the process lives, and mapped pages cannot be evicted from the page cache
+        checked = _run_in_child(check_same_samples, before, after, deep=deep) if cold else \
+            check_same_samples(before, after, deep=deep)
+    evict = None
+    if cold:
+        evict = dataset_files(before) + dataset_files(after)
+    runs: list[RunReport] = []
+    for r in range(repeats):
+        order = (("before", before), ("after", after)) if r % 2 == 0 else (("after", after), ("before", before))
+        for side, src in order:
+            if progress:
+                progress(f"round {r + 1}/{repeats}: {side} ({src})")
+            rep = bench_source(src, cold=cold, evict_files=evict, label=side, **bench_options)
+            rep.config["round"] = r
+            runs.append(rep)
+    best_b = _median_run([x for x in runs if x.label == "before"])
+    best_a = _median_run([x for x in runs if x.label == "after"])
+    speedup = best_a.images_per_s / best_b.images_per_s if best_b.images_per_s > 0 else float("inf")
+    return {"before": best_b, "after": best_a, "speedup": speedup, "stall_share_before": best_b.stall_share,
+            "stall_share_after": best_a.stall_share, "check": checked, "repeats": repeats, "cold": cold,
+            "runs": runs}
