@@ -45,6 +45,7 @@ The package, by concern:
 * :mod:`.harness`: the training loop (:func:`run_training_loop`, :func:`select_device`);
 * :mod:`.bench`: one loader on one dataset (:func:`bench_source`);
 * :mod:`.check`, :mod:`.verify`: same samples? then before vs after (:func:`compare_sources`);
+* :mod:`.verdict`: the verdict from every round, or none when the noise exceeds the effect;
 * :mod:`.tune`: the ``DataLoader`` knob sweep (:func:`tune_loader`);
 * :mod:`.tables`: the printed tables and the plot.
 """
@@ -52,14 +53,16 @@ The package, by concern:
 from __future__ import annotations
 
 from .bench import bench_source
-from .cache import EVICTION_IGNORED_SHARE, dataset_files, detect_source_format, evict_page_cache, page_cache_residency
+from .cache import (EVICTION_IGNORED_SHARE, dataset_files, detect_source_format, evict_page_cache, page_cache_residency,
+                    settle_disk)
 from .check import check_same_samples
 from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device
 from .report import DatasetMismatchError, RunReport, TimingStats
 from .sampling import (GPU_SAMPLE_INTERVAL_S, MEMORY_GROWTH_FLAG_BYTES, MEMORY_GROWTH_FLAG_SHARE, GpuSampler,
                        ProcessSampler)
-from .tables import comparison_headline, format_comparison, format_report, format_table, plot_runs
+from .tables import comparison_headline, format_comparison, format_report, format_table, plot_runs, verdict_headline
 from .tune import make_loader_call, tune_loader
+from .verdict import judge_rounds
 from .verify import compare_sources
 
 __all__ = [
@@ -79,6 +82,7 @@ __all__ = [
     "dataset_files",
     "page_cache_residency",
     "evict_page_cache",
+    "settle_disk",
     "ProcessSampler",
     "GpuSampler",
     "check_same_samples",
@@ -88,6 +92,8 @@ __all__ = [
     "format_report",
     "format_comparison",
     "comparison_headline",
+    "verdict_headline",
+    "judge_rounds",
     "make_loader_call",
     "plot_runs",
 ]

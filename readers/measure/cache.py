@@ -24,9 +24,10 @@ from typing import Sequence
 
 from ..format import LMDB_DATA_NAME, MANIFEST_NAME, load_manifest
 from .report import fmt_bytes
+from .sampling import meminfo
 
 __all__ = ["EVICTION_IGNORED_SHARE", "detect_source_format", "dataset_files", "page_cache_residency",
-           "evict_page_cache", "close_lmdb_envs"]
+           "evict_page_cache", "close_lmdb_envs", "settle_disk"]
 
 logger = logging.getLogger(__name__)
 
@@ -279,3 +280,32 @@ def close_lmdb_envs(files: Sequence[str | os.PathLike]) -> int:
     if mod is None:  # no LMDB reader in this process: nothing is open
         return 0
     return mod.close_environments({Path(f).parent for f in files if Path(f).name == LMDB_DATA_NAME})
+
+
+def settle_disk() -> dict:
+    """Flush dirty pages to the storage devices (``os.sync()``) before measuring.
+
+    Files just written (a dataset packed a moment ago) leave dirty pages that the kernel writes
+    back some 30 s later (``vm.dirty_expire_centisecs``), in the middle of a measurement, taking
+    disk bandwidth and CPU from whichever run is going then. ``sync`` does that work now.
+
+    Returns:
+        ``{"method", "seconds", "dirty_bytes_before", "dirty_bytes_after"}``: ``method`` is
+        ``"os.sync"`` (None where the platform has no ``sync``); dirty bytes from
+        ``/proc/meminfo`` (``Dirty`` + ``Writeback``; None off Linux).
+    """
+    t0 = time.perf_counter()
+    before = _dirty_bytes()
+    method = None
+    if hasattr(os, "sync"):
+        os.sync()
+        method = "os.sync"
+    return {"method": method, "seconds": time.perf_counter() - t0, "dirty_bytes_before": before,
+            "dirty_bytes_after": _dirty_bytes()}
+
+
+def _dirty_bytes() -> int | None:
+    info = meminfo()
+    if "Dirty" not in info:
+        return None
+    return info["Dirty"] + info.get("Writeback", 0)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 from .report import percentile
 
 __all__ = ["GPU_SAMPLE_INTERVAL_S", "MEMORY_GROWTH_FLAG_BYTES", "MEMORY_GROWTH_FLAG_SHARE", "ProcessSampler",
-           "GpuSampler", "read_text", "meminfo", "cpu_times"]
+           "GpuSampler", "read_text", "meminfo", "cpu_times", "others_cpu"]
 
 #: How often the NVML thread samples GPU utilisation and memory, seconds.
 GPU_SAMPLE_INTERVAL_S = 0.1
@@ -121,6 +121,29 @@ def cpu_times() -> list[int] | None:
     return [int(x) for x in text.splitlines()[0].split()[1:]]
 
 
+def others_cpu(ticks_start: list | None, ticks_end: list | None, ours_s: float, wall_s: float,
+               cpu_count: int) -> dict:
+    """CPU time other processes took during a window: ``{"others_s", "others_share"}``.
+
+    The machine's busy time (``/proc/stat``: user, nice, system, irq, softirq and steal ticks,
+    i.e. all but idle and I/O wait) minus ``ours_s``, and that as a share of ``wall_s x cpu_count``.
+    Kernel threads count as others (the write-back of dirty pages among them); time another
+    virtual machine stole from this one counts too. None values when ``/proc/stat`` is unreadable.
+
+    Args:
+        ticks_start, ticks_end: :func:`cpu_times` at the window's start and end.
+        ours_s: CPU seconds of the measured processes (main + loader workers) in the window.
+        wall_s: the window's wall time, s.
+        cpu_count: cores of the machine.
+    """
+    if not ticks_start or not ticks_end or wall_s <= 0:
+        return {"others_s": None, "others_share": None}
+    delta = [y - x for x, y in zip(ticks_start, ticks_end)]
+    busy_ticks = sum(delta[:8]) - delta[3] - (delta[4] if len(delta) > 4 else 0)
+    others_s = max(0.0, busy_ticks / _CLK_TCK - ours_s)
+    return {"others_s": others_s, "others_share": min(1.0, others_s / (wall_s * max(cpu_count, 1)))}
+
+
 @dataclasses.dataclass
 class _Snapshot:
     t: float
@@ -199,6 +222,7 @@ class ProcessSampler:
                    "main_cores": main_s / wall, "workers_cores": workers_s / wall,
                    "util_share": (main_s + workers_s) / wall / ncpu, "cpu_count": ncpu,
                    "num_worker_processes": len(set(a.child_cpu_s) | set(b.child_cpu_s))}
+            cpu.update(others_cpu(a.cpu_times, b.cpu_times, main_s + workers_s, wall, ncpu))
         if a.io is not None and b.io is not None:
             io = {}
             for key in ("read_bytes", "rchar"):

@@ -8,7 +8,8 @@ from typing import Sequence
 
 from .report import RunReport, fmt_bytes
 
-__all__ = ["format_table", "format_report", "format_comparison", "comparison_headline", "plot_runs"]
+__all__ = ["format_table", "format_report", "format_comparison", "comparison_headline", "verdict_headline",
+           "plot_runs"]
 
 
 def _ms(x: float) -> str:
@@ -57,6 +58,8 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         rows.append(("CPU, loader workers", f"{r.cpu['workers_cores']:.2f} cores ({nw} workers)"))
         rows.append(("CPU, main process", f"{r.cpu['main_cores']:.2f} cores"))
         rows.append(("CPU, all of ours", f"{r.cpu['util_share']:.0%} of {r.cpu['cpu_count']} cores"))
+        if r.cpu.get("others_share") is not None:
+            rows.append(("CPU, other processes", f"{r.cpu['others_share']:.0%} of {r.cpu['cpu_count']} cores"))
     if r.io:
         rows.append(("read from disk", f"{fmt_bytes(r.io['read_bytes_per_s'])}/s"
                      + (f" ({fmt_bytes(r.io['read_bytes_with_warmup'])} incl. warm-up)"
@@ -112,8 +115,39 @@ def comparison_headline(speedup: float, stall_before: float, stall_after: float)
     return f"{head}; data stall {stall_before:.0%} -> {stall_after:.0%}"
 
 
+def verdict_headline(verdict: dict | None, speedup: float, stall_before: float, stall_after: float) -> str:
+    """``verify``'s last line: the verdict of :func:`~shardfeed.readers.measure.verdict.judge_rounds`
+    and the data stall (``"2.9x faster; rounds vary by 4%; data stall 71% -> 6%"``); without a
+    verdict, :func:`comparison_headline`."""
+    if not verdict:
+        return comparison_headline(speedup, stall_before, stall_after)
+    return f"{verdict['text']}; data stall {stall_before:.0%} -> {stall_after:.0%}"
+
+
+def _rounds_lines(verdict: dict, repeats: int) -> list[str]:
+    lines = [f"rounds: {repeats}, alternating (the median run of each side is shown above); images/s in run order:"]
+    for name in ("before", "after"):
+        d = verdict[name]
+        spread = "" if d["spread_share"] is None or len(d["rounds"]) < 2 else f", spread {d['spread_share']:.0%}"
+        lines.append(f"  {name.upper():6s} {' '.join(f'{x:.0f}' for x in d['rounds'])} "
+                     f"(median {d['median']:.0f}{spread})")
+    if verdict.get("others_cpu_share_max") is not None:
+        lines.append(f"  other processes took up to {verdict['others_cpu_share_max']:.0%} of the CPU during a run")
+    return lines
+
+
+def _settle_text(settle: dict | None) -> str | None:
+    if not settle:
+        return None
+    if not settle.get("method"):
+        return "disk not settled: no sync() on this platform"
+    dirty = settle.get("dirty_bytes_before")
+    what = f"{fmt_bytes(dirty)} of dirty pages" if dirty is not None else "dirty pages"
+    return f"disk settled before measuring: sync() wrote back {what} in {settle['seconds']:.1f} s"
+
+
 def format_comparison(result: dict) -> str:
-    """Both median runs side by side, then the headline (``verify``)."""
+    """Both median runs side by side, the rounds, then the verdict (``verify``)."""
     b, a = result["before"], result["after"]
     rb, ra = _report_rows(b), _report_rows(a)
     rows = [(name, vb, va) for (name, vb), (_, va) in zip(rb, ra)]
@@ -121,11 +155,15 @@ def format_comparison(result: dict) -> str:
     warnings = [f"before: {w}" for w in b.warnings] + [f"after: {w}" for w in a.warnings]
     if warnings:
         text += "\n" + "\n".join(f"warning: {w}" for w in dict.fromkeys(warnings))
-    if result.get("repeats", 1) > 1:
-        text += (f"\n(median of {result['repeats']} alternating rounds; images/s per run: before "
-                 + ", ".join(f"{r.images_per_s:.0f}" for r in result["runs"] if r.label == "before")
-                 + "; after " + ", ".join(f"{r.images_per_s:.0f}" for r in result["runs"] if r.label == "after") + ")")
-    text += "\n" + comparison_headline(result["speedup"], result["stall_share_before"], result["stall_share_after"])
+    verdict = result.get("verdict")
+    lines = [_settle_text(result.get("settle"))]
+    if verdict:
+        lines += _rounds_lines(verdict, result.get("repeats", 1))
+    text += "".join(f"\n{line}" for line in lines if line)
+    text += "\n" + verdict_headline(verdict, result["speedup"], result["stall_share_before"],
+                                     result["stall_share_after"])
+    if verdict:
+        text += "".join(f"\nadvice: {line}" for line in verdict["advice"])
     return text
 
 

@@ -6,9 +6,10 @@ import os
 from typing import Any, Callable, Sequence
 
 from .bench import bench_source
-from .cache import dataset_files
+from .cache import dataset_files, settle_disk
 from .check import check_same_samples
 from .report import RunReport
+from .verdict import judge_rounds, others_cpu_shares
 
 __all__ = ["compare_sources"]
 
@@ -29,13 +30,18 @@ def _median_run(runs: Sequence[RunReport]) -> RunReport:
 
 
 def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repeats: int = 1, cold: bool = False,
-                    deep: bool = False, check: bool = True,
+                    deep: bool = False, check: bool = True, settle: bool = True,
                     progress: Callable[[str], None] | None = None, **bench_options: Any) -> dict:
     """``verify``: check AFTER against BEFORE, then measure both with the same loop, alternately.
 
-    Round ``r`` runs BEFORE then AFTER when ``r`` is even, AFTER then BEFORE when odd, so drift
-    (thermal, page cache, other load) does not favour one side. With ``cold`` the files of *both*
-    datasets are evicted before every run.
+    First the disk is settled (:func:`~shardfeed.readers.measure.cache.settle_disk`: ``sync``, so
+    the write-back of a dataset packed a moment ago does not land in a measured run). Round ``r``
+    runs BEFORE then AFTER when ``r`` is even, AFTER then BEFORE when odd (B A A B B A ...), so a
+    steady drift (thermal, page cache, other load) does not favour one side. With ``cold`` the
+    files of *both* datasets are evicted before every run. The verdict comes from every round of
+    both sides and the CPU other processes took meanwhile
+    (:func:`~shardfeed.readers.measure.verdict.judge_rounds`): none when the noise exceeds the
+    effect.
 
     Args:
         before, after: the original image folder and the packed dataset (any two sources).
@@ -43,16 +49,20 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         cold: evict the page cache before each run.
         deep: compare every sample's bytes in the check.
         check: run :func:`check_same_samples` first.
+        settle: flush dirty pages (``os.sync()``) before the first run.
         progress: called with a line of text before each run.
         **bench_options: :func:`bench_source` options (model, device, batch size, loader knobs).
 
     Returns:
         ``{"before": run, "after": run, "speedup", "stall_share_before", "stall_share_after",
-        "check", "runs": [run, ...]}`` with runs as JSON dicts; ``speedup`` = after images/s ÷
-        before images/s.
+        "check", "repeats", "cold", "settle", "verdict", "runs": [run, ...]}`` (runs are
+        :class:`RunReport`); ``speedup`` = AFTER's median images/s ÷ BEFORE's; ``settle`` what
+        :func:`settle_disk` did (None with ``settle=False``); ``verdict`` the dict of
+        :func:`judge_rounds` (``kind``, ``text``, both sides' rounds, spread, others' CPU share).
 
     Raises:
         DatasetMismatchError: the check failed (nothing is measured).
+        ValueError: ``repeats`` below 1.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -62,9 +72,8 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         # mapped while the process lives, and mapped pages cannot be evicted from the page cache
         checked = _run_in_child(check_same_samples, before, after, deep=deep) if cold else \
             check_same_samples(before, after, deep=deep)
-    evict = None
-    if cold:
-        evict = dataset_files(before) + dataset_files(after)
+    evict = dataset_files(before) + dataset_files(after) if cold else None
+    settled = settle_disk() if settle else None
     runs: list[RunReport] = []
     for r in range(repeats):
         order = (("before", before), ("after", after)) if r % 2 == 0 else (("after", after), ("before", before))
@@ -77,6 +86,9 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
     best_b = _median_run([x for x in runs if x.label == "before"])
     best_a = _median_run([x for x in runs if x.label == "after"])
     speedup = best_a.images_per_s / best_b.images_per_s if best_b.images_per_s > 0 else float("inf")
+    verdict = judge_rounds([x.images_per_s for x in runs if x.label == "before"],
+                           [x.images_per_s for x in runs if x.label == "after"], others_cpu_shares(runs)) \
+        if best_b.images_per_s > 0 else None
     return {"before": best_b, "after": best_a, "speedup": speedup, "stall_share_before": best_b.stall_share,
             "stall_share_after": best_a.stall_share, "check": checked, "repeats": repeats, "cold": cold,
-            "runs": runs}
+            "settle": settled, "verdict": verdict, "runs": runs}

@@ -181,7 +181,22 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
     assert res["check"]["num_samples"] == NUM_IMAGES and res["check"]["num_classes"] == NUM_CLASSES
     assert res["check"]["deep"] and res["check"]["num_compared"] == NUM_IMAGES
     assert "BEFORE" in r.output and "AFTER" in r.output
-    assert ("x faster; data stall" in r.output) or ("x slower" in r.output) or ("no clear difference" in r.output)
+    assert ("x faster; " in r.output) or ("x slower" in r.output) or ("no clear difference" in r.output)
+    # the verdict reads every round (in run order), the spread and the CPU other processes took
+    v = res["verdict"]
+    assert v["kind"] in ("faster", "slower", "same", "noisy", "busy")
+    for side in ("before", "after"):
+        rounds = [x["images_per_s"] for x in res["runs"] if x["label"] == side]
+        assert v[side]["rounds"] == rounds
+        assert (v[side]["min"], v[side]["max"]) == (min(rounds), max(rounds))
+        assert v[side]["median"] == min(rounds) == res[side]["images_per_s"]  # the lower of two middles
+        assert v[side]["spread_share"] == pytest.approx((max(rounds) - min(rounds)) / min(rounds), rel=1e-9)
+    others = [x["cpu"]["others_share"] for x in res["runs"]]
+    assert all(0.0 <= o <= 1.0 for o in others)
+    assert v["others_cpu_share_max"] == pytest.approx(max(others), rel=1e-9)
+    assert res["settle"]["method"] == "os.sync" and res["settle"]["seconds"] >= 0
+    assert "disk settled before measuring: sync()" in r.output
+    assert res["headline"].startswith(v["text"]) and v["text"] in r.output
 
 
 @pytest.mark.multiprocess
