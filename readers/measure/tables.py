@@ -58,6 +58,8 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         rows.append(("CPU, loader workers", f"{r.cpu['workers_cores']:.2f} cores ({nw} workers)"))
         rows.append(("CPU, main process", f"{r.cpu['main_cores']:.2f} cores"))
         rows.append(("CPU, all of ours", f"{r.cpu['util_share']:.0%} of {r.cpu['cpu_count']} cores"))
+        if r.num_samples:
+            rows.append(("CPU per image, all of ours", f"{_ms(r.cpu['total_s'] / r.num_samples)} ms"))
         if r.cpu.get("others_share") is not None:
             rows.append(("CPU, other processes", f"{r.cpu['others_share']:.0%} of {r.cpu['cpu_count']} cores"))
     if r.io:
