@@ -161,6 +161,10 @@ def format_comparison(result: dict) -> str:
     lines = [_settle_text(result.get("settle"))]
     if verdict:
         lines += _rounds_lines(verdict, result.get("repeats", 1))
+    cpi = result.get("cpu_s_per_image")
+    if cpi:
+        lines.append(f"  CPU per image (main + workers), median: BEFORE {_ms(cpi['before'])} ms, "
+                     f"AFTER {_ms(cpi['after'])} ms (little moved by other processes' load)")
     text += "".join(f"\n{line}" for line in lines if line)
     text += "\n" + verdict_headline(verdict, result["speedup"], result["stall_share_before"],
                                      result["stall_share_after"])

@@ -55,8 +55,9 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
 
     Returns:
         ``{"before": run, "after": run, "speedup", "stall_share_before", "stall_share_after",
-        "check", "repeats", "cold", "settle", "verdict", "runs": [run, ...]}`` (runs are
-        :class:`RunReport`); ``speedup`` = AFTER's median images/s ÷ BEFORE's; ``settle`` what
+        "check", "repeats", "cold", "settle", "verdict", "cpu_s_per_image", "runs": [run, ...]}``
+        (runs are :class:`RunReport`); ``cpu_s_per_image`` each side's median CPU s per image (None
+        without ``/proc``); ``speedup`` = AFTER's median images/s ÷ BEFORE's; ``settle`` what
         :func:`settle_disk` did (None with ``settle=False``); ``verdict`` the dict of
         :func:`judge_rounds` (``kind``, ``text``, both sides' rounds, spread, others' CPU share).
 
@@ -91,4 +92,21 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         if best_b.images_per_s > 0 else None
     return {"before": best_b, "after": best_a, "speedup": speedup, "stall_share_before": best_b.stall_share,
             "stall_share_after": best_a.stall_share, "check": checked, "repeats": repeats, "cold": cold,
-            "settle": settled, "verdict": verdict, "runs": runs}
+            "settle": settled, "verdict": verdict, "cpu_s_per_image": _cpu_per_image(runs), "runs": runs}
+
+
+def _cpu_per_image(runs: Sequence[RunReport]) -> dict | None:
+    """Each side's median CPU seconds (main + loader workers) per image over its rounds.
+
+    Unlike images/s this hardly moves with other processes' load (on a busy 2-core machine: images/s
+    correlated -0.97 with the CPU share other processes took, CPU per image 0.03), so it shows
+    which loader does less work even where the throughput verdict cannot be given.
+    """
+    out = {}
+    for side in ("before", "after"):
+        values = sorted(r.cpu["total_s"] / r.num_samples for r in runs
+                        if r.label == side and r.cpu and r.num_samples)
+        if not values:
+            return None
+        out[side] = values[(len(values) - 1) // 2]
+    return out

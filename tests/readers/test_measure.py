@@ -195,6 +195,9 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
     assert all(0.0 <= o <= 1.0 for o in others)
     assert v["others_cpu_share_max"] == pytest.approx(max(others), rel=1e-9)
     assert res["settle"]["method"] == "os.sync" and res["settle"]["seconds"] >= 0
+    for side in ("before", "after"):
+        per_image = sorted(x["cpu"]["total_s"] / x["num_samples"] for x in res["runs"] if x["label"] == side)
+        assert res["cpu_s_per_image"][side] == pytest.approx(per_image[0], rel=1e-9)  # lower of two middles
     assert "disk settled before measuring: sync()" in r.output
     assert res["headline"].startswith(v["text"]) and v["text"] in r.output
 
