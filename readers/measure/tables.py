@@ -59,7 +59,7 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         rows.append(("CPU, main process", f"{r.cpu['main_cores']:.2f} cores"))
         rows.append(("CPU, all of ours", f"{r.cpu['util_share']:.0%} of {r.cpu['cpu_count']} cores"))
         if r.num_samples:
-            rows.append(("CPU per image, all of ours", f"{_ms(r.cpu['total_s'] / r.num_samples)} ms"))
+            rows.append(("CPU per image, all of ours", f"{r.cpu['total_s'] / r.num_samples * 1000:.2f} ms"))
         if r.cpu.get("others_share") is not None:
             rows.append(("CPU, other processes", f"{r.cpu['others_share']:.0%} of {r.cpu['cpu_count']} cores"))
     if r.io:
@@ -163,8 +163,8 @@ def format_comparison(result: dict) -> str:
         lines += _rounds_lines(verdict, result.get("repeats", 1))
     cpi = result.get("cpu_s_per_image")
     if cpi:
-        lines.append(f"  CPU per image (main + workers), median: BEFORE {_ms(cpi['before'])} ms, "
-                     f"AFTER {_ms(cpi['after'])} ms (little moved by other processes' load)")
+        lines.append(f"  CPU per image (main + workers), median: BEFORE {cpi['before'] * 1000:.2f} ms, "
+                     f"AFTER {cpi['after'] * 1000:.2f} ms (little moved by other processes' load)")
     text += "".join(f"\n{line}" for line in lines if line)
     text += "\n" + verdict_headline(verdict, result["speedup"], result["stall_share_before"],
                                      result["stall_share_after"])
