@@ -15,7 +15,7 @@
    data stall, GPU utilisation and memory (NVML), and the verdict of each comparison.
 
 Sized to finish in under 8 minutes on one data-centre GPU (about 4 verify runs of 3 rounds, each
-round reading ~3,700 images per side); comparisons that would not fit in ``--budget-s`` are
+round reading ~2,800 images per side); comparisons that would not fit in ``--budget-s`` are
 skipped and listed as such. Exit status: 0 when every step ran, 1 when a step failed, 2 without
 CUDA.
 
@@ -222,7 +222,7 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--min-size", type=int, default=375, help="smallest width/height, px")
     p.add_argument("--max-size", type=int, default=500, help="largest width/height, px")
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=96, help="images per batch")
     p.add_argument("--batches", type=int, default=24, help="measured batches per run")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds per comparison")
