@@ -195,7 +195,8 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
            "stall_share_before": result["stall_share_before"], "stall_share_after": result["stall_share_after"],
            "headline": verdict_headline(result["verdict"], result["speedup"], result["stall_share_before"],
                                         result["stall_share_after"]),
-           "verdict": result["verdict"], "settle": result["settle"], "cpu_s_per_image": result["cpu_s_per_image"],
+           "verdict": result["verdict"], "settle": result["settle"],
+           "warm_cache": result["warm_cache"], "cpu_s_per_image": result["cpu_s_per_image"],
            "check": result["check"], "repeats": repeats, "cold": cold, "min_speedup": min_speedup,
            "runs": [r.to_json() for r in result["runs"]]}
     write_json_report(json_path, out)

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from .bench import bench_source
 from .cache import (EVICTION_IGNORED_SHARE, dataset_files, detect_source_format, evict_page_cache, page_cache_residency,
-                    settle_disk)
+                    settle_disk, warm_page_cache)
 from .check import check_same_samples
 from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device
 from .report import DatasetMismatchError, RunReport, TimingStats
@@ -83,6 +83,7 @@ __all__ = [
     "page_cache_residency",
     "evict_page_cache",
     "settle_disk",
+    "warm_page_cache",
     "ProcessSampler",
     "GpuSampler",
     "check_same_samples",

@@ -148,6 +148,17 @@ def _settle_text(settle: dict | None) -> str | None:
     return f"disk settled before measuring: sync() wrote back {what} in {settle['seconds']:.1f} s"
 
 
+def _warm_text(warm: dict | None) -> str | None:
+    if not warm:
+        return None
+    if warm.get("skipped"):
+        return f"page cache not warmed: {warm['skipped']}"
+    cached, total = warm.get("cached_bytes_after"), warm.get("bytes") or 0
+    share = f" ({cached / total:.0%} of it cached)" if cached is not None and total else ""
+    return (f"page cache warmed before measuring: read {fmt_bytes(warm['read_bytes'])} of both datasets "
+            f"in {warm['seconds']:.1f} s{share}")
+
+
 def format_comparison(result: dict) -> str:
     """Both median runs side by side, the rounds, then the verdict (``verify``)."""
     b, a = result["before"], result["after"]
@@ -158,7 +169,7 @@ def format_comparison(result: dict) -> str:
     if warnings:
         text += "\n" + "\n".join(f"warning: {w}" for w in dict.fromkeys(warnings))
     verdict = result.get("verdict")
-    lines = [_settle_text(result.get("settle"))]
+    lines = [_settle_text(result.get("settle")), _warm_text(result.get("warm_cache"))]
     if verdict:
         lines += _rounds_lines(verdict, result.get("repeats", 1))
     cpi = result.get("cpu_s_per_image")

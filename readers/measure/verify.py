@@ -6,7 +6,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from .bench import bench_source
-from .cache import dataset_files, settle_disk
+from .cache import dataset_files, settle_disk, warm_page_cache
 from .check import check_same_samples
 from .report import RunReport
 from .verdict import judge_rounds, others_cpu_shares
@@ -30,7 +30,7 @@ def _median_run(runs: Sequence[RunReport]) -> RunReport:
 
 
 def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repeats: int = 1, cold: bool = False,
-                    deep: bool = False, check: bool = True, settle: bool = True,
+                    deep: bool = False, check: bool = True, settle: bool = True, warm_cache: bool = True,
                     progress: Callable[[str], None] | None = None, **bench_options: Any) -> dict:
     """``verify``: check AFTER against BEFORE, then measure both with the same loop, alternately.
 
@@ -50,15 +50,20 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         deep: compare every sample's bytes in the check.
         check: run :func:`check_same_samples` first.
         settle: flush dirty pages (``os.sync()``) before the first run.
+        warm_cache: without ``cold``, read both datasets' files once before the first run
+            (:func:`~shardfeed.readers.measure.cache.warm_page_cache`) so that neither side's first
+            warm run reads from the disk.
         progress: called with a line of text before each run.
         **bench_options: :func:`bench_source` options (model, device, batch size, loader knobs).
 
     Returns:
         ``{"before": run, "after": run, "speedup", "stall_share_before", "stall_share_after",
-        "check", "repeats", "cold", "settle", "verdict", "cpu_s_per_image", "runs": [run, ...]}``
+        "check", "repeats", "cold", "settle", "warm_cache", "verdict", "cpu_s_per_image",
+        "runs": [run, ...]}``
         (runs are :class:`RunReport`); ``cpu_s_per_image`` each side's median CPU s per image (None
         without ``/proc``); ``speedup`` = AFTER's median images/s ÷ BEFORE's; ``settle`` what
-        :func:`settle_disk` did (None with ``settle=False``); ``verdict`` the dict of
+        :func:`settle_disk` did (None with ``settle=False``); ``warm_cache`` what
+        :func:`warm_page_cache` did (None with ``cold``); ``verdict`` the dict of
         :func:`judge_rounds` (``kind``, ``text``, both sides' rounds, spread, others' CPU share).
 
     Raises:
@@ -73,8 +78,10 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         # mapped while the process lives, and mapped pages cannot be evicted from the page cache
         checked = _run_in_child(check_same_samples, before, after, deep=deep) if cold else \
             check_same_samples(before, after, deep=deep)
-    evict = dataset_files(before) + dataset_files(after) if cold else None
+    files = dataset_files(before) + dataset_files(after)
     settled = settle_disk() if settle else None
+    warmed = warm_page_cache(files) if warm_cache and not cold else None
+    evict = files if cold else None
     runs: list[RunReport] = []
     for r in range(repeats):
         order = (("before", before), ("after", after)) if r % 2 == 0 else (("after", after), ("before", before))
@@ -92,7 +99,8 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         if best_b.images_per_s > 0 else None
     return {"before": best_b, "after": best_a, "speedup": speedup, "stall_share_before": best_b.stall_share,
             "stall_share_after": best_a.stall_share, "check": checked, "repeats": repeats, "cold": cold,
-            "settle": settled, "verdict": verdict, "cpu_s_per_image": _cpu_per_image(runs), "runs": runs}
+            "settle": settled, "warm_cache": warmed, "verdict": verdict, "cpu_s_per_image": _cpu_per_image(runs),
+            "runs": runs}
 
 
 def _cpu_per_image(runs: Sequence[RunReport]) -> dict | None:
