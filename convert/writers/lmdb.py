@@ -311,6 +311,31 @@ class LmdbWriter:
         self._manifest: Manifest | None = None
         self.stats: dict = {}
 
+    @classmethod
+    def create(cls, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
+               max_count: int | None = None, max_bytes: int | None = None, prefix: str | None = None,
+               skipped: Sequence[dict] | None = None, options: dict | None = None, files: dict | None = None,
+               map_size: int | None = None, expected_bytes: int | None = None) -> "LmdbWriter":
+        """The registry's uniform writer factory (same keywords for every format's writer).
+
+        Args:
+            out, classes, class_to_idx, options, map_size, expected_bytes: as the constructor.
+            max_count, max_bytes, prefix: WebDataset shard limits; unused (one ``data.mdb``).
+            skipped: ``[{"path", "reason"[, "key"]}]`` carried into the manifest's ``skipped``.
+            files: the manifest's input accounting; unused (the LMDB manifest counts its records).
+
+        Returns:
+            An open :class:`LmdbWriter`.
+
+        Raises:
+            FileExistsError: as the constructor.
+        """
+        writer = cls(out, classes=classes, class_to_idx=class_to_idx, options=options, map_size=map_size,
+                     expected_bytes=expected_bytes)
+        for item in skipped or []:
+            writer.add_skipped(item.get("path", "?"), item.get("key"), item.get("reason", "?"))
+        return writer
+
     def write(self, sample: Sample) -> None:
         """Add one sample (keys in increasing order, each once).
 

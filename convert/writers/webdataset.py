@@ -116,6 +116,27 @@ class WebDatasetWriter:
         self._keys: set[str] = set()
         self._closed = False
 
+    @classmethod
+    def create(cls, out: str | os.PathLike, *, classes: list[str], class_to_idx: dict[str, int] | None = None,
+               max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
+               skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None,
+               map_size: int | None = None, expected_bytes: int | None = None) -> "WebDatasetWriter":
+        """The registry's uniform writer factory (same keywords for every format's writer).
+
+        Args:
+            out, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files: as
+                the constructor.
+            map_size, expected_bytes: LMDB sizing; unused (shards are cut by ``max_*``).
+
+        Returns:
+            An open :class:`WebDatasetWriter`.
+
+        Raises:
+            ValueError, NotADirectoryError: as the constructor.
+        """
+        return cls(out, classes=classes, class_to_idx=class_to_idx, max_count=max_count, max_bytes=max_bytes,
+                   prefix=prefix, skipped=skipped, options=options, files=files)
+
     @property
     def shards(self) -> list[ShardEntry]:
         """The finished shards' entries, in order."""
