@@ -150,8 +150,8 @@ def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw
     return point
 
 
-def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progress
-              ) -> tuple[list[ShardEntry], list[dict], int, dict]:
+def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progress,
+              output_progress=None) -> tuple[list[ShardEntry], list[dict], int, dict]:
     """Write the planned samples into ``out/data.mdb`` (the ``"lmdb"`` packer of the registry).
 
     Files are read and encoded in tasks on the pack's executor (``options.workers`` processes,
@@ -167,6 +167,8 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
         out: the dataset folder, prepared by :func:`shardfeed.convert.pack.prepare_output`.
         options: the pack options (``workers``, ``on_error``, ``resume``, ``map_size``, ``faults``).
         progress: ``callback(num_samples, num_input_bytes)``.
+        output_progress: the packers' ``callback(num_output_bytes)``; not called (the stored
+            sizes are in ``extra`` once the pack is finalized).
 
     Returns:
         ``(shards, skipped, shards_resumed, extra)``: one :class:`ShardEntry` for ``data.mdb``; the
