@@ -22,6 +22,7 @@ from shardfeed.readers.format import (
     ShardEntry,
     created_by,
     encode_index,
+    is_dali_index,
     write_bytes_atomic,
 )
 
@@ -218,6 +219,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
     """:func:`index_shards` once the folder's lock is held."""
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
+    replaced = _version_1_indexes(root) if overwrite else []
     classes = _read_classes_file(classes_file) if classes_file else None
     class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
     report = IndexReport(source=str(pattern), output=str(root))
@@ -251,6 +253,8 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
                         options={"indexed_from": str(pattern), "indexed_by": created_by()},
                         files={"indexed": n, "left_out": len(skipped)})
     manifest.write(root)
+    for old in replaced:  # a version-1 dataset's own .idx files: superseded by .sfidx; DALI's are kept
+        _remove_if_shardfeeds_index(old)
     if not url:  # beside local shards: wids' shardindex.json, the Hugging Face dataset card
         from ..consumers import write_consumer_files
 
@@ -258,6 +262,29 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
     report.num_samples, report.num_shards, report.classes = n, len(shards), classes
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _version_1_indexes(root: Path) -> list[Path]:
+    """The ``.idx`` offset indexes a version-1 manifest in ``root`` names (shardfeed's, binary)."""
+    try:
+        old = Manifest.from_json((root / MANIFEST_NAME).read_bytes(), str(root / MANIFEST_NAME))
+    except (OSError, ValueError):
+        return []
+    return [root / s.index for s in old.shards if s.index and s.index.endswith(".idx")]
+
+
+def _remove_if_shardfeeds_index(path: Path) -> None:
+    """Remove a version-1 ``.idx`` unless another tool (NVIDIA DALI's ``wds2idx``) wrote it since."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return
+    if is_dali_index(head):
+        log.info("%s: an NVIDIA DALI index; kept", path)
+        return
+    path.unlink(missing_ok=True)
+    log.info("%s: version-1 offset index removed (now %s)", path, path.with_suffix(INDEX_SUFFIX).name)
 
 
 def _index_root(pattern, sources: list[str], out, url: bool) -> tuple[Path, list[str]]:

@@ -71,3 +71,20 @@ def test_version_1_index_overwritten_by_dali_is_named(packed_wds, tmp_path):
     (d / first["index"]).write_text("\n".join(lines) + "\n")
     with pytest.raises(CorruptDataError, match=r"shard-000000\.idx: holds an NVIDIA DALI index .*`shardfeed index`"):
         _raw(d, rank=1, world_size=7)
+
+
+def test_shardfeed_index_upgrades_a_version_1_dataset_and_keeps_dalis_index(packed_wds, tiny_folder_expected,
+                                                                           tmp_path):
+    from shardfeed.convert.tools.index import index_shards
+
+    d = tmp_path / "v1"
+    m = _as_version_1(packed_wds, d)
+    dali = d / m["shards"][1]["index"]  # DALI's wds2idx wrote over this one
+    dali.write_text("v1.2 1\njpg 512 10 000000000.jpg\n")
+    index_shards(str(d / "*.tar"), overwrite=True)
+    new = json.loads((d / "manifest.json").read_text())
+    assert new["version"] == FORMAT_VERSION and all(s["index"].endswith(".sfidx") for s in new["shards"])
+    assert sorted(p.name for p in d.glob("*.idx")) == [dali.name]  # shardfeed's old ones gone, DALI's kept
+    assert dali.read_text() == "v1.2 1\njpg 512 10 000000000.jpg\n"
+    want = sorted((p, data, label) for p, (data, label) in tiny_folder_expected.items())
+    assert _raw(d, rank=0, world_size=1) == want
