@@ -5,6 +5,16 @@ measures storage and I/O only. Two backends produce the same result by one rule:
 
 ``"pil"`` (default)
     Pillow (libjpeg-turbo, libpng, libwebp, ...). Reads every format Pillow reads.
+``"simplejpeg"``
+    libjpeg-turbo through `simplejpeg <https://gitlab.com/jfolz/simplejpeg>`_ (its own bundled
+    libjpeg-turbo; ``pip install simplejpeg``, the ``jpeg`` extra) for colour and greyscale
+    JPEGs; every other format and mode (CMYK JPEGs, PNG, ...) goes through Pillow. A JPEG that
+    simplejpeg refuses (a recoverable libjpeg warning such as extraneous bytes before a marker,
+    which Pillow tolerates) is handed to Pillow too, so the set of readable files is Pillow's.
+    Chosen by measurement (``scripts/bench_jpeg_bindings.py``): about 1.7x Pillow's full decode
+    of ImageNet-sized JPEGs here, ahead of OpenCV (1.5x).
+``"auto"``
+    ``"simplejpeg"`` where it is installed, else ``"pil"`` (logged once at DEBUG).
 ``"cv2"``
     ``cv2.imdecode`` for JPEG/MPO, PNG and WebP. Other formats (GIF, BMP, TIFF, ...) and the rare
     8/16-bit greyscale image with a colour-key transparency fall back to Pillow (logged once at
@@ -38,6 +48,14 @@ Conversion rule (identical in both backends; the arithmetic is done in numpy, no
   ``draft``, cv2 ``IMREAD_REDUCED_COLOR_*``): the factor is the largest ``f`` in {2, 4, 8} with
   ``f * target_size <= min(w, h)``, and the result is ``ceil(w / f) x ceil(h / f)``, so its shorter
   side stays ``>= target_size``. Both backends pick the same factor. Other formats ignore it.
+* **Crop windows** (:func:`decode_crop`, the training path): the caller draws the crop box from
+  the header size in the upright (EXIF-oriented) frame, before any pixel is decoded; the JPEG is
+  then decoded at the largest factor ``f`` in {1, 2, 4, 8} with ``f * min_side <=`` the box's
+  shorter side, and the box (mapped to that scale) is cut from the oriented result. Only the
+  power-of-two scales are used: libjpeg-turbo's other M/8 scales (7/8 ... 3/8) decode *slower*
+  than the full size here (``scripts/bench_jpeg_bindings.py``). None of the installable bindings
+  exposes libjpeg-turbo's region decoding (``jpeg_crop_scanline``/``jpeg_skip_scanlines``), so
+  the whole image is decoded at that scale and the window cut afterwards.
 * **Damage**: undecodable, truncated or garbage bytes raise
   :class:`~shardfeed.readers.errors.CorruptDataError` naming the ``source``. A JPEG must have an
   end-of-image marker after its scan data; this check runs for both backends, so a truncated JPEG
@@ -62,7 +80,8 @@ import logging
 import re
 import struct
 import threading
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
@@ -74,8 +93,11 @@ __all__ = [
     "BACKGROUND",
     "DECODERS",
     "ImageTooLargeError",
+    "decode_crop",
     "decode_image",
     "image_size_of",
+    "resolve_decoder",
+    "simplejpeg_available",
 ]
 
 logger = logging.getLogger(__name__)
@@ -88,7 +110,7 @@ DEFAULT_MAX_PIXELS: int = 100_000_000
 BACKGROUND: int = 255
 
 #: Names accepted by ``decode_image(decoder=...)``.
-DECODERS: tuple[str, ...] = ("pil", "cv2")
+DECODERS: tuple[str, ...] = ("pil", "cv2", "simplejpeg", "auto")
 
 _ORIENTATION_TAG = 0x0112
 _JPEG_FORMATS = frozenset({"JPEG", "MPO"})
@@ -99,12 +121,20 @@ _CV2_UNCHANGED_MODES = frozenset(
     {"LA", "La", "RGBA", "RGBa", "PA", "I;16", "I;16B", "I;16L", "I;16N", "I"}
 )
 _REDUCTION_FACTORS = (8, 4, 2)
+#: Pillow modes of a JPEG that simplejpeg decodes (colour and greyscale); CMYK goes to Pillow.
+_SIMPLEJPEG_MODES = frozenset({"RGB", "L"})
+#: For each EXIF orientation: whether the upright frame's (y, x) axes run backwards in the
+#: stored image (after the transpose of 5-8). See :data:`_ORIENT`.
+_REVERSED_AXES = {1: (False, False), 2: (False, True), 3: (True, True), 4: (True, False),
+                  5: (False, False), 6: (False, True), 7: (True, True), 8: (True, False)}
 _PIL_LOAD_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error)
 _PILLOW_DEFAULT_MAX_IMAGE_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
 
 _pillow_limit_lock = threading.Lock()
 _pillow_limit_done = False
 _logged_once: set[str] = set()
+_simplejpeg_module: Any = None
+_simplejpeg_checked = False
 
 
 class ImageTooLargeError(ShardfeedError, ValueError):
@@ -156,7 +186,8 @@ def decode_image(
     Args:
         data: The encoded image (bytes-like: ``bytes``, ``bytearray``, ``memoryview``).
         ext: The sample's extension (``"jpg"``, ``"png"``, ...), used in error messages only.
-        decoder: ``"pil"`` or ``"cv2"`` (see :data:`DECODERS` and the module docstring).
+        decoder: One of :data:`DECODERS`: ``"pil"``, ``"cv2"``, ``"simplejpeg"`` or ``"auto"``
+            (see the module docstring).
         target_size: Shorter side, in pixels, that the caller will resize to. When given, a JPEG
             may be decoded at 1/2, 1/4 or 1/8 scale while keeping its shorter side
             ``>= target_size``. ``None`` decodes at full size. Ignored for other formats.
@@ -172,37 +203,182 @@ def decode_image(
     Raises:
         TypeError: ``data`` is not bytes-like, or ``target_size``/``max_pixels`` is not an int.
         ValueError: Unknown ``decoder``, or ``target_size``/``max_pixels`` is not positive.
+        ModuleNotFoundError: ``decoder="simplejpeg"`` without simplejpeg installed.
         ImageTooLargeError: The header declares more than ``max_pixels`` pixels.
         CorruptDataError: The bytes are not an image, are truncated, or fail to decode.
     """
-    backend = _BACKENDS.get(decoder)
-    if backend is None:
-        raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
+    backend = _BACKENDS[resolve_decoder(decoder)]
     _check_positive_int("target_size", target_size)
     _check_positive_int("max_pixels", max_pixels)
     data = _as_bytes(data)
 
     with _open_header(data, source, ext) as img:
-        width, height = img.size
-        if max_pixels is not None and width * height > max_pixels:
-            raise ImageTooLargeError(
-                f"image from {_where(source, ext)} is {width}x{height} = "
-                f"{width * height:,} pixels, "
-                f"over the limit max_pixels={max_pixels:,}; if it is legitimate, pass a larger "
-                "max_pixels (or max_pixels=None to disable the check)"
-            )
-        orientation = _read_orientation(img, source)
+        orientation = _check_header(data, img, max_pixels, source, ext)
         factor = 1
         if img.format in _JPEG_FORMATS:
-            if not _jpeg_is_complete(data):
-                raise CorruptDataError(
-                    f"cannot decode image from {_where(source, ext)}: truncated JPEG "
-                    "(no end-of-image marker after the scan data)"
-                )
-            factor = _reduction_factor(width, height, target_size)
+            factor = _reduction_factor(*img.size, target_size)
         rgb = backend(data, img, factor, _where(source, ext))
+    return _finish(_ORIENT[orientation](rgb))
 
-    rgb = _ORIENT[orientation](rgb)
+
+def decode_crop(
+    data: bytes,
+    ext: str | None = None,
+    *,
+    crop: Callable[[int, int], tuple[int, int, int, int]],
+    min_side: int,
+    decoder: str = "auto",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    source: str = "<bytes>",
+) -> np.ndarray:
+    """Decode only what a crop window needs: the box is drawn from the header, then decoded.
+
+    The fused decode-and-crop of the training path (the box first, as DALI's
+    ``decoders.image_random_crop`` and TensorFlow's ``decode_and_crop_jpeg`` do). ``crop`` is
+    called once with the image's size **in the upright frame** (EXIF orientation applied, so
+    ``(w, h)`` swapped for orientations 5-8) and returns the box in that frame. A JPEG is then
+    decoded at the largest factor ``f`` in {1, 2, 4, 8} with ``f * min_side <= min(box_h,
+    box_w)`` (so the window still has at least ``min_side`` pixels a side), oriented, and the box,
+    mapped to that scale (rounded to whole pixels), is cut out. Other formats are decoded whole
+    and cut. Colour, alpha and bit-depth follow the module's rule (same backends as
+    :func:`decode_image`).
+
+    Args:
+        data: The encoded image (bytes-like).
+        ext: The sample's extension, for messages only.
+        crop: ``crop(height, width) -> (top, left, box_h, box_w)``, pixels, full-resolution
+            upright frame; the box must lie inside the image. E.g.
+            ``functools.partial(TrainTransform.sample_crop, rng=rng)``.
+        min_side: The side, in pixels, the window will be resized to (it limits the reduction).
+        decoder: One of :data:`DECODERS`.
+        max_pixels: Pixel limit, checked on the header before ``crop`` is called.
+        source: Where the bytes came from, for messages.
+
+    Returns:
+        ``numpy.ndarray`` ``(h, w, 3)`` ``uint8`` RGB, upright: the box at scale ``1 / f``
+        (``h ~= box_h / f``, ``w ~= box_w / f``, each at least 1). It may be a view with
+        row padding (positive strides, pixels contiguous), ready for ``cv2.resize``.
+
+    Raises:
+        TypeError, ValueError: Bad arguments, or ``crop`` returned a box outside the image.
+        ImageTooLargeError: The header declares more than ``max_pixels`` pixels.
+        CorruptDataError: The bytes are not an image, are truncated, or fail to decode.
+    """
+    backend = _BACKENDS[resolve_decoder(decoder)]
+    _check_positive_int("min_side", min_side)
+    _check_positive_int("max_pixels", max_pixels)
+    data = _as_bytes(data)
+
+    with _open_header(data, source, ext) as img:
+        orientation = _check_header(data, img, max_pixels, source, ext)
+        width, height = img.size
+        up_h, up_w = (height, width) if orientation < 5 else (width, height)
+        top, left, box_h, box_w = (int(v) for v in crop(up_h, up_w))
+        if not (0 <= top and 0 <= left and 1 <= box_h and 1 <= box_w
+                and top + box_h <= up_h and left + box_w <= up_w):
+            raise ValueError(f"crop box (top={top}, left={left}, h={box_h}, w={box_w}) is not inside the "
+                             f"{up_h}x{up_w} image from {_where(source, ext)}")
+        factor = 1
+        if img.format in _JPEG_FORMATS:
+            factor = _reduction_factor(box_w, box_h, min_side)
+        rgb = _ORIENT[orientation](backend(data, img, factor, _where(source, ext)))
+    if factor > 1:
+        rev_y, rev_x = _REVERSED_AXES[orientation]
+        top, box_h = _scale_span(top, box_h, up_h, rgb.shape[0], factor, rev_y)
+        left, box_w = _scale_span(left, box_w, up_w, rgb.shape[1], factor, rev_x)
+    window = rgb[top : top + box_h, left : left + box_w]
+    if window.strides[0] < 0 or window.strides[1] != 3 or window.strides[2] != 1:
+        window = np.ascontiguousarray(window)  # flipped/transposed view: copy the window only
+    return window
+
+
+def resolve_decoder(decoder: str) -> str:
+    """The backend a ``decoder`` name stands for: ``"auto"`` becomes ``"simplejpeg"`` or ``"pil"``.
+
+    Args:
+        decoder: One of :data:`DECODERS`.
+
+    Returns:
+        ``"pil"``, ``"cv2"`` or ``"simplejpeg"``.
+
+    Raises:
+        ValueError: Unknown name.
+        ModuleNotFoundError: ``"simplejpeg"`` asked for and not installed (the message says
+            ``pip install simplejpeg``).
+    """
+    if decoder == "auto":
+        if simplejpeg_available():
+            return "simplejpeg"
+        _log_once("auto-pil", "decoder='auto': simplejpeg is not installed (pip install simplejpeg); "
+                  "decoding with Pillow")
+        return "pil"
+    if decoder == "simplejpeg":
+        if not simplejpeg_available():
+            raise ModuleNotFoundError(
+                "decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg "
+                "(or shardfeed[jpeg]); decoder='auto' falls back to Pillow without it"
+            )
+        return decoder
+    if decoder not in _BACKENDS:
+        raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
+    return decoder
+
+
+def simplejpeg_available() -> bool:
+    """Whether ``import simplejpeg`` works (imported once, lazily, on first call).
+
+    Returns:
+        True when the ``"simplejpeg"`` backend can run.
+    """
+    return _simplejpeg() is not None
+
+
+def _simplejpeg() -> Any:
+    global _simplejpeg_module, _simplejpeg_checked
+    if not _simplejpeg_checked:
+        try:
+            import simplejpeg
+        except ImportError:
+            simplejpeg = None
+        _simplejpeg_module, _simplejpeg_checked = simplejpeg, True
+    return _simplejpeg_module
+
+
+def _scale_span(start: int, length: int, full: int, scaled: int, factor: int, reverse: bool) -> tuple[int, int]:
+    """Map ``[start, start + length)`` of a ``full``-pixel axis to the ``1/factor`` decode.
+
+    libjpeg's scaled output pixel ``i`` covers input pixels ``[i * f, (i + 1) * f)`` of the
+    stored image (the last one partial when ``f`` does not divide the size). On an axis that runs
+    backwards after orientation, the partial pixel comes first: shift by ``scaled * f - full``.
+    """
+    shift = scaled * factor - full if reverse else 0
+    lo = int(round((start + shift) / factor))
+    hi = int(round((start + length + shift) / factor))
+    lo = min(max(lo, 0), scaled - 1)
+    hi = min(max(hi, lo + 1), scaled)
+    return lo, hi - lo
+
+
+def _check_header(data: bytes, img: Image.Image, max_pixels: int | None, source: str, ext: str | None) -> int:
+    """Pixel limit and JPEG completeness on the lazily opened header; returns the orientation."""
+    width, height = img.size
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"image from {_where(source, ext)} is {width}x{height} = "
+            f"{width * height:,} pixels, "
+            f"over the limit max_pixels={max_pixels:,}; if it is legitimate, pass a larger "
+            "max_pixels (or max_pixels=None to disable the check)"
+        )
+    orientation = _read_orientation(img, source)
+    if img.format in _JPEG_FORMATS and not _jpeg_is_complete(data):
+        raise CorruptDataError(
+            f"cannot decode image from {_where(source, ext)}: truncated JPEG "
+            "(no end-of-image marker after the scan data)"
+        )
+    return orientation
+
+
+def _finish(rgb: np.ndarray) -> np.ndarray:
     rgb = np.ascontiguousarray(rgb)
     if not rgb.flags.writeable:
         rgb = rgb.copy()
@@ -468,7 +644,24 @@ def _cv2_reduced_flag(cv2: object, factor: int) -> int:
     }[factor]
 
 
+def _decode_simplejpeg(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
+    if img.format not in _JPEG_FORMATS or img.mode not in _SIMPLEJPEG_MODES:
+        return _decode_pil(data, img, factor, where)
+    sj = _simplejpeg()
+    width, height = img.size
+    try:
+        if factor > 1:
+            # the smallest libjpeg-turbo scale giving at least ceil(size / f) is exactly 1/f
+            return sj.decode_jpeg(data, "RGB", False, False, -(-height // factor), -(-width // factor))
+        return sj.decode_jpeg(data, "RGB")
+    except ValueError as exc:
+        # strict mode refuses what libjpeg only warns about; Pillow decides (decodes or raises)
+        _log_once("simplejpeg-refused", "simplejpeg refused %s (%s); decoding it with Pillow", where, exc)
+        return _decode_pil(data, img, factor, where)
+
+
 _BACKENDS: dict[str, Callable[[bytes, Image.Image, int, str], np.ndarray]] = {
     "pil": _decode_pil,
     "cv2": _decode_cv2,
+    "simplejpeg": _decode_simplejpeg,
 }

@@ -16,6 +16,7 @@ use :class:`SampleDecoder`, which seeds one generator per (seed, epoch, rank, wo
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import cv2
 import numpy as np
 
-from .decode import DECODERS, DEFAULT_MAX_PIXELS, decode_image
+from .decode import DECODERS, DEFAULT_MAX_PIXELS, decode_crop, decode_image, resolve_decoder
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -328,16 +329,42 @@ class TrainTransform:
             ValueError: ``img`` is not ``(H, W, 3)`` ``uint8``.
         """
         _check_image(img)
-        if rng is None:
-            if self._rng is None:
-                self._rng = make_rng(0, 0, 0, 0)
-            rng = self._rng
+        rng = self._pick_rng(rng)
         top, left, crop_h, crop_w = self.sample_crop(img.shape[0], img.shape[1], rng)
-        crop = img[top : top + crop_h, left : left + crop_w]
-        out = _resize(crop, self.image_size, self.image_size)
+        return self.finish(img[top : top + crop_h, left : left + crop_w], rng)
+
+    def finish(self, window: np.ndarray, rng: np.random.Generator | None = None) -> "torch.Tensor":
+        """The steps after the box: resize the cut window to the output size, then maybe flip.
+
+        :meth:`__call__` is ``sample_crop`` + cut + ``finish``; the fused path
+        (:func:`~shardfeed.readers.decode.decode_crop` with :meth:`sample_crop` as its ``crop``)
+        decodes the window itself and calls ``finish`` with the same generator, so the flip is the
+        next draw after the box in both.
+
+        Args:
+            window: The cut crop, ``(h, w, 3)`` ``uint8`` (any scale: it is resized).
+            rng: Generator for the flip; defaults to the one from :meth:`set_rng`.
+
+        Returns:
+            ``torch.uint8`` tensor ``[3, image_size, image_size]``.
+
+        Raises:
+            TypeError: ``window`` is not a numpy array.
+            ValueError: ``window`` is not ``(h, w, 3)`` ``uint8``.
+        """
+        _check_image(window)
+        rng = self._pick_rng(rng)
+        out = _resize(window, self.image_size, self.image_size)
         if self.flip and rng.random() < 0.5:
             out = cv2.flip(out, 1)
         return to_chw_tensor(out)
+
+    def _pick_rng(self, rng: np.random.Generator | None) -> np.random.Generator:
+        if rng is not None:
+            return rng
+        if self._rng is None:
+            self._rng = make_rng(0, 0, 0, 0)
+        return self._rng
 
     def __repr__(self) -> str:
         return (
@@ -360,10 +387,22 @@ def _current_worker_id() -> int:
 class SampleDecoder:
     """Decode one sample and transform it: the single path shared by folder, WebDataset and LMDB.
 
-    Picklable, so it travels to ``DataLoader`` workers. Steps: :func:`decode_image` (with
-    ``target_size=image_size`` when ``image_size`` is set, so a large JPEG may be decoded at a
-    reduced scale that keeps its shorter side ``>= image_size`` — in train mode the random crop is
-    then taken from that reduced image), then
+    Picklable, so it travels to ``DataLoader`` workers.
+
+    With ``decoder="simplejpeg"`` (or ``"auto"`` with simplejpeg installed, the default) and the
+    built-in train transform, decoding and cropping are fused (issue 19): the crop box is drawn
+    from the JPEG's header size in the upright frame (:meth:`TrainTransform.sample_crop`, same
+    distribution and the same draws from the generator), the JPEG is decoded at the smallest
+    power-of-two DCT scale whose window still has ``image_size`` pixels a side
+    (:func:`~shardfeed.readers.decode.decode_crop`), the window is cut, resized and maybe flipped
+    (:meth:`TrainTransform.finish`). Other formats and CMYK JPEGs are decoded whole by Pillow and
+    cut the same way.
+
+    With ``decoder="pil"`` or ``"cv2"`` (and ``"auto"`` without simplejpeg: today's path), and
+    for the eval transform with any decoder: :func:`decode_image` (with ``target_size=image_size``
+    when ``image_size`` is set, so a large JPEG may be decoded at a reduced scale that keeps its
+    shorter side ``>= image_size`` — in train mode the random crop is then taken from that reduced
+    image), then
 
     * ``transform`` given: it receives the full decoded image as a ``torch.uint8`` tensor
       ``[3, H, W]`` and must return a tensor; it replaces the built-in resize/crop;
@@ -380,7 +419,8 @@ class SampleDecoder:
     Args:
         image_size: Output side in pixels, or ``None`` to keep decoded sizes.
         train: Random resized crop + flip instead of resize + center crop.
-        decoder: ``"pil"`` or ``"cv2"``.
+        decoder: One of :data:`~shardfeed.readers.decode.DECODERS` (``"auto"``: simplejpeg where
+            installed, else Pillow).
         transform: Optional callable ``tensor [3, H, W] uint8 -> tensor``.
         max_pixels: Pixel limit passed to :func:`decode_image`.
         seed: The run's seed (``>= 0``).
@@ -388,19 +428,21 @@ class SampleDecoder:
     Raises:
         ValueError: Unknown ``decoder``, bad ``image_size``/``seed``/``max_pixels``.
         TypeError: ``transform`` is not callable.
+        ModuleNotFoundError: ``decoder="simplejpeg"`` without simplejpeg installed.
     """
 
     def __init__(
         self,
         image_size: int | None = None,
         train: bool = False,
-        decoder: str = "pil",
+        decoder: str = "auto",
         transform: Callable[["torch.Tensor"], "torch.Tensor"] | None = None,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         seed: int = 0,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
+        resolve_decoder(decoder)  # validates (a missing simplejpeg fails here, not in a worker)
         if image_size is not None:
             _check_size("image_size", image_size)
         if transform is not None and not callable(transform):
@@ -473,6 +515,13 @@ class SampleDecoder:
             CorruptDataError: The bytes cannot be decoded (names ``source``).
             ImageTooLargeError: The image has more than ``max_pixels`` pixels.
         """
+        if (self.transform is None and isinstance(self._builtin, TrainTransform)
+                and resolve_decoder(self.decoder) == "simplejpeg"):
+            rng = self.rng()
+            window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
+                                 min_side=self._builtin.image_size, decoder=self.decoder,
+                                 max_pixels=self.max_pixels, source=source)
+            return self._builtin.finish(window, rng), int(label)
         img = decode_image(
             data,
             ext,
