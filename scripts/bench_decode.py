@@ -153,6 +153,44 @@ def loader_case(src: Path, decoder: str, num_batches: int):
     return f
 
 
+def pixel_difference(blobs: list[bytes], upscale: int = 1, boxes_per_image: int = 4) -> dict:
+    """Mean absolute difference (grey levels) between the fused path and today's for the same box.
+
+    Today's: Pillow's full decode, the box cut, OpenCV ``INTER_AREA`` (``INTER_LINEAR`` when
+    growing) to 224. Fused: ``decode_crop`` (simplejpeg at the scale covering 224) +
+    ``TrainTransform.finish`` with ``resample="antialias"``. ``upscale`` > 1 re-encodes the images
+    that many times larger, so the crops are decoded at 1/2 .. 1/8 scale.
+    """
+    import io
+
+    import cv2
+    from PIL import Image
+
+    from shardfeed.readers.decode import decode_crop
+    from shardfeed.readers.transforms import TrainTransform, make_rng
+
+    transform = TrainTransform(IMAGE_SIZE, flip=False, resample="antialias")
+    rng = make_rng(0, 0, 0, 0)
+    diffs = []
+    for b in blobs:
+        if upscale > 1:
+            img = Image.open(io.BytesIO(b)).convert("RGB")
+            img = img.resize((img.width * upscale, img.height * upscale), Image.BICUBIC)
+            buf = io.BytesIO()
+            img.save(buf, "JPEG", quality=90)
+            b = buf.getvalue()
+        full = np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))
+        for _ in range(boxes_per_image):
+            top, left, bh, bw = box = transform.sample_crop(full.shape[0], full.shape[1], rng)
+            out = transform.finish(decode_crop(b, crop=lambda h, w: box, min_side=IMAGE_SIZE)).permute(1, 2, 0)
+            win = full[top:top + bh, left:left + bw]
+            grow = bh < IMAGE_SIZE or bw < IMAGE_SIZE
+            ref = cv2.resize(win, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_LINEAR if grow else cv2.INTER_AREA)
+            diffs.append(float(np.abs(out.numpy().astype(np.int32) - ref).mean()))
+    return {"mean": float(np.mean(diffs)), "p99": float(np.quantile(diffs, 0.99)), "max": float(np.max(diffs)),
+            "boxes": len(diffs)}
+
+
 def run_rounds(cases: dict, rounds: int) -> dict[str, list[dict]]:
     names = list(cases)
     out: dict[str, list[dict]] = {n: [] for n in names}
@@ -221,12 +259,22 @@ def main(argv=None) -> int:
         rows.append((f"{mode} transform: auto (simplejpeg{', fused crop' if train else ''}) / pil (today)",
                      ratio, f">= {target}", ratio >= target,
                      f"{_med(r['auto']):.0f} vs {_med(r['pil']):.0f} images/s"))
+        ratio_cpu = _ratio(r["auto"], r["pil"], "per_cpu_s")
+        rows.append((f"{mode} transform: auto / pil, per CPU-s", ratio_cpu, f">= {target}", ratio_cpu >= target,
+                     f"{_med(r['auto'], 'per_cpu_s'):.0f} vs {_med(r['pil'], 'per_cpu_s'):.0f} images/CPU-s"))
         if have_dali:
             ratio_cpu = _ratio(r["auto"], r["dali"], "per_cpu_s")
             rows.append((f"{mode} transform: auto / DALI CPU (1 thread), per CPU-s", ratio_cpu,
                          ">= 1.0" if train else "(info)", ratio_cpu >= 1.0 if train else None,
                          f"{_med(r['auto'], 'per_cpu_s'):.0f} vs {_med(r['dali'], 'per_cpu_s'):.0f} images/CPU-s; "
                          f"DALI {_med(r['dali']):.0f} images/s wall"))
+
+    for up in (1, 4):
+        d = pixel_difference(blobs[:50], upscale=up)
+        figures[f"mad_upscale_{up}"] = d
+        rows.append((f"pixel MAD fused vs today, same box ({'375-500 px' if up == 1 else '1500-2000 px'})",
+                     d["mean"], "< 1.5", d["mean"] < 1.5,
+                     f"grey levels; p99 {d['p99']:.2f}, max {d['max']:.2f} over {d['boxes']} boxes"))
 
     if not a.no_loader:
         work = Path(a.data).absolute().with_name("decode-imagenet-wds")
