@@ -230,13 +230,13 @@ class GpuBatchDecoder:
             tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
             try:
                 return list(decode_jpeg(tensors, mode=rgb, device=self.device))
-            except RuntimeError as exc:  # one bad file fails the batch call: find it one by one
-                log.debug("batched nvJPEG decode failed (%s); decoding one by one", exc)
+            except Exception as exc:  # one bad file fails the batch call: find it one by one
+                log.debug("batched nvJPEG decode failed (%s: %s); decoding one by one", type(exc).__name__, exc)
                 out: list[torch.Tensor | None] = []
                 for t in tensors:
                     try:
                         out.append(decode_jpeg(t, mode=rgb, device=self.device))
-                    except RuntimeError:
+                    except Exception:  # RuntimeError for most; the CPU path decides and names the file
                         out.append(None)
                 return out
         out = []
