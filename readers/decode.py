@@ -11,8 +11,9 @@ measures storage and I/O only. Two backends produce the same result by one rule:
     JPEGs; every other format and mode (CMYK JPEGs, PNG, ...) goes through Pillow. A JPEG that
     simplejpeg refuses (a recoverable libjpeg warning such as extraneous bytes before a marker,
     which Pillow tolerates) is handed to Pillow too, so the set of readable files is Pillow's.
-    Chosen by measurement (``scripts/bench_jpeg_bindings.py``): about 1.7x Pillow's full decode
-    of ImageNet-sized JPEGs here, ahead of OpenCV (1.5x).
+    Chosen by measurement (``scripts/bench_jpeg_bindings.py``): 1.5-1.8x Pillow's full decode of
+    ImageNet-sized JPEGs per CPU-second here, ahead of OpenCV (1.2-1.5x); PyTurboJPEG finds no
+    ``libturbojpeg`` it accepts on this system.
 ``"auto"``
     ``"simplejpeg"`` where it is installed, else ``"pil"`` (logged once at DEBUG).
 ``"cv2"``
