@@ -246,3 +246,36 @@ def test_eval_transform_antialias_matches_area_shape_and_values():
     assert mad(a, b) < MAX_MAD
     with pytest.raises(ValueError, match="resample"):
         EvalTransform(100, resample="cubic")
+
+
+@pytest.mark.parametrize("case", ["xmp-only", "exif-and-xmp", "exif-long", "two-exif-tags"])
+def test_fast_header_reads_orientation_as_pillow_does(case):
+    """The Pillow-free header probe agrees with Pillow's getexif, or hands the file to Pillow."""
+    arr = textured(60, 40)
+    img = Image.fromarray(arr)
+    xmp = b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF><rdf:Description tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>'
+    exif = Image.Exif()
+    kwargs: dict = {}
+    if case == "xmp-only":
+        kwargs["xmp"] = xmp
+    elif case == "exif-and-xmp":
+        exif[0x0112] = 3
+        kwargs.update(exif=exif, xmp=xmp)
+    elif case == "exif-long":
+        exif[0x010F] = "maker"
+        exif[0x0112] = 8
+        kwargs["exif"] = exif
+    else:
+        exif[0x0110] = "model"
+        exif[0x0112] = 5
+        exif[0x0131] = "software"
+        kwargs["exif"] = exif
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=95, **kwargs)
+    data = buf.getvalue()
+    ref = pillow_upright(data)
+    out = decode_image(data, decoder="simplejpeg")
+    assert out.shape == ref.shape and mad(out, ref) < 1.0
+    seen = []
+    decode_crop(data, crop=lambda h, w: seen.append((h, w)) or (0, 0, h, w), min_side=8)
+    assert seen == [ref.shape[:2]]
