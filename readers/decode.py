@@ -95,6 +95,8 @@ __all__ = [
     "ImageTooLargeError",
     "decode_crop",
     "decode_image",
+    "decode_jpeg_as_stored",
+    "probe_jpeg",
     "image_size_of",
     "resolve_decoder",
     "simplejpeg_available",
@@ -314,6 +316,51 @@ def decode_crop(
     if window.strides[0] < 0 or window.strides[1] != 3 or window.strides[2] != 1:
         window = np.ascontiguousarray(window)  # flipped/transposed view: copy the window only
     return window
+
+
+def probe_jpeg(
+    data: bytes, ext: str | None = None, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, source: str = "<bytes>"
+) -> tuple[int, int, int] | None:
+    """Size and EXIF orientation of a plain 8-bit colour or greyscale JPEG, read without Pillow.
+
+    The header probe of the simplejpeg path (and of GPU batch decoding): one walk over the marker
+    segments; the orientation is what Pillow's ``getexif`` gives. ``None`` for anything else (other
+    formats, CMYK, 12-bit, an XMP-only orientation, unusual EXIF, a truncated JPEG): such data
+    takes the Pillow path of :func:`decode_image`, which decides.
+
+    Args:
+        data: The encoded image (bytes-like).
+        ext: The sample's extension, for messages only.
+        max_pixels: Pixel limit checked on the header (``None``: no check).
+        source: Where the bytes came from, for messages.
+
+    Returns:
+        ``(width, height, orientation)``: the stored size in pixels (before orientation) and the
+        EXIF orientation 1..8; or ``None``.
+
+    Raises:
+        TypeError: ``data`` is not bytes-like.
+        ImageTooLargeError: The header declares more than ``max_pixels`` pixels.
+    """
+    header = _fast_jpeg_header(_as_bytes(data))
+    if header is not None:
+        _check_pixels(header[0], header[1], max_pixels, source, ext)
+    return header
+
+
+def decode_jpeg_as_stored(data: bytes) -> np.ndarray | None:
+    """simplejpeg's full-size RGB decode, as stored (no EXIF orientation applied).
+
+    Args:
+        data: A JPEG that :func:`probe_jpeg` accepted.
+
+    Returns:
+        ``(H, W, 3)`` ``uint8`` RGB array, or ``None`` when simplejpeg is not installed or
+        refuses the file (then :func:`decode_image` / :func:`decode_crop` decide).
+    """
+    if not simplejpeg_available():
+        return None
+    return _simplejpeg_scaled(_as_bytes(data), 0, 0, 1)
 
 
 def resolve_decoder(decoder: str) -> str:

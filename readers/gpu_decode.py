@@ -44,7 +44,7 @@ from PIL import Image
 from . import decode as _decode
 from .decode import DEFAULT_MAX_PIXELS
 from .errors import CorruptDataError
-from .transforms import TrainTransform, _shorter_to, make_rng
+from .transforms import TrainTransform, make_rng, shorter_side_shape
 
 __all__ = ["GpuBatchDecoder", "GpuDecodingLoader", "nvjpeg_available", "wrap_gpu_decoding"]
 
@@ -166,13 +166,12 @@ class GpuBatchDecoder:
         for i, s in enumerate(samples):
             source = f"sample {s.key} ({s.meta.get('path', '?') if isinstance(s.meta, dict) else '?'})"
             labels.append(int(s.label))
-            header = _decode._fast_jpeg_header(_decode._as_bytes(s.data))
+            header = _decode.probe_jpeg(s.data, s.ext, max_pixels=self.max_pixels, source=source)
             if header is None:  # not a plain colour JPEG: the CPU path, same generator
                 cpu_out[i] = self._cpu_sample(s, rng, source)
                 plans.append(None)
                 continue
             width, height, orientation = header
-            _decode._check_pixels(width, height, self.max_pixels, source, s.ext)
             up_h, up_w = (height, width) if orientation < 5 else (width, height)
             if self.train:
                 box = self._crop.sample_crop(up_h, up_w, rng)
@@ -216,7 +215,7 @@ class GpuBatchDecoder:
         if self.train:
             out = _resize_float(img, size, size)
             return out.flip(2) if flip else out
-        new_h, new_w = _shorter_to(img.shape[1], img.shape[2], size)
+        new_h, new_w = shorter_side_shape(img.shape[1], img.shape[2], size)
         out = _resize_float(img, new_h, new_w)
         top, left = (new_h - size) // 2, (new_w - size) // 2
         return out[:, top:top + size, left:left + size]
@@ -241,7 +240,7 @@ class GpuBatchDecoder:
                 return out
         out = []
         for b in blobs:  # the CPU primitive, as stored (no orientation): simplejpeg, else Pillow
-            arr = _decode._simplejpeg_scaled(b, 0, 0, 1) if _decode.simplejpeg_available() else None
+            arr = _decode.decode_jpeg_as_stored(b)
             if arr is None:
                 try:
                     arr = np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))

@@ -35,7 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
+    "RESAMPLE",
     "resize_shorter",
+    "shorter_side_shape",
     "center_crop",
     "to_chw_tensor",
     "make_rng",
@@ -106,8 +108,18 @@ def _resize_antialias_chw(img: np.ndarray, width: int, height: int, flip: bool =
     return x.contiguous()
 
 
-def _shorter_to(height: int, width: int, size: int) -> tuple[int, int]:
-    """(new_h, new_w) with the shorter side ``size``, the other rounded half up, at least 1."""
+def shorter_side_shape(height: int, width: int, size: int) -> tuple[int, int]:
+    """The shape :func:`resize_shorter` gives: the shorter side ``size``, the other scaled.
+
+    Args:
+        height: Image height, pixels.
+        width: Image width, pixels.
+        size: Target shorter side, pixels.
+
+    Returns:
+        ``(new_h, new_w)``: the other side is ``round(other * size / shorter)`` (half rounds
+        up), at least 1.
+    """
     if height <= width:
         return size, max(1, (2 * width * size + height) // (2 * height))
     return max(1, (2 * height * size + width) // (2 * width)), size
@@ -133,7 +145,7 @@ def resize_shorter(img: np.ndarray, size: int) -> np.ndarray:
     """
     _check_image(img)
     _check_size("size", size)
-    new_h, new_w = _shorter_to(img.shape[0], img.shape[1], int(size))
+    new_h, new_w = shorter_side_shape(img.shape[0], img.shape[1], int(size))
     return _resize(img, new_w, new_h)
 
 
@@ -261,7 +273,7 @@ class EvalTransform:
         if self.resample == "area":
             return to_chw_tensor(center_crop(resize_shorter(img, self.resize_size), self.image_size))
         _check_image(img)
-        new_h, new_w = _shorter_to(img.shape[0], img.shape[1], self.resize_size)
+        new_h, new_w = shorter_side_shape(img.shape[0], img.shape[1], self.resize_size)
         out = _resize_antialias_chw(img, new_w, new_h)
         size = self.image_size
         top, left = (new_h - size) // 2, (new_w - size) // 2  # center_crop's corner
