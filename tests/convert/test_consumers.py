@@ -211,3 +211,20 @@ def test_hugging_face_datasets_loads_every_sample_with_the_right_columns(packed,
         assert ("jpg" if row["jpg"] else "png") == _ext(path)
         seen.append(path)
     assert sorted(seen) == sorted(expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# upstream webdataset (a dependency; no extra needed)
+
+def test_upstream_webdataset_reads_every_sample_when_to_tuple_names_every_extension(packed, expected):
+    import webdataset as wds
+
+    m = json.loads((packed / "manifest.json").read_text())
+    urls = [str(packed / s["name"]) for s in m["shards"]]
+    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).to_tuple(";".join(m["extensions"]), "cls",
+                                                                              "json")
+    got = [(bytes(img), int(cls), json.loads(meta)) for img, cls, meta in ds]
+    assert len(got) == len(expected)
+    assert sorted(meta["path"] for *_, meta in got) == sorted(expected)
+    for data, label, meta in got:
+        assert (data, label) == expected[meta["path"]]
