@@ -138,7 +138,7 @@ def dataset_card(manifest: Manifest, meta_fields: dict, *, name: str) -> str:
     exts = manifest.image_extensions
     if not exts:
         raise ValueError("the manifest does not record the image extensions (manifest version 1); "
-                         "rewrite it with `shardfeed index` or repack to get a dataset card")
+                         "rewrite it with `shardfeed index DIR --overwrite` or repack to get a dataset card")
     prefixes = sorted({s.name.rsplit("-", 1)[0] if "-" in s.name else s.name[:-4] for s in manifest.shards})
     lines = ["---", "dataset_info:", "  features:"]
     for ext in exts:

@@ -353,8 +353,8 @@ def decode_index(data: bytes, source: str = "<index>") -> list[int]:
     if is_dali_index(data[:64]):
         raise CorruptDataError(f"{source}: holds an NVIDIA DALI index (text, as DALI's wds2idx writes it), not "
                                "shardfeed's binary offset index: a version-1 dataset names its index .idx, DALI's "
-                               "name; rebuild shardfeed's with `shardfeed index` (it writes .sfidx beside DALI's "
-                               ".idx, manifest version 2), or repack")
+                               "name; upgrade the dataset with `shardfeed index DIR --overwrite` (it writes .sfidx "
+                               "beside DALI's .idx, manifest version 2), or repack")
     if len(data) % 8:
         raise CorruptDataError(f"{source}: offset index of {len(data)} bytes is not a multiple of 8")
     return list(struct.unpack(f"<{len(data) // 8}Q", data))

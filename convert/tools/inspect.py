@@ -253,7 +253,8 @@ def format_inspect_report(report: dict) -> str:
     ]
     exts = report.get("extensions")
     lines.append("image extensions: " + (", ".join(f"{e} ({n:,})" for e, n in exts.items()) if exts else
-                                         "not recorded (manifest version 1: `shardfeed index` rewrites it)"))
+                                         "not recorded (manifest version 1: `shardfeed index DIR --overwrite` "
+                                         "upgrades it)"))
     counted = report["class_counts_from"] == "data"
     lines.append("classes" + (" (counts read from the data):" if counted else
                               " (not counted: pass --class-counts to read every label):"))
