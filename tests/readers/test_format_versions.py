@@ -69,7 +69,8 @@ def test_version_1_index_overwritten_by_dali_is_named(packed_wds, tmp_path):
     # DALI's text index format (version line, then per sample: ext offset size name ...)
     lines = [f"v1.2 {n}"] + [f"jpg {o + 512} 10 {i:09d}.jpg" for i, o in enumerate(offsets)]
     (d / first["index"]).write_text("\n".join(lines) + "\n")
-    with pytest.raises(CorruptDataError, match=r"shard-000000\.idx: holds an NVIDIA DALI index .*`shardfeed index`"):
+    with pytest.raises(CorruptDataError, match=r"shard-000000\.idx: holds an NVIDIA DALI index "
+                                               r".*`shardfeed index DIR --overwrite`"):
         _raw(d, rank=1, world_size=7)
 
 
