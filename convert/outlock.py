@@ -88,6 +88,11 @@ def output_lock(out: str | os.PathLike, command: str) -> Iterator[Path]:
             os.close(fd)
             raise OutputBusyError(f"{out}: another shardfeed command is writing this folder: {_describe(holder)}; "
                                   "wait for it to finish (or stop it), or choose another output folder") from None
+        except OSError as exc:  # a file system without flock (some FUSE or network mounts): write unlocked
+            os.close(fd)
+            log.warning("%s: cannot lock (%s); writing without the one-writer lock", path, exc.strerror)
+            fd = None
+            break
         except BaseException:
             os.close(fd)
             raise
@@ -99,6 +104,13 @@ def output_lock(out: str | os.PathLike, command: str) -> Iterator[Path]:
         if same:
             break
         os.close(fd)
+    if fd is None:
+        try:
+            yield path
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        return
     try:
         previous = _read(fd)
         if previous:
