@@ -467,8 +467,8 @@ def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str]) -> 
     folder is walked once, by one path, whatever order the folders are met in:
 
     1. the root, every class folder and every folder reached from them without a symbolic link
-       are claimed first (a class folder that is the same folder as an earlier class's is
-       skipped with a warning);
+       are claimed first, class folders that are folders before class folders that are links (a
+       class folder that is the same folder as one claimed already is skipped with a warning);
     2. then the symbolic links to folders, in sorted path order: a link to a claimed folder (a
        loop such as ``cat/loop -> ..``, or ``cat/x -> ../dog``), or to a folder holding the root,
        is skipped with a warning; any other is walked under the class where the link lies, and
@@ -517,12 +517,16 @@ def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str]) -> 
                                       "permissions") from None
             per_class[code].append((d, sorted(names)))
 
-    for code, top in enumerate(class_dirs):
+    # class folders that are folders first, then those that are links (a link to a folder reached
+    # without one adds nothing: ``alias -> cat/sub`` leaves cat/sub's images in cat)
+    order = sorted(range(len(class_dirs)), key=lambda c: (os.path.islink(class_dirs[c]), c))
+    for code in order:
+        top = class_dirs[code]
         st = os.stat(top)
         ident = (st.st_dev, st.st_ino)
         if ident in claimed:
-            log.warning("%s: the same folder as %s; its images are packed once, under the first class only",
-                        display_name(top), display_name(claimed[ident]))
+            log.warning("%s: the same folder as %s; its images are packed once, under the class of the folder "
+                        "reached without a link", display_name(top), display_name(claimed[ident]))
             continue
         claimed[ident] = top
         walk(top, code)

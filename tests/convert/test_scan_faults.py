@@ -88,6 +88,20 @@ def test_symlinked_folders_never_move_an_image_to_another_class(variant, tmp_pat
     assert report.num_samples == len(files) and not report.skipped
 
 
+def test_class_folder_linked_into_another_class_adds_nothing(tmp_path):
+    """``alias -> cat/sub`` sorts before ``cat``: cat/sub's images stay in cat; alias keeps its
+    index (torchvision's) and holds nothing."""
+    root = tmp_path / "src"
+    files = {"cat/c.png": _img(1), "cat/sub/s.png": _img(2), "dog/d.png": _img(3)}
+    _write(root, files)
+    os.symlink("cat/sub", root / "alias")
+    report = pack(root, tmp_path / "out", PackOptions(workers=1))
+    classes = _classes_torchvision(root)
+    assert classes == ["alias", "cat", "dog"] and report.empty_classes == ["alias"]
+    got = {s["meta"]["path"]: (s["data"], s["cls"]) for s in _shard_samples(tmp_path / "out")}
+    assert got == {rel: (data, classes.index(rel.split("/")[0])) for rel, data in files.items()}
+
+
 def test_link_to_a_folder_outside_is_followed_once(tmp_path):
     """A folder outside the image folder reached by two links is packed once, under the link whose
     path sorts first (``cat/x`` before ``dog/y``)."""
