@@ -40,7 +40,7 @@ from .format import MANIFEST_NAME, Manifest
 from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS
 
 __all__ = ["STORE_SCHEMES", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
-           "parse_storage_options", "MULTIPART_THRESHOLD_BYTES"]
+           "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,20 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
     return out
 
 
+_DEFAULT_OPTIONS: dict[str, Any] = {}
+
+
+def set_default_storage_options(options: dict | None) -> None:
+    """Options used by every :class:`StoreLocation` made without ``storage_options`` in this
+    process (the CLI's ``--storage-option``); explicit ``storage_options`` are merged over them.
+
+    Raises:
+        ValueError: an unknown key.
+    """
+    _DEFAULT_OPTIONS.clear()
+    _DEFAULT_OPTIONS.update(parse_storage_options(options))
+
+
 def _import_boto3():
     try:
         import boto3
@@ -186,7 +200,8 @@ class StoreLocation:
         self.retries = int(DEFAULT_RETRIES if retries is None else retries)
         if self.timeout_s <= 0 or self.retries < 0:
             raise ValueError(f"timeout_s must be > 0 and retries >= 0, got {timeout_s}, {retries}")
-        self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in parse_storage_options(storage_options).items()}
+        merged = {**_DEFAULT_OPTIONS, **parse_storage_options(storage_options)}
+        self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in merged.items()}
         _import_boto3()
         self.bucket = bucket
         if key.endswith(".json"):
@@ -384,6 +399,16 @@ class StoreLocation:
         return int(self._call(self.url(name), "HEAD",
                               lambda: self.client().head_object(Bucket=self.bucket, Key=key)["ContentLength"]))
 
+    def head(self, name: str) -> dict[str, str]:
+        """The user metadata of ``name`` (``x-amz-meta-*``: e.g. ``sha256`` set by uploads).
+
+        Raises:
+            FileNotFoundError: no such object. DataSourceError: other failures.
+        """
+        key = self.key(name)
+        return dict(self._call(self.url(name), "HEAD",
+                               lambda: self.client().head_object(Bucket=self.bucket, Key=key)).get("Metadata", {}))
+
     def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
         """Open ``name`` for reading bytes ``[start, end)`` (one ranged GET, resumed on failure).
 
@@ -489,23 +514,33 @@ class StoreLocation:
 
     # ---- writing
     def put_bytes(self, name: str, data: bytes) -> None:
-        """Upload ``data`` as ``name`` (one PUT; retried under the fault policy)."""
+        """Upload ``data`` as ``name`` (one PUT; retried under the fault policy).
+
+        Raises:
+            DataSourceError: the upload failed after the retries (names the URL).
+        """
         key = self.key(name)
         self._call(self.url(name), "PUT", lambda: self.client().put_object(Bucket=self.bucket, Key=key, Body=data))
 
-    def put_file(self, name: str, path: str | os.PathLike) -> None:
+    def put_file(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
         """Upload the local file ``path`` whole as ``name``: one PUT, or a multipart upload in
         :data:`MULTIPART_THRESHOLD_BYTES` parts for a large file (an object appears only complete).
+
+        Args:
+            name: the object's name under the prefix.
+            path: the local file.
+            sha256: its hex digest, stored as the object's ``sha256`` metadata (``--resume`` checks it).
 
         Raises:
             DataSourceError: the upload failed after the retries (names the URL).
         """
         size = os.path.getsize(path)
         key = self.key(name)
+        extra = {"Metadata": {"sha256": sha256}} if sha256 else {}
         if size < MULTIPART_THRESHOLD_BYTES:
             def once():
                 with open(path, "rb") as f:
-                    self.client().put_object(Bucket=self.bucket, Key=key, Body=f)
+                    self.client().put_object(Bucket=self.bucket, Key=key, Body=f, **extra)
             self._call(self.url(name), "PUT", once)
             return
         from boto3.s3.transfer import TransferConfig
@@ -513,7 +548,7 @@ class StoreLocation:
         cfg = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES, multipart_chunksize=MULTIPART_THRESHOLD_BYTES,
                              max_concurrency=4, use_threads=True)
         self._call(self.url(name), "multipart upload",
-                   lambda: self.client().upload_file(str(path), self.bucket, key, Config=cfg))
+                   lambda: self.client().upload_file(str(path), self.bucket, key, ExtraArgs=extra or None, Config=cfg))
 
     def delete(self, name: str) -> None:
         """Delete ``name`` (no error when it does not exist)."""

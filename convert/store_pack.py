@@ -1,0 +1,171 @@
+"""``pack`` to an object-store prefix (``s3://bucket/prefix/``): the same bytes as a local pack,
+uploaded so that a reader never sees a half-written dataset.
+
+How (issue 16):
+
+1. OUT is checked first, by one listing of the prefix: empty, or (``--resume``) an unfinished pack
+   of ours, or (``--overwrite``) a dataset of ours, whose objects are deleted; anything else is
+   refused, as locally.
+2. The dataset is packed by :func:`shardfeed.convert.pack.pack` into a local staging folder
+   (``$SHARDFEED_STAGING_DIR`` or the system temp dir, one folder per OUT URL, so a killed pack
+   resumes there); the pack is deterministic, so the shards are those of a local pack.
+3. Each shard and its offset index are uploaded whole (one PUT, or a multipart upload for shards
+   of at least :data:`~shardfeed.readers.objstore.MULTIPART_THRESHOLD_BYTES`; an object appears
+   only complete), a few at a time, each with its sha256 as object metadata; ``manifest.json``
+   goes last, then the staging folder is removed.
+4. ``--resume`` lists the prefix and skips every shard or index whose size and recorded sha256
+   equal the manifest's (after ``kill -9``, only what is missing is uploaded again).
+
+LMDB is refused for a bucket (LMDB maps a local file): pack to a local folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from shardfeed.readers.errors import UnsupportedURLError
+from shardfeed.readers.format import MANIFEST_NAME, load_manifest
+
+__all__ = ["pack_to_store", "staging_dir", "UPLOAD_THREADS"]
+
+log = logging.getLogger(__name__)
+
+#: Shards uploaded at once (each a PUT, or a multipart upload of 4 parts at a time).
+UPLOAD_THREADS = 4
+_STATE_KEY = ".shardfeed-pack/plan.json"
+
+
+def staging_dir(out_url: str) -> Path:
+    """The local folder where a pack to ``out_url`` is built (stable across runs: resume)."""
+    base = os.environ.get("SHARDFEED_STAGING_DIR") or tempfile.gettempdir()
+    return Path(base) / f"shardfeed-staging-{hashlib.sha256(out_url.encode()).hexdigest()[:16]}"
+
+
+def _is_ours(name: str) -> bool:
+    return name == MANIFEST_NAME or name.endswith((".tar", ".idx")) or name.startswith(".shardfeed-pack/")
+
+
+def _check_out(loc, *, resume: bool, overwrite: bool) -> dict[str, int]:
+    """Check OUT (one listing); delete our objects for ``overwrite``. Returns the listing."""
+    listing = loc.list_sizes()
+    if not listing:
+        return listing
+    if resume:
+        if MANIFEST_NAME in listing:
+            raise ValueError(f"{loc.base}: already holds a finished dataset ({MANIFEST_NAME}); nothing to resume "
+                             "(use --overwrite to rebuild it)")
+        if _STATE_KEY not in listing and not any(n.endswith(".tar") for n in listing):
+            raise ValueError(f"{loc.base}: not an interrupted shardfeed pack; choose an empty prefix or use "
+                             "--overwrite")
+        return listing
+    if not overwrite:
+        if _STATE_KEY in listing:
+            raise ValueError(f"{loc.base}: holds an unfinished pack: --resume finishes it with the same source and "
+                             "options; start again with --overwrite")
+        raise ValueError(f"{loc.base}: the prefix is not empty; use --overwrite to replace it, --resume to "
+                         "finish an interrupted pack, or choose an empty prefix")
+    foreign = [n for n in listing if not _is_ours(n)]
+    if foreign:
+        raise ValueError(f"{loc.base}: holds objects shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
+                         "refusing to delete them with --overwrite: choose an empty prefix")
+    loc.delete(MANIFEST_NAME)  # first: the dataset stops being "finished" before its shards go
+    for name in listing:
+        if name != MANIFEST_NAME:
+            loc.delete(name)
+    return {}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], None] | None = None, scan=None,
+                  storage_options: dict | None = None):
+    """Pack the image folder ``src`` into the object-store prefix ``out_url``.
+
+    Args:
+        src: the image folder (local path).
+        out_url: ``s3://bucket/prefix/``.
+        options: :class:`~shardfeed.convert.pack.PackOptions` (``format`` must be ``wds``).
+        progress: as :func:`~shardfeed.convert.pack.pack`.
+        scan: a scan of ``src`` done already.
+        storage_options: object-store client options.
+
+    Returns:
+        The :class:`~shardfeed.convert.pack.PackReport`, with ``output`` = ``out_url`` and
+        ``extra["uploaded"]`` / ``extra["upload_skipped"]`` (files uploaded / already there).
+
+    Raises:
+        UnsupportedURLError: LMDB to a bucket, a non-s3 URL, or no client installed.
+        ValueError: OUT not empty (without ``resume``/``overwrite``) and what ``pack`` raises.
+        DataSourceError: an upload failed after the retries (complete objects stay for ``resume``).
+    """
+    from shardfeed.readers.objstore import StoreLocation
+
+    from .pack import pack
+
+    fmt = str(options.format).lower()
+    if fmt not in ("wds", "webdataset"):
+        raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
+                                  "into memory); pack with --format wds to write to a bucket, or pack to a local "
+                                  "folder")
+    loc = StoreLocation(out_url, storage_options=storage_options)
+    listing = _check_out(loc, resume=options.resume, overwrite=options.overwrite)
+    stage = staging_dir(loc.base)
+    local_resume = options.resume and (stage / ".shardfeed-pack").is_dir()
+    if stage.exists() and not local_resume:
+        shutil.rmtree(stage)
+    import dataclasses
+
+    local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)
+    report = pack(src, stage, local_opts, progress=progress, scan=scan)
+    manifest = load_manifest(stage, check_files=False)
+    loc.put_bytes(_STATE_KEY, json.dumps({"source": str(report.source)}).encode())
+    files = []
+    for entry in manifest.shards:
+        files.append((entry.name, entry.num_bytes, entry.sha256))
+        if entry.index:
+            files.append((entry.index, (stage / entry.index).stat().st_size, entry.index_sha256))
+    todo, skipped = [], 0
+    for name, size, sha in files:
+        if listing.get(name) == size and sha and _remote_sha256(loc, name) == sha:
+            skipped += 1
+        else:
+            todo.append((name, sha))
+
+    def upload(item):
+        name, sha = item
+        loc.put_file(name, stage / name, sha256=sha or _sha256_file(stage / name))
+
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        for f in [pool.submit(upload, item) for item in todo]:
+            f.result()
+    loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished
+    loc.delete(_STATE_KEY)
+    shutil.rmtree(stage, ignore_errors=True)
+    report.output = loc.base
+    report.shards_resumed = max(report.shards_resumed, sum(1 for n, _, _ in files if n.endswith(".tar")) -
+                                sum(1 for n, _ in todo if n.endswith(".tar")) if options.resume else 0)
+    report.extra.update(uploaded=len(todo), upload_skipped=skipped)
+    return report
+
+
+def _remote_sha256(loc, name: str) -> str | None:
+    try:
+        return loc.head(name).get("sha256")
+    except FileNotFoundError:
+        return None
