@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -147,8 +148,12 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
         else:
             todo.append((name, sha))
 
+    delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
+
     def upload(item):
         name, sha = item
+        if delay_s:
+            time.sleep(delay_s)
         loc.put_file(name, stage / name, sha256=sha or _sha256_file(stage / name))
 
     with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
