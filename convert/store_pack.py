@@ -35,19 +35,79 @@ from typing import Callable
 from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
 
-__all__ = ["pack_to_store", "staging_dir", "UPLOAD_THREADS"]
+__all__ = ["pack_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS", "DOWNLOAD_THREADS"]
 
 log = logging.getLogger(__name__)
 
 #: Shards uploaded at once (each a PUT, or a multipart upload of 4 parts at a time).
 UPLOAD_THREADS = 4
+#: Source images downloaded at once when SRC is a folder in a bucket (one GET each).
+DOWNLOAD_THREADS = 16
 _STATE_KEY = ".shardfeed-pack/plan.json"
 
 
-def staging_dir(out_url: str) -> Path:
-    """The local folder where a pack to ``out_url`` is built (stable across runs: resume)."""
+def staging_dir(url: str, kind: str = "staging") -> Path:
+    """The local folder where a pack to (or from) ``url`` is staged (stable across runs: resume)."""
     base = os.environ.get("SHARDFEED_STAGING_DIR") or tempfile.gettempdir()
-    return Path(base) / f"shardfeed-staging-{hashlib.sha256(out_url.encode()).hexdigest()[:16]}"
+    return Path(base) / f"shardfeed-{kind}-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+
+
+def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, storage_options: dict | None = None,
+                        progress: Callable[[int, int], None] | None = None):
+    """Copy the image folder at ``src_url`` (``s3://bucket/prefix/``) to a local folder for packing.
+
+    One paginated listing finds the classes and images by the on-disk scan rules
+    (:func:`~shardfeed.readers.imagefolder.scan_listing`); only the images the scan keeps are
+    downloaded, :data:`DOWNLOAD_THREADS` at a time (one GET each), each with its object's
+    modification time. A file already there with the object's size and mtime is kept (a resumed
+    pack does not download it again).
+
+    Returns:
+        ``(local_folder, listing_scan)``: the mirror (``$SHARDFEED_STAGING_DIR`` or the temp dir)
+        and the scan of the listing.
+
+    Raises:
+        ValueError: no class folders or images under the prefix (the scan's errors).
+        DataSourceError: the listing or a download failed after the retries (names the URL).
+    """
+    from shardfeed.readers.imagefolder import scan_listing
+    from shardfeed.readers.objstore import StoreLocation
+
+    loc = StoreLocation(src_url, storage_options=storage_options)
+    scan = scan_listing(loc.base, loc.list_objects(), extensions=extensions, class_to_idx=class_to_idx)
+    dest = staging_dir(loc.base, "mirror")
+    files = scan.files
+    # every class folder exists locally, empty ones included (they keep their index)
+    for c in scan.classes:
+        if c in files.class_names or class_to_idx is None:
+            (dest / c).mkdir(parents=True, exist_ok=True)
+
+    def fetch(i: int) -> int:
+        rel, size, mtime = files.rels[i], files.sizes[i], files.mtimes_ns[i]
+        path = dest / rel
+        try:
+            st = path.stat()
+            if st.st_size == size and st.st_mtime_ns == mtime:
+                return size
+        except FileNotFoundError:
+            pass
+        data = loc.read_bytes(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, path)
+        return len(data)
+
+    keep = set(files.rels)
+    if dest.is_dir():  # objects deleted since an earlier mirror must not be packed
+        for p in dest.rglob("*"):
+            if p.is_file() and p.relative_to(dest).as_posix() not in keep:
+                p.unlink()
+    with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
+        for _ in pool.map(fetch, range(len(files))):
+            pass
+    return dest, scan
 
 
 def _is_ours(name: str) -> bool:

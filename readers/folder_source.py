@@ -134,7 +134,8 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
         if not 0 <= i < self._num_samples:
             raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
         self._map_epoch_check()
-        where = self.store.url(self.rel_path(i)) if self.store is not None else os.path.join(self.root, self.rel_path(i))
+        rel = self.rel_path(i)
+        where = self.store.url(rel) if self.store is not None else os.path.join(self.root, rel)
         try:
             key, data, ext, label, meta = self.read_raw(i)
             return self.emit(key, data, ext, label, meta, where)

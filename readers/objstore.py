@@ -276,7 +276,8 @@ class StoreLocation:
                         region_name=o.get("region_name"), aws_access_key_id=o.get("key"),
                         aws_secret_access_key=o.get("secret"), aws_session_token=o.get("token"))
                 except botocore.exceptions.ProfileNotFound:
-                    raise DataSourceError(f"{self.base}: AWS profile {o.get('profile') or os.environ.get('AWS_PROFILE')!r} "
+                    profile = o.get("profile") or os.environ.get("AWS_PROFILE")
+                    raise DataSourceError(f"{self.base}: AWS profile {profile!r} "
                                           "not found in ~/.aws/config; check AWS_PROFILE / --storage-option "
                                           "profile=...") from None
                 except ValueError as exc:
@@ -545,8 +546,8 @@ class StoreLocation:
             return
         from boto3.s3.transfer import TransferConfig
 
-        cfg = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES, multipart_chunksize=MULTIPART_THRESHOLD_BYTES,
-                             max_concurrency=4, use_threads=True)
+        cfg = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES,
+                             multipart_chunksize=MULTIPART_THRESHOLD_BYTES, max_concurrency=4, use_threads=True)
         self._call(self.url(name), "multipart upload",
                    lambda: self.client().upload_file(str(path), self.bucket, key, ExtraArgs=extra or None, Config=cfg))
 

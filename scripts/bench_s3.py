@@ -1,7 +1,8 @@
 """Object-store benchmark rows (issue 16), side by side in one run against a real S3-API server on
 loopback (moto's standalone server, a separate process, as nginx is):
 
-* raw read of the same shards from the S3-API server / from nginx (target >= 0.8);
+* raw read of the same shards from the S3-API server / from nginx (target >= 0.8), and / plain
+  HTTP GETs of the same objects from the same server (presigned URLs: the server's own ceiling);
 * ``shardfeed pack`` to a bucket / to the local disk (images/s);
 * loader images/s: the image folder in a bucket (one GET per image) vs its shards in the same bucket.
 
@@ -36,11 +37,13 @@ BIN = Path(PY).parent
 
 def start_moto(work: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    exe = BIN / "moto_server"
-    cmd = [str(exe)] if exe.exists() else [PY, "-m", "moto.server"]
+    # moto's threaded server in its own process (the moto_server CLI hung here under concurrent PUTs)
+    code = ("import logging, sys, threading; logging.getLogger('werkzeug').setLevel(logging.ERROR); "
+            "from moto.server import ThreadedMotoServer; "
+            "s = ThreadedMotoServer(ip_address='127.0.0.1', port=int(sys.argv[1]), verbose=False); s.start(); "
+            "threading.Event().wait()")
     env = {**os.environ, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(1 << 30)}  # objects in memory, not temp files
-    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([PY, "-c", code, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _wait_port(port, proc, "moto_server", timeout_s=30)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -65,6 +68,20 @@ def raw_read(loc, names: list[str]) -> dict:
                 n += len(chunk)
     dt = time.perf_counter() - t
     return {"value": n / dt / 1e6, "bytes": n}
+
+
+class _Presigned:
+    """Opens presigned object URLs with shardfeed's HTTP reader (what a user without the s3 extra
+    would do)."""
+
+    def __init__(self, urls: dict[str, str]):
+        self.urls = urls
+
+    def open(self, name: str):
+        from shardfeed.readers.http_io import HttpRangeStream
+
+        s = HttpRangeStream(self.urls[name])
+        return s, 0
 
 
 def loader_rate(src: str, num_workers: int, num_batches: int) -> dict:
@@ -120,8 +137,16 @@ def main(argv=None) -> int:
         info = {"src": str(args.src), "shard_bytes": sum((shards / n).stat().st_size for n in names),
                 "num_shards": len(names), "server": "moto_server (separate process)"}
 
-        # 1. raw read: S3-API server vs nginx, the same shards
-        cases = {"s3": lambda: raw_read(StoreLocation("s3://bench/shards/"), names)}
+        # 1. raw read: S3-API server vs nginx, the same shards; and the S3 reader vs plain HTTP GETs
+        # of the same objects from the same server (presigned URLs through shardfeed's HTTP reader):
+        # the server's own ceiling, so the client's share is visible. The location (its client) is
+        # made once, as each loader worker makes it once.
+        store = StoreLocation("s3://bench/shards/")
+        store.client()
+        presigned = {n: client.generate_presigned_url("get_object", Params={"Bucket": "bench", "Key": "shards/" + n},
+                                                      ExpiresIn=3600) for n in names}
+        cases = {"s3": lambda: raw_read(store, names),
+                 "s3_http": lambda: raw_read(_Presigned(presigned), names)}
         try:
             nginx, port = start_nginx(shards, work)
             cases["nginx"] = lambda: raw_read(HttpLocation(f"http://127.0.0.1:{port}/"), names)
@@ -131,6 +156,8 @@ def main(argv=None) -> int:
         r = run_rounds(cases, rounds=args.rounds, log=log)
         v = r["values"]
         res.figures["raw_read_mb_s"] = v
+        res.row("raw read: S3 reader / plain HTTP GET, same server", "sample", paired_ratio(v["s3"], v["s3_http"]),
+                ">= 0.8", ">=", 0.8, f"{median(v['s3']):,.0f} vs {median(v['s3_http']):,.0f} MB/s")
         if "nginx" in v:
             res.row("raw read from the S3-API server / nginx", "sample", paired_ratio(v["s3"], v["nginx"]), ">= 0.8",
                     ">=", 0.8, f"{median(v['s3']):,.0f} vs {median(v['nginx']):,.0f} MB/s")

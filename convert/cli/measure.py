@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import click
 
-from .common import command, deprecated_option, echo, json_option, num_workers_options, storage_option, write_json_report
+from .common import (command, deprecated_option, echo, json_option, num_workers_options, storage_option,
+                     write_json_report)
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
 

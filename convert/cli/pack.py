@@ -38,7 +38,7 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
 
 
 @command("pack", short_help="Pack an image folder into WebDataset shards or one LMDB.")
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", metavar="SRC")
 @click.argument("out", metavar="OUT")
 @click.option("--extensions", default=None, metavar="LIST",
               help="Comma-separated extensions to pack, no dots, case-insensitive "
@@ -91,6 +91,17 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
                          "memory); use --format wds to pack to a bucket, or pack to a local folder")
     if not to_store:
         out = local_path(out)
+    check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
+    if url_scheme(src) == "s3":
+        from shardfeed.convert.store_pack import mirror_store_folder
+
+        if not quiet():
+            click.echo(f"listing and downloading the image folder {src} ...", err=True)
+        src_url = src
+        src, _ = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx)
+    else:
+        src_url = None
+        src = local_path(src)
     if not src.exists():
         raise FileNotFoundError(f"{src}: source folder does not exist")
     if not to_store:
@@ -111,6 +122,11 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
         sys.exit(EXIT_INTERRUPTED)
     finally:
         bar.close()
+    if src_url is not None:
+        import shutil
+
+        shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
+        report.source = src_url
     for item in report.skipped[:20]:
         click.echo(f"skipped {item['path']}: {item['reason']}", err=True)
     if len(report.skipped) > 20:

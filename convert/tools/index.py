@@ -278,8 +278,8 @@ def _index_root(pattern, sources: list[str], out, url: bool) -> tuple[Path, list
     """The folder of the manifest and the shards' names relative to it (created when local)."""
     if url:
         if out is None:
-            raise ValueError(f"{pattern}: shards on a web server or in a bucket need --out (a local folder for the manifest and "
-                             "offset indexes, to upload beside the shards)")
+            raise ValueError(f"{pattern}: shards on a web server or in a bucket need --out (a local folder for the "
+                             "manifest and offset indexes, to upload beside the shards)")
         root = Path(out)
         names = [PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(s).path)).name for s in sources]
     else:
@@ -321,7 +321,7 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
         from shardfeed.readers.opener import open_location
 
         base, _, name = source.rpartition("/")
-        stream, _ = open_location(base + "/").open(name)  # HTTP or object store: one opener, one fault policy
+        stream, _ = open_location(base + "/").open(name)  # HTTP or object store: one opener and fault policy
     else:
         stream = open(source, "rb")
     offsets: list[int] = []

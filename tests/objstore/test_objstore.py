@@ -297,3 +297,41 @@ def test_tools_read_from_a_bucket(s3_packed, packed_wds, tmp_path):
     assert r.returncode == 0, r.stderr
     for idx in packed_wds.glob("*.idx"):
         assert (tmp_path / "ix" / idx.name).read_bytes() == idx.read_bytes()
+
+
+@pytest.mark.slow
+def test_pack_from_a_bucket_folder_gives_the_local_shards(s3_packed, tiny_image_folder, s3_client, s3_bucket, tmp_path):
+    """SRC in a bucket (classes by listing, one GET per image) packs to the same shards and indexes
+    as the local folder; OUT in a bucket too."""
+    import os
+
+    _, folder = s3_packed
+    env = {**os.environ, "SHARDFEED_STAGING_DIR": str(tmp_path / "staging")}
+    (tmp_path / "staging").mkdir()
+    local = tmp_path / "local"
+    assert _cli("pack", tiny_image_folder, local, "--format", "wds", "--max-count", 16).returncode == 0
+    r = _cli("pack", folder, tmp_path / "from-bucket", "--format", "wds", "--max-count", 16, "--json",
+             tmp_path / "r.json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["source"] == folder
+    shards = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.suffix in (".tar", ".idx")}  # noqa: E731
+    assert shards(tmp_path / "from-bucket") == shards(local)
+    bucket = s3_bucket("bucket2bucket")
+    r = _cli("pack", folder, f"s3://{bucket}/x", "--format", "wds", "--max-count", 16, env=env)
+    assert r.returncode == 0, r.stderr
+    got = _download(s3_client, bucket, "x/")
+    assert {k: v for k, v in got.items() if k.endswith((".tar", ".idx"))} == shards(local)
+    assert list((tmp_path / "staging").iterdir()) == []  # the mirror and the staging folder are removed
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_verify_before_may_be_a_folder_in_a_bucket(s3_packed, tmp_path):
+    url, folder = s3_packed
+    r = _cli("verify", folder, url, "--batches", 2, "--warmup", 1, "--repeats", 1, "--batch-size", 8,
+             "--num-workers", 1, "--image-size", 16, "--json", tmp_path / "v.json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "v.json").read_text())
+    assert SECRET not in json.dumps(report)
+    text = json.dumps(report)
+    assert folder in text and url in text
