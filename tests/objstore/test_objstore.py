@@ -335,3 +335,47 @@ def test_verify_before_may_be_a_folder_in_a_bucket(s3_packed, tmp_path):
     assert SECRET not in json.dumps(report)
     text = json.dumps(report)
     assert folder in text and url in text
+
+
+def test_anonymous_access_to_a_public_bucket(s3_client, s3_bucket, packed_wds, tiny_folder_expected):
+    """``anon=true`` sends unsigned requests: a public-read object is read, a private one is 403
+    with a message saying the bucket is not public."""
+    from shardfeed.readers import open_dataset
+    from shardfeed.readers.errors import DataSourceError
+
+    bucket = s3_bucket("public")
+    for p in packed_wds.iterdir():
+        s3_client.put_object(Bucket=bucket, Key="pub/" + p.name, Body=p.read_bytes(), ACL="public-read")
+        s3_client.put_object(Bucket=bucket, Key="priv/" + p.name, Body=p.read_bytes())
+    ds = open_dataset(f"s3://{bucket}/pub/", decode=False, shuffle=False, storage_options={"anon": True})
+    assert {s.meta["path"]: (bytes(s.data), s.label) for s in ds} == tiny_folder_expected
+    with pytest.raises(DataSourceError, match=r"access denied \(HTTP 403 .*the bucket is not public"):
+        open_dataset(f"s3://{bucket}/priv/", storage_options={"anon": "true"})
+
+
+def test_retries_log_no_credentials(error_server, caplog):
+    import logging
+
+    from shardfeed.readers.errors import DataSourceError
+    from shardfeed.readers.objstore import StoreLocation
+
+    endpoint = error_server(503, "SlowDown", "reduce your rate " + SECRET)  # even a server echoing it
+    loc = StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint, "secret": SECRET}, retries=1)
+    with caplog.at_level(logging.DEBUG), pytest.raises(DataSourceError) as e:
+        loc.read_bytes("a.tar")
+    assert "attempt 1 of 2" in caplog.text
+    assert SECRET not in caplog.text and SECRET not in str(e.value) and SECRET not in repr(loc)
+
+
+def test_without_the_client_the_message_names_the_extra(tmp_path):
+    code = ("import sys; sys.modules['boto3'] = None\n"
+            "from shardfeed.readers import open_dataset\n"
+            "try:\n    open_dataset('s3://bucket/x/')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True)
+    assert "UnsupportedURLError" in r.stdout and "pip install 'shardfeed[s3]'" in r.stdout, r.stdout + r.stderr
+
+
+def test_storage_option_is_checked():
+    r = _cli("inspect", "s3://bucket/x", "--storage-option", "colour=blue")
+    assert r.returncode != 0 and "storage option 'colour' is not one shardfeed knows" in r.stderr
