@@ -1,6 +1,6 @@
 """Fault injection for tests: slow a pack down or kill a task, through parameters, never the environment.
 
-Production code reads no ``SHARDFEED_TEST_*`` variable. A test that wants a pack to be slow enough
+Production code reads no environment variable for this. A test that wants a pack to be slow enough
 to kill mid-way, or a Ray task to die once, passes a :class:`FaultHooks` as
 ``PackOptions(faults=...)`` (or to :class:`~shardfeed.convert.ray_executor.RayExecutor`). Tests that
 drive the command line in a subprocess run ``tests/hooked_cli.py``, which wraps the CLI in

@@ -344,6 +344,7 @@ def _is_ours(name: str) -> bool:
 
 def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | None = None, *,
          progress: Callable[[int, int], None] | None = None,
+         output_progress: Callable[[int], None] | None = None,
          scan: ScanResult | None = None) -> PackReport:
     """Pack the image folder ``src`` into ``out`` (WebDataset shards or LMDB) with a manifest.
 
@@ -352,6 +353,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         out: output folder (created; must be empty unless ``resume``/``overwrite``).
         options: :class:`PackOptions`.
         progress: ``callback(num_samples, num_input_bytes)`` called as samples are written.
+        output_progress: ``callback(num_output_bytes)`` called with the stored image bytes where
+            the packer knows them apart from the input (WebDataset with ``reencode``), each time
+            just before the matching ``progress`` call; not called otherwise.
         scan: a scan of ``src`` done already (to avoid scanning twice).
 
     Returns:
@@ -390,7 +394,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     progress = progress or (lambda n, b: None)
     try:
         with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
-            shards, skipped, resumed, extra = format_packer(options.format)(scan, samples, out, options, progress)
+            format_pack = format_packer(options.format)
+            shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
         for tmp in out.glob(".*.tmp"):

@@ -63,10 +63,8 @@ byte-identical whatever ``workers`` is, and ``resume`` is exact).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import io
 import logging
-from typing import Callable
 
 from shardfeed.readers.errors import CorruptDataError
 
@@ -80,7 +78,6 @@ __all__ = [
     "resize_size",
     "reencode_image",
     "reencode_payload",
-    "progress_with_output",
 ]
 
 log = logging.getLogger(__name__)
@@ -442,18 +439,3 @@ def reencode_payload(data: bytes, ext: str, meta: dict, options: ReencodeOptions
     r = reencode_image(data, options, source=source)
     return r.data, r.ext, {**meta, "orig_width": r.orig_width, "orig_height": r.orig_height,
                            "orig_format": r.orig_format}
-
-
-def progress_with_output(progress: Callable) -> Callable:
-    """``progress`` as a callback ``(num_samples, input_bytes, output_bytes)``.
-
-    Packers that know the stored bytes report them through this; a callback written for the
-    documented two arguments ``(num_samples, input_bytes)`` is wrapped and does not get them.
-    """
-    try:
-        inspect.signature(progress).bind(0, 0, 0)
-        return progress
-    except TypeError:
-        return lambda n, b, out=0: progress(n, b)
-    except ValueError:  # no signature (a builtin): assume the documented 2 arguments
-        return lambda n, b, out=0: progress(n, b)

@@ -155,14 +155,14 @@ def _sha256_file(path: Path) -> str:
 
 
 def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], None] | None = None, scan=None,
-                  storage_options: dict | None = None):
+                  storage_options: dict | None = None, output_progress: Callable[[int], None] | None = None):
     """Pack the image folder ``src`` into the object-store prefix ``out_url``.
 
     Args:
         src: the image folder (local path).
         out_url: ``s3://bucket/prefix/``.
         options: :class:`~shardfeed.convert.pack.PackOptions` (``format`` must be ``wds``).
-        progress: as :func:`~shardfeed.convert.pack.pack`.
+        progress, output_progress: as :func:`~shardfeed.convert.pack.pack` (the local build).
         scan: a scan of ``src`` done already.
         storage_options: object-store client options.
 
@@ -193,7 +193,7 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     import dataclasses
 
     local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)
-    report = pack(src, stage, local_opts, progress=progress, scan=scan)
+    report = pack(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress)
     manifest = load_manifest(stage, check_files=False)
     loc.put_bytes(_STATE_KEY, json.dumps({"source": str(report.source)}).encode())
     files = []

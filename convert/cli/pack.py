@@ -109,12 +109,13 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
     try:
+        output_progress = lambda output_bytes: update(0, 0, output_bytes)  # noqa: E731
         if to_store:
             from shardfeed.convert.store_pack import pack_to_store
 
-            report = pack_to_store(src, out, options, progress=update, scan=scan)
+            report = pack_to_store(src, out, options, progress=update, scan=scan, output_progress=output_progress)
         else:
-            report = pack(src, out, options, progress=update, scan=scan)
+            report = pack(src, out, options, progress=update, scan=scan, output_progress=output_progress)
     except KeyboardInterrupt:
         bar.close()
         click.echo(f"shardfeed: interrupted; the complete part of {out} is kept: finish it with the same "

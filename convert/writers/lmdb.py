@@ -150,8 +150,8 @@ def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw
     return point
 
 
-def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progress
-              ) -> tuple[list[ShardEntry], list[dict], int, dict]:
+def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progress,
+              output_progress=None) -> tuple[list[ShardEntry], list[dict], int, dict]:
     """Write the planned samples into ``out/data.mdb`` (the ``"lmdb"`` packer of the registry).
 
     Files are read and encoded in tasks on the pack's executor (``options.workers`` processes,
@@ -167,6 +167,8 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
         out: the dataset folder, prepared by :func:`shardfeed.convert.pack.prepare_output`.
         options: the pack options (``workers``, ``on_error``, ``resume``, ``map_size``, ``faults``).
         progress: ``callback(num_samples, num_input_bytes)``.
+        output_progress: the packers' ``callback(num_output_bytes)``; not called (the stored
+            sizes are in ``extra`` once the pack is finalized).
 
     Returns:
         ``(shards, skipped, shards_resumed, extra)``: one :class:`ShardEntry` for ``data.mdb``; the
@@ -310,6 +312,31 @@ class LmdbWriter:
         self._store = LmdbStore(self.out, map_size=map_size, commit_count=commit_count, commit_bytes=commit_bytes)
         self._manifest: Manifest | None = None
         self.stats: dict = {}
+
+    @classmethod
+    def create(cls, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
+               max_count: int | None = None, max_bytes: int | None = None, prefix: str | None = None,
+               skipped: Sequence[dict] | None = None, options: dict | None = None, files: dict | None = None,
+               map_size: int | None = None, expected_bytes: int | None = None) -> "LmdbWriter":
+        """The registry's uniform writer factory (same keywords for every format's writer).
+
+        Args:
+            out, classes, class_to_idx, options, map_size, expected_bytes: as the constructor.
+            max_count, max_bytes, prefix: WebDataset shard limits; unused (one ``data.mdb``).
+            skipped: ``[{"path", "reason"[, "key"]}]`` carried into the manifest's ``skipped``.
+            files: the manifest's input accounting; unused (the LMDB manifest counts its records).
+
+        Returns:
+            An open :class:`LmdbWriter`.
+
+        Raises:
+            FileExistsError: as the constructor.
+        """
+        writer = cls(out, classes=classes, class_to_idx=class_to_idx, options=options, map_size=map_size,
+                     expected_bytes=expected_bytes)
+        for item in skipped or []:
+            writer.add_skipped(item.get("path", "?"), item.get("key"), item.get("reason", "?"))
+        return writer
 
     def write(self, sample: Sample) -> None:
         """Add one sample (keys in increasing order, each once).

@@ -44,7 +44,6 @@ from shardfeed.readers.format import (
 from ..executors import ProgressSink, active_executor, task_progress
 from ..pack_state import STATE_DIR, finished_shard_record, write_shard_record
 from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
-from ..reencode import progress_with_output
 from ..samples import ChunkTask, load_chunk, load_sample_payload, read_file_checked, skip_reason, skip_record
 from .shard import ShardLimits, ShardWriter
 
@@ -115,6 +114,27 @@ class WebDatasetWriter:
         self._writer = ShardWriter(self.out, prefix=prefix, limits=limits)
         self._keys: set[str] = set()
         self._closed = False
+
+    @classmethod
+    def create(cls, out: str | os.PathLike, *, classes: list[str], class_to_idx: dict[str, int] | None = None,
+               max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
+               skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None,
+               map_size: int | None = None, expected_bytes: int | None = None) -> "WebDatasetWriter":
+        """The registry's uniform writer factory (same keywords for every format's writer).
+
+        Args:
+            out, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files: as
+                the constructor.
+            map_size, expected_bytes: LMDB sizing; unused (shards are cut by ``max_*``).
+
+        Returns:
+            An open :class:`WebDatasetWriter`.
+
+        Raises:
+            ValueError, NotADirectoryError: as the constructor.
+        """
+        return cls(out, classes=classes, class_to_idx=class_to_idx, max_count=max_count, max_bytes=max_bytes,
+                   prefix=prefix, skipped=skipped, options=options, files=files)
 
     @property
     def shards(self) -> list[ShardEntry]:
@@ -298,7 +318,8 @@ def _write_wds_shard(task) -> tuple[dict, list]:
     return result, skipped
 
 
-def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, int], None]
+def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, int], None],
+                    output_progress: Callable[[int], None] | None = None
                     ) -> tuple[list[ShardEntry], list[dict], int, dict]:
     """Write the planned samples as WebDataset shards (the ``"webdataset"`` packer of the registry).
 
@@ -308,6 +329,8 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
         out: the output folder, prepared by :func:`~shardfeed.convert.pack.prepare_output`.
         options: the :class:`~shardfeed.convert.pack.PackOptions`.
         progress: ``callback(num_samples, num_input_bytes)``.
+        output_progress: ``callback(num_output_bytes)``: the stored image bytes, reported only when
+            re-encoding (without it they are the input bytes); None for none.
 
     Returns:
         ``(shards, skipped, shards_resumed, extra)``.
@@ -318,7 +341,7 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
             :func:`~shardfeed.convert.samples.load_sample_payload`; finished shards stay.
     """
     if options.reencode is not None:  # sizes are known only after encoding: cut shards as they come
-        return pack_webdataset_reencoded(scan, samples, out, options, progress)
+        return pack_webdataset_reencoded(scan, samples, out, options, progress, output_progress)
     ranges = plan_shards(samples, max_count=options.max_count, max_bytes=options.max_bytes)
     done: dict[int, dict] = {}
     if options.resume:
@@ -360,7 +383,8 @@ def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
     return done
 
 
-def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Callable):
+def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Callable[[int, int], None],
+                              output_progress: Callable[[int], None] | None = None):
     """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
 
     Workers re-encode fixed chunks of :data:`CHUNK_SAMPLES` samples in packing order
@@ -373,7 +397,9 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
         samples: the planned samples (:func:`~shardfeed.convert.plan.plan_samples`).
         out: the output folder (prepared).
         options: the :class:`~shardfeed.convert.pack.PackOptions`, with ``reencode`` set.
-        progress: ``callback(num_samples, input_bytes[, output_bytes])``.
+        progress: ``callback(num_samples, input_bytes)``.
+        output_progress: ``callback(output_bytes)``: the re-encoded image bytes stored, reported
+            before the matching ``progress`` call; None for none.
 
     Returns:
         ``(shards, skipped, shards_resumed, extra)`` as every packer.
@@ -384,7 +410,11 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
             :func:`~shardfeed.convert.samples.load_sample_payload` (``on_error="raise"``); finished
             shards stay and ``resume`` continues after them.
     """
-    report = progress_with_output(progress)
+    def report(n: int, b_in: int, b_out: int) -> None:
+        if output_progress is not None:
+            output_progress(b_out)
+        progress(n, b_in)
+
     done = _finished_prefix(out, len(samples)) if options.resume else []
     start = done[-1]["end"] if done else 0
     shards: list[ShardEntry] = []
