@@ -179,6 +179,7 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
 
     from .pack import pack
 
+    t0 = time.perf_counter()
     fmt = str(options.format).lower()
     if fmt not in ("wds", "webdataset"):
         raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
@@ -223,6 +224,7 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     loc.delete(_STATE_KEY)
     shutil.rmtree(stage, ignore_errors=True)
     report.output = loc.base
+    report.seconds = time.perf_counter() - t0  # the local build and the uploads
     report.shards_resumed = max(report.shards_resumed, sum(1 for n, _, _ in files if n.endswith(".tar")) -
                                 sum(1 for n, _ in todo if n.endswith(".tar")) if options.resume else 0)
     report.extra.update(uploaded=len(todo), upload_skipped=skipped)
