@@ -9,10 +9,12 @@ How (issue 16):
 2. The dataset is packed by :func:`shardfeed.convert.pack.pack` into a local staging folder
    (``$SHARDFEED_STAGING_DIR`` or the system temp dir, one folder per OUT URL, so a killed pack
    resumes there); the pack is deterministic, so the shards are those of a local pack.
-3. Each shard and its offset index are uploaded whole (one PUT, or a multipart upload for shards
-   of at least :data:`~shardfeed.readers.objstore.MULTIPART_THRESHOLD_BYTES`; an object appears
-   only complete), a few at a time, each with its sha256 as object metadata; ``manifest.json``
-   goes last, then the staging folder is removed.
+3. Each shard and its offset index are uploaded whole as soon as the build finishes them (one
+   PUT, or a multipart upload for shards of at least
+   :data:`~shardfeed.readers.objstore.MULTIPART_THRESHOLD_BYTES`; an object appears only
+   complete), a few at a time, each with its sha256 as object metadata, and their local copies
+   are removed (the staging folder holds the shards in flight, not the dataset);
+   ``manifest.json`` goes last, then the staging folder is removed.
 4. ``--resume`` lists the prefix and skips every shard or index whose size and recorded sha256
    equal the manifest's (after ``kill -9``, only what is missing is uploaded again).
 
@@ -194,41 +196,105 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     import dataclasses
 
     local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)
-    report = pack(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress)
-    manifest = load_manifest(stage, check_files=False)
-    loc.put_bytes(_STATE_KEY, json.dumps({"source": str(report.source)}).encode())
-    files = []
-    for entry in manifest.shards:
-        files.append((entry.name, entry.num_bytes, entry.sha256))
-        if entry.index:
-            files.append((entry.index, (stage / entry.index).stat().st_size, entry.index_sha256))
-    todo, skipped = [], 0
-    for name, size, sha in files:
-        if listing.get(name) == size and sha and _remote_sha256(loc, name) == sha:
-            skipped += 1
-        else:
-            todo.append((name, sha))
-
+    loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished"}).encode())  # marks the prefix before any shard
     delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
-
-    def upload(item):
-        name, sha = item
-        if delay_s:
-            time.sleep(delay_s)
-        loc.put_file(name, stage / name, sha256=sha or _sha256_file(stage / name))
-
-    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-        for f in [pool.submit(upload, item) for item in todo]:
-            f.result()
+    uploader = _Uploader(loc, stage, listing, delay_s)
+    uploader.start()
+    try:
+        report = pack(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress)
+    finally:
+        uploader.stop()
+    manifest = load_manifest(stage, check_files=False)
+    for entry in manifest.shards:  # anything the background uploads did not reach yet
+        uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
+    uploader.drain()
     loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished
     loc.delete(_STATE_KEY)
     shutil.rmtree(stage, ignore_errors=True)
     report.output = loc.base
     report.seconds = time.perf_counter() - t0  # the local build and the uploads
-    report.shards_resumed = max(report.shards_resumed, sum(1 for n, _, _ in files if n.endswith(".tar")) -
-                                sum(1 for n, _ in todo if n.endswith(".tar")) if options.resume else 0)
-    report.extra.update(uploaded=len(todo), upload_skipped=skipped)
+    report.extra.update(uploaded=uploader.num_uploaded, upload_skipped=uploader.num_skipped)
     return report
+
+
+class _Uploader:
+    """Uploads each shard and its index as soon as the local build finishes it (its completion
+    record is written after the files are in place), :data:`UPLOAD_THREADS` at a time, and removes
+    the local copies once uploaded, so the staging folder holds only the shards in flight. A file
+    the listing shows with the same size and sha256 metadata is not uploaded again (resume)."""
+
+    def __init__(self, loc, stage: Path, listing: dict[str, int], delay_s: float):
+        import threading
+
+        self.loc, self.stage, self.listing, self.delay_s = loc, stage, listing, delay_s
+        self.pool = ThreadPoolExecutor(UPLOAD_THREADS)
+        self.futures: list = []
+        self.seen: set[str] = set()
+        self.num_uploaded = self.num_skipped = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="shardfeed-upload-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        state = self.stage / ".shardfeed-pack"
+        while not self._stop.wait(0.1):
+            try:
+                records = sorted(p for p in state.glob("[0-9]*.json"))
+            except OSError:
+                continue
+            for rec_path in records:
+                try:
+                    entry = json.loads(rec_path.read_text()).get("entry")
+                except (OSError, ValueError):
+                    continue
+                if entry:
+                    self.upload(entry["name"], entry["num_bytes"], entry.get("sha256"), entry.get("index"),
+                                entry.get("index_sha256"))
+
+    def upload(self, name: str, num_bytes: int, sha256: str | None, index: str | None,
+               index_sha256: str | None) -> None:
+        with self._lock:
+            if name in self.seen:
+                return
+            self.seen.add(name)
+            self.futures.append(self.pool.submit(self._upload_shard, name, num_bytes, sha256, index, index_sha256))
+
+    def _upload_one(self, name: str, sha256: str | None) -> None:
+        path = self.stage / name
+        size = path.stat().st_size
+        if sha256 and self.listing.get(name) == size and _remote_sha256(self.loc, name) == sha256:
+            with self._lock:
+                self.num_skipped += 1
+            return
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.loc.put_file(name, path, sha256=sha256 or _sha256_file(path))
+        with self._lock:
+            self.num_uploaded += 1
+
+    def _upload_shard(self, name, num_bytes, sha256, index, index_sha256) -> None:
+        if index:
+            self._upload_one(index, index_sha256)
+        self._upload_one(name, sha256)
+        # uploaded: the local copies go (a resumed local build rebuilds them, and they are then skipped)
+        for n in (name, index):
+            if n:
+                (self.stage / n).unlink(missing_ok=True)
+
+    def drain(self) -> None:
+        """Wait for every upload; the first failure is raised (complete objects stay for resume)."""
+        try:
+            for f in list(self.futures):
+                f.result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _remote_sha256(loc, name: str) -> str | None:
