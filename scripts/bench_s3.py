@@ -6,7 +6,7 @@ loopback (moto's standalone server, a separate process, as nginx is):
 * ``shardfeed pack`` to a bucket / to the local disk (images/s);
 * loader images/s: the image folder in a bucket (one GET per image) vs its shards in the same bucket.
 
-Usage: .venv/bin/python scripts/bench_s3.py [--src data/sample] [--out out/bench] [--rounds 3]
+Usage: .venv/bin/python scripts/bench_s3.py [--src data/sample] [--out out/bench] [--rounds 5]
 
 Needs boto3 and moto[server] (the dev extra) and nginx (``make system-deps``; its row is skipped
 without it). Writes OUT/s3.json. The server is moto (Python): its per-request cost bounds the
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", type=Path, default=ROOT / "data" / "sample")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--batches", type=int, default=30)
     args = ap.parse_args(argv)

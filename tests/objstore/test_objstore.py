@@ -379,3 +379,21 @@ def test_without_the_client_the_message_names_the_extra(tmp_path):
 def test_storage_option_is_checked():
     r = _cli("inspect", "s3://bucket/x", "--storage-option", "colour=blue")
     assert r.returncode != 0 and "storage option 'colour' is not one shardfeed knows" in r.stderr
+
+
+@pytest.mark.slow
+def test_unpack_and_convert_from_a_bucket(s3_packed, tiny_folder_expected, tmp_path):
+    from shardfeed.readers import open_dataset
+
+    url, _ = s3_packed
+    r = _cli("unpack", url, tmp_path / "unpacked")
+    assert r.returncode == 0, r.stderr
+    got = {p.relative_to(tmp_path / "unpacked").as_posix(): p.read_bytes()
+           for p in (tmp_path / "unpacked").rglob("*") if p.is_file()}
+    assert got == {rel: data for rel, (data, _) in tiny_folder_expected.items()}
+    r = _cli("convert", url, tmp_path / "lmdb", "--format", "lmdb")
+    if r.returncode != 0 and "lmdb" in r.stderr.lower() and "install" in r.stderr.lower():
+        pytest.skip(r.stderr)
+    assert r.returncode == 0, r.stderr
+    ds = open_dataset(tmp_path / "lmdb", decode=False)
+    assert {ds[i].meta["path"]: (bytes(ds[i].data), ds[i].label) for i in range(len(ds))} == tiny_folder_expected
