@@ -202,8 +202,11 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     uploader.start()
     try:
         report = pack(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress)
-    finally:
+    except BaseException:
         uploader.stop()
+        uploader.abandon()  # uploads in flight finish (whole objects); queued ones are dropped
+        raise
+    uploader.stop()
     manifest = load_manifest(stage, check_files=False)
     for entry in manifest.shards:  # anything the background uploads did not reach yet
         uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
@@ -287,6 +290,10 @@ class _Uploader:
         for n in (name, index):
             if n:
                 (self.stage / n).unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """Drop the queued uploads (the build failed); the ones in flight complete."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def drain(self) -> None:
         """Wait for every upload; the first failure is raised (complete objects stay for resume)."""

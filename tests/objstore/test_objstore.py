@@ -397,3 +397,20 @@ def test_unpack_and_convert_from_a_bucket(s3_packed, tiny_folder_expected, tmp_p
     assert r.returncode == 0, r.stderr
     ds = open_dataset(tmp_path / "lmdb", decode=False)
     assert {ds[i].meta["path"]: (bytes(ds[i].data), ds[i].label) for i in range(len(ds))} == tiny_folder_expected
+
+
+def test_a_failed_pack_to_a_bucket_never_looks_finished(tiny_image_folder, s3_client, s3_bucket, tmp_path):
+    import os
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_image_folder, src)
+    (src / "dog" / "zz_empty.jpg").write_bytes(b"")
+    bucket = s3_bucket("failed")
+    env = {**os.environ, "SHARDFEED_STAGING_DIR": str(tmp_path)}
+    r = _cli("pack", src, f"s3://{bucket}/f", "--format", "wds", "--max-count", 4, env=env)
+    assert r.returncode != 0 and "zz_empty.jpg" in r.stderr
+    names = {o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix="f/").get("Contents", [])}
+    assert "f/manifest.json" not in names
+    r = _cli("pack", src, f"s3://{bucket}/f", "--format", "wds", "--max-count", 4, env=env)
+    assert r.returncode != 0 and "unfinished pack" in r.stderr
