@@ -367,7 +367,8 @@ def _open_remote(source: str, storage_options: dict | None, common: dict, option
     except ManifestError:
         if not store or source.endswith(".json"):
             raise
-        from .folder_source import FolderSource, store_folder_kind
+        from .folder_source import FolderSource
+        from .objstore import store_folder_kind
 
         if store_folder_kind(loc) != "folder":
             raise

@@ -28,7 +28,7 @@ from .format import format_key, key_width, load_manifest, normalize_ext
 from .imagefolder import scan_image_folder, scan_listing
 from .source_base import SourceBase
 
-__all__ = ["FolderSource", "scan_folder", "store_folder_kind"]
+__all__ = ["FolderSource", "scan_folder"]
 
 
 def scan_folder(
@@ -48,18 +48,6 @@ def scan_folder(
     files = scan.files
     labels = [files.class_labels[c] for c in files.class_codes]
     return list(scan.classes), dict(scan.class_to_idx), list(zip(files.rels, labels))
-
-
-def store_folder_kind(location) -> str:
-    """What an object-store prefix without a manifest holds: ``"packed"`` (shards, an index, LMDB
-    or a pack's work files at the top: an unfinished pack), ``"folder"`` (``CLASS/IMAGE`` keys) or
-    ``"empty"``. Lists the prefix once (the listing is kept on ``location`` for the scan)."""
-    listing = location.list_objects()
-    location.listing_cache = listing
-    top = [rel for rel, _, _ in listing if "/" not in rel]
-    if any(rel.endswith((".tar", ".idx", ".mdb")) or rel.startswith(".shardfeed-") for rel in top):
-        return "packed"
-    return "folder" if any("/" in rel for rel, _, _ in listing) else "empty"
 
 
 def _class_map_from(value) -> dict[str, int] | None:

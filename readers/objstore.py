@@ -40,7 +40,7 @@ from .format import MANIFEST_NAME, Manifest
 from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS
 
 __all__ = ["STORE_SCHEMES", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
-           "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES"]
+           "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,18 @@ def _import_boto3():
     except ImportError:
         raise UnsupportedURLError(f"reading or writing s3:// URLs needs boto3: {_INSTALL}") from None
     return boto3, botocore
+
+
+def store_folder_kind(location) -> str:
+    """What an object-store prefix without a manifest holds: ``"packed"`` (shards, an index, LMDB
+    or a pack's work files at the top: an unfinished pack), ``"folder"`` (``CLASS/IMAGE`` keys) or
+    ``"empty"``. Lists the prefix once (the listing is kept on ``location`` for the scan)."""
+    listing = location.list_objects()
+    location.listing_cache = listing
+    top = [rel for rel, _, _ in listing if "/" not in rel]
+    if any(rel.endswith((".tar", ".idx", ".mdb")) or rel.startswith(".shardfeed-") for rel in top):
+        return "packed"
+    return "folder" if any("/" in rel for rel, _, _ in listing) else "empty"
 
 
 class _Permanent(Exception):

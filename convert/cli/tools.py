@@ -25,6 +25,22 @@ def _out(json_path: str | None) -> bool:
     return json_path == "-"
 
 
+def _is_store_folder(source: str) -> bool:
+    """An object-store prefix without a manifest that holds class folders (one listing)."""
+    from shardfeed.readers.opener import url_scheme
+
+    if url_scheme(source) != "s3" or source.endswith(".json"):
+        return False
+    from shardfeed.readers.objstore import StoreLocation, store_folder_kind
+
+    loc = StoreLocation(source)
+    try:
+        loc.read_bytes(loc.manifest_name)
+        return False
+    except FileNotFoundError:
+        return store_folder_kind(loc) == "folder"
+
+
 def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
     for p in problems[:limit]:
         where = p["shard"] or "dataset"
@@ -78,8 +94,8 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
     )
 
     err = _out(json_path)
-    if not is_url(source):
-        if looks_like_image_folder(source):
+    if _is_store_folder(source) or not is_url(source):
+        if _is_store_folder(source) or looks_like_image_folder(source):
             report = inspect_image_folder(source, examples)
             click.echo(format_folder_report(report), err=err)
             write_json_report(json_path, report)

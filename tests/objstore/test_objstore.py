@@ -289,6 +289,11 @@ def test_tools_read_from_a_bucket(s3_packed, packed_wds, tmp_path):
     r = _cli("inspect", url, "--json", "-")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["num_samples"] == 60
+    r = _cli("inspect", folder, "--json", "-")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["format"] == "imagefolder" and report["num_samples"] == 60
+    assert [c["count"] for c in report["classes"]] == [20, 20, 20]
     r = _cli("stage", url, tmp_path / "staged")
     assert r.returncode == 0, r.stderr
     assert {p.name: p.read_bytes() for p in (tmp_path / "staged").iterdir()} == \
