@@ -3,10 +3,10 @@ the HTTP fault policy of :mod:`shardfeed.readers.http_io`.
 
 Client: ``boto3`` (the optional extra ``pip install 'shardfeed[s3]'``), imported only here and
 only when an ``s3://`` URL is opened. Chosen by measurement against one S3-API server on loopback
-(``scripts/measure_s3_clients.py``; see the README's "Object stores"): 8 MiB ranged GETs as fast as
-obstore's and about 3x s3fs's, the full AWS credential chain, and precise error codes. ``gs://``
-and ``az://`` URLs are refused with a message naming what to use (GCS and many other stores speak
-the S3 API: ``s3://`` with ``AWS_ENDPOINT_URL``).
+(``scripts/measure_s3_clients.py``; see the README's "Object stores"): 8 MiB ranged GETs as fast
+as obstore's and s3fs's (the server bounds them), the AWS SDK's own credential chain, and precise
+error codes. ``gs://`` and ``az://`` URLs are refused with a message naming what to use (GCS and
+many other stores speak the S3 API: ``s3://`` with ``AWS_ENDPOINT_URL``).
 
 Credentials and endpoints are boto3's default chain, as AWS users expect: ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, ``AWS_PROFILE`` and ``~/.aws/config``, SSO,
