@@ -419,3 +419,22 @@ def test_a_failed_pack_to_a_bucket_never_looks_finished(tiny_image_folder, s3_cl
     assert "f/manifest.json" not in names
     r = _cli("pack", src, f"s3://{bucket}/f", "--format", "wds", "--max-count", 4, env=env)
     assert r.returncode != 0 and "unfinished pack" in r.stderr
+
+
+def test_large_files_go_up_as_multipart_uploads(s3_client, s3_bucket, tmp_path, monkeypatch):
+    import hashlib
+    import os
+
+    from shardfeed.readers import objstore
+
+    monkeypatch.setattr(objstore, "MULTIPART_THRESHOLD_BYTES", 5 << 20)  # S3's smallest part size
+    data = os.urandom(11 << 20)
+    (tmp_path / "big.tar").write_bytes(data)
+    bucket = s3_bucket("multipart")
+    loc = objstore.StoreLocation(f"s3://{bucket}/p/")
+    sha = hashlib.sha256(data).hexdigest()
+    loc.put_file("big.tar", tmp_path / "big.tar", sha256=sha)
+    head = s3_client.head_object(Bucket=bucket, Key="p/big.tar")
+    assert head["ETag"].strip('"').endswith("-3")  # three parts
+    assert head["Metadata"]["sha256"] == sha and loc.head("big.tar")["sha256"] == sha
+    assert s3_client.get_object(Bucket=bucket, Key="p/big.tar")["Body"].read() == data
