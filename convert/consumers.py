@@ -20,6 +20,7 @@ README, another tool's shard index): that file is kept and a warning logged. Bot
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from pathlib import Path
 from shardfeed.readers.format import Manifest, created_by, split_member_name, write_bytes_atomic
 
 __all__ = ["WIDS_INDEX_NAME", "CARD_NAME", "CARD_MARKER", "write_consumer_files", "wids_shard_index",
-           "dataset_card", "metadata_fields", "is_ours"]
+           "dataset_card", "metadata_fields", "is_ours", "dataset_name"]
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,15 @@ def dataset_card(manifest: Manifest, meta_fields: dict, *, name: str) -> str:
     return "\n".join(lines)
 
 
+def dataset_name(manifest: Manifest) -> str:
+    """A name for the dataset that depends on its content only: ``shardfeed-`` and 12 hex digits of
+    the shards' hashes (or names and sizes), so packing the same input anywhere gives the same name."""
+    h = hashlib.sha256()
+    for s in manifest.shards:
+        h.update(f"{s.name}\0{s.num_samples}\0{s.num_bytes}\0{s.sha256 or ''}\n".encode())
+    return f"shardfeed-{h.hexdigest()[:12]}"
+
+
 def is_ours(path: str | os.PathLike) -> bool:
     """Whether ``path`` (a ``README.md`` or ``shardindex.json``) was written by shardfeed."""
     p = Path(path)
@@ -200,8 +210,8 @@ def write_consumer_files(root: str | os.PathLike, manifest: Manifest, *, name: s
     Args:
         root: the dataset folder (the shards and ``manifest.json``).
         manifest: its manifest.
-        name: the dataset's name; default the source folder's name (from the manifest's options),
-            else the dataset folder's.
+        name: the dataset's name; default :func:`dataset_name` (from the content, so the same
+            input gives the same files wherever OUT or SRC is).
 
     Returns:
         The names of the files written.
@@ -212,8 +222,7 @@ def write_consumer_files(root: str | os.PathLike, manifest: Manifest, *, name: s
     if manifest.format != "webdataset":
         return []
     root = Path(root)
-    # the source folder's name (the same input gives the same files, wherever OUT is), else OUT's
-    name = name or Path(str(manifest.options.get("source") or root.resolve())).name
+    name = name or dataset_name(manifest)
     written = []
     files = {WIDS_INDEX_NAME: lambda: (json.dumps(wids_shard_index(manifest, name), indent=1) + "\n").encode()}
     if manifest.image_extensions:
