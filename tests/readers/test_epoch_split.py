@@ -23,6 +23,14 @@ def _ids(counts, ranges):
     return out
 
 
+def _epoch_sequence(counts, *, seed, epoch):
+    """The epoch's global sequence by DESIGN.md's rule: shards shuffled with
+    ``random.Random(seed + epoch)``, laid end to end."""
+    order = list(range(len(counts)))
+    random.Random(seed + epoch).shuffle(order)
+    return [(s, i) for s in order for i in range(counts[s])]
+
+
 def _batches_of(worker_counts, batch_size, drop_last=False):
     # a DataLoader batches each worker's samples separately
     return sum((n // batch_size) if drop_last else -(-n // batch_size) for n in worker_counts)
@@ -56,6 +64,9 @@ def test_disjoint_union_equal(counts, world, workers, bs, pad):
                 worker_counts.append(len(ids))
                 rank_ids.extend(ids)
             assert len(rank_ids) == per_rank
+            # exactly the rank's contiguous slice of the epoch's sequence, workers in order
+            sequence = _epoch_sequence(counts, seed=3, epoch=epoch)
+            assert rank_ids == [sequence[p % n] for p in range(rank * per_rank, (rank + 1) * per_rank)]
             # same batch count whatever the number of workers
             assert _batches_of(worker_counts, bs) == -(-per_rank // bs) == num_batches(n, world, bs, pad=pad)
             seen.extend(rank_ids)
@@ -70,7 +81,7 @@ def test_disjoint_union_equal(counts, world, workers, bs, pad):
     if len(counts) > 2 and any(counts):
         # the shard order changes between epochs (seed + epoch)
         orders = [[s for s, _ in itertools.groupby(x, key=lambda t: t[0])] for x in all_ids]
-        assert orders[0] != orders[1] or len(set(counts)) == 1
+        assert orders[0] != orders[1]
 
 
 def test_remainder_is_the_tail_of_the_epoch_sequence():
