@@ -13,7 +13,7 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps
+.PHONY: install demo test test-fast bench lint clean system-deps mutants
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,14 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
+
+# Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
+# with their fast tests); not part of `make test` (it runs the tests once per mutant: long).
+# MUTANTS_ARGS="--sample 40" tries a seeded sample per module; "--only readers/http_io.py" one module.
+MUTANTS_ARGS ?=
+mutants: install  ## mutation testing (cosmic-ray); survivors in out/mutants/report.txt
+	$(PY) -m pip install -q -e ".[mutants]"
+	$(PY) scripts/mutants.py --out out/mutants $(MUTANTS_ARGS)
 
 lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
 	$(VENV)/bin/ruff check convert readers scripts tests
