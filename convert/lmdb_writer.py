@@ -62,6 +62,7 @@ from shardfeed.readers.format import (
     LMDB_DATA_NAME,
     LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
+    RESERVED_KEY_PREFIXES,
     Manifest,
     Sample,
     ShardEntry,
@@ -109,7 +110,6 @@ MAP_HEADROOM_BYTES = 64 * 1024 * 1024
 #: Bytes a record adds to its image bytes (msgpack framing, key, ext, label, small metadata).
 RECORD_OVERHEAD_BYTES = 256
 _PAGE = 4096
-_RESERVED_PREFIXES = (b"__shardfeed_", b"!shardfeed_")
 _MAX_KEY_BYTES = 511
 _MANIFEST_FIXPOINT_ROUNDS = 12
 
@@ -144,7 +144,7 @@ def estimate_map_size(sizes: Iterable[int], page_size: int = _PAGE) -> int:
 
 
 def _is_reserved(key: bytes) -> bool:
-    return key.startswith(_RESERVED_PREFIXES)
+    return key.startswith(RESERVED_KEY_PREFIXES)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -423,7 +423,7 @@ def _encode_chunk(task) -> list[tuple]:
     """Worker: read (and re-encode) the chunk's files and encode their records.
 
     Returns ``([(key, value | None, stored_image_bytes, skip | None), ...], error | None)``: the
-    results in the chunk's order, and with ``on_error="fail"`` the error that stopped the chunk
+    results in the chunk's order, and with ``on_error="raise"`` the error that stopped the chunk
     (the results before it are kept, so the writer commits them before raising it).
     """
     samples, options = task

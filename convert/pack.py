@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from array import array
 from pathlib import Path
 from typing import Callable, Sequence
@@ -92,7 +93,9 @@ class PackOptions:
         seed: seed of the packing-order shuffle.
         shuffle: False keeps sorted ImageFolder order.
         extensions: extensions to pack (None: the defaults).
-        on_error: ``"fail"`` (stop, naming the file) or ``"skip"`` (list it in the manifest).
+        on_error: ``"raise"`` (stop, naming the file) or ``"skip"`` (list it in the manifest), the
+            readers' spelling; ``"fail"`` (the old spelling) is accepted with a DeprecationWarning.
+            Manifests keep recording ``"fail"`` for ``"raise"`` (their bytes do not change).
         decode_check: fully decode every image while packing (readers' decode rules).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
         resume: continue an interrupted pack in OUT.
@@ -114,7 +117,7 @@ class PackOptions:
     seed: int = 0
     shuffle: bool = True
     extensions: tuple[str, ...] | None = None
-    on_error: str = "fail"
+    on_error: str = "raise"
     decode_check: bool = False
     class_to_idx: dict | None = None
     resume: bool = False
@@ -144,8 +147,12 @@ class PackOptions:
         if self.max_bytes < 4096:
             raise ValueError(f"--max-bytes (max_bytes) must be at least 4096 bytes (KB/MB/GB are powers of 1000, "
                              f"KiB/MiB/GiB of 1024), got {self.max_bytes}")
-        if self.on_error not in ("fail", "skip"):
-            raise ValueError(f"on_error must be 'fail' or 'skip', got {self.on_error!r}")
+        if self.on_error == "fail":
+            warnings.warn("PackOptions(on_error='fail') is deprecated: use on_error='raise'", DeprecationWarning,
+                          stacklevel=3)
+            self.on_error = "raise"
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.workers is None:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:
@@ -157,7 +164,8 @@ class PackOptions:
         """The options that decide the output bytes (recorded in the manifest; checked on resume)."""
         d = {"format": self.format, "seed": self.seed, "shuffle": self.shuffle,
              "extensions": list(self.extensions) if self.extensions else None,
-             "on_error": self.on_error, "decode_check": self.decode_check}
+             # manifests record the old spelling "fail" for "raise": same bytes, resumable packs
+             "on_error": "fail" if self.on_error == "raise" else self.on_error, "decode_check": self.decode_check}
         if self.format == "webdataset":
             d.update(max_count=self.max_count, max_bytes=self.max_bytes, prefix=self.prefix)
         if self.reencode is not None:  # only then: manifests of packs that keep the bytes are unchanged
@@ -707,7 +715,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file; OUT a file.
         ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``.
-        SourceChangedError: a file changed during the pack (``on_error="fail"``).
+        SourceChangedError: a file changed during the pack (``on_error="raise"``).
         shardfeed.readers.errors.CorruptDataError: an image failed ``decode_check``.
         OSError: reading a source or writing OUT failed (disk full: ``ENOSPC``/``EFBIG``); complete
             shards stay and ``resume`` continues.

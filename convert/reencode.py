@@ -75,7 +75,6 @@ small re-encoded images run at hundreds of MB/s, far above what the workers enco
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import io
 import json
@@ -97,7 +96,6 @@ __all__ = [
     "resize_size",
     "reencode_image",
     "reencode_payload",
-    "reencode_options",
     "progress_with_output",
     "pack_webdataset_reencoded",
 ]
@@ -465,54 +463,6 @@ def reencode_payload(data: bytes, ext: str, meta: dict, options: ReencodeOptions
                            "orig_format": r.orig_format}
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI pieces
-
-
-def reencode_options(f: Callable) -> Callable:
-    """Click decorator adding ``--resize``, ``--resize-mode``, ``--upscale``, ``--quality`` and
-    ``--image-format``; the command receives them as one keyword argument ``reencode``
-    (a :class:`ReencodeOptions`, or None when no re-encoding is asked), to pass on as
-    ``PackOptions(reencode=...)``.
-
-    Usage::
-
-        @command(...)
-        @reencode_options
-        def convert_cmd(..., reencode): ...
-    """
-    import click
-
-    @functools.wraps(f)
-    def wrapper(*args, resize, resize_mode, upscale, quality, image_format, **kwargs):
-        try:
-            kwargs["reencode"] = make_reencode_options(resize=resize, resize_mode=resize_mode, upscale=upscale,
-                                                       quality=quality, image_format=image_format)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-        return f(*args, **kwargs)
-
-    opts = [
-        click.option("--resize", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Re-encode every image resized so that its shorter side (see --resize-mode) is N px "
-                          "(aspect kept, Lanczos; never enlarged unless --upscale). Stored as JPEG (PNG with "
-                          "alpha) unless --image-format; EXIF orientation applied, metadata and ICC dropped."),
-        click.option("--resize-mode", type=click.Choice(RESIZE_MODES), default=None,
-                     help="With --resize: shorter side -> N (shorter, the default), longer side -> N (longer), "
-                          "or exactly NxN, center-cropped (fit)."),
-        click.option("--upscale", is_flag=True, help="With --resize: also enlarge images smaller than N."),
-        click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
-                     help=f"JPEG/WebP quality when re-encoding [default: {DEFAULT_QUALITY}]; alone, re-encodes "
-                          "every image in its own format at that quality."),
-        click.option("--image-format", type=click.Choice(IMAGE_FORMATS, case_sensitive=False), default=None,
-                     help="Stored format when re-encoding [default: keep; with --resize: jpg, png for images "
-                          "with alpha]. jpg/png/webp alone re-encode every image into that format."),
-    ]
-    for opt in reversed(opts):
-        wrapper = opt(wrapper)
-    return wrapper
-
-
 def progress_with_output(progress: Callable) -> Callable:
     """``progress`` as a callback ``(num_samples, input_bytes, output_bytes)``.
 
@@ -586,7 +536,7 @@ def pack_webdataset_reencoded(scan, samples: list, out: Path, options, progress:
     Raises:
         ValueError: one re-encoded sample alone is larger than ``max_bytes`` (names the file).
         OSError, CorruptDataError, SourceChangedError: as
-            :func:`~shardfeed.convert.pack.load_sample_payload` (``on_error="fail"``); finished
+            :func:`~shardfeed.convert.pack.load_sample_payload` (``on_error="raise"``); finished
             shards stay and ``resume`` continues after them.
     """
     from shardfeed.convert.tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile

@@ -264,7 +264,7 @@ def test_verify_refuses_other_classes(data, tmp_path):
 @pytest.mark.multiprocess
 def test_tune_sweeps_and_prints_a_call(data, tmp_path):
     out = tmp_path / "tune.json"
-    r = _run(["tune", data["wds"], *SMALL, "--batches", "3", "--max-workers", "2", "--budget-s", "60",
+    r = _run(["tune", data["wds"], *SMALL, "--batches", "3", "--max-num-workers", "2", "--budget-s", "60",
               "--json", out])
     assert r.exit_code == 0, r.output
     res = _json(out)
@@ -288,7 +288,7 @@ def test_tune_sweeps_and_prints_a_call(data, tmp_path):
 @pytest.mark.multiprocess
 def test_tune_cold_evicts_before_every_trial(data, tmp_path):
     out = tmp_path / "tune.json"
-    r = _run(["tune", data["wds"], *SMALL, "--batches", "2", "--warmup", "1", "--max-workers", "1",
+    r = _run(["tune", data["wds"], *SMALL, "--batches", "2", "--warmup", "1", "--max-num-workers", "1",
               "--budget-s", "60", "--cold", "--json", out])
     assert r.exit_code == 0, r.output
     trials = _json(out)["trials"]
