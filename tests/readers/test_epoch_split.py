@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from shardfeed.readers.dataset import epoch_positions, epoch_ranges, num_batches, resolve_rank
+from shardfeed.readers.dataset import epoch_positions, epoch_ranges, num_batches, resolve_rank, samples_per_rank
 
 
 def _ids(counts, ranges):
@@ -170,3 +170,14 @@ def test_random_configurations():
             assert sum(wc) == n // world
             assert _batches_of(wc, bs) == -(-(n // world) // bs)
         assert len(seen) == len(set(seen)) == n - n % world
+
+
+def test_defaults_one_rank_one_worker_seed_0_epoch_0():
+    """The defaults (seed 0, epoch 0, rank 0 of 1, worker 0 of 1, shuffled, no pad, batch 1) read
+    every sample once, shards in ``random.Random(0)`` order."""
+    counts = [3, 5, 2, 4]
+    ids = _ids(counts, epoch_ranges(counts))
+    assert ids == _epoch_sequence(counts, seed=0, epoch=0)
+    assert samples_per_rank(7, 2) == 3 and samples_per_rank(7, 2, pad=True) == 4
+    assert samples_per_rank(7, 1, batch_size=3) == 7  # drop_last off by default
+    assert num_batches(7, 1, 3) == 3
