@@ -20,8 +20,12 @@ survivors). Timeouts (a mutant that makes the tests hang) count as killed.
 
 Usage::
 
-    python scripts/mutants.py [--out out/mutants] [--only readers/http_io.py ...]
-                              [--sample N] [--seed S] [--jobs 1]
+    python scripts/mutants.py [--out out/mutants] [--only readers/http_io.py ...] [--deliberate-only]
+                              [--sample N] [--seed S] [--no-deliberate]
+
+The deliberate bugs of ``scripts/mutants.toml`` (issue 20: a retry one byte late, a 403 retried,
+no CRC check, a case-insensitive class sort ...) are tried first, each against its tests; the
+report names the tests that caught it, and the run fails if one was not caught.
 
 ``--sample N`` tries a seeded random sample of N mutants per module (a quicker, representative
 run); the default tries them all (tens of minutes per module on 2 cores).
@@ -163,6 +167,25 @@ def _run_module(module: dict, operators: list[re.Pattern], tree: Path, out: Path
             "survivors": sorted(survivors, key=lambda s: s["line"])}
 
 
+def _run_deliberate(bug: dict, tree: Path) -> dict:
+    """Put one deliberate bug into the copy, run its tests (all of them, not -x), take it out."""
+    target = tree / bug["path"]
+    original = target.read_text()
+    if original.count(bug["old"]) != 1:
+        raise SystemExit(f"{bug['path']}: the text to replace for {bug['what']!r} occurs "
+                         f"{original.count(bug['old'])} times (the code moved? edit scripts/mutants.toml)")
+    target.write_text(original.replace(bug["old"], bug["new"]))
+    try:
+        cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-m", "not ray",
+               *bug["tests"]]
+        r = subprocess.run(cmd, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=900)
+    finally:
+        target.write_text(original)
+    failed = sorted({line.split()[1] for line in r.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))})
+    return {"what": bug["what"], "path": bug["path"], "caught": r.returncode != 0 and bool(failed),
+            "failing_tests": failed}
+
+
 def _quote(arg: str) -> str:
     return arg if re.fullmatch(r"[\w./:=-]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
 
@@ -171,8 +194,12 @@ def _toml_escape(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _text_report(results: list[dict]) -> str:
+def _text_report(results: list[dict], deliberate: list[dict] = ()) -> str:
     lines = []
+    for d in deliberate:
+        lines.append(f"deliberate: {d['what']} ({d['path']}): "
+                     + (f"caught by {len(d['failing_tests'])} tests, e.g. {', '.join(d['failing_tests'][:3])}"
+                        if d["caught"] else "NOT CAUGHT"))
     tot_s = tot_d = 0
     for r in results:
         d = r["killed"] + r["timeouts"] + r["survived"]
@@ -196,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="module paths to run (default: all in the config)")
     ap.add_argument("--sample", type=int, help="try a seeded random sample of N mutants per module")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deliberate-only", action="store_true", help="try only the deliberate bugs")
+    ap.add_argument("--no-deliberate", action="store_true", help="skip the deliberate bugs")
     args = ap.parse_args(argv)
     try:
         import cosmic_ray  # noqa: F401
@@ -210,12 +239,25 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tree = _copy_tree(out)
     _check_imports_from_copy(tree)
+    deliberate = []
+    if not args.no_deliberate:
+        for bug in cfg.get("deliberate", []):
+            if args.only and bug["path"] not in args.only:
+                continue
+            deliberate.append(_run_deliberate(bug, tree))
+            print(_text_report([], deliberate[-1:]), end="", flush=True)
     results = []
-    for m in modules:
-        results.append(_run_module(m, operators, tree, out, args.sample, args.seed))
-        (out / "report.json").write_text(json.dumps(results, indent=1))
-        (out / "report.txt").write_text(_text_report(results))
-    print(_text_report(results), end="")
+    if not args.deliberate_only:
+        for m in modules:
+            results.append(_run_module(m, operators, tree, out, args.sample, args.seed))
+            (out / "report.json").write_text(json.dumps({"deliberate": deliberate, "modules": results}, indent=1))
+            (out / "report.txt").write_text(_text_report(results, deliberate))
+    (out / "report.json").write_text(json.dumps({"deliberate": deliberate, "modules": results}, indent=1))
+    (out / "report.txt").write_text(_text_report(results, deliberate))
+    print(_text_report(results, deliberate), end="")
+    if any(not d["caught"] for d in deliberate):
+        print("some deliberate bugs were not caught", file=sys.stderr)
+        return 1
     print(f"reports: {out / 'report.txt'}, {out / 'report.json'}")
     return 0
 
