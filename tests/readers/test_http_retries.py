@@ -252,3 +252,57 @@ def test_503_on_every_attempt_fails_after_exactly_retries_plus_one_requests(serv
                                               r"\(HTTP 503"):
         http_get(f"{base}/wds/manifest.json", retries=2)
     assert len(_gets(log, "wds/manifest.json")) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# the rest of the stream's and the location's contract (mutants of http_io.py survived these gaps)
+
+
+@pytest.mark.parametrize("kind", ["range", "plain"])
+def test_read_sizes_and_total_bytes(kind, server, packed_root):
+    source = (packed_root / SHARD).read_bytes()
+    base, log = server(kind, cuts={SHARD: [len(source) // 3]})
+    with HttpRangeStream(f"{base}/{SHARD}", retries=1) as s:
+        assert s.total_bytes == len(source) and s.offset == 0
+        assert s.read(0) == b""
+        assert s.read(10) == source[:10]
+        assert s.read() + s.read(-1) == source[10:]  # read() to the end, across the cut
+        assert s.read(5) == b"" and s.offset == len(source)
+    assert _gets(log) == [None, f"bytes={len(source) // 3}-"]
+    with HttpRangeStream(f"{base}/{SHARD}", 100, 200, retries=1) as s:
+        assert s.total_bytes == len(source)
+        assert (s.offset, s.ranged) == ((100, True) if kind == "range" else (0, False))
+
+
+def test_location_open_defaults_to_the_whole_file(server, packed_root):
+    source = (packed_root / SHARD).read_bytes()
+    base, log = server("range")
+    stream, at = HttpLocation(f"{base}/wds/").open("shard-000000.tar")
+    with stream:
+        assert at == 0 and _read_all(stream, 1 << 16) == source
+    assert _gets(log) == [None]
+
+
+@pytest.mark.parametrize("timeout_s,retries,ok", [(0.5, 0, True), (0, 1, False), (1, -1, False)])
+def test_location_options_are_checked(timeout_s, retries, ok):
+    if ok:
+        loc = HttpLocation("http://127.0.0.1:1/d/", timeout_s=timeout_s, retries=retries)
+        assert (loc.timeout_s, loc.retries) == (timeout_s, retries)
+    else:
+        with pytest.raises(ValueError, match="timeout_s must be > 0 and retries >= 0"):
+            HttpLocation("http://127.0.0.1:1/d/", timeout_s=timeout_s, retries=retries)
+
+
+def test_a_shard_of_another_size_on_the_server_is_refused_at_open(packed_root, tmp_path, start_http_server):
+    from shardfeed.readers.errors import ManifestError
+
+    site = tmp_path / "site"
+    import shutil
+
+    shutil.copytree(packed_root / "wds", site / "wds")
+    shard = site / "wds" / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:-1024])  # one block pair short: truncated on the server
+    base = start_http_server(site)
+    with pytest.raises(ManifestError, match=rf"{base}/wds/shard-000001.tar: \d+ bytes on the server but \d+ in "
+                                            r"manifest.json"):
+        open_dataset(f"{base}/wds/", retries=0)
