@@ -313,3 +313,11 @@ def test_old_style_directory_entries_are_not_members(read_bytes):
     got = list(iter_members(io.BytesIO(raw), source="t.tar", read_bytes=read_bytes))
     assert [(n, d) for n, d, _ in got] == [("0001.jpg", b"a" * 700), ("0001.cls", b"1"), ("0002.jpg", b"b" * 10)]
     assert [o for _, _, o in got] == [0, 512 * 4, 512 * 6]
+
+
+def test_a_member_twice_in_one_sample_is_corrupt_on_the_indexed_path():
+    raw, offs = _ustar([("a.jpg", b"A" * 700), ("a.cls", b"1"), ("a.jpg", b"X" * 10), ("b.jpg", b"B" * 10)])
+    assert (offs["a.jpg"], offs["b.jpg"]) == (2560, 3584)  # offs keeps a name's last header
+    starts = [0, 3584]
+    with pytest.raises(CorruptDataError, match=r"sample 'a' holds member 'a\.jpg' twice \(byte offset 2560\)"):
+        list(iter_indexed_samples(_pread_of(raw), starts, 0, 2, len(raw), source="s"))
