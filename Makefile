@@ -13,14 +13,14 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps mutants
+.PHONY: install demo test test-fast bench lint clean system-deps gpu-check mutants
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
-	$(PY) -m pip install -q -e ".[dev,ray]"
+	$(PY) -m pip install -q -e ".[dev,ray,jpeg]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
@@ -70,7 +70,10 @@ test-fast: install  ## skip slow and multi-process tests
 	$(PY) -P -m pytest -m "not slow and not multiprocess and not ray" $(PYTEST_ARGS)
 
 bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/*.json
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) scripts/bench.py --out out/bench
+	$(PY) scripts/bench_jpeg_bindings.py --json out/bench/jpeg_bindings.json
+	$(PY) scripts/bench_decode.py --json out/bench/decode.json
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
@@ -82,6 +85,12 @@ MUTANTS_ARGS ?=
 mutants: install  ## mutation testing (cosmic-ray); survivors in out/mutants/report.txt
 	$(PY) -m pip install -q -e ".[mutants]"
 	$(PY) scripts/mutants.py --out out/mutants $(MUTANTS_ARGS)
+
+# On a machine with a CUDA GPU: the gpu-marked tests, then verify with resnet50 on generated
+# ImageNet-sized data, folder vs WebDataset vs LMDB, warm and --cold (out/gpu-check/report.json).
+# Without CUDA it says so in one line and exits 2. About 5 minutes on one data-centre GPU.
+gpu-check: install  ## CUDA machines: gpu tests + verify --device cuda (resnet50); exits 2 without CUDA
+	@$(PY) scripts/gpu_check.py --out out/gpu-check
 
 lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
 	$(VENV)/bin/ruff check convert readers scripts tests

@@ -30,11 +30,13 @@ Fixtures (all session-scoped; treat their files as read-only):
 from __future__ import annotations
 
 import functools
+import json
 import http.server
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -284,6 +286,21 @@ def _lmdb_entries(out: Path) -> int:
 def lmdb_entries():
     """``count(out) -> int``: records committed so far in an LMDB being packed into ``out``."""
     return _lmdb_entries
+
+
+@pytest.fixture(scope="session")
+def hooked_cli():
+    """``hooked_cli(hooks) -> argv prefix``: the ``shardfeed`` CLI in a subprocess with test faults.
+
+    ``hooks`` is a dict of :class:`shardfeed.convert.faults.FaultHooks` fields (``sample_delay_s``,
+    ``lmdb_commit_count``, ``lmdb_commit_delay_s``...); see ``tests/hooked_cli.py``.
+    """
+    script = Path(__file__).with_name("hooked_cli.py")
+
+    def command(hooks: dict) -> list[str]:
+        return [sys.executable, "-P", str(script), json.dumps(hooks)]
+
+    return command
 
 
 # ---------------------------------------------------------------------------------------------

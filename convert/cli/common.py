@@ -149,8 +149,11 @@ def _stderr_is_tty() -> bool:
 def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
     """A tqdm bar counting images, with MB/s in its postfix; returns (bar, callback).
 
-    The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe; once
-    a caller reports output bytes (``pack --resize``), the postfix shows input -> output MB. No bar
+    The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe: pass
+    it as a ``progress(num_samples, input_bytes)`` callback, and where the stored bytes differ from
+    the input (``pack --resize``) also report them, as ``pack``'s
+    ``output_progress=lambda b: update(0, 0, b)`` does; once output bytes arrive, the postfix shows
+    input -> output MB. No bar
     (and no ``tqdm`` import, ~30 ms of a short command's start-up) with ``quiet`` or when stderr
     is not a terminal (a log file would fill with carriage-return redraws).
     """

@@ -68,8 +68,8 @@ def loader_options(f: Callable, *, sweep: bool = False) -> Callable:
         click.option("--seed", type=int, default=0, show_default=True, help="Shuffle / augmentation seed."),
         click.option("--drop-last", is_flag=True, help="Drop the last partial batch of an epoch."),
         click.option("--train", is_flag=True, help="Training transform (random-resized crop) instead of eval."),
-        click.option("--decoder", type=click.Choice(["pil", "cv2"]), default="pil", show_default=True,
-                     help="Image decoder of the readers."),
+        click.option("--decoder", type=click.Choice(["auto", "simplejpeg", "pil", "cv2"]), default="auto",
+                     show_default=True, help="Image decoder of the readers (auto: simplejpeg where installed)."),
         click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
                      help="An unreadable or undecodable sample stops the run, or is skipped and counted."),
         click.option("--cache", type=click.Choice(["memory"]), default=None,
@@ -155,7 +155,8 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
 @harness_options
 @loader_options
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Alternating rounds (before/after, then after/before, ...); the median run of each is reported.")
+              help="Alternating rounds (before/after, then after/before, ...); the median run of each is reported, "
+                   "and a verdict only when the rounds agree beyond their spread (3 or more recommended).")
 @click.option("--deep", is_flag=True, help="Also compare every sample's bytes and label (matched by original path).")
 @click.option("--min-speedup", type=float, default=None, metavar="X",
               help="Exit with status 1 when AFTER is less than X times as fast as BEFORE.")
@@ -179,7 +180,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
       shardfeed verify data/train out/train-lmdb --cold --repeats 3 --model resnet18
       shardfeed verify data/train out/train-wds --compute-ms 30 --min-speedup 1.5 --json verify.json
     """
-    from shardfeed.readers.measure import compare_sources, comparison_headline, format_comparison, plot_runs
+    from shardfeed.readers.measure import compare_sources, format_comparison, plot_runs, verdict_headline
 
     _check_plot(plot)
     opts = _split_kwargs(kwargs)
@@ -192,8 +193,10 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
         echo(f"plot: {plot_runs([result['before'], result['after']], plot)}", json_path)
     out = {"before": result["before"].to_json(), "after": result["after"].to_json(), "speedup": result["speedup"],
            "stall_share_before": result["stall_share_before"], "stall_share_after": result["stall_share_after"],
-           "headline": comparison_headline(result["speedup"], result["stall_share_before"],
-                                           result["stall_share_after"]),
+           "headline": verdict_headline(result["verdict"], result["speedup"], result["stall_share_before"],
+                                        result["stall_share_after"]),
+           "verdict": result["verdict"], "settle": result["settle"],
+           "warm_cache": result["warm_cache"], "cpu_s_per_image": result["cpu_s_per_image"],
            "check": result["check"], "repeats": repeats, "cold": cold, "min_speedup": min_speedup,
            "runs": [r.to_json() for r in result["runs"]]}
     write_json_report(json_path, out)

@@ -85,7 +85,8 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
     try:
-        report = pack(src, out, options, progress=update, scan=scan)
+        report = pack(src, out, options, progress=update, scan=scan,
+                      output_progress=lambda output_bytes: update(0, 0, output_bytes))
     except KeyboardInterrupt:
         bar.close()
         click.echo(f"shardfeed: interrupted; the complete part of {out} is kept: finish it with the same "

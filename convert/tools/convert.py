@@ -9,9 +9,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
+from shardfeed.readers.registry import canonical_format, writer_class
 
+from .. import writers  # noqa: F401  (registers every format's writer)
 from .common import (
     DatasetLocation,
     Progress,
@@ -23,31 +24,7 @@ from .common import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConvertReport", "convert_dataset", "WRITERS"]
-
-def _lmdb_writer(out, *, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files,
-                 map_size=None, expected_bytes=None):
-    from ..lmdb_writer import LmdbWriter
-
-    writer = LmdbWriter(out, classes=classes, class_to_idx=class_to_idx, options=options, map_size=map_size,
-                        expected_bytes=expected_bytes)
-    for item in skipped or []:
-        writer.add_skipped(item.get("path", "?"), item.get("key"), item.get("reason", "?"))
-    return writer
-
-
-def _wds_writer(out, *, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files,
-                map_size=None, expected_bytes=None):
-    from ..webdataset_writer import WebDatasetWriter
-
-    return WebDatasetWriter(out, classes=classes, class_to_idx=class_to_idx, max_count=max_count,
-                            max_bytes=max_bytes, prefix=prefix, skipped=skipped, options=options, files=files)
-
-
-#: Writers by canonical format name: ``factory(out, *, classes, class_to_idx, max_count, max_bytes,
-#: prefix, skipped, options, files, map_size, expected_bytes) -> Writer`` (``write(sample)``,
-#: ``close() -> Manifest``, context manager).
-WRITERS: dict[str, Callable] = {"webdataset": _wds_writer, "lmdb": _lmdb_writer}
+__all__ = ["ConvertReport", "convert_dataset"]
 
 
 @dataclasses.dataclass
@@ -112,12 +89,10 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         ValueError: unknown format, OUT not empty or inside SRC, a sample larger than ``max_bytes``.
         ManifestError, CorruptDataError, DataSourceError: the source cannot be read.
     """
-    from ..pack import FORMAT_ALIASES, PackOptions, pack, prepare_output
+    from ..pack import PackOptions, pack, prepare_output
 
     t0 = time.perf_counter()
-    fmt = FORMAT_ALIASES.get(str(format).lower())
-    if fmt is None:
-        raise ValueError(f"unknown format {format!r}: choose one of wds (webdataset), lmdb")
+    fmt = canonical_format(format)
     out = Path(out)
     if not is_url(str(src)) and looks_like_image_folder(src):
         options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
@@ -134,10 +109,10 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
     progress = progress or noop_progress
     options = {**{k: v for k, v in manifest.options.items() if k not in ("max_count", "max_bytes", "prefix")},
                "converted_from": str(src), "source_format": manifest.format, "source_created_by": manifest.created_by}
-    writer = WRITERS[fmt](out, classes=manifest.classes, class_to_idx=manifest.class_to_idx, max_count=max_count,
-                          max_bytes=max_bytes, prefix=prefix, skipped=manifest.skipped, options=options,
-                          files=manifest.files, map_size=map_size,
-                          expected_bytes=sum(s.num_bytes for s in manifest.shards))
+    writer = writer_class(fmt).create(out, classes=manifest.classes, class_to_idx=manifest.class_to_idx,
+                                      max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                                      skipped=manifest.skipped, options=options, files=manifest.files,
+                                      map_size=map_size, expected_bytes=sum(s.num_bytes for s in manifest.shards))
     n = 0
     with writer:
         for _, sample in iter_raw_samples(loc, manifest):

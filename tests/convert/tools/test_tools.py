@@ -33,7 +33,7 @@ from shardfeed.convert.tools.inspect import inspect_dataset
 from shardfeed.convert.tools.serve import serve_directory
 from shardfeed.convert.tools.stage import stage
 from shardfeed.convert.tools.unpack import unpack
-from shardfeed.convert.webdataset_writer import WebDatasetWriter
+from shardfeed.convert.writers.webdataset import WebDatasetWriter
 from shardfeed.readers.format import Sample, read_index
 
 CLASSES = ["bird", "cat", "dog", "empty"]  # sorted, as ImageFolder finds them; "empty" holds nothing
@@ -477,6 +477,7 @@ def test_import_convert_tools_without_torch():
     code = ("import sys, shardfeed.convert.tools.check, shardfeed.convert.tools.convert, "
             "shardfeed.convert.tools.index, shardfeed.convert.tools.inspect, shardfeed.convert.tools.serve, "
             "shardfeed.convert.tools.stage, "
-            "shardfeed.convert.tools.unpack, shardfeed.convert.cli.tools, shardfeed.convert.webdataset_writer;"
+            "shardfeed.convert.tools.unpack, shardfeed.convert.cli.tools, shardfeed.convert.writers.webdataset, "
+            "shardfeed.convert.writers.lmdb;"
             "assert 'torch' not in sys.modules and 'webdataset' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)
