@@ -308,3 +308,38 @@ def test_a_shard_of_another_size_on_the_server_is_refused_at_open(packed_root, t
     with pytest.raises(ManifestError, match=rf"{base}/wds/shard-000001.tar: \d+ bytes on the server but \d+ in "
                                             r"manifest.json"):
         open_dataset(f"{base}/wds/", retries=0)
+
+
+class _ChunkedServer(http.server.SimpleHTTPRequestHandler):
+    """Answers GET with ``Transfer-Encoding: chunked`` and no ``Content-Length`` (as servers that
+    compress or generate on the fly do), 1000 bytes a chunk; ignores ``Range``."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def do_GET(self):
+        try:
+            with open(self.translate_path(self.path), "rb") as f:
+                body = f.read()
+        except OSError:
+            return self.send_error(404)
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for i in range(0, len(body), 1000):
+            part = body[i:i + 1000]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+        self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
+
+
+def test_a_server_without_content_length(packed_root, start_http_server):
+    source = (packed_root / SHARD).read_bytes()
+    base = start_http_server(packed_root, _ChunkedServer)
+    assert http_get(f"{base}/wds/manifest.json") == (packed_root / "wds/manifest.json").read_bytes()
+    with HttpRangeStream(f"{base}/{SHARD}", 700) as s:
+        assert (s.offset, s.ranged, s.total_bytes) == (0, False, None)  # no size announced
+        assert _read_all(s, 4096) == source
