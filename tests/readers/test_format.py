@@ -11,7 +11,8 @@ import pytest
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
 from shardfeed.readers.format import (Manifest, decode_record, encode_record, meta_bytes, parse_size,
-                                      tar_member_bytes, write_bytes_atomic)
+                                      sample_from_members, split_member_name, tar_member_bytes,
+                                      write_bytes_atomic)
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -67,3 +68,37 @@ def test_manifest_with_a_missing_field_is_a_manifest_error(drop, packed_wds):
     del data[drop]
     with pytest.raises(ManifestError, match="m.json"):
         Manifest.from_json(data, "m.json")
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("000001.jpg", ("000001", "jpg")), ("a/000001.seg.png", ("a/000001", "seg.png")),
+    ("a.b/c.d/000002.json", ("a.b/c.d/000002", "json")), ("noext", ("noext", "")), ("d.x/noext", ("d.x/noext", "")),
+    (".hidden", ("", "hidden"))])
+def test_split_member_name_like_webdataset(name, expected):
+    assert split_member_name(name) == expected
+
+
+def test_sample_from_members_rules_and_errors():
+    assert sample_from_members("k", {"jpg": b"J", "cls": b" 3\n", "json": b"{}"}, None, source="s") == \
+        (b"J", "jpg", 3, b"{}")
+    assert sample_from_members("k", {"JPEG": b"J", "json": b'{"class": "dog"}'}, {"dog": 5}, source="s") == \
+        (b"J", "jpg", 5, b'{"class": "dog"}')
+    assert sample_from_members("k", {"weird": b"W", "cls": b"1"}, None, source="s")[:3] == (b"W", "weird", 1)
+    with pytest.raises(CorruptDataError, match=r"s key k: sample has no image member \(members: cls\)"):
+        sample_from_members("k", {"cls": b"1"}, None, source="s")
+    with pytest.raises(CorruptDataError, match=r"s key k: sample has 2 image members that could be its image "
+                                               r"\(jpg, png\), not one \(members: cls, jpg, png\)"):
+        sample_from_members("k", {"jpg": b"J", "png": b"P", "cls": b"1"}, None, source="s")
+    with pytest.raises(CorruptDataError, match=r"s key k: sample has 2 members that could be its image \(a, b\), "
+                                               r"not one"):
+        sample_from_members("k", {"a": b"A", "b": b"B", "cls": b"1"}, None, source="s")
+    with pytest.raises(CorruptDataError, match=r"s key k: k\.cls holds b'xxxxxxxxxxxxxxxxxxxx', not a class index"):
+        sample_from_members("k", {"jpg": b"J", "cls": b"x" * 30}, None, source="s")
+    with pytest.raises(CorruptDataError, match=r"s key k: no k\.cls member and no known class in k\.json"):
+        sample_from_members("k", {"jpg": b"J", "json": b'{"class": "cat"}'}, {"dog": 0}, source="s")
+
+
+@pytest.mark.parametrize("value", [b"", b"\xc1", b"\x92\x01", msgpack.packb({"v": 99}), b"\x81\xa1v"])
+def test_decode_record_refuses_what_is_not_a_record(value):
+    with pytest.raises(CorruptDataError, match="data.mdb key 000000001"):
+        decode_record(value, source="data.mdb", key=b"000000001")
