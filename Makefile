@@ -77,6 +77,7 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
+	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench
 
 # Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
 # with their fast tests); not part of `make test` (it runs the tests once per mutant: long).
