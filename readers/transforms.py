@@ -26,7 +26,6 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import cv2
 import numpy as np
 
 from .decode import DECODERS, DEFAULT_MAX_PIXELS, decode_crop, decode_image, resolve_decoder
@@ -73,6 +72,11 @@ def _check_size(name: str, value: int) -> None:
 def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     if (height, width) == img.shape[:2]:
         return img
+    # OpenCV is imported on first use, not with this module: a process that only opens a dataset
+    # (make_loader's parent) then never holds OpenCV when it forks the DataLoader workers, so each
+    # worker can be given one OpenCV thread (loader.worker_init; see _cv2_threads_if_forking).
+    import cv2
+
     shrinking = width <= img.shape[1] and height <= img.shape[0]
     interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
     return cv2.resize(img, (width, height), interpolation=interpolation)
@@ -425,7 +429,7 @@ class TrainTransform:
             return _resize_antialias_chw(window, size, size, flip=self.flip and rng.random() < 0.5)
         out = _resize(window, size, size)
         if self.flip and rng.random() < 0.5:
-            out = cv2.flip(out, 1)
+            out = np.ascontiguousarray(out[:, ::-1])  # horizontal flip (as cv2.flip(out, 1))
         return to_chw_tensor(out)
 
     def _pick_rng(self, rng: np.random.Generator | None) -> np.random.Generator:

@@ -9,7 +9,7 @@
   crops each epoch, labels untouched.
 * Defaults: ``num_workers = min(4, usable CPUs)``; every worker runs with one torch and one
   OpenCV thread (checked in a separate process, whose CPU set and thread settings we choose).
-  Forked workers keep OpenCV's default thread count: a known gap, marked ``xfail(strict=True)``.
+  Forked workers get one OpenCV thread too (the parent does not hold OpenCV when it forks).
 """
 
 from __future__ import annotations
@@ -196,9 +196,5 @@ def test_workers_run_one_torch_thread_and_spawned_ones_one_opencv_thread(default
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, reason="known gap (reported): readers/transforms.py imports cv2 at import time, so "
-                   "the parent always holds cv2 when make_loader forks, and loader.worker_init leaves OpenCV's "
-                   "thread count alone in forked workers (setNumThreads can deadlock after fork when the parent's "
-                   "pool ran): forked workers keep OpenCV's default, the CPU count")
 def test_forked_workers_run_one_opencv_thread(defaults_run):
     assert [w["cv2"] for w in defaults_run["fork"]["workers"]] == [1, 1], defaults_run["fork"]
