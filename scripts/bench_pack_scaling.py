@@ -93,10 +93,11 @@ def bench_warm(t: Table, folders: dict, work: Path, rounds: int) -> dict:
     src = folders["small"]
     lst = work / "small.list"
     lst.write_text("\n".join(_files(src)) + "\n")
-    outs = {k: work / f"warm-{k}" for k in ("w1", "w2", "tar")}
+    outs = {k: work / f"warm-{k}" for k in ("w1", "w2", "w2_ra0", "tar")}
     cases = {
         "pack_w1": lambda: _pack(src, outs["w1"], "--workers", "1"),
         "pack_w2": lambda: _pack(src, outs["w2"], "--workers", "2"),
+        "pack_w2_read_ahead_0": lambda: _pack(src, outs["w2_ra0"], "--workers", "2", "--read-ahead", "0"),
         "tar": lambda: _tar(src, lst, outs["tar"]),
     }
     log(f"[warm] small set, {rounds} rounds + warm-up")
@@ -106,7 +107,8 @@ def bench_warm(t: Table, folders: dict, work: Path, rounds: int) -> dict:
     v = r["values"]
     t.row("pack --workers 2 / pack --workers 1 (warm)", "small", paired_ratio(v["pack_w2"], v["pack_w1"]), "<= 0.7",
           paired_ratio(v["pack_w2"], v["pack_w1"]) <= 0.7,
-          f"{median(v['pack_w2']):.2f} s vs {median(v['pack_w1']):.2f} s; tar cf {median(v['tar']):.2f} s",
+          f"{median(v['pack_w2']):.2f} s vs {median(v['pack_w1']):.2f} s; tar cf {median(v['tar']):.2f} s; "
+          f"--workers 2 --read-ahead 0 / --workers 1: {paired_ratio(v['pack_w2_read_ahead_0'], v['pack_w1']):.2f}",
           (load0, _load()))
     return v
 
@@ -119,7 +121,7 @@ def bench_cold(t: Table, folders: dict, work: Path, rounds: int) -> dict:
         paths = [str(src / f) for f in files]
         lst = work / f"{name}.list"
         lst.write_text("\n".join(files) + "\n")
-        outs = {k: work / f"cold-{name}-{k}" for k in ("w2", "tar")}
+        outs = {k: work / f"cold-{name}-{k}" for k in ("w2", "w2_ra0", "tar")}
         residency = []
 
         def before(case: str) -> None:
@@ -131,6 +133,7 @@ def bench_cold(t: Table, folders: dict, work: Path, rounds: int) -> dict:
                 raise RuntimeError(f"{case}: {frac:.1%} of the source pages still cached after eviction")
 
         cases = {"pack_w2": lambda: _pack(src, outs["w2"], "--workers", "2"),
+                 "pack_w2_read_ahead_0": lambda: _pack(src, outs["w2_ra0"], "--workers", "2", "--read-ahead", "0"),
                  "tar": lambda: _tar(src, lst, outs["tar"])}
         log(f"[cold] {name}: {len(files)} files, source evicted before each run; {rounds} rounds + warm-up")
         load0 = _load()
@@ -139,7 +142,8 @@ def bench_cold(t: Table, folders: dict, work: Path, rounds: int) -> dict:
         v = r["values"]
         ratio = paired_ratio(v["pack_w2"], v["tar"])
         t.row("pack --workers 2 / tar cf (cold)", name, ratio, f"<= {bound}", ratio <= bound,
-              f"{median(v['pack_w2']):.2f} s vs {median(v['tar']):.2f} s", (load0, _load()))
+              f"{median(v['pack_w2']):.2f} s vs {median(v['tar']):.2f} s; with --read-ahead 0 (files read one "
+              f"after another, as before): {paired_ratio(v['pack_w2_read_ahead_0'], v['tar']):.2f}", (load0, _load()))
         figures[name] = dict(v, max_resident_fraction=max(residency))
     return figures
 

@@ -304,8 +304,8 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
 
 
 #: Every option of :func:`pack_options`, in help order (the kebab-case of :class:`PackOptions`).
-PACK_OPTION_NAMES = ("format", "max_count", "max_bytes", "prefix", "workers", "read_ahead", "seed", "no_shuffle", "on_error",
-                     "decode_check", "resume", "overwrite", "executor", "ray_address")
+PACK_OPTION_NAMES = ("format", "max_count", "max_bytes", "prefix", "workers", "read_ahead", "seed", "no_shuffle",
+                     "on_error", "decode_check", "resume", "overwrite", "executor", "ray_address")
 
 
 def pack_options(*names: str, **overrides: dict) -> Callable[[Callable], Callable]:
