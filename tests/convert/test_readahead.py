@@ -164,3 +164,19 @@ def test_read_ahead_option_validated():
     with pytest.raises(ValueError, match="--read-ahead"):
         PackOptions(read_ahead=-1)
     assert "read_ahead" not in PackOptions().fingerprint_fields()  # the output bytes do not depend on it
+
+
+def test_cli_read_ahead_flag(tiny_image_folder, tmp_path):
+    from click.testing import CliRunner
+
+    from shardfeed.convert.cli import main
+
+    runner = CliRunner()
+    outs = {}
+    for n in ("0", "32"):
+        r = runner.invoke(main, ["pack", str(tiny_image_folder), str(tmp_path / n), "-j", "1", "--read-ahead", n])
+        assert r.exit_code == 0, r.output
+        outs[n] = _tree_bytes(tmp_path / n)
+    assert outs["0"] == outs["32"]
+    r = runner.invoke(main, ["pack", str(tiny_image_folder), str(tmp_path / "bad"), "--read-ahead", "-1"])
+    assert r.exit_code == 2 and "--read-ahead" in r.output
