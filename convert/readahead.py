@@ -39,7 +39,7 @@ R = TypeVar("R")
 
 #: Reads in flight per shard by default (``--read-ahead``): chosen by measurement on an emulated
 #: 5 ms-per-open mount (scripts/bench_pack_scaling.py); 0 or 1 reads serially, in the caller's thread.
-DEFAULT_READ_AHEAD = 16
+DEFAULT_READ_AHEAD = 32
 #: Bytes read ahead of the consumer at most (per reader), 64 MiB.
 DEFAULT_READ_AHEAD_BYTES = 64 * 1024 * 1024
 #: Items per thread hand-off by default.

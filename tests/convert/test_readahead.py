@@ -178,5 +178,7 @@ def test_cli_read_ahead_flag(tiny_image_folder, tmp_path):
         assert r.exit_code == 0, r.output
         outs[n] = _tree_bytes(tmp_path / n)
     assert outs["0"] == outs["32"]
+    default = next(p.default for p in main.commands["pack"].params if p.name == "read_ahead")
+    assert default == PackOptions().read_ahead  # the CLI's default is the library's
     r = runner.invoke(main, ["pack", str(tiny_image_folder), str(tmp_path / "bad"), "--read-ahead", "-1"])
     assert r.exit_code == 2 and "--read-ahead" in r.output
