@@ -39,7 +39,7 @@ R = TypeVar("R")
 
 #: Reads in flight per shard by default (``--read-ahead``), chosen by measurement
 #: (scripts/bench_pack_scaling.py): 2,000 small files behind an emulated 5 ms per open took 0.8 s
-#: to write with 16 and 0.6 s with 32 (64 gained nothing more), against 11.6 s one after another;
+#: to write with 16 reads in flight and 0.6 s with 32, against 11.6 s one after another;
 #: on warm local files the threads cost ~6 % more CPU. 0 or 1 reads serially, in the caller's thread.
 DEFAULT_READ_AHEAD = 32
 #: Bytes read ahead of the consumer at most (per reader), 64 MiB.
