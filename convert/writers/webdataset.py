@@ -45,7 +45,16 @@ from ..executors import ProgressSink, active_executor, task_progress
 from ..pack_state import STATE_DIR, finished_shard_record, write_shard_record
 from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
 from ..readahead import DEFAULT_READ_AHEAD, read_ahead
-from ..samples import ChunkTask, load_chunk, load_sample_payload, read_file_checked, skip_reason, skip_record
+from ..samples import (
+    ChunkTask,
+    load_chunk,
+    load_sample_payload,
+    payload_from_bytes,
+    read_file_checked,
+    read_source_bytes,
+    skip_reason,
+    skip_record,
+)
 from .shard import ShardLimits, ShardWriter
 
 __all__ = ["WebDatasetWriter", "pack_webdataset", "pack_webdataset_reencoded", "CHUNK_SAMPLES"]
@@ -313,16 +322,22 @@ def _write_wds_shard(task) -> tuple[dict, list]:
             read_ahead_n = 0  # the test fault slows the pack per sample: keep its delays one after another
         if plain:
             _add_plain_samples(writer, samples, options.on_error, skipped, progress, read_ahead_n)
-        for r in (() if plain else read_ahead(samples, lambda s: load_sample_payload(s, options),
-                                               max_in_flight=read_ahead_n, size_of=lambda s: s.file.size)):
+        # the reads ahead in threads; the decode check here, one image at a time (bounded memory)
+        load = (lambda s: load_sample_payload(s, options)) if read_ahead_n <= 1 else (
+            lambda s: read_source_bytes(s.file))
+        for r in (() if plain else read_ahead(samples, load, max_in_flight=read_ahead_n,
+                                               size_of=lambda s: s.file.size)):
             s = r.item
-            if r.error is not None:
-                if options.on_error != "skip" or not isinstance(r.error, (OSError, ValueError)):
+            try:
+                if r.error is not None:
                     raise r.error
-                skipped.append(skip_record(s, r.error))
+                data, ext, meta = r.value if read_ahead_n <= 1 else payload_from_bytes(s, r.value, options)
+            except (OSError, ValueError) as exc:
+                if options.on_error != "skip":
+                    raise
+                skipped.append(skip_record(s, exc))
                 n_done += 1
                 continue
-            data, ext, meta = r.value
             writer.add(s.key, ext, data, class_bytes(s.file.label), fast_meta_bytes(meta),
                        describe=f"{s.file.path}: this image")
             n_done += 1

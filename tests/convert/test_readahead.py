@@ -182,3 +182,19 @@ def test_cli_read_ahead_flag(tiny_image_folder, tmp_path):
     assert default == PackOptions().read_ahead  # the CLI's default is the library's
     r = runner.invoke(main, ["pack", str(tiny_image_folder), str(tmp_path / "bad"), "--read-ahead", "-1"])
     assert r.exit_code == 2 and "--read-ahead" in r.output
+
+
+def test_adaptive_stays_inline_for_fast_reads_and_goes_concurrent_for_slow_ones():
+    main = threading.current_thread()
+    fast = list(read_ahead(range(200), lambda i: (i, threading.current_thread() is main), max_in_flight=8,
+                           adaptive=True))
+    assert [r.value for r in fast] == [(i, True) for i in range(200)]  # every read in the caller's thread
+
+    def slow(i: int):
+        threading.Event().wait(0.002)  # a storage round trip
+        return i, threading.current_thread() is main
+
+    res = [r.value for r in read_ahead(range(40), slow, max_in_flight=8, adaptive=True)]
+    assert [v[0] for v in res] == list(range(40))  # order kept across the switch
+    assert all(v[1] for v in res[:8])  # the first block inline ...
+    assert not any(v[1] for v in res[8:])  # ... then the threads
