@@ -272,8 +272,8 @@ def _add_plain_samples(writer: ShardWriter, plan: SamplePlan, on_error: str, ski
     Same bytes as building a :class:`PlannedSample` per sample, calling
     :func:`load_sample_payload` and ``writer.add`` with ``meta_bytes``; none of those
     objects is built (a few microseconds per sample, as much as reading a small file). The files
-    are read with ``read_ahead_n`` reads in flight (:func:`~shardfeed.convert.readahead.read_ahead`),
-    appended in plan order.
+    are read with up to ``read_ahead_n`` reads in flight once reads wait on storage
+    (:func:`~shardfeed.convert.readahead.read_ahead`, adaptive), appended in plan order.
     """
     files, lo, hi = plan.column_range  # the plan's range of the columns, no copy
     rels, sizes, codes, ecodes = files.rels, files.sizes, files.class_codes, files.ext_codes
@@ -286,7 +286,7 @@ def _add_plain_samples(writer: ShardWriter, plan: SamplePlan, on_error: str, ski
     add = writer.add
     n_done = n_bytes = 0
     for r in read_ahead(range(lo, hi), _plain_reader(files), max_in_flight=read_ahead_n,
-                        size_of=sizes.__getitem__):
+                        size_of=sizes.__getitem__, adaptive=True):
         j = r.item
         rel = rels[j]
         key = str(base + j).zfill(width)
@@ -326,7 +326,7 @@ def _write_wds_shard(task) -> tuple[dict, list]:
         load = (lambda s: load_sample_payload(s, options)) if read_ahead_n <= 1 else (
             lambda s: read_source_bytes(s.file))
         for r in (() if plain else read_ahead(samples, load, max_in_flight=read_ahead_n,
-                                               size_of=lambda s: s.file.size)):
+                                               size_of=lambda s: s.file.size, adaptive=True)):
             s = r.item
             try:
                 if r.error is not None:

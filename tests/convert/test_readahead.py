@@ -104,9 +104,18 @@ def _tree_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
 
 
+@pytest.fixture
+def reads_count_as_slow(monkeypatch):
+    """Every read counts as waiting on storage, so a pack (workers=1, in this process) goes to the
+    reader threads after its first block: the threaded path runs on these small local files."""
+    from shardfeed.convert import readahead
+
+    monkeypatch.setattr(readahead, "ADAPTIVE_BASE_S", -1.0)
+
+
 @pytest.mark.parametrize("decode_check", [False, True])
 def test_pack_bytes_identical_with_read_ahead_on_and_off(tiny_image_folder, tiny_folder_expected, tmp_path,
-                                                         decode_check):
+                                                         decode_check, reads_count_as_slow):
     outs = {}
     for n in (0, 1, 3, 16):
         out = tmp_path / f"ra{n}"
@@ -145,18 +154,21 @@ def _small_folder(root: Path, n: int = 30) -> Path:
 
 
 @pytest.mark.parametrize("read_ahead_n", [0, 8])
-def test_unreadable_file_reported_for_the_right_file(tmp_path, read_ahead_n):
+def test_unreadable_file_reported_for_the_right_file(tmp_path, read_ahead_n, reads_count_as_slow):
     root = _small_folder(tmp_path / "src")
     scan = scan_image_folder(root)
-    (root / "c1" / "013.png").unlink()  # vanished after the scan: unreadable
+    # vanished after the scan: unreadable; 15th in sorted order, so read by a thread (after the
+    # first inline block of 8) when read-ahead is on
+    (root / "c1" / "013.png").unlink()
     with pytest.raises(SourceChangedError, match=r"c1/013\.png: disappeared"):
-        pack(root, tmp_path / "o", PackOptions(workers=1, read_ahead=read_ahead_n), scan=scan)
+        pack(root, tmp_path / "o", PackOptions(workers=1, read_ahead=read_ahead_n, shuffle=False), scan=scan)
     assert not (tmp_path / "o" / "manifest.json").exists()
-    report = pack(root, tmp_path / "o2", PackOptions(workers=1, read_ahead=read_ahead_n, on_error="skip"), scan=scan)
+    report = pack(root, tmp_path / "o2", PackOptions(workers=1, read_ahead=read_ahead_n, on_error="skip",
+                                                     shuffle=False), scan=scan)
     assert [s["path"] for s in report.skipped] == ["c1/013.png"]
     assert report.num_samples == 29
     ref = tmp_path / "ref"  # the same skip with serial reads: the same bytes
-    pack(root, ref, PackOptions(workers=1, read_ahead=0, on_error="skip"), scan=scan)
+    pack(root, ref, PackOptions(workers=1, read_ahead=0, on_error="skip", shuffle=False), scan=scan)
     assert _tree_bytes(tmp_path / "o2") == _tree_bytes(ref)
 
 
