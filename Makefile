@@ -25,22 +25,31 @@ $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
 
-# nginx (answers HTTP Range requests) for the HTTP reader tests; installed when we are root on Debian.
+# nginx (answers HTTP Range requests) for the HTTP reader tests; fuse3 + libfuse2 (libfuse for the
+# storage emulator, scripts/storage_emulator.py, and its test); installed when we are root on Debian.
 system-deps:
 	@command -v nginx >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null) \
 	  || echo "note: nginx not installed; the tests against an HTTP server that answers Range requests use shardfeed serve only"; }
+	@{ command -v fusermount3 >/dev/null 2>&1 && ldconfig -p 2>/dev/null | grep -q libfuse3; } || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2 >/dev/null) \
+	  || echo "note: fuse3/libfuse2 not installed; the storage emulator (FUSE) tests and benchmarks cannot mount"; }
 
 # verify runs the same loop over the folder and the shards; --compute-ms 20 stands in for a GPU
 # step that leaves the CPU to the loader, --cold reads from the disk rather than the page cache,
 # --threads 1 keeps the main process's torch threads off the loader workers' cores.
-demo: install  ## build the sample folder, pack it to WebDataset and LMDB, verify before vs after
+# Then the same verify over emulated network storage (a FUSE mount adding 2 ms per open and per
+# read request, scripts/storage_emulator.py) where FUSE works; where not, one line says why.
+demo: install system-deps  ## build the sample folder, pack it, verify before vs after (local disk, then emulated network storage)
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/wds --format wds --max-count 500 --overwrite
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/lmdb --format lmdb --overwrite
 	$(SHARDFEED) inspect $(DEMO_OUT)/wds
 	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --compute-ms 20 --cold --repeats 3 --threads 1 \
 	  --image-size 64 --batch-size 64 --batches 30 --warmup 5 --json $(DEMO_OUT)/verify.json
+	$(PY) scripts/demo_network.py $(DEMO_DATA) $(DEMO_OUT)/wds --latency-ms 2 \
+	  --local-json $(DEMO_OUT)/verify.json --json $(DEMO_OUT)/verify-network.json
 
 # The Ray tests run in their own pytest process: Ray leaves gRPC threads behind, and forking
 # DataLoader workers from a process with such threads is asking for a deadlock.
@@ -56,6 +65,8 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
+	# verify folder vs WebDataset/LMDB on emulated network storage (FUSE) at 0, 0.5, 2, 10 ms
+	$(PY) scripts/bench_storage.py --src $(DEMO_DATA) --out out/bench/storage
 
 lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
 	$(VENV)/bin/ruff check convert readers scripts tests

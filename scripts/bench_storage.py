@@ -140,7 +140,7 @@ def run_row(data: Path, latency_ms: float, args, out: Path) -> dict:
     try:
         for name in ("folder", "wds", "lmdb"):
             mounts[name] = StorageEmulator(data / name, open_ms=latency_ms, read_ms=latency_ms,
-                                           read_policy=args.read_policy).start()
+                                           read_policy=args.read_policy, read_ahead_kb=args.read_ahead_kb).start()
         pids = [m._proc.pid for m in mounts.values() if m._proc is not None]
         row = {"latency_ms": latency_ms, "storage": mounts["folder"].describe(), "formats": {}}
         for fmt in ("wds", "lmdb"):
@@ -178,7 +178,7 @@ def profile(data: Path, latency_ms: float, args, out: Path) -> dict:
     images = (args.warmup + args.batches) * args.batch_size
     for name in ("folder", "wds", "lmdb"):
         with StorageEmulator(data / name, open_ms=latency_ms, read_ms=latency_ms,
-                             read_policy=args.read_policy) as emu:
+                             read_policy=args.read_policy, read_ahead_kb=args.read_ahead_kb) as emu:
             emu.reset_stats()
             _run([_shardfeed(), "bench", str(emu.mountpoint), "--compute-ms", str(args.compute_ms),
                   "--num-workers", str(args.num_workers), "--threads", "1", "--image-size", str(args.image_size),
@@ -201,7 +201,7 @@ def tune_slowest(data: Path, latency_ms: float, args, out: Path) -> dict:
     res = {}
     for name in ("folder", "wds"):
         with StorageEmulator(data / name, open_ms=latency_ms, read_ms=latency_ms,
-                             read_policy=args.read_policy) as emu:
+                             read_policy=args.read_policy, read_ahead_kb=args.read_ahead_kb) as emu:
             jp = out / f"tune-{name}-{latency_ms:g}ms.json"
             print(f"bench_storage: {latency_ms:g} ms: tune {name} ...", file=sys.stderr, flush=True)
             # no --cold: files are opened without keep_cache, so every open re-reads through the emulator
@@ -242,7 +242,8 @@ def tune_slowest(data: Path, latency_ms: float, args, out: Path) -> dict:
 
 def format_markdown(result: dict) -> str:
     lines = [f"Emulated network storage (FUSE emulator on this machine, not real NFS/disk/bucket figures): "
-             f"latency per open and per read request ({result['read_policy']} policy), `--cold`, "
+             f"latency per open and per read request ({result['read_policy']} policy, readahead "
+             f"{result['read_ahead_kb'] or 'kernel default 128'} KiB), `--cold`, "
              f"{result['num_workers']} loader workers, `--compute-ms {result['compute_ms']:g}`, "
              f"{result['cpu_count']} cores.", "",
              "| latency per open / read | format | before images/s | after images/s | speed-up | "
@@ -308,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "out" / "bench" / "storage"), help="work and report folder")
     p.add_argument("--latencies", default="0,0.5,2,10", help="ms per open and per read request, comma-separated")
     p.add_argument("--read-policy", choices=("request", "stream"), default="request")
+    p.add_argument("--read-ahead-kb", type=int, default=None,
+                   help="the mounts' kernel readahead window, KiB [default: the kernel's, 128]: 1024 gives 1 MiB "
+                        "read requests (libfuse 3), as NFS and gcsfuse tuning guides set it")
     p.add_argument("--compute-ms", type=float, default=20.0)
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="verify rounds per pair")
@@ -333,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
     data = prepare_data(Path(args.src), out)
-    result = {"emulated": True, "read_policy": args.read_policy, "compute_ms": args.compute_ms,
+    result = {"emulated": True, "read_policy": args.read_policy, "read_ahead_kb": args.read_ahead_kb, "compute_ms": args.compute_ms,
               "num_workers": args.num_workers, "repeats": args.repeats, "batches": args.batches,
               "batch_size": args.batch_size, "image_size": args.image_size, "cpu_count": os.cpu_count(),
               "src": str(args.src), "rows": []}

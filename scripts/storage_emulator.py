@@ -42,9 +42,13 @@ Per-read policy (``read_policy``):
 
 * ``"request"`` (default): every FUSE read request pays ``read_ms``, as an NFS client pays one
   READ RPC round trip per ``rsize`` chunk and a block device one I/O per request. The kernel
-  splits reads into requests of at most ``max_pages`` pages (128 KiB under libfuse 2, which does
-  not negotiate ``max_pages``; up to 1 MiB under libfuse 3, which asks for ``max_write``-sized
-  pages); :meth:`StorageEmulator.stats` reports the sizes the kernel actually asked for.
+  sizes the requests: buffered reads go out as readahead windows of the mount's
+  ``read_ahead_kb`` (128 KiB by default), each at most ``max_pages`` pages (32 pages = 128 KiB
+  under libfuse 2, which does not negotiate it; 256 pages = 1 MiB under libfuse 3). So a shard is
+  read in 128 KiB requests by default and in 1 MiB requests with ``read_ahead_kb=1024`` under
+  libfuse 3 (measured here; ``max_read`` and ``big_writes`` do not raise it: ``max_read`` only
+  lowers the limit and ``big_writes`` concerns writes). :meth:`StorageEmulator.stats` reports the
+  sizes the kernel actually asked for.
 * ``"stream"``: only the first read of an open file and every non-sequential read pay
   ``read_ms``; a read that continues where the previous one on the same handle ended streams on
   (bandwidth only), as gcsfuse and mountpoint-s3 keep one ranged GET open per sequential reader.
@@ -123,6 +127,10 @@ class EmulatorConfig:
         read_policy: ``"request"`` (every FUSE read request pays ``read_ms``) or ``"stream"``
             (only the first read of an open file and non-sequential reads pay it).
         libfuse: ``"fuse3"`` or ``"fuse"`` (libfuse 2): the library mfusepy loads.
+        read_ahead_kb: the mount's kernel readahead window, KiB (``/sys/class/bdi/<dev>/read_ahead_kb``,
+            needs root); None keeps the kernel's default (128 KiB). It bounds the size of the read
+            requests that buffered reads send: 1024 gives 1 MiB requests under libfuse 3 (libfuse 2
+            stays at 128 KiB), as gcsfuse's and NFS's tuning guides raise it for sequential reads.
     """
 
     open_ms: float = 0.0
@@ -130,6 +138,7 @@ class EmulatorConfig:
     bandwidth_mb_s: float | None = None
     read_policy: str = "request"
     libfuse: str = "fuse3"
+    read_ahead_kb: int | None = None
 
     def __post_init__(self) -> None:
         if self.open_ms < 0 or self.read_ms < 0:
@@ -140,6 +149,8 @@ class EmulatorConfig:
             raise ValueError(f"read_policy must be one of {READ_POLICIES}, got {self.read_policy!r}")
         if self.libfuse not in ("fuse3", "fuse"):
             raise ValueError(f"libfuse must be 'fuse3' or 'fuse' (libfuse 2), got {self.libfuse!r}")
+        if self.read_ahead_kb is not None and self.read_ahead_kb < 0:
+            raise ValueError(f"read_ahead_kb must be >= 0 or None, got {self.read_ahead_kb}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,12 +413,15 @@ class StorageEmulator:
 
     def __init__(self, source: str | os.PathLike, mountpoint: str | os.PathLike | None = None, *,
                  open_ms: float = 0.0, read_ms: float = 0.0, bandwidth_mb_s: float | None = None,
-                 read_policy: str = "request", libfuse: str = "fuse3", timeout_s: float = _MOUNT_TIMEOUT_S) -> None:
+                 read_policy: str = "request", libfuse: str = "fuse3", read_ahead_kb: int | None = None,
+                 timeout_s: float = _MOUNT_TIMEOUT_S) -> None:
         self.source = Path(source)
         if not self.source.is_dir():
             raise FileNotFoundError(f"storage emulator: {self.source} is not a folder")
         self.config = EmulatorConfig(open_ms=open_ms, read_ms=read_ms, bandwidth_mb_s=bandwidth_mb_s,
-                                     read_policy=read_policy, libfuse=libfuse)
+                                     read_policy=read_policy, libfuse=libfuse, read_ahead_kb=read_ahead_kb)
+        #: the mount's readahead window in KiB as read back after mounting (None before)
+        self.read_ahead_kb: int | None = None
         self._own_mountpoint = mountpoint is None
         self._workdir = Path(tempfile.mkdtemp(prefix="shardfeed-emu-"))
         self.mountpoint = Path(mountpoint) if mountpoint is not None else self._workdir / "mnt"
@@ -423,8 +437,9 @@ class StorageEmulator:
         """One line for reports: what this emulated storage charges (says it is an emulator)."""
         c = self.config
         bw = f", {c.bandwidth_mb_s:g} MB/s cap" if c.bandwidth_mb_s else ""
+        ra = f", readahead {self.read_ahead_kb} KiB" if self.read_ahead_kb is not None else ""
         return (f"emulated network storage (FUSE emulator, not real storage): {c.open_ms:g} ms per open, "
-                f"{c.read_ms:g} ms per read {c.read_policy}{bw}")
+                f"{c.read_ms:g} ms per read {c.read_policy}{bw}{ra}")
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "StorageEmulator":
@@ -472,8 +487,23 @@ class StorageEmulator:
         except BaseException:
             self.stop()
             raise
+        self.read_ahead_kb = self._set_read_ahead(self.config.read_ahead_kb)
         log.info("mounted %s at %s (%s)", self.source, self.mountpoint, self.describe())
         return self
+
+    def _set_read_ahead(self, kb: int | None) -> int | None:
+        """Set (when ``kb`` is given) and read back the mount's readahead window, KiB."""
+        st = os.stat(self.mountpoint)
+        path = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
+        if kb is not None:
+            try:
+                path.write_text(str(kb))
+            except OSError as e:
+                log.warning("could not set read_ahead_kb=%s on %s (%s); the kernel default stays", kb, path, e)
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            return None
 
     def stop(self) -> None:
         """Unmount (``fusermount3 -u``, lazily if busy), end the process and remove temporary folders."""
@@ -547,6 +577,7 @@ class StorageEmulator:
         except OSError as e:
             raise StorageEmulatorError(f"the storage emulator does not answer ({e}): {self._log_tail()}") from None
         out["config"] = asdict(self.config)
+        out["read_ahead_kb"] = self.read_ahead_kb
         return out
 
     def reset_stats(self) -> None:

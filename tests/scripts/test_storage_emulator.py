@@ -175,6 +175,19 @@ def test_concurrent_requests_are_served_at_once(source, emulator_factory):
     assert stats["max_in_flight"] == 2
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="setting a mount's read_ahead_kb in /sys needs root")
+def test_read_ahead_window_is_set_and_bounds_request_sizes(source, emulator_factory):
+    emu = emulator_factory(source, read_ms=1.0, read_ahead_kb=512)
+    assert emu.read_ahead_kb == 512
+    expected = (source / "b" / "big.bin").read_bytes()
+    emu.reset_stats()
+    with open(emu.mountpoint / "b" / "big.bin", "rb") as f:
+        assert f.read() == expected
+    stats = emu.stats()
+    assert stats["read_bytes"] == len(expected)
+    assert stats["max_request_bytes"] <= 1024 * 1024
+
+
 def test_mount_is_read_only(source, emulator_factory):
     emu = emulator_factory(source)
     with pytest.raises(OSError):
