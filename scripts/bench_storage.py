@@ -35,7 +35,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def run_row(data: Path, latency_ms: float, args, out: Path) -> dict:
                                            read_policy=args.read_policy, read_ahead_kb=args.read_ahead_kb).start()
         pids = [m._proc.pid for m in mounts.values() if m._proc is not None]
         row = {"latency_ms": latency_ms, "storage": mounts["folder"].describe(), "formats": {}}
-        for fmt in ("wds", "lmdb"):
+        for fmt in args.formats.split(","):
             for m in mounts.values():
                 m.reset_stats()
             print(f"bench_storage: {latency_ms:g} ms: verify folder vs {fmt} ...", file=sys.stderr, flush=True)
@@ -312,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--read-ahead-kb", type=int, default=None,
                    help="the mounts' kernel readahead window, KiB [default: the kernel's, 128]: 1024 gives 1 MiB "
                         "read requests (libfuse 3), as NFS and gcsfuse tuning guides set it")
+    p.add_argument("--formats", default="wds,lmdb", help="AFTER formats verified against the folder")
     p.add_argument("--compute-ms", type=float, default=20.0)
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="verify rounds per pair")
@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             plat = 2.0 if 2.0 in latencies else latencies[0]
             result["profile_latency_ms"] = plat
-            result["profile"] = profile(data, plat, args, Path(tempfile.mkdtemp(dir=out)))
+            (out / "profile").mkdir(exist_ok=True)
+            result["profile"] = profile(data, plat, args, out / "profile")
         if args.tune:
             slow = max(latencies)
             result["tune"] = {"latency_ms": slow, **tune_slowest(data, slow, args, out)}

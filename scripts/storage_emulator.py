@@ -64,7 +64,7 @@ stats shows how many were).
 
 Needs ``/dev/fuse``, libfuse (``apt-get install fuse3 libfuse2``) and ``pip install mfusepy``
 (maintained ctypes binding for libfuse 2 and 3; ``pip install 'shardfeed[dev]'`` has it), and the
-right to mount (root, or ``user_allow_other``-free FUSE for the user).
+right to mount (root, or a user who may run ``fusermount3``).
 
 Examples::
 
