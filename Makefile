@@ -13,14 +13,14 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps
+.PHONY: install demo test test-fast bench lint clean system-deps gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
-	$(PY) -m pip install -q -e ".[dev,ray]"
+	$(PY) -m pip install -q -e ".[dev,ray,jpeg]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
@@ -61,12 +61,21 @@ test-fast: install  ## skip slow and multi-process tests
 	$(PY) -P -m pytest -m "not slow and not multiprocess and not ray" $(PYTEST_ARGS)
 
 bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/*.json
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) scripts/bench.py --out out/bench
+	$(PY) scripts/bench_jpeg_bindings.py --json out/bench/jpeg_bindings.json
+	$(PY) scripts/bench_decode.py --json out/bench/decode.json
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 	# verify folder vs WebDataset/LMDB on emulated network storage (FUSE) at 0, 0.5, 2, 10 ms
 	$(PY) scripts/bench_storage.py --src $(DEMO_DATA) --out out/bench/storage
+
+# On a machine with a CUDA GPU: the gpu-marked tests, then verify with resnet50 on generated
+# ImageNet-sized data, folder vs WebDataset vs LMDB, warm and --cold (out/gpu-check/report.json).
+# Without CUDA it says so in one line and exits 2. About 5 minutes on one data-centre GPU.
+gpu-check: install  ## CUDA machines: gpu tests + verify --device cuda (resnet50); exits 2 without CUDA
+	@$(PY) scripts/gpu_check.py --out out/gpu-check
 
 lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
 	$(VENV)/bin/ruff check convert readers scripts tests

@@ -1,7 +1,7 @@
 """``open_dataset``: one entry point for the three sources, and the rule that splits an epoch.
 
 Sources, chosen by what ``source`` is (the format comes from the manifest, through
-:data:`SOURCES`, a registry keyed by the manifest's ``format``):
+:mod:`shardfeed.readers.registry`, the registry keyed by the manifest's ``format``):
 
 * a packed directory, its ``manifest.json``, a manifest URL or a directory URL
   (``http://host/data/``) → the registered source for the manifest's format
@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import ManifestError
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
+from .registry import FORMATS, register_format, source_factory
 
 __all__ = [
     "SOURCES",
@@ -66,17 +67,16 @@ log = logging.getLogger(__name__)
 #: Accepted values of ``on_error``.
 ON_ERROR = ("raise", "skip")
 
-#: Sources by manifest format name: ``"module:Class"`` (imported on first use) or a callable
+#: The format registry (:mod:`shardfeed.readers.registry`), by manifest format name; each entry's
+#: ``source`` is ``"module:Class"`` (imported on first use) or a callable
 #: ``(location, manifest, **options) -> dataset``.
-SOURCES: dict[str, str | Callable[..., Any]] = {
-    "webdataset": "shardfeed.readers.webdataset_source:WebDatasetSource",
-    "lmdb": "shardfeed.readers.lmdb_source:LMDBSource",
-}
+SOURCES = FORMATS
 
 
 def register_source(format_name: str, factory: str | Callable[..., Any]) -> None:
-    """Register the source class for a manifest ``format`` (``"module:Class"`` or a callable)."""
-    SOURCES[format_name] = factory
+    """Register the source class for a manifest ``format`` (``"module:Class"`` or a callable);
+    :func:`shardfeed.readers.registry.register_format` with ``source=``."""
+    register_format(format_name, source=factory)
 
 
 def is_url(source: Any) -> bool:
@@ -268,22 +268,13 @@ def epoch_positions(num_samples: int, *, seed: int, epoch: int, shuffle: bool, r
 # ---------------------------------------------------------------------------------------------
 # opening
 
-def _load_source_class(factory: str | Callable[..., Any]) -> Callable[..., Any]:
-    if callable(factory):
-        return factory
-    import importlib
-
-    mod, _, name = factory.partition(":")
-    return getattr(importlib.import_module(mod), name)
-
-
 def _looks_packed(root: Path) -> bool:
     return (root / MANIFEST_NAME).exists() or any(root.glob("*.tar")) or (root / LMDB_DATA_NAME).exists() \
         or any(root.glob(".shardfeed-*"))
 
 
 def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, train: bool = False,
-                 decoder: str = "pil", decode: bool = True, on_error: str = "raise",
+                 decoder: str = "auto", decode: bool = True, on_error: str = "raise",
                  cache: str | None = None, **options: Any):
     """Open an image folder or a packed dataset (local or over HTTP) as a PyTorch dataset.
 
@@ -293,7 +284,8 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         image_size: ``N`` resizes the shorter side to N and center-crops N x N (random resized
             crop N and a flip with ``train=True``); None keeps the decoded size.
         train: training transforms (random resized crop + horizontal flip, seeded).
-        decoder: ``"pil"`` or ``"cv2"``.
+        decoder: ``"auto"`` (simplejpeg for JPEGs where installed, else Pillow), ``"simplejpeg"``,
+            ``"pil"`` or ``"cv2"`` (see :mod:`~shardfeed.readers.decode`).
         decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples
             ``(key, data, ext, label, meta)`` instead of decoded images.
         on_error: ``"raise"`` (the error names the file, or the shard and key and the original
@@ -358,12 +350,12 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
 
 
 def _open_packed(location: Any, manifest: Manifest, common: dict, options: dict):
-    factory = SOURCES.get(manifest.format)
-    if factory is None:
+    spec = FORMATS.get(manifest.format)
+    if spec is None or spec.source is None:
         raise ManifestError(f"{location}: manifest format {manifest.format!r} is not one this shardfeed "
-                            f"reads ({', '.join(sorted(SOURCES))}); repack the dataset with "
-                            "`shardfeed pack --format wds|lmdb`")
-    cls = _load_source_class(factory)
+                            f"reads ({', '.join(sorted(n for n, s in FORMATS.items() if s.source))}); repack the "
+                            "dataset with `shardfeed pack --format wds|lmdb`")
+    cls = source_factory(manifest.format)
     if getattr(cls, "map_style", False):
         options = {k: v for k, v in options.items() if k != "shuffle_buffer"}  # shuffled by index instead
     return cls(location, manifest, **common, **options)
