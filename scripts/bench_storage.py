@@ -158,6 +158,7 @@ def run_row(data: Path, latency_ms: float, args, out: Path) -> dict:
                 "stall_before": rep["stall_share_before"],
                 "stall_after": rep["stall_share_after"],
                 "headline": rep["headline"],
+                "verdict": rep.get("verdict"),
                 "rounds_images_per_s": {lab: [r["images_per_s"] for r in rep["runs"] if r.get("label") == lab]
                                         for lab in ("before", "after")},
                 "other_cpu_share": meter.other_cpu_share,
@@ -206,7 +207,7 @@ def tune_slowest(data: Path, latency_ms: float, args, out: Path) -> dict:
             # no --cold: files are opened without keep_cache, so every open re-reads through the emulator
             _run([_shardfeed(), "tune", str(emu.mountpoint), "--compute-ms", str(args.compute_ms), "--threads", "1",
                   "--image-size", str(args.image_size), "--batch-size", str(args.batch_size), "--batches",
-                  str(args.tune_batches), "--warmup", "3", "--max-workers", str(args.tune_max_workers),
+                  str(args.tune_batches), "--warmup", "3", "--max-num-workers", str(args.tune_max_workers),
                   "--budget-s", str(args.tune_budget_s), "--json", str(jp)])
             t = json.loads(jp.read_text())
         trials = [{"num_workers": tr["options"].get("num_workers"), "step": tr["step"],
