@@ -403,7 +403,8 @@ class StorageEmulator:
         timeout_s: how long to wait for the mount to appear, seconds.
 
     Attributes:
-        mountpoint: ``Path`` of the mounted copy (valid inside the ``with`` block).
+        mountpoint: ``Path`` of the mounted copy (valid inside the ``with`` block; None before
+            :meth:`start` when no mount point was given).
 
     Raises:
         StorageEmulatorError: the mount did not come up (the message carries the emulator's
@@ -423,12 +424,12 @@ class StorageEmulator:
         #: the mount's readahead window in KiB as read back after mounting (None before)
         self.read_ahead_kb: int | None = None
         self._own_mountpoint = mountpoint is None
-        self._workdir = Path(tempfile.mkdtemp(prefix="shardfeed-emu-"))
-        self.mountpoint = Path(mountpoint) if mountpoint is not None else self._workdir / "mnt"
-        self.control_path = str(self._workdir / "control.sock")
+        self._workdir: Path | None = None  # made by start(): the control socket, the log, the default mount point
+        self.mountpoint: Path | None = Path(mountpoint) if mountpoint is not None else None
+        self.control_path = ""
         self.timeout_s = timeout_s
         self._proc: subprocess.Popen | None = None
-        self._stderr_path = self._workdir / "emulator.log"
+        self._stderr_path: Path | None = None
 
     def __repr__(self) -> str:
         return f"StorageEmulator({str(self.source)!r} at {str(self.mountpoint)!r}, {self.config})"
@@ -450,8 +451,12 @@ class StorageEmulator:
         """
         reason = fuse_unavailable_reason()
         if reason:
-            self._cleanup_dirs()
             raise StorageEmulatorError(reason)
+        self._workdir = Path(tempfile.mkdtemp(prefix="shardfeed-emu-"))
+        if self._own_mountpoint:
+            self.mountpoint = self._workdir / "mnt"
+        self.control_path = str(self._workdir / "control.sock")
+        self._stderr_path = self._workdir / "emulator.log"
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         if _is_mounted(str(self.mountpoint)):
             raise StorageEmulatorError(f"{self.mountpoint} is already a mount point; unmount it first "
@@ -508,6 +513,8 @@ class StorageEmulator:
     def stop(self) -> None:
         """Unmount (``fusermount3 -u``, lazily if busy), end the process and remove temporary folders."""
         proc, self._proc = self._proc, None
+        if self._workdir is None:
+            return  # never started
         try:
             if _is_mounted(str(self.mountpoint)):
                 helper = shutil.which("fusermount3") or shutil.which("fusermount") or "umount"
@@ -528,7 +535,7 @@ class StorageEmulator:
             self._cleanup_dirs()
 
     def _cleanup_dirs(self) -> None:
-        if _is_mounted(str(self.mountpoint)):
+        if self._workdir is None or _is_mounted(str(self.mountpoint)):
             return  # never delete through a live mount
         if self._own_mountpoint:
             try:
@@ -536,6 +543,7 @@ class StorageEmulator:
             except OSError:
                 pass
         shutil.rmtree(self._workdir, ignore_errors=True)
+        self._workdir = None
 
     def __enter__(self) -> "StorageEmulator":
         return self.start()
@@ -585,6 +593,8 @@ class StorageEmulator:
         self._request("reset")
 
     def _log_tail(self) -> str:
+        if self._stderr_path is None:
+            return "(not started)"
         try:
             text = self._stderr_path.read_text(errors="replace").strip()
         except OSError:

@@ -211,6 +211,14 @@ def test_context_manager_unmounts_and_cleans_up(source):
         emu.stats()
 
 
+def test_an_emulator_never_started_leaves_nothing_behind(source):
+    emu = emu_mod.StorageEmulator(source, open_ms=1.0)
+    assert emu.mountpoint is None
+    emu.stop()  # nothing to undo
+    with pytest.raises(emu_mod.StorageEmulatorError, match="not running"):
+        emu.stats()
+
+
 def test_bad_arguments(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a folder"):
         emu_mod.StorageEmulator(tmp_path / "missing")
