@@ -133,23 +133,26 @@ def _verify(before: Path, after: Path, args, json_path: Path) -> dict:
     return json.loads(json_path.read_text())
 
 
-def run_row(data: Path, latency_ms: float, args, out: Path) -> dict:
-    """One latency: verify folder vs WebDataset and folder vs LMDB on three emulated mounts."""
+def run_row(data: Path, latency_ms: float, args, out: Path, *, read_ahead_kb: int | None,
+            formats: list[str]) -> dict:
+    """One latency: verify folder vs each of ``formats`` (wds, lmdb) on emulated mounts."""
     mounts = {}
     try:
-        for name in ("folder", "wds", "lmdb"):
+        for name in ("folder", *formats):
             mounts[name] = StorageEmulator(data / name, open_ms=latency_ms, read_ms=latency_ms,
-                                           read_policy=args.read_policy, read_ahead_kb=args.read_ahead_kb).start()
+                                           read_policy=args.read_policy, read_ahead_kb=read_ahead_kb).start()
         pids = [m._proc.pid for m in mounts.values() if m._proc is not None]
-        row = {"latency_ms": latency_ms, "storage": mounts["folder"].describe(), "formats": {}}
-        for fmt in args.formats.split(","):
+        row = {"latency_ms": latency_ms, "storage": mounts["folder"].describe(),
+               "read_ahead_kb": mounts["folder"].read_ahead_kb, "formats": {}}
+        ra = "" if read_ahead_kb is None else f"-ra{read_ahead_kb}"
+        for fmt in formats:
             for m in mounts.values():
                 m.reset_stats()
             print(f"bench_storage: {latency_ms:g} ms: verify folder vs {fmt} ...", file=sys.stderr, flush=True)
             with _CpuMeter(pids) as meter:
                 t0 = time.perf_counter()
                 rep = _verify(mounts["folder"].mountpoint, mounts[fmt].mountpoint, args,
-                              out / f"verify-{fmt}-{latency_ms:g}ms.json")
+                              out / f"verify-{fmt}-{latency_ms:g}ms{ra}.json")
                 took_s = time.perf_counter() - t0
             row["formats"][fmt] = {
                 "before_images_per_s": rep["before"]["images_per_s"],
@@ -242,16 +245,15 @@ def tune_slowest(data: Path, latency_ms: float, args, out: Path) -> dict:
 
 def format_markdown(result: dict) -> str:
     lines = [f"Emulated network storage (FUSE emulator on this machine, not real NFS/disk/bucket figures): "
-             f"latency per open and per read request ({result['read_policy']} policy, readahead "
-             f"{result['read_ahead_kb'] or 'kernel default 128'} KiB), `--cold`, "
+             f"latency per open and per read request ({result['read_policy']} policy), `--cold`, "
              f"{result['num_workers']} loader workers, `--compute-ms {result['compute_ms']:g}`, "
              f"{result['cpu_count']} cores.", "",
-             "| latency per open / read | format | before images/s | after images/s | speed-up | "
+             "| latency per open / read | format | readahead KiB | before images/s | after images/s | speed-up | "
              "data stall before | data stall after | other processes' CPU | load avg |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         for fmt, r in row["formats"].items():
-            lines.append(f"| {row['latency_ms']:g} ms | {fmt} | {r['before_images_per_s']:.0f} | "
+            lines.append(f"| {row['latency_ms']:g} ms | {fmt} | {row.get('read_ahead_kb')} | {r['before_images_per_s']:.0f} | "
                          f"{r['after_images_per_s']:.0f} | {r['speedup']:.2f}x | {r['stall_before']:.0%} | "
                          f"{r['stall_after']:.0%} | {r['other_cpu_share']:.0%} | "
                          f"{r['loadavg_1min'][0]:.1f}-{r['loadavg_1min'][1]:.1f} |")
@@ -293,10 +295,12 @@ def _check_targets(result: dict) -> list[str]:
         want = {2.0: TARGETS["speedup_at_2ms"], 10.0: TARGETS["speedup_at_10ms"]}.get(lat)
         if want is not None:
             ok = wds["speedup"] >= want
-            out.append(f"WebDataset {wds['speedup']:.2f}x at {lat:g} ms (target >= {want:g}x: {'met' if ok else 'MISSED'})")
+            out.append(f"WebDataset {wds['speedup']:.2f}x at {lat:g} ms, readahead {row.get('read_ahead_kb')} KiB "
+                       f"(target >= {want:g}x: {'met' if ok else 'MISSED'})")
         for fmt, r in row["formats"].items():
             if r["stall_after"] > TARGETS["max_stall_after"]:
-                out.append(f"{fmt} data stall {r['stall_after']:.0%} at {lat:g} ms (target <= 10 %: MISSED)")
+                out.append(f"{fmt} data stall {r['stall_after']:.0%} at {lat:g} ms, readahead {row.get('read_ahead_kb')} "
+                           "KiB (target <= 10 %: MISSED)")
     if not any("stall" in x for x in out):
         out.append("data stall after <= 10 % at every latency: met")
     return out
@@ -313,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the mounts' kernel readahead window, KiB [default: the kernel's, 128]: 1024 gives 1 MiB "
                         "read requests (libfuse 3), as NFS and gcsfuse tuning guides set it")
     p.add_argument("--formats", default="wds,lmdb", help="AFTER formats verified against the folder")
+    p.add_argument("--also-read-ahead-kb", default="1024",
+                   help="also verify folder vs WebDataset with this readahead (KiB) at --also-latencies, in the "
+                        "same run ('none': not)")
+    p.add_argument("--also-latencies", default="2,10", help="latencies of the --also-read-ahead-kb rows")
     p.add_argument("--compute-ms", type=float, default=20.0)
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="verify rounds per pair")
@@ -344,8 +352,13 @@ def main(argv: list[str] | None = None) -> int:
               "src": str(args.src), "rows": []}
     t0 = time.perf_counter()
     try:
+        also_ra = None if args.also_read_ahead_kb.lower() == "none" else int(args.also_read_ahead_kb)
+        also_lat = {float(x) for x in args.also_latencies.split(",") if x.strip()}
         for lat in latencies:
-            result["rows"].append(run_row(data, lat, args, out))
+            result["rows"].append(run_row(data, lat, args, out, read_ahead_kb=args.read_ahead_kb,
+                                          formats=args.formats.split(",")))
+            if also_ra is not None and lat in also_lat and also_ra != args.read_ahead_kb:
+                result["rows"].append(run_row(data, lat, args, out, read_ahead_kb=also_ra, formats=["wds"]))
         if args.profile:
             plat = 2.0 if 2.0 in latencies else latencies[0]
             result["profile_latency_ms"] = plat
