@@ -7,7 +7,9 @@ stands for). For each latency (default 0, 0.5, 2 and 10 ms per open and per read
 ``shardfeed verify FOLDER WDS`` and ``shardfeed verify FOLDER LMDB`` as the CLI does (subprocesses,
 ``--cold``, 2 loader workers, ``--compute-ms 20`` standing in for a GPU step), each pair side by
 side in one run with alternating rounds, and prints a table (markdown, and JSON with every
-report) of images/s before and after, the speed-up and the data-stall shares. Then ``tune`` on the
+report) of images/s before and after, the speed-up and the data-stall shares. At 2 and 10 ms it
+also verifies folder vs WebDataset on mounts whose readahead window is 1 MiB (``read_ahead_kb``:
+1 MiB read requests instead of the kernel's 128 KiB), in the same run. Then ``tune`` on the
 slowest mount: how many workers the folder would need to keep up, against the shards.
 
 Also recorded per row: the machine's load average and the share of the CPU that processes other
