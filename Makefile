@@ -68,6 +68,7 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
+	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench
 	# verify folder vs WebDataset/LMDB on emulated network storage (FUSE) at 0, 0.5, 2, 10 ms
 	$(PY) scripts/bench_storage.py --src $(DEMO_DATA) --out out/bench/storage
 

@@ -15,6 +15,7 @@ __all__ = [
     "CorruptDataError",
     "SourceChangedError",
     "DataSourceError",
+    "UnsupportedURLError",
 ]
 
 
@@ -40,3 +41,8 @@ class SourceChangedError(ShardfeedError, OSError):
 
 class DataSourceError(ShardfeedError, OSError):
     """Reading a shard failed (network error, HTTP status, stalled stream) after bounded retries."""
+
+
+class UnsupportedURLError(ShardfeedError, ValueError):
+    """A URL this command or reader cannot handle (an unknown scheme, an object store without its
+    client installed, LMDB in a bucket); the message names the URL and what to install or use."""
