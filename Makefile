@@ -25,40 +25,26 @@ $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
 
-# nginx (answers HTTP Range requests) and openssl (makes the TLS test certificate) for the HTTP
-# reader tests; installed with apt-get when we are root on Debian/Ubuntu (nginx-light where the
-# release has it, else nginx). Without them their tests skip locally; under CI (CI=true, as .ci/run
-# sets it) a skip is a failure, so a CI machine that cannot install them stops here.
+# nginx (HTTP Range requests), openssl (TLS test certificate), fuse3 + libfuse2 (the storage
+# emulator): scripts/system_deps.sh installs them with apt-get when we are root on Debian; under CI
+# it fails when it cannot.
 system-deps:
-	@missing=""; \
-	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
-	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
-	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing$$missing (apt-get)"; \
-	  pkgs=""; for m in $$missing; do \
-	    if [ $$m = nginx ]; then \
-	      if apt-cache show nginx-light >/dev/null 2>&1; then pkgs="$$pkgs nginx-light"; else pkgs="$$pkgs nginx"; fi; \
-	    else pkgs="$$pkgs $$m"; fi; done; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; \
-	  missing=""; \
-	  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
-	  command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
-	fi; \
-	if [ -n "$$missing" ]; then \
-	  echo "note: not installed:$$missing (Debian: apt-get install nginx-light openssl); their HTTP tests skip"; \
-	  case "$${CI:-}" in ""|0|false|no|off) ;; *) echo "CI=$$CI: required parts missing:$$missing" >&2; exit 1;; esac; \
-	fi
+	@sh scripts/system_deps.sh
 
 # verify runs the same loop over the folder and the shards; --compute-ms 20 stands in for a GPU
 # step that leaves the CPU to the loader, --cold reads from the disk rather than the page cache,
 # --threads 1 keeps the main process's torch threads off the loader workers' cores.
-demo: install  ## build the sample folder, pack it to WebDataset and LMDB, verify before vs after
+# Then the same verify over emulated network storage (a FUSE mount adding 2 ms per open and per
+# read request, scripts/storage_emulator.py) where FUSE works; where not, one line says why.
+demo: install system-deps  ## build the sample folder, pack it, verify before vs after (local disk, then emulated network storage)
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/wds --format wds --max-count 500 --overwrite
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/lmdb --format lmdb --overwrite
 	$(SHARDFEED) inspect $(DEMO_OUT)/wds
 	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --compute-ms 20 --cold --repeats 3 --threads 1 \
 	  --image-size 64 --batch-size 64 --batches 30 --warmup 5 --json $(DEMO_OUT)/verify.json
+	$(PY) scripts/demo_network.py $(DEMO_DATA) $(DEMO_OUT)/wds --latency-ms 2 \
+	  --local-json $(DEMO_OUT)/verify.json --json $(DEMO_OUT)/verify-network.json
 
 # The Ray tests run in their own pytest process: Ray leaves gRPC threads behind, and forking
 # DataLoader workers from a process with such threads is asking for a deadlock.
@@ -79,6 +65,8 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench
+	# verify folder vs WebDataset/LMDB on emulated network storage (FUSE) at 0, 0.5, 2, 10 ms
+	$(PY) scripts/bench_storage.py --src $(DEMO_DATA) --out out/bench/storage
 
 # Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
 # with their fast tests); not part of `make test` (it runs the tests once per mutant: long).
