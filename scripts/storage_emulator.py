@@ -131,6 +131,11 @@ class EmulatorConfig:
             needs root); None keeps the kernel's default (128 KiB). It bounds the size of the read
             requests that buffered reads send: 1024 gives 1 MiB requests under libfuse 3 (libfuse 2
             stays at 128 KiB), as gcsfuse's and NFS's tuning guides raise it for sequential reads.
+        max_threads: libfuse 3's request threads, i.e. how many requests the emulated storage
+            serves at once. A network file system or bucket mount keeps many requests in flight
+            (an NFS client many RPC slots, gcsfuse and mountpoint-s3 many concurrent GETs);
+            libfuse 3's own default of 10 would make the emulator, not the modelled storage, the
+            limit of a reader with many reads in flight. Ignored under libfuse 2.
     """
 
     open_ms: float = 0.0
@@ -139,6 +144,7 @@ class EmulatorConfig:
     read_policy: str = "request"
     libfuse: str = "fuse3"
     read_ahead_kb: int | None = None
+    max_threads: int = 64
 
     def __post_init__(self) -> None:
         if self.open_ms < 0 or self.read_ms < 0:
@@ -151,6 +157,8 @@ class EmulatorConfig:
             raise ValueError(f"libfuse must be 'fuse3' or 'fuse' (libfuse 2), got {self.libfuse!r}")
         if self.read_ahead_kb is not None and self.read_ahead_kb < 0:
             raise ValueError(f"read_ahead_kb must be >= 0 or None, got {self.read_ahead_kb}")
+        if self.max_threads < 1:
+            raise ValueError(f"max_threads must be >= 1, got {self.max_threads}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,8 +359,9 @@ def serve(root: str, mountpoint: str, config: EmulatorConfig, control_path: str,
     ops = _make_operations(os.path.abspath(root), config, control_path)
     # ro: read-only mount; default_permissions: the kernel checks modes; foreground: stay in this
     # process (the parent unmounts); no 'nothreads': libfuse's multi-threaded loop.
+    threads = {"max_threads": config.max_threads} if config.libfuse == "fuse3" else {}
     mfusepy.FUSE(ops, mountpoint, foreground=True, ro=True, debug=debug, fsname="shardfeed-storage-emulator",
-                 subtype="shardfeed-emu", default_permissions=True)
+                 subtype="shardfeed-emu", default_permissions=True, **threads)
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,12 +424,13 @@ class StorageEmulator:
     def __init__(self, source: str | os.PathLike, mountpoint: str | os.PathLike | None = None, *,
                  open_ms: float = 0.0, read_ms: float = 0.0, bandwidth_mb_s: float | None = None,
                  read_policy: str = "request", libfuse: str = "fuse3", read_ahead_kb: int | None = None,
-                 timeout_s: float = _MOUNT_TIMEOUT_S) -> None:
+                 max_threads: int = 64, timeout_s: float = _MOUNT_TIMEOUT_S) -> None:
         self.source = Path(source)
         if not self.source.is_dir():
             raise FileNotFoundError(f"storage emulator: {self.source} is not a folder")
         self.config = EmulatorConfig(open_ms=open_ms, read_ms=read_ms, bandwidth_mb_s=bandwidth_mb_s,
-                                     read_policy=read_policy, libfuse=libfuse, read_ahead_kb=read_ahead_kb)
+                                     read_policy=read_policy, libfuse=libfuse, read_ahead_kb=read_ahead_kb,
+                                     max_threads=max_threads)
         #: the mount's readahead window in KiB as read back after mounting (None before)
         self.read_ahead_kb: int | None = None
         self._own_mountpoint = mountpoint is None
@@ -464,7 +474,7 @@ class StorageEmulator:
         c = self.config
         cmd = [sys.executable, os.path.abspath(__file__), "mount", str(self.source), str(self.mountpoint),
                "--open-ms", repr(c.open_ms), "--read-ms", repr(c.read_ms), "--read-policy", c.read_policy,
-               "--libfuse", c.libfuse, "--control", self.control_path]
+               "--libfuse", c.libfuse, "--max-threads", str(c.max_threads), "--control", self.control_path]
         if c.bandwidth_mb_s:
             cmd += ["--bandwidth-mb-s", repr(c.bandwidth_mb_s)]
         err = open(self._stderr_path, "wb")
@@ -614,13 +624,15 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--bandwidth-mb-s", type=float, default=None, help="shared bandwidth cap, MB/s")
     m.add_argument("--read-policy", choices=READ_POLICIES, default="request")
     m.add_argument("--libfuse", choices=("fuse3", "fuse"), default="fuse3")
+    m.add_argument("--max-threads", type=int, default=64,
+                   help="requests served at once (libfuse 3 request threads) [default: 64]")
     m.add_argument("--control", default=None, help="Unix socket answering 'stats' / 'reset' "
                                                    "[default: MOUNTPOINT's parent/.emulator-<pid>.sock]")
     m.add_argument("--debug", action="store_true", help="libfuse debug output")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="storage_emulator: %(message)s")
     config = EmulatorConfig(open_ms=args.open_ms, read_ms=args.read_ms, bandwidth_mb_s=args.bandwidth_mb_s,
-                            read_policy=args.read_policy, libfuse=args.libfuse)
+                            read_policy=args.read_policy, libfuse=args.libfuse, max_threads=args.max_threads)
     control = args.control or os.path.join(os.path.dirname(os.path.abspath(args.mountpoint)),
                                            f".emulator-{os.getpid()}.sock")
     if not os.path.isdir(args.source):

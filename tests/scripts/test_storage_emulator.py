@@ -175,6 +175,37 @@ def test_concurrent_requests_are_served_at_once(source, emulator_factory):
     assert stats["max_in_flight"] == 2
 
 
+def test_more_requests_in_flight_than_libfuse_default_threads(tmp_path, emulator_factory):
+    """16 opens at once are all in flight together: the mount serves more than libfuse 3's
+    default of 10 request threads (a network mount keeps many requests in flight)."""
+    src = tmp_path / "many"
+    for i in range(16):
+        (src / f"c{i:02d}").mkdir(parents=True)
+        (src / f"c{i:02d}" / "f.bin").write_bytes(bytes([i]) * 100)
+    emu = emulator_factory(src, open_ms=400.0, max_threads=64)
+    rels = [f"c{i:02d}/f.bin" for i in range(16)]
+    for rel in rels:
+        os.stat(emu.mountpoint / rel)
+    emu.reset_stats()
+    barrier = threading.Barrier(len(rels))
+    got = {}
+
+    def reader(rel):
+        barrier.wait()
+        with open(emu.mountpoint / rel, "rb") as f:
+            got[rel] = f.read()
+
+    threads = [threading.Thread(target=reader, args=(rel,)) for rel in rels]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {rel: bytes([i]) * 100 for i, rel in enumerate(rels)}
+    stats = emu.stats()
+    assert stats["opens"] == 16
+    assert stats["max_in_flight"] > 10
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="setting a mount's read_ahead_kb in /sys needs root")
 def test_read_ahead_window_is_set_and_bounds_request_sizes(source, emulator_factory):
     emu = emulator_factory(source, read_ms=1.0, read_ahead_kb=512)
