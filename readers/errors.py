@@ -15,6 +15,7 @@ __all__ = [
     "CorruptDataError",
     "SourceChangedError",
     "DataSourceError",
+    "ResumeStateError",
 ]
 
 
@@ -40,3 +41,7 @@ class SourceChangedError(ShardfeedError, OSError):
 
 class DataSourceError(ShardfeedError, OSError):
     """Reading a shard failed (network error, HTTP status, stalled stream) after bounded retries."""
+
+
+class ResumeStateError(ShardfeedError, ValueError):
+    """A loader state cannot be restored here: another dataset, format version or reading rule."""
