@@ -20,7 +20,8 @@ unless :meth:`ShardfeedLoader.set_epoch` was called.
 worker count, ...); :meth:`ShardfeedLoader.load_state_dict` on a new loader over the same dataset,
 before iterating, continues that epoch from the next batch, then the following epochs. It costs a
 seek, not a replay: positions are computed (:mod:`~shardfeed.readers.epoch`), a WebDataset worker
-seeks to its window by the ``.idx`` offsets, LMDB and folder sources index directly.
+reads the samples its shuffle buffer held and the next ones by their ``.idx`` offsets, LMDB and folder
+sources index directly.
 
 * Same world size, batch size, number of workers and seed: the same batches as an uninterrupted
   run (samples, order, labels, random crops and flips).
@@ -40,6 +41,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -47,7 +49,7 @@ import torch.utils.data
 
 from .dataset import is_url, open_dataset
 from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
-                    resumed_samples_per_rank, samples_per_rank)
+                    resumed_samples_per_rank)
 from .errors import ResumeStateError
 from .source_base import SourceBase
 
@@ -106,7 +108,7 @@ class EpochSampler(torch.utils.data.Sampler):
                                         rank=self.rank, world_size=self.world_size, pad=self.pad,
                                         batch_size=self.batch_size, drop_last=self.drop_last))
         seq = resumed_rank_sequence(self.num_samples, segments, rank=self.rank, world_size=self.world_size,
-                                    batch_size=self.batch_size, num_workers=1, window=0, seed=self.seed,
+                                    batch_size=self.batch_size, num_workers=1, buffer=0, seed=self.seed,
                                     epoch=self.epoch, shuffle=self.shuffle, pad=self.pad, drop_last=self.drop_last)
         return iter(positions_to_indices(self.num_samples, seq, seed=self.seed, epoch=self.epoch,
                                          shuffle=self.shuffle).tolist())
@@ -221,7 +223,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
         self._next_epoch = 0
-        self._current: _EpochIterator | None = None
+        self._current = None  # weak reference to the iteration in progress (no loader <-> iterator cycle)
         self._resume: dict | None = None  # {"epoch", "segments"} in effect
         self._resume_started = False
 
@@ -258,14 +260,16 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             self._epoch_sampler.set_epoch(e)
         elif hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(e)
-        self._current = _EpochIterator(super().__iter__(), self, e)
-        return self._current
+        it = _EpochIterator(super().__iter__(), self, e)
+        self._current = weakref.ref(it)
+        return it
 
     # ---- resuming
     def _source(self) -> SourceBase:
         ds = self.dataset
         if not isinstance(ds, SourceBase):
-            raise TypeError(f"state_dict/load_state_dict need a shardfeed source (open_dataset), not {type(ds).__name__}")
+            raise TypeError("state_dict/load_state_dict need a shardfeed source (open_dataset), not "
+                            f"{type(ds).__name__}")
         return ds
 
     def _rules(self) -> dict:
@@ -280,8 +284,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         manifest), ``epoch``, ``samples_consumed`` (positions of each rank's share of the epoch
         consumed by this run: ``batches_consumed * batch_size``, skipped samples included),
         ``batches_consumed``, ``seed``, ``shuffle``, ``pad``, ``drop_last``, ``num_samples``,
-        ``world_size``, ``batch_size``, ``num_workers``, ``window`` (WebDataset shuffle window,
-        samples; 0 for random-access sources) and ``segments`` (earlier runs of this epoch when it
+        ``world_size``, ``batch_size``, ``num_workers``, ``shuffle_buffer`` (WebDataset, samples; 0
+        for random-access sources) and ``segments`` (earlier runs of this epoch when it
         was itself resumed). Call it between batches (after a step): a batch the loop has
         received counts as consumed. Under DDP every rank returns the same values (save rank 0's).
 
@@ -289,7 +293,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             TypeError: the loader's dataset is not a shardfeed source.
         """
         ds = self._source()
-        cur = self._current
+        cur = self._current() if self._current is not None else None
         segments: list[dict] = []
         if cur is not None and not cur.finished and cur._epoch == self._next_epoch - 1:
             epoch, batches = cur._epoch, cur.num_batches_delivered
@@ -305,7 +309,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         state = {"version": STATE_VERSION, "fingerprint": ds.fingerprint, "epoch": epoch,
                  "samples_consumed": min(batches * ds.batch_size, length), "batches_consumed": batches,
                  **self._rules(), "world_size": ds.world_size, "batch_size": ds.batch_size,
-                 "num_workers": self.num_workers, "window": ds.window, "segments": segments}
+                 "num_workers": self.num_workers, "shuffle_buffer": ds.buffer_size, "segments": segments}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -336,11 +340,12 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         try:
             epoch = int(state["epoch"])
             seg = {"world_size": int(state["world_size"]), "num_workers": int(state["num_workers"]),
-                   "batch_size": int(state["batch_size"]), "window": int(state["window"]),
+                   "batch_size": int(state["batch_size"]), "shuffle_buffer": int(state["shuffle_buffer"]),
                    "samples_consumed": int(state["samples_consumed"])}
             segments = [dict(x) for x in state.get("segments", [])]
         except (KeyError, TypeError, ValueError) as exc:
-            raise ResumeStateError(f"malformed loader state ({exc!r}): pass what loader.state_dict() returned") from None
+            raise ResumeStateError(f"malformed loader state ({exc!r}): pass what loader.state_dict() returned"
+                                   ) from None
         if epoch < 0:
             raise ResumeStateError(f"malformed loader state: epoch {epoch}")
         if seg["samples_consumed"] > 0:
@@ -450,7 +455,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
         kwargs["drop_last"] = bool(drop_last)
     else:
         r, w = (ds.rank, ds.world_size) if isinstance(ds, SourceBase) else resolve_rank(rank, world_size)
-        epoch_sampler = EpochSampler(ds.num_samples if isinstance(ds, SourceBase) else len(ds), shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
+        n = ds.num_samples if isinstance(ds, SourceBase) else len(ds)
+        epoch_sampler = EpochSampler(n, shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
                                      batch_size=batch_size, drop_last=drop_last)
         kwargs["sampler"] = epoch_sampler
         kwargs["drop_last"] = bool(drop_last)

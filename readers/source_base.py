@@ -272,8 +272,8 @@ class SourceBase:
         return list(plan["segments"]) if plan and int(plan["epoch"]) == int(epoch) else []
 
     @property
-    def window(self) -> int:
-        """Samples per shuffle window of a worker's stream (0: random-access source or no shuffle)."""
+    def buffer_size(self) -> int:
+        """Samples in each worker's shuffle buffer (0: random-access source or no shuffle)."""
         return 0
 
     @property
@@ -293,7 +293,7 @@ class SourceBase:
         (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`; ``int64 [L]``)."""
         return resumed_rank_sequence(self._num_samples, self.resume_segments(epoch), rank=self.rank,
                                      world_size=self.world_size, batch_size=self.batch_size,
-                                     num_workers=num_workers, window=self.window, seed=self.seed, epoch=epoch,
+                                     num_workers=num_workers, buffer=self.buffer_size, seed=self.seed, epoch=epoch,
                                      shuffle=self.shuffle, pad=self.pad, drop_last=self.drop_last)
 
     def needs_sample_rng(self) -> bool:

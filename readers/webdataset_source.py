@@ -8,19 +8,17 @@ starts inside a shard starts at the sample's byte offset from the shard's ``.idx
 tools) are read from their start, skipping the samples before the range. Members are parsed by
 :mod:`shardfeed.readers.tario` (no ``webdataset`` import, no per-member ``read`` call).
 
-The shuffle buffer: a worker reads its range in *windows* of ``shuffle_buffer`` consecutive samples
-(default 1000) and emits each window in a seeded order (:func:`~shardfeed.readers.epoch.window_permutation`,
-seeded by seed, epoch, rank, worker and window number); samples are decoded only when they leave
-the window. It replaced a reservoir buffer (each new sample swapped with a random one of the
-buffer) so that where every sample comes out is a function of positions only: a resumed epoch
-seeks to the window of the first sample not yet consumed (``.idx`` offset, local ``seek`` or HTTP
-``Range``) and reads at most one window before its first batch, instead of replaying the epoch.
-``scripts/bench_resume.py`` measures that batches are as mixed as with the reservoir buffer.
+A seeded shuffle buffer (``shuffle_buffer`` samples, default 1000; seed, epoch, rank, worker)
+mixes the samples of a worker (:func:`~shardfeed.readers.epoch.shuffled`); samples are decoded
+only when they leave the buffer. Its generator draws no number from the data, so the order it
+emits is a function of positions only (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`
+replays it on indices): a resumed worker finds which samples its buffer held and which come next
+without reading anything, then reads those by offset (``.idx``; local ``seek`` or HTTP ``Range``).
 
 Resuming (:mod:`~shardfeed.readers.epoch`): with the state's world size, batch size and worker
-count a worker continues exactly where one worker of the interrupted run stopped (same windows,
-same order); otherwise each worker reads its batches of the rest of the epoch by position, in
-chunks of ``shuffle_buffer`` samples: the samples a chunk needs are sorted, grouped into runs of
+count a worker continues exactly where one worker of the interrupted run stopped (same buffer,
+same order); otherwise each worker reads its batches of the rest of the epoch by position. Both
+read in chunks of ``shuffle_buffer`` samples: the samples a chunk needs are sorted, grouped into runs of
 each shard (small gaps read through) and read by offset, and a sample read early for a later
 chunk is kept until then.
 
@@ -46,13 +44,13 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import numpy as np
 import torch.utils.data
 
-from .epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, window_permutation,
-                    worker_batch_counts_before, worker_batches, worker_span)
+from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, shuffle_buffer_order, shuffled,
+                    spans_to_ranges, worker_batch_counts_before, worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
 from .format import Manifest, Sample, decode_index, read_index
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
@@ -73,7 +71,7 @@ _FAST_EXTS = IMAGE_EXTS - {"jpeg", "tiff"}
 HTTP_PREFETCH_READS = 4
 HTTP_READ_BYTES = 1 << 20
 
-#: Samples held by each worker's shuffle buffer (one window).
+#: Samples held by each worker's shuffle buffer.
 DEFAULT_SHUFFLE_BUFFER = 1000
 
 #: Reading a resumed epoch by position: samples between two wanted ones of a shard that are read
@@ -165,8 +163,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         return self.num_samples_per_rank
 
     @property
-    def window(self) -> int:
-        """Samples per shuffle window (0 without shuffle or with ``shuffle_buffer <= 1``)."""
+    def buffer_size(self) -> int:
+        """Samples in each worker's shuffle buffer (0 without shuffle or with ``shuffle_buffer <= 1``)."""
         return self.shuffle_buffer if self.shuffle and self.shuffle_buffer > 1 else 0
 
     def __getstate__(self):
@@ -275,8 +273,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         if not segments:
             raw = self._read_worker_range(order, epoch, worker, num_workers, 0)
         elif seg is not None and (int(seg["world_size"]), max(1, int(seg["num_workers"])), int(seg["batch_size"]),
-                                  int(seg["window"])) == (self.world_size, num_workers, self.batch_size,
-                                                          self.window):
+                                  int(seg["shuffle_buffer"])) == (self.world_size, num_workers, self.batch_size,
+                                                                  self.buffer_size):
             # exact resume: this worker plays the old worker whose turn comes next, from where it stopped
             consumed = -(-int(seg["samples_consumed"]) // self.batch_size)
             old = (worker + consumed) % num_workers
@@ -284,7 +282,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             raw = self._read_worker_range(order, epoch, old, num_workers, done)
         else:
             seq = resumed_rank_sequence(self._num_samples, segments, rank=self.rank, world_size=self.world_size,
-                                        batch_size=self.batch_size, num_workers=num_workers, window=self.window,
+                                        batch_size=self.batch_size, num_workers=num_workers, buffer=self.buffer_size,
                                         seed=self.seed, epoch=epoch, shuffle=self.shuffle, pad=self.pad,
                                         drop_last=self.drop_last)
             mine = worker_batches(seq, batch_size=self.batch_size, num_workers=num_workers, worker=worker)
@@ -354,32 +352,27 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self.end_epoch()
 
     def _read_worker_range(self, order: list[int], epoch: int, worker: int, num_workers: int, done: int):
-        """``(index, key, parts)`` of ``worker``'s sub-range of this rank, window by window, from its
-        ``done``-th emitted sample on (it starts reading at that sample's window)."""
+        """``(index, key, parts)`` of ``worker``'s sub-range of this rank through its shuffle buffer,
+        from its ``done``-th emitted sample on.
+
+        ``done == 0``: the sub-range is streamed front to back into the buffer. Else the buffer is
+        replayed on indices (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`) and the
+        samples still to come are read by position: first those the buffer held, then on.
+        """
         start, stop = rank_span(self._num_samples, self.rank, self.world_size, pad=self.pad,
                                 batch_size=self.batch_size, drop_last=self.drop_last)
         a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
-        window = self.window
-        if not window:
-            yield from self._iter_ranges(spans_to_ranges(self._counts, order, a + done, b))
+        buffer = self.buffer_size
+        if done == 0:
+            stream = self._iter_ranges(spans_to_ranges(self._counts, order, a, b))
+            yield from shuffled(stream, buffer, buffer_rng(self.seed, epoch, self.rank, worker))
             return
-        first, skip = divmod(done, window)
-        stream = self._iter_ranges(spans_to_ranges(self._counts, order, a + first * window, b))
-        w_index = first
-        while True:
-            buf = []
-            for item in stream:
-                buf.append(item)
-                if len(buf) == window:
-                    break
-            if not buf:
-                return
-            perm = window_permutation(len(buf), seed=self.seed, epoch=epoch, rank=self.rank, worker=worker,
-                                      window=w_index)
-            for j in perm[skip:].tolist():
-                yield buf[j]
-            skip = 0
-            w_index += 1
+        if buffer:
+            rest = a + shuffle_buffer_order(b - a, buffer=buffer, seed=self.seed, epoch=epoch, rank=self.rank,
+                                            worker=worker)[done:]
+        else:
+            rest = np.arange(a + done, b, dtype=np.int64)
+        yield from self._read_positions(order, rest)
 
     def _read_positions(self, order: list[int], positions: np.ndarray):
         """``(index, key, parts)`` of global positions ``positions`` in that order (a resumed epoch):
