@@ -54,6 +54,7 @@ test-fast: install  ## skip slow and multi-process tests
 bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/*.json
 	$(PY) scripts/bench.py --out out/bench
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
+	$(PY) scripts/bench_resume.py --out out/bench/resume
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 
