@@ -13,7 +13,7 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps
+.PHONY: install demo test test-fast bench lint clean system-deps gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_resume.py --out out/bench/resume
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
+
+# On a machine with a CUDA GPU: the gpu-marked tests, then verify with resnet50 on generated
+# ImageNet-sized data, folder vs WebDataset vs LMDB, warm and --cold (out/gpu-check/report.json).
+# Without CUDA it says so in one line and exits 2. About 5 minutes on one data-centre GPU.
+gpu-check: install  ## CUDA machines: gpu tests + verify --device cuda (resnet50); exits 2 without CUDA
+	@$(PY) scripts/gpu_check.py --out out/gpu-check
 
 lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
 	$(VENV)/bin/ruff check convert readers scripts tests

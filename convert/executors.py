@@ -1,6 +1,6 @@
 """Where a pack's tasks run: this machine's process pool (``local``) or a Ray cluster (``ray``).
 
-Packing is task-parallel by design: :func:`~shardfeed.convert.pack.plan_shards` fixes every
+Packing is task-parallel by design: :func:`~shardfeed.convert.plan.plan_shards` fixes every
 WebDataset shard's samples before a byte is read, so each shard is one independent task that reads
 its source files and writes ``OUT/{prefix}-NNNNNN.tar`` (+ ``.idx``, + its completion record in
 ``OUT/.shardfeed-pack/``); the LMDB packer's tasks read (and re-encode) chunks of samples and hand
@@ -9,7 +9,8 @@ their results **in task order**, whatever order they finish in, so the output do
 the executor: a Ray pack is byte-identical to a local one.
 
 * :class:`LocalExecutor` (``--executor local``, the default): the fork process pool of
-  :func:`shardfeed.convert.pack.run_tasks`, ``--workers`` processes.
+  :func:`run_tasks`, ``--workers`` processes; its bounded mode (``max_in_flight``) is the ordered
+  pool of the LMDB packer, whose results carry image bytes.
 * :class:`RayExecutor` (``--executor ray [--ray-address ADDR]``): one Ray task per pack task.
   Connects to ``ADDR`` (``auto``: the cluster started with ``ray start`` on this machine), else to
   ``RAY_ADDRESS`` when set, else starts a local Ray instance with ``--workers`` CPUs. At most
@@ -28,29 +29,42 @@ starts. Every node must reach the source folder and OUT **at the same path** (NF
 system) and have shardfeed installed in the Python environment its Ray workers run; a task that
 does not see them fails at once with :class:`SharedStorageError` naming the node.
 
-Test hooks (environment variables, not for production use): ``SHARDFEED_TEST_FAIL_ONCE_DIR``
-makes the first Ray task that reaches it (after writing its first sample, or at its end) create
-``DIR/failed-once`` and kill its own worker process (``os._exit``), the way a lost node or an
-out-of-memory kill ends a task; every ``SHARDFEED_TEST_*`` variable of the driver is passed to the
-Ray tasks (``runtime_env``), so ``SHARDFEED_TEST_DELAY_MS`` slows them as it slows local workers.
+Fault injection (tests): ``PackOptions(faults=FaultHooks(fail_once_dir=DIR))`` makes the first Ray
+task that reaches a hook point (after its first sample, or at its end) create ``DIR/failed-once``
+and kill its own worker process, the way a lost node or an out-of-memory kill ends a task
+(:mod:`shardfeed.convert.faults`); the hooks travel with the task arguments, not the environment.
+
+Worker side: a task reports progress through :func:`task_progress` (a :class:`ProgressSink` that
+reaches the driver's callback, in batches, whatever process the task runs in).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import importlib.util
+import itertools
 import logging
 import os
+import queue
+import signal
 import socket
+import threading
 import time
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from shardfeed.readers.errors import ShardfeedError
 
+from .faults import fail_once
+
 __all__ = [
     "Executor",
+    "ExecutorBase",
     "LocalExecutor",
+    "ProgressSink",
+    "task_progress",
+    "run_tasks",
     "RayExecutor",
     "EXECUTORS",
     "ExecutorUnavailableError",
@@ -67,9 +81,6 @@ log = logging.getLogger(__name__)
 #: ``callback(num_samples, num_input_bytes)``, as taken by :func:`shardfeed.convert.pack.pack`.
 Progress = Callable[[int, int], None]
 
-_FAIL_ONCE_ENV = "SHARDFEED_TEST_FAIL_ONCE_DIR"
-_FAIL_ONCE_MARKER = "failed-once"
-_TEST_ENV_PREFIX = "SHARDFEED_TEST_"
 
 
 class ExecutorUnavailableError(ShardfeedError, ImportError):
@@ -86,6 +97,115 @@ class TaskFailedError(ShardfeedError, RuntimeError):
 
 def _no_progress(num_samples: int, num_bytes: int) -> None:
     pass
+
+
+class ProgressSink:
+    """Collects progress increments (samples, input bytes) reported by tasks; thread-safe.
+
+    Inline, each increment goes straight to the driver's callback; in a worker process the
+    increments are batched (every 0.1 s at most) onto a multiprocessing queue that the driver drains.
+
+    Args:
+        q: the queue to the driver (worker processes), or None.
+        callback: ``callback(num_samples, num_input_bytes)`` to call directly (inline), or None.
+    """
+
+    def __init__(self, q=None, callback: Progress | None = None):
+        self._q = q
+        self._callback = callback
+        self._pending = [0, 0]
+        self._last = time.monotonic()
+
+    def add(self, samples: int, nbytes: int) -> None:
+        """Report ``samples`` more samples done and ``nbytes`` more input bytes read."""
+        if self._callback is not None:
+            self._callback(samples, nbytes)
+            return
+        self._pending[0] += samples
+        self._pending[1] += nbytes
+        now = time.monotonic()
+        if now - self._last > 0.1:
+            self.flush()
+            self._last = now
+
+    def flush(self) -> None:
+        """Send what is batched to the driver now."""
+        if self._q is not None and (self._pending[0] or self._pending[1]):
+            self._q.put(tuple(self._pending))
+            self._pending = [0, 0]
+
+
+_worker_progress: ProgressSink | None = None
+
+
+def task_progress() -> ProgressSink:
+    """The :class:`ProgressSink` of the task running in this process (a no-op one outside a task)."""
+    return _worker_progress or ProgressSink()
+
+
+def _init_worker(q) -> None:
+    global _worker_progress
+    _worker_progress = ProgressSink(q)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
+
+
+def run_tasks(fn, tasks: Sequence, workers: int, progress: Progress, max_in_flight: int | None = None) -> Iterator:
+    """Run ``fn(task)`` for each task in ``workers`` forked processes (inline when 1); yield results in order.
+
+    Progress increments sent by the tasks through :func:`task_progress` reach ``progress``. Ctrl-C
+    terminates the workers promptly. With ``max_in_flight``, at most that many tasks are submitted
+    ahead of the consumer (memory stays bounded when results are large and the consumer is the
+    slower side); None submits every task at once.
+    """
+    global _worker_progress
+    if workers <= 1 or len(tasks) <= 1:
+        _worker_progress = ProgressSink(callback=progress)
+        try:
+            for t in tasks:
+                yield fn(t)
+        finally:
+            _worker_progress = None
+        return
+    import multiprocessing as mp  # here: 10 ms of imports a one-process pack does not need
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    q = ctx.Queue()
+    stop = threading.Event()
+
+    def drain():
+        while not stop.is_set() or not q.empty():
+            try:
+                n, b = q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                return
+            progress(n, b)
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(q,))
+    try:
+        if max_in_flight is None:
+            yield from pool.imap(fn, tasks)
+        else:
+            it = iter(tasks)
+            pending = collections.deque(pool.apply_async(fn, (t,)) for t in itertools.islice(it, max_in_flight))
+            while pending:
+                r = pending.popleft().get()
+                pending.extend(pool.apply_async(fn, (t,)) for t in itertools.islice(it, 1))
+                yield r
+        pool.close()
+        pool.join()
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    finally:
+        stop.set()
+        t.join(timeout=2)
 
 
 class Executor(Protocol):
@@ -105,7 +225,7 @@ class Executor(Protocol):
             fn: a module-level function (it travels by reference to the workers).
             tasks: picklable task arguments.
             progress: receives ``(num_samples, num_input_bytes)`` increments that the tasks report
-                through their :class:`~shardfeed.convert.pack.ProgressSink`.
+                through :func:`task_progress`.
             max_in_flight: tasks submitted ahead of the consumer at most (bounds memory when results
                 are large). None: every task at once (local), ``2 * CPUs + 2`` (Ray). Ray never
                 goes below ``CPUs + 2``, which would leave cluster CPUs idle.
@@ -128,7 +248,9 @@ class Executor(Protocol):
         ...
 
 
-class _ExecutorBase:
+class ExecutorBase:
+    """Shared plumbing of the executors (context manager, idempotent close)."""
+
     name = "?"
     #: the module that must be importable for this executor (None: always available)
     requires: str | None = None
@@ -143,9 +265,8 @@ class _ExecutorBase:
         pass
 
 
-class LocalExecutor(_ExecutorBase):
-    """Tasks in ``workers`` forked processes of this machine (inline when 1), via
-    :func:`shardfeed.convert.pack.run_tasks`.
+class LocalExecutor(ExecutorBase):
+    """Tasks in ``workers`` forked processes of this machine (inline when 1), via :func:`run_tasks`.
 
     Args:
         workers: processes (default: CPU count).
@@ -168,8 +289,6 @@ class LocalExecutor(_ExecutorBase):
         return cls(options.workers)
 
     def map_ordered(self, fn, tasks, progress=None, *, max_in_flight=None, required_paths=()) -> Iterator:
-        from .pack import run_tasks
-
         tasks = list(tasks)
         kwargs = {"max_in_flight": max_in_flight} if max_in_flight is not None else {}
         for result in run_tasks(fn, tasks, self.workers, progress or _no_progress, **kwargs):
@@ -182,7 +301,7 @@ class LocalExecutor(_ExecutorBase):
                 "task_retries": 0, "workers": self.workers}
 
 
-class RayExecutor(_ExecutorBase):
+class RayExecutor(ExecutorBase):
     """One Ray task per pack task, on a Ray cluster or a local Ray instance.
 
     Args:
@@ -194,6 +313,8 @@ class RayExecutor(_ExecutorBase):
             connecting to a cluster, whose CPUs decide the parallelism.
         max_in_flight: default bound of tasks submitted ahead of the consumer (None: twice the
             cluster's CPUs, plus 2).
+        fail_once_dir: test fault (:class:`~shardfeed.convert.faults.FaultHooks`): the first task
+            to reach a hook point kills its worker once. None in production.
 
     If Ray is already initialised in this process (``ray.init`` was called), that connection is
     used and left open; an instance this executor started is shut down by :meth:`close`.
@@ -207,7 +328,7 @@ class RayExecutor(_ExecutorBase):
     requires = "ray"
 
     def __init__(self, address: str | None = None, max_retries: int = 3, *, num_cpus: int | None = None,
-                 max_in_flight: int | None = None):
+                 max_in_flight: int | None = None, fail_once_dir: str | None = None):
         check_executor(self.name)
         if max_retries < 0:
             raise ValueError(f"max_retries must be at least 0, got {max_retries}")
@@ -215,6 +336,7 @@ class RayExecutor(_ExecutorBase):
         self.max_retries = int(max_retries)
         self.num_cpus = num_cpus
         self.max_in_flight = max_in_flight
+        self.fail_once_dir = str(fail_once_dir) if fail_once_dir else None
         self.num_tasks = 0
         self.retries = 0
         self.cluster_address: str | None = None
@@ -226,7 +348,9 @@ class RayExecutor(_ExecutorBase):
     @classmethod
     def from_options(cls, options) -> "RayExecutor":
         """The executor a :class:`~shardfeed.convert.pack.PackOptions` asks for."""
-        return cls(getattr(options, "ray_address", None), num_cpus=options.workers)
+        faults = getattr(options, "faults", None)
+        return cls(getattr(options, "ray_address", None), num_cpus=options.workers,
+                   fail_once_dir=faults.fail_once_dir if faults is not None else None)
 
     # -- connection ------------------------------------------------------------------------
 
@@ -274,11 +398,7 @@ class RayExecutor(_ExecutorBase):
         self._owns_instance = False
 
     def _task_options(self) -> dict:
-        opts: dict = {"num_cpus": 1, "max_retries": 0, "retry_exceptions": False}
-        test_env = {k: v for k, v in os.environ.items() if k.startswith(_TEST_ENV_PREFIX)}
-        if test_env:
-            opts["runtime_env"] = {"env_vars": test_env}
-        return opts
+        return {"num_cpus": 1, "max_retries": 0, "retry_exceptions": False}
 
     # -- running ---------------------------------------------------------------------------
 
@@ -303,7 +423,7 @@ class RayExecutor(_ExecutorBase):
         try:
             while next_yield < len(tasks):
                 while next_submit < len(tasks) and len(pending) + len(finished) < window:
-                    pending[remote.remote(fn, tasks[next_submit], paths)] = next_submit
+                    pending[remote.remote(fn, tasks[next_submit], paths, self.fail_once_dir)] = next_submit
                     next_submit += 1
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
@@ -344,7 +464,7 @@ class RayExecutor(_ExecutorBase):
         self.retries += 1
         log.warning("Ray task %d of %d failed (%s); retrying (%d of %d)", i + 1, num_tasks, reason, attempts[i],
                     self.max_retries)
-        return remote.remote(fn, tasks[i], paths)
+        return remote.remote(fn, tasks[i], paths, self.fail_once_dir)
 
     def _record_node(self, node: dict) -> None:
         rec = self._nodes.setdefault(node["node_id"], {**node, "num_tasks": 0})
@@ -385,29 +505,13 @@ def _first_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------
 # the Ray task (runs in a Ray worker process)
 
-def _fail_once_hook() -> None:
-    """``SHARDFEED_TEST_FAIL_ONCE_DIR``: the first caller creates the marker and dies."""
-    d = os.environ.get(_FAIL_ONCE_ENV)
-    if not d:
-        return
-    try:
-        fd = os.open(os.path.join(d, _FAIL_ONCE_MARKER), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return
-    os.close(fd)
-    log.warning("%s: killing this Ray worker once (test hook)", _FAIL_ONCE_ENV)
-    os._exit(17)
-
-
-def _ray_task(fn, task, required_paths: tuple[str, ...]):
+def _ray_task(fn, task, required_paths: tuple[str, ...], fail_once_dir: str | None = None):
     """Run ``fn(task)`` in a Ray worker; returns ``(result, (num_samples, num_bytes), node)``.
 
     The task's progress increments are counted (not streamed) and returned with the result, so a
     task that fails half-way and is retried is counted once.
     """
     import ray
-
-    from .pack import run_tasks
 
     node = {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
             "host": socket.gethostname()}
@@ -417,17 +521,14 @@ def _ray_task(fn, task, required_paths: tuple[str, ...]):
                 f"{p}: not visible on Ray node {node['ip']} ({node['host']}); --executor ray needs the source "
                 "folder and OUT on storage every node mounts at the same path (NFS, a parallel file system)")
     counts = [0, 0]
-    hook = bool(os.environ.get(_FAIL_ONCE_ENV))
 
     def progress(n: int, b: int) -> None:
         counts[0] += n
         counts[1] += b
-        if hook:
-            _fail_once_hook()
+        fail_once(fail_once_dir)
 
     (result,) = list(run_tasks(fn, [task], 1, progress))
-    if hook:
-        _fail_once_hook()
+    fail_once(fail_once_dir)
     return result, (counts[0], counts[1]), node
 
 

@@ -24,6 +24,7 @@ from shardfeed.readers.format import class_bytes, key_width, meta_bytes, tar_mem
 
 from .scan import ScannedFile, ScannedFiles, ScanResult, new_scanned_file
 from .tarwriter import END_OF_ARCHIVE_BYTES
+from .writers.shard import ShardLimits
 
 __all__ = ["PlannedSample", "SamplePlan", "plan_samples", "plan_shards", "sample_meta_bytes", "fast_meta_bytes",
            "input_bytes", "file_sizes"]
@@ -88,6 +89,11 @@ class SamplePlan(Sequence[PlannedSample]):
         self._hi = len(files) if _hi is None else _hi
         self.start = start
         self.width = key_width(len(files)) if width is None else width
+
+    @property
+    def column_range(self) -> tuple[ScannedFiles, int, int]:
+        """``(columns, lo, hi)``: the plan's samples are rows ``lo..hi-1`` of ``columns`` (no copy)."""
+        return self._files, self._lo, self._hi
 
     @property
     def files(self) -> ScannedFiles:
@@ -196,20 +202,23 @@ def plan_shards(samples: Sequence[PlannedSample], *, max_count: int, max_bytes: 
     """Cut the packing order into shards: ``[(start, end), ...]`` half-open sample ranges.
 
     A shard closes *before* it would hold more than ``max_count`` samples or its file would pass
-    ``max_bytes`` (headers, padding and the end-of-archive blocks included).
+    ``max_bytes`` (headers, padding and the end-of-archive blocks included): the rule of
+    :meth:`~shardfeed.convert.writers.shard.ShardLimits.starts_new_shard`, which the shard writer
+    applies while writing.
 
     Raises:
         ValueError: one sample alone is larger than ``max_bytes`` (names the file and the fix).
     """
     sizes = samples.wds_sizes() if isinstance(samples, SamplePlan) else (s.wds_bytes() for s in samples)
+    limits = ShardLimits(max_count, max_bytes)
+    new_shard = limits.starts_new_shard
     ranges = []
     start = 0
     size = END_OF_ARCHIVE_BYTES
     for i, b in enumerate(sizes):
         if b + END_OF_ARCHIVE_BYTES > max_bytes:
-            raise ValueError(f"{samples[i].file.path}: this image needs {b + END_OF_ARCHIVE_BYTES} bytes in a shard, "
-                             f"more than --max-bytes {max_bytes}; raise --max-bytes")
-        if i > start and (i - start >= max_count or size + b > max_bytes):
+            limits.check_sample(b, f"{samples[i].file.path}: this image")
+        if i > start and new_shard(i - start, size, b):
             ranges.append((start, i))
             start, size = i, END_OF_ARCHIVE_BYTES
         size += b

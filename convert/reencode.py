@@ -55,51 +55,29 @@ i.e. after EXIF orientation, in pixels) and ``orig_format`` (the detected format
 ``jpeg`` -> ``jpg``, ``tiff`` -> ``tif``). The manifest's ``options`` gains ``reencode`` (the
 options and the Pillow version).
 
-WebDataset shards with re-encoding: the stored sizes are unknown until the images are encoded,
-so :func:`~shardfeed.convert.pack.plan_shards` cannot cut shards up front from the file sizes.
-:func:`pack_webdataset_reencoded` instead encodes in the worker processes in fixed chunks of
-:data:`CHUNK_SAMPLES` samples of the packing order (results come back in order, at most a few
-chunks per worker in flight, so memory stays bounded) and the main process appends them to the
-shards, closing a shard *before* it would pass ``max_count`` or ``max_bytes`` - the same rule as
-the planned cut, applied to the actual encoded sizes. The cut depends only on the sequence of
-encoded sizes, so shards are byte-identical whatever ``workers`` is, and ``max_bytes`` stays a
-hard bound. Each finished shard's state record names the sample range it covers; ``resume``
-keeps the finished shards (always a prefix of the shard sequence, since one process writes them
-in order) and restarts encoding at the first sample after them, which gives the same bytes as an
-uninterrupted run. (Planning by count and rolling over on ``max_bytes`` inside each task was the
-alternative; it gives under-filled shards and shard indices known only at the end, which breaks
-naming and resume.) Writing in one process costs little: the tar framing and sha256 of the
-small re-encoded images run at hundreds of MB/s, far above what the workers encode.
+WebDataset shards with re-encoding are cut from the encoded sizes as they come:
+:func:`shardfeed.convert.writers.webdataset.pack_webdataset_reencoded` describes how (shards stay
+byte-identical whatever ``workers`` is, and ``resume`` is exact).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import io
-import json
 import logging
-from pathlib import Path
-from typing import Callable
 
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.format import ShardEntry, class_bytes, index_name, meta_bytes, shard_name, tar_member_bytes
 
 __all__ = [
     "RESIZE_MODES",
     "IMAGE_FORMATS",
     "DEFAULT_QUALITY",
-    "CHUNK_SAMPLES",
     "ReencodeOptions",
     "ReencodedImage",
     "make_reencode_options",
     "resize_size",
     "reencode_image",
     "reencode_payload",
-    "reencode_options",
-    "progress_with_output",
-    "pack_webdataset_reencoded",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,8 +88,6 @@ RESIZE_MODES: tuple[str, ...] = ("shorter", "longer", "fit")
 IMAGE_FORMATS: tuple[str, ...] = ("keep", "jpg", "png", "webp")
 #: JPEG/WebP quality when none is given.
 DEFAULT_QUALITY = 90
-#: Samples per worker task when packing WebDataset shards with re-encoding (does not change the output).
-CHUNK_SAMPLES = 32
 
 _FORMAT_ALIASES = {"jpeg": "jpg", "tiff": "tif"}
 _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
@@ -444,7 +420,7 @@ def reencode_image(data: bytes, options: ReencodeOptions, *, source: str = "<byt
 
 def reencode_payload(data: bytes, ext: str, meta: dict, options: ReencodeOptions, *,
                      source: str = "<bytes>") -> tuple[bytes, str, dict]:
-    """Re-encode one sample's image: the hook :func:`~shardfeed.convert.pack.load_sample_payload` calls.
+    """Re-encode one sample's image: the hook :func:`~shardfeed.convert.samples.load_sample_payload` calls.
 
     Args:
         data: the source image bytes.
@@ -463,198 +439,3 @@ def reencode_payload(data: bytes, ext: str, meta: dict, options: ReencodeOptions
     r = reencode_image(data, options, source=source)
     return r.data, r.ext, {**meta, "orig_width": r.orig_width, "orig_height": r.orig_height,
                            "orig_format": r.orig_format}
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI pieces
-
-
-def reencode_options(f: Callable) -> Callable:
-    """Click decorator adding ``--resize``, ``--resize-mode``, ``--upscale``, ``--quality`` and
-    ``--image-format``; the command receives them as one keyword argument ``reencode``
-    (a :class:`ReencodeOptions`, or None when no re-encoding is asked), to pass on as
-    ``PackOptions(reencode=...)``.
-
-    Usage::
-
-        @command(...)
-        @reencode_options
-        def convert_cmd(..., reencode): ...
-    """
-    import click
-
-    @functools.wraps(f)
-    def wrapper(*args, resize, resize_mode, upscale, quality, image_format, **kwargs):
-        try:
-            kwargs["reencode"] = make_reencode_options(resize=resize, resize_mode=resize_mode, upscale=upscale,
-                                                       quality=quality, image_format=image_format)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-        return f(*args, **kwargs)
-
-    opts = [
-        click.option("--resize", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Re-encode every image resized so that its shorter side (see --resize-mode) is N px "
-                          "(aspect kept, Lanczos; never enlarged unless --upscale). Stored as JPEG (PNG with "
-                          "alpha) unless --image-format; EXIF orientation applied, metadata and ICC dropped."),
-        click.option("--resize-mode", type=click.Choice(RESIZE_MODES), default=None,
-                     help="With --resize: shorter side -> N (shorter, the default), longer side -> N (longer), "
-                          "or exactly NxN, center-cropped (fit)."),
-        click.option("--upscale", is_flag=True, help="With --resize: also enlarge images smaller than N."),
-        click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
-                     help=f"JPEG/WebP quality when re-encoding [default: {DEFAULT_QUALITY}]; alone, re-encodes "
-                          "every image in its own format at that quality."),
-        click.option("--image-format", type=click.Choice(IMAGE_FORMATS, case_sensitive=False), default=None,
-                     help="Stored format when re-encoding [default: keep; with --resize: jpg, png for images "
-                          "with alpha]. jpg/png/webp alone re-encode every image into that format."),
-    ]
-    for opt in reversed(opts):
-        wrapper = opt(wrapper)
-    return wrapper
-
-
-def progress_with_output(progress: Callable) -> Callable:
-    """``progress`` as a callback ``(num_samples, input_bytes, output_bytes)``.
-
-    Packers that know the stored bytes report them through this; a callback written for the
-    documented two arguments ``(num_samples, input_bytes)`` is wrapped and does not get them.
-    """
-    try:
-        inspect.signature(progress).bind(0, 0, 0)
-        return progress
-    except TypeError:
-        return lambda n, b, out=0: progress(n, b)
-    except ValueError:  # no signature (a builtin): assume the documented 2 arguments
-        return lambda n, b, out=0: progress(n, b)
-
-
-# ---------------------------------------------------------------------------------------------
-# WebDataset packing with re-encoding
-
-
-def _encode_chunk(task) -> list[tuple]:
-    """Worker: ``[(index, (data, ext, meta) | None, skip | None), ...]`` for a chunk of samples."""
-    from . import pack as _pack
-
-    samples, options = task
-    out = []
-    for s in samples:
-        try:
-            payload = _pack.load_sample_payload(s, options)
-        except (OSError, ValueError) as exc:
-            if options.on_error != "skip":
-                raise
-            out.append((s.index, None, {"path": s.file.rel, "key": s.key, "reason": _pack._skip_reason(exc)}))
-            continue
-        out.append((s.index, payload, None))
-    return out
-
-
-def _finished_prefix(out: Path, num_samples: int, prefix: str) -> list[dict]:
-    """The state records of the shards a previous run finished, in order (a prefix of the shards)."""
-    from . import pack as _pack
-
-    done, end = [], 0
-    while end < num_samples:
-        rec = _pack._shard_done(out, len(done), prefix)
-        if rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end:
-            break
-        done.append(rec)
-        end = rec["end"]
-    return done
-
-
-def pack_webdataset_reencoded(scan, samples: list, out: Path, options, progress: Callable):
-    """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
-
-    Workers re-encode fixed chunks of :data:`CHUNK_SAMPLES` samples in packing order; this
-    process appends them to shards in order, closing a shard before it would pass
-    ``options.max_count`` samples or ``options.max_bytes`` bytes (see the module docstring for why
-    this keeps shards byte-identical for any ``workers`` and ``resume`` exact).
-
-    Args:
-        scan: the :class:`~shardfeed.convert.scan.ScanResult` (unused; packer signature).
-        samples: the planned samples (:func:`~shardfeed.convert.pack.plan_samples`).
-        out: the output folder (prepared).
-        options: the :class:`~shardfeed.convert.pack.PackOptions`, with ``reencode`` set.
-        progress: ``callback(num_samples, input_bytes[, output_bytes])``.
-
-    Returns:
-        ``(shards, skipped, shards_resumed, extra)`` as every packer of
-        :data:`~shardfeed.convert.pack.PACKERS`.
-
-    Raises:
-        ValueError: one re-encoded sample alone is larger than ``max_bytes`` (names the file).
-        OSError, CorruptDataError, SourceChangedError: as
-            :func:`~shardfeed.convert.pack.load_sample_payload` (``on_error="fail"``); finished
-            shards stay and ``resume`` continues after them.
-    """
-    from shardfeed.convert.tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile
-    from shardfeed.readers.format import write_bytes_atomic
-
-    from . import pack as _pack
-
-    report = progress_with_output(progress)
-    state_dir = out / _pack.STATE_DIR
-    done = _finished_prefix(out, len(samples), options.prefix) if options.resume else []
-    start = done[-1]["end"] if done else 0
-    shards: list[ShardEntry] = []
-    skipped: list[dict] = []
-    for rec in done:
-        skipped.extend(rec["skipped"])
-        if rec["entry"] is not None:
-            shards.append(ShardEntry(**rec["entry"]))
-    if done:
-        log.info("%s: resuming after %d finished shards (sample %d of %d)", out, len(done), start, len(samples))
-        report(start, sum(s.file.size for s in samples[:start]), sum(s.num_bytes for s in shards))
-
-    cur = {"shard": None, "index": len(done), "start": start, "size": END_OF_ARCHIVE_BYTES, "skipped": []}
-
-    def finish(end: int) -> None:
-        shard = cur["shard"]
-        entry = shard.close() if shard is not None else None
-        if entry is not None:
-            shards.append(entry)
-        record = {"shard": cur["index"], "entry": entry.to_json() if entry else None, "skipped": cur["skipped"],
-                  "start": cur["start"], "end": end}
-        write_bytes_atomic(state_dir / f"{cur['index']:06d}.json", json.dumps(record).encode())
-        skipped.extend(cur["skipped"])
-        cur.update(shard=None, index=cur["index"] + 1, start=end, size=END_OF_ARCHIVE_BYTES, skipped=[])
-
-    tasks = [(samples[a:a + CHUNK_SAMPLES], options) for a in range(start, len(samples), CHUNK_SAMPLES)]
-    try:
-        for results in _pack.active_executor(options).map_ordered(_encode_chunk, tasks, lambda n, b: None,
-                                       max_in_flight=2 * options.workers + 2):
-            n_in = b_in = b_out = 0
-            for index, payload, skip in results:
-                s = samples[index]
-                n_in += 1
-                b_in += s.file.size
-                if payload is None:
-                    cur["skipped"].append(skip)
-                    continue
-                data, ext, meta = payload
-                cls, mb = class_bytes(s.file.label), meta_bytes(meta)
-                need = tar_member_bytes(len(data)) + tar_member_bytes(len(cls)) + tar_member_bytes(len(mb))
-                if need + END_OF_ARCHIVE_BYTES > options.max_bytes:
-                    raise ValueError(f"{s.file.path}: re-encoded, this image needs {need + END_OF_ARCHIVE_BYTES} "
-                                     f"bytes in a shard, more than --max-bytes {options.max_bytes}; raise "
-                                     "--max-bytes (or lower --resize/--quality)")
-                shard = cur["shard"]
-                if shard is not None and (len(shard.offsets) >= options.max_count
-                                          or cur["size"] + need > options.max_bytes):
-                    finish(index)
-                if cur["shard"] is None:
-                    i = cur["index"]
-                    cur["shard"] = TarShardFile(out, shard_name(i, options.prefix), index_name(i, options.prefix))
-                cur["shard"].add_sample(s.key, [(ext, data), ("cls", cls), ("json", mb)])
-                cur["size"] += need
-                b_out += len(data)
-            report(n_in, b_in, b_out)
-        if cur["shard"] is not None or cur["skipped"]:
-            finish(len(samples))
-    except BaseException:
-        if cur["shard"] is not None:
-            cur["shard"].abort()
-        raise
-    return shards, skipped, len(done), {}

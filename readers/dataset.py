@@ -1,7 +1,7 @@
 """``open_dataset``: one entry point for the three sources, and the rule that splits an epoch.
 
 Sources, chosen by what ``source`` is (the format comes from the manifest, through
-:data:`SOURCES`, a registry keyed by the manifest's ``format``):
+:mod:`shardfeed.readers.registry`, the registry keyed by the manifest's ``format``):
 
 * a packed directory, its ``manifest.json``, a manifest URL or a directory URL
   (``http://host/data/``) → the registered source for the manifest's format
@@ -31,6 +31,7 @@ from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_s
                     samples_per_rank, shard_order, spans_to_ranges, worker_span)
 from .errors import ManifestError
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
+from .registry import FORMATS, register_format, source_factory
 
 __all__ = [
     "SOURCES",
@@ -48,17 +49,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Sources by manifest format name: ``"module:Class"`` (imported on first use) or a callable
+#: The format registry (:mod:`shardfeed.readers.registry`), by manifest format name; each entry's
+#: ``source`` is ``"module:Class"`` (imported on first use) or a callable
 #: ``(location, manifest, **options) -> dataset``.
-SOURCES: dict[str, str | Callable[..., Any]] = {
-    "webdataset": "shardfeed.readers.webdataset_source:WebDatasetSource",
-    "lmdb": "shardfeed.readers.lmdb_source:LMDBSource",
-}
+SOURCES = FORMATS
 
 
 def register_source(format_name: str, factory: str | Callable[..., Any]) -> None:
-    """Register the source class for a manifest ``format`` (``"module:Class"`` or a callable)."""
-    SOURCES[format_name] = factory
+    """Register the source class for a manifest ``format`` (``"module:Class"`` or a callable);
+    :func:`shardfeed.readers.registry.register_format` with ``source=``."""
+    register_format(format_name, source=factory)
 
 
 def is_url(source: Any) -> bool:
@@ -68,15 +68,6 @@ def is_url(source: Any) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # opening
-
-def _load_source_class(factory: str | Callable[..., Any]) -> Callable[..., Any]:
-    if callable(factory):
-        return factory
-    import importlib
-
-    mod, _, name = factory.partition(":")
-    return getattr(importlib.import_module(mod), name)
-
 
 def _looks_packed(root: Path) -> bool:
     return (root / MANIFEST_NAME).exists() or any(root.glob("*.tar")) or (root / LMDB_DATA_NAME).exists() \
@@ -159,12 +150,12 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
 
 
 def _open_packed(location: Any, manifest: Manifest, common: dict, options: dict):
-    factory = SOURCES.get(manifest.format)
-    if factory is None:
+    spec = FORMATS.get(manifest.format)
+    if spec is None or spec.source is None:
         raise ManifestError(f"{location}: manifest format {manifest.format!r} is not one this shardfeed "
-                            f"reads ({', '.join(sorted(SOURCES))}); repack the dataset with "
-                            "`shardfeed pack --format wds|lmdb`")
-    cls = _load_source_class(factory)
+                            f"reads ({', '.join(sorted(n for n, s in FORMATS.items() if s.source))}); repack the "
+                            "dataset with `shardfeed pack --format wds|lmdb`")
+    cls = source_factory(manifest.format)
     if getattr(cls, "map_style", False):
         options = {k: v for k, v in options.items() if k != "shuffle_buffer"}  # shuffled by index instead
     return cls(location, manifest, **common, **options)

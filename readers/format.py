@@ -43,6 +43,10 @@ __all__ = [
     "LMDB_RECORD_VERSION",
     "DEFAULT_PREFIX",
     "DEFAULT_EXTENSIONS",
+    "IMAGE_EXTENSIONS",
+    "SIDE_EXTENSIONS",
+    "RESERVED_KEY_PREFIXES",
+    "sample_from_members",
     "TAR_MTIME",
     "TAR_MODE",
     "TAR_BLOCK",
@@ -83,6 +87,15 @@ LMDB_RECORD_VERSION = 1
 DEFAULT_PREFIX = "shard"
 #: Extensions packed by default (torchvision's IMG_EXTENSIONS, without the dots).
 DEFAULT_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
+#: The one list of extensions that make a tar member a sample's image (lower case, no dot): the
+#: packing defaults plus the other formats Pillow reads that other WebDataset tools write.
+IMAGE_EXTENSIONS = frozenset(DEFAULT_EXTENSIONS) | frozenset(
+    {"pbm", "gif", "jpe", "jfif", "jp2", "tga", "ico", "img"})
+#: Members of a WebDataset sample that are never its image (``__url__``/``__key__`` and any other
+#: ``__name__`` are added by readers, not stored).
+SIDE_EXTENSIONS = frozenset({"cls", "json", "txt", "__key__", "__url__", "idx", "meta"})
+#: LMDB key prefixes that are shardfeed's bookkeeping (the manifest, the pack state), not samples.
+RESERVED_KEY_PREFIXES = (b"__shardfeed_", b"!shardfeed_")
 #: Fixed tar member metadata: the same input gives byte-identical shards.
 TAR_MTIME = 0
 TAR_MODE = 0o644
@@ -135,6 +148,72 @@ def normalize_ext(ext: str) -> str:
     """
     ext = ext.lower().lstrip(".")
     return _EXT_ALIASES.get(ext, ext)
+
+
+def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
+                        source: str) -> tuple[bytes, str, int, bytes | None]:
+    """Group one WebDataset sample's members into ``(data, ext, label, meta_json_bytes)``.
+
+    The one rule, used by the training readers and by every tool (``check``, ``convert``,
+    ``unpack``, ``index``, ``inspect``), so they never disagree about a shard:
+
+    * the image is the one member whose extension is in :data:`IMAGE_EXTENSIONS` (any case);
+      with none, the one member that is not a side member (:data:`SIDE_EXTENSIONS`, ``__*__``),
+      so a dataset packed with ``--extensions heic`` reads back; zero or several candidates is an
+      error, never a silent pick;
+    * the label is ``{key}.cls`` (ASCII decimal integer, surrounding white space allowed), else the
+      ``"class"`` of ``{key}.json`` looked up in ``class_to_idx``;
+    * the metadata is the ``{key}.json`` member's bytes (None without one), not parsed here.
+
+    Args:
+        key: the sample key.
+        parts: member extension -> bytes (``{"jpg": b"...", "cls": b"3", "json": b"{...}"}``).
+        class_to_idx: class name -> index, for samples without ``.cls`` (None: none known).
+        source: the shard's path or URL, named in errors.
+
+    Returns:
+        ``(data, ext, label, meta)``: image bytes, canonical extension (:func:`normalize_ext`),
+        class index, JSON metadata bytes or None.
+
+    Raises:
+        CorruptDataError: no image member or several, an unreadable ``.cls``, or no label (the
+            message names ``source`` and ``key``).
+    """
+    image = None
+    images: list[str] = []
+    others: list[str] = []
+    for e in parts:
+        if e in IMAGE_EXTENSIONS or (e not in SIDE_EXTENSIONS and e.lower() in IMAGE_EXTENSIONS):
+            images.append(e)
+        elif e not in SIDE_EXTENSIONS and not e.startswith("__"):
+            others.append(e)
+    candidates = images or others
+    if len(candidates) != 1:
+        members = ", ".join(sorted(e for e in parts if not e.startswith("__"))) or "none"
+        what = ("no image member" if not candidates else
+                f"{len(candidates)} {'image ' if images else ''}members that could be its image "
+                f"({', '.join(candidates)}), not one")
+        raise CorruptDataError(f"{source} key {key}: sample has {what} (members: {members})")
+    image = candidates[0]
+    meta = parts.get("json")
+    cls = parts.get("cls")
+    if cls is not None:
+        try:
+            label = int(cls)
+        except ValueError:
+            raise CorruptDataError(f"{source} key {key}: {key}.cls holds {cls[:20]!r}, not a class "
+                                   "index") from None
+    else:
+        try:
+            label = class_to_idx[json.loads(meta)["class"]]  # type: ignore[index]
+        except Exception:
+            raise CorruptDataError(f"{source} key {key}: no {key}.cls member and no known class in "
+                                   f"{key}.json") from None
+    ext = image if image in _CANONICAL_EXTS else normalize_ext(image)
+    return parts[image], ext, label, meta
+
+
+_CANONICAL_EXTS = frozenset(e for e in IMAGE_EXTENSIONS if e not in _EXT_ALIASES)
 
 
 def key_width(num_samples: int) -> int:

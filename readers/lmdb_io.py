@@ -43,7 +43,7 @@ import os
 from pathlib import Path
 
 from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
-from .format import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, MANIFEST_NAME, Manifest
+from .format import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, MANIFEST_NAME, RESERVED_KEY_PREFIXES, Manifest
 
 __all__ = ["open_lmdb_readonly", "process_env", "close_environments", "read_lmdb_manifest", "choose_readahead",
            "READAHEAD_MAX_RAM_FRACTION", "MAX_READERS", "RESERVED_KEY_PREFIXES", "is_reserved_key"]
@@ -53,8 +53,6 @@ READAHEAD_MAX_RAM_FRACTION = 0.5
 #: ``max_readers`` passed to LMDB. Without a lock file the reader table is not used, so this is no
 #: limit on processes; it only sizes the table when a caller opens with a lock.
 MAX_READERS = 1024
-#: Key prefixes that are not samples.
-RESERVED_KEY_PREFIXES = (b"__shardfeed_", b"!shardfeed_")
 
 
 def is_reserved_key(key: bytes) -> bool:

@@ -55,7 +55,7 @@ import numpy as np
 from .decode import DEFAULT_MAX_PIXELS
 from .epoch import (ON_ERROR, positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, worker_batches)
-from .format import Sample
+from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, sample_from_members
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
            "manifest_fingerprint", "RESUME_CAPACITY_BYTES"]
@@ -63,11 +63,10 @@ __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_origin
 _new_tuple = tuple.__new__
 log = logging.getLogger("shardfeed.readers")
 
-#: Extensions recognised as the image member of a WebDataset sample.
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "webp", "gif", "jpe",
-                        "jfif", "jp2", "tga", "ico", "img"})
+#: Extensions recognised as the image member of a WebDataset sample (the one list, in format.py).
+IMAGE_EXTS = IMAGE_EXTENSIONS
 #: Members that are not the image.
-SIDE_EXTS = frozenset({"cls", "json", "txt", "__key__", "__url__", "idx", "meta"})
+SIDE_EXTS = SIDE_EXTENSIONS
 
 #: Rows of the shared skip-count table: row 0 is the main process, row ``1 + w % (SKIP_SLOTS - 1)``
 #: is ``DataLoader`` worker ``w``.
@@ -111,50 +110,9 @@ def name_original_file(exc: BaseException, meta: Any) -> BaseException:
     return exc
 
 
-def parts_to_raw(key: str, parts: dict, class_to_idx: dict, source: str) -> tuple[bytes, str, int, bytes | None]:
-    """``(data, ext, label, meta_json_bytes)`` of a WebDataset sample's members.
-
-    The image is the first member whose extension is an image extension (else the first member
-    that is not ``cls``/``json``/``txt``); the label is ``{key}.cls`` (ASCII integer), else the
-    ``class`` of ``{key}.json`` through ``class_to_idx``.
-
-    Raises:
-        CorruptDataError: no image member, or no usable label (names ``source`` and ``key``).
-    """
-    from .errors import CorruptDataError
-
-    data = ext = None
-    for e in parts:
-        if e in IMAGE_EXTS:
-            data, ext = parts[e], e
-            break
-    if data is None:
-        for e, v in parts.items():
-            if e not in SIDE_EXTS:
-                data, ext = v, e
-                break
-    if data is None:
-        raise CorruptDataError(f"{source} key {key}: sample has no image member (members: "
-                               f"{', '.join(sorted(parts)) or 'none'})")
-    meta = parts.get("json")
-    cls = parts.get("cls")
-    if cls is not None:
-        try:
-            label = int(cls)
-        except ValueError:
-            raise CorruptDataError(f"{source} key {key}: {key}.cls holds {cls[:20]!r}, not a class "
-                                   "index") from None
-    else:
-        try:
-            label = class_to_idx[json.loads(meta)["class"]]
-        except Exception:
-            raise CorruptDataError(f"{source} key {key}: no {key}.cls member and no known class in "
-                                   f"{key}.json") from None
-    if ext == "jpeg":
-        ext = "jpg"
-    elif ext == "tiff":
-        ext = "tif"
-    return data, ext, label, meta
+#: ``(data, ext, label, meta_json_bytes)`` of a WebDataset sample's members: the one grouping rule
+#: of :func:`shardfeed.readers.format.sample_from_members`, shared with every dataset tool.
+parts_to_raw = sample_from_members
 
 
 class SourceBase:

@@ -319,13 +319,13 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     yield None
                     continue
                 try:
-                    # fast path for shardfeed's layout (__url__, image, cls, json); else the general rule
+                    # fast path for shardfeed's layout (exactly __url__, image, cls, json); else the one rule
                     it = iter(parts)
                     next(it)
                     ext = next(it, None)
                     meta = parts.get("json")
                     cls = parts.get("cls")
-                    if ext in fast_exts and cls is not None and meta is not None:
+                    if len(parts) == 4 and ext in fast_exts and cls is not None and meta is not None:
                         label = labels.get(cls)
                         if label is None:
                             label = int(cls)

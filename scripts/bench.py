@@ -649,7 +649,7 @@ def start_shardfeed_serve(root: Path) -> tuple[subprocess.Popen, int]:
     if cli.returncode == 0:
         cmd = [SHARDFEED, "serve", str(root), "--host", "127.0.0.1", "--port", str(port)]
     else:  # the CLI command is not there yet: the same server, started directly
-        cmd = [PY, "-c", "import sys; from shardfeed.readers.serve import make_server; "
+        cmd = [PY, "-c", "import sys; from shardfeed.convert.tools.serve import make_server; "
                "make_server(sys.argv[1], '127.0.0.1', int(sys.argv[2])).serve_forever()", str(root), str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _wait_port(port, proc, "shardfeed serve")

@@ -83,7 +83,7 @@ def read_run(db: str, readahead: bool, fraction: float, order: str, seed: int) -
 
 def make_synthetic(out: str, num: int, size: int) -> None:
     """A shardfeed LMDB of ``num`` incompressible records of ~``size`` bytes (ImageNet-like JPEGs)."""
-    from shardfeed.convert.lmdb_writer import LmdbWriter
+    from shardfeed.convert.writers.lmdb import LmdbWriter
     from shardfeed.readers.format import Sample, format_key
 
     rng = random.Random(0)

@@ -27,11 +27,13 @@ Fixtures (all session-scoped; treat their files as read-only):
 from __future__ import annotations
 
 import functools
+import json
 import http.server
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -91,10 +93,11 @@ def tiny_folder_expected(tiny_image_folder) -> dict[str, tuple[bytes, int]]:
 
 def _lmdb_packer_available() -> bool:
     try:
-        from shardfeed.convert.pack import PACKERS, _packer
+        import shardfeed.convert.writers  # noqa: F401  (registers the packers)
+        from shardfeed.readers.registry import packer
 
-        _packer("lmdb")
-        return "lmdb" in PACKERS
+        packer("lmdb")
+        return True
     except Exception:
         return False
 
@@ -119,7 +122,7 @@ def packed_wds(packed_root) -> Path:
 def packed_lmdb(packed_root) -> Path:
     p = packed_root / "lmdb"
     if not p.exists():
-        pytest.skip("the LMDB packer (convert/lmdb_writer.py) is not available")
+        pytest.skip("the LMDB packer (convert/writers/lmdb.py) is not available")
     return p
 
 
@@ -275,3 +278,18 @@ def _lmdb_entries(out: Path) -> int:
 def lmdb_entries():
     """``count(out) -> int``: records committed so far in an LMDB being packed into ``out``."""
     return _lmdb_entries
+
+
+@pytest.fixture(scope="session")
+def hooked_cli():
+    """``hooked_cli(hooks) -> argv prefix``: the ``shardfeed`` CLI in a subprocess with test faults.
+
+    ``hooks`` is a dict of :class:`shardfeed.convert.faults.FaultHooks` fields (``sample_delay_s``,
+    ``lmdb_commit_count``, ``lmdb_commit_delay_s``...); see ``tests/hooked_cli.py``.
+    """
+    script = Path(__file__).with_name("hooked_cli.py")
+
+    def command(hooks: dict) -> list[str]:
+        return [sys.executable, "-P", str(script), json.dumps(hooks)]
+
+    return command

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import resource
 import signal
 import subprocess
@@ -90,11 +89,11 @@ def _refused_as_incomplete(out: Path) -> None:
 
 
 @pytest.mark.multiprocess
-def test_ctrl_c_mid_lmdb_pack_then_resume(folder, reference, tmp_path, lmdb_entries):
+def test_ctrl_c_mid_lmdb_pack_then_resume(hooked_cli, folder, reference, tmp_path, lmdb_entries):
     out = tmp_path / "o"
-    env = {**os.environ, "SHARDFEED_TEST_LMDB_COMMIT_COUNT": "5", "SHARDFEED_TEST_SLOW_MS": "100"}
-    proc = subprocess.Popen([*SHARDFEED, "-q", "pack", str(folder), str(out), "--format", "lmdb", "-j", "2"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hooks = {"lmdb_commit_count": 5, "lmdb_commit_delay_s": 0.1}
+    proc = subprocess.Popen([*hooked_cli(hooks), "-q", "pack", str(folder), str(out), "--format", "lmdb", "-j", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and lmdb_entries(out) < 15 and proc.poll() is None:
         time.sleep(0.02)
@@ -116,7 +115,7 @@ def test_ctrl_c_mid_lmdb_pack_then_resume(folder, reference, tmp_path, lmdb_entr
     _same_as_reference(out, reference)
 
 
-def test_disk_full_mid_lmdb_pack_names_output_and_resume_works(folder, reference, tmp_path, lmdb_entries):
+def test_disk_full_mid_lmdb_pack_names_output_and_resume_works(hooked_cli, folder, reference, tmp_path, lmdb_entries):
     out = tmp_path / "o"
     # RLIMIT_FSIZE caps every file the pack writes: data.mdb cannot grow past half its final size
     limit = (reference / "data.mdb").stat().st_size // 2
@@ -124,9 +123,8 @@ def test_disk_full_mid_lmdb_pack_names_output_and_resume_works(folder, reference
     def small_disk():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    env = {**os.environ, "SHARDFEED_TEST_LMDB_COMMIT_COUNT": "5"}
-    r = subprocess.run([*SHARDFEED, "pack", str(folder), str(out), "--format", "lmdb", "-j", "1"],
-                       capture_output=True, text=True, preexec_fn=small_disk, env=env)
+    r = subprocess.run([*hooked_cli({"lmdb_commit_count": 5}), "pack", str(folder), str(out), "--format", "lmdb",
+                        "-j", "1"], capture_output=True, text=True, preexec_fn=small_disk)
     assert r.returncode not in (0, -signal.SIGXFSZ) and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert str(out / "data.mdb") in r.stderr and "--resume" in r.stderr, r.stderr

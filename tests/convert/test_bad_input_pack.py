@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import resource
 import signal
 import subprocess
@@ -177,13 +176,12 @@ def _files(d: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_ctrl_c_exits_promptly_and_resume_finishes(medium, tmp_path):
+def test_ctrl_c_exits_promptly_and_resume_finishes(hooked_cli, medium, tmp_path):
     ref = tmp_path / "ref"
     pack(medium, ref, PackOptions(max_count=4, workers=1))
     out = tmp_path / "o"
-    env = {**os.environ, "SHARDFEED_TEST_DELAY_MS": "80"}
-    proc = subprocess.Popen([*SHARDFEED, "-q", "pack", str(medium), str(out), "--max-count", "4", "-j", "2"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.08}), "-q", "pack", str(medium), str(out),
+                             "--max-count", "4", "-j", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(out.glob("*.tar"))) < 2:
         time.sleep(0.02)

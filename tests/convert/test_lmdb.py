@@ -29,7 +29,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.lmdb_writer import PACK_STATE_KEY, LmdbWriter
+from shardfeed.convert.writers.lmdb import LmdbWriter
+from shardfeed.convert.writers.lmdb_store import PACK_STATE_KEY
+from shardfeed.convert.faults import FaultHooks
 from shardfeed.convert.pack import PackOptions, pack
 from shardfeed.readers.errors import IncompleteDatasetError
 from shardfeed.readers.format import LMDB_MANIFEST_KEY, Sample, decode_record, load_manifest
@@ -297,12 +299,12 @@ def test_writer_protocol(tmp_path):
 
 
 def test_compaction_keeps_records(folder, tmp_path, monkeypatch):
-    import shardfeed.convert.lmdb_writer as lw
+    import shardfeed.convert.writers.lmdb_store as store
 
-    monkeypatch.setattr(lw, "COMPACT_MIN_FREE_BYTES", 0)
-    monkeypatch.setattr(lw, "COMPACT_MIN_FREE_FRACTION", 0.0)
-    monkeypatch.setenv("SHARDFEED_TEST_LMDB_COMMIT_COUNT", "3")
-    report = pack(folder, tmp_path / "out", PackOptions(format="lmdb", workers=1))
+    monkeypatch.setattr(store, "COMPACT_MIN_FREE_BYTES", 0)
+    monkeypatch.setattr(store, "COMPACT_MIN_FREE_FRACTION", 0.0)
+    report = pack(folder, tmp_path / "out", PackOptions(format="lmdb", workers=1,
+                                                        faults=FaultHooks(lmdb_commit_count=3)))
     assert report.extra["lmdb_compacted"] is True
     check_round_trip(folder, tmp_path / "out")
     assert not list((tmp_path / "out").glob(".*"))
@@ -327,13 +329,13 @@ def kill_folder(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_after_kill_9_gives_the_same_records(kill_folder, tmp_path, lmdb_entries):
+def test_resume_after_kill_9_gives_the_same_records(hooked_cli, kill_folder, tmp_path, lmdb_entries):
     args = ["--format", "lmdb", "-j", "2", "--on-error", "skip", "--decode-check"]
     ref = tmp_path / "ref"
     pack(kill_folder, ref, PackOptions(format="lmdb", workers=1, on_error="skip", decode_check=True))
     out = tmp_path / "killed"
-    env = {**os.environ, "SHARDFEED_TEST_LMDB_COMMIT_COUNT": "5", "SHARDFEED_TEST_SLOW_MS": "100"}
-    proc = subprocess.Popen([*SHARDFEED, "-q", "pack", str(kill_folder), str(out), *args], env=env,
+    hooks = {"lmdb_commit_count": 5, "lmdb_commit_delay_s": 0.1}
+    proc = subprocess.Popen([*hooked_cli(hooks), "-q", "pack", str(kill_folder), str(out), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and lmdb_entries(out) < 30 and proc.poll() is None:
@@ -397,8 +399,7 @@ def test_failure_keeps_committed_batches_for_resume(tmp_path, monkeypatch):
     files["c/05_broken.jpg"] = b"\xff\xd8\xff not a jpeg"
     src = _write(tmp_path / "src", files)
     out = tmp_path / "out"
-    monkeypatch.setenv("SHARDFEED_TEST_LMDB_COMMIT_COUNT", "2")
-    opts = dict(format="lmdb", workers=1, shuffle=False, decode_check=True)
+    opts = dict(format="lmdb", workers=1, shuffle=False, decode_check=True, faults=FaultHooks(lmdb_commit_count=2))
     with pytest.raises(ValueError, match="05_broken.jpg"):
         pack(src, out, PackOptions(**opts))
     # the six files before the broken one were committed before the error was raised

@@ -292,13 +292,12 @@ def _run_cli(*args, env=None, **kw):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_after_kill_9_is_byte_identical(tricky, tmp_path):
+def test_resume_after_kill_9_is_byte_identical(hooked_cli, tricky, tmp_path):
     ref = tmp_path / "ref"
     pack(tricky, ref, PackOptions(max_count=2, workers=1))
     out = tmp_path / "killed"
-    env = {**os.environ, "SHARDFEED_TEST_DELAY_MS": "60"}
-    proc = subprocess.Popen([*SHARDFEED, "-q", "pack", str(tricky), str(out), "--max-count", "2", "-j", "1"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.06}), "-q", "pack", str(tricky), str(out),
+                             "--max-count", "2", "-j", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(out.glob("*.tar"))) < 3:
         time.sleep(0.02)

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from shardfeed.convert.faults import FaultHooks
 from shardfeed.convert.pack import PackOptions, pack
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
@@ -163,9 +164,9 @@ def test_lmdb_ray_has_the_same_keys_and_values_as_local(ray_cluster, src, tmp_pa
 def test_task_that_dies_once_is_retried_with_identical_output(ray_cluster, src, local_wds, tmp_path, monkeypatch):
     fail_dir = tmp_path / "fail"
     fail_dir.mkdir()
-    monkeypatch.setenv("SHARDFEED_TEST_FAIL_ONCE_DIR", str(fail_dir))  # the first task kills its worker
     out = tmp_path / "ray"
-    report = pack(src, out, PackOptions(format="wds", max_count=4, workers=2, executor="ray"))
+    faults = FaultHooks(fail_once_dir=str(fail_dir))  # the first task kills its worker
+    report = pack(src, out, PackOptions(format="wds", max_count=4, workers=2, executor="ray", faults=faults))
     assert (fail_dir / "failed-once").exists(), "the injected failure did not happen"
     assert report.extra["task_retries"] == 1 and report.extra["num_tasks"] == 9
     assert "1 retried" in report.summary()
@@ -178,8 +179,7 @@ def test_task_that_dies_once_is_retried_with_identical_output(ray_cluster, src, 
 def test_retries_are_bounded(ray_cluster, tmp_path, monkeypatch):
     from shardfeed.convert.executors import RayExecutor, TaskFailedError
 
-    monkeypatch.setenv("SHARDFEED_TEST_FAIL_ONCE_DIR", str(tmp_path))
-    ex = RayExecutor(max_retries=0)
+    ex = RayExecutor(max_retries=0, fail_once_dir=str(tmp_path))
     with pytest.raises(TaskFailedError, match="failed 1 times"):
         list(ex.map_ordered(abs, [-1, -2]))
 
@@ -202,13 +202,14 @@ def test_deterministic_errors_and_missing_shared_storage_fail_at_once(ray_cluste
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_after_the_driver_is_killed(ray_cluster, src, local_wds, tmp_path):
+def test_resume_after_the_driver_is_killed(hooked_cli, ray_cluster, src, local_wds, tmp_path):
     import ray
 
     out = tmp_path / "killed"
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster, "SHARDFEED_TEST_DELAY_MS": "150"}
-    proc = subprocess.Popen([*SHARDFEED, "-q", "pack", str(src), str(out), "--max-count", "4", "--executor", "ray"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster}
+    proc = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.15}), "-q", "pack", str(src), str(out),
+                             "--max-count", "4", "--executor", "ray"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and not list(out.glob(".shardfeed-pack/0*.json")):
@@ -220,7 +221,6 @@ def test_resume_after_the_driver_is_killed(ray_cluster, src, local_wds, tmp_path
     _wait_for_idle_cluster(ray)  # Ray stops the killed driver's tasks (one may finish its shard first)
     done = list(out.glob(".shardfeed-pack/0*.json"))
     assert 1 <= len(done) < 9, err.decode(errors="replace")[-2000:]
-    env.pop("SHARDFEED_TEST_DELAY_MS")
     r = subprocess.run([*SHARDFEED, "pack", str(src), str(out), "--max-count", "4", "--executor", "ray", "--resume",
                         "--json", "-"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

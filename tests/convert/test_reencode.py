@@ -431,7 +431,7 @@ def test_pack_resize_resume_after_interrupt_is_byte_identical(folder, packed, tm
     options = dict(workers=1, max_count=MAX_COUNT, max_bytes=MAX_BYTES, reencode=ReencodeOptions(resize=64))
     calls = []
 
-    def interrupt(n, b, out_bytes=0):
+    def interrupt(n, b):
         calls.append(n)
         if len(calls) == 1:  # after the first chunk of 32 samples (of 42), inside a shard
             raise KeyboardInterrupt
@@ -459,12 +459,17 @@ def test_pack_resize_skips_or_names_a_broken_image(folder, tmp_path):
         (src / p.parent.name).mkdir(parents=True, exist_ok=True)
         (src / p.parent.name / p.name).write_bytes(p.read_bytes())
     (src / "ant" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    seen = []  # a progress callback of the documented two arguments still works
+    seen, stored = [], []  # input progress counts every file; output progress the re-encoded bytes
     report = pack(src, tmp_path / "skip", PackOptions(workers=1, on_error="skip", reencode={"resize": 32}),
-                  progress=lambda n, b: seen.append((n, b)))
+                  progress=lambda n, b: seen.append((n, b)), output_progress=stored.append)
     assert [s["path"] for s in report.skipped] == ["ant/broken.jpg"]
     files = list(src.rglob("*.jpg"))
     assert sum(n for n, _ in seen) == len(files) and sum(b for _, b in seen) == sum(f.stat().st_size for f in files)
+    image_bytes = 0
+    for shard in (tmp_path / "skip").glob("*.tar"):
+        with tarfile.open(shard) as tar:
+            image_bytes += sum(m.size for m in tar.getmembers() if not m.name.endswith((".cls", ".json")))
+    assert sum(stored) == image_bytes
     manifest = json.loads((tmp_path / "skip" / "manifest.json").read_text())
     assert [s["path"] for s in manifest["skipped"]] == ["ant/broken.jpg"]
     with pytest.raises(CorruptDataError, match="broken.jpg"):

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from shardfeed.convert.pack import PackOptions, pack
-from shardfeed.convert.tools import unpack
+from shardfeed.convert.tools.unpack import unpack
 
 # source size (w, h) -> expected size after --resize 32 (shorter side), by hand
 CASES = {

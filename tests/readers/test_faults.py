@@ -420,7 +420,7 @@ def test_split_key_is_an_error_naming_key_and_shard(tmp_path):
 @pytest.mark.parametrize("where", ["between", "end", "both"])
 def test_stray_members_listed_by_index_are_passed_over(where, tmp_path):
     """``shardfeed index`` leaves out member groups that are no sample: the reader must too."""
-    from shardfeed.convert.tools import index_shards
+    from shardfeed.convert.tools.index import index_shards
 
     d = tmp_path / "stray"
     d.mkdir()
@@ -632,7 +632,7 @@ def test_lmdb_record_with_damaged_fields_is_named_and_skippable(damage, packed_l
     _check_kept(out, tiny_folder_expected, set(tiny_folder_expected) - {path})
     assert ds.skipped == 1
     # `shardfeed check` reports it (and only it), without a traceback
-    from shardfeed.convert.tools import check_dataset
+    from shardfeed.convert.tools.check import check_dataset
 
     report = check_dataset(d)
     assert not report.ok

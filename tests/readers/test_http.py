@@ -139,7 +139,7 @@ def https_server(packed_root, tmp_path_factory):
     import subprocess
     import threading
 
-    from shardfeed.readers.serve import make_server
+    from shardfeed.convert.tools.serve import make_server
 
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a test certificate")

@@ -181,7 +181,30 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
     assert res["check"]["num_samples"] == NUM_IMAGES and res["check"]["num_classes"] == NUM_CLASSES
     assert res["check"]["deep"] and res["check"]["num_compared"] == NUM_IMAGES
     assert "BEFORE" in r.output and "AFTER" in r.output
-    assert ("x faster; data stall" in r.output) or ("x slower" in r.output) or ("no clear difference" in r.output)
+    assert ("x faster; " in r.output) or ("x slower" in r.output) or ("no clear difference" in r.output)
+    # the verdict reads every round (in run order), the spread and the CPU other processes took
+    v = res["verdict"]
+    assert v["kind"] in ("faster", "slower", "same", "noisy", "busy")
+    for side in ("before", "after"):
+        rounds = [x["images_per_s"] for x in res["runs"] if x["label"] == side]
+        assert v[side]["rounds"] == rounds
+        assert (v[side]["min"], v[side]["max"]) == (min(rounds), max(rounds))
+        assert v[side]["median"] == min(rounds) == res[side]["images_per_s"]  # the lower of two middles
+        assert v[side]["spread_share"] == pytest.approx((max(rounds) - min(rounds)) / min(rounds), rel=1e-9)
+    others = [x["cpu"]["others_share"] for x in res["runs"]]
+    assert all(0.0 <= o <= 1.0 for o in others)
+    assert v["others_cpu_share_max"] == pytest.approx(max(others), rel=1e-9)
+    assert res["settle"]["method"] == "os.sync" and res["settle"]["seconds"] >= 0
+    # a warm comparison reads both datasets once first, so neither starts from the disk
+    both = [p for p in data["folder"].rglob("*") if p.is_file()] + [p for p in data["wds"].iterdir() if p.is_file()]
+    assert res["warm_cache"]["files"] == len(both) and res["warm_cache"]["skipped"] is None
+    assert res["warm_cache"]["read_bytes"] == res["warm_cache"]["bytes"] == sum(p.stat().st_size for p in both)
+    assert "page cache warmed before measuring" in r.output
+    for side in ("before", "after"):
+        per_image = sorted(x["cpu"]["total_s"] / x["num_samples"] for x in res["runs"] if x["label"] == side)
+        assert res["cpu_s_per_image"][side] == pytest.approx(per_image[0], rel=1e-9)  # lower of two middles
+    assert "disk settled before measuring: sync()" in r.output
+    assert res["headline"].startswith(v["text"]) and v["text"] in r.output
 
 
 @pytest.mark.multiprocess
@@ -204,6 +227,7 @@ def test_verify_cold_runs(data, tmp_path):
             # the --deep check read every LMDB record, yet left nothing mapped that eviction could not drop
             assert cache["ignored"] is False, cache
     assert res["after"]["config"]["cold"] is True
+    assert res["warm_cache"] is None  # cold runs are evicted, not warmed
 
 
 def _fs_honours_dontneed(directory: Path) -> bool:
@@ -266,7 +290,7 @@ def test_verify_refuses_other_classes(data, tmp_path):
 @pytest.mark.multiprocess
 def test_tune_sweeps_and_prints_a_call(data, tmp_path):
     out = tmp_path / "tune.json"
-    r = _run(["tune", data["wds"], *SMALL, "--batches", "3", "--max-workers", "2", "--budget-s", "60",
+    r = _run(["tune", data["wds"], *SMALL, "--batches", "3", "--max-num-workers", "2", "--budget-s", "60",
               "--json", out])
     assert r.exit_code == 0, r.output
     res = _json(out)
@@ -290,7 +314,7 @@ def test_tune_sweeps_and_prints_a_call(data, tmp_path):
 @pytest.mark.multiprocess
 def test_tune_cold_evicts_before_every_trial(data, tmp_path):
     out = tmp_path / "tune.json"
-    r = _run(["tune", data["wds"], *SMALL, "--batches", "2", "--warmup", "1", "--max-workers", "1",
+    r = _run(["tune", data["wds"], *SMALL, "--batches", "2", "--warmup", "1", "--max-num-workers", "1",
               "--budget-s", "60", "--cold", "--json", out])
     assert r.exit_code == 0, r.output
     trials = _json(out)["trials"]

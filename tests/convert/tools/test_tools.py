@@ -25,19 +25,16 @@ from PIL import Image
 
 from shardfeed.convert.cli import main as cli
 from shardfeed.convert.pack import PackOptions, pack
-from shardfeed.convert.tools import (
-    check_dataset,
-    convert_dataset,
-    expand_braces,
-    index_shards,
-    safe_relative_path,
-    stage,
-    unpack,
-)
-from shardfeed.convert.webdataset_writer import WebDatasetWriter
+from shardfeed.convert.tools.check import check_dataset
+from shardfeed.convert.tools.common import iter_raw_samples, safe_relative_path
+from shardfeed.convert.tools.convert import convert_dataset
+from shardfeed.convert.tools.index import expand_braces, index_shards
+from shardfeed.convert.tools.inspect import inspect_dataset
+from shardfeed.convert.tools.serve import serve_directory
+from shardfeed.convert.tools.stage import stage
+from shardfeed.convert.tools.unpack import unpack
+from shardfeed.convert.writers.webdataset import WebDatasetWriter
 from shardfeed.readers.format import Sample, read_index
-from shardfeed.readers.inspect import inspect_dataset, iter_raw_samples
-from shardfeed.readers.serve import serve_directory
 
 CLASSES = ["bird", "cat", "dog", "empty"]  # sorted, as ImageFolder finds them; "empty" holds nothing
 
@@ -485,6 +482,10 @@ def test_commands_have_help():
 
 
 def test_import_convert_tools_without_torch():
-    code = ("import sys, shardfeed.convert.tools, shardfeed.convert.tools_cli, shardfeed.convert.webdataset_writer;"
+    code = ("import sys, shardfeed.convert.tools.check, shardfeed.convert.tools.convert, "
+            "shardfeed.convert.tools.index, shardfeed.convert.tools.inspect, shardfeed.convert.tools.serve, "
+            "shardfeed.convert.tools.stage, "
+            "shardfeed.convert.tools.unpack, shardfeed.convert.cli.tools, shardfeed.convert.writers.webdataset, "
+            "shardfeed.convert.writers.lmdb;"
             "assert 'torch' not in sys.modules and 'webdataset' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)

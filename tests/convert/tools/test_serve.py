@@ -1,4 +1,4 @@
-"""`shardfeed.readers.serve`: the threaded HTTP server with Range support (127.0.0.1 only).
+"""`shardfeed.convert.tools.serve`: the threaded HTTP server with Range support (127.0.0.1 only).
 
 Expectations come from the files on disk, fetched with the standard library's ``http.client``.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardfeed.readers.serve import parse_range, serve_directory
+from shardfeed.convert.tools.serve import parse_range, serve_directory
 
 pytestmark = pytest.mark.network
 

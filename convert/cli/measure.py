@@ -1,8 +1,9 @@
 """``shardfeed bench``, ``shardfeed verify`` and ``shardfeed tune``: the measuring commands.
 
-Plain click commands (``shardfeed.convert.cli`` attaches every command in :data:`COMMANDS`);
-heavy modules (torch, the readers) are imported inside the commands. The measuring itself lives
-in :mod:`shardfeed.readers.measure`.
+Plain click commands (:mod:`shardfeed.convert.cli` attaches every command in :data:`COMMANDS`),
+thin layers over :func:`~shardfeed.readers.measure.bench_source`,
+:func:`~shardfeed.readers.measure.compare_sources` and :func:`~shardfeed.readers.measure.tune_loader`;
+heavy modules (torch, the readers) are imported inside the commands.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Callable
 
 import click
 
-from .cli_common import command, json_option, write_json_report
+from .common import command, deprecated_option, echo, json_option, num_workers_options, write_json_report
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
 
@@ -55,8 +56,6 @@ def loader_options(f: Callable, *, sweep: bool = False) -> Callable:
     opts = []
     if not sweep:
         opts += [
-            click.option("--num-workers", "-j", type=click.IntRange(min=0), default=None,
-                         help="DataLoader worker processes [default: min(4, CPU count)]."),
             click.option("--pin-memory/--no-pin-memory", default=None,
                          help="Pinned host memory for non-blocking copies [default: on with CUDA]."),
             click.option("--prefetch-factor", type=click.IntRange(min=1), default=2, show_default=True,
@@ -80,7 +79,7 @@ def loader_options(f: Callable, *, sweep: bool = False) -> Callable:
     ]
     for opt in reversed(opts):
         f = opt(f)
-    return f
+    return f if sweep else num_workers_options(f)
 
 
 def _sweep_loader_options(f: Callable) -> Callable:
@@ -114,11 +113,6 @@ def _check_plot(plot: str | None) -> None:
                                "(or pip install matplotlib)") from None
 
 
-def _echo(text: str, json_path: str | None) -> None:
-    """Human output: stdout, or stderr when the JSON goes to stdout."""
-    click.echo(text, err=json_path == "-")
-
-
 def _progress(json_path: str | None) -> Callable[[str], None]:
     return lambda line: click.echo(f"shardfeed: {line}", err=True)
 
@@ -144,14 +138,14 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
       shardfeed bench data/train --compute-ms 50 --num-workers 8     # would it keep up with 50 ms steps?
       shardfeed bench out/train-lmdb --model none --cold --json report.json
     """
-    from .measure import bench_source, format_report, plot_runs
+    from shardfeed.readers.measure import bench_source, format_report, plot_runs
 
     _check_plot(plot)
     report = bench_source(source, cold=cold, **_split_kwargs(kwargs))
     report.label = report.label or "bench"
-    _echo(format_report(report), json_path)
+    echo(format_report(report), json_path)
     if plot:
-        _echo(f"plot: {plot_runs([report], plot)}", json_path)
+        echo(f"plot: {plot_runs([report], plot)}", json_path)
     write_json_report(json_path, report.to_json())
 
 
@@ -161,7 +155,8 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
 @harness_options
 @loader_options
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Alternating rounds (before/after, then after/before, ...); the median run of each is reported.")
+              help="Alternating rounds (before/after, then after/before, ...); the median run of each is reported, "
+                   "and a verdict only when the rounds agree beyond their spread (3 or more recommended).")
 @click.option("--deep", is_flag=True, help="Also compare every sample's bytes and label (matched by original path).")
 @click.option("--min-speedup", type=float, default=None, metavar="X",
               help="Exit with status 1 when AFTER is less than X times as fast as BEFORE.")
@@ -185,7 +180,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
       shardfeed verify data/train out/train-lmdb --cold --repeats 3 --model resnet18
       shardfeed verify data/train out/train-wds --compute-ms 30 --min-speedup 1.5 --json verify.json
     """
-    from .measure import compare_sources, comparison_headline, format_comparison, plot_runs
+    from shardfeed.readers.measure import compare_sources, format_comparison, plot_runs, verdict_headline
 
     _check_plot(plot)
     opts = _split_kwargs(kwargs)
@@ -193,13 +188,15 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
         click.echo("shardfeed: comparing every sample of both datasets (--deep)...", err=True)
     result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep,
                              progress=_progress(json_path), **opts)
-    _echo(format_comparison(result), json_path)
+    echo(format_comparison(result), json_path)
     if plot:
-        _echo(f"plot: {plot_runs([result['before'], result['after']], plot)}", json_path)
+        echo(f"plot: {plot_runs([result['before'], result['after']], plot)}", json_path)
     out = {"before": result["before"].to_json(), "after": result["after"].to_json(), "speedup": result["speedup"],
            "stall_share_before": result["stall_share_before"], "stall_share_after": result["stall_share_after"],
-           "headline": comparison_headline(result["speedup"], result["stall_share_before"],
-                                           result["stall_share_after"]),
+           "headline": verdict_headline(result["verdict"], result["speedup"], result["stall_share_before"],
+                                        result["stall_share_after"]),
+           "verdict": result["verdict"], "settle": result["settle"],
+           "warm_cache": result["warm_cache"], "cpu_s_per_image": result["cpu_s_per_image"],
            "check": result["check"], "repeats": repeats, "cold": cold, "min_speedup": min_speedup,
            "runs": [r.to_json() for r in result["runs"]]}
     write_json_report(json_path, out)
@@ -215,11 +212,13 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
 @_sweep_loader_options
 @click.option("--budget-s", type=click.FloatRange(min=1), default=300, show_default=True,
               help="Time budget of the whole sweep, seconds; trials that would not fit are skipped.")
-@click.option("--max-workers", type=click.IntRange(min=0), default=None,
+@click.option("--max-num-workers", "max_workers", type=click.IntRange(min=0), default=None,
               help="Largest num_workers tried [default: 2 x CPU count].")
+@click.option("--max-workers", "max_workers_old", type=click.IntRange(min=0), default=None, hidden=True,
+              callback=deprecated_option("--max-workers", "--max-num-workers"))
 @json_option
-def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, json_path: str | None,
-         **kwargs: Any) -> None:
+def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_workers_old: int | None,
+         json_path: str | None, **kwargs: Any) -> None:
     """Sweep the DataLoader knobs on SOURCE one at a time and print the best make_loader(...) call.
 
     \b
@@ -232,10 +231,11 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, json
       shardfeed tune out/train-wds --model resnet50 --budget-s 600
       shardfeed tune data/train --compute-ms 40 --batches 30
     """
-    from .measure import format_table, tune_loader
+    from shardfeed.readers.measure import format_table, tune_loader
 
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
+    max_workers = max_workers_old if max_workers is None else max_workers
     result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
                          progress=_progress(json_path), **opts)
     best = result["best"]
@@ -248,16 +248,16 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, json
                      str(o.get("prefetch_factor")) if workers else "-",
                      str(o.get("persistent_workers")) if workers else "-", f"{t['images_per_s']:.1f}",
                      f"{t['stall_share']:.0%}", f"{t['seconds']:.1f}", mark))
-    _echo(format_table(rows, header=("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall",
+    echo(format_table(rows, header=("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall",
                                      "took s", "best")), json_path)
     for w in result["warnings"]:
-        _echo(f"warning: {w}", json_path)
+        echo(f"warning: {w}", json_path)
     for s in result["skipped"]:
-        _echo(f"skipped: {s}", json_path)
+        echo(f"skipped: {s}", json_path)
     for a in result["advice"]:
-        _echo(f"advice: {a}", json_path)
-    _echo(f"best: {best['images_per_s']:.1f} images/s, data stall {best['stall_share']:.0%}", json_path)
-    _echo(result["call"], json_path)
+        echo(f"advice: {a}", json_path)
+    echo(f"best: {best['images_per_s']:.1f} images/s, data stall {best['stall_share']:.0%}", json_path)
+    echo(result["call"], json_path)
     out = dict(result)
     out["trials"] = [{**{k: v for k, v in t.items() if k != "report"}, "report": t["report"].to_json(per_batch=False)}
                      for t in result["trials"]]

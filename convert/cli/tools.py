@@ -1,9 +1,8 @@
 """``shardfeed inspect | check | unpack | convert | stage | index | serve``: the dataset tools.
 
-Plain click commands (``shardfeed.convert.cli`` attaches every command in :data:`COMMANDS`).
-The work is done in :mod:`shardfeed.convert.tools`, :mod:`shardfeed.readers.inspect` and
-:mod:`shardfeed.readers.serve`; these functions only parse options, draw progress bars and print.
-None of them imports torch.
+Plain click commands (:mod:`shardfeed.convert.cli` attaches every command in :data:`COMMANDS`),
+each a thin layer over one function of :mod:`shardfeed.convert.tools` (one module per command);
+these only parse options, draw progress bars and print. None of them imports torch.
 """
 
 from __future__ import annotations
@@ -15,15 +14,9 @@ from pathlib import Path
 
 import click
 
-from shardfeed.readers.cli_common import EXIT_ERROR, SizeParam, command, json_option, progress_bar, write_json_report
+from .common import EXIT_ERROR, SizeParam, command, json_option, pack_options, progress_bar, quiet, write_json_report
 
 __all__ = ["COMMANDS", "inspect_cmd", "check_cmd", "unpack_cmd", "convert_cmd", "stage_cmd", "index_cmd", "serve_cmd"]
-
-
-def _quiet() -> bool:
-    ctx = click.get_current_context(silent=True)
-    obj = ctx.find_root().obj if ctx else None
-    return bool((obj or {}).get("quiet", False))
 
 
 def _out(json_path: str | None) -> bool:
@@ -39,7 +32,9 @@ def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
         problem = p["problem"]
         # most messages already start with the file's path: do not name the shard twice
         first = problem.split(": ", 1)[0]
-        if p["shard"] and not p.get("key") and os.path.basename(first).split(".")[0] == p["shard"].split(".")[0]:
+        names_key = bool(p.get("key")) and first.endswith(f" key {p['key']}")  # "PATH key KEY: ..." names both
+        if names_key or (p["shard"] and not p.get("key")
+                         and os.path.basename(first).split(".")[0] == p["shard"].split(".")[0]):
             click.echo(f"  {problem}", err=err)
         else:
             click.echo(f"  {where}: {problem}", err=err)
@@ -72,18 +67,22 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
       shardfeed inspect out/train
       shardfeed inspect http://127.0.0.1:8000/ --json -
     """
-    from shardfeed.readers.inspect import format_inspect_report, inspect_dataset, is_url
+    from shardfeed.convert.tools.common import is_url, looks_like_image_folder
+    from shardfeed.convert.tools.inspect import (
+        format_folder_report,
+        format_inspect_report,
+        inspect_dataset,
+        inspect_image_folder,
+    )
 
     err = _out(json_path)
     if not is_url(source):
-        from .tools import looks_like_image_folder
-
         if looks_like_image_folder(source):
-            report = _inspect_folder(source, examples)
-            click.echo(_format_folder_report(report), err=err)
+            report = inspect_image_folder(source, examples)
+            click.echo(format_folder_report(report), err=err)
             write_json_report(json_path, report)
             return
-    bar, update = progress_bar(0, 0, "count classes", _quiet() or class_counts is False
+    bar, update = progress_bar(0, 0, "count classes", quiet() or class_counts is False
                                or (class_counts is None and is_url(source)))
     try:
         report = inspect_dataset(source, count_classes_from_data=class_counts, num_examples=examples,
@@ -92,39 +91,6 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
         bar.close()
     click.echo(format_inspect_report(report), err=err)
     write_json_report(json_path, report)
-
-
-def _inspect_folder(source: str, num_examples: int) -> dict:
-    from .scan import scan_image_folder
-
-    scan = scan_image_folder(source)
-    counts = {c: 0 for c in scan.classes}
-    for f in scan.files:
-        counts[f.class_name] += 1
-    return {
-        "source": scan.root, "format": "imagefolder", "num_samples": len(scan.files),
-        "num_classes": len(scan.classes), "num_bytes": scan.num_bytes,
-        "classes": [{"index": scan.class_to_idx[c], "name": c, "count": counts[c]} for c in scan.classes],
-        "class_counts_from": "files", "ignored": scan.ignored, "empty_classes": scan.empty_classes,
-        "examples": [{"path": f.rel, "class": f.class_name, "label": f.label, "ext": f.ext, "num_bytes": f.size}
-                     for f in scan.files[:num_examples]],
-    }
-
-
-def _format_folder_report(r: dict) -> str:
-    lines = [f"{r['source']}: image folder (ImageFolder layout), {r['num_samples']:,} images in "
-             f"{r['num_classes']} classes, {r['num_bytes'] / 1e6:,.1f} MB (not packed: `shardfeed pack` it)",
-             "classes (counts from the files):"]
-    for c in r["classes"][:20]:
-        lines.append(f"  {c['index']:>5}  {c['count']:>8,}  {c['name']}")
-    if len(r["classes"]) > 20:
-        lines.append(f"  ... {len(r['classes']) - 20} more")
-    lines.append(f"ignored files: {len(r['ignored'])}")
-    for item in r["ignored"][:10]:
-        lines.append(f"  {item['path']}: {item['reason']}")
-    for e in r["examples"]:
-        lines.append(f"  example: {e['path']} (label {e['label']}, {e['num_bytes']:,} bytes)")
-    return "\n".join(lines)
 
 
 @command("check", short_help="Verify sha256, sizes and samples against the manifest.")
@@ -147,13 +113,12 @@ def check_cmd(source: str, decode: bool, json_path) -> None:
       shardfeed check out/train
       shardfeed check out/train --decode --json check.json
     """
-    from shardfeed.readers.inspect import DatasetLocation
-
-    from .tools import check_dataset
+    from shardfeed.convert.tools.check import check_dataset
+    from shardfeed.convert.tools.common import DatasetLocation
 
     manifest = DatasetLocation(source).load_manifest(check_files=False)
     bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards),
-                               "check" + (" + decode" if decode else ""), _quiet())
+                               "check" + (" + decode" if decode else ""), quiet())
     try:
         report = check_dataset(source, decode=decode, progress=update)
     finally:
@@ -183,12 +148,11 @@ def unpack_cmd(source: str, out: Path, overwrite: bool, json_path) -> None:
     Example:
       shardfeed unpack out/train restored/train
     """
-    from shardfeed.readers.inspect import DatasetLocation
-
-    from .tools import unpack
+    from shardfeed.convert.tools.common import DatasetLocation
+    from shardfeed.convert.tools.unpack import unpack
 
     manifest = DatasetLocation(source).load_manifest(check_files=False)
-    bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards), "unpack", _quiet())
+    bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards), "unpack", quiet())
     try:
         report = unpack(source, out, overwrite=overwrite, progress=update)
     finally:
@@ -200,16 +164,11 @@ def unpack_cmd(source: str, out: Path, overwrite: bool, json_path) -> None:
 @command("convert", short_help="Convert between wds and lmdb, or re-shard; bytes unchanged.")
 @click.argument("src", metavar="SRC")
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--format", "-f", "fmt", type=click.Choice(["wds", "webdataset", "lmdb"], case_sensitive=False),
-              required=True, help="Output format: WebDataset .tar shards (wds) or one LMDB database (lmdb).")
-@click.option("--max-count", type=click.IntRange(min=1), default=10000, show_default=True,
-              help="WebDataset: samples per shard at most.")
-@click.option("--max-bytes", type=SizeParam(), default="256MB", show_default=True,
-              help="WebDataset: size of a shard file at most (headers and padding included); e.g. 512MB, 1GiB.")
-@click.option("--prefix", default="shard", show_default=True, help="WebDataset: shard file prefix.")
-@click.option("--workers", "-j", type=click.IntRange(min=1), default=None,
-              help="Image-folder SRC only: processes that pack [default: CPU count].")
-@click.option("--overwrite", is_flag=True, help="Replace a dataset in OUT (only files shardfeed writes).")
+@pack_options("format", "max_count", "max_bytes", "prefix", "workers", "overwrite",
+              format={"required": True, "default": None, "show_default": False},
+              prefix={"help": "WebDataset: shard file prefix."},
+              workers={"help": "Image-folder SRC only: processes that pack [default: CPU count]."},
+              overwrite={"help": "Replace a dataset in OUT (only files shardfeed writes)."})
 @json_option
 def convert_cmd(src: str, out: Path, fmt: str, max_count: int, max_bytes: int, prefix: str, workers, overwrite: bool,
                 json_path) -> None:
@@ -225,15 +184,14 @@ def convert_cmd(src: str, out: Path, fmt: str, max_count: int, max_bytes: int, p
       shardfeed convert out/train-wds out/train-lmdb --format lmdb
       shardfeed convert out/train-wds out/train-big --format wds --max-bytes 1GB   # re-shard
     """
-    from shardfeed.readers.inspect import DatasetLocation, is_url
-
-    from .tools import convert_dataset, looks_like_image_folder
+    from shardfeed.convert.tools.common import DatasetLocation, is_url, looks_like_image_folder
+    from shardfeed.convert.tools.convert import convert_dataset
 
     total, total_bytes = 0, 0
     if is_url(src) or not looks_like_image_folder(src):
         manifest = DatasetLocation(src).load_manifest(check_files=False)
         total, total_bytes = manifest.num_samples, sum(s.num_bytes for s in manifest.shards)
-    bar, update = progress_bar(total, total_bytes, f"convert -> {fmt.lower()}", _quiet())
+    bar, update = progress_bar(total, total_bytes, f"convert -> {fmt.lower()}", quiet())
     try:
         report = convert_dataset(src, out, format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                                  workers=workers, overwrite=overwrite, progress=update)
@@ -266,13 +224,12 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, json_path) -> 
       shardfeed stage /nfs/datasets/train /local/nvme/train
       shardfeed stage http://data-host:8000/train/ /dev/shm/train --json stage.json
     """
-    from shardfeed.readers.inspect import DatasetLocation
-
-    from .tools import stage
+    from shardfeed.convert.tools.common import DatasetLocation
+    from shardfeed.convert.tools.stage import stage
 
     manifest = DatasetLocation(src).load_manifest(check_files=False)
     total_bytes = sum(s.num_bytes for s in manifest.shards)
-    bar, update = progress_bar(len(manifest.shards), total_bytes, "stage", _quiet())
+    bar, update = progress_bar(len(manifest.shards), total_bytes, "stage", quiet())
     bar.unit = "file"
     try:
         report = stage(src, dest, min_free_bytes=min_free_bytes, progress=update, retries=retries)
@@ -312,9 +269,9 @@ def index_cmd(pattern: str, out, classes_file, overwrite: bool, json_path) -> No
       shardfeed index /data/wds-shards
       shardfeed index 'http://host/shards/train-{000000..000146}.tar' --out manifests/ --classes classes.txt
     """
-    from .tools import index_shards
+    from shardfeed.convert.tools.index import index_shards
 
-    bar, update = progress_bar(0, 0, "index", _quiet())
+    bar, update = progress_bar(0, 0, "index", quiet())
     try:
         report = index_shards(pattern, out=out, classes_file=classes_file, overwrite=overwrite, progress=update)
     finally:
@@ -345,7 +302,7 @@ def serve_cmd(path: Path, host: str, port: int) -> None:
     Example:
       shardfeed serve out/train --port 8000
     """
-    from shardfeed.readers.serve import make_server, server_url
+    from shardfeed.convert.tools.serve import make_server, server_url
 
     try:
         server = make_server(path, host, port)
@@ -367,5 +324,5 @@ def serve_cmd(path: Path, host: str, port: int) -> None:
         server.server_close()
 
 
-#: The commands ``shardfeed.convert.cli`` attaches to the ``shardfeed`` group.
+#: The commands :mod:`shardfeed.convert.cli` attaches to the ``shardfeed`` group.
 COMMANDS = [inspect_cmd, check_cmd, unpack_cmd, convert_cmd, stage_cmd, index_cmd, serve_cmd]

@@ -1,0 +1,62 @@
+"""The ``shardfeed`` command line: the one front door (Click group).
+
+Commands by group, each a thin layer over one library function: :mod:`.pack` (``pack``),
+:mod:`.tools` (``inspect``, ``check``, ``unpack``, ``convert``, ``stage``, ``index``, ``serve``
+over :mod:`shardfeed.convert.tools`), :mod:`.measure` (``bench``, ``verify``, ``tune`` over
+:mod:`shardfeed.readers.measure`); shared options, ``--json`` reports and progress bars live in
+:mod:`.common`. Nothing outside this package imports Click.
+
+Conventions (DESIGN.md, "CLI conventions"): every reporting command takes ``--json PATH`` (``-``
+for stdout) and writes its full report there; sizes accept ``KB/MB/GB`` (powers of 1000) and
+``KiB/MiB/GiB``; lists are comma-separated. Library errors become one line on stderr and a
+non-zero exit status, never a traceback. Commands import their heavy modules lazily, so
+``shardfeed pack`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import click
+
+__all__ = ["main"]
+
+log = logging.getLogger("shardfeed")
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="shardfeed", prog_name="shardfeed")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress bar and no warnings (errors and the one-line summary still print).")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """shardfeed: pack image folders into WebDataset shards or LMDB, and read them back fast.
+
+    \b
+    Typical use:
+      shardfeed pack data/train out/train-wds --format wds      # ImageFolder -> .tar shards
+      shardfeed pack data/train out/train-lmdb --format lmdb    # ImageFolder -> one LMDB
+      shardfeed verify data/train out/train-wds                 # same training loop, before vs after
+
+    Every command explains its options with --help; every report has a --json form.
+    """
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
+    level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    logging.basicConfig(level=level, format="shardfeed: %(levelname)s: %(message)s", stream=sys.stderr)
+    ctx.ensure_object(dict)
+    ctx.obj["quiet"] = quiet
+
+
+def _register_commands() -> None:
+    """Attach every command of the group modules (each imports its heavy parts lazily)."""
+    from . import measure, pack, tools
+
+    for module in (pack, tools, measure):
+        for cmd in module.COMMANDS:
+            main.add_command(cmd)
+
+
+_register_commands()

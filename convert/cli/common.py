@@ -1,0 +1,372 @@
+"""What every shardfeed command shares (the CLI conventions of DESIGN.md).
+
+Every reporting command takes ``--json PATH`` (``-`` for stdout); sizes accept ``KB/MB/GB``
+(powers of 1000) and ``KiB/MiB/GiB``; library errors become one line on stderr and a non-zero
+exit status, never a traceback (set ``SHARDFEED_DEBUG=1`` to see it).
+
+The option sets used by several commands are declared here, once: :func:`pack_options` (``pack``
+and ``convert``), :func:`reencode_options` (``pack``). Spellings are one per concept:
+``--workers``/``-j`` are packing processes, ``--num-workers`` DataLoader workers, ``--on-error``
+is ``raise|skip``; old spellings still work and print a one-line deprecation message
+(:func:`deprecated`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+__all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "one_line", "command", "progress_bar",
+           "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice", "pack_options",
+           "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES"]
+
+#: Exit status when a command fails on bad input or a fault it reports.
+EXIT_ERROR = 1
+#: Exit status after Ctrl-C (128 + SIGINT), as shells do.
+EXIT_INTERRUPTED = 130
+
+
+class SizeParam(click.ParamType):
+    """A byte size: ``256MB`` (powers of 1000), ``1GiB`` (powers of 1024) or a byte count."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        from shardfeed.readers.format import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def write_json_report(path: str | None, report: Any) -> None:
+    """Write ``report`` as JSON to ``path`` (``-``: stdout); nothing when ``path`` is None."""
+    if not path:
+        return
+    text = json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n"
+    if path == "-":
+        click.echo(text, nl=False)
+    else:
+        from shardfeed.readers.format import write_bytes_atomic
+
+        write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def _check_json_path(ctx, param, value):
+    """Refuse a ``--json`` path whose folder does not exist before any work is done."""
+    if value in (None, "-"):
+        return value
+    parent = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(parent):
+        raise click.BadParameter(f"folder {parent} does not exist: create it or choose another path", ctx, param)
+    if os.path.isdir(value):
+        raise click.BadParameter(f"{value} is a folder: give a file path such as {value.rstrip('/')}/report.json",
+                                 ctx, param)
+    return value
+
+
+def json_option(f: Callable) -> Callable:
+    """Add ``--json PATH`` (the full report as JSON; ``-`` for stdout), checked before any work."""
+    return click.option("--json", "json_path", metavar="PATH", default=None, callback=_check_json_path,
+                        help="Also write the full report as JSON to PATH ('-' for stdout).")(f)
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` as one line: a DataLoader worker's wrapped traceback keeps its last line."""
+    msg = str(exc) or type(exc).__name__
+    if "Traceback (most recent call last)" in msg:
+        last = [ln for ln in msg.splitlines() if ln.strip()][-1].strip()
+        name = type(exc).__name__
+        msg = last[len(name) + 2:] if last.startswith(name + ": ") else last
+    return msg
+
+
+def fail_cleanly(f: Callable) -> Callable:
+    """Turn library errors into one line on stderr and a non-zero exit (no traceback)."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        from shardfeed.readers.errors import ShardfeedError
+
+        try:
+            return f(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("shardfeed: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.ClickException:
+            raise
+        except (ShardfeedError, ValueError, OSError, LookupError) as exc:
+            msg = one_line(exc)
+            if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
+                msg = f"{exc.filename}: {msg}"
+            click.echo(f"shardfeed: error: {msg}", err=True)
+            if os.environ.get("SHARDFEED_DEBUG"):
+                raise
+            sys.exit(EXIT_ERROR)
+
+    return wrapper
+
+
+def command(*args, **kwargs) -> Callable:
+    """``click.command`` with clean error handling (see :func:`fail_cleanly`)."""
+
+    def deco(f):
+        return click.command(*args, **kwargs)(fail_cleanly(f))
+
+    return deco
+
+
+class _NoBar:
+    """Stands in for a tqdm bar when none is shown."""
+
+    n = 0
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
+    """A tqdm bar counting images, with MB/s in its postfix; returns (bar, callback).
+
+    The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe: pass
+    it as a ``progress(num_samples, input_bytes)`` callback, and where the stored bytes differ from
+    the input (``pack --resize``) also report them, as ``pack``'s
+    ``output_progress=lambda b: update(0, 0, b)`` does; once output bytes arrive, the postfix shows
+    input -> output MB. No bar
+    (and no ``tqdm`` import, ~30 ms of a short command's start-up) with ``quiet`` or when stderr
+    is not a terminal (a log file would fill with carriage-return redraws).
+    """
+    if quiet or not _stderr_is_tty():
+        return _NoBar(), lambda n, nbytes, output_bytes=0: None
+    import threading
+    import time
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_samples, unit="img", unit_scale=True, desc=desc, disable=quiet,
+               dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
+    state = {"in": 0, "out": 0, "t0": time.perf_counter(), "last": 0.0}
+    lock = threading.Lock()
+
+    def update(n: int, nbytes: int, output_bytes: int = 0) -> None:
+        with lock:
+            state["in"] += nbytes
+            state["out"] += output_bytes
+            bar.update(n)
+            now = time.perf_counter()
+            if now - state["last"] > 0.25 or bar.n >= total_samples:
+                state["last"] = now
+                mb_s = state["in"] / 1e6 / max(now - state["t0"], 1e-9)
+                done = f"{state['in'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB"
+                if state["out"]:
+                    done += f" -> {state['out'] / 1e6:.1f} MB, {mb_s:.1f} MB/s in"
+                else:
+                    done += f", {mb_s:.1f} MB/s"
+                bar.set_postfix_str(done, refresh=False)
+
+    return bar, update
+
+
+
+
+def quiet() -> bool:
+    """True when the ``shardfeed`` group got ``-q/--quiet`` (no progress bars)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx else None
+    return bool((obj or {}).get("quiet", False))
+
+
+def echo(text: str, json_path: str | None) -> None:
+    """Human output: stdout, or stderr when the JSON report goes to stdout (``--json -``)."""
+    click.echo(text, err=json_path == "-")
+
+
+def deprecated(old: str, new: str) -> None:
+    """Print the one-line deprecation message of an old option spelling (stderr)."""
+    click.echo(f"shardfeed: warning: {old} is deprecated: use {new}", err=True)
+
+
+class OnErrorChoice(click.Choice):
+    """``raise|skip``; the old ``fail`` (pack's former spelling) is read as ``raise`` with a deprecation line."""
+
+    def __init__(self) -> None:
+        super().__init__(["raise", "skip"])
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.lower() == "fail":
+            deprecated("--on-error fail", "--on-error raise")
+            return "raise"
+        return super().convert(value, param, ctx)
+
+
+def deprecated_option(old: str, new: str) -> Callable:
+    """A Click callback for a hidden old spelling: prints :func:`deprecated` when the option is given."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value is not None:
+            deprecated(old, new)
+        return value
+
+    return callback
+
+
+_deprecated_j = deprecated_option("-j for DataLoader workers", "--num-workers (-j is packing processes only)")
+
+
+def num_workers_options(f: Callable) -> Callable:
+    """``--num-workers N`` (DataLoader worker processes) and the old ``-j N`` (deprecated, hidden).
+
+    The command receives ``num_workers`` (``-j`` folded in).
+    """
+
+    @functools.wraps(f)
+    def wrapper(*args, num_workers_j=None, **kwargs):
+        if num_workers_j is not None and kwargs.get("num_workers") is None:
+            kwargs["num_workers"] = num_workers_j
+        return f(*args, **kwargs)
+
+    wrapper = click.option("-j", "num_workers_j", type=click.IntRange(min=0), default=None, hidden=True,
+                           expose_value=True, callback=_deprecated_j)(wrapper)
+    return click.option("--num-workers", type=click.IntRange(min=0), default=None,
+                        help="DataLoader worker processes [default: min(4, CPU count)].")(wrapper)
+
+
+def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
+    """``name -> (param_decls, attrs)`` of the options shared by ``pack`` and ``convert``."""
+    fmt_choice = click.Choice(["wds", "webdataset", "lmdb"], case_sensitive=False)
+    return {
+        "format": (("--format", "-f", "fmt"), dict(
+            type=fmt_choice, default="wds", show_default=True,
+            help="Output format: WebDataset .tar shards (wds) or one LMDB database (lmdb).")),
+        "max_count": (("--max-count",), dict(
+            type=click.IntRange(min=1), default=10000, show_default=True,
+            help="WebDataset: samples per shard at most.")),
+        "max_bytes": (("--max-bytes",), dict(
+            type=SizeParam(), default="256MB", show_default=True,
+            help="WebDataset: size of a shard file at most (headers and padding included); e.g. 512MB, 1GiB.")),
+        "prefix": (("--prefix",), dict(
+            default="shard", show_default=True, help="WebDataset: shard file prefix ({prefix}-000000.tar).")),
+        "workers": (("--workers", "-j"), dict(
+            type=click.IntRange(min=1), default=None,
+            help="Processes that read and write shards [default: CPU count].")),
+        "seed": (("--seed",), dict(
+            type=int, default=0, show_default=True,
+            help="Seed of the packing-order shuffle (so no shard holds one class only).")),
+        "no_shuffle": (("--no-shuffle",), dict(
+            is_flag=True, help="Keep sorted ImageFolder order instead of shuffling.")),
+        "on_error": (("--on-error",), dict(
+            type=OnErrorChoice(), default="raise", show_default=True,
+            help="On an unreadable or (with --decode-check) undecodable file: stop naming it (raise), or skip "
+                 "it and list it in the manifest (skip). The old spelling 'fail' still means raise.")),
+        "decode_check": (("--decode-check",), dict(
+            is_flag=True, help="Fully decode every image while packing (the readers' exact rules); bytes are "
+                               "still stored unchanged.")),
+        "resume": (("--resume",), dict(
+            is_flag=True,
+            help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten.")),
+        "overwrite": (("--overwrite",), dict(is_flag=True, help="Replace an existing dataset in OUT.")),
+        "executor": (("--executor",), dict(
+            type=click.Choice(["local", "ray"], case_sensitive=False), default="local", show_default=True,
+            help="Where the tasks run: this machine's --workers processes, or a Ray cluster (one task per shard; "
+                 "SRC and OUT must be on storage every node mounts at the same path). Same output bytes either "
+                 "way. Needs pip install 'shardfeed[ray]'.")),
+        "ray_address": (("--ray-address",), dict(
+            default=None, metavar="ADDR",
+            help="--executor ray: the cluster to use (auto, HOST:PORT) [default: $RAY_ADDRESS, else a local Ray "
+                 "instance with --workers CPUs].")),
+    }
+
+
+#: Every option of :func:`pack_options`, in help order (the kebab-case of :class:`PackOptions`).
+PACK_OPTION_NAMES = ("format", "max_count", "max_bytes", "prefix", "workers", "seed", "no_shuffle", "on_error",
+                     "decode_check", "resume", "overwrite", "executor", "ray_address")
+
+
+def pack_options(*names: str, **overrides: dict) -> Callable[[Callable], Callable]:
+    """Decorator adding the packing options (declared once, here) to a command.
+
+    Args:
+        *names: the options to add (:data:`PACK_OPTION_NAMES`; none: all of them).
+        **overrides: per option, attributes that differ for this command
+            (``format={"required": True, "default": None}``).
+
+    Returns:
+        The decorator; the command receives each option under its :class:`PackOptions` name
+        (``fmt`` for ``--format``).
+    """
+    table = _pack_option_table()
+    chosen = names or PACK_OPTION_NAMES
+    unknown = set(chosen) - set(table)
+    if unknown:
+        raise ValueError(f"unknown pack options {sorted(unknown)}: choose from {PACK_OPTION_NAMES}")
+
+    def deco(f: Callable) -> Callable:
+        for name in reversed([n for n in PACK_OPTION_NAMES if n in chosen]):
+            decls, attrs = table[name]
+            f = click.option(*decls, **{**attrs, **overrides.get(name, {})})(f)
+        return f
+
+    return deco
+
+
+def reencode_options(f: Callable) -> Callable:
+    """Add ``--resize``, ``--resize-mode``, ``--upscale``, ``--quality`` and ``--image-format``.
+
+    The command receives them as one keyword argument ``reencode`` (a
+    :class:`~shardfeed.convert.reencode.ReencodeOptions`, or None when no re-encoding is asked,
+    from :func:`~shardfeed.convert.reencode.make_reencode_options`), to pass on as
+    ``PackOptions(reencode=...)``.
+    """
+    from shardfeed.convert.reencode import DEFAULT_QUALITY, IMAGE_FORMATS, RESIZE_MODES
+
+    @functools.wraps(f)
+    def wrapper(*args, resize, resize_mode, upscale, quality, image_format, **kwargs):
+        from shardfeed.convert.reencode import make_reencode_options
+
+        try:
+            kwargs["reencode"] = make_reencode_options(resize=resize, resize_mode=resize_mode, upscale=upscale,
+                                                       quality=quality, image_format=image_format)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        return f(*args, **kwargs)
+
+    opts = [
+        click.option("--resize", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Re-encode every image resized so that its shorter side (see --resize-mode) is N px "
+                          "(aspect kept, Lanczos; never enlarged unless --upscale). Stored as JPEG (PNG with "
+                          "alpha) unless --image-format; EXIF orientation applied, metadata and ICC dropped."),
+        click.option("--resize-mode", type=click.Choice(RESIZE_MODES), default=None,
+                     help="With --resize: shorter side -> N (shorter, the default), longer side -> N (longer), "
+                          "or exactly NxN, center-cropped (fit)."),
+        click.option("--upscale", is_flag=True, help="With --resize: also enlarge images smaller than N."),
+        click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
+                     help=f"JPEG/WebP quality when re-encoding [default: {DEFAULT_QUALITY}]; alone, re-encodes "
+                          "every image in its own format at that quality."),
+        click.option("--image-format", type=click.Choice(IMAGE_FORMATS, case_sensitive=False), default=None,
+                     help="Stored format when re-encoding [default: keep; with --resize: jpg, png for images "
+                          "with alpha]. jpg/png/webp alone re-encode every image into that format."),
+    ]
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper

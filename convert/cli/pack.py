@@ -1,0 +1,112 @@
+"""``shardfeed pack``: an image folder into WebDataset shards or one LMDB (over :func:`shardfeed.convert.pack.pack`).
+
+Never imports torch or webdataset (a test holds it).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .common import (
+    EXIT_INTERRUPTED,
+    command,
+    json_option,
+    pack_options,
+    progress_bar,
+    quiet,
+    reencode_options,
+    write_json_report,
+)
+
+__all__ = ["COMMANDS", "pack_cmd"]
+
+
+def _check_flag_format(fmt: str, ctx: click.Context) -> None:
+    """Refuse tar-only options with --format lmdb."""
+    if fmt != "lmdb":
+        return
+    for name in ("max_count", "max_bytes", "prefix"):
+        src = ctx.get_parameter_source(name)
+        if src is not None and src.name == "COMMANDLINE":
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} applies to WebDataset shards only; LMDB writes one database "
+                                   f"(drop {flag}, or use --format wds)")
+
+
+@command("pack", short_help="Pack an image folder into WebDataset shards or one LMDB.")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--extensions", default=None, metavar="LIST",
+              help="Comma-separated extensions to pack, no dots, case-insensitive "
+                   "[default: jpg,jpeg,png,ppm,bmp,pgm,tif,tiff,webp].")
+@click.option("--classes-from", type=click.Path(path_type=Path), default=None, metavar="MANIFEST",
+              help="Use the class map of a packed dataset (e.g. the training split's manifest.json) so "
+                   "labels match it; a class folder it lacks is an error.")
+@json_option
+@pack_options()
+@reencode_options
+@click.pass_context
+def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count, max_bytes, prefix, workers,
+             seed, no_shuffle, on_error, decode_check, resume, overwrite, executor, ray_address, json_path,
+             reencode) -> None:
+    """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
+
+    \b
+    Classes are SRC's sorted sub-folders, as torchvision.datasets.ImageFolder finds them;
+    hidden files and folders are ignored. Samples are shuffled (--seed) and keyed by their
+    zero-padded position; each keeps its original bytes (unless re-encoded with --resize,
+    --quality or --image-format), its class index and its metadata (original path, class
+    name). OUT gets the shards (or data.mdb), an offset index per shard, and manifest.json,
+    written last: a finished manifest means a finished dataset.
+
+    \b
+    Examples:
+      shardfeed pack ~/data/train out/train --format wds --max-bytes 512MB
+      shardfeed pack ~/data/val out/val --classes-from out/train/manifest.json
+      shardfeed pack ~/data/train out/train --resume        # after a crash or kill -9
+      shardfeed pack ~/data/train out/train-256 --resize 256   # shorter side 256 px, JPEG q90
+    """
+    from shardfeed.convert.pack import PackOptions, load_class_map, pack, prepare_output
+    from shardfeed.convert.scan import scan_image_folder
+
+    _check_flag_format(fmt.lower(), ctx)
+    class_to_idx = load_class_map(classes_from) if classes_from else None
+    options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix, workers=workers,
+                          seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
+                          on_error=on_error, decode_check=decode_check, class_to_idx=class_to_idx,
+                          resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
+                          ray_address=ray_address)
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: source folder does not exist")
+    prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
+    scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
+    bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
+    try:
+        report = pack(src, out, options, progress=update, scan=scan,
+                      output_progress=lambda output_bytes: update(0, 0, output_bytes))
+    except KeyboardInterrupt:
+        bar.close()
+        click.echo(f"shardfeed: interrupted; the complete part of {out} is kept: finish it with the same "
+                   "command plus --resume", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        bar.close()
+    for item in report.skipped[:20]:
+        click.echo(f"skipped {item['path']}: {item['reason']}", err=True)
+    if len(report.skipped) > 20:
+        click.echo(f"... and {len(report.skipped) - 20} more skipped (see the manifest)", err=True)
+    click.echo(report.summary(), err=json_path == "-")
+    write_json_report(json_path, report.to_json())
+
+
+def _split_ext(text: str | None):
+    from shardfeed.convert.scan import parse_extensions
+
+    return parse_extensions(text) if text else None
+
+
+#: The commands :mod:`shardfeed.convert.cli` attaches to the ``shardfeed`` group.
+COMMANDS = [pack_cmd]

@@ -1,0 +1,92 @@
+"""Fault injection for tests: slow a pack down or kill a task, through parameters, never the environment.
+
+Production code reads no environment variable for this. A test that wants a pack to be slow enough
+to kill mid-way, or a Ray task to die once, passes a :class:`FaultHooks` as
+``PackOptions(faults=...)`` (or to :class:`~shardfeed.convert.ray_executor.RayExecutor`). Tests that
+drive the command line in a subprocess run ``tests/hooked_cli.py``, which wraps the CLI in
+:func:`default_faults`: every :class:`~shardfeed.convert.pack.PackOptions` built inside the block
+without ``faults`` gets these. The hooks never change the output bytes, so they are not part of
+a pack's fingerprint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import os
+from typing import Iterator
+
+__all__ = ["FaultHooks", "default_faults", "current_default_faults", "FAIL_ONCE_MARKER", "fail_once"]
+
+log = logging.getLogger(__name__)
+
+#: Name of the marker file :func:`fail_once` creates in ``FaultHooks.fail_once_dir``.
+FAIL_ONCE_MARKER = "failed-once"
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultHooks:
+    """Test-only faults a pack injects into itself (picklable: they travel to worker processes).
+
+    Attributes:
+        sample_delay_s: sleep this many seconds before reading each sample (so a test can kill a
+            pack mid-way); 0: none.
+        lmdb_commit_count: records per LMDB transaction (None: the default,
+            :data:`~shardfeed.convert.writers.lmdb_store.COMMIT_COUNT`); small values give many
+            commits out of a small folder.
+        lmdb_commit_delay_s: sleep this many seconds after every LMDB commit; 0: none.
+        fail_once_dir: a folder; the first Ray task that reaches a hook point (after its first
+            sample, or at its end) creates ``DIR/failed-once`` and kills its own worker process
+            (``os._exit``), the way a lost node ends a task. None: never.
+
+    Raises:
+        ValueError: a negative delay or a commit count below 1.
+    """
+
+    sample_delay_s: float = 0.0
+    lmdb_commit_count: int | None = None
+    lmdb_commit_delay_s: float = 0.0
+    fail_once_dir: str | None = None
+
+    def __post_init__(self):
+        if self.sample_delay_s < 0 or self.lmdb_commit_delay_s < 0:
+            raise ValueError("fault delays must be at least 0 s")
+        if self.lmdb_commit_count is not None and self.lmdb_commit_count < 1:
+            raise ValueError(f"lmdb_commit_count must be at least 1, got {self.lmdb_commit_count}")
+
+
+_DEFAULT: contextvars.ContextVar = contextvars.ContextVar("shardfeed_fault_hooks", default=None)
+
+
+@contextlib.contextmanager
+def default_faults(hooks: FaultHooks | None) -> Iterator[FaultHooks | None]:
+    """Inside the block, a ``PackOptions`` built without ``faults`` takes ``hooks`` (tests only)."""
+    token = _DEFAULT.set(hooks)
+    try:
+        yield hooks
+    finally:
+        _DEFAULT.reset(token)
+
+
+def current_default_faults() -> FaultHooks | None:
+    """The hooks of the innermost :func:`default_faults` block (None outside any)."""
+    return _DEFAULT.get()
+
+
+def fail_once(fail_once_dir: str | None) -> None:
+    """Kill this process (``os._exit(17)``) if no process did so before for ``fail_once_dir``.
+
+    The first caller creates ``fail_once_dir/failed-once`` (``O_EXCL``: exactly one caller wins)
+    and exits at once; later callers return. Does nothing when ``fail_once_dir`` is None.
+    """
+    if not fail_once_dir:
+        return
+    try:
+        fd = os.open(os.path.join(fail_once_dir, FAIL_ONCE_MARKER), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return
+    os.close(fd)
+    log.warning("fail_once_dir %s: killing this worker once (test fault)", fail_once_dir)
+    os._exit(17)

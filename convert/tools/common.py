@@ -1,0 +1,372 @@
+"""The pieces every dataset tool shares: where a dataset is, and reading it in storage order.
+
+:class:`DatasetLocation` (a local directory or an ``http(s)://`` base URL, and the files in it),
+:func:`parts_to_sample` (WebDataset members -> a :class:`~shardfeed.readers.format.Sample`, by the
+readers' one grouping rule), :func:`iter_raw_samples`, :class:`HashingReader`, the problem lists of
+the reports and :func:`safe_relative_path`. None of this imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable, Iterator
+
+from shardfeed.readers.errors import CorruptDataError, ManifestError
+from shardfeed.readers.format import (
+    LMDB_DATA_NAME,
+    LMDB_MANIFEST_KEY,
+    MANIFEST_NAME,
+    Manifest,
+    Sample,
+    decode_index,
+    decode_record,
+    find_manifest_path,
+    load_manifest,
+    sample_from_members,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DatasetLocation",
+    "is_url",
+    "parts_to_sample",
+    "iter_raw_samples",
+    "iter_shard_samples",
+    "iter_lmdb_records",
+    "HashingReader",
+    "Progress",
+    "COPY_CHUNK_BYTES",
+    "noop_progress",
+    "make_problem",
+    "ProblemList",
+    "safe_relative_path",
+    "looks_like_image_folder",
+]
+
+Progress = Callable[[int, int], None]
+COPY_CHUNK_BYTES = 4 << 20
+
+
+def noop_progress(n: int, b: int) -> None:
+    """The progress callback used when none is given: ``(num_samples, num_bytes)``, ignored."""
+
+
+class HashingReader:
+    """A read-only stream wrapper that feeds every byte read into sha256 and counts them.
+
+    It reports itself as not seekable, so tar readers consume it strictly forward.
+    """
+
+    def __init__(self, stream: BinaryIO, on_bytes: Callable[[int], None] | None = None):
+        self._s = stream
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+        self._on_bytes = on_bytes
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._s.read(n)
+        if data:
+            self.sha256.update(data)
+            self.num_bytes += len(data)
+            if self._on_bytes:
+                self._on_bytes(len(data))
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+    def drain(self) -> None:
+        """Read (and hash) the rest of the stream."""
+        while self.read(COPY_CHUNK_BYTES):
+            pass
+
+    def hexdigest(self) -> str:
+        return self.sha256.hexdigest()
+
+
+def make_problem(shard: str | None, key: str | None, problem: str) -> dict:
+    """One entry of a report's ``problems``: ``{"shard", "key", "problem"}`` (None: dataset / shard level)."""
+    return {"shard": shard, "key": key, "problem": problem}
+
+
+# =============================================================================================
+
+class ProblemList:
+    """The problems of one shard, added to a report's ``problems``; past ``limit`` sample problems only
+    counted (one closing line says how many more)."""
+
+    def __init__(self, report, shard: str, limit: int):
+        self.report, self.shard, self.limit, self.count = report, shard, limit, 0
+
+    def add(self, key: str | None, problem: str) -> None:
+        self.count += 1
+        if key is None or self.count <= self.limit:
+            self.report.problems.append(make_problem(self.shard, key, problem))
+
+    def finish(self) -> None:
+        if self.count > self.limit:
+            self.report.problems.append(make_problem(self.shard, None, f"... and {self.count - self.limit} more "
+                                                                   "sample problems in this shard"))
+
+
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
+
+
+def safe_relative_path(rel: str, *, what: str) -> PurePosixPath:
+    """Validate a stored relative path before writing it under an output folder.
+
+    Raises:
+        ValueError: empty, absolute (``/x``, ``C:x``, ``\\\\x``), or holding a ``..``, ``.`` or
+            empty component, a backslash or a NUL — anything that could escape the output folder
+            or mean something else on another system. The message names ``what``.
+    """
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"{what}: empty path")
+    if "\0" in rel or "\\" in rel:
+        raise ValueError(f"{what}: path {rel!r} holds a backslash or NUL; refusing to write it")
+    p = PurePosixPath(rel)
+    if p.is_absolute() or _DRIVE_RE.match(rel):
+        raise ValueError(f"{what}: path {rel!r} is absolute; refusing to write outside the output folder")
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{what}: path {rel!r} has a '..', '.' or empty component; refusing to write it "
+                         "(it could escape the output folder)")
+    return p
+
+
+
+def looks_like_image_folder(path: str | os.PathLike) -> bool:
+    """True for a local folder without ``manifest.json``, shards or ``data.mdb``, with sub-folders."""
+    p = Path(path)
+    if not p.is_dir() or (p / MANIFEST_NAME).exists() or (p / LMDB_DATA_NAME).exists():
+        return False
+    if any(p.glob("*.tar")) or any(p.glob(".shardfeed-*")):
+        return False
+    return any(e.is_dir() and not e.name.startswith(".") for e in p.iterdir())
+
+
+def is_url(text: str | os.PathLike) -> bool:
+    """True for ``http://`` and ``https://`` strings."""
+    return isinstance(text, str) and text.lower().startswith(("http://", "https://"))
+
+
+class DatasetLocation:
+    """Where a dataset lives: a local directory or an HTTP base URL, and how to open its files.
+
+    ``path_or_url`` may name the directory (``out/train``, ``http://host/train/``) or its
+    ``manifest.json`` directly. URLs are read through
+    :class:`shardfeed.readers.http_io.HttpLocation` (timeouts, retries that resume mid-file,
+    servers that ignore ``Range``).
+
+    Args:
+        path_or_url: the dataset directory or manifest, local or ``http(s)://``.
+        timeout_s, retries: HTTP socket timeout (seconds) and retries (None: http_io's defaults).
+
+    Attributes:
+        url: True for an HTTP(S) location.
+        http: the ``HttpLocation`` for a URL, else None.
+        root: the local directory (``Path``) or the base URL ending in ``/`` (``str``).
+        manifest_source: the manifest's path or URL (``str``).
+    """
+
+    def __init__(self, path_or_url: str | os.PathLike, *, timeout_s: float | None = None,
+                 retries: int | None = None):
+        self.url = is_url(str(path_or_url))
+        self.http = None
+        if self.url:
+            from shardfeed.readers.http_io import HttpLocation
+
+            self.http = HttpLocation(str(path_or_url), timeout_s=timeout_s, retries=retries)
+            self.root = self.http.base
+            self.manifest_source = self.http.url(self.http.manifest_name)
+        else:
+            p = Path(path_or_url)
+            self.manifest_source = str(find_manifest_path(p))
+            self.root = Path(self.manifest_source).parent
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def where(self, name: str) -> str:
+        """The path or URL of the file ``name`` of the dataset (for messages)."""
+        if self.url:
+            return self.http.where(name)
+        return str(self.root / name)
+
+    def load_manifest(self, *, check_files: bool = False) -> Manifest:
+        """Load the manifest (over HTTP for a URL; ``check_files`` applies to local datasets).
+
+        Raises:
+            ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: as
+                :func:`~shardfeed.readers.format.load_manifest`, or the download failed.
+        """
+        if not self.url:
+            return load_manifest(self.manifest_source, check_files=check_files)
+        return Manifest.from_json(self.read_manifest_bytes(), self.manifest_source)
+
+    def read_manifest_bytes(self) -> bytes:
+        """The manifest file's bytes, unparsed (``stage`` copies them verbatim).
+
+        Raises:
+            ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: no manifest
+                there (the message says whether a pack was interrupted), or the download failed.
+        """
+        if not self.url:
+            path = Path(self.manifest_source)
+            if not path.is_file():
+                load_manifest(path.parent if path.name == MANIFEST_NAME else path, check_files=False)  # precise error
+                raise ManifestError(f"{path}: cannot read the manifest")
+            return path.read_bytes()
+        from shardfeed.readers.http_io import http_get
+
+        try:
+            return http_get(self.manifest_source, timeout_s=self.http.timeout_s, retries=self.http.retries)
+        except FileNotFoundError:
+            raise ManifestError(f"{self.manifest_source}: not found (HTTP 404); give the URL of a packed dataset's "
+                                "folder or of its manifest.json (a pack writes it last)") from None
+
+    def open(self, name: str, start: int = 0) -> tuple[BinaryIO, int]:
+        """Open the dataset file ``name`` for reading from byte ``start``.
+
+        Returns:
+            ``(stream, offset)``: the stream and the file offset of its next byte (0 when an
+            HTTP server ignored the range; skip ``start - offset`` bytes then).
+
+        Raises:
+            FileNotFoundError: no such file; DataSourceError: HTTP failure.
+        """
+        if self.url:
+            return self.http.open(name, start)
+        f = open(self.root / name, "rb")
+        if start:
+            f.seek(start)
+        return f, start
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole content of the dataset file ``name``."""
+        if self.url:
+            return self.http.read_bytes(name)
+        return (self.root / name).read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# samples
+
+def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
+                    class_to_idx: dict[str, int] | None = None) -> Sample:
+    """Build a :class:`Sample` from one WebDataset sample's members.
+
+    Image, label and metadata are chosen by the readers' one rule,
+    :func:`shardfeed.readers.format.sample_from_members`, so a tool and the training reader
+    never disagree about a shard; the metadata is then parsed (``{}`` without a ``.json``
+    member; a JSON value that is not an object becomes ``{"value": ...}``).
+
+    Raises:
+        CorruptDataError: no image member or several, an unreadable ``.cls`` or ``.json``, no
+            label (the message names ``source`` and the key).
+    """
+    data, ext, label, meta_json = sample_from_members(key, parts, class_to_idx, source)
+    meta: dict = {}
+    if meta_json is not None:
+        try:
+            meta = json.loads(meta_json)
+        except ValueError as exc:
+            raise CorruptDataError(f"{source} key {key}: unreadable {key}.json ({exc})") from None
+        if not isinstance(meta, dict):
+            meta = {"value": meta}
+    return Sample(key, data, ext, label, meta)
+
+
+def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: dict[str, int] | None = None,
+                       index: str | None = None) -> Iterator[Sample]:
+    """Yield the samples of one WebDataset shard of ``location`` in storage order.
+
+    With ``index`` (the shard's ``.idx`` file name), only the member groups that start at one
+    of its offsets are samples: ``shardfeed index`` leaves groups that do not form a sample (an
+    image without a class, a stray member) out of the index, and they are skipped here too.
+
+    Args:
+        location: the dataset's location.
+        name: the shard's file name (as in the manifest).
+        class_to_idx: for :func:`parts_to_sample`.
+        index: the shard's offset-index file name, if it has one.
+
+    Raises:
+        CorruptDataError: a damaged tar or sample (names the shard and the key/offset).
+        FileNotFoundError, DataSourceError: the shard cannot be opened.
+    """
+    from shardfeed.readers.tario import iter_members, iter_samples
+
+    source = location.where(name)
+    starts = set(decode_index(location.read_bytes(index), location.where(index))) if index else None
+    stream, _ = location.open(name)
+    with stream:
+        for key, parts, offset in iter_samples(iter_members(stream, source=source), source=source):
+            if starts is not None and offset not in starts:
+                continue
+            yield parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
+
+
+def _open_lmdb(root: Path):
+    """This process's shared read-only environment (:func:`~shardfeed.readers.lmdb_io.process_env`):
+    a dataset object may have it open already, and LMDB allows one per process. Not to be closed."""
+    from shardfeed.readers.lmdb_io import process_env
+
+    return process_env(root)
+
+
+def iter_lmdb_records(root: str | os.PathLike, *, verify: bool = True) -> Iterator[tuple[str, dict | Exception]]:
+    """Yield ``(key, record)`` for every sample record of a local LMDB dataset, in key order.
+
+    A record that fails to decode (or its CRC-32, with ``verify``) is yielded as
+    ``(key, CorruptDataError)`` instead of stopping the iteration, so checks can report every bad
+    key. The reserved manifest record is skipped.
+    """
+
+    root = Path(root)
+    env = _open_lmdb(root)
+    with env.begin(buffers=False) as txn:
+        for k, v in txn.cursor():
+            if k == LMDB_MANIFEST_KEY:
+                continue
+            key = k.decode("utf-8", "replace")
+            try:
+                yield key, decode_record(v, verify=verify, source=f"{root} key {key}")
+            except CorruptDataError as exc:
+                yield key, exc
+
+
+
+
+def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest: Manifest | None = None
+                     ) -> Iterator[tuple[str, Sample]]:
+    """Yield ``(shard_name, sample)`` for every sample of a packed dataset, in storage order.
+
+    No decoding, no shuffling, no torch: the exact stored bytes, labels and metadata.
+    WebDataset works locally and over HTTP; LMDB locally only.
+
+    Raises:
+        CorruptDataError: a damaged shard or record (names it and the key).
+        ManifestError: no manifest, or an LMDB dataset given as a URL.
+    """
+    loc = path_or_url if isinstance(path_or_url, DatasetLocation) else DatasetLocation(path_or_url)
+    manifest = manifest or loc.load_manifest(check_files=not loc.url)
+    if manifest.format == "lmdb":
+        if loc.url:
+            raise ManifestError(f"{loc.root}: an LMDB dataset cannot be read over HTTP; stage it locally first")
+        name = manifest.shards[0].name if manifest.shards else "data.mdb"
+        for _key, rec in iter_lmdb_records(loc.root):
+            if isinstance(rec, Exception):
+                raise rec
+            yield name, Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])
+        return
+    for shard in manifest.shards:
+        for sample in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index):
+            yield shard.name, sample
+

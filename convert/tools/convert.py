@@ -1,0 +1,129 @@
+"""``shardfeed convert``: WebDataset <-> LMDB and re-sharding, keeping keys, labels, metadata,
+bytes and the class map; an image folder as the source is the same as ``pack``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from pathlib import Path
+
+from shardfeed.readers.registry import canonical_format, writer_class
+
+from .. import writers  # noqa: F401  (registers every format's writer)
+from .common import (
+    DatasetLocation,
+    Progress,
+    is_url,
+    iter_raw_samples,
+    looks_like_image_folder,
+    noop_progress,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConvertReport", "convert_dataset"]
+
+
+@dataclasses.dataclass
+class ConvertReport:
+    """What :func:`convert_dataset` did.
+
+    Attributes:
+        source, output: the datasets.
+        source_format, format: their formats (``"imagefolder"`` for a folder source, which is packed).
+        num_samples, num_shards, num_bytes: the output's samples, files and bytes.
+        seconds: wall time.
+        pack: the :class:`~shardfeed.convert.pack.PackReport` as JSON for a folder source.
+    """
+
+    source: str
+    output: str
+    source_format: str
+    format: str
+    num_samples: int = 0
+    num_shards: int = 0
+    num_bytes: int = 0
+    seconds: float = 0.0
+    pack: dict | None = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        mb = self.num_bytes / 1e6
+        return (f"converted {self.source} ({self.source_format}) to {self.output} ({self.format}): "
+                f"{self.num_samples:,} samples in {self.num_shards} "
+                f"{'file' if self.format == 'lmdb' else ('shard' if self.num_shards == 1 else 'shards')}, "
+                f"{mb:,.1f} MB in {self.seconds:.1f} s")
+
+
+
+
+def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: str, max_count: int = 10000,
+                    max_bytes: int = 256_000_000, prefix: str = "shard", workers: int | None = None,
+                    overwrite: bool = False, map_size: int | None = None,
+                    progress: Progress | None = None) -> ConvertReport:
+    """Convert a dataset to ``format`` (WebDataset ↔ LMDB, or re-shard), without re-encoding.
+
+    Samples are copied in storage order with their keys, labels, metadata and bytes unchanged;
+    the manifest's class map, skipped list and input accounting are carried over. A plain image
+    folder as ``src`` is packed exactly as ``shardfeed pack`` would (default seed and shuffle).
+
+    Args:
+        src: a packed dataset (directory, manifest, or HTTP URL of a WebDataset) or an image folder.
+        out: the output folder (missing or empty, unless ``overwrite``).
+        format: ``"wds"``/``"webdataset"`` or ``"lmdb"``.
+        max_count, max_bytes, prefix: WebDataset shard limits (samples, bytes on disk) and prefix.
+        workers: processes for a folder source (pack); conversion itself is sequential.
+        overwrite: replace a dataset in OUT (only files shardfeed writes).
+        map_size: LMDB initial map size, bytes (grows as needed).
+        progress: ``callback(num_samples, num_bytes)``.
+
+    Returns:
+        A :class:`ConvertReport`.
+
+    Raises:
+        ValueError: unknown format, OUT not empty or inside SRC, a sample larger than ``max_bytes``.
+        ManifestError, CorruptDataError, DataSourceError: the source cannot be read.
+    """
+    from ..pack import PackOptions, pack, prepare_output
+
+    t0 = time.perf_counter()
+    fmt = canonical_format(format)
+    out = Path(out)
+    if not is_url(str(src)) and looks_like_image_folder(src):
+        options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                              workers=workers, overwrite=overwrite, map_size=map_size)
+        pr = pack(src, out, options, progress=progress)
+        return ConvertReport(source=str(src), output=str(out), source_format="imagefolder", format=fmt,
+                             num_samples=pr.num_samples, num_shards=pr.num_shards, num_bytes=pr.num_bytes,
+                             seconds=time.perf_counter() - t0, pack=pr.to_json())
+    loc = DatasetLocation(src)
+    manifest = loc.load_manifest(check_files=not loc.url)
+    # a URL source cannot contain OUT: compare OUT with a path that cannot be its parent
+    src_root = Path("/nonexistent-url-source") if loc.url else Path(loc.root)
+    prepare_output(src_root, out, resume=False, overwrite=overwrite)
+    progress = progress or noop_progress
+    options = {**{k: v for k, v in manifest.options.items() if k not in ("max_count", "max_bytes", "prefix")},
+               "converted_from": str(src), "source_format": manifest.format, "source_created_by": manifest.created_by}
+    writer = writer_class(fmt).create(out, classes=manifest.classes, class_to_idx=manifest.class_to_idx,
+                                      max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                                      skipped=manifest.skipped, options=options, files=manifest.files,
+                                      map_size=map_size, expected_bytes=sum(s.num_bytes for s in manifest.shards))
+    n = 0
+    with writer:
+        for _, sample in iter_raw_samples(loc, manifest):
+            writer.write(sample)
+            n += 1
+            progress(1, len(sample.data))
+        new = writer.close()
+    if n != manifest.num_samples:
+        log.warning("%s: read %d samples, its manifest says %d", loc.root, n, manifest.num_samples)
+    return ConvertReport(source=str(src), output=str(out), source_format=manifest.format, format=fmt,
+                         num_samples=new.num_samples, num_shards=len(new.shards),
+                         num_bytes=sum(s.num_bytes for s in new.shards), seconds=time.perf_counter() - t0)
+
+

@@ -1,0 +1,334 @@
+"""``shardfeed index``: write a manifest and ``.idx`` offset files for WebDataset shards made
+by other tools (webdataset's ``ShardWriter``, ``tarp``, ``tar``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import time
+import urllib.parse
+from pathlib import Path, PurePosixPath
+
+from shardfeed.readers.errors import CorruptDataError
+from shardfeed.readers.format import (
+    MANIFEST_NAME,
+    TAR_BLOCK,
+    Manifest,
+    ShardEntry,
+    created_by,
+    encode_index,
+    write_bytes_atomic,
+)
+
+from .common import (
+    HashingReader,
+    Progress,
+    is_url,
+    noop_progress,
+    parts_to_sample,
+    make_problem,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IndexReport", "index_shards", "expand_braces"]
+
+#: gzip, bzip2, xz, zstd magic bytes.
+_COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")
+
+
+class _Prepended:
+    """A forward-only stream: ``head`` (bytes already read) followed by the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream):
+        self._head = head
+        self._s = stream
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._head:
+            return self._s.read(n)
+        if n is None or n < 0:
+            data, self._head = self._head + self._s.read(), b""
+            return data
+        data, self._head = self._head[:n], self._head[n:]
+        if len(data) < n:
+            data += self._s.read(n - len(data))
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand WebDataset-style brace patterns: ``shard-{000000..000009}.tar``, ``{a,b}``.
+
+    Numeric ranges keep the zero padding of their bounds; several groups expand as a product, in
+    order.
+
+    Raises:
+        ValueError: an unbalanced brace or a range whose end is below its start.
+    """
+    start = pattern.find("{")
+    if start < 0:
+        if "}" in pattern:
+            raise ValueError(f"pattern {pattern!r}: '}}' without '{{'")
+        return [pattern]
+    end = pattern.find("}", start)
+    if end < 0:
+        raise ValueError(f"pattern {pattern!r}: '{{' without '}}'")
+    body = pattern[start + 1:end]
+    head, tail = pattern[:start], pattern[end + 1:]
+    m = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if m:
+        a, b = m.groups()
+        lo, hi = int(a), int(b)
+        if hi < lo:
+            raise ValueError(f"pattern {pattern!r}: range {{{a}..{b}}} runs backwards")
+        width = len(a) if a.startswith("0") or b.startswith("0") else 0
+        width = max(width, len(a)) if width else 0
+        items = [str(i).zfill(width) for i in range(lo, hi + 1)]
+    else:
+        items = body.split(",")
+    return [head + item + rest for item in items for rest in expand_braces(tail)]
+
+
+@dataclasses.dataclass
+class IndexReport:
+    """What :func:`index_shards` wrote.
+
+    Attributes:
+        source: the pattern given.
+        output: where the manifest and ``.idx`` files were written.
+        num_samples: samples indexed; num_shards: shards; num_bytes: their total size.
+        classes: the class names in the manifest.
+        problems: ``[{"shard", "key", "problem"}]``: members that do not group into a sample
+            (no image, no class, ...); those samples are left out of the counts and index.
+        seconds: wall time.
+    """
+
+    source: str
+    output: str
+    num_samples: int = 0
+    num_shards: int = 0
+    num_bytes: int = 0
+    classes: list = dataclasses.field(default_factory=list)
+    problems: list = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        shards = "shard" if self.num_shards == 1 else "shards"
+        s = (f"indexed {self.num_samples:,} samples in {self.num_shards} {shards} ({self.num_bytes / 1e6:,.1f} MB, "
+             f"{len(self.classes)} classes); manifest and offset indexes in {self.output} ({self.seconds:.1f} s)")
+        if self.problems:
+            s += f"; {len(self.problems)} sample(s) left out (members that do not form a sample)"
+        return s
+
+
+def _list_shards(pattern: str) -> list[str]:
+    if is_url(pattern):
+        return expand_braces(pattern)
+    p = Path(pattern)
+    if p.is_dir():
+        shards = sorted(str(x) for x in p.glob("*.tar"))
+        if not shards:
+            raise FileNotFoundError(f"{p}: no .tar files in this folder")
+        return shards
+    out = []
+    for item in expand_braces(pattern):
+        if any(c in item for c in "*?["):
+            import glob
+
+            out.extend(sorted(glob.glob(item)))
+        else:
+            out.append(item)
+    if not out:
+        raise FileNotFoundError(f"{pattern}: matches no file")
+    missing = [x for x in out if not Path(x).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise FileNotFoundError(f"{missing[0]}: no such shard{more}")
+    return out
+
+
+def _read_classes_file(path: str | os.PathLike) -> list[str]:
+    names = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"{path}: no class names (one per line expected)")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"{path}: class name {dup!r} appears twice")
+    return names
+
+
+def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = None,
+                 classes_file: str | os.PathLike | None = None, overwrite: bool = False,
+                 progress: Progress | None = None) -> IndexReport:
+    """Make existing WebDataset shards readable by shardfeed: write ``manifest.json`` and ``.idx`` files.
+
+    Each shard is read once: its sha256 and size, and every sample (members grouped by key,
+    WebDataset's rule) with the byte offset of its first header. A sample needs exactly one
+    image member and a class: its ``.cls`` member (an integer), or the ``"class"`` name in its
+    ``.json`` when ``classes_file`` names the classes. Groups that do not form such a sample are
+    reported (by shard and key), listed in the manifest's ``skipped`` and left out of the counts
+    and offset indexes. Class names come from ``classes_file`` (one per line, line ``i`` is class
+    ``i``); without it, from the samples' ``.json`` ``"class"`` where present, else ``"0"``,
+    ``"1"``, ...
+
+    Args:
+        pattern: a folder (its ``*.tar``), a path with globs or braces
+            (``shards/train-{000000..000099}.tar``), or an ``http(s)://`` URL with braces.
+        out: where to write the manifest and the ``.idx`` files; default the shards' folder.
+            Required for URLs (then upload them beside the shards: the manifest names the shards
+            by their file names, relative to its own folder).
+        classes_file: a text file with one class name per line.
+        overwrite: replace an existing ``manifest.json`` in ``out``.
+        progress: ``callback(num_samples, num_bytes)``.
+
+    Returns:
+        An :class:`IndexReport`.
+
+    Raises:
+        ValueError: no samples at all, shards in different folders without ``out``, a URL without
+            ``out``, a manifest already there, compressed shards, duplicate shard names.
+        CorruptDataError: a shard is not a readable tar (bad header, truncated), or a key's
+            members are not contiguous.
+        FileNotFoundError, DataSourceError: a shard cannot be read.
+    """
+    t0 = time.perf_counter()
+    progress = progress or noop_progress
+    sources = _list_shards(str(pattern))
+    url = is_url(str(pattern))
+    root, names = _index_root(pattern, sources, out, url)
+    if (root / MANIFEST_NAME).exists() and not overwrite:
+        raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
+    classes = _read_classes_file(classes_file) if classes_file else None
+    class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
+    report = IndexReport(source=str(pattern), output=str(root))
+    shards: list[ShardEntry] = []
+    label_names: dict[int, str | None] = {}
+    stems: set[str] = set()
+    for source, name in zip(sources, names):
+        stem = PurePosixPath(name).name
+        stem = stem[:-4] if stem.endswith(".tar") else stem
+        if stem in stems:
+            raise ValueError(f"{source}: another shard has the same name {stem!r}; index them separately")
+        stems.add(stem)
+        shard = _index_one_shard(source, name, root / f"{stem}.idx", url=url, classes=classes,
+                                 class_to_idx=class_to_idx, classes_file=classes_file, report=report,
+                                 label_names=label_names, progress=progress)
+        shards.append(shard)
+        report.num_bytes += shard.num_bytes
+        log.info("%s: %d samples", source, shard.num_samples)
+    n = sum(s.num_samples for s in shards)
+    if n == 0:
+        raise ValueError(f"{pattern}: no sample with an image and a class found in {len(shards)} shard(s)"
+                         + (f"; first problem: {report.problems[0]['problem']}" if report.problems else ""))
+    if classes is None:
+        classes = _classes_from_labels(label_names)
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+    skipped = [{"path": f"{p['shard']}:{p['key']}", "shard": p["shard"], "key": p["key"], "reason": p["problem"]}
+               for p in report.problems]
+    manifest = Manifest(format="webdataset", num_samples=n, classes=classes, class_to_idx=class_to_idx,
+                        shards=shards, skipped=skipped,
+                        options={"indexed_from": str(pattern), "indexed_by": created_by()},
+                        files={"indexed": n, "left_out": len(skipped)})
+    manifest.write(root)
+    report.num_samples, report.num_shards, report.classes = n, len(shards), classes
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _index_root(pattern, sources: list[str], out, url: bool) -> tuple[Path, list[str]]:
+    """The folder of the manifest and the shards' names relative to it (created when local)."""
+    if url:
+        if out is None:
+            raise ValueError(f"{pattern}: shards on a web server need --out (a local folder for the manifest and "
+                             "offset indexes, to upload beside the shards)")
+        root = Path(out)
+        names = [PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(s).path)).name for s in sources]
+    else:
+        parents = {str(Path(s).resolve().parent) for s in sources}
+        if out is None:
+            if len(parents) > 1:
+                raise ValueError(f"{pattern}: shards lie in {len(parents)} folders; pass --out to choose where the "
+                                 "manifest goes")
+            root = Path(parents.pop())
+        else:
+            root = Path(out)
+        root.mkdir(parents=True, exist_ok=True)
+        names = [os.path.relpath(Path(s).resolve(), root.resolve()).replace(os.sep, "/") for s in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{pattern}: two shards share a file name; index them separately")
+    root.mkdir(parents=True, exist_ok=True)
+    return root, names
+
+
+def _sample_problem(s, classes, classes_file) -> str | None:
+    """Why an otherwise well-formed sample cannot be indexed (a class index out of range), or None."""
+    if classes is not None and not 0 <= s.label < len(classes):
+        return f"class index {s.label} is outside the {len(classes)} classes of {classes_file}"
+    if s.label < 0:
+        return f"negative class index {s.label}"
+    return None
+
+
+def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, classes, class_to_idx, classes_file,
+                     report: IndexReport, label_names: dict, progress: Progress) -> ShardEntry:
+    """Read one shard once (sha256, size, samples), write its ``.idx`` and return its manifest entry.
+
+    Samples that do not group by the one rule (:func:`~.common.parts_to_sample`) are added to
+    ``report.problems``; ``label_names`` collects the class names the samples' metadata gives.
+    """
+    from shardfeed.readers.tario import iter_members, iter_samples
+
+    if url:
+        from shardfeed.readers.http_io import HttpRangeStream
+
+        stream = HttpRangeStream(source)
+    else:
+        stream = open(source, "rb")
+    offsets: list[int] = []
+    with stream:
+        reader = HashingReader(stream)
+        head = reader.read(TAR_BLOCK)
+        if head.startswith(_COMPRESSED_MAGIC):
+            raise ValueError(f"{source}: a compressed tar; offset indexes need an uncompressed shard "
+                             "(decompress it first, e.g. `gunzip`)")
+        members = iter_members(_Prepended(head, reader), source=source)
+        for key, parts, offset in iter_samples(members, source=source):
+            try:
+                s = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
+            except CorruptDataError as exc:
+                report.problems.append(make_problem(name, key, str(exc).split(": ", 1)[-1]))
+                continue
+            why = _sample_problem(s, classes, classes_file)
+            if why:
+                report.problems.append(make_problem(name, key, why))
+                continue
+            if isinstance(s.meta.get("class"), str):
+                label_names.setdefault(s.label, s.meta["class"])
+            label_names.setdefault(s.label, None)
+            offsets.append(offset)
+            progress(1, len(s.data))
+        reader.drain()
+    index_bytes = encode_index(offsets)
+    write_bytes_atomic(idx_path, index_bytes)
+    return ShardEntry(name, len(offsets), reader.num_bytes, reader.hexdigest(), idx_path.name,
+                      hashlib.sha256(index_bytes).hexdigest())
+
+
+def _classes_from_labels(label_names: dict[int, str | None]) -> list[str]:
+    """Class names from the samples' metadata where every index has a distinct one, else ``"0"``, ``"1"``, ..."""
+    num = max(label_names) + 1
+    classes = [label_names.get(i) or str(i) for i in range(num)]
+    if len(set(classes)) != len(classes):
+        classes = [str(i) for i in range(num)]
+    return classes

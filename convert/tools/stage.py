@@ -1,0 +1,353 @@
+"""``shardfeed stage``: copy a dataset (local or HTTP) to fast local storage with free-space
+checks, sha256 verification, atomic renames and resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from shardfeed.readers.errors import DataSourceError
+from shardfeed.readers.format import (
+    LMDB_DATA_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    write_bytes_atomic,
+)
+
+from .common import (
+    COPY_CHUNK_BYTES,
+    DatasetLocation,
+    Progress,
+    iter_lmdb_records,
+    noop_progress,
+    make_problem,
+    safe_relative_path,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StageReport", "stage", "default_min_free_bytes"]
+
+_MEMORY_FS = ("tmpfs", "ramfs")
+_GB = 1_000_000_000
+
+
+def _fs_type(path: Path) -> str:
+    """The file-system type of the mount holding ``path`` (from /proc/mounts; ``""`` if unknown)."""
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    target = str(path.resolve())
+    best, best_len = "", -1
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) > best_len:
+            best, best_len = parts[2], len(mnt)
+    return best
+
+
+def _mem_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_min_free_bytes(dest: str | os.PathLike) -> int:
+    """Bytes ``stage`` leaves free on DEST's file system by default.
+
+    Disk: 1 GB + 2 % of the file system. Memory file systems (``tmpfs``/``ramfs``, e.g.
+    ``/dev/shm``), whose pages are RAM the training job needs: 1 GB + 10 % of their size.
+    """
+    dest = Path(dest)
+    probe = dest if dest.exists() else next((p for p in dest.parents if p.exists()), Path("/"))
+    st = os.statvfs(probe)
+    total = st.f_blocks * st.f_frsize
+    share = 0.10 if _fs_type(probe) in _MEMORY_FS else 0.02
+    return _GB + int(share * total)
+
+
+@dataclasses.dataclass
+class StageReport:
+    """What :func:`stage` did.
+
+    Attributes:
+        source: the dataset staged (path or URL).
+        path: the staged dataset's directory (absolute): hand it to the reader.
+        ok: every file verified and the manifest written.
+        copied: files copied in full; resumed: files whose partial copy was continued;
+        skipped: files already staged and intact.
+        bytes_copied: bytes transferred this run.
+        free_bytes_before, min_free_bytes: free space on DEST before, and what is kept free.
+        problems: ``[{"shard", "key", "problem"}]`` (mismatches, missing sources).
+        seconds: wall time.
+    """
+
+    source: str
+    path: str
+    ok: bool = False
+    copied: list = dataclasses.field(default_factory=list)
+    resumed: list = dataclasses.field(default_factory=list)
+    skipped: list = dataclasses.field(default_factory=list)
+    bytes_copied: int = 0
+    free_bytes_before: int = 0
+    min_free_bytes: int = 0
+    problems: list = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_copied / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["mb_per_s"] = round(self.mb_per_s, 1)
+        return d
+
+    def summary(self) -> str:
+        s = (f"staged {self.source} -> {self.path}: {len(self.copied)} copied, {len(self.resumed)} resumed, "
+             f"{len(self.skipped)} already intact; {self.bytes_copied / 1e6:,.1f} MB in {self.seconds:.1f} s "
+             f"({self.mb_per_s:,.0f} MB/s)")
+        if not self.ok:
+            s += f"; {len(self.problems)} problem(s): NOT staged"
+        return s
+
+
+@dataclasses.dataclass
+class _StageFile:
+    name: str
+    num_bytes: int | None
+    sha256: str | None
+
+
+def _stage_files(manifest: Manifest) -> list[_StageFile]:
+    files = []
+    for s in manifest.shards:
+        files.append(_StageFile(s.name, s.num_bytes, s.sha256))
+        if s.index:
+            files.append(_StageFile(s.index, 8 * s.num_samples, s.index_sha256))
+    return files
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(COPY_CHUNK_BYTES)
+            if not chunk:
+                break
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: int | None = None,
+          progress: Progress | None = None, retries: int | None = None) -> StageReport:
+    """Copy a packed dataset to fast local storage, verified, resumable.
+
+    Steps: read the source manifest; plan the files (shards, offset indexes, or ``data.mdb``);
+    keep those already in DEST with the right size and sha256 (a file without a hash in the
+    manifest, i.e. LMDB's ``data.mdb``, is kept only when DEST already holds this very manifest
+    and every record passes its CRC-32); check free space for the rest, leaving
+    ``min_free_bytes`` free (and, on a memory file system, also that much RAM available); copy
+    each file to ``.NAME.stage.tmp``, hashing as it goes, continuing a partial temporary file
+    from where it stopped (an HTTP ``Range`` request; from the start when the server ignores
+    it), verify sha256 and size, rename into place; write ``manifest.json`` last (removed first
+    while files are missing, so DEST is never a half-staged dataset that looks finished).
+
+    Args:
+        src: the dataset (directory, manifest path, or HTTP URL).
+        dest: the local directory to stage into (created).
+        min_free_bytes: bytes to keep free on DEST's file system; None:
+            :func:`default_min_free_bytes`.
+        progress: ``callback(num_files_done, num_bytes)``.
+        retries: HTTP retries per request after the first attempt (a transfer that breaks resumes at
+            the byte where it stopped); None: the readers' default.
+
+    Returns:
+        A :class:`StageReport`; ``ok`` False on any mismatch (the manifest is then not written).
+
+    Raises:
+        ValueError: not enough free space (nothing is copied), DEST is the source, or a manifest
+            file name that would escape DEST.
+        ManifestError, FileNotFoundError, DataSourceError: the source manifest cannot be read.
+        OSError: writing to DEST failed (disk full, permissions).
+    """
+    t0 = time.perf_counter()
+    progress = progress or noop_progress
+    loc = DatasetLocation(src, retries=retries)
+    manifest_bytes = loc.read_manifest_bytes()
+    manifest = Manifest.from_json(manifest_bytes, loc.manifest_source)
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise NotADirectoryError(f"{dest}: exists and is a file; choose a folder to stage into")
+    if not loc.url and dest.exists() and dest.resolve() == Path(loc.root).resolve():
+        raise ValueError(f"{dest}: is the source dataset itself; choose another folder")
+    files = _stage_files(manifest)
+    for f in files:
+        safe_relative_path(f.name, what=f"{loc.manifest_source}: file {f.name!r}")
+    dest.mkdir(parents=True, exist_ok=True)
+    report = StageReport(source=str(loc.root), path=str(dest.resolve()))
+    dest_manifest = dest / MANIFEST_NAME
+    same_manifest = dest_manifest.exists() and dest_manifest.read_bytes() == manifest_bytes
+
+    todo: list[_StageFile] = []
+    for f in files:
+        final = dest / f.name
+        if final.exists() and _intact(final, f, manifest, dest, same_manifest):
+            report.skipped.append(f.name)
+            progress(1 if f.name.endswith(".tar") or f.name == LMDB_DATA_NAME else 0, 0)
+        else:
+            todo.append(f)
+    if todo and dest_manifest.exists():
+        dest_manifest.unlink()  # DEST is incomplete until the manifest comes back, last
+
+    _check_free_space(dest, todo, min_free_bytes, report)
+
+    for f in todo:
+        try:
+            status = _stage_one(loc, dest, f, progress)
+        except (DataSourceError, FileNotFoundError) as exc:
+            report.problems.append(make_problem(f.name, None, str(exc)))
+            continue
+        status, nbytes = status
+        report.bytes_copied += nbytes
+        if status == "mismatch":
+            report.problems.append(make_problem(f.name, None, f"{loc.where(f.name)}: the copied bytes do not match the "
+                                                          "manifest (sha256 or size); the source is damaged: run "
+                                                          "`shardfeed check` on it"))
+            continue
+        (report.resumed if status == "resumed" else report.copied).append(f.name)
+    if not report.problems:
+        write_bytes_atomic(dest_manifest, manifest_bytes)
+        report.ok = True
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_free_space(dest: Path, todo: list[_StageFile], min_free_bytes: int | None, report: StageReport) -> None:
+    """Refuse (ValueError) when copying ``todo`` would leave less than ``min_free_bytes`` free on DEST.
+
+    Partial temporary files count as copied; on a memory file system the RAM available counts too.
+    Records the free bytes and the bytes kept free in ``report``.
+    """
+    st = os.statvfs(dest)
+    free = st.f_bavail * st.f_frsize
+    fs_type = _fs_type(dest)
+    if fs_type in _MEMORY_FS:
+        mem = _mem_available_bytes()
+        if mem is not None:
+            free = min(free, mem)
+    keep = default_min_free_bytes(dest) if min_free_bytes is None else int(min_free_bytes)
+    report.free_bytes_before, report.min_free_bytes = free, keep
+    need = 0
+    for f in todo:
+        tmp = dest / f".{f.name}.stage.tmp"
+        partial = tmp.stat().st_size if tmp.exists() else 0
+        need += max((f.num_bytes or 0) - partial, 0)
+    if todo and free - need < keep:
+        where = f"{dest} ({fs_type or 'unknown fs'})"
+        raise ValueError(f"{where}: staging needs {need / 1e9:,.2f} GB more, {free / 1e9:,.2f} GB are free"
+                         f"{' (RAM available included: this is a memory file system)' if fs_type in _MEMORY_FS else ''}"
+                         f" and {keep / 1e9:,.2f} GB must stay free; free some space, choose another DEST, or "
+                         "lower --min-free")
+
+
+def _intact(final: Path, f: _StageFile, manifest: Manifest, dest: Path, same_manifest: bool) -> bool:
+    if f.num_bytes is not None and final.stat().st_size != f.num_bytes:
+        return False
+    if f.sha256:
+        return _sha256_file(final) == f.sha256
+    if not same_manifest:
+        return False
+    if manifest.format == "lmdb":
+        # no file hash for an LMDB: trust it only if every record passes its CRC-32
+        loc = DatasetLocation(dest)
+        return all(not isinstance(rec, Exception) for _, rec in iter_lmdb_records(loc.root, verify=True))
+    return True
+
+
+def _stage_one(loc: DatasetLocation, dest: Path, f: _StageFile, progress: Progress) -> tuple[str, int]:
+    """Copy one file; returns ("copied" | "resumed" | "mismatch", bytes transferred)."""
+    final = dest / f.name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.stage.tmp")
+    resumed = False
+    transferred = 0
+    for attempt in range(2):  # a resumed copy that fails verification is redone from scratch once
+        start = tmp.stat().st_size if tmp.exists() else 0
+        if f.num_bytes is not None and start > f.num_bytes:
+            start = 0
+        h = hashlib.sha256()
+        if start:
+            with open(tmp, "rb") as r:
+                remaining = start
+                while remaining:
+                    chunk = r.read(min(COPY_CHUNK_BYTES, remaining))
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    remaining -= len(chunk)
+            resumed = True
+        transferred += _copy_stream(loc, f, tmp, start, h, progress)
+        size = tmp.stat().st_size
+        digest = h.hexdigest()
+        ok = (f.num_bytes is None or size == f.num_bytes) and \
+            (f.sha256 is None or digest == f.sha256)
+        if ok and f.sha256 is None:
+            ok = _sha256_file(tmp) == digest  # no reference hash: at least check what landed on disk
+        if ok:
+            os.replace(tmp, final)
+            progress(1 if f.name.endswith(".tar") or f.name == LMDB_DATA_NAME else 0, 0)
+            return ("resumed" if resumed and attempt == 0 else "copied"), transferred
+        tmp.unlink(missing_ok=True)
+        if not resumed:
+            break
+        resumed = False
+        log.info("%s: resumed copy failed verification; copying it again from the start", f.name)
+    return "mismatch", transferred
+
+
+def _copy_stream(loc: DatasetLocation, f: _StageFile, tmp: Path, start: int, h, progress: Progress) -> int:
+    """Write the source file from byte ``start`` into ``tmp`` (kept up to ``start``), hashing.
+
+    Over HTTP the stream itself retries and resumes mid-file (``HttpLocation``); a server that
+    ignores ``Range`` sends the file from byte 0 and the bytes before ``start`` are skipped.
+
+    Returns:
+        Bytes written.
+    """
+    from shardfeed.readers.tario import skip_stream
+
+    written = 0
+    with open(tmp, "r+b" if tmp.exists() else "wb") as out:
+        out.seek(start)
+        out.truncate()
+        stream, offset = loc.open(f.name, start)
+        with stream:
+            if offset < start:
+                skip_stream(stream, start - offset, source=loc.where(f.name))
+            while True:
+                chunk = stream.read(COPY_CHUNK_BYTES)
+                if not chunk:
+                    break
+                out.write(chunk)
+                h.update(chunk)
+                written += len(chunk)
+                progress(0, len(chunk))
+        out.flush()
+        os.fsync(out.fileno())
+    return written
+
+

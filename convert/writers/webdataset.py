@@ -1,0 +1,466 @@
+"""WebDataset output: the streaming :class:`WebDatasetWriter` and the two WebDataset packers.
+
+All three write their shards with :class:`~shardfeed.convert.writers.shard.ShardWriter`, so one
+rollover rule cuts every shard (a shard closes *before* it would pass ``max_count`` samples or
+``max_bytes`` bytes on disk, headers, padding and end blocks included):
+
+* :class:`WebDatasetWriter` (``shardfeed convert`` and other producers that see samples one at a
+  time; the ``Writer`` protocol of DESIGN.md: ``write(sample)``, ``close() -> Manifest``, context
+  manager) cuts as samples come, and writes the manifest last, atomically. Leaving the ``with``
+  block on an exception drops the shard in progress and writes no manifest.
+* :func:`pack_webdataset` (``shardfeed pack``): the boundaries are computed up front by
+  :func:`~shardfeed.convert.plan.plan_shards` with the same rule from the file sizes (every
+  member's size is known before reading a byte), so each shard is an independent task on the
+  pack's executor; shards are byte-identical whatever ``workers`` is, and a killed pack resumes by
+  rewriting only the shards that were not complete.
+* :func:`pack_webdataset_reencoded` (``pack --resize`` ...): the stored sizes are known only after
+  encoding, so the workers re-encode fixed chunks of :data:`CHUNK_SAMPLES` samples in packing
+  order and this process cuts shards from the encoded sizes as they come back (in order); the cut
+  depends only on the sequence of encoded sizes, so shards are byte-identical whatever ``workers``
+  is. Each finished shard's record names its sample range; ``resume`` keeps the finished shards
+  (a prefix of the shard sequence) and restarts at the first sample after them. (Planning by
+  count and rolling over on ``max_bytes`` inside each task was the alternative; it gives
+  under-filled shards and shard indices known only at the end, which breaks naming and resume.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Callable
+
+from shardfeed.readers.format import (
+    DEFAULT_PREFIX,
+    MANIFEST_NAME,
+    Manifest,
+    Sample,
+    ShardEntry,
+    class_bytes,
+    meta_bytes,
+)
+
+from ..executors import ProgressSink, active_executor, task_progress
+from ..pack_state import STATE_DIR, finished_shard_record, write_shard_record
+from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
+from ..samples import ChunkTask, load_chunk, load_sample_payload, read_file_checked, skip_reason, skip_record
+from .shard import ShardLimits, ShardWriter
+
+__all__ = ["WebDatasetWriter", "pack_webdataset", "pack_webdataset_reencoded", "CHUNK_SAMPLES"]
+
+log = logging.getLogger(__name__)
+
+#: Samples per worker task when packing WebDataset shards with re-encoding (does not change the output).
+CHUNK_SAMPLES = 32
+
+
+class WebDatasetWriter:
+    """Write samples into ``out/{prefix}-{index:06d}.tar`` shards with offset indexes and a manifest.
+
+    Each sample becomes the contiguous members ``{key}.{ext}`` (its bytes, unchanged),
+    ``{key}.cls`` (ASCII class index) and ``{key}.json`` (its metadata). The on-disk result is
+    exactly what ``pack`` writes for the same samples in the same order.
+
+    Args:
+        out: output folder; created if missing, must hold no ``manifest.json`` and no shard of
+            the same prefix (a finished or half-written dataset is never overwritten silently).
+        classes: class names in class-index order (the manifest's ``classes``).
+        class_to_idx: name → index (default: from ``classes``' order).
+        max_count: samples per shard at most (≥ 1).
+        max_bytes: bytes per shard file at most, headers/padding/end blocks included (≥ 4096).
+        prefix: shard file prefix (no ``/`` or ``.``).
+        skipped: ``[{"path", "reason"}]`` entries to carry into the manifest.
+        options: extra provenance recorded in the manifest's ``options`` (``max_count``,
+            ``max_bytes``, ``prefix`` and ``format`` are added).
+        files: the manifest's input accounting (default: ``{"packed": N}``).
+
+    Raises:
+        ValueError: bad limits or prefix; ``out`` already holds a dataset.
+        NotADirectoryError: ``out`` is a file.
+
+    Example::
+
+        with WebDatasetWriter("out/wds", classes=["cat", "dog"], max_count=1000) as w:
+            for sample in samples:          # shardfeed.readers.format.Sample
+                w.write(sample)
+        manifest = w.manifest               # also returned by close()
+    """
+
+    format = "webdataset"
+
+    def __init__(self, out: str | os.PathLike, *, classes: list[str], class_to_idx: dict[str, int] | None = None,
+                 max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
+                 skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None):
+        limits = ShardLimits(int(max_count), int(max_bytes))
+        if not prefix or "/" in prefix or "." in prefix:
+            raise ValueError(f"prefix {prefix!r} must be a plain name without '/' or '.'")
+        self.out = Path(out)
+        if self.out.exists() and not self.out.is_dir():
+            raise NotADirectoryError(f"{self.out}: exists and is a file; choose a folder for the output")
+        self.out.mkdir(parents=True, exist_ok=True)
+        if (self.out / MANIFEST_NAME).exists() or any(self.out.glob(f"{prefix}-*.tar")):
+            raise ValueError(f"{self.out}: already holds a dataset ({MANIFEST_NAME} or {prefix}-*.tar); "
+                             "choose an empty folder")
+        self.classes = list(classes)
+        self.class_to_idx = dict(class_to_idx) if class_to_idx is not None else {c: i for i, c in enumerate(classes)}
+        self.max_count = limits.max_count
+        self.max_bytes = limits.max_bytes
+        self.prefix = prefix
+        self.skipped = list(skipped or [])
+        self.options = dict(options or {})
+        self.files = files
+        self.manifest: Manifest | None = None
+        self._writer = ShardWriter(self.out, prefix=prefix, limits=limits)
+        self._keys: set[str] = set()
+        self._closed = False
+
+    @classmethod
+    def create(cls, out: str | os.PathLike, *, classes: list[str], class_to_idx: dict[str, int] | None = None,
+               max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
+               skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None,
+               map_size: int | None = None, expected_bytes: int | None = None) -> "WebDatasetWriter":
+        """The registry's uniform writer factory (same keywords for every format's writer).
+
+        Args:
+            out, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files: as
+                the constructor.
+            map_size, expected_bytes: LMDB sizing; unused (shards are cut by ``max_*``).
+
+        Returns:
+            An open :class:`WebDatasetWriter`.
+
+        Raises:
+            ValueError, NotADirectoryError: as the constructor.
+        """
+        return cls(out, classes=classes, class_to_idx=class_to_idx, max_count=max_count, max_bytes=max_bytes,
+                   prefix=prefix, skipped=skipped, options=options, files=files)
+
+    @property
+    def shards(self) -> list[ShardEntry]:
+        """The finished shards' entries, in order."""
+        return self._writer.shards
+
+    @property
+    def num_samples(self) -> int:
+        """Samples written so far."""
+        return sum(s.num_samples for s in self.shards) + self._writer.count_in_shard
+
+    def write(self, sample: Sample) -> None:
+        """Append one sample, first closing the current shard if it would pass a limit.
+
+        Args:
+            sample: a :class:`~shardfeed.readers.format.Sample`; its bytes are stored unchanged.
+
+        Raises:
+            ValueError: the key is empty, holds a ``.``, repeats an earlier key, or the sample alone
+                is larger than ``max_bytes``; the writer is closed.
+        """
+        if self._closed:
+            raise ValueError(f"{self.out}: writer is closed")
+        key = sample.key
+        if not key or "." in key.rsplit("/", 1)[-1]:
+            raise ValueError(f"sample key {key!r}: keys must be non-empty and hold no '.' (WebDataset splits the "
+                             "key from the extension at the first dot)")
+        if key in self._keys:
+            raise ValueError(f"sample key {key!r} written twice; keys must be unique")
+        path = (sample.meta or {}).get("path", "?")
+        self._writer.add(key, sample.ext, sample.data, class_bytes(sample.label), meta_bytes(sample.meta),
+                         describe=f"sample {key!r} ({path})")
+        self._keys.add(key)
+
+    def close(self) -> Manifest:
+        """Close the last shard and write ``manifest.json`` (atomically, last).
+
+        Returns:
+            The dataset's :class:`~shardfeed.readers.format.Manifest`.
+
+        Raises:
+            ValueError: no sample was written (an empty dataset has no manifest).
+        """
+        if self._closed:
+            if self.manifest is None:
+                raise ValueError(f"{self.out}: writer was aborted; no manifest")
+            return self.manifest
+        self._writer.close()
+        self._closed = True
+        n = sum(s.num_samples for s in self.shards)
+        if n == 0:
+            raise ValueError(f"{self.out}: no sample was written; nothing to describe")
+        options = {**self.options, "format": self.format, "max_count": self.max_count,
+                   "max_bytes": self.max_bytes, "prefix": self.prefix}
+        self.manifest = Manifest(format=self.format, num_samples=n, classes=self.classes,
+                                 class_to_idx=self.class_to_idx, shards=list(self.shards),
+                                 skipped=self.skipped, options=options,
+                                 files=self.files if self.files is not None else {"packed": n})
+        self.manifest.write(self.out)
+        return self.manifest
+
+    def abort(self) -> None:
+        """Drop the shard in progress (complete shards stay; no manifest is written)."""
+        self._writer.abort()
+        self._closed = True
+
+    def __enter__(self) -> "WebDatasetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._closed:
+            self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# pack: planned shards, one task each
+
+
+def _limits(options) -> ShardLimits:
+    return ShardLimits(options.max_count, options.max_bytes)
+
+
+def _payload_is_plain(options) -> bool:
+    """True when :func:`load_sample_payload` stores every file's bytes, extension and metadata as
+    they are: the WebDataset packer then takes its lean loop (:func:`_add_plain_samples`), which
+    must stay equivalent to ``load_sample_payload`` + ``ShardWriter.add`` (keep the two in step)."""
+    slowed = options.faults is not None and options.faults.sample_delay_s
+    return options.reencode is None and not options.decode_check and not slowed
+
+
+def _add_plain_samples(writer: ShardWriter, plan: SamplePlan, on_error: str, skipped: list,
+                       progress: ProgressSink) -> None:
+    """Append the plan's samples to ``shard`` straight from its columns (issue 8's hot loop).
+
+    Same bytes as building a :class:`PlannedSample` per sample, calling
+    :func:`load_sample_payload` and ``writer.add`` with ``meta_bytes``; none of those
+    objects is built (a few microseconds per sample, as much as reading a small file).
+    """
+    files, lo, hi = plan.column_range  # the plan's range of the columns, no copy
+    rels, sizes, mtimes, codes, ecodes = files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.ext_codes
+    exts = files.exts
+    cls = [class_bytes(label) for label in files.class_labels]
+    # meta_bytes({"path": rel, "class": c}) == (meta_head[c] + encode_str(rel) + "}").encode()
+    meta_head = [sample_meta_bytes(c, "")[:-3].decode("utf-8") for c in files.class_names]
+    enc = json.encoder.encode_basestring
+    prefix = files.path_prefix if os.sep == "/" else None
+    base, width = plan.start - lo, plan.width  # global index of rels[j] is base + j
+    add = writer.add
+    open_, fstat, read, close, rdonly = os.open, os.fstat, os.read, os.close, os.O_RDONLY
+    n_done = n_bytes = 0
+    for j in range(lo, hi):
+        rel = rels[j]
+        key = str(base + j).zfill(width)
+        path = prefix + rel if prefix is not None else files.path_of(j)
+        size = sizes[j]
+        data = None
+        try:  # read_file_checked's common case, inline: open, fstat, one read, close
+            fd = open_(path, rdonly)
+            try:
+                st = fstat(fd)
+                if st.st_size == size and st.st_mtime_ns == mtimes[j]:
+                    data = read(fd, size)
+            finally:
+                close(fd)
+        except OSError:
+            pass
+        if not data or len(data) != size:
+            try:  # anything unusual (or an empty file): the full checks, and their precise errors
+                data = read_file_checked(path, size, mtimes[j])
+            except (OSError, ValueError) as exc:
+                if on_error != "skip":
+                    raise
+                skipped.append({"path": rel, "key": key, "reason": skip_reason(exc)})
+                n_done += 1
+                continue
+        code = codes[j]
+        add(key, exts[ecodes[j]], data, cls[code], (meta_head[code] + enc(rel) + "}").encode("utf-8"))
+        n_done += 1
+        n_bytes += size
+        if n_done >= 256:
+            progress.add(n_done, n_bytes)
+            n_done = n_bytes = 0
+    progress.add(n_done, n_bytes)
+
+
+def _write_wds_shard(task) -> tuple[dict, list]:
+    """Task: write planned shard ``shard_idx`` and its completion record; ``(entry json, skipped)``."""
+    out_dir, shard_idx, samples, options = task
+    progress = task_progress()
+    skipped = []
+    writer = ShardWriter(out_dir, prefix=options.prefix, limits=_limits(options), first_index=shard_idx,
+                         max_shards=1)
+    with writer:
+        n_done = n_bytes = 0  # progress goes out in batches (a call per sample costs as much as a tar header)
+        plain = isinstance(samples, SamplePlan) and _payload_is_plain(options)
+        if plain:
+            _add_plain_samples(writer, samples, options.on_error, skipped, progress)
+        for s in (() if plain else samples):
+            try:
+                data, ext, meta = load_sample_payload(s, options)
+            except (OSError, ValueError) as exc:
+                if options.on_error != "skip":
+                    raise
+                skipped.append(skip_record(s, exc))
+                n_done += 1
+                continue
+            writer.add(s.key, ext, data, class_bytes(s.file.label), fast_meta_bytes(meta),
+                       describe=f"{s.file.path}: this image")
+            n_done += 1
+            n_bytes += len(data)
+            if n_done >= 64:
+                progress.add(n_done, n_bytes)
+                n_done = n_bytes = 0
+        progress.add(n_done, n_bytes)
+    progress.flush()
+    entry = writer.shards[0] if writer.shards else None
+    result = entry.to_json() if entry else None
+    write_shard_record(out_dir, shard_idx, {"shard": shard_idx, "entry": result, "skipped": skipped})
+    return result, skipped
+
+
+def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, int], None],
+                    output_progress: Callable[[int], None] | None = None
+                    ) -> tuple[list[ShardEntry], list[dict], int, dict]:
+    """Write the planned samples as WebDataset shards (the ``"webdataset"`` packer of the registry).
+
+    Args:
+        scan: the :class:`~shardfeed.convert.scan.ScanResult` (its root must be seen by every task).
+        samples: the packing order (:func:`~shardfeed.convert.plan.plan_samples`).
+        out: the output folder, prepared by :func:`~shardfeed.convert.pack.prepare_output`.
+        options: the :class:`~shardfeed.convert.pack.PackOptions`.
+        progress: ``callback(num_samples, num_input_bytes)``.
+        output_progress: ``callback(num_output_bytes)``: the stored image bytes, reported only when
+            re-encoding (without it they are the input bytes); None for none.
+
+    Returns:
+        ``(shards, skipped, shards_resumed, extra)``.
+
+    Raises:
+        ValueError: one sample alone is larger than ``max_bytes`` (names the file).
+        OSError, SourceChangedError, CorruptDataError: as
+            :func:`~shardfeed.convert.samples.load_sample_payload`; finished shards stay.
+    """
+    if options.reencode is not None:  # sizes are known only after encoding: cut shards as they come
+        return pack_webdataset_reencoded(scan, samples, out, options, progress, output_progress)
+    ranges = plan_shards(samples, max_count=options.max_count, max_bytes=options.max_bytes)
+    done: dict[int, dict] = {}
+    if options.resume:
+        for i in range(len(ranges)):
+            rec = finished_shard_record(out, i)
+            if rec is not None:
+                done[i] = rec
+                a, b = ranges[i]
+                progress(b - a, input_bytes(samples[a:b]))
+    tasks = [(str(out.absolute()), i, samples[a:b], options) for i, (a, b) in enumerate(ranges) if i not in done]
+    results: dict[int, tuple] = {i: (rec["entry"], rec["skipped"]) for i, rec in done.items()}
+    shared = (scan.root, str(out.absolute() / STATE_DIR / "plan.json"))  # what every Ray node must see
+    # the generator first: zip then runs it to its end (a clean pool shutdown), not tasks first
+    for res, task in zip(active_executor(options).map_ordered(_write_wds_shard, tasks, progress,
+                                                              required_paths=shared), tasks):
+        results[task[1]] = res
+    shards, skipped = [], []
+    for i in range(len(ranges)):
+        entry, sk = results[i]
+        skipped.extend(sk)
+        if entry is not None:
+            shards.append(ShardEntry(**entry))
+    return shards, skipped, len(done), {"num_planned_shards": len(ranges)}
+
+
+# ---------------------------------------------------------------------------------------------
+# pack with re-encoding: shards cut from the encoded sizes
+
+
+def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
+    """The state records of the shards a previous run finished, in order (a prefix of the shards)."""
+    done, end = [], 0
+    while end < num_samples:
+        rec = finished_shard_record(out, len(done))
+        if rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end:
+            break
+        done.append(rec)
+        end = rec["end"]
+    return done
+
+
+def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Callable[[int, int], None],
+                              output_progress: Callable[[int], None] | None = None):
+    """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
+
+    Workers re-encode fixed chunks of :data:`CHUNK_SAMPLES` samples in packing order
+    (:func:`~shardfeed.convert.samples.load_chunk`); this process appends them to a
+    :class:`~shardfeed.convert.writers.shard.ShardWriter` in order (see the module docstring for
+    why this keeps shards byte-identical for any ``workers`` and ``resume`` exact).
+
+    Args:
+        scan: the :class:`~shardfeed.convert.scan.ScanResult` (unused; packer signature).
+        samples: the planned samples (:func:`~shardfeed.convert.plan.plan_samples`).
+        out: the output folder (prepared).
+        options: the :class:`~shardfeed.convert.pack.PackOptions`, with ``reencode`` set.
+        progress: ``callback(num_samples, input_bytes)``.
+        output_progress: ``callback(output_bytes)``: the re-encoded image bytes stored, reported
+            before the matching ``progress`` call; None for none.
+
+    Returns:
+        ``(shards, skipped, shards_resumed, extra)`` as every packer.
+
+    Raises:
+        ValueError: one re-encoded sample alone is larger than ``max_bytes`` (names the file).
+        OSError, CorruptDataError, SourceChangedError: as
+            :func:`~shardfeed.convert.samples.load_sample_payload` (``on_error="raise"``); finished
+            shards stay and ``resume`` continues after them.
+    """
+    def report(n: int, b_in: int, b_out: int) -> None:
+        if output_progress is not None:
+            output_progress(b_out)
+        progress(n, b_in)
+
+    done = _finished_prefix(out, len(samples)) if options.resume else []
+    start = done[-1]["end"] if done else 0
+    shards: list[ShardEntry] = []
+    skipped: list[dict] = []
+    for rec in done:
+        skipped.extend(rec["skipped"])
+        if rec["entry"] is not None:
+            shards.append(ShardEntry(**rec["entry"]))
+    if done:
+        log.info("%s: resuming after %d finished shards (sample %d of %d)", out, len(done), start, len(samples))
+        report(start, sum(s.file.size for s in samples[:start]), sum(s.num_bytes for s in shards))
+    # the shard in progress: its first sample, the sample about to be added, its skipped files
+    cur = {"start": start, "next": start, "skipped": []}
+
+    def record(entry: ShardEntry | None, index: int) -> None:
+        if entry is not None:
+            shards.append(entry)
+        write_shard_record(out, index, {"shard": index, "entry": entry.to_json() if entry else None,
+                                        "skipped": cur["skipped"], "start": cur["start"], "end": cur["next"]})
+        skipped.extend(cur["skipped"])
+        cur.update(start=cur["next"], skipped=[])
+
+    writer = ShardWriter(out, prefix=options.prefix, limits=_limits(options), first_index=len(done),
+                         on_shard_end=record)
+    tasks = [ChunkTask(samples[a:a + CHUNK_SAMPLES], options) for a in range(start, len(samples), CHUNK_SAMPLES)]
+    with writer:
+        for results, _ in active_executor(options).map_ordered(load_chunk, tasks, lambda n, b: None,
+                                                               max_in_flight=2 * options.workers + 2):
+            n_in = b_in = b_out = 0
+            for index, payload, skip in results:
+                s = samples[index]
+                n_in += 1
+                b_in += s.file.size
+                if payload is None:
+                    cur["skipped"].append(skip)
+                    continue
+                data, ext, meta = payload
+                cur["next"] = index  # a roll closes the shard before this sample
+                writer.add(s.key, ext, data, class_bytes(s.file.label), meta_bytes(meta),
+                           describe=f"{s.file.path}: re-encoded, this image",
+                           hint=" (or lower --resize/--quality)")
+                b_out += len(data)
+            report(n_in, b_in, b_out)
+        cur["next"] = len(samples)
+        if writer.is_open:
+            writer.close()
+        elif cur["skipped"]:  # the last samples were all skipped: a record without a shard
+            record(None, writer.next_index)
+    return shards, skipped, len(done), {}

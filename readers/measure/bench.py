@@ -1,0 +1,111 @@
+"""``bench``: build ``make_loader`` on one dataset and measure it with the training-loop harness."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+from typing import Any, Sequence
+
+from .cache import close_lmdb_envs, dataset_files, detect_source_format, evict_page_cache
+from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device, shutdown_loader
+from .report import RunReport
+
+__all__ = ["LOADER_KNOBS", "MAKE_LOADER_DEFAULTS", "bench_source", "dataset_len"]
+
+logger = logging.getLogger(__name__)
+
+#: The ``DataLoader`` knobs ``tune`` sweeps (and every report records as the loader used them).
+LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+#: make_loader / open_dataset defaults, left out of the printed make_loader(...) call.
+MAKE_LOADER_DEFAULTS = {"shuffle": True, "seed": 0, "drop_last": False, "pad": False, "train": False,
+                        "decoder": "pil", "decode": True, "on_error": "raise", "cache": None}
+
+
+def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size: int | None = 224,
+                 model: str = "tiny", device: str = "auto", compute_ms: float | None = None, warmup: int = 10,
+                 batches: int = 100, cold: bool = False, evict_files: Sequence[str | os.PathLike] | None = None,
+                 channels_last: bool = False, mean: Sequence[float] | None = DEFAULT_MEAN,
+                 std: Sequence[float] | None = DEFAULT_STD, label: str | None = None, num_threads: int | None = None,
+                 **loader_options: Any) -> RunReport:
+    """Build ``make_loader(source, batch_size, image_size=..., **loader_options)`` and measure it.
+
+    On a CPU device ``pin_memory`` defaults to False (pinning only helps copies to a GPU).
+
+    Args:
+        source: an image folder, a packed dataset (directory, manifest or URL).
+        batch_size: images per batch.
+        image_size: the loader's ``image_size`` (resize + centre crop; None keeps decoded sizes).
+        model, device, compute_ms, warmup, batches, channels_last, mean, std, label, num_threads:
+            see :func:`run_training_loop`.
+        cold: evict the dataset's files (or ``evict_files``) from the page cache first.
+        evict_files: the files to evict with ``cold`` (default: :func:`dataset_files` of ``source``).
+        **loader_options: any other ``make_loader`` / ``open_dataset`` option.
+
+    Returns:
+        The :class:`RunReport`; ``config`` holds ``source``, ``source_format`` and every setting.
+    """
+    import torch
+
+    from ..loader import make_loader
+
+    dev = select_device(device)
+    opts = {k: v for k, v in loader_options.items()}
+    if dev.type != "cuda" and opts.get("pin_memory") is None:
+        opts["pin_memory"] = False
+    cache = None
+    if cold:
+        files = list(evict_files) if evict_files is not None else dataset_files(source)
+        close_lmdb_envs(files)
+        if not files:
+            cache = {"files": 0, "bytes": 0, "ignored": None,
+                     "message": f"{source}: no local files to evict (a URL?): --cold has no effect"}
+        else:
+            cache = evict_page_cache(files)
+        if cache.get("message"):
+            logger.warning("%s", cache["message"])
+    loader = make_loader(source, batch_size, image_size=image_size, **opts)
+    try:
+        fmt = _source_format_of(loader, source)
+        effective = {k: getattr(loader, k, opts.get(k)) for k in LOADER_KNOBS}
+        config = {"source": str(source), "source_format": fmt, "batch_size": batch_size, "image_size": image_size,
+                  "device": str(dev), "cold": cold, "loader": {**{k: v for k, v in opts.items()}, **effective},
+                  "num_dataset_samples": dataset_len(getattr(loader, "dataset", None)),
+                  "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": sys.version.split()[0]}
+        report = run_training_loop(loader, model=model, device=dev, compute_ms=compute_ms, warmup=warmup,
+                                   batches=batches, channels_last=channels_last, mean=mean, std=std,
+                                   config=config, label=label, num_threads=num_threads)
+    finally:
+        shutdown_loader(loader, None)
+        del loader
+        gc.collect()
+    report.cache = cache
+    if cache and cache.get("message"):
+        report.warnings.insert(0, cache["message"])
+    n = report.config.get("num_dataset_samples")
+    if cold and n and (warmup + batches) * batch_size > n:
+        report.warnings.append(f"warm-up + measured batches ({(warmup + batches) * batch_size} images) exceed the "
+                               f"dataset ({n}): later epochs read from the page cache, not the disk")
+    return report
+
+
+def dataset_len(obj: Any) -> int | None:
+    """The whole dataset's sample count (``num_samples``, all ranks), else ``len``."""
+    n = getattr(obj, "num_samples", None)
+    if isinstance(n, int):
+        return n
+    try:
+        return len(obj)
+    except Exception:
+        return None
+
+
+def _source_format_of(loader: Any, source: Any) -> str:
+    ds = getattr(loader, "dataset", None)
+    for obj in (ds, getattr(ds, "manifest", None)):
+        for attr in ("source_format", "format"):
+            value = getattr(obj, attr, None)
+            if isinstance(value, str) and value in ("folder", "webdataset", "lmdb"):
+                return value
+    return detect_source_format(source)

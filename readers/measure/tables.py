@@ -1,0 +1,220 @@
+"""Report formatting: the aligned tables of ``bench``, ``verify`` and ``tune``, and the per-batch plot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .report import RunReport, fmt_bytes
+
+__all__ = ["format_table", "format_report", "format_comparison", "comparison_headline", "verdict_headline",
+           "plot_runs"]
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None) -> str:
+    """Align ``rows`` in columns (first column left-aligned, the others right-aligned)."""
+    all_rows = [list(header)] if header else []
+    all_rows += [list(r) for r in rows]
+    if not all_rows:
+        return ""
+    ncol = max(len(r) for r in all_rows)
+    for r in all_rows:
+        r += [""] * (ncol - len(r))
+    widths = [max(len(r[i]) for r in all_rows) for i in range(ncol)]
+    lines = []
+    for j, r in enumerate(all_rows):
+        cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, ncol)]
+        lines.append("  ".join(cells).rstrip())
+        if header and j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _report_rows(r: RunReport) -> list[tuple[str, str]]:
+    cfg = r.config
+    rows = [
+        ("source", f"{cfg.get('source_format', '?')}: {cfg.get('source', '?')}"),
+        ("images/s", f"{r.images_per_s:.1f}"),
+        ("batches x images", f"{r.num_batches} x {cfg.get('batch_size', '?')} = {r.num_samples}"),
+        ("measured time", f"{r.seconds:.2f} s"),
+        ("wait for data, ms (mean/p50/p95)", f"{_ms(r.t_wait_s.mean)} / {_ms(r.t_wait_s.p50)} / {_ms(r.t_wait_s.p95)}"),
+        ("compute, ms (mean/p50/p95)",
+         f"{_ms(r.t_compute_s.mean)} / {_ms(r.t_compute_s.p50)} / {_ms(r.t_compute_s.p95)}"),
+        ("data stall", f"{r.stall_share:.0%}"),
+        ("GPU utilisation", "n/a (not CUDA)" if not r.device.startswith("cuda")
+         else (f"{r.gpu_util:.0%}" if r.gpu_util is not None else "n/a (no NVML)")),
+    ]
+    if r.gpu:
+        nv = r.gpu.get("nvml") or {}
+        rows.append(("GPU memory (NVML max / torch max)",
+                     f"{fmt_bytes(nv.get('memory_used_max_bytes'))} / {fmt_bytes(r.gpu.get('max_allocated_bytes'))}"))
+    if r.cpu:
+        nw = (cfg.get("loader") or {}).get("num_workers")
+        rows.append(("CPU, loader workers", f"{r.cpu['workers_cores']:.2f} cores ({nw} workers)"))
+        rows.append(("CPU, main process", f"{r.cpu['main_cores']:.2f} cores"))
+        rows.append(("CPU, all of ours", f"{r.cpu['util_share']:.0%} of {r.cpu['cpu_count']} cores"))
+        if r.num_samples:
+            rows.append(("CPU per image, all of ours", f"{r.cpu['total_s'] / r.num_samples * 1000:.2f} ms"))
+        if r.cpu.get("others_share") is not None:
+            rows.append(("CPU, other processes", f"{r.cpu['others_share']:.0%} of {r.cpu['cpu_count']} cores"))
+    if r.io:
+        rows.append(("read from disk", f"{fmt_bytes(r.io['read_bytes_per_s'])}/s"
+                     + (f" ({fmt_bytes(r.io['read_bytes_with_warmup'])} incl. warm-up)"
+                        if r.io.get("read_bytes_with_warmup") is not None else "")))
+        rows.append(("read calls (incl. page cache)", f"{fmt_bytes(r.io['rchar_per_s'])}/s"))
+    if r.memory:
+        m = r.memory
+        rows.append(("memory, main (RSS start -> end)",
+                     f"{fmt_bytes(m['main_rss_start_bytes'])} -> {fmt_bytes(m['main_rss_end_bytes'])}"))
+        rows.append(("memory, workers (RSS start -> end)",
+                     f"{fmt_bytes(m['workers_rss_start_bytes'])} -> {fmt_bytes(m['workers_rss_end_bytes'])}"))
+        rows.append(("memory growth", ("YES " if m["growth_flag"] else "no, ") + f"{fmt_bytes(m['growth_bytes'])}"))
+    if r.system:
+        rows.append(("swap in use", fmt_bytes(r.system.get("swap_used_end_bytes"))))
+        if r.system.get("iowait_share") is not None:
+            rows.append(("CPU time in I/O wait (machine)", f"{r.system['iowait_share']:.1%}"))
+    if r.cache is None:
+        rows.append(("page cache", "warm (not evicted)"))
+    else:
+        c = r.cache
+        after, total = c.get("cached_bytes_after"), c.get("bytes") or 0
+        if not c.get("files"):
+            state = "not evicted (no local files)"
+        elif after is None or not total:
+            state = "evicted (unchecked)"
+        elif c.get("ignored"):
+            state = f"NOT evicted, {after / total:.0%} left"
+        else:
+            state = f"evicted, {after / total:.0%} left"
+        rows.append(("page cache", f"{state} of {c.get('files', 0)} files, {fmt_bytes(total)}"))
+    rows.append(("device", f"{r.device} ({r.timing})"))
+    return rows
+
+
+def format_report(report: RunReport) -> str:
+    """The aligned table of one run (``bench``)."""
+    text = format_table(_report_rows(report), header=("", report.label or "run"))
+    if report.warnings:
+        text += "\n" + "\n".join(f"warning: {w}" for w in report.warnings)
+    return text
+
+
+def comparison_headline(speedup: float, stall_before: float, stall_after: float) -> str:
+    """``"2.9x faster; data stall 71% -> 6%"`` (or ``"1.3x slower; ..."``)."""
+    if 0.95 <= speedup < 1.05:
+        head = f"no clear difference ({speedup:.2f}x)"
+    elif speedup >= 1:
+        head = f"{speedup:.1f}x faster"
+    elif speedup > 0:
+        head = f"{1 / speedup:.1f}x slower ({speedup:.2f}x)"
+    else:
+        head = "no throughput"
+    return f"{head}; data stall {stall_before:.0%} -> {stall_after:.0%}"
+
+
+def verdict_headline(verdict: dict | None, speedup: float, stall_before: float, stall_after: float) -> str:
+    """``verify``'s last line: the verdict of :func:`~shardfeed.readers.measure.verdict.judge_rounds`
+    and the data stall (``"2.9x faster; rounds vary by 4%; data stall 71% -> 6%"``); without a
+    verdict, :func:`comparison_headline`."""
+    if not verdict:
+        return comparison_headline(speedup, stall_before, stall_after)
+    return f"{verdict['text']}; data stall {stall_before:.0%} -> {stall_after:.0%}"
+
+
+def _rounds_lines(verdict: dict, repeats: int) -> list[str]:
+    lines = [f"rounds: {repeats}, alternating (the median run of each side is shown above); images/s in run order:"]
+    for name in ("before", "after"):
+        d = verdict[name]
+        spread = "" if d["spread_share"] is None or len(d["rounds"]) < 2 else f", spread {d['spread_share']:.0%}"
+        lines.append(f"  {name.upper():6s} {' '.join(f'{x:.0f}' for x in d['rounds'])} "
+                     f"(median {d['median']:.0f}{spread})")
+    if verdict.get("others_cpu_share_max") is not None:
+        lines.append(f"  other processes took up to {verdict['others_cpu_share_max']:.0%} of the CPU during a run")
+    return lines
+
+
+def _settle_text(settle: dict | None) -> str | None:
+    if not settle:
+        return None
+    if not settle.get("method"):
+        return "disk not settled: no sync() on this platform"
+    dirty = settle.get("dirty_bytes_before")
+    what = f"{fmt_bytes(dirty)} of dirty pages" if dirty is not None else "dirty pages"
+    return f"disk settled before measuring: sync() wrote back {what} in {settle['seconds']:.1f} s"
+
+
+def _warm_text(warm: dict | None) -> str | None:
+    if not warm:
+        return None
+    if warm.get("skipped"):
+        return f"page cache not warmed: {warm['skipped']}"
+    cached, total = warm.get("cached_bytes_after"), warm.get("bytes") or 0
+    share = f" ({cached / total:.0%} of it cached)" if cached is not None and total else ""
+    return (f"page cache warmed before measuring: read {fmt_bytes(warm['read_bytes'])} of both datasets "
+            f"in {warm['seconds']:.1f} s{share}")
+
+
+def format_comparison(result: dict) -> str:
+    """Both median runs side by side, the rounds, then the verdict (``verify``)."""
+    b, a = result["before"], result["after"]
+    rb, ra = _report_rows(b), _report_rows(a)
+    rows = [(name, vb, va) for (name, vb), (_, va) in zip(rb, ra)]
+    text = format_table(rows, header=("", "BEFORE", "AFTER"))
+    warnings = [f"before: {w}" for w in b.warnings] + [f"after: {w}" for w in a.warnings]
+    if warnings:
+        text += "\n" + "\n".join(f"warning: {w}" for w in dict.fromkeys(warnings))
+    verdict = result.get("verdict")
+    lines = [_settle_text(result.get("settle")), _warm_text(result.get("warm_cache"))]
+    if verdict:
+        lines += _rounds_lines(verdict, result.get("repeats", 1))
+    cpi = result.get("cpu_s_per_image")
+    if cpi:
+        lines.append(f"  CPU per image (main + workers), median: BEFORE {cpi['before'] * 1000:.2f} ms, "
+                     f"AFTER {cpi['after'] * 1000:.2f} ms (little moved by other processes' load)")
+    text += "".join(f"\n{line}" for line in lines if line)
+    text += "\n" + verdict_headline(verdict, result["speedup"], result["stall_share_before"],
+                                     result["stall_share_after"])
+    if verdict:
+        text += "".join(f"\nadvice: {line}" for line in verdict["advice"])
+    return text
+
+
+def plot_runs(runs: Sequence[RunReport], path: str | os.PathLike) -> Path:
+    """Draw per-batch wait and compute over time, one panel per run, into a PNG.
+
+    Each batch is a bar from its start time: the wait for data (bottom), then the compute.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'shardfeed[plot]'``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'shardfeed[plot]' "
+                          "(or pip install matplotlib)") from None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.6 * len(runs)), squeeze=False, sharex=True)
+    for ax, r in zip(axes[:, 0], runs):
+        starts = r.batches.get("t_start_s", [])
+        waits = [w * 1000 for w in r.batches.get("t_wait_s", [])]
+        comps = [c * 1000 for c in r.batches.get("t_compute_s", [])]
+        ax.plot(starts, waits, drawstyle="steps-post", label="wait for data (ms)", color="tab:red")
+        ax.plot(starts, comps, drawstyle="steps-post", label="compute (ms)", color="tab:blue")
+        ax.set_title(f"{r.label or 'run'}: {r.config.get('source_format', '')} {r.config.get('source', '')} - "
+                     f"{r.images_per_s:.0f} images/s, data stall {r.stall_share:.0%}", fontsize=9)
+        ax.set_ylabel("ms per batch")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel("time since the first measured batch (s)")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
