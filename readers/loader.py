@@ -359,6 +359,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             epoch, segments = epoch + 1, []  # the epoch was consumed to its end
         self._next_epoch = epoch
         self._set_plan({"epoch": epoch, "segments": segments} if segments else None)
+        ds.set_epoch(epoch)  # len(loader) now counts what the resumed epoch yields
+        if self._epoch_sampler is not None:
+            self._epoch_sampler.set_epoch(epoch)
         log.info("resuming epoch %d after %d earlier run(s): %d samples left on this rank", epoch, len(segments),
                  left if segments else 0)
 

@@ -73,8 +73,10 @@ SIDE_EXTS = SIDE_EXTENSIONS
 SKIP_SLOTS = 64
 
 #: Room for the resume plan shared with workers (JSON; a plan holds one small dict per earlier run
-#: of the epoch, about 120 bytes each).
-RESUME_CAPACITY_BYTES = 1 << 16
+#: of the epoch, about 120 bytes each). Kept under torch's parallel grain size (32,768 elements):
+#: filling a bigger tensor may start OpenMP threads, and a process forked from one that did can
+#: deadlock on their lock (found with a source opened in a forked child of the test process).
+RESUME_CAPACITY_BYTES = 1 << 14
 
 
 def manifest_fingerprint(manifest) -> str:
