@@ -20,7 +20,7 @@ $(PY):
 
 $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
-	$(PY) -m pip install -q -e ".[dev,ray]"
+	$(PY) -m pip install -q -e ".[dev,ray,jpeg]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
@@ -52,7 +52,10 @@ test-fast: install  ## skip slow and multi-process tests
 	$(PY) -P -m pytest -m "not slow and not multiprocess and not ray" $(PYTEST_ARGS)
 
 bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes out/bench/*.json
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) scripts/bench.py --out out/bench
+	$(PY) scripts/bench_jpeg_bindings.py --json out/bench/jpeg_bindings.json
+	$(PY) scripts/bench_decode.py --json out/bench/decode.json
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/bench_resume.py --out out/bench/resume
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)

@@ -75,7 +75,7 @@ def _looks_packed(root: Path) -> bool:
 
 
 def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, train: bool = False,
-                 decoder: str = "pil", decode: bool = True, on_error: str = "raise",
+                 decoder: str = "auto", decode: bool = True, on_error: str = "raise",
                  cache: str | None = None, **options: Any):
     """Open an image folder or a packed dataset (local or over HTTP) as a PyTorch dataset.
 
@@ -85,7 +85,8 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         image_size: ``N`` resizes the shorter side to N and center-crops N x N (random resized
             crop N and a flip with ``train=True``); None keeps the decoded size.
         train: training transforms (random resized crop + horizontal flip, seeded).
-        decoder: ``"pil"`` or ``"cv2"``.
+        decoder: ``"auto"`` (simplejpeg for JPEGs where installed, else Pillow), ``"simplejpeg"``,
+            ``"pil"`` or ``"cv2"`` (see :mod:`~shardfeed.readers.decode`).
         decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples
             ``(key, data, ext, label, meta)`` instead of decoded images.
         on_error: ``"raise"`` (the error names the file, or the shard and key and the original

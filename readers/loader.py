@@ -400,7 +400,10 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
             ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
             ``worker_init_fn`` (called after ours), ``collate_fn`` and ``timeout`` go to the
-            ``DataLoader``.
+            ``DataLoader``, and ``decode_device="cuda"`` makes the workers hand over encoded
+            bytes and decodes each batch on that GPU (nvJPEG; images and labels come out on the
+            device; the CPU loader where there is no CUDA): see
+            :mod:`~shardfeed.readers.gpu_decode`.
 
     Returns:
         A :class:`ShardfeedLoader`. Batches: ``(images, labels)``: ``torch.uint8``
@@ -413,6 +416,17 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     """
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    decode_device = open_dataset_options.pop("decode_device", None)
+    if decode_device is not None and torch.device(decode_device).type != "cpu":  # issue 19's GPU decoding hook
+        if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
+            raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
+        from .gpu_decode import wrap_gpu_decoding
+
+        return wrap_gpu_decoding(functools.partial(
+            make_loader, source_or_dataset, batch_size, num_workers=num_workers, pin_memory=pin_memory,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,
+            drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
+            **open_dataset_options)
     loader_keys = ("multiprocessing_context", "worker_init_fn", "collate_fn", "timeout", "generator")
     loader_opts = {k: open_dataset_options.pop(k) for k in loader_keys if k in open_dataset_options}
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):

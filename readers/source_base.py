@@ -133,7 +133,7 @@ class SourceBase:
     #: True for sources read by index (``__getitem__``), False for iterable ones.
     map_style = False
 
-    def _init_common(self, *, image_size: int | None = None, train: bool = False, decoder: str = "pil",
+    def _init_common(self, *, image_size: int | None = None, train: bool = False, decoder: str = "auto",
                      decode: bool = True, on_error: str = "raise", transform=None,
                      max_pixels: int | None = DEFAULT_MAX_PIXELS, seed: int = 0, shuffle: bool = True,
                      pad: bool = False, rank: int | None = None, world_size: int | None = None) -> None:

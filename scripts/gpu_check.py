@@ -2,7 +2,8 @@
 """``make gpu-check``: the one-shot check for a machine with a CUDA GPU.
 
 1. Checks that torch sees a CUDA device; without one it prints one line and exits 2.
-2. Installs what it needs beyond ``make install``: the ``gpu`` extra (``nvidia-ml-py``, for GPU
+2. Installs what it needs beyond ``make install``: the torchvision release matching the installed
+   torch (``--no-deps``; nvJPEG batch decoding and resnet50), the ``gpu`` extra (``nvidia-ml-py``, for GPU
    utilisation from NVML). ResNet-50 needs no download: ``shardfeed.readers.models`` builds it
    with torchvision when a working torchvision is installed, else from torch alone, randomly
    initialised either way (no pretrained weights are fetched).
@@ -34,6 +35,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,6 +92,43 @@ def ensure_nvml(log) -> str | None:
                        capture_output=True, text=True)
     if r.returncode != 0:
         return f"pip install -e '.[gpu]' failed: {r.stderr.strip()[-300:]}"
+    return None
+
+
+def matching_torchvision_spec(torch_version: str) -> str | None:
+    """The torchvision release built against ``torch_version`` (torch 2.N.x pairs with 0.(N+15).x).
+
+    The pairing is PyTorch's release table (torch 2.5 / torchvision 0.20 ... torch 2.9 / 0.24).
+    Returns None for a version outside the 2.x series.
+    """
+    m = re.match(r"2\.(\d+)\.(\d+)", torch_version)
+    if not m:
+        return None
+    return f"torchvision==0.{int(m.group(1)) + 15}.*"
+
+
+def ensure_torchvision(log) -> str | None:
+    """Install the torchvision matching the installed torch (nvJPEG decoding and resnet50).
+
+    Installed with ``--no-deps`` so pip never swaps the CUDA torch for another build. Returns an
+    error text or None; a failure only means the nvJPEG tests skip with their reason.
+    """
+    try:
+        import torchvision  # noqa: F401
+
+        return None
+    except Exception:  # noqa: BLE001 - a torchvision built for another torch fails at import
+        pass
+    import torch
+
+    spec = matching_torchvision_spec(torch.__version__)
+    if spec is None:
+        return f"no torchvision release known for torch {torch.__version__}"
+    log(f"installing {spec} (nvJPEG batch decoding) ...")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", spec],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"pip install {spec} failed: {r.stderr.strip()[-300:]}"
     return None
 
 
@@ -283,9 +322,10 @@ def main(argv=None) -> int:
     report: dict = {"version": 1, "device": a.device, "machine": info, "cpu_count": os.cpu_count(),
                     "settings": {k: v for k, v in vars(a).items() if k != "out"}, "problems": []}
     if a.device.startswith("cuda"):
-        err = ensure_nvml(log)
-        if err:
-            report["problems"].append(err)
+        for ensure in (ensure_nvml, ensure_torchvision):
+            err = ensure(log)
+            if err:
+                report["problems"].append(err)
     report["gpu_tests"] = None if a.skip_tests else run_gpu_tests(out, a.tests, log)
     if report["gpu_tests"] and not report["gpu_tests"]["ok"]:
         report["problems"].append(f"gpu tests: {report['gpu_tests']['summary']}")

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 #: make_loader / open_dataset defaults, left out of the printed make_loader(...) call.
 MAKE_LOADER_DEFAULTS = {"shuffle": True, "seed": 0, "drop_last": False, "pad": False, "train": False,
-                        "decoder": "pil", "decode": True, "on_error": "raise", "cache": None}
+                        "decoder": "auto", "decode": True, "on_error": "raise", "cache": None}
 
 
 def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size: int | None = 224,
