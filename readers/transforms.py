@@ -590,7 +590,8 @@ class SampleDecoder:
             ImageTooLargeError: The image has more than ``max_pixels`` pixels.
         """
         if self._fused and self.transform is None and isinstance(self._builtin, TrainTransform):
-            rng = self.rng()
+            if rng is None:
+                rng = self.rng()
             window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
                                  min_side=self._builtin.image_size, decoder=self.decoder,
                                  max_pixels=self.max_pixels, source=source)
