@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = _dataset(Path(args.data), args.num_images)
-    from shardfeed.readers.serve import serve_directory
+    from shardfeed.convert.tools.serve import serve_directory
 
     kw = {"batch_size": args.batch_size, "num_workers": args.num_workers, "image_size": 64, "train": True,
           "seed": 1, "persistent_workers": False}
