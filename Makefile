@@ -60,6 +60,7 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_resume.py --out out/bench/resume
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
+	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench
 
 # On a machine with a CUDA GPU: the gpu-marked tests, then verify with resnet50 on generated
 # ImageNet-sized data, folder vs WebDataset vs LMDB, warm and --cold (out/gpu-check/report.json).

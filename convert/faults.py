@@ -40,6 +40,8 @@ class FaultHooks:
         fail_once_dir: a folder; the first Ray task that reaches a hook point (after its first
             sample, or at its end) creates ``DIR/failed-once`` and kills its own worker process
             (``os._exit``), the way a lost node ends a task. None: never.
+        upload_delay_s: a pack to an object store sleeps this many seconds before each upload
+            (so a test can kill it mid-upload); 0: none.
 
     Raises:
         ValueError: a negative delay or a commit count below 1.
@@ -49,9 +51,10 @@ class FaultHooks:
     lmdb_commit_count: int | None = None
     lmdb_commit_delay_s: float = 0.0
     fail_once_dir: str | None = None
+    upload_delay_s: float = 0.0
 
     def __post_init__(self):
-        if self.sample_delay_s < 0 or self.lmdb_commit_delay_s < 0:
+        if self.sample_delay_s < 0 or self.lmdb_commit_delay_s < 0 or self.upload_delay_s < 0:
             raise ValueError("fault delays must be at least 0 s")
         if self.lmdb_commit_count is not None and self.lmdb_commit_count < 1:
             raise ValueError(f"lmdb_commit_count must be at least 1, got {self.lmdb_commit_count}")

@@ -29,8 +29,9 @@ from typing import Any, Callable
 
 from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_span, resolve_rank,
                     samples_per_rank, shard_order, spans_to_ranges, worker_span)
-from .errors import ManifestError
+from .errors import ManifestError, UnsupportedURLError
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
+from .opener import is_remote, local_path, url_scheme
 from .registry import FORMATS, register_format, source_factory
 
 __all__ = [
@@ -62,8 +63,9 @@ def register_source(format_name: str, factory: str | Callable[..., Any]) -> None
 
 
 def is_url(source: Any) -> bool:
-    """Whether ``source`` is an ``http://`` or ``https://`` URL (str)."""
-    return isinstance(source, str) and source.lower().startswith(("http://", "https://"))
+    """Whether ``source`` is a remote URL: ``http(s)://`` or an object store (``s3://``); see
+    :mod:`~shardfeed.readers.opener`."""
+    return is_remote(source)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +83,9 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
 
     Args:
         source: an image folder; a packed directory or its ``manifest.json``; a manifest URL or a
-            directory URL (``http://host/data/``).
+            directory URL (``http://host/data/``); an object-store prefix or manifest
+            (``s3://bucket/prefix/``: a packed WebDataset, or an image folder read one GET per
+            image; LMDB is refused: stage it to a local disk).
         image_size: ``N`` resizes the shorter side to N and center-crops N x N (random resized
             crop N and a flip with ``train=True``); None keeps the decoded size.
         train: training transforms (random resized crop + horizontal flip, seeded).
@@ -98,7 +102,9 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             replaces the built-in resize/crop), ``max_pixels``, ``seed`` (0), ``shuffle`` (True),
             ``shuffle_buffer`` (WebDataset, samples; 1000; map-style sources shuffle by index and
             ignore it), ``pad`` (False), ``rank``,
-            ``world_size``, ``timeout_s`` and ``retries`` (HTTP), ``readahead`` and ``verify`` (LMDB: check
+            ``world_size``, ``timeout_s`` and ``retries`` (HTTP, object stores), ``storage_options``
+            (object stores: ``endpoint_url``, ``region_name``, ``profile``, ``anon`` ...; see
+            :mod:`~shardfeed.readers.objstore`), ``readahead`` and ``verify`` (LMDB: check
             each record's CRC-32; True),
             ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads
@@ -115,6 +121,8 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         IncompleteDatasetError: a packed directory without a finished manifest.
         ManifestError: unknown format or version, missing or wrong-size files.
         DataSourceError: the URL cannot be read (names the URL).
+        UnsupportedURLError: a URL scheme shardfeed does not read, LMDB in a bucket, or the
+            object-store client is not installed (the message says what to install or use).
         ValueError: bad options (``on_error``, ``cache``, ``decoder`` ...).
     """
     if on_error not in ON_ERROR:
@@ -122,15 +130,11 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
     if cache not in (None, "memory"):
         raise ValueError(f"cache must be None or 'memory', got {cache!r}")
     common = dict(image_size=image_size, train=train, decoder=decoder, decode=decode, on_error=on_error)
-    if is_url(source):
-        from .http_io import HttpLocation
-
-        loc = HttpLocation(str(source), timeout_s=options.get("timeout_s", None),
-                           retries=options.get("retries", None))
-        manifest = loc.load_manifest(check_files=options.pop("check_files", True))
-        ds = _open_packed(loc, manifest, common, options)
+    storage_options = options.pop("storage_options", None)
+    if is_remote(source):
+        ds = _open_remote(str(source), storage_options, common, options)
     else:
-        p = Path(source)
+        p = local_path(source)
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
         if p.is_file() or _looks_packed(p):
@@ -148,6 +152,35 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
 
         ds = MemoryCachedSource.from_source(ds)
     return ds
+
+
+def _open_remote(source: str, storage_options: dict | None, common: dict, options: dict):
+    """A dataset at an ``http(s)://`` or ``s3://`` URL (through the one opener); a bucket prefix
+    without a manifest that holds class folders is read as an image folder (one GET per image)."""
+    from .opener import open_location
+
+    loc = open_location(source, storage_options=storage_options, timeout_s=options.get("timeout_s", None),
+                        retries=options.get("retries", None))
+    check_files = options.pop("check_files", True)
+    store = url_scheme(source) == "s3"
+    try:
+        manifest = loc.load_manifest(check_files=check_files)
+    except ManifestError:
+        if not store or source.endswith(".json"):
+            raise
+        from .folder_source import FolderSource
+        from .objstore import store_folder_kind
+
+        if store_folder_kind(loc) != "folder":
+            raise
+        for k in ("check_files", "shuffle_buffer", "timeout_s", "retries"):
+            options.pop(k, None)
+        return FolderSource(loc, **common, **options)
+    if store and manifest.format == "lmdb":
+        raise UnsupportedURLError(f"{source}: an LMDB dataset is read from a local disk only (LMDB maps its file "
+                                  f"into memory); copy it first: `shardfeed stage {source} /local/dir`, then open "
+                                  "/local/dir (or pack the bucket's data as --format wds to read it from the bucket)")
+    return _open_packed(loc, manifest, common, options)
 
 
 def _open_packed(location: Any, manifest: Manifest, common: dict, options: dict):

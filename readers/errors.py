@@ -16,6 +16,7 @@ __all__ = [
     "SourceChangedError",
     "DataSourceError",
     "ResumeStateError",
+    "UnsupportedURLError",
 ]
 
 
@@ -45,3 +46,8 @@ class DataSourceError(ShardfeedError, OSError):
 
 class ResumeStateError(ShardfeedError, ValueError):
     """A loader state cannot be restored here: another dataset, format version or reading rule."""
+
+
+class UnsupportedURLError(ShardfeedError, ValueError):
+    """A URL this command or reader cannot handle (an unknown scheme, an object store without its
+    client installed, LMDB in a bucket); the message names the URL and what to install or use."""

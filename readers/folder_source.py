@@ -26,7 +26,7 @@ import numpy as np
 import torch.utils.data
 
 from .format import format_key, key_width, load_manifest, normalize_ext
-from .imagefolder import scan_image_folder
+from .imagefolder import scan_image_folder, scan_listing
 from .source_base import SourceBase
 
 __all__ = ["FolderSource", "scan_folder"]
@@ -61,7 +61,8 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
     """Map-style dataset over an image folder (``ROOT/CLASS/.../IMAGE``).
 
     Args:
-        root: the image folder.
+        root: the image folder: a local path, or an
+            :class:`~shardfeed.readers.objstore.StoreLocation` (one listing, then one GET per image).
         class_to_idx: a class map (dict) or a packed dataset (path) whose map to use.
         extensions: extensions to read (default: the packer's defaults).
         **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
@@ -76,9 +77,19 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
 
     def __init__(self, root: str | os.PathLike, *, class_to_idx=None, extensions: Iterable[str] | None = None,
                  **common):
-        self.root = Path(root)
-        classes, mapping, files = scan_folder(self.root, extensions=extensions,
-                                              class_to_idx=_class_map_from(class_to_idx))
+        self.store = root if hasattr(root, "list_objects") else None  # an objstore.StoreLocation
+        if self.store is not None:
+            self.root = self.store.base
+            listing = getattr(self.store, "listing_cache", None) or self.store.list_objects()
+            self.store.listing_cache = None
+            scan = scan_listing(self.store.base, listing, extensions=extensions,
+                                class_to_idx=_class_map_from(class_to_idx))
+            classes, mapping = list(scan.classes), dict(scan.class_to_idx)
+            files = list(zip(scan.files.rels, [scan.files.class_labels[c] for c in scan.files.class_codes]))
+        else:
+            self.root = Path(root)
+            classes, mapping, files = scan_folder(self.root, extensions=extensions,
+                                                  class_to_idx=_class_map_from(class_to_idx))
         self._classes, self._class_to_idx = classes, mapping
         self._num_samples = len(files)
         self._paths = np.array([f.encode("utf-8", "surrogateescape") for f, _ in files])
@@ -109,9 +120,11 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
     def read_raw(self, i: int) -> tuple[str, bytes, str, int, dict]:
         """``(key, data, ext, label, meta)`` of sample ``i``, read from its file."""
         rel = self.rel_path(i)
-        path = os.path.join(self.root, rel)
-        with open(path, "rb", buffering=0) as f:
-            data = f.read()
+        if self.store is not None:
+            data = self.store.read_bytes(rel)  # one GET per image, under the store's fault policy
+        else:
+            with open(os.path.join(self.root, rel), "rb", buffering=0) as f:
+                data = f.read()
         label = int(self._labels[i])
         ext = normalize_ext(os.path.splitext(rel)[1])
         return format_key(i, self._width), data, ext, label, {"path": rel, "class": rel.split("/", 1)[0]}
@@ -120,7 +133,8 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
         if not 0 <= i < self._num_samples:
             raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
         self._map_epoch_check()
-        where = os.path.join(self.root, self.rel_path(i))
+        rel = self.rel_path(i)
+        where = self.store.url(rel) if self.store is not None else os.path.join(self.root, rel)
         try:
             key, data, ext, label, meta = self.read_raw(i)
             return self.emit(key, data, ext, label, meta, where, index=i)

@@ -29,7 +29,7 @@ from typing import Iterable, Iterator, Mapping, Sequence, overload
 from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext
 
 __all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
-           "parse_extensions"]
+           "parse_extensions", "scan_listing"]
 
 log = logging.getLogger(__name__)
 
@@ -382,6 +382,93 @@ def scan_image_folder(
         raise ValueError(f"{root_path}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
                          "class folder(s); check the path, or pass --extensions")
     return ScanResult(str(root_path), classes, mapping, files, ignored, empty, exts)
+
+
+def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensions: Iterable[str] | str | None = None,
+                 class_to_idx: Mapping[str, int] | None = None) -> ScanResult:
+    """:func:`scan_image_folder` over an object-store listing: the same rules, the same order.
+
+    An object store has no folders: ``CLASS/.../IMAGE`` keys under the prefix make the classes
+    (the first path component) and the images; directories are the key prefixes, visited in
+    sorted order with file names sorted within each, as on disk. Hidden components (``.x``),
+    other extensions and keys directly under the prefix are ignored and listed, as on disk.
+
+    Args:
+        root: the prefix URL (``s3://bucket/prefix/``), kept as the files' root.
+        listing: ``(key relative to the prefix, size bytes, mtime ns)`` for every object (one
+            paginated listing: :meth:`~shardfeed.readers.objstore.StoreLocation.list_objects`).
+        extensions, class_to_idx: as :func:`scan_image_folder`.
+
+    Raises:
+        ValueError: no class folders, no images, or a class missing from ``class_to_idx``.
+    """
+    exts = parse_extensions(extensions)
+    ignored: list[dict] = []
+    by_dir: dict[str, dict[str, list[tuple[str, int, int]]]] = {}
+    hidden_classes = set()
+    for rel, size, mtime in listing:
+        if not rel or rel.endswith("/"):
+            continue  # a "folder" marker object
+        parts = rel.split("/")
+        if len(parts) == 1:
+            ignored.append({"path": rel, "reason": "not in a class folder"})
+            continue
+        if any(_is_hidden(p) for p in parts[:-1]):
+            if _is_hidden(parts[0]):
+                hidden_classes.add(parts[0])
+            ignored.append({"path": rel, "reason": "in a hidden folder"})
+            continue
+        d, name = rel.rpartition("/")[::2]
+        by_dir.setdefault(parts[0], {}).setdefault(d, []).append((name, size, mtime))
+    folder_classes = sorted(by_dir)
+    if not folder_classes:
+        raise ValueError(f"{root}: no class folders found; expected the ImageFolder layout PREFIX/CLASS_NAME/IMAGE "
+                         "(one key prefix per class)")
+    if class_to_idx is not None:
+        unknown = [c for c in folder_classes if c not in class_to_idx]
+        if unknown:
+            raise ValueError(f"{root}: class folder(s) {unknown[:5]} are not in the given class map "
+                             f"({len(class_to_idx)} classes); pack with the right --classes-from, or add them")
+        mapping = dict(class_to_idx)
+        classes = [c for c, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+    else:
+        classes = folder_classes
+        mapping = {c: i for i, c in enumerate(classes)}
+    canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
+    ext_code = {e: canonical.index(normalize_ext(e)) for e in exts}
+    rels: list[str] = []
+    sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
+    empty: list[str] = []
+    for code, class_name in enumerate(folder_classes):
+        before = len(rels)
+        dirs = by_dir[class_name]
+        for d in sorted(dirs):
+            for name, size, mtime in sorted(dirs[d]):
+                rel = d + "/" + name
+                if name[0] == ".":
+                    ignored.append({"path": rel, "reason": "hidden file"})
+                    continue
+                dot = name.rfind(".")
+                ec = ext_code.get(name[dot + 1:].lower()) if dot > 0 else None
+                if ec is None:
+                    ignored.append({"path": rel, "reason": "extension not packed"})
+                    continue
+                rels.append(rel)
+                sizes.append(size)
+                mtimes.append(mtime)
+                codes.append(code)
+                ecodes.append(ec)
+        if len(rels) == before:
+            empty.append(class_name)
+    files = ScannedFiles(root, rels, sizes, mtimes, codes, folder_classes,
+                         [mapping[c] for c in folder_classes], ecodes, canonical)
+    if empty:
+        log.warning("%d empty class folder(s) keep their class index but hold no image: %s",
+                    len(empty), ", ".join(empty[:10]) + (" ..." if len(empty) > 10 else ""))
+    if not files:
+        raise ValueError(f"{root}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
+                         "class folder(s); check the URL, or pass --extensions")
+    return ScanResult(root, classes, mapping, files, ignored, empty, exts)
 
 
 def _walk_sorted(top: Path, hidden_dirs: list[str]):

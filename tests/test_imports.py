@@ -182,5 +182,6 @@ def test_no_module_uses_another_modules_private_names():
 def test_the_checks_see_imports_inside_functions():
     """The graph holds function-level imports (the pack <-> executors cycle of old hid there)."""
     edges = _edges("shardfeed.readers")
-    # dataset imports http_io only inside a function
-    assert "shardfeed.readers.http_io" in edges["shardfeed.readers.dataset"]
+    # the one opener imports http_io (and objstore) only inside functions
+    assert "shardfeed.readers.http_io" in edges["shardfeed.readers.opener"]
+    assert "shardfeed.readers.objstore" in edges["shardfeed.readers.opener"]

@@ -23,7 +23,8 @@ import click
 
 __all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "one_line", "command", "progress_bar",
            "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice", "pack_options",
-           "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES"]
+           "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES", "storage_option",
+           "LocalPath"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -115,13 +116,82 @@ def fail_cleanly(f: Callable) -> Callable:
     return wrapper
 
 
+class LocalPath(click.ParamType):
+    """A ``click.Path`` that refuses URLs (``s3://b/x``, ``http://h/x``, ``gs://...``) naming the URL
+    and what the command accepts, instead of taking ``s3:`` for a local folder name (issue 16).
+    Wraps the ``click.Path`` it replaces; :func:`command` puts it on every ``click.Path`` parameter."""
+
+    def __init__(self, inner: click.Path, command_name: str):
+        self.inner = inner
+        self.command_name = command_name
+        self.name = inner.name
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_metavar(self, *args, **kwargs):
+        return self.inner.get_metavar(*args, **kwargs)
+
+    def to_info_dict(self):
+        return self.inner.to_info_dict()
+
+    def shell_complete(self, ctx, param, incomplete):
+        return self.inner.shell_complete(ctx, param, incomplete)
+
+    def convert(self, value, param, ctx):
+        from shardfeed.readers.opener import url_scheme
+
+        scheme = url_scheme(value) if isinstance(value, str) else None
+        if scheme is not None and scheme != "file":
+            what = (param.human_readable_name if param is not None else "this path").upper()
+            hint = ""
+            if scheme == "s3" and self.command_name in ("unpack", "stage", "convert"):
+                hint = "; to read from the bucket give it as the SRC; to write to one, write locally and " \
+                       "`shardfeed pack` / upload it"
+            elif scheme == "s3" and self.command_name == "serve":
+                hint = "; the readers read s3:// directly: make_loader('s3://...')"
+            self.fail(f"{value}: {what} of `shardfeed {self.command_name}` must be a local path, not a URL{hint}",
+                      param, ctx)
+        if scheme == "file":
+            value = value[len("file://"):]
+        return self.inner.convert(value, param, ctx)
+
+
 def command(*args, **kwargs) -> Callable:
-    """``click.command`` with clean error handling (see :func:`fail_cleanly`)."""
+    """``click.command`` with clean error handling (see :func:`fail_cleanly`); its ``click.Path``
+    parameters refuse URLs (:class:`LocalPath`)."""
 
     def deco(f):
-        return click.command(*args, **kwargs)(fail_cleanly(f))
+        cmd = click.command(*args, **kwargs)(fail_cleanly(f))
+        for param in cmd.params:
+            if isinstance(param.type, click.Path):
+                param.type = LocalPath(param.type, cmd.name)
+        return cmd
 
     return deco
+
+
+def _set_storage_options(ctx: click.Context, param: click.Parameter, value) -> dict:
+    from shardfeed.readers.objstore import parse_storage_options, set_default_storage_options
+
+    try:
+        options = parse_storage_options(value or ())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    set_default_storage_options(options)
+    return options
+
+
+def storage_option(f: Callable) -> Callable:
+    """``--storage-option KEY=VALUE`` (repeatable): object-store client options for ``s3://`` paths
+    (``endpoint_url``, ``region_name``, ``profile``, ``anon=true`` ...; see
+    :mod:`shardfeed.readers.objstore`). They become the process's defaults for every ``s3://``
+    location the command opens; the value is not passed on to the command function."""
+    return click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+                        callback=_set_storage_options, expose_value=False,
+                        help="object-store client option for s3:// paths (repeatable): endpoint_url=URL, "
+                             "region_name=R, profile=P, anon=true; credentials come from the AWS chain "
+                             "(env, profile, role)")(f)
 
 
 class _NoBar:

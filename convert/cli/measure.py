@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import click
 
-from .common import command, deprecated_option, echo, json_option, num_workers_options, write_json_report
+from .common import (command, deprecated_option, echo, json_option, num_workers_options, storage_option,
+                     write_json_report)
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
 
@@ -118,6 +119,7 @@ def _progress(json_path: str | None) -> Callable[[str], None]:
 
 
 @command("bench", short_help="Measure one loader on a dataset: images/s, data stall.")
+@storage_option
 @click.argument("source")
 @harness_options
 @loader_options
@@ -150,6 +152,7 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
 
 
 @command("verify", short_help="The same training loop before and after packing, side by side.")
+@storage_option
 @click.argument("before")
 @click.argument("after")
 @harness_options
@@ -207,6 +210,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
 
 
 @command("tune", short_help="Sweep num_workers, pin_memory, prefetch_factor, persistent_workers.")
+@storage_option
 @click.argument("source")
 @harness_options
 @_sweep_loader_options

@@ -13,6 +13,7 @@ import click
 from .common import (
     EXIT_INTERRUPTED,
     command,
+    storage_option,
     json_option,
     pack_options,
     progress_bar,
@@ -37,8 +38,8 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
 
 
 @command("pack", short_help="Pack an image folder into WebDataset shards or one LMDB.")
-@click.argument("src", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("src", metavar="SRC")
+@click.argument("out", metavar="OUT")
 @click.option("--extensions", default=None, metavar="LIST",
               help="Comma-separated extensions to pack, no dots, case-insensitive "
                    "[default: jpg,jpeg,png,ppm,bmp,pgm,tif,tiff,webp].")
@@ -48,6 +49,7 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
 @json_option
 @pack_options()
 @reencode_options
+@storage_option
 @click.pass_context
 def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count, max_bytes, prefix, workers,
              seed, no_shuffle, on_error, decode_check, resume, overwrite, executor, ray_address, json_path,
@@ -68,6 +70,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
       shardfeed pack ~/data/val out/val --classes-from out/train/manifest.json
       shardfeed pack ~/data/train out/train --resume        # after a crash or kill -9
       shardfeed pack ~/data/train out/train-256 --resize 256   # shorter side 256 px, JPEG q90
+      shardfeed pack ~/data/train s3://bucket/train --format wds
     """
     from shardfeed.convert.pack import PackOptions, load_class_map, pack, prepare_output
     from shardfeed.convert.scan import scan_image_folder
@@ -79,14 +82,40 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
                           on_error=on_error, decode_check=decode_check, class_to_idx=class_to_idx,
                           resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
                           ray_address=ray_address)
+    from shardfeed.readers.opener import check_supported, local_path, url_scheme
+
+    check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
+    to_store = url_scheme(out) == "s3"
+    if to_store and fmt.lower() not in ("wds", "webdataset"):
+        raise ValueError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
+                         "memory); use --format wds to pack to a bucket, or pack to a local folder")
+    if not to_store:
+        out = local_path(out)
+    check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
+    if url_scheme(src) == "s3":
+        from shardfeed.convert.store_pack import mirror_store_folder
+
+        if not quiet():
+            click.echo(f"listing and downloading the image folder {src} ...", err=True)
+        src_url = src
+        src, _ = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx)
+    else:
+        src_url = None
+        src = local_path(src)
     if not src.exists():
         raise FileNotFoundError(f"{src}: source folder does not exist")
-    prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
+    if not to_store:
+        prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
     scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
     try:
-        report = pack(src, out, options, progress=update, scan=scan,
-                      output_progress=lambda output_bytes: update(0, 0, output_bytes))
+        output_progress = lambda output_bytes: update(0, 0, output_bytes)  # noqa: E731
+        if to_store:
+            from shardfeed.convert.store_pack import pack_to_store
+
+            report = pack_to_store(src, out, options, progress=update, scan=scan, output_progress=output_progress)
+        else:
+            report = pack(src, out, options, progress=update, scan=scan, output_progress=output_progress)
     except KeyboardInterrupt:
         bar.close()
         click.echo(f"shardfeed: interrupted; the complete part of {out} is kept: finish it with the same "
@@ -94,6 +123,11 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
         sys.exit(EXIT_INTERRUPTED)
     finally:
         bar.close()
+    if src_url is not None:
+        import shutil
+
+        shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
+        report.source = src_url
     for item in report.skipped[:20]:
         click.echo(f"skipped {item['path']}: {item['reason']}", err=True)
     if len(report.skipped) > 20:

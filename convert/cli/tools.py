@@ -14,7 +14,8 @@ from pathlib import Path
 
 import click
 
-from .common import EXIT_ERROR, SizeParam, command, json_option, pack_options, progress_bar, quiet, write_json_report
+from .common import (EXIT_ERROR, SizeParam, command, json_option, pack_options, progress_bar, quiet, storage_option,
+                     write_json_report)
 
 __all__ = ["COMMANDS", "inspect_cmd", "check_cmd", "unpack_cmd", "convert_cmd", "stage_cmd", "index_cmd", "serve_cmd"]
 
@@ -22,6 +23,22 @@ __all__ = ["COMMANDS", "inspect_cmd", "check_cmd", "unpack_cmd", "convert_cmd", 
 def _out(json_path: str | None) -> bool:
     """Human output goes to stderr when the JSON report goes to stdout."""
     return json_path == "-"
+
+
+def _is_store_folder(source: str) -> bool:
+    """An object-store prefix without a manifest that holds class folders (one listing)."""
+    from shardfeed.readers.opener import url_scheme
+
+    if url_scheme(source) != "s3" or source.endswith(".json"):
+        return False
+    from shardfeed.readers.objstore import StoreLocation, store_folder_kind
+
+    loc = StoreLocation(source)
+    try:
+        loc.read_bytes(loc.manifest_name)
+        return False
+    except FileNotFoundError:
+        return store_folder_kind(loc) == "folder"
 
 
 def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
@@ -43,6 +60,7 @@ def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
 
 
 @command("inspect", short_help="Describe a dataset: format, classes with counts, shards.")
+@storage_option
 @click.argument("source", metavar="PATH_OR_URL")
 @click.option("--class-counts/--no-class-counts", default=None,
               help="Count samples per class by reading every label from the data [default: on for local "
@@ -76,8 +94,8 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
     )
 
     err = _out(json_path)
-    if not is_url(source):
-        if looks_like_image_folder(source):
+    if _is_store_folder(source) or not is_url(source):
+        if _is_store_folder(source) or looks_like_image_folder(source):
             report = inspect_image_folder(source, examples)
             click.echo(format_folder_report(report), err=err)
             write_json_report(json_path, report)
@@ -94,6 +112,7 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
 
 
 @command("check", short_help="Verify sha256, sizes and samples against the manifest.")
+@storage_option
 @click.argument("source", metavar="PATH")
 @click.option("--decode", is_flag=True, help="Also decode every image (catches damage the sha256 cannot place, "
                                              "and images that never decoded).")
@@ -132,6 +151,7 @@ def check_cmd(source: str, decode: bool, json_path) -> None:
 
 
 @command("unpack", short_help="Write a packed dataset back as an image folder, byte-identical.")
+@storage_option
 @click.argument("source", metavar="PATH")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty OUT, replacing files of the same names.")
@@ -162,6 +182,7 @@ def unpack_cmd(source: str, out: Path, overwrite: bool, json_path) -> None:
 
 
 @command("convert", short_help="Convert between wds and lmdb, or re-shard; bytes unchanged.")
+@storage_option
 @click.argument("src", metavar="SRC")
 @click.argument("out", type=click.Path(path_type=Path))
 @pack_options("format", "max_count", "max_bytes", "prefix", "workers", "overwrite",
@@ -202,6 +223,7 @@ def convert_cmd(src: str, out: Path, fmt: str, max_count: int, max_bytes: int, p
 
 
 @command("stage", short_help="Copy a dataset to fast local storage: verified, resumable.")
+@storage_option
 @click.argument("src", metavar="SRC")
 @click.argument("dest", type=click.Path(path_type=Path))
 @click.option("--min-free", "min_free_bytes", type=SizeParam(), default=None, metavar="SIZE",
@@ -246,6 +268,7 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, json_path) -> 
 
 
 @command("index", short_help="Write manifest + .idx files for shards made by other tools.")
+@storage_option
 @click.argument("pattern", metavar="DIR_OR_URL_PATTERN")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Folder for manifest.json and the .idx files [default: beside the shards; required for URLs, "

@@ -152,41 +152,51 @@ def looks_like_image_folder(path: str | os.PathLike) -> bool:
 
 
 def is_url(text: str | os.PathLike) -> bool:
-    """True for ``http://`` and ``https://`` strings."""
-    return isinstance(text, str) and text.lower().startswith(("http://", "https://"))
+    """True for remote locations: ``http(s)://`` and object-store (``s3://``) strings
+    (:func:`shardfeed.readers.opener.is_remote`)."""
+    from shardfeed.readers.opener import is_remote
+
+    return is_remote(text)
 
 
 class DatasetLocation:
     """Where a dataset lives: a local directory or an HTTP base URL, and how to open its files.
 
-    ``path_or_url`` may name the directory (``out/train``, ``http://host/train/``) or its
-    ``manifest.json`` directly. URLs are read through
-    :class:`shardfeed.readers.http_io.HttpLocation` (timeouts, retries that resume mid-file,
-    servers that ignore ``Range``).
+    ``path_or_url`` may name the directory (``out/train``, ``http://host/train/``,
+    ``s3://bucket/train/``) or its ``manifest.json`` directly. Remote locations come from the one
+    opener, :func:`shardfeed.readers.opener.open_location`
+    (:class:`~shardfeed.readers.http_io.HttpLocation`,
+    :class:`~shardfeed.readers.objstore.StoreLocation`: timeouts, retries that resume mid-file).
 
     Args:
         path_or_url: the dataset directory or manifest, local or ``http(s)://``.
         timeout_s, retries: HTTP socket timeout (seconds) and retries (None: http_io's defaults).
+        storage_options: object-store client options (``--storage-option``).
+
+    Raises:
+        UnsupportedURLError: a scheme shardfeed does not read, or the client is not installed.
 
     Attributes:
-        url: True for an HTTP(S) location.
-        http: the ``HttpLocation`` for a URL, else None.
+        url: True for a remote (HTTP(S) or object-store) location.
+        http: the remote location object for a URL, else None.
         root: the local directory (``Path``) or the base URL ending in ``/`` (``str``).
         manifest_source: the manifest's path or URL (``str``).
     """
 
     def __init__(self, path_or_url: str | os.PathLike, *, timeout_s: float | None = None,
-                 retries: int | None = None):
-        self.url = is_url(str(path_or_url))
+                 retries: int | None = None, storage_options: dict | None = None):
+        from shardfeed.readers.opener import open_location
+
+        loc = open_location(path_or_url if isinstance(path_or_url, str) else str(path_or_url),
+                            storage_options=storage_options, timeout_s=timeout_s, retries=retries)
+        self.url = not isinstance(loc, Path)
         self.http = None
         if self.url:
-            from shardfeed.readers.http_io import HttpLocation
-
-            self.http = HttpLocation(str(path_or_url), timeout_s=timeout_s, retries=retries)
+            self.http = loc
             self.root = self.http.base
             self.manifest_source = self.http.url(self.http.manifest_name)
         else:
-            p = Path(path_or_url)
+            p = loc
             self.manifest_source = str(find_manifest_path(p))
             self.root = Path(self.manifest_source).parent
 
@@ -223,10 +233,8 @@ class DatasetLocation:
                 load_manifest(path.parent if path.name == MANIFEST_NAME else path, check_files=False)  # precise error
                 raise ManifestError(f"{path}: cannot read the manifest")
             return path.read_bytes()
-        from shardfeed.readers.http_io import http_get
-
         try:
-            return http_get(self.manifest_source, timeout_s=self.http.timeout_s, retries=self.http.retries)
+            return self.http.read_bytes(self.http.manifest_name)
         except FileNotFoundError:
             raise ManifestError(f"{self.manifest_source}: not found (HTTP 404); give the URL of a packed dataset's "
                                 "folder or of its manifest.json (a pack writes it last)") from None

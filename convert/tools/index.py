@@ -132,6 +132,10 @@ class IndexReport:
 
 
 def _list_shards(pattern: str) -> list[str]:
+    from shardfeed.readers.opener import url_scheme
+
+    if url_scheme(pattern) == "s3":
+        return _list_store_shards(pattern)
     if is_url(pattern):
         return expand_braces(pattern)
     p = Path(pattern)
@@ -246,12 +250,36 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     return report
 
 
+def _list_store_shards(pattern: str) -> list[str]:
+    """``s3://bucket/prefix/`` (every ``.tar`` under it, one listing), or brace / glob patterns
+    of shard URLs matched against the listing of their prefix."""
+    import fnmatch
+
+    from shardfeed.readers.objstore import StoreLocation
+
+    out: list[str] = []
+    for item in expand_braces(pattern):
+        if item.endswith(".tar") and not any(c in item for c in "*?["):
+            out.append(item)
+            continue
+        head = item if item.endswith("/") or not any(c in item for c in "*?[") else item[:item.rfind("/") + 1]
+        loc = StoreLocation(head)
+        names = sorted(n for n in loc.list_sizes() if n.endswith(".tar") and "/" not in n)
+        urls = [loc.url(n) for n in names]
+        if head != item:
+            urls = [u for u in urls if fnmatch.fnmatchcase(u, item)]
+        if not urls:
+            raise FileNotFoundError(f"{item}: no .tar objects there")
+        out.extend(urls)
+    return out
+
+
 def _index_root(pattern, sources: list[str], out, url: bool) -> tuple[Path, list[str]]:
     """The folder of the manifest and the shards' names relative to it (created when local)."""
     if url:
         if out is None:
-            raise ValueError(f"{pattern}: shards on a web server need --out (a local folder for the manifest and "
-                             "offset indexes, to upload beside the shards)")
+            raise ValueError(f"{pattern}: shards on a web server or in a bucket need --out (a local folder for the "
+                             "manifest and offset indexes, to upload beside the shards)")
         root = Path(out)
         names = [PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(s).path)).name for s in sources]
     else:
@@ -290,9 +318,10 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
     from shardfeed.readers.tario import iter_members, iter_samples
 
     if url:
-        from shardfeed.readers.http_io import HttpRangeStream
+        from shardfeed.readers.opener import open_location
 
-        stream = HttpRangeStream(source)
+        base, _, name = source.rpartition("/")
+        stream, _ = open_location(base + "/").open(name)  # HTTP or object store: one opener and fault policy
     else:
         stream = open(source, "rb")
     offsets: list[int] = []

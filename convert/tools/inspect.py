@@ -297,7 +297,8 @@ def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3) -> di
     """Describe an image folder (ImageFolder layout) as ``shardfeed inspect`` reports it.
 
     Args:
-        source: the folder (``SOURCE/CLASS/IMAGE``).
+        source: the folder (``SOURCE/CLASS/IMAGE``), or a bucket prefix holding one
+            (``s3://bucket/prefix/``: one paginated listing, the same scan rules).
         num_examples: files listed as examples (first in sorted order).
 
     Returns:
@@ -308,9 +309,18 @@ def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3) -> di
     Raises:
         FileNotFoundError, ValueError: as :func:`~shardfeed.convert.scan.scan_image_folder`.
     """
+    from shardfeed.readers.opener import url_scheme
+
     from ..scan import scan_image_folder
 
-    scan = scan_image_folder(source)
+    if url_scheme(source) == "s3":
+        from shardfeed.readers.imagefolder import scan_listing
+        from shardfeed.readers.objstore import StoreLocation
+
+        loc = StoreLocation(str(source))
+        scan = scan_listing(loc.base, loc.list_objects())
+    else:
+        scan = scan_image_folder(source)
     counts = {c: 0 for c in scan.classes}
     for f in scan.files:
         counts[f.class_name] += 1

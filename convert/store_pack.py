@@ -1,0 +1,311 @@
+"""``pack`` to an object-store prefix (``s3://bucket/prefix/``): the same bytes as a local pack,
+uploaded so that a reader never sees a half-written dataset.
+
+How (issue 16):
+
+1. OUT is checked first, by one listing of the prefix: empty, or (``--resume``) an unfinished pack
+   of ours, or (``--overwrite``) a dataset of ours, whose objects are deleted; anything else is
+   refused, as locally.
+2. The dataset is packed by :func:`shardfeed.convert.pack.pack` into a local staging folder
+   (``$SHARDFEED_STAGING_DIR`` or the system temp dir, one folder per OUT URL, so a killed pack
+   resumes there); the pack is deterministic, so the shards are those of a local pack.
+3. Each shard and its offset index are uploaded whole as soon as the build finishes them (one
+   PUT, or a multipart upload for shards of at least
+   :data:`~shardfeed.readers.objstore.MULTIPART_THRESHOLD_BYTES`; an object appears only
+   complete), a few at a time, each with its sha256 as object metadata, and their local copies
+   are removed (the staging folder holds the shards in flight, not the dataset);
+   ``manifest.json`` goes last, then the staging folder is removed.
+4. ``--resume`` lists the prefix and skips every shard or index whose size and recorded sha256
+   equal the manifest's (after ``kill -9``, only what is missing is uploaded again).
+
+LMDB is refused for a bucket (LMDB maps a local file): pack to a local folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from shardfeed.readers.errors import UnsupportedURLError
+from shardfeed.readers.format import MANIFEST_NAME, load_manifest
+
+__all__ = ["pack_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS", "DOWNLOAD_THREADS"]
+
+log = logging.getLogger(__name__)
+
+#: Shards uploaded at once (each a PUT, or a multipart upload of 4 parts at a time).
+UPLOAD_THREADS = 4
+#: Source images downloaded at once when SRC is a folder in a bucket (one GET each).
+DOWNLOAD_THREADS = 16
+_STATE_KEY = ".shardfeed-pack/plan.json"
+
+
+def staging_dir(url: str, kind: str = "staging") -> Path:
+    """The local folder where a pack to (or from) ``url`` is staged (stable across runs: resume)."""
+    base = os.environ.get("SHARDFEED_STAGING_DIR") or tempfile.gettempdir()
+    return Path(base) / f"shardfeed-{kind}-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+
+
+def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, storage_options: dict | None = None,
+                        progress: Callable[[int, int], None] | None = None):
+    """Copy the image folder at ``src_url`` (``s3://bucket/prefix/``) to a local folder for packing.
+
+    One paginated listing finds the classes and images by the on-disk scan rules
+    (:func:`~shardfeed.readers.imagefolder.scan_listing`); only the images the scan keeps are
+    downloaded, :data:`DOWNLOAD_THREADS` at a time (one GET each), each with its object's
+    modification time. A file already there with the object's size and mtime is kept (a resumed
+    pack does not download it again).
+
+    Returns:
+        ``(local_folder, listing_scan)``: the mirror (``$SHARDFEED_STAGING_DIR`` or the temp dir)
+        and the scan of the listing.
+
+    Raises:
+        ValueError: no class folders or images under the prefix (the scan's errors).
+        DataSourceError: the listing or a download failed after the retries (names the URL).
+    """
+    from shardfeed.readers.imagefolder import scan_listing
+    from shardfeed.readers.objstore import StoreLocation
+
+    loc = StoreLocation(src_url, storage_options=storage_options)
+    scan = scan_listing(loc.base, loc.list_objects(), extensions=extensions, class_to_idx=class_to_idx)
+    dest = staging_dir(loc.base, "mirror")
+    files = scan.files
+    # every class folder exists locally, empty ones included (they keep their index)
+    for c in scan.classes:
+        if c in files.class_names or class_to_idx is None:
+            (dest / c).mkdir(parents=True, exist_ok=True)
+
+    def fetch(i: int) -> int:
+        rel, size, mtime = files.rels[i], files.sizes[i], files.mtimes_ns[i]
+        path = dest / rel
+        try:
+            st = path.stat()
+            if st.st_size == size and st.st_mtime_ns == mtime:
+                return size
+        except FileNotFoundError:
+            pass
+        data = loc.read_bytes(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, path)
+        return len(data)
+
+    keep = set(files.rels)
+    if dest.is_dir():  # objects deleted since an earlier mirror must not be packed
+        for p in dest.rglob("*"):
+            if p.is_file() and p.relative_to(dest).as_posix() not in keep:
+                p.unlink()
+    with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
+        for _ in pool.map(fetch, range(len(files))):
+            pass
+    return dest, scan
+
+
+def _is_ours(name: str) -> bool:
+    return name == MANIFEST_NAME or name.endswith((".tar", ".idx")) or name.startswith(".shardfeed-pack/")
+
+
+def _check_out(loc, *, resume: bool, overwrite: bool) -> dict[str, int]:
+    """Check OUT (one listing); delete our objects for ``overwrite``. Returns the listing."""
+    listing = loc.list_sizes()
+    if not listing:
+        return listing
+    if resume:
+        if MANIFEST_NAME in listing:
+            raise ValueError(f"{loc.base}: already holds a finished dataset ({MANIFEST_NAME}); nothing to resume "
+                             "(use --overwrite to rebuild it)")
+        if _STATE_KEY not in listing and not any(n.endswith(".tar") for n in listing):
+            raise ValueError(f"{loc.base}: not an interrupted shardfeed pack; choose an empty prefix or use "
+                             "--overwrite")
+        return listing
+    if not overwrite:
+        if _STATE_KEY in listing:
+            raise ValueError(f"{loc.base}: holds an unfinished pack: --resume finishes it with the same source and "
+                             "options; start again with --overwrite")
+        raise ValueError(f"{loc.base}: the prefix is not empty; use --overwrite to replace it, --resume to "
+                         "finish an interrupted pack, or choose an empty prefix")
+    foreign = [n for n in listing if not _is_ours(n)]
+    if foreign:
+        raise ValueError(f"{loc.base}: holds objects shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
+                         "refusing to delete them with --overwrite: choose an empty prefix")
+    loc.delete(MANIFEST_NAME)  # first: the dataset stops being "finished" before its shards go
+    for name in listing:
+        if name != MANIFEST_NAME:
+            loc.delete(name)
+    return {}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], None] | None = None, scan=None,
+                  storage_options: dict | None = None, output_progress: Callable[[int], None] | None = None):
+    """Pack the image folder ``src`` into the object-store prefix ``out_url``.
+
+    Args:
+        src: the image folder (local path).
+        out_url: ``s3://bucket/prefix/``.
+        options: :class:`~shardfeed.convert.pack.PackOptions` (``format`` must be ``wds``).
+        progress, output_progress: as :func:`~shardfeed.convert.pack.pack` (the local build).
+        scan: a scan of ``src`` done already.
+        storage_options: object-store client options.
+
+    Returns:
+        The :class:`~shardfeed.convert.pack.PackReport`, with ``output`` = ``out_url`` and
+        ``extra["uploaded"]`` / ``extra["upload_skipped"]`` (files uploaded / already there).
+
+    Raises:
+        UnsupportedURLError: LMDB to a bucket, a non-s3 URL, or no client installed.
+        ValueError: OUT not empty (without ``resume``/``overwrite``) and what ``pack`` raises.
+        DataSourceError: an upload failed after the retries (complete objects stay for ``resume``).
+    """
+    from shardfeed.readers.objstore import StoreLocation
+
+    from .pack import pack
+
+    t0 = time.perf_counter()
+    fmt = str(options.format).lower()
+    if fmt not in ("wds", "webdataset"):
+        raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
+                                  "into memory); pack with --format wds to write to a bucket, or pack to a local "
+                                  "folder")
+    loc = StoreLocation(out_url, storage_options=storage_options)
+    listing = _check_out(loc, resume=options.resume, overwrite=options.overwrite)
+    stage = staging_dir(loc.base)
+    local_resume = options.resume and (stage / ".shardfeed-pack").is_dir()
+    if stage.exists() and not local_resume:
+        shutil.rmtree(stage)
+    import dataclasses
+
+    local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)
+    loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished"}).encode())  # marks the prefix before any shard
+    delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
+    uploader = _Uploader(loc, stage, listing, delay_s)
+    uploader.start()
+    try:
+        report = pack(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress)
+    except BaseException:
+        uploader.stop()
+        uploader.abandon()  # uploads in flight finish (whole objects); queued ones are dropped
+        raise
+    uploader.stop()
+    manifest = load_manifest(stage, check_files=False)
+    for entry in manifest.shards:  # anything the background uploads did not reach yet
+        uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
+    uploader.drain()
+    loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished
+    loc.delete(_STATE_KEY)
+    shutil.rmtree(stage, ignore_errors=True)
+    report.output = loc.base
+    report.seconds = time.perf_counter() - t0  # the local build and the uploads
+    report.extra.update(uploaded=uploader.num_uploaded, upload_skipped=uploader.num_skipped)
+    return report
+
+
+class _Uploader:
+    """Uploads each shard and its index as soon as the local build finishes it (its completion
+    record is written after the files are in place), :data:`UPLOAD_THREADS` at a time, and removes
+    the local copies once uploaded, so the staging folder holds only the shards in flight. A file
+    the listing shows with the same size and sha256 metadata is not uploaded again (resume)."""
+
+    def __init__(self, loc, stage: Path, listing: dict[str, int], delay_s: float):
+        import threading
+
+        self.loc, self.stage, self.listing, self.delay_s = loc, stage, listing, delay_s
+        self.pool = ThreadPoolExecutor(UPLOAD_THREADS)
+        self.futures: list = []
+        self.seen: set[str] = set()
+        self.num_uploaded = self.num_skipped = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="shardfeed-upload-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        state = self.stage / ".shardfeed-pack"
+        while not self._stop.wait(0.1):
+            try:
+                records = sorted(p for p in state.glob("[0-9]*.json"))
+            except OSError:
+                continue
+            for rec_path in records:
+                try:
+                    entry = json.loads(rec_path.read_text()).get("entry")
+                except (OSError, ValueError):
+                    continue
+                if entry:
+                    self.upload(entry["name"], entry["num_bytes"], entry.get("sha256"), entry.get("index"),
+                                entry.get("index_sha256"))
+
+    def upload(self, name: str, num_bytes: int, sha256: str | None, index: str | None,
+               index_sha256: str | None) -> None:
+        with self._lock:
+            if name in self.seen:
+                return
+            self.seen.add(name)
+            self.futures.append(self.pool.submit(self._upload_shard, name, num_bytes, sha256, index, index_sha256))
+
+    def _upload_one(self, name: str, sha256: str | None) -> None:
+        path = self.stage / name
+        size = path.stat().st_size
+        if sha256 and self.listing.get(name) == size and _remote_sha256(self.loc, name) == sha256:
+            with self._lock:
+                self.num_skipped += 1
+            return
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.loc.put_file(name, path, sha256=sha256 or _sha256_file(path))
+        with self._lock:
+            self.num_uploaded += 1
+
+    def _upload_shard(self, name, num_bytes, sha256, index, index_sha256) -> None:
+        if index:
+            self._upload_one(index, index_sha256)
+        self._upload_one(name, sha256)
+        # uploaded: the local copies go (a resumed local build rebuilds them, and they are then skipped)
+        for n in (name, index):
+            if n:
+                (self.stage / n).unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """Drop the queued uploads (the build failed); the ones in flight complete."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def drain(self) -> None:
+        """Wait for every upload; the first failure is raised (complete objects stay for resume)."""
+        try:
+            for f in list(self.futures):
+                f.result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _remote_sha256(loc, name: str) -> str | None:
+    try:
+        return loc.head(name).get("sha256")
+    except FileNotFoundError:
+        return None
