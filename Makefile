@@ -13,7 +13,7 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps gpu-check
+.PHONY: install demo test test-fast bench lint clean system-deps gpu-check mutants
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,29 @@ $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
 
-# nginx (answers HTTP Range requests) for the HTTP reader tests; installed when we are root on Debian.
+# nginx (answers HTTP Range requests) and openssl (makes the TLS test certificate) for the HTTP
+# reader tests; installed with apt-get when we are root on Debian/Ubuntu (nginx-light where the
+# release has it, else nginx). Without them their tests skip locally; under CI (CI=true, as .ci/run
+# sets it) a skip is a failure, so a CI machine that cannot install them stops here.
 system-deps:
-	@command -v nginx >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null) \
-	  || echo "note: nginx not installed; the tests against an HTTP server that answers Range requests use shardfeed serve only"; }
+	@missing=""; \
+	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing (apt-get)"; \
+	  pkgs=""; for m in $$missing; do \
+	    if [ $$m = nginx ]; then \
+	      if apt-cache show nginx-light >/dev/null 2>&1; then pkgs="$$pkgs nginx-light"; else pkgs="$$pkgs nginx"; fi; \
+	    else pkgs="$$pkgs $$m"; fi; done; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; \
+	  missing=""; \
+	  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	  command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
+	  echo "note: not installed:$$missing (Debian: apt-get install nginx-light openssl); their HTTP tests skip"; \
+	  case "$${CI:-}" in ""|0|false|no|off) ;; *) echo "CI=$$CI: required parts missing:$$missing" >&2; exit 1;; esac; \
+	fi
 
 # verify runs the same loop over the folder and the shards; --compute-ms 20 stands in for a GPU
 # step that leaves the CPU to the loader, --cold reads from the disk rather than the page cache,
@@ -61,6 +79,14 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench
+
+# Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
+# with their fast tests); not part of `make test` (it runs the tests once per mutant: long).
+# MUTANTS_ARGS="--sample 40" tries a seeded sample per module; "--only readers/http_io.py" one module.
+MUTANTS_ARGS ?=
+mutants: install  ## mutation testing (cosmic-ray); survivors in out/mutants/report.txt
+	$(PY) -m pip install -q -e ".[mutants]"
+	$(PY) scripts/mutants.py --out out/mutants $(MUTANTS_ARGS)
 
 # On a machine with a CUDA GPU: the gpu-marked tests, then verify with resnet50 on generated
 # ImageNet-sized data, folder vs WebDataset vs LMDB, warm and --cold (out/gpu-check/report.json).
