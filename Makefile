@@ -13,7 +13,7 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps gpu-check
+.PHONY: install demo test test-fast bench lint clean system-deps gpu-check mutants
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,22 +25,26 @@ $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch, the test tools and the interop readers (DALI, wids, datasets)
 
-# nginx (answers HTTP Range requests) for the HTTP reader tests; installed when we are root on Debian.
+# nginx (HTTP Range requests), openssl (TLS test certificate), fuse3 + libfuse2 (the storage
+# emulator): scripts/system_deps.sh installs them with apt-get when we are root on Debian; under CI
+# it fails when it cannot.
 system-deps:
-	@command -v nginx >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null) \
-	  || echo "note: nginx not installed; the tests against an HTTP server that answers Range requests use shardfeed serve only"; }
+	@sh scripts/system_deps.sh
 
 # verify runs the same loop over the folder and the shards; --compute-ms 20 stands in for a GPU
 # step that leaves the CPU to the loader, --cold reads from the disk rather than the page cache,
 # --threads 1 keeps the main process's torch threads off the loader workers' cores.
-demo: install  ## build the sample folder, pack it to WebDataset and LMDB, verify before vs after
+# Then the same verify over emulated network storage (a FUSE mount adding 2 ms per open and per
+# read request, scripts/storage_emulator.py) where FUSE works; where not, one line says why.
+demo: install system-deps  ## build the sample folder, pack it, verify before vs after (local disk, then emulated network storage)
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/wds --format wds --max-count 500 --overwrite
 	$(SHARDFEED) pack $(DEMO_DATA) $(DEMO_OUT)/lmdb --format lmdb --overwrite
 	$(SHARDFEED) inspect $(DEMO_OUT)/wds
 	$(SHARDFEED) verify $(DEMO_DATA) $(DEMO_OUT)/wds --compute-ms 20 --cold --repeats 3 --threads 1 \
 	  --image-size 64 --batch-size 64 --batches 30 --warmup 5 --json $(DEMO_OUT)/verify.json
+	$(PY) scripts/demo_network.py $(DEMO_DATA) $(DEMO_OUT)/wds --latency-ms 2 \
+	  --local-json $(DEMO_OUT)/verify.json --json $(DEMO_OUT)/verify-network.json
 
 # The Ray tests run in their own pytest process: Ray leaves gRPC threads behind, and forking
 # DataLoader workers from a process with such threads is asking for a deadlock.
@@ -57,9 +61,21 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_jpeg_bindings.py --json out/bench/jpeg_bindings.json
 	$(PY) scripts/bench_decode.py --json out/bench/decode.json
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
+	$(PY) scripts/bench_pack_scaling.py --json out/bench/pack_scaling.json
+	$(PY) scripts/bench_resume.py --out out/bench/resume
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench
+	# verify folder vs WebDataset/LMDB on emulated network storage (FUSE) at 0, 0.5, 2, 10 ms
+	$(PY) scripts/bench_storage.py --src $(DEMO_DATA) --out out/bench/storage
+
+# Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
+# with their fast tests); not part of `make test` (it runs the tests once per mutant: long).
+# MUTANTS_ARGS="--sample 40" tries a seeded sample per module; "--only readers/http_io.py" one module.
+MUTANTS_ARGS ?=
+mutants: install  ## mutation testing (cosmic-ray); survivors in out/mutants/report.txt
+	$(PY) -m pip install -q -e ".[mutants]"
+	$(PY) scripts/mutants.py --out out/mutants $(MUTANTS_ARGS)
 
 # On a machine with a CUDA GPU: the gpu-marked tests, then verify with resnet50 on generated
 # ImageNet-sized data, folder vs WebDataset vs LMDB, warm and --cold (out/gpu-check/report.json).

@@ -178,12 +178,14 @@ def run_tasks(fn, tasks: Sequence, workers: int, progress: Progress, max_in_flig
     def drain():
         while not stop.is_set() or not q.empty():
             try:
-                n, b = q.get(timeout=0.05)
+                item = q.get(timeout=0.05)
             except queue.Empty:
                 continue
             except (EOFError, OSError):
                 return
-            progress(n, b)
+            if item is None:  # the end marker, put after the workers exited: nothing follows it
+                return
+            progress(*item)
 
     t = threading.Thread(target=drain, daemon=True)
     t.start()
@@ -200,6 +202,7 @@ def run_tasks(fn, tasks: Sequence, workers: int, progress: Progress, max_in_flig
                 yield r
         pool.close()
         pool.join()
+        q.put(None)  # wakes the drain thread at once (it would poll up to 50 ms before seeing stop)
     except BaseException:
         pool.terminate()
         pool.join()

@@ -56,6 +56,7 @@ from .faults import FaultHooks, current_default_faults
 from .outlock import listing, output_lock
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
+from .readahead import DEFAULT_READ_AHEAD
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes
 from .scan import ScanResult, ScannedFiles, scan_image_folder
@@ -95,6 +96,11 @@ class PackOptions:
         max_bytes: bytes per shard file at most, headers and padding included (WebDataset).
         prefix: shard file prefix (``shard`` → ``shard-000000.tar``).
         workers: processes that read and write (default: CPU count).
+        read_ahead: source reads in flight per shard being written (threads; bounded memory:
+            :data:`~shardfeed.convert.readahead.DEFAULT_READ_AHEAD_BYTES` read ahead at most), so
+            storage where each open waits (NFS, bucket mounts) is read concurrently; independent of
+            ``workers`` and of the shard count. 0 or 1 reads one file after another. Never
+            changes the output bytes (results are appended in order).
         seed: seed of the packing-order shuffle.
         shuffle: False keeps sorted ImageFolder order.
         extensions: extensions to pack (None: the defaults).
@@ -123,6 +129,8 @@ class PackOptions:
     max_bytes: int = 256_000_000
     prefix: str = DEFAULT_PREFIX
     workers: int | None = None
+    #: not part of fingerprint_fields(): read-ahead does not change the output bytes
+    read_ahead: int = DEFAULT_READ_AHEAD
     seed: int = 0
     shuffle: bool = True
     extensions: tuple[str, ...] | None = None
@@ -167,6 +175,8 @@ class PackOptions:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.read_ahead < 0:
+            raise ValueError(f"--read-ahead (read_ahead) must be 0 or more reads in flight, got {self.read_ahead}")
         if "/" in self.prefix or not self.prefix or "." in self.prefix:
             raise ValueError(f"prefix {self.prefix!r} must be a plain name without '/' or '.'")
 

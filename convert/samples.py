@@ -21,8 +21,8 @@ from .plan import PlannedSample
 from .reencode import reencode_payload
 from .scan import ScannedFile
 
-__all__ = ["read_source_bytes", "read_file_checked", "load_sample_payload", "skip_reason", "ChunkTask",
-           "load_chunk", "skip_record"]
+__all__ = ["read_source_bytes", "read_file_checked", "load_sample_payload", "payload_from_bytes", "skip_reason",
+           "ChunkTask", "load_chunk", "skip_record"]
 
 
 def read_source_bytes(f: ScannedFile) -> bytes:
@@ -95,7 +95,18 @@ def load_sample_payload(s: PlannedSample, options) -> tuple[bytes, str, dict]:
     faults = options.faults
     if faults is not None and faults.sample_delay_s:
         time.sleep(faults.sample_delay_s)
-    data = read_source_bytes(s.file)
+    return payload_from_bytes(s, read_source_bytes(s.file), options)
+
+
+def payload_from_bytes(s: PlannedSample, data: bytes, options) -> tuple[bytes, str, dict]:
+    """:func:`load_sample_payload` after the read: re-encode and decode-check the file's ``data``.
+
+    For a packer that reads ahead (:func:`shardfeed.convert.readahead.read_ahead`) in threads and
+    decodes in its own thread, so that decoded pixels are held for one image at a time.
+
+    Raises:
+        shardfeed.readers.errors.CorruptDataError: the image does not decode (``decode_check``).
+    """
     ext, meta = s.file.ext, s.meta
     if options.reencode is not None:
         data, ext, meta = reencode_payload(data, ext, meta, options.reencode, source=s.file.path)

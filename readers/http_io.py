@@ -259,6 +259,8 @@ class HttpRangeStream:
         Raises:
             DataSourceError: the read still fails after the retries (names the URL).
         """
+        if n == 0:  # an empty read is no sign of a cut body
+            return b""
         attempts = 0
         while True:
             try:

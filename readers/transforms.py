@@ -26,7 +26,6 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import cv2
 import numpy as np
 
 from .decode import DECODERS, DEFAULT_MAX_PIXELS, decode_crop, decode_image, resolve_decoder
@@ -73,6 +72,11 @@ def _check_size(name: str, value: int) -> None:
 def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     if (height, width) == img.shape[:2]:
         return img
+    # OpenCV is imported on first use, not with this module: a process that only opens a dataset
+    # (make_loader's parent) then never holds OpenCV when it forks the DataLoader workers, so each
+    # worker can be given one OpenCV thread (loader.worker_init; see _cv2_threads_if_forking).
+    import cv2
+
     shrinking = width <= img.shape[1] and height <= img.shape[0]
     interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
     return cv2.resize(img, (width, height), interpolation=interpolation)
@@ -425,7 +429,7 @@ class TrainTransform:
             return _resize_antialias_chw(window, size, size, flip=self.flip and rng.random() < 0.5)
         out = _resize(window, size, size)
         if self.flip and rng.random() < 0.5:
-            out = cv2.flip(out, 1)
+            out = np.ascontiguousarray(out[:, ::-1])  # horizontal flip (as cv2.flip(out, 1))
         return to_chw_tensor(out)
 
     def _pick_rng(self, rng: np.random.Generator | None) -> np.random.Generator:
@@ -567,7 +571,7 @@ class SampleDecoder:
         return self._rng
 
     def __call__(
-        self, data: bytes, ext: str, label: int, source: str
+        self, data: bytes, ext: str, label: int, source: str, rng: np.random.Generator | None = None
     ) -> tuple["torch.Tensor", int]:
         """Decode and transform one sample.
 
@@ -576,6 +580,10 @@ class SampleDecoder:
             ext: The sample's extension (a hint for messages; the format is sniffed).
             label: Class index.
             source: Where the bytes came from (file path or ``"shard X key Y"``), for errors.
+            rng: Generator for this sample's random crop and flip (train mode); default: the
+                stream of :meth:`set_context`. The sources pass one seeded by
+                ``(seed, epoch, sample index)`` so that a resumed run crops as an
+                uninterrupted one.
 
         Returns:
             ``(image, label)``: ``torch.uint8`` tensor ``[3, H, W]`` (``H == W == image_size``
@@ -586,7 +594,8 @@ class SampleDecoder:
             ImageTooLargeError: The image has more than ``max_pixels`` pixels.
         """
         if self._fused and self.transform is None and isinstance(self._builtin, TrainTransform):
-            rng = self.rng()
+            if rng is None:
+                rng = self.rng()
             window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
                                  min_side=self._builtin.image_size, decoder=self.decoder,
                                  max_pixels=self.max_pixels, source=source)
@@ -602,7 +611,7 @@ class SampleDecoder:
         if self.transform is not None:
             out = self.transform(to_chw_tensor(img))
         elif isinstance(self._builtin, TrainTransform):
-            out = self._builtin(img, rng=self.rng())
+            out = self._builtin(img, rng=rng if rng is not None else self.rng())
         elif self._builtin is not None:
             out = self._builtin(img)
         else:

@@ -5,12 +5,15 @@ Fixtures (all session-scoped; treat their files as read-only):
 ``tiny_image_folder``
     ``Path`` of an ImageFolder with 3 classes and 60 small images (RGB JPEG, greyscale PNG,
     RGBA PNG, palette PNG; 20-48 px), generated with a fixed seed.
+``mixed_case_folder``
+    ``Path`` of an ImageFolder whose class folders differ in case and are partly non-ASCII
+    (``MIXED_CASE_CLASSES``), 3 images each.
 ``tiny_folder_expected``
     ``{relative_path: (file_bytes, label)}`` computed from the folder itself (labels from the
     sorted class folder names), for honest expectations.
 ``packed_root``
     ``Path`` of a folder holding ``wds/`` (WebDataset, ``max_count=16``: shards of 16/16/16/12)
-    and ``lmdb/`` (LMDB, once the LMDB packer is available), both packed from
+    and ``lmdb/`` (LMDB), both packed from
     ``tiny_image_folder``.
 ``packed_wds`` / ``packed_lmdb``
     ``packed_root / "wds"`` / ``packed_root / "lmdb"``.
@@ -81,6 +84,26 @@ def tiny_image_folder(tmp_path_factory) -> Path:
     return root
 
 
+#: Class folders of :func:`mixed_case_folder`: upper and lower case, Latin-1 and CJK letters, in
+#: the order they are created (not sorted).
+MIXED_CASE_CLASSES = ("cat", "Zebra", "ant", "élan", "Bird", "東京", "Öl")
+
+
+@pytest.fixture(scope="session")
+def mixed_case_folder(tmp_path_factory) -> Path:
+    """An ImageFolder whose class folders differ in case and use non-ASCII names (UTF-8 on disk,
+    NFC): :data:`MIXED_CASE_CLASSES`, 3 small PNG/JPEG images each (file names non-ASCII too)."""
+    root = tmp_path_factory.mktemp("mixed") / "images"
+    rng = np.random.default_rng(77)
+    for c, cls in enumerate(MIXED_CASE_CLASSES):
+        d = root / cls
+        d.mkdir(parents=True)
+        for i in range(3):
+            img = _make_image(rng, "jpg" if i % 2 else "gray", 16 + c, 20 + i)
+            img.save(d / (f"bild_{i}_ß.jpg" if i % 2 else f"Img_{i}.png"))
+    return root
+
+
 @pytest.fixture(scope="session")
 def tiny_folder_expected(tiny_image_folder) -> dict[str, tuple[bytes, int]]:
     classes = sorted(p.name for p in tiny_image_folder.iterdir() if p.is_dir())
@@ -91,25 +114,13 @@ def tiny_folder_expected(tiny_image_folder) -> dict[str, tuple[bytes, int]]:
     return out
 
 
-def _lmdb_packer_available() -> bool:
-    try:
-        import shardfeed.convert.writers  # noqa: F401  (registers the packers)
-        from shardfeed.readers.registry import packer
-
-        packer("lmdb")
-        return True
-    except Exception:
-        return False
-
-
 @pytest.fixture(scope="session")
 def packed_root(tiny_image_folder, tmp_path_factory) -> Path:
     from shardfeed.convert.pack import PackOptions, pack
 
     root = tmp_path_factory.mktemp("packed")
     pack(tiny_image_folder, root / "wds", PackOptions(format="wds", max_count=16, workers=1, seed=0))
-    if _lmdb_packer_available():
-        pack(tiny_image_folder, root / "lmdb", PackOptions(format="lmdb", workers=1, seed=0))
+    pack(tiny_image_folder, root / "lmdb", PackOptions(format="lmdb", workers=1, seed=0))
     return root
 
 
@@ -120,10 +131,7 @@ def packed_wds(packed_root) -> Path:
 
 @pytest.fixture(scope="session")
 def packed_lmdb(packed_root) -> Path:
-    p = packed_root / "lmdb"
-    if not p.exists():
-        pytest.skip("the LMDB packer (convert/writers/lmdb.py) is not available")
-    return p
+    return packed_root / "lmdb"
 
 
 def free_port() -> int:
@@ -293,3 +301,30 @@ def hooked_cli():
         return [sys.executable, "-P", str(script), json.dumps(hooks)]
 
     return command
+
+
+# ---------------------------------------------------------------------------------------------
+# CI: a skip is a failure (only tests marked ``gpu`` may skip)
+
+def ci_is_set() -> bool:
+    """Whether the ``CI`` environment variable is set to a true value (``.ci/run`` sets CI=true)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI, turn the skip of a test not marked ``gpu`` into a failure.
+
+    nginx, openssl, webdataset, OpenCV, Ray and LMDB are required parts: the Makefile's
+    ``install`` and ``system-deps`` install them, so a test that skips for want of one in CI means
+    the set-up is broken, and it must not pass silently. Outside CI a skip stays a skip (a
+    developer without nginx can still run the rest).
+    """
+    outcome = yield
+    rep = outcome.get_result()
+    if not (rep.skipped and ci_is_set()) or hasattr(rep, "wasxfail") or item.get_closest_marker("gpu"):
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else str(rep.longrepr)
+    rep.outcome = "failed"
+    rep.longrepr = (f"skipped under CI={os.environ.get('CI')}, where only tests marked gpu may skip: {reason} "
+                    "(install the missing part: `make system-deps install`)")

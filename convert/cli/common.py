@@ -366,6 +366,11 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
         "workers": (("--workers", "-j"), dict(
             type=click.IntRange(min=1), default=None,
             help="Processes that read and write shards [default: CPU count].")),
+        "read_ahead": (("--read-ahead",), dict(
+            type=click.IntRange(min=0), default=32, show_default=True, metavar="N",
+            help="Source reads in flight per shard being written (threads, at most 64 MiB read ahead): "
+                 "storage where every open waits (NFS, bucket mounts) is read N files at a time. 0 or 1: "
+                 "one file after another. Same output bytes either way.")),
         "seed": (("--seed",), dict(
             type=int, default=0, show_default=True,
             help="Seed of the packing-order shuffle (so no shard holds one class only).")),
@@ -395,8 +400,8 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
 
 
 #: Every option of :func:`pack_options`, in help order (the kebab-case of :class:`PackOptions`).
-PACK_OPTION_NAMES = ("format", "max_count", "max_bytes", "prefix", "workers", "seed", "no_shuffle", "on_error",
-                     "decode_check", "resume", "overwrite", "executor", "ray_address")
+PACK_OPTION_NAMES = ("format", "max_count", "max_bytes", "prefix", "workers", "read_ahead", "seed", "no_shuffle",
+                     "on_error", "decode_check", "resume", "overwrite", "executor", "ray_address")
 
 
 def pack_options(*names: str, **overrides: dict) -> Callable[[Callable], Callable]:

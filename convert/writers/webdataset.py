@@ -44,7 +44,17 @@ from shardfeed.readers.format import (
 from ..executors import ProgressSink, active_executor, task_progress
 from ..pack_state import STATE_DIR, finished_shard_record, write_shard_record
 from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
-from ..samples import ChunkTask, load_chunk, load_sample_payload, read_file_checked, skip_reason, skip_record
+from ..readahead import DEFAULT_READ_AHEAD, read_ahead
+from ..samples import (
+    ChunkTask,
+    load_chunk,
+    load_sample_payload,
+    payload_from_bytes,
+    read_file_checked,
+    read_source_bytes,
+    skip_reason,
+    skip_record,
+)
 from .shard import ShardLimits, ShardWriter
 
 __all__ = ["WebDatasetWriter", "pack_webdataset", "pack_webdataset_reencoded", "CHUNK_SAMPLES"]
@@ -230,55 +240,70 @@ def _payload_is_plain(options) -> bool:
     return options.reencode is None and not options.decode_check and not slowed
 
 
+def _plain_reader(files) -> Callable[[int], bytes]:
+    """``read(j) -> bytes`` of column row ``j``: :func:`read_file_checked`'s common case inline
+    (open, fstat, one read, close), its full checks and precise errors for anything unusual."""
+    rels, sizes, mtimes = files.rels, files.sizes, files.mtimes_ns
+    prefix = files.path_prefix if os.sep == "/" else None
+    open_, fstat, read_, close, rdonly = os.open, os.fstat, os.read, os.close, os.O_RDONLY
+
+    def read(j: int) -> bytes:
+        path = prefix + rels[j] if prefix is not None else files.path_of(j)
+        size = sizes[j]
+        data = None
+        try:
+            fd = open_(path, rdonly)
+            try:
+                st = fstat(fd)
+                if st.st_size == size and st.st_mtime_ns == mtimes[j]:
+                    data = read_(fd, size)
+            finally:
+                close(fd)
+        except OSError:
+            pass
+        if not data or len(data) != size:  # anything unusual (or an empty file): the full checks
+            data = read_file_checked(path, size, mtimes[j])
+        return data
+
+    return read
+
+
 def _add_plain_samples(writer: ShardWriter, plan: SamplePlan, on_error: str, skipped: list,
-                       progress: ProgressSink) -> None:
+                       progress: ProgressSink, read_ahead_n: int = 0) -> None:
     """Append the plan's samples to ``shard`` straight from its columns (issue 8's hot loop).
 
     Same bytes as building a :class:`PlannedSample` per sample, calling
     :func:`load_sample_payload` and ``writer.add`` with ``meta_bytes``; none of those
-    objects is built (a few microseconds per sample, as much as reading a small file).
+    objects is built (a few microseconds per sample, as much as reading a small file). The files
+    are read with up to ``read_ahead_n`` reads in flight once reads wait on storage
+    (:func:`~shardfeed.convert.readahead.read_ahead`, adaptive), appended in plan order.
     """
     files, lo, hi = plan.column_range  # the plan's range of the columns, no copy
-    rels, sizes, mtimes, codes, ecodes = files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.ext_codes
+    rels, sizes, codes, ecodes = files.rels, files.sizes, files.class_codes, files.ext_codes
     exts = files.exts
     cls = [class_bytes(label) for label in files.class_labels]
     # meta_bytes({"path": rel, "class": c}) == (meta_head[c] + encode_str(rel) + "}").encode()
     meta_head = [sample_meta_bytes(c, "")[:-3].decode("utf-8") for c in files.class_names]
     enc = json.encoder.encode_basestring
-    prefix = files.path_prefix if os.sep == "/" else None
     base, width = plan.start - lo, plan.width  # global index of rels[j] is base + j
     add = writer.add
-    open_, fstat, read, close, rdonly = os.open, os.fstat, os.read, os.close, os.O_RDONLY
     n_done = n_bytes = 0
-    for j in range(lo, hi):
+    for r in read_ahead(range(lo, hi), _plain_reader(files), max_in_flight=read_ahead_n,
+                        size_of=sizes.__getitem__, adaptive=True):
+        j = r.item
         rel = rels[j]
         key = str(base + j).zfill(width)
-        path = prefix + rel if prefix is not None else files.path_of(j)
-        size = sizes[j]
-        data = None
-        try:  # read_file_checked's common case, inline: open, fstat, one read, close
-            fd = open_(path, rdonly)
-            try:
-                st = fstat(fd)
-                if st.st_size == size and st.st_mtime_ns == mtimes[j]:
-                    data = read(fd, size)
-            finally:
-                close(fd)
-        except OSError:
-            pass
-        if not data or len(data) != size:
-            try:  # anything unusual (or an empty file): the full checks, and their precise errors
-                data = read_file_checked(path, size, mtimes[j])
-            except (OSError, ValueError) as exc:
-                if on_error != "skip":
-                    raise
-                skipped.append({"path": rel, "key": key, "reason": skip_reason(exc)})
-                n_done += 1
-                continue
+        if r.error is not None:
+            if on_error != "skip" or not isinstance(r.error, (OSError, ValueError)):
+                raise r.error
+            skipped.append({"path": rel, "key": key, "reason": skip_reason(r.error)})
+            n_done += 1
+            continue
+        data = r.value
         code = codes[j]
         add(key, exts[ecodes[j]], data, cls[code], (meta_head[code] + enc(rel) + "}").encode("utf-8"))
         n_done += 1
-        n_bytes += size
+        n_bytes += sizes[j]
         if n_done >= 256:
             progress.add(n_done, n_bytes)
             n_done = n_bytes = 0
@@ -295,11 +320,21 @@ def _write_wds_shard(task) -> tuple[dict, list]:
     with writer:
         n_done = n_bytes = 0  # progress goes out in batches (a call per sample costs as much as a tar header)
         plain = isinstance(samples, SamplePlan) and _payload_is_plain(options)
+        read_ahead_n = getattr(options, "read_ahead", DEFAULT_READ_AHEAD)
+        if options.faults is not None and options.faults.sample_delay_s:
+            read_ahead_n = 0  # the test fault slows the pack per sample: keep its delays one after another
         if plain:
-            _add_plain_samples(writer, samples, options.on_error, skipped, progress)
-        for s in (() if plain else samples):
+            _add_plain_samples(writer, samples, options.on_error, skipped, progress, read_ahead_n)
+        # the reads ahead in threads; the decode check here, one image at a time (bounded memory)
+        load = (lambda s: load_sample_payload(s, options)) if read_ahead_n <= 1 else (
+            lambda s: read_source_bytes(s.file))
+        for r in (() if plain else read_ahead(samples, load, max_in_flight=read_ahead_n,
+                                               size_of=lambda s: s.file.size, adaptive=True)):
+            s = r.item
             try:
-                data, ext, meta = load_sample_payload(s, options)
+                if r.error is not None:
+                    raise r.error
+                data, ext, meta = r.value if read_ahead_n <= 1 else payload_from_bytes(s, r.value, options)
             except (OSError, ValueError) as exc:
                 if options.on_error != "skip":
                     raise

@@ -193,7 +193,7 @@ def test_16bit_gray_png_is_scaled_not_clipped(decoder):
 
 @BOTH
 def test_16bit_rgb_png_keeps_high_byte(decoder):
-    cv2 = pytest.importorskip("cv2")
+    import cv2
     bgr16 = (np.arange(4 * 5 * 3, dtype=np.uint16).reshape(4, 5, 3) * 1111 + 77)
     data = cv2.imencode(".png", bgr16)[1].tobytes()  # Pillow cannot write 16-bit RGB PNGs
     out = decode_image(data, "png", decoder=decoder)

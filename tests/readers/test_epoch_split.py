@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from shardfeed.readers.dataset import epoch_positions, epoch_ranges, num_batches, resolve_rank
+from shardfeed.readers.dataset import epoch_positions, epoch_ranges, num_batches, resolve_rank, samples_per_rank
 
 
 def _ids(counts, ranges):
@@ -21,6 +21,14 @@ def _ids(counts, ranges):
         assert 0 <= a < b <= counts[shard]
         out.extend((shard, i) for i in range(a, b))
     return out
+
+
+def _epoch_sequence(counts, *, seed, epoch):
+    """The epoch's global sequence by DESIGN.md's rule: shards shuffled with
+    ``random.Random(seed + epoch)``, laid end to end."""
+    order = list(range(len(counts)))
+    random.Random(seed + epoch).shuffle(order)
+    return [(s, i) for s in order for i in range(counts[s])]
 
 
 def _batches_of(worker_counts, batch_size, drop_last=False):
@@ -56,6 +64,9 @@ def test_disjoint_union_equal(counts, world, workers, bs, pad):
                 worker_counts.append(len(ids))
                 rank_ids.extend(ids)
             assert len(rank_ids) == per_rank
+            # exactly the rank's contiguous slice of the epoch's sequence, workers in order
+            sequence = _epoch_sequence(counts, seed=3, epoch=epoch)
+            assert rank_ids == [sequence[p % n] for p in range(rank * per_rank, (rank + 1) * per_rank)]
             # same batch count whatever the number of workers
             assert _batches_of(worker_counts, bs) == -(-per_rank // bs) == num_batches(n, world, bs, pad=pad)
             seen.extend(rank_ids)
@@ -70,7 +81,7 @@ def test_disjoint_union_equal(counts, world, workers, bs, pad):
     if len(counts) > 2 and any(counts):
         # the shard order changes between epochs (seed + epoch)
         orders = [[s for s, _ in itertools.groupby(x, key=lambda t: t[0])] for x in all_ids]
-        assert orders[0] != orders[1] or len(set(counts)) == 1
+        assert orders[0] != orders[1]
 
 
 def test_remainder_is_the_tail_of_the_epoch_sequence():
@@ -159,3 +170,14 @@ def test_random_configurations():
             assert sum(wc) == n // world
             assert _batches_of(wc, bs) == -(-(n // world) // bs)
         assert len(seen) == len(set(seen)) == n - n % world
+
+
+def test_defaults_one_rank_one_worker_seed_0_epoch_0():
+    """The defaults (seed 0, epoch 0, rank 0 of 1, worker 0 of 1, shuffled, no pad, batch 1) read
+    every sample once, shards in ``random.Random(0)`` order."""
+    counts = [3, 5, 2, 4]
+    ids = _ids(counts, epoch_ranges(counts))
+    assert ids == _epoch_sequence(counts, seed=0, epoch=0)
+    assert samples_per_rank(7, 2) == 3 and samples_per_rank(7, 2, pad=True) == 4
+    assert samples_per_rank(7, 1, batch_size=3) == 7  # drop_last off by default
+    assert num_batches(7, 1, 3) == 3

@@ -550,12 +550,102 @@ def test_lmdb_opened_by_parent_then_four_workers_two_epochs(ctx, packed_lmdb, ti
     _check_raw([ds[i] for i in range(len(ds))], tiny_folder_expected)
 
 
-def test_lmdb_readahead_automatic_by_default(packed_lmdb):
-    from shardfeed.readers.lmdb_io import choose_readahead
+def _data_mdb_vmflags(data_mdb: Path) -> list[set[str]]:
+    """The ``VmFlags`` of this process's mappings of ``data_mdb`` (from ``/proc/self/smaps``)."""
+    out, current = [], None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            current = fields[5] if len(fields) > 5 else None
+        elif line.startswith("VmFlags:") and current == str(data_mdb):
+            out.append(set(fields[1:]))
+    return out
 
-    ds = open_dataset(packed_lmdb, decode=False)
-    assert ds.readahead is choose_readahead((packed_lmdb / "data.mdb").stat().st_size)
-    assert open_dataset(packed_lmdb, decode=False, readahead=False).readahead is False
+
+def _mem_total_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal in /proc/meminfo")
+
+
+@pytest.mark.parametrize("share", [0.3, 0.7])
+def test_lmdb_readahead_off_for_a_database_larger_than_half_the_ram(share, packed_lmdb, tiny_folder_expected,
+                                                                      tmp_path):
+    """README / readers/lmdb_io.py: automatic readahead is on for a ``data.mdb`` up to half the
+    physical memory, off above (LMDB then maps it with ``MADV_RANDOM``, which the kernel shows as
+    the ``rr`` flag of the mapping in ``/proc/self/smaps``). The big file is the packed database
+    grown sparse (no disk blocks) to ``share`` of ``MemTotal``."""
+    d = _copy(packed_lmdb, tmp_path / "db")
+    data = d / "data.mdb"
+    size = int(share * _mem_total_bytes())
+    with open(data, "r+b") as f:
+        f.truncate(size)  # LMDB ignores the zeros past its last page
+    assert data.stat().st_blocks * 512 < 64 << 20  # sparse: nothing of it is on the disk
+    ds = open_dataset(d, decode=False, shuffle=False)
+    _check_raw([ds[i] for i in range(len(ds))], tiny_folder_expected)
+    flags = _data_mdb_vmflags(data.resolve())
+    assert flags, "data.mdb is not mapped in this process"
+    random_access = all("rr" in f for f in flags)
+    assert random_access is (share > 0.5), flags
+    # forced the other way, whatever the size (a fresh path: one environment per database and process)
+    forced = _copy(packed_lmdb, tmp_path / "forced")
+    with open(forced / "data.mdb", "r+b") as f:
+        f.truncate(size)
+    forced_on = share > 0.5
+    ds = open_dataset(forced, decode=False, shuffle=False, readahead=forced_on)
+    assert ds[0] is not None
+    flags = _data_mdb_vmflags((forced / "data.mdb").resolve())
+    assert flags and all(("rr" in f) is (not forced_on) for f in flags), flags
+
+
+def _flip_image_byte(db: Path, image: bytes) -> bytes:
+    """Flip one byte in the middle of ``image``'s bytes inside ``db/data.mdb`` (every copy of
+    them, should LMDB hold a stale page too); returns the image as now stored."""
+    raw = bytearray((db / "data.mdb").read_bytes())
+    at = [m.start() for m in re.finditer(re.escape(image), bytes(raw))]
+    assert at, "the image's bytes are not stored contiguously in data.mdb"
+    mid = len(image) // 2
+    for a in at:
+        raw[a + mid] ^= 0x5A
+    (db / "data.mdb").write_bytes(bytes(raw))
+    flipped = bytearray(image)
+    flipped[mid] ^= 0x5A
+    return bytes(flipped)
+
+
+def test_lmdb_flipped_image_byte_fails_its_crc(packed_lmdb, tiny_folder_expected, tmp_path):
+    """README: each LMDB record's CRC-32 is checked on read. One image byte flipped in the file:
+    ``on_error="raise"`` names the key, ``"skip"`` drops that sample only, ``verify=False`` hands
+    back the damaged bytes."""
+    import lmdb
+    import msgpack
+
+    d = _copy(packed_lmdb, tmp_path / "d")
+    target = sorted(tiny_folder_expected)[25]
+    image = tiny_folder_expected[target][0]
+    env = lmdb.open(str(d), subdir=True, readonly=True, lock=False)
+    with env.begin() as txn:  # the record's key, read with lmdb + msgpack (not the reader)
+        keys = [k.decode() for k, v in txn.cursor() if not k.startswith(b"__shardfeed")
+                and msgpack.unpackb(v, raw=False)["meta"]["path"] == target]
+    env.close()
+    assert len(keys) == 1
+    flipped = _flip_image_byte(d, image)
+    ds = open_dataset(d, decode=False, shuffle=False)
+    with pytest.raises(CorruptDataError, match=rf"data\.mdb key {keys[0]}: image bytes fail their CRC-32 check"):
+        [ds[i] for i in range(len(ds))]
+    ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")
+    _check_kept([s for s in (ds[i] for i in range(len(ds))) if s is not None], tiny_folder_expected,
+                set(tiny_folder_expected) - {target})
+    assert ds.skipped == 1
+    ds = open_dataset(d, decode=False, shuffle=False, verify=False)
+    got = {s.meta["path"]: (s.data, s.label) for s in (ds[i] for i in range(len(ds)))}
+    assert got[target] == (flipped, tiny_folder_expected[target][1])
+    del got[target]
+    assert got == {p: v for p, v in tiny_folder_expected.items() if p != target}
+    # the iterable path (a loader without workers) raises too, naming the key
+    with pytest.raises(CorruptDataError, match=rf"key {keys[0]}"):
+        list(make_loader(open_dataset(d, decode=False), 8, num_workers=0))
 
 
 def _read_only_copy(packed: Path) -> Path:

@@ -139,9 +139,9 @@ def test_bench_compute_ms_mean_is_about_the_step(data, tmp_path):
     _check_run(run)
     assert run["config"]["source_format"] == "lmdb"
     assert run["config"]["compute_ms"] == 20 and run["config"]["model"] is None
-    # time.sleep never returns early; a busy machine may wake the loop late (the median is robust to that)
-    assert 0.0195 <= run["t_compute_s"]["p50"] <= 0.030
-    assert 0.0195 <= run["t_compute_s"]["mean"] <= 0.050
+    # time.sleep never returns early, so every step lasts at least the 20 ms asked for; how close to
+    # 20 ms it stays is a speed figure (a busy machine wakes the loop late), not a unit-test bound
+    assert min(run["batches"]["t_compute_s"]) >= 0.0195 and run["t_compute_s"]["p50"] >= 0.0195
 
 
 def test_bench_model_none_stalls_on_data(data, tmp_path):
@@ -222,10 +222,9 @@ def test_verify_cold_runs(data, tmp_path):
         cache = res[side]["cache"]
         assert cache["files"] == len(files)  # both datasets are evicted before each run
         assert cache["bytes"] == sum(p.stat().st_size for p in files)
-        assert cache["ignored"] in (True, False, None)
-        if honoured:
-            # the --deep check read every LMDB record, yet left nothing mapped that eviction could not drop
-            assert cache["ignored"] is False, cache
+        # measured (never None), and as this file system behaves: where it drops pages on DONTNEED,
+        # the --deep check read every LMDB record yet left nothing mapped that eviction could not drop
+        assert cache["ignored"] is (not honoured), cache
     assert res["after"]["config"]["cold"] is True
     assert res["warm_cache"] is None  # cold runs are evicted, not warmed
 
@@ -242,8 +241,7 @@ def _fs_honours_dontneed(directory: Path) -> bool:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        left = _fincore_bytes(probe)
-        return left is not None and left < (1 << 20) * 0.05
+        return _fincore_bytes(probe) < (1 << 20) * 0.05
     finally:
         probe.unlink()
 
@@ -329,13 +327,14 @@ def test_tune_cold_evicts_before_every_trial(data, tmp_path):
 # page cache
 
 
-def _fincore_bytes(path: Path) -> int | None:
+def _fincore_bytes(path: Path) -> int:
+    """Bytes of ``path`` in the page cache, by util-linux's ``fincore`` (independent of our mincore)."""
     exe = shutil.which("fincore")
-    if exe is None:
-        return None
+    assert exe, "fincore (util-linux, essential on Debian) is missing"
     res = subprocess.run([exe, "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
                          capture_output=True, text=True)
-    return int(res.stdout.split()[0]) if res.returncode == 0 and res.stdout.strip() else None
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
+    return int(res.stdout.split()[0])
 
 
 def test_evict_page_cache_on_disk(tmp_path):
@@ -347,14 +346,13 @@ def test_evict_page_cache_on_disk(tmp_path):
     rep = evict_page_cache([f])
     assert rep["files"] == 1 and rep["bytes"] == 2 * 1024 * 1024
     independent = _fincore_bytes(f)
+    assert rep["ignored"] in (True, False), rep  # a measurement, never None on Linux
     if rep["ignored"] is False:
         assert rep["cached_bytes_after"] <= 0.02 * rep["bytes"]
-        if independent is not None:
-            assert independent <= 0.02 * rep["bytes"] + 4096
-    elif rep["ignored"] is True:
+        assert independent <= 0.02 * rep["bytes"] + 4096
+    else:
         assert rep["message"] and "page cache" in rep["message"]
-        if independent is not None:
-            assert independent > 0.02 * rep["bytes"]
+        assert independent > 0.02 * rep["bytes"]
 
 
 def test_evict_reports_when_tmpfs_ignores_it():
@@ -464,7 +462,7 @@ def test_cuda_compute_ms(data):
 
     rep = bench_source(str(data["lmdb"]), batch_size=8, image_size=32, compute_ms=20, device="cuda", warmup=1,
                        batches=5, num_workers=1)
-    assert 0.0195 <= rep.t_compute_s.mean <= 0.035
+    assert rep.t_compute_s.mean >= 0.0195  # never shorter than asked; how close is a speed figure
     assert rep.config["loader"]["pin_memory"] is True
 
 

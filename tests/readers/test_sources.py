@@ -52,13 +52,10 @@ def _by_path(source, **kw):
 
 
 @pytest.fixture(scope="module")
-def sources(tiny_image_folder, packed_wds, packed_root):
-    srcs = {"folder": (tiny_image_folder, {}), "wds": (packed_wds, {}),
-            "wds-memory": (packed_wds, {"cache": "memory"})}
-    if (packed_root / "lmdb").exists():
-        srcs["lmdb"] = (packed_root / "lmdb", {})
-        srcs["lmdb-memory"] = (packed_root / "lmdb", {"cache": "memory"})
-    return srcs
+def sources(tiny_image_folder, packed_wds, packed_lmdb):
+    return {"folder": (tiny_image_folder, {}), "wds": (packed_wds, {}),
+            "wds-memory": (packed_wds, {"cache": "memory"}),
+            "lmdb": (packed_lmdb, {}), "lmdb-memory": (packed_lmdb, {"cache": "memory"})}
 
 
 def test_sources_identical_and_equal_to_pillow(sources, tiny_folder_expected):
@@ -72,8 +69,6 @@ def test_sources_identical_and_equal_to_pillow(sources, tiny_folder_expected):
             assert data == exp_bytes, (name, path)
             assert pixels.shape == expected_pixels[path].shape, (name, path)
             assert np.array_equal(pixels, expected_pixels[path]), (name, path)
-    if "lmdb" not in sources:
-        pytest.skip("LMDB packer not available: folder and WebDataset checked only")
 
 
 def test_raw_samples_carry_key_ext_meta(packed_wds, tiny_folder_expected):

@@ -294,3 +294,30 @@ def test_indexed_fast_path_keys_with_folders_dots_and_unicode():
     assert got == [("dir.v1/x", {"y.jpg": b"1" * 600, "cls": b"3", "y.json": b"{}"}, offs["dir.v1/x.y.jpg"]),
                    ("ünï/ä", {"b.png": b"2" * 10, "b.cls": b"4"}, offs["ünï/ä.b.png"])]
     assert got == list(iter_samples(iter_members(io.BytesIO(raw), source="t"), source="t"))
+
+
+@pytest.mark.parametrize("read_bytes", [512, 1 << 18])
+def test_old_style_directory_entries_are_not_members(read_bytes):
+    """A V7 directory entry (typeflag NUL, name ending in "/", as old tars write them) is skipped;
+    a regular file (typeflag "0") is a member whatever its name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data, kind in [("0001.jpg", b"a" * 700, tarfile.REGTYPE), ("olddir/", b"", tarfile.AREGTYPE),
+                                 ("0001.cls", b"1", tarfile.AREGTYPE), ("0002.jpg", b"b" * 10, tarfile.REGTYPE)]:
+            ti = tarfile.TarInfo(name)
+            ti.type = kind
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    raw = buf.getvalue()
+    assert raw[512 * 3 + 156] == 0 and raw[512 * 3:512 * 3 + 7] == b"olddir/"  # the V7 entry as written
+    got = list(iter_members(io.BytesIO(raw), source="t.tar", read_bytes=read_bytes))
+    assert [(n, d) for n, d, _ in got] == [("0001.jpg", b"a" * 700), ("0001.cls", b"1"), ("0002.jpg", b"b" * 10)]
+    assert [o for _, _, o in got] == [0, 512 * 4, 512 * 6]
+
+
+def test_a_member_twice_in_one_sample_is_corrupt_on_the_indexed_path():
+    raw, offs = _ustar([("a.jpg", b"A" * 700), ("a.cls", b"1"), ("a.jpg", b"X" * 10), ("b.jpg", b"B" * 10)])
+    assert (offs["a.jpg"], offs["b.jpg"]) == (2560, 3584)  # offs keeps a name's last header
+    starts = [0, 3584]
+    with pytest.raises(CorruptDataError, match=r"sample 'a' holds member 'a\.jpg' twice \(byte offset 2560\)"):
+        list(iter_indexed_samples(_pread_of(raw), starts, 0, 2, len(raw), source="s"))
