@@ -81,22 +81,26 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
     if r.cache is None:
         rows.append(("page cache", "warm (not evicted)"))
     else:
-        c = r.cache
-        after, total = c.get("cached_bytes_after"), c.get("bytes") or 0
-        checked = total - (c.get("unmeasurable_bytes") or 0)
-        if not c.get("files"):
-            state = "not evicted (no local files)"
-        elif c.get("unmeasurable_files") == c.get("files"):
-            state = f"evicted, not measurable on this file system ({', '.join(sorted(c.get('unmeasurable_fs') or {}))})"
-        elif after is None or not checked:
-            state = "evicted (unchecked)"
-        elif c.get("ignored"):
-            state = f"NOT evicted, {after / checked:.0%} left"
-        else:
-            state = f"evicted, {after / checked:.0%} left"
-        rows.append(("page cache", f"{state} of {c.get('files', 0)} files, {fmt_bytes(total)}"))
+        rows.append(("page cache", _cache_text(r.cache)))
     rows.append(("device", f"{r.device} ({r.timing})"))
     return rows
+
+
+def _cache_text(c: dict) -> str:
+    """The report's page-cache row for what :func:`evict_page_cache` returned."""
+    after, total = c.get("cached_bytes_after"), c.get("bytes") or 0
+    checked = total - (c.get("unmeasurable_bytes") or 0)
+    if not c.get("files"):
+        state = "not evicted (no local files)"
+    elif c.get("unmeasurable_files") == c.get("files"):
+        state = f"evicted, not measurable on this file system ({', '.join(sorted(c.get('unmeasurable_fs') or {}))})"
+    elif after is None or not checked:
+        state = "evicted (unchecked)"
+    elif c.get("ignored"):
+        state = f"NOT evicted, {after / checked:.0%} left"
+    else:
+        state = f"evicted, {after / checked:.0%} left"
+    return f"{state} of {c.get('files', 0)} files, {fmt_bytes(total)}"
 
 
 def format_report(report: RunReport) -> str:
