@@ -571,7 +571,7 @@ class SampleDecoder:
         return self._rng
 
     def __call__(
-        self, data: bytes, ext: str, label: int, source: str
+        self, data: bytes, ext: str, label: int, source: str, rng: np.random.Generator | None = None
     ) -> tuple["torch.Tensor", int]:
         """Decode and transform one sample.
 
@@ -580,6 +580,10 @@ class SampleDecoder:
             ext: The sample's extension (a hint for messages; the format is sniffed).
             label: Class index.
             source: Where the bytes came from (file path or ``"shard X key Y"``), for errors.
+            rng: Generator for this sample's random crop and flip (train mode); default: the
+                stream of :meth:`set_context`. The sources pass one seeded by
+                ``(seed, epoch, sample index)`` so that a resumed run crops as an
+                uninterrupted one.
 
         Returns:
             ``(image, label)``: ``torch.uint8`` tensor ``[3, H, W]`` (``H == W == image_size``
@@ -590,7 +594,8 @@ class SampleDecoder:
             ImageTooLargeError: The image has more than ``max_pixels`` pixels.
         """
         if self._fused and self.transform is None and isinstance(self._builtin, TrainTransform):
-            rng = self.rng()
+            if rng is None:
+                rng = self.rng()
             window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
                                  min_side=self._builtin.image_size, decoder=self.decoder,
                                  max_pixels=self.max_pixels, source=source)
@@ -606,7 +611,7 @@ class SampleDecoder:
         if self.transform is not None:
             out = self.transform(to_chw_tensor(img))
         elif isinstance(self._builtin, TrainTransform):
-            out = self._builtin(img, rng=self.rng())
+            out = self._builtin(img, rng=rng if rng is not None else self.rng())
         elif self._builtin is not None:
             out = self._builtin(img)
         else:
