@@ -2,9 +2,13 @@
 
 ``cold=True`` runs evict the dataset's files from the page cache first with
 ``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` and check with ``mincore(2)`` (or the
-``fincore`` tool) whether the file system honoured it: tmpfs (``/dev/shm``), and some network
-and FUSE file systems, keep the pages, and the report says so. Pages mapped by a running process
-are not evicted either. ZFS's ARC ignores the advice without ``mincore`` noticing.
+``fincore`` tool) whether the file system honoured it: tmpfs (``/dev/shm``) keeps the pages, and
+the report says so. Pages mapped by a running process are not evicted either. ZFS's ARC ignores
+the advice without ``mincore`` noticing. Each file is opened once (residency before and after on
+the same descriptor) on up to 32 threads, so a mount with latency per open (NFS, FUSE) pays
+about files x latency / 32. On FUSE and network file systems (by ``/proc/self/mountinfo``) the
+local page cache says nothing about a cold read's cost (FUSE drops pages on open; the server
+has its own cache): the advice is given and the report says residency is not measurable there.
 """
 
 from __future__ import annotations
@@ -156,12 +160,27 @@ def _read_mounts() -> list[tuple[str, str]]:
 
 
 def _fs_type_of(path: Path, mounts: list[tuple[str, str]]) -> str | None:
-    """The type of the file system holding ``path`` (the longest mount point above it); None if unknown."""
+    """The type of the file system holding ``path`` (the longest mount point above it); None if unknown.
+
+    ``path`` is taken as written (symlinks are not followed: see :func:`_fs_types`).
+    """
     text = os.path.abspath(path)
     for point, fstype in mounts:
         if text == point or text.startswith(point.rstrip("/") + "/") or point == "/":
             return fstype
     return None
+
+
+def _fs_types(paths: Sequence[Path], mounts: list[tuple[str, str]]) -> list[str | None]:
+    """:func:`_fs_type_of` for each path, with symlinks in its folder resolved (once per folder)."""
+    by_dir: dict[str, str | None] = {}
+    out = []
+    for p in paths:
+        parent = os.path.dirname(os.path.abspath(p))
+        if parent not in by_dir:
+            by_dir[parent] = _fs_type_of(Path(os.path.realpath(parent)) / "x", mounts)
+        out.append(by_dir[parent])
+    return out
 
 
 def _residency_measurable(fstype: str | None) -> bool:
@@ -236,11 +255,11 @@ def page_cache_residency(paths: Sequence[str | os.PathLike]) -> tuple[int | None
         system.
     """
     paths = [Path(p) for p in paths]
-    mounts = _read_mounts()
+    measurable_of = dict(zip(paths, (_residency_measurable(t) for t in _fs_types(paths, _read_mounts()))))
     libc = _libc()
 
     def one(p: Path) -> tuple[int, int | None, bool]:
-        measurable = _residency_measurable(_fs_type_of(p, mounts))
+        measurable = measurable_of[p]
         if not measurable or libc is None:
             try:
                 return p.stat().st_size, None, measurable
@@ -337,7 +356,7 @@ def evict_page_cache(paths: Sequence[str | os.PathLike], *, retries: int = 1) ->
     t0 = time.perf_counter()
     paths = [Path(p) for p in paths]
     mounts = _read_mounts()
-    fs_types = [_fs_type_of(p, mounts) for p in paths]
+    fs_types = _fs_types(paths, mounts)
     measure = [_residency_measurable(t) for t in fs_types]
     if not hasattr(os, "posix_fadvise"):
         before, total, method = page_cache_residency(paths)
@@ -495,11 +514,11 @@ def warm_page_cache(paths: Sequence[str | os.PathLike]) -> dict:
         out["skipped"] = (f"the datasets ({fmt_bytes(total)}) do not fit comfortably in the available memory "
                           f"({fmt_bytes(avail)}): warm runs read partly from the disk")
     else:
-        mounts = _read_mounts()
+        fs_type_of = dict(zip(paths, _fs_types(paths, _read_mounts())))
         libc = _libc()
 
         def one(p: Path) -> tuple[int, int | None, str | None]:
-            fstype = _fs_type_of(p, mounts)
+            fstype = fs_type_of[p]
             measurable = _residency_measurable(fstype)
             buf = bytearray(_READ_CHUNK_BYTES)
             read = 0

@@ -84,6 +84,22 @@ def test_evict_opens_each_file_once_on_fuse(source, emulator):
 
 @pytest.mark.fuse
 @pytest.mark.multiprocess
+def test_evict_through_a_symlink_to_the_mount(source, emulator, tmp_path):
+    """A local path that is a symlink to a folder on the mount is still recognised as FUSE."""
+    from shardfeed.readers.measure import evict_page_cache
+
+    link = tmp_path / "data"
+    link.symlink_to(Path(emulator.mountpoint) / "c1")
+    files = sorted(link.iterdir())
+    emulator.reset_stats()
+    rep = evict_page_cache(files)
+    assert emulator.stats()["opens"] == len(files) == 6
+    assert rep["unmeasurable_files"] == 6 and rep["ignored"] is None
+    assert rep["bytes"] == sum(f.stat().st_size for f in (source / "c1").iterdir())
+
+
+@pytest.mark.fuse
+@pytest.mark.multiprocess
 def test_warm_reads_each_file_once_on_fuse(source, emulator):
     from shardfeed.readers.measure import warm_page_cache
     from shardfeed.readers.measure.tables import _warm_text
