@@ -238,6 +238,9 @@ def test_verify_no_warm_cache_skips_the_warm_up(data, tmp_path):
     res = _json(out)
     assert res["warm_cache"] is None
     assert "page cache warmed" not in r.output and "warming the page cache" not in r.output
+    # neither warmed nor evicted: the table does not claim a warm cache it never made
+    page_cache_row = next(line for line in r.output.splitlines() if line.startswith("page cache "))
+    assert "warm" not in page_cache_row and "not evicted" in page_cache_row
     assert [x["label"] for x in res["runs"]] == ["before", "after"]
 
 
