@@ -13,7 +13,12 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps gpu-check mutants
+.PHONY: help install demo test test-fast bench lint clean system-deps gpu-check mutants
+
+# A bare `make` lists the targets (it used to run the first rule: create .venv and stop).
+.DEFAULT_GOAL := help
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:[^#]*## /\t/' | awk -F'\t' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

@@ -346,8 +346,8 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
         if foreign:
             raise ValueError(f"{out}: output folder is not empty: it holds {named}, which --overwrite would not "
                              "delete; choose an empty folder (or move those files away)")
-        raise ValueError(f"{out}: output folder is not empty; use --overwrite to replace it, "
-                         "--resume to finish an interrupted pack, or choose an empty folder")
+        raise ValueError(f"{out}: output folder is not empty; use --overwrite (PackOptions(overwrite=True)) to "
+                         "replace it, --resume (resume=True) to finish an interrupted pack, or choose an empty folder")
     if foreign:
         raise ValueError(f"{out}: holds {named}; refusing to delete them with --overwrite: choose an empty folder "
                          "(or move those files away)")

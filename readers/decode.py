@@ -3,7 +3,7 @@
 All readers (folder, WebDataset, LMDB) decode through :func:`decode_image`, so comparing them
 measures storage and I/O only. Two backends produce the same result by one rule:
 
-``"pil"`` (default)
+``"pil"``
     Pillow (libjpeg-turbo, libpng, libwebp, ...). Reads every format Pillow reads.
 ``"simplejpeg"``
     libjpeg-turbo through `simplejpeg <https://gitlab.com/jfolz/simplejpeg>`_ (its own bundled
@@ -14,7 +14,7 @@ measures storage and I/O only. Two backends produce the same result by one rule:
     Chosen by measurement (``scripts/bench_jpeg_bindings.py``): 1.5-1.8x Pillow's full decode of
     ImageNet-sized JPEGs per CPU-second here, ahead of OpenCV (1.2-1.5x); PyTurboJPEG finds no
     ``libturbojpeg`` it accepts on this system.
-``"auto"``
+``"auto"`` (the default of ``open_dataset``, ``make_loader`` and ``--decoder``; :func:`decode_image`'s is ``"pil"``)
     ``"simplejpeg"`` where it is installed, else ``"pil"`` (logged once at DEBUG).
 ``"cv2"``
     ``cv2.imdecode`` for JPEG/MPO, PNG and WebP. Other formats (GIF, BMP, TIFF, ...) and the rare

@@ -687,8 +687,8 @@ def collate_uint8(
         if tuple(image.shape) != first_shape:
             raise ValueError(
                 f"images in a batch have different sizes {first_shape} vs {tuple(image.shape)}: "
-                "pass image_size=N (e.g. image_size=224) to open_dataset/make_loader to resize "
-                "and crop them to N x N"
+                "pass image_size=N (e.g. image_size=224) to open_dataset/make_loader (on the command line "
+                "--image-size N; 0 keeps decoded sizes) to resize and crop them to N x N"
             )
     out = _empty_batch(images[0], len(images))
     torch.stack(images, dim=0, out=out)

@@ -79,7 +79,7 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         if r.system.get("iowait_share") is not None:
             rows.append(("CPU time in I/O wait (machine)", f"{r.system['iowait_share']:.1%}"))
     if r.cache is None:
-        rows.append(("page cache", "warm (not evicted)"))
+        rows.append(("page cache", "not evicted (as found; --cold evicts)"))
     else:
         rows.append(("page cache", _cache_text(r.cache)))
     rows.append(("device", f"{r.device} ({r.timing})"))
