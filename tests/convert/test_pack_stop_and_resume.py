@@ -161,7 +161,7 @@ def test_overwrite_is_advised_only_where_it_works(src, tmp_path):
     with pytest.raises(ValueError, match="it holds files shardfeed did not write .notes.txt.: choose an empty"):
         pack(src, foreign, PackOptions(workers=1, resume=True))
     pack(src, ours, PackOptions(workers=1))
-    with pytest.raises(ValueError, match="use --overwrite to replace it"):
+    with pytest.raises(ValueError, match=r"use --overwrite \(PackOptions\(overwrite=True\)\) to replace it"):
         pack(src, ours, PackOptions(workers=1))
     pack(src, ours, PackOptions(workers=1, overwrite=True))  # the advice works
     assert (foreign / "notes.txt").read_text() == "mine"
