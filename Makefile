@@ -25,10 +25,10 @@ $(PY):
 
 $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
-	$(PY) -m pip install -q -e ".[dev,ray,jpeg]"
+	$(PY) -m pip install -q -e ".[dev,ray,jpeg,interop]"
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv with shardfeed (editable), torch and the test tools
+install: $(STAMP)  ## create .venv with shardfeed (editable), torch, the test tools and the interop readers (DALI, wids, datasets)
 
 # nginx (HTTP Range requests), openssl (TLS test certificate), fuse3 + libfuse2 (the storage
 # emulator): scripts/system_deps.sh installs them with apt-get when we are root on Debian; under CI

@@ -2,7 +2,7 @@
 
 Packing is task-parallel by design: :func:`~shardfeed.convert.plan.plan_shards` fixes every
 WebDataset shard's samples before a byte is read, so each shard is one independent task that reads
-its source files and writes ``OUT/{prefix}-NNNNNN.tar`` (+ ``.idx``, + its completion record in
+its source files and writes ``OUT/{prefix}-NNNNNN.tar`` (+ ``.sfidx``, + its completion record in
 ``OUT/.shardfeed-pack/``); the LMDB packer's tasks read (and re-encode) chunks of samples and hand
 the encoded records back to the single writer. An :class:`Executor` runs such tasks and yields
 their results **in task order**, whatever order they finish in, so the output does not depend on
@@ -147,6 +147,7 @@ def _init_worker(q) -> None:
     global _worker_progress
     _worker_progress = ProgressSink(q)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: pool.terminate() ends us quietly
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
 

@@ -20,6 +20,7 @@ its functions stay importable from here.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import itertools
@@ -40,15 +41,20 @@ from shardfeed.readers.format import (
     MANIFEST_NAME,
     Manifest,
     load_manifest,
+    merge_extension_counts,
+    normalize_ext,
     write_bytes_atomic,
 )
 from shardfeed.readers.registry import FORMATS, canonical_format
 from shardfeed.readers.registry import packer as format_packer
 
 from . import writers  # noqa: F401  (registers the packers and writers of every format)
+from .consumers import CARD_NAME, WIDS_INDEX_NAME, write_consumer_files
+from .consumers import is_ours as _consumer_file_is_ours
 from .executors import ProgressSink, check_executor, make_executor, run_tasks, use_executor
 from .faults import FaultHooks, current_default_faults
-from .pack_state import PLAN_NAME, STATE_DIR
+from .outlock import listing, output_lock
+from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .readahead import DEFAULT_READ_AHEAD
 from .reencode import ReencodeOptions
@@ -103,7 +109,8 @@ class PackOptions:
             Manifests keep recording ``"fail"`` for ``"raise"`` (their bytes do not change).
         decode_check: fully decode every image while packing (readers' decode rules).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
-        resume: continue an interrupted pack in OUT.
+        resume: continue an interrupted pack in OUT (an OUT that is missing or empty is packed
+            from the start, so scripts may always pass it).
         overwrite: replace an existing dataset in OUT.
         reencode: re-encode every image (resize / quality / format,
             :class:`~shardfeed.convert.reencode.ReencodeOptions` or a dict of its fields); None
@@ -311,32 +318,42 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
                          "choose an output folder outside it")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is a file; choose a folder for the output")
-    if not out.exists() or not any(out.iterdir()):
+    entries = listing(out) if out.exists() else []  # not the lock file of the command that holds OUT
+    if not entries:
         if not check_only:
             out.mkdir(parents=True, exist_ok=True)
         return
+    # --overwrite deletes only what shardfeed wrote: advise it only where it would work
+    foreign = sorted(p.name for p in entries if not _is_ours(p.name)
+                     and not (p.name in (CARD_NAME, WIDS_INDEX_NAME) and _consumer_file_is_ours(p)))
+    named = f"files shardfeed did not write ({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''})"
     if resume:
         if (out / MANIFEST_NAME).exists():
-            raise ValueError(f"{out}: already holds a finished dataset ({MANIFEST_NAME}); nothing to resume "
-                             "(use --overwrite to rebuild it)")
+            raise ValueError(f"{out}: already holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
+                             + (" (use --overwrite to rebuild it)" if not foreign else
+                                f"; it also holds {named}: to rebuild, choose an empty folder"))
         if not (out / STATE_DIR).exists():
             raise ValueError(f"{out}: not an interrupted shardfeed pack (no {STATE_DIR}/); "
-                             "choose an empty folder or use --overwrite")
+                             + ("choose an empty folder or use --overwrite" if not foreign else
+                                f"it holds {named}: choose an empty folder"))
         return
     if not overwrite:
         if (out / STATE_DIR).exists() and not (out / MANIFEST_NAME).exists():
             raise ValueError(f"{out}: holds an unfinished pack ({STATE_DIR}/, kept when a pack stops): --resume "
                              "finishes it with the same source and options; after changing either (a file fixed "
-                             "or removed, --on-error), start again with --overwrite")
+                             "or removed, --on-error), start again with "
+                             + ("--overwrite" if not foreign else f"an empty folder (it also holds {named})"))
+        if foreign:
+            raise ValueError(f"{out}: output folder is not empty: it holds {named}, which --overwrite would not "
+                             "delete; choose an empty folder (or move those files away)")
         raise ValueError(f"{out}: output folder is not empty; use --overwrite (PackOptions(overwrite=True)) to "
                          "replace it, --resume (resume=True) to finish an interrupted pack, or choose an empty folder")
-    foreign = [p.name for p in out.iterdir() if not _is_ours(p.name)]
     if foreign:
-        raise ValueError(f"{out}: holds files shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
-                         "refusing to delete them with --overwrite: choose an empty folder")
+        raise ValueError(f"{out}: holds {named}; refusing to delete them with --overwrite: choose an empty folder "
+                         "(or move those files away)")
     if check_only:
         return
-    for p in out.iterdir():
+    for p in entries:  # not the lock file: this command holds it
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
@@ -344,7 +361,7 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
 
 
 def _is_ours(name: str) -> bool:
-    if name in _OURS or name.endswith((".tar", ".idx", ".tmp")):
+    if name in _OURS or name.endswith((".tar", ".sfidx", ".idx", ".tmp")):
         return True
     return name.startswith(".") and (name.endswith(".tmp") or name.startswith("." + MANIFEST_NAME))
 
@@ -374,6 +391,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file; OUT a file.
         ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``.
+        shardfeed.convert.outlock.OutputBusyError: another command is writing OUT (names it).
         SourceChangedError: a file changed during the pack (``on_error="raise"``).
         shardfeed.readers.errors.CorruptDataError: an image failed ``decode_check``.
         OSError: reading a source or writing OUT failed (disk full: ``ENOSPC``/``EFBIG``); complete
@@ -384,6 +402,23 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     t0 = time.perf_counter()
     if scan is None:
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
+    if scan.unpackable and options.on_error != "skip":
+        first = scan.unpackable[0]
+        more = f" (and {len(scan.unpackable) - 1} more such file(s))" if len(scan.unpackable) > 1 else ""
+        raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
+                         "pack the rest and list these in the manifest's skipped")
+    with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
+        return _pack_locked(src, out, options, scan, progress, output_progress, t0)
+
+
+def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
+                 progress: Callable[[int, int], None] | None, output_progress: Callable[[int], None] | None,
+                 t0: float) -> PackReport:
+    """:func:`pack` once OUT's lock is held."""
+    if options.resume and (not out.exists() or (out.is_dir() and not listing(out))):
+        # scripts that always pass --resume work on their first run: nothing to resume, so start
+        log.info("%s: missing or empty, nothing to resume; starting the pack", out)
+        options = dataclasses.replace(options, resume=False)
     prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
     fingerprint = _fingerprint(scan, samples, options)
@@ -395,10 +430,13 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         except (FileNotFoundError, ValueError):
             old = {}
         if old.get("fingerprint") != fingerprint:
+            what = describe_plan_change(state, old, options.fingerprint_fields(), scan.files)
             raise ValueError(f"{out}: the interrupted pack used other options or another version of the source "
-                             f"folder (plan fingerprint differs); rerun with the same options, or use --overwrite")
+                             f"folder ({what}); rerun with the same options and files, or start again with "
+                             "--overwrite")
     else:
         state.mkdir(exist_ok=True)
+        write_plan_files(state, scan.files)  # what --resume names when the source changed
         write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
                                                   "options": options.fingerprint_fields()}).encode())
     progress = progress or (lambda n, b: None)
@@ -411,12 +449,16 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         for tmp in out.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         raise
+    skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + skipped
     num_samples = sum(s.num_samples for s in shards)
     if num_samples == 0:
         raise ValueError(f"{src}: every image was skipped ({len(skipped)}); nothing to pack")
+    extensions = merge_extension_counts([s.extensions for s in shards])
+    if extensions is None and options.reencode is None:  # LMDB: the plan's (original bytes), less the skipped
+        extensions = _plan_extension_counts(scan.files, skipped)
     manifest = Manifest(
         format=options.format, num_samples=num_samples, classes=scan.classes, class_to_idx=scan.class_to_idx,
-        shards=shards, skipped=skipped,
+        shards=shards, skipped=skipped, extensions=extensions,
         options={**options.fingerprint_fields(), "source": scan.root},
         files={"found": scan.num_found, "packed": num_samples, "skipped": len(skipped),
                "ignored": len(scan.ignored)},
@@ -426,6 +468,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     if finalize is not None:
         finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction
     manifest.write(out)
+    write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
     shutil.rmtree(state, ignore_errors=True)
     seconds = time.perf_counter() - t0
     return PackReport(
@@ -435,6 +478,15 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
         num_classes=len(scan.classes), shards_resumed=resumed, extra=extra,
     )
+
+
+def _plan_extension_counts(files: ScannedFiles, skipped: list[dict]) -> dict[str, int]:
+    """``{ext: samples}`` of the scanned images, less the skipped ones (by their path's extension)."""
+    counts = collections.Counter(files.exts[c] for c in files.ext_codes)
+    for item in skipped:
+        if item.get("key") is not None and "." in item["path"]:
+            counts[normalize_ext(item["path"].rsplit(".", 1)[1])] -= 1
+    return {e: n for e, n in sorted(counts.items()) if n > 0}
 
 
 def load_class_map(manifest_path: str | os.PathLike) -> dict[str, int]:

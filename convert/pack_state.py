@@ -2,7 +2,9 @@
 
 The folder exists while a pack runs or after it stopped; the manifest, written last, marks the
 dataset finished and the folder is removed then. ``plan.json`` holds the plan's fingerprint
-(checked by ``--resume``); ``NNNNNN.json`` records one finished WebDataset shard:
+(checked by ``--resume``) and the options; ``files.jsonl.z`` the scanned files (``[path, size,
+mtime_ns]`` per line, zlib-compressed: ~10 bytes a file), so that a refused ``--resume`` can name
+the files that changed; ``NNNNNN.json`` records one finished WebDataset shard:
 ``{"shard", "entry" (the ShardEntry, or None when every sample of it was skipped), "skipped"}``,
 plus ``"start"``/``"end"`` (its sample range) for shards cut from re-encoded sizes.
 """
@@ -10,16 +12,22 @@ plus ``"start"``/``"end"`` (its sample range) for shards cut from re-encoded siz
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 from shardfeed.readers.format import write_bytes_atomic
 
-__all__ = ["STATE_DIR", "PLAN_NAME", "write_shard_record", "finished_shard_record"]
+__all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record",
+           "write_plan_files", "describe_plan_change"]
 
 #: The state folder's name inside OUT.
 STATE_DIR = ".shardfeed-pack"
 #: The plan record's name inside :data:`STATE_DIR`.
 PLAN_NAME = "plan.json"
+#: The scanned files' list inside :data:`STATE_DIR` (for the message of a refused ``--resume``).
+FILES_NAME = "files.jsonl.z"
+#: Files named per kind (added, removed, changed) in that message.
+NAMED_FILES = 5
 
 
 def write_shard_record(out_dir: str | Path, shard_idx: int, record: dict) -> None:
@@ -31,7 +39,7 @@ def finished_shard_record(out_dir: Path, shard_idx: int) -> dict | None:
     """Shard ``shard_idx``'s record if that shard was finished and its files are intact, else None.
 
     A record whose entry is None (every sample skipped) counts as finished; otherwise the ``.tar``
-    and ``.idx`` must exist and the tar must have the recorded size.
+    and ``.sfidx`` must exist and the tar must have the recorded size.
     """
     rec_path = Path(out_dir) / STATE_DIR / f"{shard_idx:06d}.json"
     try:
@@ -46,3 +54,66 @@ def finished_shard_record(out_dir: Path, shard_idx: int) -> dict | None:
     if tar.exists() and idx.exists() and tar.stat().st_size == entry["num_bytes"]:
         return record
     return None
+
+
+def write_plan_files(state_dir: Path, files) -> None:
+    """Record the scanned files (``rels``, ``sizes``, ``mtimes_ns`` columns) for :func:`describe_plan_change`."""
+    comp = zlib.compressobj(1)
+    parts = []
+    rels, sizes, mtimes = files.rels, files.sizes, files.mtimes_ns
+    for a in range(0, len(rels), 4096):
+        chunk = "".join(json.dumps([rels[i], sizes[i], mtimes[i]], ensure_ascii=False) + "\n"
+                        for i in range(a, min(a + 4096, len(rels))))
+        parts.append(comp.compress(chunk.encode("utf-8")))
+    parts.append(comp.flush())
+    write_bytes_atomic(Path(state_dir) / FILES_NAME, b"".join(parts))
+
+
+def describe_plan_change(state_dir: Path, old_plan: dict, options: dict, files) -> str:
+    """Say why a ``--resume`` plan differs: the options that changed (old → new) and the files
+    added, removed or changed (size or modification time) since the interrupted pack, a few of each.
+
+    Args:
+        state_dir: the pack's state folder.
+        old_plan: the interrupted pack's ``plan.json`` (``{}`` when unreadable).
+        options: this run's ``PackOptions.fingerprint_fields()``.
+        files: this run's scanned files (:class:`~shardfeed.readers.imagefolder.ScannedFiles`).
+
+    Returns:
+        A short description for the error message.
+    """
+    if not old_plan:
+        return f"its plan ({STATE_DIR}/{PLAN_NAME}) is missing or unreadable"
+    said = []
+    old_opts = old_plan.get("options") or {}
+    changed = [f"--{k.replace('_', '-')} {old_opts.get(k)!r} then, {v!r} now" for k, v in options.items()
+               if old_opts.get(k) != v]
+    if changed:
+        said.append("options changed: " + "; ".join(changed))
+    try:
+        raw = zlib.decompress((Path(state_dir) / FILES_NAME).read_bytes()).decode("utf-8")
+        old = {r: (s, m) for r, s, m in (json.loads(line) for line in raw.splitlines() if line)}
+    except (OSError, ValueError, zlib.error):
+        old = None
+    if old is None:
+        said.append("the list of the interrupted pack's files is missing")
+    else:
+        added, modified = [], []
+        n_added = n_modified = 0
+        for rel, size, mtime in zip(files.rels, files.sizes, files.mtimes_ns):
+            was = old.pop(rel, None)
+            if was is None:
+                n_added += 1
+                if len(added) < NAMED_FILES:
+                    added.append(rel)
+            elif tuple(was) != (size, mtime):
+                n_modified += 1
+                if len(modified) < NAMED_FILES:
+                    modified.append(rel)
+        for n, names, what in ((n_added, added, "added"), (len(old), sorted(old)[:NAMED_FILES], "removed"),
+                               (n_modified, modified, "changed (size or modification time)")):
+            if n:
+                said.append(f"{n} file(s) {what}: {', '.join(names)}" + (" ..." if n > len(names) else ""))
+    if not said:
+        said.append("the class map or the shardfeed version differs (same options and files)")
+    return "; ".join(said)

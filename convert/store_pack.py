@@ -36,6 +36,7 @@ from typing import Callable
 
 from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
+from .consumers import CARD_NAME, WIDS_INDEX_NAME
 
 __all__ = ["pack_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS", "DOWNLOAD_THREADS"]
 
@@ -211,6 +212,9 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     for entry in manifest.shards:  # anything the background uploads did not reach yet
         uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
     uploader.drain()
+    for name in (WIDS_INDEX_NAME, CARD_NAME):  # wids' shard index and the Hugging Face card, when written
+        if (stage / name).exists():
+            loc.put_bytes(name, (stage / name).read_bytes())
     loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished
     loc.delete(_STATE_KEY)
     shutil.rmtree(stage, ignore_errors=True)

@@ -5,7 +5,7 @@ uid/gid 0, empty user/group names), so identical input gives byte-identical shar
 names are ``{key}.{ext}``: short by construction (keys are digits), so no PAX/GNU long-name
 records are ever needed. A shard is written under a temporary name in its output folder,
 hashed (sha256) while it is written, and renamed into place when complete; its offset index
-(``.idx``) is written atomically first, so a ``.tar`` under its final name is always complete.
+(``.sfidx``) is written atomically first, so a ``.tar`` under its final name is always complete.
 
 Speed (issue 8): a header is six pre-built byte strings joined, its checksum the fixed part's
 sum plus the name's and size field's; samples are gathered into ~1 MiB buffers, and a
@@ -261,11 +261,11 @@ class TarShardFile:
 
     Usage::
 
-        shard = TarShardFile(out_dir, "shard-000000.tar", "shard-000000.idx")
+        shard = TarShardFile(out_dir, "shard-000000.tar", "shard-000000.sfidx")
         shard.add_sample("000000000", [("jpg", jpeg_bytes), ("cls", b"3"), ("json", b"{...}")])
         entry = shard.close()   # ShardEntry with num_bytes, sha256, index_sha256
 
-    The data goes to ``.{name}.tmp`` in ``out_dir``; :meth:`close` writes the ``.idx`` atomically,
+    The data goes to ``.{name}.tmp`` in ``out_dir``; :meth:`close` writes the ``.sfidx`` atomically,
     then fsyncs and renames the tar into place. :meth:`abort` removes the temporary file.
     """
 
@@ -286,6 +286,8 @@ class TarShardFile:
         #: byte offset of each sample's first header (uint64: 8 bytes a sample, not a list of ints)
         self.offsets = array("Q")
         self.num_bytes = 0
+        #: samples per image extension (the sample's first member), recorded in the manifest
+        self.extensions: dict[str, int] = {}
 
     def _write_error(self, exc: BaseException, doing: str = "writing") -> BaseException:
         if isinstance(exc, OSError):
@@ -302,6 +304,8 @@ class TarShardFile:
         """
         start = self.num_bytes
         self.offsets.append(start)
+        if members and members[0][0] not in ("cls", "json"):
+            self.extensions[members[0][0]] = self.extensions.get(members[0][0], 0) + 1
         parts = self._parts
         written = 0
         key_b = key.encode("utf-8") + b"."
@@ -352,6 +356,7 @@ class TarShardFile:
         sf3 = _SIZE_FIELDS.get(k) or _size_field(k)
         p1, p2, p3 = -n % TAR_BLOCK, -m % TAR_BLOCK, -k % TAR_BLOCK
         self.offsets.append(self.num_bytes)
+        self.extensions[ext] = self.extensions.get(ext, 0) + 1
         self._parts += (
             b"".join((kb, ext_b, _NAME_PAD[100 - nk - len(ext_b)], _H_MID, sf1[0], _H_MTIME,
                       b"%06o\0 " % (ks + ext_sum + sf1[1]), _H_REST)),
@@ -414,7 +419,7 @@ class TarShardFile:
             index_sha = hashlib.sha256(index_bytes).hexdigest()
         os.replace(self.tmp_path, self.final_path)
         return ShardEntry(self.name, len(self.offsets), self.num_bytes, self._hash.hexdigest(),
-                          self.index_name, index_sha)
+                          self.index_name, index_sha, dict(sorted(self.extensions.items())))
 
     def abort(self) -> None:
         """Drop the partial shard (temporary file removed; nothing under the final name)."""

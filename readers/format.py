@@ -8,8 +8,11 @@ WebDataset
     ``OUT/{prefix}-{index:06d}.tar``; per sample the contiguous members ``{key}.{ext}`` (original
     image bytes), ``{key}.cls`` (ASCII decimal class index) and ``{key}.json`` (UTF-8 metadata).
     Tar members carry fixed metadata (:data:`TAR_MTIME`, :data:`TAR_MODE`, uid/gid 0) so the same
-    input gives byte-identical shards. Beside each shard, ``{prefix}-{index:06d}.idx`` holds the
-    byte offset of every sample's first tar header as little-endian uint64.
+    input gives byte-identical shards. Beside each shard, ``{prefix}-{index:06d}.sfidx`` holds the
+    byte offset of every sample's first tar header as little-endian uint64 (manifest version 2;
+    version 1 named it ``.idx``, the name NVIDIA DALI's ``wds2idx`` gives its own text index, so
+    each tool overwrote the other's file; version-1 datasets are still read, see
+    :data:`READABLE_VERSIONS`). ``{prefix}-{index:06d}.idx`` is left to DALI.
 
 LMDB
     ``OUT/data.mdb`` (+ ``lock.mdb``), one record per sample, key = sample key (UTF-8), value =
@@ -37,6 +40,11 @@ from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
 
 __all__ = [
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
+    "INDEX_SUFFIX",
+    "is_dali_index",
+    "stored_path_problem",
+    "merge_extension_counts",
     "MANIFEST_NAME",
     "LMDB_DATA_NAME",
     "LMDB_MANIFEST_KEY",
@@ -76,8 +84,13 @@ __all__ = [
     "created_by",
 ]
 
-#: Version of the manifest schema and of the on-disk layout it describes.
-FORMAT_VERSION = 1
+#: Version of the manifest schema and of the on-disk layout it describes. 2: the offset index is
+#: ``.sfidx`` (was ``.idx``, DALI's index name) and the manifest records the image extensions.
+FORMAT_VERSION = 2
+#: Manifest versions the readers accept (a version-1 dataset names its ``.idx`` indexes).
+READABLE_VERSIONS = (1, 2)
+#: Suffix of shardfeed's binary offset index (version 2).
+INDEX_SUFFIX = ".sfidx"
 MANIFEST_NAME = "manifest.json"
 LMDB_DATA_NAME = "data.mdb"
 #: Reserved LMDB key holding the manifest (no file hashes: the DB's own hash changes with layout).
@@ -236,8 +249,66 @@ def shard_name(index: int, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def index_name(index: int, prefix: str = DEFAULT_PREFIX) -> str:
-    """File name of the offset index of shard ``index``: ``{prefix}-{index:06d}.idx``."""
-    return f"{prefix}-{index:06d}.idx"
+    """File name of the offset index of shard ``index``: ``{prefix}-{index:06d}.sfidx``.
+
+    Not ``.idx``: that is the name NVIDIA DALI's ``wds2idx`` gives its text index of the same shard.
+    """
+    return f"{prefix}-{index:06d}{INDEX_SUFFIX}"
+
+
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
+
+
+def stored_path_problem(rel: str) -> str | None:
+    """The one name policy for the relative paths a dataset stores (``meta["path"]``, class names).
+
+    ``pack`` checks every file against it (a file that fails is refused, naming it, or skipped
+    under ``on_error="skip"``) and every tool that writes those paths back as files (``unpack``)
+    honours the same rule, so what ``pack`` accepts ``unpack`` writes, on every system. A path
+    fails when it is not valid UTF-8, is empty, absolute or starts with a drive (``C:``), has an
+    empty, ``.`` or ``..`` component, or holds a backslash (a folder separator on Windows) or NUL.
+
+    Args:
+        rel: the path relative to the dataset's source root, ``/`` separators.
+
+    Returns:
+        None when the path is fine, else the reason and the fix, for a message.
+    """
+    if rel.isascii() and "\\" not in rel and "\0" not in rel:
+        ok_chars = True
+    else:
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            return ("name not valid UTF-8 (bytes shown as %XX): rename the file or folder to UTF-8, e.g. "
+                    "`convmv -r -f latin1 -t utf8 --notest SRC`")
+        ok_chars = "\\" not in rel and "\0" not in rel
+    if not ok_chars:
+        return ("name holds a backslash or NUL (a backslash separates folders on Windows, so shardfeed refuses it "
+                "everywhere: a dataset unpacks the same on every system): rename it, e.g. replace \\ with _")
+    if not rel or rel.startswith("/") or _DRIVE_RE.match(rel):
+        return "path is empty, absolute or starts with a drive letter (C:): rename the folder"
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return "path has an empty, '.' or '..' component: rename it"
+    return None
+
+
+def is_dali_index(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is an NVIDIA DALI WebDataset index (text: a version
+    line ``v1.0``/``v1.1``/``v1.2 N``, then one line per sample), not shardfeed's binary index."""
+    # shardfeed's index starts with the first sample's offset, 0: eight zero bytes
+    return re.match(rb"v\d+\.\d+ \d+\s", head) is not None
+
+
+def merge_extension_counts(counts: "Sequence[dict | None]") -> dict[str, int] | None:
+    """Sum per-shard ``{ext: num_samples}`` counts (None if any shard's is unknown), sorted by ext."""
+    total: dict[str, int] = {}
+    for c in counts:
+        if c is None:
+            return None
+        for ext, n in c.items():
+            total[ext] = total.get(ext, 0) + int(n)
+    return dict(sorted(total.items()))
 
 
 def split_member_name(name: str) -> tuple[str, str]:
@@ -279,13 +350,18 @@ def decode_index(data: bytes, source: str = "<index>") -> list[int]:
     Raises:
         CorruptDataError: the length is not a multiple of 8 bytes.
     """
+    if is_dali_index(data[:64]):
+        raise CorruptDataError(f"{source}: holds an NVIDIA DALI index (text, as DALI's wds2idx writes it), not "
+                               "shardfeed's binary offset index: a version-1 dataset names its index .idx, DALI's "
+                               "name; upgrade the dataset with `shardfeed index DIR --overwrite` (it writes .sfidx "
+                               "beside DALI's .idx, manifest version 2), or repack")
     if len(data) % 8:
         raise CorruptDataError(f"{source}: offset index of {len(data)} bytes is not a multiple of 8")
     return list(struct.unpack(f"<{len(data) // 8}Q", data))
 
 
 def read_index(path: str | os.PathLike) -> list[int]:
-    """Read a local ``.idx`` file: the byte offset of every sample's first header."""
+    """Read a local ``.sfidx`` file (``.idx`` in version-1 datasets): the byte offset of every sample's first header."""
     with open(path, "rb") as f:
         return decode_index(f.read(), str(path))
 
@@ -337,13 +413,15 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
         source: named in error messages (the database, e.g. ``"data/train.lmdb/data.mdb"``, or
             ``"... key 000000042"``).
         key: the record's LMDB key, appended to ``source`` in error messages when given (the
-            message string is built only when there is an error).
+            message string is built only when there is an error). Error messages also name the
+            sample's original file (``meta["path"]``) when that part of the record can be read.
 
     Returns:
         ``{"key", "ext", "label", "meta", "crc32", "data", "v"}``.
 
     Raises:
-        CorruptDataError: undecodable value, unknown version, or checksum mismatch.
+        CorruptDataError: undecodable value, unknown version, a field missing or of the wrong type,
+            or checksum mismatch.
     """
     global _unpackb
     if _unpackb is None:
@@ -353,28 +431,63 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
     try:
         rec = _unpackb(value, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise CorruptDataError(f"{_record_where(source, key)}: undecodable record ({exc})") from None
+        raise CorruptDataError(f"{_record_where(source, key, value)}: undecodable record ({exc})") from None
     if type(rec) is not dict or rec.get("v") != LMDB_RECORD_VERSION:
         raise CorruptDataError(
-            f"{_record_where(source, key)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
+            f"{_record_where(source, key, value)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
             f"not {LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
+    try:  # valid msgpack, damaged fields: named here, with the record's original file
+        bad = [f for f, t in _RECORD_FIELDS if type(rec[f]) is not t]
+        ok = zlib.crc32(rec["data"]) == rec["crc32"] if verify else True
+    except (KeyError, TypeError) as exc:
+        what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
+        raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record ({what})") from None
+    if bad:
+        raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record (a bad field: "
+                               f"{', '.join(bad)} of the wrong type)")
     if verify:
-        try:
-            ok = zlib.crc32(rec["data"]) == rec["crc32"]
-        except (KeyError, TypeError) as exc:  # valid msgpack, damaged fields
-            what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
-            raise CorruptDataError(f"{_record_where(source, key)}: damaged record ({what})") from None
         if not ok:
-            raise CorruptDataError(f"{_record_where(source, key)}: image bytes fail their CRC-32 check "
+            raise CorruptDataError(f"{_record_where(source, key, value)}: image bytes fail their CRC-32 check "
                                    "(record is damaged)")
     return rec
 
 
 _unpackb = None  # msgpack.unpackb, imported on first use
+_RECORD_FIELDS = (("key", str), ("ext", str), ("label", int), ("meta", dict), ("data", bytes))
 
 
-def _record_where(source: str, key: bytes | None) -> str:
-    return source if key is None else f"{source} key {key.decode('utf-8', 'replace')}"
+def _record_where(source: str, key: bytes | None, value: bytes | None = None) -> str:
+    where = source if key is None else f"{source} key {key.decode('utf-8', 'replace')}"
+    path = None if value is None else _record_path(value)
+    if path is not None:
+        return f"{where} (original file {path!r})"
+    if value is not None:
+        return f"{where} (original file unknown: the record's metadata is unreadable)"
+    return where
+
+
+def _record_path(value: bytes) -> str | None:
+    """The ``meta["path"]`` of a possibly damaged record, or None.
+
+    The fields are read one by one, in the order :func:`encode_record` writes them (the image
+    bytes come last), so a record whose image bytes are damaged or cut short still gives its path.
+    """
+    import msgpack
+
+    try:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(len(value), 1))
+        unpacker.feed(value)
+        for _ in range(unpacker.read_map_header()):
+            name = unpacker.unpack()
+            if name == "data":
+                return None  # the image comes last: no meta before it
+            field = unpacker.unpack()
+            if name == "meta":
+                path = field.get("path") if isinstance(field, dict) else None
+                return path if isinstance(path, str) else None
+    except Exception:  # damaged before the meta field: msgpack raises several unrelated types
+        return None
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,6 +557,7 @@ class ShardEntry:
         sha256: hex digest of the whole file (None for LMDB and inside the DB's own copy).
         index: offset-index file name (WebDataset only).
         index_sha256: hex digest of the offset index.
+        extensions: ``{image extension: samples}`` in this shard (version 2; None when unknown).
     """
 
     name: str
@@ -452,10 +566,11 @@ class ShardEntry:
     sha256: str | None = None
     index: str | None = None
     index_sha256: str | None = None
+    extensions: dict[str, int] | None = None
 
     def to_json(self) -> dict:
         d = {"name": self.name, "num_samples": self.num_samples, "num_bytes": self.num_bytes}
-        for field in ("sha256", "index", "index_sha256"):
+        for field in ("sha256", "index", "index_sha256", "extensions"):
             if getattr(self, field) is not None:
                 d[field] = getattr(self, field)
         return d
@@ -475,7 +590,11 @@ class Manifest:
         skipped: ``[{"path", "reason"}]`` for files not packed because of errors (``--on-error skip``).
         options: the packing options (for ``--resume`` and provenance).
         files: accounting of the input: ``{"found", "packed", "skipped", "ignored"}``.
-        version: :data:`FORMAT_VERSION`.
+        extensions: ``{image extension: samples}`` over the dataset (``{"jpg": 900, "png": 100}``):
+            which image members a consumer must expect (version 2; None when unknown, as in
+            version-1 manifests).
+        version: :data:`FORMAT_VERSION` when written; a version of :data:`READABLE_VERSIONS`
+            when read.
         created_by: ``"shardfeed X.Y.Z"``.
     """
 
@@ -489,6 +608,16 @@ class Manifest:
     files: dict = dataclasses.field(default_factory=dict)
     version: int = FORMAT_VERSION
     created_by: str = dataclasses.field(default_factory=created_by)
+    extensions: dict[str, int] | None = None
+
+    def __post_init__(self):
+        if self.extensions is None:  # from the shards, when every shard records its own
+            self.extensions = merge_extension_counts([s.extensions for s in self.shards]) if self.shards else None
+
+    @property
+    def image_extensions(self) -> list[str] | None:
+        """The image extensions present, sorted (None when the manifest does not record them)."""
+        return None if self.extensions is None else sorted(self.extensions)
 
     def to_json(self, *, hashes: bool = True) -> dict:
         """The manifest as a JSON-able dict (``hashes=False`` drops the file hashes)."""
@@ -497,12 +626,15 @@ class Manifest:
             for s in shards:
                 s.pop("sha256", None)
                 s.pop("index_sha256", None)
-        return {
+        d = {
             "format": self.format, "version": self.version, "created_by": self.created_by,
             "num_samples": self.num_samples, "classes": list(self.classes),
             "class_to_idx": dict(self.class_to_idx), "shards": shards,
             "skipped": list(self.skipped), "options": dict(self.options), "files": dict(self.files),
         }
+        if self.extensions is not None:
+            d["extensions"] = dict(self.extensions)
+        return d
 
     def dumps(self, *, hashes: bool = True) -> bytes:
         """Serialise to UTF-8 JSON bytes (indented, stable key order)."""
@@ -524,21 +656,23 @@ class Manifest:
         if not isinstance(data, dict):
             raise ManifestError(f"{source}: a manifest is a JSON object")
         version = data.get("version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS or type(version) is not int:
             fix = ("upgrade shardfeed to read it" if isinstance(version, int) and version > FORMAT_VERSION
                    else "repack it with this shardfeed version")
             raise ManifestError(f"{source}: manifest version {version!r} is not supported (this "
-                                f"shardfeed reads version {FORMAT_VERSION}); {fix}")
+                                f"shardfeed reads versions {', '.join(map(str, READABLE_VERSIONS))}); {fix}")
         try:
             shards = [ShardEntry(**{k: s.get(k) for k in ("name", "num_samples", "num_bytes", "sha256",
-                                                           "index", "index_sha256")})
+                                                           "index", "index_sha256", "extensions")})
                       for s in data["shards"]]
+            exts = data.get("extensions")
             m = cls(format=data["format"], num_samples=int(data["num_samples"]),
                     classes=list(data["classes"]),
                     class_to_idx={k: int(v) for k, v in data["class_to_idx"].items()},
                     shards=shards, skipped=list(data.get("skipped", [])),
                     options=dict(data.get("options", {})), files=dict(data.get("files", {})),
-                    version=version, created_by=data.get("created_by", "?"))
+                    version=version, created_by=data.get("created_by", "?"),
+                    extensions=None if exts is None else {str(k): int(v) for k, v in dict(exts).items()})
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{source}: malformed manifest ({exc!r} missing or wrong type)") from None
         if sum(s.num_samples for s in m.shards) != m.num_samples:
@@ -580,7 +714,13 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True) -> Manif
     mpath = find_manifest_path(p)
     if not mpath.exists():
         root = mpath.parent
-        if any(root.glob("*.tar")) or (root / LMDB_DATA_NAME).exists() or any(root.glob(".shardfeed-*")):
+        if any(root.glob("*.tar")) and not (root / LMDB_DATA_NAME).exists() and not any(root.glob(".shardfeed-*")):
+            # no pack state: not an interrupted shardfeed pack (--resume would refuse it)
+            raise ManifestError(
+                f"{root}: .tar shards but no {MANIFEST_NAME} (and no unfinished shardfeed pack): shards written by "
+                f"another tool, or a dataset whose manifest was lost. Make them readable with "
+                f"`shardfeed index {root}` (writes the manifest and offset indexes beside them)")
+        if (root / LMDB_DATA_NAME).exists() or any(root.glob(".shardfeed-*")):
             raise IncompleteDatasetError(
                 f"{root}: no {MANIFEST_NAME}; the pack that wrote it did not finish. Finish it with "
                 f"`shardfeed pack SRC {root} --resume`, or rebuild it")

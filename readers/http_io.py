@@ -14,6 +14,10 @@ Rules:
   The final error is a :class:`~shardfeed.readers.errors.DataSourceError` naming the URL
   (``FileNotFoundError`` for a 404), raised within about ``(retries + 1) * timeout_s`` seconds
   plus the back-off.
+* Redirects (``301``, ``302``, ``303``, ``307``, ``308``) are followed for every request (manifest,
+  HEAD, ranged GETs), at most :data:`MAX_REDIRECTS` in a row, keeping the method and the ``Range``
+  header (the hop is made again on a retry: a temporary redirect may move). Any other ``3xx``, a
+  redirect without ``Location``, or too many hops fails at once naming the URL and the status.
 * HTTPS uses Python's default TLS context: the system's CAs, or the bundle named by the
   ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` environment variables (e.g. for a private CA).
 """
@@ -31,7 +35,7 @@ from typing import BinaryIO
 from .errors import DataSourceError, ManifestError
 from .format import MANIFEST_NAME, Manifest
 
-__all__ = ["HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "http_get"]
+__all__ = ["HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS", "http_get"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,10 @@ DEFAULT_RETRIES = 2
 #: Shards whose size ``open_dataset`` checks with HEAD requests when it opens a URL (the rest are
 #: checked as they are read).
 HEAD_CHECK_MAX_SHARDS = 32
+#: Redirects followed in a row before a request fails (browsers and curl stop at 20 and 50; a
+#: dataset behind a CDN or an object store's signed URLs takes one or two).
+MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
 #: First back-off between attempts, seconds (doubles each time).
 BACKOFF_S = 0.2
 _HEADERS = {"User-Agent": "shardfeed", "Accept-Encoding": "identity"}
@@ -64,6 +72,40 @@ def _connect(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, st
 
 
 def _request(url: str, method: str, headers: dict, timeout_s: float):
+    """Send one request, following redirects; returns ``(connection, response)`` of the final hop.
+
+    Raises:
+        _Permanent: a 4xx answer, a redirect that cannot be followed (names the URL and status).
+        DataSourceError: a 5xx answer (retried by the caller).
+    """
+    hops: list[str] = []
+    while True:
+        conn, resp = _request_once(url, method, headers, timeout_s)
+        if resp.status not in _REDIRECTS and not 300 <= resp.status < 400:
+            return conn, resp
+        location = resp.getheader("Location")
+        status = f"HTTP {resp.status} {resp.reason}"
+        conn.close()
+        via = f" (redirected from {hops[0]})" if hops else ""
+        if resp.status not in _REDIRECTS:
+            raise _Permanent(DataSourceError(f"{url}: {status}{via}: not a redirect that can be followed; "
+                                             "point shardfeed at the dataset's final URL"))
+        if not location:
+            raise _Permanent(DataSourceError(f"{url}: {status} without a Location header{via}; point shardfeed "
+                                             "at the dataset's final URL"))
+        hops.append(url)
+        if len(hops) > MAX_REDIRECTS:
+            raise _Permanent(DataSourceError(f"{hops[0]}: more than {MAX_REDIRECTS} redirects ({status} from "
+                                             f"{url} to {location}); a redirect loop? point shardfeed at the "
+                                             "dataset's final URL"))
+        new = urllib.parse.urljoin(url, location)
+        log.debug("%s %s: %s to %s", method, url, status, new)
+        url = new
+        if resp.status == 303 and method not in ("GET", "HEAD"):
+            method = "GET"
+
+
+def _request_once(url: str, method: str, headers: dict, timeout_s: float):
     conn, path = _connect(url, timeout_s)
     try:
         conn.request(method, path, headers={**_HEADERS, **headers})

@@ -7,11 +7,22 @@ Rules (DESIGN.md, "Sample and key conventions"):
   Class names that are numbers therefore sort as strings (``"10" < "9"``), as in torchvision.
 * Images are found recursively below each class folder, in the order of
   ``torchvision.datasets.folder.make_dataset``: directories in sorted path order, file names
-  sorted within each directory; symlinked folders are followed, each real folder once (no loops).
+  sorted within each directory. Symlinked folders are followed, but each real folder is walked
+  once, by one path, decided by its identity (device, inode) and not by the walk's order: a folder
+  that the walk reaches without a link (the root, a class folder or a folder inside one) is never
+  walked again through a link, so a link such as ``cat/loop -> ..`` or ``cat/x -> ../dog`` adds
+  nothing and no image changes class; a folder outside those reached by several links is walked
+  by the link whose path sorts first; a link to the root or a folder above it is not followed.
 * Extensions are matched case-insensitively (``.JPG`` = ``.jpg``); each file is listed once.
 * Hidden files and folders (names starting with ``.``: ``.DS_Store``, ``._x.jpg``,
   ``.ipynb_checkpoints/``) are neither classes nor samples; they are counted as ignored.
 * Files with other extensions are counted and listed as ignored, not packed.
+* A file with a packed extension that cannot be packed (a broken symbolic link, a file that
+  cannot be stat'ed, a path that fails the one name policy,
+  :func:`~shardfeed.readers.format.stored_path_problem`: not valid UTF-8, a backslash...) is
+  listed in :attr:`ScanResult.unpackable` with its reason; the packer stops naming it, or lists
+  it as skipped under ``on_error="skip"``. Such names are shown escaped (``caf%E9.jpg``, see
+  :func:`display_name`); a class folder so named keeps its index under its escaped name.
 * An empty class folder keeps its index (as ``ImageFolder(..., allow_empty=True)``) and is named
   in a warning.
 """
@@ -19,18 +30,20 @@ Rules (DESIGN.md, "Sample and key conventions"):
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import operator
 import os
+import re
 import stat as stat_mod
 from array import array
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence, overload
 
-from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext
+from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext, stored_path_problem
 
 __all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
-           "parse_extensions", "scan_listing"]
+           "parse_extensions", "scan_listing", "display_name", "is_utf8_name"]
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +232,9 @@ class ScanResult:
         ignored: ``[{"path": rel, "reason": ...}]`` for hidden files and other extensions.
         empty_classes: class names with no image.
         extensions: the canonical extensions that were matched.
+        unpackable: ``[{"path": rel, "reason": ...}]`` for files with a packed extension that
+            cannot be packed (broken symbolic link, cannot stat, a path failing the name policy;
+            paths shown by :func:`display_name`). They are not in ``files`` nor in ``ignored``.
     """
 
     root: str
@@ -228,11 +244,12 @@ class ScanResult:
     ignored: list[dict]
     empty_classes: list[str]
     extensions: tuple[str, ...]
+    unpackable: list[dict] = dataclasses.field(default_factory=list)
 
     @property
     def num_found(self) -> int:
-        """Every regular file seen below the class folders (images + ignored)."""
-        return len(self.files) + len(self.ignored)
+        """Every file seen below the class folders (images + unpackable + ignored)."""
+        return len(self.files) + len(self.unpackable) + len(self.ignored)
 
     @property
     def num_bytes(self) -> int:
@@ -268,6 +285,40 @@ def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...]:
 
 def _is_hidden(name: str) -> bool:
     return name.startswith(".")
+
+
+def is_utf8_name(name: str) -> bool:
+    """Whether a name from the file system is valid UTF-8 (Python keeps undecodable bytes of file
+    names as lone surrogates, PEP 383, which cannot be written to a tar header or JSON)."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def display_name(name: str) -> str:
+    """``name`` safe to print and to store: bytes that are not valid UTF-8 and backslashes are shown
+    as ``%XX`` (``b"caf\\xe9.jpg"`` → ``caf%E9.jpg``, ``a\\b`` → ``a%5Cb``), and a leading drive
+    (``C:``) as ``C%3A``, so the result passes :func:`~shardfeed.readers.format.stored_path_problem`
+    as a folder name; other names are returned unchanged."""
+    if name.isascii() and "\\" not in name and not _DRIVE_RE.match(name):
+        return name
+    out = []
+    for ch in name:
+        if "\udc80" <= ch <= "\udcff":  # an undecodable byte kept by PEP 383
+            out.append(f"%{ord(ch) - 0xDC00:02X}")
+        elif ch == "\\":
+            out.append("%5C")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    return text[0] + "%3A" + text[2:] if _DRIVE_RE.match(text) else text
+
+
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
 def find_classes(root: str | os.PathLike) -> list[str]:
@@ -315,7 +366,8 @@ def scan_image_folder(
     """
     root_path = Path(root).absolute()
     exts = parse_extensions(extensions)
-    folder_classes = find_classes(root_path)
+    raw_classes = find_classes(root_path)
+    folder_classes = [display_name(c) for c in raw_classes]  # the names stored (escaped if not UTF-8)
     if class_to_idx is not None:
         unknown = [c for c in folder_classes if c not in class_to_idx]
         if unknown:
@@ -328,6 +380,7 @@ def scan_image_folder(
         mapping = {c: i for i, c in enumerate(classes)}
 
     ignored: list[dict] = []
+    unpackable: list[dict] = []
     empty: list[str] = []
     hidden_dirs: list[str] = []
     with os.scandir(root_path) as it:
@@ -336,11 +389,14 @@ def scan_image_folder(
                 hidden_dirs.append(e.path)
             elif not e.is_dir():
                 if e.is_symlink() and not os.path.exists(e.path):
-                    log.warning("%s: broken symbolic link (points to %s); not a class folder", e.path,
-                                os.readlink(e.path))
-                    ignored.append({"path": e.name, "reason": "broken symbolic link"})
+                    log.warning("%s: broken symbolic link (points to %s); not a class folder", display_name(e.path),
+                                display_name(os.readlink(e.path)))
+                    ignored.append({"path": display_name(e.name), "reason": "broken symbolic link"})
                 else:
-                    ignored.append({"path": e.name, "reason": "not in a class folder"})
+                    dot = e.name.rfind(".")
+                    image = dot > 0 and e.name[dot + 1:].lower() in exts
+                    ignored.append({"path": display_name(e.name),
+                                    "reason": "image not in a class folder" if image else "not in a class folder"})
     # The hot loop (one pass per file): relative paths by slicing (no os.path.relpath), the
     # extension by one dict lookup, results appended to compact columns (no object per file).
     canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
@@ -351,25 +407,37 @@ def scan_image_folder(
     sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
     stat, s_isreg = os.stat, stat_mod.S_ISREG
     slash = os.sep == "/"
+    walks = _walk_classes(root_path, [str(root_path / c) for c in raw_classes], hidden_dirs)
     for code, class_name in enumerate(folder_classes):
         before = len(rels)
-        for dirpath, names in _walk_sorted(root_path / class_name, hidden_dirs):
+        for dirpath, names in walks[code]:
             rel_dir = dirpath[prefix_len:] if slash else dirpath[prefix_len:].replace(os.sep, "/")
             rel_dir += "/"
+            dir_ok = stored_path_problem(rel_dir + "_") is None  # the one name policy, once per folder
             dir_prefix = dirpath + os.sep
             for name in names:
                 if name[0] == ".":
-                    ignored.append({"path": rel_dir + name, "reason": "hidden file"})
+                    ignored.append({"path": display_name(rel_dir + name), "reason": "hidden file"})
                     continue
                 dot = name.rfind(".")
                 ec = ext_code.get(name[dot + 1:].lower()) if dot > 0 else None
                 if ec is None:
-                    ignored.append({"path": rel_dir + name, "reason": "extension not packed"})
+                    ignored.append({"path": display_name(rel_dir + name), "reason": "extension not packed"})
                     continue
+                if not (dir_ok and name.isascii() and "\\" not in name):
+                    problem = stored_path_problem(rel_dir + name)
+                    if problem is not None:  # what pack accepts, every tool (unpack) writes back
+                        unpackable.append({"path": display_name(rel_dir + name), "reason": problem})
+                        continue
                 try:
                     st = stat(dir_prefix + name)
                 except OSError as exc:
-                    ignored.append({"path": rel_dir + name, "reason": f"cannot stat: {exc.strerror}"})
+                    if os.path.islink(dir_prefix + name):
+                        reason = (f"broken symbolic link (points to {display_name(os.readlink(dir_prefix + name))}):"
+                                  " restore its target or remove the link")
+                    else:
+                        reason = f"cannot stat ({exc.strerror}): fix its permissions or remove it"
+                    unpackable.append({"path": rel_dir + name, "reason": reason})
                     continue
                 if not s_isreg(st.st_mode):
                     ignored.append({"path": rel_dir + name, "reason": "not a regular file"})
@@ -387,14 +455,21 @@ def scan_image_folder(
         for dirpath, _, names in os.walk(d):
             for name in sorted(names):
                 rel = os.path.relpath(os.path.join(dirpath, name), root_path).replace(os.sep, "/")
-                ignored.append({"path": rel, "reason": "in a hidden folder"})
+                ignored.append({"path": display_name(rel), "reason": "in a hidden folder"})
+    beside = [i["path"] for i in ignored if i["reason"] == "image not in a class folder"]
+    if beside:
+        log.warning("%d image(s) lie beside the class folders of %s, not inside one (e.g. %s): not packed; move "
+                    "each into its class folder", len(beside), root_path, ", ".join(beside[:3]))
+    if unpackable:
+        log.warning("%d file(s) with an image extension cannot be packed, e.g. %s: %s", len(unpackable),
+                    unpackable[0]["path"], unpackable[0]["reason"])
     if empty:
         log.warning("%d empty class folder(s) keep their class index but hold no image: %s",
                     len(empty), ", ".join(empty[:10]) + (" ..." if len(empty) > 10 else ""))
-    if not files:
+    if not files and not unpackable:
         raise ValueError(f"{root_path}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
                          "class folder(s); check the path, or pass --extensions")
-    return ScanResult(str(root_path), classes, mapping, files, ignored, empty, exts)
+    return ScanResult(str(root_path), classes, mapping, files, ignored, empty, exts, unpackable)
 
 
 def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensions: Iterable[str] | str | None = None,
@@ -452,6 +527,7 @@ def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensio
     rels: list[str] = []
     sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
     empty: list[str] = []
+    unpackable: list[dict] = []
     for code, class_name in enumerate(folder_classes):
         before = len(rels)
         dirs = by_dir[class_name]
@@ -466,6 +542,10 @@ def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensio
                 if ec is None:
                     ignored.append({"path": rel, "reason": "extension not packed"})
                     continue
+                problem = stored_path_problem(rel)  # the one name policy, as on disk
+                if problem is not None:
+                    unpackable.append({"path": display_name(rel), "reason": problem})
+                    continue
                 rels.append(rel)
                 sizes.append(size)
                 mtimes.append(mtime)
@@ -478,50 +558,101 @@ def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensio
     if empty:
         log.warning("%d empty class folder(s) keep their class index but hold no image: %s",
                     len(empty), ", ".join(empty[:10]) + (" ..." if len(empty) > 10 else ""))
-    if not files:
+    if not files and not unpackable:
         raise ValueError(f"{root}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
                          "class folder(s); check the URL, or pass --extensions")
-    return ScanResult(root, classes, mapping, files, ignored, empty, exts)
+    return ScanResult(root, classes, mapping, files, ignored, empty, exts, unpackable)
 
 
-def _walk_sorted(top: Path, hidden_dirs: list[str]):
-    """Return ``[(dirpath, sorted file names)]`` below ``top`` in sorted dirpath order.
+def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str]) -> list[list[tuple[str, list[str]]]]:
+    """Per class folder, ``[(dirpath, sorted file names)]`` in sorted dirpath order.
 
-    Same order as ``sorted(os.walk(top, followlinks=True))`` (torchvision's make_dataset), without
-    hidden folders (appended to ``hidden_dirs``), and visiting each real directory once so
-    symlink loops terminate.
+    The order within a class is that of ``sorted(os.walk(top, followlinks=True))``
+    (torchvision's make_dataset), without hidden folders (appended to ``hidden_dirs``). Each real
+    folder is walked once, by one path, whatever order the folders are met in:
+
+    1. the root, every class folder and every folder reached from them without a symbolic link
+       are claimed first, class folders that are folders before class folders that are links (a
+       class folder that is the same folder as one claimed already is skipped with a warning);
+    2. then the symbolic links to folders, in sorted path order: a link to a claimed folder (a
+       loop such as ``cat/loop -> ..``, or ``cat/x -> ../dog``), or to a folder holding the root,
+       is skipped with a warning; any other is walked under the class where the link lies, and
+       claims what it reaches.
+
+    So a link never moves an image to another class, nor adds it twice.
     """
-    seen: set[tuple[int, int]] = set()
-    out: list[tuple[str, list[str]]] = []
-    stack = [str(top)]
-    while stack:
-        d = stack.pop()
+    root_real = os.path.realpath(root)
+    st = os.stat(root)
+    claimed: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): str(root)}
+    per_class: list[list[tuple[str, list[str]]]] = [[] for _ in class_dirs]
+    links: list[tuple[str, int]] = []  # heap of (link path, class code)
+
+    def walk(top: str, code: int) -> None:
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            names: list[str] = []
+            try:
+                with os.scandir(d) as it:
+                    for e in it:
+                        try:
+                            if e.is_symlink():
+                                if e.is_dir(follow_symlinks=True):
+                                    if _is_hidden(e.name):
+                                        hidden_dirs.append(e.path)
+                                    else:
+                                        heapq.heappush(links, (e.path, code))
+                                else:
+                                    names.append(e.name)  # a link to a file, or a broken link
+                            elif e.is_dir(follow_symlinks=False):
+                                if _is_hidden(e.name):
+                                    hidden_dirs.append(e.path)  # pruned: neither classes nor samples
+                                    continue
+                                sst = e.stat(follow_symlinks=False)
+                                ident = (sst.st_dev, sst.st_ino)
+                                if ident not in claimed:  # (a bind mount of a claimed folder is not)
+                                    claimed[ident] = e.path
+                                    stack.append(e.path)
+                            else:
+                                names.append(e.name)
+                        except OSError:
+                            names.append(e.name)  # stat'ed again by the caller, which names the error
+            except PermissionError as exc:
+                raise PermissionError(f"{display_name(d)}: cannot list folder ({exc.strerror}); fix its "
+                                      "permissions") from None
+            per_class[code].append((d, sorted(names)))
+
+    # class folders that are folders first, then those that are links (a link to a folder reached
+    # without one adds nothing: ``alias -> cat/sub`` leaves cat/sub's images in cat)
+    order = sorted(range(len(class_dirs)), key=lambda c: (os.path.islink(class_dirs[c]), c))
+    for code in order:
+        top = class_dirs[code]
+        st = os.stat(top)
+        ident = (st.st_dev, st.st_ino)
+        if ident in claimed:
+            log.warning("%s: the same folder as %s; its images are packed once, under the class of the folder "
+                        "reached without a link", display_name(top), display_name(claimed[ident]))
+            continue
+        claimed[ident] = top
+        walk(top, code)
+    while links:
+        path, code = heapq.heappop(links)
         try:
-            st = os.stat(d)
+            st = os.stat(path)
         except OSError:
             continue
         ident = (st.st_dev, st.st_ino)
-        if ident in seen:
-            log.warning("%s: already visited through another path (symlink loop?); skipped", d)
+        real = os.path.realpath(path)
+        if ident in claimed:
+            log.warning("%s: a link to %s, which is walked already; skipped (no image is packed twice or under "
+                        "another class)", display_name(path), display_name(claimed[ident]))
             continue
-        seen.add(ident)
-        names: list[str] = []
-        try:
-            with os.scandir(d) as it:
-                for e in it:
-                    try:
-                        is_dir = e.is_dir(follow_symlinks=True)
-                    except OSError:
-                        is_dir = False
-                    if is_dir:
-                        if _is_hidden(e.name):
-                            hidden_dirs.append(e.path)  # pruned: neither classes nor samples
-                        else:
-                            stack.append(e.path)
-                    else:
-                        names.append(e.name)
-        except PermissionError as exc:
-            raise PermissionError(f"{d}: cannot list folder ({exc.strerror}); fix its permissions") from None
-        out.append((d, sorted(names)))
-    out.sort(key=lambda t: t[0])
-    return out
+        if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):
+            log.warning("%s: a link to %s, which holds the image folder itself (a loop); skipped",
+                        display_name(path), display_name(real))
+            continue
+        claimed[ident] = path
+        walk(path, code)
+    for walked in per_class:
+        walked.sort(key=lambda t: t[0])
+    return per_class

@@ -20,7 +20,7 @@ unless :meth:`ShardfeedLoader.set_epoch` was called.
 worker count, ...); :meth:`ShardfeedLoader.load_state_dict` on a new loader over the same dataset,
 before iterating, continues that epoch from the next batch, then the following epochs. It costs a
 seek, not a replay: positions are computed (:mod:`~shardfeed.readers.epoch`), a WebDataset worker
-reads the samples its shuffle buffer held and the next ones by their ``.idx`` offsets, LMDB and folder
+reads the samples its shuffle buffer held and the next ones by their ``.sfidx`` offsets, LMDB and folder
 sources index directly.
 
 * Same world size, batch size, number of workers and seed: the same batches as an uninterrupted

@@ -133,7 +133,7 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
             ``stream_offset`` (default ``start_offset``), and the bytes up to ``start_offset``
             are read and discarded (an HTTP server that ignored a ``Range`` request).
         start_offset: shard byte offset of the first header to read (a sample boundary, e.g.
-            from the ``.idx`` offsets; 0 for the whole shard).
+            from the ``.sfidx`` offsets; 0 for the whole shard).
         end_offset: stop before any header that starts at or after this shard byte offset (the
             next sample's offset); None reads to the end of the archive. No more than needed is
             read past it.
@@ -372,7 +372,7 @@ def iter_samples(members: Iterable[tuple[str, bytes, int]], *, source: str = "<t
         source: the shard's path or URL, named in error messages.
         limit: stop after this many samples (None: all).
         tag_source: add ``"__url__": source`` to every sample's dict (as webdataset does).
-        starts: the shard byte offsets at which samples start (from the shard's ``.idx``), or
+        starts: the shard byte offsets at which samples start (from the shard's ``.sfidx``), or
             None. When given, (1) a member group that does not start at one of them is not a
             sample and is passed over silently (a stray member that ``shardfeed index`` left
             out and listed in the manifest's ``skipped``), and (2) when the members break off
@@ -470,7 +470,7 @@ INDEXED_READ_BYTES = 96 << 10
 def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: int, end: int, file_bytes: int, *,
                          source: str = "<tar>", tag_source: bool = False, read_bytes: int = INDEXED_READ_BYTES,
                          prefetch: int = 0) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
-    """Samples ``[start, end)`` of a local shard whose ``.idx`` gives every sample's first header.
+    """Samples ``[start, end)`` of a local shard whose ``.sfidx`` gives every sample's first header.
 
     The fast path of the local reader (issue 8): the index tells where samples start, so whole
     samples are read with one ``read_at`` call per ~``read_bytes`` (no read per member, no buffer
@@ -492,7 +492,7 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
         read_at: ``read_at(offset, nbytes)`` returns the shard's bytes ``[offset, offset + nbytes)``
             (fewer only at its end): ``os.pread`` on a local file, or :class:`SequentialReader`
             over a stream. It is called with increasing offsets, each at the previous end.
-        offsets: the shard's sample offsets (``.idx``), a sequence of ints in increasing order.
+        offsets: the shard's sample offsets (``.sfidx``), a sequence of ints in increasing order.
         start, end: sample indices (``0 <= start <= end <= len(offsets)``).
         file_bytes: the shard's size in bytes (bounds the last sample).
         source: the shard's path, named in error messages.

@@ -2,7 +2,7 @@
 
 Each epoch a worker gets its list of ``(shard, first_sample, end_sample)`` ranges from
 :func:`~shardfeed.readers.epoch.epoch_ranges` and reads exactly those bytes: a range that
-starts inside a shard starts at the sample's byte offset from the shard's ``.idx`` (local
+starts inside a shard starts at the sample's byte offset from the shard's ``.sfidx`` (local
 ``seek``; over HTTP a ``Range`` request, or streaming and skipping when the server ignores
 ``Range``) and stops at the next sample's offset. Shards without an offset index (made by other
 tools) are read from their start, skipping the samples before the range. Members are parsed by
@@ -13,7 +13,7 @@ mixes the samples of a worker (:func:`~shardfeed.readers.epoch.shuffled`); sampl
 only when they leave the buffer. Its generator draws no number from the data, so the order it
 emits is a function of positions only (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`
 replays it on indices): a resumed worker finds which samples its buffer held and which come next
-without reading anything, then reads those by offset (``.idx``; local ``seek`` or HTTP ``Range``).
+without reading anything, then reads those by offset (``.sfidx``; local ``seek`` or HTTP ``Range``).
 
 Resuming (:mod:`~shardfeed.readers.epoch`): with the state's world size, batch size and worker
 count a worker continues exactly where one worker of the interrupted run stopped (same buffer,

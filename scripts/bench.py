@@ -447,7 +447,7 @@ def bench_cold(res: Results, folders: dict, ds: dict, rounds: int) -> None:
     files = folder_files(src)
     src_paths = [str(src / f) for f in files]
     shard_paths = [str(p) for p in sorted(ds["small-wds"].glob("*.tar"))] + \
-                  [str(p) for p in sorted(ds["small-wds"].glob("*.idx"))]
+                  [str(p) for p in sorted(ds["small-wds"].glob("*.sfidx"))]
     check_sample = src_paths[:: max(1, len(src_paths) // 2000)]
     residency: dict[str, list[float]] = {"folder_open_read": [], "shardfeed_wds_raw": []}
 
@@ -630,7 +630,7 @@ http {{
   fastcgi_temp_path {prefix}/fastcgi;
   uwsgi_temp_path {prefix}/uwsgi;
   scgi_temp_path {prefix}/scgi;
-  types {{ application/json json; application/x-tar tar; application/octet-stream idx; }}
+  types {{ application/json json; application/x-tar tar; application/octet-stream idx sfidx; }}
   server {{
     listen 127.0.0.1:{port};
     root {root};

@@ -18,8 +18,11 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import warnings
 
 import click
+
+from .common import stop_on_sigterm
 
 __all__ = ["main"]
 
@@ -44,6 +47,10 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
+    stop_on_sigterm()  # SIGTERM stops a command as Ctrl-C does: workers ended, partial files removed, one line
+    # PyTorch warns about a worker count above the CPUs from two places (DataLoader() and iter()), so
+    # with the default filter (once per place) tune/verify/bench printed the same advice twice: once
+    warnings.filterwarnings("once", message=r"This DataLoader will create \d+ worker processes", category=UserWarning)
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(level=level, format="shardfeed: %(levelname)s: %(message)s", stream=sys.stderr)
     ctx.ensure_object(dict)

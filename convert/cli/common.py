@@ -24,12 +24,37 @@ import click
 __all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "one_line", "command", "progress_bar",
            "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice", "pack_options",
            "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES", "storage_option",
-           "LocalPath"]
+           "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
 #: Exit status after Ctrl-C (128 + SIGINT), as shells do.
 EXIT_INTERRUPTED = 130
+#: Exit status after SIGTERM (128 + SIGTERM), as shells do.
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM (see :func:`stop_on_sigterm`): the command stops as on
+    Ctrl-C (worker pools terminated, partial files removed, one line), and exits with 143."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, ``timeout``, a container stopping) stop the command as Ctrl-C does.
+
+    Without this the main process dies at once and its worker processes, left alone, print a
+    ``BrokenPipeError`` traceback each. Worker processes must reset SIGTERM to ``SIG_DFL`` (the
+    packers' pool initialisers do), so that terminating the pool stays silent.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 class SizeParam(click.ParamType):
@@ -99,9 +124,10 @@ def fail_cleanly(f: Callable) -> Callable:
 
         try:
             return f(*args, **kwargs)
-        except KeyboardInterrupt:
-            click.echo("shardfeed: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:
+            terminated = isinstance(exc, Terminated)
+            click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
+            sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
         except click.ClickException:
             raise
         except (ShardfeedError, ValueError, OSError, LookupError) as exc:

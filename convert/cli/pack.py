@@ -12,6 +12,8 @@ import click
 
 from .common import (
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
     command,
     storage_option,
     json_option,
@@ -116,11 +118,12 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
             report = pack_to_store(src, out, options, progress=update, scan=scan, output_progress=output_progress)
         else:
             report = pack(src, out, options, progress=update, scan=scan, output_progress=output_progress)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         bar.close()
-        click.echo(f"shardfeed: interrupted; the complete part of {out} is kept: finish it with the same "
-                   "command plus --resume", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        terminated = isinstance(exc, Terminated)
+        click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}; the complete part of {out} is "
+                   "kept: finish it with the same command plus --resume", err=True)
+        sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     finally:
         bar.close()
     if src_url is not None:

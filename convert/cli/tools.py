@@ -267,11 +267,11 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, json_path) -> 
         click.echo(report.path)
 
 
-@command("index", short_help="Write manifest + .idx files for shards made by other tools.")
+@command("index", short_help="Write manifest + .sfidx files for shards made by other tools.")
 @storage_option
 @click.argument("pattern", metavar="DIR_OR_URL_PATTERN")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Folder for manifest.json and the .idx files [default: beside the shards; required for URLs, "
+              help="Folder for manifest.json and the .sfidx files [default: beside the shards; required for URLs, "
                    "then upload them beside the shards].")
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Text file with one class name per line (line i names class index i).")

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterator
 
@@ -28,6 +27,7 @@ from shardfeed.readers.format import (
     find_manifest_path,
     load_manifest,
     sample_from_members,
+    stored_path_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -115,30 +115,27 @@ class ProblemList:
                                                                    "sample problems in this shard"))
 
 
-_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
 def safe_relative_path(rel: str, *, what: str) -> PurePosixPath:
     """Validate a stored relative path before writing it under an output folder.
 
+    The rule is the one name policy, :func:`~shardfeed.readers.format.stored_path_problem`, that
+    ``pack`` applies to every file it packs: what ``pack`` accepted is written back here, on every
+    system; only a dataset written by another tool (or edited) can be refused.
+
     Raises:
-        ValueError: empty, absolute (``/x``, ``C:x``, ``\\\\x``), or holding a ``..``, ``.`` or
-            empty component, a backslash or a NUL — anything that could escape the output folder
+        ValueError: empty, absolute (``/x``, ``C:x``), holding a ``..``, ``.`` or empty component, a
+            backslash or a NUL, or not valid UTF-8 — anything that could escape the output folder
             or mean something else on another system. The message names ``what``.
     """
     if not isinstance(rel, str) or not rel:
-        raise ValueError(f"{what}: empty path")
-    if "\0" in rel or "\\" in rel:
-        raise ValueError(f"{what}: path {rel!r} holds a backslash or NUL; refusing to write it")
-    p = PurePosixPath(rel)
-    if p.is_absolute() or _DRIVE_RE.match(rel):
-        raise ValueError(f"{what}: path {rel!r} is absolute; refusing to write outside the output folder")
-    parts = rel.split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        raise ValueError(f"{what}: path {rel!r} has a '..', '.' or empty component; refusing to write it "
-                         "(it could escape the output folder)")
-    return p
-
+        raise ValueError(f"{what}: empty path; refusing to write it")
+    problem = stored_path_problem(rel)
+    if problem is not None:
+        raise ValueError(f"{what}: path {rel!r}: {problem}; refusing to write it (it could escape the output "
+                         "folder or mean another file on another system; `shardfeed pack` never stores such a path)")
+    return PurePosixPath(rel)
 
 
 def looks_like_image_folder(path: str | os.PathLike) -> bool:
@@ -295,7 +292,7 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
                        index: str | None = None) -> Iterator[Sample]:
     """Yield the samples of one WebDataset shard of ``location`` in storage order.
 
-    With ``index`` (the shard's ``.idx`` file name), only the member groups that start at one
+    With ``index`` (the shard's ``.sfidx`` file name), only the member groups that start at one
     of its offsets are samples: ``shardfeed index`` leaves groups that do not form a sample (an
     image without a class, a stray member) out of the index, and they are skipped here too.
 

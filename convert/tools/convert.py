@@ -89,6 +89,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         ValueError: unknown format, OUT not empty or inside SRC, a sample larger than ``max_bytes``.
         ManifestError, CorruptDataError, DataSourceError: the source cannot be read.
     """
+    from ..outlock import output_lock
     from ..pack import PackOptions, pack, prepare_output
 
     t0 = time.perf_counter()
@@ -105,25 +106,27 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
     manifest = loc.load_manifest(check_files=not loc.url)
     # a URL source cannot contain OUT: compare OUT with a path that cannot be its parent
     src_root = Path("/nonexistent-url-source") if loc.url else Path(loc.root)
-    prepare_output(src_root, out, resume=False, overwrite=overwrite)
-    progress = progress or noop_progress
-    options = {**{k: v for k, v in manifest.options.items() if k not in ("max_count", "max_bytes", "prefix")},
-               "converted_from": str(src), "source_format": manifest.format, "source_created_by": manifest.created_by}
-    writer = writer_class(fmt).create(out, classes=manifest.classes, class_to_idx=manifest.class_to_idx,
-                                      max_count=max_count, max_bytes=max_bytes, prefix=prefix,
-                                      skipped=manifest.skipped, options=options, files=manifest.files,
-                                      map_size=map_size, expected_bytes=sum(s.num_bytes for s in manifest.shards))
-    n = 0
-    with writer:
-        for _, sample in iter_raw_samples(loc, manifest):
-            writer.write(sample)
-            n += 1
-            progress(1, len(sample.data))
-        new = writer.close()
-    if n != manifest.num_samples:
-        log.warning("%s: read %d samples, its manifest says %d", loc.root, n, manifest.num_samples)
-    return ConvertReport(source=str(src), output=str(out), source_format=manifest.format, format=fmt,
-                         num_samples=new.num_samples, num_shards=len(new.shards),
-                         num_bytes=sum(s.num_bytes for s in new.shards), seconds=time.perf_counter() - t0)
+    with output_lock(out, "convert"):  # one writer per OUT: a second command fails at once, naming this one
+        prepare_output(src_root, out, resume=False, overwrite=overwrite)
+        progress = progress or noop_progress
+        options = {**{k: v for k, v in manifest.options.items() if k not in ("max_count", "max_bytes", "prefix")},
+                   "converted_from": str(src), "source_format": manifest.format,
+                   "source_created_by": manifest.created_by}
+        writer = writer_class(fmt).create(out, classes=manifest.classes, class_to_idx=manifest.class_to_idx,
+                                          max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                                          skipped=manifest.skipped, options=options, files=manifest.files,
+                                          map_size=map_size, expected_bytes=sum(s.num_bytes for s in manifest.shards))
+        n = 0
+        with writer:
+            for _, sample in iter_raw_samples(loc, manifest):
+                writer.write(sample)
+                n += 1
+                progress(1, len(sample.data))
+            new = writer.close()
+        if n != manifest.num_samples:
+            log.warning("%s: read %d samples, its manifest says %d", loc.root, n, manifest.num_samples)
+        return ConvertReport(source=str(src), output=str(out), source_format=manifest.format, format=fmt,
+                             num_samples=new.num_samples, num_shards=len(new.shards),
+                             num_bytes=sum(s.num_bytes for s in new.shards), seconds=time.perf_counter() - t0)
 
 

@@ -1,4 +1,4 @@
-"""``shardfeed index``: write a manifest and ``.idx`` offset files for WebDataset shards made
+"""``shardfeed index``: write a manifest and ``.sfidx`` offset files for WebDataset shards made
 by other tools (webdataset's ``ShardWriter``, ``tarp``, ``tar``).
 """
 
@@ -15,15 +15,18 @@ from pathlib import Path, PurePosixPath
 
 from shardfeed.readers.errors import CorruptDataError
 from shardfeed.readers.format import (
+    INDEX_SUFFIX,
     MANIFEST_NAME,
     TAR_BLOCK,
     Manifest,
     ShardEntry,
     created_by,
     encode_index,
+    is_dali_index,
     write_bytes_atomic,
 )
 
+from ..outlock import output_lock
 from .common import (
     HashingReader,
     Progress,
@@ -102,7 +105,7 @@ class IndexReport:
 
     Attributes:
         source: the pattern given.
-        output: where the manifest and ``.idx`` files were written.
+        output: where the manifest and ``.sfidx`` files were written.
         num_samples: samples indexed; num_shards: shards; num_bytes: their total size.
         classes: the class names in the manifest.
         problems: ``[{"shard", "key", "problem"}]``: members that do not group into a sample
@@ -175,7 +178,7 @@ def _read_classes_file(path: str | os.PathLike) -> list[str]:
 def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = None,
                  classes_file: str | os.PathLike | None = None, overwrite: bool = False,
                  progress: Progress | None = None) -> IndexReport:
-    """Make existing WebDataset shards readable by shardfeed: write ``manifest.json`` and ``.idx`` files.
+    """Make existing WebDataset shards readable by shardfeed: write ``manifest.json`` and ``.sfidx`` files.
 
     Each shard is read once: its sha256 and size, and every sample (members grouped by key,
     WebDataset's rule) with the byte offset of its first header. A sample needs exactly one
@@ -189,7 +192,7 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     Args:
         pattern: a folder (its ``*.tar``), a path with globs or braces
             (``shards/train-{000000..000099}.tar``), or an ``http(s)://`` URL with braces.
-        out: where to write the manifest and the ``.idx`` files; default the shards' folder.
+        out: where to write the manifest and the ``.sfidx`` files; default the shards' folder.
             Required for URLs (then upload them beside the shards: the manifest names the shards
             by their file names, relative to its own folder).
         classes_file: a text file with one class name per line.
@@ -211,8 +214,16 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     sources = _list_shards(str(pattern))
     url = is_url(str(pattern))
     root, names = _index_root(pattern, sources, out, url)
+    with output_lock(root, "index"):  # one writer per folder: a second command fails at once, naming this one
+        return _index_locked(pattern, root, names, sources, url, classes_file, overwrite, progress, t0)
+
+
+def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url: bool, classes_file,
+                  overwrite: bool, progress: Progress, t0: float) -> IndexReport:
+    """:func:`index_shards` once the folder's lock is held."""
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
+    replaced = _version_1_indexes(root) if overwrite else []
     classes = _read_classes_file(classes_file) if classes_file else None
     class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
     report = IndexReport(source=str(pattern), output=str(root))
@@ -225,7 +236,8 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
         if stem in stems:
             raise ValueError(f"{source}: another shard has the same name {stem!r}; index them separately")
         stems.add(stem)
-        shard = _index_one_shard(source, name, root / f"{stem}.idx", url=url, classes=classes,
+        # not .idx: NVIDIA DALI's wds2idx names its own index of the shard so, and it is never overwritten
+        shard = _index_one_shard(source, name, root / f"{stem}{INDEX_SUFFIX}", url=url, classes=classes,
                                  class_to_idx=class_to_idx, classes_file=classes_file, report=report,
                                  label_names=label_names, progress=progress)
         shards.append(shard)
@@ -245,9 +257,38 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
                         options={"indexed_from": str(pattern), "indexed_by": created_by()},
                         files={"indexed": n, "left_out": len(skipped)})
     manifest.write(root)
+    for old in replaced:  # a version-1 dataset's own .idx files: superseded by .sfidx; DALI's are kept
+        _remove_if_shardfeeds_index(old)
+    if not url:  # beside local shards: wids' shardindex.json, the Hugging Face dataset card
+        from ..consumers import write_consumer_files
+
+        write_consumer_files(root, manifest)
     report.num_samples, report.num_shards, report.classes = n, len(shards), classes
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _version_1_indexes(root: Path) -> list[Path]:
+    """The ``.idx`` offset indexes a version-1 manifest in ``root`` names (shardfeed's, binary)."""
+    try:
+        old = Manifest.from_json((root / MANIFEST_NAME).read_bytes(), str(root / MANIFEST_NAME))
+    except (OSError, ValueError):
+        return []
+    return [root / s.index for s in old.shards if s.index and s.index.endswith(".idx")]
+
+
+def _remove_if_shardfeeds_index(path: Path) -> None:
+    """Remove a version-1 ``.idx`` unless another tool (NVIDIA DALI's ``wds2idx``) wrote it since."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return
+    if is_dali_index(head):
+        log.info("%s: an NVIDIA DALI index; kept", path)
+        return
+    path.unlink(missing_ok=True)
+    log.info("%s: version-1 offset index removed (now %s)", path, path.with_suffix(INDEX_SUFFIX).name)
 
 
 def _list_store_shards(pattern: str) -> list[str]:
@@ -310,7 +351,7 @@ def _sample_problem(s, classes, classes_file) -> str | None:
 
 def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, classes, class_to_idx, classes_file,
                      report: IndexReport, label_names: dict, progress: Progress) -> ShardEntry:
-    """Read one shard once (sha256, size, samples), write its ``.idx`` and return its manifest entry.
+    """Read one shard once (sha256, size, samples), write its ``.sfidx`` and return its manifest entry.
 
     Samples that do not group by the one rule (:func:`~.common.parts_to_sample`) are added to
     ``report.problems``; ``label_names`` collects the class names the samples' metadata gives.
@@ -325,6 +366,7 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
     else:
         stream = open(source, "rb")
     offsets: list[int] = []
+    exts: dict[str, int] = {}
     with stream:
         reader = HashingReader(stream)
         head = reader.read(TAR_BLOCK)
@@ -346,12 +388,13 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
                 label_names.setdefault(s.label, s.meta["class"])
             label_names.setdefault(s.label, None)
             offsets.append(offset)
+            exts[s.ext] = exts.get(s.ext, 0) + 1
             progress(1, len(s.data))
         reader.drain()
     index_bytes = encode_index(offsets)
     write_bytes_atomic(idx_path, index_bytes)
     return ShardEntry(name, len(offsets), reader.num_bytes, reader.hexdigest(), idx_path.name,
-                      hashlib.sha256(index_bytes).hexdigest())
+                      hashlib.sha256(index_bytes).hexdigest(), dict(sorted(exts.items())))
 
 
 def _classes_from_labels(label_names: dict[int, str | None]) -> list[str]:

@@ -152,7 +152,8 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
 
     Returns:
         A JSON-able dict: ``source``, ``format``, ``version``, ``created_by``, ``num_samples``,
-        ``num_classes``, ``classes`` (``[{"index", "name", "count"}]``; ``count`` None when not
+        ``num_classes``, ``extensions`` (``{image extension: samples}``, None for a version-1
+        manifest), ``classes`` (``[{"index", "name", "count"}]``; ``count`` None when not
         counted), ``class_counts_from`` (``"data"`` or None), ``shards`` (every entry),
         ``shard_summary`` (count, total/min/max bytes and samples), ``skipped``, ``files``,
         ``options``, ``examples`` (``[{"key", "ext", "label", "class", "num_bytes", "meta"}]``).
@@ -193,6 +194,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         "created_by": manifest.created_by,
         "num_samples": manifest.num_samples,
         "num_classes": len(manifest.classes),
+        "extensions": manifest.extensions,
         "classes": classes,
         "class_counts_from": "data" if counts is not None else None,
         "num_shards": len(manifest.shards),
@@ -249,6 +251,10 @@ def format_inspect_report(report: dict) -> str:
         f"{'file' if report['format'] == 'lmdb' else ('shard' if report['num_shards'] == 1 else 'shards')}, "
         f"{report['shard_summary']['total_bytes'] / 1e6:,.1f} MB",
     ]
+    exts = report.get("extensions")
+    lines.append("image extensions: " + (", ".join(f"{e} ({n:,})" for e, n in exts.items()) if exts else
+                                         "not recorded (manifest version 1: `shardfeed index DIR --overwrite` "
+                                         "upgrades it)"))
     counted = report["class_counts_from"] == "data"
     lines.append("classes" + (" (counts read from the data):" if counted else
                               " (not counted: pass --class-counts to read every label):"))

@@ -148,7 +148,7 @@ class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
             self.close_connection = True  # the client hung up (e.g. it only wanted the first bytes)
 
     def guess_type(self, path):  # noqa: D102
-        if str(path).endswith((".tar", ".idx", ".mdb")):
+        if str(path).endswith((".tar", ".sfidx", ".idx", ".mdb")):
             return "application/octet-stream"
         return super().guess_type(path)
 

@@ -19,6 +19,7 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 
+from ..outlock import output_lock
 from .common import (
     COPY_CHUNK_BYTES,
     DatasetLocation,
@@ -197,6 +198,13 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
     files = _stage_files(manifest)
     for f in files:
         safe_relative_path(f.name, what=f"{loc.manifest_source}: file {f.name!r}")
+    with output_lock(dest, "stage"):  # one writer per DEST: a second command fails at once, naming this one
+        return _stage_locked(loc, manifest, manifest_bytes, dest, files, min_free_bytes, progress, t0)
+
+
+def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, files, min_free_bytes, progress,
+                  t0: float) -> "StageReport":
+    """:func:`stage` once DEST's lock is held."""
     dest.mkdir(parents=True, exist_ok=True)
     report = StageReport(source=str(loc.root), path=str(dest.resolve()))
     dest_manifest = dest / MANIFEST_NAME
@@ -231,6 +239,9 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
         (report.resumed if status == "resumed" else report.copied).append(f.name)
     if not report.problems:
         write_bytes_atomic(dest_manifest, manifest_bytes)
+        from ..consumers import write_consumer_files
+
+        write_consumer_files(dest, manifest)  # wids' shardindex.json, the Hugging Face card: made from the copy
         report.ok = True
     report.seconds = time.perf_counter() - t0
     return report

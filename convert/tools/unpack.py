@@ -13,6 +13,7 @@ from shardfeed.readers.format import (
     normalize_ext,
 )
 
+from ..outlock import listing, output_lock
 from .common import (
     DatasetLocation,
     Progress,
@@ -101,8 +102,14 @@ def unpack(path_or_url: str | os.PathLike, out: str | os.PathLike, *, overwrite:
         raise NotADirectoryError(f"{out}: exists and is a file; choose a folder to unpack into")
     if not loc.url and out.resolve() == Path(loc.root).resolve():
         raise ValueError(f"{out}: is the packed dataset's own folder; choose another output folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    if out.exists() and listing(out) and not overwrite:
         raise ValueError(f"{out}: output folder is not empty; choose an empty folder or pass --overwrite")
+    with output_lock(out, "unpack"):  # one writer per OUT: a second command fails at once, naming this one
+        return _unpack_locked(loc, manifest, out, overwrite, progress, t0)
+
+
+def _unpack_locked(loc, manifest, out: Path, overwrite: bool, progress, t0: float) -> "UnpackReport":
+    """:func:`unpack` once OUT's lock is held."""
     out.mkdir(parents=True, exist_ok=True)
     out_resolved = out.resolve()
     report = UnpackReport(source=str(loc.root), output=str(out), skipped=list(manifest.skipped))

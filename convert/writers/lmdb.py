@@ -312,6 +312,8 @@ class LmdbWriter:
         self._store = LmdbStore(self.out, map_size=map_size, commit_count=commit_count, commit_bytes=commit_bytes)
         self._manifest: Manifest | None = None
         self.stats: dict = {}
+        #: samples per image extension, recorded in the manifest
+        self.extensions: dict[str, int] = {}
 
     @classmethod
     def create(cls, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
@@ -351,8 +353,10 @@ class LmdbWriter:
         if not 0 <= label < len(self.classes):
             raise ValueError(f"{self.out}: sample {sample.key!r} has label {label}, outside the "
                              f"{len(self.classes)} classes")
-        value = encode_record(sample.key, bytes(sample.data), normalize_ext(sample.ext), label, dict(sample.meta))
+        ext = normalize_ext(sample.ext)
+        value = encode_record(sample.key, bytes(sample.data), ext, label, dict(sample.meta))
         self._store.add(sample.key.encode("utf-8"), value)
+        self.extensions[ext] = self.extensions.get(ext, 0) + 1
         self.num_samples += 1
         self.payload_bytes += len(sample.data)
         if self._store.batch_full:
@@ -385,7 +389,7 @@ class LmdbWriter:
         entry = ShardEntry(name=LMDB_DATA_NAME, num_samples=self.num_samples, num_bytes=0)
         manifest = Manifest(format="lmdb", num_samples=self.num_samples, classes=self.classes,
                             class_to_idx=self.class_to_idx, shards=[entry], skipped=self.skipped,
-                            options=self.options,
+                            options=self.options, extensions=dict(sorted(self.extensions.items())),
                             files={"packed": self.num_samples, "skipped": len(self.skipped)})
         try:
             size = self._store.finalize(manifest, entry)

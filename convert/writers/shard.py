@@ -11,7 +11,7 @@ is also what :func:`~shardfeed.convert.plan.plan_shards` applies to the file siz
 
 A sample that alone needs more than ``max_bytes`` is an error (it could never be written).
 Each shard is a :class:`~shardfeed.convert.tarwriter.TarShardFile` (temporary name, sha256 while
-writing, ``.idx`` offset index, atomic rename), named ``{prefix}-{index:06d}.tar``.
+writing, ``.sfidx`` offset index, atomic rename), named ``{prefix}-{index:06d}.tar``.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class ShardLimits:
 
 
 class ShardWriter:
-    """Writes samples into ``{prefix}-{index:06d}.tar`` shards (+ ``.idx``), rolling over by the rule.
+    """Writes samples into ``{prefix}-{index:06d}.tar`` shards (+ ``.sfidx``), rolling over by the rule.
 
     Args:
         out: the output folder (exists).

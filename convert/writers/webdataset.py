@@ -204,6 +204,9 @@ class WebDatasetWriter:
                                  skipped=self.skipped, options=options,
                                  files=self.files if self.files is not None else {"packed": n})
         self.manifest.write(self.out)
+        from ..consumers import write_consumer_files
+
+        write_consumer_files(self.out, self.manifest)  # wids' shardindex.json, the Hugging Face dataset card
         return self.manifest
 
     def abort(self) -> None:

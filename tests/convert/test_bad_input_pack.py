@@ -249,8 +249,8 @@ def test_non_empty_out_names_the_fix_in_both_spellings(tmp_path):
     (src / "a.png").write_bytes(_img_bytes(0, "PNG"))
     out = tmp_path / "out"
     out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    (out / "shard-000000.tar").write_bytes(b"left by an earlier pack")  # --overwrite works here (issue 15)
     with pytest.raises(ValueError, match="not empty") as info:
         pack(tmp_path / "src", out, PackOptions())
     assert "--overwrite" in str(info.value) and "overwrite=True" in str(info.value)
-    assert (out / "notes.txt").read_text() == "mine"  # nothing touched
+    assert (out / "shard-000000.tar").read_bytes() == b"left by an earlier pack"  # nothing touched

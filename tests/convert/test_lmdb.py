@@ -407,7 +407,7 @@ def test_failure_keeps_committed_batches_for_resume(tmp_path, monkeypatch):
         [f"c/{i:02d}.jpg" for i in range(6)]
     (src / "c/05_broken.jpg").unlink()
     # the plan changed (a file is gone): resume refuses, overwrite rebuilds
-    with pytest.raises(ValueError, match="fingerprint"):
+    with pytest.raises(ValueError, match=r"1 file\(s\) removed: c/05_broken\.jpg"):
         pack(src, out, PackOptions(**opts, resume=True))
     pack(src, out, PackOptions(**opts, overwrite=True))
     check_round_trip(src, out)

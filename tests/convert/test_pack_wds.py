@@ -75,10 +75,14 @@ def build_tricky_folder(root: Path) -> None:
     (root / "empty_class").mkdir()
     for i in range(14):  # enough samples for several shards
         (root / "dog" / f"many_{i:02d}.jpg").write_bytes(_jpeg(100 + i, size=(16 + i, 16)))
-    # a symlinked folder inside a class (followed) and a loop back to its class (not followed twice)
+    # a symlinked folder inside a class (followed when outside the image folder; a link to another
+    # class folder adds nothing) and a loop back to its class (not followed twice)
     (root / "linked_src").mkdir()
     (root / "linked_src" / "via_link.png").write_bytes(_png(20))
+    (root.parent / "outside_src").mkdir(exist_ok=True)
+    (root.parent / "outside_src" / "via_outside_link.png").write_bytes(_png(21))
     os.symlink(root / "linked_src", root / "cat" / "link")
+    os.symlink(root.parent / "outside_src", root / "cat" / "outside")
     os.symlink(root / "cat", root / "cat" / "loop")
 
 
@@ -86,15 +90,13 @@ def expected_samples(root: Path) -> dict[str, tuple[bytes, int, str]]:
     """rel path -> (bytes, label, class), by ImageFolder rules implemented independently here."""
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     out = {}
+    root_real = os.path.realpath(root)
     for label, c in enumerate(classes):
-        seen_real = set()
         for dirpath, dirnames, filenames in os.walk(root / c, followlinks=True):
-            real = os.path.realpath(dirpath)
-            if real in seen_real:
-                dirnames[:] = []
-                continue
-            seen_real.add(real)
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            # a linked folder inside the image folder is reached without the link: not followed
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and not (
+                os.path.islink(os.path.join(dirpath, d))
+                and os.path.realpath(os.path.join(dirpath, d)).startswith(root_real + os.sep))]
             for f in filenames:
                 if f.startswith(".") or os.path.splitext(f)[1].lower() not in IMAGE_EXTS:
                     continue
@@ -158,7 +160,10 @@ def test_names_paths_and_classes(tricky, packed):
     assert [len(p.encode()) > n for p, n in zip(long_paths, (100, 155, 255))] == [True] * 3
     assert "v1.2/ünïcødé_名前.jpg" in paths and "cat/IMG_2020.05.01.jpg" in paths
     assert {"cat/same_name.png", "dog/same_name.png"} <= paths
-    assert "cat/link/via_link.png" in paths
+    # a linked folder outside the image folder is followed; a link to another class adds nothing
+    # (its image keeps its own class, issue 15 item 7)
+    assert "cat/outside/via_outside_link.png" in paths and "linked_src/via_link.png" in paths
+    assert "cat/link/via_link.png" not in paths
     assert not any("/." in p or p.startswith(".") for p in paths)
     # upper-case extensions map to canonical lower-case ones, each file once
     by_path = {json.loads(s["members"]["json"])["path"]: s for s in read_shards_stdlib(packed)}
@@ -186,7 +191,7 @@ def test_keys_members_and_order(packed):
 
 def test_manifest_hashes_sizes_and_offset_index(packed):
     manifest = json.loads((packed / "manifest.json").read_text())
-    assert manifest["format"] == "webdataset" and manifest["version"] == 1
+    assert manifest["format"] == "webdataset" and manifest["version"] == 2
     total = 0
     for entry in manifest["shards"]:
         tar_bytes = (packed / entry["name"]).read_bytes()

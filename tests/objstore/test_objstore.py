@@ -300,7 +300,7 @@ def test_tools_read_from_a_bucket(s3_packed, packed_wds, tmp_path):
         {p.name: p.read_bytes() for p in packed_wds.iterdir()}
     r = _cli("index", url, "--out", tmp_path / "ix")
     assert r.returncode == 0, r.stderr
-    for idx in packed_wds.glob("*.idx"):
+    for idx in packed_wds.glob("*.sfidx"):
         assert (tmp_path / "ix" / idx.name).read_bytes() == idx.read_bytes()
 
 
@@ -319,13 +319,13 @@ def test_pack_from_a_bucket_folder_gives_the_local_shards(s3_packed, tiny_image_
              tmp_path / "r.json", env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "r.json").read_text())["source"] == folder
-    shards = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.suffix in (".tar", ".idx")}  # noqa: E731
+    shards = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.suffix in (".tar", ".sfidx")}  # noqa: E731
     assert shards(tmp_path / "from-bucket") == shards(local)
     bucket = s3_bucket("bucket2bucket")
     r = _cli("pack", folder, f"s3://{bucket}/x", "--format", "wds", "--max-count", 16, env=env)
     assert r.returncode == 0, r.stderr
     got = _download(s3_client, bucket, "x/")
-    assert {k: v for k, v in got.items() if k.endswith((".tar", ".idx"))} == shards(local)
+    assert {k: v for k, v in got.items() if k.endswith((".tar", ".sfidx"))} == shards(local)
     assert list((tmp_path / "staging").iterdir()) == []  # the mirror and the staging folder are removed
 
 

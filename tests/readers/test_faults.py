@@ -632,7 +632,8 @@ def test_lmdb_flipped_image_byte_fails_its_crc(packed_lmdb, tiny_folder_expected
     assert len(keys) == 1
     flipped = _flip_image_byte(d, image)
     ds = open_dataset(d, decode=False, shuffle=False)
-    with pytest.raises(CorruptDataError, match=rf"data\.mdb key {keys[0]}: image bytes fail their CRC-32 check"):
+    with pytest.raises(CorruptDataError, match=rf"data\.mdb key {keys[0]} \(original file {re.escape(repr(target))}\): "
+                                               r"image bytes fail their CRC-32 check"):
         [ds[i] for i in range(len(ds))]
     ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")
     _check_kept([s for s in (ds[i] for i in range(len(ds))) if s is not None], tiny_folder_expected,
@@ -714,7 +715,8 @@ def test_lmdb_record_with_damaged_fields_is_named_and_skippable(damage, packed_l
             rec["label"] = None
         txn.put(key, msgpack.packb(rec, use_bin_type=True))
     env.close()
-    with pytest.raises(CorruptDataError, match=r"data\.mdb key 000000002: damaged record"):
+    with pytest.raises(CorruptDataError, match=rf"data\.mdb key 000000002 \(original file {re.escape(repr(path))}\): "
+                                               r"damaged record"):
         ds = open_dataset(d, decode=False, shuffle=False)
         [ds[i] for i in range(len(ds))]
     ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")

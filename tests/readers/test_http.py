@@ -43,7 +43,7 @@ def test_http_same_samples_as_local(server, request, packed_wds, local_samples):
 
 
 def test_range_answered_or_not(nginx_server, simple_http_server, packed_wds):
-    off = read_index(packed_wds / "shard-000000.idx")[3]
+    off = read_index(packed_wds / "shard-000000.sfidx")[3]
     s, at = HttpLocation(f"{nginx_server}/wds/").open("shard-000000.tar", off, off + 512)
     with s:
         assert (s.ranged, at) == (True, off)
@@ -223,7 +223,7 @@ def test_many_shards_open_with_bounded_head_checks(packed_wds, tmp_path, start_h
         manifest = loc.load_manifest(check_files=False)
         loc.check_files(manifest, max_shards=2)  # first and last only: the missing middle one is not seen
         assert sorted(u.rsplit("/", 1)[1] for u in heads) == sorted(
-            [shards[0], shards[-1], shards[0][:-4] + ".idx", shards[-1][:-4] + ".idx"])
+            [shards[0], shards[-1], shards[0][:-4] + ".sfidx", shards[-1][:-4] + ".sfidx"])
     finally:
         http_io._http_head_size = real
     with pytest.raises(DataSourceError, match=rf"{missing}: a file of this shard is missing"):

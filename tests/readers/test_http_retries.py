@@ -164,7 +164,7 @@ def test_cut_body_resumes_at_the_failed_byte_from_the_start(kind, server, packed
 @pytest.mark.parametrize("kind", ["range", "plain"])
 def test_cut_body_of_a_range_resumes_at_the_failed_byte(kind, server, packed_root, packed_wds):
     source = (packed_root / SHARD).read_bytes()
-    offsets = read_index(packed_wds / "shard-000000.idx")
+    offsets = read_index(packed_wds / "shard-000000.sfidx")
     start, end = offsets[3], offsets[11]  # samples 3..10, as a worker's sub-range reads them
     cut = start + (end - start) // 3 + 1
     base, log = server(kind, cuts={SHARD: [cut]})

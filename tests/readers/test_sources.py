@@ -131,12 +131,18 @@ def test_batch_counts_same_for_any_num_workers(packed_wds, packed_root):
 def test_refusals(packed_wds, tmp_path):
     import shutil
 
-    # no manifest but shards: an interrupted pack
+    # no manifest but shards and the pack's state: an interrupted pack
     d = tmp_path / "incomplete"
     shutil.copytree(packed_wds, d)
     (d / "manifest.json").unlink()
+    (d / ".shardfeed-pack").mkdir()
     with pytest.raises(IncompleteDatasetError, match="resume"):
         open_dataset(d)
+    # shards alone (another tool's, or the manifest lost): `shardfeed index`, which --resume is not
+    (d / ".shardfeed-pack").rmdir()
+    with pytest.raises(ManifestError, match=rf"no manifest.json .*`shardfeed index {d}`") as err:
+        open_dataset(d)
+    assert "--resume" not in str(err.value)
     # unknown format / version
     for change, pattern in [({"format": "parquet"}, "format 'parquet'"), ({"version": 99}, "version 99")]:
         d = tmp_path / f"bad-{len(change)}-{pattern[:3]}"
@@ -170,7 +176,7 @@ def _corrupt_copy(packed_wds, tmp_path):
 
     d = tmp_path / "corrupt"
     shutil.copytree(packed_wds, d)
-    off = read_index(d / "shard-000000.idx")[1]
+    off = read_index(d / "shard-000000.sfidx")[1]
     raw = bytearray((d / "shard-000000.tar").read_bytes())
     name = raw[off:off + 100].split(b"\0")[0].decode()
     size = int(raw[off + 124:off + 135], 8)

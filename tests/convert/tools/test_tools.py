@@ -175,7 +175,7 @@ def test_check_detects_truncated_shard_and_bad_index(wds, tmp_path):
     ds = _copy(wds, tmp_path)
     tar = ds / "shard-000001.tar"
     tar.write_bytes(tar.read_bytes()[:3000])
-    idx = ds / "shard-000003.idx"
+    idx = ds / "shard-000003.sfidx"
     offsets = read_index(idx)
     idx.write_bytes(np.array(offsets[::-1], dtype="<u8").tobytes())
     report = check_dataset(ds)
@@ -311,7 +311,7 @@ def test_stage_copies_verifies_and_resumes(wds, tmp_path):
     assert report.ok
     assert sorted(report.copied) == ["shard-000000.tar", "shard-000002.tar"]
     assert report.resumed == ["shard-000001.tar"]
-    assert "shard-000003.tar" in report.skipped and "shard-000000.idx" in report.skipped
+    assert "shard-000003.tar" in report.skipped and "shard-000000.sfidx" in report.skipped
     assert report.bytes_copied == sum((wds / n).stat().st_size for n in report.copied) + len(part) - 5000
     assert _folder_files(dest) == _folder_files(wds)
     assert not list(dest.glob(".*.tmp"))

@@ -1,0 +1,127 @@
+"""One writer per output folder (issue 15 item 10): a second command writing the same OUT fails
+at once naming the holder (PID, host), a stale lock from a dead process is taken over, and every
+writing command (pack, convert, index, stage, unpack) takes the lock. Right values come from the
+source folders (bytes per path) and from the holder process itself (its PID)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardfeed.convert.outlock import LOCK_NAME, OutputBusyError, output_lock
+from shardfeed.convert.pack import PackOptions, pack
+
+SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
+
+
+def _folder(root: Path, seed: int, n: int = 24) -> dict[str, bytes]:
+    files = {}
+    for i in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(np.random.default_rng(seed * 1000 + i).integers(0, 255, (9, 9, 3), dtype=np.uint8)).save(
+            buf, "PNG")
+        rel = f"c{i % 2}/s{seed}_{i:02d}.png"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(buf.getvalue())
+        files[rel] = buf.getvalue()
+    return files
+
+
+def _packed_paths(out: Path) -> dict[str, bytes]:
+    got, data = {}, {}
+    for t in sorted(out.glob("*.tar")):
+        with tarfile.open(t) as tf:
+            for m in tf.getmembers():
+                key, ext = m.name.split(".", 1)
+                if ext == "json":
+                    got[key] = json.loads(tf.extractfile(m).read())["path"]
+                elif ext != "cls":
+                    data[key] = tf.extractfile(m).read()
+    return {got[k]: data[k] for k in got}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_second_pack_into_the_same_out_fails_at_once_naming_the_first(tmp_path, hooked_cli):
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    files_a, _ = _folder(a, 1), _folder(b, 2)
+    first = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.06}), "-q", "pack", str(a), str(out), "--overwrite",
+                              "--max-count", "4", "-j", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not list(out.glob("*.tar")):
+        time.sleep(0.02)
+    assert (out / LOCK_NAME).exists()
+    t0 = time.monotonic()
+    second = subprocess.run([*SHARDFEED, "-q", "pack", str(b), str(out), "--overwrite", "--max-count", "4"],
+                            capture_output=True, text=True)
+    assert time.monotonic() - t0 < 10  # at once, not after the first finishes
+    assert second.returncode != 0 and "Traceback" not in second.stderr
+    assert "another shardfeed command is writing" in second.stderr
+    assert f"PID {first.pid} on host {socket.gethostname()}" in second.stderr, second.stderr
+    assert first.poll() is None, "the second run must not disturb the first"
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert _packed_paths(out) == files_a  # the first source, whole
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
+    src, out = tmp_path / "src", tmp_path / "out"
+    files = _folder(src, 3, n=6)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its PID no longer runs, and it held no lock
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "command": "pack",
+                                             "since": time.time() - 60}))
+    with caplog.at_level("INFO", logger="shardfeed.convert.outlock"):
+        pack(src, out, PackOptions(workers=1))
+    assert _packed_paths(out) == files
+    assert any(f"PID {dead.pid}" in r.getMessage() and "stale" in r.getMessage() for r in caplog.records)
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_every_writing_command_takes_the_lock(tmp_path):
+    from shardfeed.convert.tools.convert import convert_dataset
+    from shardfeed.convert.tools.index import index_shards
+    from shardfeed.convert.tools.stage import stage
+    from shardfeed.convert.tools.unpack import unpack
+
+    src, packed = tmp_path / "src", tmp_path / "packed"
+    _folder(src, 4, n=6)
+    pack(src, packed, PackOptions(workers=1))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for t in packed.glob("*.tar"):
+        shutil.copy2(t, shards / t.name)
+    busy = rf"another shardfeed command is writing this folder: PID {os.getpid()} on host .*`held-by-test`"
+    calls = {
+        "pack": lambda out: pack(src, out, PackOptions(workers=1, overwrite=True)),
+        "convert": lambda out: convert_dataset(packed, out, format="lmdb", overwrite=True),
+        "stage": lambda out: stage(packed, out),
+        "unpack": lambda out: unpack(packed, out, overwrite=True),
+        "index": lambda out: index_shards(str(out / "*.tar")),
+    }
+    for name, call in calls.items():
+        out = shards if name == "index" else tmp_path / f"out-{name}"
+        with output_lock(out, "held-by-test"):
+            with pytest.raises(OutputBusyError, match=busy):
+                call(out)
+        assert not (out / LOCK_NAME).exists()
+        call(out)  # once released, the command runs
+    # the CLI says it in one line
+    with output_lock(tmp_path / "out-cli", "held-by-test"):
+        r = subprocess.run([*SHARDFEED, "unpack", str(packed), str(tmp_path / "out-cli")], capture_output=True,
+                           text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and f"PID {os.getpid()}" in r.stderr
