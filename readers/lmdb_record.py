@@ -1,0 +1,138 @@
+"""The LMDB record codec: one sample as a versioned, pickle-free msgpack map with a CRC-32.
+
+Part of the on-disk format (:mod:`shardfeed.readers.format` re-exports :func:`encode_record`,
+:func:`decode_record` and :data:`LMDB_RECORD_VERSION`, the names other code uses). Binding layout:
+see :func:`encode_record`. ``msgpack`` is imported on first use.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from .errors import CorruptDataError
+
+__all__ = ["LMDB_RECORD_VERSION", "decode_record", "encode_record"]
+
+#: Version of the LMDB record layout (the ``"v"`` field of every record).
+LMDB_RECORD_VERSION = 1
+
+
+def encode_record(key: str, data: bytes, ext: str, label: int, meta: dict) -> bytes:
+    """Encode one sample as an LMDB value (pickle-free, versioned).
+
+    Layout (msgpack map, ``use_bin_type=True``), readable with ``msgpack`` alone::
+
+        {"v": 1,                 # LMDB_RECORD_VERSION
+         "key": str,             # the sample key (also the LMDB key)
+         "ext": str,             # canonical extension: jpg, png, ...
+         "label": int,           # class index
+         "meta": {...},          # {"path": ..., "class": ..., ...}
+         "crc32": int,           # zlib.crc32 of "data" (unsigned 32-bit)
+         "data": bytes}          # the original encoded image bytes
+
+    Returns:
+        The encoded value (bytes).
+    """
+    import msgpack
+
+    # the same bytes as packb of the whole map, with the image copied once (packb copies it into
+    # its buffer, then into the result): the six small fields as a map of 6, its header made 7,
+    # then "data" and the image as msgpack bin 8/16/32
+    head = msgpack.packb({"v": LMDB_RECORD_VERSION, "key": key, "ext": ext, "label": int(label), "meta": meta,
+                          "crc32": zlib.crc32(data)}, use_bin_type=True)
+    n = len(data)
+    if n < 1 << 8:
+        bin_header = b"\xc4" + n.to_bytes(1, "big")
+    elif n < 1 << 16:
+        bin_header = b"\xc5" + n.to_bytes(2, "big")
+    elif n < 1 << 32:
+        bin_header = b"\xc6" + n.to_bytes(4, "big")
+    else:
+        raise ValueError(f"sample {key}: {n} bytes of image do not fit one LMDB record (msgpack bin: < 4 GiB)")
+    return b"".join((b"\x87", memoryview(head)[1:], b"\xa4data", bin_header, data))
+
+
+def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", key: bytes | None = None) -> dict:
+    """Decode an LMDB value written by :func:`encode_record`.
+
+    Args:
+        value: the raw value bytes.
+        verify: check the CRC-32 of the image bytes.
+        source: named in error messages (the database, e.g. ``"data/train.lmdb/data.mdb"``, or
+            ``"... key 000000042"``).
+        key: the record's LMDB key, appended to ``source`` in error messages when given (the
+            message string is built only when there is an error). Error messages also name the
+            sample's original file (``meta["path"]``) when that part of the record can be read.
+
+    Returns:
+        ``{"key", "ext", "label", "meta", "crc32", "data", "v"}``.
+
+    Raises:
+        CorruptDataError: undecodable value, unknown version, a field missing or of the wrong type,
+            or checksum mismatch.
+    """
+    global _unpackb
+    if _unpackb is None:
+        import msgpack
+
+        _unpackb = msgpack.unpackb
+    try:
+        rec = _unpackb(value, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptDataError(f"{_record_where(source, key, value)}: undecodable record ({exc})") from None
+    if type(rec) is not dict or rec.get("v") != LMDB_RECORD_VERSION:
+        raise CorruptDataError(
+            f"{_record_where(source, key, value)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
+            f"not {LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
+    try:  # valid msgpack, damaged fields: named here, with the record's original file
+        bad = [f for f, t in _RECORD_FIELDS if type(rec[f]) is not t]
+        ok = zlib.crc32(rec["data"]) == rec["crc32"] if verify else True
+    except (KeyError, TypeError) as exc:
+        what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
+        raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record ({what})") from None
+    if bad:
+        raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record (a bad field: "
+                               f"{', '.join(bad)} of the wrong type)")
+    if verify:
+        if not ok:
+            raise CorruptDataError(f"{_record_where(source, key, value)}: image bytes fail their CRC-32 check "
+                                   "(record is damaged)")
+    return rec
+
+
+_unpackb = None  # msgpack.unpackb, imported on first use
+_RECORD_FIELDS = (("key", str), ("ext", str), ("label", int), ("meta", dict), ("data", bytes))
+
+
+def _record_where(source: str, key: bytes | None, value: bytes | None = None) -> str:
+    where = source if key is None else f"{source} key {key.decode('utf-8', 'replace')}"
+    path = None if value is None else _record_path(value)
+    if path is not None:
+        return f"{where} (original file {path!r})"
+    if value is not None:
+        return f"{where} (original file unknown: the record's metadata is unreadable)"
+    return where
+
+
+def _record_path(value: bytes) -> str | None:
+    """The ``meta["path"]`` of a possibly damaged record, or None.
+
+    The fields are read one by one, in the order :func:`encode_record` writes them (the image
+    bytes come last), so a record whose image bytes are damaged or cut short still gives its path.
+    """
+    import msgpack
+
+    try:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(len(value), 1))
+        unpacker.feed(value)
+        for _ in range(unpacker.read_map_header()):
+            name = unpacker.unpack()
+            if name == "data":
+                return None  # the image comes last: no meta before it
+            field = unpacker.unpack()
+            if name == "meta":
+                path = field.get("path") if isinstance(field, dict) else None
+                return path if isinstance(path, str) else None
+    except Exception:  # damaged before the meta field: msgpack raises several unrelated types
+        return None
+    return None
