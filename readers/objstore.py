@@ -133,10 +133,17 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
             raise ValueError(f"storage option {k!r} is not one shardfeed knows; accepted: "
                              f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
         if isinstance(v, str):
-            low = v.lower()
-            v = True if low in ("true", "yes", "1") and _STORAGE_OPTION_KEYS[k] == "anon" else \
-                False if low in ("false", "no", "0") and _STORAGE_OPTION_KEYS[k] == "anon" else \
-                int(v) if v.isdigit() and _STORAGE_OPTION_KEYS[k] == "max_pool_connections" else v
+            low = v.strip().lower()
+            if _STORAGE_OPTION_KEYS[k] == "anon":
+                if low not in ("true", "yes", "1", "false", "no", "0"):
+                    raise ValueError(f"storage option {k}={v!r}: expected true or false (anon=true: unsigned "
+                                     "requests, for a public bucket)")
+                v = low in ("true", "yes", "1")
+            elif _STORAGE_OPTION_KEYS[k] == "max_pool_connections":
+                if not low.isdigit() or int(low) < 1:
+                    raise ValueError(f"storage option {k}={v!r}: expected a positive integer (connections "
+                                     "per client)")
+                v = int(low)
         out[k] = v
     return out
 
