@@ -108,7 +108,9 @@ def fail_cleanly(f: Callable) -> Callable:
             msg = one_line(exc)
             if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
                 msg = f"{exc.filename}: {msg}"
-            click.echo(f"shardfeed: error: {msg}", err=True)
+            from shardfeed.readers.objstore import scrub
+
+            click.echo(f"shardfeed: error: {scrub(msg)}", err=True)  # no user:password@ of a URL, no AWS secret
             if os.environ.get("SHARDFEED_DEBUG"):
                 raise
             sys.exit(EXIT_ERROR)

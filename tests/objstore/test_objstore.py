@@ -466,3 +466,25 @@ def test_storage_option_anon_takes_a_boolean_only(value):
 def test_storage_option_max_pool_connections_takes_a_positive_integer():
     r = _cli("inspect", "s3://bucket/x", "--storage-option", "max_pool_connections=lots")
     assert r.returncode == 2 and "max_pool_connections" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("inspect", f"s3://AKIASHARDFEEDTEST01:{SECRET}@data/wds/"),
+    ("check", f"s3://AKIASHARDFEEDTEST01:{SECRET}@data/wds/"),
+    ("inspect", "s3://data/wds/", "--storage-option", f"secret:{SECRET}"),
+])
+def test_credentials_typed_into_the_command_line_are_never_echoed(args, s3_endpoint):
+    """A key:secret@ in an s3:// URL reached botocore's multi-line bucket-name error, which repeated
+    it; a KEY:VALUE typo of --storage-option was echoed whole."""
+    r = _cli(*args)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert SECRET not in r.stdout + r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: ") if r.returncode == 2 else len(lines) == 1, r.stderr
+
+
+def test_http_url_password_is_never_echoed(closed_endpoint):
+    host = closed_endpoint.split("://")[1]
+    r = _cli("inspect", f"http://user:{SECRET}@{host}/ds/")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert SECRET not in r.stdout + r.stderr and host in r.stderr, r.stderr
