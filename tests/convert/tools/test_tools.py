@@ -481,3 +481,30 @@ def test_import_convert_tools_without_torch():
             "shardfeed.convert.writers.lmdb;"
             "assert 'torch' not in sys.modules and 'webdataset' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _flip_one_image_byte(dataset: Path) -> str:
+    """Flip one byte inside the first image of the first shard (tar headers and sizes intact)."""
+    shard = sorted(dataset.glob("*.tar"))[0]
+    with tarfile.open(shard) as tf:
+        member = next(m for m in tf.getmembers() if m.name.endswith((".jpg", ".png")))
+    raw = bytearray(shard.read_bytes())
+    raw[member.offset_data + member.size // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    return shard.name
+
+
+@pytest.mark.parametrize("command", ["unpack", "convert"])
+def test_a_shard_whose_bytes_changed_is_never_copied_silently(packed_wds, tmp_path, command):
+    """A flipped byte inside an image (sizes intact) went through unpack (the damaged image
+    written) and convert (re-stored with a fresh CRC: the damage laundered) with exit status 0;
+    both now check each shard's sha256 against the manifest while reading it."""
+    src = tmp_path / "src"
+    shutil.copytree(packed_wds, src)
+    shard = _flip_one_image_byte(src)
+    out = tmp_path / "out"
+    args = [command, str(src), str(out)] + (["--format", "lmdb"] if command == "convert" else [])
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1, r.output
+    assert shard in r.output and "sha256" in r.output and "Traceback" not in r.output
+    assert not (out / "manifest.json").exists()
