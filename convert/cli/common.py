@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import click
 
-__all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "one_line", "command", "progress_bar",
-           "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice", "pack_options",
+__all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
+           "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice", "pack_options",
            "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES", "storage_option",
            "LocalPath"]
 
@@ -46,6 +46,19 @@ class SizeParam(click.ParamType):
             return parse_size(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class FiniteFloat(click.FloatRange):
+    """A ``click.FloatRange`` that also refuses ``nan`` and ``inf`` (which pass every range test,
+    or overflow timers), naming the option."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        value = super().convert(value, param, ctx)
+        if not math.isfinite(value):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return value
 
 
 def write_json_report(path: str | None, report: Any) -> None:
