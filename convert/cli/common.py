@@ -78,6 +78,14 @@ def _check_json_path(ctx, param, value):
     """Refuse a ``--json`` path whose folder does not exist before any work is done."""
     if value in (None, "-"):
         return value
+    from shardfeed.readers.opener import url_scheme
+
+    scheme = url_scheme(value)
+    if scheme == "file":
+        value = value[len("file://"):]
+    elif scheme is not None:
+        raise click.BadParameter(f"{value}: the report is written to a local path (or '-' for stdout), not a URL; "
+                                 "write it locally, then upload it", ctx, param)
     parent = os.path.dirname(os.path.abspath(value))
     if not os.path.isdir(parent):
         raise click.BadParameter(f"folder {parent} does not exist: create it or choose another path", ctx, param)
