@@ -508,3 +508,21 @@ def test_a_shard_whose_bytes_changed_is_never_copied_silently(packed_wds, tmp_pa
     assert r.exit_code == 1, r.output
     assert shard in r.output and "sha256" in r.output and "Traceback" not in r.output
     assert not (out / "manifest.json").exists()
+
+
+def test_index_refuses_a_huge_class_index_instead_of_listing_every_class(tmp_path):
+    """A foreign shard whose .cls says 99999999999999999999 made `index` build a list of 10**20
+    class names (it never ended); without --classes the inferred class count is bounded."""
+    jpg = _image(3, "JPEG")
+    d = tmp_path / "foreign"
+    d.mkdir()
+    with tarfile.open(d / "a.tar", "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in (("x/1.jpg", jpg), ("x/1.cls", b"99999999999999999999"), ("x/2.jpg", jpg),
+                           ("x/2.cls", b"0")):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    r = CliRunner().invoke(cli, ["index", str(d)])
+    assert r.exit_code == 1, r.output
+    assert "99999999999999999999" in r.output and "--classes" in r.output
+    assert not (d / "manifest.json").exists()
