@@ -13,7 +13,12 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench lint clean system-deps gpu-check mutants
+.PHONY: help install demo test test-fast bench lint clean system-deps gpu-check mutants
+
+# A bare `make` lists the targets (it used to run the first rule: create .venv and stop).
+.DEFAULT_GOAL := help
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:[^#]*## /\t/' | awk -F'\t' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +67,7 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_decode.py --json out/bench/decode.json
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/bench_pack_scaling.py --json out/bench/pack_scaling.json
+	$(PY) scripts/bench_resume.py --out out/bench/resume
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench

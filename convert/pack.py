@@ -328,8 +328,8 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
             raise ValueError(f"{out}: holds an unfinished pack ({STATE_DIR}/, kept when a pack stops): --resume "
                              "finishes it with the same source and options; after changing either (a file fixed "
                              "or removed, --on-error), start again with --overwrite")
-        raise ValueError(f"{out}: output folder is not empty; use --overwrite to replace it, "
-                         "--resume to finish an interrupted pack, or choose an empty folder")
+        raise ValueError(f"{out}: output folder is not empty; use --overwrite (PackOptions(overwrite=True)) to "
+                         "replace it, --resume (resume=True) to finish an interrupted pack, or choose an empty folder")
     foreign = [p.name for p in out.iterdir() if not _is_ours(p.name)]
     if foreign:
         raise ValueError(f"{out}: holds files shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "

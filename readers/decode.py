@@ -3,7 +3,7 @@
 All readers (folder, WebDataset, LMDB) decode through :func:`decode_image`, so comparing them
 measures storage and I/O only. Two backends produce the same result by one rule:
 
-``"pil"`` (default)
+``"pil"``
     Pillow (libjpeg-turbo, libpng, libwebp, ...). Reads every format Pillow reads.
 ``"simplejpeg"``
     libjpeg-turbo through `simplejpeg <https://gitlab.com/jfolz/simplejpeg>`_ (its own bundled
@@ -14,7 +14,7 @@ measures storage and I/O only. Two backends produce the same result by one rule:
     Chosen by measurement (``scripts/bench_jpeg_bindings.py``): 1.5-1.8x Pillow's full decode of
     ImageNet-sized JPEGs per CPU-second here, ahead of OpenCV (1.2-1.5x); PyTurboJPEG finds no
     ``libturbojpeg`` it accepts on this system.
-``"auto"``
+``"auto"`` (the default of ``open_dataset``, ``make_loader`` and ``--decoder``; :func:`decode_image`'s is ``"pil"``)
     ``"simplejpeg"`` where it is installed, else ``"pil"`` (logged once at DEBUG).
 ``"cv2"``
     ``cv2.imdecode`` for JPEG/MPO, PNG and WebP. Other formats (GIF, BMP, TIFF, ...) and the rare
@@ -81,12 +81,13 @@ import logging
 import re
 import struct
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 from PIL import Image
 
 from .errors import CorruptDataError, ShardfeedError
+from .jpeg import ORIENTATION_TAG, jpeg_is_complete, read_jpeg_header, simplejpeg_available, simplejpeg_decode
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -114,7 +115,6 @@ BACKGROUND: int = 255
 #: Names accepted by ``decode_image(decoder=...)``.
 DECODERS: tuple[str, ...] = ("pil", "cv2", "simplejpeg", "auto")
 
-_ORIENTATION_TAG = 0x0112
 _JPEG_FORMATS = frozenset({"JPEG", "MPO"})
 #: Formats the cv2 backend decodes itself; anything else goes through Pillow.
 _CV2_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP"})
@@ -135,8 +135,6 @@ _PILLOW_DEFAULT_MAX_IMAGE_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
 _pillow_limit_lock = threading.Lock()
 _pillow_limit_done = False
 _logged_once: set[str] = set()
-_simplejpeg_module: Any = None
-_simplejpeg_checked = False
 
 
 class ImageTooLargeError(ShardfeedError, ValueError):
@@ -216,11 +214,11 @@ def decode_image(
     data = _as_bytes(data)
 
     if name == "simplejpeg":
-        header = _fast_jpeg_header(data)
+        header = read_jpeg_header(data)
         if header is not None:
             width, height, orientation = header
             _check_pixels(width, height, max_pixels, source, ext)
-            rgb = _simplejpeg_scaled(data, width, height, _reduction_factor(width, height, target_size))
+            rgb = simplejpeg_decode(data, width, height, _reduction_factor(width, height, target_size))
             if rgb is not None:
                 return _finish(_ORIENT[orientation](rgb))
             backend = _decode_pil  # simplejpeg refused it: Pillow decides
@@ -284,14 +282,14 @@ def decode_crop(
     data = _as_bytes(data)
 
     rgb = None
-    header = _fast_jpeg_header(data) if name == "simplejpeg" else None
+    header = read_jpeg_header(data) if name == "simplejpeg" else None
     if header is not None:
         width, height, orientation = header
         _check_pixels(width, height, max_pixels, source, ext)
         up_h, up_w = (height, width) if orientation < 5 else (width, height)
         top, left, box_h, box_w = _check_box(crop(up_h, up_w), up_h, up_w, source, ext)
         factor = _reduction_factor(box_w, box_h, min_side)
-        rgb = _simplejpeg_scaled(data, width, height, factor)
+        rgb = simplejpeg_decode(data, width, height, factor)
         # None: simplejpeg refused the file; Pillow decodes it with the box already drawn
     if rgb is not None:
         rgb = _ORIENT[orientation](rgb)
@@ -342,7 +340,7 @@ def probe_jpeg(
         TypeError: ``data`` is not bytes-like.
         ImageTooLargeError: The header declares more than ``max_pixels`` pixels.
     """
-    header = _fast_jpeg_header(_as_bytes(data))
+    header = read_jpeg_header(_as_bytes(data))
     if header is not None:
         _check_pixels(header[0], header[1], max_pixels, source, ext)
     return header
@@ -360,7 +358,7 @@ def decode_jpeg_as_stored(data: bytes) -> np.ndarray | None:
     """
     if not simplejpeg_available():
         return None
-    return _simplejpeg_scaled(_as_bytes(data), 0, 0, 1)
+    return simplejpeg_decode(_as_bytes(data), 0, 0, 1)
 
 
 def resolve_decoder(decoder: str) -> str:
@@ -393,26 +391,6 @@ def resolve_decoder(decoder: str) -> str:
     if decoder not in _BACKENDS:
         raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
     return decoder
-
-
-def simplejpeg_available() -> bool:
-    """Whether ``import simplejpeg`` works (imported once, lazily, on first call).
-
-    Returns:
-        True when the ``"simplejpeg"`` backend can run.
-    """
-    return _simplejpeg() is not None
-
-
-def _simplejpeg() -> Any:
-    global _simplejpeg_module, _simplejpeg_checked
-    if not _simplejpeg_checked:
-        try:
-            import simplejpeg
-        except ImportError:
-            simplejpeg = None
-        _simplejpeg_module, _simplejpeg_checked = simplejpeg, True
-    return _simplejpeg_module
 
 
 def _scale_span(start: int, length: int, full: int, scaled: int, factor: int, reverse: bool) -> tuple[int, int]:
@@ -454,7 +432,7 @@ def _check_header(data: bytes, img: Image.Image, max_pixels: int | None, source:
     """Pixel limit and JPEG completeness on the lazily opened header; returns the orientation."""
     _check_pixels(*img.size, max_pixels, source, ext)
     orientation = _read_orientation(img, source)
-    if img.format in _JPEG_FORMATS and not _jpeg_is_complete(data):
+    if img.format in _JPEG_FORMATS and not jpeg_is_complete(data):
         raise CorruptDataError(
             f"cannot decode image from {_where(source, ext)}: truncated JPEG "
             "(no end-of-image marker after the scan data)"
@@ -550,121 +528,11 @@ def _read_orientation(img: Image.Image, source: str) -> int:
     try:
         # The base-class method only parses what the header already holds. PNG's override
         # would decode every pixel to look for an eXIf chunk after the image data.
-        value = Image.Image.getexif(img).get(_ORIENTATION_TAG, 1)
+        value = Image.Image.getexif(img).get(ORIENTATION_TAG, 1)
     except Exception as exc:  # malformed EXIF must not make a good image unreadable
         logger.debug("ignoring unreadable EXIF in %s: %s: %s", source, type(exc).__name__, exc)
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
-
-
-def _jpeg_is_complete(data: bytes) -> bool:
-    """True when an end-of-image marker follows the first start-of-scan segment.
-
-    Walks the marker segments from SOI to the first SOS (skipping junk bytes between markers, as
-    libjpeg and Pillow do), then looks for ``FF D9`` after it. Entropy-coded data cannot contain
-    ``FF D9`` (``FF`` is byte-stuffed), so a file cut anywhere in its scans has none.
-    """
-    n = len(data)
-    pos = 2
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            pos += 1
-            continue
-        marker = data[pos + 1]
-        if marker == 0xFF:
-            pos += 1
-        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:
-            pos += 2
-        elif marker == 0xD9:
-            return False
-        else:
-            segment_end = pos + 2 + ((data[pos + 2] << 8) | data[pos + 3])
-            if marker == 0xDA:
-                return data.rfind(b"\xff\xd9", segment_end) != -1
-            pos = segment_end
-    return False
-
-
-_SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-
-
-def _fast_jpeg_header(data: bytes) -> tuple[int, int, int] | None:
-    """``(width, height, orientation)`` of a plain 8-bit colour/grey JPEG, read without Pillow.
-
-    The simplejpeg path's header probe (Pillow's pure-Python JPEG parser costs about a tenth of a
-    375-500 px decode). One walk over the marker segments, SOI to SOS: the SOF size and component
-    count, the first ``Exif`` APP1 segment's IFD0 orientation (what Pillow's ``getexif`` reads)
-    and the presence of an XMP packet; then the end-of-image check of :func:`_jpeg_is_complete`.
-    Anything it does not handle exactly as Pillow would (not 8-bit, not 1 or 3 components, an
-    XMP packet without an EXIF orientation, a malformed or unusual EXIF orientation entry, a
-    truncated file) returns ``None``, and the caller takes the Pillow header path, which decides.
-    """
-    n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return None
-    pos = 2
-    size = None
-    exif = None
-    xmp = False
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            pos += 1
-            continue
-        marker = data[pos + 1]
-        if marker == 0xFF:
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD9:
-            if marker == 0xD9:
-                return None
-            pos += 2
-            continue
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        segment = data[pos + 4 : pos + 2 + length]
-        if marker in _SOF_MARKERS:
-            if size is not None or len(segment) < 6 or segment[0] != 8 or segment[5] not in (1, 3):
-                return None
-            height, width = (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4]
-            if not width or not height:
-                return None
-            size = (width, height)
-        elif marker == 0xE1:
-            if segment[:6] == b"Exif\x00\x00":
-                if exif is not None:
-                    return None  # Pillow joins several EXIF segments: let it
-                exif = segment[6:]
-            elif segment.startswith(b"http://ns.adobe.com/xap/1.0/"):
-                xmp = True
-        elif marker == 0xDA:
-            if size is None or data.rfind(b"\xff\xd9", pos + 2 + length) == -1:
-                return None
-            orientation = _exif_orientation(exif) if exif is not None else 0
-            if orientation is None or (orientation == 0 and xmp):
-                return None  # unusual EXIF, or XMP may hold the orientation: Pillow decides
-            return size[0], size[1], orientation if 1 <= orientation <= 8 else 1
-        pos += 2 + length
-    return None
-
-
-def _exif_orientation(tiff: bytes) -> int | None:
-    """IFD0's orientation (tag 0x0112) from EXIF's TIFF block: 0 when absent, None when unusual."""
-    if len(tiff) < 8 or tiff[:4] not in (b"II*\x00", b"MM\x00*"):
-        return None
-    endian = "<" if tiff[0] == 0x49 else ">"
-    (ifd,) = struct.unpack_from(endian + "I", tiff, 4)
-    if ifd + 2 > len(tiff):
-        return None
-    (count,) = struct.unpack_from(endian + "H", tiff, ifd)
-    if ifd + 2 + 12 * count > len(tiff):
-        return None
-    for i in range(count):
-        tag, kind, num = struct.unpack_from(endian + "HHI", tiff, ifd + 2 + 12 * i)
-        if tag == _ORIENTATION_TAG:
-            if num != 1 or kind not in (3, 4):  # one SHORT or LONG; anything else: ask Pillow
-                return None
-            fmt = "H" if kind == 3 else "I"
-            return struct.unpack_from(endian + fmt, tiff, ifd + 2 + 12 * i + 8)[0]
-    return 0
 
 
 def _reduction_factor(width: int, height: int, target_size: int | None) -> int:
@@ -811,25 +679,9 @@ def _cv2_reduced_flag(cv2: object, factor: int) -> int:
     }[factor]
 
 
-def _simplejpeg_scaled(data: bytes, width: int, height: int, factor: int) -> np.ndarray | None:
-    """simplejpeg's RGB decode at scale ``1 / factor``; None when it refuses the file.
-
-    strict mode refuses what libjpeg only warns about (extraneous bytes before a marker, ...),
-    which Pillow tolerates: the caller then hands the file to Pillow, which decodes or raises.
-    """
-    try:
-        if factor > 1:
-            # the smallest libjpeg-turbo scale giving at least ceil(size / f) is exactly 1/f
-            return _simplejpeg().decode_jpeg(data, "RGB", False, False, -(-height // factor), -(-width // factor))
-        return _simplejpeg().decode_jpeg(data, "RGB")
-    except ValueError as exc:
-        _log_once("simplejpeg-refused", "simplejpeg refused a JPEG (%s); decoding it with Pillow", exc)
-        return None
-
-
 def _decode_simplejpeg(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
     if img.format in _JPEG_FORMATS and img.mode in _SIMPLEJPEG_MODES:
-        rgb = _simplejpeg_scaled(data, *img.size, factor)
+        rgb = simplejpeg_decode(data, *img.size, factor)
         if rgb is not None:
             return rgb
     return _decode_pil(data, img, factor, where)

@@ -15,6 +15,7 @@ __all__ = [
     "CorruptDataError",
     "SourceChangedError",
     "DataSourceError",
+    "ResumeStateError",
     "UnsupportedURLError",
 ]
 
@@ -41,6 +42,10 @@ class SourceChangedError(ShardfeedError, OSError):
 
 class DataSourceError(ShardfeedError, OSError):
     """Reading a shard failed (network error, HTTP status, stalled stream) after bounded retries."""
+
+
+class ResumeStateError(ShardfeedError, ValueError):
+    """A loader state cannot be restored here: another dataset, format version or reading rule."""
 
 
 class UnsupportedURLError(ShardfeedError, ValueError):

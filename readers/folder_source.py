@@ -11,8 +11,9 @@ class map then gives the labels, so that the folder's labels match that dataset'
 The file list is held in numpy arrays (paths as one fixed-width bytes array, labels as int64), not
 Python lists, so forked ``DataLoader`` workers do not copy it page by page through reference
 counting. Map-style: :func:`~shardfeed.readers.loader.make_loader` reads it with
-:class:`~shardfeed.readers.loader.EpochSampler` (the sample-range split); it also works with
-``torch.utils.data.DistributedSampler``.
+:class:`~shardfeed.readers.loader.EpochSampler` (the sample-range split), and iterating it
+directly follows the same rule (shuffled, this rank's share); it also works with
+``torch.utils.data.DistributedSampler`` (``len(ds)`` is N, the range of ``ds[i]``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,16 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self._num_samples
 
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the file list (relative paths and labels, in ImageFolder order)."""
+        import hashlib
+
+        h = hashlib.sha256(b"shardfeed-folder\0")
+        h.update(self._paths.tobytes())
+        h.update(self._labels.tobytes())
+        return h.hexdigest()
+
     def rel_path(self, i: int) -> str:
         """Path of sample ``i`` relative to the root (``/`` separators)."""
         return self._paths[i].decode("utf-8", "surrogateescape")
@@ -126,7 +137,7 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
         where = self.store.url(rel) if self.store is not None else os.path.join(self.root, rel)
         try:
             key, data, ext, label, meta = self.read_raw(i)
-            return self.emit(key, data, ext, label, meta, where)
+            return self.emit(key, data, ext, label, meta, where, index=i)
         except (OSError, ValueError) as exc:
             if isinstance(exc, OSError) and where not in str(exc):
                 exc = OSError(exc.errno, f"{where}: {exc.strerror or exc}")

@@ -10,7 +10,9 @@
   bytes array (no per-key Python objects for forked workers to copy).
 * Epoch split: :func:`~shardfeed.readers.loader.make_loader` reads it with
   :class:`~shardfeed.readers.loader.EpochSampler` (same sample-range rule as WebDataset, over a
-  seeded permutation); ``torch.utils.data.DistributedSampler`` works too (``len(ds)`` is N).
+  seeded permutation), and iterating it directly follows the same rule (shuffled, this rank's
+  share; see :mod:`~shardfeed.readers.source_base`); ``torch.utils.data.DistributedSampler``
+  works too (``len(ds)`` is N, the range of ``ds[i]``).
 * Each record's CRC-32 is checked (``verify=True``).
 
 ``readahead``: default None = automatic, :func:`shardfeed.readers.lmdb_io.choose_readahead` by the
@@ -214,7 +216,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         meta = None
         try:
             key, data, ext, label, meta = self.read_raw(i)
-            return self.emit(key, data, ext, label, meta, f"{self._db_path} key {key}")
+            return self.emit(key, data, ext, label, meta, f"{self._db_path} key {key}", index=i)
         except (CorruptDataError, ValueError) as exc:
             self.handle_error(name_original_file(exc, meta), f"{self.root / 'data.mdb'} key {self.key(i).decode()}")
             return None

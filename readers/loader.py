@@ -14,6 +14,24 @@ exact: ``ceil(L / batch_size)`` (``L // batch_size`` with ``drop_last``) where `
 ``N // world_size`` (``ceil(N / world_size)`` with ``pad=True``), and the same for any
 ``num_workers``. The loader counts epochs: each ``iter(loader)`` uses the next epoch (0, 1, ...)
 unless :meth:`ShardfeedLoader.set_epoch` was called.
+
+**Resuming mid-epoch.** :meth:`ShardfeedLoader.state_dict` returns a small JSON-serialisable dict
+(format version, the dataset's fingerprint, epoch, samples consumed, seed, world size, batch size,
+worker count, ...); :meth:`ShardfeedLoader.load_state_dict` on a new loader over the same dataset,
+before iterating, continues that epoch from the next batch, then the following epochs. It costs a
+seek, not a replay: positions are computed (:mod:`~shardfeed.readers.epoch`), a WebDataset worker
+reads the samples its shuffle buffer held and the next ones by their ``.idx`` offsets, LMDB and folder
+sources index directly.
+
+* Same world size, batch size, number of workers and seed: the same batches as an uninterrupted
+  run (samples, order, labels, random crops and flips).
+* Another number of workers or world size: every sample not yet consumed in that epoch is read
+  once across ranks (the rest of the epoch is split by the usual rule, remainder included), and
+  every rank yields the same number of batches.
+* Batches consumed count whole: samples skipped under ``on_error="skip"`` count as consumed.
+* Under DDP every rank consumes the same batches, so rank 0's state restores all ranks.
+* A state from another dataset (other manifest fingerprint), another seed, shuffle, ``pad`` or
+  ``drop_last`` is refused (:class:`~shardfeed.readers.errors.ResumeStateError`).
 """
 
 from __future__ import annotations
@@ -23,16 +41,23 @@ import logging
 import multiprocessing
 import os
 import sys
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.utils.data
 
-from .dataset import epoch_positions, is_url, open_dataset, resolve_rank, samples_per_rank
+from .dataset import is_url, open_dataset
+from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
+                    resumed_samples_per_rank)
+from .errors import ResumeStateError
 from .source_base import SourceBase
 
 __all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers",
-           "collate_raw", "worker_init"]
+           "collate_raw", "worker_init", "STATE_VERSION"]
+
+#: Version of the dict :meth:`ShardfeedLoader.state_dict` returns.
+STATE_VERSION = 1
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +76,9 @@ class EpochSampler(torch.utils.data.Sampler):
 
     Each epoch the N indices are permuted with ``random.Random(seed + epoch)`` (identity without
     ``shuffle``) and the rank takes its contiguous range of that sequence (remainder dropped,
-    or filled from the start with ``pad``), cut to whole batches with ``drop_last``.
+    or filled from the start with ``pad``), cut to whole batches with ``drop_last``. After
+    :meth:`set_resume`, the resumed epoch yields the rank's part of what is left of it
+    (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`).
     """
 
     def __init__(self, num_samples: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
@@ -61,18 +88,34 @@ class EpochSampler(torch.utils.data.Sampler):
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.drop_last = int(batch_size), bool(drop_last)
         self.epoch = 0
+        self.resume: dict | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    def set_resume(self, plan: dict | None) -> None:
+        """Continue ``plan["epoch"]`` after the earlier runs ``plan["segments"]`` (None: fresh epochs)."""
+        self.resume = plan or None
+
+    def _segments(self) -> list[dict]:
+        plan = self.resume
+        return list(plan["segments"]) if plan and int(plan["epoch"]) == self.epoch else []
+
     def __iter__(self):
-        return iter(epoch_positions(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                                    rank=self.rank, world_size=self.world_size, pad=self.pad,
-                                    batch_size=self.batch_size, drop_last=self.drop_last))
+        segments = self._segments()
+        if not segments:
+            return iter(epoch_positions(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                                        rank=self.rank, world_size=self.world_size, pad=self.pad,
+                                        batch_size=self.batch_size, drop_last=self.drop_last))
+        seq = resumed_rank_sequence(self.num_samples, segments, rank=self.rank, world_size=self.world_size,
+                                    batch_size=self.batch_size, num_workers=1, buffer=0, seed=self.seed,
+                                    epoch=self.epoch, shuffle=self.shuffle, pad=self.pad, drop_last=self.drop_last)
+        return iter(positions_to_indices(self.num_samples, seq, seed=self.seed, epoch=self.epoch,
+                                         shuffle=self.shuffle).tolist())
 
     def __len__(self) -> int:
-        return samples_per_rank(self.num_samples, self.world_size, pad=self.pad, batch_size=self.batch_size,
-                                drop_last=self.drop_last)
+        return resumed_samples_per_rank(self.num_samples, self._segments(), world_size=self.world_size,
+                                        batch_size=self.batch_size, pad=self.pad, drop_last=self.drop_last)
 
 
 def worker_init(worker_id: int, user_fn: Callable[[int], Any] | None = None,
@@ -131,25 +174,33 @@ def _collate_decoded(batch: Sequence, image_size: int | None = None):
 
 
 class _EpochIterator:
-    """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end."""
+    """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end,
+    and the count of batches delivered (for :meth:`ShardfeedLoader.state_dict`)."""
 
     def __init__(self, it, loader: "ShardfeedLoader", epoch: int):
         self._it = it
         self._loader = loader
         self._epoch = epoch
         self._reported = False
+        #: batches delivered so far in this iteration
+        self.num_batches_delivered = 0
+        #: True once the iteration has ended
+        self.finished = False
 
     def __iter__(self):
         return self
 
     def __next__(self):
         try:
-            return next(self._it)
+            batch = next(self._it)
         except StopIteration:
+            self.finished = True
             if not self._reported:
                 self._reported = True
                 self._loader._report_epoch(self._epoch)
             raise
+        self.num_batches_delivered += 1
+        return batch
 
     def __len__(self) -> int:
         return len(self._it)
@@ -164,13 +215,17 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
     ``iter(loader)`` uses epoch 0, then 1, 2, ...; :meth:`set_epoch` chooses the next one.
     With ``on_error="skip"``, the epoch's skipped samples (all workers together) are logged once
     when the epoch ends (WARNING) and can be read as ``loader.dataset.skipped`` (see
-    :class:`~shardfeed.readers.source_base.SourceBase`).
+    :class:`~shardfeed.readers.source_base.SourceBase`). :meth:`state_dict` and
+    :meth:`load_state_dict` resume mid-epoch (see the module docstring).
     """
 
     def __init__(self, *args, epoch_sampler: EpochSampler | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
         self._next_epoch = 0
+        self._current = None  # weak reference to the iteration in progress (no loader <-> iterator cycle)
+        self._resume: dict | None = None  # {"epoch", "segments"} in effect
+        self._resume_started = False
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next ``iter(loader)`` (then ``epoch + 1``, ...)."""
@@ -183,9 +238,21 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         """The epoch the next ``iter(loader)`` will use."""
         return self._next_epoch
 
+    def _set_plan(self, plan: dict | None) -> None:
+        self._resume = plan
+        self._resume_started = False
+        if isinstance(self.dataset, SourceBase):
+            self.dataset.set_resume(plan)
+        if self._epoch_sampler is not None:
+            self._epoch_sampler.set_resume(plan)
+
     def __iter__(self):
         e = self._next_epoch
         self._next_epoch = e + 1
+        if self._resume is not None and (int(self._resume["epoch"]) != e or self._resume_started):
+            self._set_plan(None)  # the resumed epoch is over (or another epoch was chosen)
+        if self._resume is not None:
+            self._resume_started = True
         ds = self.dataset
         if isinstance(ds, SourceBase) or hasattr(ds, "set_epoch"):
             ds.set_epoch(e)
@@ -193,7 +260,110 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             self._epoch_sampler.set_epoch(e)
         elif hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(e)
-        return _EpochIterator(super().__iter__(), self, e)
+        it = _EpochIterator(super().__iter__(), self, e)
+        self._current = weakref.ref(it)
+        return it
+
+    # ---- resuming
+    def _source(self) -> SourceBase:
+        ds = self.dataset
+        if not isinstance(ds, SourceBase):
+            raise TypeError("state_dict/load_state_dict need a shardfeed source (open_dataset), not "
+                            f"{type(ds).__name__}")
+        return ds
+
+    def _rules(self) -> dict:
+        ds = self._source()
+        return {"num_samples": ds.num_samples, "seed": ds.seed, "shuffle": ds.shuffle, "pad": ds.pad,
+                "drop_last": ds.drop_last}
+
+    def state_dict(self) -> dict:
+        """Where this loader stands: a small JSON-serialisable dict to save with the model checkpoint.
+
+        Keys: ``version`` (:data:`STATE_VERSION`), ``fingerprint`` (the dataset's, from its
+        manifest), ``epoch``, ``samples_consumed`` (positions of each rank's share of the epoch
+        consumed by this run: ``batches_consumed * batch_size``, skipped samples included),
+        ``batches_consumed``, ``seed``, ``shuffle``, ``pad``, ``drop_last``, ``num_samples``,
+        ``world_size``, ``batch_size``, ``num_workers``, ``shuffle_buffer`` (WebDataset, samples; 0
+        for random-access sources) and ``segments`` (earlier runs of this epoch when it
+        was itself resumed). Call it between batches (after a step): a batch the loop has
+        received counts as consumed. Under DDP every rank returns the same values (save rank 0's).
+
+        Raises:
+            TypeError: the loader's dataset is not a shardfeed source.
+        """
+        ds = self._source()
+        cur = self._current() if self._current is not None else None
+        segments: list[dict] = []
+        if cur is not None and not cur.finished and cur._epoch == self._next_epoch - 1:
+            epoch, batches = cur._epoch, cur.num_batches_delivered
+            if self._resume is not None and int(self._resume["epoch"]) == epoch:
+                segments = list(self._resume["segments"])
+        elif self._resume is not None and not self._resume_started:
+            epoch, batches = int(self._resume["epoch"]), 0  # loaded, not yet iterated
+            segments = list(self._resume["segments"])
+        else:
+            epoch, batches = self._next_epoch, 0
+        length = resumed_samples_per_rank(ds.num_samples, segments, world_size=ds.world_size,
+                                          batch_size=ds.batch_size, pad=ds.pad, drop_last=ds.drop_last)
+        state = {"version": STATE_VERSION, "fingerprint": ds.fingerprint, "epoch": epoch,
+                 "samples_consumed": min(batches * ds.batch_size, length), "batches_consumed": batches,
+                 **self._rules(), "world_size": ds.world_size, "batch_size": ds.batch_size,
+                 "num_workers": self.num_workers, "shuffle_buffer": ds.buffer_size, "segments": segments}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`, possibly of another process or rank):
+        the next ``iter(loader)`` is the rest of ``state["epoch"]``, then the following epochs.
+
+        Call it before iterating. Each rank loads the same state (rank 0's).
+
+        Raises:
+            ResumeStateError: another format version, another dataset (fingerprint or sample
+                count), another seed, shuffle, ``pad`` or ``drop_last``, or a malformed state.
+            TypeError: the loader's dataset is not a shardfeed source.
+        """
+        ds = self._source()
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise ResumeStateError(f"loader state version {got!r} is not {STATE_VERSION}: it was saved by another "
+                                   "shardfeed; start the epoch afresh (loader.set_epoch(epoch))")
+        if state.get("fingerprint") != ds.fingerprint:
+            raise ResumeStateError(f"the loader state was saved for another dataset (fingerprint "
+                                   f"{str(state.get('fingerprint'))[:12]}..., this one {ds.fingerprint[:12]}...): "
+                                   f"{ds!r} changed since (repacked or edited); resuming would repeat or skip "
+                                   "samples. Start the epoch afresh with loader.set_epoch(epoch)")
+        for key, value in self._rules().items():
+            if state.get(key) != value:
+                raise ResumeStateError(f"the loader state has {key}={state.get(key)!r} but this loader "
+                                       f"{key}={value!r}; make the loader with the same {key} to resume")
+        try:
+            epoch = int(state["epoch"])
+            seg = {"world_size": int(state["world_size"]), "num_workers": int(state["num_workers"]),
+                   "batch_size": int(state["batch_size"]), "shuffle_buffer": int(state["shuffle_buffer"]),
+                   "samples_consumed": int(state["samples_consumed"])}
+            segments = [dict(x) for x in state.get("segments", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResumeStateError(f"malformed loader state ({exc!r}): pass what loader.state_dict() returned"
+                                   ) from None
+        if epoch < 0:
+            raise ResumeStateError(f"malformed loader state: epoch {epoch}")
+        if seg["samples_consumed"] > 0:
+            segments.append(seg)
+        try:
+            left = resumed_samples_per_rank(ds.num_samples, segments, world_size=ds.world_size,
+                                            batch_size=ds.batch_size, pad=ds.pad, drop_last=ds.drop_last)
+        except ValueError as exc:
+            raise ResumeStateError(f"malformed loader state: {exc}") from None
+        if segments and left == 0:
+            epoch, segments = epoch + 1, []  # the epoch was consumed to its end
+        self._next_epoch = epoch
+        self._set_plan({"epoch": epoch, "segments": segments} if segments else None)
+        ds.set_epoch(epoch)  # len(loader) now counts what the resumed epoch yields
+        if self._epoch_sampler is not None:
+            self._epoch_sampler.set_epoch(epoch)
+        log.info("resuming epoch %d after %d earlier run(s): %d samples left on this rank", epoch, len(segments),
+                 left if segments else 0)
 
     def _report_epoch(self, epoch: int) -> None:
         ds = self.dataset
@@ -302,7 +472,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
         kwargs["drop_last"] = bool(drop_last)
     else:
         r, w = (ds.rank, ds.world_size) if isinstance(ds, SourceBase) else resolve_rank(rank, world_size)
-        epoch_sampler = EpochSampler(len(ds), shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
+        n = ds.num_samples if isinstance(ds, SourceBase) else len(ds)
+        epoch_sampler = EpochSampler(n, shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
                                      batch_size=batch_size, drop_last=drop_last)
         kwargs["sampler"] = epoch_sampler
         kwargs["drop_last"] = bool(drop_last)

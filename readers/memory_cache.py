@@ -30,7 +30,7 @@ import torch
 import torch.utils.data
 
 from .format import meta_bytes
-from .source_base import SourceBase, name_original_file
+from .source_base import SourceBase, name_original_file, parts_to_raw
 
 __all__ = ["MemoryCachedSource", "available_memory_bytes", "MEMORY_MARGIN_BYTES"]
 
@@ -62,7 +62,6 @@ def _source_bytes(src) -> int:
 
 def _iter_source(src):
     """``(key, data, ext, label, meta_json_bytes)`` for every sample, in dataset order."""
-    from .source_base import parts_to_raw
     from .webdataset_source import WebDatasetSource
 
     if isinstance(src, WebDatasetSource):
@@ -157,6 +156,7 @@ class MemoryCachedSource(SourceBase, torch.utils.data.Dataset):
         self._class_to_idx = src.class_to_idx
         self._num_samples = n
         self.source_repr = repr(src)
+        self.source_fingerprint = src.fingerprint
         self.num_bytes = pos
         self._init_common(image_size=src.image_size, train=src.sample_decoder.train,
                           decoder=src.sample_decoder.decoder, decode=src.decode, on_error=src.on_error,
@@ -172,6 +172,11 @@ class MemoryCachedSource(SourceBase, torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return self._num_samples
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of the source it was loaded from."""
+        return self.source_fingerprint
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -205,7 +210,7 @@ class MemoryCachedSource(SourceBase, torch.utils.data.Dataset):
         try:
             blob = data[off[i]:off[i + 1]].tobytes()
             m = meta[moff[i]:moff[i + 1]].tobytes() if not self.decode else None
-            return self.emit(key, blob, self._exts[codes[i]], int(labels[i]), m, where)
+            return self.emit(key, blob, self._exts[codes[i]], int(labels[i]), m, where, index=i)
         except ValueError as exc:
             self.handle_error(name_original_file(exc, meta[moff[i]:moff[i + 1]].tobytes()), where)
             return None

@@ -25,20 +25,40 @@ that cannot be read or decoded (a damaged shard: the rest of its range) and coun
   Iterating the dataset directly simply leaves the sample out.
 
 The epoch lives in a one-element shared-memory tensor, so :meth:`SourceBase.set_epoch` called in
-the main process reaches persistent ``DataLoader`` workers (fork, spawn or forkserver).
+the main process reaches persistent ``DataLoader`` workers (fork, spawn or forkserver); so does
+the resume plan (:meth:`SourceBase.set_resume`, a small JSON document in a shared byte tensor).
+
+**Iterating a source directly** (``for x in open_dataset(...)``) behaves the same for the three
+sources: the epoch is shuffled (``shuffle=True``) and split by ``rank``/``world_size`` exactly as
+under :func:`~shardfeed.readers.loader.make_loader` (:mod:`~shardfeed.readers.epoch`), and each
+iteration is the next epoch unless :meth:`SourceBase.set_epoch` chose one.
+:attr:`SourceBase.num_samples_per_rank` is what one iteration yields on this rank (all workers
+together). ``len(ds)`` is that number for the iterable WebDataset source; for the map-style
+sources (LMDB, folder, memory cache) ``len(ds)`` stays N, the range of ``ds[i]`` (``i`` in
+packing order), because ``torch.utils.data`` samplers (``DistributedSampler``...) rely on it.
+
+**Random augmentation** (``train=True``) draws each sample's crop and flip from a generator seeded
+by ``(seed, epoch, sample index)`` (:meth:`SourceBase.sample_rng`), not from a per-worker stream,
+so a resumed run (or another number of workers) crops every sample as an uninterrupted run would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 from typing import Any
 
+import numpy as np
+
 from .decode import DEFAULT_MAX_PIXELS
+from .epoch import (ON_ERROR, positions_to_indices, resolve_rank, resumed_rank_sequence,
+                    resumed_samples_per_rank, worker_batches)
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, sample_from_members
 
-__all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS"]
+__all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
+           "manifest_fingerprint", "RESUME_CAPACITY_BYTES"]
 
 _new_tuple = tuple.__new__
 log = logging.getLogger("shardfeed.readers")
@@ -51,6 +71,24 @@ SIDE_EXTS = SIDE_EXTENSIONS
 #: Rows of the shared skip-count table: row 0 is the main process, row ``1 + w % (SKIP_SLOTS - 1)``
 #: is ``DataLoader`` worker ``w``.
 SKIP_SLOTS = 64
+
+#: Room for the resume plan shared with workers (JSON; a plan holds one small dict per earlier run
+#: of the epoch, about 120 bytes each). Kept under torch's parallel grain size (32,768 elements):
+#: filling a bigger tensor may start OpenMP threads, and a process forked from one that did can
+#: deadlock on their lock (found with a source opened in a forked child of the test process).
+RESUME_CAPACITY_BYTES = 1 << 14
+
+
+def manifest_fingerprint(manifest) -> str:
+    """SHA-256 (hex) of what decides a dataset's samples and their order: format, N, classes and
+    every file's name, sample count, size and hash (not ``created_by`` nor the options).
+
+    The same dataset read locally or over HTTP has the same fingerprint; a repacked or changed
+    one (other shards, counts, sizes or hashes) has another.
+    """
+    doc = {"format": manifest.format, "num_samples": manifest.num_samples, "classes": list(manifest.classes),
+           "shards": [[s.name, s.num_samples, s.num_bytes, s.sha256] for s in manifest.shards]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def name_original_file(exc: BaseException, meta: Any) -> BaseException:
@@ -101,7 +139,6 @@ class SourceBase:
                      pad: bool = False, rank: int | None = None, world_size: int | None = None) -> None:
         import torch
 
-        from .dataset import ON_ERROR, resolve_rank
         from .transforms import SampleDecoder
 
         if on_error not in ON_ERROR:
@@ -120,6 +157,9 @@ class SourceBase:
                                             transform=transform, max_pixels=max_pixels, seed=self.seed)
         # epoch shared with workers: -1 = never set (then each process counts its own iterations)
         self._epoch_state = torch.full((1,), -1, dtype=torch.int64).share_memory_()
+        # resume plan shared with workers: [length, JSON bytes...] (length 0: none)
+        self._resume_len = torch.zeros((1,), dtype=torch.int64).share_memory_()
+        self._resume_bytes = torch.zeros((RESUME_CAPACITY_BYTES,), dtype=torch.uint8).share_memory_()
         self._local_epoch = 0
         self._ctx_epoch = None
         self._skips = 0
@@ -140,8 +180,6 @@ class SourceBase:
 
     def set_distributed(self, rank: int | None = None, world_size: int | None = None) -> None:
         """Set (or re-resolve) this reader's rank and world size."""
-        from .dataset import resolve_rank
-
         self.rank, self.world_size = resolve_rank(rank, world_size)
 
     def worker_init(self, worker_id: int) -> None:
@@ -156,6 +194,95 @@ class SourceBase:
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.holes = True
+
+    # ---- resuming and the epoch's sequence
+    def set_resume(self, plan: dict | None) -> None:
+        """Continue epoch ``plan["epoch"]`` after the earlier runs ``plan["segments"]``
+        (see :mod:`~shardfeed.readers.epoch`); None: every epoch starts fresh.
+
+        Set by :meth:`~shardfeed.readers.loader.ShardfeedLoader.load_state_dict`; it reaches
+        persistent workers through shared memory. Other epochs than ``plan["epoch"]`` start fresh.
+
+        Raises:
+            ValueError: the plan does not fit in :data:`RESUME_CAPACITY_BYTES`.
+        """
+        import torch
+
+        if not plan:
+            self._resume_len[0] = 0
+            return
+        data = json.dumps({"epoch": int(plan["epoch"]), "segments": list(plan["segments"])},
+                          separators=(",", ":")).encode()
+        if len(data) > RESUME_CAPACITY_BYTES:
+            raise ValueError(f"resume plan of {len(data)} bytes is over {RESUME_CAPACITY_BYTES} bytes: the epoch "
+                             "was resumed too many times; start the next epoch fresh")
+        self._resume_bytes[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._resume_len[0] = len(data)
+
+    def resume_plan(self) -> dict | None:
+        """The plan set by :meth:`set_resume` (None when there is none)."""
+        n = int(self._resume_len[0])
+        if n == 0:
+            return None
+        return json.loads(self._resume_bytes[:n].numpy().tobytes())
+
+    def resume_segments(self, epoch: int) -> list[dict]:
+        """The earlier runs of ``epoch`` (empty: the epoch starts fresh)."""
+        plan = self.resume_plan()
+        return list(plan["segments"]) if plan and int(plan["epoch"]) == int(epoch) else []
+
+    @property
+    def buffer_size(self) -> int:
+        """Samples in each worker's shuffle buffer (0: random-access source or no shuffle)."""
+        return 0
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of what decides this dataset's samples and order (:func:`manifest_fingerprint`)."""
+        return manifest_fingerprint(self.manifest)
+
+    @property
+    def num_samples_per_rank(self) -> int:
+        """Samples one iteration yields on this rank, all workers together (resume-aware)."""
+        return resumed_samples_per_rank(self._num_samples, self.resume_segments(self.epoch_in_use()),
+                                        world_size=self.world_size, batch_size=self.batch_size, pad=self.pad,
+                                        drop_last=self.drop_last)
+
+    def rank_sequence(self, epoch: int, num_workers: int = 1) -> np.ndarray:
+        """This rank's positions of the epoch's global sequence, in delivery order
+        (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`; ``int64 [L]``)."""
+        return resumed_rank_sequence(self._num_samples, self.resume_segments(epoch), rank=self.rank,
+                                     world_size=self.world_size, batch_size=self.batch_size,
+                                     num_workers=num_workers, buffer=self.buffer_size, seed=self.seed, epoch=epoch,
+                                     shuffle=self.shuffle, pad=self.pad, drop_last=self.drop_last)
+
+    def needs_sample_rng(self) -> bool:
+        """Whether decoding draws random numbers (built-in train transform)."""
+        sd = self.sample_decoder
+        return self.decode and sd.train and sd.transform is None and sd.image_size is not None
+
+    def sample_rng(self, index: int) -> np.random.Generator:
+        """The generator for sample ``index`` (packing order) in the current epoch: seeded by
+        ``(seed, epoch, index)``, the same in every process and run."""
+        epoch = self._ctx_epoch if self._ctx_epoch is not None else 0
+        return np.random.default_rng([self.seed, int(epoch), int(index), 0x5A3D1E])
+
+    def __iter__(self):
+        """Direct iteration of a map-style source: the rank's indices of the epoch, shuffled and
+        split as under :func:`~shardfeed.readers.loader.make_loader` (workers take every W-th batch)."""
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        epoch = self.begin_epoch(worker)
+        seq = self.rank_sequence(epoch)
+        if num_workers > 1:
+            seq = worker_batches(seq, batch_size=self.batch_size, num_workers=num_workers, worker=worker)
+        for i in positions_to_indices(self._num_samples, seq, seed=self.seed, epoch=epoch, shuffle=self.shuffle):
+            item = self[int(i)]
+            if item is not None or self.holes:
+                yield item
+        self.end_epoch()
 
     @property
     def classes(self) -> list[str]:
@@ -212,14 +339,17 @@ class SourceBase:
             self._enter_epoch(e, None)
 
     # ---- turning stored samples into outputs
-    def emit(self, key: str, data: bytes, ext: str, label: int, meta: Any, where: str):
+    def emit(self, key: str, data: bytes, ext: str, label: int, meta: Any, where: str, index: int | None = None):
         """One output item: decoded ``(uint8 [3, H, W], int)`` or a raw ``Sample``.
 
         Args:
             meta: a dict, or the JSON bytes of one (parsed only in raw mode).
             where: the file, or ``"shard S key K"``, for error messages.
+            index: the sample's index in packing order (seeds its random crop and flip).
         """
         if self.decode:
+            if index is not None and self.needs_sample_rng():
+                return self.sample_decoder(data, ext, label, where, rng=self.sample_rng(index))
             return self.sample_decoder(data, ext, label, where)
         if meta is None:
             meta = {}

@@ -571,7 +571,7 @@ class SampleDecoder:
         return self._rng
 
     def __call__(
-        self, data: bytes, ext: str, label: int, source: str
+        self, data: bytes, ext: str, label: int, source: str, rng: np.random.Generator | None = None
     ) -> tuple["torch.Tensor", int]:
         """Decode and transform one sample.
 
@@ -580,6 +580,10 @@ class SampleDecoder:
             ext: The sample's extension (a hint for messages; the format is sniffed).
             label: Class index.
             source: Where the bytes came from (file path or ``"shard X key Y"``), for errors.
+            rng: Generator for this sample's random crop and flip (train mode); default: the
+                stream of :meth:`set_context`. The sources pass one seeded by
+                ``(seed, epoch, sample index)`` so that a resumed run crops as an
+                uninterrupted one.
 
         Returns:
             ``(image, label)``: ``torch.uint8`` tensor ``[3, H, W]`` (``H == W == image_size``
@@ -590,7 +594,8 @@ class SampleDecoder:
             ImageTooLargeError: The image has more than ``max_pixels`` pixels.
         """
         if self._fused and self.transform is None and isinstance(self._builtin, TrainTransform):
-            rng = self.rng()
+            if rng is None:
+                rng = self.rng()
             window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
                                  min_side=self._builtin.image_size, decoder=self.decoder,
                                  max_pixels=self.max_pixels, source=source)
@@ -606,7 +611,7 @@ class SampleDecoder:
         if self.transform is not None:
             out = self.transform(to_chw_tensor(img))
         elif isinstance(self._builtin, TrainTransform):
-            out = self._builtin(img, rng=self.rng())
+            out = self._builtin(img, rng=rng if rng is not None else self.rng())
         elif self._builtin is not None:
             out = self._builtin(img)
         else:
@@ -682,8 +687,8 @@ def collate_uint8(
         if tuple(image.shape) != first_shape:
             raise ValueError(
                 f"images in a batch have different sizes {first_shape} vs {tuple(image.shape)}: "
-                "pass image_size=N (e.g. image_size=224) to open_dataset/make_loader to resize "
-                "and crop them to N x N"
+                "pass image_size=N (e.g. image_size=224) to open_dataset/make_loader (on the command line "
+                "--image-size N; 0 keeps decoded sizes) to resize and crop them to N x N"
             )
     out = _empty_batch(images[0], len(images))
     torch.stack(images, dim=0, out=out)

@@ -1,7 +1,7 @@
 """WebDataset source: shards from a local directory or an ``http(s)://`` URL, split by sample ranges.
 
 Each epoch a worker gets its list of ``(shard, first_sample, end_sample)`` ranges from
-:func:`~shardfeed.readers.dataset.epoch_ranges` and reads exactly those bytes: a range that
+:func:`~shardfeed.readers.epoch.epoch_ranges` and reads exactly those bytes: a range that
 starts inside a shard starts at the sample's byte offset from the shard's ``.idx`` (local
 ``seek``; over HTTP a ``Range`` request, or streaming and skipping when the server ignores
 ``Range``) and stops at the next sample's offset. Shards without an offset index (made by other
@@ -9,7 +9,18 @@ tools) are read from their start, skipping the samples before the range. Members
 :mod:`shardfeed.readers.tario` (no ``webdataset`` import, no per-member ``read`` call).
 
 A seeded shuffle buffer (``shuffle_buffer`` samples, default 1000; seed, epoch, rank, worker)
-mixes the samples of a worker; samples are decoded only when they leave the buffer.
+mixes the samples of a worker (:func:`~shardfeed.readers.epoch.shuffled`); samples are decoded
+only when they leave the buffer. Its generator draws no number from the data, so the order it
+emits is a function of positions only (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`
+replays it on indices): a resumed worker finds which samples its buffer held and which come next
+without reading anything, then reads those by offset (``.idx``; local ``seek`` or HTTP ``Range``).
+
+Resuming (:mod:`~shardfeed.readers.epoch`): with the state's world size, batch size and worker
+count a worker continues exactly where one worker of the interrupted run stopped (same buffer,
+same order); otherwise each worker reads its batches of the rest of the epoch by position. Both
+read in chunks of ``shuffle_buffer`` samples: the samples a chunk needs are sorted, grouped into runs of
+each shard (small gaps read through) and read by offset, and a sample read early for a later
+chunk is kept until then.
 
 Every sample of a range is checked against the manifest: a shard that yields fewer samples than
 the manifest says raises :class:`~shardfeed.readers.errors.CorruptDataError` naming it.
@@ -27,16 +38,19 @@ ranges and shards are read normally; a half-read sample is never yielded.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
-import random
+from collections import Counter
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
+import numpy as np
 import torch.utils.data
 
-from .dataset import epoch_ranges, samples_per_rank
+from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, shuffle_buffer_order, shuffled,
+                    spans_to_ranges, worker_batch_counts_before, worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
 from .format import Manifest, Sample, decode_index, read_index
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
@@ -59,6 +73,10 @@ HTTP_READ_BYTES = 1 << 20
 
 #: Samples held by each worker's shuffle buffer.
 DEFAULT_SHUFFLE_BUFFER = 1000
+
+#: Reading a resumed epoch by position: samples between two wanted ones of a shard that are read
+#: through (and dropped) rather than starting a new read.
+MERGE_GAP_SAMPLES = 16
 
 
 class LocalLocation:
@@ -100,22 +118,6 @@ class LocalLocation:
         return f, start
 
 
-def _shuffled(items: Iterator, size: int, rng: random.Random) -> Iterator:
-    """Reservoir-style shuffle buffer: holds up to ``size`` items, yields a random one per input."""
-    buf = []
-    rand = rng.random
-    for item in items:
-        if len(buf) < size:
-            buf.append(item)
-            continue
-        j = int(rand() * size)
-        out = buf[j]
-        buf[j] = item
-        yield out
-    rng.shuffle(buf)
-    yield from buf
-
-
 class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     """Iterable dataset over WebDataset shards (local directory or HTTP URL).
 
@@ -148,6 +150,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._class_to_idx = dict(manifest.class_to_idx)
         self._num_samples = manifest.num_samples
         self._counts = [s.num_samples for s in manifest.shards]
+        #: packing-order index of each shard's first sample
+        self._starts = [0, *itertools.accumulate(self._counts)][:-1]
         self._offsets: dict[int, list[int] | None] = {}
         self._init_common(**common)
 
@@ -156,8 +160,12 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 f"shards={len(self._counts)}, rank={self.rank}/{self.world_size})")
 
     def __len__(self) -> int:
-        return samples_per_rank(self._num_samples, self.world_size, pad=self.pad, batch_size=self.batch_size,
-                                drop_last=self.drop_last)
+        return self.num_samples_per_rank
+
+    @property
+    def buffer_size(self) -> int:
+        """Samples in each worker's shuffle buffer (0 without shuffle or with ``shuffle_buffer <= 1``)."""
+        return self.shuffle_buffer if self.shuffle and self.shuffle_buffer > 1 else 0
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -259,24 +267,42 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         epoch = self.begin_epoch(worker)
-        ranges = epoch_ranges(self._counts, seed=self.seed, epoch=epoch, rank=self.rank,
-                              world_size=self.world_size, num_workers=num_workers, worker=worker, pad=self.pad,
-                              shuffle=self.shuffle, batch_size=self.batch_size, drop_last=self.drop_last)
-        raw = self._iter_ranges(ranges)
-        if self.shuffle and self.shuffle_buffer > 1:
-            rng = random.Random(f"shuffle-buffer:{self.seed}:{epoch}:{self.rank}:{worker}")
-            raw = _shuffled(raw, self.shuffle_buffer, rng)
+        order = shard_order(len(self._counts), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        segments = self.resume_segments(epoch)
+        seg = segments[0] if len(segments) == 1 else None
+        if not segments:
+            raw = self._read_worker_range(order, epoch, worker, num_workers, 0)
+        elif seg is not None and (int(seg["world_size"]), max(1, int(seg["num_workers"])), int(seg["batch_size"]),
+                                  int(seg["shuffle_buffer"])) == (self.world_size, num_workers, self.batch_size,
+                                                                  self.buffer_size):
+            # exact resume: this worker plays the old worker whose turn comes next, from where it stopped
+            consumed = -(-int(seg["samples_consumed"]) // self.batch_size)
+            old = (worker + consumed) % num_workers
+            done = worker_batch_counts_before(consumed, num_workers)[old] * self.batch_size
+            raw = self._read_worker_range(order, epoch, old, num_workers, done)
+        else:
+            seq = resumed_rank_sequence(self._num_samples, segments, rank=self.rank, world_size=self.world_size,
+                                        batch_size=self.batch_size, num_workers=num_workers, buffer=self.buffer_size,
+                                        seed=self.seed, epoch=epoch, shuffle=self.shuffle, pad=self.pad,
+                                        drop_last=self.drop_last)
+            mine = worker_batches(seq, batch_size=self.batch_size, num_workers=num_workers, worker=worker)
+            raw = self._read_positions(order, mine)
         c2i = self._class_to_idx
         hole = self.holes
         if self.decode:
             decoder = self.sample_decoder
-            for key, parts, _ in raw:
+            rng_for = self.sample_rng if self.needs_sample_rng() else None
+            for index, key, parts in raw:
                 if key is None:  # samples of a damaged shard, counted as skipped
                     yield None
                     continue
                 try:
                     data, ext, label, _ = parts_to_raw(key, parts, c2i, parts["__url__"])
-                    out = decoder(data, ext, label, f"{parts['__url__']} key {key}")
+                    where = f"{parts['__url__']} key {key}"
+                    if rng_for is None:
+                        out = decoder(data, ext, label, where)
+                    else:
+                        out = decoder(data, ext, label, where, rng=rng_for(index))
                 except (CorruptDataError, ValueError) as exc:
                     self.handle_error(name_original_file(exc, parts.get("json")), f"{parts['__url__']} key {key}")
                     if hole:
@@ -288,7 +314,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             fast_exts = _FAST_EXTS
             new = tuple.__new__
             labels: dict[bytes, int] = {}
-            for key, parts, _ in raw:
+            for _, key, parts in raw:
                 if key is None:
                     yield None
                     continue
@@ -325,17 +351,76 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 yield out
         self.end_epoch()
 
+    def _read_worker_range(self, order: list[int], epoch: int, worker: int, num_workers: int, done: int):
+        """``(index, key, parts)`` of ``worker``'s sub-range of this rank through its shuffle buffer,
+        from its ``done``-th emitted sample on.
+
+        ``done == 0``: the sub-range is streamed front to back into the buffer. Else the buffer is
+        replayed on indices (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`) and the
+        samples still to come are read by position: first those the buffer held, then on.
+        """
+        start, stop = rank_span(self._num_samples, self.rank, self.world_size, pad=self.pad,
+                                batch_size=self.batch_size, drop_last=self.drop_last)
+        a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
+        buffer = self.buffer_size
+        if done == 0:
+            stream = self._iter_ranges(spans_to_ranges(self._counts, order, a, b))
+            yield from shuffled(stream, buffer, buffer_rng(self.seed, epoch, self.rank, worker))
+            return
+        if buffer:
+            rest = a + shuffle_buffer_order(b - a, buffer=buffer, seed=self.seed, epoch=epoch, rank=self.rank,
+                                            worker=worker)[done:]
+        else:
+            rest = np.arange(a + done, b, dtype=np.int64)
+        yield from self._read_positions(order, rest)
+
+    def _read_positions(self, order: list[int], positions: np.ndarray):
+        """``(index, key, parts)`` of global positions ``positions`` in that order (a resumed epoch):
+        chunk by chunk, each chunk's samples read by runs of their shards in file order; samples
+        read ahead for a later chunk (within four chunks) are kept until then."""
+        n = self._num_samples
+        if n == 0 or len(positions) == 0:
+            return
+        ordered_counts = np.asarray([self._counts[i] for i in order], dtype=np.int64)
+        ends = np.cumsum(ordered_counts)
+        phys = np.asarray(positions, dtype=np.int64) % n
+        slot = np.searchsorted(ends, phys, side="right")
+        shard = np.asarray(order, dtype=np.int64)[slot]
+        local = phys - (ends[slot] - ordered_counts[slot])
+        chunk = max(self.shuffle_buffer, self.batch_size, 1)
+        cache: dict[tuple[int, int], tuple] = {}
+        left = Counter(zip(shard.tolist(), local.tolist()))
+        for c0 in range(0, len(phys), chunk):
+            wanted = list(zip(shard[c0:c0 + chunk].tolist(), local[c0:c0 + chunk].tolist()))
+            missing = sorted({t for t in wanted if t not in cache})
+            if missing:
+                ahead = set(zip(shard[c0:c0 + 4 * chunk].tolist(), local[c0:c0 + 4 * chunk].tolist()))
+                for sh, lo, hi in _runs(missing):
+                    for item in self._iter_ranges([(sh, lo, hi)]):
+                        t = (sh, item[0] - self._starts[sh])
+                        if t in ahead:
+                            cache[t] = item
+            for t in wanted:
+                left[t] -= 1
+                item = cache.get(t) if left[t] else cache.pop(t, None)
+                if item is None:  # lost with a damaged shard (on_error="skip"), already counted
+                    if self.holes:
+                        yield self._starts[t[0]] + t[1], None, None
+                    continue
+                yield item
+
     def _iter_ranges(self, ranges):
-        """Raw samples of ``ranges``; under ``on_error="skip"`` a damaged shard's remaining samples
-        are counted as skipped (and, under a loader, stand as ``(None, None, None)`` holes)."""
-        hole = (None, None, None)
+        """``(index, key, parts)`` of the samples of ``ranges`` (``index``: packing order); under
+        ``on_error="skip"`` a damaged shard's remaining samples are counted as skipped (and, under a
+        loader, stand as ``(index, None, None)`` holes)."""
         for shard, start, end in ranges:
             got = 0
+            base = self._starts[shard] + start
             try:
                 try:
-                    for item in self.iter_range(shard, start, end):
+                    for key, parts, _ in self.iter_range(shard, start, end):
+                        yield base + got, key, parts
                         got += 1
-                        yield item
                 except FileNotFoundError as exc:  # a shard or its index gone since the manifest was read
                     entry = self.manifest.shards[shard]
                     raise DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing "
@@ -347,5 +432,17 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 lost = end - start - got
                 self.handle_error(exc, self.location.where(self.manifest.shards[shard].name), count=lost)
                 if self.holes:
-                    for _ in range(lost):
-                        yield hole
+                    for i in range(got, end - start):
+                        yield base + i, None, None
+
+
+def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(shard, start, end)`` runs covering sorted ``(shard, sample)`` pairs, read through gaps of
+    up to :data:`MERGE_GAP_SAMPLES`."""
+    out: list[list[int]] = []
+    for sh, i in pairs:
+        if out and out[-1][0] == sh and i - out[-1][2] <= MERGE_GAP_SAMPLES:
+            out[-1][2] = i + 1
+        else:
+            out.append([sh, i, i + 1])
+    return [(a, b, c) for a, b, c in out]

@@ -119,20 +119,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-#: the readers' source_base <-> dataset cycle: being removed by the readers-resume work of issue 14
-_READERS_CYCLE = pytest.mark.xfail(strict=True, reason="readers: source_base <-> dataset import cycle "
-                                                       "(issue 14, removed by the readers/resume work)")
-
-
-def _known_readers_cycle() -> bool:
-    return any({"shardfeed.readers.source_base", "shardfeed.readers.dataset"} <= set(c)
-               for c in _cycles(_edges("shardfeed.readers")))
-
-
-@pytest.mark.parametrize("package", [
-    "shardfeed.convert",
-    pytest.param("shardfeed.readers", marks=[_READERS_CYCLE] if _known_readers_cycle() else []),
-])
+@pytest.mark.parametrize("package", ["shardfeed.convert", "shardfeed.readers"])
 def test_no_import_cycle_within_a_package(package):
     cycles = _cycles(_edges(package))
     assert not cycles, "import cycles (counting imports inside functions): " + "; ".join(

@@ -212,9 +212,9 @@ def storage_option(f: Callable) -> Callable:
     location the command opens; the value is not passed on to the command function."""
     return click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
                         callback=_set_storage_options, expose_value=False,
-                        help="object-store client option for s3:// paths (repeatable): endpoint_url=URL, "
+                        help="Object-store client option for s3:// paths (repeatable): endpoint_url=URL, "
                              "region_name=R, profile=P, anon=true; credentials come from the AWS chain "
-                             "(env, profile, role)")(f)
+                             "(env, profile, role).")(f)
 
 
 class _NoBar:

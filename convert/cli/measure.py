@@ -161,13 +161,17 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
               help="Alternating rounds (before/after, then after/before, ...); the median run of each is reported, "
                    "and a verdict only when the rounds agree beyond their spread (3 or more recommended).")
 @click.option("--deep", is_flag=True, help="Also compare every sample's bytes and label (matched by original path).")
+@click.option("--warm-cache/--no-warm-cache", default=True, show_default=True,
+              help="Without --cold: read both datasets once before the first run, so neither side's first run "
+                   "reads from the disk. --no-warm-cache skips it, e.g. on storage that caches nothing (a FUSE "
+                   "mount without keep_cache), where the read only costs time.")
 @click.option("--min-speedup", type=FiniteFloat(min=0, min_open=True), default=None, metavar="X",
               help="Exit with status 1 when AFTER is less than X times as fast as BEFORE.")
 @click.option("--plot", metavar="PATH.png", default=None,
               help="Draw per-batch wait and compute over time (needs matplotlib).")
 @json_option
-def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_speedup: float | None,
-           plot: str | None, json_path: str | None, **kwargs: Any) -> None:
+def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_cache: bool,
+           min_speedup: float | None, plot: str | None, json_path: str | None, **kwargs: Any) -> None:
     """Same training loop, same device, BEFORE (e.g. the image folder) vs AFTER (its packed form).
 
     \b
@@ -189,7 +193,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, min_sp
     opts = _split_kwargs(kwargs)
     if deep:
         click.echo("shardfeed: comparing every sample of both datasets (--deep)...", err=True)
-    result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep,
+    result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep, warm_cache=warm_cache,
                              progress=_progress(json_path), **opts)
     echo(format_comparison(result), json_path)
     if plot:

@@ -32,9 +32,10 @@ machine did meanwhile, read from ``/proc`` (Linux; None elsewhere):
 
 ``cold=True`` evicts the dataset's files from the page cache first with
 ``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` and checks with ``mincore(2)`` (or the
-``fincore`` tool) whether the file system honoured it: tmpfs (``/dev/shm``), and some network
-and FUSE file systems, keep the pages, and the report says so. Pages mapped by a running process
-are not evicted either. ZFS's ARC ignores the advice without ``mincore`` noticing.
+``fincore`` tool) whether the file system honoured it: tmpfs (``/dev/shm``) keeps the pages, and
+the report says so. Pages mapped by a running process are not evicted either. ZFS's ARC ignores
+the advice without ``mincore`` noticing. On FUSE and network file systems the residency is not
+measurable (FUSE drops pages on open; the server keeps its own cache) and the report says so.
 
 
 The package, by concern:

@@ -79,21 +79,28 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         if r.system.get("iowait_share") is not None:
             rows.append(("CPU time in I/O wait (machine)", f"{r.system['iowait_share']:.1%}"))
     if r.cache is None:
-        rows.append(("page cache", "warm (not evicted)"))
+        rows.append(("page cache", "not evicted (as found; --cold evicts)"))
     else:
-        c = r.cache
-        after, total = c.get("cached_bytes_after"), c.get("bytes") or 0
-        if not c.get("files"):
-            state = "not evicted (no local files)"
-        elif after is None or not total:
-            state = "evicted (unchecked)"
-        elif c.get("ignored"):
-            state = f"NOT evicted, {after / total:.0%} left"
-        else:
-            state = f"evicted, {after / total:.0%} left"
-        rows.append(("page cache", f"{state} of {c.get('files', 0)} files, {fmt_bytes(total)}"))
+        rows.append(("page cache", _cache_text(r.cache)))
     rows.append(("device", f"{r.device} ({r.timing})"))
     return rows
+
+
+def _cache_text(c: dict) -> str:
+    """The report's page-cache row for what :func:`evict_page_cache` returned."""
+    after, total = c.get("cached_bytes_after"), c.get("bytes") or 0
+    checked = total - (c.get("unmeasurable_bytes") or 0)
+    if not c.get("files"):
+        state = "not evicted (no local files)"
+    elif c.get("unmeasurable_files") == c.get("files"):
+        state = f"evicted, not measurable on this file system ({', '.join(sorted(c.get('unmeasurable_fs') or {}))})"
+    elif after is None or not checked:
+        state = "evicted (unchecked)"
+    elif c.get("ignored"):
+        state = f"NOT evicted, {after / checked:.0%} left"
+    else:
+        state = f"evicted, {after / checked:.0%} left"
+    return f"{state} of {c.get('files', 0)} files, {fmt_bytes(total)}"
 
 
 def format_report(report: RunReport) -> str:
@@ -154,7 +161,10 @@ def _warm_text(warm: dict | None) -> str | None:
     if warm.get("skipped"):
         return f"page cache not warmed: {warm['skipped']}"
     cached, total = warm.get("cached_bytes_after"), warm.get("bytes") or 0
-    share = f" ({cached / total:.0%} of it cached)" if cached is not None and total else ""
+    if warm.get("residency"):
+        share = f" ({warm['residency'].split(':')[0]})"
+    else:
+        share = f" ({cached / total:.0%} of it cached)" if cached is not None and total else ""
     return (f"page cache warmed before measuring: read {fmt_bytes(warm['read_bytes'])} of both datasets "
             f"in {warm['seconds']:.1f} s{share}")
 

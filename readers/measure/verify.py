@@ -53,7 +53,7 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         warm_cache: without ``cold``, read both datasets' files once before the first run
             (:func:`~shardfeed.readers.measure.cache.warm_page_cache`) so that neither side's first
             warm run reads from the disk.
-        progress: called with a line of text before each run.
+        progress: called with a line of text before the page-cache warm-up and before each run.
         **bench_options: :func:`bench_source` options (model, device, batch size, loader knobs).
 
     Returns:
@@ -80,7 +80,11 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
             check_same_samples(before, after, deep=deep)
     files = dataset_files(before) + dataset_files(after)
     settled = settle_disk() if settle else None
-    warmed = warm_page_cache(files) if warm_cache and not cold else None
+    warmed = None
+    if warm_cache and not cold:
+        if progress:
+            progress(f"warming the page cache: reading both datasets once ({len(files)} files)")
+        warmed = warm_page_cache(files)
     evict = files if cold else None
     runs: list[RunReport] = []
     for r in range(repeats):

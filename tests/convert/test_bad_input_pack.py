@@ -240,3 +240,17 @@ def test_json_path_in_missing_folder_is_refused_before_any_work(tmp_path, medium
                        capture_output=True, text=True)
     assert r.returncode == 2 and "does not exist" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_non_empty_out_names_the_fix_in_both_spellings(tmp_path):
+    # a library user calling pack() reads the PackOptions field, a CLI user the flag
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    (src / "a.png").write_bytes(_img_bytes(0, "PNG"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty") as info:
+        pack(tmp_path / "src", out, PackOptions())
+    assert "--overwrite" in str(info.value) and "overwrite=True" in str(info.value)
+    assert (out / "notes.txt").read_text() == "mine"  # nothing touched

@@ -453,6 +453,7 @@ def test_collate_uint8():
         collate_uint8(mixed)
     message = str(info.value)
     assert "image_size" in message and "(3, 96, 128)" in message and "(3, 100, 96)" in message
+    assert "--image-size N" in message  # the CLI's spelling too: bench/verify/tune users see this message
     with pytest.raises(ValueError):
         collate_uint8([])
 

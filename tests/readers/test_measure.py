@@ -199,7 +199,7 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
     both = [p for p in data["folder"].rglob("*") if p.is_file()] + [p for p in data["wds"].iterdir() if p.is_file()]
     assert res["warm_cache"]["files"] == len(both) and res["warm_cache"]["skipped"] is None
     assert res["warm_cache"]["read_bytes"] == res["warm_cache"]["bytes"] == sum(p.stat().st_size for p in both)
-    assert "page cache warmed before measuring" in r.output
+    assert "page cache warmed before measuring" in r.output and "warming the page cache" in r.output
     for side in ("before", "after"):
         per_image = sorted(x["cpu"]["total_s"] / x["num_samples"] for x in res["runs"] if x["label"] == side)
         assert res["cpu_s_per_image"][side] == pytest.approx(per_image[0], rel=1e-9)  # lower of two middles
@@ -227,6 +227,21 @@ def test_verify_cold_runs(data, tmp_path):
         assert cache["ignored"] is (not honoured), cache
     assert res["after"]["config"]["cold"] is True
     assert res["warm_cache"] is None  # cold runs are evicted, not warmed
+
+
+def test_verify_no_warm_cache_skips_the_warm_up(data, tmp_path):
+    # storage that caches nothing (the demo's FUSE emulator) gains nothing from the warm-up read
+    out = tmp_path / "verify.json"
+    r = _run(["verify", data["folder"], data["wds"], *SMALL, "--batches", "1", "--num-workers", "0",
+              "--no-warm-cache", "--json", out])
+    assert r.exit_code == 0, r.output
+    res = _json(out)
+    assert res["warm_cache"] is None
+    assert "page cache warmed" not in r.output and "warming the page cache" not in r.output
+    # neither warmed nor evicted: the table does not claim a warm cache it never made
+    page_cache_row = next(line for line in r.output.splitlines() if line.startswith("page cache "))
+    assert "warm" not in page_cache_row and "not evicted" in page_cache_row
+    assert [x["label"] for x in res["runs"]] == ["before", "after"]
 
 
 def _fs_honours_dontneed(directory: Path) -> bool:
