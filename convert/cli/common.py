@@ -127,7 +127,9 @@ def fail_cleanly(f: Callable) -> Callable:
             raise
         except (ShardfeedError, ValueError, OSError, LookupError) as exc:
             msg = one_line(exc)
-            if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
+            if isinstance(exc, IsADirectoryError) and exc.filename:
+                msg = f"{exc.filename}: is a folder where a file is expected; remove or rename it (or give the file)"
+            elif isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
                 msg = f"{exc.filename}: {msg}"
             from shardfeed.readers.objstore import scrub
 

@@ -526,3 +526,18 @@ def test_index_refuses_a_huge_class_index_instead_of_listing_every_class(tmp_pat
     assert r.exit_code == 1, r.output
     assert "99999999999999999999" in r.output and "--classes" in r.output
     assert not (d / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("command", ["check", "stage"])
+def test_a_folder_where_a_shard_should_be_is_named_with_the_fix(packed_wds, tmp_path, command):
+    """check/stage printed only "[Errno 21] Is a directory: '...shard-000000.tar'"."""
+    src = tmp_path / "src"
+    shutil.copytree(packed_wds, src)
+    shard = sorted(src.glob("*.tar"))[0]
+    shard.unlink()
+    shard.mkdir()
+    args = [command, str(src)] + ([str(tmp_path / "dest")] if command == "stage" else [])
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1, r.output
+    line = [ln for ln in r.output.splitlines() if ln.startswith("shardfeed: error:")][0]
+    assert shard.name in line and "is a folder" in line and "Errno" not in line
