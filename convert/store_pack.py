@@ -114,7 +114,12 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
 
 
 def _is_ours(name: str) -> bool:
-    return name == MANIFEST_NAME or name.endswith((".tar", ".idx")) or name.startswith(".shardfeed-pack/")
+    """Whether ``--overwrite`` may delete ``name`` (relative to OUT): a pack writes its manifest,
+    shards and indexes directly under OUT, its state under ``.shardfeed-pack/``; a key one prefix
+    deeper (another dataset's shards, a backup ``.tar``) is never ours."""
+    if name.startswith(".shardfeed-pack/"):
+        return True
+    return "/" not in name and (name == MANIFEST_NAME or name.endswith((".tar", ".idx")))
 
 
 def _check_out(loc, *, resume: bool, overwrite: bool) -> dict[str, int]:

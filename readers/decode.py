@@ -312,7 +312,7 @@ def decode_crop(
         left, box_w = _scale_span(left, box_w, up_w, rgb.shape[1], factor, rev_x)
     window = rgb[top : top + box_h, left : left + box_w]
     if window.strides[0] < 0 or window.strides[1] != 3 or window.strides[2] != 1:
-        window = np.ascontiguousarray(window)  # flipped/transposed view: copy the window only
+        window = np.array(window, order="C")  # flipped/transposed view: copy the window only
     return window
 
 
@@ -441,9 +441,10 @@ def _check_header(data: bytes, img: Image.Image, max_pixels: int | None, source:
 
 
 def _finish(rgb: np.ndarray) -> np.ndarray:
-    rgb = np.ascontiguousarray(rgb)
-    if not rgb.flags.writeable:
-        rgb = rgb.copy()
+    # np.ascontiguousarray keeps a negative stride on an axis of length 1 (a 1-pixel-wide image
+    # flipped by its EXIF orientation), which numpy calls contiguous and torch refuses: copy then
+    if not rgb.flags.c_contiguous or not rgb.flags.writeable or min(rgb.strides) < 0:
+        rgb = np.array(rgb, order="C")
     return rgb
 
 

@@ -88,8 +88,19 @@ def split_store_url(url: str) -> tuple[str, str, str]:
     scheme, sep, rest = url.partition("://")
     bucket, _, key = rest.partition("/")
     if not sep or scheme.lower() not in STORE_SCHEMES or not bucket:
-        raise UnsupportedURLError(f"{url}: not an object-store URL of the form s3://BUCKET/PREFIX/")
+        raise UnsupportedURLError(f"{scrub(url)}: not an object-store URL of the form s3://BUCKET/PREFIX/")
+    if "@" in bucket:
+        raise UnsupportedURLError(f"{scrub(url)}: credentials do not go in an s3:// URL; set AWS_ACCESS_KEY_ID / "
+                                  "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (or --storage-option key=... secret=...) "
+                                  "and give s3://BUCKET/PREFIX/")
+    if not _BUCKET_NAME.match(bucket):
+        raise UnsupportedURLError(f"{url}: {bucket!r} is not a bucket name (letters, digits, '.', '-', '_'); "
+                                  "give s3://BUCKET/PREFIX/")
     return scheme.lower(), bucket, key
+
+
+#: The bucket names botocore accepts (its own check, done here so the message is ours and one line).
+_BUCKET_NAME = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
 
 
 def _secrets(options: dict | None) -> list[str]:
@@ -125,7 +136,8 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
         for p in pairs:
             k, sep, v = str(p).partition("=")
             if not sep or not k:
-                raise ValueError(f"--storage-option {p.split('=')[0]!r}: expected KEY=VALUE")
+                name = re.match(r"[\w.-]*", str(p)).group()  # the key only: a KEY:SECRET typo is never echoed
+                raise ValueError(f"--storage-option {name or '...'}: expected KEY=VALUE")
             parsed.append((k.strip(), v))
         items = parsed
     for k, v in items:
@@ -133,10 +145,17 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
             raise ValueError(f"storage option {k!r} is not one shardfeed knows; accepted: "
                              f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
         if isinstance(v, str):
-            low = v.lower()
-            v = True if low in ("true", "yes", "1") and _STORAGE_OPTION_KEYS[k] == "anon" else \
-                False if low in ("false", "no", "0") and _STORAGE_OPTION_KEYS[k] == "anon" else \
-                int(v) if v.isdigit() and _STORAGE_OPTION_KEYS[k] == "max_pool_connections" else v
+            low = v.strip().lower()
+            if _STORAGE_OPTION_KEYS[k] == "anon":
+                if low not in ("true", "yes", "1", "false", "no", "0"):
+                    raise ValueError(f"storage option {k}={v!r}: expected true or false (anon=true: unsigned "
+                                     "requests, for a public bucket)")
+                v = low in ("true", "yes", "1")
+            elif _STORAGE_OPTION_KEYS[k] == "max_pool_connections":
+                if not low.isdigit() or int(low) < 1:
+                    raise ValueError(f"storage option {k}={v!r}: expected a positive integer (connections "
+                                     "per client)")
+                v = int(low)
         out[k] = v
     return out
 
@@ -352,7 +371,8 @@ class StoreLocation:
             return _Permanent(DataSourceError(f"{url}: no region set; set AWS_REGION or --storage-option "
                                               "region_name=..."))
         if isinstance(exc, bexc.ParamValidationError):
-            return _Permanent(DataSourceError(f"{url}: invalid request ({exc})"))
+            detail = " ".join(str(exc).split())  # botocore's message spans lines
+            return _Permanent(DataSourceError(f"{url}: invalid request ({detail})"))
         if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
             return DataSourceError(f"cannot reach the store at {self.endpoint} ({type(exc).__name__}); check "
                                    "AWS_ENDPOINT_URL / --storage-option endpoint_url=... and that the server is up")

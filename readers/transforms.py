@@ -203,7 +203,7 @@ def to_chw_tensor(img: np.ndarray) -> "torch.Tensor":
 
     _check_image(img)
     if not img.flags.writeable or any(stride < 0 for stride in img.strides):
-        img = np.ascontiguousarray(img) if img.flags.writeable else img.copy()
+        img = np.array(img, order="C")  # a copy: ascontiguousarray keeps a negative stride of a length-1 axis
     return torch.from_numpy(img).permute(2, 0, 1).contiguous()
 
 
@@ -429,7 +429,7 @@ class TrainTransform:
             return _resize_antialias_chw(window, size, size, flip=self.flip and rng.random() < 0.5)
         out = _resize(window, size, size)
         if self.flip and rng.random() < 0.5:
-            out = np.ascontiguousarray(out[:, ::-1])  # horizontal flip (as cv2.flip(out, 1))
+            out = np.array(out[:, ::-1], order="C")  # horizontal flip (as cv2.flip(out, 1)); a copy, never a view
         return to_chw_tensor(out)
 
     def _pick_rng(self, rng: np.random.Generator | None) -> np.random.Generator:

@@ -251,6 +251,24 @@ def format_rows(comparisons: list[dict]) -> tuple[list[tuple[str, ...]], tuple[s
     return rows, header
 
 
+def _check_numbers(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuse sizes and counts no check can run with (exit 2 naming the option), before any work."""
+    import math
+
+    at_least = {"--classes": (a.classes, 1), "--images": (a.images, max(a.classes, 1)),
+                "--min-size": (a.min_size, 1), "--max-size": (a.max_size, a.min_size),
+                "--image-size": (a.image_size, 1), "--batch-size": (a.batch_size, 1), "--batches": (a.batches, 1),
+                "--warmup": (a.warmup, 0), "--repeats": (a.repeats, 1), "--shard-count": (a.shard_count, 1)}
+    if a.num_workers is not None:
+        at_least["--num-workers"] = (a.num_workers, 0)
+    for option, (value, low) in at_least.items():
+        if value < low:
+            what = {"--images": "--classes (one image a class at least)", "--max-size": "--min-size"}.get(option)
+            p.error(f"{option} {value}: must be at least {low}" + (f", from {what}" if what else ""))
+    if not math.isfinite(a.budget_s) or a.budget_s <= 0:
+        p.error(f"--budget-s {a.budget_s}: must be a positive number of seconds")
+
+
 def _parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="out/gpu-check", help="output folder (report.json, logs, data)")
@@ -271,6 +289,7 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--tests", default="tests", help="where pytest looks for gpu-marked tests")
     p.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
     a = p.parse_args(argv)
+    _check_numbers(p, a)
     if a.num_workers is None:
         a.num_workers = max(2, min(12, (os.cpu_count() or 1) - 2))
     return a

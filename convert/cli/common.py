@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import click
 
-__all__ = ["SizeParam", "write_json_report", "json_option", "fail_cleanly", "one_line", "command", "progress_bar",
-           "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice", "pack_options",
-           "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES", "storage_option",
-           "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm"]
+__all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
+           "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
+           "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
+           "storage_option", "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -73,6 +73,19 @@ class SizeParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class FiniteFloat(click.FloatRange):
+    """A ``click.FloatRange`` that also refuses ``nan`` and ``inf`` (which pass every range test,
+    or overflow timers), naming the option."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        value = super().convert(value, param, ctx)
+        if not math.isfinite(value):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return value
+
+
 def write_json_report(path: str | None, report: Any) -> None:
     """Write ``report`` as JSON to ``path`` (``-``: stdout); nothing when ``path`` is None."""
     if not path:
@@ -90,6 +103,14 @@ def _check_json_path(ctx, param, value):
     """Refuse a ``--json`` path whose folder does not exist before any work is done."""
     if value in (None, "-"):
         return value
+    from shardfeed.readers.opener import url_scheme
+
+    scheme = url_scheme(value)
+    if scheme == "file":
+        value = value[len("file://"):]
+    elif scheme is not None:
+        raise click.BadParameter(f"{value}: the report is written to a local path (or '-' for stdout), not a URL; "
+                                 "write it locally, then upload it", ctx, param)
     parent = os.path.dirname(os.path.abspath(value))
     if not os.path.isdir(parent):
         raise click.BadParameter(f"folder {parent} does not exist: create it or choose another path", ctx, param)
@@ -132,9 +153,13 @@ def fail_cleanly(f: Callable) -> Callable:
             raise
         except (ShardfeedError, ValueError, OSError, LookupError) as exc:
             msg = one_line(exc)
-            if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
+            if isinstance(exc, IsADirectoryError) and exc.filename:
+                msg = f"{exc.filename}: is a folder where a file is expected; remove or rename it (or give the file)"
+            elif isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
                 msg = f"{exc.filename}: {msg}"
-            click.echo(f"shardfeed: error: {msg}", err=True)
+            from shardfeed.readers.objstore import scrub
+
+            click.echo(f"shardfeed: error: {scrub(msg)}", err=True)  # no user:password@ of a URL, no AWS secret
             if os.environ.get("SHARDFEED_DEBUG"):
                 raise
             sys.exit(EXIT_ERROR)

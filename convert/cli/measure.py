@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import click
 
-from .common import (command, deprecated_option, echo, json_option, num_workers_options, storage_option,
+from .common import (FiniteFloat, command, deprecated_option, echo, json_option, num_workers_options, storage_option,
                      write_json_report)
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
@@ -30,7 +30,7 @@ def harness_options(f: Callable) -> Callable:
         click.option("--model", "-m", default="tiny", show_default=True, metavar="NAME",
                      help="tiny (small CNN), resnet18, resnet50, none (no compute: the loader's ceiling), or "
                           "module:callable / file.py:callable (called with num_classes=N)."),
-        click.option("--compute-ms", type=click.FloatRange(min=0), default=None, metavar="MS",
+        click.option("--compute-ms", type=FiniteFloat(min=0), default=None, metavar="MS",
                      help="Replace the model by a step that waits MS ms without using the CPU (as a GPU step "
                           "does): would this loader keep up with a GPU needing MS ms per step?"),
         click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
@@ -165,7 +165,7 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
               help="Without --cold: read both datasets once before the first run, so neither side's first run "
                    "reads from the disk. --no-warm-cache skips it, e.g. on storage that caches nothing (a FUSE "
                    "mount without keep_cache), where the read only costs time.")
-@click.option("--min-speedup", type=float, default=None, metavar="X",
+@click.option("--min-speedup", type=FiniteFloat(min=0, min_open=True), default=None, metavar="X",
               help="Exit with status 1 when AFTER is less than X times as fast as BEFORE.")
 @click.option("--plot", metavar="PATH.png", default=None,
               help="Draw per-batch wait and compute over time (needs matplotlib).")
@@ -218,7 +218,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
 @click.argument("source")
 @harness_options
 @_sweep_loader_options
-@click.option("--budget-s", type=click.FloatRange(min=1), default=300, show_default=True,
+@click.option("--budget-s", type=FiniteFloat(min=1), default=300, show_default=True,
               help="Time budget of the whole sweep, seconds; trials that would not fit are skipped.")
 @click.option("--max-num-workers", "max_workers", type=click.IntRange(min=0), default=None,
               help="Largest num_workers tried [default: 2 x CPU count].")

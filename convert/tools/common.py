@@ -289,7 +289,7 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
 
 
 def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: dict[str, int] | None = None,
-                       index: str | None = None) -> Iterator[Sample]:
+                       index: str | None = None, sha256: str | None = None) -> Iterator[Sample]:
     """Yield the samples of one WebDataset shard of ``location`` in storage order.
 
     With ``index`` (the shard's ``.sfidx`` file name), only the member groups that start at one
@@ -301,9 +301,13 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
         name: the shard's file name (as in the manifest).
         class_to_idx: for :func:`parts_to_sample`.
         index: the shard's offset-index file name, if it has one.
+        sha256: the shard's digest from the manifest: the bytes read are hashed, and once the last
+            sample is out, the rest of the shard is read and the digest compared (a copy made from
+            the samples must not carry damage the tar structure does not show).
 
     Raises:
-        CorruptDataError: a damaged tar or sample (names the shard and the key/offset).
+        CorruptDataError: a damaged tar or sample (names the shard and the key/offset); with
+            ``sha256``, after the last sample, a shard whose bytes differ from the manifest's.
         FileNotFoundError, DataSourceError: the shard cannot be opened.
     """
     from shardfeed.readers.tario import iter_members, iter_samples
@@ -312,10 +316,17 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
     starts = set(decode_index(location.read_bytes(index), location.where(index))) if index else None
     stream, _ = location.open(name)
     with stream:
-        for key, parts, offset in iter_samples(iter_members(stream, source=source), source=source):
+        reader = HashingReader(stream) if sha256 else stream
+        for key, parts, offset in iter_samples(iter_members(reader, source=source), source=source):
             if starts is not None and offset not in starts:
                 continue
             yield parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
+        if sha256:
+            reader.drain()
+            if reader.hexdigest() != sha256:
+                raise CorruptDataError(f"{source}: sha256 {reader.hexdigest()[:16]}... differs from the manifest's "
+                                       f"{sha256[:16]}...: the shard's bytes changed since it was packed; run "
+                                       "`shardfeed check` on the dataset and repack or restage it")
 
 
 def _open_lmdb(root: Path):
@@ -372,6 +383,7 @@ def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest:
             yield name, Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])
         return
     for shard in manifest.shards:
-        for sample in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index):
+        for sample in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index,
+                                         sha256=shard.sha256):
             yield shard.name, sample
 

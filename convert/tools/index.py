@@ -397,9 +397,21 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
                       hashlib.sha256(index_bytes).hexdigest(), dict(sorted(exts.items())))
 
 
+#: The most classes ``index`` infers from the samples' class indexes (one name per index up to the
+#: largest); a larger index is far more likely a damaged or foreign ``.cls`` than a real class.
+MAX_INFERRED_CLASSES = 1_000_000
+
+
 def _classes_from_labels(label_names: dict[int, str | None]) -> list[str]:
-    """Class names from the samples' metadata where every index has a distinct one, else ``"0"``, ``"1"``, ..."""
+    """Class names from the samples' metadata where every index has a distinct one, else ``"0"``, ``"1"``, ...
+
+    Raises:
+        ValueError: a class index of :data:`MAX_INFERRED_CLASSES` or more (names it and ``--classes``).
+    """
     num = max(label_names) + 1
+    if num > MAX_INFERRED_CLASSES:
+        raise ValueError(f"a sample's class index is {num - 1}: more than {MAX_INFERRED_CLASSES:,} classes would be "
+                         "listed; check the shards' .cls members, or name the classes with --classes FILE")
     classes = [label_names.get(i) or str(i) for i in range(num)]
     if len(set(classes)) != len(classes):
         classes = [str(i) for i in range(num)]

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+from shardfeed.readers.errors import CorruptDataError
 from shardfeed.readers.format import (
     normalize_ext,
 )
@@ -120,6 +121,16 @@ def _unpack_locked(loc, manifest, out: Path, overwrite: bool, progress, t0: floa
         (out / c).mkdir(exist_ok=True)
     report.num_classes = len(manifest.classes)
     progress = progress or noop_progress
+    try:
+        _write_samples(loc, manifest, out, out_resolved, overwrite, report, progress)
+    except CorruptDataError as exc:
+        raise CorruptDataError(f"{exc}; {out} holds only part of the dataset: delete it") from None
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _write_samples(loc, manifest, out: Path, out_resolved: Path, overwrite: bool, report: UnpackReport,
+                   progress: Progress) -> None:
     written: dict[str, str] = {}
     for shard_name, s in iter_raw_samples(loc, manifest):
         where = f"{loc.where(shard_name)} key {s.key}"
@@ -153,7 +164,5 @@ def _unpack_locked(loc, manifest, out: Path, overwrite: bool, progress, t0: floa
         report.num_files += 1
         report.num_bytes += len(s.data)
         progress(1, len(s.data))
-    report.seconds = time.perf_counter() - t0
-    return report
 
 

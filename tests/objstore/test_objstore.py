@@ -438,3 +438,53 @@ def test_large_files_go_up_as_multipart_uploads(s3_client, s3_bucket, tmp_path, 
     assert head["ETag"].strip('"').endswith("-3")  # three parts
     assert head["Metadata"]["sha256"] == sha and loc.head("big.tar")["sha256"] == sha
     assert s3_client.get_object(Bucket=bucket, Key="p/big.tar")["Body"].read() == data
+
+
+def test_overwrite_never_deletes_objects_under_a_deeper_prefix(tiny_image_folder, s3_client, s3_bucket, tmp_path):
+    """--overwrite deletes the pack's own objects only: a .tar/.idx one prefix deeper (another
+    dataset's shards, someone's backup) is not ours, and the overwrite is refused naming it."""
+    bucket = s3_bucket("nested-overwrite")
+    env = {**__import__("os").environ, "SHARDFEED_STAGING_DIR": str(tmp_path)}
+    r = _cli("pack", tiny_image_folder, f"s3://{bucket}/ds", "--format", "wds", env=env)
+    assert r.returncode == 0, r.stderr
+    s3_client.put_object(Bucket=bucket, Key="ds/backup/important.tar", Body=b"keep me")
+    s3_client.put_object(Bucket=bucket, Key="ds/other/shard-000000.idx", Body=b"keep me too")
+    r = _cli("pack", tiny_image_folder, f"s3://{bucket}/ds", "--format", "wds", "--overwrite", env=env)
+    assert r.returncode != 0 and "backup/important.tar" in r.stderr and "Traceback" not in r.stderr
+    assert s3_client.get_object(Bucket=bucket, Key="ds/backup/important.tar")["Body"].read() == b"keep me"
+    assert s3_client.get_object(Bucket=bucket, Key="ds/other/shard-000000.idx")["Body"].read() == b"keep me too"
+    assert "manifest.json" in _download(s3_client, bucket, "ds/")  # refused before anything was deleted
+
+
+@pytest.mark.parametrize("value", ["maybe", "ture", ""])
+def test_storage_option_anon_takes_a_boolean_only(value):
+    """anon=maybe used to be kept as the (truthy) string: unsigned requests, and a 403 blamed on the bucket."""
+    r = _cli("inspect", "s3://bucket/x", "--storage-option", f"anon={value}")
+    assert r.returncode == 2 and "anon" in r.stderr and "true or false" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_storage_option_max_pool_connections_takes_a_positive_integer():
+    r = _cli("inspect", "s3://bucket/x", "--storage-option", "max_pool_connections=lots")
+    assert r.returncode == 2 and "max_pool_connections" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("inspect", f"s3://AKIASHARDFEEDTEST01:{SECRET}@data/wds/"),
+    ("check", f"s3://AKIASHARDFEEDTEST01:{SECRET}@data/wds/"),
+    ("inspect", "s3://data/wds/", "--storage-option", f"secret:{SECRET}"),
+])
+def test_credentials_typed_into_the_command_line_are_never_echoed(args, s3_endpoint):
+    """A key:secret@ in an s3:// URL reached botocore's multi-line bucket-name error, which repeated
+    it; a KEY:VALUE typo of --storage-option was echoed whole."""
+    r = _cli(*args)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert SECRET not in r.stdout + r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: ") if r.returncode == 2 else len(lines) == 1, r.stderr
+
+
+def test_http_url_password_is_never_echoed(closed_endpoint):
+    host = closed_endpoint.split("://")[1]
+    r = _cli("inspect", f"http://user:{SECRET}@{host}/ds/")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert SECRET not in r.stdout + r.stderr and host in r.stderr, r.stderr

@@ -483,3 +483,38 @@ def test_in_dataloader_worker():
     batches = list(loader)
     assert [tuple(b[0].shape) for b in batches] == [(2, 3, 16, 16)] * 2
     assert torch.cat([b[1] for b in batches]).tolist() == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# One-pixel-wide images with an EXIF orientation (a flipped axis of length 1)
+
+
+@BOTH
+@pytest.mark.parametrize("size,orientation", [((1, 3), 6), ((3, 1), 2), ((1, 1), 7), ((5, 1), 8)])
+def test_one_pixel_wide_oriented_jpeg_through_open_dataset(tmp_path, decoder, size, orientation):
+    """A flipped axis of length 1 gives numpy a negative stride it calls contiguous: torch refused
+    it ("At least one stride ... is negative") in every path; the pixels are Pillow's upright ones."""
+    from shardfeed.readers import open_dataset
+
+    rng = np.random.default_rng(orientation)
+    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+    data = encode(img, "JPEG", quality=95, exif=exif_with_orientation(orientation))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes(data)
+    want = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    for image_size, train in ((None, False), (None, True), (1, False), (1, True)):
+        x, label = open_dataset(tmp_path, image_size=image_size, train=train, decoder=decoder)[0]
+        assert label == 0
+        if image_size is None:
+            got = x.permute(1, 2, 0).numpy()
+            assert got.shape == want.shape
+            assert np.abs(got.astype(int) - want).max() <= (0 if decoder == "pil" else 2)
+        else:
+            assert tuple(x.shape) == (3, 1, 1)
+
+
+def test_to_chw_tensor_of_a_negative_stride_that_numpy_calls_contiguous():
+    arr = np.arange(9, dtype=np.uint8).reshape(3, 1, 3)[:, ::-1]  # (3, 1, 3): the width axis reversed
+    assert arr.flags.c_contiguous and arr.strides[1] < 0
+    want = np.array([[0, 1, 2], [3, 4, 5], [6, 7, 8]], dtype=np.uint8)  # one pixel a row: unchanged
+    assert to_chw_tensor(arr).permute(1, 2, 0)[:, 0].tolist() == want.tolist()

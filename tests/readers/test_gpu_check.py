@@ -75,3 +75,24 @@ def test_gpu_check_steps_on_cpu(tmp_path):
     assert table[0].split()[:3] == ["cache", "dataset", "images/s"] and "GPU util" in table[0]
     assert sum(1 for line in table if line.startswith(("warm", "cold"))) == 8
     assert f"wrote {out / 'report.json'}" in r.stdout
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--images", "-5"], "--images"),
+    (["--images", "2", "--classes", "3"], "--images"),
+    (["--classes", "0"], "--classes"),
+    (["--min-size", "0"], "--min-size"),
+    (["--min-size", "60", "--max-size", "50"], "--max-size"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--batches", "0"], "--batches"),
+    (["--repeats", "0"], "--repeats"),
+    (["--shard-count", "0"], "--shard-count"),
+    (["--budget-s", "nan"], "--budget-s"),
+    (["--num-workers", "-1"], "--num-workers"),
+])
+def test_gpu_check_refuses_bad_numbers_before_any_work(tmp_path, args, option):
+    """``--device cpu --images -5`` printed "generating -5 images" and went on to run verify."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(tmp_path / "out"), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and option in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

@@ -481,3 +481,63 @@ def test_import_convert_tools_without_torch():
             "shardfeed.convert.writers.lmdb;"
             "assert 'torch' not in sys.modules and 'webdataset' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _flip_one_image_byte(dataset: Path) -> str:
+    """Flip one byte inside the first image of the first shard (tar headers and sizes intact)."""
+    shard = sorted(dataset.glob("*.tar"))[0]
+    with tarfile.open(shard) as tf:
+        member = next(m for m in tf.getmembers() if m.name.endswith((".jpg", ".png")))
+    raw = bytearray(shard.read_bytes())
+    raw[member.offset_data + member.size // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    return shard.name
+
+
+@pytest.mark.parametrize("command", ["unpack", "convert"])
+def test_a_shard_whose_bytes_changed_is_never_copied_silently(packed_wds, tmp_path, command):
+    """A flipped byte inside an image (sizes intact) went through unpack (the damaged image
+    written) and convert (re-stored with a fresh CRC: the damage laundered) with exit status 0;
+    both now check each shard's sha256 against the manifest while reading it."""
+    src = tmp_path / "src"
+    shutil.copytree(packed_wds, src)
+    shard = _flip_one_image_byte(src)
+    out = tmp_path / "out"
+    args = [command, str(src), str(out)] + (["--format", "lmdb"] if command == "convert" else [])
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1, r.output
+    assert shard in r.output and "sha256" in r.output and "Traceback" not in r.output
+    assert not (out / "manifest.json").exists()
+
+
+def test_index_refuses_a_huge_class_index_instead_of_listing_every_class(tmp_path):
+    """A foreign shard whose .cls says 99999999999999999999 made `index` build a list of 10**20
+    class names (it never ended); without --classes the inferred class count is bounded."""
+    jpg = _image(3, "JPEG")
+    d = tmp_path / "foreign"
+    d.mkdir()
+    with tarfile.open(d / "a.tar", "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in (("x/1.jpg", jpg), ("x/1.cls", b"99999999999999999999"), ("x/2.jpg", jpg),
+                           ("x/2.cls", b"0")):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    r = CliRunner().invoke(cli, ["index", str(d)])
+    assert r.exit_code == 1, r.output
+    assert "99999999999999999999" in r.output and "--classes" in r.output
+    assert not (d / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("command", ["check", "stage"])
+def test_a_folder_where_a_shard_should_be_is_named_with_the_fix(packed_wds, tmp_path, command):
+    """check/stage printed only "[Errno 21] Is a directory: '...shard-000000.tar'"."""
+    src = tmp_path / "src"
+    shutil.copytree(packed_wds, src)
+    shard = sorted(src.glob("*.tar"))[0]
+    shard.unlink()
+    shard.mkdir()
+    args = [command, str(src)] + ([str(tmp_path / "dest")] if command == "stage" else [])
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1, r.output
+    line = [ln for ln in r.output.splitlines() if ln.startswith("shardfeed: error:")][0]
+    assert shard.name in line and "is a folder" in line and "Errno" not in line
