@@ -62,6 +62,7 @@ from .samples import load_sample_payload, read_file_checked, read_source_bytes
 from .scan import ScanResult, ScannedFiles, scan_image_folder
 
 __all__ = [
+    "MAX_READ_AHEAD",
     "PackOptions",
     "PlannedSample",
     "PackReport",
@@ -79,6 +80,10 @@ __all__ = [
     "SamplePlan",
     "read_file_checked",
 ]
+
+#: Most source reads in flight per shard being written (``--read-ahead``): each is a thread, and
+#: far more than storage keeps in flight only adds threads.
+MAX_READ_AHEAD = 1024
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +104,9 @@ class PackOptions:
         read_ahead: source reads in flight per shard being written (threads; bounded memory:
             :data:`~shardfeed.convert.readahead.DEFAULT_READ_AHEAD_BYTES` read ahead at most), so
             storage where each open waits (NFS, bucket mounts) is read concurrently; independent of
-            ``workers`` and of the shard count. 0 or 1 reads one file after another. Never
-            changes the output bytes (results are appended in order).
+            ``workers`` and of the shard count. 0 or 1 reads one file after another; at most
+            :data:`MAX_READ_AHEAD` (each read in flight is a thread). Never changes the output
+            bytes (results are appended in order).
         seed: seed of the packing-order shuffle.
         shuffle: False keeps sorted ImageFolder order.
         extensions: extensions to pack (None: the defaults).
@@ -175,8 +181,9 @@ class PackOptions:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
-        if self.read_ahead < 0:
-            raise ValueError(f"--read-ahead (read_ahead) must be 0 or more reads in flight, got {self.read_ahead}")
+        if not 0 <= self.read_ahead <= MAX_READ_AHEAD:
+            raise ValueError(f"--read-ahead (read_ahead) must be 0 to {MAX_READ_AHEAD} reads in flight (threads per "
+                             f"shard being written), got {self.read_ahead}")
         if "/" in self.prefix or not self.prefix or "." in self.prefix:
             raise ValueError(f"prefix {self.prefix!r} must be a plain name without '/' or '.'")
 

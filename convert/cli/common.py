@@ -392,8 +392,8 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
             type=click.IntRange(min=1), default=None,
             help="Processes that read and write shards [default: CPU count].")),
         "read_ahead": (("--read-ahead",), dict(
-            type=click.IntRange(min=0), default=32, show_default=True, metavar="N",
-            help="Source reads in flight per shard being written (threads, at most 64 MiB read ahead): "
+            type=click.IntRange(min=0, max=1024), default=32, show_default=True, metavar="N",
+            help="Source reads in flight per shard being written (threads, at most 64 MiB read ahead; N <= 1024): "
                  "storage where every open waits (NFS, bucket mounts) is read N files at a time. 0 or 1: "
                  "one file after another. Same output bytes either way.")),
         "seed": (("--seed",), dict(

@@ -210,3 +210,20 @@ def test_adaptive_stays_inline_for_fast_reads_and_goes_concurrent_for_slow_ones(
     assert [v[0] for v in res] == list(range(40))  # order kept across the switch
     assert all(v[1] for v in res[:8])  # the first block inline ...
     assert not any(v[1] for v in res[8:])  # ... then the threads
+
+
+def test_read_ahead_is_bounded(tmp_path):
+    """--read-ahead is a thread count per shard: more than MAX_READ_AHEAD is refused, in the API and the CLI."""
+    from click.testing import CliRunner
+
+    from shardfeed.convert.cli import main
+    from shardfeed.convert.pack import MAX_READ_AHEAD, PackOptions
+
+    assert MAX_READ_AHEAD == 1024
+    PackOptions(read_ahead=1024)
+    with pytest.raises(ValueError, match="read_ahead"):
+        PackOptions(read_ahead=1025)
+    with pytest.raises(ValueError, match="read_ahead"):
+        PackOptions(read_ahead=-1)
+    res = CliRunner().invoke(main, ["pack", str(tmp_path), str(tmp_path / "o"), "--read-ahead", "99999999999"])
+    assert res.exit_code == 2 and "--read-ahead" in res.output
