@@ -43,7 +43,7 @@ from typing import Iterable, Iterator, Mapping, Sequence, overload
 from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext, stored_path_problem
 
 __all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
-           "parse_extensions", "scan_listing", "display_name", "is_utf8_name"]
+           "parse_extensions", "scan_listing", "display_name", "is_utf8_name", "resolve_class_map"]
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +342,32 @@ def find_classes(root: str | os.PathLike) -> list[str]:
     return classes
 
 
+def resolve_class_map(folder_classes: list[str], class_to_idx: dict[str, int] | None,
+                      where: object) -> tuple[list[str], dict[str, int]]:
+    """The classes and class map of a scan: the folders' own (sorted, as torchvision's ImageFolder)
+    or a given ``class_to_idx`` (e.g. train's for val), which must cover every class folder.
+
+    Args:
+        folder_classes: Class folder names found, sorted.
+        class_to_idx: A given map, or None.
+        where: The folder or URL scanned, for messages.
+
+    Returns:
+        ``(classes in index order, class_to_idx)``.
+
+    Raises:
+        ValueError: a class folder is missing from ``class_to_idx``.
+    """
+    if class_to_idx is None:
+        return list(folder_classes), {c: i for i, c in enumerate(folder_classes)}
+    unknown = [c for c in folder_classes if c not in class_to_idx]
+    if unknown:
+        raise ValueError(f"{where}: class folder(s) {unknown[:5]} are not in the given class map "
+                         f"({len(class_to_idx)} classes); pack with the right --classes-from, or add them")
+    mapping = dict(class_to_idx)
+    return [c for c, _ in sorted(mapping.items(), key=lambda kv: kv[1])], mapping
+
+
 def scan_image_folder(
     root: str | os.PathLike,
     *,
@@ -368,16 +394,7 @@ def scan_image_folder(
     exts = parse_extensions(extensions)
     raw_classes = find_classes(root_path)
     folder_classes = [display_name(c) for c in raw_classes]  # the names stored (escaped if not UTF-8)
-    if class_to_idx is not None:
-        unknown = [c for c in folder_classes if c not in class_to_idx]
-        if unknown:
-            raise ValueError(f"{root_path}: class folder(s) {unknown[:5]} are not in the given class map "
-                             f"({len(class_to_idx)} classes); pack with the right --classes-from, or add them")
-        mapping = dict(class_to_idx)
-        classes = [c for c, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
-    else:
-        classes = folder_classes
-        mapping = {c: i for i, c in enumerate(classes)}
+    classes, mapping = resolve_class_map(folder_classes, class_to_idx, root_path)
 
     ignored: list[dict] = []
     unpackable: list[dict] = []
@@ -512,16 +529,7 @@ def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensio
     if not folder_classes:
         raise ValueError(f"{root}: no class folders found; expected the ImageFolder layout PREFIX/CLASS_NAME/IMAGE "
                          "(one key prefix per class)")
-    if class_to_idx is not None:
-        unknown = [c for c in folder_classes if c not in class_to_idx]
-        if unknown:
-            raise ValueError(f"{root}: class folder(s) {unknown[:5]} are not in the given class map "
-                             f"({len(class_to_idx)} classes); pack with the right --classes-from, or add them")
-        mapping = dict(class_to_idx)
-        classes = [c for c, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
-    else:
-        classes = folder_classes
-        mapping = {c: i for i, c in enumerate(classes)}
+    classes, mapping = resolve_class_map(folder_classes, class_to_idx, root)
     canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
     ext_code = {e: canonical.index(normalize_ext(e)) for e in exts}
     rels: list[str] = []
