@@ -320,6 +320,29 @@ def test_stage_copies_verifies_and_resumes(wds, tmp_path):
     assert again.ok and not again.copied and not again.resumed and again.bytes_copied == 0
 
 
+def test_stage_refuses_to_replace_a_different_dataset(src, wds, tmp_path):
+    """DEST holds a finished dataset other than SRC: refused without --overwrite, DEST left as it was."""
+    other = tmp_path / "other"  # the same images packed 30 per shard: same shard names, other bytes
+    pack(src, other, PackOptions(format="wds", max_count=30, workers=1))
+    dest = tmp_path / "staged"
+    assert stage(other, dest, min_free_bytes=1000).ok
+    before = _folder_files(dest)
+
+    with pytest.raises(ValueError, match="--overwrite"):
+        stage(wds, dest, min_free_bytes=1000)
+    res = _run("stage", wds, dest, "--min-free", "1KB")
+    assert res.exit_code == 1
+    assert str(dest) in res.stderr and "--overwrite" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert _folder_files(dest) == before
+
+    # the same dataset again (a cache refresh) still works, and --overwrite replaces the other one
+    assert stage(other, dest, min_free_bytes=1000).ok
+    res = _run("stage", wds, dest, "--min-free", "1KB", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert {k: v for k, v in _folder_files(dest).items() if k in _folder_files(wds)} == _folder_files(wds)
+    assert check_dataset(dest).ok
+
+
 def test_stage_refuses_when_free_space_is_short(wds, tmp_path):
     dest = tmp_path / "nospace"
     with pytest.raises(ValueError, match="must stay free"):
