@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import click
 
-from .common import (FiniteFloat, command, deprecated_option, echo, json_option, num_workers_options, storage_option,
-                     write_json_report)
+from .common import (FiniteFloat, OnErrorChoice, command, deprecated_option, echo, json_option, num_workers_options,
+                     storage_option, write_json_report)
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
 
@@ -71,7 +71,7 @@ def loader_options(f: Callable, *, sweep: bool = False) -> Callable:
         click.option("--train", is_flag=True, help="Training transform (random-resized crop) instead of eval."),
         click.option("--decoder", type=click.Choice(["auto", "simplejpeg", "pil", "cv2"]), default="auto",
                      show_default=True, help="Image decoder of the readers (auto: simplejpeg where installed)."),
-        click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+        click.option("--on-error", type=OnErrorChoice(), default="raise", show_default=True,
                      help="An unreadable or undecodable sample stops the run, or is skipped and counted."),
         click.option("--cache", type=click.Choice(["memory"]), default=None,
                      help="memory: the reader loads every sample's bytes into RAM once [default: no cache]."),
