@@ -79,6 +79,7 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
     \b
     Class counts of a packed dataset come from the data (every .cls member or LMDB record
     is read; the manifest has the class map, not per-class counts); the report says so.
+    Exit status 1 when the report lists problems (missing files, a damaged offset index).
 
     \b
     Examples:
@@ -109,6 +110,8 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
         bar.close()
     click.echo(format_inspect_report(report), err=err)
     write_json_report(json_path, report)
+    if report.get("problems"):
+        sys.exit(EXIT_ERROR)  # the report is out; the status says the dataset is not readable as it is
 
 
 @command("check", short_help="Verify sha256, sizes and samples against the manifest.")

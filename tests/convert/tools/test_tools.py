@@ -127,6 +127,20 @@ def test_inspect_counts_classes_from_data(request, src, fixture):
     assert _folder_files(src)[ex["meta"]["path"]].__len__() == ex["num_bytes"]
 
 
+def test_inspect_exits_1_on_a_missing_offset_index_keeping_the_report(wds, tmp_path):
+    ds = _copy(wds, tmp_path, "bad_index")
+    (ds / "shard-000001.sfidx").unlink()
+    res = _run("inspect", ds)
+    assert res.exit_code == 1, res.output
+    assert "problem: " in res.stdout and "shard-000001.sfidx" in res.stdout
+    assert "shard-000000.tar" in res.stdout  # the report itself is still printed
+    res = _run("inspect", ds, "--json", "-")
+    assert res.exit_code == 1
+    report = json.loads(res.stdout)
+    assert report["num_samples"] == 60 and report["problems"]
+    assert _run("inspect", wds).exit_code == 0
+
+
 def test_inspect_cli_json_over_http_and_folder(wds, src):
     with serve_directory(wds) as (url, _):
         res = _run("inspect", url, "--json", "-")
