@@ -141,6 +141,19 @@ def test_inspect_exits_1_on_a_missing_offset_index_keeping_the_report(wds, tmp_p
     assert _run("inspect", wds).exit_code == 0
 
 
+@pytest.mark.parametrize("damage", ["ones", "short"])
+def test_inspect_exits_1_on_a_damaged_offset_index(wds, tmp_path, damage):
+    ds = _copy(wds, tmp_path, "bad_index")
+    index = ds / "shard-000000.sfidx"
+    original = index.read_bytes()
+    index.write_bytes(b"\xff" * len(original) if damage == "ones" else original[:-8])
+    res = _run("inspect", ds)
+    assert res.exit_code == 1, res.output
+    problems = [line for line in res.stdout.splitlines() if line.startswith("problem: ")]
+    assert len(problems) == 1 and "shard-000000.sfidx" in problems[0] and "shardfeed index" in problems[0]
+    assert "shard-000003.tar" in res.stdout  # the report itself is still printed
+
+
 def test_inspect_cli_json_over_http_and_folder(wds, src):
     with serve_directory(wds) as (url, _):
         res = _run("inspect", url, "--json", "-")
