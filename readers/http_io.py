@@ -30,12 +30,14 @@ import ssl
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from .errors import DataSourceError, ManifestError
 from .format import MANIFEST_NAME, Manifest
 
-__all__ = ["HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS", "http_get"]
+__all__ = [
+    "check_remote_files", "HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS",
+    "http_get"]
 
 log = logging.getLogger(__name__)
 
@@ -384,37 +386,58 @@ class HttpLocation:
     def check_files(self, manifest: Manifest, *, threads: int = 16, max_shards: int = HEAD_CHECK_MAX_SHARDS) -> None:
         """HEAD the shards (and their indexes) and compare their sizes with the manifest.
 
-        At most ``max_shards`` shards are checked, evenly spread and including the first and the
-        last: every rank opens the dataset, and 2 HEAD requests for each of 10,000 shards at each
-        start would cost seconds and load the server. The others are checked when they are read
-        (each ranged GET's ``Content-Range`` total must equal the manifest's size).
+        See :func:`check_remote_files` (at most ``max_shards`` shards, evenly spread).
 
         Raises:
             ManifestError: a file is missing or has another size (names the URL).
         """
-        def check(entry):
-            url = self.url(entry.name)
-            try:
-                size = _http_head_size(url, self.timeout_s, self.retries)
-            except FileNotFoundError:
-                raise ManifestError(f"{url}: listed in {MANIFEST_NAME} but missing on the server") from None
-            if size is not None and size != entry.num_bytes:
-                raise ManifestError(f"{url}: {size} bytes on the server but {entry.num_bytes} in {MANIFEST_NAME}; "
-                                    "the file was changed or truncated: run `shardfeed check` and repack")
-            if entry.index:
-                iurl = self.url(entry.index)
-                try:
-                    _http_head_size(iurl, self.timeout_s, self.retries)
-                except FileNotFoundError:
-                    raise ManifestError(f"{iurl}: offset index missing on the server; rebuild it with "
-                                        "`shardfeed index`") from None
+        check_remote_files(manifest, lambda name: _http_head_size(self.url(name), self.timeout_s, self.retries),
+                           self.url, "on the server", threads=threads, max_shards=max_shards)
 
-        shards = manifest.shards
-        if not shards:
-            return
-        if len(shards) > max_shards >= 2:
-            step = (len(shards) - 1) / (max_shards - 1)
-            shards = [shards[round(i * step)] for i in range(max_shards)]
-        with ThreadPoolExecutor(min(threads, len(shards))) as pool:
-            for f in [pool.submit(check, e) for e in shards]:
-                f.result()
+
+def check_remote_files(manifest: Manifest, head_size: Callable[[str], int | None], url: Callable[[str], str],
+                       place: str, *, threads: int = 16, max_shards: int = HEAD_CHECK_MAX_SHARDS) -> None:
+    """Check a remote dataset's shards and indexes against its manifest: present, of the right size.
+
+    At most ``max_shards`` shards are checked, evenly spread and including the first and the last:
+    every rank opens the dataset, and 2 HEAD requests for each of 10,000 shards at each start would
+    cost seconds and load the server. The others are checked when they are read (each ranged
+    read's total size must equal the manifest's). Used by the HTTP and the object-store locations.
+
+    Args:
+        manifest: The dataset's manifest.
+        head_size: ``name -> size in bytes`` (None: unknown), raising FileNotFoundError when the
+            file is missing.
+        url: ``name -> URL``, for messages.
+        place: Where the files are, for messages (``"on the server"``, ``"in the bucket"``).
+        threads: HEAD requests in flight.
+        max_shards: Shards checked at most.
+
+    Raises:
+        ManifestError: a file is missing or has another size (names the URL and the fix).
+    """
+    def check(entry):
+        try:
+            size = head_size(entry.name)
+        except FileNotFoundError:
+            raise ManifestError(f"{url(entry.name)}: listed in {MANIFEST_NAME} but missing {place}") from None
+        if size is not None and size != entry.num_bytes:
+            raise ManifestError(f"{url(entry.name)}: {size} bytes {place} but {entry.num_bytes} in "
+                                f"{MANIFEST_NAME}; the file was changed or truncated: run `shardfeed check` and "
+                                "repack")
+        if entry.index:
+            try:
+                head_size(entry.index)
+            except FileNotFoundError:
+                raise ManifestError(f"{url(entry.index)}: offset index missing {place}; rebuild it with "
+                                    "`shardfeed index`") from None
+
+    shards = manifest.shards
+    if not shards:
+        return
+    if len(shards) > max_shards >= 2:
+        step = (len(shards) - 1) / (max_shards - 1)
+        shards = [shards[round(i * step)] for i in range(max_shards)]
+    with ThreadPoolExecutor(min(threads, len(shards))) as pool:
+        for f in [pool.submit(check, e) for e in shards]:
+            f.result()

@@ -32,12 +32,11 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Iterator
 
 from .errors import DataSourceError, ManifestError, UnsupportedURLError
 from .format import MANIFEST_NAME, Manifest
-from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS
+from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS, check_remote_files
 
 __all__ = ["STORE_SCHEMES", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
            "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind"]
@@ -513,37 +512,14 @@ class StoreLocation:
         return manifest
 
     def check_files(self, manifest: Manifest, *, threads: int = 16, max_shards: int = HEAD_CHECK_MAX_SHARDS) -> None:
-        """HEAD up to ``max_shards`` shards (evenly spread) and their indexes; compare sizes.
+        """HEAD up to ``max_shards`` shards (evenly spread) and their indexes; compare sizes
+        (:func:`~shardfeed.readers.http_io.check_remote_files`).
 
         Raises:
             ManifestError: a file is missing or has another size (names the URL).
         """
-        def check(entry):
-            try:
-                size = self.head_size(entry.name)
-            except FileNotFoundError:
-                raise ManifestError(f"{self.url(entry.name)}: listed in {MANIFEST_NAME} but missing in the "
-                                    "bucket") from None
-            if size != entry.num_bytes:
-                raise ManifestError(f"{self.url(entry.name)}: {size} bytes in the bucket but {entry.num_bytes} in "
-                                    f"{MANIFEST_NAME}; the file was changed or truncated: run `shardfeed check` "
-                                    "and repack")
-            if entry.index:
-                try:
-                    self.head_size(entry.index)
-                except FileNotFoundError:
-                    raise ManifestError(f"{self.url(entry.index)}: offset index missing in the bucket; rebuild "
-                                        "it with `shardfeed index`") from None
-
-        shards = manifest.shards
-        if not shards:
-            return
-        if len(shards) > max_shards >= 2:
-            step = (len(shards) - 1) / (max_shards - 1)
-            shards = [shards[round(i * step)] for i in range(max_shards)]
-        with ThreadPoolExecutor(min(threads, len(shards))) as pool:
-            for f in [pool.submit(check, e) for e in shards]:
-                f.result()
+        check_remote_files(manifest, self.head_size, self.url, "in the bucket", threads=threads,
+                           max_shards=max_shards)
 
     # ---- writing
     def put_bytes(self, name: str, data: bytes) -> None:
