@@ -329,10 +329,11 @@ def deprecated(old: str, new: str) -> None:
 
 
 class OnErrorChoice(click.Choice):
-    """``raise|skip``; the old ``fail`` (pack's former spelling) is read as ``raise`` with a deprecation line."""
+    """``raise|skip`` in any case, for every command's ``--on-error``; the old ``fail`` (pack's former
+    spelling, any case) is read as ``raise`` with a deprecation line."""
 
     def __init__(self) -> None:
-        super().__init__(["raise", "skip"])
+        super().__init__(["raise", "skip"], case_sensitive=False)
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value.lower() == "fail":

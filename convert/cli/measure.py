@@ -9,12 +9,13 @@ heavy modules (torch, the readers) are imported inside the commands.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from .common import (FiniteFloat, command, deprecated_option, echo, json_option, num_workers_options, storage_option,
-                     write_json_report)
+from .common import (FiniteFloat, OnErrorChoice, command, deprecated_option, echo, json_option, num_workers_options,
+                     storage_option, write_json_report)
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
 
@@ -71,7 +72,7 @@ def loader_options(f: Callable, *, sweep: bool = False) -> Callable:
         click.option("--train", is_flag=True, help="Training transform (random-resized crop) instead of eval."),
         click.option("--decoder", type=click.Choice(["auto", "simplejpeg", "pil", "cv2"]), default="auto",
                      show_default=True, help="Image decoder of the readers (auto: simplejpeg where installed)."),
-        click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+        click.option("--on-error", type=OnErrorChoice(), default="raise", show_default=True,
                      help="An unreadable or undecodable sample stops the run, or is skipped and counted."),
         click.option("--cache", type=click.Choice(["memory"]), default=None,
                      help="memory: the reader loads every sample's bytes into RAM once [default: no cache]."),
@@ -151,6 +152,25 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
     write_json_report(json_path, report.to_json())
 
 
+def _same_dataset(before: str, after: str) -> str | None:
+    """The dataset both arguments name (a resolved path, or the URL), or None when they differ.
+
+    A ``manifest.json`` path names its folder; URLs are compared without a trailing slash.
+    """
+    if "://" in before or "://" in after:
+        return before.rstrip("/") if before.rstrip("/") == after.rstrip("/") else None
+
+    def folder(arg: str) -> Path:
+        p = Path(arg).expanduser()
+        return p.parent if p.name == "manifest.json" else p
+
+    try:
+        a, b = folder(before).resolve(), folder(after).resolve()
+    except (OSError, RuntimeError):
+        return None
+    return str(a) if a == b else None
+
+
 @command("verify", short_help="The same training loop before and after packing, side by side.")
 @storage_option
 @click.argument("before")
@@ -191,6 +211,10 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
 
     _check_plot(plot)
     opts = _split_kwargs(kwargs)
+    same = _same_dataset(before, after)
+    if same is not None:
+        click.echo(f"shardfeed: warning: BEFORE and AFTER are the same dataset ({same}): the comparison measures "
+                   "noise only", err=True)
     if deep:
         click.echo("shardfeed: comparing every sample of both datasets (--deep)...", err=True)
     result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep, warm_cache=warm_cache,

@@ -79,6 +79,7 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
     \b
     Class counts of a packed dataset come from the data (every .cls member or LMDB record
     is read; the manifest has the class map, not per-class counts); the report says so.
+    Exit status 1 when the report lists problems (missing files, a damaged offset index).
 
     \b
     Examples:
@@ -109,6 +110,8 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
         bar.close()
     click.echo(format_inspect_report(report), err=err)
     write_json_report(json_path, report)
+    if report.get("problems"):
+        sys.exit(EXIT_ERROR)  # the report is out; the status says the dataset is not readable as it is
 
 
 @command("check", short_help="Verify sha256, sizes and samples against the manifest.")
@@ -231,8 +234,11 @@ def convert_cmd(src: str, out: Path, fmt: str, max_count: int, max_bytes: int, p
                    "system such as /dev/shm 1 GB + 10%, and RAM available is counted too].")
 @click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
               help="HTTP: retries per request after the first attempt (a broken transfer resumes where it stopped).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a different dataset already staged in DEST [default: refuse; the same dataset is "
+                   "refreshed or resumed without it].")
 @json_option
-def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, json_path) -> None:
+def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, overwrite: bool, json_path) -> None:
     """Copy a packed dataset (local path or http(s):// URL) to fast local storage before training.
 
     \b
@@ -254,7 +260,8 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, json_path) -> 
     bar, update = progress_bar(len(manifest.shards), total_bytes, "stage", quiet())
     bar.unit = "file"
     try:
-        report = stage(src, dest, min_free_bytes=min_free_bytes, progress=update, retries=retries)
+        report = stage(src, dest, min_free_bytes=min_free_bytes, progress=update, retries=retries,
+                       overwrite=overwrite)
     finally:
         bar.close()
     err = _out(json_path)

@@ -12,6 +12,7 @@ unless asked for (``count_classes=True``). The report says which it did (``class
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -172,6 +173,8 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
             check_files_present(manifest, loc.root)
         except ManifestError as exc:
             problems.append(str(exc))
+        else:
+            problems += _damaged_indexes(Path(loc.root), manifest)
     if count_classes_from_data is None:
         count_classes_from_data = not loc.url
     counts = None
@@ -213,6 +216,25 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         "examples": examples,
         "problems": problems,
     }
+
+
+def _damaged_indexes(root: Path, manifest: Manifest) -> list[str]:
+    """A problem line for each offset index whose size (8 bytes a sample) or sha256 differs from the manifest.
+
+    Cheap next to counting classes: an index holds 8 bytes per sample.
+    """
+    problems = []
+    for shard in manifest.shards:
+        if not shard.index:
+            continue
+        path = root / shard.index
+        data = path.read_bytes()
+        if len(data) != 8 * shard.num_samples or (
+                shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256):
+            problems.append(f"{path}: offset index damaged (its size or sha256 differs from the manifest; "
+                            f"`shardfeed check {root}` says where); rebuild it with `shardfeed index {root} "
+                            "--overwrite --classes CLASSES.txt` (the manifest's class list)")
+    return problems
 
 
 def _examples(loc: DatasetLocation, manifest: Manifest, num_examples: int, problems: list[str]) -> list[dict]:

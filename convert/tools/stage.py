@@ -154,7 +154,7 @@ def _sha256_file(path: Path) -> str:
 
 
 def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: int | None = None,
-          progress: Progress | None = None, retries: int | None = None) -> StageReport:
+          progress: Progress | None = None, retries: int | None = None, overwrite: bool = False) -> StageReport:
     """Copy a packed dataset to fast local storage, verified, resumable.
 
     Steps: read the source manifest; plan the files (shards, offset indexes, or ``data.mdb``);
@@ -175,13 +175,17 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
         progress: ``callback(num_files_done, num_bytes)``.
         retries: HTTP retries per request after the first attempt (a transfer that breaks resumes at
             the byte where it stopped); None: the readers' default.
+        overwrite: replace a finished dataset in DEST that is not SRC's (other shards, hashes, sample
+            count or classes); without it such a DEST is refused. Re-staging the same dataset (a
+            refresh, or resuming a partial stage) needs no flag.
 
     Returns:
         A :class:`StageReport`; ``ok`` False on any mismatch (the manifest is then not written).
 
     Raises:
-        ValueError: not enough free space (nothing is copied), DEST is the source, or a manifest
-            file name that would escape DEST.
+        ValueError: not enough free space (nothing is copied), DEST is the source, DEST holds a
+            different finished dataset and ``overwrite`` is False (nothing is touched), or a
+            manifest file name that would escape DEST.
         ManifestError, FileNotFoundError, DataSourceError: the source manifest cannot be read.
         OSError: writing to DEST failed (disk full, permissions).
     """
@@ -199,7 +203,29 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
     for f in files:
         safe_relative_path(f.name, what=f"{loc.manifest_source}: file {f.name!r}")
     with output_lock(dest, "stage"):  # one writer per DEST: a second command fails at once, naming this one
+        if not overwrite:
+            _refuse_other_dataset(dest, manifest)
         return _stage_locked(loc, manifest, manifest_bytes, dest, files, min_free_bytes, progress, t0)
+
+
+def _identity(manifest: Manifest) -> tuple:
+    """What makes a dataset itself: format, sample count, classes, and each file's name, size and hashes."""
+    return (manifest.format, manifest.num_samples, list(manifest.classes),
+            [(s.name, s.num_samples, s.num_bytes, s.sha256, s.index, s.index_sha256) for s in manifest.shards])
+
+
+def _refuse_other_dataset(dest: Path, manifest: Manifest) -> None:
+    """Raise ValueError when DEST holds a finished dataset (its manifest) that is not ``manifest``'s."""
+    dest_manifest = dest / MANIFEST_NAME
+    if not dest_manifest.is_file():
+        return  # empty, or a partial stage (its manifest comes last): staging resumes it
+    try:
+        theirs = _identity(Manifest.from_json(dest_manifest.read_bytes(), str(dest_manifest)))
+    except Exception:  # noqa: BLE001 - an unreadable manifest is not known to be this dataset
+        theirs = None
+    if theirs != _identity(manifest):
+        raise ValueError(f"{dest}: already holds a different dataset (its manifest.json differs from the "
+                         "source's); choose another DEST, or pass --overwrite to replace it")
 
 
 def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, files, min_free_bytes, progress,

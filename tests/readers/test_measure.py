@@ -244,6 +244,19 @@ def test_verify_no_warm_cache_skips_the_warm_up(data, tmp_path):
     assert [x["label"] for x in res["runs"]] == ["before", "after"]
 
 
+def test_verify_warns_when_both_sides_are_the_same_dataset(data, tmp_path):
+    wds = Path(data["wds"])
+    same = wds.parent / ".." / wds.parent.name / wds.name / "manifest.json"  # another spelling of the same folder
+    r = _run(["verify", wds, same, *SMALL, "--batches", "1", "--num-workers", "0", "--no-warm-cache"])
+    assert r.exit_code == 0, r.output  # a warning, not a refusal
+    warnings = [line for line in r.stderr.splitlines() if "same dataset" in line]
+    assert warnings == [f"shardfeed: warning: BEFORE and AFTER are the same dataset ({wds.resolve()}): "
+                        "the comparison measures noise only"]
+    other = _run(["verify", data["folder"], wds, *SMALL, "--batches", "1", "--num-workers", "0", "--no-warm-cache"])
+    assert other.exit_code == 0, other.output
+    assert "same dataset" not in other.output
+
+
 def _fs_honours_dontneed(directory: Path) -> bool:
     """Whether the file system under ``directory`` drops a fresh file's pages on DONTNEED (seen by fincore)."""
     probe = directory / f"probe-{os.getpid()}.bin"

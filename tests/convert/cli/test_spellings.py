@@ -101,3 +101,29 @@ def test_tune_max_workers_is_max_num_workers(tmp_path):
 def test_packing_commands_spell_processes_workers(command):
     out = CliRunner().invoke(main, [command, "--help"]).output
     assert "-j, --workers" in out and "--num-workers" not in out
+
+
+_ON_ERROR_ARGS = {"pack": ["SRC", "OUT"], "bench": ["SRC"], "verify": ["A", "B"], "tune": ["SRC"]}
+
+
+@pytest.mark.parametrize("command", sorted(_ON_ERROR_ARGS))
+@pytest.mark.parametrize("spelling, want, warns", [
+    ("raise", "raise", False), ("RAISE", "raise", False), ("Raise", "raise", False),
+    ("skip", "skip", False), ("Skip", "skip", False), ("SKIP", "skip", False),
+    ("fail", "raise", True), ("FAIL", "raise", True), ("Fail", "raise", True),
+])
+def test_every_command_reads_on_error_the_same_way(command, spelling, want, warns, capsys):
+    cmd = main.commands[command]
+    with cmd.make_context(command, [*_ON_ERROR_ARGS[command], "--on-error", spelling]) as ctx:
+        assert ctx.params["on_error"] == want
+    err = capsys.readouterr().err
+    if warns:
+        assert err.strip() == "shardfeed: warning: --on-error fail is deprecated: use --on-error raise"
+    else:
+        assert err == ""
+
+
+@pytest.mark.parametrize("command", sorted(_ON_ERROR_ARGS))
+def test_every_command_refuses_an_unknown_on_error(command):
+    res = CliRunner().invoke(main, [command, *_ON_ERROR_ARGS[command], "--on-error", "ignore"])
+    assert res.exit_code == 2 and "'raise', 'skip'" in res.output

@@ -127,6 +127,33 @@ def test_inspect_counts_classes_from_data(request, src, fixture):
     assert _folder_files(src)[ex["meta"]["path"]].__len__() == ex["num_bytes"]
 
 
+def test_inspect_exits_1_on_a_missing_offset_index_keeping_the_report(wds, tmp_path):
+    ds = _copy(wds, tmp_path, "bad_index")
+    (ds / "shard-000001.sfidx").unlink()
+    res = _run("inspect", ds)
+    assert res.exit_code == 1, res.output
+    assert "problem: " in res.stdout and "shard-000001.sfidx" in res.stdout
+    assert "shard-000000.tar" in res.stdout  # the report itself is still printed
+    res = _run("inspect", ds, "--json", "-")
+    assert res.exit_code == 1
+    report = json.loads(res.stdout)
+    assert report["num_samples"] == 60 and report["problems"]
+    assert _run("inspect", wds).exit_code == 0
+
+
+@pytest.mark.parametrize("damage", ["ones", "short"])
+def test_inspect_exits_1_on_a_damaged_offset_index(wds, tmp_path, damage):
+    ds = _copy(wds, tmp_path, "bad_index")
+    index = ds / "shard-000000.sfidx"
+    original = index.read_bytes()
+    index.write_bytes(b"\xff" * len(original) if damage == "ones" else original[:-8])
+    res = _run("inspect", ds)
+    assert res.exit_code == 1, res.output
+    problems = [line for line in res.stdout.splitlines() if line.startswith("problem: ")]
+    assert len(problems) == 1 and "shard-000000.sfidx" in problems[0] and "shardfeed index" in problems[0]
+    assert "shard-000003.tar" in res.stdout  # the report itself is still printed
+
+
 def test_inspect_cli_json_over_http_and_folder(wds, src):
     with serve_directory(wds) as (url, _):
         res = _run("inspect", url, "--json", "-")
@@ -318,6 +345,29 @@ def test_stage_copies_verifies_and_resumes(wds, tmp_path):
 
     again = stage(wds, dest, min_free_bytes=1000)
     assert again.ok and not again.copied and not again.resumed and again.bytes_copied == 0
+
+
+def test_stage_refuses_to_replace_a_different_dataset(src, wds, tmp_path):
+    """DEST holds a finished dataset other than SRC: refused without --overwrite, DEST left as it was."""
+    other = tmp_path / "other"  # the same images packed 30 per shard: same shard names, other bytes
+    pack(src, other, PackOptions(format="wds", max_count=30, workers=1))
+    dest = tmp_path / "staged"
+    assert stage(other, dest, min_free_bytes=1000).ok
+    before = _folder_files(dest)
+
+    with pytest.raises(ValueError, match="--overwrite"):
+        stage(wds, dest, min_free_bytes=1000)
+    res = _run("stage", wds, dest, "--min-free", "1KB")
+    assert res.exit_code == 1
+    assert str(dest) in res.stderr and "--overwrite" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert _folder_files(dest) == before
+
+    # the same dataset again (a cache refresh) still works, and --overwrite replaces the other one
+    assert stage(other, dest, min_free_bytes=1000).ok
+    res = _run("stage", wds, dest, "--min-free", "1KB", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert {k: v for k, v in _folder_files(dest).items() if k in _folder_files(wds)} == _folder_files(wds)
+    assert check_dataset(dest).ok
 
 
 def test_stage_refuses_when_free_space_is_short(wds, tmp_path):
