@@ -347,7 +347,9 @@ def decode_index(data: bytes, source: str = "<index>") -> list[int]:
     """Decode an offset index written by :func:`encode_index`.
 
     Raises:
-        CorruptDataError: the length is not a multiple of 8 bytes.
+        CorruptDataError: the length is not a multiple of 8 bytes, or the offsets are not strictly
+            increasing multiples of the tar block (512 bytes): a damaged index, which would
+            otherwise send a reader to the wrong bytes.
     """
     if is_dali_index(data[:64]):
         raise CorruptDataError(f"{source}: holds an NVIDIA DALI index (text, as DALI's wds2idx writes it), not "
@@ -356,7 +358,14 @@ def decode_index(data: bytes, source: str = "<index>") -> list[int]:
                                "beside DALI's .idx, manifest version 2), or repack")
     if len(data) % 8:
         raise CorruptDataError(f"{source}: offset index of {len(data)} bytes is not a multiple of 8")
-    return list(struct.unpack(f"<{len(data) // 8}Q", data))
+    offsets = list(struct.unpack(f"<{len(data) // 8}Q", data))
+    previous = -1
+    for i, offset in enumerate(offsets):
+        if offset <= previous or offset % TAR_BLOCK:
+            raise CorruptDataError(f"{source}: damaged offset index (entry {i}: {offset} is not a tar block boundary "
+                                   f"after {previous}); rebuild it with `shardfeed index`, then `shardfeed check`")
+        previous = offset
+    return offsets
 
 
 def read_index(path: str | os.PathLike) -> list[int]:

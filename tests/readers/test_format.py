@@ -102,3 +102,48 @@ def test_sample_from_members_rules_and_errors():
 def test_decode_record_refuses_what_is_not_a_record(value):
     with pytest.raises(CorruptDataError, match="data.mdb key 000000001"):
         decode_record(value, source="data.mdb", key=b"000000001")
+
+
+@pytest.mark.parametrize("offsets", [[0, 0, 1024], [0, 1536, 1024], [0, 512, 700], [2**64 - 1] * 3])
+def test_decode_index_refuses_offsets_that_cannot_be_sample_starts(offsets):
+    """Offsets must rise strictly and sit on 512-byte tar blocks: anything else is a damaged index."""
+    import struct
+
+    from shardfeed.readers.errors import CorruptDataError
+    from shardfeed.readers.format import decode_index
+
+    with pytest.raises(CorruptDataError, match="x.sfidx: damaged offset index"):
+        decode_index(struct.pack(f"<{len(offsets)}Q", *offsets), "x.sfidx")
+    assert decode_index(struct.pack("<3Q", 0, 1536, 4096), "x.sfidx") == [0, 1536, 4096]
+
+
+def test_a_damaged_index_is_a_clear_error_when_reading(tmp_path):
+    """An index overwritten with 0xff bytes: open_dataset raises CorruptDataError naming it (was an OverflowError)."""
+    import os
+    import subprocess
+    import sys
+
+    from shardfeed.readers import open_dataset
+    from shardfeed.readers.errors import CorruptDataError
+
+    src = tmp_path / "src"
+    for c in ("a", "b"):
+        (src / c).mkdir(parents=True)
+        for i in range(4):
+            (src / c / f"{i}.png").write_bytes(_png(i))
+    subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "-q", "pack", str(src), str(tmp_path / "wds"),
+                    "--max-count", "4"], check=True)
+    idx = tmp_path / "wds" / "shard-000000.sfidx"
+    idx.write_bytes(b"\xff" * os.path.getsize(idx))
+    with pytest.raises(CorruptDataError, match="shard-000000.sfidx: damaged offset index"):
+        list(open_dataset(tmp_path / "wds", decode=False, shuffle=False))
+
+
+def _png(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (seed * 40 % 256, 0, 0)).save(buf, format="PNG")
+    return buf.getvalue()
