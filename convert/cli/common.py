@@ -24,7 +24,7 @@ import click
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
-           "storage_option", "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm"]
+           "storage_option", "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -99,9 +99,10 @@ def write_json_report(path: str | None, report: Any) -> None:
         write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def _check_json_path(ctx, param, value):
-    """Refuse a ``--json`` path whose folder does not exist before any work is done."""
-    if value in (None, "-"):
+def check_report_path(value: str, ctx, param, *, example: str = "report.json", allow_stdout: bool = True) -> str:
+    """A local path a report is written to: ``-`` (stdout, when allowed), a path whose folder
+    exists, ``file://`` stripped; a URL or a folder is refused naming the fix."""
+    if value == "-" and allow_stdout:
         return value
     from shardfeed.readers.opener import url_scheme
 
@@ -109,15 +110,23 @@ def _check_json_path(ctx, param, value):
     if scheme == "file":
         value = value[len("file://"):]
     elif scheme is not None:
-        raise click.BadParameter(f"{value}: the report is written to a local path (or '-' for stdout), not a URL; "
+        stdout = " (or '-' for stdout)" if allow_stdout else ""
+        raise click.BadParameter(f"{value}: the report is written to a local path{stdout}, not a URL; "
                                  "write it locally, then upload it", ctx, param)
     parent = os.path.dirname(os.path.abspath(value))
     if not os.path.isdir(parent):
         raise click.BadParameter(f"folder {parent} does not exist: create it or choose another path", ctx, param)
     if os.path.isdir(value):
-        raise click.BadParameter(f"{value} is a folder: give a file path such as {value.rstrip('/')}/report.json",
+        raise click.BadParameter(f"{value} is a folder: give a file path such as {value.rstrip('/')}/{example}",
                                  ctx, param)
     return value
+
+
+def _check_json_path(ctx, param, value):
+    """Refuse a ``--json`` path whose folder does not exist before any work is done."""
+    if value is None:
+        return value
+    return check_report_path(value, ctx, param)
 
 
 def json_option(f: Callable) -> Callable:
