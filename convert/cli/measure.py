@@ -243,8 +243,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
       shardfeed verify data/train out/train-lmdb --cold --repeats 3 --model resnet18
       shardfeed verify data/train out/train-wds --compute-ms 30 --min-speedup 1.5 --json verify.json
     """
-    from shardfeed.readers.measure import (HtmlTable, compare_sources, comparison_rows, format_comparison, plot_runs,
-                                           verify_headline)
+    from shardfeed.readers.measure import HtmlTable, compare_sources, comparison_rows, plot_runs
 
     _check_plot(plot)
     opts = _split_kwargs(kwargs)
@@ -256,28 +255,23 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
         click.echo("shardfeed: comparing every sample of both datasets (--deep)...", err=True)
     result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep, warm_cache=warm_cache,
                              progress=_progress(json_path), **opts)
-    echo(format_comparison(result), json_path)
-    headline = verify_headline(result)
-    sides = [result["before"], result["after"]]
+    result.min_speedup = min_speedup
+    echo(result.summary(), json_path)
+    headline = result.headline()
+    sides = [result.before, result.after]
     if plot:
         echo(f"plot: {plot_runs(sides, plot, title=headline)}", json_path)
-    out = {"before": result["before"].to_json(), "after": result["after"].to_json(), "speedup": result["speedup"],
-           "stall_share_before": result["stall_share_before"], "stall_share_after": result["stall_share_after"],
-           "headline": headline,
-           "verdict": result["verdict"], "settle": result["settle"],
-           "warm_cache": result["warm_cache"], "cpu_s_per_image": result["cpu_s_per_image"],
-           "check": result["check"], "repeats": repeats, "cold": cold, "min_speedup": min_speedup,
-           "runs": [r.to_json() for r in result["runs"]]}
+    out = result.to_json()
     if html_path:
         notes = [f"{side}: {w}" for side, r in zip(("BEFORE", "AFTER"), sides) for w in r.warnings]
-        notes += [f"advice: {a}" for a in (result["verdict"] or {}).get("advice", [])]
+        notes += [f"advice: {a}" for a in (result.verdict or {}).get("advice", [])]
         write_html(html_path, "verify", headline=headline, report_json=out,
                    tables=[HtmlTable("Before and after (each side's median run)", ("", "BEFORE", "AFTER"),
                                      comparison_rows(result))],
                    notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path)
     write_json_report(json_path, out)
-    if min_speedup is not None and result["speedup"] < min_speedup:
-        click.echo(f"shardfeed: error: speed-up {result['speedup']:.2f}x is below --min-speedup {min_speedup}",
+    if min_speedup is not None and result.speedup < min_speedup:
+        click.echo(f"shardfeed: error: speed-up {result.speedup:.2f}x is below --min-speedup {min_speedup}",
                    err=True)
         sys.exit(1)
 
@@ -311,7 +305,7 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
       shardfeed tune out/train-wds --model resnet50 --budget-s 600
       shardfeed tune data/train --compute-ms 40 --batches 30
     """
-    from shardfeed.readers.measure import TUNE_HEADER, HtmlTable, format_table, plot_tune, tune_loader, tune_rows
+    from shardfeed.readers.measure import TUNE_HEADER, HtmlTable, plot_tune, tune_loader, tune_rows
 
     _check_plot(plot)
     opts = _split_kwargs(kwargs)
@@ -319,29 +313,15 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
     max_workers = max_workers_old if max_workers is None else max_workers
     result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
                          progress=_progress(json_path), **opts)
-    best = result["best"]
-    rows = tune_rows(result)
-    echo(format_table(rows, header=TUNE_HEADER), json_path)
-    for w in result["warnings"]:
-        echo(f"warning: {w}", json_path)
-    for s in result["skipped"]:
-        echo(f"skipped: {s}", json_path)
-    for a in result["advice"]:
-        echo(f"advice: {a}", json_path)
-    headline = f"best: {best['images_per_s']:.1f} images/s, data stall {best['stall_share']:.0%}"
-    echo(headline, json_path)
-    echo(result["call"], json_path)
+    echo(result.summary(), json_path)
     if plot:
         echo(f"plot: {plot_tune(result, plot)}", json_path)
-    out = dict(result)
-    out["trials"] = [{**{k: v for k, v in t.items() if k != "report"}, "report": t["report"].to_json(per_batch=False)}
-                     for t in result["trials"]]
-    out["best"] = {k: v for k, v in best.items() if k != "report"}
+    out = result.to_json()
     if html_path:
-        notes = [f"warning: {w}" for w in result["warnings"]] + [f"skipped: {s}" for s in result["skipped"]]
-        notes += [f"advice: {a}" for a in result["advice"]]
-        write_html(html_path, "tune", headline=f"{headline} — {result['call']}", report_json=out,
-                   tables=[HtmlTable("Settings tried, in sweep order", TUNE_HEADER, rows)], notes=notes,
+        notes = [f"warning: {w}" for w in result.warnings] + [f"skipped: {s}" for s in result.skipped]
+        notes += [f"advice: {a}" for a in result.advice]
+        write_html(html_path, "tune", headline=f"{result.headline()} — {result.call}", report_json=out,
+                   tables=[HtmlTable("Settings tried, in sweep order", TUNE_HEADER, tune_rows(result))], notes=notes,
                    draw=lambda p: plot_tune(result, p), json_path=json_path)
     write_json_report(json_path, out)
 

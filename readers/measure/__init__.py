@@ -66,9 +66,9 @@ from .figures import DeliverySeries, plot_delivery, plot_tune, series_of_run
 from .html_report import HtmlTable, render_html_report, write_html_report
 from .tables import (TUNE_HEADER, comparison_headline, comparison_rows, decode_cost_note, format_comparison,
                      format_report, format_table, plot_runs, report_rows, tune_rows, verdict_headline, verify_headline)
-from .tune import make_loader_call, tune_loader
+from .tune import TuneReport, make_loader_call, tune_loader
 from .verdict import judge_rounds
-from .verify import compare_sources
+from .verify import VerifyReport, compare_sources
 
 __all__ = [
     "DEFAULT_MEAN",
@@ -80,6 +80,8 @@ __all__ = [
     "DatasetMismatchError",
     "TimingStats",
     "RunReport",
+    "VerifyReport",
+    "TuneReport",
     "select_device",
     "run_training_loop",
     "bench_source",

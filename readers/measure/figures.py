@@ -148,23 +148,24 @@ def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, 
     return out
 
 
-def plot_tune(result: dict, path: str | os.PathLike) -> Path:
+def plot_tune(result: Any, path: str | os.PathLike) -> Path:
     """Draw images/s of every ``tune`` trial in sweep order, the best one marked, into a PNG.
 
     Args:
-        result: what :func:`~shardfeed.readers.measure.tune.tune_loader` returned (``trials`` with
-            ``step``, ``options``, ``images_per_s``, ``stall_share``; ``best``).
+        result: the :class:`~shardfeed.readers.measure.tune.TuneReport` of
+            :func:`~shardfeed.readers.measure.tune.tune_loader` (``trials`` with ``step``,
+            ``options``, ``images_per_s``, ``stall_share``; ``best``).
         path: the PNG to write.
 
     Raises:
         ImportError: matplotlib is not installed.
         ValueError: no trials.
     """
-    trials = list(result.get("trials") or [])
+    trials = list(result.trials or [])
     if not trials:
         raise ValueError("plot_tune needs at least one trial")
     plt = _pyplot()
-    best = result.get("best")
+    best = result.best
     labels, values, colours = [], [], []
     for t in trials:
         o = t["options"]
@@ -172,9 +173,7 @@ def plot_tune(result: dict, path: str | os.PathLike) -> Path:
         value = o.get(knob) if knob in o else o.get("num_workers")
         labels.append(f"{knob}={value}")
         values.append(float(t["images_per_s"]))
-        colours.append("#2ca02c" if t is best or (best and t.get("options") == best.get("options")
-                                                   and t["images_per_s"] == best.get("images_per_s"))
-                       else "#7f7f7f")
+        colours.append("#2ca02c" if t is best else "#7f7f7f")
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(trials) + 2), 4.2))
     bars = ax.bar(range(len(trials)), values, color=colours)
     for rect, t in zip(bars, trials):

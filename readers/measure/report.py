@@ -127,3 +127,4 @@ class RunReport:
         if not per_batch:
             d.pop("batches", None)
         return d
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .report import RunReport, fmt_bytes
 
@@ -160,34 +160,34 @@ def reencode_text(reencode: dict) -> str:
     return ", ".join(parts) or "re-encoded"
 
 
-def decode_cost_note(result: dict) -> str | None:
+def decode_cost_note(result: Any) -> str | None:
     """``verify``: when a side was re-encoded at pack time (``--resize``, ``--quality``,
     ``--image-format`` in its manifest), the line saying that the difference includes decode cost,
     with each side's CPU time per image; None when neither side was re-encoded."""
-    changed = [(name, result[name].config.get("reencode")) for name in ("before", "after")]
+    changed = [(name, getattr(result, name).config.get("reencode")) for name in ("before", "after")]
     changed = [(name, r) for name, r in changed if r]
     if not changed:
         return None
     what = " and ".join(f"{name.upper()} was re-encoded at pack time ({reencode_text(r)})" for name, r in changed)
     text = f"the difference includes decode cost, not only reading: {what}"
-    cpi = result.get("cpu_s_per_image")
+    cpi = result.cpu_s_per_image
     if cpi:
         text += (f"; CPU per image BEFORE {cpi['before'] * 1000:.2f} ms, AFTER {cpi['after'] * 1000:.2f} ms")
     return text
 
 
-def verify_headline(result: dict) -> str:
+def verify_headline(result: Any) -> str:
     """``verify``'s verdict line for a :func:`~shardfeed.readers.measure.verify.compare_sources`
     result: :func:`verdict_headline`, then :func:`decode_cost_note` when a side was re-encoded."""
-    head = verdict_headline(result.get("verdict"), result["speedup"], result["stall_share_before"],
-                            result["stall_share_after"])
+    head = verdict_headline(result.verdict, result.speedup, result.stall_share_before, result.stall_share_after)
     note = decode_cost_note(result)
     return f"{head} ({note})" if note else head
 
 
-def comparison_rows(result: dict) -> list[tuple[str, str, str]]:
-    """The rows of ``verify``'s side-by-side table: ``(name, BEFORE, AFTER)``."""
-    rb, ra = _report_rows(result["before"]), _report_rows(result["after"])
+def comparison_rows(result: Any) -> list[tuple[str, str, str]]:
+    """The rows of ``verify``'s side-by-side table (a :class:`~shardfeed.readers.measure.verify.VerifyReport`):
+    ``(name, BEFORE, AFTER)``."""
+    rb, ra = _report_rows(result.before), _report_rows(result.after)
     return [(name, vb, va) for (name, vb), (_, va) in zip(rb, ra)]
 
 
@@ -199,16 +199,16 @@ def report_rows(report: RunReport) -> list[tuple[str, str]]:
 TUNE_HEADER = ("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall", "took s", "best")
 
 
-def tune_rows(result: dict) -> list[tuple[str, ...]]:
+def tune_rows(result: Any) -> list[tuple[str, ...]]:
     """The rows of ``tune``'s table, one per trial (columns :data:`TUNE_HEADER`; ``*`` marks the best)."""
     rows = []
-    for t in result["trials"]:
+    for t in result.trials:
         o = t["options"]
         workers = o.get("num_workers")
         rows.append((t["step"], str(workers), str(o.get("pin_memory")),
                      str(o.get("prefetch_factor")) if workers else "-",
                      str(o.get("persistent_workers")) if workers else "-", f"{t['images_per_s']:.1f}",
-                     f"{t['stall_share']:.0%}", f"{t['seconds']:.1f}", "*" if t is result["best"] else ""))
+                     f"{t['stall_share']:.0%}", f"{t['seconds']:.1f}", "*" if t is result.best else ""))
     return rows
 
 
@@ -248,18 +248,18 @@ def _warm_text(warm: dict | None) -> str | None:
             f"in {warm['seconds']:.1f} s{share}")
 
 
-def format_comparison(result: dict) -> str:
+def format_comparison(result: Any) -> str:
     """Both median runs side by side, the rounds, then the verdict (``verify``)."""
-    b, a = result["before"], result["after"]
+    b, a = result.before, result.after
     text = format_table(comparison_rows(result), header=("", "BEFORE", "AFTER"))
     warnings = [f"before: {w}" for w in b.warnings] + [f"after: {w}" for w in a.warnings]
     if warnings:
         text += "\n" + "\n".join(f"warning: {w}" for w in dict.fromkeys(warnings))
-    verdict = result.get("verdict")
-    lines = [_settle_text(result.get("settle")), _warm_text(result.get("warm_cache"))]
+    verdict = result.verdict
+    lines = [_settle_text(result.settle), _warm_text(result.warm_cache)]
     if verdict:
-        lines += _rounds_lines(verdict, result.get("repeats", 1))
-    cpi = result.get("cpu_s_per_image")
+        lines += _rounds_lines(verdict, result.repeats)
+    cpi = result.cpu_s_per_image
     if cpi:
         lines.append(f"  CPU per image (main + workers), median: BEFORE {cpi['before'] * 1000:.2f} ms, "
                      f"AFTER {cpi['after'] * 1000:.2f} ms (little moved by other processes' load)")
