@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from .report import RunReport, fmt_bytes
 
-__all__ = ["format_table", "format_report", "format_comparison", "comparison_headline", "verdict_headline",
-           "verify_headline", "decode_cost_note", "reencode_text", "comparison_rows", "report_rows", "tune_rows",
+__all__ = ["format_table", "terminal_width", "format_report", "format_comparison", "comparison_headline",
+           "verdict_headline", "verify_headline", "decode_cost_note", "reencode_text", "comparison_rows", "report_rows", "tune_rows",
            "TUNE_HEADER", "plot_runs"]
 
 
@@ -17,8 +19,7 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.1f}"
 
 
-def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None) -> str:
-    """Align ``rows`` in columns (first column left-aligned, the others right-aligned)."""
+def _plain_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None) -> str:
     all_rows = [list(header)] if header else []
     all_rows += [list(r) for r in rows]
     if not all_rows:
@@ -34,6 +35,60 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = N
         if header and j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def terminal_width() -> int | None:
+    """The width of the terminal standard output is, in columns; None when it is not a terminal
+    (a pipe, a file, a test runner), where tables are never wrapped (so they stay grep-able)."""
+    try:
+        if not sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, *,
+                 width: int | None = None) -> str:
+    """Align ``rows`` in columns (first column left-aligned, the others right-aligned).
+
+    Args:
+        rows: the cells, as strings.
+        header: the column names (underlined); None for none.
+        width: the widest a line may be, in columns. A table wider than that is laid out by
+            ``rich`` with its cells wrapped to fit. None: :func:`terminal_width` (no wrapping when
+            standard output is not a terminal).
+    """
+    plain = _plain_table(rows, header)
+    if width is None:
+        width = terminal_width()
+    if width is None or not plain or max(len(line) for line in plain.splitlines()) <= width:
+        return plain
+    return _wrapped_table(rows, header, width)
+
+
+def _wrapped_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None, width: int) -> str:
+    """The table laid out by ``rich`` to fit ``width`` columns, cells wrapped at spaces."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    ncol = max(len(r) for r in ([header] if header else []) + [list(r) for r in rows])
+    table = Table(box=box.SIMPLE_HEAD if header else None, show_header=bool(header), pad_edge=False,
+                  show_edge=False, padding=(0, 1))
+    names = list(header or [""] * ncol) + [""] * (ncol - len(header or []))
+    for i, name in enumerate(names):
+        table.add_column(Text(name), justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        cells = list(r) + [""] * (ncol - len(r))
+        table.add_row(*(Text(str(c)) for c in cells))
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False,
+            emoji=False).print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
 
 
 def _batches_text(r: RunReport) -> str:

@@ -15,6 +15,7 @@ import io
 import json
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +213,22 @@ def test_verify_without_reencoding_has_no_decode_note_and_three_rounds_by_defaul
     assert "decode cost" not in report["headline"]
     assert report["repeats"] == 3
     assert [x["label"] for x in report["runs"]] == ["before", "after", "after", "before", "before", "after"]
+
+
+def test_a_table_wider_than_the_terminal_is_wrapped_to_fit_and_keeps_every_word():
+    from shardfeed.readers.measure import format_table
+
+    rows = [("page cache", "not evicted (as found; --cold evicts)", "evicted, 3% left of 12 files, 1.2 MB"),
+            ("memory, workers (RSS start -> end)", "311.2 MB -> 311.3 MB", "316.9 MB -> 317.0 MB"),
+            ("[bold]markup[/bold] stays text", "a", "b")]
+    header = ("", "BEFORE", "AFTER")
+    plain = format_table(rows, header=header, width=1000)
+    assert max(len(line) for line in plain.splitlines()) > 60  # wider than the width asked below
+    wrapped = format_table(rows, header=header, width=60)
+    assert max(len(line) for line in wrapped.splitlines()) <= 60
+    # every character of every cell is there (wrapping moves them, never drops them), markup stays text
+    cells = "".join(c for r in [header, *rows] for c in r)
+    assert Counter(ch for ch in wrapped if not ch.isspace() and ch != "─") == \
+        Counter(ch for ch in cells if not ch.isspace())
+    # not a terminal (as under a test runner or a pipe): never wrapped, so output stays grep-able
+    assert format_table(rows, header=header) == plain
