@@ -11,8 +11,8 @@ from typing import Any, Sequence
 from .report import RunReport, fmt_bytes
 
 __all__ = ["format_table", "terminal_width", "format_report", "format_comparison", "comparison_headline",
-           "verdict_headline", "verify_headline", "decode_cost_note", "reencode_text", "comparison_rows", "report_rows", "tune_rows",
-           "TUNE_HEADER", "plot_runs"]
+           "verdict_headline", "verify_headline", "decode_cost_note", "reencode_text", "comparison_rows", "report_rows",
+           "tune_rows", "TUNE_HEADER", "plot_runs"]
 
 
 def _ms(x: float) -> str:
