@@ -73,7 +73,7 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
     for shard in manifest.shards:
         if location.url:
             for sample in iter_shard_samples(location, shard.name, class_to_idx=manifest.class_to_idx,
-                                             index=shard.index):
+                                             labelled=manifest.labelled, index=shard.index):
                 counts[sample.label] += 1
                 progress(1, len(sample.data))
             continue
