@@ -365,7 +365,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
     if all(isinstance(v, int) or (isinstance(v, str) and v.isdigit() and v.isascii()) for v in values):
         out = {k: int(v) for k, v in out.items()}
     else:
-        ints = [v for v in values if isinstance(v, int)]
+        ints = [v for v in values if isinstance(v, int) or (v.isdigit() and v.isascii())]
         if ints:
             raise ValueError(f"{p}: labels mix class names and integer indices (e.g. {ints[0]}); use one kind")
         out = {k: str(v) for k, v in out.items()}
@@ -636,7 +636,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         labelled, labels_of, kind = False, {}, "unlabelled"
         class_to_idx = {}
     else:
-        from .scan import find_classes, resolve_class_map
+        from shardfeed.readers.imagefolder import resolve_class_map
+
+        from .scan import find_classes
 
         folders = find_classes(src)
         _, class_to_idx = resolve_class_map(folders, class_to_idx, src)
