@@ -494,3 +494,29 @@ def _cli():
 
     return main
 
+
+
+def test_dali_reads_the_sidecars_by_extension(sidecar_wds, sidecar_folder):
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed; pip install -e '.[interop]'")
+    from nvidia.dali import fn, pipeline_def
+
+    planted = _planted_sidecars(sidecar_folder)
+    tars = [str(sidecar_wds / s.name) for s in load_manifest(sidecar_wds).shards]
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)  # CPU only
+    def pipe():
+        image, txt, side, meta = fn.readers.webdataset(paths=tars, ext=["jpg", "txt", "sidecar.json", "json"],
+                                                       missing_component_behavior="error", random_shuffle=False,
+                                                       name="reader")
+        return image, txt, side, meta
+
+    p = pipe()
+    p.build()
+    n = p.epoch_size("reader")
+    got = {}
+    while len(got) < n:
+        outs = p.run()
+        for i in range(len(outs[0])):
+            image, txt, side, meta = (bytes(np.array(out.at(i))) for out in outs)
+            got[json.loads(meta)["path"]] = (image, txt, side)
+    assert got == {rel: ((sidecar_folder / rel).read_bytes(), s["txt"], s["json"]) for rel, s in planted.items()}
