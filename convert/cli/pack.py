@@ -131,13 +131,18 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
         raise FileNotFoundError(f"{src}: source folder does not exist")
     if not to_store:
         prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
-    if labels_file is not None or sidecars or require_sidecars or no_labels or not _has_class_folders(src):
+    flat = labels_file is None and not no_labels and not _has_class_folders(src)
+    if labels_file is not None or sidecars or require_sidecars or no_labels or flat:
         if to_store or src_url is not None:
             raise click.UsageError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack "
                                    "a local folder into a local OUT")
         if labels_file is not None and no_labels:
             raise click.UsageError("--labels and --no-labels exclude each other")
         from shardfeed.convert.layouts import LayoutOptions, pack_layout, parse_sidecars
+
+        if flat and not quiet():
+            click.echo(f"{src}: no class folders: packing an unlabelled dataset (readers give label -1); for "
+                       "labels, pass --labels FILE or sort the images into SRC/CLASS/ folders", err=True)
 
         layout = LayoutOptions(labels_file=labels_file, no_labels=no_labels, sidecars=parse_sidecars(sidecars),
                                require_sidecars=require_sidecars)
