@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import json
 import logging
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -55,7 +57,10 @@ from shardfeed.readers.format import (
 )
 from shardfeed.readers.registry import canonical_format, writer_class
 
+from shardfeed.readers.format import write_bytes_atomic
+
 from . import writers  # noqa: F401  (registers every format's writer)
+from .pack_state import PLAN_NAME, STATE_DIR, finished_shard_record, write_shard_record
 from .scan import parse_extensions
 
 __all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_classes_file", "LayoutOptions",
@@ -151,6 +156,17 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         TypeError: a field value that is neither bytes, str nor JSON.
         OSError: writing failed.
     """
+    return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                  classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
+                  skipped=skipped, files=files, map_size=map_size, progress=progress)
+
+
+def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
+           skipped, files, map_size, progress, writer_extra: dict | None = None, resuming: bool = False,
+           writer_box: dict | None = None) -> Manifest:
+    """:func:`write_dataset`, plus what a resumed layout pack needs: ``writer_extra`` (the
+    WebDataset writer's ``resume_shards``, ``field_counts``, ``on_shard_end``) and ``resuming``
+    (the samples left may be none); ``writer_box["w"]`` gets the writer."""
     fmt = canonical_format(format)
     if classes is not None and class_to_idx is None:
         class_to_idx = {c: i for i, c in enumerate(classes)}
@@ -168,7 +184,7 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         pass
     it = iter(samples)
     first = next(it, None)
-    if first is None:
+    if first is None and not resuming:
         raise ValueError(f"{out}: no sample to write; a dataset holds at least one")
     if labels is None:
         labels = first.get("label") is not None
@@ -176,12 +192,14 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         out, classes=list(classes or []) if labels else [], class_to_idx=dict(class_to_idx or {}) if labels else {},
         max_count=max_count, max_bytes=max_bytes, prefix=prefix, skipped=skipped,
         options={**(options or {}), "layout": (options or {}).get("layout", "samples")}, files=files,
-        map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared)
+        map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared, **(writer_extra or {}))
+    if writer_box is not None:
+        writer_box["w"] = writer
     idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
     max_label = -1
     n = 0
     with writer:
-        for i, item in enumerate(_chain(first, it)):
+        for i, item in enumerate(_chain(first, it) if first is not None else ()):
             sample, extra = _sample_from_dict(item, i, width, bool(labels), class_to_idx, idx_to_class)
             for name in extra:
                 if name not in writer.field_counts:
@@ -200,7 +218,7 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
             writer.class_to_idx = {str(k): k for k in range(max_label + 1)}
         writer.skipped = list(skipped or [])  # read now: a generator may have added to it
         if files is not None:
-            writer.files = {**files, "packed": n, "skipped": len(writer.skipped)}
+            writer.files = {**files, "packed": writer.num_samples, "skipped": len(writer.skipped)}
         manifest = writer.close()
     return manifest
 
@@ -443,7 +461,7 @@ def parse_sidecars(text: str | Iterable[str] | None) -> tuple[str, ...]:
 
 @dataclasses.dataclass
 class _Found:
-    images: list[tuple[str, str, int]]        # (rel, canonical ext, size), sorted by rel
+    images: list[tuple[str, str, int, int]]   # (rel, canonical ext, size, mtime ns), sorted by rel
     sidecars: dict[str, dict[str, str]]       # image rel -> {field: sidecar rel}
     ignored: list[dict]
 
@@ -455,7 +473,7 @@ def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], m
     root_real = os.path.realpath(root)
     ext_set = {e.lower() for e in exts}
     by_len = sorted(sidecars, key=len, reverse=True)  # "mask.png" before "png"-like shorter ones
-    images: list[tuple[str, str, int]] = []
+    images: list[tuple[str, str, int, int]] = []
     side_files: dict[str, dict[str, str]] = {}  # stem rel -> {field: rel}
     ignored: list[dict] = []
     count = 0
@@ -504,12 +522,13 @@ def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], m
             if problem is not None:
                 ignored.append({"path": rel, "reason": problem})
                 continue
-            images.append((rel, normalize_ext(ext), e.stat().st_size))
+            st = e.stat()
+            images.append((rel, normalize_ext(ext), st.st_size, st.st_mtime_ns))
         stack.extend(reversed(subdirs))
     images.sort(key=lambda t: t[0])
     sidecar_map: dict[str, dict[str, str]] = {}
     used = set()
-    for rel, _, _ in images:
+    for rel, *_ in images:
         stem = rel.rsplit(".", 1)[0]
         if stem in side_files:
             if stem in used:
@@ -575,9 +594,6 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         raise FileNotFoundError(f"{src}: no such directory")
     if not src.is_dir():
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
-    if options.resume:
-        raise ValueError("--resume is not available with --labels, --sidecars or --no-labels (these layouts pack "
-                         "in one process); rerun the pack with --overwrite")
     if options.reencode is not None:
         raise ValueError("--resize/--quality/--image-format are not available with --labels, --sidecars or "
                          "--no-labels yet; pack the original bytes")
@@ -589,8 +605,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     images = found.images
     if layout.labels_file is not None:
         rows = read_labels_file(layout.labels_file)
-        on_disk = {rel for rel, _, _ in images}
-        unlisted = [rel for rel, _, _ in images if rel not in rows]
+        on_disk = {rel for rel, *_ in images}
+        unlisted = [rel for rel, *_ in images if rel not in rows]
         absent = [rel for rel in rows if rel not in on_disk]
         if (unlisted or absent) and raise_:
             parts = []
@@ -606,7 +622,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         skipped += [{"path": rel, "key": None, "reason": "listed in the labels file, no such image"}
                     for rel in absent]
         images = [t for t in images if t[0] in rows]
-        values = [rows[rel] for rel, _, _ in images]
+        values = [rows[rel] for rel, *_ in images]
         if class_to_idx is None:
             if all(isinstance(v, int) for v in values):
                 k = max(values, default=-1) + 1
@@ -616,7 +632,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         idx_to_class = {i: c for c, i in class_to_idx.items()}
         labels_of = {}
         bad = []
-        for rel, _, _ in images:
+        for rel, *_ in images:
             v = rows[rel]
             if isinstance(v, int):
                 if v not in idx_to_class:
@@ -632,7 +648,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                              "--classes-from or fix the labels")
         labelled = True
         kind = "labels-file"
-    elif layout.no_labels or not any("/" in rel for rel, _, _ in images):
+    elif layout.no_labels or not any("/" in rel for rel, *_ in images):
         labelled, labels_of, kind = False, {}, "unlabelled"
         class_to_idx = {}
     else:
@@ -642,16 +658,16 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
 
         folders = find_classes(src)
         _, class_to_idx = resolve_class_map(folders, class_to_idx, src)
-        loose = [rel for rel, _, _ in images if "/" not in rel]
+        loose = [rel for rel, *_ in images if "/" not in rel]
         found.ignored += [{"path": rel, "reason": "image not in a class folder"} for rel in loose]
         images = [t for t in images if "/" in t[0]]
-        labels_of = {rel: class_to_idx[rel.split("/", 1)[0]] for rel, _, _ in images}
+        labels_of = {rel: class_to_idx[rel.split("/", 1)[0]] for rel, *_ in images}
         labelled, kind = True, "class-folders"
     if not images:
         raise ValueError(f"{src}: no images with extensions {','.join(exts)} to pack")
     missing_side = []
     if layout.sidecars and layout.require_sidecars:
-        for rel, _, _ in images:
+        for rel, *_ in images:
             have = found.sidecars.get(rel, {})
             lack = [f for f in layout.sidecars if f not in have]
             if lack:
@@ -672,24 +688,6 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
     idx_to_class = {i: c for c, i in class_to_idx.items()}
 
-    def samples():
-        for j, i in enumerate(order):
-            rel, ext, _ = images[i]
-            key = str(j).zfill(width)
-            try:
-                data = _read(src / rel)
-                extra = {f: _read(src / srel, MAX_SIDECAR_BYTES)
-                         for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
-            except (OSError, ValueError) as exc:
-                if raise_:
-                    raise
-                skipped.append({"path": rel, "key": key, "reason": str(exc)})
-                continue
-            item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
-            if labelled:
-                item["label"] = labels_of[rel]
-            yield item
-
     fp = options.fingerprint_fields()
     recorded = {**fp, "source": str(src.absolute()), "layout": kind}
     if layout.labels_file is not None:
@@ -697,21 +695,131 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if layout.sidecars:
         recorded["sidecars"] = list(layout.sidecars)
         recorded["require_sidecars"] = layout.require_sidecars
-    files = {"found": len(found.images) + len(found.ignored), "packed": 0, "skipped": 0,
+    n_side = sum(len(v) for v in found.sidecars.values())
+    files = {"found": len(found.images) + n_side + len(found.ignored), "packed": 0, "skipped": 0,
              "ignored": len(found.ignored)}
+    planned = [images[i] for i in order]
+    fingerprint = _layout_fingerprint(src, recorded, layout, class_to_idx, labels_of, planned, found.sidecars)
     with output_lock(out, "pack"):
-        prepare_output(src, out, resume=False, overwrite=options.overwrite)
-        manifest = write_dataset(
-            samples(), out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
-            prefix=options.prefix, classes=classes if labelled else None,
-            class_to_idx=class_to_idx if labelled else None, labels=labelled, fields=tuple(layout.sidecars),
-            options=recorded, skipped=skipped, files=files, map_size=options.map_size, progress=progress)
+        resume = options.resume and out.is_dir() and any(out.iterdir())
+        prepare_output(src, out, resume=resume, overwrite=options.overwrite)
+        state = out / STATE_DIR
+        done: list[dict] = []
+        if resume:
+            if options.format != "webdataset":
+                raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
+                                 "--format wds; rerun the LMDB pack with --overwrite")
+            try:
+                old = json.loads((state / PLAN_NAME).read_text())
+            except (OSError, ValueError):
+                old = {}
+            if old.get("fingerprint") != fingerprint:
+                raise ValueError(f"{out}: the interrupted pack used other options, labels or files; rerun with the "
+                                 "same ones, or start again with --overwrite")
+            done = _finished_records(out, len(planned))
+        else:
+            state.mkdir(exist_ok=True)
+            write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": fingerprint}).encode())
+        start = done[-1]["end"] if done else 0
+        read_skips: list[dict] = [sk for rec in done for sk in rec["skipped"]]
+        skipped += read_skips
+        pos = {"at": start, "shard_start": start, "counts": {}}
+
+        def samples():
+            for j in range(start, len(planned)):
+                pos["at"] = j
+                rel, ext, _, _ = planned[j]
+                key = str(j).zfill(width)
+                try:
+                    data = _read(src / rel)
+                    extra = {f: _read(src / srel, MAX_SIDECAR_BYTES)
+                             for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
+                except (OSError, ValueError) as exc:
+                    if raise_:
+                        raise
+                    item = {"path": rel, "key": key, "reason": str(exc)}
+                    skipped.append(item)
+                    read_skips.append({**item, "_pos": j})
+                    continue
+                item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
+                if labelled:
+                    item["label"] = labels_of[rel]
+                yield item
+            pos["at"] = len(planned)
+
+        writer_extra = None
+        writer_box: dict = {}
+        if options.format == "webdataset":
+            counts: dict[str, int] = {}
+            for rec in done:
+                for f, n in rec["fields"].items():
+                    counts[f] = counts.get(f, 0) + n
+            pos["counts"] = dict(counts)
+
+            def on_shard_end(entry, index: int) -> None:
+                now = dict(writer_box["w"].field_counts) if "w" in writer_box else {}
+                a, b = pos["shard_start"], pos["at"]
+                write_shard_record(out, index, {
+                    "shard": index, "entry": entry.to_json(), "start": a, "end": b,
+                    "fields": {f: now.get(f, 0) - pos["counts"].get(f, 0) for f in now},
+                    "skipped": [{k: v for k, v in sk.items() if k != "_pos"} for sk in read_skips
+                                if a <= sk.get("_pos", -1) < b]})
+                pos["shard_start"], pos["counts"] = b, now
+
+            from shardfeed.readers.format import ShardEntry
+
+            writer_extra = {"resume_shards": [ShardEntry(**rec["entry"]) for rec in done],
+                            "field_counts": counts, "on_shard_end": on_shard_end}
+        try:
+            manifest = _write(
+                samples(), out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
+                prefix=options.prefix, classes=classes if labelled else None,
+                class_to_idx=class_to_idx if labelled else None, labels=labelled, fields=tuple(layout.sidecars),
+                options=recorded, skipped=skipped, files=files, map_size=options.map_size, progress=progress,
+                writer_extra=writer_extra, resuming=bool(done), writer_box=writer_box)
+        except BaseException:
+            for tmp in out.glob(".*.tmp"):  # a partial shard; complete ones stay for --resume
+                tmp.unlink(missing_ok=True)
+            raise
+        shutil.rmtree(state, ignore_errors=True)
     return PackReport(
         source=str(src.absolute()), output=str(out), format=options.format, num_samples=manifest.num_samples,
         num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards),
         input_bytes=sum(t[2] for t in images), seconds=time.perf_counter() - t0, workers=1,
         files=manifest.files, skipped=list(manifest.skipped), ignored=found.ignored, empty_classes=[],
         num_classes=len(manifest.classes), extra={"layout": kind, "fields": manifest.fields})
+
+
+def _layout_fingerprint(src: Path, recorded: dict, layout: LayoutOptions, class_to_idx: dict, labels_of: dict,
+                        planned: list, sidecars: dict) -> str:
+    """The identity of a layout pack's plan (options, class map, and per planned image: path,
+    size, mtime, label and its sidecars' paths, sizes and mtimes), checked by ``--resume``."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in recorded.items() if k != "source"}, sort_keys=True).encode())
+    h.update(json.dumps(class_to_idx, sort_keys=True).encode())
+    for rel, _, size, mtime in planned:
+        h.update(f"{rel}\0{size}\0{mtime}\0{labels_of.get(rel, -1)}\0".encode("utf-8", "surrogateescape"))
+        for f, srel in sorted(sidecars.get(rel, {}).items()):
+            if f in layout.sidecars:
+                try:
+                    st = (src / srel).stat()
+                    h.update(f"{f}\0{srel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+                except OSError:
+                    h.update(f"{f}\0{srel}\0?\0".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def _finished_records(out: Path, num_samples: int) -> list[dict]:
+    """The resume records of the shards an interrupted layout pack finished, in order (a prefix)."""
+    done, end = [], 0
+    while end < num_samples:
+        rec = finished_shard_record(out, len(done))
+        if (rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end
+                or not isinstance(rec.get("entry"), dict)):
+            break
+        done.append(rec)
+        end = rec["end"]
+    return done
 
 
 def _read(path: Path, limit: int | None = None) -> bytes:

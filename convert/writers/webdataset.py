@@ -92,6 +92,9 @@ class WebDatasetWriter:
             dataset: no ``.cls`` member, ``classes`` empty; manifest version 3).
         fields: the extra fields samples may carry (``("txt", "mask.png")``): each becomes the
             member ``{key}.{field_member(name)}``; the manifest counts who has each (version 3).
+        resume_shards: the finished shards of an interrupted write (their files stay; the next
+            shard gets the next index), ``field_counts`` their samples per field, and
+            ``on_shard_end(entry, index)`` is called as each new shard closes (a resume record).
 
     Raises:
         ValueError: bad limits, prefix or field name; ``out`` already holds a dataset.
@@ -110,7 +113,9 @@ class WebDatasetWriter:
     def __init__(self, out: str | os.PathLike, *, classes: list[str], class_to_idx: dict[str, int] | None = None,
                  max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
                  skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None,
-                 labels: str = LABELS_CLASS, fields: tuple[str, ...] | list[str] = ()):
+                 labels: str = LABELS_CLASS, fields: tuple[str, ...] | list[str] = (),
+                 resume_shards: list[ShardEntry] | None = None, field_counts: dict[str, int] | None = None,
+                 on_shard_end: Callable[[ShardEntry, int], None] | None = None):
         limits = ShardLimits(int(max_count), int(max_bytes))
         if labels not in (LABELS_CLASS, LABELS_NONE):
             raise ValueError(f"labels must be {LABELS_CLASS!r} or {LABELS_NONE!r}, got {labels!r}")
@@ -124,7 +129,7 @@ class WebDatasetWriter:
         if self.out.exists() and not self.out.is_dir():
             raise NotADirectoryError(f"{self.out}: exists and is a file; choose a folder for the output")
         self.out.mkdir(parents=True, exist_ok=True)
-        if (self.out / MANIFEST_NAME).exists() or any(self.out.glob(f"{prefix}-*.tar")):
+        if (self.out / MANIFEST_NAME).exists() or (resume_shards is None and any(self.out.glob(f"{prefix}-*.tar"))):
             raise ValueError(f"{self.out}: already holds a dataset ({MANIFEST_NAME} or {prefix}-*.tar); "
                              "choose an empty folder")
         self.classes = list(classes)
@@ -138,8 +143,11 @@ class WebDatasetWriter:
         self.labels = labels
         #: per extra field: samples that carry it
         self.field_counts: dict[str, int] = {name: 0 for name in fields}
+        self.field_counts.update(field_counts or {})
         self.manifest: Manifest | None = None
-        self._writer = ShardWriter(self.out, prefix=prefix, limits=limits)
+        self._writer = ShardWriter(self.out, prefix=prefix, limits=limits, first_index=len(resume_shards or ()),
+                                   on_shard_end=on_shard_end)
+        self._writer.shards = list(resume_shards or ())
         self._keys: set[str] = set()
         self._closed = False
 
@@ -148,12 +156,13 @@ class WebDatasetWriter:
                max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
                skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None,
                map_size: int | None = None, expected_bytes: int | None = None, labels: str = LABELS_CLASS,
-               fields: tuple[str, ...] | list[str] = ()) -> "WebDatasetWriter":
+               fields: tuple[str, ...] | list[str] = (), **resume) -> "WebDatasetWriter":
         """The registry's uniform writer factory (same keywords for every format's writer).
 
         Args:
             out, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files,
                 labels, fields: as the constructor.
+            resume: ``resume_shards``, ``field_counts``, ``on_shard_end``, as the constructor.
             map_size, expected_bytes: LMDB sizing; unused (shards are cut by ``max_*``).
 
         Returns:
@@ -163,7 +172,8 @@ class WebDatasetWriter:
             ValueError, NotADirectoryError: as the constructor.
         """
         return cls(out, classes=classes, class_to_idx=class_to_idx, max_count=max_count, max_bytes=max_bytes,
-                   prefix=prefix, skipped=skipped, options=options, files=files, labels=labels, fields=fields)
+                   prefix=prefix, skipped=skipped, options=options, files=files, labels=labels, fields=fields,
+                   **resume)
 
     @property
     def shards(self) -> list[ShardEntry]:

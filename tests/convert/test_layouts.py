@@ -520,3 +520,38 @@ def test_dali_reads_the_sidecars_by_extension(sidecar_wds, sidecar_folder):
             image, txt, side, meta = (bytes(np.array(out.at(i))) for out in outs)
             got[json.loads(meta)["path"]] = (image, txt, side)
     assert got == {rel: ((sidecar_folder / rel).read_bytes(), s["txt"], s["json"]) for rel, s in planted.items()}
+
+
+def test_an_interrupted_layout_pack_resumes_to_the_same_bytes(sidecar_folder, tmp_path, monkeypatch):
+    """Interrupted at its 9th file read (shard 0 of the 2-sample shards complete, shard 1 not: the
+    asserts below hold it), ``--resume`` writes exactly what an uninterrupted pack writes."""
+    from shardfeed.convert import layouts
+
+    whole = tmp_path / "whole"
+    _pack(sidecar_folder, whole, no_labels=True, sidecars=("txt", "mask.png"), max_count=2)
+    out = tmp_path / "cut"
+    real_read, calls = layouts._read, {"n": 0}
+
+    def read_then_stop(path, limit=None):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt
+        return real_read(path, limit)
+
+    monkeypatch.setattr(layouts, "_read", read_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        _pack(sidecar_folder, out, no_labels=True, sidecars=("txt", "mask.png"), max_count=2)
+    assert not (out / "manifest.json").exists() and (out / "shard-000000.tar").exists()
+    assert not (out / "shard-000001.tar").exists() and not list(out.glob(".*.tmp"))
+    monkeypatch.setattr(layouts, "_read", real_read)
+    with pytest.raises(ValueError, match="other options"):  # another max_count: refused, not mixed
+        _pack(sidecar_folder, out, no_labels=True, sidecars=("txt", "mask.png"), max_count=3, resume=True)
+    _pack(sidecar_folder, out, no_labels=True, sidecars=("txt", "mask.png"), max_count=2, resume=True)
+    names = sorted(p.name for p in whole.iterdir())
+    assert names == sorted(p.name for p in out.iterdir())
+    for name in names:
+        if name != "manifest.json":
+            assert (whole / name).read_bytes() == (out / name).read_bytes(), name
+    a, b = (json.loads((d / "manifest.json").read_text()) for d in (whole, out))
+    a["options"].pop("source"), b["options"].pop("source")
+    assert a == b
