@@ -51,7 +51,8 @@ def wids_shard_index(manifest: Manifest, name: str) -> dict:
 
     Returns:
         ``{"__kind__": "wids-shard-index-v1", "wids_version": 1, "name", "shardlist": [{"url",
-        "nsamples", "filesize"}], "created_by"}``; urls are shard file names, relative to the index.
+        "nsamples", "filesize"}], "created_by"}`` and, for a dataset with extra fields, ``"fields": {name:
+        member extension}``; urls are shard file names, relative to the index.
     """
     return {
         "__kind__": "wids-shard-index-v1",
@@ -59,6 +60,8 @@ def wids_shard_index(manifest: Manifest, name: str) -> dict:
         "name": name,
         "created_by": manifest.created_by or created_by(),
         "shardlist": [{"url": s.name, "nsamples": s.num_samples, "filesize": s.num_bytes} for s in manifest.shards],
+        # the extra fields' member names (manifest version 3), for a reader choosing what to decode
+        **({"fields": {f: d["member"] for f, d in manifest.fields.items()}} if manifest.fields else {}),
     }
 
 

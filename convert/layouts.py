@@ -22,8 +22,10 @@ in sorted order, hidden names skipped, symbolic links never followed out of SRC;
 order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``), keys are the
 zero-padded positions. An image missing from the labels file and a row naming a missing image
 are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
-never guessed. ``--resume`` is not available for these layouts (they are packed in one
-process): an interrupted pack is rerun with ``--overwrite``.
+never guessed. These layouts pack in one process, without re-encoding; an interrupted WebDataset
+pack resumes (``resume=True``: a record per finished shard in ``OUT/.shardfeed-pack/``, the plan's
+fingerprint checked) to the same bytes as an uninterrupted one; an LMDB one is rerun with
+``--overwrite``.
 """
 
 from __future__ import annotations
@@ -583,7 +585,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         FileNotFoundError, NotADirectoryError: SRC missing or a file.
         ValueError: no images; an image without a label row or a row without an image
             (``on_error="raise"``; names them and how many); a label not in ``--classes-from``;
-            a missing sidecar with ``require_sidecars``; OUT not empty; ``resume``.
+            a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
+            (options, labels or files changed) or of an LMDB pack.
     """
     from .outlock import output_lock
     from .pack import PackReport, prepare_output

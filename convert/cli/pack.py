@@ -75,7 +75,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
     \b
     Other layouts: a folder plus a labels file (--labels FILE), images with sidecar
     files (--sidecars txt,json), or no labels at all (--no-labels, or a SRC without
-    sub-folders); these pack in one process (no --resume, no re-encoding).
+    sub-folders); these pack in one process, without re-encoding (--resume: WebDataset).
 
     \b
     Classes are SRC's sorted sub-folders, as torchvision.datasets.ImageFolder finds them;
