@@ -354,7 +354,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         first = text.split("\n", 1)[0]
         delimiter = "\t" if "\t" in first else ","
         reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-        for row in reader:
+        for row in _csv_rows(reader, p):
             n = reader.line_num
             if not row or all(not c.strip() for c in row):
                 continue
@@ -390,6 +390,19 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
             raise ValueError(f"{p}: labels mix class names and integer indices (e.g. {ints[0]}); use one kind")
         out = {k: str(v) for k, v in out.items()}
     return out
+
+
+def _csv_rows(reader, p: Path):
+    """The rows of ``reader``, a malformed one (a field over csv's limit, a stray quote) a
+    ValueError naming the file and line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise ValueError(f"{p} line {reader.line_num}: malformed CSV ({exc})") from None
+        yield row
 
 
 def read_classes_file(path: str | os.PathLike) -> dict[str, int]:

@@ -603,3 +603,12 @@ def test_loader_resume_keeps_the_fields_with_their_samples(sidecar_wds, sidecar_
     for batch in second:
         seen += batch[2]
     assert sorted(by_caption[c] for c in seen) == sorted(planted)
+
+
+def test_a_csv_field_over_the_csv_limit_is_a_clear_error(tmp_path):
+    import csv
+
+    lf = tmp_path / "l.csv"
+    lf.write_text('a.jpg,"' + "x" * (csv.field_size_limit() + 1) + '"\n')
+    with pytest.raises(ValueError, match=r"l\.csv line 1: malformed CSV"):
+        read_labels_file(lf)
