@@ -13,7 +13,9 @@ index and Hugging Face card as ``pack``.
   (a packed dataset's manifest, or a classes file: one name per line, index = line number);
 * **sidecar files** (``--sidecars txt,json,mask.png``): each image's same-stem files
   (``x.jpg`` + ``x.txt``, ``x.json``, ``x.mask.png``, the img2dataset layout) stored as extra
-  fields of its sample; a sidecar file is never scanned as an image itself;
+  fields of its sample; a sidecar file is never scanned as an image itself, nor is a file named
+  like an image's stem plus a suffix (``x.mask.png`` beside ``x.jpg`` when ``mask.png`` was not
+  asked for: ignored and listed);
 * **no labels** (``--no-labels``, or a folder with no class sub-folders): an unlabelled dataset
   (no ``.cls`` members, ``classes`` empty; readers give label -1).
 
@@ -541,6 +543,17 @@ def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], m
             images.append((rel, normalize_ext(ext), st.st_size, st.st_mtime_ns))
         stack.extend(reversed(subdirs))
     images.sort(key=lambda t: t[0])
+    # x.mask.png beside x.jpg is x's side file (asked for or not), never an image of its own
+    stems = {rel.rsplit(".", 1)[0] for rel, *_ in images}
+    kept = []
+    for t in images:
+        stem = t[0].rsplit(".", 1)[0]
+        owner = next((stem[:k] for k in range(len(stem)) if stem[k] == "." and stem[:k] in stems), None)
+        if owner is not None:
+            ignored.append({"path": t[0], "reason": f"a side file of {owner}.* (not in --sidecars), not an image"})
+        else:
+            kept.append(t)
+    images = kept
     sidecar_map: dict[str, dict[str, str]] = {}
     used = set()
     for rel, *_ in images:

@@ -262,6 +262,8 @@ RESERVED_FIELD_NAMES = frozenset({"image", "ext", "label", "key", "meta", "path"
 _FIELD_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)*$")
 #: Longest field name (a tar member name is at most 100 bytes, the key takes up to ~20).
 MAX_FIELD_NAME = 40
+#: Most extra fields a manifest may list.
+MAX_FIELDS = 64
 
 
 def field_name_problem(name: str) -> str | None:
@@ -697,6 +699,8 @@ def _parse_fields(raw, source: str) -> dict[str, dict]:
         return {}
     if not isinstance(raw, dict):
         raise ManifestError(f"{source}: 'fields' must be an object of field name -> description")
+    if len(raw) > MAX_FIELDS:
+        raise ManifestError(f"{source}: {len(raw)} extra fields, more than the {MAX_FIELDS} a dataset may have")
     out = {}
     for name, desc in raw.items():
         problem = field_name_problem(name)

@@ -612,3 +612,41 @@ def test_a_csv_field_over_the_csv_limit_is_a_clear_error(tmp_path):
     lf.write_text('a.jpg,"' + "x" * (csv.field_size_limit() + 1) + '"\n')
     with pytest.raises(ValueError, match=r"l\.csv line 1: malformed CSV"):
         read_labels_file(lf)
+
+
+def test_lmdb_record_with_fields_is_version_2_and_checks_their_crc():
+    import msgpack
+
+    from shardfeed.readers.errors import CorruptDataError
+    from shardfeed.readers.format import decode_record, encode_record
+
+    plain = encode_record("000000001", b"img", "jpg", 3, {"path": "a.jpg"})
+    assert msgpack.unpackb(plain)["v"] == 1 and "fields" not in msgpack.unpackb(plain)
+    value = encode_record("000000001", b"img", "jpg", -1, {"path": "a.jpg"}, {"txt": b"hello"})
+    rec = decode_record(value)
+    assert (rec["v"], rec["label"], rec["fields"], rec["data"]) == (2, -1, {"txt": b"hello"}, b"img")
+    damaged = value.replace(b"hello", b"jello")
+    with pytest.raises(CorruptDataError, match="field.*txt fail their CRC-32"):
+        decode_record(damaged)
+
+
+def test_a_manifest_with_a_bad_field_is_refused(packed_train):
+    from shardfeed.readers.errors import ManifestError
+
+    m = json.loads((packed_train / "manifest.json").read_text())
+    for fields, problem in [({"png": {"member": "png"}}, "image extension"),
+                            ({"json": {"member": "json"}}, "member must be 'sidecar.json'"),
+                            ({f"f{i}": {} for i in range(65)}, "more than the 64")]:
+        with pytest.raises(ManifestError, match=problem):
+            Manifest.from_json({**m, "version": 3, "fields": fields})
+
+
+def test_cli_sidecars_option(sidecar_folder, tmp_path):
+    out = tmp_path / "o"
+    r = CliRunner().invoke(_cli(), ["pack", str(sidecar_folder), str(out), "--sidecars", ".TXT,json", "--no-labels",
+                                    "--require-sidecars", "-j", "1", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    assert sorted(load_manifest(out).fields) == ["json", "txt"]
+    assert json.loads((tmp_path / "r.json").read_text())["extra"]["layout"] == "unlabelled"
+    r = CliRunner().invoke(_cli(), ["pack", str(sidecar_folder), str(tmp_path / "o2"), "--sidecars", "png"])
+    assert r.exit_code != 0 and "image extension" in r.output
