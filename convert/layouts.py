@@ -158,11 +158,15 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
             names the sample (its position and path). The shard in progress is dropped and no
             manifest is written.
         TypeError: a field value that is neither bytes, str nor JSON.
+        shardfeed.convert.outlock.OutputBusyError: another command is writing ``out``.
         OSError: writing failed.
     """
-    return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
-                  classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
-                  skipped=skipped, files=files, map_size=map_size, progress=progress)
+    from .outlock import output_lock
+
+    with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
+        return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                      classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
+                      skipped=skipped, files=files, map_size=map_size, progress=progress)
 
 
 def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
