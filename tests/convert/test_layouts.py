@@ -75,7 +75,8 @@ def _upstream_wds(out) -> list[dict]:
 
 
 def _hf(out, tmp: Path, monkeypatch):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp / "hf"))
@@ -172,6 +173,8 @@ def csv_dataset(tmp_path_factory):
     return src, out, want, classes
 
 
+@pytest.mark.multiprocess
+@pytest.mark.interop
 def test_flat_folder_with_a_csv_of_labels_reads_back_exactly(csv_dataset, tmp_path, monkeypatch):
     src, out, want, classes = csv_dataset
     m = load_manifest(out)
@@ -235,6 +238,8 @@ def test_labels_file_rows_and_field_lengths_are_bounded(tmp_path, monkeypatch):
 # (b) an ImageNet-style validation folder against the training classes
 
 
+@pytest.mark.multiprocess
+@pytest.mark.interop
 def test_imagenet_style_validation_folder_packs_to_the_training_classes(packed_train, train_folder, flat_val,
                                                                         tmp_path, monkeypatch):
     root, csv_path, labels = flat_val
@@ -302,6 +307,7 @@ def sidecar_dataset(request):
     return request.getfixturevalue(f"sidecar_{request.param}")
 
 
+@pytest.mark.multiprocess
 def test_sidecars_are_fields_of_their_sample_and_read_back_exactly(sidecar_dataset, sidecar_folder, tmp_path):
     planted = _planted_sidecars(sidecar_folder)
     m = load_manifest(sidecar_dataset)
@@ -326,6 +332,7 @@ def test_sidecars_are_fields_of_their_sample_and_read_back_exactly(sidecar_datas
     assert _unpacked(tmp_path, sidecar_dataset) == files
 
 
+@pytest.mark.interop
 def test_sidecars_through_upstream_webdataset_and_hugging_face(sidecar_wds, sidecar_folder, tmp_path, monkeypatch):
     sidecar_dataset = sidecar_wds
     planted = _planted_sidecars(sidecar_folder)
@@ -386,6 +393,8 @@ def test_sidecars_inside_class_folders_keep_the_folder_labels(tmp_path):
 # (d) an unlabelled folder
 
 
+@pytest.mark.multiprocess
+@pytest.mark.interop
 def test_unlabelled_folder_packs_without_labels_and_reads_label_minus_one(tmp_path, monkeypatch):
     src = tmp_path / "corpus"
     src.mkdir()
@@ -413,6 +422,8 @@ def test_unlabelled_folder_packs_without_labels_and_reads_label_minus_one(tmp_pa
 # (e) any iterable of samples
 
 
+@pytest.mark.multiprocess
+@pytest.mark.interop
 def test_write_dataset_from_a_generator_of_dicts(tmp_path, monkeypatch):
     images = {f"cap/{i}.jpg": _jpeg(80 + i) for i in range(7)}
     captions = {k: f"caption {i}" for i, k in enumerate(images)}
@@ -496,8 +507,8 @@ def _cli():
 
 
 
+@pytest.mark.interop
 def test_dali_reads_the_sidecars_by_extension(sidecar_wds, sidecar_folder):
-    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed; pip install -e '.[interop]'")
     from nvidia.dali import fn, pipeline_def
 
     planted = _planted_sidecars(sidecar_folder)
@@ -557,6 +568,7 @@ def test_an_interrupted_layout_pack_resumes_to_the_same_bytes(sidecar_folder, tm
     assert a == b
 
 
+@pytest.mark.interop
 def test_wids_reads_the_sidecars_and_its_index_lists_them(sidecar_wds, sidecar_folder, tmp_path):
     import wids
 
@@ -581,6 +593,7 @@ def test_stage_copies_a_dataset_with_sidecars_that_reads_the_same(sidecar_wds, t
     assert _raw(tmp_path / "staged", fields=fields) == _raw(sidecar_wds, fields=fields)
 
 
+@pytest.mark.multiprocess
 def test_loader_resume_keeps_the_fields_with_their_samples(sidecar_wds, sidecar_folder):
     """Stopped after one batch and resumed from ``state_dict()``: every sample once over both runs,
     each with its own caption."""
