@@ -24,7 +24,8 @@ in sorted order, hidden names skipped, symbolic links never followed out of SRC;
 order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``), keys are the
 zero-padded positions. An image missing from the labels file and a row naming a missing image
 are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
-never guessed. These layouts pack in one process, without re-encoding; an interrupted WebDataset
+never guessed. These layouts pack in one process (re-encoding and ``--decode-check`` apply to
+the image; sidecar files are stored as they are); an interrupted WebDataset
 pack resumes (``resume=True``: a record per finished shard in ``OUT/.shardfeed-pack/``, the plan's
 fingerprint checked) to the same bytes as an uninterrupted one; an LMDB one is rerun with
 ``--overwrite``.
@@ -65,6 +66,8 @@ from shardfeed.readers.format import write_bytes_atomic
 
 from . import writers  # noqa: F401  (registers every format's writer)
 from .pack_state import PLAN_NAME, STATE_DIR, finished_shard_record, write_shard_record
+from .reencode import reencode_payload
+from .samples import skip_reason
 from .scan import parse_extensions
 
 __all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_classes_file", "LayoutOptions",
@@ -618,6 +621,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
             (options, labels or files changed) or of an LMDB pack.
     """
+    from shardfeed.readers.decode import decode_image
+
     from .outlock import output_lock
     from .pack import PackReport, prepare_output
 
@@ -627,9 +632,6 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         raise FileNotFoundError(f"{src}: no such directory")
     if not src.is_dir():
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
-    if options.reencode is not None:
-        raise ValueError("--resize/--quality/--image-format are not available with --labels, --sidecars or "
-                         "--no-labels yet; pack the original bytes")
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
     skipped: list[dict] = []
@@ -763,18 +765,25 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                 pos["at"] = j
                 rel, ext, _, _ = planned[j]
                 key = str(j).zfill(width)
+                meta: dict = {}
                 try:
                     data = _read(src / rel)
+                    if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
+                        data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
+                    if options.decode_check:
+                        decode_image(data, ext, source=str(src / rel))
                     extra = {f: _read(src / srel, MAX_SIDECAR_BYTES)
                              for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
                 except (OSError, ValueError) as exc:
                     if raise_:
                         raise
-                    item = {"path": rel, "key": key, "reason": str(exc)}
+                    item = {"path": rel, "key": key, "reason": skip_reason(exc)}
                     skipped.append(item)
                     read_skips.append({**item, "_pos": j})
                     continue
                 item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
+                if meta:
+                    item["meta"] = meta  # orig_* of a re-encoded image
                 if labelled:
                     item["label"] = labels_of[rel]
                 yield item

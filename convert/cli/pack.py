@@ -75,7 +75,8 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
     \b
     Other layouts: a folder plus a labels file (--labels FILE), images with sidecar
     files (--sidecars txt,json), or no labels at all (--no-labels, or a SRC without
-    sub-folders); these pack in one process, without re-encoding (--resume: WebDataset).
+    sub-folders); these pack in one process (--resume: WebDataset; re-encoding applies
+    to the images, sidecar files are stored as they are).
 
     \b
     Classes are SRC's sorted sub-folders, as torchvision.datasets.ImageFolder finds them;

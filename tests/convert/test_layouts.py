@@ -663,3 +663,22 @@ def test_cli_sidecars_option(sidecar_folder, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["extra"]["layout"] == "unlabelled"
     r = CliRunner().invoke(_cli(), ["pack", str(sidecar_folder), str(tmp_path / "o2"), "--sidecars", "png"])
     assert r.exit_code != 0 and "image extension" in r.output
+
+
+def test_layout_pack_reencodes_and_decode_checks_the_images_only(sidecar_folder, tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(sidecar_folder, src)
+    (src / "a" / "zz.jpg").write_bytes(b"\xff\xd8 not a jpeg")  # decodes nowhere
+    out = tmp_path / "o"
+    _pack(src, out, no_labels=True, sidecars=("mask.png",), reencode={"resize": 4, "image_format": "png"},
+          decode_check=True, on_error="skip")
+    m = load_manifest(out)
+    assert [s["path"] for s in m.skipped] == ["a/zz.jpg"] and m.num_samples == 6
+    for s, fields in open_dataset(out, decode=False, fields=("mask.png",)):
+        original = Image.open(src / s.meta["path"])
+        assert s.ext == "png" and s.meta["orig_width"] == original.width
+        assert min(Image.open(io.BytesIO(s.data)).size) == 4
+        mask = src / (s.meta["path"][:-4] + ".mask.png")
+        assert fields["mask.png"] == (mask.read_bytes() if mask.exists() else None)  # stored as it is
