@@ -634,6 +634,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
+    # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
+    # no image are skipped entries too, but not files found)
+    n_found = len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
     skipped: list[dict] = []
     raise_ = options.on_error != "skip"
     class_to_idx = options.class_to_idx
@@ -721,7 +724,6 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         random.Random(options.seed).shuffle(order)  # the permutation plan_samples applies
     width = key_width(len(images))
     classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
-    idx_to_class = {i: c for c, i in class_to_idx.items()}
 
     fp = options.fingerprint_fields()
     recorded = {**fp, "source": str(src.absolute()), "layout": kind}
@@ -730,9 +732,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if layout.sidecars:
         recorded["sidecars"] = list(layout.sidecars)
         recorded["require_sidecars"] = layout.require_sidecars
-    n_side = sum(len(v) for v in found.sidecars.values())
-    files = {"found": len(found.images) + n_side + len(found.ignored), "packed": 0, "skipped": 0,
-             "ignored": len(found.ignored)}
+    files = {"found": n_found, "packed": 0, "skipped": 0, "ignored": len(found.ignored)}
+    if layout.sidecars:
+        files["sidecars"] = sum(len(v) for v in found.sidecars.values())
     planned = [images[i] for i in order]
     fingerprint = _layout_fingerprint(src, recorded, layout, class_to_idx, labels_of, planned, found.sidecars)
     with output_lock(out, "pack"):
