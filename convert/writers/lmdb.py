@@ -313,6 +313,8 @@ class LmdbWriter:
                 raise ValueError(problem)
         self.labels = labels
         self.field_counts: dict[str, int] = {name: 0 for name in fields}
+        #: the manifest's input accounting when set (default: ``{"packed", "skipped"}`` of the records)
+        self.files: dict | None = None
         self.out = Path(out)
         for name in (LMDB_DATA_NAME, MANIFEST_NAME):
             if (self.out / name).exists():
@@ -415,7 +417,8 @@ class LmdbWriter:
         manifest = Manifest(format="lmdb", num_samples=self.num_samples, classes=self.classes,
                             class_to_idx=self.class_to_idx, shards=[entry], skipped=self.skipped,
                             options=self.options, extensions=dict(sorted(self.extensions.items())),
-                            files={"packed": self.num_samples, "skipped": len(self.skipped)},
+                            files=self.files if self.files is not None else
+                            {"packed": self.num_samples, "skipped": len(self.skipped)},
                             labels=self.labels, fields=field_summary(self.field_counts, self.num_samples))
         try:
             size = self._store.finalize(manifest, entry)

@@ -316,6 +316,8 @@ def test_sidecars_are_fields_of_their_sample_and_read_back_exactly(sidecar_datas
                         "mask.png": {"member": "mask.png", "count": 5, "missing": 1},
                         "txt": {"member": "txt", "count": 6, "missing": 0}}
     assert m.num_samples == 6  # no x.mask.png was taken for an image
+    # 6 images, 6 .txt, 6 .json, 5 .mask.png planted
+    assert m.files == {"found": 23, "packed": 6, "skipped": 0, "ignored": 0, "sidecars": 17}
     got = _raw(sidecar_dataset, fields=("txt", "json", "mask.png"))
     assert set(got) == set(planted)
     for rel, (data, label, txt, js, mask) in got.items():
