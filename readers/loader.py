@@ -425,6 +425,9 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # issue 19's GPU decoding hook
         if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
             raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
+        if open_dataset_options.get("fields"):
+            raise ValueError("decode_device (GPU decoding) yields images and labels only; read extra fields "
+                             "(fields=...) with CPU decoding")
         from .gpu_decode import wrap_gpu_decoding
 
         return wrap_gpu_decoding(functools.partial(
