@@ -13,11 +13,15 @@ WebDataset
     version 1 named it ``.idx``, the name NVIDIA DALI's ``wds2idx`` gives its own text index, so
     each tool overwrote the other's file; version-1 datasets are still read, see
     :data:`READABLE_VERSIONS`). ``{prefix}-{index:06d}.idx`` is left to DALI.
+    Version 3: a sample may carry extra fields after those members, ``{key}.{field_member(name)}``
+    (``{key}.txt``, ``{key}.mask.png``, ``{key}.sidecar.json``), listed in the manifest's
+    ``fields``; an unlabelled dataset (``labels: "none"``) has no ``{key}.cls``.
 
 LMDB
     ``OUT/data.mdb`` (+ ``lock.mdb``), one record per sample, key = sample key (UTF-8), value =
     :func:`encode_record` (msgpack map, versioned, pickle-free, with a CRC-32 of the image bytes;
-    the codec lives in :mod:`shardfeed.readers.lmdb_record` and is re-exported here).
+    the codec lives in :mod:`shardfeed.readers.lmdb_record` and is re-exported here); a record
+    with extra fields is record version 2.
     The manifest is also stored under :data:`LMDB_MANIFEST_KEY` (without file hashes).
 
 manifest.json

@@ -684,3 +684,22 @@ def test_layout_pack_reencodes_and_decode_checks_the_images_only(sidecar_folder,
         assert min(Image.open(io.BytesIO(s.data)).size) == 4
         mask = src / (s.meta["path"][:-4] + ".mask.png")
         assert fields["mask.png"] == (mask.read_bytes() if mask.exists() else None)  # stored as it is
+
+
+def test_layout_scan_never_follows_a_link_out_of_src_and_skips_hidden_files(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.jpg").write_bytes(_jpeg(1))
+    (outside / "d").mkdir()
+    (outside / "d" / "x.jpg").write_bytes(_jpeg(2))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ok.jpg").write_bytes(_jpeg(3))
+    (src / "inside.jpg").symlink_to(src / "ok.jpg")  # a link inside SRC: packed
+    (src / "out.jpg").symlink_to(outside / "secret.jpg")
+    (src / "dir").symlink_to(outside / "d", target_is_directory=True)
+    (src / ".hidden.jpg").write_bytes(_jpeg(4))
+    _pack(src, tmp_path / "o", no_labels=True)
+    assert _raw(tmp_path / "o") == {"inside.jpg": (_jpeg(3), -1), "ok.jpg": (_jpeg(3), -1)}
+    m = load_manifest(tmp_path / "o")
+    assert m.files["ignored"] == 3 and m.files["found"] == 5
