@@ -632,6 +632,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         raise FileNotFoundError(f"{src}: no such directory")
     if not src.is_dir():
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
+    if options.executor != "local":
+        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
+                         "drop --executor")
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
     # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
