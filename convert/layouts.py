@@ -65,6 +65,7 @@ from shardfeed.readers.registry import canonical_format, writer_class
 from shardfeed.readers.format import write_bytes_atomic
 
 from . import writers  # noqa: F401  (registers every format's writer)
+from .readahead import read_ahead
 from .pack_state import PLAN_NAME, STATE_DIR, finished_shard_record, write_shard_record
 from .reencode import reencode_payload
 from .samples import skip_reason
@@ -765,20 +766,30 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         skipped += read_skips
         pos = {"at": start, "shard_start": start, "counts": {}}
 
+        def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
+            rel = planned[j][0]
+            return _read(src / rel), {f: _read(src / srel, MAX_SIDECAR_BYTES)
+                                      for f, srel in sorted(found.sidecars.get(rel, {}).items())
+                                      if f in layout.sidecars}
+
         def samples():
-            for j in range(start, len(planned)):
+            # reads in flight ahead (--read-ahead; adaptive: threads only once reads wait on storage),
+            # results in plan order: the same bytes whatever the read-ahead
+            for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
+                                size_of=lambda j: planned[j][2], adaptive=True):
+                j = r.item
                 pos["at"] = j
                 rel, ext, _, _ = planned[j]
                 key = str(j).zfill(width)
                 meta: dict = {}
                 try:
-                    data = _read(src / rel)
+                    if r.error is not None:
+                        raise r.error
+                    data, extra = r.value
                     if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
                         data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
                     if options.decode_check:
                         decode_image(data, ext, source=str(src / rel))
-                    extra = {f: _read(src / srel, MAX_SIDECAR_BYTES)
-                             for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
                 except (OSError, ValueError) as exc:
                     if raise_:
                         raise
