@@ -622,8 +622,6 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
             (options, labels or files changed) or of an LMDB pack.
     """
-    from shardfeed.readers.decode import decode_image
-
     from .outlock import output_lock
     from .pack import PackReport, prepare_output
 
@@ -789,6 +787,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                     if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
                         data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
                     if options.decode_check:
+                        from shardfeed.readers.decode import decode_image
+
                         decode_image(data, ext, source=str(src / rel))
                 except (OSError, ValueError) as exc:
                     if raise_:
