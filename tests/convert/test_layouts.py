@@ -703,3 +703,10 @@ def test_layout_scan_never_follows_a_link_out_of_src_and_skips_hidden_files(tmp_
     assert _raw(tmp_path / "o") == {"inside.jpg": (_jpeg(3), -1), "ok.jpg": (_jpeg(3), -1)}
     m = load_manifest(tmp_path / "o")
     assert m.files["ignored"] == 3 and m.files["found"] == 5
+
+
+@pytest.mark.network
+def test_sidecars_read_over_http(sidecar_wds, start_http_server):
+    url = start_http_server(sidecar_wds.parent) + f"/{sidecar_wds.name}/"
+    fields = ("txt", "json", "mask.png")
+    assert _raw(url, fields=fields) == _raw(sidecar_wds, fields=fields)
