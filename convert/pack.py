@@ -238,7 +238,9 @@ class PackReport:
     def summary(self) -> str:
         """The one-line human summary."""
         shards = "one database" if self.format == "lmdb" else _plural(self.num_shards, "shard")
-        s = (f"packed {_plural(self.num_samples, 'sample')} in {_plural(self.num_classes, 'class', 'classes')} "
+        classes = ("(no labels)" if self.extra.get("layout") == "unlabelled"
+                   else "in " + _plural(self.num_classes, 'class', 'classes'))
+        s = (f"packed {_plural(self.num_samples, 'sample')} {classes} "
              f"into {shards} ({self.format}, {_size(self.num_bytes)}) "
              f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
              f"{self.mb_per_s:.1f} MB/s")

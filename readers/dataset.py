@@ -106,14 +106,18 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             (object stores: ``endpoint_url``, ``region_name``, ``profile``, ``anon`` ...; see
             :mod:`~shardfeed.readers.objstore`), ``readahead`` and ``verify`` (LMDB: check
             each record's CRC-32; True),
-            ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True: refuse a dataset
+            ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
+            dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
+            ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
+            ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads
             anyway, and damage is then found, and named, while reading).
 
     Returns:
         A ``torch.utils.data`` dataset: iterable (WebDataset) or map-style (LMDB, folder,
         memory cache). Decoded items are ``(image, label)``: ``uint8`` tensor ``[3, H, W]`` and
-        ``int``; batches from :func:`~shardfeed.readers.loader.make_loader` are ``uint8
+        ``int`` (-1 in an unlabelled dataset, manifest ``labels: "none"``); batches from
+        :func:`~shardfeed.readers.loader.make_loader` are ``uint8
         [B, 3, H, W]`` and ``int64 [B]``.
 
     Raises:
@@ -129,6 +133,9 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if cache not in (None, "memory"):
         raise ValueError(f"cache must be None or 'memory', got {cache!r}")
+    if cache == "memory" and options.get("fields"):
+        raise ValueError("cache='memory' holds images, labels and metadata only; read extra fields (fields=...) "
+                         "without the memory cache")
     common = dict(image_size=image_size, train=train, decoder=decoder, decode=decode, on_error=on_error)
     storage_options = options.pop("storage_options", None)
     if is_remote(source):

@@ -13,11 +13,15 @@ WebDataset
     version 1 named it ``.idx``, the name NVIDIA DALI's ``wds2idx`` gives its own text index, so
     each tool overwrote the other's file; version-1 datasets are still read, see
     :data:`READABLE_VERSIONS`). ``{prefix}-{index:06d}.idx`` is left to DALI.
+    Version 3: a sample may carry extra fields after those members, ``{key}.{field_member(name)}``
+    (``{key}.txt``, ``{key}.mask.png``, ``{key}.sidecar.json``), listed in the manifest's
+    ``fields``; an unlabelled dataset (``labels: "none"``) has no ``{key}.cls``.
 
 LMDB
     ``OUT/data.mdb`` (+ ``lock.mdb``), one record per sample, key = sample key (UTF-8), value =
     :func:`encode_record` (msgpack map, versioned, pickle-free, with a CRC-32 of the image bytes;
-    the codec lives in :mod:`shardfeed.readers.lmdb_record` and is re-exported here).
+    the codec lives in :mod:`shardfeed.readers.lmdb_record` and is re-exported here); a record
+    with extra fields is record version 2.
     The manifest is also stored under :data:`LMDB_MANIFEST_KEY` (without file hashes).
 
 manifest.json
@@ -83,13 +87,23 @@ __all__ = [
     "find_manifest_path",
     "check_files_present",
     "created_by",
+    "LABELS_CLASS",
+    "LABELS_NONE",
+    "UNLABELLED",
+    "field_member",
+    "field_name_problem",
+    "decode_field",
+    "encode_field",
 ]
 
 #: Version of the manifest schema and of the on-disk layout it describes. 2: the offset index is
 #: ``.sfidx`` (was ``.idx``, DALI's index name) and the manifest records the image extensions.
-FORMAT_VERSION = 2
+#: 3: samples may carry extra fields (``fields``: per-image sidecar files) and a dataset may be
+#: unlabelled (``labels: "none"``). A dataset that uses neither is written as version 2, so a
+#: class-folder pack's bytes are the same as with a version-2 writer (:meth:`Manifest.written_version`).
+FORMAT_VERSION = 3
 #: Manifest versions the readers accept (a version-1 dataset names its ``.idx`` indexes).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 #: Suffix of shardfeed's binary offset index (version 2).
 INDEX_SUFFIX = ".sfidx"
 MANIFEST_NAME = "manifest.json"
@@ -163,7 +177,7 @@ def normalize_ext(ext: str) -> str:
 
 
 def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
-                        source: str) -> tuple[bytes, str, int, bytes | None]:
+                        source: str, *, labelled: bool = True) -> tuple[bytes, str, int, bytes | None]:
     """Group one WebDataset sample's members into ``(data, ext, label, meta_json_bytes)``.
 
     The one rule, used by the training readers and by every tool (``check``, ``convert``,
@@ -172,9 +186,12 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
     * the image is the one member whose extension is in :data:`IMAGE_EXTENSIONS` (any case);
       with none, the one member that is not a side member (:data:`SIDE_EXTENSIONS`, ``__*__``),
       so a dataset packed with ``--extensions heic`` reads back; zero or several candidates is an
-      error, never a silent pick;
+      error, never a silent pick; extra-field members (``{key}.txt``, ``{key}.mask.png``,
+      ``{key}.sidecar.json``: their extension has a dot or is a side extension) are never it;
     * the label is ``{key}.cls`` (ASCII decimal integer, surrounding white space allowed), else the
-      ``"class"`` of ``{key}.json`` looked up in ``class_to_idx``;
+      ``"class"`` of ``{key}.json`` looked up in ``class_to_idx``; in an unlabelled dataset
+      (``labelled=False``, manifest ``labels: "none"``) a sample without ``.cls`` has label
+      :data:`UNLABELLED` (-1);
     * the metadata is the ``{key}.json`` member's bytes (None without one), not parsed here.
 
     Args:
@@ -199,7 +216,8 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
             images.append(e)
         elif e not in SIDE_EXTENSIONS and not e.startswith("__"):
             others.append(e)
-    candidates = images or others
+    # an extra field's member has a dot (``mask.png``): the image only when nothing else can be
+    candidates = images or [e for e in others if "." not in e] or others
     if len(candidates) != 1:
         members = ", ".join(sorted(e for e in parts if not e.startswith("__"))) or "none"
         what = ("no image member" if not candidates else
@@ -215,6 +233,8 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
         except ValueError:
             raise CorruptDataError(f"{source} key {key}: {key}.cls holds {cls[:20]!r}, not a class "
                                    "index") from None
+    elif not labelled:
+        label = UNLABELLED
     else:
         try:
             label = class_to_idx[json.loads(meta)["class"]]  # type: ignore[index]
@@ -226,6 +246,85 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
 
 
 _CANONICAL_EXTS = frozenset(e for e in IMAGE_EXTENSIONS if e not in _EXT_ALIASES)
+
+
+# ---------------------------------------------------------------------------------------------
+# version 3: extra fields (sidecar files) and unlabelled datasets
+
+#: ``Manifest.labels`` of a dataset whose samples have class labels (``.cls``; every version-1/2 dataset).
+LABELS_CLASS = "class"
+#: ``Manifest.labels`` of an unlabelled dataset: no ``.cls`` members, ``classes`` empty, label -1.
+LABELS_NONE = "none"
+#: The label readers give a sample of an unlabelled dataset (collation and the ``(image, label)``
+#: contract stay; ``label < 0`` marks "no label").
+UNLABELLED = -1
+#: Field names whose member extension is taken by the sample itself (label, metadata): such a
+#: field is stored as ``{key}.sidecar.{name}``.
+_RESERVED_MEMBERS = frozenset({"cls", "json"})
+#: Names a field cannot take (the keys of a :func:`shardfeed.convert.write_dataset` sample dict).
+RESERVED_FIELD_NAMES = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
+_FIELD_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)*$")
+#: Longest field name (a tar member name is at most 100 bytes, the key takes up to ~20).
+MAX_FIELD_NAME = 40
+#: Most extra fields a manifest may list.
+MAX_FIELDS = 64
+
+
+def field_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an extra field (``"txt"``, ``"json"``, ``"mask.png"``), or None.
+
+    A field is named by the file suffix after the image's stem (``x.mask.png`` → ``mask.png``):
+    lower-case letters, digits, ``_``, ``-``, dot-separated, at most :data:`MAX_FIELD_NAME`
+    characters; not an image extension alone (``png`` beside ``x.jpg`` would be a second image
+    member), not ``__*__`` and not a sample dict key (:data:`RESERVED_FIELD_NAMES`).
+    """
+    if not isinstance(name, str) or not _FIELD_RE.match(name) or len(name) > MAX_FIELD_NAME:
+        return (f"field {name!r}: a field is a file suffix of lower-case letters, digits, '_' and '-', "
+                f"dot-separated, at most {MAX_FIELD_NAME} characters (e.g. txt, json, mask.png)")
+    if name in IMAGE_EXTENSIONS or normalize_ext(name) in IMAGE_EXTENSIONS:
+        return (f"field {name!r} is an image extension: it would be a second image member of the sample; "
+                f"name the files with a longer suffix (x.mask.{name}) and pass that (mask.{name})")
+    if name in RESERVED_FIELD_NAMES:
+        return f"field {name!r} is reserved (one of {', '.join(sorted(RESERVED_FIELD_NAMES))})"
+    return None
+
+
+def field_member(name: str) -> str:
+    """The member extension that stores field ``name``: ``name`` itself, or ``sidecar.json`` /
+    ``sidecar.cls`` for the two extensions the sample uses for its metadata and label."""
+    return f"sidecar.{name}" if name in _RESERVED_MEMBERS else name
+
+
+def encode_field(name: str, value) -> bytes:
+    """A field's value as stored: bytes unchanged, ``str`` as UTF-8, anything else as JSON
+    (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"field {name!r}: {type(value).__name__} is neither bytes, str nor JSON ({exc})") from None
+
+
+def decode_field(name: str, data: bytes, source: str = "<sample>"):
+    """A stored field as readers yield it: ``str`` for a ``.txt`` suffix (UTF-8), the parsed
+    value for ``.json``, ``bytes`` otherwise (``mask.png``: the file's bytes).
+
+    Raises:
+        CorruptDataError: a ``.txt`` field that is not UTF-8 or a ``.json`` one that does not
+            parse (names ``source``).
+    """
+    last = name.rsplit(".", 1)[-1]
+    try:
+        if last == "txt":
+            return bytes(data).decode("utf-8")
+        if last == "json":
+            return json.loads(bytes(data))
+    except ValueError as exc:
+        raise CorruptDataError(f"{source}: field {name!r} is not valid {last.upper()} ({exc})") from None
+    return bytes(data)
 
 
 def key_width(num_samples: int) -> int:
@@ -480,6 +579,11 @@ class Manifest:
         version: :data:`FORMAT_VERSION` when written; a version of :data:`READABLE_VERSIONS`
             when read.
         created_by: ``"shardfeed X.Y.Z"``.
+        labels: :data:`LABELS_CLASS` (``.cls`` members, versions 1-3) or :data:`LABELS_NONE`
+            (version 3: unlabelled, ``classes`` empty, readers give label :data:`UNLABELLED`).
+        fields: the samples' extra fields (version 3; empty: none), ``{name: {"member": member
+            extension (:func:`field_member`), "count": samples that have it, "missing": samples
+            without it}}``, e.g. ``{"txt": {"member": "txt", "count": 998, "missing": 2}}``.
     """
 
     format: str
@@ -493,6 +597,20 @@ class Manifest:
     version: int = FORMAT_VERSION
     created_by: str = dataclasses.field(default_factory=created_by)
     extensions: dict[str, int] | None = None
+    labels: str = LABELS_CLASS
+    fields: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def written_version(self) -> int:
+        """The version :meth:`to_json` records: 3 for a dataset with extra fields or without
+        labels, else at most 2 (a class-folder dataset keeps its version-2 bytes)."""
+        if self.fields or self.labels != LABELS_CLASS:
+            return max(self.version, 3)
+        return min(self.version, 2)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether samples carry class labels (False: :data:`LABELS_NONE`)."""
+        return self.labels != LABELS_NONE
 
     def __post_init__(self):
         if self.extensions is None:  # from the shards, when every shard records its own
@@ -511,13 +629,17 @@ class Manifest:
                 s.pop("sha256", None)
                 s.pop("index_sha256", None)
         d = {
-            "format": self.format, "version": self.version, "created_by": self.created_by,
+            "format": self.format, "version": self.written_version(), "created_by": self.created_by,
             "num_samples": self.num_samples, "classes": list(self.classes),
             "class_to_idx": dict(self.class_to_idx), "shards": shards,
             "skipped": list(self.skipped), "options": dict(self.options), "files": dict(self.files),
         }
         if self.extensions is not None:
             d["extensions"] = dict(self.extensions)
+        if self.labels != LABELS_CLASS:
+            d["labels"] = self.labels
+        if self.fields:
+            d["fields"] = {k: dict(v) for k, v in self.fields.items()}
         return d
 
     def dumps(self, *, hashes: bool = True) -> bytes:
@@ -556,9 +678,13 @@ class Manifest:
                     shards=shards, skipped=list(data.get("skipped", [])),
                     options=dict(data.get("options", {})), files=dict(data.get("files", {})),
                     version=version, created_by=data.get("created_by", "?"),
-                    extensions=None if exts is None else {str(k): int(v) for k, v in dict(exts).items()})
+                    extensions=None if exts is None else {str(k): int(v) for k, v in dict(exts).items()},
+                    labels=str(data.get("labels", LABELS_CLASS)) if version >= 3 else LABELS_CLASS,
+                    fields=_parse_fields(data.get("fields"), source) if version >= 3 else {})
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{source}: malformed manifest ({exc!r} missing or wrong type)") from None
+        if m.labels not in (LABELS_CLASS, LABELS_NONE):
+            raise ManifestError(f"{source}: labels {m.labels!r} is not {LABELS_CLASS!r} or {LABELS_NONE!r}")
         if sum(s.num_samples for s in m.shards) != m.num_samples:
             raise ManifestError(f"{source}: shard sample counts add up to "
                                 f"{sum(s.num_samples for s in m.shards)}, not num_samples={m.num_samples}")
@@ -569,6 +695,29 @@ class Manifest:
         path = Path(root) / MANIFEST_NAME
         write_bytes_atomic(path, self.dumps())
         return path
+
+
+def _parse_fields(raw, source: str) -> dict[str, dict]:
+    """The ``fields`` of a version-3 manifest, checked (names, member names, counts)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{source}: 'fields' must be an object of field name -> description")
+    if len(raw) > MAX_FIELDS:
+        raise ManifestError(f"{source}: {len(raw)} extra fields, more than the {MAX_FIELDS} a dataset may have")
+    out = {}
+    for name, desc in raw.items():
+        problem = field_name_problem(name)
+        if problem is not None:
+            raise ManifestError(f"{source}: {problem}")
+        if not isinstance(desc, dict) or desc.get("member", field_member(name)) != field_member(name):
+            raise ManifestError(f"{source}: field {name!r}: its member must be {field_member(name)!r}")
+        try:
+            out[name] = {"member": field_member(name), "count": int(desc.get("count", 0)),
+                         "missing": int(desc.get("missing", 0))}
+        except (TypeError, ValueError):
+            raise ManifestError(f"{source}: field {name!r}: count and missing must be integers") from None
+    return out
 
 
 def find_manifest_path(path: str | os.PathLike) -> Path:

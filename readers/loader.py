@@ -163,13 +163,18 @@ def collate_raw(batch: Sequence) -> list:
     return [s for s in batch if s is not None]
 
 
-def _collate_decoded(batch: Sequence, image_size: int | None = None):
+def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields: int = 0):
+    """``(uint8 [B, 3, H, W], int64 [B])``, plus one list of B values per extra field (``fields=``)."""
     from .transforms import collate_uint8
 
     items = [s for s in batch if s is not None]
     if not items:  # every sample of the batch was skipped (on_error="skip")
         side = image_size or 0
-        return torch.empty((0, 3, side, side), dtype=torch.uint8), torch.empty((0,), dtype=torch.int64)
+        return (torch.empty((0, 3, side, side), dtype=torch.uint8), torch.empty((0,), dtype=torch.int64),
+                *([] for _ in range(num_fields)))
+    if num_fields:
+        images, labels = collate_uint8([s[:2] for s in items])
+        return (images, labels, *[[s[2 + j] for s in items] for j in range(num_fields)])
     return collate_uint8(items)
 
 
@@ -420,6 +425,9 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # issue 19's GPU decoding hook
         if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
             raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
+        if open_dataset_options.get("fields"):
+            raise ValueError("decode_device (GPU decoding) yields images and labels only; read extra fields "
+                             "(fields=...) with CPU decoding")
         from .gpu_decode import wrap_gpu_decoding
 
         return wrap_gpu_decoding(functools.partial(
@@ -462,7 +470,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     decode = getattr(ds, "decode", True)
     if "collate_fn" not in loader_opts:
         if isinstance(ds, SourceBase):
-            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size) if decode
+            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
+                                                      num_fields=len(getattr(ds, "fields", ()) or ())) if decode
                                     else collate_raw)
     kwargs.update(loader_opts)
     epoch_sampler = None

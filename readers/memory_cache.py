@@ -68,7 +68,8 @@ def _iter_source(src):
         c2i = src.class_to_idx
         for i, entry in enumerate(src.manifest.shards):
             for key, parts, _ in src.iter_range(i, 0, entry.num_samples):
-                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"])
+                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"],
+                                                      labelled=src.manifest.labelled)
                 yield key, data, ext, label, meta if meta is not None else b"{}"
     else:
         for i in range(len(src)):

@@ -289,6 +289,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             raw = self._read_positions(order, mine)
         c2i = self._class_to_idx
         hole = self.holes
+        if self.fields or not self.manifest.labelled:
+            yield from self._emit_general(raw)
+            self.end_epoch()
+            return
         if self.decode:
             decoder = self.sample_decoder
             rng_for = self.sample_rng if self.needs_sample_rng() else None
@@ -350,6 +354,29 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     continue
                 yield out
         self.end_epoch()
+
+    def _emit_general(self, raw):
+        """The items of ``raw`` for unlabelled datasets and extra fields (the one grouping rule,
+        :meth:`~shardfeed.readers.source_base.SourceBase.emit`)."""
+        c2i, hole, labelled = self._class_to_idx, self.holes, self.manifest.labelled
+        for index, key, parts in raw:
+            if key is None:
+                yield None
+                continue
+            where = f"{parts['__url__']} key {key}"
+            try:
+                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"], labelled=labelled)
+                extra = self.field_values(parts, where) if self.fields else None
+                out = self.emit(key, data, ext, label, meta, where, index=index, extra=extra)
+            except (CorruptDataError, ValueError) as exc:
+                if not isinstance(exc, CorruptDataError):
+                    exc = CorruptDataError(f"{where}: unreadable sample ({exc}); the shard is damaged: run "
+                                           "`shardfeed check`")
+                self.handle_error(name_original_file(exc, parts.get("json")), where)
+                if hole:
+                    yield None
+                continue
+            yield out
 
     def _read_worker_range(self, order: list[int], epoch: int, worker: int, num_workers: int, done: int):
         """``(index, key, parts)`` of ``worker``'s sub-range of this rank through its shuffle buffer,

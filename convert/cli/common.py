@@ -276,7 +276,7 @@ def _stderr_is_tty() -> bool:
         return False
 
 
-def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
+def progress_bar(total_samples: int | None, total_bytes: int | None, desc: str, quiet: bool):
     """A tqdm bar counting images, with MB/s in its postfix; returns (bar, callback).
 
     The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe: pass
@@ -305,7 +305,7 @@ def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
             state["out"] += output_bytes
             bar.update(n)
             now = time.perf_counter()
-            if now - state["last"] > 0.25 or bar.n >= total_samples:
+            if now - state["last"] > 0.25 or (total_samples is not None and bar.n >= total_samples):
                 state["last"] = now
                 mb_s = state["in"] / 1e6 / max(now - state["t0"], 1e-9)
                 done = f"{state['in'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB"

@@ -173,12 +173,15 @@ def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry
                     probs.add(key, f"key {key!r} also in {seen[key]}; keys must be unique")
                 seen.setdefault(key, shard.name)
                 try:
-                    s = parts_to_sample(key, parts, source=where, class_to_idx=manifest.class_to_idx)
+                    s = parts_to_sample(key, parts, source=where, class_to_idx=manifest.class_to_idx,
+                                        labelled=manifest.labelled)
                 except CorruptDataError as exc:
                     probs.add(key, str(exc))
                     continue
-                if not 0 <= s.label < n_classes:
+                if not 0 <= s.label < n_classes and manifest.labelled:
                     probs.add(key, f"label {s.label} is outside the {n_classes} classes of the manifest")
+                if not manifest.labelled and "cls" in parts:
+                    probs.add(key, "a label (.cls member) in an unlabelled dataset")
                 if decode:
                     msg = _decode_problem(s.data, s.ext, f"{where} key {key}")
                     if msg:
@@ -262,8 +265,10 @@ def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, d
             status["num_bytes"] += len(rec["data"])
             if rec.get("key") != key:
                 probs.add(key, f"record says key {rec.get('key')!r}, stored under {key!r}")
-            if not 0 <= rec["label"] < n_classes:
+            if manifest.labelled and not 0 <= rec["label"] < n_classes:
                 probs.add(key, f"label {rec['label']} is outside the {n_classes} classes of the manifest")
+            elif not manifest.labelled and rec["label"] != -1:
+                probs.add(key, f"label {rec['label']} in an unlabelled dataset (labels are -1)")
             if decode:
                 msg = _decode_problem(rec["data"], rec["ext"], f"{path} key {key}")
                 if msg:

@@ -264,7 +264,7 @@ class DatasetLocation:
 # samples
 
 def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
-                    class_to_idx: dict[str, int] | None = None) -> Sample:
+                    class_to_idx: dict[str, int] | None = None, labelled: bool = True) -> Sample:
     """Build a :class:`Sample` from one WebDataset sample's members.
 
     Image, label and metadata are chosen by the readers' one rule,
@@ -276,7 +276,7 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
         CorruptDataError: no image member or several, an unreadable ``.cls`` or ``.json``, no
             label (the message names ``source`` and the key).
     """
-    data, ext, label, meta_json = sample_from_members(key, parts, class_to_idx, source)
+    data, ext, label, meta_json = sample_from_members(key, parts, class_to_idx, source, labelled=labelled)
     meta: dict = {}
     if meta_json is not None:
         try:
@@ -289,7 +289,8 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
 
 
 def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: dict[str, int] | None = None,
-                       index: str | None = None, sha256: str | None = None) -> Iterator[Sample]:
+                       index: str | None = None, sha256: str | None = None, labelled: bool = True,
+                       fields: dict[str, dict] | None = None) -> Iterator:
     """Yield the samples of one WebDataset shard of ``location`` in storage order.
 
     With ``index`` (the shard's ``.sfidx`` file name), only the member groups that start at one
@@ -320,7 +321,11 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
         for key, parts, offset in iter_samples(iter_members(reader, source=source), source=source):
             if starts is not None and offset not in starts:
                 continue
-            yield parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
+            sample = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx, labelled=labelled)
+            if fields:
+                yield sample, {f: parts[d["member"]] for f, d in fields.items() if d["member"] in parts}
+            else:
+                yield sample
         if sha256:
             reader.drain()
             if reader.hexdigest() != sha256:
@@ -360,12 +365,14 @@ def iter_lmdb_records(root: str | os.PathLike, *, verify: bool = True) -> Iterat
 
 
 
-def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest: Manifest | None = None
-                     ) -> Iterator[tuple[str, Sample]]:
+def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest: Manifest | None = None,
+                     *, with_fields: bool = False) -> Iterator[tuple]:
     """Yield ``(shard_name, sample)`` for every sample of a packed dataset, in storage order.
 
-    No decoding, no shuffling, no torch: the exact stored bytes, labels and metadata.
-    WebDataset works locally and over HTTP; LMDB locally only.
+    No decoding, no shuffling, no torch: the exact stored bytes, labels (-1 in an unlabelled
+    dataset) and metadata. With ``with_fields``, ``(shard_name, sample, {field: stored bytes})``
+    (the manifest's extra fields, byte for byte). WebDataset works locally and over HTTP; LMDB
+    locally only.
 
     Raises:
         CorruptDataError: a damaged shard or record (names it and the key).
@@ -380,10 +387,19 @@ def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest:
         for _key, rec in iter_lmdb_records(loc.root):
             if isinstance(rec, Exception):
                 raise rec
-            yield name, Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])
+            sample = Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])
+            if with_fields:
+                yield name, sample, dict(rec.get("fields") or {})
+            else:
+                yield name, sample
         return
     for shard in manifest.shards:
-        for sample in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index,
-                                         sha256=shard.sha256):
-            yield shard.name, sample
+        for item in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index,
+                                       sha256=shard.sha256, labelled=manifest.labelled,
+                                       fields=manifest.fields if with_fields else None):
+            if with_fields:
+                sample, fields = item if manifest.fields else (item, {})
+                yield shard.name, sample, fields
+            else:
+                yield shard.name, item
 

@@ -73,7 +73,7 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
     for shard in manifest.shards:
         if location.url:
             for sample in iter_shard_samples(location, shard.name, class_to_idx=manifest.class_to_idx,
-                                             index=shard.index):
+                                             labelled=manifest.labelled, index=shard.index):
                 counts[sample.label] += 1
                 progress(1, len(sample.data))
             continue
@@ -198,6 +198,8 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         "num_samples": manifest.num_samples,
         "num_classes": len(manifest.classes),
         "extensions": manifest.extensions,
+        "labels": manifest.labels,
+        "fields": dict(manifest.fields),
         "classes": classes,
         "class_counts_from": "data" if counts is not None else None,
         "num_shards": len(manifest.shards),
@@ -277,6 +279,12 @@ def format_inspect_report(report: dict) -> str:
     lines.append("image extensions: " + (", ".join(f"{e} ({n:,})" for e, n in exts.items()) if exts else
                                          "not recorded (manifest version 1: `shardfeed index DIR --overwrite` "
                                          "upgrades it)"))
+    if report.get("labels") == "none":
+        lines.append("labels: none (an unlabelled dataset: readers give label -1)")
+    if report.get("fields"):
+        lines.append("extra fields: " + ", ".join(
+            f"{f} (member .{d['member']}, {d['count']:,} samples, {d['missing']:,} without)"
+            for f, d in report["fields"].items()))
     counted = report["class_counts_from"] == "data"
     lines.append("classes" + (" (counts read from the data):" if counted else
                               " (not counted: pass --class-counts to read every label):"))

@@ -51,18 +51,22 @@ from typing import Sequence
 import msgpack
 
 from shardfeed.readers.format import (
+    LABELS_CLASS,
+    LABELS_NONE,
     LMDB_DATA_NAME,
     MANIFEST_NAME,
     Manifest,
     Sample,
     ShardEntry,
     encode_record,
+    field_name_problem,
     normalize_ext,
 )
 
 from ..executors import active_executor
 from ..plan import PlannedSample, file_sizes
 from ..samples import ChunkTask, load_chunk
+from .webdataset import field_summary
 from .lmdb_store import (
     COMMIT_BYTES,
     COMMIT_COUNT,
@@ -288,14 +292,29 @@ class LmdbWriter:
         expected_bytes: the total image bytes expected, for the initial map size.
         commit_count: records per transaction at most.
         commit_bytes: encoded bytes per transaction at most.
+        labels: ``"class"`` or ``"none"`` (unlabelled: every label is -1, ``classes`` empty).
+        fields: the extra fields records may carry (stored in version-2 records,
+            :func:`~shardfeed.readers.lmdb_record.encode_record`); the manifest counts them.
 
     Raises:
         FileExistsError: ``out`` already holds a database or a manifest.
+        ValueError: a bad ``labels`` or field name.
     """
 
     def __init__(self, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
                  options: dict | None = None, map_size: int | None = None, expected_bytes: int | None = None,
-                 commit_count: int = COMMIT_COUNT, commit_bytes: int = COMMIT_BYTES):
+                 commit_count: int = COMMIT_COUNT, commit_bytes: int = COMMIT_BYTES, labels: str = LABELS_CLASS,
+                 fields: Sequence[str] = ()):
+        if labels not in (LABELS_CLASS, LABELS_NONE):
+            raise ValueError(f"labels must be {LABELS_CLASS!r} or {LABELS_NONE!r}, got {labels!r}")
+        for name in fields:
+            problem = field_name_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
+        self.labels = labels
+        self.field_counts: dict[str, int] = {name: 0 for name in fields}
+        #: the manifest's input accounting when set (default: ``{"packed", "skipped"}`` of the records)
+        self.files: dict | None = None
         self.out = Path(out)
         for name in (LMDB_DATA_NAME, MANIFEST_NAME):
             if (self.out / name).exists():
@@ -319,11 +338,13 @@ class LmdbWriter:
     def create(cls, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
                max_count: int | None = None, max_bytes: int | None = None, prefix: str | None = None,
                skipped: Sequence[dict] | None = None, options: dict | None = None, files: dict | None = None,
-               map_size: int | None = None, expected_bytes: int | None = None) -> "LmdbWriter":
+               map_size: int | None = None, expected_bytes: int | None = None, labels: str = LABELS_CLASS,
+               fields: Sequence[str] = ()) -> "LmdbWriter":
         """The registry's uniform writer factory (same keywords for every format's writer).
 
         Args:
-            out, classes, class_to_idx, options, map_size, expected_bytes: as the constructor.
+            out, classes, class_to_idx, options, map_size, expected_bytes, labels, fields: as the
+                constructor.
             max_count, max_bytes, prefix: WebDataset shard limits; unused (one ``data.mdb``).
             skipped: ``[{"path", "reason"[, "key"]}]`` carried into the manifest's ``skipped``.
             files: the manifest's input accounting; unused (the LMDB manifest counts its records).
@@ -335,26 +356,32 @@ class LmdbWriter:
             FileExistsError: as the constructor.
         """
         writer = cls(out, classes=classes, class_to_idx=class_to_idx, options=options, map_size=map_size,
-                     expected_bytes=expected_bytes)
+                     expected_bytes=expected_bytes, labels=labels, fields=fields)
         for item in skipped or []:
             writer.add_skipped(item.get("path", "?"), item.get("key"), item.get("reason", "?"))
         return writer
 
-    def write(self, sample: Sample) -> None:
-        """Add one sample (keys in increasing order, each once).
+    def write(self, sample: Sample, fields: dict[str, bytes] | None = None) -> None:
+        """Add one sample (keys in increasing order, each once), with its extra fields' bytes.
 
         Raises:
-            ValueError: a key out of order, reserved or duplicated; a label outside the classes.
+            ValueError: a key out of order, reserved or duplicated; a label outside the classes;
+                a field the writer was not given.
             OSError: a commit failed.
         """
         if self._store is None:
             raise ValueError(f"{self.out}: the writer is closed")
-        label = int(sample.label)
-        if not 0 <= label < len(self.classes):
+        label = int(sample.label) if self.labels == LABELS_CLASS else -1
+        if not 0 <= label < len(self.classes) and self.labels == LABELS_CLASS:
             raise ValueError(f"{self.out}: sample {sample.key!r} has label {label}, outside the "
                              f"{len(self.classes)} classes")
+        for name in fields or ():
+            if name not in self.field_counts:
+                raise ValueError(f"{self.out}: sample {sample.key!r}: field {name!r} is not one of the writer's "
+                                 f"fields ({', '.join(self.field_counts) or 'none'})")
+            self.field_counts[name] += 1
         ext = normalize_ext(sample.ext)
-        value = encode_record(sample.key, bytes(sample.data), ext, label, dict(sample.meta))
+        value = encode_record(sample.key, bytes(sample.data), ext, label, dict(sample.meta), fields or None)
         self._store.add(sample.key.encode("utf-8"), value)
         self.extensions[ext] = self.extensions.get(ext, 0) + 1
         self.num_samples += 1
@@ -390,7 +417,9 @@ class LmdbWriter:
         manifest = Manifest(format="lmdb", num_samples=self.num_samples, classes=self.classes,
                             class_to_idx=self.class_to_idx, shards=[entry], skipped=self.skipped,
                             options=self.options, extensions=dict(sorted(self.extensions.items())),
-                            files={"packed": self.num_samples, "skipped": len(self.skipped)})
+                            files=self.files if self.files is not None else
+                            {"packed": self.num_samples, "skipped": len(self.skipped)},
+                            labels=self.labels, fields=field_summary(self.field_counts, self.num_samples))
         try:
             size = self._store.finalize(manifest, entry)
         finally:
