@@ -81,6 +81,10 @@ class HashingReader:
     def seekable(self) -> bool:
         return False
 
+    def fileno(self) -> int:
+        """The wrapped stream's file descriptor (tar readers take the shard's size from it)."""
+        return self._s.fileno()
+
     def drain(self) -> None:
         """Read (and hash) the rest of the stream."""
         while self.read(COPY_CHUNK_BYTES):

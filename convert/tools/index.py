@@ -65,6 +65,10 @@ class _Prepended:
     def seekable(self) -> bool:
         return False
 
+    def fileno(self) -> int:
+        """The wrapped stream's file descriptor (tar readers take the shard's size from it)."""
+        return self._s.fileno()
+
 
 def expand_braces(pattern: str) -> list[str]:
     """Expand WebDataset-style brace patterns: ``shard-{000000..000009}.tar``, ``{a,b}``.
