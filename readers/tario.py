@@ -157,7 +157,8 @@ def _parse_pax(data: bytes, source: str, offset: int) -> dict[str, str]:
 
 def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | None = None,
                  source: str = "<tar>", stream_offset: int | None = None,
-                 read_bytes: int = DEFAULT_READ_BYTES, total_bytes: int | None = None) -> Iterator[tuple[str, bytes, int]]:
+                 read_bytes: int = DEFAULT_READ_BYTES,
+                 total_bytes: int | None = None) -> Iterator[tuple[str, bytes, int]]:
     """Iterate over the regular-file members of a tar stream.
 
     Args:

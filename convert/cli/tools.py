@@ -320,10 +320,17 @@ def index_cmd(pattern: str, out, classes_file, overwrite: bool, json_path) -> No
               help="Address to bind; 0.0.0.0 exposes every file below PATH to the network, without authentication.")
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True,
               help="TCP port (0: any free port).")
-def serve_cmd(path: Path, host: str, port: int) -> None:
+@click.option("--max-connections", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Connections handled at once (one thread each); more wait in the listen queue.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=15.0, show_default=True,
+              help="Seconds a request's headers may take to arrive (and a keep-alive connection may idle) before "
+                   "the connection is closed.")
+def serve_cmd(path: Path, host: str, port: int, max_connections: int, timeout_s: float) -> None:
     """Serve a packed directory over HTTP (threaded, with Range requests) until Ctrl-C.
 
     Readers on other machines then open it with open_dataset("http://HOST:PORT/").
+    Only regular files inside PATH are served, never through a symbolic link, and nothing
+    hidden (no path component starting with "."): listings leave those out too.
     This is for tests and quick sharing: for production, serve the files with a real web
     server (nginx answers Range requests out of the box) or an object store; see the README
     for an nginx location block.
@@ -335,7 +342,7 @@ def serve_cmd(path: Path, host: str, port: int) -> None:
     from shardfeed.convert.tools.serve import make_server, server_url
 
     try:
-        server = make_server(path, host, port)
+        server = make_server(path, host, port, max_connections=max_connections, timeout_s=timeout_s)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise OSError(exc.errno, f"{host}:{port} is already in use: choose another --port "
