@@ -66,9 +66,10 @@ def _iter_source(src):
 
     if isinstance(src, WebDatasetSource):
         c2i = src.class_to_idx
+        labels = frozenset(c2i.values())
         for i, entry in enumerate(src.manifest.shards):
             for key, parts, _ in src.iter_range(i, 0, entry.num_samples):
-                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"])
+                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"], labels)
                 yield key, data, ext, label, meta if meta is not None else b"{}"
     else:
         for i in range(len(src)):

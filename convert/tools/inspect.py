@@ -21,8 +21,10 @@ from typing import Callable, Iterator
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
 from shardfeed.readers.format import (
+    TAR_BLOCK,
     Manifest,
     Sample,
+    decode_index,
 )
 
 from .common import (
@@ -186,6 +188,9 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         known = set(manifest.class_to_idx.values())
         for i in sorted(set(counts) - known):
             classes.append({"index": i, "name": None, "count": counts[i]})
+            problems.append(f"{counts[i]} samples have class index {i}, not one of the manifest's "
+                            f"{len(known)} classes; the shards do not match the manifest (`shardfeed check` "
+                            "names them)")
     examples = _examples(loc, manifest, num_examples, problems) if not problems else []
     sizes = [s.num_bytes for s in manifest.shards]
     counts_per_shard = [s.num_samples for s in manifest.shards]
@@ -229,11 +234,21 @@ def _damaged_indexes(root: Path, manifest: Manifest) -> list[str]:
             continue
         path = root / shard.index
         data = path.read_bytes()
+        fix = (f"rebuild it with `shardfeed index {root} --overwrite --classes CLASSES.txt` (the manifest's "
+               "class list)")
         if len(data) != 8 * shard.num_samples or (
                 shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256):
             problems.append(f"{path}: offset index damaged (its size or sha256 differs from the manifest; "
-                            f"`shardfeed check {root}` says where); rebuild it with `shardfeed index {root} "
-                            "--overwrite --classes CLASSES.txt` (the manifest's class list)")
+                            f"`shardfeed check {root}` says where); {fix}")
+            continue
+        try:
+            offsets = decode_index(data, str(path))
+        except CorruptDataError as exc:
+            problems.append(f"{exc} ({fix})")
+            continue
+        if offsets and offsets[-1] + TAR_BLOCK > shard.num_bytes:
+            problems.append(f"{path}: offset {offsets[-1]} (sample {len(offsets) - 1}) lies past the end of "
+                            f"{shard.name} ({shard.num_bytes} bytes); the index is damaged: {fix}")
     return problems
 
 
