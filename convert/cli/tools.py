@@ -119,8 +119,11 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
 @click.argument("source", metavar="PATH")
 @click.option("--decode", is_flag=True, help="Also decode every image (catches damage the sha256 cannot place, "
                                              "and images that never decoded).")
+@click.option("--max-decode-bytes", type=SizeParam(), default="512MiB", show_default=True, metavar="SIZE",
+              help="With --decode: an image whose decode would take more memory than this (read from its header, "
+                   "before decoding) is reported as a problem (decompression bombs).")
 @json_option
-def check_cmd(source: str, decode: bool, json_path) -> None:
+def check_cmd(source: str, decode: bool, max_decode_bytes: int, json_path) -> None:
     """Prove a packed dataset is intact: recompute every shard's sha256, size and sample count.
 
     \b
@@ -142,7 +145,7 @@ def check_cmd(source: str, decode: bool, json_path) -> None:
     bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards),
                                "check" + (" + decode" if decode else ""), quiet())
     try:
-        report = check_dataset(source, decode=decode, progress=update)
+        report = check_dataset(source, decode=decode, progress=update, max_decode_bytes=max_decode_bytes)
     finally:
         bar.close()
     err = _out(json_path)
