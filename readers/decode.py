@@ -61,7 +61,17 @@ Conversion rule (identical in both backends; the arithmetic is done in numpy, no
   :class:`~shardfeed.readers.errors.CorruptDataError` naming the ``source``. A JPEG must have an
   end-of-image marker after its scan data; this check runs for both backends, so a truncated JPEG
   raises even where a library would pad it with grey (older OpenCV, or
-  ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` set by an application).
+  ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` set by an application). Data that ends early
+  behind an intact structure raises too, in every backend: a PNG whose zlib stream ends cleanly
+  but holds fewer rows than IHDR declares (Pillow fills black rows; the data is counted exactly
+  when the decoded last rows are blank), and a JPEG cut short before a forged end-of-image marker
+  (libjpeg's "premature end of data segment" warning, fills grey: simplejpeg's strict mode reports
+  it; for the Pillow and OpenCV backends it is asked when the decoded last block is flat).
+
+Memory limit: :data:`DEFAULT_MAX_DECODE_BYTES` (512 MiB) bounds what one decode may allocate,
+:func:`decode_bytes_estimate` of the header's size, mode and bit depth (a float TIFF takes twice
+an RGB image's memory per pixel, an RGBA one more for compositing), checked before any pixel is
+decoded: :class:`ImageTooLargeError` (``max_decode_bytes=None`` disables it).
 
 Pixel limit: :data:`DEFAULT_MAX_PIXELS` (100 million, e.g. 10000 x 10000) is checked on the header
 size before any pixel is decoded, raising :class:`ImageTooLargeError`. Pillow's own

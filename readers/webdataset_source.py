@@ -249,8 +249,11 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             starts = set(offsets[start:end + 1])
         stream, stream_offset = self._open_shard(entry, first, stop, where)
         try:
+            # the shard's size bounds every member's size field: a local file's own (fstat), a
+            # server's checked against the manifest's in _open_shard
             members = iter_members(stream, start_offset=first, end_offset=stop, source=where,
-                                   stream_offset=stream_offset)
+                                   stream_offset=stream_offset,
+                                   total_bytes=None if isinstance(self.location, LocalLocation) else entry.num_bytes)
             samples = iter_samples(members, source=where, limit=want + skip, tag_source=True, starts=starts)
             if skip:
                 got = 0

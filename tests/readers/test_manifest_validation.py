@@ -167,3 +167,25 @@ def test_an_index_offset_past_the_end_of_its_shard(packed_wds, tmp_path):
     assert r.exit_code == 1 and "past the end" in r.output and "shard-000001.sfidx" in r.output, r.output
     with pytest.raises(CorruptDataError, match=r"shard-000001\.sfidx.*past the end"):
         list(open_dataset(d, decode=False, shuffle=False))
+
+
+def test_an_lmdb_label_beyond_the_class_list_names_the_key(packed_lmdb, tiny_folder_expected, tmp_path):
+    import lmdb
+    import msgpack
+
+    d = tmp_path / "d"
+    shutil.copytree(packed_lmdb, d)
+    key = b"000000005"
+    env = lmdb.open(str(d), subdir=True, lock=True)
+    with env.begin(write=True) as txn:
+        rec = msgpack.unpackb(txn.get(key), raw=False)
+        path = rec["meta"]["path"]
+        rec["label"] = 7  # 3 classes: 0..2
+        txn.put(key, msgpack.packb(rec, use_bin_type=True))
+    env.close()
+    with pytest.raises(CorruptDataError, match=r"data\.mdb key 000000005.*class index 7 is not one of"):
+        ds = open_dataset(d, decode=False, shuffle=False)
+        [ds[i] for i in range(len(ds))]
+    ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")
+    out = [s for s in (ds[i] for i in range(len(ds))) if s is not None]
+    assert ds.skipped == 1 and {s.meta["path"] for s in out} == set(tiny_folder_expected) - {path}
