@@ -282,7 +282,8 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, overwrite: boo
 @click.argument("pattern", metavar="DIR_OR_URL_PATTERN")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Folder for manifest.json and the .sfidx files [default: beside the shards; required for URLs, "
-                   "then upload them beside the shards].")
+                   "then upload them beside the shards; for local shards only their own folder: a manifest names "
+                   "its shards by plain file name].")
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Text file with one class name per line (line i names class index i).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing manifest.json.")
