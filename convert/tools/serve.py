@@ -130,6 +130,7 @@ class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
         self.timeout = self.timeout_s  # socket timeout of every send and receive
         super().setup()
         self._deadline = time.monotonic() + self.timeout_s
+        self.rfile.close()  # the plain socket reader: replaced by one that keeps the deadline
         self.rfile = io.BufferedReader(_DeadlineReader(self), buffer_size=64 << 10)
 
     def handle_one_request(self):  # noqa: D102 (standard library hook)
