@@ -181,3 +181,22 @@ def test_check_and_index_report_the_damaged_header(command, packed_wds, tmp_path
     assert r.exit_code == 1, r.output
     assert "Traceback" not in r.output and "MemoryError" not in r.output
     assert "shard-000001.tar" in r.output and str(keys[k][1]) in r.output, r.output
+
+
+@pytest.mark.parametrize("member", ["cls", "image"])
+def test_inspect_reports_a_size_field_past_the_end(member, packed_wds, tmp_path):
+    """inspect walks the headers itself to count classes: a forged 8 GiB size field on a .cls
+    member was read with one pread of that size."""
+    d = tmp_path / "d"
+    shutil.copytree(packed_wds, d)
+    shard = d / "shard-000001.tar"
+    with tarfile.open(shard) as tf:
+        suffixes = (".cls",) if member == "cls" else (".jpg", ".png")
+        m = [m for m in tf.getmembers() if m.name.endswith(suffixes)][3]
+    raw = bytearray(shard.read_bytes())
+    _forge_size(raw, m.offset, "octal")
+    shard.write_bytes(bytes(raw))
+    r = CliRunner().invoke(cli, ["inspect", str(d)])
+    assert r.exit_code == 1, r.output
+    assert "Traceback" not in r.output and "MemoryError" not in r.output
+    assert "shard-000001.tar" in r.output and f"byte offset {m.offset}" in r.output, r.output
