@@ -84,8 +84,8 @@ def _member_too_big(source: str, offset: int, size: int, total: int | None, what
     if total is not None and offset + _BLOCK + size > total:
         left = max(total - offset - _BLOCK, 0)
         return CorruptDataError(f"{source}: tar header at byte offset {offset} claims a {what} of {size:,} bytes, but "
-                                f"only {left:,} bytes of the shard follow it; the header is damaged (run "
-                                "`shardfeed check` and repack the shard)")
+                                f"only {left:,} bytes of the shard follow it: the header is damaged or the shard "
+                                "truncated (run `shardfeed check` and repack the shard)")
     return None
 
 

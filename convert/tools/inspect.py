@@ -133,8 +133,9 @@ def _shard_labels_by_headers(path: Path) -> list[tuple[str, int]] | None:
             has_data = typeflag not in (b"1", b"2", b"3", b"4", b"5", b"6")
             if has_data and pos + 512 + size > end:
                 raise CorruptDataError(f"{path}: tar header at byte offset {pos} claims a member of {size:,} "
-                                       f"bytes, but only {max(end - pos - 512, 0):,} bytes of the shard follow it; the "
-                                       "header is damaged (run `shardfeed check` and repack the shard)")
+                                       f"bytes, but only {max(end - pos - 512, 0):,} bytes of the shard follow it: the "
+                                       "header is damaged or the shard truncated (run `shardfeed check` and repack "
+                                       "the shard)")
             if typeflag in (b"0", b"\0", b"7") and name.endswith(b".cls"):
                 if size > _MAX_CLS_BYTES:
                     raise CorruptDataError(f"{path}: {name.decode('utf-8', 'replace')} at byte offset {pos} holds "
