@@ -65,6 +65,10 @@ def wids_shard_index(manifest: Manifest, name: str) -> dict:
     }
 
 
+#: The largest ``json`` member :func:`metadata_fields` reads (shardfeed's hold a few hundred bytes).
+META_MAX_BYTES = 1 << 20
+
+
 def metadata_fields(root: str | os.PathLike, manifest: Manifest) -> dict:
     """The fields of the samples' ``json`` member, ``{name: example value}``, from the first sample
     of each of the first :data:`META_SAMPLE_SHARDS` shards (shardfeed writes the same fields for
@@ -83,6 +87,8 @@ def metadata_fields(root: str | os.PathLike, manifest: Manifest) -> dict:
                     if key != first_key:
                         break
                     if ext == "json" and m.isfile():
+                        if m.size > META_MAX_BYTES:  # a damaged size field, or not shardfeed's metadata
+                            break
                         meta = json.loads(tf.extractfile(m).read())
                         if isinstance(meta, dict):
                             for k, v in meta.items():

@@ -114,6 +114,8 @@ class PackOptions:
             readers' spelling; ``"fail"`` (the old spelling) is accepted with a DeprecationWarning.
             Manifests keep recording ``"fail"`` for ``"raise"`` (their bytes do not change).
         decode_check: fully decode every image while packing (readers' decode rules).
+        max_decode_bytes: with ``decode_check``, refuse an image whose decode would take more
+            memory than this (bytes, read from its header; 512 MiB; None: unchecked).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
         resume: continue an interrupted pack in OUT (an OUT that is missing or empty is packed
             from the start, so scripts may always pass it).
@@ -142,6 +144,9 @@ class PackOptions:
     extensions: tuple[str, ...] | None = None
     on_error: str = "raise"
     decode_check: bool = False
+    #: with ``decode_check``: the memory one decode may take (bytes; the readers'
+    #: ``DEFAULT_MAX_DECODE_BYTES``), checked on the header; None: unchecked
+    max_decode_bytes: int | None = 512 << 20
     class_to_idx: dict | None = None
     resume: bool = False
     overwrite: bool = False

@@ -99,7 +99,8 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
             buffer (refused when it would not fit in the available memory).
         **options: passed to the source: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
-            replaces the built-in resize/crop), ``max_pixels``, ``seed`` (0), ``shuffle`` (True),
+            replaces the built-in resize/crop), ``max_pixels``, ``max_decode_bytes`` (the memory one
+            decode may allocate, checked on the header; 512 MiB; None: unchecked), ``seed`` (0), ``shuffle`` (True),
             ``shuffle_buffer`` (WebDataset, samples; 1000; map-style sources shuffle by index and
             ignore it), ``pad`` (False), ``rank``,
             ``world_size``, ``timeout_s`` and ``retries`` (HTTP, object stores), ``storage_options``

@@ -60,6 +60,7 @@ __all__ = [
     "SIDE_EXTENSIONS",
     "RESERVED_KEY_PREFIXES",
     "sample_from_members",
+    "label_problem",
     "TAR_MTIME",
     "TAR_MODE",
     "TAR_BLOCK",
@@ -84,6 +85,9 @@ __all__ = [
     "parse_size",
     "write_bytes_atomic",
     "load_manifest",
+    "validate_manifest",
+    "plain_file_name_problem",
+    "MAX_MANIFEST_COUNT",
     "find_manifest_path",
     "check_files_present",
     "created_by",
@@ -176,8 +180,16 @@ def normalize_ext(ext: str) -> str:
     return _EXT_ALIASES.get(ext, ext)
 
 
+def label_problem(label: int, labels: "frozenset[int]") -> str:
+    """The message for a class index that is not one of the dataset's (``labels``: its class indexes)."""
+    span = f"0..{max(labels)}" if labels else "none"
+    return (f"class index {label} is not one of the manifest's {len(labels)} classes ({span}); the shard is "
+            "damaged or does not belong to this manifest (run `shardfeed check`)")
+
+
 def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
-                        source: str, *, labelled: bool = True) -> tuple[bytes, str, int, bytes | None]:
+                        source: str, labels: "frozenset[int] | None" = None, *,
+                        labelled: bool = True) -> tuple[bytes, str, int, bytes | None]:
     """Group one WebDataset sample's members into ``(data, ext, label, meta_json_bytes)``.
 
     The one rule, used by the training readers and by every tool (``check``, ``convert``,
@@ -199,14 +211,16 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
         parts: member extension -> bytes (``{"jpg": b"...", "cls": b"3", "json": b"{...}"}``).
         class_to_idx: class name -> index, for samples without ``.cls`` (None: none known).
         source: the shard's path or URL, named in errors.
+        labels: the dataset's class indexes (``frozenset(manifest.class_to_idx.values())``); a
+            label outside them is an error. None: not checked.
 
     Returns:
         ``(data, ext, label, meta)``: image bytes, canonical extension (:func:`normalize_ext`),
         class index, JSON metadata bytes or None.
 
     Raises:
-        CorruptDataError: no image member or several, an unreadable ``.cls``, or no label (the
-            message names ``source`` and ``key``).
+        CorruptDataError: no image member or several, an unreadable ``.cls``, no label, or a
+            label not in ``labels`` (the message names ``source`` and ``key``).
     """
     image = None
     images: list[str] = []
@@ -241,6 +255,8 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
         except Exception:
             raise CorruptDataError(f"{source} key {key}: no {key}.cls member and no known class in "
                                    f"{key}.json") from None
+    if labels is not None and label not in labels and (labelled or label != UNLABELLED):
+        raise CorruptDataError(f"{source} key {key}: {label_problem(label, labels)}")
     ext = image if image in _CANONICAL_EXTS else normalize_ext(image)
     return parts[image], ext, label, meta
 
@@ -529,6 +545,163 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 # ---------------------------------------------------------------------------------------------
 # manifest
 
+#: The largest count or byte size a manifest may state (2**53: exact as a JSON number everywhere);
+#: anything larger is a damaged or hostile manifest, not a dataset.
+MAX_MANIFEST_COUNT = 1 << 53
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def plain_file_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a plain file name inside a dataset's folder, or None when it is.
+
+    A manifest names its shards and offset indexes by bare file name: no folder part (``/`` or
+    ``\\``), not absolute, no drive (``C:``), no URL (``http://...``, ``s3://...``), not ``.``
+    or ``..``, no NUL, not hidden (a leading ``.``: shardfeed's own bookkeeping files), at most
+    255 characters. Such a name can only point at a file of the dataset itself.
+    """
+    if not isinstance(name, str):
+        return f"is {type(name).__name__} {name!r}, not a file name (a string)"
+    if not name or len(name) > 255:
+        return "is empty or longer than 255 characters"
+    if "/" in name or "\\" in name or "\0" in name:
+        return f"{name!r} holds a folder separator or NUL; a manifest names files inside the dataset's folder only"
+    if ":" in name:
+        return f"{name!r} holds ':' (a URL or a drive letter); a manifest names files inside the dataset's folder only"
+    if name.startswith("."):
+        return f"{name!r} is '.', '..' or a hidden file; a manifest names the dataset's own files only"
+    return None
+
+
+_MANIFEST_FIX = "the manifest is damaged or was edited: restore it, or rebuild it with `shardfeed index`"
+
+
+def _bad(where: str, field: str, problem: str, fix: str | None = None) -> ManifestError:
+    return ManifestError(f"{where}: field {field} {problem}; {fix or _MANIFEST_FIX}")
+
+
+def _count(doc: dict, key: str, where: str, field: str, *, required: bool = True) -> None:
+    if key not in doc:
+        if required:
+            raise _bad(where, field, "is missing")
+        return
+    v = doc[key]
+    if type(v) is not int:
+        raise _bad(where, field, f"is {type(v).__name__} {v!r}, not an integer")
+    if not 0 <= v <= MAX_MANIFEST_COUNT:
+        raise _bad(where, field, f"is {v}, outside 0..{MAX_MANIFEST_COUNT}")
+
+
+def _ext_counts(value: object, where: str, field: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _bad(where, field, f"is {type(value).__name__}, not an object of extension -> count")
+    for ext, n in value.items():
+        if type(n) is not int or not 0 <= n <= MAX_MANIFEST_COUNT:
+            raise _bad(where, f"{field}[{ext!r}]", f"is {n!r}, not a count of samples")
+
+
+def validate_manifest(doc: object, where: str) -> None:
+    """Check a parsed ``manifest.json`` before anything reads by it (every reader and tool does).
+
+    A manifest comes from outside (a download, an edited file, a server), so every field is
+    checked for type and range, and for consistency with the others:
+
+    * ``format`` and ``created_by`` are strings; ``version`` is checked by :meth:`Manifest.from_json`;
+    * ``num_samples``, every shard's ``num_samples`` and ``num_bytes`` are integers in
+      ``0..``:data:`MAX_MANIFEST_COUNT` (``"8"`` is refused, not converted), and the shards'
+      sample counts add up to ``num_samples``;
+    * every shard and offset-index name is a plain file name inside the dataset's folder
+      (:func:`plain_file_name_problem`: no ``../``, no absolute path, no ``/``, no URL), and no
+      file is listed twice;
+    * ``sha256``/``index_sha256`` are 64 lower-case hex digits; ``extensions`` map an extension
+      to a non-negative count;
+    * ``classes`` is a list of distinct strings and ``class_to_idx`` maps exactly those names to
+      distinct non-negative integers, in the order of ``classes`` (``classes`` sorted by index);
+    * ``skipped`` is a list of objects, ``options`` and ``files`` are objects.
+
+    Args:
+        doc: the parsed JSON document.
+        where: the manifest's path or URL, named in the error.
+
+    Raises:
+        ManifestError: the first problem found, naming the file, the field and the fix.
+    """
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: a manifest is a JSON object, not {type(doc).__name__}; rebuild it with "
+                            "`shardfeed index` or repack")
+    for key in ("format", "created_by"):
+        if key in doc and not isinstance(doc[key], str):
+            raise _bad(where, key, f"is {type(doc[key]).__name__} {doc[key]!r}, not a string")
+    if "format" not in doc:
+        raise _bad(where, "format", "is missing")
+    _count(doc, "num_samples", where, "num_samples")
+    for key, kind in (("options", dict), ("files", dict), ("skipped", list)):
+        if key in doc and not isinstance(doc[key], kind):
+            raise _bad(where, key, f"is {type(doc[key]).__name__}, not a JSON {'object' if kind is dict else 'array'}")
+    if any(not isinstance(item, dict) for item in doc.get("skipped", [])):
+        raise _bad(where, "skipped", "holds an entry that is not an object")
+    _ext_counts(doc.get("extensions"), where, "extensions")
+
+    classes = doc.get("classes")
+    if not isinstance(classes, list):
+        raise _bad(where, "classes", "is missing or not a list of class names")
+    for i, c in enumerate(classes):
+        if not isinstance(c, str):
+            raise _bad(where, f"classes[{i}]", f"is {type(c).__name__} {c!r}, not a class name")
+    if len(set(classes)) != len(classes):
+        dup = next(c for c in classes if classes.count(c) > 1)
+        raise _bad(where, "classes", f"lists {dup!r} twice")
+    c2i = doc.get("class_to_idx")
+    if not isinstance(c2i, dict):
+        raise _bad(where, "class_to_idx", "is missing or not an object of class name -> index")
+    for name, idx in c2i.items():
+        if type(idx) is not int or not 0 <= idx <= MAX_MANIFEST_COUNT:
+            raise _bad(where, f"class_to_idx[{name!r}]", f"is {idx!r}, not a non-negative integer class index")
+    if set(c2i) != set(classes):
+        extra = sorted(set(c2i) - set(classes))[:3]
+        missing = sorted(set(classes) - set(c2i))[:3]
+        raise _bad(where, "class_to_idx", f"does not name the same classes as field classes (only in class_to_idx: "
+                                          f"{extra}, only in classes: {missing})")
+    if len(set(c2i.values())) != len(c2i):
+        raise _bad(where, "class_to_idx", "gives two classes the same index")
+    if sorted(classes, key=c2i.__getitem__) != classes:
+        raise _bad(where, "classes", "is not in class index order (class_to_idx disagrees with it)")
+
+    shards = doc.get("shards")
+    if not isinstance(shards, list):
+        raise _bad(where, "shards", "is missing or not a list")
+    seen: dict[str, str] = {}
+    total = 0
+    for i, entry in enumerate(shards):
+        field = f"shards[{i}]"
+        if not isinstance(entry, dict):
+            raise _bad(where, field, f"is {type(entry).__name__}, not an object")
+        for key in ("name", "index"):
+            if key == "index" and entry.get("index") is None:
+                continue
+            problem = plain_file_name_problem(entry.get(key))
+            if problem:
+                raise _bad(where, f"{field}.{key}", problem,
+                           "list each file by its bare name, beside manifest.json (rebuild the manifest with "
+                           "`shardfeed index`)")
+            name = entry[key]
+            if name in seen:
+                raise _bad(where, f"{field}.{key}", f"{name!r} is listed twice (also as {seen[name]})",
+                           "each shard and index is listed once: restore the manifest or rebuild it with "
+                           "`shardfeed index`")
+            seen[name] = f"{field}.{key}"
+        _count(entry, "num_samples", where, f"{field}.num_samples")
+        _count(entry, "num_bytes", where, f"{field}.num_bytes")
+        for key in ("sha256", "index_sha256"):
+            v = entry.get(key)
+            if v is not None and not (isinstance(v, str) and _HEX64_RE.match(v)):
+                raise _bad(where, f"{field}.{key}", f"is {v!r}, not 64 lower-case hex digits")
+        _ext_counts(entry.get("extensions"), where, f"{field}.extensions")
+        total += entry["num_samples"]
+    if total != doc["num_samples"]:
+        raise _bad(where, "num_samples", f"is {doc['num_samples']}, but the shards' sample counts add up to {total}")
+
 @dataclasses.dataclass
 class ShardEntry:
     """One shard (or ``data.mdb``) of a dataset, as listed in the manifest.
@@ -648,10 +821,11 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict | bytes | str, source: str = "<manifest>") -> "Manifest":
-        """Parse and validate a manifest.
+        """Parse and validate a manifest (:func:`validate_manifest`).
 
         Raises:
-            ManifestError: not JSON, missing fields, or another format version.
+            ManifestError: not JSON, another format version, or a field of the wrong type or
+                range, inconsistent with the others (see :func:`validate_manifest`).
         """
         if isinstance(data, (bytes, str)):
             try:
@@ -667,6 +841,7 @@ class Manifest:
                    else "repack it with this shardfeed version")
             raise ManifestError(f"{source}: manifest version {version!r} is not supported (this "
                                 f"shardfeed reads versions {', '.join(map(str, READABLE_VERSIONS))}); {fix}")
+        validate_manifest(data, source)
         try:
             shards = [ShardEntry(**{k: s.get(k) for k in ("name", "num_samples", "num_bytes", "sha256",
                                                            "index", "index_sha256", "extensions")})

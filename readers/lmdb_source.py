@@ -32,7 +32,7 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
-from .format import Manifest, decode_record, field_member, format_key, key_width
+from .format import Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
 
 __all__ = ["LMDBSource", "DEFAULT_READAHEAD"]
@@ -96,6 +96,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         self.verify = bool(verify)
         self._classes = list(manifest.classes)
         self._class_to_idx = dict(manifest.class_to_idx)
+        self._labels = frozenset(self._class_to_idx.values())
         self._num_samples = manifest.num_samples
         self._width = key_width(manifest.num_samples)
         self._env = None
@@ -212,8 +213,14 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         rec = self.read_record(i)
         k = self.key(i)
         try:
-            return rec["key"], rec["data"], rec["ext"], int(rec["label"]), rec["meta"]
+            label = int(rec["label"])
+            if label not in self._labels:
+                raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: "
+                                       f"{label_problem(label, self._labels)}")
+            return rec["key"], rec["data"], rec["ext"], label, rec["meta"]
         except (KeyError, TypeError, ValueError) as exc:  # valid msgpack, damaged fields
+            if isinstance(exc, CorruptDataError):
+                raise
             what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
             raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: damaged record ({what}); "
                                    f"run `shardfeed check {self.root}`") from None

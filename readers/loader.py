@@ -49,7 +49,7 @@ import torch.utils.data
 
 from .dataset import is_url, open_dataset
 from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
-                    resumed_samples_per_rank)
+                    resumed_samples_per_rank, validate_resume_state)
 from .errors import ResumeStateError
 from .source_base import SourceBase
 
@@ -325,7 +325,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
 
         Raises:
             ResumeStateError: another format version, another dataset (fingerprint or sample
-                count), another seed, shuffle, ``pad`` or ``drop_last``, or a malformed state.
+                count), another seed, shuffle, ``pad`` or ``drop_last``, or a field of the wrong type
+                or range, or inconsistent with the epoch
+                (:func:`~shardfeed.readers.epoch.validate_resume_state`; the message names it).
             TypeError: the loader's dataset is not a shardfeed source.
         """
         ds = self._source()
@@ -333,6 +335,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise ResumeStateError(f"loader state version {got!r} is not {STATE_VERSION}: it was saved by another "
                                    "shardfeed; start the epoch afresh (loader.set_epoch(epoch))")
+        validate_resume_state(state, num_samples=ds.num_samples)
         if state.get("fingerprint") != ds.fingerprint:
             raise ResumeStateError(f"the loader state was saved for another dataset (fingerprint "
                                    f"{str(state.get('fingerprint'))[:12]}..., this one {ds.fingerprint[:12]}...): "
@@ -359,7 +362,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             left = resumed_samples_per_rank(ds.num_samples, segments, world_size=ds.world_size,
                                             batch_size=ds.batch_size, pad=ds.pad, drop_last=ds.drop_last)
         except ValueError as exc:
-            raise ResumeStateError(f"malformed loader state: {exc}") from None
+            raise ResumeStateError(f"loader state field samples_consumed (or one of segments) does not fit the "
+                                   f"epoch: {exc}; pass what loader.state_dict() returned, or start the epoch "
+                                   "afresh with loader.set_epoch(epoch)") from None
         if segments and left == 0:
             epoch, segments = epoch + 1, []  # the epoch was consumed to its end
         self._next_epoch = epoch

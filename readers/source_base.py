@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from .decode import DEFAULT_MAX_PIXELS
+from .decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS
 from .epoch import (ON_ERROR, positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, worker_batches)
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
@@ -121,7 +121,7 @@ class SourceBase:
     """Mixin of the sources (not a dataset by itself).
 
     Args:
-        image_size, train, decoder, transform, max_pixels, seed: the decode path
+        image_size, train, decoder, transform, max_pixels, max_decode_bytes, seed: the decode path
             (:class:`~shardfeed.readers.transforms.SampleDecoder`).
         decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples.
         on_error: ``"raise"`` or ``"skip"``.
@@ -141,7 +141,8 @@ class SourceBase:
                      decode: bool = True, on_error: str = "raise", transform=None,
                      max_pixels: int | None = DEFAULT_MAX_PIXELS, seed: int = 0, shuffle: bool = True,
                      pad: bool = False, rank: int | None = None, world_size: int | None = None,
-                     fields: tuple[str, ...] | list[str] | str | None = None) -> None:
+                     fields: tuple[str, ...] | list[str] | str | None = None,
+                     max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES) -> None:
         import torch
 
         from .transforms import SampleDecoder
@@ -162,7 +163,8 @@ class SourceBase:
         self.drop_last = False
         # always built: validates the options even in raw mode
         self.sample_decoder = SampleDecoder(image_size=image_size, train=train, decoder=decoder,
-                                            transform=transform, max_pixels=max_pixels, seed=self.seed)
+                                            transform=transform, max_pixels=max_pixels, seed=self.seed,
+                                            max_decode_bytes=max_decode_bytes)
         # epoch shared with workers: -1 = never set (then each process counts its own iterations)
         self._epoch_state = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         # resume plan shared with workers: [length, JSON bytes...] (length 0: none)

@@ -418,6 +418,10 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
         "decode_check": (("--decode-check",), dict(
             is_flag=True, help="Fully decode every image while packing (the readers' exact rules); bytes are "
                                "still stored unchanged.")),
+        "max_decode_bytes": (("--max-decode-bytes",), dict(
+            type=SizeParam(), default="512MiB", show_default=True, metavar="SIZE",
+            help="With --decode-check: refuse (or with --on-error skip, skip) an image whose decode would take "
+                 "more memory than this, read from its header before decoding (decompression bombs).")),
         "resume": (("--resume",), dict(
             is_flag=True,
             help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten.")),
@@ -436,7 +440,7 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
 
 #: Every option of :func:`pack_options`, in help order (the kebab-case of :class:`PackOptions`).
 PACK_OPTION_NAMES = ("format", "max_count", "max_bytes", "prefix", "workers", "read_ahead", "seed", "no_shuffle",
-                     "on_error", "decode_check", "resume", "overwrite", "executor", "ray_address")
+                     "on_error", "decode_check", "max_decode_bytes", "resume", "overwrite", "executor", "ray_address")
 
 
 def pack_options(*names: str, **overrides: dict) -> Callable[[Callable], Callable]:

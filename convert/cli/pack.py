@@ -68,8 +68,8 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
 @storage_option
 @click.pass_context
 def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, sidecars, require_sidecars, no_labels,
-             fmt, max_count, max_bytes, prefix, workers, read_ahead, seed, no_shuffle, on_error, decode_check, resume,
-             overwrite, executor, ray_address, json_path, reencode) -> None:
+             fmt, max_count, max_bytes, prefix, workers, read_ahead, seed, no_shuffle, on_error, decode_check,
+             max_decode_bytes, resume, overwrite, executor, ray_address, json_path, reencode) -> None:
     """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
 
     \b
@@ -105,7 +105,8 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
     class_to_idx = read_classes_file(classes_from) if classes_from else None
     options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix, workers=workers,
                           read_ahead=read_ahead, seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
-                          on_error=on_error, decode_check=decode_check, class_to_idx=class_to_idx,
+                          on_error=on_error, decode_check=decode_check, max_decode_bytes=max_decode_bytes,
+                          class_to_idx=class_to_idx,
                           resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
                           ray_address=ray_address)
     from shardfeed.readers.opener import check_supported, local_path, url_scheme

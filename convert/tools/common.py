@@ -81,6 +81,10 @@ class HashingReader:
     def seekable(self) -> bool:
         return False
 
+    def fileno(self) -> int:
+        """The wrapped stream's file descriptor (tar readers take the shard's size from it)."""
+        return self._s.fileno()
+
     def drain(self) -> None:
         """Read (and hash) the rest of the stream."""
         while self.read(COPY_CHUNK_BYTES):
@@ -264,7 +268,8 @@ class DatasetLocation:
 # samples
 
 def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
-                    class_to_idx: dict[str, int] | None = None, labelled: bool = True) -> Sample:
+                    class_to_idx: dict[str, int] | None = None, labels: frozenset[int] | None = None,
+                    labelled: bool = True) -> Sample:
     """Build a :class:`Sample` from one WebDataset sample's members.
 
     Image, label and metadata are chosen by the readers' one rule,
@@ -274,9 +279,10 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
 
     Raises:
         CorruptDataError: no image member or several, an unreadable ``.cls`` or ``.json``, no
-            label (the message names ``source`` and the key).
+            label, a label not in ``labels`` (the dataset's class indexes; None: not checked);
+            the message names ``source`` and the key.
     """
-    data, ext, label, meta_json = sample_from_members(key, parts, class_to_idx, source, labelled=labelled)
+    data, ext, label, meta_json = sample_from_members(key, parts, class_to_idx, source, labels, labelled=labelled)
     meta: dict = {}
     if meta_json is not None:
         try:
@@ -300,7 +306,8 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
     Args:
         location: the dataset's location.
         name: the shard's file name (as in the manifest).
-        class_to_idx: for :func:`parts_to_sample`.
+        class_to_idx: for :func:`parts_to_sample`; a sample whose class index is not one of its
+            values is a :class:`CorruptDataError`.
         index: the shard's offset-index file name, if it has one.
         sha256: the shard's digest from the manifest: the bytes read are hashed, and once the last
             sample is out, the rest of the shard is read and the digest compared (a copy made from
@@ -314,6 +321,7 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
     from shardfeed.readers.tario import iter_members, iter_samples
 
     source = location.where(name)
+    labels = None if class_to_idx is None else frozenset(class_to_idx.values())
     starts = set(decode_index(location.read_bytes(index), location.where(index))) if index else None
     stream, _ = location.open(name)
     with stream:
@@ -321,7 +329,8 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
         for key, parts, offset in iter_samples(iter_members(reader, source=source), source=source):
             if starts is not None and offset not in starts:
                 continue
-            sample = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx, labelled=labelled)
+            sample = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx, labels=labels,
+                                     labelled=labelled)
             if fields:
                 yield sample, {f: parts[d["member"]] for f, d in fields.items() if d["member"] in parts}
             else:
