@@ -32,7 +32,7 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
-from .format import Manifest, decode_record, field_member, format_key, key_width, label_problem
+from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
 
 __all__ = ["LMDBSource", "DEFAULT_READAHEAD"]
@@ -214,7 +214,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         k = self.key(i)
         try:
             label = int(rec["label"])
-            if label not in self._labels:
+            if label not in self._labels and (self.manifest.labelled or label != UNLABELLED):
                 raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: "
                                        f"{label_problem(label, self._labels)}")
             return rec["key"], rec["data"], rec["ext"], label, rec["meta"]
