@@ -79,6 +79,7 @@ __all__ = [
     "load_sample_payload",
     "SamplePlan",
     "read_file_checked",
+    "describe_interrupted",
 ]
 
 #: Most source reads in flight per shard being written (``--read-ahead``): each is a thread, and
@@ -491,6 +492,43 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
         files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
         num_classes=len(scan.classes), shards_resumed=resumed, extra=extra,
     )
+
+
+def describe_interrupted(out: str | os.PathLike) -> str:
+    """What a pack into ``out`` that was stopped (Ctrl-C, SIGTERM, an error) leaves there, and
+    what ``--resume`` then does: the clause of the line the CLI prints.
+
+    Counts what is really kept: complete WebDataset shards (their completion records) or the
+    samples committed to ``data.mdb``; a finished dataset (its manifest was written before the
+    stop) needs nothing.
+    """
+    out = Path(out)
+    if (out / MANIFEST_NAME).is_file():
+        return f"{out} holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
+    if (out / LMDB_DATA_NAME).is_file():
+        from .writers.lmdb import committed_progress
+
+        records, done = committed_progress(out) or (0, 0)
+        if done:
+            return (f"{_plural(records, 'sample')} committed to {out / LMDB_DATA_NAME} are kept: the same command "
+                    "plus --resume continues after them")
+        return f"nothing was committed to {out / LMDB_DATA_NAME} yet: the same command plus --resume starts again"
+    state = out / STATE_DIR
+    shards = samples = 0
+    if state.is_dir() and not state.is_symlink():
+        for rec in sorted(state.glob("[0-9]*.json")):
+            try:
+                entry = json.loads(rec.read_text()).get("entry")
+            except (OSError, ValueError, AttributeError):
+                continue
+            shards += 1
+            samples += int(entry.get("num_samples", 0)) if isinstance(entry, dict) else 0
+    if shards:
+        return (f"{_plural(shards, 'complete shard')} ({_plural(samples, 'sample')}) in {out} are kept: the same "
+                "command plus --resume writes the rest")
+    if state.is_dir():
+        return f"no shard of {out} was complete yet: the same command plus --resume starts again"
+    return f"nothing was written to {out}"
 
 
 def _stopped_before_its_plan(out: Path) -> bool:

@@ -121,8 +121,13 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     except KeyboardInterrupt as exc:
         bar.close()
         terminated = isinstance(exc, Terminated)
-        click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}; the complete part of {out} is "
-                   "kept: finish it with the same command plus --resume", err=True)
+        if to_store:
+            kept = f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
+        else:
+            from shardfeed.convert.pack import describe_interrupted
+
+            kept = describe_interrupted(out)  # what is really there: complete shards, committed records
+        click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}; {kept}", err=True)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     finally:
         bar.close()

@@ -269,3 +269,59 @@ def test_resume_after_a_stop_before_the_plan_was_recorded_starts_the_pack(fmt, s
                         "--resume"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _files(out) == ref[fmt]
+
+
+def _sample_records(out: Path) -> dict[str, dict]:
+    """``{key: decoded record}`` of the sample records committed to ``out/data.mdb`` so far
+    (read-only, safe while a pack writes; reserved keys left out)."""
+    import lmdb
+
+    from shardfeed.readers.lmdb_record import decode_record
+
+    if not (out / "data.mdb").exists():
+        return {}
+    env = lmdb.open(str(out), subdir=True, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return {bytes(k).decode(): decode_record(bytes(v)) for k, v in txn.cursor() if bytes(k)[:1].isdigit()}
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_reencoding_lmdb_pack_keeps_the_committed_chunks(pool_src, tmp_path, hooked_cli):
+    """A real SIGINT to a re-encoding LMDB pack: the line names the samples really committed, and
+    ``--resume`` keeps them (reports them resumed, re-does only the rest); the result is the
+    uninterrupted pack's records, every planted file exactly once with its class's label."""
+    import re
+
+    ref_dir, out, report_path = tmp_path / "ref", tmp_path / "out", tmp_path / "report.json"
+    pack(pool_src, ref_dir, PackOptions(format="lmdb", workers=1, reencode={"resize": 48}))
+    args = [str(pool_src), str(out), "--format", "lmdb", "--resize", "48", "-j", "1"]
+    proc = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.01}), "-q", "pack", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _sample_records(out) and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the pack finished before Ctrl-C"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    kept = _sample_records(out)
+    assert 0 < len(kept) < 160
+    assert err.strip() == (f"shardfeed: interrupted; {len(kept)} samples committed to {out / 'data.mdb'} are kept: "
+                           "the same command plus --resume continues after them"), err
+    r = subprocess.run([*SHARDFEED, "-q", "pack", *args, "--resume", "--json", str(report_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(report_path.read_text())
+    assert report["extra"]["lmdb_records_resumed"] == len(kept)  # kept, not redone
+    assert report["num_samples"] == 160 and report["files"]["found"] == 160
+    assert _files(out) == _files(ref_dir)  # the records of an uninterrupted pack, byte for byte
+    records = _sample_records(out)
+    classes = sorted(p.name for p in pool_src.iterdir())
+    planted = {f"{p.parent.name}/{p.name}": classes.index(p.parent.name) for p in pool_src.rglob("*.jpg")}
+    assert sorted(r["meta"]["path"] for r in records.values()) == sorted(planted)  # each file exactly once
+    assert all(r["label"] == planted[r["meta"]["path"]] for r in records.values())
+    assert all(records[k] == kept[k] for k in kept)  # the kept records were not rewritten differently
+    assert not re.search(r"Traceback", err + r.stderr)
