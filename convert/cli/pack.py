@@ -100,15 +100,20 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
         if not quiet():
             click.echo(f"listing and downloading the image folder {src} ...", err=True)
         src_url = src
-        src, _ = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx)
+        # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
+        # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
+        src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx,
+                                        on_error=options.on_error)
     else:
         src_url = None
         src = local_path(src)
+        scan = None
     if not src.exists():
         raise FileNotFoundError(f"{src}: source folder does not exist")
     if not to_store:
         prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
-    scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
+    if scan is None:
+        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
     try:
         output_progress = lambda output_bytes: update(0, 0, output_bytes)  # noqa: E731
