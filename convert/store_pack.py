@@ -56,7 +56,8 @@ def staging_dir(url: str, kind: str = "staging") -> Path:
 
 
 def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, storage_options: dict | None = None,
-                        on_error: str = "raise", progress: Callable[[int, int], None] | None = None):
+                        on_error: str = "raise",
+                        progress: Callable[[int, int], Callable[[int, int], None]] | None = None):
     """Copy the image folder at ``src_url`` (``s3://bucket/prefix/``) to a local folder for packing.
 
     One paginated listing finds the classes and images by the on-disk scan rules
@@ -77,7 +78,9 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
         storage_options: object-store client options.
         on_error: ``"raise"``: an image whose key breaks the name policy stops it before anything
             is downloaded, naming the object; ``"skip"``: it is left out (the scan lists it).
-        progress: ``callback(num_files, num_bytes)`` as images are downloaded (or found there).
+        progress: for a progress bar: ``progress(num_files, num_bytes)`` is called once the
+            listing is scanned, with the images to fetch, and returns ``callback(files, bytes)``,
+            called (from this thread) as each is downloaded or found there already.
 
     Returns:
         ``(local_folder, scan)``: the mirror (``$SHARDFEED_STAGING_DIR`` or the temp dir) and the
@@ -129,10 +132,11 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
         for p in dest.rglob("*"):
             if p.is_file() and p.relative_to(dest).as_posix() not in keep:
                 p.unlink()
+    fetched = progress(len(files), sum(files.sizes)) if progress is not None else None
     with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
         for nbytes in pool.map(fetch, range(len(files))):
-            if progress is not None:
-                progress(1, nbytes)
+            if fetched is not None:
+                fetched(1, nbytes)
     local = ScannedFiles(str(dest), files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.class_names,
                          files.class_labels, files.ext_codes, files.exts)
     return dest, dataclasses.replace(scan, root=str(dest), files=local)

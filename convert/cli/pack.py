@@ -21,6 +21,7 @@ from .common import (
     progress_bar,
     quiet,
     reencode_options,
+    scan_progress,
     write_json_report,
 )
 
@@ -102,8 +103,19 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
         src_url = src
         # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
         # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
-        src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx,
-                                        on_error=options.on_error)
+        bars = []
+
+        def download_bar(num_files: int, num_bytes: int):
+            bar, update = progress_bar(num_files, num_bytes, "download", quiet())
+            bars.append(bar)
+            return update
+
+        try:
+            src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx,
+                                            on_error=options.on_error, progress=download_bar)
+        finally:
+            for bar in bars:
+                bar.close()
     else:
         src_url = None
         src = local_path(src)
@@ -113,7 +125,11 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, fmt, max_count
     if not to_store:
         prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
     if scan is None:
-        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
+        bar, update = scan_progress(f"scan {src}", quiet())  # a million files on NFS take minutes
+        try:
+            scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx, progress=update)
+        finally:
+            bar.close()
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
     try:
         output_progress = lambda output_bytes: update(0, 0, output_bytes)  # noqa: E731

@@ -113,3 +113,23 @@ def test_a_name_breaking_the_policy_is_skipped_and_listed_from_a_bucket_as_local
         assert m["files"] == want
         assert [s["path"] for s in m["skipped"]] == [SHOWN]
     assert manifests[0]["skipped"] == manifests[1]["skipped"]  # the same path and reason
+
+
+def test_a_pack_from_a_bucket_shows_its_download_progress(planted, tmp_path):
+    """The images are counted as they are downloaded (against the planted images), on stderr;
+    nothing with ``-q``."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("progress_tty", Path(__file__).parents[1] / "convert" /
+                                                  "progress_tty.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    run_on_tty = helper.run_on_tty
+    _, url, kinds, env = planted(False)
+    n = sum(k == "packed" for k in kinds.values())
+    rc, _, err = run_on_tty([*SHARDFEED, "pack", url, str(tmp_path / "o"), "--format", "wds"], env=env)
+    assert rc == 0, err
+    assert re.search(rf"download: 100%.*\b{n}(\.0+)?/{n}(\.0+)? ", err), err
+    rc, _, err = run_on_tty([*SHARDFEED, "-q", "pack", url, str(tmp_path / "q"), "--format", "wds"], env=env)
+    assert rc == 0 and err == "", err
