@@ -156,7 +156,8 @@ def _init_worker(q) -> None:
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
     # forked (or spawned) with both blocked (see signals_held): only now, with our own handlers, take them
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 @contextlib.contextmanager
@@ -182,13 +183,15 @@ def signals_held() -> Iterator[None]:
         caught.append(signum)
 
     previous = {s: signal.signal(s, hold) for s in _STOP_SIGNALS}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    masking = hasattr(signal, "pthread_sigmask")  # (not on Windows, where workers are spawned anyway)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if masking else None
     try:
         yield
     finally:
         for s, handler in previous.items():  # first the handlers, then the mask: a pending signal reaches them
             signal.signal(s, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if masking:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if caught:
             handler = previous[caught[0]]
             if callable(handler):

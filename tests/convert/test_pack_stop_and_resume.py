@@ -329,3 +329,18 @@ def test_ctrl_c_during_a_reencoding_lmdb_pack_keeps_the_committed_chunks(pool_sr
     assert all(r["label"] == planted[r["meta"]["path"]] for r in records.values())
     assert all(records[k] == kept[k] for k in kept)  # the kept records were not rewritten differently
     assert not re.search(r"Traceback", err + r.stderr)
+
+
+def test_signals_held_acts_on_a_ctrl_c_at_the_end_of_the_block():
+    """What starting and stopping a pool runs under: the block is not cut, the signal is not lost."""
+    from shardfeed.convert.executors import signals_held
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("the rest of the block")
+    assert done == ["the rest of the block"]
+    assert signal.getsignal(signal.SIGINT) is before and signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
