@@ -51,10 +51,10 @@ from shardfeed.readers.registry import packer as format_packer
 from . import writers  # noqa: F401  (registers the packers and writers of every format)
 from .consumers import CARD_NAME, WIDS_INDEX_NAME, write_consumer_files
 from .consumers import is_ours as _consumer_file_is_ours
-from .executors import ProgressSink, check_executor, make_executor, run_tasks, use_executor
+from .executors import ProgressSink, check_executor, make_executor, run_tasks, signals_held, use_executor
 from .faults import FaultHooks, current_default_faults
 from .outlock import listing, output_lock
-from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
+from .pack_state import FILES_NAME, PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .readahead import DEFAULT_READ_AHEAD
 from .reencode import ReencodeOptions
@@ -79,6 +79,7 @@ __all__ = [
     "load_sample_payload",
     "SamplePlan",
     "read_file_checked",
+    "describe_interrupted",
 ]
 
 #: Most source reads in flight per shard being written (``--read-ahead``): each is a thread, and
@@ -433,6 +434,10 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
         # scripts that always pass --resume work on their first run: nothing to resume, so start
         log.info("%s: missing or empty, nothing to resume; starting the pack", out)
         options = dataclasses.replace(options, resume=False)
+    elif options.resume and _stopped_before_its_plan(out):
+        log.info("%s: the pack stopped before its plan was recorded, nothing to resume; starting the pack", out)
+        shutil.rmtree(out / STATE_DIR)
+        options = dataclasses.replace(options, resume=False)
     prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
     fingerprint = _fingerprint(scan, samples, options)
@@ -449,10 +454,11 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
                              f"folder ({what}); rerun with the same options and files, or start again with "
                              "--overwrite")
     else:
-        state.mkdir(exist_ok=True)
-        write_plan_files(state, scan.files)  # what --resume names when the source changed
-        write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
-                                                  "options": options.fingerprint_fields()}).encode())
+        with signals_held():  # Ctrl-C or SIGTERM cannot leave a state folder without its plan
+            state.mkdir(exist_ok=True)
+            write_plan_files(state, scan.files)  # what --resume names when the source changed
+            write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
+                                                      "options": options.fingerprint_fields()}).encode())
     progress = progress or (lambda n, b: None)
     try:
         with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
@@ -481,9 +487,10 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
     finalize = extra.pop("finalize", None)
     if finalize is not None:
         finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction
-    manifest.write(out)
-    write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
-    shutil.rmtree(state, ignore_errors=True)
+    with signals_held():  # a finished manifest means a finished dataset: its consumer files, no pack state
+        manifest.write(out)
+        write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
+        shutil.rmtree(state, ignore_errors=True)
     seconds = time.perf_counter() - t0
     return PackReport(
         source=scan.root, output=str(out), format=options.format, num_samples=num_samples,
@@ -492,6 +499,54 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
         files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
         num_classes=len(scan.classes), shards_resumed=resumed, extra=extra,
     )
+
+
+def describe_interrupted(out: str | os.PathLike) -> str:
+    """What a pack into ``out`` that was stopped (Ctrl-C, SIGTERM, an error) leaves there, and
+    what ``--resume`` then does: the clause of the line the CLI prints.
+
+    Counts what is really kept: complete WebDataset shards (their completion records) or the
+    samples committed to ``data.mdb``; a finished dataset (its manifest was written before the
+    stop) needs nothing.
+    """
+    out = Path(out)
+    if (out / MANIFEST_NAME).is_file():
+        return f"{out} holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
+    if (out / LMDB_DATA_NAME).is_file():
+        from .writers.lmdb import committed_progress
+
+        records, done = committed_progress(out) or (0, 0)
+        if done:
+            return (f"{_plural(records, 'sample')} committed to {out / LMDB_DATA_NAME} are kept: the same command "
+                    "plus --resume continues after them")
+        return f"nothing was committed to {out / LMDB_DATA_NAME} yet: the same command plus --resume starts again"
+    state = out / STATE_DIR
+    shards = samples = 0
+    if state.is_dir() and not state.is_symlink():
+        for rec in sorted(state.glob("[0-9]*.json")):
+            try:
+                entry = json.loads(rec.read_text()).get("entry")
+            except (OSError, ValueError, AttributeError):
+                continue
+            shards += 1
+            samples += int(entry.get("num_samples", 0)) if isinstance(entry, dict) else 0
+    if shards:
+        return (f"{_plural(shards, 'complete shard')} ({_plural(samples, 'sample')}) in {out} are kept: the same "
+                "command plus --resume writes the rest")
+    if state.is_dir():
+        return f"no shard of {out} was complete yet: the same command plus --resume starts again"
+    return f"nothing was written to {out}"
+
+
+def _stopped_before_its_plan(out: Path) -> bool:
+    """Whether OUT holds nothing but a pack state folder without its plan (a pack killed between
+    creating the folder and recording the plan: no shard, record or database was written)."""
+    entries = listing(out) if out.is_dir() else []
+    state = out / STATE_DIR
+    if [p.name for p in entries] != [STATE_DIR] or state.is_symlink() or not state.is_dir():
+        return False
+    names = [p.name for p in itertools.islice(state.iterdir(), 8)]
+    return len(names) < 8 and all(n == FILES_NAME or (n.startswith(".") and n.endswith(".tmp")) for n in names)
 
 
 def _plan_extension_counts(files: ScannedFiles, skipped: list[dict]) -> dict[str, int]:

@@ -41,7 +41,6 @@ import logging
 import multiprocessing
 import os
 import sys
-import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -178,19 +177,41 @@ def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields:
     return collate_uint8(items)
 
 
+class _EpochProgress:
+    """What the training loop received from the latest ``iter(loader)``: its epoch, the batches
+    delivered, whether it ran to its end, and the earlier runs of that epoch (``segments``) when it
+    was a resumed one. The loader holds it strongly and the iterator updates it, so an iteration
+    left early (``break``, an exception in the step, ``itertools.islice``, ``del it``) still counts
+    after its iterator is gone (the iterator holds the loader, the loader never holds the iterator)."""
+
+    __slots__ = ("epoch", "batches", "finished", "segments")
+
+    def __init__(self, epoch: int, segments: list[dict]):
+        self.epoch = int(epoch)
+        self.batches = 0
+        self.finished = False
+        self.segments = segments
+
+
 class _EpochIterator:
     """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end,
     and the count of batches delivered (for :meth:`ShardfeedLoader.state_dict`)."""
 
-    def __init__(self, it, loader: "ShardfeedLoader", epoch: int):
+    def __init__(self, it, loader: "ShardfeedLoader", progress: _EpochProgress):
         self._it = it
         self._loader = loader
-        self._epoch = epoch
+        self._progress = progress
         self._reported = False
-        #: batches delivered so far in this iteration
-        self.num_batches_delivered = 0
-        #: True once the iteration has ended
-        self.finished = False
+
+    @property
+    def num_batches_delivered(self) -> int:
+        """Batches delivered so far in this iteration."""
+        return self._progress.batches
+
+    @property
+    def finished(self) -> bool:
+        """True once the iteration has ended (``StopIteration``)."""
+        return self._progress.finished
 
     def __iter__(self):
         return self
@@ -199,12 +220,12 @@ class _EpochIterator:
         try:
             batch = next(self._it)
         except StopIteration:
-            self.finished = True
+            self._progress.finished = True
             if not self._reported:
                 self._reported = True
-                self._loader._report_epoch(self._epoch)
+                self._loader._report_epoch(self._progress.epoch)
             raise
-        self.num_batches_delivered += 1
+        self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
         return batch
 
     def __len__(self) -> int:
@@ -228,7 +249,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
         self._next_epoch = 0
-        self._current = None  # weak reference to the iteration in progress (no loader <-> iterator cycle)
+        self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
         self._resume: dict | None = None  # {"epoch", "segments"} in effect
         self._resume_started = False
 
@@ -265,8 +286,10 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             self._epoch_sampler.set_epoch(e)
         elif hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(e)
-        it = _EpochIterator(super().__iter__(), self, e)
-        self._current = weakref.ref(it)
+        segments = list(self._resume["segments"]) if self._resume is not None else []
+        progress = _EpochProgress(e, segments)
+        it = _EpochIterator(super().__iter__(), self, progress)
+        self._progress = progress
         return it
 
     # ---- resuming
@@ -294,16 +317,21 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         was itself resumed). Call it between batches (after a step): a batch the loop has
         received counts as consumed. Under DDP every rank returns the same values (save rank 0's).
 
+        The state describes the latest ``iter(loader)`` (torchdata's ``StatefulDataLoader``
+        contract): the batches it yielded, however the loop over it ended (``break``, an
+        exception in the step, ``itertools.islice``, ``del it``); once it ran to its end, the
+        start of the next epoch. A new ``iter(loader)`` starts the next epoch (an iteration left
+        early is not continued by it); after :meth:`load_state_dict` and before the next
+        ``iter(loader)``, the loaded position.
+
         Raises:
             TypeError: the loader's dataset is not a shardfeed source.
         """
         ds = self._source()
-        cur = self._current() if self._current is not None else None
+        cur = self._progress
         segments: list[dict] = []
-        if cur is not None and not cur.finished and cur._epoch == self._next_epoch - 1:
-            epoch, batches = cur._epoch, cur.num_batches_delivered
-            if self._resume is not None and int(self._resume["epoch"]) == epoch:
-                segments = list(self._resume["segments"])
+        if cur is not None and not cur.finished and cur.epoch == self._next_epoch - 1:
+            epoch, batches, segments = cur.epoch, cur.batches, list(cur.segments)
         elif self._resume is not None and not self._resume_started:
             epoch, batches = int(self._resume["epoch"]), 0  # loaded, not yet iterated
             segments = list(self._resume["segments"])
@@ -368,6 +396,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         if segments and left == 0:
             epoch, segments = epoch + 1, []  # the epoch was consumed to its end
         self._next_epoch = epoch
+        self._progress = None  # the state describes the loaded position until the next iter(loader)
         self._set_plan({"epoch": epoch, "segments": segments} if segments else None)
         ds.set_epoch(epoch)  # len(loader) now counts what the resumed epoch yields
         if self._epoch_sampler is not None:

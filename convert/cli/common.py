@@ -24,7 +24,8 @@ import click
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
-           "storage_option", "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path"]
+           "storage_option", "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path",
+           "scan_progress"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -318,6 +319,35 @@ def progress_bar(total_samples: int | None, total_bytes: int | None, desc: str, 
     return bar, update
 
 
+
+
+def scan_progress(desc: str, quiet: bool):
+    """A tqdm bar for a folder scan (``progress`` of
+    :func:`~shardfeed.readers.imagefolder.scan_image_folder`); returns ``(bar, callback)``.
+
+    It counts the files found while the folders are listed (no total yet), then the files checked
+    (stat'ed) of those listed, with a rate and an ETA; it is erased when closed (``leave=False``),
+    so the pack's own bar follows. On stderr, and (as :func:`progress_bar`) none with ``quiet`` or
+    when stderr is not a terminal.
+    """
+    if quiet or not _stderr_is_tty():
+        return _NoBar(), lambda phase, n: None
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"{desc}: listing folders", unit="file", unit_scale=True, leave=False, dynamic_ncols=True,
+               file=sys.stderr)
+    state = {"listed": 0, "checking": False}
+
+    def update(phase: str, n: int) -> None:
+        if phase == "listed":
+            state["listed"] += n
+        elif not state["checking"]:
+            state["checking"] = True
+            bar.set_description_str(f"{desc}: checking files", refresh=False)
+            bar.reset(total=state["listed"])
+        bar.update(n)
+
+    return bar, update
 
 
 def quiet() -> bool:

@@ -21,6 +21,7 @@ from .common import (
     progress_bar,
     quiet,
     reencode_options,
+    scan_progress,
     write_json_report,
 )
 
@@ -125,10 +126,25 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
         if not quiet():
             click.echo(f"listing and downloading the image folder {src} ...", err=True)
         src_url = src
-        src, _ = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx)
+        # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
+        # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
+        bars = []
+
+        def download_bar(num_files: int, num_bytes: int):
+            bar, update = progress_bar(num_files, num_bytes, "download", quiet())
+            bars.append(bar)
+            return update
+
+        try:
+            src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx,
+                                            on_error=options.on_error, progress=download_bar)
+        finally:
+            for bar in bars:
+                bar.close()
     else:
         src_url = None
         src = local_path(src)
+        scan = None
     if not src.exists():
         raise FileNotFoundError(f"{src}: source folder does not exist")
     if not to_store:
@@ -155,7 +171,12 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
             bar.close()
         _print_report(report, json_path)
         return
-    scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx)
+    if scan is None:
+        bar, update = scan_progress(f"scan {src}", quiet())  # a million files on NFS take minutes
+        try:
+            scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx, progress=update)
+        finally:
+            bar.close()
     bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
     try:
         output_progress = lambda output_bytes: update(0, 0, output_bytes)  # noqa: E731
@@ -168,8 +189,13 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
     except KeyboardInterrupt as exc:
         bar.close()
         terminated = isinstance(exc, Terminated)
-        click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}; the complete part of {out} is "
-                   "kept: finish it with the same command plus --resume", err=True)
+        if to_store:
+            kept = f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
+        else:
+            from shardfeed.convert.pack import describe_interrupted
+
+            kept = describe_interrupted(out)  # what is really there: complete shards, committed records
+        click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}; {kept}", err=True)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     finally:
         bar.close()

@@ -25,16 +25,20 @@ How the classic ImageFolder→LMDB failures are avoided:
   ``map_async`` off); the manifest key is written last, in the transaction with the last records.
   ``manifest.json`` beside the database is written after it.
 * **Resume**: records are appended in packing order, so the last committed key (found with a
-  cursor) says where to continue. Bookkeeping that must survive a ``kill -9`` together with the
-  records (the ``--on-error skip`` list and the payload byte count) lives in the reserved key
-  :data:`PACK_STATE_KEY`, written in the same transaction as each batch and deleted in the final
-  one. ``--resume`` therefore writes exactly the records an uninterrupted pack writes.
+  cursor) says where to continue. Every chunk of samples read by a task (at most 256 samples or
+  2 MB of input) is committed when it arrives, so a pack stopped by Ctrl-C, SIGTERM or ``kill -9``
+  keeps every chunk it finished, however slow the reads or the re-encoding. Bookkeeping that must
+  survive a ``kill -9`` together with the records (the ``--on-error skip`` list and the payload
+  byte count) lives in the reserved key :data:`PACK_STATE_KEY`, written in the same transaction as
+  each chunk and deleted in the final one. ``--resume`` therefore writes exactly the records an
+  uninterrupted pack writes.
 
 Files are read (and re-encoded, through :func:`shardfeed.convert.samples.load_sample_payload`) and
 their records encoded in ``workers`` processes; results come back in packing order to the one
 writer, with a bounded number of chunks in flight (memory stays bounded when the disk is slower
-than the readers). Commit boundaries depend only on the record sequence, so the database is
-byte-identical whatever the worker count.
+than the readers). Commit boundaries (each chunk, cut from the file sizes, and every
+:data:`~shardfeed.convert.writers.lmdb_store.COMMIT_COUNT` records inside one) depend only on
+the plan, so the database is byte-identical whatever the worker count.
 
 Fault injection (tests): ``PackOptions(faults=FaultHooks(lmdb_commit_count=N, lmdb_commit_delay_s=S))``
 gives many commits out of a small folder and slows each, so a test can ``kill -9`` a pack mid-way
@@ -54,6 +58,7 @@ from shardfeed.readers.format import (
     LABELS_CLASS,
     LABELS_NONE,
     LMDB_DATA_NAME,
+    LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
     Manifest,
     Sample,
@@ -76,7 +81,7 @@ from .lmdb_store import (
     estimate_map_size,
 )
 
-__all__ = ["LmdbWriter", "pack_lmdb", "encode_sample_record"]
+__all__ = ["LmdbWriter", "pack_lmdb", "encode_sample_record", "committed_progress"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +145,42 @@ def _resume_point(store: LmdbStore, out: Path, samples: Sequence[PlannedSample])
     return start, payload_bytes, skipped, records_resumed, done
 
 
+def committed_progress(out: str | os.PathLike) -> tuple[int, int] | None:
+    """What an interrupted ``pack --format lmdb`` committed to ``out/data.mdb`` (read-only, no lock).
+
+    Returns:
+        ``(records, samples_done)``: sample records committed, and samples of the plan done
+        (records plus files skipped under ``--on-error skip``; ``--resume`` continues after them);
+        None when there is no database or it cannot be read.
+    """
+    path = Path(out)
+    if not (path / LMDB_DATA_NAME).is_file():
+        return None
+    import lmdb
+
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=1)
+    except lmdb.Error:
+        return None
+    try:
+        with env.begin() as txn:
+            entries = txn.stat()["entries"]
+            raw = txn.get(PACK_STATE_KEY)
+            reserved = sum(1 for k in (LMDB_MANIFEST_KEY, PACK_STATE_KEY) if txn.get(k) is not None)
+    except lmdb.Error:
+        return None
+    finally:
+        env.close()
+    records = max(0, entries - reserved)
+    done = records
+    if raw is not None:
+        try:
+            done = max(records, int(msgpack.unpackb(bytes(raw), raw=False)["next_index"]))
+        except Exception:  # noqa: BLE001 - a damaged record: count the records alone
+            pass
+    return records, done
+
+
 def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw: dict, progress
             ) -> tuple[int, int, list, int, bool]:
     """:func:`_resume_point` of the database in ``out``, reported to ``progress``."""
@@ -160,10 +201,10 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
 
     Files are read and encoded in tasks on the pack's executor (``options.workers`` processes,
     at most ``2 * workers + 2`` chunks in flight); the records are appended in packing order by
-    this process, in batches, each batch committed together with the resume bookkeeping. The last
-    batch is committed by ``extra["finalize"](manifest)`` together with the manifest
-    (:func:`shardfeed.convert.pack.pack` calls it just before writing ``manifest.json``), which
-    then also fills the size figures of ``extra``.
+    this process, each task's chunk committed as it arrives together with the resume bookkeeping
+    (so an interrupted pack keeps every chunk it finished). ``extra["finalize"](manifest)``
+    commits the manifest (:func:`shardfeed.convert.pack.pack` calls it just before writing
+    ``manifest.json``), which then also fills the size figures of ``extra``.
 
     Args:
         scan: the folder scan.
@@ -223,10 +264,12 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
                 payload_bytes += nbytes
                 if store.batch_full:
                     store.commit(extra_puts=[(PACK_STATE_KEY, _state_value(next_index, payload_bytes, skipped))])
+            # Every chunk is committed with the bookkeeping, so a pack stopped by Ctrl-C, SIGTERM,
+            # kill -9 or a bad file keeps every chunk it finished (a slow re-encoding pack too),
+            # and --resume starts after it (after a failing file's predecessors, at that file).
+            store.commit(extra_puts=[(PACK_STATE_KEY, _state_value(next_index, payload_bytes, skipped))])
             progress(n_in, b_in)
             if error is not None:
-                # Keep what was read before the failing file, so --resume starts at that file.
-                store.commit(extra_puts=[(PACK_STATE_KEY, _state_value(next_index, payload_bytes, skipped))])
                 raise error
         if store is None:
             store = _open_store(out, map_size, store_kw, db_exists)
