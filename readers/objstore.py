@@ -37,6 +37,7 @@ from typing import Any, BinaryIO, Iterator
 from .errors import DataSourceError, ManifestError, UnsupportedURLError
 from .format import MANIFEST_NAME, Manifest
 from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS, check_remote_files
+from .redact import guard_client_logs, redact, register_secret
 
 __all__ = ["STORE_SCHEMES", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
            "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind"]
@@ -60,7 +61,6 @@ _STORAGE_OPTION_KEYS = {
     "addressing_style": "addressing_style",
     "max_pool_connections": "max_pool_connections",
 }
-_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ACCESS_KEY_ID")
 _RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
                 "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500", "502",
                 "504"}
@@ -103,19 +103,15 @@ _BUCKET_NAME = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
 
 
 def _secrets(options: dict | None) -> list[str]:
-    vals = [os.environ.get(k, "") for k in _SECRET_ENV]
-    for k, v in (options or {}).items():
-        if _STORAGE_OPTION_KEYS.get(k) in ("key", "secret", "token") and isinstance(v, str):
-            vals.append(v)
-    return [v for v in vals if len(v) >= 4]
+    return [v for k, v in (options or {}).items()
+            if _STORAGE_OPTION_KEYS.get(k) in ("key", "secret", "token") and isinstance(v, str)]
 
 
 def scrub(text: str, options: dict | None = None) -> str:
-    """``text`` with every credential (from the environment or ``options``) replaced by ``***``,
-    and any ``user:password@`` in a URL removed."""
-    for secret in _secrets(options):
-        text = text.replace(secret, "***")
-    return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", text)
+    """``text`` with every credential (from the environment, ``options``, or the credentials a
+    client of this process resolved) replaced by ``***``, and any ``user:password@`` of a URL
+    removed (:func:`shardfeed.readers.redact.redact`)."""
+    return redact(text, _secrets(options))
 
 
 def parse_storage_options(pairs: Any) -> dict[str, Any]:
@@ -179,6 +175,7 @@ def _import_boto3():
         import botocore
     except ImportError:
         raise UnsupportedURLError(f"reading or writing s3:// URLs needs boto3: {_INSTALL}") from None
+    guard_client_logs()  # botocore's DEBUG records carry the access key id and the session token
     return boto3, botocore
 
 
@@ -232,6 +229,7 @@ class StoreLocation:
             raise ValueError(f"timeout_s must be > 0 and retries >= 0, got {timeout_s}, {retries}")
         merged = {**_DEFAULT_OPTIONS, **parse_storage_options(storage_options)}
         self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in merged.items()}
+        register_secret(*(self.storage_options.get(k) for k in ("key", "secret", "token")))
         _import_boto3()
         self.bucket = bucket
         if key.endswith(".json"):
@@ -313,8 +311,24 @@ class StoreLocation:
                 except ValueError as exc:
                     raise DataSourceError(self._scrub(f"{self.base}: cannot make an S3 client ({exc}); check "
                                                       "AWS_ENDPOINT_URL / --storage-option endpoint_url=...")) from None
+                self._register_resolved_credentials(session)
                 self._client_pid = pid
         return self._client
+
+    def _register_resolved_credentials(self, session) -> None:
+        """Add the credentials the client will sign with (from a profile, SSO, a role ...) to the
+        values every message and log record is scrubbed of."""
+        o = self.storage_options
+        register_secret(o.get("key"), o.get("secret"), o.get("token"))
+        if o.get("anon"):
+            return
+        try:
+            creds = session.get_credentials()
+            frozen = creds.get_frozen_credentials() if creds is not None else None
+        except Exception:  # resolving failed: the request will say why; nothing to register
+            return
+        if frozen is not None:
+            register_secret(frozen.access_key, frozen.secret_key, frozen.token)
 
     def _scrub(self, text: str) -> str:
         return scrub(text, {k: v for k, v in self.storage_options.items()})
