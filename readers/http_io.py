@@ -32,8 +32,9 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
 
-from .errors import DataSourceError, ManifestError
+from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, Manifest
+from .redact import guard_client_logs, redact
 
 __all__ = [
     "check_remote_files", "HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS",
@@ -125,8 +126,13 @@ def _request_once(url: str, method: str, headers: dict, timeout_s: float):
         msg = f"HTTP {resp.status} {resp.reason}"
         if resp.status == 404:
             raise _Permanent(FileNotFoundError(f"{url}: {msg} (file not found on the server)"))
+        if resp.status in (401, 403, 407):
+            raise _Permanent(StorageAccessError(redact(
+                f"{url}: {msg}: the server refuses access; renew or fix the credentials it expects (a pre-signed "
+                "URL expires: sign it again; a token or cookie: renew it; a proxy: HTTP(S)_PROXY credentials), "
+                "or check that the dataset is published at this URL")))
         if resp.status < 500 and resp.status != 408 and resp.status != 429:
-            raise _Permanent(DataSourceError(f"{url}: {msg} {body[:80]!r}"))
+            raise _Permanent(DataSourceError(redact(f"{url}: {msg} {body[:80]!r}")))
         raise DataSourceError(f"{url}: {msg}")
     return conn, resp
 
@@ -328,6 +334,7 @@ class HttpLocation:
         self.retries = int(DEFAULT_RETRIES if retries is None else retries)
         if self.timeout_s <= 0 or self.retries < 0:
             raise ValueError(f"timeout_s must be > 0 and retries >= 0, got {timeout_s}, {retries}")
+        guard_client_logs()
         u = urllib.parse.urlsplit(url)
         path = u.path
         if path.endswith(".json"):

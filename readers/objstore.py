@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Iterator
 
-from .errors import DataSourceError, ManifestError, UnsupportedURLError
+from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
 from .format import MANIFEST_NAME, Manifest
 from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS, check_remote_files
 from .redact import guard_client_logs, redact, register_secret
@@ -62,11 +62,24 @@ _STORAGE_OPTION_KEYS = {
     "max_pool_connections": "max_pool_connections",
 }
 _RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-                "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500", "502",
+                "RequestTimeout", "InternalError", "ServiceUnavailable", "503", "500", "502",
                 "504"}
 _EXPIRED_CODES = {"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "RequestExpired"}
 _BAD_CRED_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "InvalidClientTokenId",
                    "UnrecognizedClientException"}
+_CLOCK_CODES = {"RequestTimeTooSkewed", "RequestInTheFuture"}
+#: botocore errors of the set-up (credentials, region, endpoint, profile, signing): retrying
+#: cannot fix them. Matched by class name, so names a botocore version lacks do no harm.
+_CONFIG_ERRORS = {"PartialCredentialsError", "NoCredentialsError", "NoRegionError", "InvalidRegionError",
+                  "ProfileNotFound", "ConfigNotFound", "ConfigParseError", "InvalidConfigError",
+                  "UnknownCredentialError",
+                  "CredentialRetrievalError", "NoAuthTokenError", "SSOError", "SSOTokenLoadError",
+                  "UnauthorizedSSOTokenError", "TokenRetrievalError", "UnknownSignatureVersionError",
+                  "UnsupportedSignatureVersionError", "InvalidS3AddressingStyleError",
+                  "InvalidEndpointDiscoveryConfigurationError",
+                  "InvalidEndpointConfigurationError", "EndpointVariantError", "UnknownEndpointError",
+                  "EndpointResolutionError", "InvalidHostLabelError", "UnsupportedS3ArnError",
+                  "ParamValidationError", "InvalidExpressionError", "UnknownClientMethodError"}
 _REGION_CODES = {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException", "301"}
 
 
@@ -195,6 +208,10 @@ class _Permanent(Exception):
     """An answer that retrying will not change."""
 
 
+class _Unreachable(DataSourceError):
+    """The endpoint cannot be reached (retried; the final error is a StorageAccessError)."""
+
+
 class StoreLocation:
     """A dataset (or an image folder) under an object-store prefix: ``s3://bucket/prefix/`` or
     ``s3://bucket/prefix/manifest.json``.
@@ -303,14 +320,10 @@ class StoreLocation:
                         "s3", config=Config(**cfg), endpoint_url=o.get("endpoint_url"),
                         region_name=o.get("region_name"), aws_access_key_id=o.get("key"),
                         aws_secret_access_key=o.get("secret"), aws_session_token=o.get("token"))
-                except botocore.exceptions.ProfileNotFound:
-                    profile = o.get("profile") or os.environ.get("AWS_PROFILE")
-                    raise DataSourceError(f"{self.base}: AWS profile {profile!r} "
-                                          "not found in ~/.aws/config; check AWS_PROFILE / --storage-option "
-                                          "profile=...") from None
-                except ValueError as exc:
-                    raise DataSourceError(self._scrub(f"{self.base}: cannot make an S3 client ({exc}); check "
-                                                      "AWS_ENDPOINT_URL / --storage-option endpoint_url=...")) from None
+                except botocore.exceptions.BotoCoreError as exc:  # a profile, credentials, a region ...
+                    raise self._config_error(exc, self.base) from None
+                except ValueError as exc:  # botocore's check of the endpoint URL and the region name
+                    raise self._config_error(exc, self.base) from None
                 self._register_resolved_credentials(session)
                 self._client_pid = pid
         return self._client
@@ -334,61 +347,88 @@ class StoreLocation:
         return scrub(text, {k: v for k, v in self.storage_options.items()})
 
     # ---- the fault policy
+    def _config_error(self, exc: BaseException, url: str) -> StorageAccessError:
+        """The error for a set-up fault (credentials, region, endpoint, profile): what to set."""
+        name = type(exc).__name__
+        detail = " ".join(str(exc).split())  # botocore's messages may span lines
+        if name == "PartialCredentialsError":
+            missing = getattr(exc, "kwargs", {}).get("cred_var") or "a part"
+            return StorageAccessError(
+                f"{url}: incomplete AWS credentials ({missing} missing, {detail}); set both AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials), or "
+                "--storage-option key=... secret=..., or AWS_PROFILE")
+        if name == "NoCredentialsError":
+            return StorageAccessError(
+                f"{url}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
+                "(or run on an instance with a role), or pass --storage-option anon=true for a public bucket")
+        if name == "ProfileNotFound":
+            profile = self.storage_options.get("profile") or os.environ.get("AWS_PROFILE")
+            return StorageAccessError(f"{url}: AWS profile {profile!r} not found in ~/.aws/config; check AWS_PROFILE "
+                                      "/ --storage-option profile=...")
+        if name in ("NoRegionError", "InvalidRegionError") or "region" in detail.lower():
+            return StorageAccessError(f"{url}: no usable region ({detail}); set AWS_REGION (or AWS_DEFAULT_REGION, "
+                                      "or --storage-option region_name=...) to the bucket's region")
+        if name == "ParamValidationError":
+            return StorageAccessError(f"{url}: invalid request ({detail})")
+        if "endpoint" in detail.lower() or "url" in detail.lower() or "Endpoint" in name:
+            return StorageAccessError(f"{url}: unusable endpoint {self.endpoint!r} ({detail}); set AWS_ENDPOINT_URL "
+                                      "/ --storage-option endpoint_url=... to the store's URL (http(s)://HOST[:PORT])")
+        return StorageAccessError(f"{url}: the S3 client cannot be set up ({name}: {detail}); check the AWS "
+                                  "configuration (AWS_PROFILE, ~/.aws/config, AWS_REGION, AWS_ENDPOINT_URL)")
+
     def _classify(self, exc: BaseException, url: str) -> BaseException:
         """The error to raise for ``exc``: wrapped in :class:`_Permanent` when retrying will not help."""
         _, botocore = _import_boto3()
         bexc = botocore.exceptions
+        if isinstance(exc, StorageAccessError):  # made by client(): the set-up is wrong
+            return _Permanent(exc)
         if isinstance(exc, bexc.ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             what = f"HTTP {status} {code}".strip()
+            if code in _EXPIRED_CODES:
+                return _Permanent(StorageAccessError(
+                    f"{url}: the credentials have expired ({what}); renew them (a new AWS_SESSION_TOKEN, "
+                    "`aws sso login`, or the instance role) and run again"))
+            if code in _CLOCK_CODES:
+                return _Permanent(StorageAccessError(
+                    f"{url}: the store refuses the request's time ({what}): this machine's clock is more than 15 "
+                    "minutes off; set the clock (NTP: `timedatectl set-ntp true`) and run again"))
+            if code in _BAD_CRED_CODES:
+                return _Permanent(StorageAccessError(
+                    f"{url}: the store rejects the credentials ({what}); check or renew AWS_ACCESS_KEY_ID / "
+                    "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) or AWS_PROFILE, and that they are for this "
+                    f"endpoint ({self.endpoint})"))
             if code in _RETRY_CODES or status >= 500 or status in (408, 429):
                 if code == "SlowDown" or status in (429, 503):
                     return DataSourceError(f"{what}: the store is throttling requests; lower the request rate "
                                            "(fewer loader workers or pack workers) or retry later")
                 return DataSourceError(what)
             if code == "NoSuchBucket":
-                return _Permanent(DataSourceError(
+                return _Permanent(StorageAccessError(
                     f"{url}: bucket {self.bucket!r} does not exist at {self.endpoint} ({what}); check the bucket "
                     "name, and AWS_ENDPOINT_URL / --storage-option endpoint_url=... for an S3-compatible store"))
             if code in ("NoSuchKey", "404", "NotFound") or status == 404:
                 return _Permanent(FileNotFoundError(f"{url}: not found in the bucket ({what})"))
-            if code in _EXPIRED_CODES:
-                return _Permanent(DataSourceError(
-                    f"{url}: the credentials have expired ({what}); refresh them (a new session token, "
-                    "`aws sso login`, or the instance role) and run again"))
-            if code in _BAD_CRED_CODES:
-                return _Permanent(DataSourceError(
-                    f"{url}: the store rejects the credentials ({what}); check AWS_ACCESS_KEY_ID / "
-                    "AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and that they are for this endpoint "
-                    f"({self.endpoint})"))
             if code in _REGION_CODES or status == 301:
                 region = err.get("Region") or exc.response.get("ResponseMetadata", {}).get(
                     "HTTPHeaders", {}).get("x-amz-bucket-region")
                 hint = f"set AWS_REGION={region}" if region else "set AWS_REGION to the bucket's region"
-                return _Permanent(DataSourceError(f"{url}: the bucket is in another region ({what}); {hint} "
-                                                  "(or --storage-option region_name=...)"))
-            if status == 403 or code in ("AccessDenied", "AllAccessDisabled", "403", "Forbidden"):
+                return _Permanent(StorageAccessError(f"{url}: the bucket is in another region ({what}); {hint} "
+                                                     "(or --storage-option region_name=...)"))
+            if status in (401, 403) or code in ("AccessDenied", "AllAccessDisabled", "403", "401", "Forbidden"):
                 fix = "the bucket is not public, or anon=true is wrong for it" if self.storage_options.get("anon") \
-                    else ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the "
-                          "instance role) and the bucket policy; for a public bucket pass "
-                          "--storage-option anon=true (storage_options={'anon': True})")
-                return _Permanent(DataSourceError(f"{url}: access denied ({what}); {fix}"))
+                    else ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
+                          "AWS_PROFILE or the instance role; renew expired ones) and the bucket policy; for a public "
+                          "bucket pass --storage-option anon=true (storage_options={'anon': True})")
+                return _Permanent(StorageAccessError(f"{url}: access denied ({what}); {fix}"))
             return _Permanent(DataSourceError(f"{url}: {what} {err.get('Message', '')}".rstrip()))
-        if isinstance(exc, bexc.NoCredentialsError):
-            return _Permanent(DataSourceError(
-                f"{url}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
-                "(or run on an instance with a role), or pass --storage-option anon=true for a public bucket"))
-        if isinstance(exc, (bexc.NoRegionError,)):
-            return _Permanent(DataSourceError(f"{url}: no region set; set AWS_REGION or --storage-option "
-                                              "region_name=..."))
-        if isinstance(exc, bexc.ParamValidationError):
-            detail = " ".join(str(exc).split())  # botocore's message spans lines
-            return _Permanent(DataSourceError(f"{url}: invalid request ({detail})"))
+        if any(t.__name__ in _CONFIG_ERRORS for t in type(exc).__mro__):
+            return _Permanent(self._config_error(exc, url))
         if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
-            return DataSourceError(f"cannot reach the store at {self.endpoint} ({type(exc).__name__}); check "
-                                   "AWS_ENDPOINT_URL / --storage-option endpoint_url=... and that the server is up")
+            return _Unreachable(f"cannot reach the store at {self.endpoint} ({type(exc).__name__}); check "
+                                "AWS_ENDPOINT_URL / --storage-option endpoint_url=... and that the server is up")
         if isinstance(exc, bexc.ReadTimeoutError):
             return DataSourceError(f"the store at {self.endpoint} did not answer within {self.timeout_s:g} s "
                                    "(stalled); check that the server is up")
@@ -415,7 +455,8 @@ class StoreLocation:
                 last = err
                 log.debug("%s %s failed (attempt %d of %d): %s", what, url, attempt + 1, self.retries + 1,
                           self._scrub(str(err)))
-        raise DataSourceError(self._scrub(f"{url}: {what} failed after {self.retries + 1} attempts ({last})")) from None
+        cls = StorageAccessError if isinstance(last, _Unreachable) else DataSourceError  # never skipped
+        raise cls(self._scrub(f"{url}: {what} failed after {self.retries + 1} attempts ({last})")) from None
 
     # ---- reading
     def read_bytes(self, name: str) -> bytes:

@@ -1,0 +1,165 @@
+"""The object-store fault policy against real servers on 127.0.0.1: set-up errors (credentials,
+region, endpoint) fail at once naming what to set; credentials that expire mid-epoch raise even
+under ``on_error="skip"``; a listing that never ends is stopped naming the endpoint."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from .conftest import SECRET
+
+pytestmark = pytest.mark.network
+
+
+# ---------------------------------------------------------------------------------------------
+# a small S3 server: GetObject / HeadObject of a local folder, turning to an error mid-epoch
+
+class _S3Files(http.server.BaseHTTPRequestHandler):
+    """Path-style S3 ``GET``/``HEAD /BUCKET/KEY`` (``Range`` answered) of the files under
+    ``server.root``; after ``server.fail_after`` shard GETs every request is answered with
+    ``server.fail`` = ``(status, code)`` as S3's XML error."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _error(self, status: int, code: str) -> None:
+        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>injected</Message>'
+                "<RequestId>1</RequestId></Error>").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body) if self.command != "HEAD" else 0))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        srv = self.server
+        path = self.path.split("?", 1)[0]
+        _, _, key = path.lstrip("/").partition("/")
+        with srv.lock:
+            if key.endswith(".tar") and self.command == "GET":
+                srv.tar_gets += 1
+            failing = srv.tar_gets > srv.fail_after
+        if failing:
+            return self._error(*srv.fail)
+        f = srv.root / key
+        if not key or not f.is_file():
+            return self._error(404, "NoSuchKey")
+        data = f.read_bytes()
+        start, stop = 0, len(data)
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+        if m:
+            start, stop = int(m.group(1)), min(len(data), int(m.group(2)) + 1 if m.group(2) else len(data))
+        self.send_response(206 if m else 200)
+        if m:
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+        self.send_header("Content-Length", str(stop - start))
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(data[start:stop])
+
+
+@pytest.fixture
+def s3_files():
+    """``start(root, fail_after, fail) -> endpoint`` of a :class:`_S3Files` server."""
+    servers = []
+
+    def start(root: Path, fail_after: int, fail: tuple[int, str]) -> str:
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _S3Files)
+        srv.daemon_threads = True
+        srv.root, srv.fail_after, srv.fail, srv.tar_gets, srv.lock = Path(root), fail_after, fail, 0, threading.Lock()
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("status,code", [(400, "ExpiredToken"), (403, "RequestTimeTooSkewed"),
+                                         (403, "InvalidAccessKeyId"), (403, "SignatureDoesNotMatch"),
+                                         (403, "AccessDenied"), (401, "Unauthorized")])
+def test_credentials_failing_mid_epoch_raise_even_under_skip(status, code, s3_endpoint, s3_files, packed_root,
+                                                             tiny_folder_expected):
+    """The first shard is read, then every request is refused: ``on_error="skip"`` must not turn
+    that into an epoch of skipped samples; the error names the URL and what to renew."""
+    from shardfeed.readers import open_dataset
+    from shardfeed.readers.errors import StorageAccessError
+
+    endpoint = s3_files(packed_root, 1, (status, code))
+    ds = open_dataset("s3://bkt/wds/", decode=False, shuffle=False, on_error="skip", retries=2,
+                      storage_options={"endpoint_url": endpoint})
+    got = []
+    with pytest.raises(StorageAccessError, match=r"s3://bkt/wds/shard-000001\.tar: .*(renew|clock|credentials)") as e:
+        for s in ds:
+            got.append((s.meta["path"], bytes(s.data), s.label))
+    assert len(got) == 16  # the first shard, intact
+    assert all(tiny_folder_expected[p] == (d, lbl) for p, d, lbl in got)
+    assert SECRET not in str(e.value)
+
+
+def test_a_damaged_shard_is_still_skipped(s3_endpoint, s3_files, packed_root, tmp_path, tiny_folder_expected):
+    """What skip is for: a shard whose bytes are damaged loses its samples, the rest are read."""
+    import shutil
+
+    from shardfeed.readers import open_dataset
+
+    shutil.copytree(packed_root / "wds", tmp_path / "wds")
+    shard = tmp_path / "wds" / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[:512] = b"\xff" * 512  # the first header destroyed
+    shard.write_bytes(bytes(data))
+    endpoint = s3_files(tmp_path, 10 ** 6, (500, "InternalError"))
+    ds = open_dataset("s3://bkt/wds/", decode=False, shuffle=False, on_error="skip", check_files=False,
+                      storage_options={"endpoint_url": endpoint})
+    got = {s.meta["path"]: (bytes(s.data), s.label) for s in ds}
+    assert 0 < len(got) < len(tiny_folder_expected)
+    assert all(tiny_folder_expected[p] == v for p, v in got.items())
+
+
+# ---------------------------------------------------------------------------------------------
+# set-up errors: at once, naming what to set
+
+@pytest.mark.parametrize("options,env,expect", [
+    ({"key": "AKIAONLYTHEKEY1"}, {}, r"incomplete AWS credentials.*aws_secret_access_key.*AWS_SECRET_ACCESS_KEY"),
+    ({}, {"AWS_SECRET_ACCESS_KEY": None}, r"incomplete AWS credentials.*AWS_SECRET_ACCESS_KEY missing"),
+    ({"region_name": "not a region!"}, {}, r"no usable region .*set AWS_REGION"),
+    ({"endpoint_url": "127.0.0.1 9000"}, {}, r"unusable endpoint '127.0.0.1 9000'.*AWS_ENDPOINT_URL"),
+])
+def test_setup_errors_fail_at_once_naming_what_to_set(options, env, expect, s3_endpoint, monkeypatch, caplog):
+    from shardfeed.readers.errors import StorageAccessError
+    from shardfeed.readers.objstore import StoreLocation
+
+    for k, v in env.items():
+        monkeypatch.delenv(k) if v is None else monkeypatch.setenv(k, v)
+    loc = StoreLocation("s3://data/wds/", storage_options=options, retries=3)
+    with caplog.at_level(logging.DEBUG, logger="shardfeed"), pytest.raises(StorageAccessError, match=expect) as e:
+        loc.read_bytes("manifest.json")
+    assert "attempt" not in caplog.text and "attempts" not in str(e.value)  # not retried
+    assert "s3://data/wds/" in str(e.value) and SECRET not in str(e.value)
+
+
+def test_cli_names_missing_secret_key_once(s3_packed, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AWS_SECRET_ACCESS_KEY"}
+    r = subprocess.run([sys.executable, "-P", "-m", "shardfeed.convert.cli", "inspect", s3_packed[0]],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "AWS_SECRET_ACCESS_KEY" in r.stderr and "attempts" not in r.stderr
