@@ -163,3 +163,103 @@ def test_cli_names_missing_secret_key_once(s3_packed, monkeypatch):
                        capture_output=True, text=True, env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1 and "AWS_SECRET_ACCESS_KEY" in r.stderr and "attempts" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# a listing that never ends
+
+class _EndlessListing(http.server.BaseHTTPRequestHandler):
+    """Speaks enough ListObjectsV2 to misbehave: every page holds one new key and says
+    ``IsTruncated``; ``server.mode`` picks the continuation token: ``"same"`` (always ``tok``),
+    ``"new"`` (a new one each page) or ``"none"`` (no token). Object GETs are 404 NoSuchKey."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        srv = self.server
+        if "list-type=2" not in self.path:
+            return self._send(404, b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code>'
+                                   b"<Message>none</Message></Error>")
+        with srv.lock:
+            srv.pages += 1
+            n = srv.pages
+        token = {"same": "<NextContinuationToken>tok</NextContinuationToken>",
+                 "new": f"<NextContinuationToken>tok-{n}</NextContinuationToken>", "none": ""}[srv.mode]
+        body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/'
+                f'2006-03-01/"><Name>bkt</Name><Prefix>x/</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>'
+                f"<IsTruncated>true</IsTruncated>{token}<Contents><Key>x/cls/img-{n:09d}.jpg</Key>"
+                "<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>\"e\"</ETag><Size>3</Size>"
+                "<StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>").encode()
+        self._send(200, body)
+
+
+@pytest.fixture
+def endless_listing():
+    servers = []
+
+    def start(mode: str):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EndlessListing)
+        srv.daemon_threads = True
+        srv.mode, srv.pages, srv.lock = mode, 0, threading.Lock()
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        start.server = srv
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode,pages,expect", [
+    ("same", 2, r"repeats a continuation token after 2 pages \(2 keys\)"),
+    ("none", 1, r"says it is truncated after 1 pages \(1 keys\) but gives no continuation token"),
+    ("new", 7, r"is still truncated after 7 pages \(7 keys\)"),
+])
+def test_a_listing_that_never_ends_is_stopped_naming_the_endpoint(mode, pages, expect, endless_listing, s3_endpoint,
+                                                                  monkeypatch):
+    from shardfeed.readers import objstore
+    from shardfeed.readers.errors import DataSourceError
+
+    monkeypatch.setattr(objstore, "MAX_LIST_PAGES", 7)
+    endpoint = endless_listing(mode)
+    loc = objstore.StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint})
+    with pytest.raises(DataSourceError, match=rf"s3://bkt/x/: the listing from {endpoint} {expect}"):
+        loc.list_objects()
+    assert endless_listing.server.pages == pages
+
+
+@pytest.mark.timeout(60)
+def test_a_listing_past_the_key_bound_is_stopped(endless_listing, s3_endpoint, monkeypatch):
+    from shardfeed.readers import objstore
+    from shardfeed.readers.errors import DataSourceError
+
+    monkeypatch.setattr(objstore, "MAX_LIST_KEYS", 5)
+    endpoint = endless_listing("new")
+    with pytest.raises(DataSourceError, match=rf"listing from {endpoint} passed 5 keys after 6 pages"):
+        objstore.StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint}).list_objects()
+
+
+@pytest.mark.timeout(60)
+def test_inspect_of_a_prefix_whose_listing_repeats_ends_with_one_line(endless_listing, s3_endpoint):
+    import subprocess
+    import sys
+
+    endpoint = endless_listing("same")
+    r = subprocess.run([sys.executable, "-P", "-m", "shardfeed.convert.cli", "inspect", "s3://bkt/x/",
+                        "--storage-option", f"endpoint_url={endpoint}"], capture_output=True, text=True, timeout=50)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"the listing from {endpoint} repeats a continuation token" in r.stderr
+    assert endless_listing.server.pages == 2
