@@ -36,7 +36,8 @@ from typing import Any, BinaryIO, Iterator
 
 from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
 from .format import MANIFEST_NAME, Manifest
-from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS, check_remote_files
+from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
+                      MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, redact, register_secret
 
 __all__ = ["STORE_SCHEMES", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
@@ -230,6 +231,8 @@ class StoreLocation:
         storage_options: client options (see the module docstring); None: the default chain.
         timeout_s: connect and per-read timeout, seconds (default ``http_io.DEFAULT_TIMEOUT_S``).
         retries: retries after the first attempt (default ``http_io.DEFAULT_RETRIES``).
+        deadline_s: seconds one whole-object read (manifest, index) may take in all (default
+            ``http_io.DEFAULT_DEADLINE_S``).
 
     Raises:
         UnsupportedURLError: a ``gs://``/``az://`` URL, or boto3 is not installed (names what to
@@ -238,7 +241,7 @@ class StoreLocation:
     """
 
     def __init__(self, url: str, *, storage_options: dict | None = None, timeout_s: float | None = None,
-                 retries: int | None = None):
+                 retries: int | None = None, deadline_s: float | None = None):
         scheme, bucket, key = split_store_url(str(url))
         if scheme != "s3":
             raise UnsupportedURLError(
@@ -250,6 +253,9 @@ class StoreLocation:
         self.retries = int(DEFAULT_RETRIES if retries is None else retries)
         if self.timeout_s <= 0 or self.retries < 0:
             raise ValueError(f"timeout_s must be > 0 and retries >= 0, got {timeout_s}, {retries}")
+        self.deadline_s = float(DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
+        if self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         merged = {**_DEFAULT_OPTIONS, **parse_storage_options(storage_options)}
         self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in merged.items()}
         register_secret(*(self.storage_options.get(k) for k in ("key", "secret", "token")))
@@ -453,6 +459,9 @@ class StoreLocation:
                 time.sleep(BACKOFF_S * 2 ** (attempt - 1))
             try:
                 return fn()
+            except _Permanent as exc:  # fn's own verdict (a body too large, past the deadline)
+                inner = exc.args[0]
+                raise type(inner)(self._scrub(str(inner))) from None
             except errors as exc:
                 err = self._classify(exc, url)
                 if isinstance(err, _Permanent):
@@ -465,22 +474,57 @@ class StoreLocation:
         raise cls(self._scrub(f"{url}: {what} failed after {self.retries + 1} attempts ({last})")) from None
 
     # ---- reading
-    def read_bytes(self, name: str) -> bytes:
+    def read_bytes(self, name: str, *, max_bytes: int = MAX_WHOLE_READ_BYTES, what: str = "the file") -> bytes:
         """GET a whole (small) dataset file: the manifest, an offset index, an image.
 
+        At most ``max_bytes`` bytes (after undoing a ``gzip``/``deflate`` ``Content-Encoding``),
+        refused at once when the object's size says so; each attempt ends within
+        :attr:`deadline_s` seconds (plus one socket timeout) however slowly the body arrives.
+
         Raises:
-            FileNotFoundError: no such object (404). DataSourceError: other failures (names the URL).
+            FileNotFoundError: no such object (404). DataSourceError: other failures, a body over
+                ``max_bytes`` or past the deadline (names the URL).
         """
         key = self.key(name)
+        url = self.url(name)
 
         def once():
-            body = self.client().get_object(Bucket=self.bucket, Key=key)["Body"]
+            started = time.monotonic()
+            resp = self.client().get_object(Bucket=self.bucket, Key=key)
+            body = resp["Body"]
             try:
-                return body.read()
+                length = resp.get("ContentLength")
+                if length is not None and int(length) > max_bytes:
+                    raise _Permanent(DataSourceError(f"{url}: {what} is {int(length):,} bytes, more than the "
+                                                     f"{max_bytes:,} accepted; refused (is this the right object?)"))
+                raw = getattr(body, "_raw_stream", None)
+                read = getattr(raw, "read1", None) or body.read  # read1: one socket read, so the deadline holds
+                parts, got = [], 0
+                while True:
+                    if time.monotonic() - started > self.deadline_s:
+                        raise _Permanent(DataSourceError(
+                            f"{url}: no complete answer within {self.deadline_s:g} s ({got:,} bytes received); the "
+                            "store is too slow or sends the body a trickle at a time: check the server"))
+                    chunk = read(1 << 16)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if got > max_bytes:
+                        raise _Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; "
+                                                         "refused (is this the right object?)"))
+                    parts.append(chunk)
+                if length is not None and got != int(length):
+                    raise DataSourceError(f"{url}: the body ended after {got:,} of {int(length):,} bytes")
+                codings = [c.strip().lower() for c in str(resp.get("ContentEncoding") or "").split(",")
+                           if c.strip() and c.strip().lower() not in ("identity", "aws-chunked")]
+                try:
+                    return decode_content(url, b"".join(parts), codings, max_bytes, what)
+                except DataSourceError as exc:
+                    raise _Permanent(exc) from None
             finally:
                 body.close()
 
-        return self._call(self.url(name), "GET", once)
+        return self._call(url, "GET", once)
 
     def head_size(self, name: str) -> int:
         """The size of ``name`` in bytes (HEAD).
@@ -582,7 +626,7 @@ class StoreLocation:
         """
         murl = self.url(self.manifest_name)
         try:
-            raw = self.read_bytes(self.manifest_name)
+            raw = self.read_bytes(self.manifest_name, max_bytes=MAX_MANIFEST_BYTES, what="the manifest")
         except FileNotFoundError:
             raise ManifestError(f"{murl}: not found; {self.base} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
@@ -700,6 +744,12 @@ class StoreRangeStream:
             if "InvalidRange" in str(exc) and self.end is None:  # start at or past the end: nothing left
                 return
             raise
+        codings = [c.strip() for c in str(resp.get("ContentEncoding") or "").split(",")
+                   if c.strip() and c.strip().lower() not in ("identity", "aws-chunked")]
+        if codings:  # the stored bytes are encoded: a range of them is not the file's bytes
+            resp["Body"].close()
+            raise DataSourceError(f"{self.url}: the object is stored with Content-Encoding: {', '.join(codings)}, so "
+                                  "its bytes are not the shard's; upload shards without Content-Encoding")
         cr = resp.get("ContentRange")
         if cr:
             span, _, total = cr.partition(" ")[2].partition("/")

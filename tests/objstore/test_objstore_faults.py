@@ -263,3 +263,48 @@ def test_inspect_of_a_prefix_whose_listing_repeats_ends_with_one_line(endless_li
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert f"the listing from {endpoint} repeats a continuation token" in r.stderr
     assert endless_listing.server.pages == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# whole-object reads: Content-Encoding decoded, sizes capped; encoded shards refused
+
+def test_a_gzip_encoded_manifest_in_a_bucket_is_decoded(s3_client, s3_bucket, packed_wds, tiny_folder_expected):
+    import gzip
+
+    from shardfeed.readers import open_dataset
+
+    bucket = s3_bucket("encoded")
+    for p in packed_wds.iterdir():
+        if p.name == "manifest.json":
+            s3_client.put_object(Bucket=bucket, Key="ok/" + p.name, Body=gzip.compress(p.read_bytes()),
+                                 ContentEncoding="gzip", ContentType="application/json")
+        else:
+            s3_client.put_object(Bucket=bucket, Key="ok/" + p.name, Body=p.read_bytes())
+    ds = open_dataset(f"s3://{bucket}/ok/", decode=False, shuffle=False)
+    assert {s.meta["path"]: (bytes(s.data), s.label) for s in ds} == tiny_folder_expected
+
+
+def test_a_shard_stored_with_content_encoding_is_refused_naming_it(s3_client, s3_bucket, packed_wds):
+    import gzip
+
+    from shardfeed.readers.errors import DataSourceError
+    from shardfeed.readers.objstore import StoreLocation
+
+    bucket = s3_bucket("encoded-shard")
+    data = (packed_wds / "shard-000000.tar").read_bytes()
+    s3_client.put_object(Bucket=bucket, Key="x/shard-000000.tar", Body=gzip.compress(data), ContentEncoding="gzip")
+    with pytest.raises(DataSourceError, match=r"s3://encoded-shard/x/shard-000000.tar: the object is stored with "
+                                              r"Content-Encoding: gzip"):
+        StoreLocation(f"s3://{bucket}/x/").open("shard-000000.tar", 512, 4096)
+
+
+def test_a_manifest_object_over_the_cap_is_refused(s3_client, s3_bucket, monkeypatch):
+    from shardfeed.readers import objstore
+    from shardfeed.readers.errors import DataSourceError
+
+    monkeypatch.setattr(objstore, "MAX_MANIFEST_BYTES", 1000)  # the rule with a small cap
+    bucket = s3_bucket("big-manifest")
+    s3_client.put_object(Bucket=bucket, Key="m/manifest.json", Body=b" " * 1001)
+    with pytest.raises(DataSourceError, match=r"s3://big-manifest/m/manifest.json: the manifest is 1,001 bytes, "
+                                              r"more than the 1,000 accepted"):
+        objstore.StoreLocation(f"s3://{bucket}/m/").load_manifest()
