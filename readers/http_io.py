@@ -100,9 +100,14 @@ class _Watchdog:
     blocked ``recv`` then returns), so a request's total time is bounded, not only each read."""
 
     def __init__(self):
+        self._seq = itertools.count()
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fresh lock and no thread (at start, and in a forked child: the parent's lock may have
+        been held by its watchdog thread at the fork, and that thread does not exist there)."""
         self._cv = threading.Condition()
         self._heap: list = []
-        self._seq = itertools.count()
         self._pid = None
         self._active = 0
 
@@ -154,6 +159,8 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WATCHDOG._reset)
 
 
 class _Reply:

@@ -330,3 +330,14 @@ def test_user_and_password_in_the_url_are_sent_as_basic_auth_and_never_shown(ser
         open_dataset(wrong)
     assert PASSWORD not in caplog.text and "wrong-Pa55word" not in str(e.value)
     assert all(auth is not None for _, _, _, auth in srv.log)
+
+
+@pytest.mark.multiprocess
+def test_loader_workers_forked_after_http_requests_read_everything(serve, tiny_folder_expected):
+    """The parent's requests started the deadline watchdog; forked workers get their own."""
+    from shardfeed.readers import make_loader
+
+    base, _ = serve(framing="chunked")
+    loader = make_loader(f"{base}/wds/", batch_size=5, num_workers=2, decode=False, seed=1, collate_fn=list)
+    got = {s.meta["path"]: (bytes(s.data), s.label) for batch in loader for s in batch}
+    assert got == tiny_folder_expected
