@@ -20,6 +20,21 @@ Rules:
   redirect without ``Location``, or too many hops fails at once naming the URL and the status.
 * HTTPS uses Python's default TLS context: the system's CAs, or the bundle named by the
   ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` environment variables (e.g. for a private CA).
+* ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` are honoured as curl does (an ``http://``
+  proxy; HTTPS goes through it with ``CONNECT``; ``user:password@`` of the proxy URL is sent as
+  ``Proxy-Authorization``). ``user:password@`` in a dataset URL is sent as HTTP Basic
+  authentication, to that host only. Neither appears in a message or a log record
+  (:mod:`shardfeed.readers.redact`); a 401/403/407 is a
+  :class:`~shardfeed.readers.errors.StorageAccessError`, never skipped.
+* Sizes and time are bounded whatever the server says: a whole-file read (:func:`http_get`) is
+  refused above its cap (:data:`MAX_MANIFEST_BYTES` for the manifest, :func:`index_size_cap`
+  for an offset index) and each request ends within ``deadline_s`` (default
+  :data:`DEFAULT_DEADLINE_S`; a watchdog thread shuts the socket of a request past it), on top
+  of the per-read ``timeout_s``. ``gzip``/``deflate`` content codings are decoded for whole
+  files and refused for a shard's bytes (``Accept-Encoding: identity`` is asked for). A server
+  refusing ``HEAD`` (403/405/501) is asked for ``bytes=0-0`` to learn a size.
+* A body without ``Content-Length`` (chunked, or closed by the server) is read exactly: a
+  ``206`` is complete only at the end its ``Content-Range`` names; a cut one resumes there.
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+import urllib.request
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
@@ -189,23 +205,54 @@ class _Reply:
         self.conn.close()
 
 
-def _connect(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str, dict]:
+def _basic(user: str | None, password: str | None) -> str:
+    """``Basic <token>`` for percent-encoded URL credentials (RFC 7617), registered as secrets."""
+    user, password = urllib.parse.unquote(user or ""), urllib.parse.unquote(password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    register_secret(password, token)
+    return f"Basic {token}"
+
+
+def _proxy_for(u: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
+    """The proxy for ``u`` from ``HTTP_PROXY`` / ``HTTPS_PROXY`` (``http_proxy`` ...), unless
+    ``NO_PROXY`` names its host (the rules of curl and the standard library)."""
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(u.scheme)
+    if not proxy or urllib.request.proxy_bypass_environment(u.hostname or "", proxies):
+        return None
+    p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    if p.scheme != "http" or not p.hostname:
+        raise _Permanent(StorageAccessError(redact(
+            f"{u.scheme.upper()}_PROXY={proxy}: only http:// proxies are supported (an https:// URL goes through "
+            "them with CONNECT); set it to http://HOST:PORT")))
+    return p
+
+
+def _connect(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str, dict, dict]:
+    """``(connection, request target, authorization headers, proxy headers)`` for ``url``, through
+    the environment's proxy when there is one."""
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"{redact(url)}: not an http(s) URL")
-    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = cls(u.hostname, u.port, timeout=timeout_s)
     path = u.path or "/"
     if u.query:
         path += "?" + u.query
-    auth = {}
-    if u.username is not None:  # user:password@ in the URL: HTTP Basic authentication (RFC 7617)
-        user, password = urllib.parse.unquote(u.username), urllib.parse.unquote(u.password or "")
-        register_secret(password, u.password)
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        register_secret(token)
-        auth["Authorization"] = f"Basic {token}"
-    return conn, path, auth
+    auth = {"Authorization": _basic(u.username, u.password)} if u.username is not None else {}
+    proxy = _proxy_for(u)
+    proxy_headers = {}
+    if proxy is None:
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        return cls(u.hostname, u.port, timeout=timeout_s), path, auth, proxy_headers
+    if proxy.username is not None:
+        proxy_headers["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
+    if u.scheme == "https":  # a tunnel (CONNECT) through the proxy, TLS to the server inside it
+        conn = http.client.HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout_s)
+        conn.set_tunnel(u.hostname, u.port or 443, headers=proxy_headers)
+        return conn, path, auth, {}
+    host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
+    target = f"http://{host}{'' if u.port is None else f':{u.port}'}{path}"  # absolute form, no user:password
+    return http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout_s), target, auth, \
+        proxy_headers
 
 
 def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s: float = DEFAULT_DEADLINE_S,
@@ -254,9 +301,9 @@ def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s:
 
 def _request_once(url: str, method: str, headers: dict, timeout_s: float, started: float, deadline_s: float,
                   *, same_origin: bool = True) -> _Reply:
-    conn, path, auth = _connect(url, timeout_s)
-    if not same_origin:  # credentials of the first host are not sent to another one a redirect names
-        auth = {}
+    conn, path, auth, proxy_headers = _connect(url, timeout_s)
+    # the first host's credentials are not sent to another one a redirect names; the proxy's are
+    auth = {**auth, **proxy_headers} if same_origin else proxy_headers
     guard = None
     reply = None
     try:

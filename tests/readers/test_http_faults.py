@@ -341,3 +341,75 @@ def test_loader_workers_forked_after_http_requests_read_everything(serve, tiny_f
     loader = make_loader(f"{base}/wds/", batch_size=5, num_workers=2, decode=False, seed=1, collate_fn=list)
     got = {s.meta["path"]: (bytes(s.data), s.label) for batch in loader for s in batch}
     assert got == tiny_folder_expected
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP_PROXY
+
+class _ForwardProxy(http.server.BaseHTTPRequestHandler):
+    """A forward proxy for absolute-form GET/HEAD (RFC 9112 3.2.2) requiring
+    ``Proxy-Authorization`` ``server.auth``; records each target in ``server.seen``."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _forward(self):
+        import http.client
+        import urllib.parse
+
+        srv = self.server
+        srv.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        if self.headers.get("Proxy-Authorization") != srv.auth:
+            self.send_response(407)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        u = urllib.parse.urlsplit(self.path)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-authorization", "connection")}
+        conn.request(self.command, u.path + (f"?{u.query}" if u.query else ""), headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("connection", "transfer-encoding", "content-length"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body) if self.command == "GET" else resp.getheader(
+            "Content-Length", "0")))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body)
+        conn.close()
+
+    do_GET = do_HEAD = _forward
+
+
+def test_http_proxy_from_the_environment_is_used_with_its_credentials(serve, local, monkeypatch):
+    base, origin = serve()
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ForwardProxy)
+    proxy.daemon_threads = True
+    proxy.seen, proxy.auth = [], "Basic " + base64.b64encode(f"p:{PASSWORD}".encode()).decode()
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", f"http://p:{PASSWORD}@127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        assert _samples(f"{base}/wds/") == local
+        assert proxy.seen and all(path.startswith(f"{base}/wds/") for _, path, _ in proxy.seen)
+        assert len(origin.log) == len(proxy.seen)  # everything went through the proxy
+        # a wrong proxy password: one clear error naming the proxy's answer, no password shown
+        monkeypatch.setenv("HTTP_PROXY", f"http://p:wrong-Pa55@127.0.0.1:{proxy.server_address[1]}")
+        with pytest.raises(StorageAccessError, match=r"HTTP 407") as e:
+            open_dataset(f"{base}/wds/")
+        assert "wrong-Pa55" not in str(e.value) and PASSWORD not in str(e.value)
+        # NO_PROXY bypasses it
+        monkeypatch.setenv("HTTP_PROXY", f"http://p:{PASSWORD}@127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        before = len(proxy.seen)
+        assert _samples(f"{base}/wds/") == local
+        assert len(proxy.seen) == before
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
