@@ -8,6 +8,7 @@ import http.server
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,19 @@ class _S3Files(http.server.BaseHTTPRequestHandler):
         if not key or not f.is_file():
             return self._error(404, "NoSuchKey")
         data = f.read_bytes()
+        if key in srv.trickle and self.command == "GET":  # a byte every 0.3 s
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                for i in range(len(data)):
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.3)
+            except OSError:
+                pass
+            self.close_connection = True
+            return
         start, stop = 0, len(data)
         m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
         if m:
@@ -76,9 +90,11 @@ def s3_files():
     """``start(root, fail_after, fail) -> endpoint`` of a :class:`_S3Files` server."""
     servers = []
 
-    def start(root: Path, fail_after: int, fail: tuple[int, str]) -> str:
+    def start(root: Path, fail_after: int, fail: tuple[int, str], trickle: tuple[str, ...] = ()) -> str:
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _S3Files)
         srv.daemon_threads = True
+        srv.trickle = set(trickle)
+        srv.handle_error = lambda request, address: None
         srv.root, srv.fail_after, srv.fail, srv.tar_gets, srv.lock = Path(root), fail_after, fail, 0, threading.Lock()
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
@@ -308,3 +324,15 @@ def test_a_manifest_object_over_the_cap_is_refused(s3_client, s3_bucket, monkeyp
     with pytest.raises(DataSourceError, match=r"s3://big-manifest/m/manifest.json: the manifest is 1,001 bytes, "
                                               r"more than the 1,000 accepted"):
         objstore.StoreLocation(f"s3://{bucket}/m/").load_manifest()
+
+
+@pytest.mark.timeout(60)
+def test_a_trickling_manifest_ends_at_the_deadline(s3_endpoint, s3_files, packed_root):
+    """A byte every 0.3 s never trips the per-read timeout; the deadline ends the read."""
+    from shardfeed.readers.errors import DataSourceError
+    from shardfeed.readers.objstore import StoreLocation
+
+    endpoint = s3_files(packed_root, 10 ** 6, (500, "InternalError"), trickle=("wds/manifest.json",))
+    loc = StoreLocation("s3://bkt/wds/", storage_options={"endpoint_url": endpoint}, deadline_s=1.5, retries=2)
+    with pytest.raises(DataSourceError, match=r"s3://bkt/wds/manifest.json: no complete answer within 1.5 s"):
+        loc.load_manifest()

@@ -165,6 +165,7 @@ def serve(packed_root):
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
         srv.daemon_threads = True
         srv.root, srv.opts, srv.log, srv.tar_gets, srv.lock = Path(root), opts, [], 0, threading.Lock()
+        srv.handle_error = lambda request, address: None  # clients hanging up on a misbehaving answer
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}", srv
