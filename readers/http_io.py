@@ -526,6 +526,7 @@ class HttpRangeStream:
     def __init__(self, url: str, start: int = 0, end: int | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  retries: int = DEFAULT_RETRIES, deadline_s: float = DEFAULT_DEADLINE_S):
         self.url = url
+        self._where = redact(url)  # for messages: no user:password@
         self.end = end
         self.timeout_s = timeout_s
         self.retries = retries
@@ -553,7 +554,7 @@ class HttpRangeStream:
             if codings:  # the bytes of an encoded body are not the file's: never hand them out
                 reply.close()
                 raise _Permanent(DataSourceError(
-                    f"{self.url}: the server sent {'a byte range' if reply.resp.status == 206 else 'the file'} with "
+                    f"{self._where}: the server sent {'a byte range' if reply.resp.status == 206 else 'the file'} with "
                     f"Content-Encoding: {', '.join(codings)} although shardfeed asked for identity: those are not "
                     "the file's bytes; serve shards without a content coding (nginx: no gzip for .tar; S3: upload "
                     "without Content-Encoding)"))
@@ -571,11 +572,11 @@ class HttpRangeStream:
                 self.total_bytes = int(total) if total and total != "*" else self.total_bytes
             except ValueError:
                 conn.close()
-                raise DataSourceError(f"{self.url}: unreadable Content-Range {cr!r} in a 206 answer") from None
+                raise DataSourceError(f"{self._where}: unreadable Content-Range {cr!r} in a 206 answer") from None
             if first != start or last < first or (self.end is not None and last >= self.end):
                 conn.close()
                 asked = f"{start}-{'' if self.end is None else self.end - 1}"
-                raise DataSourceError(f"{self.url}: asked for bytes {asked}, the server sent {span}")
+                raise DataSourceError(f"{self._where}: asked for bytes {asked}, the server sent {span}")
             self.ranged = True
             self.offset = start
             self._expect_end = last + 1  # the span, whether the body has a length, is chunked or closed
@@ -615,8 +616,9 @@ class HttpRangeStream:
                 if not data and self._expect_end is not None and self.offset < self._expect_end:
                     raise http.client.IncompleteRead(b"", self._expect_end - self.offset)
                 if self._expect_end is not None and self.offset + len(data) > self._expect_end:
-                    raise DataSourceError(f"{self.url}: the server sent more than the {self._expect_end - self.offset}"
-                                          f" bytes it announced at byte {self.offset}; its answer cannot be trusted")
+                    due = self._expect_end - self.offset
+                    raise DataSourceError(f"{self._where}: the server sent more than the {due} bytes it announced "
+                                          f"at byte {self.offset}; its answer cannot be trusted")
                 self.offset += len(data)
                 return data
             except (OSError, http.client.HTTPException) as exc:
@@ -630,10 +632,10 @@ class HttpRangeStream:
                     self._reopen = True  # the next read resumes at the byte after them
                     return bytes(partial)
                 if self._closed:
-                    raise DataSourceError(f"{self.url}: stream closed while reading at byte {self.offset}") from None
+                    raise DataSourceError(f"{self._where}: stream closed while reading at byte {self.offset}") from None
                 attempts += 1
                 if attempts > self.retries:
-                    raise DataSourceError(f"{self.url}: reading at byte {self.offset} failed after "
+                    raise DataSourceError(f"{self._where}: reading at byte {self.offset} failed after "
                                           f"{attempts} attempts ({type(exc).__name__}: {exc}); the server "
                                           "closed or stalled the connection") from None
                 log.debug("read of %s at byte %d failed (%r); retrying", self.url, self.offset, exc)
@@ -648,7 +650,7 @@ class HttpRangeStream:
             while left:
                 chunk = self._resp.read(min(left, 1 << 20))
                 if not chunk:
-                    raise DataSourceError(f"{self.url}: body ended at byte {self.offset} while "
+                    raise DataSourceError(f"{self._where}: body ended at byte {self.offset} while "
                                           f"resuming at {resume_at}") from None
                 left -= len(chunk)
                 self.offset += len(chunk)
@@ -706,15 +708,15 @@ class HttpLocation:
         self.base = urllib.parse.urlunsplit((u.scheme, u.netloc, path, "", ""))
 
     def __str__(self) -> str:
-        return self.base
+        return redact(self.base)
 
     def url(self, name: str) -> str:
         """The URL of the dataset file ``name``."""
         return self.base + urllib.parse.quote(name)
 
     def where(self, name: str) -> str:
-        """Name of the file for messages (its URL)."""
-        return self.url(name)
+        """Name of the file for messages (its URL, without a ``user:password@``)."""
+        return redact(self.url(name))
 
     def read_bytes(self, name: str, *, max_bytes: int = MAX_WHOLE_READ_BYTES, what: str = "the file") -> bytes:
         """GET a whole dataset file (manifest, index) of at most ``max_bytes`` bytes (see :func:`http_get`)."""
@@ -745,9 +747,9 @@ class HttpLocation:
             raw = http_get(murl, timeout_s=self.timeout_s, retries=self.retries, max_bytes=MAX_MANIFEST_BYTES,
                            deadline_s=self.deadline_s, what="the manifest")
         except FileNotFoundError:
-            raise ManifestError(f"{murl}: not found; {self.base} is not a packed dataset, or its pack did not "
+            raise ManifestError(f"{redact(murl)}: not found; {self} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
-        manifest = Manifest.from_json(raw, murl)
+        manifest = Manifest.from_json(raw, redact(murl))
         if check_files and manifest.format != "lmdb":
             self.check_files(manifest)
         return manifest
@@ -762,7 +764,7 @@ class HttpLocation:
         """
         check_remote_files(manifest, lambda name: _http_head_size(self.url(name), self.timeout_s, self.retries,
                                                                   self.deadline_s),
-                           self.url, "on the server", threads=threads, max_shards=max_shards)
+                           self.where, "on the server", threads=threads, max_shards=max_shards)
 
 
 def check_remote_files(manifest: Manifest, head_size: Callable[[str], int | None], url: Callable[[str], str],

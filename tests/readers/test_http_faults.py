@@ -414,3 +414,20 @@ def test_http_proxy_from_the_environment_is_used_with_its_credentials(serve, loc
     finally:
         proxy.shutdown()
         proxy.server_close()
+
+
+def test_cli_reports_of_a_url_with_a_password_never_show_it(serve, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    base, _ = serve(password=PASSWORD)
+    url = base.replace("http://", f"http://reader:{PASSWORD}@") + "/wds/"
+    for cmd in (["inspect", url, "--json", "-"], ["check", url, "--json", str(tmp_path / "c.json")]):
+        r = subprocess.run([sys.executable, "-P", "-m", "shardfeed.convert.cli", "-vv", *cmd], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        written = r.stdout + r.stderr + ((tmp_path / "c.json").read_text() if cmd[0] == "check" else "")
+        assert PASSWORD not in written and "shard-000000.tar" in written
+        if cmd[0] == "inspect":
+            assert json.loads(r.stdout)  # the JSON report, whole
