@@ -93,13 +93,15 @@ def guard_client_logs() -> None:
     and lower botocore/boto3/s3transfer to WARNING unless their level was set (idempotent; see
     the module docstring)."""
     global _installed
+    if _installed:  # called on every client use: cheap after the first time
+        return
     with _lock:
+        if _installed:
+            return
         for name in _QUIETED:
             logger = logging.getLogger(name)
             if logger.level == logging.NOTSET:
                 logger.setLevel(logging.WARNING)
-        if _installed:
-            return
         _installed = True
         previous = logging.getLogRecordFactory()
 
