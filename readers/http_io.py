@@ -40,6 +40,7 @@ Rules:
 from __future__ import annotations
 
 import base64
+import functools
 import heapq
 import http.client
 import itertools
@@ -162,7 +163,7 @@ class _Watchdog:
                     continue
                 delay = self._heap[0][0] - time.monotonic()
                 if delay > 0:
-                    self._cv.wait(delay)
+                    self._cv.wait(min(delay, 3600.0))
                     continue
                 entry = heapq.heappop(self._heap)
                 entry[3], entry[4] = True, False
@@ -213,10 +214,22 @@ def _basic(user: str | None, password: str | None) -> str:
     return f"Basic {token}"
 
 
+_PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY", "all_proxy",
+               "ALL_PROXY")
+
+
+@functools.lru_cache(maxsize=8)
+def _proxies(env: tuple) -> dict:
+    """The standard library's reading of the proxy variables (``env``: their values, the cache key)."""
+    return urllib.request.getproxies_environment()
+
+
 def _proxy_for(u: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
     """The proxy for ``u`` from ``HTTP_PROXY`` / ``HTTPS_PROXY`` (``http_proxy`` ...), unless
     ``NO_PROXY`` names its host (the rules of curl and the standard library)."""
-    proxies = urllib.request.getproxies_environment()
+    if not (os.environ.get(f"{u.scheme}_proxy") or os.environ.get(f"{u.scheme.upper()}_PROXY")):
+        return None  # the common case, checked cheaply on every request
+    proxies = _proxies(tuple(os.environ.get(k) for k in _PROXY_VARS))
     proxy = proxies.get(u.scheme)
     if not proxy or urllib.request.proxy_bypass_environment(u.hostname or "", proxies):
         return None
@@ -526,7 +539,6 @@ class HttpRangeStream:
     def __init__(self, url: str, start: int = 0, end: int | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  retries: int = DEFAULT_RETRIES, deadline_s: float = DEFAULT_DEADLINE_S):
         self.url = url
-        self._where = redact(url)  # for messages: no user:password@
         self.end = end
         self.timeout_s = timeout_s
         self.retries = retries
@@ -587,6 +599,11 @@ class HttpRangeStream:
                 self.total_bytes = length
             self._expect_end = length
         self._conn, self._resp = conn, resp
+
+    @property
+    def _where(self) -> str:
+        """The URL for messages: no ``user:password@``."""
+        return redact(self.url)
 
     def readable(self) -> bool:
         return True

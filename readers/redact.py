@@ -52,6 +52,10 @@ _PATTERNS = [
 ]
 
 
+#: Words every pattern but ``user:password@`` needs (lower case): a cheap test before the regexes.
+_TRIGGERS = ("credential", "security-token", "signature", "awsaccesskeyid", "authorization", "aws_se")
+
+
 def register_secret(*values) -> None:
     """Add credentials to the values :func:`redact` replaces (None, non-strings and values under
     4 characters are ignored)."""
@@ -76,8 +80,10 @@ def redact(text: str, extra=()) -> str:
                          key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, "***")
-    for pattern, repl in _PATTERNS:
-        text = pattern.sub(repl, text)
+    low = text.lower()
+    if "@" in low or any(t in low for t in _TRIGGERS):  # most messages hold none: skip the patterns
+        for pattern, repl in _PATTERNS:
+            text = pattern.sub(repl, text)
     return text
 
 
