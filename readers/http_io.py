@@ -98,10 +98,15 @@ DECODED_CODINGS = ("gzip", "x-gzip", "deflate")
 _HEAD_REFUSED = (403, 405, 501)  # a HEAD refused (GET-only pre-signed URLs, servers without HEAD)
 
 
-def index_size_cap(num_samples: int) -> int:
+def index_size_cap(num_samples: int, shard_bytes: int | None = None) -> int:
     """The largest ``.sfidx`` accepted for a shard of ``num_samples`` samples: 8 bytes a sample
-    plus :data:`INDEX_SLACK_BYTES`."""
-    return 8 * max(int(num_samples), 0) + INDEX_SLACK_BYTES
+    plus :data:`INDEX_SLACK_BYTES`. The manifest's count is itself untrusted, so with
+    ``shard_bytes`` it is bounded by the samples such a shard can hold (each starts with a
+    512-byte tar header), and never above :data:`MAX_WHOLE_READ_BYTES`."""
+    n = max(int(num_samples), 0)
+    if shard_bytes is not None:
+        n = min(n, max(int(shard_bytes), 0) // 512)
+    return min(8 * n + INDEX_SLACK_BYTES, MAX_WHOLE_READ_BYTES)
 
 
 class _Permanent(Exception):

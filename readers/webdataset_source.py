@@ -183,8 +183,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             if isinstance(self.location, LocalLocation):
                 offsets = self.location.read_index(entry.index)
             else:
-                raw = self.location.read_bytes(entry.index, max_bytes=index_size_cap(entry.num_samples),
-                                               what="the offset index")
+                cap = index_size_cap(entry.num_samples, entry.num_bytes)  # both from the untrusted manifest
+                raw = self.location.read_bytes(entry.index, max_bytes=cap, what="the offset index")
                 offsets = decode_index(raw, self.location.where(entry.index))
             if len(offsets) != entry.num_samples:
                 raise CorruptDataError(f"{self.location.where(entry.index)}: {len(offsets)} offsets but "

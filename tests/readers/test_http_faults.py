@@ -431,3 +431,12 @@ def test_cli_reports_of_a_url_with_a_password_never_show_it(serve, tmp_path):
         assert PASSWORD not in written and "shard-000000.tar" in written
         if cmd[0] == "inspect":
             assert json.loads(r.stdout)  # the JSON report, whole
+
+
+def test_the_index_cap_is_bounded_by_what_the_shard_can_hold():
+    """A manifest claiming a trillion samples in a 1 MiB shard gets no terabyte cap."""
+    from shardfeed.readers.http_io import INDEX_SLACK_BYTES, MAX_WHOLE_READ_BYTES
+
+    assert index_size_cap(16) == 8 * 16 + INDEX_SLACK_BYTES
+    assert index_size_cap(10 ** 12, 1 << 20) == 8 * ((1 << 20) // 512) + INDEX_SLACK_BYTES
+    assert index_size_cap(10 ** 12) == MAX_WHOLE_READ_BYTES
