@@ -440,3 +440,22 @@ def test_the_index_cap_is_bounded_by_what_the_shard_can_hold():
     assert index_size_cap(16) == 8 * 16 + INDEX_SLACK_BYTES
     assert index_size_cap(10 ** 12, 1 << 20) == 8 * ((1 << 20) // 512) + INDEX_SLACK_BYTES
     assert index_size_cap(10 ** 12) == MAX_WHOLE_READ_BYTES
+
+
+def test_the_deadline_watchdog_keeps_no_more_than_its_armed_requests():
+    """Thousands of finished requests leave a bounded heap behind (disarmed entries are dropped)."""
+    import socket
+
+    from shardfeed.readers.http_io import _WATCHDOG
+
+    with socket.socket() as s:
+        for _ in range(5000):
+            _WATCHDOG.disarm(_WATCHDOG.arm(time.monotonic() + 3600, s))
+        held = _WATCHDOG.arm(time.monotonic() + 3600, s)
+        assert len(_WATCHDOG._heap) <= 1025 and not held[3]
+        _WATCHDOG.disarm(held)
+        fired = _WATCHDOG.arm(time.monotonic() + 0.05, s)  # past its deadline: the socket is shut down
+        deadline = time.monotonic() + 5
+        while not fired[3] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fired[3]
