@@ -15,6 +15,7 @@ __all__ = [
     "CorruptDataError",
     "SourceChangedError",
     "DataSourceError",
+    "StorageAccessError",
     "ResumeStateError",
     "UnsupportedURLError",
 ]
@@ -42,6 +43,14 @@ class SourceChangedError(ShardfeedError, OSError):
 
 class DataSourceError(ShardfeedError, OSError):
     """Reading a shard failed (network error, HTTP status, stalled stream) after bounded retries."""
+
+
+class StorageAccessError(DataSourceError):
+    """The server or store refuses access, is misconfigured or cannot be reached: rejected,
+    expired or missing credentials, a clock too far off, HTTP 401/403, a wrong region, bucket or
+    endpoint. Retrying or skipping cannot help, so it is raised at once, and also under
+    ``on_error="skip"`` (which is for damaged *data*); the message names the URL and what to set
+    or renew."""
 
 
 class ResumeStateError(ShardfeedError, ValueError):

@@ -20,24 +20,50 @@ Rules:
   redirect without ``Location``, or too many hops fails at once naming the URL and the status.
 * HTTPS uses Python's default TLS context: the system's CAs, or the bundle named by the
   ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` environment variables (e.g. for a private CA).
+* ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` are honoured as curl does (an ``http://``
+  proxy; HTTPS goes through it with ``CONNECT``; ``user:password@`` of the proxy URL is sent as
+  ``Proxy-Authorization``). ``user:password@`` in a dataset URL is sent as HTTP Basic
+  authentication, to that host only. Neither appears in a message or a log record
+  (:mod:`shardfeed.readers.redact`); a 401/403/407 is a
+  :class:`~shardfeed.readers.errors.StorageAccessError`, never skipped.
+* Sizes and time are bounded whatever the server says: a whole-file read (:func:`http_get`) is
+  refused above its cap (:data:`MAX_MANIFEST_BYTES` for the manifest, :func:`index_size_cap`
+  for an offset index) and each request ends within ``deadline_s`` (default
+  :data:`DEFAULT_DEADLINE_S`; a watchdog thread shuts the socket of a request past it), on top
+  of the per-read ``timeout_s``. ``gzip``/``deflate`` content codings are decoded for whole
+  files and refused for a shard's bytes (``Accept-Encoding: identity`` is asked for). A server
+  refusing ``HEAD`` (403/405/501) is asked for ``bytes=0-0`` to learn a size.
+* A body without ``Content-Length`` (chunked, or closed by the server) is read exactly: a
+  ``206`` is complete only at the end its ``Content-Range`` names; a cut one resumes there.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import heapq
 import http.client
+import itertools
 import logging
+import os
+import socket
 import ssl
+import threading
 import time
 import urllib.parse
+import urllib.request
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
 
-from .errors import DataSourceError, ManifestError
+from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, Manifest
+from .redact import guard_client_logs, redact, register_secret
 
 __all__ = [
     "check_remote_files", "HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS",
-    "http_get"]
+    "http_get", "DEFAULT_DEADLINE_S", "MAX_MANIFEST_BYTES", "MAX_WHOLE_READ_BYTES", "INDEX_SLACK_BYTES",
+    "index_size_cap", "DECODED_CODINGS", "decode_content"]
 
 log = logging.getLogger(__name__)
 
@@ -57,49 +83,233 @@ BACKOFF_S = 0.2
 _HEADERS = {"User-Agent": "shardfeed", "Accept-Encoding": "identity"}
 
 
+#: A manifest larger than this is refused (a manifest of 10 million samples' shards is a few MiB).
+MAX_MANIFEST_BYTES = 256 << 20
+#: Default bound of other whole-file reads (an image of a folder in a bucket).
+MAX_WHOLE_READ_BYTES = 256 << 20
+#: Bytes an offset index may hold beyond 8 a sample (see :func:`index_size_cap`).
+INDEX_SLACK_BYTES = 64 << 10
+#: Seconds one request may take in all (connect, redirects, headers and, for a whole-file read,
+#: the body), whatever its per-read timeouts: a server sending a byte every few seconds ends in
+#: an error instead of a hang.
+DEFAULT_DEADLINE_S = 120.0
+#: Content codings decoded in whole-file reads (``Content-Encoding``).
+DECODED_CODINGS = ("gzip", "x-gzip", "deflate")
+_HEAD_REFUSED = (403, 405, 501)  # a HEAD refused (GET-only pre-signed URLs, servers without HEAD)
+
+
+def index_size_cap(num_samples: int, shard_bytes: int | None = None) -> int:
+    """The largest ``.sfidx`` accepted for a shard of ``num_samples`` samples: 8 bytes a sample
+    plus :data:`INDEX_SLACK_BYTES`. The manifest's count is itself untrusted, so with
+    ``shard_bytes`` it is bounded by the samples such a shard can hold (each starts with a
+    512-byte tar header), and never above :data:`MAX_WHOLE_READ_BYTES`."""
+    n = max(int(num_samples), 0)
+    if shard_bytes is not None:
+        n = min(n, max(int(shard_bytes), 0) // 512)
+    return min(8 * n + INDEX_SLACK_BYTES, MAX_WHOLE_READ_BYTES)
+
+
 class _Permanent(Exception):
-    """An answer that retrying will not change (4xx)."""
+    """An answer that retrying will not change (4xx); ``status`` is the HTTP status (0: none)."""
+
+    def __init__(self, exc: BaseException, status: int = 0):
+        super().__init__(exc)
+        self.status = status
 
 
-def _connect(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
+class _Watchdog:
+    """One thread per process that shuts down the socket of a request past its deadline (a
+    blocked ``recv`` then returns), so a request's total time is bounded, not only each read."""
+
+    def __init__(self):
+        self._seq = itertools.count()
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fresh lock and no thread (at start, and in a forked child: the parent's lock may have
+        been held by its watchdog thread at the fork, and that thread does not exist there)."""
+        self._cv = threading.Condition()
+        self._heap: list = []
+        self._pid = None
+        self._active = 0
+
+    def arm(self, when: float, sock) -> list:
+        """Shut ``sock`` down at monotonic time ``when`` unless disarmed; returns the entry
+        (``entry[3]`` is True once it fired)."""
+        entry = [when, next(self._seq), sock, False, True]
+        with self._cv:
+            if self._pid != os.getpid():  # first use, or a forked child (threads do not survive fork)
+                self._pid, self._heap, self._active = os.getpid(), [], 0
+                threading.Thread(target=self._run, name="shardfeed-http-deadline", daemon=True).start()
+            heapq.heappush(self._heap, entry)
+            self._active += 1
+            if self._heap[0] is entry:
+                self._cv.notify()
+        return entry
+
+    def disarm(self, entry: list | None) -> None:
+        if entry is None or not entry[4]:
+            return
+        with self._cv:
+            entry[4] = False
+            entry[2] = None
+            self._active -= 1
+            if len(self._heap) > 1024 and len(self._heap) > 4 * self._active:  # drop disarmed entries
+                self._heap = [e for e in self._heap if e[4]]
+                heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        with self._cv:
+            while True:
+                while self._heap and not self._heap[0][4]:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cv.wait()
+                    continue
+                delay = self._heap[0][0] - time.monotonic()
+                if delay > 0:
+                    self._cv.wait(min(delay, 3600.0))
+                    continue
+                entry = heapq.heappop(self._heap)
+                entry[3], entry[4] = True, False
+                self._active -= 1
+                try:
+                    entry[2].shutdown(socket.SHUT_RDWR)
+                except (OSError, AttributeError):
+                    pass
+                entry[2] = None
+
+
+_WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WATCHDOG._reset)
+
+
+class _Reply:
+    """The final answer of a request: connection, response, and its deadline guard."""
+
+    def __init__(self, conn, resp, guard, url: str, started: float, deadline_s: float):
+        self.conn, self.resp, self.guard, self.url = conn, resp, guard, url
+        self.started, self.deadline_s = started, deadline_s
+
+    @property
+    def late(self) -> bool:
+        return bool(self.guard is not None and self.guard[3])
+
+    def deadline_error(self, got: int | None = None) -> _Permanent:
+        what = "" if got is None else f" ({got:,} bytes received)"
+        return _Permanent(DataSourceError(
+            f"{self.url}: no complete answer within {self.deadline_s:g} s{what}; the server is too slow or sends "
+            "the body a trickle at a time: check the server (or raise deadline_s)"))
+
+    def disarm(self) -> None:
+        _WATCHDOG.disarm(self.guard)
+        self.guard = None
+
+    def close(self) -> None:
+        self.disarm()
+        self.conn.close()
+
+
+def _basic(user: str | None, password: str | None) -> str:
+    """``Basic <token>`` for percent-encoded URL credentials (RFC 7617), registered as secrets."""
+    user, password = urllib.parse.unquote(user or ""), urllib.parse.unquote(password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    register_secret(password, token)
+    return f"Basic {token}"
+
+
+_PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY", "all_proxy",
+               "ALL_PROXY")
+
+
+@functools.lru_cache(maxsize=8)
+def _proxies(env: tuple) -> dict:
+    """The standard library's reading of the proxy variables (``env``: their values, the cache key)."""
+    return urllib.request.getproxies_environment()
+
+
+def _proxy_for(u: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
+    """The proxy for ``u`` from ``HTTP_PROXY`` / ``HTTPS_PROXY`` (``http_proxy`` ...), unless
+    ``NO_PROXY`` names its host (the rules of curl and the standard library)."""
+    if not (os.environ.get(f"{u.scheme}_proxy") or os.environ.get(f"{u.scheme.upper()}_PROXY")):
+        return None  # the common case, checked cheaply on every request
+    proxies = _proxies(tuple(os.environ.get(k) for k in _PROXY_VARS))
+    proxy = proxies.get(u.scheme)
+    if not proxy or urllib.request.proxy_bypass_environment(u.hostname or "", proxies):
+        return None
+    p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    if p.scheme != "http" or not p.hostname:
+        raise _Permanent(StorageAccessError(redact(
+            f"{u.scheme.upper()}_PROXY={proxy}: only http:// proxies are supported (an https:// URL goes through "
+            "them with CONNECT); set it to http://HOST:PORT")))
+    return p
+
+
+def _connect(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str, dict, dict]:
+    """``(connection, request target, authorization headers, proxy headers)`` for ``url``, through
+    the environment's proxy when there is one."""
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"{url}: not an http(s) URL")
-    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = cls(u.hostname, u.port, timeout=timeout_s)
+        raise ValueError(f"{redact(url)}: not an http(s) URL")
     path = u.path or "/"
     if u.query:
         path += "?" + u.query
-    return conn, path
+    auth = {"Authorization": _basic(u.username, u.password)} if u.username is not None else {}
+    proxy = _proxy_for(u)
+    proxy_headers = {}
+    if proxy is None:
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        return cls(u.hostname, u.port, timeout=timeout_s), path, auth, proxy_headers
+    if proxy.username is not None:
+        proxy_headers["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
+    if u.scheme == "https":  # a tunnel (CONNECT) through the proxy, TLS to the server inside it
+        conn = http.client.HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout_s)
+        conn.set_tunnel(u.hostname, u.port or 443, headers=proxy_headers)
+        return conn, path, auth, {}
+    host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
+    target = f"http://{host}{'' if u.port is None else f':{u.port}'}{path}"  # absolute form, no user:password
+    return http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout_s), target, auth, \
+        proxy_headers
 
 
-def _request(url: str, method: str, headers: dict, timeout_s: float):
-    """Send one request, following redirects; returns ``(connection, response)`` of the final hop.
+def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s: float = DEFAULT_DEADLINE_S,
+             *, keep_deadline: bool = False) -> _Reply:
+    """Send one request, following redirects; returns the final hop's :class:`_Reply`.
+
+    The whole exchange up to the response headers must end within ``deadline_s`` seconds; with
+    ``keep_deadline`` the guard stays armed for the body (the caller disarms it).
 
     Raises:
-        _Permanent: a 4xx answer, a redirect that cannot be followed (names the URL and status).
+        _Permanent: a 4xx answer, a redirect that cannot be followed, the deadline passed.
         DataSourceError: a 5xx answer (retried by the caller).
     """
     hops: list[str] = []
+    started = time.monotonic()
+    origin = urllib.parse.urlsplit(url).netloc
     while True:
-        conn, resp = _request_once(url, method, headers, timeout_s)
+        reply = _request_once(url, method, headers, timeout_s, started, deadline_s, same_origin=not hops or
+                              urllib.parse.urlsplit(url).netloc == origin)
+        resp = reply.resp
         if resp.status not in _REDIRECTS and not 300 <= resp.status < 400:
-            return conn, resp
+            if not keep_deadline:
+                reply.disarm()
+            return reply
         location = resp.getheader("Location")
         status = f"HTTP {resp.status} {resp.reason}"
-        conn.close()
+        reply.close()
         via = f" (redirected from {hops[0]})" if hops else ""
         if resp.status not in _REDIRECTS:
             raise _Permanent(DataSourceError(f"{url}: {status}{via}: not a redirect that can be followed; "
-                                             "point shardfeed at the dataset's final URL"))
+                                             "point shardfeed at the dataset's final URL"), resp.status)
         if not location:
             raise _Permanent(DataSourceError(f"{url}: {status} without a Location header{via}; point shardfeed "
-                                             "at the dataset's final URL"))
+                                             "at the dataset's final URL"), resp.status)
         hops.append(url)
         if len(hops) > MAX_REDIRECTS:
             raise _Permanent(DataSourceError(f"{hops[0]}: more than {MAX_REDIRECTS} redirects ({status} from "
                                              f"{url} to {location}); a redirect loop? point shardfeed at the "
-                                             "dataset's final URL"))
+                                             "dataset's final URL"), resp.status)
         new = urllib.parse.urljoin(url, location)
         log.debug("%s %s: %s to %s", method, url, status, new)
         url = new
@@ -107,13 +317,32 @@ def _request(url: str, method: str, headers: dict, timeout_s: float):
             method = "GET"
 
 
-def _request_once(url: str, method: str, headers: dict, timeout_s: float):
-    conn, path = _connect(url, timeout_s)
+def _request_once(url: str, method: str, headers: dict, timeout_s: float, started: float, deadline_s: float,
+                  *, same_origin: bool = True) -> _Reply:
+    conn, path, auth, proxy_headers = _connect(url, timeout_s)
+    # the first host's credentials are not sent to another one a redirect names; the proxy's are
+    auth = {**auth, **proxy_headers} if same_origin else proxy_headers
+    guard = None
+    reply = None
     try:
-        conn.request(method, path, headers={**_HEADERS, **headers})
-        resp = conn.getresponse()
+        left = started + deadline_s - time.monotonic()
+        if left <= 0:
+            raise _Reply(conn, None, None, url, started, deadline_s).deadline_error()
+        conn.timeout = min(timeout_s, left)
+        conn.connect()
+        guard = _WATCHDOG.arm(started + deadline_s, conn.sock)
+        reply = _Reply(conn, None, guard, url, started, deadline_s)
+        conn.request(method, path, headers={**_HEADERS, **auth, **headers})
+        reply.resp = resp = conn.getresponse()
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        if reply is not None and reply.late:
+            raise reply.deadline_error() from None
+        _WATCHDOG.disarm(guard)
+        raise
     except BaseException:
         conn.close()
+        _WATCHDOG.disarm(guard)
         raise
     if resp.status >= 400:
         body = b""
@@ -121,14 +350,19 @@ def _request_once(url: str, method: str, headers: dict, timeout_s: float):
             body = resp.read(200)
         except Exception:
             pass
-        conn.close()
+        reply.close()
         msg = f"HTTP {resp.status} {resp.reason}"
         if resp.status == 404:
-            raise _Permanent(FileNotFoundError(f"{url}: {msg} (file not found on the server)"))
+            raise _Permanent(FileNotFoundError(f"{url}: {msg} (file not found on the server)"), 404)
+        if resp.status in (401, 403, 407):
+            raise _Permanent(StorageAccessError(redact(
+                f"{url}: {msg}: the server refuses access; renew or fix the credentials it expects (a pre-signed "
+                "URL expires: sign it again; a token or cookie: renew it; a proxy: HTTP(S)_PROXY credentials), "
+                "or check that the dataset is published at this URL")), resp.status)
         if resp.status < 500 and resp.status != 408 and resp.status != 429:
-            raise _Permanent(DataSourceError(f"{url}: {msg} {body[:80]!r}"))
+            raise _Permanent(DataSourceError(redact(f"{url}: {msg} {body[:80]!r}")), resp.status)
         raise DataSourceError(f"{url}: {msg}")
-    return conn, resp
+    return reply
 
 
 def _with_retries(url: str, what: str, fn, retries: int):
@@ -139,53 +373,162 @@ def _with_retries(url: str, what: str, fn, retries: int):
         try:
             return fn()
         except _Permanent as exc:
-            raise exc.args[0] from None
+            inner = exc.args[0]
+            raise type(inner)(redact(str(inner))) from None
         except ssl.SSLCertVerificationError as exc:  # retrying will not make the certificate trusted
-            raise DataSourceError(f"{url}: the server's TLS certificate is not trusted ({exc.verify_message}); "
-                                  "point SSL_CERT_FILE (or SSL_CERT_DIR) at the CA that signed it, or fix the "
-                                  "server's certificate") from None
+            raise StorageAccessError(
+                f"{redact(url)}: the server's TLS certificate is not trusted ({exc.verify_message}); point "
+                "SSL_CERT_FILE (or SSL_CERT_DIR) at the CA that signed it, or fix the server's certificate") from None
         except (OSError, http.client.HTTPException) as exc:
             last = exc
             log.debug("%s %s failed (attempt %d of %d): %r", what, url, attempt + 1, retries + 1, exc)
     reason = f"{type(last).__name__}: {last}" if str(last) else type(last).__name__
     if isinstance(last, DataSourceError):
         reason = str(last).split(": ", 1)[-1]
-    raise DataSourceError(f"{url}: {what} failed after {retries + 1} attempts ({reason}); check the URL "
-                          "and that the server is up") from None
+    # a server that cannot be reached at all is set-up, not damaged data: never skipped
+    cls = StorageAccessError if isinstance(last, (ConnectionRefusedError, socket.gaierror)) else DataSourceError
+    raise cls(redact(f"{url}: {what} failed after {retries + 1} attempts ({reason}); check the URL "
+                     "and that the server is up")) from None
 
 
-def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = DEFAULT_RETRIES) -> bytes:
+def _content_coding(resp) -> list[str]:
+    """The content codings of ``resp`` in the order they were applied (``identity`` dropped)."""
+    value = resp.getheader("Content-Encoding") or ""
+    return [c.strip().lower() for c in value.split(",") if c.strip() and c.strip().lower() != "identity"]
+
+
+def decode_content(url: str, data: bytes, codings: list[str], max_bytes: int, what: str = "the file") -> bytes:
+    """``data`` with its content codings (``Content-Encoding``, in the order applied) undone:
+    gzip, deflate (zlib or raw). At most ``max_bytes`` of output (a small compressed body may
+    expand a thousandfold).
+
+    Raises:
+        DataSourceError: another coding, a damaged or cut body, or more than ``max_bytes``
+            decoded (names the URL).
+    """
+    for coding in reversed(codings):
+        if coding not in DECODED_CODINGS:
+            raise DataSourceError(
+                f"{url}: the server sent the body with Content-Encoding: {coding}, which shardfeed does not decode "
+                f"(it decodes {', '.join(DECODED_CODINGS)}); serve the file without that encoding")
+        out = bytearray()
+        rest = data
+        while rest:
+            if coding == "deflate" and not out and rest[:1] != b"\x78":
+                d = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, as some servers send it
+            else:
+                d = zlib.decompressobj(zlib.MAX_WBITS | (16 if coding != "deflate" else 0))
+            try:
+                out += d.decompress(rest, max_bytes + 1 - len(out))
+            except zlib.error as exc:
+                raise DataSourceError(f"{url}: the {coding}-encoded body cannot be decoded ({exc}); the server "
+                                      "sent damaged data") from None
+            if len(out) > max_bytes:
+                raise DataSourceError(f"{url}: {what} decodes to more than {max_bytes:,} bytes "
+                                      f"(Content-Encoding: {coding}); refused")
+            if not d.eof:
+                raise DataSourceError(f"{url}: the {coding}-encoded body is cut short")
+            rest = d.unused_data if coding != "deflate" else b""
+        data = bytes(out)
+    return data
+
+
+def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = DEFAULT_RETRIES,
+             max_bytes: int = MAX_WHOLE_READ_BYTES, deadline_s: float = DEFAULT_DEADLINE_S,
+             what: str = "the file") -> bytes:
     """GET a whole (small) file: the manifest, an offset index.
+
+    The body is read exactly: with ``Content-Length``, chunked or closed by the server; a
+    ``gzip``/``deflate`` ``Content-Encoding`` is decoded.
+
+    Args:
+        max_bytes: the largest body accepted (after decoding); larger is refused at once when
+            ``Content-Length`` says so, else as soon as that many bytes arrived.
+        deadline_s: seconds the whole request (each attempt) may take.
+        what: the file's role, for messages (``"the manifest"``).
 
     Raises:
         FileNotFoundError: HTTP 404.
-        DataSourceError: other errors, after the retries (names the URL).
+        StorageAccessError: HTTP 401/403, an untrusted certificate, a server that cannot be reached.
+        DataSourceError: other errors, after the retries; a body over ``max_bytes``, past the
+            deadline or in an unknown coding (names the URL).
     """
     def once():
-        conn, resp = _request(url, "GET", {}, timeout_s)
+        reply = _request(url, "GET", {}, timeout_s, deadline_s, keep_deadline=True)
+        resp = reply.resp
+        got = 0
         try:
-            length = resp.getheader("Content-Length")
-            data = resp.read()
-            if length is not None and len(data) != int(length):
-                raise http.client.IncompleteRead(data, int(length) - len(data))
-            return data
+            length = resp.length  # http.client's reading of Content-Length (None: chunked, absent or unreadable)
+            if length is not None and length > max_bytes:
+                raise _Permanent(DataSourceError(f"{url}: {what} is {length:,} bytes (Content-Length), more than the "
+                                                 f"{max_bytes:,} accepted; refused (is this the right URL?)"))
+            parts = []
+            while True:
+                try:
+                    chunk = resp.read1(1 << 16)
+                except (OSError, http.client.HTTPException):
+                    if reply.late:
+                        raise reply.deadline_error(got) from None
+                    raise
+                if not chunk:
+                    break
+                got += len(chunk)
+                if got > max_bytes:
+                    raise _Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; refused "
+                                                     "(is this the right URL?)"))
+                parts.append(chunk)
+            if reply.late:
+                raise reply.deadline_error(got)
+            if length is not None and got != length:
+                raise http.client.IncompleteRead(b"", length - got)
+            try:
+                return decode_content(url, b"".join(parts), _content_coding(resp), max_bytes, what)
+            except DataSourceError as exc:
+                raise _Permanent(exc) from None
         finally:
-            conn.close()
+            reply.close()
 
     return _with_retries(url, "GET", once, retries)
 
 
-def _http_head_size(url: str, timeout_s: float, retries: int) -> int | None:
-    def once():
-        conn, resp = _request(url, "HEAD", {}, timeout_s)
+def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float = DEFAULT_DEADLINE_S) -> int | None:
+    """The size of ``url`` in bytes: ``HEAD``, or, when the server refuses ``HEAD`` (403, 405,
+    501: a GET-only pre-signed URL), a ``GET`` of byte 0 (``Range: bytes=0-0``) whose
+    ``Content-Range`` (or ``Content-Length`` of a 200) gives it. None: the server does not say."""
+    def head():
+        reply = _request(url, "HEAD", {}, timeout_s, deadline_s)
         try:
-            resp.read()
-            length = resp.getheader("Content-Length")
-            return int(length) if length is not None and length.isdigit() else None
+            return _size_of(reply.resp, head=True)
         finally:
-            conn.close()
+            reply.close()
+
+    def ranged():
+        reply = _request(url, "GET", {"Range": "bytes=0-0"}, timeout_s, deadline_s)
+        try:  # the body is not read: closing the connection drops it
+            return _size_of(reply.resp, head=False)
+        finally:
+            reply.close()
+
+    def once():
+        try:
+            return head()
+        except _Permanent as exc:
+            if exc.status not in _HEAD_REFUSED:
+                raise
+            log.debug("HEAD %s refused (HTTP %d); asking a GET of byte 0 for the size", url, exc.status)
+            return ranged()
 
     return _with_retries(url, "HEAD", once, retries)
+
+
+def _size_of(resp, *, head: bool) -> int | None:
+    if resp.status == 206:
+        total = (resp.getheader("Content-Range") or "").rpartition("/")[2].strip()
+        return int(total) if total.isdigit() else None
+    length = resp.getheader("Content-Length")
+    if head or not _content_coding(resp):
+        return int(length) if length is not None and length.strip().isdigit() else None
+    return None
 
 
 class HttpRangeStream:
@@ -199,13 +542,15 @@ class HttpRangeStream:
     """
 
     def __init__(self, url: str, start: int = 0, end: int | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 retries: int = DEFAULT_RETRIES):
+                 retries: int = DEFAULT_RETRIES, deadline_s: float = DEFAULT_DEADLINE_S):
         self.url = url
         self.end = end
         self.timeout_s = timeout_s
         self.retries = retries
+        self.deadline_s = deadline_s
         self._conn = self._resp = None
         self._closed = False
+        self._reopen = False
         self.ranged = False
         self.total_bytes: int | None = None
         self._expect_end: int | None = None
@@ -221,33 +566,49 @@ class HttpRangeStream:
             headers = {}
             if want_range:
                 headers["Range"] = f"bytes={start}-" + ("" if self.end is None else str(self.end - 1))
-            conn, resp = _request(self.url, "GET", headers, self.timeout_s)
-            return conn, resp
+            reply = _request(self.url, "GET", headers, self.timeout_s, self.deadline_s)
+            codings = _content_coding(reply.resp)
+            if codings:  # the bytes of an encoded body are not the file's: never hand them out
+                reply.close()
+                raise _Permanent(DataSourceError(
+                    f"{self._where}: the server sent {'a byte range' if reply.resp.status == 206 else 'the file'} with "
+                    f"Content-Encoding: {', '.join(codings)} although shardfeed asked for identity: those are not "
+                    "the file's bytes; serve shards without a content coding (nginx: no gzip for .tar; S3: upload "
+                    "without Content-Encoding)"))
+            return reply
 
-        conn, resp = _with_retries(self.url, "GET", once, self.retries)
-        length = resp.getheader("Content-Length")
-        length = int(length) if length is not None and length.isdigit() else None
+        reply = _with_retries(self.url, "GET", once, self.retries)
+        conn, resp = reply.conn, reply.resp
+        length = resp.length  # http.client's Content-Length (None: chunked, absent or unreadable)
         if resp.status == 206:
             cr = resp.getheader("Content-Range", "")
             try:
                 span, _, total = cr.partition(" ")[2].partition("/")
-                first = int(span.split("-")[0])
+                first_text, _, last_text = span.partition("-")
+                first, last = int(first_text), int(last_text)
                 self.total_bytes = int(total) if total and total != "*" else self.total_bytes
             except ValueError:
                 conn.close()
-                raise DataSourceError(f"{self.url}: unreadable Content-Range {cr!r} in a 206 answer") from None
-            if first != start:
+                raise DataSourceError(f"{self._where}: unreadable Content-Range {cr!r} in a 206 answer") from None
+            if first != start or last < first or (self.end is not None and last >= self.end):
                 conn.close()
-                raise DataSourceError(f"{self.url}: asked for bytes from {start}, server sent from {first}")
+                asked = f"{start}-{'' if self.end is None else self.end - 1}"
+                raise DataSourceError(f"{self._where}: asked for bytes {asked}, the server sent {span}")
             self.ranged = True
             self.offset = start
+            self._expect_end = last + 1  # the span, whether the body has a length, is chunked or closed
         else:
             self.ranged = False
             self.offset = 0
             if length is not None:
                 self.total_bytes = length
-        self._expect_end = self.offset + length if length is not None else None
+            self._expect_end = length
         self._conn, self._resp = conn, resp
+
+    @property
+    def _where(self) -> str:
+        """The URL for messages: no ``user:password@``."""
+        return redact(self.url)
 
     def readable(self) -> bool:
         return True
@@ -264,6 +625,11 @@ class HttpRangeStream:
         if n == 0:  # an empty read is no sign of a cut body
             return b""
         attempts = 0
+        if self._reopen:
+            self._reopen = False
+            if self._expect_end is not None and self.offset >= self._expect_end:
+                return b""
+            self._resume(self.offset)
         while True:
             try:
                 if self._resp is None:
@@ -271,31 +637,45 @@ class HttpRangeStream:
                 data = self._resp.read(n if n is not None and n >= 0 else None)
                 if not data and self._expect_end is not None and self.offset < self._expect_end:
                     raise http.client.IncompleteRead(b"", self._expect_end - self.offset)
+                if self._expect_end is not None and self.offset + len(data) > self._expect_end:
+                    due = self._expect_end - self.offset
+                    raise DataSourceError(f"{self._where}: the server sent more than the {due} bytes it announced "
+                                          f"at byte {self.offset}; its answer cannot be trusted")
                 self.offset += len(data)
                 return data
             except (OSError, http.client.HTTPException) as exc:
                 if isinstance(exc, DataSourceError):
                     raise
+                partial = getattr(exc, "partial", b"") if isinstance(exc, http.client.IncompleteRead) else b""
+                if partial and not self._closed and (self._expect_end is None
+                                                     or self.offset + len(partial) <= self._expect_end):
+                    self.offset += len(partial)  # the bytes that came before the cut (a chunked body)
+                    self._resp = None
+                    self._reopen = True  # the next read resumes at the byte after them
+                    return bytes(partial)
                 if self._closed:
-                    raise DataSourceError(f"{self.url}: stream closed while reading at byte {self.offset}") from None
+                    raise DataSourceError(f"{self._where}: stream closed while reading at byte {self.offset}") from None
                 attempts += 1
                 if attempts > self.retries:
-                    raise DataSourceError(f"{self.url}: reading at byte {self.offset} failed after "
+                    raise DataSourceError(f"{self._where}: reading at byte {self.offset} failed after "
                                           f"{attempts} attempts ({type(exc).__name__}: {exc}); the server "
                                           "closed or stalled the connection") from None
                 log.debug("read of %s at byte %d failed (%r); retrying", self.url, self.offset, exc)
                 time.sleep(BACKOFF_S * 2 ** (attempts - 1))
-                resume_at = self.offset
-                self._open(resume_at)
-                if self.offset < resume_at:  # server ignores Range: skip what we already have
-                    left = resume_at - self.offset
-                    while left:
-                        chunk = self._resp.read(min(left, 1 << 20))
-                        if not chunk:
-                            raise DataSourceError(f"{self.url}: body ended at byte {self.offset} while "
-                                                  f"resuming at {resume_at}") from None
-                        left -= len(chunk)
-                        self.offset += len(chunk)
+                self._resume(self.offset)
+
+    def _resume(self, resume_at: int) -> None:
+        """Reopen at byte ``resume_at`` (skipping up to it when the server ignores ``Range``)."""
+        self._open(resume_at)
+        if self.offset < resume_at:  # server ignores Range: skip what we already have
+            left = resume_at - self.offset
+            while left:
+                chunk = self._resp.read(min(left, 1 << 20))
+                if not chunk:
+                    raise DataSourceError(f"{self._where}: body ended at byte {self.offset} while "
+                                          f"resuming at {resume_at}") from None
+                left -= len(chunk)
+                self.offset += len(chunk)
 
     def close(self) -> None:
         self._closed = True  # a read failing because of this close is not retried
@@ -317,17 +697,27 @@ class HttpLocation:
 
     Picklable (holds only the URL and the options).
 
+    A ``user:password@`` in the URL is sent as HTTP Basic authentication (to that host only, not
+    to another one a redirect names) and never appears in a message or a log record.
+
     Args:
         url: the directory URL or the manifest URL.
         timeout_s: per-operation socket timeout, seconds.
         retries: retries after the first attempt.
+        deadline_s: seconds one request may take in all (the whole manifest or index; a shard
+            stream's answer up to its first byte); default :data:`DEFAULT_DEADLINE_S`.
     """
 
-    def __init__(self, url: str, *, timeout_s: float | None = None, retries: int | None = None):
+    def __init__(self, url: str, *, timeout_s: float | None = None, retries: int | None = None,
+                 deadline_s: float | None = None):
         self.timeout_s = float(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         self.retries = int(DEFAULT_RETRIES if retries is None else retries)
+        self.deadline_s = float(DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
         if self.timeout_s <= 0 or self.retries < 0:
             raise ValueError(f"timeout_s must be > 0 and retries >= 0, got {timeout_s}, {retries}")
+        if self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        guard_client_logs()
         u = urllib.parse.urlsplit(url)
         path = u.path
         if path.endswith(".json"):
@@ -340,19 +730,20 @@ class HttpLocation:
         self.base = urllib.parse.urlunsplit((u.scheme, u.netloc, path, "", ""))
 
     def __str__(self) -> str:
-        return self.base
+        return redact(self.base)
 
     def url(self, name: str) -> str:
         """The URL of the dataset file ``name``."""
         return self.base + urllib.parse.quote(name)
 
     def where(self, name: str) -> str:
-        """Name of the file for messages (its URL)."""
-        return self.url(name)
+        """Name of the file for messages (its URL, without a ``user:password@``)."""
+        return redact(self.url(name))
 
-    def read_bytes(self, name: str) -> bytes:
-        """GET a whole dataset file (manifest, index)."""
-        return http_get(self.url(name), timeout_s=self.timeout_s, retries=self.retries)
+    def read_bytes(self, name: str, *, max_bytes: int = MAX_WHOLE_READ_BYTES, what: str = "the file") -> bytes:
+        """GET a whole dataset file (manifest, index) of at most ``max_bytes`` bytes (see :func:`http_get`)."""
+        return http_get(self.url(name), timeout_s=self.timeout_s, retries=self.retries, max_bytes=max_bytes,
+                        deadline_s=self.deadline_s, what=what)
 
     def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
         """Open ``name`` for reading bytes ``[start, end)``.
@@ -361,7 +752,8 @@ class HttpLocation:
             ``(stream, stream_offset)``: the offset of the stream's first byte (``start``, or 0
             when the server ignored ``Range``).
         """
-        s = HttpRangeStream(self.url(name), start, end, timeout_s=self.timeout_s, retries=self.retries)
+        s = HttpRangeStream(self.url(name), start, end, timeout_s=self.timeout_s, retries=self.retries,
+                            deadline_s=self.deadline_s)
         return s, s.offset
 
     def load_manifest(self, *, check_files: bool = True) -> Manifest:
@@ -374,11 +766,12 @@ class HttpLocation:
         """
         murl = self.url(self.manifest_name)
         try:
-            raw = http_get(murl, timeout_s=self.timeout_s, retries=self.retries)
+            raw = http_get(murl, timeout_s=self.timeout_s, retries=self.retries, max_bytes=MAX_MANIFEST_BYTES,
+                           deadline_s=self.deadline_s, what="the manifest")
         except FileNotFoundError:
-            raise ManifestError(f"{murl}: not found; {self.base} is not a packed dataset, or its pack did not "
+            raise ManifestError(f"{redact(murl)}: not found; {self} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
-        manifest = Manifest.from_json(raw, murl)
+        manifest = Manifest.from_json(raw, redact(murl))
         if check_files and manifest.format != "lmdb":
             self.check_files(manifest)
         return manifest
@@ -391,8 +784,9 @@ class HttpLocation:
         Raises:
             ManifestError: a file is missing or has another size (names the URL).
         """
-        check_remote_files(manifest, lambda name: _http_head_size(self.url(name), self.timeout_s, self.retries),
-                           self.url, "on the server", threads=threads, max_shards=max_shards)
+        check_remote_files(manifest, lambda name: _http_head_size(self.url(name), self.timeout_s, self.retries,
+                                                                  self.deadline_s),
+                           self.where, "on the server", threads=threads, max_shards=max_shards)
 
 
 def check_remote_files(manifest: Manifest, head_size: Callable[[str], int | None], url: Callable[[str], str],

@@ -34,18 +34,26 @@ import threading
 import time
 from typing import Any, BinaryIO, Iterator
 
-from .errors import DataSourceError, ManifestError, UnsupportedURLError
+from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
 from .format import MANIFEST_NAME, Manifest
-from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS, check_remote_files
+from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
+                      MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
+from .redact import guard_client_logs, redact, register_secret
 
 __all__ = ["STORE_SCHEMES", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
-           "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind"]
+           "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind",
+           "MAX_LIST_KEYS", "MAX_LIST_PAGES"]
 
 log = logging.getLogger(__name__)
 
 #: URL schemes recognised as object stores (only ``s3`` is read and written; the others are
 #: refused with a message naming what to use).
 STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
+#: Keys one listing returns at most (ImageNet-21k's 14 million images fit; about 150 bytes of
+#: memory a key).
+MAX_LIST_KEYS = 20_000_000
+#: Listing requests (pages of up to 1000 keys) one listing makes at most.
+MAX_LIST_PAGES = 100_000
 #: Uploads at least this large go up in parts of this size (S3 multipart upload).
 MULTIPART_THRESHOLD_BYTES = 64 << 20
 _INSTALL = "pip install 'shardfeed[s3]'"
@@ -60,13 +68,25 @@ _STORAGE_OPTION_KEYS = {
     "addressing_style": "addressing_style",
     "max_pool_connections": "max_pool_connections",
 }
-_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ACCESS_KEY_ID")
 _RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-                "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500", "502",
+                "RequestTimeout", "InternalError", "ServiceUnavailable", "503", "500", "502",
                 "504"}
 _EXPIRED_CODES = {"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "RequestExpired"}
 _BAD_CRED_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "InvalidClientTokenId",
                    "UnrecognizedClientException"}
+_CLOCK_CODES = {"RequestTimeTooSkewed", "RequestInTheFuture"}
+#: botocore errors of the set-up (credentials, region, endpoint, profile, signing): retrying
+#: cannot fix them. Matched by class name, so names a botocore version lacks do no harm.
+_CONFIG_ERRORS = {"PartialCredentialsError", "NoCredentialsError", "NoRegionError", "InvalidRegionError",
+                  "ProfileNotFound", "ConfigNotFound", "ConfigParseError", "InvalidConfigError",
+                  "UnknownCredentialError",
+                  "CredentialRetrievalError", "NoAuthTokenError", "SSOError", "SSOTokenLoadError",
+                  "UnauthorizedSSOTokenError", "TokenRetrievalError", "UnknownSignatureVersionError",
+                  "UnsupportedSignatureVersionError", "InvalidS3AddressingStyleError",
+                  "InvalidEndpointDiscoveryConfigurationError",
+                  "InvalidEndpointConfigurationError", "EndpointVariantError", "UnknownEndpointError",
+                  "EndpointResolutionError", "InvalidHostLabelError", "UnsupportedS3ArnError",
+                  "ParamValidationError", "InvalidExpressionError", "UnknownClientMethodError"}
 _REGION_CODES = {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException", "301"}
 
 
@@ -103,19 +123,15 @@ _BUCKET_NAME = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
 
 
 def _secrets(options: dict | None) -> list[str]:
-    vals = [os.environ.get(k, "") for k in _SECRET_ENV]
-    for k, v in (options or {}).items():
-        if _STORAGE_OPTION_KEYS.get(k) in ("key", "secret", "token") and isinstance(v, str):
-            vals.append(v)
-    return [v for v in vals if len(v) >= 4]
+    return [v for k, v in (options or {}).items()
+            if _STORAGE_OPTION_KEYS.get(k) in ("key", "secret", "token") and isinstance(v, str)]
 
 
 def scrub(text: str, options: dict | None = None) -> str:
-    """``text`` with every credential (from the environment or ``options``) replaced by ``***``,
-    and any ``user:password@`` in a URL removed."""
-    for secret in _secrets(options):
-        text = text.replace(secret, "***")
-    return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", text)
+    """``text`` with every credential (from the environment, ``options``, or the credentials a
+    client of this process resolved) replaced by ``***``, and any ``user:password@`` of a URL
+    removed (:func:`shardfeed.readers.redact.redact`)."""
+    return redact(text, _secrets(options))
 
 
 def parse_storage_options(pairs: Any) -> dict[str, Any]:
@@ -179,6 +195,7 @@ def _import_boto3():
         import botocore
     except ImportError:
         raise UnsupportedURLError(f"reading or writing s3:// URLs needs boto3: {_INSTALL}") from None
+    guard_client_logs()  # botocore's DEBUG records carry the access key id and the session token
     return boto3, botocore
 
 
@@ -198,6 +215,10 @@ class _Permanent(Exception):
     """An answer that retrying will not change."""
 
 
+class _Unreachable(DataSourceError):
+    """The endpoint cannot be reached (retried; the final error is a StorageAccessError)."""
+
+
 class StoreLocation:
     """A dataset (or an image folder) under an object-store prefix: ``s3://bucket/prefix/`` or
     ``s3://bucket/prefix/manifest.json``.
@@ -210,6 +231,8 @@ class StoreLocation:
         storage_options: client options (see the module docstring); None: the default chain.
         timeout_s: connect and per-read timeout, seconds (default ``http_io.DEFAULT_TIMEOUT_S``).
         retries: retries after the first attempt (default ``http_io.DEFAULT_RETRIES``).
+        deadline_s: seconds one whole-object read (manifest, index) may take in all (default
+            ``http_io.DEFAULT_DEADLINE_S``).
 
     Raises:
         UnsupportedURLError: a ``gs://``/``az://`` URL, or boto3 is not installed (names what to
@@ -218,7 +241,7 @@ class StoreLocation:
     """
 
     def __init__(self, url: str, *, storage_options: dict | None = None, timeout_s: float | None = None,
-                 retries: int | None = None):
+                 retries: int | None = None, deadline_s: float | None = None):
         scheme, bucket, key = split_store_url(str(url))
         if scheme != "s3":
             raise UnsupportedURLError(
@@ -230,8 +253,12 @@ class StoreLocation:
         self.retries = int(DEFAULT_RETRIES if retries is None else retries)
         if self.timeout_s <= 0 or self.retries < 0:
             raise ValueError(f"timeout_s must be > 0 and retries >= 0, got {timeout_s}, {retries}")
+        self.deadline_s = float(DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
+        if self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         merged = {**_DEFAULT_OPTIONS, **parse_storage_options(storage_options)}
         self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in merged.items()}
+        register_secret(*(self.storage_options.get(k) for k in ("key", "secret", "token")))
         _import_boto3()
         self.bucket = bucket
         if key.endswith(".json"):
@@ -305,76 +332,115 @@ class StoreLocation:
                         "s3", config=Config(**cfg), endpoint_url=o.get("endpoint_url"),
                         region_name=o.get("region_name"), aws_access_key_id=o.get("key"),
                         aws_secret_access_key=o.get("secret"), aws_session_token=o.get("token"))
-                except botocore.exceptions.ProfileNotFound:
-                    profile = o.get("profile") or os.environ.get("AWS_PROFILE")
-                    raise DataSourceError(f"{self.base}: AWS profile {profile!r} "
-                                          "not found in ~/.aws/config; check AWS_PROFILE / --storage-option "
-                                          "profile=...") from None
-                except ValueError as exc:
-                    raise DataSourceError(self._scrub(f"{self.base}: cannot make an S3 client ({exc}); check "
-                                                      "AWS_ENDPOINT_URL / --storage-option endpoint_url=...")) from None
+                except botocore.exceptions.BotoCoreError as exc:  # a profile, credentials, a region ...
+                    raise self._config_error(exc, self.base) from None
+                except ValueError as exc:  # botocore's check of the endpoint URL and the region name
+                    raise self._config_error(exc, self.base) from None
+                self._register_resolved_credentials(session)
                 self._client_pid = pid
         return self._client
+
+    def _register_resolved_credentials(self, session) -> None:
+        """Add the credentials the client will sign with (from a profile, SSO, a role ...) to the
+        values every message and log record is scrubbed of."""
+        o = self.storage_options
+        register_secret(o.get("key"), o.get("secret"), o.get("token"))
+        if o.get("anon"):
+            return
+        try:
+            creds = session.get_credentials()
+            frozen = creds.get_frozen_credentials() if creds is not None else None
+        except Exception:  # resolving failed: the request will say why; nothing to register
+            return
+        if frozen is not None:
+            register_secret(frozen.access_key, frozen.secret_key, frozen.token)
 
     def _scrub(self, text: str) -> str:
         return scrub(text, {k: v for k, v in self.storage_options.items()})
 
     # ---- the fault policy
+    def _config_error(self, exc: BaseException, url: str) -> StorageAccessError:
+        """The error for a set-up fault (credentials, region, endpoint, profile): what to set."""
+        name = type(exc).__name__
+        detail = " ".join(str(exc).split())  # botocore's messages may span lines
+        if name == "PartialCredentialsError":
+            missing = getattr(exc, "kwargs", {}).get("cred_var") or "a part"
+            return StorageAccessError(
+                f"{url}: incomplete AWS credentials ({missing} missing, {detail}); set both AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials), or "
+                "--storage-option key=... secret=..., or AWS_PROFILE")
+        if name == "NoCredentialsError":
+            return StorageAccessError(
+                f"{url}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
+                "(or run on an instance with a role), or pass --storage-option anon=true for a public bucket")
+        if name == "ProfileNotFound":
+            profile = self.storage_options.get("profile") or os.environ.get("AWS_PROFILE")
+            return StorageAccessError(f"{url}: AWS profile {profile!r} not found in ~/.aws/config; check AWS_PROFILE "
+                                      "/ --storage-option profile=...")
+        if name in ("NoRegionError", "InvalidRegionError") or "region" in detail.lower():
+            return StorageAccessError(f"{url}: no usable region ({detail}); set AWS_REGION (or AWS_DEFAULT_REGION, "
+                                      "or --storage-option region_name=...) to the bucket's region")
+        if name == "ParamValidationError":
+            return StorageAccessError(f"{url}: invalid request ({detail})")
+        if "endpoint" in detail.lower() or "url" in detail.lower() or "Endpoint" in name:
+            return StorageAccessError(f"{url}: unusable endpoint {self.endpoint!r} ({detail}); set AWS_ENDPOINT_URL "
+                                      "/ --storage-option endpoint_url=... to the store's URL (http(s)://HOST[:PORT])")
+        return StorageAccessError(f"{url}: the S3 client cannot be set up ({name}: {detail}); check the AWS "
+                                  "configuration (AWS_PROFILE, ~/.aws/config, AWS_REGION, AWS_ENDPOINT_URL)")
+
     def _classify(self, exc: BaseException, url: str) -> BaseException:
         """The error to raise for ``exc``: wrapped in :class:`_Permanent` when retrying will not help."""
         _, botocore = _import_boto3()
         bexc = botocore.exceptions
+        if isinstance(exc, StorageAccessError):  # made by client(): the set-up is wrong
+            return _Permanent(exc)
         if isinstance(exc, bexc.ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             what = f"HTTP {status} {code}".strip()
+            if code in _EXPIRED_CODES:
+                return _Permanent(StorageAccessError(
+                    f"{url}: the credentials have expired ({what}); renew them (a new AWS_SESSION_TOKEN, "
+                    "`aws sso login`, or the instance role) and run again"))
+            if code in _CLOCK_CODES:
+                return _Permanent(StorageAccessError(
+                    f"{url}: the store refuses the request's time ({what}): this machine's clock is more than 15 "
+                    "minutes off; set the clock (NTP: `timedatectl set-ntp true`) and run again"))
+            if code in _BAD_CRED_CODES:
+                return _Permanent(StorageAccessError(
+                    f"{url}: the store rejects the credentials ({what}); check or renew AWS_ACCESS_KEY_ID / "
+                    "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) or AWS_PROFILE, and that they are for this "
+                    f"endpoint ({self.endpoint})"))
             if code in _RETRY_CODES or status >= 500 or status in (408, 429):
                 if code == "SlowDown" or status in (429, 503):
                     return DataSourceError(f"{what}: the store is throttling requests; lower the request rate "
                                            "(fewer loader workers or pack workers) or retry later")
                 return DataSourceError(what)
             if code == "NoSuchBucket":
-                return _Permanent(DataSourceError(
+                return _Permanent(StorageAccessError(
                     f"{url}: bucket {self.bucket!r} does not exist at {self.endpoint} ({what}); check the bucket "
                     "name, and AWS_ENDPOINT_URL / --storage-option endpoint_url=... for an S3-compatible store"))
             if code in ("NoSuchKey", "404", "NotFound") or status == 404:
                 return _Permanent(FileNotFoundError(f"{url}: not found in the bucket ({what})"))
-            if code in _EXPIRED_CODES:
-                return _Permanent(DataSourceError(
-                    f"{url}: the credentials have expired ({what}); refresh them (a new session token, "
-                    "`aws sso login`, or the instance role) and run again"))
-            if code in _BAD_CRED_CODES:
-                return _Permanent(DataSourceError(
-                    f"{url}: the store rejects the credentials ({what}); check AWS_ACCESS_KEY_ID / "
-                    "AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and that they are for this endpoint "
-                    f"({self.endpoint})"))
             if code in _REGION_CODES or status == 301:
                 region = err.get("Region") or exc.response.get("ResponseMetadata", {}).get(
                     "HTTPHeaders", {}).get("x-amz-bucket-region")
                 hint = f"set AWS_REGION={region}" if region else "set AWS_REGION to the bucket's region"
-                return _Permanent(DataSourceError(f"{url}: the bucket is in another region ({what}); {hint} "
-                                                  "(or --storage-option region_name=...)"))
-            if status == 403 or code in ("AccessDenied", "AllAccessDisabled", "403", "Forbidden"):
+                return _Permanent(StorageAccessError(f"{url}: the bucket is in another region ({what}); {hint} "
+                                                     "(or --storage-option region_name=...)"))
+            if status in (401, 403) or code in ("AccessDenied", "AllAccessDisabled", "403", "401", "Forbidden"):
                 fix = "the bucket is not public, or anon=true is wrong for it" if self.storage_options.get("anon") \
-                    else ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the "
-                          "instance role) and the bucket policy; for a public bucket pass "
-                          "--storage-option anon=true (storage_options={'anon': True})")
-                return _Permanent(DataSourceError(f"{url}: access denied ({what}); {fix}"))
+                    else ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
+                          "AWS_PROFILE or the instance role; renew expired ones) and the bucket policy; for a public "
+                          "bucket pass --storage-option anon=true (storage_options={'anon': True})")
+                return _Permanent(StorageAccessError(f"{url}: access denied ({what}); {fix}"))
             return _Permanent(DataSourceError(f"{url}: {what} {err.get('Message', '')}".rstrip()))
-        if isinstance(exc, bexc.NoCredentialsError):
-            return _Permanent(DataSourceError(
-                f"{url}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
-                "(or run on an instance with a role), or pass --storage-option anon=true for a public bucket"))
-        if isinstance(exc, (bexc.NoRegionError,)):
-            return _Permanent(DataSourceError(f"{url}: no region set; set AWS_REGION or --storage-option "
-                                              "region_name=..."))
-        if isinstance(exc, bexc.ParamValidationError):
-            detail = " ".join(str(exc).split())  # botocore's message spans lines
-            return _Permanent(DataSourceError(f"{url}: invalid request ({detail})"))
+        if any(t.__name__ in _CONFIG_ERRORS for t in type(exc).__mro__):
+            return _Permanent(self._config_error(exc, url))
         if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
-            return DataSourceError(f"cannot reach the store at {self.endpoint} ({type(exc).__name__}); check "
-                                   "AWS_ENDPOINT_URL / --storage-option endpoint_url=... and that the server is up")
+            return _Unreachable(f"cannot reach the store at {self.endpoint} ({type(exc).__name__}); check "
+                                "AWS_ENDPOINT_URL / --storage-option endpoint_url=... and that the server is up")
         if isinstance(exc, bexc.ReadTimeoutError):
             return DataSourceError(f"the store at {self.endpoint} did not answer within {self.timeout_s:g} s "
                                    "(stalled); check that the server is up")
@@ -393,6 +459,9 @@ class StoreLocation:
                 time.sleep(BACKOFF_S * 2 ** (attempt - 1))
             try:
                 return fn()
+            except _Permanent as exc:  # fn's own verdict (a body too large, past the deadline)
+                inner = exc.args[0]
+                raise type(inner)(self._scrub(str(inner))) from None
             except errors as exc:
                 err = self._classify(exc, url)
                 if isinstance(err, _Permanent):
@@ -401,25 +470,61 @@ class StoreLocation:
                 last = err
                 log.debug("%s %s failed (attempt %d of %d): %s", what, url, attempt + 1, self.retries + 1,
                           self._scrub(str(err)))
-        raise DataSourceError(self._scrub(f"{url}: {what} failed after {self.retries + 1} attempts ({last})")) from None
+        cls = StorageAccessError if isinstance(last, _Unreachable) else DataSourceError  # never skipped
+        raise cls(self._scrub(f"{url}: {what} failed after {self.retries + 1} attempts ({last})")) from None
 
     # ---- reading
-    def read_bytes(self, name: str) -> bytes:
+    def read_bytes(self, name: str, *, max_bytes: int = MAX_WHOLE_READ_BYTES, what: str = "the file") -> bytes:
         """GET a whole (small) dataset file: the manifest, an offset index, an image.
 
+        At most ``max_bytes`` bytes (after undoing a ``gzip``/``deflate`` ``Content-Encoding``),
+        refused at once when the object's size says so; each attempt ends within
+        :attr:`deadline_s` seconds (plus one socket timeout) however slowly the body arrives.
+
         Raises:
-            FileNotFoundError: no such object (404). DataSourceError: other failures (names the URL).
+            FileNotFoundError: no such object (404). DataSourceError: other failures, a body over
+                ``max_bytes`` or past the deadline (names the URL).
         """
         key = self.key(name)
+        url = self.url(name)
 
         def once():
-            body = self.client().get_object(Bucket=self.bucket, Key=key)["Body"]
+            started = time.monotonic()
+            resp = self.client().get_object(Bucket=self.bucket, Key=key)
+            body = resp["Body"]
             try:
-                return body.read()
+                length = resp.get("ContentLength")
+                if length is not None and int(length) > max_bytes:
+                    raise _Permanent(DataSourceError(f"{url}: {what} is {int(length):,} bytes, more than the "
+                                                     f"{max_bytes:,} accepted; refused (is this the right object?)"))
+                raw = getattr(body, "_raw_stream", None)
+                read = getattr(raw, "read1", None) or body.read  # read1: one socket read, so the deadline holds
+                parts, got = [], 0
+                while True:
+                    if time.monotonic() - started > self.deadline_s:
+                        raise _Permanent(DataSourceError(
+                            f"{url}: no complete answer within {self.deadline_s:g} s ({got:,} bytes received); the "
+                            "store is too slow or sends the body a trickle at a time: check the server"))
+                    chunk = read(1 << 16)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if got > max_bytes:
+                        raise _Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; "
+                                                         "refused (is this the right object?)"))
+                    parts.append(chunk)
+                if length is not None and got != int(length):
+                    raise DataSourceError(f"{url}: the body ended after {got:,} of {int(length):,} bytes")
+                codings = [c.strip().lower() for c in str(resp.get("ContentEncoding") or "").split(",")
+                           if c.strip() and c.strip().lower() not in ("identity", "aws-chunked")]
+                try:
+                    return decode_content(url, b"".join(parts), codings, max_bytes, what)
+                except DataSourceError as exc:
+                    raise _Permanent(exc) from None
             finally:
                 body.close()
 
-        return self._call(self.url(name), "GET", once)
+        return self._call(url, "GET", once)
 
     def head_size(self, name: str) -> int:
         """The size of ``name`` in bytes (HEAD).
@@ -454,10 +559,13 @@ class StoreLocation:
         """Every object under the prefix (and ``sub``): ``[(name relative to the prefix, size in
         bytes, mtime in ns)]`` in key order.
 
-        One paginated listing (1000 keys a request), never one request per "directory".
+        One paginated listing (1000 keys a request), never one request per "directory", bounded
+        by :data:`MAX_LIST_PAGES` requests and :data:`MAX_LIST_KEYS` keys.
 
         Raises:
-            DataSourceError: the listing failed (a missing bucket, 403 ... named).
+            DataSourceError: the listing failed (a missing bucket, 403 ... named), or the server
+                misbehaves: it repeats a continuation token, says "truncated" without one, or
+                passes a bound (names the endpoint).
         """
         out: list[tuple[str, int, int]] = []
         prefix = self.prefix + sub
@@ -470,14 +578,30 @@ class StoreLocation:
             return self.client().list_objects_v2(**kw)
 
         n = len(self.prefix)
-        while True:
+        seen: set[str] = set()
+        where = f"{self.base}{sub}: the listing from {self.endpoint}"
+        for pages in range(1, MAX_LIST_PAGES + 1):
             resp = self._call(self.base + sub, "LIST", page)
             for obj in resp.get("Contents", []):
                 mtime = obj.get("LastModified")
                 out.append((obj["Key"][n:], int(obj["Size"]), int(mtime.timestamp() * 1e9) if mtime else 0))
+            if len(out) > MAX_LIST_KEYS:
+                raise DataSourceError(f"{where} passed {MAX_LIST_KEYS:,} keys after {pages:,} pages; list a narrower "
+                                      "prefix (or pack the folder into shards, which lists only the shards)")
             if not resp.get("IsTruncated"):
                 return out
             token[0] = resp.get("NextContinuationToken")
+            if not token[0]:
+                raise DataSourceError(f"{where} says it is truncated after {pages:,} pages ({len(out):,} keys) but "
+                                      "gives no continuation token: the server does not speak ListObjectsV2 "
+                                      "correctly; check AWS_ENDPOINT_URL / --storage-option endpoint_url=...")
+            if token[0] in seen:
+                raise DataSourceError(f"{where} repeats a continuation token after {pages:,} pages ({len(out):,} "
+                                      "keys): the server would list the same page forever; check the server (or "
+                                      "AWS_ENDPOINT_URL / --storage-option endpoint_url=...)")
+            seen.add(token[0])
+        raise DataSourceError(f"{where} is still truncated after {MAX_LIST_PAGES:,} pages ({len(out):,} keys); list "
+                              "a narrower prefix, or check the server")
 
     def list_sizes(self, sub: str = "") -> dict[str, int]:
         """``{name relative to the prefix: size in bytes}`` of every object under the prefix
@@ -502,7 +626,7 @@ class StoreLocation:
         """
         murl = self.url(self.manifest_name)
         try:
-            raw = self.read_bytes(self.manifest_name)
+            raw = self.read_bytes(self.manifest_name, max_bytes=MAX_MANIFEST_BYTES, what="the manifest")
         except FileNotFoundError:
             raise ManifestError(f"{murl}: not found; {self.base} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
@@ -620,6 +744,12 @@ class StoreRangeStream:
             if "InvalidRange" in str(exc) and self.end is None:  # start at or past the end: nothing left
                 return
             raise
+        codings = [c.strip() for c in str(resp.get("ContentEncoding") or "").split(",")
+                   if c.strip() and c.strip().lower() not in ("identity", "aws-chunked")]
+        if codings:  # the stored bytes are encoded: a range of them is not the file's bytes
+            resp["Body"].close()
+            raise DataSourceError(f"{self.url}: the object is stored with Content-Encoding: {', '.join(codings)}, so "
+                                  "its bytes are not the shard's; upload shards without Content-Encoding")
         cr = resp.get("ContentRange")
         if cr:
             span, _, total = cr.partition(" ")[2].partition("/")

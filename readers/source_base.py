@@ -8,7 +8,9 @@ Every source turns a stored sample into the same output through :meth:`SourceBas
 
 ``on_error="raise"`` re-raises, the message naming the file, or the shard and key (and the
 sample's original file from its metadata when there is one). ``on_error="skip"`` drops a sample
-that cannot be read or decoded (a damaged shard: the rest of its range) and counts it:
+that cannot be read or decoded (a damaged shard: the rest of its range) and counts it (a
+:class:`~shardfeed.readers.errors.StorageAccessError`: credentials rejected or expired, HTTP
+401/403, a wrong region or endpoint, is never skipped but raised under either choice):
 
 * each process logs the first skip of an epoch with its reason (WARNING);
 * the epoch's total is reported once: by :class:`~shardfeed.readers.loader.ShardfeedLoader` at
@@ -55,6 +57,7 @@ import numpy as np
 from .decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS
 from .epoch import (ON_ERROR, positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, worker_batches)
+from .errors import StorageAccessError
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
@@ -408,7 +411,7 @@ class SourceBase:
             where: the file, shard or ``"shard S key K"`` it concerns.
             count: samples lost with it (a damaged shard loses the rest of its range).
         """
-        if self.on_error == "raise":
+        if self.on_error == "raise" or isinstance(exc, StorageAccessError):  # skip is for damaged data only
             raise exc
         if self._skips == 0:
             log.warning("on_error='skip': skipping %s: %s (further skips this epoch are counted)", where, exc)

@@ -53,6 +53,7 @@ from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, s
                     spans_to_ranges, worker_batch_counts_before, worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem, read_index
+from .http_io import index_size_cap
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
@@ -183,7 +184,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             if isinstance(self.location, LocalLocation):
                 offsets = self.location.read_index(entry.index)
             else:
-                offsets = decode_index(self.location.read_bytes(entry.index), self.location.where(entry.index))
+                cap = index_size_cap(entry.num_samples, entry.num_bytes)  # both from the untrusted manifest
+                raw = self.location.read_bytes(entry.index, max_bytes=cap, what="the offset index")
+                offsets = decode_index(raw, self.location.where(entry.index))
             if len(offsets) != entry.num_samples:
                 raise CorruptDataError(f"{self.location.where(entry.index)}: {len(offsets)} offsets but "
                                        f"{entry.num_samples} samples in the manifest; rebuild it with "

@@ -194,8 +194,8 @@ class DatasetLocation:
         self.http = None
         if self.url:
             self.http = loc
-            self.root = self.http.base
-            self.manifest_source = self.http.url(self.http.manifest_name)
+            self.root = str(self.http)  # for messages and reports: no user:password@ of the URL
+            self.manifest_source = self.http.where(self.http.manifest_name)
         else:
             p = loc
             self.manifest_source = str(find_manifest_path(p))

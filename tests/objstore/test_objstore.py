@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SECRET
+from .conftest import ACCESS_KEY, SECRET
 
 pytestmark = pytest.mark.network
 
@@ -365,7 +365,8 @@ def test_retries_log_no_credentials(error_server, caplog):
     from shardfeed.readers.objstore import StoreLocation
 
     endpoint = error_server(503, "SlowDown", "reduce your rate " + SECRET)  # even a server echoing it
-    loc = StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint, "secret": SECRET}, retries=1)
+    loc = StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint, "key": ACCESS_KEY, "secret": SECRET},
+                        retries=1)
     with caplog.at_level(logging.DEBUG), pytest.raises(DataSourceError) as e:
         loc.read_bytes("a.tar")
     assert "attempt 1 of 2" in caplog.text

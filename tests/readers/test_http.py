@@ -234,3 +234,58 @@ def test_many_shards_open_with_bounded_head_checks(packed_wds, tmp_path, start_h
     assert len(got) == len(tiny_folder_expected) - n_missing and ds.skipped == n_missing
     for s in got:
         assert s.data == tiny_folder_expected[s.meta["path"]][0]
+
+
+class _ConnectProxy(http.server.BaseHTTPRequestHandler):
+    """A CONNECT-only proxy (RFC 9110 9.3.6): relays bytes both ways; ``server.tunnels`` records
+    each target."""
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def do_CONNECT(self):
+        import select
+        import socket
+
+        host, _, port = self.path.rpartition(":")
+        self.server.tunnels.append(self.path)
+        upstream = socket.create_connection((host, int(port)), timeout=10)
+        self.send_response(200, "Connection established")
+        self.end_headers()
+        self.wfile.flush()
+        peers = {self.connection: upstream, upstream: self.connection}
+        try:
+            while True:
+                ready, _, _ = select.select(list(peers), [], [], 10)
+                if not ready:
+                    return
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except OSError:
+            pass
+        finally:
+            upstream.close()
+
+
+@pytest.mark.timeout(60)
+def test_https_through_an_http_proxy_tunnel(https_server, tiny_folder_expected, monkeypatch):
+    import threading
+
+    base, cert, _ = https_server
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ConnectProxy)
+    proxy.daemon_threads, proxy.tunnels = True, []
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        got = {s.meta["path"]: (s.data, s.label) for s in open_dataset(f"{base}/wds/", decode=False)}
+        assert got == tiny_folder_expected
+        assert proxy.tunnels and set(proxy.tunnels) == {base.split("://")[1]}
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
