@@ -143,8 +143,11 @@ def fail_cleanly(f: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         from shardfeed.readers.errors import ShardfeedError
 
+        from ..ownership import cli_flags
+
         try:
-            return f(*args, **kwargs)
+            with cli_flags():  # messages name options by their flags (--overwrite), not PackOptions fields
+                return f(*args, **kwargs)
         except KeyboardInterrupt as exc:
             terminated = isinstance(exc, Terminated)
             click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
