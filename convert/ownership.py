@@ -86,6 +86,8 @@ class OutContents:
         foreign: the other entries, sorted.
         manifest: the finished dataset's manifest, when ``manifest.json`` is shardfeed's.
         plan: the unfinished pack's ``plan.json`` (a dict), when the state folder has one.
+        in_the_way: foreign entries at a name the records name (a link, a folder): a pack
+            never writes through them.
     """
 
     where: str
@@ -94,6 +96,7 @@ class OutContents:
     foreign: list[str]
     manifest: Manifest | None = None
     plan: dict | None = None
+    in_the_way: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -184,7 +187,7 @@ def survey(where: str, entries: Mapping[str, str], read: Callable[[str], bytes |
     def is_named(name: str) -> bool:
         return name in named or any(p.fullmatch(name) for p in patterns)
 
-    ours, foreign = [], []
+    ours, foreign, in_the_way = [], [], []
     for name, kind in entries.items():
         if name == LOCK_NAME:
             continue
@@ -202,8 +205,12 @@ def survey(where: str, entries: Mapping[str, str], read: Callable[[str], bytes |
                 is_named(b) or b in (MANIFEST_NAME, WIDS_INDEX_NAME, CARD_NAME)
                 for b in {base, base.rsplit(".", 1)[0]})
         (ours if mine else foreign).append(name)
+        if not mine and name != STATE_DIR:
+            base = _tmp_of(name)
+            if is_named(name) or (base is not None and (is_named(base) or is_named(base.rsplit(".", 1)[0]))):
+                in_the_way.append(name)  # a link or folder where the pack writes one of its files
     return OutContents(where=where, entries=entries, ours=sorted(ours), foreign=sorted(foreign),
-                       manifest=manifest, plan=plan)
+                       manifest=manifest, plan=plan, in_the_way=sorted(in_the_way))
 
 
 def _consumer_is_ours(name: str, head: bytes | None) -> bool:
@@ -301,8 +308,12 @@ def decide(contents: OutContents, *, resume: bool, overwrite: bool, api: bool | 
         if overwrite:
             raise ValueError(f"{where}: holds {what}; refusing to delete them with {ow}, which deletes only the "
                              f"files the previous dataset's records name: {elsewhere}")
-        if resume and contents.unfinished:
+        if resume and contents.unfinished and not contents.in_the_way:
             return "resume"  # the pack writes only the names of its own plan
+        if resume and contents.in_the_way:
+            raise ValueError(f"{where}: holds {', '.join(contents.in_the_way[:5])} where the pack writes its own "
+                             "files, and not as a plain file (a link or a folder): shardfeed never writes through "
+                             "them; remove them, or choose another output location")
         if resume and contents.finished:
             return "finished"
         if resume:

@@ -452,8 +452,9 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
             shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
-        for tmp in out.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+        for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
+            if tmp.is_file() or tmp.is_symlink():
+                tmp.unlink(missing_ok=True)
         raise
     skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + skipped
     num_samples = sum(s.num_samples for s in shards)

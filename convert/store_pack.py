@@ -39,6 +39,7 @@ from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
 from .consumers import CARD_NAME, WIDS_INDEX_NAME
 from .pack_state import PLAN_NAME, STATE_DIR
+from .tarwriter import create_new_file
 
 __all__ = ["pack_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS", "DOWNLOAD_THREADS"]
 
@@ -52,9 +53,44 @@ _STATE_KEY = f"{STATE_DIR}/{PLAN_NAME}"
 
 
 def staging_dir(url: str, kind: str = "staging") -> Path:
-    """The local folder where a pack to (or from) ``url`` is staged (stable across runs: resume)."""
+    """The local folder where a pack to (or from) ``url`` is staged (stable across runs: resume).
+
+    Its name is predictable (in the shared temp dir), so it must be this user's own: it is
+    created 0700, and one that is a link, another user's, or open to others is refused.
+
+    Raises:
+        OSError: the folder is a link, not this user's, or readable or writable by others (named,
+            with the fix: remove it or set ``SHARDFEED_STAGING_DIR``).
+    """
     base = os.environ.get("SHARDFEED_STAGING_DIR") or tempfile.gettempdir()
-    return Path(base) / f"shardfeed-{kind}-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+    path = Path(base) / f"shardfeed-{kind}-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+    _check_own_dir(path)
+    return path
+
+
+def _check_own_dir(path: Path) -> None:
+    """Refuse a staging folder that another user could have planted or can write into."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    problem = None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder (a link or a file)"
+    elif hasattr(os, "getuid") and st.st_uid != os.getuid():
+        problem = f"belongs to another user (uid {st.st_uid})"
+    elif stat.S_IMODE(st.st_mode) & 0o022:
+        problem = "is writable by other users"
+    if problem:
+        raise OSError(f"{path}: the staging folder {problem}; shardfeed never stages into a folder others control: "
+                      "remove it, or set SHARDFEED_STAGING_DIR to a folder of your own")
+
+
+def _make_own_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_own_dir(path)
 
 
 def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, storage_options: dict | None = None,
@@ -83,6 +119,7 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
     dest = staging_dir(loc.base, "mirror")
     files = scan.files
     # every class folder exists locally, empty ones included (they keep their index)
+    _make_own_dir(dest)
     for c in scan.classes:
         if c in files.class_names or class_to_idx is None:
             (dest / c).mkdir(parents=True, exist_ok=True)
@@ -99,7 +136,8 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
         data = loc.read_bytes(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
+        with os.fdopen(create_new_file(tmp), "wb") as f:  # never through a link
+            f.write(data)
         os.utime(tmp, ns=(mtime, mtime))
         os.replace(tmp, path)
         return len(data)
@@ -199,6 +237,7 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     local_resume = options.resume and bool(listing) and (stage / STATE_DIR).is_dir()
     if stage.exists() and not local_resume:
         shutil.rmtree(stage)
+    _make_own_dir(stage)
     import dataclasses
 
     local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)

@@ -182,3 +182,44 @@ def test_a_pack_killed_before_its_plan_is_started_again(state, flags, src, fresh
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _tree(out) == fresh["wds"]
+
+
+def test_a_resumed_pack_never_writes_through_a_link_at_a_shard_temp_name(src, tmp_path):
+    bad = tmp_path / "bad"
+    for rel, data in _tree(src).items():
+        (bad / rel).parent.mkdir(parents=True, exist_ok=True)
+        (bad / rel).write_bytes(data)
+    (bad / "c1" / "zz.png").write_bytes(b"")  # stops the pack in the middle
+    out = tmp_path / "out"
+    opts = dict(workers=1, max_count=2, shuffle=False)
+    with pytest.raises(ValueError, match="zz.png"):
+        pack(bad, out, PackOptions(**opts))
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"the victim's bytes")
+    (out / ".thesis.tmp").write_bytes(b"a user's file")  # a hidden .tmp no record names
+    for i in range(10):
+        if not (out / f"shard-{i:06d}.tar").exists():
+            (out / f".shard-{i:06d}.tar.tmp").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"\.shard-0000\d\d\.tar\.tmp.* never writes through"):
+        pack(bad, out, PackOptions(**opts, resume=True))
+    for link in out.glob(".shard-*.tar.tmp"):
+        link.unlink()
+    with pytest.raises(ValueError, match="zz.png"):  # the same bad file stops the resumed pack
+        pack(bad, out, PackOptions(**opts, resume=True))
+    assert victim.read_bytes() == b"the victim's bytes"
+    assert (out / ".thesis.tmp").read_bytes() == b"a user's file"  # not deleted with the pack's temp files
+
+
+def test_the_shard_writer_replaces_a_link_at_its_temp_name(tmp_path):
+    from shardfeed.convert.tarwriter import TarShardFile
+
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"the victim's bytes")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".shard-000000.tar.tmp").symlink_to(victim)
+    shard = TarShardFile(out, "shard-000000.tar", "shard-000000.sfidx", background=False)
+    shard.add_sample("000000000", [("png", b"x" * 10), ("cls", b"1"), ("json", b"{}")])
+    entry = shard.close()
+    assert victim.read_bytes() == b"the victim's bytes"
+    assert (out / "shard-000000.tar").stat().st_size == entry.num_bytes and not (out / "shard-000000.tar").is_symlink()
