@@ -15,6 +15,7 @@ from shardfeed.readers.format import (
 )
 
 from ..outlock import listing, output_lock
+from ..tarwriter import create_new_file
 from .common import (
     DatasetLocation,
     Progress,
@@ -158,7 +159,7 @@ def _write_samples(loc, manifest, out: Path, out_resolved: Path, overwrite: bool
         if dest.exists() and not overwrite:
             raise ValueError(f"{dest}: exists already; pass --overwrite to replace it")
         tmp = dest.with_name(f".{dest.name}.unpack.tmp")
-        with open(tmp, "wb") as f:
+        with os.fdopen(create_new_file(tmp), "wb") as f:  # never through a link planted at the temp name
             f.write(s.data)
         os.replace(tmp, dest)
         report.num_files += 1

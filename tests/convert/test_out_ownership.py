@@ -223,3 +223,18 @@ def test_the_shard_writer_replaces_a_link_at_its_temp_name(tmp_path):
     entry = shard.close()
     assert victim.read_bytes() == b"the victim's bytes"
     assert (out / "shard-000000.tar").stat().st_size == entry.num_bytes and not (out / "shard-000000.tar").is_symlink()
+
+
+def test_unpack_never_writes_through_a_link_at_its_temp_name(src, tmp_path):
+    from shardfeed.convert.tools.unpack import unpack
+
+    packed = tmp_path / "packed"
+    pack(src, packed, PackOptions(workers=1, max_count=4))
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"the victim's bytes")
+    out = tmp_path / "out"
+    (out / "c0").mkdir(parents=True)
+    (out / "c0" / ".00.png.unpack.tmp").symlink_to(victim)
+    unpack(packed, out, overwrite=True)
+    assert victim.read_bytes() == b"the victim's bytes"
+    assert (out / "c0" / "00.png").read_bytes() == (src / "c0" / "00.png").read_bytes()
