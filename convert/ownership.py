@@ -323,6 +323,9 @@ def decide(contents: OutContents, *, resume: bool, overwrite: bool, api: bool | 
                          f"{elsewhere}")
     if overwrite:
         return "overwrite"
+    if contents.unfinished and contents.plan.get("command") == "convert":
+        raise ValueError(f"{where}: holds an unfinished `shardfeed convert` (stopped before its manifest; a convert "
+                         f"is not resumed): run it again with {ow}")
     if resume:
         if contents.unfinished:
             return "resume"

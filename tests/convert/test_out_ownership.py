@@ -238,3 +238,32 @@ def test_unpack_never_writes_through_a_link_at_its_temp_name(src, tmp_path):
     unpack(packed, out, overwrite=True)
     assert victim.read_bytes() == b"the victim's bytes"
     assert (out / "c0" / "00.png").read_bytes() == (src / "c0" / "00.png").read_bytes()
+
+
+def test_an_interrupted_convert_is_replaced_by_convert_overwrite(src, tmp_path):
+    import shutil
+
+    from shardfeed.convert.tools.convert import convert_dataset
+
+    packed = tmp_path / "packed"
+    pack(src, packed, PackOptions(workers=1, max_count=4, shuffle=False))
+    last = sorted(packed.glob("*.tar"))[-1]
+    good = last.read_bytes()
+    bad = bytearray(good)
+    bad[100] ^= 0xFF  # the first header's checksum fails: the convert stops after its first shards
+    last.write_bytes(bytes(bad))
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    with pytest.raises(Exception):
+        convert_dataset(packed, out, format="wds", max_count=2)
+    assert list(out.glob("*.tar")) and not (out / "manifest.json").exists()
+    last.write_bytes(good)
+    with pytest.raises(ValueError, match="unfinished `shardfeed convert`.*overwrite"):
+        convert_dataset(packed, out, format="wds", max_count=2)
+    (out / "notes.txt").write_bytes(b"mine")
+    with pytest.raises(ValueError, match=r"notes\.txt"):
+        convert_dataset(packed, out, format="wds", max_count=2, overwrite=True)
+    (out / "notes.txt").unlink()
+    convert_dataset(packed, out, format="wds", max_count=2, overwrite=True)
+    convert_dataset(packed, fresh, format="wds", max_count=2)
+    assert _tree(out) == _tree(fresh)
+    shutil.rmtree(fresh)
