@@ -115,9 +115,13 @@ class PackOptions:
             Manifests keep recording ``"fail"`` for ``"raise"`` (their bytes do not change).
         decode_check: fully decode every image while packing (readers' decode rules).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
-        resume: continue an interrupted pack in OUT (an OUT that is missing or empty is packed
-            from the start, so scripts may always pass it).
-        overwrite: replace an existing dataset in OUT.
+        resume: continue an interrupted pack in OUT (an OUT that is missing or empty, or whose
+            pack stopped before writing its plan, is packed from the start; an OUT holding the
+            finished dataset of the same options and source is reported complete: scripts may
+            always pass it).
+        overwrite: replace the shardfeed dataset in OUT: only what its records name (manifest,
+            plan, the files they list) is deleted; anything else is refused by name
+            (:mod:`shardfeed.convert.ownership`).
         reencode: re-encode every image (resize / quality / format,
             :class:`~shardfeed.convert.reencode.ReencodeOptions` or a dict of its fields); None
             stores the original bytes unchanged.

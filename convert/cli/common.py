@@ -504,8 +504,13 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
                                "still stored unchanged.")),
         "resume": (("--resume",), dict(
             is_flag=True,
-            help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten.")),
-        "overwrite": (("--overwrite",), dict(is_flag=True, help="Replace an existing dataset in OUT.")),
+            help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten. Safe to "
+                 "always pass: a missing or empty OUT is packed from the start, and OUT already holding this "
+                 "command's finished dataset exits 0.")),
+        "overwrite": (("--overwrite",), dict(
+            is_flag=True,
+            help="Replace the shardfeed dataset in OUT: deletes only what its manifest or pack plan names (shards, "
+                 "indexes, card, state); anything else in OUT is refused by name, nothing deleted.")),
         "executor": (("--executor",), dict(
             type=click.Choice(["local", "ray"], case_sensitive=False), default="local", show_default=True,
             help="Where the tasks run: this machine's --workers processes, or a Ray cluster (one task per shard; "
