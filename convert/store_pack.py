@@ -230,6 +230,9 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
         from .scan import scan_image_folder
 
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
+    from .outlock import check_not_busy
+
+    check_not_busy(staging_dir(loc.base))  # another pack to this prefix from this host: named before the prefix
     listing, finished = _check_out(loc, options, scan=scan, t0=t0)
     if finished is not None:
         return finished

@@ -78,3 +78,19 @@ def test_an_unfinished_pack_reads_as_incomplete_in_a_bucket_as_on_disk(tiny_imag
             open_dataset(str(out))
         r = _cli("inspect", out, env=env)
         assert r.returncode != 0 and "did not finish" in r.stderr and "--resume" in r.stderr, r.stderr
+
+
+def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, s3_bucket, tmp_path, monkeypatch):
+    from shardfeed.convert.outlock import output_lock
+    from shardfeed.convert.store_pack import staging_dir
+
+    bucket = s3_bucket("own-busy")
+    url = f"s3://{bucket}/b/"
+    env = {**os.environ, "SHARDFEED_STAGING_DIR": str(tmp_path)}
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path))
+    stage = staging_dir(url)
+    with output_lock(stage, "pack"):  # what the first pack holds while it builds and uploads
+        for flags in ([], ["--overwrite"], ["--resume"]):
+            r = _cli("pack", tiny_image_folder, url, *flags, env=env)
+            assert r.returncode == 1, r.stderr
+            assert f"another shardfeed command is writing this folder: PID {os.getpid()}" in r.stderr, r.stderr
