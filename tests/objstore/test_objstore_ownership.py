@@ -80,7 +80,8 @@ def test_an_unfinished_pack_reads_as_incomplete_in_a_bucket_as_on_disk(tiny_imag
         assert r.returncode != 0 and "did not finish" in r.stderr and "--resume" in r.stderr, r.stderr
 
 
-def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, s3_bucket, tmp_path, monkeypatch):
+def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, s3_client, s3_bucket, tmp_path,
+                                                             monkeypatch):
     from shardfeed.convert.outlock import output_lock
     from shardfeed.convert.store_pack import staging_dir
 
@@ -89,8 +90,13 @@ def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, 
     env = {**os.environ, "SHARDFEED_STAGING_DIR": str(tmp_path)}
     monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path))
     stage = staging_dir(url)
+    # what the first pack has put in the prefix so far: its marker and a shard
+    first = {".shardfeed-pack/plan.json": b'{"pack": "unfinished"}', "shard-000000.tar": b"\0" * 1024}
+    for key, body in first.items():
+        s3_client.put_object(Bucket=bucket, Key="b/" + key, Body=body)
     with output_lock(stage, "pack"):  # what the first pack holds while it builds and uploads
         for flags in ([], ["--overwrite"], ["--resume"]):
             r = _cli("pack", tiny_image_folder, url, *flags, env=env)
             assert r.returncode == 1, r.stderr
             assert f"another shardfeed command is writing this folder: PID {os.getpid()}" in r.stderr, r.stderr
+    assert _download(s3_client, bucket, "b/") == first  # the first pack's objects untouched
