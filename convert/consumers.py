@@ -30,7 +30,7 @@ from pathlib import Path
 from shardfeed.readers.format import Manifest, created_by, split_member_name, write_bytes_atomic
 
 __all__ = ["WIDS_INDEX_NAME", "CARD_NAME", "CARD_MARKER", "write_consumer_files", "wids_shard_index",
-           "dataset_card", "metadata_fields", "is_ours", "dataset_name"]
+           "dataset_card", "metadata_fields", "field_examples", "is_ours", "dataset_name"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ def wids_shard_index(manifest: Manifest, name: str) -> dict:
 
     Returns:
         ``{"__kind__": "wids-shard-index-v1", "wids_version": 1, "name", "shardlist": [{"url",
-        "nsamples", "filesize"}], "created_by"}``; urls are shard file names, relative to the index.
+        "nsamples", "filesize"}], "created_by"}`` and, for a dataset with extra fields, ``"fields": {name:
+        member extension}``; urls are shard file names, relative to the index.
     """
     return {
         "__kind__": "wids-shard-index-v1",
@@ -59,7 +60,13 @@ def wids_shard_index(manifest: Manifest, name: str) -> dict:
         "name": name,
         "created_by": manifest.created_by or created_by(),
         "shardlist": [{"url": s.name, "nsamples": s.num_samples, "filesize": s.num_bytes} for s in manifest.shards],
+        # the extra fields' member names (manifest version 3), for a reader choosing what to decode
+        **({"fields": {f: d["member"] for f, d in manifest.fields.items()}} if manifest.fields else {}),
     }
+
+
+#: The largest ``json`` member :func:`metadata_fields` reads (shardfeed's hold a few hundred bytes).
+META_MAX_BYTES = 1 << 20
 
 
 def metadata_fields(root: str | os.PathLike, manifest: Manifest) -> dict:
@@ -80,6 +87,8 @@ def metadata_fields(root: str | os.PathLike, manifest: Manifest) -> dict:
                     if key != first_key:
                         break
                     if ext == "json" and m.isfile():
+                        if m.size > META_MAX_BYTES:  # a damaged size field, or not shardfeed's metadata
+                            break
                         meta = json.loads(tf.extractfile(m).read())
                         if isinstance(meta, dict):
                             for k, v in meta.items():
@@ -88,6 +97,47 @@ def metadata_fields(root: str | os.PathLike, manifest: Manifest) -> dict:
         except (OSError, tarfile.TarError, ValueError) as exc:
             log.debug("%s: no metadata fields read (%s)", entry.name, exc)
     return fields
+
+
+def field_examples(root: str | os.PathLike, manifest: Manifest) -> dict:
+    """``{field: parsed example}`` for the extra fields whose member is JSON, from the first
+    samples of the first shard that has them (the card declares their struct)."""
+    wanted = {d["member"]: f for f, d in (manifest.fields or {}).items() if d["member"].endswith("json")}
+    found: dict = {}
+    for entry in manifest.shards[:META_SAMPLE_SHARDS]:
+        if len(found) == len(wanted):
+            break
+        try:
+            with tarfile.open(Path(root) / entry.name, "r:") as tf:
+                for _ in range(256):
+                    m = tf.next()
+                    if m is None:
+                        break
+                    _, ext = split_member_name(m.name)
+                    if ext in wanted and wanted[ext] not in found and m.isfile():
+                        found[wanted[ext]] = json.loads(tf.extractfile(m).read())
+                        if len(found) == len(wanted):
+                            break
+        except (OSError, tarfile.TarError, ValueError) as exc:
+            log.debug("%s: no field examples read (%s)", entry.name, exc)
+    return found
+
+
+def _field_feature_yaml(member: str, example) -> list[str]:
+    """The ``dataset_info`` feature of an extra field's column (Hugging Face's webdataset builder
+    decodes a member by its last extension: ``txt`` as text, ``json`` as JSON, images as Image)."""
+    from shardfeed.readers.format import IMAGE_EXTENSIONS
+
+    last = member.rsplit(".", 1)[-1]
+    if last in IMAGE_EXTENSIONS:
+        return [f"  - name: {_q(member)}", "    dtype: image"]
+    if last in ("txt", "text"):
+        return [f"  - name: {_q(member)}", "    dtype: string"]
+    if last == "json" and isinstance(example, dict) and example:
+        return _feature_yaml(member, example, "  ")
+    if last == "json":
+        return [f"  - name: {_q(member)}", "    dtype: string"]  # a JSON list or scalar: not declared precisely
+    return [f"  - name: {_q(member)}", "    dtype: binary"]
 
 
 def _q(text: str) -> str:
@@ -121,13 +171,16 @@ def _dtype(value) -> str:
     return "string"
 
 
-def dataset_card(manifest: Manifest, meta_fields: dict, *, name: str) -> str:
+def dataset_card(manifest: Manifest, meta_fields: dict, *, name: str, extra_examples: dict | None = None) -> str:
     """A Hugging Face dataset card (``README.md``) declaring the dataset's columns.
 
     Args:
         manifest: a WebDataset manifest (version 2: its ``extensions`` give the image columns).
         meta_fields: ``{field: example value}`` of the ``json`` member (:func:`metadata_fields`).
         name: the dataset's name (the card's title).
+        extra_examples: ``{field: example value}`` of the JSON extra fields (:func:`field_examples`);
+            each extra field is a column named by its member (``txt``: string, ``mask.png``:
+            image, ``sidecar.json``: a struct, others binary).
 
     Returns:
         The card's text: YAML front matter (``dataset_info.features``, ``configs``) and a short body.
@@ -144,8 +197,11 @@ def dataset_card(manifest: Manifest, meta_fields: dict, *, name: str) -> str:
     lines = ["---", "dataset_info:", "  features:"]
     for ext in exts:
         lines += [f"  - name: {_q(ext)}", "    dtype: image"]
-    lines += ["  - name: cls", "    dtype:", "      class_label:", "        names:"]
-    lines += [f"          {_q(str(i))}: {_q(c)}" for i, c in enumerate(manifest.classes)]
+    if manifest.labelled:  # an unlabelled dataset (manifest version 3) has no cls member
+        lines += ["  - name: cls", "    dtype:", "      class_label:", "        names:"]
+        lines += [f"          {_q(str(i))}: {_q(c)}" for i, c in enumerate(manifest.classes)]
+    for name, desc in (manifest.fields or {}).items():  # extra fields (sidecars), by their member name
+        lines += _field_feature_yaml(desc["member"], (extra_examples or {}).get(name))
     if meta_fields:
         lines += ["  - name: json", "    struct:"]
         for k, v in meta_fields.items():
@@ -161,6 +217,12 @@ def dataset_card(manifest: Manifest, meta_fields: dict, *, name: str) -> str:
         "image under its own extension (one column per extension; the others are empty), its class "
         "index (`cls`) and its metadata (`json`: the original path and class).",
         "",
+    ]
+    if manifest.fields or not manifest.labelled:
+        extra = ", ".join(f"`{d['member']}` ({d['count']} samples)" for d in manifest.fields.values())
+        lines += [("Unlabelled: no `cls` column. " if not manifest.labelled else "")
+                  + (f"Extra fields (sidecar files): {extra}." if extra else ""), ""]
+    lines += [
         "```python",
         "import datasets",
         "ds = datasets.load_dataset(\"PATH/TO/THIS/FOLDER\", split=\"train\")",
@@ -226,7 +288,8 @@ def write_consumer_files(root: str | os.PathLike, manifest: Manifest, *, name: s
     written = []
     files = {WIDS_INDEX_NAME: lambda: (json.dumps(wids_shard_index(manifest, name), indent=1) + "\n").encode()}
     if manifest.image_extensions:
-        files[CARD_NAME] = lambda: dataset_card(manifest, metadata_fields(root, manifest), name=name).encode("utf-8")
+        files[CARD_NAME] = lambda: dataset_card(manifest, metadata_fields(root, manifest), name=name,
+                                                extra_examples=field_examples(root, manifest)).encode("utf-8")
     for fname, make in files.items():
         path = root / fname
         if path.exists() and not is_ours(path):

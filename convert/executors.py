@@ -74,6 +74,7 @@ __all__ = [
     "make_executor",
     "use_executor",
     "active_executor",
+    "signals_held",
 ]
 
 log = logging.getLogger(__name__)
@@ -143,22 +144,112 @@ def task_progress() -> ProgressSink:
     return _worker_progress or ProgressSink()
 
 
+#: The signals that stop a pack (Ctrl-C, ``kill``): held while a pool starts or stops.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _init_worker(q) -> None:
     global _worker_progress
     _worker_progress = ProgressSink(q)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: pool.terminate() ends us quietly
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: a SIGTERM ends us quietly
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
+    # forked (or spawned) with both blocked (see signals_held): only now, with our own handlers, take them
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block ends, then act on them as usual.
+
+    Starting and stopping a process pool must not be cut in the middle: an interrupt raised inside
+    ``multiprocessing.Pool()`` leaves running workers nobody can stop (the pool object never
+    reaches the caller), and one raised while stopping leaves others behind. Inside the block a
+    signal is recorded; at its end the previous handler gets it (``KeyboardInterrupt``,
+    :class:`~shardfeed.convert.cli.common.Terminated`). Both signals are also blocked in the
+    calling thread, so the processes and threads started in the block begin with them blocked: a
+    pool worker takes them only once :func:`_init_worker` has installed its own handlers (a worker
+    forked while the CLI's handler was in place would otherwise raise it and print a traceback).
+    Outside the main thread (where Python runs no signal handler) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum, frame):
+        caught.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in _STOP_SIGNALS}
+    masking = hasattr(signal, "pthread_sigmask")  # (not on Windows, where workers are spawned anyway)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if masking else None
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():  # first the handlers, then the mask: a pending signal reaches them
+            signal.signal(s, handler)
+        if masking:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if caught:
+            handler = previous[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(caught[0])
+
+
+def _kill_pool(pool, wait_s: float = 5.0) -> None:
+    """Stop a ``multiprocessing.Pool`` now, whatever its workers and its locks are doing.
+
+    ``Pool.terminate()`` waits on locks shared with the workers (the task and result queues'); a
+    worker killed while holding one (``kill -- -PGID``, ``timeout``, a container stopping: the
+    signal reaches the workers too, and an idle worker holds the task queue's lock) makes it
+    wait forever. Here the pool's worker handler is told to start no new worker, every worker is
+    killed (``SIGKILL``: no Python code runs, nothing is printed) and reaped, and the pool's own
+    finalizer, which would run ``terminate()`` at exit, is cancelled. The pool's helper threads
+    are daemon threads; those left blocked on a dead worker's lock end with the process.
+    Reads ``Pool``'s private ``_pool``, ``_worker_handler``, ``_change_notifier`` and
+    ``_terminate`` (unchanged from Python 3.8 to 3.13).
+    """
+    from multiprocessing import pool as mp_pool
+
+    handler = getattr(pool, "_worker_handler", None)
+    if handler is not None:
+        handler._state = mp_pool.TERMINATE  # it replaces no more dead workers
+    pool._state = mp_pool.TERMINATE  # (no ResourceWarning from Pool.__del__)
+    notifier = getattr(pool, "_change_notifier", None)
+    deadline = time.monotonic() + wait_s
+    while True:
+        for p in list(pool._pool):
+            if p.exitcode is None:
+                p.kill()
+        if handler is None or not handler.is_alive() or time.monotonic() > deadline:
+            break
+        if notifier is not None:
+            notifier.put(None)  # wakes the worker handler, which then sees TERMINATE and ends
+        handler.join(0.05)
+    for p in list(pool._pool):  # one forked by the handler just before it stopped
+        if p.exitcode is None:
+            p.kill()
+    for p in list(pool._pool):
+        p.join(max(0.1, deadline - time.monotonic()))
+    finalizer = getattr(pool, "_terminate", None)
+    if finalizer is not None:
+        finalizer.cancel()
 
 
 def run_tasks(fn, tasks: Sequence, workers: int, progress: Progress, max_in_flight: int | None = None) -> Iterator:
     """Run ``fn(task)`` for each task in ``workers`` forked processes (inline when 1); yield results in order.
 
-    Progress increments sent by the tasks through :func:`task_progress` reach ``progress``. Ctrl-C
-    terminates the workers promptly. With ``max_in_flight``, at most that many tasks are submitted
-    ahead of the consumer (memory stays bounded when results are large and the consumer is the
-    slower side); None submits every task at once.
+    Progress increments sent by the tasks through :func:`task_progress` reach ``progress``. Ctrl-C,
+    SIGTERM, an error or a consumer that stops iterating kill the workers at once and reap them
+    before the exception (or ``GeneratorExit``) leaves, at any moment: while the pool starts, runs
+    or shuts down, and when the workers got the signal too (:func:`_kill_pool`). With
+    ``max_in_flight``, at most that many tasks are submitted ahead of the consumer (memory stays
+    bounded when results are large and the consumer is the slower side); None submits every task
+    at once.
     """
     global _worker_progress
     if workers <= 1 or len(tasks) <= 1:
@@ -188,9 +279,11 @@ def run_tasks(fn, tasks: Sequence, workers: int, progress: Progress, max_in_flig
             progress(*item)
 
     t = threading.Thread(target=drain, daemon=True)
-    t.start()
-    pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(q,))
+    pool = None
     try:
+        with signals_held():  # a pool half started cannot be stopped: let it start whole
+            t.start()
+            pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(q,))
         if max_in_flight is None:
             yield from pool.imap(fn, tasks)
         else:
@@ -204,12 +297,14 @@ def run_tasks(fn, tasks: Sequence, workers: int, progress: Progress, max_in_flig
         pool.join()
         q.put(None)  # wakes the drain thread at once (it would poll up to 50 ms before seeing stop)
     except BaseException:
-        pool.terminate()
-        pool.join()
+        if pool is not None:
+            with signals_held():  # a second Ctrl-C must not leave workers behind
+                _kill_pool(pool)
         raise
     finally:
         stop.set()
-        t.join(timeout=2)
+        if t.ident is not None:
+            t.join(timeout=2)
 
 
 class Executor(Protocol):

@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 
 from shardfeed.readers.format import (
     DEFAULT_PREFIX,
+    LMDB_DATA_NAME,
     MANIFEST_NAME,
     Manifest,
     load_manifest,
@@ -49,10 +50,10 @@ from shardfeed.readers.registry import packer as format_packer
 
 from . import writers  # noqa: F401  (registers the packers and writers of every format)
 from .consumers import write_consumer_files
-from .executors import ProgressSink, check_executor, make_executor, run_tasks, use_executor
+from .executors import ProgressSink, check_executor, make_executor, run_tasks, signals_held, use_executor
 from .faults import FaultHooks, current_default_faults
 from .outlock import check_not_busy, output_lock
-from .ownership import local_entries, survey, decide
+from .ownership import decide, local_entries, survey
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .readahead import DEFAULT_READ_AHEAD
@@ -79,6 +80,7 @@ __all__ = [
     "load_sample_payload",
     "SamplePlan",
     "read_file_checked",
+    "describe_interrupted",
 ]
 
 #: Most source reads in flight per shard being written (``--read-ahead``): each is a thread, and
@@ -114,6 +116,8 @@ class PackOptions:
             readers' spelling; ``"fail"`` (the old spelling) is accepted with a DeprecationWarning.
             Manifests keep recording ``"fail"`` for ``"raise"`` (their bytes do not change).
         decode_check: fully decode every image while packing (readers' decode rules).
+        max_decode_bytes: with ``decode_check``, refuse an image whose decode would take more
+            memory than this (bytes, read from its header; 512 MiB; None: unchecked).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
         resume: continue an interrupted pack in OUT (an OUT that is missing or empty, or whose
             pack stopped before writing its plan, is packed from the start; an OUT holding the
@@ -146,6 +150,9 @@ class PackOptions:
     extensions: tuple[str, ...] | None = None
     on_error: str = "raise"
     decode_check: bool = False
+    #: with ``decode_check``: the memory one decode may take (bytes; the readers'
+    #: ``DEFAULT_MAX_DECODE_BYTES``), checked on the header; None: unchecked
+    max_decode_bytes: int | None = 512 << 20
     class_to_idx: dict | None = None
     resume: bool = False
     overwrite: bool = False
@@ -242,12 +249,12 @@ class PackReport:
     def summary(self) -> str:
         """The one-line human summary."""
         shards = "one database" if self.format == "lmdb" else _plural(self.num_shards, "shard")
+        classes = ("(no labels)" if self.extra.get("layout") == "unlabelled"
+                   else "in " + _plural(self.num_classes, 'class', 'classes'))
         if self.extra.get("already_complete"):
-            return (f"{self.output} already holds this finished dataset ({_plural(self.num_samples, 'sample')} in "
-                    f"{_plural(self.num_classes, 'class', 'classes')}, "
-                    f"{'one database' if self.format == 'lmdb' else _plural(self.num_shards, 'shard')}, "
-                    f"{_size(self.num_bytes)}); nothing to resume")
-        s = (f"packed {_plural(self.num_samples, 'sample')} in {_plural(self.num_classes, 'class', 'classes')} "
+            return (f"{self.output} already holds this finished dataset ({_plural(self.num_samples, 'sample')} "
+                    f"{classes}, {shards}, {_size(self.num_bytes)}); nothing to resume")
+        s = (f"packed {_plural(self.num_samples, 'sample')} {classes} "
              f"into {shards} ({self.format}, {_size(self.num_bytes)}) "
              f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
              f"{self.mb_per_s:.1f} MB/s")
@@ -445,10 +452,11 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
                              f"folder ({what}); rerun with the same options and files, or start again with "
                              "--overwrite")
     else:
-        state.mkdir(exist_ok=True)
-        write_plan_files(state, scan.files)  # what --resume names when the source changed
-        write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
-                                                  "options": options.fingerprint_fields()}).encode())
+        with signals_held():  # Ctrl-C or SIGTERM cannot leave a state folder without its plan
+            state.mkdir(exist_ok=True)
+            write_plan_files(state, scan.files)  # what --resume names when the source changed
+            write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
+                                                      "options": options.fingerprint_fields()}).encode())
     progress = progress or (lambda n, b: None)
     try:
         with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
@@ -478,9 +486,10 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
     finalize = extra.pop("finalize", None)
     if finalize is not None:
         finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction
-    manifest.write(out)
-    write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
-    shutil.rmtree(state, ignore_errors=True)
+    with signals_held():  # a finished manifest means a finished dataset: its consumer files, no pack state
+        manifest.write(out)
+        write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
+        shutil.rmtree(state, ignore_errors=True)
     seconds = time.perf_counter() - t0
     return PackReport(
         source=scan.root, output=str(out), format=options.format, num_samples=num_samples,
@@ -522,6 +531,43 @@ def finished_report(manifest: Manifest, where: str, scan: ScanResult, options: P
         seconds=time.perf_counter() - t0, workers=options.workers, files=dict(manifest.files or {}),
         skipped=list(manifest.skipped), ignored=scan.ignored, empty_classes=scan.empty_classes,
         num_classes=len(manifest.classes), shards_resumed=len(manifest.shards), extra={"already_complete": True})
+
+
+def describe_interrupted(out: str | os.PathLike) -> str:
+    """What a pack into ``out`` that was stopped (Ctrl-C, SIGTERM, an error) leaves there, and
+    what ``--resume`` then does: the clause of the line the CLI prints.
+
+    Counts what is really kept: complete WebDataset shards (their completion records) or the
+    samples committed to ``data.mdb``; a finished dataset (its manifest was written before the
+    stop) needs nothing.
+    """
+    out = Path(out)
+    if (out / MANIFEST_NAME).is_file():
+        return f"{out} holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
+    if (out / LMDB_DATA_NAME).is_file():
+        from .writers.lmdb import committed_progress
+
+        records, done = committed_progress(out) or (0, 0)
+        if done:
+            return (f"{_plural(records, 'sample')} committed to {out / LMDB_DATA_NAME} are kept: the same command "
+                    "plus --resume continues after them")
+        return f"nothing was committed to {out / LMDB_DATA_NAME} yet: the same command plus --resume starts again"
+    state = out / STATE_DIR
+    shards = samples = 0
+    if state.is_dir() and not state.is_symlink():
+        for rec in sorted(state.glob("[0-9]*.json")):
+            try:
+                entry = json.loads(rec.read_text()).get("entry")
+            except (OSError, ValueError, AttributeError):
+                continue
+            shards += 1
+            samples += int(entry.get("num_samples", 0)) if isinstance(entry, dict) else 0
+    if shards:
+        return (f"{_plural(shards, 'complete shard')} ({_plural(samples, 'sample')}) in {out} are kept: the same "
+                "command plus --resume writes the rest")
+    if state.is_dir():
+        return f"no shard of {out} was complete yet: the same command plus --resume starts again"
+    return f"nothing was written to {out}"
 
 
 def _plan_extension_counts(files: ScannedFiles, skipped: list[dict]) -> dict[str, int]:

@@ -113,7 +113,7 @@ def payload_from_bytes(s: PlannedSample, data: bytes, options) -> tuple[bytes, s
     if options.decode_check:
         from shardfeed.readers.decode import decode_image
 
-        decode_image(data, ext, source=s.file.path)
+        decode_image(data, ext, source=s.file.path, max_decode_bytes=options.max_decode_bytes)
     return data, ext, meta
 
 

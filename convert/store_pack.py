@@ -94,7 +94,8 @@ def _make_own_dir(path: Path) -> None:
 
 
 def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, storage_options: dict | None = None,
-                        progress: Callable[[int, int], None] | None = None):
+                        on_error: str = "raise",
+                        progress: Callable[[int, int], Callable[[int, int], None]] | None = None):
     """Copy the image folder at ``src_url`` (``s3://bucket/prefix/``) to a local folder for packing.
 
     One paginated listing finds the classes and images by the on-disk scan rules
@@ -103,19 +104,43 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
     modification time. A file already there with the object's size and mtime is kept (a resumed
     pack does not download it again).
 
+    The returned scan is the listing's, rooted at the mirror: pack it as it is (``pack(...,
+    scan=scan)``), so the pack accounts for the bucket's objects as a local pack does for the
+    files of the same tree: ``found`` counts every object below the prefix, the objects that are
+    not images (other extensions, hidden, outside the class folders) are ``ignored``, and images
+    whose key breaks the name policy are ``unpackable`` (skipped under ``on_error="skip"``).
+
+    Args:
+        src_url: the image folder's prefix URL.
+        extensions, class_to_idx: as :func:`~shardfeed.readers.imagefolder.scan_listing`.
+        storage_options: object-store client options.
+        on_error: ``"raise"``: an image whose key breaks the name policy stops it before anything
+            is downloaded, naming the object; ``"skip"``: it is left out (the scan lists it).
+        progress: for a progress bar: ``progress(num_files, num_bytes)`` is called once the
+            listing is scanned, with the images to fetch, and returns ``callback(files, bytes)``,
+            called (from this thread) as each is downloaded or found there already.
+
     Returns:
-        ``(local_folder, listing_scan)``: the mirror (``$SHARDFEED_STAGING_DIR`` or the temp dir)
-        and the scan of the listing.
+        ``(local_folder, scan)``: the mirror (``$SHARDFEED_STAGING_DIR`` or the temp dir) and the
+        scan of the listing, rooted there.
 
     Raises:
-        ValueError: no class folders or images under the prefix (the scan's errors).
+        ValueError: no class folders or images under the prefix (the scan's errors); an image
+            whose key breaks the name policy (``on_error="raise"``).
         DataSourceError: the listing or a download failed after the retries (names the URL).
     """
-    from shardfeed.readers.imagefolder import scan_listing
+    import dataclasses
+
+    from shardfeed.readers.imagefolder import ScannedFiles, scan_listing
     from shardfeed.readers.objstore import StoreLocation
 
     loc = StoreLocation(src_url, storage_options=storage_options)
     scan = scan_listing(loc.base, loc.list_objects(), extensions=extensions, class_to_idx=class_to_idx)
+    if scan.unpackable and on_error != "skip":
+        first = scan.unpackable[0]
+        more = f" (and {len(scan.unpackable) - 1} more such object(s))" if len(scan.unpackable) > 1 else ""
+        raise ValueError(f"{loc.url(first['path'])}: {first['reason']}{more}; or pass "
+                         "--on-error skip to pack the rest and list these in the manifest's skipped")
     dest = staging_dir(loc.base, "mirror")
     files = scan.files
     # every class folder exists locally, empty ones included (they keep their index)
@@ -147,10 +172,14 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
         for p in dest.rglob("*"):
             if p.is_file() and p.relative_to(dest).as_posix() not in keep:
                 p.unlink()
+    fetched = progress(len(files), sum(files.sizes)) if progress is not None else None
     with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
-        for _ in pool.map(fetch, range(len(files))):
-            pass
-    return dest, scan
+        for nbytes in pool.map(fetch, range(len(files))):
+            if fetched is not None:
+                fetched(1, nbytes)
+    local = ScannedFiles(str(dest), files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.class_names,
+                         files.class_labels, files.ext_codes, files.exts)
+    return dest, dataclasses.replace(scan, root=str(dest), files=local)
 
 
 def _check_out(loc, options, *, scan=None, t0: float = 0.0):

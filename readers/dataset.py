@@ -99,21 +99,26 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
             buffer (refused when it would not fit in the available memory).
         **options: passed to the source: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
-            replaces the built-in resize/crop), ``max_pixels``, ``seed`` (0), ``shuffle`` (True),
+            replaces the built-in resize/crop), ``max_pixels``, ``max_decode_bytes`` (the memory one
+            decode may allocate, checked on the header; 512 MiB; None: unchecked), ``seed`` (0), ``shuffle`` (True),
             ``shuffle_buffer`` (WebDataset, samples; 1000; map-style sources shuffle by index and
             ignore it), ``pad`` (False), ``rank``,
             ``world_size``, ``timeout_s`` and ``retries`` (HTTP, object stores), ``storage_options``
             (object stores: ``endpoint_url``, ``region_name``, ``profile``, ``anon`` ...; see
             :mod:`~shardfeed.readers.objstore`), ``readahead`` and ``verify`` (LMDB: check
             each record's CRC-32; True),
-            ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True: refuse a dataset
+            ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
+            dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
+            ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
+            ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads
             anyway, and damage is then found, and named, while reading).
 
     Returns:
         A ``torch.utils.data`` dataset: iterable (WebDataset) or map-style (LMDB, folder,
         memory cache). Decoded items are ``(image, label)``: ``uint8`` tensor ``[3, H, W]`` and
-        ``int``; batches from :func:`~shardfeed.readers.loader.make_loader` are ``uint8
+        ``int`` (-1 in an unlabelled dataset, manifest ``labels: "none"``); batches from
+        :func:`~shardfeed.readers.loader.make_loader` are ``uint8
         [B, 3, H, W]`` and ``int64 [B]``.
 
     Raises:
@@ -129,6 +134,9 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if cache not in (None, "memory"):
         raise ValueError(f"cache must be None or 'memory', got {cache!r}")
+    if cache == "memory" and options.get("fields"):
+        raise ValueError("cache='memory' holds images, labels and metadata only; read extra fields (fields=...) "
+                         "without the memory cache")
     common = dict(image_size=image_size, train=train, decoder=decoder, decode=decode, on_error=on_error)
     storage_options = options.pop("storage_options", None)
     if is_remote(source):

@@ -61,7 +61,17 @@ Conversion rule (identical in both backends; the arithmetic is done in numpy, no
   :class:`~shardfeed.readers.errors.CorruptDataError` naming the ``source``. A JPEG must have an
   end-of-image marker after its scan data; this check runs for both backends, so a truncated JPEG
   raises even where a library would pad it with grey (older OpenCV, or
-  ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` set by an application).
+  ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` set by an application). Data that ends early
+  behind an intact structure raises too, in every backend: a PNG whose zlib stream ends cleanly
+  but holds fewer rows than IHDR declares (Pillow fills black rows; the data is counted exactly
+  when the decoded last rows are blank), and a JPEG cut short before a forged end-of-image marker
+  (libjpeg's "premature end of data segment" warning, fills grey: simplejpeg's strict mode reports
+  it; for the Pillow and OpenCV backends it is asked when the decoded last block is flat).
+
+Memory limit: :data:`DEFAULT_MAX_DECODE_BYTES` (512 MiB) bounds what one decode may allocate,
+:func:`decode_bytes_estimate` of the header's size, mode and bit depth (a float TIFF takes twice
+an RGB image's memory per pixel, an RGBA one more for compositing), checked before any pixel is
+decoded: :class:`ImageTooLargeError` (``max_decode_bytes=None`` disables it).
 
 Pixel limit: :data:`DEFAULT_MAX_PIXELS` (100 million, e.g. 10000 x 10000) is checked on the header
 size before any pixel is decoded, raising :class:`ImageTooLargeError`. Pillow's own
@@ -81,16 +91,20 @@ import logging
 import re
 import struct
 import threading
+import zlib
 from typing import Callable
 
 import numpy as np
 from PIL import Image
 
 from .errors import CorruptDataError, ShardfeedError
-from .jpeg import ORIENTATION_TAG, jpeg_is_complete, read_jpeg_header, simplejpeg_available, simplejpeg_decode
+from .jpeg import (ORIENTATION_TAG, is_truncation_warning, jpeg_is_complete, read_jpeg_header, simplejpeg_available,
+                   simplejpeg_decode, simplejpeg_module)
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MAX_DECODE_BYTES",
+    "decode_bytes_estimate",
     "BACKGROUND",
     "DECODERS",
     "ImageTooLargeError",
@@ -108,6 +122,23 @@ logger = logging.getLogger(__name__)
 #: Default pixel limit (width * height) checked on the header before decoding: 100 million
 #: pixels, 300 MB as RGB uint8. Pillow's own default warns at 89.5 M and refuses 179 M.
 DEFAULT_MAX_PIXELS: int = 100_000_000
+
+#: Default bound on the memory one decode may allocate (bytes), checked on the header before any
+#: pixel is decoded (:func:`decode_bytes_estimate`): 512 MiB, e.g. a 7,000 x 7,000 RGB photo.
+DEFAULT_MAX_DECODE_BYTES: int = 512 << 20
+
+#: Peak bytes per pixel of decoding an image of a Pillow mode and converting it to RGB ``uint8``
+#: (the decoder's buffer, Pillow's 4-byte RGB/CMYK layout included, plus the numpy copies and
+#: working arrays of the conversion rule). An estimate from the code path of each mode, on the
+#: high side; unknown modes take the largest.
+_DECODE_BYTES_PER_PIXEL = {
+    "1": 9, "L": 5, "P": 9, "RGB": 10, "YCbCr": 11, "LAB": 11, "HSV": 11, "RGBX": 11, "CMYK": 11,
+    "LA": 25, "La": 25, "PA": 25, "RGBA": 25, "RGBa": 25,
+    "I;16": 10, "I;16B": 10, "I;16L": 10, "I;16N": 10, "I": 20, "F": 20,
+}
+_DECODE_BYTES_MAX = 25
+#: simplejpeg's decode: its RGB output and one copy (orientation, contiguity).
+_SIMPLEJPEG_BYTES_PER_PIXEL = 6
 
 #: Background grey level (0..255) that transparent pixels are composited over: white.
 BACKGROUND: int = 255
@@ -138,11 +169,32 @@ _logged_once: set[str] = set()
 
 
 class ImageTooLargeError(ShardfeedError, ValueError):
-    """An image's header declares more pixels than ``max_pixels`` allows; nothing was decoded."""
+    """An image's header declares more pixels than ``max_pixels`` allows, or a decode that would
+    allocate more than ``max_decode_bytes``; nothing was decoded. Under ``on_error="skip"`` the
+    sample is skipped like a damaged one."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Public API
+
+
+def decode_bytes_estimate(width: int, height: int, mode: str, factor: int = 1) -> int:
+    """The memory, bytes, decoding an image and converting it to RGB ``uint8`` takes at its peak.
+
+    ``width x height`` pixels (after a JPEG reduction by ``factor``: ``ceil(w / f) x ceil(h / f)``)
+    times the bytes per pixel of ``mode`` (Pillow's mode, which carries the channels and the
+    bit depth: ``"L"`` 8-bit grey, ``"I;16"`` 16-bit, ``"F"`` 32-bit float, ``"CMYK"``, ...),
+    including the decoder's buffer and the conversion's working arrays (see
+    ``_DECODE_BYTES_PER_PIXEL``). Read from the header only.
+
+    Returns:
+        Bytes (int).
+    """
+    f = max(int(factor), 1)
+    pixels = (-(-int(width) // f)) * (-(-int(height) // f))
+    if mode == "simplejpeg":
+        return pixels * _SIMPLEJPEG_BYTES_PER_PIXEL
+    return pixels * _DECODE_BYTES_PER_PIXEL.get(mode, _DECODE_BYTES_MAX)
 
 
 def image_size_of(data: bytes, *, source: str = "<bytes>") -> tuple[int, int]:
@@ -177,6 +229,7 @@ def decode_image(
     target_size: int | None = None,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     source: str = "<bytes>",
+    max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES,
 ) -> np.ndarray:
     """Decode an encoded image into an RGB ``uint8`` array, by the module's conversion rule.
 
@@ -195,6 +248,9 @@ def decode_image(
             ``None`` disables the check.
         source: Where the bytes came from (a file path or ``"shard X key Y"``); every error
             message names it.
+        max_decode_bytes: Largest memory, bytes, the decode may allocate
+            (:func:`decode_bytes_estimate`: size, mode and bit depth from the header), checked
+            before decoding; ``None`` disables the check.
 
     Returns:
         ``numpy.ndarray`` of shape ``(H, W, 3)``, dtype ``uint8``, RGB, C-contiguous, writable,
@@ -204,13 +260,17 @@ def decode_image(
         TypeError: ``data`` is not bytes-like, or ``target_size``/``max_pixels`` is not an int.
         ValueError: Unknown ``decoder``, or ``target_size``/``max_pixels`` is not positive.
         ModuleNotFoundError: ``decoder="simplejpeg"`` without simplejpeg installed.
-        ImageTooLargeError: The header declares more than ``max_pixels`` pixels.
-        CorruptDataError: The bytes are not an image, are truncated, or fail to decode.
+        ImageTooLargeError: The header declares more than ``max_pixels`` pixels, or a decode of
+            more than ``max_decode_bytes``.
+        CorruptDataError: The bytes are not an image, are truncated (a PNG whose data holds
+            fewer rows than its header, a JPEG whose scan data ends early, even before a
+            forged end-of-image marker), or fail to decode.
     """
     name = resolve_decoder(decoder)
     backend = _BACKENDS[name]
     _check_positive_int("target_size", target_size)
     _check_positive_int("max_pixels", max_pixels)
+    _check_positive_int("max_decode_bytes", max_decode_bytes)
     data = _as_bytes(data)
 
     if name == "simplejpeg":
@@ -218,7 +278,9 @@ def decode_image(
         if header is not None:
             width, height, orientation = header
             _check_pixels(width, height, max_pixels, source, ext)
-            rgb = simplejpeg_decode(data, width, height, _reduction_factor(width, height, target_size))
+            factor = _reduction_factor(width, height, target_size)
+            _check_decode_bytes(width, height, "simplejpeg", factor, max_decode_bytes, source, ext)
+            rgb = simplejpeg_decode(data, width, height, factor, source=_where(source, ext))
             if rgb is not None:
                 return _finish(_ORIENT[orientation](rgb))
             backend = _decode_pil  # simplejpeg refused it: Pillow decides
@@ -228,6 +290,7 @@ def decode_image(
         factor = 1
         if img.format in _JPEG_FORMATS:
             factor = _reduction_factor(*img.size, target_size)
+        _check_decode_bytes(*img.size, img.mode, factor, max_decode_bytes, source, ext)
         rgb = backend(data, img, factor, _where(source, ext))
     return _finish(_ORIENT[orientation](rgb))
 
@@ -241,6 +304,7 @@ def decode_crop(
     decoder: str = "auto",
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     source: str = "<bytes>",
+    max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES,
 ) -> np.ndarray:
     """Decode only what a crop window needs: the box is drawn from the header, then decoded.
 
@@ -264,6 +328,7 @@ def decode_crop(
         decoder: One of :data:`DECODERS`.
         max_pixels: Pixel limit, checked on the header before ``crop`` is called.
         source: Where the bytes came from, for messages.
+        max_decode_bytes: Memory limit of the decode, as :func:`decode_image`'s.
 
     Returns:
         ``numpy.ndarray`` ``(h, w, 3)`` ``uint8`` RGB, upright: the box at scale ``1 / f``
@@ -272,13 +337,15 @@ def decode_crop(
 
     Raises:
         TypeError, ValueError: Bad arguments, or ``crop`` returned a box outside the image.
-        ImageTooLargeError: The header declares more than ``max_pixels`` pixels.
+        ImageTooLargeError: The header declares more than ``max_pixels`` pixels, or a decode of
+            more than ``max_decode_bytes``.
         CorruptDataError: The bytes are not an image, are truncated, or fail to decode.
     """
     name = resolve_decoder(decoder)
     backend = _BACKENDS[name]
     _check_positive_int("min_side", min_side)
     _check_positive_int("max_pixels", max_pixels)
+    _check_positive_int("max_decode_bytes", max_decode_bytes)
     data = _as_bytes(data)
 
     rgb = None
@@ -289,7 +356,8 @@ def decode_crop(
         up_h, up_w = (height, width) if orientation < 5 else (width, height)
         top, left, box_h, box_w = _check_box(crop(up_h, up_w), up_h, up_w, source, ext)
         factor = _reduction_factor(box_w, box_h, min_side)
-        rgb = simplejpeg_decode(data, width, height, factor)
+        _check_decode_bytes(width, height, "simplejpeg", factor, max_decode_bytes, source, ext)
+        rgb = simplejpeg_decode(data, width, height, factor, source=_where(source, ext))
         # None: simplejpeg refused the file; Pillow decodes it with the box already drawn
     if rgb is not None:
         rgb = _ORIENT[orientation](rgb)
@@ -305,6 +373,7 @@ def decode_crop(
             factor = 1
             if img.format in _JPEG_FORMATS:
                 factor = _reduction_factor(box_w, box_h, min_side)
+            _check_decode_bytes(width, height, img.mode, factor, max_decode_bytes, source, ext)
             rgb = _ORIENT[orientation](backend(data, img, factor, _where(source, ext)))
     if factor > 1:
         rev_y, rev_x = _REVERSED_AXES[orientation]
@@ -355,6 +424,9 @@ def decode_jpeg_as_stored(data: bytes) -> np.ndarray | None:
     Returns:
         ``(H, W, 3)`` ``uint8`` RGB array, or ``None`` when simplejpeg is not installed or
         refuses the file (then :func:`decode_image` / :func:`decode_crop` decide).
+
+    Raises:
+        CorruptDataError: libjpeg reports the scan data ends before the image.
     """
     if not simplejpeg_available():
         return None
@@ -425,6 +497,21 @@ def _check_pixels(width: int, height: int, max_pixels: int | None, source: str, 
             f"{width * height:,} pixels, "
             f"over the limit max_pixels={max_pixels:,}; if it is legitimate, pass a larger "
             "max_pixels (or max_pixels=None to disable the check)"
+        )
+
+
+def _check_decode_bytes(width: int, height: int, mode: str, factor: int, max_decode_bytes: int | None, source: str,
+                        ext: str | None) -> None:
+    if max_decode_bytes is None:
+        return
+    need = decode_bytes_estimate(width, height, mode, factor)
+    if need > max_decode_bytes:
+        shown = "8-bit colour JPEG" if mode == "simplejpeg" else f"mode {mode}"
+        raise ImageTooLargeError(
+            f"image from {_where(source, ext)} is {width}x{height} ({shown}): decoding it would take about "
+            f"{need / 2**20:,.1f} MiB, over the limit max_decode_bytes={max_decode_bytes:,} "
+            f"({max_decode_bytes / 2**20:,.1f} MiB); a decompression bomb, or if it is legitimate pass a larger "
+            "max_decode_bytes (--max-decode-bytes), or None to disable the check"
         )
 
 
@@ -593,13 +680,118 @@ _ORIENT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
 # Backends: (data, lazily opened image, reduction factor, where) -> (H, W, 3) uint8 RGB array
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _png_missing_data(data: bytes) -> tuple[int, int] | None:
+    """``(bytes the IDAT stream inflates to, bytes IHDR promises)`` when a PNG's image data holds
+    fewer rows than its header declares (libpng: "Not enough image data"; Pillow pads with black),
+    else None (complete, not a PNG, or damaged in a way Pillow reports itself).
+
+    Inflates the IDAT chunks once, counting the output in 1 MiB pieces without keeping it.
+    """
+    if not data.startswith(_PNG_SIGNATURE):
+        return None
+    view = memoryview(data)
+    pos, n = 8, len(data)
+    expected = None
+    inflate = zlib.decompressobj()
+    got = 0
+    try:
+        while pos + 8 <= n:
+            length = int.from_bytes(data[pos:pos + 4], "big")
+            kind = data[pos + 4:pos + 8]
+            body = pos + 8
+            if kind == b"IHDR" and length >= 13:
+                w, h, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[body:body + 13])
+                bpp = _PNG_CHANNELS.get(colour, 4) * depth
+                passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
+                expected = 0
+                for x0, y0, dx, dy in passes:
+                    pw, ph = -(-(w - x0) // dx) if w > x0 else 0, -(-(h - y0) // dy) if h > y0 else 0
+                    if pw and ph:
+                        expected += ph * (1 + -(-pw * bpp // 8))
+            elif kind == b"IDAT" and expected is not None:
+                chunk = view[body:body + length]
+                while chunk:
+                    got += len(inflate.decompress(chunk, 1 << 20))
+                    chunk = inflate.unconsumed_tail
+                    if got >= expected or inflate.eof:
+                        return None if got >= expected else (got, expected)
+            elif kind == b"IEND":
+                break
+            pos = body + length + 4
+    except zlib.error:
+        return None  # damaged deflate data: Pillow's decode reports it
+    if expected is None or got >= expected:
+        return None
+    return got, expected
+
+
+def _check_png_rows(data: bytes, img: Image.Image, where: str) -> None:
+    if img.format != "PNG":
+        return
+    short = _png_missing_data(data)
+    if short is not None:
+        got, expected = short
+        raise CorruptDataError(f"cannot decode image from {where}: truncated PNG (its image data holds {got:,} of "
+                               f"the {expected:,} bytes its {img.size[0]}x{img.size[1]} header promises; the rows "
+                               "after them are missing)")
+
+
+def _png_tail_blank(img: Image.Image) -> bool:
+    """Whether the last two rows of a loaded PNG are all zero bytes: where a PNG whose data ends
+    early leaves Pillow's zeroed buffer untouched (the last row for a plain PNG, the last odd row,
+    of Adam7's final pass, for an interlaced one). Only then is the data counted exactly."""
+    w, h = img.size
+    if not w or not h:
+        return False
+    return not np.asarray(img.crop((0, max(h - 2, 0), w, h))).any()
+
+
+def _jpeg_tail_flat(rgb: np.ndarray, factor: int) -> bool:
+    """Whether the bottom-right block of a decoded JPEG is flat (every channel within 2 levels):
+    what libjpeg leaves where the scan data ran out (its last MCU is always among the missing
+    ones: zero coefficients, grey, or flat at the last DC value). Only then is the scan checked."""
+    if rgb.ndim != 3 or not rgb.size:
+        return False
+    b = max(1, 8 // factor)
+    corner = rgb[-b:, -b:].reshape(-1, rgb.shape[2])
+    return int((corner.max(axis=0).astype(np.int16) - corner.min(axis=0)).max()) <= 2
+
+
+def _check_jpeg_scan(data: bytes, img: Image.Image, where: str) -> None:
+    """Refuse a JPEG whose scan data ends before the image (libjpeg's "premature end of data
+    segment", which Pillow and OpenCV pass over, filling grey). libjpeg reports it only while
+    decoding, so simplejpeg (strict) decodes the scans at the smallest scale to hear it; the
+    Pillow and OpenCV backends call it only when the decoded image's last block is flat
+    (:func:`_jpeg_tail_flat`). Without simplejpeg installed, only a missing end-of-image marker is
+    caught (:func:`_check_header`)."""
+    if img.format not in _JPEG_FORMATS or not simplejpeg_available():
+        return
+    try:
+        simplejpeg_module().decode_jpeg(data, "GRAY", True, True, 1, 1)
+    except ValueError as exc:
+        if is_truncation_warning(str(exc)):
+            raise CorruptDataError(f"cannot decode image from {where}: truncated JPEG (libjpeg: {exc}); the image "
+                                   "data ends before the image does") from None
+        # other warnings (extraneous bytes, an unsupported colour space): the backend decides
+
+
 def _decode_pil(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
     try:
         if factor > 1:
             target = (img.size[0] // factor, img.size[1] // factor)  # draft picks this factor
             img.draft("RGB", target)
         img.load()
-        return _pil_to_rgb(img)
+        if img.format == "PNG" and _png_tail_blank(img):
+            _check_png_rows(data, img, where)
+        rgb = _pil_to_rgb(img)
+        if img.format in _JPEG_FORMATS and _jpeg_tail_flat(rgb, factor):
+            _check_jpeg_scan(data, img, where)
+        return rgb
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(f"image from {where} is too large for Pillow: {exc}") from exc
     except _PIL_LOAD_ERRORS as exc:
@@ -656,9 +848,12 @@ def _decode_cv2(data: bytes, img: Image.Image, factor: int, where: str) -> np.nd
     except cv2.error as exc:
         raise CorruptDataError(f"cannot decode image from {where}: OpenCV: {exc}") from exc
     if arr is None:
+        _check_png_rows(data, img, where)  # libpng's "Not enough image data": name it precisely
         raise CorruptDataError(f"cannot decode image from {where}: OpenCV could not decode it")
 
     arr = _to_8bit(arr)
+    if img.format in _JPEG_FORMATS and _jpeg_tail_flat(arr if arr.ndim == 3 else arr[..., None], factor):
+        _check_jpeg_scan(data, img, where)
     if arr.ndim == 2:
         return _gray_to_rgb(arr)
     channels = arr.shape[2]
@@ -681,7 +876,7 @@ def _cv2_reduced_flag(cv2: object, factor: int) -> int:
 
 def _decode_simplejpeg(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
     if img.format in _JPEG_FORMATS and img.mode in _SIMPLEJPEG_MODES:
-        rgb = simplejpeg_decode(data, *img.size, factor)
+        rgb = simplejpeg_decode(data, *img.size, factor, source=where)
         if rgb is not None:
             return rgb
     return _decode_pil(data, img, factor, where)

@@ -79,6 +79,10 @@ __all__ = [
     "worker_batch_counts_before",
     "positions_to_indices",
     "SEGMENT_KEYS",
+    "validate_resume_state",
+    "MAX_RESUME_WORKERS",
+    "MAX_RESUME_WORLD_SIZE",
+    "MAX_RESUME_SEGMENTS",
 ]
 
 #: Accepted values of ``on_error``.
@@ -86,6 +90,80 @@ ON_ERROR = ("raise", "skip")
 
 #: The fields of one earlier run (segment) of a resumed epoch.
 SEGMENT_KEYS = ("world_size", "num_workers", "batch_size", "shuffle_buffer", "samples_consumed")
+#: Bounds on a loaded resume state's fields (far above any real run; a larger value is a damaged
+#: or hostile state, and would make rebuilding the epoch's order loop or allocate without end).
+MAX_RESUME_WORKERS = 4096
+MAX_RESUME_WORLD_SIZE = 1 << 20
+MAX_RESUME_SEGMENTS = 10_000
+_MAX_RESUME_INT = 1 << 62
+
+
+def validate_resume_state(state: Mapping, *, num_samples: int) -> None:
+    """Check every field of a loaded loader state (``ShardfeedLoader.state_dict()``) before use.
+
+    A resume state comes from a checkpoint file, so it is checked for type and range, and for
+    consistency with the dataset, before any of it shapes an epoch:
+
+    * ``fingerprint`` a string; ``seed`` an integer; ``shuffle``, ``pad``, ``drop_last`` booleans;
+    * ``num_samples``, ``epoch``, ``batches_consumed`` non-negative integers;
+    * ``world_size`` and ``batch_size`` in ``1..`` (:data:`MAX_RESUME_WORLD_SIZE` ranks),
+      ``num_workers`` in ``0..``:data:`MAX_RESUME_WORKERS`, ``shuffle_buffer`` and
+      ``samples_consumed`` non-negative, the latter at most ``num_samples`` (the epoch's length);
+    * ``segments`` a list of at most :data:`MAX_RESUME_SEGMENTS` objects with the same
+      :data:`SEGMENT_KEYS` fields, checked the same way.
+
+    (Whether a count fits what the earlier runs left, and whether the fields match this loader, is
+    checked afterwards by the loader, which knows its own options.)
+
+    Args:
+        state: the state dict.
+        num_samples: the dataset's sample count.
+
+    Raises:
+        ResumeStateError: the first bad field, named (``samples_consumed``, ``segments[0].num_workers``).
+    """
+    from .errors import ResumeStateError
+
+    def bad(field: str, problem: str) -> ResumeStateError:
+        return ResumeStateError(f"loader state field {field} {problem}: pass what loader.state_dict() returned, or "
+                                "start the epoch afresh with loader.set_epoch(epoch)")
+
+    def integer(obj: Mapping, key: str, field: str, low: int, high: int) -> int:
+        if key not in obj:
+            raise bad(field, "is missing")
+        v = obj[key]
+        if type(v) is not int:
+            raise bad(field, f"is {type(v).__name__} {v!r}, not an integer")
+        if not low <= v <= high:
+            raise bad(field, f"is {v}, outside {low}..{high}")
+        return v
+
+    def segment(obj: Mapping, prefix: str) -> None:
+        integer(obj, "world_size", prefix + "world_size", 1, MAX_RESUME_WORLD_SIZE)
+        integer(obj, "num_workers", prefix + "num_workers", 0, MAX_RESUME_WORKERS)
+        integer(obj, "batch_size", prefix + "batch_size", 1, _MAX_RESUME_INT)
+        integer(obj, "shuffle_buffer", prefix + "shuffle_buffer", 0, _MAX_RESUME_INT)
+        integer(obj, "samples_consumed", prefix + "samples_consumed", 0, max(int(num_samples), 0))
+
+    if not isinstance(state, Mapping):
+        raise ResumeStateError(f"a loader state is a dict, not {type(state).__name__}")
+    if not isinstance(state.get("fingerprint"), str):
+        raise bad("fingerprint", f"is {state.get('fingerprint')!r}, not a string")
+    integer(state, "seed", "seed", -_MAX_RESUME_INT, _MAX_RESUME_INT)
+    for key in ("shuffle", "pad", "drop_last"):
+        if type(state.get(key)) is not bool:
+            raise bad(key, f"is {state.get(key)!r}, not true or false")
+    integer(state, "num_samples", "num_samples", 0, _MAX_RESUME_INT)
+    integer(state, "epoch", "epoch", 0, _MAX_RESUME_INT)
+    integer(state, "batches_consumed", "batches_consumed", 0, _MAX_RESUME_INT)
+    segment(state, "")
+    segments = state.get("segments", [])
+    if not isinstance(segments, list) or len(segments) > MAX_RESUME_SEGMENTS:
+        raise bad("segments", f"is not a list of at most {MAX_RESUME_SEGMENTS} earlier runs")
+    for i, seg in enumerate(segments):
+        if not isinstance(seg, Mapping):
+            raise bad(f"segments[{i}]", f"is {type(seg).__name__}, not an object")
+        segment(seg, f"segments[{i}].")
 
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:

@@ -74,6 +74,8 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
     """
 
     map_style = True
+    #: what ``bench``/``verify`` call this kind of source (a bucket prefix of class folders too)
+    source_format = "folder"
 
     def __init__(self, root: str | os.PathLike, *, class_to_idx=None, extensions: Iterable[str] | None = None,
                  **common):

@@ -13,11 +13,15 @@ WebDataset
     version 1 named it ``.idx``, the name NVIDIA DALI's ``wds2idx`` gives its own text index, so
     each tool overwrote the other's file; version-1 datasets are still read, see
     :data:`READABLE_VERSIONS`). ``{prefix}-{index:06d}.idx`` is left to DALI.
+    Version 3: a sample may carry extra fields after those members, ``{key}.{field_member(name)}``
+    (``{key}.txt``, ``{key}.mask.png``, ``{key}.sidecar.json``), listed in the manifest's
+    ``fields``; an unlabelled dataset (``labels: "none"``) has no ``{key}.cls``.
 
 LMDB
     ``OUT/data.mdb`` (+ ``lock.mdb``), one record per sample, key = sample key (UTF-8), value =
     :func:`encode_record` (msgpack map, versioned, pickle-free, with a CRC-32 of the image bytes;
-    the codec lives in :mod:`shardfeed.readers.lmdb_record` and is re-exported here).
+    the codec lives in :mod:`shardfeed.readers.lmdb_record` and is re-exported here); a record
+    with extra fields is record version 2.
     The manifest is also stored under :data:`LMDB_MANIFEST_KEY` (without file hashes).
 
 manifest.json
@@ -58,6 +62,7 @@ __all__ = [
     "SIDE_EXTENSIONS",
     "RESERVED_KEY_PREFIXES",
     "sample_from_members",
+    "label_problem",
     "TAR_MTIME",
     "TAR_MODE",
     "TAR_BLOCK",
@@ -82,16 +87,29 @@ __all__ = [
     "parse_size",
     "write_bytes_atomic",
     "load_manifest",
+    "validate_manifest",
+    "plain_file_name_problem",
+    "MAX_MANIFEST_COUNT",
     "find_manifest_path",
     "check_files_present",
     "created_by",
+    "LABELS_CLASS",
+    "LABELS_NONE",
+    "UNLABELLED",
+    "field_member",
+    "field_name_problem",
+    "decode_field",
+    "encode_field",
 ]
 
 #: Version of the manifest schema and of the on-disk layout it describes. 2: the offset index is
 #: ``.sfidx`` (was ``.idx``, DALI's index name) and the manifest records the image extensions.
-FORMAT_VERSION = 2
+#: 3: samples may carry extra fields (``fields``: per-image sidecar files) and a dataset may be
+#: unlabelled (``labels: "none"``). A dataset that uses neither is written as version 2, so a
+#: class-folder pack's bytes are the same as with a version-2 writer (:meth:`Manifest.written_version`).
+FORMAT_VERSION = 3
 #: Manifest versions the readers accept (a version-1 dataset names its ``.idx`` indexes).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 #: Suffix of shardfeed's binary offset index (version 2).
 INDEX_SUFFIX = ".sfidx"
 MANIFEST_NAME = "manifest.json"
@@ -164,8 +182,16 @@ def normalize_ext(ext: str) -> str:
     return _EXT_ALIASES.get(ext, ext)
 
 
+def label_problem(label: int, labels: "frozenset[int]") -> str:
+    """The message for a class index that is not one of the dataset's (``labels``: its class indexes)."""
+    span = f"0..{max(labels)}" if labels else "none"
+    return (f"class index {label} is not one of the manifest's {len(labels)} classes ({span}); the shard is "
+            "damaged or does not belong to this manifest (run `shardfeed check`)")
+
+
 def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
-                        source: str) -> tuple[bytes, str, int, bytes | None]:
+                        source: str, labels: "frozenset[int] | None" = None, *,
+                        labelled: bool = True) -> tuple[bytes, str, int, bytes | None]:
     """Group one WebDataset sample's members into ``(data, ext, label, meta_json_bytes)``.
 
     The one rule, used by the training readers and by every tool (``check``, ``convert``,
@@ -174,9 +200,12 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
     * the image is the one member whose extension is in :data:`IMAGE_EXTENSIONS` (any case);
       with none, the one member that is not a side member (:data:`SIDE_EXTENSIONS`, ``__*__``),
       so a dataset packed with ``--extensions heic`` reads back; zero or several candidates is an
-      error, never a silent pick;
+      error, never a silent pick; extra-field members (``{key}.txt``, ``{key}.mask.png``,
+      ``{key}.sidecar.json``: their extension has a dot or is a side extension) are never it;
     * the label is ``{key}.cls`` (ASCII decimal integer, surrounding white space allowed), else the
-      ``"class"`` of ``{key}.json`` looked up in ``class_to_idx``;
+      ``"class"`` of ``{key}.json`` looked up in ``class_to_idx``; in an unlabelled dataset
+      (``labelled=False``, manifest ``labels: "none"``) a sample without ``.cls`` has label
+      :data:`UNLABELLED` (-1);
     * the metadata is the ``{key}.json`` member's bytes (None without one), not parsed here.
 
     Args:
@@ -184,14 +213,16 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
         parts: member extension -> bytes (``{"jpg": b"...", "cls": b"3", "json": b"{...}"}``).
         class_to_idx: class name -> index, for samples without ``.cls`` (None: none known).
         source: the shard's path or URL, named in errors.
+        labels: the dataset's class indexes (``frozenset(manifest.class_to_idx.values())``); a
+            label outside them is an error. None: not checked.
 
     Returns:
         ``(data, ext, label, meta)``: image bytes, canonical extension (:func:`normalize_ext`),
         class index, JSON metadata bytes or None.
 
     Raises:
-        CorruptDataError: no image member or several, an unreadable ``.cls``, or no label (the
-            message names ``source`` and ``key``).
+        CorruptDataError: no image member or several, an unreadable ``.cls``, no label, or a
+            label not in ``labels`` (the message names ``source`` and ``key``).
     """
     image = None
     images: list[str] = []
@@ -201,7 +232,8 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
             images.append(e)
         elif e not in SIDE_EXTENSIONS and not e.startswith("__"):
             others.append(e)
-    candidates = images or others
+    # an extra field's member has a dot (``mask.png``): the image only when nothing else can be
+    candidates = images or [e for e in others if "." not in e] or others
     if len(candidates) != 1:
         members = ", ".join(sorted(e for e in parts if not e.startswith("__"))) or "none"
         what = ("no image member" if not candidates else
@@ -217,17 +249,100 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
         except ValueError:
             raise CorruptDataError(f"{source} key {key}: {key}.cls holds {cls[:20]!r}, not a class "
                                    "index") from None
+    elif not labelled:
+        label = UNLABELLED
     else:
         try:
             label = class_to_idx[json.loads(meta)["class"]]  # type: ignore[index]
         except Exception:
             raise CorruptDataError(f"{source} key {key}: no {key}.cls member and no known class in "
                                    f"{key}.json") from None
+    if labels is not None and label not in labels and (labelled or label != UNLABELLED):
+        raise CorruptDataError(f"{source} key {key}: {label_problem(label, labels)}")
     ext = image if image in _CANONICAL_EXTS else normalize_ext(image)
     return parts[image], ext, label, meta
 
 
 _CANONICAL_EXTS = frozenset(e for e in IMAGE_EXTENSIONS if e not in _EXT_ALIASES)
+
+
+# ---------------------------------------------------------------------------------------------
+# version 3: extra fields (sidecar files) and unlabelled datasets
+
+#: ``Manifest.labels`` of a dataset whose samples have class labels (``.cls``; every version-1/2 dataset).
+LABELS_CLASS = "class"
+#: ``Manifest.labels`` of an unlabelled dataset: no ``.cls`` members, ``classes`` empty, label -1.
+LABELS_NONE = "none"
+#: The label readers give a sample of an unlabelled dataset (collation and the ``(image, label)``
+#: contract stay; ``label < 0`` marks "no label").
+UNLABELLED = -1
+#: Field names whose member extension is taken by the sample itself (label, metadata): such a
+#: field is stored as ``{key}.sidecar.{name}``.
+_RESERVED_MEMBERS = frozenset({"cls", "json"})
+#: Names a field cannot take (the keys of a :func:`shardfeed.convert.write_dataset` sample dict).
+RESERVED_FIELD_NAMES = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
+_FIELD_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)*$")
+#: Longest field name (a tar member name is at most 100 bytes, the key takes up to ~20).
+MAX_FIELD_NAME = 40
+#: Most extra fields a manifest may list.
+MAX_FIELDS = 64
+
+
+def field_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an extra field (``"txt"``, ``"json"``, ``"mask.png"``), or None.
+
+    A field is named by the file suffix after the image's stem (``x.mask.png`` → ``mask.png``):
+    lower-case letters, digits, ``_``, ``-``, dot-separated, at most :data:`MAX_FIELD_NAME`
+    characters; not an image extension alone (``png`` beside ``x.jpg`` would be a second image
+    member), not ``__*__`` and not a sample dict key (:data:`RESERVED_FIELD_NAMES`).
+    """
+    if not isinstance(name, str) or not _FIELD_RE.match(name) or len(name) > MAX_FIELD_NAME:
+        return (f"field {name!r}: a field is a file suffix of lower-case letters, digits, '_' and '-', "
+                f"dot-separated, at most {MAX_FIELD_NAME} characters (e.g. txt, json, mask.png)")
+    if name in IMAGE_EXTENSIONS or normalize_ext(name) in IMAGE_EXTENSIONS:
+        return (f"field {name!r} is an image extension: it would be a second image member of the sample; "
+                f"name the files with a longer suffix (x.mask.{name}) and pass that (mask.{name})")
+    if name in RESERVED_FIELD_NAMES:
+        return f"field {name!r} is reserved (one of {', '.join(sorted(RESERVED_FIELD_NAMES))})"
+    return None
+
+
+def field_member(name: str) -> str:
+    """The member extension that stores field ``name``: ``name`` itself, or ``sidecar.json`` /
+    ``sidecar.cls`` for the two extensions the sample uses for its metadata and label."""
+    return f"sidecar.{name}" if name in _RESERVED_MEMBERS else name
+
+
+def encode_field(name: str, value) -> bytes:
+    """A field's value as stored: bytes unchanged, ``str`` as UTF-8, anything else as JSON
+    (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"field {name!r}: {type(value).__name__} is neither bytes, str nor JSON ({exc})") from None
+
+
+def decode_field(name: str, data: bytes, source: str = "<sample>"):
+    """A stored field as readers yield it: ``str`` for a ``.txt`` suffix (UTF-8), the parsed
+    value for ``.json``, ``bytes`` otherwise (``mask.png``: the file's bytes).
+
+    Raises:
+        CorruptDataError: a ``.txt`` field that is not UTF-8 or a ``.json`` one that does not
+            parse (names ``source``).
+    """
+    last = name.rsplit(".", 1)[-1]
+    try:
+        if last == "txt":
+            return bytes(data).decode("utf-8")
+        if last == "json":
+            return json.loads(bytes(data))
+    except ValueError as exc:
+        raise CorruptDataError(f"{source}: field {name!r} is not valid {last.upper()} ({exc})") from None
+    return bytes(data)
 
 
 def key_width(num_samples: int) -> int:
@@ -432,6 +547,163 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 # ---------------------------------------------------------------------------------------------
 # manifest
 
+#: The largest count or byte size a manifest may state (2**53: exact as a JSON number everywhere);
+#: anything larger is a damaged or hostile manifest, not a dataset.
+MAX_MANIFEST_COUNT = 1 << 53
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def plain_file_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a plain file name inside a dataset's folder, or None when it is.
+
+    A manifest names its shards and offset indexes by bare file name: no folder part (``/`` or
+    ``\\``), not absolute, no drive (``C:``), no URL (``http://...``, ``s3://...``), not ``.``
+    or ``..``, no NUL, not hidden (a leading ``.``: shardfeed's own bookkeeping files), at most
+    255 characters. Such a name can only point at a file of the dataset itself.
+    """
+    if not isinstance(name, str):
+        return f"is {type(name).__name__} {name!r}, not a file name (a string)"
+    if not name or len(name) > 255:
+        return "is empty or longer than 255 characters"
+    if "/" in name or "\\" in name or "\0" in name:
+        return f"{name!r} holds a folder separator or NUL; a manifest names files inside the dataset's folder only"
+    if ":" in name:
+        return f"{name!r} holds ':' (a URL or a drive letter); a manifest names files inside the dataset's folder only"
+    if name.startswith("."):
+        return f"{name!r} is '.', '..' or a hidden file; a manifest names the dataset's own files only"
+    return None
+
+
+_MANIFEST_FIX = "the manifest is damaged or was edited: restore it, or rebuild it with `shardfeed index`"
+
+
+def _bad(where: str, field: str, problem: str, fix: str | None = None) -> ManifestError:
+    return ManifestError(f"{where}: field {field} {problem}; {fix or _MANIFEST_FIX}")
+
+
+def _count(doc: dict, key: str, where: str, field: str, *, required: bool = True) -> None:
+    if key not in doc:
+        if required:
+            raise _bad(where, field, "is missing")
+        return
+    v = doc[key]
+    if type(v) is not int:
+        raise _bad(where, field, f"is {type(v).__name__} {v!r}, not an integer")
+    if not 0 <= v <= MAX_MANIFEST_COUNT:
+        raise _bad(where, field, f"is {v}, outside 0..{MAX_MANIFEST_COUNT}")
+
+
+def _ext_counts(value: object, where: str, field: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _bad(where, field, f"is {type(value).__name__}, not an object of extension -> count")
+    for ext, n in value.items():
+        if type(n) is not int or not 0 <= n <= MAX_MANIFEST_COUNT:
+            raise _bad(where, f"{field}[{ext!r}]", f"is {n!r}, not a count of samples")
+
+
+def validate_manifest(doc: object, where: str) -> None:
+    """Check a parsed ``manifest.json`` before anything reads by it (every reader and tool does).
+
+    A manifest comes from outside (a download, an edited file, a server), so every field is
+    checked for type and range, and for consistency with the others:
+
+    * ``format`` and ``created_by`` are strings; ``version`` is checked by :meth:`Manifest.from_json`;
+    * ``num_samples``, every shard's ``num_samples`` and ``num_bytes`` are integers in
+      ``0..``:data:`MAX_MANIFEST_COUNT` (``"8"`` is refused, not converted), and the shards'
+      sample counts add up to ``num_samples``;
+    * every shard and offset-index name is a plain file name inside the dataset's folder
+      (:func:`plain_file_name_problem`: no ``../``, no absolute path, no ``/``, no URL), and no
+      file is listed twice;
+    * ``sha256``/``index_sha256`` are 64 lower-case hex digits; ``extensions`` map an extension
+      to a non-negative count;
+    * ``classes`` is a list of distinct strings and ``class_to_idx`` maps exactly those names to
+      distinct non-negative integers, in the order of ``classes`` (``classes`` sorted by index);
+    * ``skipped`` is a list of objects, ``options`` and ``files`` are objects.
+
+    Args:
+        doc: the parsed JSON document.
+        where: the manifest's path or URL, named in the error.
+
+    Raises:
+        ManifestError: the first problem found, naming the file, the field and the fix.
+    """
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: a manifest is a JSON object, not {type(doc).__name__}; rebuild it with "
+                            "`shardfeed index` or repack")
+    for key in ("format", "created_by"):
+        if key in doc and not isinstance(doc[key], str):
+            raise _bad(where, key, f"is {type(doc[key]).__name__} {doc[key]!r}, not a string")
+    if "format" not in doc:
+        raise _bad(where, "format", "is missing")
+    _count(doc, "num_samples", where, "num_samples")
+    for key, kind in (("options", dict), ("files", dict), ("skipped", list)):
+        if key in doc and not isinstance(doc[key], kind):
+            raise _bad(where, key, f"is {type(doc[key]).__name__}, not a JSON {'object' if kind is dict else 'array'}")
+    if any(not isinstance(item, dict) for item in doc.get("skipped", [])):
+        raise _bad(where, "skipped", "holds an entry that is not an object")
+    _ext_counts(doc.get("extensions"), where, "extensions")
+
+    classes = doc.get("classes")
+    if not isinstance(classes, list):
+        raise _bad(where, "classes", "is missing or not a list of class names")
+    for i, c in enumerate(classes):
+        if not isinstance(c, str):
+            raise _bad(where, f"classes[{i}]", f"is {type(c).__name__} {c!r}, not a class name")
+    if len(set(classes)) != len(classes):
+        dup = next(c for c in classes if classes.count(c) > 1)
+        raise _bad(where, "classes", f"lists {dup!r} twice")
+    c2i = doc.get("class_to_idx")
+    if not isinstance(c2i, dict):
+        raise _bad(where, "class_to_idx", "is missing or not an object of class name -> index")
+    for name, idx in c2i.items():
+        if type(idx) is not int or not 0 <= idx <= MAX_MANIFEST_COUNT:
+            raise _bad(where, f"class_to_idx[{name!r}]", f"is {idx!r}, not a non-negative integer class index")
+    if set(c2i) != set(classes):
+        extra = sorted(set(c2i) - set(classes))[:3]
+        missing = sorted(set(classes) - set(c2i))[:3]
+        raise _bad(where, "class_to_idx", f"does not name the same classes as field classes (only in class_to_idx: "
+                                          f"{extra}, only in classes: {missing})")
+    if len(set(c2i.values())) != len(c2i):
+        raise _bad(where, "class_to_idx", "gives two classes the same index")
+    if sorted(classes, key=c2i.__getitem__) != classes:
+        raise _bad(where, "classes", "is not in class index order (class_to_idx disagrees with it)")
+
+    shards = doc.get("shards")
+    if not isinstance(shards, list):
+        raise _bad(where, "shards", "is missing or not a list")
+    seen: dict[str, str] = {}
+    total = 0
+    for i, entry in enumerate(shards):
+        field = f"shards[{i}]"
+        if not isinstance(entry, dict):
+            raise _bad(where, field, f"is {type(entry).__name__}, not an object")
+        for key in ("name", "index"):
+            if key == "index" and entry.get("index") is None:
+                continue
+            problem = plain_file_name_problem(entry.get(key))
+            if problem:
+                raise _bad(where, f"{field}.{key}", problem,
+                           "list each file by its bare name, beside manifest.json (rebuild the manifest with "
+                           "`shardfeed index`)")
+            name = entry[key]
+            if name in seen:
+                raise _bad(where, f"{field}.{key}", f"{name!r} is listed twice (also as {seen[name]})",
+                           "each shard and index is listed once: restore the manifest or rebuild it with "
+                           "`shardfeed index`")
+            seen[name] = f"{field}.{key}"
+        _count(entry, "num_samples", where, f"{field}.num_samples")
+        _count(entry, "num_bytes", where, f"{field}.num_bytes")
+        for key in ("sha256", "index_sha256"):
+            v = entry.get(key)
+            if v is not None and not (isinstance(v, str) and _HEX64_RE.match(v)):
+                raise _bad(where, f"{field}.{key}", f"is {v!r}, not 64 lower-case hex digits")
+        _ext_counts(entry.get("extensions"), where, f"{field}.extensions")
+        total += entry["num_samples"]
+    if total != doc["num_samples"]:
+        raise _bad(where, "num_samples", f"is {doc['num_samples']}, but the shards' sample counts add up to {total}")
+
 @dataclasses.dataclass
 class ShardEntry:
     """One shard (or ``data.mdb``) of a dataset, as listed in the manifest.
@@ -482,6 +754,11 @@ class Manifest:
         version: :data:`FORMAT_VERSION` when written; a version of :data:`READABLE_VERSIONS`
             when read.
         created_by: ``"shardfeed X.Y.Z"``.
+        labels: :data:`LABELS_CLASS` (``.cls`` members, versions 1-3) or :data:`LABELS_NONE`
+            (version 3: unlabelled, ``classes`` empty, readers give label :data:`UNLABELLED`).
+        fields: the samples' extra fields (version 3; empty: none), ``{name: {"member": member
+            extension (:func:`field_member`), "count": samples that have it, "missing": samples
+            without it}}``, e.g. ``{"txt": {"member": "txt", "count": 998, "missing": 2}}``.
     """
 
     format: str
@@ -495,6 +772,20 @@ class Manifest:
     version: int = FORMAT_VERSION
     created_by: str = dataclasses.field(default_factory=created_by)
     extensions: dict[str, int] | None = None
+    labels: str = LABELS_CLASS
+    fields: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def written_version(self) -> int:
+        """The version :meth:`to_json` records: 3 for a dataset with extra fields or without
+        labels, else at most 2 (a class-folder dataset keeps its version-2 bytes)."""
+        if self.fields or self.labels != LABELS_CLASS:
+            return max(self.version, 3)
+        return min(self.version, 2)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether samples carry class labels (False: :data:`LABELS_NONE`)."""
+        return self.labels != LABELS_NONE
 
     def __post_init__(self):
         if self.extensions is None:  # from the shards, when every shard records its own
@@ -513,13 +804,17 @@ class Manifest:
                 s.pop("sha256", None)
                 s.pop("index_sha256", None)
         d = {
-            "format": self.format, "version": self.version, "created_by": self.created_by,
+            "format": self.format, "version": self.written_version(), "created_by": self.created_by,
             "num_samples": self.num_samples, "classes": list(self.classes),
             "class_to_idx": dict(self.class_to_idx), "shards": shards,
             "skipped": list(self.skipped), "options": dict(self.options), "files": dict(self.files),
         }
         if self.extensions is not None:
             d["extensions"] = dict(self.extensions)
+        if self.labels != LABELS_CLASS:
+            d["labels"] = self.labels
+        if self.fields:
+            d["fields"] = {k: dict(v) for k, v in self.fields.items()}
         return d
 
     def dumps(self, *, hashes: bool = True) -> bytes:
@@ -528,10 +823,11 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict | bytes | str, source: str = "<manifest>") -> "Manifest":
-        """Parse and validate a manifest.
+        """Parse and validate a manifest (:func:`validate_manifest`).
 
         Raises:
-            ManifestError: not JSON, missing fields, or another format version.
+            ManifestError: not JSON, another format version, or a field of the wrong type or
+                range, inconsistent with the others (see :func:`validate_manifest`).
         """
         if isinstance(data, (bytes, str)):
             try:
@@ -547,6 +843,7 @@ class Manifest:
                    else "repack it with this shardfeed version")
             raise ManifestError(f"{source}: manifest version {version!r} is not supported (this "
                                 f"shardfeed reads versions {', '.join(map(str, READABLE_VERSIONS))}); {fix}")
+        validate_manifest(data, source)
         try:
             shards = [ShardEntry(**{k: s.get(k) for k in ("name", "num_samples", "num_bytes", "sha256",
                                                            "index", "index_sha256", "extensions")})
@@ -558,9 +855,13 @@ class Manifest:
                     shards=shards, skipped=list(data.get("skipped", [])),
                     options=dict(data.get("options", {})), files=dict(data.get("files", {})),
                     version=version, created_by=data.get("created_by", "?"),
-                    extensions=None if exts is None else {str(k): int(v) for k, v in dict(exts).items()})
+                    extensions=None if exts is None else {str(k): int(v) for k, v in dict(exts).items()},
+                    labels=str(data.get("labels", LABELS_CLASS)) if version >= 3 else LABELS_CLASS,
+                    fields=_parse_fields(data.get("fields"), source) if version >= 3 else {})
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{source}: malformed manifest ({exc!r} missing or wrong type)") from None
+        if m.labels not in (LABELS_CLASS, LABELS_NONE):
+            raise ManifestError(f"{source}: labels {m.labels!r} is not {LABELS_CLASS!r} or {LABELS_NONE!r}")
         if sum(s.num_samples for s in m.shards) != m.num_samples:
             raise ManifestError(f"{source}: shard sample counts add up to "
                                 f"{sum(s.num_samples for s in m.shards)}, not num_samples={m.num_samples}")
@@ -573,6 +874,27 @@ class Manifest:
         return path
 
 
+def _parse_fields(raw, source: str) -> dict[str, dict]:
+    """The ``fields`` of a version-3 manifest, checked (names, member names, counts)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{source}: 'fields' must be an object of field name -> description")
+    if len(raw) > MAX_FIELDS:
+        raise ManifestError(f"{source}: {len(raw)} extra fields, more than the {MAX_FIELDS} a dataset may have")
+    out = {}
+    for name, desc in raw.items():
+        problem = field_name_problem(name)
+        if problem is not None:
+            raise ManifestError(f"{source}: {problem}")
+        if not isinstance(desc, dict) or desc.get("member", field_member(name)) != field_member(name):
+            raise ManifestError(f"{source}: field {name!r}: its member must be {field_member(name)!r}")
+        try:
+            out[name] = {"member": field_member(name), "count": int(desc.get("count", 0)),
+                         "missing": int(desc.get("missing", 0))}
+        except (TypeError, ValueError):
+            raise ManifestError(f"{source}: field {name!r}: count and missing must be integers") from None
+    return out
 #: The state folder an unfinished pack keeps in its output (``OUT/.shardfeed-pack/``, in a bucket
 #: the keys under ``PREFIX/.shardfeed-pack/``).
 PACK_STATE_DIR = ".shardfeed-pack"

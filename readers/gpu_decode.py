@@ -240,7 +240,11 @@ class GpuBatchDecoder:
                 return out
         out = []
         for b in blobs:  # the CPU primitive, as stored (no orientation): simplejpeg, else Pillow
-            arr = _decode.decode_jpeg_as_stored(b)
+            try:
+                arr = _decode.decode_jpeg_as_stored(b)
+            except CorruptDataError:  # a truncated scan: the per-sample CPU path names the file
+                out.append(None)
+                continue
             if arr is None:
                 try:
                     arr = np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))

@@ -38,7 +38,7 @@ import re
 import stat as stat_mod
 from array import array
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence, overload
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext, stored_path_problem
 
@@ -373,6 +373,7 @@ def scan_image_folder(
     *,
     extensions: Iterable[str] | str | None = None,
     class_to_idx: Mapping[str, int] | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> ScanResult:
     """Scan ``root`` as torchvision's ImageFolder would, recording size and mtime of each image.
 
@@ -382,6 +383,10 @@ def scan_image_folder(
             :data:`~shardfeed.readers.format.DEFAULT_EXTENSIONS`.
         class_to_idx: a fixed class map (e.g. the training split's, ``--classes-from``); every class
             folder must be in it. Classes of the map with no folder keep their index.
+        progress: ``callback(phase, num_files)`` for a progress bar (a million files on NFS take
+            minutes): ``("listed", n)`` after each folder is listed (``n`` names found in it),
+            then ``("checked", n)`` as the listed files are checked and stat'ed (every folder,
+            and every 4096 files of a large one). Called from this thread.
 
     Returns:
         A :class:`ScanResult`.
@@ -424,7 +429,8 @@ def scan_image_folder(
     sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
     stat, s_isreg = os.stat, stat_mod.S_ISREG
     slash = os.sep == "/"
-    walks = _walk_classes(root_path, [str(root_path / c) for c in raw_classes], hidden_dirs)
+    walks = _walk_classes(root_path, [str(root_path / c) for c in raw_classes], hidden_dirs,
+                          listed=(lambda n: progress("listed", n)) if progress is not None else None)
     for code, class_name in enumerate(folder_classes):
         before = len(rels)
         for dirpath, names in walks[code]:
@@ -432,7 +438,7 @@ def scan_image_folder(
             rel_dir += "/"
             dir_ok = stored_path_problem(rel_dir + "_") is None  # the one name policy, once per folder
             dir_prefix = dirpath + os.sep
-            for name in names:
+            for name in (names if progress is None else _reported(names, progress)):
                 if name[0] == ".":
                     ignored.append({"path": display_name(rel_dir + name), "reason": "hidden file"})
                     continue
@@ -572,8 +578,18 @@ def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensio
     return ScanResult(root, classes, mapping, files, ignored, empty, exts, unpackable)
 
 
-def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str]) -> list[list[tuple[str, list[str]]]]:
-    """Per class folder, ``[(dirpath, sorted file names)]`` in sorted dirpath order.
+def _reported(names: list[str], progress: Callable[[str, int], None], step: int = 4096) -> Iterator[str]:
+    """``names``, calling ``progress("checked", n)`` after every ``step`` of them and at the end."""
+    for a in range(0, len(names), step):
+        part = names[a:a + step]
+        yield from part
+        progress("checked", len(part))
+
+
+def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
+                  listed: Callable[[int], None] | None = None) -> list[list[tuple[str, list[str]]]]:
+    """Per class folder, ``[(dirpath, sorted file names)]`` in sorted dirpath order
+    (``listed(n)`` is called after each folder is listed, with its number of file names).
 
     The order within a class is that of ``sorted(os.walk(top, followlinks=True))``
     (torchvision's make_dataset), without hidden folders (appended to ``hidden_dirs``). Each real
@@ -629,6 +645,8 @@ def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str]) -> 
                 raise PermissionError(f"{display_name(d)}: cannot list folder ({exc.strerror}); fix its "
                                       "permissions") from None
             per_class[code].append((d, sorted(names)))
+            if listed is not None:
+                listed(len(names))
 
     # class folders that are folders first, then those that are links (a link to a folder reached
     # without one adds nothing: ``alias -> cat/sub`` leaves cat/sub's images in cat)

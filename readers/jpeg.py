@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
 __all__ = ["ORIENTATION_TAG", "SOF_MARKERS", "exif_orientation", "jpeg_is_complete", "read_jpeg_header",
-           "simplejpeg_available", "simplejpeg_decode", "simplejpeg_module"]
+           "simplejpeg_available", "simplejpeg_decode", "simplejpeg_module", "is_truncation_warning"]
 
 #: EXIF's orientation tag (IFD0).
 ORIENTATION_TAG = 0x0112
@@ -161,12 +161,29 @@ def exif_orientation(tiff: bytes) -> int | None:
     return 0
 
 
-def simplejpeg_decode(data: bytes, width: int, height: int, factor: int) -> "np.ndarray | None":
+#: libjpeg's warnings that mean the scan data ended before the image did (JWRN_HIT_MARKER,
+#: JWRN_JPEG_EOF): libjpeg fills the rest with grey and goes on; shardfeed refuses the image.
+_TRUNCATION_WARNINGS = ("premature end of data segment", "premature end of jpeg file")
+
+
+def is_truncation_warning(message: str) -> bool:
+    """Whether a libjpeg warning says the image data ended before the image (see :data:`_TRUNCATION_WARNINGS`)."""
+    text = message.lower()
+    return any(w in text for w in _TRUNCATION_WARNINGS)
+
+
+def simplejpeg_decode(data: bytes, width: int, height: int, factor: int, *,
+                      source: str | None = None) -> "np.ndarray | None":
     """simplejpeg's RGB decode at scale ``1 / factor``; None when it refuses the file.
 
     strict mode refuses what libjpeg only warns about (extraneous bytes before a marker, ...),
     which Pillow tolerates: the caller then hands the file to Pillow, which decodes or raises
-    (the first refusal in a process is logged at DEBUG).
+    (the first refusal in a process is logged at DEBUG). A warning that the scan data ended
+    early (a JPEG cut short, even one with a forged end-of-image marker) is not handed on: it
+    raises, since every library would fill the missing rows with grey.
+
+    Raises:
+        CorruptDataError: libjpeg reports the scan data ended before the image (names ``source``).
 
     Args:
         data: A JPEG (bytes).
@@ -184,6 +201,11 @@ def simplejpeg_decode(data: bytes, width: int, height: int, factor: int) -> "np.
                                                    -(-width // factor))
         return simplejpeg_module().decode_jpeg(data, "RGB")
     except ValueError as exc:
+        if is_truncation_warning(str(exc)):
+            from .errors import CorruptDataError
+
+            raise CorruptDataError(f"cannot decode image from {source or '<bytes>'}: truncated JPEG (libjpeg: "
+                                   f"{exc}); the image data ends before the image does") from None
         if not _refusal_logged:
             _refusal_logged = True
             logger.debug("simplejpeg refused a JPEG (%s); decoding it with Pillow", exc)

@@ -11,13 +11,18 @@ import zlib
 
 from .errors import CorruptDataError
 
-__all__ = ["LMDB_RECORD_VERSION", "decode_record", "encode_record"]
+__all__ = ["LMDB_RECORD_VERSION", "LMDB_RECORD_VERSION_FIELDS", "decode_record", "encode_record"]
 
-#: Version of the LMDB record layout (the ``"v"`` field of every record).
+#: Version of the LMDB record layout (the ``"v"`` field of every record without extra fields).
 LMDB_RECORD_VERSION = 1
+#: Version of a record that carries extra fields (sidecar files): version 1 plus ``"fields"``
+#: and ``"fields_crc32"``. Readers take both versions.
+LMDB_RECORD_VERSION_FIELDS = 2
+_READABLE = (LMDB_RECORD_VERSION, LMDB_RECORD_VERSION_FIELDS)
 
 
-def encode_record(key: str, data: bytes, ext: str, label: int, meta: dict) -> bytes:
+def encode_record(key: str, data: bytes, ext: str, label: int, meta: dict,
+                  fields: dict[str, bytes] | None = None) -> bytes:
     """Encode one sample as an LMDB value (pickle-free, versioned).
 
     Layout (msgpack map, ``use_bin_type=True``), readable with ``msgpack`` alone::
@@ -30,10 +35,23 @@ def encode_record(key: str, data: bytes, ext: str, label: int, meta: dict) -> by
          "crc32": int,           # zlib.crc32 of "data" (unsigned 32-bit)
          "data": bytes}          # the original encoded image bytes
 
+    With ``fields`` (extra fields, e.g. ``{"txt": b"a caption"}``) the record is version 2
+    (:data:`LMDB_RECORD_VERSION_FIELDS`): ``"v": 2`` and, before ``"data"``, ``"fields": {name:
+    bytes}`` and ``"fields_crc32": {name: zlib.crc32 of its bytes}``. Without them the bytes are
+    exactly version 1's. ``label`` is -1 in an unlabelled dataset.
+
     Returns:
         The encoded value (bytes).
     """
     import msgpack
+
+    if fields:
+        head = msgpack.packb({"v": LMDB_RECORD_VERSION_FIELDS, "key": key, "ext": ext, "label": int(label),
+                              "meta": meta, "crc32": zlib.crc32(data),
+                              "fields": {k: bytes(v) for k, v in fields.items()},
+                              "fields_crc32": {k: zlib.crc32(v) for k, v in fields.items()},
+                              "data": bytes(data)}, use_bin_type=True)
+        return head
 
     # the same bytes as packb of the whole map, with the image copied once (packb copies it into
     # its buffer, then into the result): the six small fields as a map of 6, its header made 7,
@@ -80,10 +98,21 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
         rec = _unpackb(value, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise CorruptDataError(f"{_record_where(source, key, value)}: undecodable record ({exc})") from None
-    if type(rec) is not dict or rec.get("v") != LMDB_RECORD_VERSION:
+    if type(rec) is not dict or rec.get("v") not in _READABLE:
         raise CorruptDataError(
             f"{_record_where(source, key, value)}: record version {rec.get('v') if isinstance(rec, dict) else '?'} is "
-            f"not {LMDB_RECORD_VERSION}; rebuild the database with this shardfeed version")
+            f"not {LMDB_RECORD_VERSION} or {LMDB_RECORD_VERSION_FIELDS}; rebuild the database with this shardfeed "
+            "version")
+    if rec["v"] == LMDB_RECORD_VERSION_FIELDS:
+        fields, crcs = rec.get("fields"), rec.get("fields_crc32")
+        if (type(fields) is not dict or type(crcs) is not dict or set(fields) != set(crcs)
+                or any(type(v) is not bytes for v in fields.values())):
+            raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record (bad extra fields)")
+        if verify:
+            bad_f = [k for k, v in fields.items() if zlib.crc32(v) != crcs[k]]
+            if bad_f:
+                raise CorruptDataError(f"{_record_where(source, key, value)}: field(s) {', '.join(bad_f)} fail "
+                                       "their CRC-32 check (record is damaged)")
     try:  # valid msgpack, damaged fields: named here, with the record's original file
         bad = [f for f, t in _RECORD_FIELDS if type(rec[f]) is not t]
         ok = zlib.crc32(rec["data"]) == rec["crc32"] if verify else True

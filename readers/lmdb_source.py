@@ -32,7 +32,7 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
-from .format import Manifest, decode_record, format_key, key_width
+from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
 
 __all__ = ["LMDBSource", "DEFAULT_READAHEAD"]
@@ -96,6 +96,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         self.verify = bool(verify)
         self._classes = list(manifest.classes)
         self._class_to_idx = dict(manifest.class_to_idx)
+        self._labels = frozenset(self._class_to_idx.values())
         self._num_samples = manifest.num_samples
         self._width = key_width(manifest.num_samples)
         self._env = None
@@ -190,8 +191,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             return format_key(i, self._width).encode()
         return bytes(self._keys[i])
 
-    def read_raw(self, i: int) -> tuple[str, bytes, str, int, dict]:
-        """``(key, data, ext, label, meta)`` of sample ``i``.
+    def read_record(self, i: int) -> dict:
+        """The decoded record of sample ``i`` (:func:`~shardfeed.readers.format.decode_record`).
 
         Raises:
             CorruptDataError: the record is missing, undecodable or fails its CRC (names the key).
@@ -201,10 +202,25 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         if value is None:
             raise CorruptDataError(f"{self._db_path} key {k.decode()}: record missing; run "
                                    f"`shardfeed check {self.root}`")
-        rec = decode_record(value, verify=self.verify, source=self._db_path, key=k)
+        return decode_record(value, verify=self.verify, source=self._db_path, key=k)
+
+    def read_raw(self, i: int) -> tuple[str, bytes, str, int, dict]:
+        """``(key, data, ext, label, meta)`` of sample ``i`` (label -1 in an unlabelled dataset).
+
+        Raises:
+            CorruptDataError: the record is missing, undecodable or fails its CRC (names the key).
+        """
+        rec = self.read_record(i)
+        k = self.key(i)
         try:
-            return rec["key"], rec["data"], rec["ext"], int(rec["label"]), rec["meta"]
+            label = int(rec["label"])
+            if label not in self._labels and (self.manifest.labelled or label != UNLABELLED):
+                raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: "
+                                       f"{label_problem(label, self._labels)}")
+            return rec["key"], rec["data"], rec["ext"], label, rec["meta"]
         except (KeyError, TypeError, ValueError) as exc:  # valid msgpack, damaged fields
+            if isinstance(exc, CorruptDataError):
+                raise
             what = f"no field {exc}" if isinstance(exc, KeyError) else f"a bad field: {exc}"
             raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: damaged record ({what}); "
                                    f"run `shardfeed check {self.root}`") from None
@@ -215,6 +231,13 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         self._map_epoch_check()
         meta = None
         try:
+            if self.fields:
+                rec = self.read_record(i)
+                meta = rec["meta"]
+                where = f"{self._db_path} key {rec['key']}"
+                stored = {field_member(k): v for k, v in (rec.get("fields") or {}).items()}
+                return self.emit(rec["key"], rec["data"], rec["ext"], int(rec["label"]), meta, where, index=i,
+                                 extra=self.field_values(stored, where))
             key, data, ext, label, meta = self.read_raw(i)
             return self.emit(key, data, ext, label, meta, f"{self._db_path} key {key}", index=i)
         except (CorruptDataError, ValueError) as exc:

@@ -41,7 +41,6 @@ import logging
 import multiprocessing
 import os
 import sys
-import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -49,7 +48,7 @@ import torch.utils.data
 
 from .dataset import is_url, open_dataset
 from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
-                    resumed_samples_per_rank)
+                    resumed_samples_per_rank, validate_resume_state)
 from .errors import ResumeStateError
 from .source_base import SourceBase
 
@@ -163,29 +162,56 @@ def collate_raw(batch: Sequence) -> list:
     return [s for s in batch if s is not None]
 
 
-def _collate_decoded(batch: Sequence, image_size: int | None = None):
+def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields: int = 0):
+    """``(uint8 [B, 3, H, W], int64 [B])``, plus one list of B values per extra field (``fields=``)."""
     from .transforms import collate_uint8
 
     items = [s for s in batch if s is not None]
     if not items:  # every sample of the batch was skipped (on_error="skip")
         side = image_size or 0
-        return torch.empty((0, 3, side, side), dtype=torch.uint8), torch.empty((0,), dtype=torch.int64)
+        return (torch.empty((0, 3, side, side), dtype=torch.uint8), torch.empty((0,), dtype=torch.int64),
+                *([] for _ in range(num_fields)))
+    if num_fields:
+        images, labels = collate_uint8([s[:2] for s in items])
+        return (images, labels, *[[s[2 + j] for s in items] for j in range(num_fields)])
     return collate_uint8(items)
+
+
+class _EpochProgress:
+    """What the training loop received from the latest ``iter(loader)``: its epoch, the batches
+    delivered, whether it ran to its end, and the earlier runs of that epoch (``segments``) when it
+    was a resumed one. The loader holds it strongly and the iterator updates it, so an iteration
+    left early (``break``, an exception in the step, ``itertools.islice``, ``del it``) still counts
+    after its iterator is gone (the iterator holds the loader, the loader never holds the iterator)."""
+
+    __slots__ = ("epoch", "batches", "finished", "segments")
+
+    def __init__(self, epoch: int, segments: list[dict]):
+        self.epoch = int(epoch)
+        self.batches = 0
+        self.finished = False
+        self.segments = segments
 
 
 class _EpochIterator:
     """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end,
     and the count of batches delivered (for :meth:`ShardfeedLoader.state_dict`)."""
 
-    def __init__(self, it, loader: "ShardfeedLoader", epoch: int):
+    def __init__(self, it, loader: "ShardfeedLoader", progress: _EpochProgress):
         self._it = it
         self._loader = loader
-        self._epoch = epoch
+        self._progress = progress
         self._reported = False
-        #: batches delivered so far in this iteration
-        self.num_batches_delivered = 0
-        #: True once the iteration has ended
-        self.finished = False
+
+    @property
+    def num_batches_delivered(self) -> int:
+        """Batches delivered so far in this iteration."""
+        return self._progress.batches
+
+    @property
+    def finished(self) -> bool:
+        """True once the iteration has ended (``StopIteration``)."""
+        return self._progress.finished
 
     def __iter__(self):
         return self
@@ -194,12 +220,12 @@ class _EpochIterator:
         try:
             batch = next(self._it)
         except StopIteration:
-            self.finished = True
+            self._progress.finished = True
             if not self._reported:
                 self._reported = True
-                self._loader._report_epoch(self._epoch)
+                self._loader._report_epoch(self._progress.epoch)
             raise
-        self.num_batches_delivered += 1
+        self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
         return batch
 
     def __len__(self) -> int:
@@ -223,7 +249,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
         self._next_epoch = 0
-        self._current = None  # weak reference to the iteration in progress (no loader <-> iterator cycle)
+        self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
         self._resume: dict | None = None  # {"epoch", "segments"} in effect
         self._resume_started = False
 
@@ -260,8 +286,10 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             self._epoch_sampler.set_epoch(e)
         elif hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(e)
-        it = _EpochIterator(super().__iter__(), self, e)
-        self._current = weakref.ref(it)
+        segments = list(self._resume["segments"]) if self._resume is not None else []
+        progress = _EpochProgress(e, segments)
+        it = _EpochIterator(super().__iter__(), self, progress)
+        self._progress = progress
         return it
 
     # ---- resuming
@@ -289,16 +317,21 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         was itself resumed). Call it between batches (after a step): a batch the loop has
         received counts as consumed. Under DDP every rank returns the same values (save rank 0's).
 
+        The state describes the latest ``iter(loader)`` (torchdata's ``StatefulDataLoader``
+        contract): the batches it yielded, however the loop over it ended (``break``, an
+        exception in the step, ``itertools.islice``, ``del it``); once it ran to its end, the
+        start of the next epoch. A new ``iter(loader)`` starts the next epoch (an iteration left
+        early is not continued by it); after :meth:`load_state_dict` and before the next
+        ``iter(loader)``, the loaded position.
+
         Raises:
             TypeError: the loader's dataset is not a shardfeed source.
         """
         ds = self._source()
-        cur = self._current() if self._current is not None else None
+        cur = self._progress
         segments: list[dict] = []
-        if cur is not None and not cur.finished and cur._epoch == self._next_epoch - 1:
-            epoch, batches = cur._epoch, cur.num_batches_delivered
-            if self._resume is not None and int(self._resume["epoch"]) == epoch:
-                segments = list(self._resume["segments"])
+        if cur is not None and not cur.finished and cur.epoch == self._next_epoch - 1:
+            epoch, batches, segments = cur.epoch, cur.batches, list(cur.segments)
         elif self._resume is not None and not self._resume_started:
             epoch, batches = int(self._resume["epoch"]), 0  # loaded, not yet iterated
             segments = list(self._resume["segments"])
@@ -320,7 +353,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
 
         Raises:
             ResumeStateError: another format version, another dataset (fingerprint or sample
-                count), another seed, shuffle, ``pad`` or ``drop_last``, or a malformed state.
+                count), another seed, shuffle, ``pad`` or ``drop_last``, or a field of the wrong type
+                or range, or inconsistent with the epoch
+                (:func:`~shardfeed.readers.epoch.validate_resume_state`; the message names it).
             TypeError: the loader's dataset is not a shardfeed source.
         """
         ds = self._source()
@@ -328,6 +363,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise ResumeStateError(f"loader state version {got!r} is not {STATE_VERSION}: it was saved by another "
                                    "shardfeed; start the epoch afresh (loader.set_epoch(epoch))")
+        validate_resume_state(state, num_samples=ds.num_samples)
         if state.get("fingerprint") != ds.fingerprint:
             raise ResumeStateError(f"the loader state was saved for another dataset (fingerprint "
                                    f"{str(state.get('fingerprint'))[:12]}..., this one {ds.fingerprint[:12]}...): "
@@ -354,10 +390,13 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             left = resumed_samples_per_rank(ds.num_samples, segments, world_size=ds.world_size,
                                             batch_size=ds.batch_size, pad=ds.pad, drop_last=ds.drop_last)
         except ValueError as exc:
-            raise ResumeStateError(f"malformed loader state: {exc}") from None
+            raise ResumeStateError(f"loader state field samples_consumed (or one of segments) does not fit the "
+                                   f"epoch: {exc}; pass what loader.state_dict() returned, or start the epoch "
+                                   "afresh with loader.set_epoch(epoch)") from None
         if segments and left == 0:
             epoch, segments = epoch + 1, []  # the epoch was consumed to its end
         self._next_epoch = epoch
+        self._progress = None  # the state describes the loaded position until the next iter(loader)
         self._set_plan({"epoch": epoch, "segments": segments} if segments else None)
         ds.set_epoch(epoch)  # len(loader) now counts what the resumed epoch yields
         if self._epoch_sampler is not None:
@@ -420,6 +459,9 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # issue 19's GPU decoding hook
         if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
             raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
+        if open_dataset_options.get("fields"):
+            raise ValueError("decode_device (GPU decoding) yields images and labels only; read extra fields "
+                             "(fields=...) with CPU decoding")
         from .gpu_decode import wrap_gpu_decoding
 
         return wrap_gpu_decoding(functools.partial(
@@ -462,7 +504,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     decode = getattr(ds, "decode", True)
     if "collate_fn" not in loader_opts:
         if isinstance(ds, SourceBase):
-            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size) if decode
+            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
+                                                      num_fields=len(getattr(ds, "fields", ()) or ())) if decode
                                     else collate_raw)
     kwargs.update(loader_opts)
     epoch_sampler = None

@@ -66,9 +66,11 @@ def _iter_source(src):
 
     if isinstance(src, WebDatasetSource):
         c2i = src.class_to_idx
+        labels = frozenset(c2i.values())
         for i, entry in enumerate(src.manifest.shards):
             for key, parts, _ in src.iter_range(i, 0, entry.num_samples):
-                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"])
+                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"], labels,
+                                                      labelled=src.manifest.labelled)
                 yield key, data, ext, label, meta if meta is not None else b"{}"
     else:
         for i in range(len(src)):
@@ -162,7 +164,7 @@ class MemoryCachedSource(SourceBase, torch.utils.data.Dataset):
                           decoder=src.sample_decoder.decoder, decode=src.decode, on_error=src.on_error,
                           transform=src.sample_decoder.transform, max_pixels=src.sample_decoder.max_pixels,
                           seed=src.seed, shuffle=src.shuffle, pad=src.pad, rank=src.rank,
-                          world_size=src.world_size)
+                          world_size=src.world_size, max_decode_bytes=src.sample_decoder.max_decode_bytes)
         self._np = None
         log.info("cache='memory': %d samples, %.1f MB loaded in %.2f s", n, pos / 1e6, time.perf_counter() - t0)
         return self

@@ -52,10 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from .decode import DEFAULT_MAX_PIXELS
+from .decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS
 from .epoch import (ON_ERROR, positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, worker_batches)
-from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, sample_from_members
+from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
            "manifest_fingerprint", "RESUME_CAPACITY_BYTES"]
@@ -121,13 +121,17 @@ class SourceBase:
     """Mixin of the sources (not a dataset by itself).
 
     Args:
-        image_size, train, decoder, transform, max_pixels, seed: the decode path
+        image_size, train, decoder, transform, max_pixels, max_decode_bytes, seed: the decode path
             (:class:`~shardfeed.readers.transforms.SampleDecoder`).
         decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples.
         on_error: ``"raise"`` or ``"skip"``.
         shuffle: shuffle each epoch (seeded by ``seed + epoch``).
         pad: fill the remainder ``N % world_size`` by repeating samples instead of dropping it.
         rank, world_size: explicit values (see :func:`~shardfeed.readers.dataset.resolve_rank`).
+        fields: extra fields to yield beside image and label (manifest version 3, e.g.
+            ``("txt", "json")``): decoded items become ``(image, label, *values)`` in that
+            order (``str`` for ``txt``, the parsed value for ``json``, ``bytes`` otherwise; None
+            for a sample without it); raw items become ``(Sample, {name: value})``.
     """
 
     #: True for sources read by index (``__getitem__``), False for iterable ones.
@@ -136,13 +140,18 @@ class SourceBase:
     def _init_common(self, *, image_size: int | None = None, train: bool = False, decoder: str = "auto",
                      decode: bool = True, on_error: str = "raise", transform=None,
                      max_pixels: int | None = DEFAULT_MAX_PIXELS, seed: int = 0, shuffle: bool = True,
-                     pad: bool = False, rank: int | None = None, world_size: int | None = None) -> None:
+                     pad: bool = False, rank: int | None = None, world_size: int | None = None,
+                     fields: tuple[str, ...] | list[str] | str | None = None,
+                     max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES) -> None:
         import torch
 
         from .transforms import SampleDecoder
 
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.fields = self._check_fields(fields)
+        #: ``(name, member extension)`` of each requested field
+        self._field_members = tuple((f, field_member(f)) for f in self.fields)
         self.image_size = image_size
         self.decode = bool(decode)
         self.on_error = on_error
@@ -154,7 +163,8 @@ class SourceBase:
         self.drop_last = False
         # always built: validates the options even in raw mode
         self.sample_decoder = SampleDecoder(image_size=image_size, train=train, decoder=decoder,
-                                            transform=transform, max_pixels=max_pixels, seed=self.seed)
+                                            transform=transform, max_pixels=max_pixels, seed=self.seed,
+                                            max_decode_bytes=max_decode_bytes)
         # epoch shared with workers: -1 = never set (then each process counts its own iterations)
         self._epoch_state = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         # resume plan shared with workers: [length, JSON bytes...] (length 0: none)
@@ -170,6 +180,31 @@ class SourceBase:
         #: iterable source then stand as None holes, and the loader reports the epoch's total
         self.holes = False
         self._pid = os.getpid()
+
+    def _check_fields(self, fields) -> tuple[str, ...]:
+        """The requested extra fields, each one the manifest lists (``ValueError`` naming the others)."""
+        if fields is None:
+            return ()
+        if isinstance(fields, str):
+            fields = (fields,)
+        fields = tuple(fields)
+        manifest = getattr(self, "manifest", None)
+        have = dict(getattr(manifest, "fields", None) or {})
+        unknown = [f for f in fields if f not in have]
+        if unknown:
+            where = getattr(self, "location", None) or getattr(self, "root", None) or "this dataset"
+            raise ValueError(f"{where}: no field(s) {', '.join(map(repr, unknown))}; the dataset's fields are "
+                             f"{', '.join(have) or 'none'} (pack with --sidecars to store sidecar files)")
+        return fields
+
+    def field_values(self, stored: dict, where: str) -> tuple:
+        """The requested fields' values from the stored ``{member extension or name: bytes}``
+        (:func:`~shardfeed.readers.format.decode_field`; None where a sample lacks one)."""
+        out = []
+        for name, member in self._field_members:
+            data = stored.get(member)
+            out.append(None if data is None else decode_field(name, data, where))
+        return tuple(out)
 
     # ---- configuration
     def set_epoch(self, epoch: int) -> None:
@@ -339,14 +374,22 @@ class SourceBase:
             self._enter_epoch(e, None)
 
     # ---- turning stored samples into outputs
-    def emit(self, key: str, data: bytes, ext: str, label: int, meta: Any, where: str, index: int | None = None):
+    def emit(self, key: str, data: bytes, ext: str, label: int, meta: Any, where: str, index: int | None = None,
+             extra: tuple | None = None):
         """One output item: decoded ``(uint8 [3, H, W], int)`` or a raw ``Sample``.
 
         Args:
             meta: a dict, or the JSON bytes of one (parsed only in raw mode).
             where: the file, or ``"shard S key K"``, for error messages.
             index: the sample's index in packing order (seeds its random crop and flip).
+            extra: the requested fields' values (:meth:`field_values`), when ``fields`` were asked:
+                appended to a decoded item, or paired with a raw one as ``(Sample, {name: value})``.
         """
+        if extra is not None:
+            out = self.emit(key, data, ext, label, meta, where, index)
+            if self.decode:
+                return (*out, *extra)
+            return (out, dict(zip(self.fields, extra)))
         if self.decode:
             if index is not None and self.needs_sample_rng():
                 return self.sample_decoder(data, ext, label, where, rng=self.sample_rng(index))

@@ -28,7 +28,9 @@ Typical use::
 
 from __future__ import annotations
 
+import os
 import queue
+import stat
 import threading
 import zlib
 from bisect import bisect_left
@@ -54,6 +56,37 @@ _GNU_LONGNAME = ord("L")
 _GNU_LONGLINK = ord("K")
 _FIELD_END = frozenset(b"\0 ")
 _POSIX_MAGIC = b"ustar\0"
+#: The most bytes asked of a stream in one read while a big member is gathered: memory grows with
+#: the bytes that really arrive, never with what a (possibly damaged) size field claims.
+MAX_READ_BYTES = 16 << 20
+#: The largest PAX or GNU long-name record accepted (real ones hold a few hundred bytes).
+MAX_RECORD_BYTES = 16 << 20
+
+
+def _stream_size(stream: BinaryIO) -> int | None:
+    """The size in bytes of the regular file behind ``stream``, or None (a socket, a pipe, a wrapper)."""
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError, TypeError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _member_too_big(source: str, offset: int, size: int, total: int | None, what: str,
+                    first_offset: int | None = None) -> CorruptDataError | None:
+    """The error for a header (at ``offset``; its member's first header, a PAX one, at ``first_offset``)
+    whose size field is negative or runs past the end of the shard, else None."""
+    if first_offset is not None and first_offset != offset:
+        what = f"{what} (extended header at byte offset {first_offset})"
+    if size < 0:
+        return CorruptDataError(f"{source}: tar header at byte offset {offset} has a negative {what} size ({size}); "
+                                "the header is damaged (run `shardfeed check` and repack the shard)")
+    if total is not None and offset + _BLOCK + size > total:
+        left = max(total - offset - _BLOCK, 0)
+        return CorruptDataError(f"{source}: tar header at byte offset {offset} claims a {what} of {size:,} bytes, but "
+                                f"only {left:,} bytes of the shard follow it: the header is damaged or the shard "
+                                "truncated (run `shardfeed check` and repack the shard)")
+    return None
 
 
 def skip_stream(stream: BinaryIO, num_bytes: int, *, source: str = "<stream>",
@@ -124,7 +157,8 @@ def _parse_pax(data: bytes, source: str, offset: int) -> dict[str, str]:
 
 def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | None = None,
                  source: str = "<tar>", stream_offset: int | None = None,
-                 read_bytes: int = DEFAULT_READ_BYTES) -> Iterator[tuple[str, bytes, int]]:
+                 read_bytes: int = DEFAULT_READ_BYTES,
+                 total_bytes: int | None = None) -> Iterator[tuple[str, bytes, int]]:
     """Iterate over the regular-file members of a tar stream.
 
     Args:
@@ -140,6 +174,12 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
         source: the shard's path or URL, named in error messages.
         stream_offset: shard offset of a non-seekable stream's current position.
         read_bytes: bytes asked of the stream per read.
+        total_bytes: the shard's size in bytes, when known (None: taken from ``fstat`` when the
+            stream is a regular file, else unknown). A header whose size field (octal, GNU
+            base-256 or a PAX ``size=`` record) claims more bytes than the shard has after it is
+            refused at once as damaged; without a known size, such a member reads to the end of
+            the stream and is reported truncated. Either way reads are bounded
+            (:data:`MAX_READ_BYTES`), so memory follows the bytes that really arrive.
 
     Yields:
         ``(name, data, header_offset)``: the member's name (``str``; PAX/GNU long names
@@ -147,8 +187,9 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
         GNU ``L`` header when it has one).
 
     Raises:
-        CorruptDataError: a bad header checksum or field, or a member cut short (the message
-            names ``source`` and the byte offset).
+        CorruptDataError: a bad header checksum or field, a size field that is negative or runs
+            past the end of the shard, or a member cut short (the message names ``source`` and the
+            byte offset).
         ValueError: ``stream_offset`` lies past ``start_offset``.
         OSError: the stream itself failed.
     """
@@ -166,6 +207,7 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
         if at < start_offset:
             skip_stream(stream, start_offset - at, source=source, read_bytes=read_bytes)
 
+    total = total_bytes if total_bytes is not None else _stream_size(stream)
     read = stream.read
     adler32 = zlib.adler32
     block = _BLOCK
@@ -261,6 +303,8 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
                         first_offset = None
                         pos = p + block
                         continue
+                if size < 0 or (total is not None and offset + block + size > total):
+                    raise _member_too_big(source, offset, size, total, f"member {name!r}", first_offset)
                 data_end = p + block + size
                 next_pos = data_end + (-size % block)
                 if next_pos <= nbuf:
@@ -275,7 +319,7 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
                     base += nbuf
                     buf, mv, nbuf, pos = b"", memoryview(b""), 0, 0
                     while rest > 0 or skip > 0:
-                        chunk = b"" if eof else read(rest + skip)
+                        chunk = b"" if eof else read(min(rest + skip, MAX_READ_BYTES))
                         if not chunk:
                             eof = True
                             raise CorruptDataError(
@@ -301,6 +345,12 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
             # ---- metadata records and non-regular members
             if typeflag in _NO_DATA:
                 size = 0
+            if size < 0 or (total is not None and offset + block + size > total):
+                raise _member_too_big(source, offset, size, total, f"record (type {chr(typeflag)!r})")
+            if size > MAX_RECORD_BYTES and typeflag in (_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK):
+                raise CorruptDataError(f"{source}: tar header at byte offset {offset} claims a {chr(typeflag)!r} "
+                                       f"record of {size:,} bytes (at most {MAX_RECORD_BYTES:,}); the header is "
+                                       "damaged (run `shardfeed check` and repack the shard)")
             need = block + size + (-size % block)
             if nbuf - p < need:
                 # records are small: gather them into the buffer
@@ -308,7 +358,7 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
                 have = nbuf - p
                 base += p
                 while have < need and not eof:
-                    chunk = read(max(need - have, read_bytes))
+                    chunk = read(min(max(need - have, read_bytes), MAX_READ_BYTES))
                     if not chunk:
                         eof = True
                         break

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .decode import DECODERS, DEFAULT_MAX_PIXELS, decode_crop, decode_image, resolve_decoder
+from .decode import DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, decode_crop, decode_image, resolve_decoder
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -497,6 +497,8 @@ class SampleDecoder:
             installed, else Pillow).
         transform: Optional callable ``tensor [3, H, W] uint8 -> tensor``.
         max_pixels: Pixel limit passed to :func:`decode_image`.
+        max_decode_bytes: Memory limit of one decode, bytes, passed to :func:`decode_image`
+            (checked on the header: size, mode, bit depth).
         seed: The run's seed (``>= 0``).
 
     Raises:
@@ -513,6 +515,7 @@ class SampleDecoder:
         transform: Callable[["torch.Tensor"], "torch.Tensor"] | None = None,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         seed: int = 0,
+        max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
@@ -522,6 +525,8 @@ class SampleDecoder:
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         if max_pixels is not None:
             _check_size("max_pixels", max_pixels)
+        if max_decode_bytes is not None:
+            _check_size("max_decode_bytes", max_decode_bytes)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         self.image_size = None if image_size is None else int(image_size)
@@ -529,6 +534,7 @@ class SampleDecoder:
         self.decoder = decoder
         self.transform = transform
         self.max_pixels = max_pixels
+        self.max_decode_bytes = max_decode_bytes
         self.seed = int(seed)
         self._builtin: EvalTransform | TrainTransform | None = None
         self._fused = resolve_decoder(decoder) == "simplejpeg"
@@ -591,14 +597,15 @@ class SampleDecoder:
 
         Raises:
             CorruptDataError: The bytes cannot be decoded (names ``source``).
-            ImageTooLargeError: The image has more than ``max_pixels`` pixels.
+            ImageTooLargeError: The image has more than ``max_pixels`` pixels, or its decode would
+                take more than ``max_decode_bytes``.
         """
         if self._fused and self.transform is None and isinstance(self._builtin, TrainTransform):
             if rng is None:
                 rng = self.rng()
             window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
                                  min_side=self._builtin.image_size, decoder=self.decoder,
-                                 max_pixels=self.max_pixels, source=source)
+                                 max_pixels=self.max_pixels, source=source, max_decode_bytes=self.max_decode_bytes)
             return self._builtin.finish(window, rng), int(label)
         img = decode_image(
             data,
@@ -607,6 +614,7 @@ class SampleDecoder:
             target_size=self.image_size,
             max_pixels=self.max_pixels,
             source=source,
+            max_decode_bytes=self.max_decode_bytes,
         )
         if self.transform is not None:
             out = self.transform(to_chw_tensor(img))

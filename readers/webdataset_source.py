@@ -52,7 +52,7 @@ import torch.utils.data
 from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, shuffle_buffer_order, shuffled,
                     spans_to_ranges, worker_batch_counts_before, worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
-from .format import Manifest, Sample, decode_index, read_index
+from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem, read_index
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
@@ -148,6 +148,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self.shuffle_buffer = int(shuffle_buffer)
         self._classes = list(manifest.classes)
         self._class_to_idx = dict(manifest.class_to_idx)
+        self._labels = frozenset(self._class_to_idx.values())
         self._num_samples = manifest.num_samples
         self._counts = [s.num_samples for s in manifest.shards]
         #: packing-order index of each shard's first sample
@@ -187,6 +188,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 raise CorruptDataError(f"{self.location.where(entry.index)}: {len(offsets)} offsets but "
                                        f"{entry.num_samples} samples in the manifest; rebuild it with "
                                        "`shardfeed index`")
+            if offsets and offsets[-1] + TAR_BLOCK > entry.num_bytes:
+                raise CorruptDataError(f"{self.location.where(entry.index)}: offset {offsets[-1]} lies past the end "
+                                       f"of {entry.name} ({entry.num_bytes} bytes); the index is damaged: rebuild "
+                                       "it with `shardfeed index`")
         self._offsets[i] = offsets
         return offsets
 
@@ -244,8 +249,11 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             starts = set(offsets[start:end + 1])
         stream, stream_offset = self._open_shard(entry, first, stop, where)
         try:
+            # the shard's size bounds every member's size field: a local file's own (fstat), a
+            # server's checked against the manifest's in _open_shard
             members = iter_members(stream, start_offset=first, end_offset=stop, source=where,
-                                   stream_offset=stream_offset)
+                                   stream_offset=stream_offset,
+                                   total_bytes=None if isinstance(self.location, LocalLocation) else entry.num_bytes)
             samples = iter_samples(members, source=where, limit=want + skip, tag_source=True, starts=starts)
             if skip:
                 got = 0
@@ -288,7 +296,12 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             mine = worker_batches(seq, batch_size=self.batch_size, num_workers=num_workers, worker=worker)
             raw = self._read_positions(order, mine)
         c2i = self._class_to_idx
+        labels = self._labels
         hole = self.holes
+        if self.fields or not self.manifest.labelled:
+            yield from self._emit_general(raw)
+            self.end_epoch()
+            return
         if self.decode:
             decoder = self.sample_decoder
             rng_for = self.sample_rng if self.needs_sample_rng() else None
@@ -297,7 +310,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     yield None
                     continue
                 try:
-                    data, ext, label, _ = parts_to_raw(key, parts, c2i, parts["__url__"])
+                    data, ext, label, _ = parts_to_raw(key, parts, c2i, parts["__url__"], labels)
                     where = f"{parts['__url__']} key {key}"
                     if rng_for is None:
                         out = decoder(data, ext, label, where)
@@ -313,7 +326,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             loads = _json_loads
             fast_exts = _FAST_EXTS
             new = tuple.__new__
-            labels: dict[bytes, int] = {}
+            label_of: dict[bytes, int] = {}
             for _, key, parts in raw:
                 if key is None:
                     yield None
@@ -326,18 +339,20 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     meta = parts.get("json")
                     cls = parts.get("cls")
                     if len(parts) == 4 and ext in fast_exts and cls is not None and meta is not None:
-                        label = labels.get(cls)
+                        label = label_of.get(cls)
                         if label is None:
                             label = int(cls)
-                            if len(labels) < 4096:
-                                labels[cls] = label
+                            if label not in labels:
+                                raise CorruptDataError(f"{parts['__url__']} key {key}: {label_problem(label, labels)}")
+                            if len(label_of) < 4096:
+                                label_of[cls] = label
                         try:
                             meta = loads(meta.decode("utf-8"))[0]
                         except ValueError:
                             meta = json.loads(meta)
                         out = new(Sample, (key, parts[ext], ext, label, meta))
                     else:
-                        data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"])
+                        data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"], labels)
                         meta = json.loads(meta) if meta is not None else {}
                         out = Sample(key, data, ext, label, meta)
                 except (CorruptDataError, ValueError) as exc:
@@ -350,6 +365,30 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     continue
                 yield out
         self.end_epoch()
+
+    def _emit_general(self, raw):
+        """The items of ``raw`` for unlabelled datasets and extra fields (the one grouping rule,
+        :meth:`~shardfeed.readers.source_base.SourceBase.emit`)."""
+        c2i, hole, labelled = self._class_to_idx, self.holes, self.manifest.labelled
+        for index, key, parts in raw:
+            if key is None:
+                yield None
+                continue
+            where = f"{parts['__url__']} key {key}"
+            try:
+                data, ext, label, meta = parts_to_raw(key, parts, c2i, parts["__url__"], self._labels,
+                                                      labelled=labelled)
+                extra = self.field_values(parts, where) if self.fields else None
+                out = self.emit(key, data, ext, label, meta, where, index=index, extra=extra)
+            except (CorruptDataError, ValueError) as exc:
+                if not isinstance(exc, CorruptDataError):
+                    exc = CorruptDataError(f"{where}: unreadable sample ({exc}); the shard is damaged: run "
+                                           "`shardfeed check`")
+                self.handle_error(name_original_file(exc, parts.get("json")), where)
+                if hole:
+                    yield None
+                continue
+            yield out
 
     def _read_worker_range(self, order: list[int], epoch: int, worker: int, num_workers: int, done: int):
         """``(index, key, parts)`` of ``worker``'s sub-range of this rank through its shuffle buffer,

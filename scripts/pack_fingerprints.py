@@ -22,7 +22,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-__all__ = ["CASES", "make_outputs", "fingerprints"]
+__all__ = ["CASES", "LAYOUT_CASES", "make_outputs", "fingerprints"]
 
 #: pack cases: name -> PackOptions fields (WebDataset by count and by bytes, skip + decode check,
 #: LMDB, re-encoded WebDataset and LMDB)
@@ -35,6 +35,11 @@ CASES = {
     "lmdb_reenc": dict(format="lmdb", workers=2, reencode={"resize": 40, "image_format": "png"}, on_error="skip"),
 }
 
+#: the same folder packed unlabelled (``pack --no-labels``), by the layout packer
+LAYOUT_CASES = {
+    "layout_unlabelled_wds": dict(format="wds", max_count=41, workers=1),
+    "layout_unlabelled_lmdb": dict(format="lmdb", workers=1),
+}
 
 def make_outputs(src: Path, out: Path) -> None:
     """Every :data:`CASES` pack of ``src`` under ``out``, plus the two conversions (LMDB -> WebDataset
@@ -54,6 +59,14 @@ def make_outputs(src: Path, out: Path) -> None:
             pack(src, out / name, PackOptions(**fields))
     convert_dataset(out / "lmdb", out / "conv_wds", format="wds", max_count=29, max_bytes=100_000)
     convert_dataset(out / "wds_count", out / "conv_lmdb", format="lmdb")
+    try:  # the layouts beyond the class folder (absent from older code: nothing to compare there)
+        from shardfeed.convert.layouts import LayoutOptions, pack_layout
+    except ImportError:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name, fields in LAYOUT_CASES.items():
+            pack_layout(src, out / name, PackOptions(**fields), LayoutOptions(no_labels=True))
 
 
 def fingerprints(out: Path) -> list[str]:

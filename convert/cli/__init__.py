@@ -22,13 +22,28 @@ import warnings
 
 import click
 
-from .common import stop_on_sigterm
+from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, stop_on_sigterm
 
 __all__ = ["main"]
 
 log = logging.getLogger("shardfeed")
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class _Group(click.Group):
+    """The ``shardfeed`` group: Ctrl-C or SIGTERM before a command's own handling starts (while
+    its options are parsed, before its work) ends it as during the work: one line, status 130 or
+    143 (Click's default is "Aborted!" and status 1)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            terminated = isinstance(exc, Terminated)
+            click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
+            sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="shardfeed", prog_name="shardfeed")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True,

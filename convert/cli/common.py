@@ -25,7 +25,7 @@ __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
            "storage_option", "read_storage_option_file", "LocalPath", "EXIT_TERMINATED", "Terminated",
-           "stop_on_sigterm"]
+           "stop_on_sigterm", "check_report_path", "scan_progress"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -100,9 +100,10 @@ def write_json_report(path: str | None, report: Any) -> None:
         write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def _check_json_path(ctx, param, value):
-    """Refuse a ``--json`` path whose folder does not exist before any work is done."""
-    if value in (None, "-"):
+def check_report_path(value: str, ctx, param, *, example: str = "report.json", allow_stdout: bool = True) -> str:
+    """A local path a report is written to: ``-`` (stdout, when allowed), a path whose folder
+    exists, ``file://`` stripped; a URL or a folder is refused naming the fix."""
+    if value == "-" and allow_stdout:
         return value
     from shardfeed.readers.opener import url_scheme
 
@@ -110,15 +111,23 @@ def _check_json_path(ctx, param, value):
     if scheme == "file":
         value = value[len("file://"):]
     elif scheme is not None:
-        raise click.BadParameter(f"{value}: the report is written to a local path (or '-' for stdout), not a URL; "
+        stdout = " (or '-' for stdout)" if allow_stdout else ""
+        raise click.BadParameter(f"{value}: the report is written to a local path{stdout}, not a URL; "
                                  "write it locally, then upload it", ctx, param)
     parent = os.path.dirname(os.path.abspath(value))
     if not os.path.isdir(parent):
         raise click.BadParameter(f"folder {parent} does not exist: create it or choose another path", ctx, param)
     if os.path.isdir(value):
-        raise click.BadParameter(f"{value} is a folder: give a file path such as {value.rstrip('/')}/report.json",
+        raise click.BadParameter(f"{value} is a folder: give a file path such as {value.rstrip('/')}/{example}",
                                  ctx, param)
     return value
+
+
+def _check_json_path(ctx, param, value):
+    """Refuse a ``--json`` path whose folder does not exist before any work is done."""
+    if value is None:
+        return value
+    return check_report_path(value, ctx, param)
 
 
 def json_option(f: Callable) -> Callable:
@@ -360,7 +369,7 @@ def _stderr_is_tty() -> bool:
         return False
 
 
-def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
+def progress_bar(total_samples: int | None, total_bytes: int | None, desc: str, quiet: bool):
     """A tqdm bar counting images, with MB/s in its postfix; returns (bar, callback).
 
     The callback is ``update(num_samples, input_bytes, output_bytes=0)`` and is thread-safe: pass
@@ -389,7 +398,7 @@ def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
             state["out"] += output_bytes
             bar.update(n)
             now = time.perf_counter()
-            if now - state["last"] > 0.25 or bar.n >= total_samples:
+            if now - state["last"] > 0.25 or (total_samples is not None and bar.n >= total_samples):
                 state["last"] = now
                 mb_s = state["in"] / 1e6 / max(now - state["t0"], 1e-9)
                 done = f"{state['in'] / 1e6:.0f}/{total_bytes / 1e6:.0f} MB"
@@ -402,6 +411,35 @@ def progress_bar(total_samples: int, total_bytes: int, desc: str, quiet: bool):
     return bar, update
 
 
+
+
+def scan_progress(desc: str, quiet: bool):
+    """A tqdm bar for a folder scan (``progress`` of
+    :func:`~shardfeed.readers.imagefolder.scan_image_folder`); returns ``(bar, callback)``.
+
+    It counts the files found while the folders are listed (no total yet), then the files checked
+    (stat'ed) of those listed, with a rate and an ETA; it is erased when closed (``leave=False``),
+    so the pack's own bar follows. On stderr, and (as :func:`progress_bar`) none with ``quiet`` or
+    when stderr is not a terminal.
+    """
+    if quiet or not _stderr_is_tty():
+        return _NoBar(), lambda phase, n: None
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"{desc}: listing folders", unit="file", unit_scale=True, leave=False, dynamic_ncols=True,
+               file=sys.stderr)
+    state = {"listed": 0, "checking": False}
+
+    def update(phase: str, n: int) -> None:
+        if phase == "listed":
+            state["listed"] += n
+        elif not state["checking"]:
+            state["checking"] = True
+            bar.set_description_str(f"{desc}: checking files", refresh=False)
+            bar.reset(total=state["listed"])
+        bar.update(n)
+
+    return bar, update
 
 
 def quiet() -> bool:
@@ -502,6 +540,10 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
         "decode_check": (("--decode-check",), dict(
             is_flag=True, help="Fully decode every image while packing (the readers' exact rules); bytes are "
                                "still stored unchanged.")),
+        "max_decode_bytes": (("--max-decode-bytes",), dict(
+            type=SizeParam(), default="512MiB", show_default=True, metavar="SIZE",
+            help="With --decode-check: refuse (or with --on-error skip, skip) an image whose decode would take "
+                 "more memory than this, read from its header before decoding (decompression bombs).")),
         "resume": (("--resume",), dict(
             is_flag=True,
             help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten. Safe to "
@@ -525,7 +567,7 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
 
 #: Every option of :func:`pack_options`, in help order (the kebab-case of :class:`PackOptions`).
 PACK_OPTION_NAMES = ("format", "max_count", "max_bytes", "prefix", "workers", "read_ahead", "seed", "no_shuffle",
-                     "on_error", "decode_check", "resume", "overwrite", "executor", "ray_address")
+                     "on_error", "decode_check", "max_decode_bytes", "resume", "overwrite", "executor", "ray_address")
 
 
 def pack_options(*names: str, **overrides: dict) -> Callable[[Callable], Callable]:

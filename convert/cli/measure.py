@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import click
 
-from .common import (FiniteFloat, OnErrorChoice, command, deprecated_option, echo, json_option, num_workers_options,
-                     storage_option, write_json_report)
+from .common import (FiniteFloat, OnErrorChoice, check_report_path, command, deprecated_option, echo, json_option,
+                     num_workers_options, storage_option, write_json_report)
 
-__all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options"]
+__all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options", "html_option", "write_html"]
 
 
 def harness_options(f: Callable) -> Callable:
@@ -115,6 +115,31 @@ def _check_plot(plot: str | None) -> None:
                                "(or pip install matplotlib)") from None
 
 
+def html_option(f: Callable) -> Callable:
+    """Add ``--html PATH``: one self-contained page (figure, tables, verdict, the JSON)."""
+    return click.option("--html", "html_path", metavar="PATH.html", default=None, callback=_check_html_path,
+                        help="Also write one self-contained HTML page: the figure (with matplotlib), the tables, "
+                             "the verdict and the full JSON report.")(f)
+
+
+def _check_html_path(ctx, param, value):
+    return None if value is None else check_report_path(value, ctx, param, example="report.html", allow_stdout=False)
+
+
+def write_html(path: str, command_name: str, *, headline: str, report_json: Any, tables: list,
+               notes: list[str], draw: Callable[[Path], Any] | None, json_path: str | None) -> None:
+    """Write the ``--html`` page of a measuring command and say where it is."""
+    import datetime
+
+    from shardfeed.readers.format import created_by
+    from shardfeed.readers.measure import write_html_report
+
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    out = write_html_report(path, title=f"shardfeed {command_name}", subtitle=f"{when} · {created_by()}",
+                            headline=headline, report_json=report_json, tables=tables, notes=notes, draw=draw)
+    echo(f"html: {out}", json_path)
+
+
 def _progress(json_path: str | None) -> Callable[[str], None]:
     return lambda line: click.echo(f"shardfeed: {line}", err=True)
 
@@ -125,9 +150,12 @@ def _progress(json_path: str | None) -> Callable[[str], None]:
 @harness_options
 @loader_options
 @click.option("--plot", metavar="PATH.png", default=None,
-              help="Draw per-batch wait and compute over time (needs matplotlib).")
+              help="Draw the images delivered over time, the time spent waiting vs computing, and the wait of "
+                   "every batch (needs matplotlib).")
+@html_option
 @json_option
-def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kwargs: Any) -> None:
+def bench(source: str, cold: bool, plot: str | None, html_path: str | None, json_path: str | None,
+          **kwargs: Any) -> None:
     """Measure one loader on SOURCE (image folder, packed dataset or URL) with a training loop.
 
     \b
@@ -141,14 +169,19 @@ def bench(source: str, cold: bool, plot: str | None, json_path: str | None, **kw
       shardfeed bench data/train --compute-ms 50 --num-workers 8     # would it keep up with 50 ms steps?
       shardfeed bench out/train-lmdb --model none --cold --json report.json
     """
-    from shardfeed.readers.measure import bench_source, format_report, plot_runs
+    from shardfeed.readers.measure import HtmlTable, bench_source, format_report, plot_runs, report_rows
 
     _check_plot(plot)
     report = bench_source(source, cold=cold, **_split_kwargs(kwargs))
     report.label = report.label or "bench"
     echo(format_report(report), json_path)
+    headline = f"{report.images_per_s:,.1f} images/s, data stall {report.stall_share:.0%}"
     if plot:
-        echo(f"plot: {plot_runs([report], plot)}", json_path)
+        echo(f"plot: {plot_runs([report], plot, title=headline)}", json_path)
+    if html_path:
+        write_html(html_path, "bench", headline=headline, report_json=report.to_json(),
+                   tables=[HtmlTable("The run", ("", report.label), report_rows(report))], notes=report.warnings,
+                   draw=lambda p: plot_runs([report], p), json_path=json_path)
     write_json_report(json_path, report.to_json())
 
 
@@ -177,7 +210,7 @@ def _same_dataset(before: str, after: str) -> str | None:
 @click.argument("after")
 @harness_options
 @loader_options
-@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Alternating rounds (before/after, then after/before, ...); the median run of each is reported, "
                    "and a verdict only when the rounds agree beyond their spread (3 or more recommended).")
 @click.option("--deep", is_flag=True, help="Also compare every sample's bytes and label (matched by original path).")
@@ -188,10 +221,13 @@ def _same_dataset(before: str, after: str) -> str | None:
 @click.option("--min-speedup", type=FiniteFloat(min=0, min_open=True), default=None, metavar="X",
               help="Exit with status 1 when AFTER is less than X times as fast as BEFORE.")
 @click.option("--plot", metavar="PATH.png", default=None,
-              help="Draw per-batch wait and compute over time (needs matplotlib).")
+              help="Draw both sides on one axis: the images each delivered over time, the time each spent waiting "
+                   "vs computing, and the wait of every batch (needs matplotlib).")
+@html_option
 @json_option
 def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_cache: bool,
-           min_speedup: float | None, plot: str | None, json_path: str | None, **kwargs: Any) -> None:
+           min_speedup: float | None, plot: str | None, html_path: str | None, json_path: str | None,
+           **kwargs: Any) -> None:
     """Same training loop, same device, BEFORE (e.g. the image folder) vs AFTER (its packed form).
 
     \b
@@ -207,7 +243,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
       shardfeed verify data/train out/train-lmdb --cold --repeats 3 --model resnet18
       shardfeed verify data/train out/train-wds --compute-ms 30 --min-speedup 1.5 --json verify.json
     """
-    from shardfeed.readers.measure import compare_sources, format_comparison, plot_runs, verdict_headline
+    from shardfeed.readers.measure import HtmlTable, compare_sources, comparison_rows, plot_runs
 
     _check_plot(plot)
     opts = _split_kwargs(kwargs)
@@ -219,20 +255,23 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
         click.echo("shardfeed: comparing every sample of both datasets (--deep)...", err=True)
     result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep, warm_cache=warm_cache,
                              progress=_progress(json_path), **opts)
-    echo(format_comparison(result), json_path)
+    result.min_speedup = min_speedup
+    echo(result.summary(), json_path)
+    headline = result.headline()
+    sides = [result.before, result.after]
     if plot:
-        echo(f"plot: {plot_runs([result['before'], result['after']], plot)}", json_path)
-    out = {"before": result["before"].to_json(), "after": result["after"].to_json(), "speedup": result["speedup"],
-           "stall_share_before": result["stall_share_before"], "stall_share_after": result["stall_share_after"],
-           "headline": verdict_headline(result["verdict"], result["speedup"], result["stall_share_before"],
-                                        result["stall_share_after"]),
-           "verdict": result["verdict"], "settle": result["settle"],
-           "warm_cache": result["warm_cache"], "cpu_s_per_image": result["cpu_s_per_image"],
-           "check": result["check"], "repeats": repeats, "cold": cold, "min_speedup": min_speedup,
-           "runs": [r.to_json() for r in result["runs"]]}
+        echo(f"plot: {plot_runs(sides, plot, title=headline)}", json_path)
+    out = result.to_json()
+    if html_path:
+        notes = [f"{side}: {w}" for side, r in zip(("BEFORE", "AFTER"), sides) for w in r.warnings]
+        notes += [f"advice: {a}" for a in (result.verdict or {}).get("advice", [])]
+        write_html(html_path, "verify", headline=headline, report_json=out,
+                   tables=[HtmlTable("Before and after (each side's median run)", ("", "BEFORE", "AFTER"),
+                                     comparison_rows(result))],
+                   notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path)
     write_json_report(json_path, out)
-    if min_speedup is not None and result["speedup"] < min_speedup:
-        click.echo(f"shardfeed: error: speed-up {result['speedup']:.2f}x is below --min-speedup {min_speedup}",
+    if min_speedup is not None and result.speedup < min_speedup:
+        click.echo(f"shardfeed: error: speed-up {result.speedup:.2f}x is below --min-speedup {min_speedup}",
                    err=True)
         sys.exit(1)
 
@@ -248,9 +287,12 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
               help="Largest num_workers tried [default: 2 x CPU count].")
 @click.option("--max-workers", "max_workers_old", type=click.IntRange(min=0), default=None, hidden=True,
               callback=deprecated_option("--max-workers", "--max-num-workers"))
+@click.option("--plot", metavar="PATH.png", default=None,
+              help="Draw images/s of every setting tried, the one kept marked (needs matplotlib).")
+@html_option
 @json_option
 def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_workers_old: int | None,
-         json_path: str | None, **kwargs: Any) -> None:
+         plot: str | None, html_path: str | None, json_path: str | None, **kwargs: Any) -> None:
     """Sweep the DataLoader knobs on SOURCE one at a time and print the best make_loader(...) call.
 
     \b
@@ -263,37 +305,24 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
       shardfeed tune out/train-wds --model resnet50 --budget-s 600
       shardfeed tune data/train --compute-ms 40 --batches 30
     """
-    from shardfeed.readers.measure import format_table, tune_loader
+    from shardfeed.readers.measure import TUNE_HEADER, HtmlTable, plot_tune, tune_loader, tune_rows
 
+    _check_plot(plot)
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
     max_workers = max_workers_old if max_workers is None else max_workers
     result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
                          progress=_progress(json_path), **opts)
-    best = result["best"]
-    rows = []
-    for t in result["trials"]:
-        o = t["options"]
-        mark = "*" if t is best else ""
-        workers = o.get("num_workers")
-        rows.append((t["step"], str(workers), str(o.get("pin_memory")),
-                     str(o.get("prefetch_factor")) if workers else "-",
-                     str(o.get("persistent_workers")) if workers else "-", f"{t['images_per_s']:.1f}",
-                     f"{t['stall_share']:.0%}", f"{t['seconds']:.1f}", mark))
-    echo(format_table(rows, header=("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall",
-                                     "took s", "best")), json_path)
-    for w in result["warnings"]:
-        echo(f"warning: {w}", json_path)
-    for s in result["skipped"]:
-        echo(f"skipped: {s}", json_path)
-    for a in result["advice"]:
-        echo(f"advice: {a}", json_path)
-    echo(f"best: {best['images_per_s']:.1f} images/s, data stall {best['stall_share']:.0%}", json_path)
-    echo(result["call"], json_path)
-    out = dict(result)
-    out["trials"] = [{**{k: v for k, v in t.items() if k != "report"}, "report": t["report"].to_json(per_batch=False)}
-                     for t in result["trials"]]
-    out["best"] = {k: v for k, v in best.items() if k != "report"}
+    echo(result.summary(), json_path)
+    if plot:
+        echo(f"plot: {plot_tune(result, plot)}", json_path)
+    out = result.to_json()
+    if html_path:
+        notes = [f"warning: {w}" for w in result.warnings] + [f"skipped: {s}" for s in result.skipped]
+        notes += [f"advice: {a}" for a in result.advice]
+        write_html(html_path, "tune", headline=f"{result.headline()} — {result.call}", report_json=out,
+                   tables=[HtmlTable("Settings tried, in sweep order", TUNE_HEADER, tune_rows(result))], notes=notes,
+                   draw=lambda p: plot_tune(result, p), json_path=json_path)
     write_json_report(json_path, out)
 
 

@@ -119,8 +119,11 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
 @click.argument("source", metavar="PATH")
 @click.option("--decode", is_flag=True, help="Also decode every image (catches damage the sha256 cannot place, "
                                              "and images that never decoded).")
+@click.option("--max-decode-bytes", type=SizeParam(), default="512MiB", show_default=True, metavar="SIZE",
+              help="With --decode: an image whose decode would take more memory than this (read from its header, "
+                   "before decoding) is reported as a problem (decompression bombs).")
 @json_option
-def check_cmd(source: str, decode: bool, json_path) -> None:
+def check_cmd(source: str, decode: bool, max_decode_bytes: int, json_path) -> None:
     """Prove a packed dataset is intact: recompute every shard's sha256, size and sample count.
 
     \b
@@ -142,7 +145,7 @@ def check_cmd(source: str, decode: bool, json_path) -> None:
     bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards),
                                "check" + (" + decode" if decode else ""), quiet())
     try:
-        report = check_dataset(source, decode=decode, progress=update)
+        report = check_dataset(source, decode=decode, progress=update, max_decode_bytes=max_decode_bytes)
     finally:
         bar.close()
     err = _out(json_path)
@@ -279,7 +282,8 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, overwrite: boo
 @click.argument("pattern", metavar="DIR_OR_URL_PATTERN")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Folder for manifest.json and the .sfidx files [default: beside the shards; required for URLs, "
-                   "then upload them beside the shards].")
+                   "then upload them beside the shards; for local shards only their own folder: a manifest names "
+                   "its shards by plain file name].")
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Text file with one class name per line (line i names class index i).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing manifest.json.")
@@ -320,10 +324,17 @@ def index_cmd(pattern: str, out, classes_file, overwrite: bool, json_path) -> No
               help="Address to bind; 0.0.0.0 exposes every file below PATH to the network, without authentication.")
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True,
               help="TCP port (0: any free port).")
-def serve_cmd(path: Path, host: str, port: int) -> None:
+@click.option("--max-connections", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Connections handled at once (one thread each); more wait in the listen queue.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=15.0, show_default=True,
+              help="Seconds a request's headers may take to arrive (and a keep-alive connection may idle) before "
+                   "the connection is closed.")
+def serve_cmd(path: Path, host: str, port: int, max_connections: int, timeout_s: float) -> None:
     """Serve a packed directory over HTTP (threaded, with Range requests) until Ctrl-C.
 
     Readers on other machines then open it with open_dataset("http://HOST:PORT/").
+    Only regular files inside PATH are served, never through a symbolic link, and nothing
+    hidden (no path component starting with "."): listings leave those out too.
     This is for tests and quick sharing: for production, serve the files with a real web
     server (nginx answers Range requests out of the box) or an object store; see the README
     for an nginx location block.
@@ -335,7 +346,7 @@ def serve_cmd(path: Path, host: str, port: int) -> None:
     from shardfeed.convert.tools.serve import make_server, server_url
 
     try:
-        server = make_server(path, host, port)
+        server = make_server(path, host, port, max_connections=max_connections, timeout_s=timeout_s)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise OSError(exc.errno, f"{host}:{port} is already in use: choose another --port "

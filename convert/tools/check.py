@@ -89,7 +89,7 @@ class CheckReport:
 
 
 def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progress: Progress | None = None,
-                  max_problems_per_shard: int = 100) -> CheckReport:
+                  max_problems_per_shard: int = 100, max_decode_bytes: int | None = 512 << 20) -> CheckReport:
     """Check a packed dataset against its manifest, shard by shard and sample by sample.
 
     WebDataset: each shard's size, sha256 and sample count; its offset index's sha256 and that
@@ -102,6 +102,9 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
     Args:
         path_or_url: the dataset directory or manifest (WebDataset also over HTTP).
         decode: decode every image.
+        max_decode_bytes: with ``decode``, an image whose decode would take more memory than this
+            (bytes, read from its header; the readers' default, 512 MiB; None: unchecked) is a
+            problem, reported without decoding it.
         progress: ``callback(num_samples, num_bytes)``.
         max_problems_per_shard: per-sample problems recorded per shard before the rest are
             summarised in one line.
@@ -120,11 +123,12 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
                          decoded=decode)
     progress = progress or noop_progress
     if manifest.format == "lmdb":
-        _check_lmdb(loc, manifest, report, decode, progress, max_problems_per_shard)
+        _check_lmdb(loc, manifest, report, decode, progress, max_problems_per_shard, max_decode_bytes)
     else:
         seen: dict[str, str] = {}
         for shard in manifest.shards:
-            _check_wds_shard(loc, manifest, shard, report, decode, progress, seen, max_problems_per_shard)
+            _check_wds_shard(loc, manifest, shard, report, decode, progress, seen, max_problems_per_shard,
+                             max_decode_bytes)
     if report.num_samples_found != manifest.num_samples and not any(p["key"] is None for p in report.problems):
         report.problems.append(make_problem(None, None, f"found {report.num_samples_found} samples, the manifest says "
                                                     f"{manifest.num_samples}"))
@@ -132,11 +136,11 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
     return report
 
 
-def _decode_problem(data: bytes, ext: str, source: str) -> str | None:
+def _decode_problem(data: bytes, ext: str, source: str, max_decode_bytes: int | None = 512 << 20) -> str | None:
     from shardfeed.readers.decode import decode_image
 
     try:
-        decode_image(data, ext, source=source)
+        decode_image(data, ext, source=source, max_decode_bytes=max_decode_bytes)
     except (ShardfeedError, ValueError, OSError) as exc:
         return f"does not decode: {exc}"
     return None
@@ -144,7 +148,8 @@ def _decode_problem(data: bytes, ext: str, source: str) -> str | None:
 
 
 def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry, report: CheckReport,
-                     decode: bool, progress: Progress, seen: dict[str, str], limit: int) -> None:
+                     decode: bool, progress: Progress, seen: dict[str, str], limit: int,
+                     max_decode_bytes: int | None = 512 << 20) -> None:
     from shardfeed.readers.tario import iter_members, iter_samples
 
     where = loc.where(shard.name)
@@ -173,14 +178,17 @@ def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry
                     probs.add(key, f"key {key!r} also in {seen[key]}; keys must be unique")
                 seen.setdefault(key, shard.name)
                 try:
-                    s = parts_to_sample(key, parts, source=where, class_to_idx=manifest.class_to_idx)
+                    s = parts_to_sample(key, parts, source=where, class_to_idx=manifest.class_to_idx,
+                                        labelled=manifest.labelled)
                 except CorruptDataError as exc:
                     probs.add(key, str(exc))
                     continue
-                if not 0 <= s.label < n_classes:
+                if not 0 <= s.label < n_classes and manifest.labelled:
                     probs.add(key, f"label {s.label} is outside the {n_classes} classes of the manifest")
+                if not manifest.labelled and "cls" in parts:
+                    probs.add(key, "a label (.cls member) in an unlabelled dataset")
                 if decode:
-                    msg = _decode_problem(s.data, s.ext, f"{where} key {key}")
+                    msg = _decode_problem(s.data, s.ext, f"{where} key {key}", max_decode_bytes)
                     if msg:
                         path = s.meta.get("path") if isinstance(s.meta, dict) else None
                         probs.add(key, f"{msg} (original file {path})" if path else msg)
@@ -233,7 +241,7 @@ def _check_index(loc: DatasetLocation, shard: ShardEntry, offsets: list[int], pr
 
 
 def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, decode: bool, progress: Progress,
-                limit: int) -> None:
+                limit: int, max_decode_bytes: int | None = 512 << 20) -> None:
     if loc.url:
         raise ManifestError(f"{loc.root}: an LMDB dataset cannot be checked over HTTP; stage it locally first")
     name = manifest.shards[0].name if manifest.shards else LMDB_DATA_NAME
@@ -262,10 +270,12 @@ def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, d
             status["num_bytes"] += len(rec["data"])
             if rec.get("key") != key:
                 probs.add(key, f"record says key {rec.get('key')!r}, stored under {key!r}")
-            if not 0 <= rec["label"] < n_classes:
+            if manifest.labelled and not 0 <= rec["label"] < n_classes:
                 probs.add(key, f"label {rec['label']} is outside the {n_classes} classes of the manifest")
+            elif not manifest.labelled and rec["label"] != -1:
+                probs.add(key, f"label {rec['label']} in an unlabelled dataset (labels are -1)")
             if decode:
-                msg = _decode_problem(rec["data"], rec["ext"], f"{path} key {key}")
+                msg = _decode_problem(rec["data"], rec["ext"], f"{path} key {key}", max_decode_bytes)
                 if msg:
                     orig = rec["meta"].get("path") if isinstance(rec["meta"], dict) else None
                     probs.add(key, f"{msg} (original file {orig})" if orig else msg)

@@ -81,6 +81,10 @@ class HashingReader:
     def seekable(self) -> bool:
         return False
 
+    def fileno(self) -> int:
+        """The wrapped stream's file descriptor (tar readers take the shard's size from it)."""
+        return self._s.fileno()
+
     def drain(self) -> None:
         """Read (and hash) the rest of the stream."""
         while self.read(COPY_CHUNK_BYTES):
@@ -268,7 +272,8 @@ class DatasetLocation:
 # samples
 
 def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
-                    class_to_idx: dict[str, int] | None = None) -> Sample:
+                    class_to_idx: dict[str, int] | None = None, labels: frozenset[int] | None = None,
+                    labelled: bool = True) -> Sample:
     """Build a :class:`Sample` from one WebDataset sample's members.
 
     Image, label and metadata are chosen by the readers' one rule,
@@ -278,9 +283,10 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
 
     Raises:
         CorruptDataError: no image member or several, an unreadable ``.cls`` or ``.json``, no
-            label (the message names ``source`` and the key).
+            label, a label not in ``labels`` (the dataset's class indexes; None: not checked);
+            the message names ``source`` and the key.
     """
-    data, ext, label, meta_json = sample_from_members(key, parts, class_to_idx, source)
+    data, ext, label, meta_json = sample_from_members(key, parts, class_to_idx, source, labels, labelled=labelled)
     meta: dict = {}
     if meta_json is not None:
         try:
@@ -293,7 +299,8 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
 
 
 def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: dict[str, int] | None = None,
-                       index: str | None = None, sha256: str | None = None) -> Iterator[Sample]:
+                       index: str | None = None, sha256: str | None = None, labelled: bool = True,
+                       fields: dict[str, dict] | None = None) -> Iterator:
     """Yield the samples of one WebDataset shard of ``location`` in storage order.
 
     With ``index`` (the shard's ``.sfidx`` file name), only the member groups that start at one
@@ -303,7 +310,8 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
     Args:
         location: the dataset's location.
         name: the shard's file name (as in the manifest).
-        class_to_idx: for :func:`parts_to_sample`.
+        class_to_idx: for :func:`parts_to_sample`; a sample whose class index is not one of its
+            values is a :class:`CorruptDataError`.
         index: the shard's offset-index file name, if it has one.
         sha256: the shard's digest from the manifest: the bytes read are hashed, and once the last
             sample is out, the rest of the shard is read and the digest compared (a copy made from
@@ -317,6 +325,7 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
     from shardfeed.readers.tario import iter_members, iter_samples
 
     source = location.where(name)
+    labels = None if class_to_idx is None else frozenset(class_to_idx.values())
     starts = set(decode_index(location.read_bytes(index), location.where(index))) if index else None
     stream, _ = location.open(name)
     with stream:
@@ -324,7 +333,12 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
         for key, parts, offset in iter_samples(iter_members(reader, source=source), source=source):
             if starts is not None and offset not in starts:
                 continue
-            yield parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
+            sample = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx, labels=labels,
+                                     labelled=labelled)
+            if fields:
+                yield sample, {f: parts[d["member"]] for f, d in fields.items() if d["member"] in parts}
+            else:
+                yield sample
         if sha256:
             reader.drain()
             if reader.hexdigest() != sha256:
@@ -364,12 +378,14 @@ def iter_lmdb_records(root: str | os.PathLike, *, verify: bool = True) -> Iterat
 
 
 
-def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest: Manifest | None = None
-                     ) -> Iterator[tuple[str, Sample]]:
+def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest: Manifest | None = None,
+                     *, with_fields: bool = False) -> Iterator[tuple]:
     """Yield ``(shard_name, sample)`` for every sample of a packed dataset, in storage order.
 
-    No decoding, no shuffling, no torch: the exact stored bytes, labels and metadata.
-    WebDataset works locally and over HTTP; LMDB locally only.
+    No decoding, no shuffling, no torch: the exact stored bytes, labels (-1 in an unlabelled
+    dataset) and metadata. With ``with_fields``, ``(shard_name, sample, {field: stored bytes})``
+    (the manifest's extra fields, byte for byte). WebDataset works locally and over HTTP; LMDB
+    locally only.
 
     Raises:
         CorruptDataError: a damaged shard or record (names it and the key).
@@ -384,10 +400,19 @@ def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest:
         for _key, rec in iter_lmdb_records(loc.root):
             if isinstance(rec, Exception):
                 raise rec
-            yield name, Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])
+            sample = Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])
+            if with_fields:
+                yield name, sample, dict(rec.get("fields") or {})
+            else:
+                yield name, sample
         return
     for shard in manifest.shards:
-        for sample in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index,
-                                         sha256=shard.sha256):
-            yield shard.name, sample
+        for item in iter_shard_samples(loc, shard.name, class_to_idx=manifest.class_to_idx, index=shard.index,
+                                       sha256=shard.sha256, labelled=manifest.labelled,
+                                       fields=manifest.fields if with_fields else None):
+            if with_fields:
+                sample, fields = item if manifest.fields else (item, {})
+                yield shard.name, sample, fields
+            else:
+                yield shard.name, item
 

@@ -132,11 +132,12 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         writer = writer_class(fmt).create(out, classes=manifest.classes, class_to_idx=manifest.class_to_idx,
                                           max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                                           skipped=manifest.skipped, options=options, files=manifest.files,
-                                          map_size=map_size, expected_bytes=sum(s.num_bytes for s in manifest.shards))
+                                          map_size=map_size, expected_bytes=sum(s.num_bytes for s in manifest.shards),
+                                          labels=manifest.labels, fields=tuple(manifest.fields))
         n = 0
         with writer:
-            for _, sample in iter_raw_samples(loc, manifest):
-                writer.write(sample)
+            for _, sample, fields in iter_raw_samples(loc, manifest, with_fields=True):
+                writer.write(sample, fields)
                 n += 1
                 progress(1, len(sample.data))
             new = writer.close()

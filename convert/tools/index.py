@@ -23,6 +23,7 @@ from shardfeed.readers.format import (
     created_by,
     encode_index,
     is_dali_index,
+    plain_file_name_problem,
     write_bytes_atomic,
 )
 
@@ -64,6 +65,10 @@ class _Prepended:
 
     def seekable(self) -> bool:
         return False
+
+    def fileno(self) -> int:
+        """The wrapped stream's file descriptor (tar readers take the shard's size from it)."""
+        return self._s.fileno()
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -194,7 +199,7 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
             (``shards/train-{000000..000099}.tar``), or an ``http(s)://`` URL with braces.
         out: where to write the manifest and the ``.sfidx`` files; default the shards' folder.
             Required for URLs (then upload them beside the shards: the manifest names the shards
-            by their file names, relative to its own folder).
+            by their plain file names, beside it); for local shards it must be their own folder.
         classes_file: a text file with one class name per line.
         overwrite: replace an existing ``manifest.json`` in ``out``.
         progress: ``callback(num_samples, num_bytes)``.
@@ -203,8 +208,8 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
         An :class:`IndexReport`.
 
     Raises:
-        ValueError: no samples at all, shards in different folders without ``out``, a URL without
-            ``out``, a manifest already there, compressed shards, duplicate shard names.
+        ValueError: no samples at all, shards in different folders without ``out``, local shards
+            outside ``out``, a URL without ``out``, a manifest already there, compressed shards, duplicate shard names.
         CorruptDataError: a shard is not a readable tar (bad header, truncated), or a key's
             members are not contiguous.
         FileNotFoundError, DataSourceError: a shard cannot be read.
@@ -334,6 +339,11 @@ def _index_root(pattern, sources: list[str], out, url: bool) -> tuple[Path, list
             root = Path(out)
         root.mkdir(parents=True, exist_ok=True)
         names = [os.path.relpath(Path(s).resolve(), root.resolve()).replace(os.sep, "/") for s in sources]
+        elsewhere = [n for n in names if plain_file_name_problem(n)]
+        if elsewhere:
+            raise ValueError(f"{pattern}: {elsewhere[0]} is not in {root}: a manifest names its shards by plain file "
+                             "name, beside it (readers refuse paths that leave the dataset's folder); index them "
+                             "without --out, or move the shards into the --out folder first")
     if len(set(names)) != len(names):
         raise ValueError(f"{pattern}: two shards share a file name; index them separately")
     root.mkdir(parents=True, exist_ok=True)

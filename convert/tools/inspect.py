@@ -21,8 +21,10 @@ from typing import Callable, Iterator
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
 from shardfeed.readers.format import (
+    TAR_BLOCK,
     Manifest,
     Sample,
+    decode_index,
 )
 
 from .common import (
@@ -73,7 +75,7 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
     for shard in manifest.shards:
         if location.url:
             for sample in iter_shard_samples(location, shard.name, class_to_idx=manifest.class_to_idx,
-                                             index=shard.index):
+                                             labelled=manifest.labelled, index=shard.index):
                 counts[sample.label] += 1
                 progress(1, len(sample.data))
             continue
@@ -93,6 +95,10 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
     return dict(counts)
 
 
+#: The largest ``.cls`` member read as a class index (a decimal integer and white space).
+_MAX_CLS_BYTES = 64
+
+
 def _shard_labels_by_headers(path: Path) -> list[tuple[str, int]] | None:
     """``(key, label)`` of every ``.cls`` member of a plain-ustar shard, reading only headers.
 
@@ -101,7 +107,8 @@ def _shard_labels_by_headers(path: Path) -> list[tuple[str, int]] | None:
     long-name records (the caller then reads it with the full reader).
 
     Raises:
-        CorruptDataError: a header's size field or a ``.cls`` member is unreadable.
+        CorruptDataError: a header's size field is unreadable or runs past the end of the shard,
+            or a ``.cls`` member is unreadable (or longer than 64 bytes).
     """
     out: list[tuple[str, int]] = []
     fd = os.open(path, os.O_RDONLY)
@@ -123,14 +130,22 @@ def _shard_labels_by_headers(path: Path) -> list[tuple[str, int]] | None:
             name = h[:100].split(b"\0", 1)[0]
             if h[257:262] == b"ustar" and h[345:346] != b"\0":
                 name = h[345:500].split(b"\0", 1)[0] + b"/" + name
+            has_data = typeflag not in (b"1", b"2", b"3", b"4", b"5", b"6")
+            if has_data and pos + 512 + size > end:
+                raise CorruptDataError(f"{path}: tar header at byte offset {pos} claims a member of {size:,} "
+                                       f"bytes, but only {max(end - pos - 512, 0):,} bytes of the shard follow it: the "
+                                       "header is damaged or the shard truncated (run `shardfeed check` and repack "
+                                       "the shard)")
             if typeflag in (b"0", b"\0", b"7") and name.endswith(b".cls"):
+                if size > _MAX_CLS_BYTES:
+                    raise CorruptDataError(f"{path}: {name.decode('utf-8', 'replace')} at byte offset {pos} holds "
+                                           f"{size:,} bytes, not a class index")
                 data = os.pread(fd, size, pos + 512)
                 try:
                     out.append((name[:-4].decode("utf-8", "surrogateescape"), int(data.strip())))
                 except ValueError:
                     raise CorruptDataError(f"{path}: {name.decode('utf-8', 'replace')} holds {data[:20]!r}, not a "
                                            "class index") from None
-            has_data = typeflag not in (b"1", b"2", b"3", b"4", b"5", b"6")
             pos += 512 + ((size + 511) // 512 * 512 if has_data else 0)
     finally:
         os.close(fd)
@@ -186,6 +201,9 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         known = set(manifest.class_to_idx.values())
         for i in sorted(set(counts) - known):
             classes.append({"index": i, "name": None, "count": counts[i]})
+            problems.append(f"{counts[i]} samples have class index {i}, not one of the manifest's "
+                            f"{len(known)} classes; the shards do not match the manifest (`shardfeed check` "
+                            "names them)")
     examples = _examples(loc, manifest, num_examples, problems) if not problems else []
     sizes = [s.num_bytes for s in manifest.shards]
     counts_per_shard = [s.num_samples for s in manifest.shards]
@@ -198,6 +216,8 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         "num_samples": manifest.num_samples,
         "num_classes": len(manifest.classes),
         "extensions": manifest.extensions,
+        "labels": manifest.labels,
+        "fields": dict(manifest.fields),
         "classes": classes,
         "class_counts_from": "data" if counts is not None else None,
         "num_shards": len(manifest.shards),
@@ -229,11 +249,21 @@ def _damaged_indexes(root: Path, manifest: Manifest) -> list[str]:
             continue
         path = root / shard.index
         data = path.read_bytes()
+        fix = (f"rebuild it with `shardfeed index {root} --overwrite --classes CLASSES.txt` (the manifest's "
+               "class list)")
         if len(data) != 8 * shard.num_samples or (
                 shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256):
             problems.append(f"{path}: offset index damaged (its size or sha256 differs from the manifest; "
-                            f"`shardfeed check {root}` says where); rebuild it with `shardfeed index {root} "
-                            "--overwrite --classes CLASSES.txt` (the manifest's class list)")
+                            f"`shardfeed check {root}` says where); {fix}")
+            continue
+        try:
+            offsets = decode_index(data, str(path))
+        except CorruptDataError as exc:
+            problems.append(f"{exc} ({fix})")
+            continue
+        if offsets and offsets[-1] + TAR_BLOCK > shard.num_bytes:
+            problems.append(f"{path}: offset {offsets[-1]} (sample {len(offsets) - 1}) lies past the end of "
+                            f"{shard.name} ({shard.num_bytes} bytes); the index is damaged: {fix}")
     return problems
 
 
@@ -277,6 +307,12 @@ def format_inspect_report(report: dict) -> str:
     lines.append("image extensions: " + (", ".join(f"{e} ({n:,})" for e, n in exts.items()) if exts else
                                          "not recorded (manifest version 1: `shardfeed index DIR --overwrite` "
                                          "upgrades it)"))
+    if report.get("labels") == "none":
+        lines.append("labels: none (an unlabelled dataset: readers give label -1)")
+    if report.get("fields"):
+        lines.append("extra fields: " + ", ".join(
+            f"{f} (member .{d['member']}, {d['count']:,} samples, {d['missing']:,} without)"
+            for f, d in report["fields"].items()))
     counted = report["class_counts_from"] == "data"
     lines.append("classes" + (" (counts read from the data):" if counted else
                               " (not counted: pass --class-counts to read every label):"))

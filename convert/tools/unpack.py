@@ -115,7 +115,8 @@ def _unpack_locked(loc, manifest, out: Path, overwrite: bool, progress, t0: floa
     out.mkdir(parents=True, exist_ok=True)
     out_resolved = out.resolve()
     report = UnpackReport(source=str(loc.root), output=str(out), skipped=list(manifest.skipped))
-    for c in manifest.classes:
+    class_folders = manifest.options.get("layout", "class-folders") == "class-folders"
+    for c in manifest.classes if class_folders else ():
         safe_relative_path(c, what=f"class name {c!r}")
         if "/" in c:
             raise ValueError(f"class name {c!r} holds a '/'; cannot make it a folder")
@@ -133,12 +134,14 @@ def _unpack_locked(loc, manifest, out: Path, overwrite: bool, progress, t0: floa
 def _write_samples(loc, manifest, out: Path, out_resolved: Path, overwrite: bool, report: UnpackReport,
                    progress: Progress) -> None:
     written: dict[str, str] = {}
-    for shard_name, s in iter_raw_samples(loc, manifest):
+    for shard_name, s, fields in iter_raw_samples(loc, manifest, with_fields=True):
         where = f"{loc.where(shard_name)} key {s.key}"
         cls_name = manifest.classes[s.label] if 0 <= s.label < len(manifest.classes) else str(s.label)
+        if not manifest.labelled:
+            cls_name = ""
         rel = s.meta.get("path") if isinstance(s.meta, dict) else None
         if not isinstance(rel, str) or not rel:
-            rel = f"{cls_name}/{s.key.replace('/', '_')}.{s.ext}"
+            rel = (f"{cls_name}/" if cls_name else "") + f"{s.key.replace('/', '_')}.{s.ext}"
             report.generated_paths += 1
         safe_relative_path(rel, what=where)
         stem, dot_ext = os.path.splitext(rel)
@@ -149,7 +152,8 @@ def _write_samples(loc, manifest, out: Path, out_resolved: Path, overwrite: bool
             raise ValueError(f"{where}: path {rel!r} was already written for key {written[rel]}; two samples "
                              "cannot be unpacked to the same file")
         written[rel] = s.key
-        if rel.split("/", 1)[0] != cls_name:
+        if manifest.labelled and manifest.options.get("layout", "class-folders") == "class-folders" \
+                and rel.split("/", 1)[0] != cls_name:
             report.label_mismatches.append({"key": s.key, "path": rel, "class": cls_name})
         dest = out / rel
         parent = dest.parent.resolve()
@@ -158,12 +162,26 @@ def _write_samples(loc, manifest, out: Path, out_resolved: Path, overwrite: bool
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists() and not overwrite:
             raise ValueError(f"{dest}: exists already; pass --overwrite to replace it")
-        tmp = dest.with_name(f".{dest.name}.unpack.tmp")
-        with os.fdopen(create_new_file(tmp), "wb") as f:  # never through a link planted at the temp name
-            f.write(s.data)
-        os.replace(tmp, dest)
+        _write_file(dest, s.data)
+        for name, data in sorted(fields.items()):  # sidecar files back beside their image: x.txt, x.mask.png
+            side = dest.with_name(f"{Path(stem).name}.{name}")
+            if (side.exists() and not overwrite) or f"{stem}.{name}" in written:
+                raise ValueError(f"{side}: exists already; pass --overwrite to replace it")
+            written[f"{stem}.{name}"] = s.key
+            _write_file(side, data)
+            report.num_files += 1
+            report.num_bytes += len(data)
         report.num_files += 1
         report.num_bytes += len(s.data)
         progress(1, len(s.data))
+
+
+def _write_file(dest: Path, data: bytes) -> None:
+    """Write ``dest`` through a temporary name (a half-written file never has the final name),
+    created without following a link planted at that name."""
+    tmp = dest.with_name(f".{dest.name}.unpack.tmp")
+    with os.fdopen(create_new_file(tmp), "wb") as f:
+        f.write(data)
+    os.replace(tmp, dest)
 
 

@@ -25,16 +25,20 @@ How the classic ImageFolder→LMDB failures are avoided:
   ``map_async`` off); the manifest key is written last, in the transaction with the last records.
   ``manifest.json`` beside the database is written after it.
 * **Resume**: records are appended in packing order, so the last committed key (found with a
-  cursor) says where to continue. Bookkeeping that must survive a ``kill -9`` together with the
-  records (the ``--on-error skip`` list and the payload byte count) lives in the reserved key
-  :data:`PACK_STATE_KEY`, written in the same transaction as each batch and deleted in the final
-  one. ``--resume`` therefore writes exactly the records an uninterrupted pack writes.
+  cursor) says where to continue. Every chunk of samples read by a task (at most 256 samples or
+  2 MB of input) is committed when it arrives, so a pack stopped by Ctrl-C, SIGTERM or ``kill -9``
+  keeps every chunk it finished, however slow the reads or the re-encoding. Bookkeeping that must
+  survive a ``kill -9`` together with the records (the ``--on-error skip`` list and the payload
+  byte count) lives in the reserved key :data:`PACK_STATE_KEY`, written in the same transaction as
+  each chunk and deleted in the final one. ``--resume`` therefore writes exactly the records an
+  uninterrupted pack writes.
 
 Files are read (and re-encoded, through :func:`shardfeed.convert.samples.load_sample_payload`) and
 their records encoded in ``workers`` processes; results come back in packing order to the one
 writer, with a bounded number of chunks in flight (memory stays bounded when the disk is slower
-than the readers). Commit boundaries depend only on the record sequence, so the database is
-byte-identical whatever the worker count.
+than the readers). Commit boundaries (each chunk, cut from the file sizes, and every
+:data:`~shardfeed.convert.writers.lmdb_store.COMMIT_COUNT` records inside one) depend only on
+the plan, so the database is byte-identical whatever the worker count.
 
 Fault injection (tests): ``PackOptions(faults=FaultHooks(lmdb_commit_count=N, lmdb_commit_delay_s=S))``
 gives many commits out of a small folder and slows each, so a test can ``kill -9`` a pack mid-way
@@ -51,18 +55,23 @@ from typing import Sequence
 import msgpack
 
 from shardfeed.readers.format import (
+    LABELS_CLASS,
+    LABELS_NONE,
     LMDB_DATA_NAME,
+    LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
     Manifest,
     Sample,
     ShardEntry,
     encode_record,
+    field_name_problem,
     normalize_ext,
 )
 
 from ..executors import active_executor
 from ..plan import PlannedSample, file_sizes
 from ..samples import ChunkTask, load_chunk
+from .webdataset import field_summary
 from .lmdb_store import (
     COMMIT_BYTES,
     COMMIT_COUNT,
@@ -72,7 +81,7 @@ from .lmdb_store import (
     estimate_map_size,
 )
 
-__all__ = ["LmdbWriter", "pack_lmdb", "encode_sample_record"]
+__all__ = ["LmdbWriter", "pack_lmdb", "encode_sample_record", "committed_progress"]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +145,42 @@ def _resume_point(store: LmdbStore, out: Path, samples: Sequence[PlannedSample])
     return start, payload_bytes, skipped, records_resumed, done
 
 
+def committed_progress(out: str | os.PathLike) -> tuple[int, int] | None:
+    """What an interrupted ``pack --format lmdb`` committed to ``out/data.mdb`` (read-only, no lock).
+
+    Returns:
+        ``(records, samples_done)``: sample records committed, and samples of the plan done
+        (records plus files skipped under ``--on-error skip``; ``--resume`` continues after them);
+        None when there is no database or it cannot be read.
+    """
+    path = Path(out)
+    if not (path / LMDB_DATA_NAME).is_file():
+        return None
+    import lmdb
+
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=1)
+    except lmdb.Error:
+        return None
+    try:
+        with env.begin() as txn:
+            entries = txn.stat()["entries"]
+            raw = txn.get(PACK_STATE_KEY)
+            reserved = sum(1 for k in (LMDB_MANIFEST_KEY, PACK_STATE_KEY) if txn.get(k) is not None)
+    except lmdb.Error:
+        return None
+    finally:
+        env.close()
+    records = max(0, entries - reserved)
+    done = records
+    if raw is not None:
+        try:
+            done = max(records, int(msgpack.unpackb(bytes(raw), raw=False)["next_index"]))
+        except Exception:  # noqa: BLE001 - a damaged record: count the records alone
+            pass
+    return records, done
+
+
 def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw: dict, progress
             ) -> tuple[int, int, list, int, bool]:
     """:func:`_resume_point` of the database in ``out``, reported to ``progress``."""
@@ -156,10 +201,10 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
 
     Files are read and encoded in tasks on the pack's executor (``options.workers`` processes,
     at most ``2 * workers + 2`` chunks in flight); the records are appended in packing order by
-    this process, in batches, each batch committed together with the resume bookkeeping. The last
-    batch is committed by ``extra["finalize"](manifest)`` together with the manifest
-    (:func:`shardfeed.convert.pack.pack` calls it just before writing ``manifest.json``), which
-    then also fills the size figures of ``extra``.
+    this process, each task's chunk committed as it arrives together with the resume bookkeeping
+    (so an interrupted pack keeps every chunk it finished). ``extra["finalize"](manifest)``
+    commits the manifest (:func:`shardfeed.convert.pack.pack` calls it just before writing
+    ``manifest.json``), which then also fills the size figures of ``extra``.
 
     Args:
         scan: the folder scan.
@@ -219,10 +264,12 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
                 payload_bytes += nbytes
                 if store.batch_full:
                     store.commit(extra_puts=[(PACK_STATE_KEY, _state_value(next_index, payload_bytes, skipped))])
+            # Every chunk is committed with the bookkeeping, so a pack stopped by Ctrl-C, SIGTERM,
+            # kill -9 or a bad file keeps every chunk it finished (a slow re-encoding pack too),
+            # and --resume starts after it (after a failing file's predecessors, at that file).
+            store.commit(extra_puts=[(PACK_STATE_KEY, _state_value(next_index, payload_bytes, skipped))])
             progress(n_in, b_in)
             if error is not None:
-                # Keep what was read before the failing file, so --resume starts at that file.
-                store.commit(extra_puts=[(PACK_STATE_KEY, _state_value(next_index, payload_bytes, skipped))])
                 raise error
         if store is None:
             store = _open_store(out, map_size, store_kw, db_exists)
@@ -288,14 +335,29 @@ class LmdbWriter:
         expected_bytes: the total image bytes expected, for the initial map size.
         commit_count: records per transaction at most.
         commit_bytes: encoded bytes per transaction at most.
+        labels: ``"class"`` or ``"none"`` (unlabelled: every label is -1, ``classes`` empty).
+        fields: the extra fields records may carry (stored in version-2 records,
+            :func:`~shardfeed.readers.lmdb_record.encode_record`); the manifest counts them.
 
     Raises:
         FileExistsError: ``out`` already holds a database or a manifest.
+        ValueError: a bad ``labels`` or field name.
     """
 
     def __init__(self, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
                  options: dict | None = None, map_size: int | None = None, expected_bytes: int | None = None,
-                 commit_count: int = COMMIT_COUNT, commit_bytes: int = COMMIT_BYTES):
+                 commit_count: int = COMMIT_COUNT, commit_bytes: int = COMMIT_BYTES, labels: str = LABELS_CLASS,
+                 fields: Sequence[str] = ()):
+        if labels not in (LABELS_CLASS, LABELS_NONE):
+            raise ValueError(f"labels must be {LABELS_CLASS!r} or {LABELS_NONE!r}, got {labels!r}")
+        for name in fields:
+            problem = field_name_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
+        self.labels = labels
+        self.field_counts: dict[str, int] = {name: 0 for name in fields}
+        #: the manifest's input accounting when set (default: ``{"packed", "skipped"}`` of the records)
+        self.files: dict | None = None
         self.out = Path(out)
         for name in (LMDB_DATA_NAME, MANIFEST_NAME):
             if (self.out / name).exists():
@@ -319,11 +381,13 @@ class LmdbWriter:
     def create(cls, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
                max_count: int | None = None, max_bytes: int | None = None, prefix: str | None = None,
                skipped: Sequence[dict] | None = None, options: dict | None = None, files: dict | None = None,
-               map_size: int | None = None, expected_bytes: int | None = None) -> "LmdbWriter":
+               map_size: int | None = None, expected_bytes: int | None = None, labels: str = LABELS_CLASS,
+               fields: Sequence[str] = ()) -> "LmdbWriter":
         """The registry's uniform writer factory (same keywords for every format's writer).
 
         Args:
-            out, classes, class_to_idx, options, map_size, expected_bytes: as the constructor.
+            out, classes, class_to_idx, options, map_size, expected_bytes, labels, fields: as the
+                constructor.
             max_count, max_bytes, prefix: WebDataset shard limits; unused (one ``data.mdb``).
             skipped: ``[{"path", "reason"[, "key"]}]`` carried into the manifest's ``skipped``.
             files: the manifest's input accounting; unused (the LMDB manifest counts its records).
@@ -335,26 +399,32 @@ class LmdbWriter:
             FileExistsError: as the constructor.
         """
         writer = cls(out, classes=classes, class_to_idx=class_to_idx, options=options, map_size=map_size,
-                     expected_bytes=expected_bytes)
+                     expected_bytes=expected_bytes, labels=labels, fields=fields)
         for item in skipped or []:
             writer.add_skipped(item.get("path", "?"), item.get("key"), item.get("reason", "?"))
         return writer
 
-    def write(self, sample: Sample) -> None:
-        """Add one sample (keys in increasing order, each once).
+    def write(self, sample: Sample, fields: dict[str, bytes] | None = None) -> None:
+        """Add one sample (keys in increasing order, each once), with its extra fields' bytes.
 
         Raises:
-            ValueError: a key out of order, reserved or duplicated; a label outside the classes.
+            ValueError: a key out of order, reserved or duplicated; a label outside the classes;
+                a field the writer was not given.
             OSError: a commit failed.
         """
         if self._store is None:
             raise ValueError(f"{self.out}: the writer is closed")
-        label = int(sample.label)
-        if not 0 <= label < len(self.classes):
+        label = int(sample.label) if self.labels == LABELS_CLASS else -1
+        if not 0 <= label < len(self.classes) and self.labels == LABELS_CLASS:
             raise ValueError(f"{self.out}: sample {sample.key!r} has label {label}, outside the "
                              f"{len(self.classes)} classes")
+        for name in fields or ():
+            if name not in self.field_counts:
+                raise ValueError(f"{self.out}: sample {sample.key!r}: field {name!r} is not one of the writer's "
+                                 f"fields ({', '.join(self.field_counts) or 'none'})")
+            self.field_counts[name] += 1
         ext = normalize_ext(sample.ext)
-        value = encode_record(sample.key, bytes(sample.data), ext, label, dict(sample.meta))
+        value = encode_record(sample.key, bytes(sample.data), ext, label, dict(sample.meta), fields or None)
         self._store.add(sample.key.encode("utf-8"), value)
         self.extensions[ext] = self.extensions.get(ext, 0) + 1
         self.num_samples += 1
@@ -390,7 +460,9 @@ class LmdbWriter:
         manifest = Manifest(format="lmdb", num_samples=self.num_samples, classes=self.classes,
                             class_to_idx=self.class_to_idx, shards=[entry], skipped=self.skipped,
                             options=self.options, extensions=dict(sorted(self.extensions.items())),
-                            files={"packed": self.num_samples, "skipped": len(self.skipped)})
+                            files=self.files if self.files is not None else
+                            {"packed": self.num_samples, "skipped": len(self.skipped)},
+                            labels=self.labels, fields=field_summary(self.field_counts, self.num_samples))
         try:
             size = self._store.finalize(manifest, entry)
         finally:

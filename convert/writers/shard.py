@@ -163,6 +163,30 @@ class ShardWriter:
             shard = self._open()
         return shard.add_wds_sample(key, ext, data, cls, meta)
 
+    def add_members(self, key: str, members: list[tuple[str, bytes]], *, describe: str | None = None,
+                    hint: str = "") -> int:
+        """Append one sample of any members (image first, then ``cls``/``json``/extra fields),
+        under the same rollover rule as :meth:`add` (whose three-member sample it generalises).
+
+        Returns:
+            The sample's bytes on disk.
+
+        Raises:
+            ValueError, PlanMismatchError, OSError: as :meth:`add`.
+        """
+        need = sum(TAR_BLOCK + len(d) + (-len(d) % TAR_BLOCK) for _, d in members)
+        limits = self.limits
+        if need + END_OF_ARCHIVE_BYTES > limits.max_bytes:
+            limits.check_sample(need, describe or f"sample {key!r}", hint)
+        shard = self._shard
+        if shard is not None and limits.starts_new_shard(len(shard.offsets), shard.num_bytes + END_OF_ARCHIVE_BYTES,
+                                                         need):
+            self.finish_shard()
+            shard = None
+        if shard is None:
+            shard = self._open()
+        return shard.add_sample(key, members)
+
     def _open(self) -> TarShardFile:
         if self.max_shards is not None and self._opened >= self.max_shards:
             raise PlanMismatchError(f"{self.out}: shard {self.next_index - 1} was planned to hold its samples, but "

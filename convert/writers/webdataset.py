@@ -33,11 +33,15 @@ from typing import Callable
 
 from shardfeed.readers.format import (
     DEFAULT_PREFIX,
+    LABELS_CLASS,
+    LABELS_NONE,
     MANIFEST_NAME,
     Manifest,
     Sample,
     ShardEntry,
     class_bytes,
+    field_member,
+    field_name_problem,
     meta_bytes,
 )
 
@@ -57,7 +61,7 @@ from ..samples import (
 )
 from .shard import ShardLimits, ShardWriter
 
-__all__ = ["WebDatasetWriter", "pack_webdataset", "pack_webdataset_reencoded", "CHUNK_SAMPLES"]
+__all__ = ["WebDatasetWriter", "field_summary", "pack_webdataset", "pack_webdataset_reencoded", "CHUNK_SAMPLES"]
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +88,16 @@ class WebDatasetWriter:
         options: extra provenance recorded in the manifest's ``options`` (``max_count``,
             ``max_bytes``, ``prefix`` and ``format`` are added).
         files: the manifest's input accounting (default: ``{"packed": N}``).
+        labels: ``"class"`` (each sample gets ``{key}.cls``) or ``"none"`` (an unlabelled
+            dataset: no ``.cls`` member, ``classes`` empty; manifest version 3).
+        fields: the extra fields samples may carry (``("txt", "mask.png")``): each becomes the
+            member ``{key}.{field_member(name)}``; the manifest counts who has each (version 3).
+        resume_shards: the finished shards of an interrupted write (their files stay; the next
+            shard gets the next index), ``field_counts`` their samples per field, and
+            ``on_shard_end(entry, index)`` is called as each new shard closes (a resume record).
 
     Raises:
-        ValueError: bad limits or prefix; ``out`` already holds a dataset.
+        ValueError: bad limits, prefix or field name; ``out`` already holds a dataset.
         NotADirectoryError: ``out`` is a file.
 
     Example::
@@ -101,15 +112,24 @@ class WebDatasetWriter:
 
     def __init__(self, out: str | os.PathLike, *, classes: list[str], class_to_idx: dict[str, int] | None = None,
                  max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
-                 skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None):
+                 skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None,
+                 labels: str = LABELS_CLASS, fields: tuple[str, ...] | list[str] = (),
+                 resume_shards: list[ShardEntry] | None = None, field_counts: dict[str, int] | None = None,
+                 on_shard_end: Callable[[ShardEntry, int], None] | None = None):
         limits = ShardLimits(int(max_count), int(max_bytes))
+        if labels not in (LABELS_CLASS, LABELS_NONE):
+            raise ValueError(f"labels must be {LABELS_CLASS!r} or {LABELS_NONE!r}, got {labels!r}")
+        for name in fields:
+            problem = field_name_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
         if not prefix or "/" in prefix or "." in prefix:
             raise ValueError(f"prefix {prefix!r} must be a plain name without '/' or '.'")
         self.out = Path(out)
         if self.out.exists() and not self.out.is_dir():
             raise NotADirectoryError(f"{self.out}: exists and is a file; choose a folder for the output")
         self.out.mkdir(parents=True, exist_ok=True)
-        if (self.out / MANIFEST_NAME).exists() or any(self.out.glob(f"{prefix}-*.tar")):
+        if (self.out / MANIFEST_NAME).exists() or (resume_shards is None and any(self.out.glob(f"{prefix}-*.tar"))):
             raise ValueError(f"{self.out}: already holds a dataset ({MANIFEST_NAME} or {prefix}-*.tar); "
                              "choose an empty folder")
         self.classes = list(classes)
@@ -120,8 +140,14 @@ class WebDatasetWriter:
         self.skipped = list(skipped or [])
         self.options = dict(options or {})
         self.files = files
+        self.labels = labels
+        #: per extra field: samples that carry it
+        self.field_counts: dict[str, int] = {name: 0 for name in fields}
+        self.field_counts.update(field_counts or {})
         self.manifest: Manifest | None = None
-        self._writer = ShardWriter(self.out, prefix=prefix, limits=limits)
+        self._writer = ShardWriter(self.out, prefix=prefix, limits=limits, first_index=len(resume_shards or ()),
+                                   on_shard_end=on_shard_end)
+        self._writer.shards = list(resume_shards or ())
         self._keys: set[str] = set()
         self._closed = False
 
@@ -129,12 +155,14 @@ class WebDatasetWriter:
     def create(cls, out: str | os.PathLike, *, classes: list[str], class_to_idx: dict[str, int] | None = None,
                max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
                skipped: list[dict] | None = None, options: dict | None = None, files: dict | None = None,
-               map_size: int | None = None, expected_bytes: int | None = None) -> "WebDatasetWriter":
+               map_size: int | None = None, expected_bytes: int | None = None, labels: str = LABELS_CLASS,
+               fields: tuple[str, ...] | list[str] = (), **resume) -> "WebDatasetWriter":
         """The registry's uniform writer factory (same keywords for every format's writer).
 
         Args:
-            out, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files: as
-                the constructor.
+            out, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files,
+                labels, fields: as the constructor.
+            resume: ``resume_shards``, ``field_counts``, ``on_shard_end``, as the constructor.
             map_size, expected_bytes: LMDB sizing; unused (shards are cut by ``max_*``).
 
         Returns:
@@ -144,7 +172,8 @@ class WebDatasetWriter:
             ValueError, NotADirectoryError: as the constructor.
         """
         return cls(out, classes=classes, class_to_idx=class_to_idx, max_count=max_count, max_bytes=max_bytes,
-                   prefix=prefix, skipped=skipped, options=options, files=files)
+                   prefix=prefix, skipped=skipped, options=options, files=files, labels=labels, fields=fields,
+                   **resume)
 
     @property
     def shards(self) -> list[ShardEntry]:
@@ -156,15 +185,18 @@ class WebDatasetWriter:
         """Samples written so far."""
         return sum(s.num_samples for s in self.shards) + self._writer.count_in_shard
 
-    def write(self, sample: Sample) -> None:
+    def write(self, sample: Sample, fields: dict[str, bytes] | None = None) -> None:
         """Append one sample, first closing the current shard if it would pass a limit.
 
         Args:
-            sample: a :class:`~shardfeed.readers.format.Sample`; its bytes are stored unchanged.
+            sample: a :class:`~shardfeed.readers.format.Sample`; its bytes are stored unchanged
+                (its label is not stored in an unlabelled dataset).
+            fields: its extra fields' stored bytes, ``{name: bytes}``; names must be among the
+                writer's ``fields``.
 
         Raises:
             ValueError: the key is empty, holds a ``.``, repeats an earlier key, or the sample alone
-                is larger than ``max_bytes``; the writer is closed.
+                is larger than ``max_bytes``; a field the writer was not given; the writer is closed.
         """
         if self._closed:
             raise ValueError(f"{self.out}: writer is closed")
@@ -175,8 +207,22 @@ class WebDatasetWriter:
         if key in self._keys:
             raise ValueError(f"sample key {key!r} written twice; keys must be unique")
         path = (sample.meta or {}).get("path", "?")
-        self._writer.add(key, sample.ext, sample.data, class_bytes(sample.label), meta_bytes(sample.meta),
-                         describe=f"sample {key!r} ({path})")
+        if not fields and self.labels == LABELS_CLASS:  # the class-folder layout: pack's exact members
+            self._writer.add(key, sample.ext, sample.data, class_bytes(sample.label), meta_bytes(sample.meta),
+                             describe=f"sample {key!r} ({path})")
+        else:
+            members = [(sample.ext, sample.data)]
+            if self.labels == LABELS_CLASS:
+                members.append(("cls", class_bytes(sample.label)))
+            members.append(("json", meta_bytes(sample.meta)))
+            for name in sorted(fields or ()):
+                if name not in self.field_counts:
+                    raise ValueError(f"sample {key!r} ({path}): field {name!r} is not one of the writer's fields "
+                                     f"({', '.join(self.field_counts) or 'none'})")
+                members.append((field_member(name), fields[name]))
+            self._writer.add_members(key, members, describe=f"sample {key!r} ({path})")
+            for name in fields or ():
+                self.field_counts[name] += 1
         self._keys.add(key)
 
     def close(self) -> Manifest:
@@ -202,7 +248,8 @@ class WebDatasetWriter:
         self.manifest = Manifest(format=self.format, num_samples=n, classes=self.classes,
                                  class_to_idx=self.class_to_idx, shards=list(self.shards),
                                  skipped=self.skipped, options=options,
-                                 files=self.files if self.files is not None else {"packed": n})
+                                 files=self.files if self.files is not None else {"packed": n},
+                                 labels=self.labels, fields=field_summary(self.field_counts, n))
         self.manifest.write(self.out)
         from ..consumers import write_consumer_files
 
@@ -222,6 +269,12 @@ class WebDatasetWriter:
             self.abort()
         elif not self._closed:
             self.close()
+
+
+def field_summary(counts: dict[str, int], num_samples: int) -> dict[str, dict]:
+    """The manifest's ``fields`` from per-field sample counts: ``{name: {"member", "count", "missing"}}``."""
+    return {name: {"member": field_member(name), "count": n, "missing": num_samples - n}
+            for name, n in sorted(counts.items())}
 
 
 # ---------------------------------------------------------------------------------------------

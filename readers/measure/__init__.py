@@ -48,7 +48,8 @@ The package, by concern:
 * :mod:`.check`, :mod:`.verify`: same samples? then before vs after (:func:`compare_sources`);
 * :mod:`.verdict`: the verdict from every round, or none when the noise exceeds the effect;
 * :mod:`.tune`: the ``DataLoader`` knob sweep (:func:`tune_loader`);
-* :mod:`.tables`: the printed tables and the plot.
+* :mod:`.tables`: the printed tables;
+* :mod:`.figures`: the ``--plot`` pictures; :mod:`.html_report`: the ``--html`` page.
 """
 
 from __future__ import annotations
@@ -61,10 +62,13 @@ from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device
 from .report import DatasetMismatchError, RunReport, TimingStats
 from .sampling import (GPU_SAMPLE_INTERVAL_S, MEMORY_GROWTH_FLAG_BYTES, MEMORY_GROWTH_FLAG_SHARE, GpuSampler,
                        ProcessSampler)
-from .tables import comparison_headline, format_comparison, format_report, format_table, plot_runs, verdict_headline
-from .tune import make_loader_call, tune_loader
+from .figures import DeliverySeries, plot_delivery, plot_tune, series_of_run
+from .html_report import HtmlTable, render_html_report, write_html_report
+from .tables import (TUNE_HEADER, comparison_headline, comparison_rows, decode_cost_note, format_comparison,
+                     format_report, format_table, plot_runs, report_rows, tune_rows, verdict_headline, verify_headline)
+from .tune import TuneReport, make_loader_call, tune_loader
 from .verdict import judge_rounds
-from .verify import compare_sources
+from .verify import VerifyReport, compare_sources
 
 __all__ = [
     "DEFAULT_MEAN",
@@ -76,6 +80,8 @@ __all__ = [
     "DatasetMismatchError",
     "TimingStats",
     "RunReport",
+    "VerifyReport",
+    "TuneReport",
     "select_device",
     "run_training_loop",
     "bench_source",
@@ -98,4 +104,17 @@ __all__ = [
     "judge_rounds",
     "make_loader_call",
     "plot_runs",
+    "verify_headline",
+    "decode_cost_note",
+    "comparison_rows",
+    "report_rows",
+    "tune_rows",
+    "TUNE_HEADER",
+    "DeliverySeries",
+    "plot_delivery",
+    "plot_tune",
+    "series_of_run",
+    "HtmlTable",
+    "render_html_report",
+    "write_html_report",
 ]

@@ -69,7 +69,8 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
     try:
         fmt = _source_format_of(loader, source)
         effective = {k: getattr(loader, k, opts.get(k)) for k in LOADER_KNOBS}
-        config = {"source": str(source), "source_format": fmt, "batch_size": batch_size, "image_size": image_size,
+        config = {"source": str(source), "source_format": fmt, "reencode": _reencode_of(loader),
+                  "batch_size": batch_size, "image_size": image_size,
                   "device": str(dev), "cold": cold, "loader": {**{k: v for k, v in opts.items()}, **effective},
                   "num_dataset_samples": dataset_len(getattr(loader, "dataset", None)),
                   "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": sys.version.split()[0]}
@@ -99,6 +100,14 @@ def dataset_len(obj: Any) -> int | None:
         return len(obj)
     except Exception:
         return None
+
+
+def _reencode_of(loader: Any) -> dict | None:
+    """The re-encoding a packed dataset was made with (its manifest's ``options["reencode"]``), or None."""
+    manifest = getattr(getattr(loader, "dataset", None), "manifest", None)
+    options = getattr(manifest, "options", None)
+    value = options.get("reencode") if isinstance(options, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def _source_format_of(loader: Any, source: Any) -> str:

@@ -246,7 +246,8 @@ def _measure(src: _Batches, step: _Step, warmup: int, batches: int, sample_gpu: 
     src.start()
     sampler = ProcessSampler(worker_pids=src.worker_pids)
     gpu_sampler = None
-    out: dict[str, Any] = {"waits": [], "computes": [], "starts": [], "num_samples": 0, "gpu_stats": None}
+    out: dict[str, Any] = {"waits": [], "computes": [], "starts": [], "sizes": [], "num_samples": 0,
+                           "gpu_stats": None}
     try:
         for _ in range(warmup):
             step(*src.fetch())
@@ -265,6 +266,7 @@ def _measure(src: _Batches, step: _Step, warmup: int, batches: int, sample_gpu: 
             out["starts"].append(t0 - t_start)
             out["waits"].append(t1 - t0)
             out["computes"].append(t_compute)
+            out["sizes"].append(int(x.shape[0]))
             out["num_samples"] += int(x.shape[0])
         out["seconds"] = time.perf_counter() - t_start
         out["cpu"], io, out["memory"], out["system"] = sampler.stop()
@@ -384,5 +386,5 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
         num_samples=m["num_samples"], seconds=seconds, t_wait_s=TimingStats.of(waits),
         t_compute_s=TimingStats.of(computes), stall_share=stall, device=str(dev), timing=step.timing,
         gpu_util=gpu_util, gpu=gpu, cpu=m["cpu"], io=m["io"], memory=m["memory"], system=m["system"], config=cfg,
-        batches={"t_start_s": m["starts"], "t_wait_s": waits, "t_compute_s": computes},
+        batches={"t_start_s": m["starts"], "t_wait_s": waits, "t_compute_s": computes, "num_samples": m["sizes"]},
         epochs=src.epochs, label=label, warnings=warnings)

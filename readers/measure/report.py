@@ -90,7 +90,8 @@ class RunReport:
         system: swap in use (bytes) at start/end, share of CPU time in I/O wait.
         cache: what ``cold`` eviction did (see :func:`evict_page_cache`); None when warm.
         config: the full configuration (source, ``source_format``, loader and harness settings).
-        batches: per-batch ``t_start_s`` (from the window start), ``t_wait_s``, ``t_compute_s``.
+        batches: per-batch ``t_start_s`` (from the window start), ``t_wait_s``, ``t_compute_s`` (s) and
+            ``num_samples`` (images in the batch).
         epochs: loader epochs started during the run (warm-up included).
         label: a name for tables (``"before"``, ``"after"``, a tune step).
         warnings: human-readable warnings about the measurement.
@@ -126,3 +127,4 @@ class RunReport:
         if not per_batch:
             d.pop("batches", None)
         return d
+

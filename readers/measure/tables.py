@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .report import RunReport, fmt_bytes
 
-__all__ = ["format_table", "format_report", "format_comparison", "comparison_headline", "verdict_headline",
-           "plot_runs"]
+__all__ = ["format_table", "terminal_width", "format_report", "format_comparison", "comparison_headline",
+           "verdict_headline", "verify_headline", "decode_cost_note", "reencode_text", "comparison_rows", "report_rows",
+           "tune_rows", "TUNE_HEADER", "plot_runs"]
 
 
 def _ms(x: float) -> str:
     return f"{x * 1000:.1f}"
 
 
-def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None) -> str:
-    """Align ``rows`` in columns (first column left-aligned, the others right-aligned)."""
+def _plain_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None) -> str:
     all_rows = [list(header)] if header else []
     all_rows += [list(r) for r in rows]
     if not all_rows:
@@ -35,12 +37,77 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = N
     return "\n".join(lines)
 
 
+def terminal_width() -> int | None:
+    """The width of the terminal standard output is, in columns; None when it is not a terminal
+    (a pipe, a file, a test runner), where tables are never wrapped (so they stay grep-able)."""
+    try:
+        if not sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, *,
+                 width: int | None = None) -> str:
+    """Align ``rows`` in columns (first column left-aligned, the others right-aligned).
+
+    Args:
+        rows: the cells, as strings.
+        header: the column names (underlined); None for none.
+        width: the widest a line may be, in columns. A table wider than that is laid out by
+            ``rich`` with its cells wrapped to fit. None: :func:`terminal_width` (no wrapping when
+            standard output is not a terminal).
+    """
+    plain = _plain_table(rows, header)
+    if width is None:
+        width = terminal_width()
+    if width is None or not plain or max(len(line) for line in plain.splitlines()) <= width:
+        return plain
+    return _wrapped_table(rows, header, width)
+
+
+def _wrapped_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None, width: int) -> str:
+    """The table laid out by ``rich`` to fit ``width`` columns, cells wrapped at spaces."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    ncol = max(len(r) for r in ([header] if header else []) + [list(r) for r in rows])
+    table = Table(box=box.SIMPLE_HEAD if header else None, show_header=bool(header), pad_edge=False,
+                  show_edge=False, padding=(0, 1))
+    names = list(header or [""] * ncol) + [""] * (ncol - len(header or []))
+    for i, name in enumerate(names):
+        table.add_column(Text(name), justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        cells = list(r) + [""] * (ncol - len(r))
+        table.add_row(*(Text(str(c)) for c in cells))
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False,
+            emoji=False).print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
+
+
+def _batches_text(r: RunReport) -> str:
+    """``"30 x 64 = 1920"``; with partial batches (an epoch's last) the real count:
+    ``"30 batches (28 x 64, 2 partial) = 1900"``."""
+    sizes = list((r.batches or {}).get("num_samples") or [])
+    bs = r.config.get("batch_size")
+    if not sizes or not isinstance(bs, int) or all(n == bs for n in sizes):
+        return f"{r.num_batches} x {bs if bs is not None else '?'} = {r.num_samples}"
+    full = sum(1 for n in sizes if n == bs)
+    return f"{r.num_batches} batches ({full} x {bs}, {len(sizes) - full} partial) = {r.num_samples}"
+
+
 def _report_rows(r: RunReport) -> list[tuple[str, str]]:
     cfg = r.config
     rows = [
         ("source", f"{cfg.get('source_format', '?')}: {cfg.get('source', '?')}"),
         ("images/s", f"{r.images_per_s:.1f}"),
-        ("batches x images", f"{r.num_batches} x {cfg.get('batch_size', '?')} = {r.num_samples}"),
+        ("batches x images", _batches_text(r)),
         ("measured time", f"{r.seconds:.2f} s"),
         ("wait for data, ms (mean/p50/p95)", f"{_ms(r.t_wait_s.mean)} / {_ms(r.t_wait_s.p50)} / {_ms(r.t_wait_s.p95)}"),
         ("compute, ms (mean/p50/p95)",
@@ -133,6 +200,73 @@ def verdict_headline(verdict: dict | None, speedup: float, stall_before: float, 
     return f"{verdict['text']}; data stall {stall_before:.0%} -> {stall_after:.0%}"
 
 
+def reencode_text(reencode: dict) -> str:
+    """``{"resize": 256, "quality": 90, ...}`` (a manifest's ``options["reencode"]``) ->
+    ``"resize 256, quality 90"``."""
+    parts = []
+    if reencode.get("resize"):
+        mode = reencode.get("resize_mode")
+        parts.append(f"resize {reencode['resize']}" + (f" ({mode})" if mode else ""))
+    if reencode.get("quality"):
+        parts.append(f"quality {reencode['quality']}")
+    fmt = reencode.get("image_format")
+    if fmt and fmt not in ("auto", "keep"):
+        parts.append(f"format {fmt}")
+    return ", ".join(parts) or "re-encoded"
+
+
+def decode_cost_note(result: Any) -> str | None:
+    """``verify``: when a side was re-encoded at pack time (``--resize``, ``--quality``,
+    ``--image-format`` in its manifest), the line saying that the difference includes decode cost,
+    with each side's CPU time per image; None when neither side was re-encoded."""
+    changed = [(name, getattr(result, name).config.get("reencode")) for name in ("before", "after")]
+    changed = [(name, r) for name, r in changed if r]
+    if not changed:
+        return None
+    what = " and ".join(f"{name.upper()} was re-encoded at pack time ({reencode_text(r)})" for name, r in changed)
+    text = f"the difference includes decode cost, not only reading: {what}"
+    cpi = result.cpu_s_per_image
+    if cpi:
+        text += (f"; CPU per image BEFORE {cpi['before'] * 1000:.2f} ms, AFTER {cpi['after'] * 1000:.2f} ms")
+    return text
+
+
+def verify_headline(result: Any) -> str:
+    """``verify``'s verdict line for a :func:`~shardfeed.readers.measure.verify.compare_sources`
+    result: :func:`verdict_headline`, then :func:`decode_cost_note` when a side was re-encoded."""
+    head = verdict_headline(result.verdict, result.speedup, result.stall_share_before, result.stall_share_after)
+    note = decode_cost_note(result)
+    return f"{head} ({note})" if note else head
+
+
+def comparison_rows(result: Any) -> list[tuple[str, str, str]]:
+    """The rows of ``verify``'s side-by-side table (a :class:`~shardfeed.readers.measure.verify.VerifyReport`):
+    ``(name, BEFORE, AFTER)``."""
+    rb, ra = _report_rows(result.before), _report_rows(result.after)
+    return [(name, vb, va) for (name, vb), (_, va) in zip(rb, ra)]
+
+
+def report_rows(report: RunReport) -> list[tuple[str, str]]:
+    """The rows of one run's table (``bench``): ``(name, value)``."""
+    return _report_rows(report)
+
+
+TUNE_HEADER = ("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall", "took s", "best")
+
+
+def tune_rows(result: Any) -> list[tuple[str, ...]]:
+    """The rows of ``tune``'s table, one per trial (columns :data:`TUNE_HEADER`; ``*`` marks the best)."""
+    rows = []
+    for t in result.trials:
+        o = t["options"]
+        workers = o.get("num_workers")
+        rows.append((t["step"], str(workers), str(o.get("pin_memory")),
+                     str(o.get("prefetch_factor")) if workers else "-",
+                     str(o.get("persistent_workers")) if workers else "-", f"{t['images_per_s']:.1f}",
+                     f"{t['stall_share']:.0%}", f"{t['seconds']:.1f}", "*" if t is result.best else ""))
+    return rows
+
+
 def _rounds_lines(verdict: dict, repeats: int) -> list[str]:
     lines = [f"rounds: {repeats}, alternating (the median run of each side is shown above); images/s in run order:"]
     for name in ("before", "after"):
@@ -169,62 +303,37 @@ def _warm_text(warm: dict | None) -> str | None:
             f"in {warm['seconds']:.1f} s{share}")
 
 
-def format_comparison(result: dict) -> str:
+def format_comparison(result: Any) -> str:
     """Both median runs side by side, the rounds, then the verdict (``verify``)."""
-    b, a = result["before"], result["after"]
-    rb, ra = _report_rows(b), _report_rows(a)
-    rows = [(name, vb, va) for (name, vb), (_, va) in zip(rb, ra)]
-    text = format_table(rows, header=("", "BEFORE", "AFTER"))
+    b, a = result.before, result.after
+    text = format_table(comparison_rows(result), header=("", "BEFORE", "AFTER"))
     warnings = [f"before: {w}" for w in b.warnings] + [f"after: {w}" for w in a.warnings]
     if warnings:
         text += "\n" + "\n".join(f"warning: {w}" for w in dict.fromkeys(warnings))
-    verdict = result.get("verdict")
-    lines = [_settle_text(result.get("settle")), _warm_text(result.get("warm_cache"))]
+    verdict = result.verdict
+    lines = [_settle_text(result.settle), _warm_text(result.warm_cache)]
     if verdict:
-        lines += _rounds_lines(verdict, result.get("repeats", 1))
-    cpi = result.get("cpu_s_per_image")
+        lines += _rounds_lines(verdict, result.repeats)
+    cpi = result.cpu_s_per_image
     if cpi:
         lines.append(f"  CPU per image (main + workers), median: BEFORE {cpi['before'] * 1000:.2f} ms, "
                      f"AFTER {cpi['after'] * 1000:.2f} ms (little moved by other processes' load)")
     text += "".join(f"\n{line}" for line in lines if line)
-    text += "\n" + verdict_headline(verdict, result["speedup"], result["stall_share_before"],
-                                     result["stall_share_after"])
+    text += "\n" + verify_headline(result)
     if verdict:
         text += "".join(f"\nadvice: {line}" for line in verdict["advice"])
     return text
 
 
-def plot_runs(runs: Sequence[RunReport], path: str | os.PathLike) -> Path:
-    """Draw per-batch wait and compute over time, one panel per run, into a PNG.
+def plot_runs(runs: Sequence[RunReport], path: str | os.PathLike, *, title: str | None = None) -> Path:
+    """Draw the runs' delivery figure (:func:`~shardfeed.readers.measure.figures.plot_delivery`) into a PNG.
 
-    Each batch is a bar from its start time: the wait for data (bottom), then the compute.
+    On one axis the images each run delivered over time; beside it each run's time split into
+    waiting for data and compute; below, the wait of every batch over time.
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'shardfeed[plot]'``).
     """
-    try:
-        import matplotlib
+    from .figures import plot_delivery, series_of_run
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'shardfeed[plot]' "
-                          "(or pip install matplotlib)") from None
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.6 * len(runs)), squeeze=False, sharex=True)
-    for ax, r in zip(axes[:, 0], runs):
-        starts = r.batches.get("t_start_s", [])
-        waits = [w * 1000 for w in r.batches.get("t_wait_s", [])]
-        comps = [c * 1000 for c in r.batches.get("t_compute_s", [])]
-        ax.plot(starts, waits, drawstyle="steps-post", label="wait for data (ms)", color="tab:red")
-        ax.plot(starts, comps, drawstyle="steps-post", label="compute (ms)", color="tab:blue")
-        ax.set_title(f"{r.label or 'run'}: {r.config.get('source_format', '')} {r.config.get('source', '')} - "
-                     f"{r.images_per_s:.0f} images/s, data stall {r.stall_share:.0%}", fontsize=9)
-        ax.set_ylabel("ms per batch")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=8)
-    axes[-1, 0].set_xlabel("time since the first measured batch (s)")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return plot_delivery([series_of_run(r) for r in runs], path, title=title)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -12,8 +13,59 @@ from .cache import dataset_files, detect_source_format
 from .harness import select_device
 from .report import fmt_bytes
 from .sampling import meminfo, read_text
+from .tables import TUNE_HEADER, format_table, tune_rows
 
-__all__ = ["make_loader_call", "tune_loader"]
+__all__ = ["make_loader_call", "tune_loader", "TuneReport"]
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """What ``tune`` found: every setting tried, the best one and the ``make_loader(...)`` call.
+
+    Attributes:
+        source: the dataset measured.
+        trials: one dict per trial in sweep order: ``step`` (the knob), ``options`` (the loader
+            knobs), ``images_per_s``, ``stall_share``, ``seconds`` (s) and ``report`` (its
+            :class:`RunReport`).
+        best: the trial kept (one of ``trials``).
+        best_options: the knobs of the recommended call.
+        call: a ready-to-paste ``make_loader(...)`` call.
+        warnings, advice, skipped: lines of text.
+        seconds: the sweep's wall time, s; ``budget_s`` its budget.
+        device, torch: where it ran and the torch version.
+    """
+
+    source: str
+    trials: list
+    best: dict
+    best_options: dict
+    call: str
+    warnings: list
+    advice: list
+    skipped: list
+    seconds: float
+    budget_s: float
+    device: str
+    torch: str
+
+    def headline(self) -> str:
+        """``"best: 1234.5 images/s, data stall 3%"``."""
+        return f"best: {self.best['images_per_s']:.1f} images/s, data stall {self.best['stall_share']:.0%}"
+
+    def summary(self) -> str:
+        """The printed report: a row per trial, warnings, skipped steps, advice, the best and its call."""
+        lines = [format_table(tune_rows(self), header=TUNE_HEADER)]
+        lines += [f"warning: {w}" for w in self.warnings] + [f"skipped: {s}" for s in self.skipped]
+        lines += [f"advice: {a}" for a in self.advice]
+        return "\n".join([*lines, self.headline(), self.call])
+
+    def to_json(self) -> dict:
+        """Every figure as a JSON-able dict (what ``tune --json`` writes; per-batch lists left out)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["trials"] = [{**{k: v for k, v in t.items() if k != "report"}, "report": t["report"].to_json(per_batch=False)}
+                       for t in self.trials]
+        d["best"] = {k: v for k, v in self.best.items() if k != "report"}
+        return d
 
 
 def make_loader_call(source: str | os.PathLike, batch_size: int, options: dict) -> str:
@@ -159,7 +211,7 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
                 image_size: int | None = 224, model: str = "tiny", device: str = "auto",
                 compute_ms: float | None = None, warmup: int = 5, batches: int = 30, max_workers: int | None = None,
                 min_gain: float = 0.05, channels_last: bool = False, num_threads: int | None = None,
-                cold: bool = False, progress: Callable[[str], None] | None = None, **loader_options: Any) -> dict:
+                cold: bool = False, progress: Callable[[str], None] | None = None, **loader_options: Any) -> TuneReport:
     """Sweep the ``DataLoader`` knobs one at a time, the way practitioners do by hand.
 
     1. ``num_workers``: 0, 1, 2, 4, 8, … up to ``max_workers`` (default 2 × CPU count); the sweep
@@ -176,9 +228,10 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
     :func:`bench_source` does): the knobs for a dataset that does not stay in memory.
 
     Returns:
-        ``{"trials": [...], "best": {...}, "call": "make_loader(...)", "warnings": [...],
-        "advice": [...], "skipped": [...], "seconds"}``; each trial is
-        ``{"step", "options", "images_per_s", "stall_share", "seconds", "report"}``.
+        The :class:`~shardfeed.readers.measure.tune.TuneReport`: every trial (``step``,
+        ``options``, ``images_per_s``, ``stall_share``, ``seconds``, ``report``), the best, the
+        ``make_loader(...)`` call, warnings, advice and skipped steps; ``summary()``,
+        ``headline()`` and ``to_json()``.
     """
     import torch
 
@@ -214,10 +267,10 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
     extra = {k: v for k, v in loader_options.items()
              if k not in LOADER_KNOBS and v is not None and MAKE_LOADER_DEFAULTS.get(k, object()) != v}
     call_opts = {**best, **({"image_size": image_size} if image_size else {}), **extra}
-    return {"source": str(source), "trials": sweep.trials, "best": best_rec, "best_options": best,
-            "call": make_loader_call(source, batch_size, call_opts), "warnings": sweep.warnings,
-            "advice": _storage_advice(source), "skipped": sweep.skipped, "seconds": time.perf_counter() - sweep.t0,
-            "budget_s": budget_s, "device": str(dev), "torch": torch.__version__}
+    return TuneReport(source=str(source), trials=sweep.trials, best=best_rec, best_options=best,
+                      call=make_loader_call(source, batch_size, call_opts), warnings=sweep.warnings,
+                      advice=_storage_advice(source), skipped=sweep.skipped, seconds=time.perf_counter() - sweep.t0,
+                      budget_s=budget_s, device=str(dev), torch=torch.__version__)
 
 
 def _knobs_text(options: dict) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable, Sequence
 
@@ -9,9 +10,75 @@ from .bench import bench_source
 from .cache import dataset_files, settle_disk, warm_page_cache
 from .check import check_same_samples
 from .report import RunReport
+from .tables import format_comparison, verify_headline
 from .verdict import judge_rounds, others_cpu_shares
 
-__all__ = ["compare_sources"]
+__all__ = ["compare_sources", "VerifyReport"]
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """What ``verify`` measured: BEFORE and AFTER through the same loop, in alternating rounds.
+
+    Attributes:
+        before, after: each side's median run by images/s (:class:`RunReport`).
+        speedup: AFTER's median images/s ÷ BEFORE's (``inf`` when BEFORE delivered nothing).
+        check: what :func:`~shardfeed.readers.measure.check.check_same_samples` found (None
+            without the check).
+        repeats: rounds run (each runs both sides).
+        cold: whether the page cache was evicted before every run.
+        settle: what :func:`~shardfeed.readers.measure.cache.settle_disk` did (None: not settled).
+        warm_cache: what :func:`~shardfeed.readers.measure.cache.warm_page_cache` did (None: no
+            warm-up, e.g. with ``cold``).
+        verdict: the dict of :func:`~shardfeed.readers.measure.verdict.judge_rounds` (``kind``,
+            ``text``, both sides' rounds, spread, others' CPU share, ``advice``); None when
+            BEFORE delivered nothing.
+        cpu_s_per_image: each side's median CPU seconds (main + workers) per image, ``{"before",
+            "after"}``; None where CPU time is not readable.
+        runs: every run in run order (B A A B B A ...).
+        min_speedup: the ``--min-speedup`` threshold the caller checks, recorded in the JSON.
+    """
+
+    before: RunReport
+    after: RunReport
+    speedup: float
+    check: dict | None
+    repeats: int
+    cold: bool
+    settle: dict | None
+    warm_cache: dict | None
+    verdict: dict | None
+    cpu_s_per_image: dict | None
+    runs: list
+    min_speedup: float | None = None
+
+    @property
+    def stall_share_before(self) -> float:
+        """BEFORE's data-stall share, in [0, 1]."""
+        return self.before.stall_share
+
+    @property
+    def stall_share_after(self) -> float:
+        """AFTER's data-stall share, in [0, 1]."""
+        return self.after.stall_share
+
+    def headline(self) -> str:
+        """The verdict line (``"2.9x faster; rounds vary by 4%; data stall 71% -> 6%"``, plus the
+        decode-cost note when a side was re-encoded)."""
+        return verify_headline(self)
+
+    def summary(self) -> str:
+        """The printed report: both median runs side by side, the rounds, the verdict, advice."""
+        return format_comparison(self)
+
+    def to_json(self) -> dict:
+        """Every figure as a JSON-able dict (what ``verify --json`` writes)."""
+        return {"before": self.before.to_json(), "after": self.after.to_json(), "speedup": self.speedup,
+                "stall_share_before": self.stall_share_before, "stall_share_after": self.stall_share_after,
+                "headline": self.headline(), "verdict": self.verdict, "settle": self.settle,
+                "warm_cache": self.warm_cache, "cpu_s_per_image": self.cpu_s_per_image, "check": self.check,
+                "repeats": self.repeats, "cold": self.cold, "min_speedup": self.min_speedup,
+                "runs": [r.to_json() for r in self.runs]}
 
 
 def _run_in_child(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -31,7 +98,7 @@ def _median_run(runs: Sequence[RunReport]) -> RunReport:
 
 def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repeats: int = 1, cold: bool = False,
                     deep: bool = False, check: bool = True, settle: bool = True, warm_cache: bool = True,
-                    progress: Callable[[str], None] | None = None, **bench_options: Any) -> dict:
+                    progress: Callable[[str], None] | None = None, **bench_options: Any) -> VerifyReport:
     """``verify``: check AFTER against BEFORE, then measure both with the same loop, alternately.
 
     First the disk is settled (:func:`~shardfeed.readers.measure.cache.settle_disk`: ``sync``, so
@@ -57,14 +124,10 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         **bench_options: :func:`bench_source` options (model, device, batch size, loader knobs).
 
     Returns:
-        ``{"before": run, "after": run, "speedup", "stall_share_before", "stall_share_after",
-        "check", "repeats", "cold", "settle", "warm_cache", "verdict", "cpu_s_per_image",
-        "runs": [run, ...]}``
-        (runs are :class:`RunReport`); ``cpu_s_per_image`` each side's median CPU s per image (None
-        without ``/proc``); ``speedup`` = AFTER's median images/s ÷ BEFORE's; ``settle`` what
-        :func:`settle_disk` did (None with ``settle=False``); ``warm_cache`` what
-        :func:`warm_page_cache` did (None with ``cold``); ``verdict`` the dict of
-        :func:`judge_rounds` (``kind``, ``text``, both sides' rounds, spread, others' CPU share).
+        The :class:`~shardfeed.readers.measure.verify.VerifyReport`: each side's median run by
+        images/s, ``speedup`` = AFTER's median images/s ÷ BEFORE's, the verdict of
+        :func:`judge_rounds` from every round, each side's median CPU time per image, what the
+        settle and warm-up did, and every run; ``summary()``, ``headline()`` and ``to_json()``.
 
     Raises:
         DatasetMismatchError: the check failed (nothing is measured).
@@ -101,10 +164,9 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
     verdict = judge_rounds([x.images_per_s for x in runs if x.label == "before"],
                            [x.images_per_s for x in runs if x.label == "after"], others_cpu_shares(runs)) \
         if best_b.images_per_s > 0 else None
-    return {"before": best_b, "after": best_a, "speedup": speedup, "stall_share_before": best_b.stall_share,
-            "stall_share_after": best_a.stall_share, "check": checked, "repeats": repeats, "cold": cold,
-            "settle": settled, "warm_cache": warmed, "verdict": verdict, "cpu_s_per_image": _cpu_per_image(runs),
-            "runs": runs}
+    return VerifyReport(before=best_b, after=best_a, speedup=speedup, check=checked, repeats=repeats, cold=cold,
+                        settle=settled, warm_cache=warmed, verdict=verdict, cpu_s_per_image=_cpu_per_image(runs),
+                        runs=runs)
 
 
 def _cpu_per_image(runs: Sequence[RunReport]) -> dict | None:

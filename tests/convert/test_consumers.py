@@ -228,3 +228,34 @@ def test_upstream_webdataset_reads_every_sample_when_to_tuple_names_every_extens
     assert sorted(meta["path"] for *_, meta in got) == sorted(expected)
     for data, label, meta in got:
         assert (data, label) == expected[meta["path"]]
+
+
+def test_metadata_fields_skips_a_json_member_with_a_damaged_size(packed_wds, tmp_path):
+    """The first json member of shard 0 claims 8 GiB: it is passed over (the other shards give the
+    fields), with no read of that size."""
+    import tarfile
+    import tracemalloc
+
+    from shardfeed.convert.consumers import metadata_fields
+    from shardfeed.readers.format import load_manifest
+
+    d = tmp_path / "d"
+    shutil.copytree(packed_wds, d)
+    shard = d / "shard-000000.tar"
+    with tarfile.open(shard) as tf:
+        m = next(m for m in tf.getmembers() if m.name.endswith(".json"))
+        expected = set(json.loads(tf.extractfile(m).read()))  # the fields, read before the damage
+    raw = bytearray(shard.read_bytes())
+    h = raw[m.offset:m.offset + 512]
+    h[124:136] = b"77777777777\0"
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    raw[m.offset:m.offset + 512] = h
+    shard.write_bytes(bytes(raw))
+    tracemalloc.start()
+    try:
+        fields = metadata_fields(d, load_manifest(d, check_files=False))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert set(fields) == expected and peak < 64 << 20

@@ -244,6 +244,7 @@ def test_an_interrupted_convert_is_replaced_by_convert_overwrite(src, tmp_path):
     import shutil
 
     from shardfeed.convert.tools.convert import convert_dataset
+    from shardfeed.readers.errors import CorruptDataError
 
     packed = tmp_path / "packed"
     pack(src, packed, PackOptions(workers=1, max_count=4, shuffle=False))
@@ -253,7 +254,7 @@ def test_an_interrupted_convert_is_replaced_by_convert_overwrite(src, tmp_path):
     bad[100] ^= 0xFF  # the first header's checksum fails: the convert stops after its first shards
     last.write_bytes(bytes(bad))
     out, fresh = tmp_path / "out", tmp_path / "fresh"
-    with pytest.raises(Exception):
+    with pytest.raises(CorruptDataError, match=last.name):
         convert_dataset(packed, out, format="wds", max_count=2)
     assert list(out.glob("*.tar")) and not (out / "manifest.json").exists()
     last.write_bytes(good)

@@ -352,11 +352,13 @@ def test_cli_errors_one_line_no_traceback(tricky, tmp_path, case):
     assert not (tricky / "cat" / "out").exists()
 
 
-def test_no_images_and_no_classes_are_clear_errors(tmp_path):
+def test_no_images_is_a_clear_error_and_no_class_folders_packs_unlabelled(tmp_path):
     (tmp_path / "noclass").mkdir()
     (tmp_path / "noclass" / "a.jpg").write_bytes(_jpeg(1))
     r = _run_cli("pack", tmp_path / "noclass", tmp_path / "o1")
-    assert r.returncode != 0 and "no class folders" in r.stderr
+    assert r.returncode == 0 and "no class folders: packing an unlabelled dataset" in r.stderr, r.stderr
+    m = json.loads((tmp_path / "o1" / "manifest.json").read_text())
+    assert (m["labels"], m["classes"], m["num_samples"]) == ("none", [], 1)
     (tmp_path / "noimg" / "c").mkdir(parents=True)
     (tmp_path / "noimg" / "c" / "a.txt").write_text("x")
     r = _run_cli("pack", tmp_path / "noimg", tmp_path / "o2")

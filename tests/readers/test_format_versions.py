@@ -34,7 +34,8 @@ def _raw(source, **kw):
 
 def test_version_2_names_its_index_sfidx_and_records_the_extensions(packed_wds, tiny_folder_expected):
     m = json.loads((packed_wds / "manifest.json").read_text())
-    assert m["version"] == FORMAT_VERSION == 2
+    # FORMAT_VERSION is 3 (extra fields, unlabelled datasets); a dataset using neither is written as 2
+    assert m["version"] == 2 and FORMAT_VERSION == 3
     assert [s["index"] for s in m["shards"]] == [s["name"][:-4] + ".sfidx" for s in m["shards"]]
     assert not list(packed_wds.glob("*.idx"))  # DALI's name stays free
     # the extensions and their counts, from the source files' names
@@ -84,7 +85,7 @@ def test_shardfeed_index_upgrades_a_version_1_dataset_and_keeps_dalis_index(pack
     dali.write_text("v1.2 1\njpg 512 10 000000000.jpg\n")
     index_shards(str(d / "*.tar"), overwrite=True)
     new = json.loads((d / "manifest.json").read_text())
-    assert new["version"] == FORMAT_VERSION and all(s["index"].endswith(".sfidx") for s in new["shards"])
+    assert new["version"] == 2 < FORMAT_VERSION and all(s["index"].endswith(".sfidx") for s in new["shards"])
     assert sorted(p.name for p in d.glob("*.idx")) == [dali.name]  # shardfeed's old ones gone, DALI's kept
     assert dali.read_text() == "v1.2 1\njpg 512 10 000000000.jpg\n"
     want = sorted((p, data, label) for p, (data, label) in tiny_folder_expected.items())

@@ -32,6 +32,7 @@ PER_CLASS = 16
 NUM_IMAGES = NUM_CLASSES * PER_CLASS
 COMMON = ["--image-size", "32", "--batch-size", "8", "--warmup", "1", "--threads", "1", "--device", "cpu"]
 SMALL = [*COMMON, "--model", "tiny"]
+ONE_ROUND = [*SMALL, "--repeats", "1"]  # verify: one alternating round
 
 RUN_FIELDS = ("images_per_s", "num_batches", "num_samples", "seconds", "t_wait_s", "t_compute_s", "stall_share",
               "gpu_util", "device", "config")
@@ -210,7 +211,7 @@ def test_verify_alternates_and_reports_speedup(data, tmp_path):
 @pytest.mark.multiprocess
 def test_verify_cold_runs(data, tmp_path):
     out = tmp_path / "verify.json"
-    r = _run(["verify", data["folder"], data["lmdb"], *SMALL, "--batches", "2", "--num-workers", "1", "--cold",
+    r = _run(["verify", data["folder"], data["lmdb"], *ONE_ROUND, "--batches", "2", "--num-workers", "1", "--cold",
               "--deep", "--json", out])
     assert r.exit_code == 0, r.output
     res = _json(out)
@@ -232,7 +233,7 @@ def test_verify_cold_runs(data, tmp_path):
 def test_verify_no_warm_cache_skips_the_warm_up(data, tmp_path):
     # storage that caches nothing (the demo's FUSE emulator) gains nothing from the warm-up read
     out = tmp_path / "verify.json"
-    r = _run(["verify", data["folder"], data["wds"], *SMALL, "--batches", "1", "--num-workers", "0",
+    r = _run(["verify", data["folder"], data["wds"], *ONE_ROUND, "--batches", "1", "--num-workers", "0",
               "--no-warm-cache", "--json", out])
     assert r.exit_code == 0, r.output
     res = _json(out)
@@ -247,12 +248,12 @@ def test_verify_no_warm_cache_skips_the_warm_up(data, tmp_path):
 def test_verify_warns_when_both_sides_are_the_same_dataset(data, tmp_path):
     wds = Path(data["wds"])
     same = wds.parent / ".." / wds.parent.name / wds.name / "manifest.json"  # another spelling of the same folder
-    r = _run(["verify", wds, same, *SMALL, "--batches", "1", "--num-workers", "0", "--no-warm-cache"])
+    r = _run(["verify", wds, same, *ONE_ROUND, "--batches", "1", "--num-workers", "0", "--no-warm-cache"])
     assert r.exit_code == 0, r.output  # a warning, not a refusal
     warnings = [line for line in r.stderr.splitlines() if "same dataset" in line]
     assert warnings == [f"shardfeed: warning: BEFORE and AFTER are the same dataset ({wds.resolve()}): "
                         "the comparison measures noise only"]
-    other = _run(["verify", data["folder"], wds, *SMALL, "--batches", "1", "--num-workers", "0", "--no-warm-cache"])
+    other = _run(["verify", data["folder"], wds, *ONE_ROUND, "--batches", "1", "--num-workers", "0", "--no-warm-cache"])
     assert other.exit_code == 0, other.output
     assert "same dataset" not in other.output
 
@@ -283,7 +284,7 @@ def test_verify_refuses_other_samples(data, tmp_path):
     other = _copy_folder(data["folder"], tmp_path / "fewer")
     (other / "class_1" / "img_005.jpg").unlink()
     packed = _pack(other, tmp_path / "fewer-wds", "wds")
-    r = _run(["verify", data["folder"], packed, *SMALL, "--batches", "1"])
+    r = _run(["verify", data["folder"], packed, *ONE_ROUND, "--batches", "1"])
     assert r.exit_code != 0
     assert f"BEFORE holds {NUM_IMAGES} samples, AFTER {NUM_IMAGES - 1}" in r.output
     assert "images/s" not in r.output  # nothing was measured
@@ -294,7 +295,7 @@ def test_verify_deep_finds_changed_bytes(data, tmp_path):
     target = other / "class_2" / "img_007.jpg"
     target.write_bytes(_image_bytes(np.random.default_rng(99), 2, "JPEG"))
     packed = _pack(other, tmp_path / "changed-lmdb", "lmdb")
-    r = _run(["verify", data["folder"], packed, *SMALL, "--batches", "1", "--deep"])
+    r = _run(["verify", data["folder"], packed, *ONE_ROUND, "--batches", "1", "--deep"])
     assert r.exit_code != 0
     assert "class_2/img_007.jpg: other bytes" in r.output
 
@@ -303,7 +304,7 @@ def test_verify_refuses_other_classes(data, tmp_path):
     other = _copy_folder(data["folder"], tmp_path / "renamed")
     (other / "class_2").rename(other / "class_x")
     packed = _pack(other, tmp_path / "renamed-wds", "wds")
-    r = _run(["verify", data["folder"], packed, *SMALL, "--batches", "1"])
+    r = _run(["verify", data["folder"], packed, *ONE_ROUND, "--batches", "1"])
     assert r.exit_code != 0
     assert "class maps differ" in r.output and "class_2" in r.output
 

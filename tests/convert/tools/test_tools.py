@@ -494,11 +494,13 @@ def test_index_plain_tar_reports_members_that_do_not_group(src, tmp_path):
     names = [f"k{i}.{e}" for i in range(3) for e in ("jpg", "cls")] + ["lonely.jpg", "orphan.cls"] + \
         [f"k{i}.{e}" for i in range(3, 6) for e in ("cls", "jpg")]  # the bad groups in the middle
     subprocess.run(["tar", "-cf", str(shards / "plain-0.tar"), "-C", str(stage_dir), *names], check=True)
-    out = tmp_path / "meta"
-    report = index_shards(str(shards / "plain-{0..0}.tar"), out=out)
+    with pytest.raises(ValueError, match=r"plain file name"):  # a manifest elsewhere would name ../plain/...
+        index_shards(str(shards / "plain-{0..0}.tar"), out=tmp_path / "meta")
+    out = shards
+    report = index_shards(str(shards / "plain-{0..0}.tar"))
     assert report.num_samples == 6
     assert sorted((p["shard"], p["key"]) for p in report.problems) == [
-        ("../plain/plain-0.tar", "lonely"), ("../plain/plain-0.tar", "orphan")]
+        ("plain-0.tar", "lonely"), ("plain-0.tar", "orphan")]
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["skipped"]) == 2
     got = [(s.key, s.data, s.label) for _, s in iter_raw_samples(out)]

@@ -1,0 +1,895 @@
+"""Layouts beyond the class folder, and the writer API for any iterable of samples.
+
+:func:`write_dataset` writes any iterable of sample dicts (image bytes and extension, an optional
+label, optional extra fields) through the format's streaming writer (the registry's, the same
+as ``shardfeed convert``): the same shards, rollover rule, ``.sfidx`` indexes, manifest, wids
+index and Hugging Face card as ``pack``.
+
+:func:`pack_layout` packs the folder layouts that are not one folder per class, with that writer:
+
+* **labels from a file** (``--labels FILE``): a flat (or nested) folder of images plus a CSV/TSV
+  (``path,label``, a header optional) or JSON Lines (``{"path": ..., "label": ...}``) file; labels
+  are class names or integer class indices, aligned with another split by ``--classes-from``
+  (a packed dataset's manifest, or a classes file: one name per line, index = line number);
+* **sidecar files** (``--sidecars txt,json,mask.png``): each image's same-stem files
+  (``x.jpg`` + ``x.txt``, ``x.json``, ``x.mask.png``, the img2dataset layout) stored as extra
+  fields of its sample; a sidecar file is never scanned as an image itself, nor is a file named
+  like an image's stem plus a suffix (``x.mask.png`` beside ``x.jpg`` when ``mask.png`` was not
+  asked for: ignored and listed);
+* **no labels** (``--no-labels``, or a folder with no class sub-folders): an unlabelled dataset
+  (no ``.cls`` members, ``classes`` empty; readers give label -1).
+
+Rules (binding for these layouts): images are found recursively below SRC, directories and names
+in sorted order, hidden names skipped, symbolic links never followed out of SRC; the packing
+order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``), keys are the
+zero-padded positions. An image missing from the labels file and a row naming a missing image
+are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
+never guessed. These layouts pack in one process (re-encoding and ``--decode-check`` apply to
+the image; sidecar files are stored as they are); an interrupted WebDataset
+pack resumes (``resume=True``: a record per finished shard in ``OUT/.shardfeed-pack/``, the plan's
+fingerprint checked) to the same bytes as an uninterrupted one; an LMDB one is rerun with
+``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from shardfeed.readers.format import (
+    DEFAULT_PREFIX,
+    IMAGE_EXTENSIONS,
+    LABELS_CLASS,
+    LABELS_NONE,
+    SIDE_EXTENSIONS,
+    Manifest,
+    Sample,
+    encode_field,
+    field_name_problem,
+    key_width,
+    normalize_ext,
+    stored_path_problem,
+)
+from shardfeed.readers.registry import canonical_format, writer_class
+
+from shardfeed.readers.format import write_bytes_atomic
+
+from . import writers  # noqa: F401  (registers every format's writer)
+from .readahead import read_ahead
+from .pack_state import PLAN_NAME, STATE_DIR, finished_shard_record, write_shard_record
+from .reencode import reencode_payload
+from .samples import skip_reason
+from .scan import parse_extensions
+
+__all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_classes_file", "LayoutOptions",
+           "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS", "parse_sidecars"]
+
+log = logging.getLogger(__name__)
+
+#: Largest labels file read, bytes (ImageNet's 50,000-row validation file is ~2 MB).
+MAX_LABELS_FILE_BYTES = 1 << 30
+#: Most rows of a labels file.
+MAX_LABEL_ROWS = 50_000_000
+#: Longest path or label in a labels file, characters.
+MAX_LABEL_FIELD_CHARS = 4096
+#: Largest classes file, bytes; most classes.
+MAX_CLASSES_FILE_BYTES = 64 << 20
+MAX_CLASSES = 10_000_000
+#: Largest sidecar file stored, bytes.
+MAX_SIDECAR_BYTES = 1 << 30
+#: Sample dict keys that are not extra fields.
+_SAMPLE_KEYS = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
+
+
+# ---------------------------------------------------------------------------------------------
+# write_dataset: any iterable of samples
+
+def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, *, format: str = "webdataset",
+                  max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
+                  classes: list[str] | None = None, class_to_idx: dict[str, int] | None = None,
+                  labels: bool | None = None, fields: Iterable[str] = (), options: dict | None = None,
+                  skipped: list[dict] | None = None, files: dict | None = None, map_size: int | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> Manifest:
+    """Write an iterable of sample dicts as a shardfeed dataset (WebDataset shards or LMDB).
+
+    Each sample is a dict:
+
+    * ``"image"``: the encoded image bytes (stored unchanged), and ``"ext"``: its extension
+      (``"jpg"``, ``".PNG"``; normalised as :func:`~shardfeed.readers.format.normalize_ext`);
+    * ``"label"`` (optional): a class index (``int``) or a class name (``str``, looked up in
+      ``classes``/``class_to_idx``); leave it out (or None) in every sample for an unlabelled
+      dataset (``labels: "none"``, readers give -1);
+    * ``"path"`` (optional): the original path, stored as ``meta["path"]`` (``unpack`` writes the
+      image back there); ``"meta"`` (optional): more JSON metadata; ``"key"`` (optional): the sample
+      key (default: the zero-padded position, 9 digits at least);
+    * any other key is an **extra field** (``"txt"``, ``"json"``, ``"mask.png"``; names as
+      :func:`~shardfeed.readers.format.field_name_problem`): ``bytes`` stored as they are, ``str``
+      as UTF-8, anything else as JSON. It becomes the member ``{key}.{name}`` (``{key}.sidecar.json``
+      for ``json``) or a field of the LMDB record; the manifest lists each field and how many
+      samples lack it.
+
+    Shards are cut by the one rollover rule (:class:`~shardfeed.convert.writers.shard.ShardLimits`):
+    a shard closes before it would hold more than ``max_count`` samples or pass ``max_bytes``.
+
+    Example (a CSV of image paths and captions)::
+
+        import csv, pathlib
+        from shardfeed.convert import write_dataset
+
+        def samples(csv_path):
+            with open(csv_path, newline="") as f:
+                for row in csv.DictReader(f):                  # columns: path,caption
+                    p = pathlib.Path(row["path"])
+                    yield {"image": p.read_bytes(), "ext": p.suffix, "path": p.name, "txt": row["caption"]}
+
+        manifest = write_dataset(samples("captions.csv"), "out/captions", max_count=1000)
+        # open_dataset("out/captions", fields=("txt",)) yields (image, -1, caption)
+
+    Args:
+        samples: the samples, in packing order.
+        out: the output folder (created; must not hold a dataset).
+        format: ``"webdataset"`` (``"wds"``) or ``"lmdb"``.
+        max_count, max_bytes, prefix: WebDataset shard limits and file prefix.
+        classes: class names in index order (needed for ``str`` labels; default for ``int``
+            labels: ``"0" .. "K-1"`` for the largest label K-1).
+        class_to_idx: name -> index (default: from ``classes``).
+        labels: True (every sample has a label), False (none has one), None (decided by the
+            first sample; a later sample that disagrees is an error).
+        fields: extra fields expected (others found in samples are added as they come); listed
+            in the manifest even when no sample has them.
+        options, skipped, files: recorded in the manifest (provenance, skipped inputs, input counts;
+            ``skipped`` is read after the last sample, so the generator may append to it, and
+            ``files`` gets ``packed`` and ``skipped`` filled in).
+        map_size: LMDB initial map size (grows as needed).
+        progress: ``callback(num_samples, num_bytes)`` after each sample.
+
+    Returns:
+        The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically).
+
+    Raises:
+        ValueError: a sample without image bytes or extension, a bad field name, a label not in
+            the classes, labelled and unlabelled samples mixed, no sample at all; the message
+            names the sample (its position and path). The shard in progress is dropped and no
+            manifest is written.
+        TypeError: a field value that is neither bytes, str nor JSON.
+        shardfeed.convert.outlock.OutputBusyError: another command is writing ``out``.
+        OSError: writing failed.
+    """
+    from .outlock import output_lock
+
+    with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
+        return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
+                      classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
+                      skipped=skipped, files=files, map_size=map_size, progress=progress)
+
+
+def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
+           skipped, files, map_size, progress, writer_extra: dict | None = None, resuming: bool = False,
+           writer_box: dict | None = None) -> Manifest:
+    """:func:`write_dataset`, plus what a resumed layout pack needs: ``writer_extra`` (the
+    WebDataset writer's ``resume_shards``, ``field_counts``, ``on_shard_end``) and ``resuming``
+    (the samples left may be none); ``writer_box["w"]`` gets the writer."""
+    fmt = canonical_format(format)
+    if classes is not None and class_to_idx is None:
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+    if class_to_idx is not None and classes is None:
+        classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
+    declared = list(dict.fromkeys(fields))
+    for name in declared:
+        problem = field_name_problem(name)
+        if problem is not None:
+            raise ValueError(problem)
+    width = None
+    try:
+        width = key_width(len(samples))  # type: ignore[arg-type]
+    except TypeError:
+        pass
+    it = iter(samples)
+    first = next(it, None)
+    if first is None and not resuming:
+        raise ValueError(f"{out}: no sample to write; a dataset holds at least one")
+    if labels is None:
+        labels = first.get("label") is not None
+    writer = writer_class(fmt).create(
+        out, classes=list(classes or []) if labels else [], class_to_idx=dict(class_to_idx or {}) if labels else {},
+        max_count=max_count, max_bytes=max_bytes, prefix=prefix, skipped=skipped,
+        options={**(options or {}), "layout": (options or {}).get("layout", "samples")}, files=files,
+        map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared, **(writer_extra or {}))
+    if writer_box is not None:
+        writer_box["w"] = writer
+    idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
+    max_label = -1
+    n = 0
+    with writer:
+        for i, item in enumerate(_chain(first, it) if first is not None else ()):
+            sample, extra = _sample_from_dict(item, i, width, bool(labels), class_to_idx, idx_to_class)
+            for name in extra:
+                if name not in writer.field_counts:
+                    problem = field_name_problem(name)
+                    if problem is not None:
+                        raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): {problem}")
+                    writer.field_counts[name] = 0
+            if labels:
+                max_label = max(max_label, sample.label)
+            writer.write(sample, extra)
+            n += 1
+            if progress is not None:
+                progress(1, len(sample.data))
+        if labels and classes is None:  # integer labels without names: classes "0" .. "K-1"
+            writer.classes = [str(k) for k in range(max_label + 1)]
+            writer.class_to_idx = {str(k): k for k in range(max_label + 1)}
+        writer.skipped = list(skipped or [])  # read now: a generator may have added to it
+        if files is not None:
+            writer.files = {**files, "packed": writer.num_samples, "skipped": len(writer.skipped)}
+        manifest = writer.close()
+    return manifest
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labelled: bool,
+                      class_to_idx: dict[str, int] | None, idx_to_class: dict[int, str]
+                      ) -> tuple[Sample, dict[str, bytes]]:
+    """One sample dict as ``(Sample, {field: bytes})`` (see :func:`write_dataset`)."""
+    if not isinstance(item, Mapping):
+        raise ValueError(f"sample {i}: a sample is a dict ({{'image': bytes, 'ext': 'jpg', ...}}), got "
+                         f"{type(item).__name__}")
+    path = item.get("path")
+    where = f"sample {i}" + (f" ({path})" if path else "")
+    data = item.get("image")
+    if not isinstance(data, (bytes, bytearray, memoryview)) or not len(data):
+        raise ValueError(f"{where}: 'image' must be the encoded image bytes (non-empty), got "
+                         f"{type(data).__name__}")
+    ext = item.get("ext")
+    if not isinstance(ext, str) or not ext.strip("."):
+        raise ValueError(f"{where}: 'ext' must be the image's extension ('jpg', 'png', ...), got {ext!r}")
+    ext = normalize_ext(ext)
+    if "." in ext or "/" in ext or ext in SIDE_EXTENSIONS or not ext.isascii():
+        raise ValueError(f"{where}: extension {ext!r} cannot name an image member (no dots, not "
+                         f"{', '.join(sorted(SIDE_EXTENSIONS))})")
+    if ext not in IMAGE_EXTENSIONS:
+        log.debug("%s: extension %s is not one of the known image extensions", where, ext)
+    meta = dict(item.get("meta") or {})
+    if path is not None:
+        if not isinstance(path, str) or stored_path_problem(path) is not None:
+            raise ValueError(f"{where}: path {path!r}: {stored_path_problem(str(path)) or 'not a string'}")
+        meta["path"] = path
+    raw_label = item.get("label")
+    if labelled != (raw_label is not None):
+        raise ValueError(f"{where}: {'has no label' if labelled else 'has a label'}, unlike the first sample; "
+                         "every sample of a dataset has a label, or none has (labels=False: unlabelled)")
+    label = -1
+    if labelled:
+        if isinstance(raw_label, bool) or not isinstance(raw_label, (int, str)):
+            raise ValueError(f"{where}: label {raw_label!r} is neither a class index (int) nor a class name (str)")
+        if isinstance(raw_label, str):
+            if class_to_idx is None or raw_label not in class_to_idx:
+                raise ValueError(f"{where}: class {raw_label!r} is not in the given classes; pass classes=[...] "
+                                 "naming every class (or integer labels)")
+            label = class_to_idx[raw_label]
+        else:
+            label = int(raw_label)
+            if label < 0 or (class_to_idx is not None and label not in idx_to_class):
+                raise ValueError(f"{where}: label {label} is not a class index of the "
+                                 f"{len(class_to_idx or {})} classes")
+        name = idx_to_class.get(label)
+        if name is not None:
+            meta.setdefault("class", name)
+    key = item.get("key")
+    if key is None:
+        key = str(i).zfill(width or 9)
+    elif not isinstance(key, str):
+        raise ValueError(f"{where}: key must be a string, got {type(key).__name__}")
+    extra = {}
+    for name, value in item.items():
+        if name in _SAMPLE_KEYS or value is None:
+            continue
+        extra[name] = encode_field(name, value)
+    return Sample(key, bytes(data), ext, label, meta), extra
+
+
+# ---------------------------------------------------------------------------------------------
+# labels and classes files
+
+def _check_rel(rel: str, where: str) -> str:
+    """A labels-file path, checked: relative, ``/`` separators, no ``..``, the stored-path policy."""
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"{where}: empty path")
+    rel = rel.replace("\\", "/") if "\\" in rel and "/" not in rel else rel
+    if rel.startswith("./"):
+        rel = rel[2:]
+    parts = rel.split("/")
+    if rel.startswith("/") or (len(rel) > 1 and rel[1] == ":") or ".." in parts or "" in parts or "." in parts:
+        raise ValueError(f"{where}: path {rel!r} must be relative to SRC, without '..', '.' or empty components")
+    problem = stored_path_problem(rel)
+    if problem is not None:
+        raise ValueError(f"{where}: path {rel!r}: {problem}")
+    return rel
+
+
+def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
+    """Read a labels file: ``{relative path: label}``, a label a class name or an int index.
+
+    Formats, by content: JSON Lines (every non-empty line an object with ``"path"`` and
+    ``"label"``) when the first non-space character is ``{``; else CSV, or TSV when the first
+    line holds a tab (``path,label``; a first row whose label column reads ``label``/``class``
+    is a header). Labels that are all decimal integers are class indices, else class names.
+
+    Bounds: at most :data:`MAX_LABELS_FILE_BYTES` bytes, :data:`MAX_LABEL_ROWS` rows and
+    :data:`MAX_LABEL_FIELD_CHARS` characters a path or label; paths relative to SRC without
+    ``..`` (checked by the stored-path policy); each path once.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: over a bound, a malformed row, a bad or repeated path; the message names
+            the file and the line.
+    """
+    p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_LABELS_FILE_BYTES:
+        raise ValueError(f"{p}: {size} bytes, over the {MAX_LABELS_FILE_BYTES} bytes a labels file may have")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc}); save the labels file as UTF-8") from None
+    rows: list[tuple[int, str, Any]] = []
+    if text.lstrip().startswith("{"):
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{p} line {n}: not a JSON object ({exc})") from None
+            if not isinstance(obj, dict) or "path" not in obj or "label" not in obj:
+                raise ValueError(f'{p} line {n}: each line is {{"path": ..., "label": ...}}')
+            rows.append((n, obj["path"], obj["label"]))
+            if len(rows) > MAX_LABEL_ROWS:
+                raise ValueError(f"{p}: more than {MAX_LABEL_ROWS} rows")
+    else:
+        first = text.split("\n", 1)[0]
+        delimiter = "\t" if "\t" in first else ","
+        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+        for row in _csv_rows(reader, p):
+            n = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != 2:
+                raise ValueError(f"{p} line {n}: {len(row)} columns; each row is path{delimiter}label")
+            if not rows and n == 1 and row[1].strip().lower() in ("label", "class", "class_name", "label_idx"):
+                continue  # a header
+            rows.append((n, row[0].strip(), row[1].strip()))
+            if len(rows) > MAX_LABEL_ROWS:
+                raise ValueError(f"{p}: more than {MAX_LABEL_ROWS} rows")
+    if not rows:
+        raise ValueError(f"{p}: no rows; a labels file has one row per image (path,label)")
+    out: dict[str, Any] = {}
+    for n, rel, label in rows:
+        where = f"{p} line {n}"
+        if isinstance(rel, str) and len(rel) > MAX_LABEL_FIELD_CHARS:
+            raise ValueError(f"{where}: path longer than {MAX_LABEL_FIELD_CHARS} characters")
+        if isinstance(label, bool) or not isinstance(label, (str, int)):
+            raise ValueError(f"{where}: label {label!r} is neither a class name nor an index")
+        if isinstance(label, str):
+            if not label or len(label) > MAX_LABEL_FIELD_CHARS:
+                raise ValueError(f"{where}: empty label, or longer than {MAX_LABEL_FIELD_CHARS} characters")
+        rel = _check_rel(rel, where)
+        if rel in out:
+            raise ValueError(f"{where}: {rel!r} is listed twice; each image has one label")
+        out[rel] = label
+    values = list(out.values())
+    if all(isinstance(v, int) or (isinstance(v, str) and v.isdigit() and v.isascii()) for v in values):
+        out = {k: int(v) for k, v in out.items()}
+    else:
+        ints = [v for v in values if isinstance(v, int) or (v.isdigit() and v.isascii())]
+        if ints:
+            raise ValueError(f"{p}: labels mix class names and integer indices (e.g. {ints[0]}); use one kind")
+        out = {k: str(v) for k, v in out.items()}
+    return out
+
+
+def _csv_rows(reader, p: Path):
+    """The rows of ``reader``, a malformed one (a field over csv's limit, a stray quote) a
+    ValueError naming the file and line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise ValueError(f"{p} line {reader.line_num}: malformed CSV ({exc})") from None
+        yield row
+
+
+def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
+    """The class map of ``--classes-from``: a packed dataset (its folder or ``manifest.json``), or
+    a classes file (one class name per line, index = line number; blank lines and ``#`` comments
+    skipped; or a JSON list of names or object name -> index).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: over :data:`MAX_CLASSES_FILE_BYTES`, a repeated name, bad indices.
+    """
+    p = Path(path)
+    if p.is_dir() or p.name == "manifest.json":
+        from shardfeed.readers.format import load_manifest
+
+        m = load_manifest(p, check_files=False)
+        if not m.labelled:
+            raise ValueError(f"{p}: an unlabelled dataset has no classes to align with")
+        return dict(m.class_to_idx)
+    size = p.stat().st_size
+    if size > MAX_CLASSES_FILE_BYTES:
+        raise ValueError(f"{p}: {size} bytes, over the {MAX_CLASSES_FILE_BYTES} bytes a classes file may have")
+    text = p.read_text(encoding="utf-8-sig")
+    if text.lstrip().startswith(("[", "{")):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{p}: not valid JSON ({exc})") from None
+        if isinstance(data, dict) and "class_to_idx" in data:  # a manifest under another name
+            data = data["class_to_idx"]
+        names = data if isinstance(data, list) else None
+        mapping = {str(k): v for k, v in data.items()} if isinstance(data, dict) else None
+    else:
+        names = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        mapping = None
+    if names is not None:
+        if len(set(names)) != len(names):
+            raise ValueError(f"{p}: a class name is listed twice")
+        mapping = {str(c): i for i, c in enumerate(names)}
+    if not mapping or len(mapping) > MAX_CLASSES:
+        raise ValueError(f"{p}: no classes, or more than {MAX_CLASSES}")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in mapping.values()) \
+            or len(set(mapping.values())) != len(mapping):
+        raise ValueError(f"{p}: class indices must be distinct integers >= 0")
+    return mapping
+
+
+def parse_sidecars(text: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``"txt,json,mask.png"`` -> ``("txt", "json", "mask.png")`` (a leading dot dropped).
+
+    Raises:
+        ValueError: a name that cannot be a field (:func:`~shardfeed.readers.format.field_name_problem`).
+    """
+    if not text:
+        return ()
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for item in items:
+        item = item.strip().lower().lstrip(".")
+        if not item:
+            continue
+        problem = field_name_problem(item)
+        if problem is not None:
+            raise ValueError(f"--sidecars: {problem}")
+        out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# scanning a folder of images (+ sidecars)
+
+@dataclasses.dataclass
+class _Found:
+    images: list[tuple[str, str, int, int]]   # (rel, canonical ext, size, mtime ns), sorted by rel
+    sidecars: dict[str, dict[str, str]]       # image rel -> {field: sidecar rel}
+    ignored: list[dict]
+
+
+def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], max_files: int) -> _Found:
+    """Images below ``root`` (sorted walk, hidden names and links out of ``root`` skipped) and
+    each one's sidecar files (same stem + ``.{field}``); a file ending in a sidecar suffix is a
+    sidecar, never an image."""
+    root_real = os.path.realpath(root)
+    ext_set = {e.lower() for e in exts}
+    by_len = sorted(sidecars, key=len, reverse=True)  # "mask.png" before "png"-like shorter ones
+    images: list[tuple[str, str, int, int]] = []
+    side_files: dict[str, dict[str, str]] = {}  # stem rel -> {field: rel}
+    ignored: list[dict] = []
+    count = 0
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        d = root / rel_dir if rel_dir else root
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except PermissionError as exc:
+            raise PermissionError(f"{d}: cannot list folder ({exc.strerror}); fix its permissions") from None
+        subdirs = []
+        for e in entries:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            count += 1
+            if count > max_files:
+                raise ValueError(f"{root}: more than {max_files} entries; pack a smaller folder")
+            if e.name.startswith("."):
+                ignored.append({"path": rel, "reason": "hidden"})
+                continue
+            if e.is_symlink():
+                real = os.path.realpath(e.path)
+                if not (real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)):
+                    ignored.append({"path": rel, "reason": "symbolic link out of the source folder: not followed"})
+                    continue
+                if os.path.isdir(real):
+                    ignored.append({"path": rel, "reason": "symbolic link to a folder: not followed"})
+                    continue
+            if e.is_dir(follow_symlinks=False):
+                subdirs.append(rel)
+                continue
+            if not e.is_file():
+                ignored.append({"path": rel, "reason": "not a regular file"})
+                continue
+            field = next((f for f in by_len if e.name.lower().endswith("." + f) and len(e.name) > len(f) + 1), None)
+            if field is not None:
+                stem = rel[:-len(field) - 1]
+                side_files.setdefault(stem, {})[field] = rel
+                continue
+            dot = e.name.rfind(".")
+            ext = e.name[dot + 1:].lower() if dot > 0 else ""
+            if ext not in ext_set:
+                ignored.append({"path": rel, "reason": "extension not packed"})
+                continue
+            problem = stored_path_problem(rel)
+            if problem is not None:
+                ignored.append({"path": rel, "reason": problem})
+                continue
+            st = e.stat()
+            images.append((rel, normalize_ext(ext), st.st_size, st.st_mtime_ns))
+        stack.extend(reversed(subdirs))
+    images.sort(key=lambda t: t[0])
+    # x.mask.png beside x.jpg is x's side file (asked for or not), never an image of its own
+    stems = {rel.rsplit(".", 1)[0] for rel, *_ in images}
+    kept = []
+    for t in images:
+        stem = t[0].rsplit(".", 1)[0]
+        owner = next((stem[:k] for k in range(len(stem)) if stem[k] == "." and stem[:k] in stems), None)
+        if owner is not None:
+            ignored.append({"path": t[0], "reason": f"a side file of {owner}.* (not in --sidecars), not an image"})
+        else:
+            kept.append(t)
+    images = kept
+    sidecar_map: dict[str, dict[str, str]] = {}
+    used = set()
+    for rel, *_ in images:
+        stem = rel.rsplit(".", 1)[0]
+        if stem in side_files:
+            if stem in used:
+                raise ValueError(f"{root / rel}: two images share the stem {stem!r}; their sidecar files would be "
+                                 "ambiguous: rename one")
+            used.add(stem)
+            sidecar_map[rel] = side_files[stem]
+    for stem, found in side_files.items():
+        if stem not in used:
+            for rel in found.values():
+                ignored.append({"path": rel, "reason": "sidecar file without an image of the same stem"})
+    return _Found(images, sidecar_map, ignored)
+
+
+# ---------------------------------------------------------------------------------------------
+# pack_layout
+
+@dataclasses.dataclass
+class LayoutOptions:
+    """What :func:`pack_layout` packs beside the images (the CLI's ``--labels``, ``--sidecars``,
+    ``--require-sidecars``, ``--no-labels``).
+
+    Attributes:
+        labels_file: a labels file (:func:`read_labels_file`); None: class folders, or no labels.
+        no_labels: pack unlabelled (no ``.cls``; readers give -1).
+        sidecars: the sidecar suffixes to store (:func:`parse_sidecars`).
+        require_sidecars: a missing sidecar is an error naming the image (``on_error="skip"``:
+            the image is skipped and listed) instead of a count in the manifest.
+        max_files: most entries scanned below SRC.
+    """
+
+    labels_file: str | os.PathLike | None = None
+    no_labels: bool = False
+    sidecars: tuple[str, ...] = ()
+    require_sidecars: bool = False
+    max_files: int = 100_000_000
+
+
+def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout: LayoutOptions, *,
+                progress: Callable[[int, int], None] | None = None):
+    """Pack SRC in a layout other than plain class folders (see the module docstring).
+
+    Labels come from ``layout.labels_file``, else from class folders (``SRC/CLASS/...``, sorted as
+    torchvision's ImageFolder, or ``options.class_to_idx``), else none (``no_labels``, or a SRC
+    without sub-folders). Packing order, keys, formats and limits are ``pack``'s
+    (``options``: :class:`~shardfeed.convert.pack.PackOptions`).
+
+    Returns:
+        A :class:`~shardfeed.convert.pack.PackReport`.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: SRC missing or a file.
+        ValueError: no images; an image without a label row or a row without an image
+            (``on_error="raise"``; names them and how many); a label not in ``--classes-from``;
+            a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
+            (options, labels or files changed) or of an LMDB pack.
+    """
+    from .outlock import output_lock
+    from .pack import PackReport, prepare_output
+
+    t0 = time.perf_counter()
+    src, out = Path(src), Path(out)
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: no such directory")
+    if not src.is_dir():
+        raise NotADirectoryError(f"{src}: is a file, not an image folder")
+    if options.executor != "local":
+        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
+                         "drop --executor")
+    exts = parse_extensions(options.extensions)
+    found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
+    # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
+    # no image are skipped entries too, but not files found)
+    n_found = len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
+    skipped: list[dict] = []
+    raise_ = options.on_error != "skip"
+    class_to_idx = options.class_to_idx
+    images = found.images
+    if layout.labels_file is not None:
+        rows = read_labels_file(layout.labels_file)
+        on_disk = {rel for rel, *_ in images}
+        unlisted = [rel for rel, *_ in images if rel not in rows]
+        absent = [rel for rel in rows if rel not in on_disk]
+        if (unlisted or absent) and raise_:
+            parts = []
+            if unlisted:
+                parts.append(f"{len(unlisted)} image(s) under {src} have no row in {layout.labels_file} "
+                             f"(e.g. {', '.join(unlisted[:3])})")
+            if absent:
+                parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {src} "
+                             f"(e.g. {', '.join(absent[:3])})")
+            raise ValueError("; ".join(parts) + "; fix the labels file, or pass --on-error skip to pack the "
+                             "images that have a label (the others are listed in the manifest's skipped)")
+        skipped += [{"path": rel, "key": None, "reason": "no row in the labels file"} for rel in unlisted]
+        skipped += [{"path": rel, "key": None, "reason": "listed in the labels file, no such image"}
+                    for rel in absent]
+        images = [t for t in images if t[0] in rows]
+        values = [rows[rel] for rel, *_ in images]
+        if class_to_idx is None:
+            if all(isinstance(v, int) for v in values):
+                k = max(values, default=-1) + 1
+                class_to_idx = {str(i): i for i in range(k)}
+            else:
+                class_to_idx = {c: i for i, c in enumerate(sorted(set(values)))}  # as ImageFolder sorts folders
+        idx_to_class = {i: c for c, i in class_to_idx.items()}
+        labels_of = {}
+        bad = []
+        for rel, *_ in images:
+            v = rows[rel]
+            if isinstance(v, int):
+                if v not in idx_to_class:
+                    bad.append((rel, v))
+                labels_of[rel] = v
+            else:
+                if v not in class_to_idx:
+                    bad.append((rel, v))
+                labels_of[rel] = class_to_idx.get(v, -1)
+        if bad:
+            raise ValueError(f"{layout.labels_file}: {len(bad)} label(s) are not classes of the class map "
+                             f"({len(class_to_idx)} classes), e.g. {bad[0][0]}: {bad[0][1]!r}; pass the right "
+                             "--classes-from or fix the labels")
+        labelled = True
+        kind = "labels-file"
+    elif layout.no_labels or not any("/" in rel for rel, *_ in images):
+        labelled, labels_of, kind = False, {}, "unlabelled"
+        class_to_idx = {}
+    else:
+        from shardfeed.readers.imagefolder import resolve_class_map
+
+        from .scan import find_classes
+
+        folders = find_classes(src)
+        _, class_to_idx = resolve_class_map(folders, class_to_idx, src)
+        loose = [rel for rel, *_ in images if "/" not in rel]
+        found.ignored += [{"path": rel, "reason": "image not in a class folder"} for rel in loose]
+        images = [t for t in images if "/" in t[0]]
+        labels_of = {rel: class_to_idx[rel.split("/", 1)[0]] for rel, *_ in images}
+        labelled, kind = True, "class-folders"
+    if not images:
+        raise ValueError(f"{src}: no images with extensions {','.join(exts)} to pack")
+    missing_side = []
+    if layout.sidecars and layout.require_sidecars:
+        for rel, *_ in images:
+            have = found.sidecars.get(rel, {})
+            lack = [f for f in layout.sidecars if f not in have]
+            if lack:
+                missing_side.append((rel, lack))
+        if missing_side and raise_:
+            rel, lack = missing_side[0]
+            raise ValueError(f"{src / rel}: no sidecar file {', '.join(rel.rsplit('.', 1)[0] + '.' + f for f in lack)}"
+                             f" (--require-sidecars; {len(missing_side)} image(s) lack one); add them, drop "
+                             "--require-sidecars to count them instead, or pass --on-error skip")
+        drop = {rel for rel, _ in missing_side}
+        skipped += [{"path": rel, "key": None, "reason": f"no sidecar {', '.join(lack)} (--require-sidecars)"}
+                    for rel, lack in missing_side]
+        images = [t for t in images if t[0] not in drop]
+    order = list(range(len(images)))
+    if options.shuffle:
+        random.Random(options.seed).shuffle(order)  # the permutation plan_samples applies
+    width = key_width(len(images))
+    classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
+
+    fp = options.fingerprint_fields()
+    recorded = {**fp, "source": str(src.absolute()), "layout": kind}
+    if layout.labels_file is not None:
+        recorded["labels_file"] = str(layout.labels_file)
+    if layout.sidecars:
+        recorded["sidecars"] = list(layout.sidecars)
+        recorded["require_sidecars"] = layout.require_sidecars
+    files = {"found": n_found, "packed": 0, "skipped": 0, "ignored": len(found.ignored)}
+    if layout.sidecars:
+        files["sidecars"] = sum(len(v) for v in found.sidecars.values())
+    planned = [images[i] for i in order]
+    fingerprint = _layout_fingerprint(src, recorded, layout, class_to_idx, labels_of, planned, found.sidecars)
+    with output_lock(out, "pack"):
+        action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
+        if action == "finished":
+            raise ValueError(f"{out}: already holds a finished dataset; nothing to resume (rebuild it with "
+                             "--overwrite, or choose another output folder)")
+        resume = action == "resume"  # "start": missing, empty, or stopped before its plan
+        state = out / STATE_DIR
+        done: list[dict] = []
+        if resume:
+            if options.format != "webdataset":
+                raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
+                                 "--format wds; rerun the LMDB pack with --overwrite")
+            try:
+                old = json.loads((state / PLAN_NAME).read_text())
+            except (OSError, ValueError):
+                old = {}
+            if old.get("fingerprint") != fingerprint:
+                raise ValueError(f"{out}: the interrupted pack used other options, labels or files; rerun with the "
+                                 "same ones, or start again with --overwrite")
+            done = _finished_records(out, len(planned))
+        else:
+            state.mkdir(exist_ok=True)
+            # the options name the shards this pack writes (what --overwrite may delete)
+            write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": fingerprint, "options": fp}).encode())
+        start = done[-1]["end"] if done else 0
+        read_skips: list[dict] = [sk for rec in done for sk in rec["skipped"]]
+        skipped += read_skips
+        pos = {"at": start, "shard_start": start, "counts": {}}
+
+        def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
+            rel = planned[j][0]
+            return _read(src / rel), {f: _read(src / srel, MAX_SIDECAR_BYTES)
+                                      for f, srel in sorted(found.sidecars.get(rel, {}).items())
+                                      if f in layout.sidecars}
+
+        def samples():
+            # reads in flight ahead (--read-ahead; adaptive: threads only once reads wait on storage),
+            # results in plan order: the same bytes whatever the read-ahead
+            for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
+                                size_of=lambda j: planned[j][2], adaptive=True):
+                j = r.item
+                pos["at"] = j
+                rel, ext, _, _ = planned[j]
+                key = str(j).zfill(width)
+                meta: dict = {}
+                try:
+                    if r.error is not None:
+                        raise r.error
+                    data, extra = r.value
+                    if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
+                        data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
+                    if options.decode_check:
+                        from shardfeed.readers.decode import decode_image
+
+                        decode_image(data, ext, source=str(src / rel))
+                except (OSError, ValueError) as exc:
+                    if raise_:
+                        raise
+                    item = {"path": rel, "key": key, "reason": skip_reason(exc)}
+                    skipped.append(item)
+                    read_skips.append({**item, "_pos": j})
+                    continue
+                item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
+                if meta:
+                    item["meta"] = meta  # orig_* of a re-encoded image
+                if labelled:
+                    item["label"] = labels_of[rel]
+                yield item
+            pos["at"] = len(planned)
+
+        writer_extra = None
+        writer_box: dict = {}
+        if options.format == "webdataset":
+            counts: dict[str, int] = {}
+            for rec in done:
+                for f, n in rec["fields"].items():
+                    counts[f] = counts.get(f, 0) + n
+            pos["counts"] = dict(counts)
+
+            def on_shard_end(entry, index: int) -> None:
+                now = dict(writer_box["w"].field_counts) if "w" in writer_box else {}
+                a, b = pos["shard_start"], pos["at"]
+                write_shard_record(out, index, {
+                    "shard": index, "entry": entry.to_json(), "start": a, "end": b,
+                    "fields": {f: now.get(f, 0) - pos["counts"].get(f, 0) for f in now},
+                    "skipped": [{k: v for k, v in sk.items() if k != "_pos"} for sk in read_skips
+                                if a <= sk.get("_pos", -1) < b]})
+                pos["shard_start"], pos["counts"] = b, now
+
+            from shardfeed.readers.format import ShardEntry
+
+            writer_extra = {"resume_shards": [ShardEntry(**rec["entry"]) for rec in done],
+                            "field_counts": counts, "on_shard_end": on_shard_end}
+        try:
+            manifest = _write(
+                samples(), out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
+                prefix=options.prefix, classes=classes if labelled else None,
+                class_to_idx=class_to_idx if labelled else None, labels=labelled, fields=tuple(layout.sidecars),
+                options=recorded, skipped=skipped, files=files, map_size=options.map_size, progress=progress,
+                writer_extra=writer_extra, resuming=bool(done), writer_box=writer_box)
+        except BaseException:
+            for tmp in out.glob(".*.tmp"):  # a partial shard; complete ones stay for --resume
+                tmp.unlink(missing_ok=True)
+            raise
+        shutil.rmtree(state, ignore_errors=True)
+    return PackReport(
+        source=str(src.absolute()), output=str(out), format=options.format, num_samples=manifest.num_samples,
+        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards),
+        input_bytes=sum(t[2] for t in images), seconds=time.perf_counter() - t0, workers=1,
+        files=manifest.files, skipped=list(manifest.skipped), ignored=found.ignored, empty_classes=[],
+        num_classes=len(manifest.classes), extra={"layout": kind, "fields": manifest.fields})
+
+
+def _layout_fingerprint(src: Path, recorded: dict, layout: LayoutOptions, class_to_idx: dict, labels_of: dict,
+                        planned: list, sidecars: dict) -> str:
+    """The identity of a layout pack's plan (options, class map, and per planned image: path,
+    size, mtime, label and its sidecars' paths, sizes and mtimes), checked by ``--resume``."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in recorded.items() if k != "source"}, sort_keys=True).encode())
+    h.update(json.dumps(class_to_idx, sort_keys=True).encode())
+    for rel, _, size, mtime in planned:
+        h.update(f"{rel}\0{size}\0{mtime}\0{labels_of.get(rel, -1)}\0".encode("utf-8", "surrogateescape"))
+        for f, srel in sorted(sidecars.get(rel, {}).items()):
+            if f in layout.sidecars:
+                try:
+                    st = (src / srel).stat()
+                    h.update(f"{f}\0{srel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+                except OSError:
+                    h.update(f"{f}\0{srel}\0?\0".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def _finished_records(out: Path, num_samples: int) -> list[dict]:
+    """The resume records of the shards an interrupted layout pack finished, in order (a prefix)."""
+    done, end = [], 0
+    while end < num_samples:
+        rec = finished_shard_record(out, len(done))
+        if (rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end
+                or not isinstance(rec.get("entry"), dict)):
+            break
+        done.append(rec)
+        end = rec["end"]
+    return done
+
+
+def _read(path: Path, limit: int | None = None) -> bytes:
+    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too)."""
+    size = path.stat().st_size
+    if limit is not None and size > limit:
+        raise ValueError(f"{path}: {size} bytes, over the {limit} bytes a sidecar file may have")
+    data = path.read_bytes()
+    if limit is None and not data:
+        raise ValueError(f"{path}: empty file (0 bytes), not an image; delete it, or pass --on-error skip")
+    return data

@@ -1,0 +1,191 @@
+"""Pictures of a measurement: what ``--plot`` draws for ``bench``, ``verify``, ``tune`` and ``watch``.
+
+Each figure is meant to be read at a glance:
+
+* :func:`plot_delivery` (``bench``, ``verify``, ``watch``): on ONE axis, the images each run
+  delivered to the training loop over time (the steeper line is the faster loader); beside it, one
+  bar per run splitting its time into *waiting for data* and *compute*; below, the wait of every
+  batch over time (a data stall shows as a line far above zero).
+* :func:`plot_tune` (``tune``): images/s of every setting tried, in sweep order, the kept one
+  marked.
+
+matplotlib is an optional dependency (the ``plot`` extra); every function raises ImportError with
+the install command when it is missing. The figures are written as PNG (``Agg`` backend, no display
+needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import textwrap
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["DeliverySeries", "plot_delivery", "plot_tune", "series_of_run", "PLOT_INSTALL_HINT"]
+
+#: What the error says when matplotlib is missing.
+PLOT_INSTALL_HINT = "pip install 'shardfeed[plot]' (or pip install matplotlib)"
+
+_WAIT_COLOUR, _STEP_COLOUR = "#d62728", "#1f77b4"
+_SIDE_COLOURS = ("#7f7f7f", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
+
+
+@dataclasses.dataclass
+class DeliverySeries:
+    """One run's per-batch timings, as the delivery plot reads them.
+
+    Attributes:
+        label: the legend's name (``"BEFORE folder"``, ``"epoch 0"``).
+        t_start_s: each batch's request time from the start of the run, seconds.
+        t_wait_s: each batch's wait for data, seconds.
+        t_step_s: each batch's step (compute) time, seconds.
+        num_samples: images in each batch (None: unknown, the plot then counts batches).
+        images_per_s: the run's measured rate for the legend (None: images over the last arrival).
+    """
+
+    label: str
+    t_start_s: Sequence[float]
+    t_wait_s: Sequence[float]
+    t_step_s: Sequence[float]
+    num_samples: Sequence[int] | None = None
+    images_per_s: float | None = None
+
+
+def series_of_run(run: Any, label: str | None = None) -> DeliverySeries:
+    """The :class:`DeliverySeries` of a :class:`~shardfeed.readers.measure.report.RunReport`."""
+    b = run.batches or {}
+    fmt = (run.config or {}).get("source_format", "")
+    name = label or " ".join(x for x in ((run.label or "run").upper(), fmt) if x)
+    return DeliverySeries(name, b.get("t_start_s", []), b.get("t_wait_s", []), b.get("t_compute_s", []),
+                          b.get("num_samples"), run.images_per_s)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(f"--plot needs matplotlib: {PLOT_INSTALL_HINT}") from None
+    return plt
+
+
+def _cumulative(series: DeliverySeries) -> tuple[list[float], list[float], str]:
+    """(times, delivered counts, unit): a step at each batch's arrival (its request + wait)."""
+    sizes = list(series.num_samples) if series.num_samples else None
+    unit = "images" if sizes else "batches"
+    xs, ys, total = [0.0], [0.0], 0.0
+    for i, (t0, w) in enumerate(zip(series.t_start_s, series.t_wait_s)):
+        total += sizes[i] if sizes and i < len(sizes) else 1
+        xs.append(float(t0) + float(w))
+        ys.append(total)
+    return xs, ys, unit
+
+
+def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, title: str | None = None) -> Path:
+    """Draw the delivery figure of one or more runs into a PNG at ``path``.
+
+    Args:
+        series: the runs, in the order of the legend (BEFORE first for ``verify``).
+        path: the PNG to write (its folder must exist).
+        title: the figure's title (e.g. the verdict line).
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        ValueError: no series.
+    """
+    if not series:
+        raise ValueError("plot_delivery needs at least one run")
+    plt = _pyplot()
+    fig = plt.figure(figsize=(11, 6.2))
+    grid = fig.add_gridspec(2, 3, height_ratios=(3, 1.4), hspace=0.45, wspace=0.35)
+    ax_del = fig.add_subplot(grid[0, :2])
+    ax_bar = fig.add_subplot(grid[0, 2])
+    ax_wait = fig.add_subplot(grid[1, :], sharex=ax_del)
+    unit = "images"
+    for i, s in enumerate(series):
+        colour = _SIDE_COLOURS[i % len(_SIDE_COLOURS)]
+        xs, ys, unit = _cumulative(s)
+        rate = s.images_per_s if s.images_per_s is not None and unit == "images" else \
+            (ys[-1] / xs[-1] if xs[-1] > 0 else 0.0)
+        ax_del.plot(xs, ys, drawstyle="steps-post", color=colour, linewidth=2,
+                    label=f"{s.label}: {rate:,.0f} {unit}/s")
+        ax_wait.plot([float(t) for t in s.t_start_s], [float(w) * 1000 for w in s.t_wait_s],
+                     drawstyle="steps-post", color=colour, linewidth=1.2, label=s.label)
+    ax_del.set_ylabel(f"{unit} delivered")
+    ax_del.set_title(f"{unit.capitalize()} delivered to the training loop (steeper is faster)", fontsize=10)
+    ax_del.grid(alpha=0.3)
+    ax_del.legend(loc="upper left", fontsize=9)
+    ax_wait.set_ylabel("wait per batch, ms", fontsize=9)
+    ax_wait.set_xlabel("time since the first measured batch, s")
+    ax_wait.grid(alpha=0.3)
+    names = [s.label for s in series]
+    waits = [float(sum(s.t_wait_s)) for s in series]
+    steps = [float(sum(s.t_step_s)) for s in series]
+    ypos = list(range(len(series)))[::-1]
+    ax_bar.barh(ypos, steps, color=_STEP_COLOUR, label="compute")
+    ax_bar.barh(ypos, waits, left=steps, color=_WAIT_COLOUR, label="waiting for data")
+    for y, w, c in zip(ypos, waits, steps):
+        share = w / (w + c) if w + c > 0 else 0.0
+        ax_bar.text(w + c, y, f" {share:.0%} stall", va="center", fontsize=9)
+    ax_bar.set_yticks(ypos)
+    ax_bar.set_yticklabels(names, fontsize=9)
+    ax_bar.set_xlabel("seconds")
+    ax_bar.set_title("Where the time went", fontsize=10)
+    ax_bar.legend(loc="lower right", fontsize=8)
+    ax_bar.set_xlim(0, max((w + c for w, c in zip(waits, steps)), default=1.0) * 1.45 or 1.0)
+    if title:
+        wrapped = textwrap.fill(title, 120)
+        fig.suptitle(wrapped, fontsize=10, fontweight="bold", y=0.97 + 0.035 * wrapped.count("\n"))
+    out = Path(path)
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def plot_tune(result: Any, path: str | os.PathLike) -> Path:
+    """Draw images/s of every ``tune`` trial in sweep order, the best one marked, into a PNG.
+
+    Args:
+        result: the :class:`~shardfeed.readers.measure.tune.TuneReport` of
+            :func:`~shardfeed.readers.measure.tune.tune_loader` (``trials`` with ``step``,
+            ``options``, ``images_per_s``, ``stall_share``; ``best``).
+        path: the PNG to write.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        ValueError: no trials.
+    """
+    trials = list(result.trials or [])
+    if not trials:
+        raise ValueError("plot_tune needs at least one trial")
+    plt = _pyplot()
+    best = result.best
+    labels, values, colours = [], [], []
+    for t in trials:
+        o = t["options"]
+        knob = t["step"]
+        value = o.get(knob) if knob in o else o.get("num_workers")
+        labels.append(f"{knob}={value}")
+        values.append(float(t["images_per_s"]))
+        colours.append("#2ca02c" if t is best else "#7f7f7f")
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(trials) + 2), 4.2))
+    bars = ax.bar(range(len(trials)), values, color=colours)
+    for rect, t in zip(bars, trials):
+        ax.text(rect.get_x() + rect.get_width() / 2, rect.get_height(), f"{t['stall_share']:.0%} stall",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(trials)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=9)
+    ax.set_ylabel("images/s")
+    ax.set_title("tune: images/s per setting (green: the one kept)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
