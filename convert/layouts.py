@@ -741,9 +741,25 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     fingerprint = _layout_fingerprint(src, recorded, layout, class_to_idx, labels_of, planned, found.sidecars)
     with output_lock(out, "pack"):
         action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
-        if action == "finished":
-            raise ValueError(f"{out}: already holds a finished dataset; nothing to resume (rebuild it with "
-                             "--overwrite, or choose another output folder)")
+        if action == "finished":  # --resume on a finished dataset: done when it is this command's
+            from shardfeed.readers.format import load_manifest
+
+            from .ownership import flag
+
+            manifest = load_manifest(out, check_files=False)
+            if (json.loads(json.dumps(manifest.options)) != json.loads(json.dumps(recorded))
+                    or (manifest.files or {}).get("found") != n_found):
+                raise ValueError(f"{out}: already holds a finished dataset packed with other options, labels or "
+                                 f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
+                                 "output folder")
+            return PackReport(
+                source=str(src.absolute()), output=str(out), format=manifest.format,
+                num_samples=manifest.num_samples, num_shards=len(manifest.shards),
+                num_bytes=sum(sh.num_bytes for sh in manifest.shards), input_bytes=0,
+                seconds=time.perf_counter() - t0, workers=1, files=dict(manifest.files or {}),
+                skipped=list(manifest.skipped), ignored=found.ignored, empty_classes=[],
+                num_classes=len(manifest.classes), shards_resumed=len(manifest.shards),
+                extra={"layout": kind, "fields": manifest.fields, "already_complete": True})
         resume = action == "resume"  # "start": missing, empty, or stopped before its plan
         state = out / STATE_DIR
         done: list[dict] = []

@@ -268,3 +268,33 @@ def test_an_interrupted_convert_is_replaced_by_convert_overwrite(src, tmp_path):
     convert_dataset(packed, fresh, format="wds", max_count=2)
     assert _tree(out) == _tree(fresh)
     shutil.rmtree(fresh)
+
+
+def test_a_layout_pack_follows_the_same_rules(tmp_path):
+    """``--no-labels``/``--sidecars`` packs: --resume on the same finished pack is done, another
+    command is refused; --overwrite of an interrupted one with another prefix deletes only its own."""
+    from shardfeed.convert.layouts import LayoutOptions, pack_layout
+
+    src = tmp_path / "src"
+    for i in range(6):
+        (src / "a").mkdir(parents=True, exist_ok=True)
+        (src / "a" / f"{i}.png").write_bytes(_png(100 + i))
+        (src / "a" / f"{i}.txt").write_text(f"caption {i}")
+    layout = LayoutOptions(no_labels=True, sidecars=("txt",))
+    out = tmp_path / "out"
+    opts = dict(workers=1, max_count=2, prefix="part")
+    first = pack_layout(src, out, PackOptions(**opts), layout)
+    before = _tree(out)
+    again = pack_layout(src, out, PackOptions(**opts, resume=True), layout)
+    assert again.extra.get("already_complete") and again.num_samples == first.num_samples == 6
+    assert "nothing to resume" in again.summary() and _tree(out) == before
+    with pytest.raises(ValueError, match=r"other options.*PackOptions\(overwrite=True\)"):
+        pack_layout(src, out, PackOptions(**{**opts, "max_count": 3}, resume=True), layout)
+    # an interrupted layout pack: its plan names its 'part-' shards, so --overwrite may delete them
+    for name in ("manifest.json", "README.md", "shardindex.json"):  # written last, after the shards
+        (out / name).unlink(missing_ok=True)
+    (out / ".shardfeed-pack").mkdir()
+    (out / ".shardfeed-pack" / "plan.json").write_text(json.dumps({"fingerprint": "x", "options": {
+        "format": "webdataset", "prefix": "part"}}))
+    pack_layout(src, out, PackOptions(**opts, overwrite=True), layout)
+    assert _tree(out) == before
