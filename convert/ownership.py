@@ -4,7 +4,7 @@ local folder and an object-store prefix).
 A file is shardfeed's only when the previous dataset's own records name it, never by the look of
 its name:
 
-* a finished dataset's ``manifest.json`` (versions 1 and 2) names its shards and offset indexes
+* a finished dataset's ``manifest.json`` (any readable version) names its shards and offset indexes
   (``.sfidx``; ``.idx`` in version 1) or its LMDB ``data.mdb`` (with ``lock.mdb``); beside a
   WebDataset manifest, ``shardindex.json`` and ``README.md`` are ours when their content says so
   (:func:`shardfeed.convert.consumers.is_ours`);
