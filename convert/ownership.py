@@ -100,10 +100,12 @@ class OutContents:
 
     @property
     def empty(self) -> bool:
+        """Nothing there (the lock file of the command holding it aside)."""
         return not self.entries
 
     @property
     def finished(self) -> bool:
+        """A finished dataset: its ``manifest.json`` is shardfeed's."""
         return self.manifest is not None
 
     @property
