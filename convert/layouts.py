@@ -740,8 +740,27 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     planned = [images[i] for i in order]
     fingerprint = _layout_fingerprint(src, recorded, layout, class_to_idx, labels_of, planned, found.sidecars)
     with output_lock(out, "pack"):
-        resume = options.resume and out.is_dir() and any(out.iterdir())
-        prepare_output(src, out, resume=resume, overwrite=options.overwrite)
+        action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
+        if action == "finished":  # --resume on a finished dataset: done when it is this command's
+            from shardfeed.readers.format import load_manifest
+
+            from .ownership import flag
+
+            manifest = load_manifest(out, check_files=False)
+            if (json.loads(json.dumps(manifest.options)) != json.loads(json.dumps(recorded))
+                    or (manifest.files or {}).get("found") != n_found):
+                raise ValueError(f"{out}: already holds a finished dataset packed with other options, labels or "
+                                 f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
+                                 "output folder")
+            return PackReport(
+                source=str(src.absolute()), output=str(out), format=manifest.format,
+                num_samples=manifest.num_samples, num_shards=len(manifest.shards),
+                num_bytes=sum(sh.num_bytes for sh in manifest.shards), input_bytes=0,
+                seconds=time.perf_counter() - t0, workers=1, files=dict(manifest.files or {}),
+                skipped=list(manifest.skipped), ignored=found.ignored, empty_classes=[],
+                num_classes=len(manifest.classes), shards_resumed=len(manifest.shards),
+                extra={"layout": kind, "fields": manifest.fields, "already_complete": True})
+        resume = action == "resume"  # "start": missing, empty, or stopped before its plan
         state = out / STATE_DIR
         done: list[dict] = []
         if resume:
@@ -758,7 +777,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             done = _finished_records(out, len(planned))
         else:
             state.mkdir(exist_ok=True)
-            write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": fingerprint}).encode())
+            # the options name the shards this pack writes (what --overwrite may delete)
+            write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": fingerprint, "options": fp}).encode())
         start = done[-1]["end"] if done else 0
         read_skips: list[dict] = [sk for rec in done for sk in rec["skipped"]]
         skipped += read_skips

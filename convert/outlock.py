@@ -7,9 +7,14 @@ time), instead of both writing and one of them reporting success over a dataset 
 shards.
 
 The lock is ``fcntl.flock`` on the file (released by the kernel when its process dies, however it
-dies), and the file holds the holder's description as JSON for the message. A lock file left by
-a process that no longer runs (``kill -9``, a crash, a reboot) is therefore not locked: the next
-command takes it over and logs that it did. The file is removed when the command ends.
+dies), and the file holds the holder's description as JSON for the message: the subcommand, PID,
+host and start time only (never the command line, which may carry credentials: a
+``--storage-option secret=...``, a URL's password, a pre-signed URL's token), in a file of mode
+0600. A lock file left by a process that no longer runs (``kill -9``, a crash, a reboot) is
+therefore not locked: the next command takes it over and logs that it did. The file is removed
+when the command ends. The lock file is opened without following a symbolic link and refused
+when it is not a plain file with one link (a planted ``OUT/.shardfeed.lock -> FILE`` would
+otherwise have FILE truncated).
 (``flock`` locks are local to a machine on most network file systems: two hosts writing the same
 NFS folder are not stopped.)
 """
@@ -21,14 +26,13 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
 from shardfeed.readers.errors import ShardfeedError
 
-__all__ = ["LOCK_NAME", "OutputBusyError", "output_lock", "listing"]
+__all__ = ["LOCK_NAME", "OutputBusyError", "output_lock", "listing", "check_not_busy", "open_lock_file"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,73 @@ class OutputBusyError(ShardfeedError, BlockingIOError):
 def listing(out: Path) -> list[Path]:
     """The entries of ``out`` other than the lock file (what "is OUT empty?" looks at)."""
     return [p for p in out.iterdir() if p.name != LOCK_NAME]
+
+
+def open_lock_file(path: Path, *, create: bool = True) -> int | None:
+    """Open the lock file ``path`` read-write without following a link (created 0600 if missing).
+
+    Returns:
+        The file descriptor; None when ``create`` is False and there is no lock file.
+
+    Raises:
+        OutputBusyError: never; see :func:`output_lock`.
+        OSError: ``path`` is a symbolic link, not a plain file, or has other hard links (the
+            message names it and the fix), or cannot be opened.
+    """
+    flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise OSError(exc.errno, f"{path}: is a symbolic link; shardfeed never writes through a link in an "
+                                     "output folder: remove the link (or choose another output folder)") from None
+        raise
+    st = os.fstat(fd)
+    import stat
+
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a plain file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links"
+        raise OSError(f"{path}: is {what}, not shardfeed's lock file; remove it (or choose another output folder)")
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(fd, 0o600)  # a lock file of an older run: readable by its owner only
+    return fd
+
+
+def check_not_busy(out: str | os.PathLike) -> None:
+    """Raise :class:`OutputBusyError` when another live command holds ``out``'s lock (nothing is created).
+
+    For checks made before the lock is taken (the CLI checks OUT before scanning SRC), so that a
+    second command is told the folder is busy rather than what the first one's files look like.
+    """
+    path = Path(out) / LOCK_NAME
+    try:
+        import fcntl
+    except ImportError:
+        return
+    if not os.path.lexists(path):
+        return
+    fd = open_lock_file(path, create=False)
+    if fd is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read(fd)
+        raise OutputBusyError(_busy_message(Path(out), holder)) from None
+    except OSError:
+        return  # no flock on this file system: output_lock warns
+    finally:
+        os.close(fd)
+
+
+def _busy_message(out: Path, holder: dict) -> str:
+    return (f"{out}: another shardfeed command is writing this folder: {_describe(holder)}; "
+            "wait for it to finish (or stop it), or choose another output folder")
 
 
 def _describe(info: dict) -> str:
@@ -80,14 +151,13 @@ def output_lock(out: str | os.PathLike, command: str) -> Iterator[Path]:
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read(fd)
             os.close(fd)
-            raise OutputBusyError(f"{out}: another shardfeed command is writing this folder: {_describe(holder)}; "
-                                  "wait for it to finish (or stop it), or choose another output folder") from None
+            raise OutputBusyError(_busy_message(out, holder)) from None
         except OSError as exc:  # a file system without flock (some FUSE or network mounts): write unlocked
             os.close(fd)
             log.warning("%s: cannot lock (%s); writing without the one-writer lock", path, exc.strerror)
@@ -98,7 +168,7 @@ def output_lock(out: str | os.PathLike, command: str) -> Iterator[Path]:
             raise
         # the holder before us may have removed the file between our open and our lock: lock the file at the path
         try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
+            same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
             same = False
         if same:
@@ -115,8 +185,9 @@ def output_lock(out: str | os.PathLike, command: str) -> Iterator[Path]:
         previous = _read(fd)
         if previous:
             log.info("%s: taking over a stale lock of %s, which no longer runs", path, _describe(previous))
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                "argv": " ".join(sys.argv[:1] + sys.argv[1:6]), "since": time.time()}
+        # the subcommand, never the command line: it may carry credentials
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": str(command),
+                "since": time.time()}
         data = (json.dumps(info) + "\n").encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)

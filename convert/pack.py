@@ -49,12 +49,12 @@ from shardfeed.readers.registry import FORMATS, canonical_format
 from shardfeed.readers.registry import packer as format_packer
 
 from . import writers  # noqa: F401  (registers the packers and writers of every format)
-from .consumers import CARD_NAME, WIDS_INDEX_NAME, write_consumer_files
-from .consumers import is_ours as _consumer_file_is_ours
+from .consumers import write_consumer_files
 from .executors import ProgressSink, check_executor, make_executor, run_tasks, signals_held, use_executor
 from .faults import FaultHooks, current_default_faults
-from .outlock import listing, output_lock
-from .pack_state import FILES_NAME, PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
+from .outlock import check_not_busy, output_lock
+from .ownership import decide, local_entries, survey
+from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .readahead import DEFAULT_READ_AHEAD
 from .reencode import ReencodeOptions
@@ -73,6 +73,7 @@ __all__ = [
     "FORMAT_ALIASES",
     "STATE_DIR",
     "prepare_output",
+    "finished_report",
     "ProgressSink",
     "load_class_map",
     "run_tasks",
@@ -118,9 +119,13 @@ class PackOptions:
         max_decode_bytes: with ``decode_check``, refuse an image whose decode would take more
             memory than this (bytes, read from its header; 512 MiB; None: unchecked).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
-        resume: continue an interrupted pack in OUT (an OUT that is missing or empty is packed
-            from the start, so scripts may always pass it).
-        overwrite: replace an existing dataset in OUT.
+        resume: continue an interrupted pack in OUT (an OUT that is missing or empty, or whose
+            pack stopped before writing its plan, is packed from the start; an OUT holding the
+            finished dataset of the same options and source is reported complete: scripts may
+            always pass it).
+        overwrite: replace the shardfeed dataset in OUT: only what its records name (manifest,
+            plan, the files they list) is deleted; anything else is refused by name
+            (:mod:`shardfeed.convert.ownership`).
         reencode: re-encode every image (resize / quality / format,
             :class:`~shardfeed.convert.reencode.ReencodeOptions` or a dict of its fields); None
             stores the original bytes unchanged.
@@ -246,6 +251,9 @@ class PackReport:
         shards = "one database" if self.format == "lmdb" else _plural(self.num_shards, "shard")
         classes = ("(no labels)" if self.extra.get("layout") == "unlabelled"
                    else "in " + _plural(self.num_classes, 'class', 'classes'))
+        if self.extra.get("already_complete"):
+            return (f"{self.output} already holds this finished dataset ({_plural(self.num_samples, 'sample')} "
+                    f"{classes}, {shards}, {_size(self.num_bytes)}); nothing to resume")
         s = (f"packed {_plural(self.num_samples, 'sample')} {classes} "
              f"into {shards} ({self.format}, {_size(self.num_bytes)}) "
              f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
@@ -311,19 +319,33 @@ def _fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options: Pa
 # ---------------------------------------------------------------------------------------------
 # output folder
 
-_OURS = (MANIFEST_NAME, LMDB_DATA_NAME, "lock.mdb", STATE_DIR)
-
-
-def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check_only: bool = False) -> None:
+def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check_only: bool = False,
+                   api: bool | None = None) -> str:
     """Check OUT before anything is written, then create it, or clear it for ``overwrite``.
 
-    With ``check_only`` nothing is created or removed (the CLI checks before scanning).
+    What is shardfeed's in OUT is what the previous dataset's own records name
+    (:mod:`shardfeed.convert.ownership`): ``overwrite`` deletes those only, and refuses, naming
+    them, anything else. With ``check_only`` nothing is created or removed (the CLI checks before
+    scanning, and then first that no other command holds OUT's lock).
+
+    Args:
+        src, out: the source and output folders.
+        resume, overwrite: the pack's flags.
+        check_only: check only.
+        api: messages spell the flags as ``PackOptions`` fields; False: as CLI flags; None: as
+            :func:`shardfeed.convert.ownership.cli_flags` says.
+
+    Returns:
+        ``"start"``, ``"resume"``, ``"overwrite"`` or ``"finished"`` (``resume`` on a finished
+        dataset; :func:`pack` compares it with this run), as
+        :func:`shardfeed.convert.ownership.decide`.
 
     Raises:
         ValueError: OUT equals SRC or lies inside it; OUT is not empty (without ``resume`` or
-            ``overwrite``); OUT is already a finished dataset (with ``resume``); OUT holds files
-            shardfeed did not write (with ``overwrite``).
+            ``overwrite``); OUT holds files shardfeed did not write (with ``overwrite``, or
+            ``resume`` without a pack to resume).
         NotADirectoryError: OUT is a file.
+        shardfeed.convert.outlock.OutputBusyError: (``check_only``) another command is writing OUT.
     """
     src_r, out_r = src.resolve(), out.resolve()
     if out_r == src_r:
@@ -333,52 +355,29 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
                          "choose an output folder outside it")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is a file; choose a folder for the output")
-    entries = listing(out) if out.exists() else []  # not the lock file of the command that holds OUT
-    if not entries:
-        if not check_only:
-            out.mkdir(parents=True, exist_ok=True)
-        return
-    # --overwrite deletes only what shardfeed wrote: advise it only where it would work
-    foreign = sorted(p.name for p in entries if not _is_ours(p.name)
-                     and not (p.name in (CARD_NAME, WIDS_INDEX_NAME) and _consumer_file_is_ours(p)))
-    named = f"files shardfeed did not write ({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''})"
-    if resume:
-        if (out / MANIFEST_NAME).exists():
-            raise ValueError(f"{out}: already holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
-                             + (" (use --overwrite to rebuild it)" if not foreign else
-                                f"; it also holds {named}: to rebuild, choose an empty folder"))
-        if not (out / STATE_DIR).exists():
-            raise ValueError(f"{out}: not an interrupted shardfeed pack (no {STATE_DIR}/); "
-                             + ("choose an empty folder or use --overwrite" if not foreign else
-                                f"it holds {named}: choose an empty folder"))
-        return
-    if not overwrite:
-        if (out / STATE_DIR).exists() and not (out / MANIFEST_NAME).exists():
-            raise ValueError(f"{out}: holds an unfinished pack ({STATE_DIR}/, kept when a pack stops): --resume "
-                             "finishes it with the same source and options; after changing either (a file fixed "
-                             "or removed, --on-error), start again with "
-                             + ("--overwrite" if not foreign else f"an empty folder (it also holds {named})"))
-        if foreign:
-            raise ValueError(f"{out}: output folder is not empty: it holds {named}, which --overwrite would not "
-                             "delete; choose an empty folder (or move those files away)")
-        raise ValueError(f"{out}: output folder is not empty; use --overwrite (PackOptions(overwrite=True)) to "
-                         "replace it, --resume (resume=True) to finish an interrupted pack, or choose an empty folder")
-    if foreign:
-        raise ValueError(f"{out}: holds {named}; refusing to delete them with --overwrite: choose an empty folder "
-                         "(or move those files away)")
     if check_only:
-        return
-    for p in entries:  # not the lock file: this command holds it
-        if p.is_dir() and not p.is_symlink():
+        check_not_busy(out)  # a running pack's files are not "an unfinished pack" to the second one
+    entries, read = local_entries(out)
+    contents = survey(str(out), entries, read)
+    action = decide(contents, resume=resume, overwrite=overwrite, api=api)
+    if check_only:
+        return action
+    if action in ("start", "overwrite"):
+        _remove_ours(out, contents)
+    out.mkdir(parents=True, exist_ok=True)
+    return action
+
+
+def _remove_ours(out: Path, contents) -> None:
+    """Delete what the previous dataset's records name: the manifest first (the dataset stops
+    being finished before its shards go), the state folder last; links are removed, not followed."""
+    order = sorted(contents.ours, key=lambda n: (n != MANIFEST_NAME, n == STATE_DIR, n))
+    for name in order:
+        p = out / name
+        if contents.entries.get(name) == "dir" and not p.is_symlink():
             shutil.rmtree(p)
         else:
-            p.unlink()
-
-
-def _is_ours(name: str) -> bool:
-    if name in _OURS or name.endswith((".tar", ".sfidx", ".idx", ".tmp")):
-        return True
-    return name.startswith(".") and (name.endswith(".tmp") or name.startswith("." + MANIFEST_NAME))
+            p.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,15 +429,14 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
                  progress: Callable[[int, int], None] | None, output_progress: Callable[[int], None] | None,
                  t0: float) -> PackReport:
     """:func:`pack` once OUT's lock is held."""
-    if options.resume and (not out.exists() or (out.is_dir() and not listing(out))):
-        # scripts that always pass --resume work on their first run: nothing to resume, so start
-        log.info("%s: missing or empty, nothing to resume; starting the pack", out)
+    action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
+    if action == "finished":
+        return finished_report(load_manifest(out, check_files=False), str(out), scan, options, t0)
+    if options.resume and action == "start":
+        # scripts that always pass --resume work on their first run (and after a kill before the
+        # plan was written): nothing to resume, so start
+        log.info("%s: nothing to resume yet; starting the pack", out)
         options = dataclasses.replace(options, resume=False)
-    elif options.resume and _stopped_before_its_plan(out):
-        log.info("%s: the pack stopped before its plan was recorded, nothing to resume; starting the pack", out)
-        shutil.rmtree(out / STATE_DIR)
-        options = dataclasses.replace(options, resume=False)
-    prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
     fingerprint = _fingerprint(scan, samples, options)
     state = out / STATE_DIR
@@ -466,8 +464,9 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
             shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
-        for tmp in out.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+        for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
+            if tmp.is_file() or tmp.is_symlink():
+                tmp.unlink(missing_ok=True)
         raise
     skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + skipped
     num_samples = sum(s.num_samples for s in shards)
@@ -499,6 +498,39 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
         files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
         num_classes=len(scan.classes), shards_resumed=resumed, extra=extra,
     )
+
+
+def finished_report(manifest: Manifest, where: str, scan: ScanResult, options: PackOptions,
+                    t0: float) -> PackReport:
+    """``resume`` on a finished dataset: its report when it is this run's dataset, else the refusal.
+
+    "This run's" means the manifest records the same options (those of
+    :meth:`PackOptions.fingerprint_fields`), the same source folder and class map, and as many
+    files found as this scan (a script that always passes ``--resume`` reruns a finished pack
+    without error; a changed command is told to rebuild with ``overwrite``).
+
+    Raises:
+        ValueError: the dataset in ``where`` was packed with other options or from another source.
+    """
+    expected = json.loads(json.dumps({**options.fingerprint_fields(), "source": scan.root}))
+    recorded = json.loads(json.dumps(manifest.options or {}))
+    same = (recorded == expected and dict(manifest.class_to_idx) == dict(scan.class_to_idx)
+            and (manifest.files or {}).get("found") == scan.num_found)
+    if not same:
+        from .ownership import flag
+
+        changed = [k for k in sorted(set(recorded) | set(expected)) if recorded.get(k) != expected.get(k)]
+        why = (f"options differ: {', '.join(changed)}" if changed else "the class map or the number of files differs")
+        raise ValueError(f"{where}: already holds a finished dataset ({MANIFEST_NAME}) packed with other options or "
+                         f"from another source ({why}); nothing to resume: rebuild it with {flag('overwrite')}, or "
+                         "choose another output location")
+    log.info("%s: already holds this finished dataset; nothing to resume", where)
+    return PackReport(
+        source=scan.root, output=where, format=manifest.format, num_samples=manifest.num_samples,
+        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards), input_bytes=0,
+        seconds=time.perf_counter() - t0, workers=options.workers, files=dict(manifest.files or {}),
+        skipped=list(manifest.skipped), ignored=scan.ignored, empty_classes=scan.empty_classes,
+        num_classes=len(manifest.classes), shards_resumed=len(manifest.shards), extra={"already_complete": True})
 
 
 def describe_interrupted(out: str | os.PathLike) -> str:
@@ -536,17 +568,6 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     if state.is_dir():
         return f"no shard of {out} was complete yet: the same command plus --resume starts again"
     return f"nothing was written to {out}"
-
-
-def _stopped_before_its_plan(out: Path) -> bool:
-    """Whether OUT holds nothing but a pack state folder without its plan (a pack killed between
-    creating the folder and recording the plan: no shard, record or database was written)."""
-    entries = listing(out) if out.is_dir() else []
-    state = out / STATE_DIR
-    if [p.name for p in entries] != [STATE_DIR] or state.is_symlink() or not state.is_dir():
-        return False
-    names = [p.name for p in itertools.islice(state.iterdir(), 8)]
-    return len(names) < 8 and all(n == FILES_NAME or (n.startswith(".") and n.endswith(".tmp")) for n in names)
 
 
 def _plan_extension_counts(files: ScannedFiles, skipped: list[dict]) -> dict[str, int]:

@@ -3,9 +3,10 @@ uploaded so that a reader never sees a half-written dataset.
 
 How (issue 16):
 
-1. OUT is checked first, by one listing of the prefix: empty, or (``--resume``) an unfinished pack
-   of ours, or (``--overwrite``) a dataset of ours, whose objects are deleted; anything else is
-   refused, as locally.
+1. OUT is checked first, by one listing of the prefix, with the rule of a local OUT
+   (:mod:`shardfeed.convert.ownership`): empty, or (``--resume``) an unfinished pack of ours (or
+   this very finished dataset: nothing to do), or (``--overwrite``) a dataset of ours, whose
+   objects (those its manifest or plan name) are deleted; anything else is refused, naming it.
 2. The dataset is packed by :func:`shardfeed.convert.pack.pack` into a local staging folder
    (``$SHARDFEED_STAGING_DIR`` or the system temp dir, one folder per OUT URL, so a killed pack
    resumes there); the pack is deterministic, so the shards are those of a local pack.
@@ -37,6 +38,8 @@ from typing import Callable
 from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
 from .consumers import CARD_NAME, WIDS_INDEX_NAME
+from .pack_state import PLAN_NAME, STATE_DIR
+from .tarwriter import create_new_file
 
 __all__ = ["pack_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS", "DOWNLOAD_THREADS"]
 
@@ -46,13 +49,48 @@ log = logging.getLogger(__name__)
 UPLOAD_THREADS = 4
 #: Source images downloaded at once when SRC is a folder in a bucket (one GET each).
 DOWNLOAD_THREADS = 16
-_STATE_KEY = ".shardfeed-pack/plan.json"
+_STATE_KEY = f"{STATE_DIR}/{PLAN_NAME}"
 
 
 def staging_dir(url: str, kind: str = "staging") -> Path:
-    """The local folder where a pack to (or from) ``url`` is staged (stable across runs: resume)."""
+    """The local folder where a pack to (or from) ``url`` is staged (stable across runs: resume).
+
+    Its name is predictable (in the shared temp dir), so it must be this user's own: it is
+    created 0700, and one that is a link, another user's, or open to others is refused.
+
+    Raises:
+        OSError: the folder is a link, not this user's, or readable or writable by others (named,
+            with the fix: remove it or set ``SHARDFEED_STAGING_DIR``).
+    """
     base = os.environ.get("SHARDFEED_STAGING_DIR") or tempfile.gettempdir()
-    return Path(base) / f"shardfeed-{kind}-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+    path = Path(base) / f"shardfeed-{kind}-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+    _check_own_dir(path)
+    return path
+
+
+def _check_own_dir(path: Path) -> None:
+    """Refuse a staging folder that another user could have planted or can write into."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    problem = None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder (a link or a file)"
+    elif hasattr(os, "getuid") and st.st_uid != os.getuid():
+        problem = f"belongs to another user (uid {st.st_uid})"
+    elif stat.S_IMODE(st.st_mode) & 0o022:
+        problem = "is writable by other users"
+    if problem:
+        raise OSError(f"{path}: the staging folder {problem}; shardfeed never stages into a folder others control: "
+                      "remove it, or set SHARDFEED_STAGING_DIR to a folder of your own")
+
+
+def _make_own_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_own_dir(path)
 
 
 def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, storage_options: dict | None = None,
@@ -106,6 +144,7 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
     dest = staging_dir(loc.base, "mirror")
     files = scan.files
     # every class folder exists locally, empty ones included (they keep their index)
+    _make_own_dir(dest)
     for c in scan.classes:
         if c in files.class_names or class_to_idx is None:
             (dest / c).mkdir(parents=True, exist_ok=True)
@@ -122,7 +161,8 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
         data = loc.read_bytes(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
+        with os.fdopen(create_new_file(tmp), "wb") as f:  # never through a link
+            f.write(data)
         os.utime(tmp, ns=(mtime, mtime))
         os.replace(tmp, path)
         return len(data)
@@ -142,43 +182,35 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
     return dest, dataclasses.replace(scan, root=str(dest), files=local)
 
 
-def _is_ours(name: str) -> bool:
-    """Whether ``--overwrite`` may delete ``name`` (relative to OUT): a pack writes its manifest,
-    shards and indexes directly under OUT, its state under ``.shardfeed-pack/``; a key one prefix
-    deeper (another dataset's shards, a backup ``.tar``) is never ours."""
-    if name.startswith(".shardfeed-pack/"):
-        return True
-    return "/" not in name and (name == MANIFEST_NAME or name.endswith((".tar", ".idx")))
+def _check_out(loc, options, *, scan=None, t0: float = 0.0):
+    """Check OUT by one listing, with the rule of a local OUT (:mod:`shardfeed.convert.ownership`:
+    shardfeed's are the objects the previous dataset's manifest or plan name, directly under the
+    prefix); delete ours for ``overwrite`` (the manifest first).
 
+    Returns:
+        ``(listing, report)``: the listing to resume against (``{}`` after a delete), and the
+        report of a ``resume`` on this very finished dataset (nothing to do), else None.
+    """
+    from .ownership import decide, store_entries, survey
 
-def _check_out(loc, *, resume: bool, overwrite: bool) -> dict[str, int]:
-    """Check OUT (one listing); delete our objects for ``overwrite``. Returns the listing."""
     listing = loc.list_sizes()
-    if not listing:
-        return listing
-    if resume:
-        if MANIFEST_NAME in listing:
-            raise ValueError(f"{loc.base}: already holds a finished dataset ({MANIFEST_NAME}); nothing to resume "
-                             "(use --overwrite to rebuild it)")
-        if _STATE_KEY not in listing and not any(n.endswith(".tar") for n in listing):
-            raise ValueError(f"{loc.base}: not an interrupted shardfeed pack; choose an empty prefix or use "
-                             "--overwrite")
-        return listing
-    if not overwrite:
-        if _STATE_KEY in listing:
-            raise ValueError(f"{loc.base}: holds an unfinished pack: --resume finishes it with the same source and "
-                             "options; start again with --overwrite")
-        raise ValueError(f"{loc.base}: the prefix is not empty; use --overwrite to replace it, --resume to "
-                         "finish an interrupted pack, or choose an empty prefix")
-    foreign = [n for n in listing if not _is_ours(n)]
-    if foreign:
-        raise ValueError(f"{loc.base}: holds objects shardfeed did not write ({', '.join(sorted(foreign)[:5])}); "
-                         "refusing to delete them with --overwrite: choose an empty prefix")
-    loc.delete(MANIFEST_NAME)  # first: the dataset stops being "finished" before its shards go
-    for name in listing:
-        if name != MANIFEST_NAME:
-            loc.delete(name)
-    return {}
+    entries, read = store_entries(loc, listing)
+    contents = survey(loc.base, entries, read)
+    action = decide(contents, resume=options.resume, overwrite=options.overwrite)
+    if action == "finished":
+        from .pack import finished_report
+
+        return listing, finished_report(contents.manifest, loc.base, scan, options, t0)
+    if action in ("start", "overwrite") and contents.ours:
+        ours = set(contents.ours)
+        keys = [k for k in listing if k in ours or (STATE_DIR in ours and k.startswith(STATE_DIR + "/"))]
+        if MANIFEST_NAME in ours:
+            loc.delete(MANIFEST_NAME)  # first: the dataset stops being "finished" before its shards go
+        for key in keys:
+            if key != MANIFEST_NAME:
+                loc.delete(key)
+        return {}, None
+    return listing, None
 
 
 def _sha256_file(path: Path) -> str:
@@ -223,15 +255,26 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
                                   "into memory); pack with --format wds to write to a bucket, or pack to a local "
                                   "folder")
     loc = StoreLocation(out_url, storage_options=storage_options)
-    listing = _check_out(loc, resume=options.resume, overwrite=options.overwrite)
+    if scan is None:
+        from .scan import scan_image_folder
+
+        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
+    from .outlock import check_not_busy
+
+    check_not_busy(staging_dir(loc.base))  # another pack to this prefix from this host: named before the prefix
+    listing, finished = _check_out(loc, options, scan=scan, t0=t0)
+    if finished is not None:
+        return finished
     stage = staging_dir(loc.base)
-    local_resume = options.resume and (stage / ".shardfeed-pack").is_dir()
+    local_resume = options.resume and bool(listing) and (stage / STATE_DIR).is_dir()
     if stage.exists() and not local_resume:
         shutil.rmtree(stage)
+    _make_own_dir(stage)
     import dataclasses
 
     local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)
-    loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished"}).encode())  # marks the prefix before any shard
+    # marks the prefix before any shard; its options name the shards this pack writes (what is ours)
+    loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished", "options": options.fingerprint_fields()}).encode())
     delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
     uploader = _Uploader(loc, stage, listing, delay_s)
     uploader.start()
@@ -284,7 +327,7 @@ class _Uploader:
         self._thread.join()
 
     def _watch(self) -> None:
-        state = self.stage / ".shardfeed-pack"
+        state = self.stage / STATE_DIR
         while not self._stop.wait(0.1):
             try:
                 records = sorted(p for p in state.glob("[0-9]*.json"))

@@ -34,7 +34,7 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 
-__all__ = ["tar_header", "TarShardFile", "END_OF_ARCHIVE_BYTES", "MAX_MEMBER_BYTES"]
+__all__ = ["tar_header", "TarShardFile", "END_OF_ARCHIVE_BYTES", "MAX_MEMBER_BYTES", "create_new_file"]
 
 #: Two zero blocks close a tar archive.
 END_OF_ARCHIVE_BYTES = 2 * TAR_BLOCK
@@ -256,6 +256,26 @@ def _write_all(f, buf: bytes) -> None:
         mv = mv[n:]
 
 
+def create_new_file(path: str | os.PathLike) -> int:
+    """Create ``path`` as a new empty file for writing and return its descriptor, never through a link.
+
+    What is at ``path`` already (a temporary file a killed run left, or a link planted there) is
+    removed first (a link is removed, not followed); the file is then created with ``O_EXCL |
+    O_NOFOLLOW``, so a link planted in between makes it fail rather than write elsewhere.
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder (it is not removed).
+        OSError: the file cannot be created.
+    """
+    path = os.fspath(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.open(path, flags, 0o666)
+
+
 class TarShardFile:
     """Writes one WebDataset shard and its offset index atomically.
 
@@ -276,7 +296,7 @@ class TarShardFile:
         self.index_name = index_name
         self.final_path = self.out_dir / name
         self.tmp_path = self.out_dir / f".{name}.tmp"
-        self._f = open(self.tmp_path, "wb", buffering=0)
+        self._f = os.fdopen(create_new_file(self.tmp_path), "wb", buffering=0)
         self._hash = hashlib.sha256()
         self._parts: list[bytes] = []
         self._buffered = 0

@@ -48,6 +48,8 @@ __all__ = [
     "READABLE_VERSIONS",
     "INDEX_SUFFIX",
     "is_dali_index",
+    "PACK_STATE_DIR",
+    "unfinished_pack_error",
     "stored_path_problem",
     "merge_extension_counts",
     "MANIFEST_NAME",
@@ -893,6 +895,16 @@ def _parse_fields(raw, source: str) -> dict[str, dict]:
         except (TypeError, ValueError):
             raise ManifestError(f"{source}: field {name!r}: count and missing must be integers") from None
     return out
+#: The state folder an unfinished pack keeps in its output (``OUT/.shardfeed-pack/``, in a bucket
+#: the keys under ``PREFIX/.shardfeed-pack/``).
+PACK_STATE_DIR = ".shardfeed-pack"
+
+
+def unfinished_pack_error(root: str) -> IncompleteDatasetError:
+    """The error for a dataset location whose pack did not finish (its state, no manifest): the
+    same words for a local folder and a bucket prefix, with the fix (``--resume``)."""
+    return IncompleteDatasetError(f"{root}: no {MANIFEST_NAME}; the pack that wrote it did not finish. Finish it "
+                                  f"with `shardfeed pack SRC {root} --resume`, or rebuild it")
 
 
 def find_manifest_path(path: str | os.PathLike) -> Path:
@@ -929,9 +941,7 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True) -> Manif
                 f"another tool, or a dataset whose manifest was lost. Make them readable with "
                 f"`shardfeed index {root}` (writes the manifest and offset indexes beside them)")
         if (root / LMDB_DATA_NAME).exists() or any(root.glob(".shardfeed-*")):
-            raise IncompleteDatasetError(
-                f"{root}: no {MANIFEST_NAME}; the pack that wrote it did not finish. Finish it with "
-                f"`shardfeed pack SRC {root} --resume`, or rebuild it")
+            raise unfinished_pack_error(str(root))
         if any(d.is_dir() and not d.name.startswith(".") for d in root.iterdir()):
             raise ManifestError(f"{root}: an image folder (or other folder), not a packed dataset: pack it first "
                                 f"with `shardfeed pack {root} OUT`")

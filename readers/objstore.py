@@ -35,7 +35,7 @@ import time
 from typing import Any, BinaryIO, Iterator
 
 from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
-from .format import MANIFEST_NAME, Manifest
+from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest, unfinished_pack_error
 from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, redact, register_secret
@@ -206,7 +206,8 @@ def store_folder_kind(location) -> str:
     listing = location.list_objects()
     location.listing_cache = listing
     top = [rel for rel, _, _ in listing if "/" not in rel]
-    if any(rel.endswith((".tar", ".idx", ".mdb")) or rel.startswith(".shardfeed-") for rel in top):
+    if any(rel.endswith((".tar", ".idx", ".mdb")) for rel in top) or any(
+            rel.startswith(PACK_STATE_DIR + "/") for rel, _, _ in listing):
         return "packed"
     return "folder" if any("/" in rel for rel, _, _ in listing) else "empty"
 
@@ -617,10 +618,20 @@ class StoreLocation:
 
         return bool(self._call(self.base, "LIST", once).get("KeyCount", 0))
 
+    def _has(self, name: str) -> bool:
+        """Whether the object ``name`` exists (HEAD; False on any failure to tell)."""
+        try:
+            self.head(name)
+            return True
+        except (FileNotFoundError, DataSourceError):
+            return False
+
     def load_manifest(self, *, check_files: bool = True) -> Manifest:
         """Fetch and validate the manifest; with ``check_files``, compare shard sizes (HEAD).
 
         Raises:
+            IncompleteDatasetError: no manifest, and the prefix holds an unfinished pack's state
+                (``.shardfeed-pack/``): its pack did not finish (``--resume`` finishes it).
             ManifestError: no manifest under the prefix, a bad one, or files missing / of the wrong size.
             DataSourceError: the store cannot be read (names the URL and the fix).
         """
@@ -628,6 +639,8 @@ class StoreLocation:
         try:
             raw = self.read_bytes(self.manifest_name, max_bytes=MAX_MANIFEST_BYTES, what="the manifest")
         except FileNotFoundError:
+            if self.manifest_name == MANIFEST_NAME and self._has(f"{PACK_STATE_DIR}/plan.json"):
+                raise unfinished_pack_error(self.base) from None  # the rule of a local folder
             raise ManifestError(f"{murl}: not found; {self.base} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
         manifest = Manifest.from_json(raw, murl)

@@ -24,8 +24,8 @@ import click
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
-           "storage_option", "LocalPath", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path",
-           "scan_progress"]
+           "storage_option", "read_storage_option_file", "LocalPath", "EXIT_TERMINATED", "Terminated",
+           "stop_on_sigterm", "check_report_path", "scan_progress"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -153,8 +153,11 @@ def fail_cleanly(f: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         from shardfeed.readers.errors import ShardfeedError
 
+        from ..ownership import cli_flags
+
         try:
-            return f(*args, **kwargs)
+            with cli_flags():  # messages name options by their flags (--overwrite), not PackOptions fields
+                return f(*args, **kwargs)
         except KeyboardInterrupt as exc:
             terminated = isinstance(exc, Terminated)
             click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
@@ -232,27 +235,116 @@ def command(*args, **kwargs) -> Callable:
     return deco
 
 
-def _set_storage_options(ctx: click.Context, param: click.Parameter, value) -> dict:
-    from shardfeed.readers.objstore import parse_storage_options, set_default_storage_options
+#: Largest storage-option file read (key=value lines or a JSON object: a few hundred bytes).
+MAX_STORAGE_OPTION_FILE_BYTES = 1 << 20
 
+
+def read_storage_option_file(path: str | os.PathLike) -> dict:
+    """Storage options from a file: ``KEY=VALUE`` lines (``#`` comments, blank lines allowed) or
+    one JSON object (``{"key": ..., "secret": ...}``).
+
+    A file holding credentials must be its owner's alone: one that other users can read or write
+    (``mode & 0o077``, as ssh refuses a private key) is refused, with the fix (``chmod 600``). The
+    values are never echoed in an error.
+
+    Raises:
+        ValueError: the file is open to other users, too large, or malformed (names the line, never its value).
+        OSError: the file cannot be read.
+    """
+    import stat
+
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a plain file; give a file of KEY=VALUE lines or a JSON object")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise ValueError(f"{path}: holds credentials but other users may read or write it (mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}); make it yours alone: chmod 600 {path}")
+        raw = f.read(MAX_STORAGE_OPTION_FILE_BYTES + 1)
+    if len(raw) > MAX_STORAGE_OPTION_FILE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_STORAGE_OPTION_FILE_BYTES} bytes; a storage-option file holds "
+                         "a few KEY=VALUE lines")
     try:
-        options = parse_storage_options(value or ())
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-    set_default_storage_options(options)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; give KEY=VALUE lines or a JSON object") from None
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not valid JSON (line {getattr(exc, 'lineno', '?')}); give one JSON object "
+                             "or KEY=VALUE lines") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the JSON must be one object of storage options")
+        return {str(k): v if isinstance(v, (bool, int)) else str(v) for k, v in data.items()}
+    options = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{path}: line {n}: expected KEY=VALUE")
+        options[key.strip()] = value.strip()
     return options
 
 
+#: Storage-option keys that carry credentials.
+_CREDENTIAL_KEYS = frozenset({"key", "aws_access_key_id", "secret", "aws_secret_access_key", "token",
+                              "aws_session_token"})
+
+
+def _merge_storage_options(ctx: click.Context, param: click.Parameter, value, which: str) -> None:
+    """Keep each storage-option parameter's value in ``ctx.meta`` and set the merged defaults
+    (the file's, overridden by ``--storage-option``), whichever click processes first."""
+    from shardfeed.readers.objstore import parse_storage_options, set_default_storage_options
+
+    given = ctx.meta.setdefault("shardfeed_storage_options", {})
+    try:
+        if which == "file":
+            given["file"] = parse_storage_options(read_storage_option_file(value)) if value else {}
+        else:
+            given["pairs"] = parse_storage_options(value or ())
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    typed = sorted(k for k in given.get("pairs", {}) if k in _CREDENTIAL_KEYS)
+    if which == "pairs" and typed and not quiet():
+        click.echo(f"shardfeed: warning: --storage-option {', '.join(typed)}=... on the command line is visible to "
+                   "every local user (`ps`); put credentials in AWS_* environment variables, a profile "
+                   "(AWS_PROFILE) or --storage-option-file PATH (chmod 600)", err=True)
+    set_default_storage_options({**given.get("file", {}), **given.get("pairs", {})})
+
+
+def _set_storage_options(ctx: click.Context, param: click.Parameter, value) -> None:
+    _merge_storage_options(ctx, param, value, "pairs")
+
+
+def _set_storage_option_file(ctx: click.Context, param: click.Parameter, value) -> None:
+    _merge_storage_options(ctx, param, value, "file")
+
+
 def storage_option(f: Callable) -> Callable:
-    """``--storage-option KEY=VALUE`` (repeatable): object-store client options for ``s3://`` paths
-    (``endpoint_url``, ``region_name``, ``profile``, ``anon=true`` ...; see
-    :mod:`shardfeed.readers.objstore`). They become the process's defaults for every ``s3://``
-    location the command opens; the value is not passed on to the command function."""
+    """``--storage-option KEY=VALUE`` (repeatable) and ``--storage-option-file PATH``: object-store
+    client options for ``s3://`` paths (``endpoint_url``, ``region_name``, ``profile``,
+    ``anon=true`` ...; see :mod:`shardfeed.readers.objstore`). They become the process's defaults
+    for every ``s3://`` location the command opens (the file's first, each ``--storage-option``
+    over them); the values are not passed on to the command function. Credentials belong in the
+    environment (``AWS_*``), a profile or the file: a ``--storage-option secret=...`` is visible to
+    every local user in ``ps``."""
+    f = click.option("--storage-option-file", "storage_option_file", default=None, metavar="PATH",
+                     callback=_set_storage_option_file, expose_value=False,
+                     help="Read object-store options from PATH: KEY=VALUE lines or a JSON object (the keys of "
+                          "--storage-option). For credentials: unlike the command line, the file is not shown "
+                          "by `ps`; it must be readable by its owner only (chmod 600).")(f)
     return click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
                         callback=_set_storage_options, expose_value=False,
                         help="Object-store client option for s3:// paths (repeatable): endpoint_url=URL, "
-                             "region_name=R, profile=P, anon=true; credentials come from the AWS chain "
-                             "(env, profile, role).")(f)
+                             "region_name=R, profile=P, anon=true. Credentials: the AWS chain (AWS_ACCESS_KEY_ID, "
+                             "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, ~/.aws, roles) or "
+                             "--storage-option-file; key=/secret=/token= given here are visible to every local "
+                             "user in `ps`.")(f)
 
 
 class _NoBar:
@@ -454,8 +546,13 @@ def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
                  "more memory than this, read from its header before decoding (decompression bombs).")),
         "resume": (("--resume",), dict(
             is_flag=True,
-            help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten.")),
-        "overwrite": (("--overwrite",), dict(is_flag=True, help="Replace an existing dataset in OUT.")),
+            help="Finish an interrupted pack in OUT: complete shards are kept, the rest rewritten. Safe to "
+                 "always pass: a missing or empty OUT is packed from the start, and OUT already holding this "
+                 "command's finished dataset exits 0.")),
+        "overwrite": (("--overwrite",), dict(
+            is_flag=True,
+            help="Replace the shardfeed dataset in OUT: deletes only what its manifest or pack plan names (shards, "
+                 "indexes, card, state); anything else in OUT is refused by name, nothing deleted.")),
         "executor": (("--executor",), dict(
             type=click.Choice(["local", "ray"], case_sensitive=False), default="local", show_default=True,
             help="Where the tasks run: this machine's --workers processes, or a Ray cluster (one task per shard; "

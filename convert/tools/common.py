@@ -237,6 +237,10 @@ class DatasetLocation:
         try:
             return self.http.read_bytes(self.http.manifest_name)
         except FileNotFoundError:
+            from shardfeed.readers.objstore import StoreLocation
+
+            if isinstance(self.http, StoreLocation):
+                self.http.load_manifest(check_files=False)  # a bucket: says whether its pack did not finish
             raise ManifestError(f"{self.manifest_source}: not found (HTTP 404); give the URL of a packed dataset's "
                                 "folder or of its manifest.json (a pack writes it last)") from None
 

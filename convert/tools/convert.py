@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
 from shardfeed.readers.registry import canonical_format, writer_class
 
 from .. import writers  # noqa: F401  (registers every format's writer)
+from ..pack_state import PLAN_NAME, STATE_DIR
 from .common import (
     DatasetLocation,
     Progress,
@@ -62,6 +64,20 @@ class ConvertReport:
 
 
 
+def _write_state(out: Path, fmt: str, prefix: str) -> None:
+    """The record of a convert in progress (``OUT/.shardfeed-pack/plan.json``: command, format and
+    shard prefix), removed once the manifest is written; what ``--overwrite`` of an interrupted
+    convert may delete (:mod:`shardfeed.convert.ownership`)."""
+    import json
+
+    from shardfeed.readers.format import write_bytes_atomic
+
+    state = out / STATE_DIR
+    state.mkdir(exist_ok=True)
+    write_bytes_atomic(state / PLAN_NAME, json.dumps({"command": "convert",
+                                                      "options": {"format": fmt, "prefix": prefix}}).encode())
+
+
 def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: str, max_count: int = 10000,
                     max_bytes: int = 256_000_000, prefix: str = "shard", workers: int | None = None,
                     overwrite: bool = False, map_size: int | None = None,
@@ -108,6 +124,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
     src_root = Path("/nonexistent-url-source") if loc.url else Path(loc.root)
     with output_lock(out, "convert"):  # one writer per OUT: a second command fails at once, naming this one
         prepare_output(src_root, out, resume=False, overwrite=overwrite)
+        _write_state(out, fmt, prefix)  # names what this convert writes: a later --overwrite may delete it
         progress = progress or noop_progress
         options = {**{k: v for k, v in manifest.options.items() if k not in ("max_count", "max_bytes", "prefix")},
                    "converted_from": str(src), "source_format": manifest.format,
@@ -124,6 +141,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
                 n += 1
                 progress(1, len(sample.data))
             new = writer.close()
+        shutil.rmtree(out / STATE_DIR, ignore_errors=True)  # the manifest is written: finished
         if n != manifest.num_samples:
             log.warning("%s: read %d samples, its manifest says %d", loc.root, n, manifest.num_samples)
         return ConvertReport(source=str(src), output=str(out), source_format=manifest.format, format=fmt,

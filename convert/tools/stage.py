@@ -32,7 +32,7 @@ from .common import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StageReport", "stage", "default_min_free_bytes"]
+__all__ = ["StageReport", "stage", "default_min_free_bytes", "open_private_file"]
 
 _MEMORY_FS = ("tmpfs", "ramfs")
 _GB = 1_000_000_000
@@ -302,6 +302,8 @@ def _check_free_space(dest: Path, todo: list[_StageFile], min_free_bytes: int | 
 
 
 def _intact(final: Path, f: _StageFile, manifest: Manifest, dest: Path, same_manifest: bool) -> bool:
+    if final.is_symlink():
+        return False  # a link is not a staged copy: it is replaced (the rename replaces the link, not its target)
     if f.num_bytes is not None and final.stat().st_size != f.num_bytes:
         return False
     if f.sha256:
@@ -323,7 +325,8 @@ def _stage_one(loc: DatasetLocation, dest: Path, f: _StageFile, progress: Progre
     resumed = False
     transferred = 0
     for attempt in range(2):  # a resumed copy that fails verification is redone from scratch once
-        start = tmp.stat().st_size if tmp.exists() else 0
+        os.close(open_private_file(tmp))  # never a link: the partial copy is read and written below
+        start = tmp.lstat().st_size
         if f.num_bytes is not None and start > f.num_bytes:
             start = 0
         h = hashlib.sha256()
@@ -337,7 +340,11 @@ def _stage_one(loc: DatasetLocation, dest: Path, f: _StageFile, progress: Progre
                     h.update(chunk)
                     remaining -= len(chunk)
             resumed = True
-        transferred += _copy_stream(loc, f, tmp, start, h, progress)
+        try:
+            transferred += _copy_stream(loc, f, tmp, start, h, progress)
+        except _TooLong:
+            tmp.unlink(missing_ok=True)
+            raise
         size = tmp.stat().st_size
         digest = h.hexdigest()
         ok = (f.num_bytes is None or size == f.num_bytes) and \
@@ -368,7 +375,9 @@ def _copy_stream(loc: DatasetLocation, f: _StageFile, tmp: Path, start: int, h, 
     from shardfeed.readers.tario import skip_stream
 
     written = 0
-    with open(tmp, "r+b" if tmp.exists() else "wb") as out:
+    # at most the manifest's size is read and written: one byte more proves the source too long
+    limit = None if f.num_bytes is None else max(f.num_bytes - start, 0)
+    with os.fdopen(open_private_file(tmp), "r+b") as out:
         out.seek(start)
         out.truncate()
         stream, offset = loc.open(f.name, start)
@@ -376,9 +385,14 @@ def _copy_stream(loc: DatasetLocation, f: _StageFile, tmp: Path, start: int, h, 
             if offset < start:
                 skip_stream(stream, start - offset, source=loc.where(f.name))
             while True:
-                chunk = stream.read(COPY_CHUNK_BYTES)
+                want = COPY_CHUNK_BYTES if limit is None else min(COPY_CHUNK_BYTES, limit - written + 1)
+                chunk = stream.read(want)
                 if not chunk:
                     break
+                if limit is not None and written + len(chunk) > limit:
+                    raise _TooLong(f"{loc.where(f.name)}: the source sends more than the {f.num_bytes:,} bytes the "
+                                   "manifest lists for it; stopped at that size and not staged (the source is "
+                                   "damaged or is not this dataset: run `shardfeed check` on it)")
                 out.write(chunk)
                 h.update(chunk)
                 written += len(chunk)
@@ -386,5 +400,38 @@ def _copy_stream(loc: DatasetLocation, f: _StageFile, tmp: Path, start: int, h, 
         out.flush()
         os.fsync(out.fileno())
     return written
+
+
+class _TooLong(DataSourceError):
+    """A source file longer than its manifest entry (the copy stopped at the listed size)."""
+
+
+def open_private_file(path: Path) -> int:
+    """Open ``path`` read-write for a copy in progress, created if missing, never through a link.
+
+    Returns:
+        A file descriptor.
+
+    Raises:
+        OSError: ``path`` is a symbolic link, not a plain file, or has other hard links (named,
+            with the fix).
+    """
+    import stat
+
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
+        getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise OSError(exc.errno, f"{path}: is a symbolic link; shardfeed never writes through a link in the "
+                                     "folder it stages into: remove the link (or choose another DEST)") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(f"{path}: is not a plain file of its own (a device, a folder or a hard link); remove it "
+                      "(or choose another DEST)")
+    return fd
 
 

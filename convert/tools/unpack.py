@@ -15,6 +15,7 @@ from shardfeed.readers.format import (
 )
 
 from ..outlock import listing, output_lock
+from ..tarwriter import create_new_file
 from .common import (
     DatasetLocation,
     Progress,
@@ -176,9 +177,10 @@ def _write_samples(loc, manifest, out: Path, out_resolved: Path, overwrite: bool
 
 
 def _write_file(dest: Path, data: bytes) -> None:
-    """Write ``dest`` through a temporary name (a half-written file never has the final name)."""
+    """Write ``dest`` through a temporary name (a half-written file never has the final name),
+    created without following a link planted at that name."""
     tmp = dest.with_name(f".{dest.name}.unpack.tmp")
-    with open(tmp, "wb") as f:
+    with os.fdopen(create_new_file(tmp), "wb") as f:
         f.write(data)
     os.replace(tmp, dest)
 

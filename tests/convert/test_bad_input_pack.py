@@ -242,15 +242,23 @@ def test_json_path_in_missing_folder_is_refused_before_any_work(tmp_path, medium
     assert not out.exists()
 
 
-def test_non_empty_out_names_the_fix_in_both_spellings(tmp_path):
+def test_non_empty_out_names_the_fix_in_the_callers_spelling(tmp_path):
     # a library user calling pack() reads the PackOptions field, a CLI user the flag
     src = tmp_path / "src" / "cat"
     src.mkdir(parents=True)
     (src / "a.png").write_bytes(_img_bytes(0, "PNG"))
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "shard-000000.tar").write_bytes(b"left by an earlier pack")  # --overwrite works here (issue 15)
+    pack(tmp_path / "src", out, PackOptions())
     with pytest.raises(ValueError, match="not empty") as info:
         pack(tmp_path / "src", out, PackOptions())
-    assert "--overwrite" in str(info.value) and "overwrite=True" in str(info.value)
-    assert (out / "shard-000000.tar").read_bytes() == b"left by an earlier pack"  # nothing touched
+    assert "PackOptions(overwrite=True)" in str(info.value) and "--overwrite" not in str(info.value)
+    r = subprocess.run([*SHARDFEED, "pack", str(tmp_path / "src"), str(out)], capture_output=True, text=True)
+    assert r.returncode == 1 and "not empty" in r.stderr and "use --overwrite" in r.stderr
+    assert "PackOptions" not in r.stderr
+    # a shard file no record names is the user's: named, never deleted
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "shard-000000.tar").write_bytes(b"left by another tool")
+    with pytest.raises(ValueError, match=r"shard-000000\.tar"):
+        pack(tmp_path / "src", stray, PackOptions(overwrite=True))
+    assert (stray / "shard-000000.tar").read_bytes() == b"left by another tool"  # nothing touched

@@ -125,3 +125,91 @@ def test_every_writing_command_takes_the_lock(tmp_path):
         r = subprocess.run([*SHARDFEED, "unpack", str(packed), str(tmp_path / "out-cli")], capture_output=True,
                            text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr and f"PID {os.getpid()}" in r.stderr
+
+
+# the secrets a command line may carry, each in a recognisable form
+_SECRETS = {
+    "storage option": ("--storage-option", "secret=SfLockSecret-7c1e9a"),
+    "URL password": ("http://alice:SfLockPassword-4b2d@127.0.0.1:9/ds/",),
+    "pre-signed token": ("https://b.s3.amazonaws.com/ds/manifest.json?X-Amz-Security-Token=SfLockToken-e8f0"
+                         "&X-Amz-Signature=SfLockSignature-0a9b",),
+}
+
+
+def test_the_lock_file_records_no_secret_and_is_private(tmp_path, monkeypatch):
+    argv = ["shardfeed"] + [a for args in _SECRETS.values() for a in args]
+    monkeypatch.setattr(sys, "argv", argv)
+    out = tmp_path / "out"
+    with output_lock(out, "stage") as path:
+        raw = path.read_text()
+        mode = path.stat().st_mode & 0o777
+    for word in ("SfLockSecret-7c1e9a", "SfLockPassword-4b2d", "SfLockToken-e8f0", "SfLockSignature-0a9b"):
+        assert word not in raw
+    info = json.loads(raw)
+    assert info["command"] == "stage" and info["pid"] == os.getpid() and info["host"] == socket.gethostname()
+    assert mode == 0o600, oct(mode)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_running_packs_lock_file_holds_no_storage_secret(tmp_path, hooked_cli):
+    src, out = tmp_path / "src", tmp_path / "out"
+    _folder(src, 7, n=12)
+    secret = "SfLockSecret-7c1e9a"
+    proc = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.1}), "-q", "pack", "--storage-option",
+                             f"secret={secret}", str(src), str(out), "--max-count", "2", "-j", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    raw = ""
+    while time.monotonic() < deadline and not raw:
+        try:
+            raw = (out / LOCK_NAME).read_text()
+            mode = (out / LOCK_NAME).stat().st_mode & 0o777
+        except FileNotFoundError:
+            time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert raw and secret not in raw and json.loads(raw)["pid"] == proc.pid
+    assert mode == 0o600
+
+
+@pytest.mark.parametrize("command", ["pack", "stage"])
+def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_kept(command, tmp_path):
+    from shardfeed.convert.tools.stage import stage
+
+    src, packed = tmp_path / "src", tmp_path / "packed"
+    _folder(src, 5, n=6)
+    pack(src, packed, PackOptions(workers=1))
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the victim's own bytes\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(OSError, match=rf"{LOCK_NAME}: is a symbolic link"):
+        if command == "pack":
+            pack(src, out, PackOptions(workers=1))
+        else:
+            stage(packed, out)
+    assert victim.read_bytes() == b"the victim's own bytes\n"
+    assert (out / LOCK_NAME).is_symlink()
+    r = subprocess.run([*SHARDFEED, command, str(src if command == "pack" else packed), str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "is a symbolic link" in r.stderr, r.stderr
+    assert victim.read_bytes() == b"the victim's own bytes\n"
+
+
+def test_a_second_pack_is_told_the_folder_is_busy_before_what_it_holds(tmp_path):
+    """While a pack writes OUT, its state folder is there: the second pack must hear that OUT is
+    being written (PID, host), not that it holds an unfinished pack to --resume."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    _folder(src, 6, n=6)
+    out.mkdir()
+    (out / ".shardfeed-pack").mkdir()  # what a running pack holds
+    (out / ".shardfeed-pack" / "plan.json").write_text("{}")
+    with output_lock(out, "pack"):
+        for extra in ([], ["--resume"], ["--overwrite"]):
+            r = subprocess.run([*SHARDFEED, "pack", str(src), str(out), *extra], capture_output=True, text=True)
+            assert r.returncode != 0 and "Traceback" not in r.stderr
+            assert f"another shardfeed command is writing this folder: PID {os.getpid()} on host" in r.stderr, \
+                r.stderr
+            assert "unfinished" not in r.stderr

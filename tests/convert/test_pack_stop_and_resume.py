@@ -83,10 +83,19 @@ def test_resume_on_a_first_run_starts_the_pack(fmt, state, src, ref, tmp_path):
                         "--resume"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _files(out) == ref[fmt]
-    # a second --resume on the finished dataset still says there is nothing to resume
-    r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--format", fmt, "--resume"],
+    # the same command again (scripts may always pass --resume): exit 0, it is complete, nothing rewritten
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--format", fmt, *_count(fmt), "-j", "1",
+                        "--resume"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "already holds this finished dataset" in r.stdout and "nothing to resume" in r.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
+    assert _files(out) == ref[fmt]
+    # another command (other options) on the finished dataset: nothing to resume, rebuild it with --overwrite
+    r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--format", fmt, "--seed", "7", "--resume"],
                        capture_output=True, text=True)
-    assert r.returncode != 0 and "already holds a finished dataset" in r.stderr
+    assert r.returncode == 1 and "packed with other options" in r.stderr and "seed" in r.stderr
+    assert "--overwrite" in r.stderr and "PackOptions" not in r.stderr
 
 
 @pytest.mark.slow
@@ -159,16 +168,28 @@ def test_overwrite_is_advised_only_where_it_works(src, tmp_path):
     with pytest.raises(ValueError) as err:
         pack(src, foreign, PackOptions(workers=1))
     msg = str(err.value)
-    assert "notes.txt" in msg and "--overwrite would not delete" in msg and "use --overwrite" not in msg
-    with pytest.raises(ValueError, match="refusing to delete them with --overwrite"):  # and indeed it refuses
-        pack(src, foreign, PackOptions(workers=1, overwrite=True))
-    with pytest.raises(ValueError, match="it holds files shardfeed did not write .notes.txt.: choose an empty"):
+    assert "notes.txt" in msg and "PackOptions(overwrite=True) would not delete" in msg and "use " not in msg
+    with pytest.raises(ValueError, match=r"refusing to delete them with PackOptions\(overwrite=True\)"):
+        pack(src, foreign, PackOptions(workers=1, overwrite=True))  # and indeed it refuses
+    with pytest.raises(ValueError, match="not an interrupted shardfeed pack .* shardfeed did not write .notes.txt."):
         pack(src, foreign, PackOptions(workers=1, resume=True))
     pack(src, ours, PackOptions(workers=1))
-    with pytest.raises(ValueError, match=r"use --overwrite \(PackOptions\(overwrite=True\)\) to replace it"):
+    with pytest.raises(ValueError, match=r"use PackOptions\(overwrite=True\) to replace it") as err:
         pack(src, ours, PackOptions(workers=1))
+    assert "--overwrite" not in str(err.value)  # the API caller reads the field, not the flag
     pack(src, ours, PackOptions(workers=1, overwrite=True))  # the advice works
     assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_the_cli_names_the_flag_the_api_the_field(src, tmp_path):
+    out = tmp_path / "out"
+    pack(src, out, PackOptions(workers=1))
+    r = subprocess.run([*SHARDFEED, "pack", str(src), str(out)], capture_output=True, text=True)
+    assert r.returncode == 1 and "use --overwrite to replace it" in r.stderr and "PackOptions" not in r.stderr
+    (out / "notes.txt").write_text("mine")
+    r = subprocess.run([*SHARDFEED, "pack", str(src), str(out), "--overwrite"], capture_output=True, text=True)
+    assert r.returncode == 1 and "refusing to delete them with --overwrite" in r.stderr and "notes.txt" in r.stderr
+    assert "PackOptions" not in r.stderr and (out / "notes.txt").read_text() == "mine"
 
 
 def _noise_jpeg(seed: int, side: int) -> bytes:

@@ -206,7 +206,7 @@ def test_cli_errors_carry_no_credentials(s3_packed, tiny_image_folder, tmp_path)
         assert r.returncode != 0, args
         assert "Traceback" not in r.stderr
         assert SECRET not in r.stdout + r.stderr, args
-        assert r.stderr.startswith("shardfeed: error: s3://"), (args, r.stderr)
+        assert r.stderr.splitlines()[-1].startswith("shardfeed: error: s3://"), (args, r.stderr)
 
 
 @pytest.mark.parametrize("args", [
