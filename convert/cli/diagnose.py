@@ -53,7 +53,7 @@ def _read_reports(folder: Path) -> list[dict]:
 
 
 def _summaries(docs: list[dict]) -> list[str]:
-    from shardfeed.readers.watch import WatchReport
+    from shardfeed.readers.measure.watch import WatchReport
 
     names = {f.name for f in __import__("dataclasses").fields(WatchReport)}
     out = []

@@ -5,13 +5,13 @@ calls :func:`install` at interpreter start-up, in every Python process of the co
 ``torchrun`` launcher's ranks included). :func:`install` adds an import hook that waits for
 ``torch.utils.data.dataloader`` to be imported (torch is not imported early) and then replaces
 ``DataLoader.__iter__``: each ``iter(loader)`` returns the iterator of one
-:class:`~shardfeed.readers.watch.Watch` per loader (one pass = one epoch), which forwards every
+:class:`~shardfeed.readers.measure.watch.Watch` per loader (one pass = one epoch), which forwards every
 attribute to torch's own iterator. At exit each process that iterated a loader writes
 ``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``.
 
 Environment (set by ``shardfeed watch``): ``SHARDFEED_WATCH_DIR`` (the report folder; without it
 :func:`install` does nothing) and ``SHARDFEED_WATCH_OPTIONS`` (JSON: keyword arguments of
-:class:`~shardfeed.readers.watch.Watch`: ``device``, ``sample_interval_s``, ``status_every_s``,
+:class:`~shardfeed.readers.measure.watch.Watch`: ``device``, ``sample_interval_s``, ``status_every_s``,
 ``warmup``, ``sample_gpu``).
 """
 
@@ -69,7 +69,7 @@ def patch_dataloader(dataloader_cls=None) -> None:
         return
     if dataloader_cls is None:
         from torch.utils.data import DataLoader as dataloader_cls
-    from ..watch import Watch
+    from ..measure.watch import Watch
 
     orig = dataloader_cls.__iter__
     opts = _options()
@@ -94,7 +94,7 @@ def patch_dataloader(dataloader_cls=None) -> None:
 
 
 def watched_reports() -> list:
-    """The :class:`~shardfeed.readers.watch.WatchReport` of every loader watched in this process."""
+    """The :class:`~shardfeed.readers.measure.watch.WatchReport` of every loader watched in this process."""
     with _lock:
         return [w.report() for w in _watches]
 

@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
-from .measure.report import fmt_bytes, percentile
+from .report import fmt_bytes, percentile
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
            "WORKER_CPU_SATURATED", "DEFAULT_SAMPLE_INTERVAL_S", "batch_length", "reports_to_json"]
@@ -166,7 +166,7 @@ class _Sampler:
         self.swap_max = self.swap0
         self.gpu = None
         if gpu_index is not None:
-            from .measure.sampling import GpuSampler
+            from .sampling import GpuSampler
 
             self.gpu = GpuSampler(gpu_index)
             if not self.gpu.start():
@@ -514,6 +514,7 @@ class Watch:
         self._current: _Epoch | None = None
         self._warnings: list[str] = []
         self._closed_snapshot: dict | None = None
+        self._hook_mark: float | None = None
 
     # -- device
     def _resolve_device(self) -> None:
@@ -539,7 +540,7 @@ class Watch:
     def _worker_pids(self):
         cur = self._current
         if cur is None:
-            return []
+            return None if self._hook_mark is not None else []
         workers = getattr(cur._it, "_workers", None)
         if workers is None:
             return [] if getattr(self.loader, "num_workers", None) == 0 else None
@@ -594,6 +595,47 @@ class Watch:
     def _end_epoch(self, epoch: _Epoch) -> None:
         if self._current is epoch:
             self._current = None
+
+    # -- hook mode: for trainers that iterate the loader themselves (Lightning, transformers.Trainer)
+    def start(self) -> None:
+        """Start watching without iterating: the trainer iterates ``loader`` and calls
+        :meth:`batch_started` / :meth:`batch_ended` around each step (then ``t_wait`` is the time
+        from the end of one step to the start of the next: the loader's wait plus the trainer's
+        own work between steps). Worker processes are the main process's children."""
+        if self._sampler is None and self.epochs == 0:
+            self._resolve_device()
+            self._start_sampling()
+            self.epochs = 1
+        self._hook_mark = time.perf_counter()
+
+    def batch_started(self, batch: Any = None) -> None:
+        """A step begins on ``batch`` (hook mode): records the wait since the last step ended."""
+        now = time.perf_counter()
+        if self._hook_mark is None:
+            self.start()
+            now = time.perf_counter()
+        self._record_wait(now - self._hook_mark, batch)
+        self._hook_mark = time.perf_counter()
+
+    def batch_ended(self) -> None:
+        """The step ends (hook mode): on CUDA after synchronising, so the GPU work counts in it."""
+        if self._cuda_sync:
+            import torch
+
+            torch.cuda.synchronize(self._device)
+        now = time.perf_counter()
+        mark = self._hook_mark
+        if mark is not None:
+            self._record_step(now - mark)
+        self._hook_mark = time.perf_counter()
+
+    def epoch_started(self) -> None:
+        """A new pass over the loader begins (hook mode)."""
+        if self.epochs == 0:
+            self.start()
+        else:
+            self.epochs += 1
+        self._hook_mark = time.perf_counter()
 
     def status_line(self) -> str:
         """One line: batches, data stall so far, mean wait and step."""
