@@ -6,8 +6,8 @@ Three figures, each watched against plain:
 1. per batch: a tight loop over in-memory batches (no step), watched minus plain, µs per batch
    (the two ``perf_counter`` calls, the bookkeeping, the wrapper's ``__next__``);
 2. the background sampler: CPU seconds this process spends per wall second with a watch running
-   over a loop of sleeping steps, minus the same loop plain (psutil reads of the main process,
-   the workers and the machine every ``--interval`` s);
+   over a 2-worker ``DataLoader`` and sleeping steps, minus the same loop plain (psutil reads of
+   the main process and the workers every 50 ms, memory and I/O every 250 ms);
 3. end to end: ``--steps`` steps of ``time.sleep(step)`` (a GPU-like step that leaves the CPU
    free) over a 2-worker ``DataLoader``, the wall time watched over plain (noisy: shown, not the
    verdict).
@@ -61,11 +61,17 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _sampler_cpu_per_s(seconds: float, step_s: float) -> float:
+def _sampler_cpu_per_s(seconds: float, step_s: float, num_workers: int) -> float:
+    """CPU s per s of this process with a watch over a ``num_workers`` DataLoader, minus without."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
     from shardfeed.readers.measure.watch import watch
 
     n = max(1, int(seconds / step_s))
-    batches = [None] * n
+    loader = DataLoader(TensorDataset(torch.zeros(n, 1)), batch_size=1, num_workers=num_workers,
+                        persistent_workers=num_workers > 0)
+    list(iter(loader))  # start the workers outside the measured span
 
     def run(it):
         c0, t0 = _cpu_s(), time.perf_counter()
@@ -73,8 +79,8 @@ def _sampler_cpu_per_s(seconds: float, step_s: float) -> float:
             time.sleep(step_s)
         return (_cpu_s() - c0) / (time.perf_counter() - t0)
 
-    plain = run(batches)
-    w = watch(batches)
+    plain = run(loader)
+    w = watch(loader)
     watched = run(w)
     w.close()
     return max(0.0, watched - plain)
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     step_s = args.step_ms / 1000
     plain_us, watched_us, per_batch_us = _per_batch_us(20000, 5)
-    sampler = _sampler_cpu_per_s(args.sampler_seconds, step_s)
+    sampler = _sampler_cpu_per_s(args.sampler_seconds, step_s, args.num_workers)
     e2e_plain, e2e_watched = _end_to_end(args.steps, step_s, args.num_workers)
     ratio = (per_batch_us / 1e6 + sampler * step_s) / step_s
     out = {"step_ms": args.step_ms, "per_batch_plain_us": plain_us, "per_batch_watched_us": watched_us,

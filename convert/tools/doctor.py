@@ -44,14 +44,17 @@ from shardfeed.readers.format import IMAGE_EXTENSIONS, MANIFEST_NAME
 from shardfeed.readers.measure.report import fmt_bytes, percentile
 
 __all__ = ["DoctorReport", "doctor", "predict_images_per_s", "fs_class", "FIRST_READ_BYTES", "READ_REQUEST_BYTES",
-           "PACK_ADVICE_MIN_GAIN"]
+           "PACK_ADVICE_MIN_GAIN", "ADVICE_MIN_GAIN"]
 
 #: The first read of each file, bytes (most images fit in it).
 FIRST_READ_BYTES = 64 * 1024
 #: One read request of the kernel's default readahead window, bytes (the throughput estimate).
 READ_REQUEST_BYTES = 128 * 1024
-#: Packing is advised when the packed prediction is at least this many times the folder's.
-PACK_ADVICE_MIN_GAIN = 1.25
+#: Packing is advised when the packed prediction is at least this many times the folder's (a pack
+#: costs a copy of the dataset and a change of reader: worth it for a clear gain).
+PACK_ADVICE_MIN_GAIN = 1.5
+#: Staging, caching and more workers are advised from this gain on.
+ADVICE_MIN_GAIN = 1.25
 _CHUNK = 1024 * 1024
 _MAX_DECODE_BYTES = 64 * 1024 * 1024
 _SEQ_READ_BYTES = 64 * 1024 * 1024
@@ -129,7 +132,8 @@ class DoctorReport:
         predicted: ``folder_images_per_s``, ``packed_images_per_s``, ``local_images_per_s``
             (staged or cached), ``more_workers`` (``{"num_workers", "folder_images_per_s"}``).
         advice: actions, most helpful first, each with its predicted effect.
-        probe_s: seconds the probe took; ``warnings``: what limits the figures.
+        probe_s: seconds the probe took; ``others_cpu_share``: the share of the machine's CPU
+            other processes used meanwhile; ``warnings``: what limits the figures.
     """
 
     path: str
@@ -144,6 +148,7 @@ class DoctorReport:
     predicted: dict
     advice: list
     probe_s: float
+    others_cpu_share: float | None = None
     warnings: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -311,6 +316,18 @@ def _machine(path: Path | None) -> tuple[int, int, int | None]:
     return psutil.cpu_count() or 1, int(psutil.virtual_memory().available), shm
 
 
+def _others_cpu_share(machine0, ours0, wall_s: float, cpus: int) -> float | None:
+    import psutil
+
+    m1, o1 = psutil.cpu_times(), psutil.Process().cpu_times()
+    busy = sum(getattr(m1, k) - getattr(machine0, k) for k in m1._fields if k not in ("idle", "iowait", "guest",
+                                                                                     "guest_nice"))
+    ours = (o1.user + o1.system) - (ours0.user + ours0.system)
+    if wall_s <= 0:
+        return None
+    return min(1.0, max(0.0, (busy - ours) / (wall_s * cpus)))
+
+
 def _lat(values: list[float]) -> dict:
     return {"p50": percentile(values, 50) * 1e3, "p95": percentile(values, 95) * 1e3} if values else \
         {"p50": None, "p95": None}
@@ -347,8 +364,11 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     if "://" in text:
         raise ValueError(f"{text}: doctor probes a local or mounted file system; for a URL run "
                          f"'shardfeed bench {text} --model none' (the loader ceiling from that storage)")
+    import psutil
+
     t_start = time.monotonic()
     deadline = t_start + budget_s
+    machine0, ours0 = psutil.cpu_times(), psutil.Process().cpu_times()
     say = progress or (lambda line: None)
     root = Path(text).expanduser()
     if root.name == MANIFEST_NAME:
@@ -454,9 +474,13 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     files = {"count": count, "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
              "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": total}
     advice = _advice(kind, str(root), storage, files, dec, pred, nw, cpus, ram, shm)
+    others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
+    if others is not None and others > 0.3:
+        warnings.append(f"other processes used {others:.0%} of the CPU during the probe: the decode-bound figures "
+                        "are for this machine when it is quiet")
     return DoctorReport(path=str(root), kind=kind, storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
-                        probe_s=time.monotonic() - t_start, warnings=warnings)
+                        probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
 
 
 def _timed_read_prefix(path: str, keep: bool = False, max_rest: int = _SEQ_READ_BYTES) -> dict | None:
@@ -500,16 +524,16 @@ def _advice(kind: str, root: str, storage: dict, files: dict, dec: dict, pred: d
                    f"{folder:,.0f} at num_workers={nw} ({packed / folder:.1f}x): one open per shard, sequential "
                    "reads")
     remote = storage["fs_class"] in ("fuse", "nfs", "network")
-    if remote and local >= PACK_ADVICE_MIN_GAIN * base:
+    if remote and local >= ADVICE_MIN_GAIN * base:
         where = "/dev/shm" if shm is not None and total < 0.5 * shm else "a local NVMe disk"
         out.append(f"stage: shardfeed stage OUT {where}/… (about {fmt_bytes(total)}) → about {local:,.0f} images/s "
                    f"({local / base:.1f}x): read from local storage")
-    if local >= PACK_ADVICE_MIN_GAIN * base and total < 0.5 * ram:
+    if local >= ADVICE_MIN_GAIN * base and total < 0.5 * ram:
         out.append(f'cache: make_loader(OUT, cache="memory") (about {fmt_bytes(total)} of '
                    f"{fmt_bytes(ram)} RAM available) → about {local:,.0f} images/s after the first epoch")
     more = pred["more_workers"]
     more_rate = more["folder_images_per_s"] if kind == "folder" else more["packed_images_per_s"]
-    if more_rate and more_rate >= PACK_ADVICE_MIN_GAIN * base:
+    if more_rate and more_rate >= ADVICE_MIN_GAIN * base:
         out.append(f"more workers: num_workers={nw} → {more['num_workers']} → about {more_rate:,.0f} images/s "
                    f"({more_rate / base:.1f}x): the workers wait on storage, more of them keep more reads in flight "
                    f"(this machine has {cpus} cores)")

@@ -54,8 +54,10 @@ DIAGNOSIS_KINDS = ("compute-bound", "main-process-bound", "cpu-bound", "storage-
 STALL_COMPUTE_BOUND = 0.10
 #: Workers whose CPU demand (running or runnable) or busy share reaches this are CPU-saturated.
 WORKER_CPU_SATURATED = 0.6
-#: Seconds between two background samples.
+#: Seconds between two background samples of CPU time and scheduler state.
 DEFAULT_SAMPLE_INTERVAL_S = 0.05
+#: Memory, context switches, I/O counters and the child-process list are read every this many samples.
+_FULL_EVERY = 5
 
 
 def batch_length(batch: Any) -> int | None:
@@ -110,27 +112,36 @@ class _ProcTrack:
         self.running = 0
         self.rss = 0
 
-    def sample(self, now: float, io: bool = True) -> bool:
+    def sample(self, now: float, full: bool = True) -> bool:
+        """One sample: CPU time and state (one read of ``/proc/PID/stat``); with ``full`` also
+        memory, context switches and I/O counters. The first sample of a process is always full."""
         import psutil
 
+        full = full or self.cpu0 is None
         try:
             with self.proc.oneshot():
                 ct = self.proc.cpu_times()
                 status = self.proc.status()
-                rss = self.proc.memory_info().rss
-                ctx = self.proc.num_ctx_switches()
-                ioc = self.proc.io_counters() if io else None
+                if full:
+                    rss = self.proc.memory_info().rss
+                    vol = self.proc.num_ctx_switches().voluntary
+                    try:
+                        ioc = self.proc.io_counters()
+                    except (psutil.AccessDenied, AttributeError):
+                        ioc = None
         except (psutil.Error, OSError):
             return False
         cpu = ct.user + ct.system
         if self.cpu0 is None:
             self.cpu0, self.t0 = cpu, now
-            self.vol0 = ctx.voluntary
+            self.vol0 = vol
             if ioc is not None:
                 self.rchar0, self.rbytes0 = ioc.read_chars, ioc.read_bytes
-        self.cpu1, self.t1, self.vol1, self.rss = cpu, now, ctx.voluntary, rss
-        if ioc is not None:
-            self.rchar1, self.rbytes1 = ioc.read_chars, ioc.read_bytes
+        self.cpu1, self.t1 = cpu, now
+        if full:
+            self.vol1, self.rss = vol, rss
+            if ioc is not None:
+                self.rchar1, self.rbytes1 = ioc.read_chars, ioc.read_bytes
         self.states += 1
         self.running += status == psutil.STATUS_RUNNING
         return True
@@ -172,6 +183,8 @@ class _Sampler:
             if not self.gpu.start():
                 self.error = self.gpu.error
                 self.gpu = None
+        self._ticks = 0
+        self._children: list[int] | None = None
         self._thread = threading.Thread(target=self._loop, name="shardfeed-watch", daemon=True)
         self._thread.start()
 
@@ -179,13 +192,17 @@ class _Sampler:
         import psutil
 
         now = time.perf_counter()
-        self.main.sample(now)
+        self._ticks += 1
+        full = self._ticks % _FULL_EVERY == 1
+        self.main.sample(now, full)
         pids = self.worker_pids()
-        if pids is None:
-            try:
-                pids = [c.pid for c in self.main.proc.children()]
-            except psutil.Error:
-                pids = []
+        if pids is None:  # the workers are not known: the main process's children, looked up now and then
+            if full or self._children is None:
+                try:
+                    self._children = [c.pid for c in self.main.proc.children()]
+                except psutil.Error:
+                    self._children = []
+            pids = self._children
         with self._lock:
             for pid in pids:
                 track = self.workers.get(pid)
@@ -194,10 +211,10 @@ class _Sampler:
                         track = self.workers[pid] = _ProcTrack(psutil.Process(pid), now)
                     except psutil.Error:
                         continue
-                track.sample(now)
-        vm = psutil.virtual_memory()
-        self.vm_min_available = min(self.vm_min_available, vm.available)
-        self.swap_max = max(self.swap_max, psutil.swap_memory().used)
+                track.sample(now, full)
+        if full:
+            self.vm_min_available = min(self.vm_min_available, psutil.virtual_memory().available)
+            self.swap_max = max(self.swap_max, psutil.swap_memory().used)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -542,8 +559,8 @@ class Watch:
         if cur is None:
             return None if self._hook_mark is not None else []
         workers = getattr(cur._it, "_workers", None)
-        if workers is None:
-            return [] if getattr(self.loader, "num_workers", None) == 0 else None
+        if workers is None:  # single-process iterator, or an iterable that is no DataLoader: no workers known
+            return [] if not getattr(self.loader, "num_workers", None) else None
         return [p.pid for p in workers if getattr(p, "pid", None)]
 
     def _start_sampling(self) -> None:

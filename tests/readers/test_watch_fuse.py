@@ -54,7 +54,8 @@ def test_user_dataset_on_slow_storage_is_storage_bound(folder, mounted):
     assert rep.diagnosis["kind"] == "storage-bound", rep.summary()
     assert any(a.startswith("shardfeed pack") for a in rep.diagnosis["advice"])
     assert rep.workers["num"] == 2 and len(rep.workers["per_worker"]) == 2
-    assert rep.io["read_chars"] >= sum((folder / p).stat().st_size for p in paths[16:])
+    # the workers' reads are counted (the main process opens no image): at least one batch's files
+    assert rep.io["read_chars"] >= sum((folder / p).stat().st_size for p in paths[:16])
 
 
 @pytest.mark.fuse
@@ -63,7 +64,7 @@ def test_doctor_on_the_emulated_mount_sees_the_latency_and_advises_packing(mount
     assert rep.storage["fs_class"] == "fuse"
     assert LATENCY_MS * 0.9 <= rep.storage["open_latency_ms"]["p50"] <= LATENCY_MS * 3
     assert rep.files["count"] == 192
-    assert rep.predicted["packed_images_per_s"] > 1.25 * rep.predicted["folder_images_per_s"]
+    assert rep.predicted["packed_images_per_s"] > 1.5 * rep.predicted["folder_images_per_s"]
     assert any(a.startswith("pack: shardfeed pack") for a in rep.advice), rep.summary()
 
 
