@@ -86,3 +86,45 @@ def test_watch_of_a_missing_program_is_one_clear_line(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "cannot run" in r.stderr and "Traceback" not in r.stderr
+
+
+FOREVER = textwrap.dedent('''
+    import sys, time, pathlib
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(64, 2)), batch_size=4, num_workers=1)
+    n = 0
+    while True:
+        for (x,) in loader:
+            time.sleep(0.01)
+            n += 1
+            if n == 10:
+                pathlib.Path(sys.argv[1]).write_text("ready")
+''')
+
+
+def test_ctrl_c_still_prints_the_report(tmp_path):
+    import os
+    import signal
+    import time
+
+    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
+    script.write_text(FOREVER)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    rep = json.loads(report_path.read_text())
+    assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
+    assert "data stall" in out
