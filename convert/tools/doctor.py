@@ -304,6 +304,35 @@ def _tar_images(data: bytes, limit: int) -> list[tuple[str, bytes]]:
     return out
 
 
+def _lmdb_images(root: Path, limit: int) -> list[tuple[str, bytes]]:
+    """The first ``limit`` samples' image bytes of an LMDB dataset (read-only, no lock file)."""
+    import lmdb
+
+    from shardfeed.readers.format import RESERVED_KEY_PREFIXES
+    from shardfeed.readers.lmdb_record import decode_record
+
+    out: list[tuple[str, bytes]] = []
+    try:
+        env = lmdb.open(str(root), readonly=True, lock=False, subdir=True, max_readers=1)
+    except lmdb.Error:
+        return out
+    try:
+        with env.begin() as txn:
+            for key, value in txn.cursor():
+                if len(out) >= limit:
+                    break
+                if key.startswith(RESERVED_KEY_PREFIXES):
+                    continue
+                try:
+                    rec = decode_record(bytes(value), source=str(root), key=key)
+                except Exception:
+                    continue
+                out.append((f"{key.decode('utf-8', 'replace')}.{rec.get('ext', '')}", rec["data"]))
+    finally:
+        env.close()
+    return out
+
+
 def _machine(path: Path | None) -> tuple[int, int, int | None]:
     import psutil
 
@@ -449,8 +478,13 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     else:
         total = float(sum(s.num_bytes for s in manifest.shards)) or float(sum(os.path.getsize(p) for p in shard_paths))
         mean_bytes = median_bytes = p95_bytes = total / max(count, 1)
-        images = _tar_images(reads[0]["data"] or b"", max_files) if kind == "webdataset" else []
-        if kind != "webdataset":
+        if kind == "webdataset":
+            images = _tar_images(reads[0]["data"] or b"", max_files)
+        elif kind == "lmdb":
+            images = _lmdb_images(root, max_files)
+        else:
+            images = []
+        if not images:
             warnings.append(f"decode cost not measured for the {kind} format: run 'shardfeed doctor' on the image "
                             "folder it was packed from")
         sizes = [len(b) for _, b in images]

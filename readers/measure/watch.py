@@ -340,7 +340,7 @@ def _pct(x: float | None) -> str:
 
 def diagnose(*, stall_share: float, batches: int, num_workers: int | None, workers: dict | None,
              main: dict | None, loader: dict, cpu_count: int, cuda: bool, epochs: int,
-             t_wait_s: dict | None = None, io: dict | None = None) -> dict:
+             t_wait_s: dict | None = None, io: dict | None = None, data: str | None = None) -> dict:
     """The diagnosis of a watched loop: ``{"kind", "text", "advice"}``.
 
     Rules, in order: stall under :data:`STALL_COMPUTE_BOUND` → ``compute-bound``; stalled with
@@ -353,8 +353,10 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     ``advice`` follows one order: workers, ``pin_memory`` + ``non_blocking``, ``prefetch_factor``,
     ``persistent_workers``, then the storage format (``shardfeed pack``, ``stage`` to NVMe or
     ``/dev/shm``, ``cache="memory"``), then decode cost (``--resize`` at pack time, scaled
-    decoding); each item names concrete values.
+    decoding); each item names concrete values. ``data``: the dataset's folder when known (a
+    torchvision-style ``dataset.root``), named in the ``shardfeed pack`` advice (else ``DATA``).
     """
+    data = data or "DATA"
     advice: list[str] = []
     nw = num_workers
     if batches < 1:
@@ -414,14 +416,14 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
         advice.append("persistent_workers=False → True: the workers start again every epoch")
     # 5. storage format
     if kind in ("storage-bound", "main-process-bound"):
-        advice.append("shardfeed pack DATA OUT --format wds: a few large shards read sequentially instead of one "
-                      "open and read per sample (then shardfeed verify DATA OUT shows the change)")
+        advice.append(f"shardfeed pack {data} OUT --format wds: a few large shards read sequentially instead of one "
+                      f"open and read per sample (then shardfeed verify {data} OUT shows the change)")
         advice.append("shardfeed stage OUT /local/nvme (or /dev/shm when it fits): read the shards from local "
                       "storage")
         advice.append('make_loader(OUT, cache="memory") when the dataset fits in RAM: every sample read once')
     # 6. decode cost
     if kind in ("cpu-bound", "main-process-bound"):
-        advice.append("shardfeed pack DATA OUT --resize 256: decode smaller images (the decode cost grows with "
+        advice.append(f"shardfeed pack {data} OUT --resize 256: decode smaller images (the decode cost grows with "
                       "the pixels)")
         advice.append("make_loader(OUT, image_size=224) decodes JPEGs at a reduced scale (1/2, 1/4, 1/8) when "
                       "that keeps the shorter side ≥ image_size; decoder='simplejpeg' (the jpeg extra) is faster")
@@ -438,6 +440,11 @@ def _loader_knobs(loader: Any) -> dict:
         value = getattr(loader, key, None)
         out[key] = value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
     return out
+
+
+def _data_root(loader: Any) -> str | None:
+    root = getattr(getattr(loader, "dataset", None), "root", None)
+    return str(root) if isinstance(root, (str, os.PathLike)) else None
 
 
 def _label_of(loader: Any) -> str:
@@ -723,7 +730,7 @@ class Watch:
         dev = str(self._device) if self._device is not None else "cpu"
         diagnosis = diagnose(stall_share=stall, batches=len(steps), num_workers=nw, workers=workers, main=main,
                              loader=knobs, cpu_count=cpu_count, cuda=self._cuda_sync, epochs=self.epochs,
-                             t_wait_s=t_wait, io=io)
+                             t_wait_s=t_wait, io=io, data=_data_root(self.loader))
         if len(steps) < 10:
             warnings.append(f"only {len(steps)} batches timed: the figures are rough")
         return WatchReport(label=self.label, batches=len(steps), epochs=self.epochs, t_wait_s=t_wait, t_step_s=t_step,

@@ -83,7 +83,7 @@ def test_cpu_heavy_transform_is_cpu_bound(jpegs):
     assert rep.workers["num"] == 2
     assert rep.diagnosis["kind"] == "cpu-bound", rep.summary()
     assert any("--resize" in a for a in rep.diagnosis["advice"])
-    assert not any("shardfeed pack DATA OUT --format" in a for a in rep.diagnosis["advice"])
+    assert not any("--format wds" in a for a in rep.diagnosis["advice"])
 
 
 @pytest.mark.multiprocess
@@ -119,3 +119,22 @@ def test_status_line_is_logged_when_asked(caplog):
             time.sleep(0.002)
     w.close()
     assert any("data stall" in r.getMessage() for r in caplog.records)
+
+
+def test_diagnose_names_the_datasets_folder_and_the_order_of_advice():
+    from shardfeed.readers.measure.watch import diagnose
+
+    workers = {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.1}
+    d = diagnose(stall_share=0.5, batches=50, num_workers=2, workers=workers, main={"cpu_busy_share": 0.1},
+                 loader={"num_workers": 2, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False},
+                 cpu_count=8, cuda=True, epochs=3, t_wait_s={"p50": 0.01, "p95": 0.08}, data="/data/train")
+    assert d["kind"] == "storage-bound"
+    first_words = [a.split(" ")[0] for a in d["advice"]]
+    assert first_words == ["num_workers=2", "pin_memory=False", "prefetch_factor=2", "persistent_workers=False",
+                           "shardfeed", "shardfeed", "make_loader(OUT,"]
+    assert d["advice"][0].startswith("num_workers=2 → 4") and "8 cores" in d["advice"][0]
+    assert d["advice"][4].startswith("shardfeed pack /data/train OUT")
+    cpu = diagnose(stall_share=0.5, batches=50, num_workers=2, workers={"num": 2, "cpu_busy_share": 0.95,
+                   "cpu_demand_share": 1.0}, main=None, loader={"num_workers": 2}, cpu_count=8, cuda=False, epochs=1)
+    assert cpu["kind"] == "cpu-bound" and cpu["advice"][0] == ("num_workers=2 → 8: the workers are CPU-saturated "
+                                                               "and this machine has 8 cores")
