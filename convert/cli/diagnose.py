@@ -77,7 +77,7 @@ def _summaries(docs: list[dict]) -> list[str]:
 @click.option("--status-every", "status_every_s", type=FiniteFloat(min=0.1), default=None, metavar="S",
               help="Log a one-line status (data stall so far) every S seconds [default: off].")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Batches at the start of each loader left out of the stall share (worker start-up).")
+              help="Batches at the very start of each loader left out of the stall share (worker start-up).")
 @json_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: float | None, warmup: int,

@@ -73,6 +73,15 @@ def patch_dataloader(dataloader_cls=None) -> None:
 
     orig = dataloader_cls.__iter__
     opts = _options()
+    if opts.get("status_every_s"):  # the status lines go to stderr, whatever logging the script configures
+        import logging
+
+        log = logging.getLogger("shardfeed.watch")
+        log.setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("shardfeed watch: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
     def __iter__(self):
         w = self.__dict__.get("_shardfeed_watch")

@@ -342,8 +342,13 @@ class GpuSampler:
         self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
             self._nvml.nvmlShutdown()
-        if not self._util:
+        return self.stats()
+
+    def stats(self) -> dict | None:
+        """The figures so far (see :meth:`stop`), sampling going on; None when nothing was sampled."""
+        util, mem = list(self._util), list(self._mem)
+        if not util or not mem:
             return None
-        return {"util_mean": statistics.fmean(self._util) / 100, "util_p50": percentile(self._util, 50) / 100,
-                "util_samples": len(self._util), "memory_used_max_bytes": max(self._mem),
+        return {"util_mean": statistics.fmean(util) / 100, "util_p50": percentile(util, 50) / 100,
+                "util_samples": len(util), "memory_used_max_bytes": max(mem),
                 "memory_total_bytes": self._mem_total}

@@ -240,10 +240,7 @@ class _Sampler:
                   "memory_available_min_bytes": self.vm_min_available,
                   "memory_total_bytes": psutil.virtual_memory().total,
                   "swap_growth_bytes": max(0, self.swap_max - self.swap0)}
-        gpu = None
-        if self.gpu is not None:
-            utils = list(self.gpu._util)
-            gpu = {"util_mean": statistics.fmean(utils) / 100 if utils else None, "samples": len(utils)}
+        gpu = self.gpu.stats() if self.gpu is not None else None
         return {"main": self.main.figures(), "workers": workers, "system": system, "gpu": gpu}
 
     def stop(self) -> None:
@@ -251,6 +248,7 @@ class _Sampler:
         self._thread.join(timeout=2)
         if self.gpu is not None:
             self.gpu.stop()
+            self.gpu = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -580,6 +578,8 @@ class Watch:
             return
         gpu_index = self._device.index if (self._cuda_sync and self._sample_gpu) else None
         self._sampler = _Sampler(self._sample_interval_s, self._worker_pids, gpu_index)
+        if self._sampler.error:  # NVML missing or unusable: the rest is still sampled
+            self._warnings.append(self._sampler.error)
 
     # -- iteration
     def __iter__(self) -> _Epoch:
