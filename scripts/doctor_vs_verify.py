@@ -7,9 +7,10 @@ on the mounted folder (which predicts the folder's and the packed form's images/
 ``--num-workers``), then ``shardfeed verify FOLDER WDS --model none --cold`` (the loader's ceiling:
 no compute step) with the same worker count, and prints a Markdown table, predicted vs measured.
 
-The figures are emulations (a fixed added latency), not measurements of NFS or a bucket. The
-doctor's model leaves out the loader's resize, crop and collate (``verify`` does them), so the
-measured rate is expected below the prediction where decoding is the limit.
+The figures are emulations (a fixed added latency), not measurements of NFS or a bucket. The doctor
+counts the loader's decode, resize and crop (``--image-size``) but not collate, the main process,
+the FUSE daemon's CPU or other processes', so where the CPU is the limit the measured rate is
+expected below the prediction (the table shows the CPU other processes took meanwhile).
 
 Examples::
 
@@ -48,7 +49,8 @@ def run_latency(data: Path, latency_ms: float, args, out: Path) -> dict:
             StorageEmulator(data / "wds", open_ms=latency_ms, read_ms=latency_ms) as wds:
         print(f"doctor_vs_verify: {latency_ms:g} ms: doctor ...", file=sys.stderr, flush=True)
         doc = _run_json([_shardfeed(), "-q", "doctor", str(folder.mountpoint), "--num-workers", str(args.num_workers),
-                         "--max-files", str(args.max_files)], out / f"doctor-{latency_ms:g}ms.json")
+                         "--max-files", str(args.max_files), "--image-size", str(args.image_size)],
+                        out / f"doctor-{latency_ms:g}ms.json")
         print(f"doctor_vs_verify: {latency_ms:g} ms: verify ...", file=sys.stderr, flush=True)
         ver = _run_json([_shardfeed(), "-q", "verify", str(folder.mountpoint), str(wds.mountpoint), "--model", "none",
                          "--cold", "--num-workers", str(args.num_workers), "--threads", "1", "--image-size",

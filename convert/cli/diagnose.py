@@ -155,9 +155,12 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
               help="Evict the sampled files from the page cache first (posix_fadvise DONTNEED), so the storage "
                    "is measured, not RAM.")
 @click.option("--seed", type=int, default=0, show_default=True, help="The sample's seed.")
+@click.option("--image-size", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also count the loader's CPU work per image at image_size=N (reduced-scale decode, resize, "
+                   "centre crop) [default: decoding only].")
 @json_option
 def doctor_cmd(path: str, num_workers: int | None, max_files: int, max_list: int, budget_s: float, decoder: str,
-               cold: bool, seed: int, json_path: str | None) -> None:
+               cold: bool, seed: int, image_size: int | None, json_path: str | None) -> None:
     """Probe PATH (an image folder or a packed dataset, local or mounted) without training: the
     file system, open and read latency, throughput, file sizes, decode cost on this CPU, cores,
     RAM and /dev/shm; then predict the loader ceiling (images/s) for the folder and its packed
@@ -176,7 +179,7 @@ def doctor_cmd(path: str, num_workers: int | None, max_files: int, max_list: int
     from shardfeed.convert.tools.doctor import doctor
 
     report = doctor(path, num_workers=num_workers, max_files=max_files, max_list=max_list, budget_s=budget_s,
-                    decoder=decoder, cold=cold, seed=seed,
+                    decoder=decoder, cold=cold, seed=seed, image_size=image_size,
                     progress=None if quiet() else (lambda line: click.echo(f"shardfeed: {line}", err=True)))
     echo(report.summary(), json_path)
     write_json_report(json_path, report.to_json())

@@ -12,7 +12,8 @@ a URL) within a bounded sample and time budget:
   read request per first-read latency, the kernel's default readahead window);
 * the files: how many (the listing stops at ``max_list``), the size distribution of the sample;
 * the decode cost on this CPU: the sampled images decoded with shardfeed's decoder
-  (:func:`shardfeed.readers.decode.decode_image`), CPU seconds per image of this thread;
+  (:func:`shardfeed.readers.decode.decode_image`; with ``image_size`` also resized and cropped
+  as ``make_loader(image_size=N)`` does), CPU seconds per image of this thread;
 * the machine: cores, available RAM, free ``/dev/shm`` against the dataset's estimated size.
 
 The loader ceiling it predicts, images/s at ``num_workers`` W (``W=0`` counts as one: the main
@@ -126,7 +127,7 @@ class DoctorReport:
         files: ``count`` (``count_complete``: False when the listing stopped at ``max_list``),
             ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``.
         decode: ``images_per_cpu_s`` (decoded images per CPU second of one thread),
-            ``median_pixels``, ``sampled``, ``decoder``.
+            ``median_pixels`` (decoded), ``sampled``, ``decoder``, ``image_size``.
         cpus: logical cores; ``ram_available_bytes``; ``shm_free_bytes`` (None without /dev/shm).
         num_workers: the worker count the prediction is for.
         predicted: ``folder_images_per_s``, ``packed_images_per_s``, ``local_images_per_s``
@@ -261,27 +262,40 @@ def _timed_read(path: str, keep: bool) -> dict | None:
             "data": b"".join(parts) if keep else None}
 
 
-def _decode_cost(samples: list[tuple[str, bytes]], decoder: str, deadline: float) -> dict:
+def _decode_cost(samples: list[tuple[str, bytes]], decoder: str, deadline: float,
+                 image_size: int | None = None) -> dict:
     from shardfeed.readers.decode import decode_image, resolve_decoder
+    from shardfeed.readers.transforms import center_crop, resize_shorter
 
     cpu, n, pixels = 0.0, 0, []
+    for name, data in samples[:1]:  # warm-up, not timed: the decoder's and cv2's first-call set-up
+        try:
+            arr = decode_image(data, decoder=decoder, source=name, target_size=image_size)
+            if image_size:
+                center_crop(resize_shorter(arr, image_size), image_size)
+        except Exception:
+            pass
     for name, data in samples:
         if time.monotonic() > deadline and n >= 3:
             break
         t0 = time.thread_time()
         try:
-            arr = decode_image(data, os.path.splitext(name)[1].lstrip("."), decoder=decoder, source=name)
+            arr = decode_image(data, os.path.splitext(name)[1].lstrip("."), decoder=decoder, source=name,
+                               target_size=image_size)
+            full_pixels = int(arr.shape[0]) * int(arr.shape[1])
+            if image_size:  # what make_loader(image_size=N) does on the CPU: resize the shorter side, crop
+                arr = center_crop(resize_shorter(arr, image_size), image_size)
         except Exception:  # an undecodable sample is not a cost figure
             continue
         cpu += time.thread_time() - t0
         n += 1
-        pixels.append(int(arr.shape[0]) * int(arr.shape[1]))
+        pixels.append(full_pixels)
     try:
         used = resolve_decoder(decoder)
     except Exception:
         used = decoder
     return {"images_per_cpu_s": n / cpu if n and cpu > 0 else None, "median_pixels": statistics.median(pixels)
-            if pixels else None, "sampled": n, "decoder": used}
+            if pixels else None, "sampled": n, "decoder": used, "image_size": image_size}
 
 
 def _tar_images(data: bytes, limit: int) -> list[tuple[str, bytes]]:
@@ -364,7 +378,7 @@ def _lat(values: list[float]) -> dict:
 
 def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files: int = 64,
            max_list: int = 200_000, budget_s: float = 30.0, decoder: str = "auto", cold: bool = True, seed: int = 0,
-           progress: Callable[[str], None] | None = None) -> DoctorReport:
+           image_size: int | None = None, progress: Callable[[str], None] | None = None) -> DoctorReport:
     """Probe the dataset at ``path`` and predict its loader ceiling (see the module docstring).
 
     Args:
@@ -379,12 +393,17 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
         decoder: shardfeed's decoder (``auto``, ``pil``, ``cv2``, ``simplejpeg``).
         cold: evict the sampled files from the page cache before reading them.
         seed: the sample's seed.
+        image_size: also count what ``make_loader(image_size=N)`` does on the CPU per image:
+            reduced-scale JPEG decoding, resizing the shorter side to N, the centre crop
+            (None: decoding at full size only).
         progress: called with a line per phase.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ValueError: bad counts, a URL, or no image file under ``path``.
     """
+    if image_size is not None and image_size < 1:
+        raise ValueError(f"image_size must be at least 1, got {image_size}")
     if max_files < 1 or max_list < 1:
         raise ValueError(f"max_files and max_list must be at least 1, got {max_files}, {max_list}")
     if not budget_s > 0:
@@ -492,7 +511,7 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             median_bytes = float(statistics.median(sizes))
             p95_bytes = percentile(sizes, 95)
     say(f"decoding {len(images)} images ...")
-    dec = _decode_cost(images, decoder, deadline + budget_s * 0.2)
+    dec = _decode_cost(images, decoder, deadline + budget_s * 0.2, image_size)
     t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
     t_open, t_first = statistics.median(opens), statistics.median(firsts)
     pred = predict_images_per_s(num_workers=nw, cpus=cpus, t_decode_s=t_dec, t_open_s=t_open, t_first_read_s=t_first,
