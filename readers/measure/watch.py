@@ -699,13 +699,14 @@ class Watch:
         gpu_util = None
         if snap is not None:
             per = [w for w in snap["workers"] if w["watched_s"] > 0]
-            if per or nw:
-                busy = [w["cpu_busy_share"] for w in per if w["cpu_busy_share"] is not None]
-                demand = [w["cpu_demand_share"] for w in per if w["cpu_demand_share"] is not None]
-                workers = {"num": nw if nw is not None else len(per),
-                           "cpu_busy_share": statistics.fmean(busy) if busy else None,
-                           "cpu_demand_share": statistics.fmean(demand) if demand else None,
-                           "per_worker": per}
+            if nw is None and not per:  # an iterable that is no DataLoader and no worker process seen
+                nw = 0
+            busy = [w["cpu_busy_share"] for w in per if w["cpu_busy_share"] is not None]
+            demand = [w["cpu_demand_share"] for w in per if w["cpu_demand_share"] is not None]
+            workers = {"num": nw if nw is not None else len(per),
+                       "cpu_busy_share": statistics.fmean(busy) if busy else None,
+                       "cpu_demand_share": statistics.fmean(demand) if demand else None,
+                       "per_worker": per}
             m = snap["main"]
             main = {k: m[k] for k in ("cpu_s", "cpu_busy_share", "cpu_demand_share", "rss_bytes")}
             span = max(m["watched_s"], 1e-9)

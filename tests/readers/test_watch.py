@@ -138,3 +138,19 @@ def test_diagnose_names_the_datasets_folder_and_the_order_of_advice():
                    "cpu_demand_share": 1.0}, main=None, loader={"num_workers": 2}, cpu_count=8, cuda=False, epochs=1)
     assert cpu["kind"] == "cpu-bound" and cpu["advice"][0] == ("num_workers=2 → 8: the workers are CPU-saturated "
                                                                "and this machine has 8 cores")
+
+
+def test_a_slow_generator_is_loading_in_the_main_process():
+    def batches():
+        for i in range(8):
+            time.sleep(0.01)  # the work of producing a batch, in this process
+            yield torch.full((2,), i)
+
+    w = watch(batches())
+    waits, steps, got = timed_loop(w, 0.002)
+    rep = w.report()
+    w.close()
+    assert [int(b[0]) for b in got] == list(range(8))
+    assert rep.workers["num"] == 0
+    assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
+    assert rep.diagnosis["kind"] == "main-process-bound"
