@@ -62,23 +62,29 @@ def run_latency(data: Path, latency_ms: float, args, out: Path) -> dict:
             "predicted_folder": p["folder_images_per_s"], "predicted_packed": p["packed_images_per_s"],
             "measured_folder": ver["before"]["images_per_s"], "measured_packed": ver["after"]["images_per_s"],
             "doctor_advises_pack": any(a.startswith("pack:") for a in doc["advice"]),
+            "busy_machine": p.get("busy_machine"),
             "doctor_decode_ms_per_image": 1e3 / doc["decode"]["images_per_cpu_s"],
             "verify_cpu_ms_per_image": {k: v * 1e3 for k, v in ver["cpu_s_per_image"].items()},
+            "doctor_others_cpu_share": doc.get("others_cpu_share") or 0.0,
             "others_cpu_share": max((r.get("cpu") or {}).get("others_share") or 0.0 for r in ver["runs"])}
 
 
 def format_markdown(rows: list[dict], args) -> str:
     lines = [f"`shardfeed doctor` predicted vs `shardfeed verify --model none --cold` measured, images/s, "
              f"num_workers={args.num_workers}, emulated latency per open and per read request:", "",
-             "| latency | doctor: open p50 | folder predicted | folder measured | packed predicted | packed measured "
-             "| doctor advises pack | CPU ms/image: doctor decode / verify folder, packed | other processes' CPU |",
+             "| latency | doctor: open p50 | folder predicted (quiet / now) | folder measured "
+             "| packed predicted (quiet / now) | packed measured | doctor advises pack "
+             "| CPU ms/image: doctor / verify folder, packed | other processes' CPU: doctor, verify |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['latency_ms']:g} ms | {r['open_latency_ms']:.2f} ms | {r['predicted_folder']:.0f} | "
-                     f"{r['measured_folder']:.0f} | {r['predicted_packed']:.0f} | {r['measured_packed']:.0f} | "
+        busy = r.get("busy_machine") or {}
+        lines.append(f"| {r['latency_ms']:g} ms | {r['open_latency_ms']:.2f} ms | {r['predicted_folder']:.0f} / "
+                     f"{busy.get('folder_images_per_s') or 0:.0f} | {r['measured_folder']:.0f} | "
+                     f"{r['predicted_packed']:.0f} / {busy.get('packed_images_per_s') or 0:.0f} | "
+                     f"{r['measured_packed']:.0f} | "
                      f"{'yes' if r['doctor_advises_pack'] else 'no'} | {r['doctor_decode_ms_per_image']:.2f} / "
                      f"{r['verify_cpu_ms_per_image']['before']:.2f}, {r['verify_cpu_ms_per_image']['after']:.2f} | "
-                     f"{r['others_cpu_share']:.0%} |")
+                     f"{r['doctor_others_cpu_share']:.0%}, {r['others_cpu_share']:.0%} |")
     return "\n".join(lines)
 
 

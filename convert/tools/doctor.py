@@ -100,7 +100,7 @@ def _fs_type_of(path: Path) -> tuple[str | None, str | None]:
     return (best.fstype, best.mountpoint) if best else (None, None)
 
 
-def predict_images_per_s(*, num_workers: int, cpus: int, t_decode_s: float | None, t_open_s: float,
+def predict_images_per_s(*, num_workers: int, cpus: float, t_decode_s: float | None, t_open_s: float,
                          t_first_read_s: float, median_bytes: float, read_bytes_per_s: float | None) -> dict:
     """The model of the module docstring: ``{"folder_images_per_s", "packed_images_per_s",
     "local_images_per_s"}`` (None where a figure is missing)."""
@@ -131,7 +131,10 @@ class DoctorReport:
         cpus: logical cores; ``ram_available_bytes``; ``shm_free_bytes`` (None without /dev/shm).
         num_workers: the worker count the prediction is for.
         predicted: ``folder_images_per_s``, ``packed_images_per_s``, ``local_images_per_s``
-            (staged or cached), ``more_workers`` (``{"num_workers", "folder_images_per_s"}``).
+            (staged or cached), ``more_workers`` (``{"num_workers", "folder_images_per_s",
+            "packed_images_per_s"}``), ``busy_machine`` (the same with only the cores other
+            processes left free during the probe: ``{"cores_free", "folder_images_per_s",
+            "packed_images_per_s"}``).
         advice: actions, most helpful first, each with its predicted effect.
         probe_s: seconds the probe took; ``others_cpu_share``: the share of the machine's CPU
             other processes used meanwhile; ``warnings``: what limits the figures.
@@ -528,9 +531,16 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
              "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": total}
     advice = _advice(kind, str(root), storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
+    if others is not None:
+        free = max(0.1, cpus * (1 - others))
+        now = predict_images_per_s(num_workers=nw, cpus=free, t_decode_s=t_dec, t_open_s=t_open,
+                                   t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr)
+        pred["busy_machine"] = {"cores_free": free, "folder_images_per_s": now["folder_images_per_s"],
+                                "packed_images_per_s": now["packed_images_per_s"]}
     if others is not None and others > 0.3:
         warnings.append(f"other processes used {others:.0%} of the CPU during the probe: the decode-bound figures "
-                        "are for this machine when it is quiet")
+                        f"are for this machine when it is quiet (with the {pred['busy_machine']['cores_free']:.1f} "
+                        "cores left free: predicted.busy_machine)")
     return DoctorReport(path=str(root), kind=kind, storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
