@@ -49,7 +49,6 @@ The package, by concern:
 * :mod:`.verdict`: the verdict from every round, or none when the noise exceeds the effect;
 * :mod:`.tune`: the ``DataLoader`` knob sweep (:func:`tune_loader`);
 * :mod:`.tables`: the printed tables and the plot.
-* :mod:`.watch`: the user's own loop, any iterable of batches (:func:`~.watch.watch`, ``shardfeed watch``).
 """
 
 from __future__ import annotations
