@@ -537,6 +537,7 @@ class Watch:
         self._warnings: list[str] = []
         self._closed_snapshot: dict | None = None
         self._hook_mark: float | None = None
+        self._last_len: int | None = None
 
     # -- device
     def _resolve_device(self) -> None:
@@ -586,9 +587,18 @@ class Watch:
         if self.epochs == 0:
             self._resolve_device()
             self._start_sampling()
+        self._drop_unfinished()
         self.epochs += 1
         self._current = _Epoch(self, iter(self.loader))
         return self._current
+
+    def _drop_unfinished(self) -> None:
+        """A pass left early (``break``): its last batch's step never ended; leave that batch out."""
+        if self._pending_step and len(self.waits) > len(self.steps):
+            self.waits.pop()
+            if self.num_samples is not None:
+                self.num_samples -= self._last_len or 0
+            self._pending_step = False
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -604,6 +614,7 @@ class Watch:
         self._pending_step = True
         if self.num_samples is not None:
             n = batch_length(batch)
+            self._last_len = n
             self.num_samples = None if n is None else self.num_samples + n
         if self._status_every_s is not None:
             now = time.perf_counter()
@@ -726,7 +737,10 @@ class Watch:
                 gpu_util = snap["gpu"]["util_mean"]
         cpu_count = (system or {}).get("cpu_count") or os.cpu_count() or 1
         wall = tw + ts
-        samples_per_s = (self.num_samples / wall) if (self.num_samples is not None and wall > 0 and waits) else None
+        num_samples = self.num_samples
+        if num_samples is not None and len(waits) > len(steps):  # the last batch's step has not ended
+            num_samples -= self._last_len or 0
+        samples_per_s = (num_samples / wall) if (num_samples is not None and wall > 0 and waits) else None
         t_wait, t_step = _stats(waits), _stats(steps)
         dev = str(self._device) if self._device is not None else "cpu"
         diagnosis = diagnose(stall_share=stall, batches=len(steps), num_workers=nw, workers=workers, main=main,
@@ -736,7 +750,7 @@ class Watch:
             warnings.append(f"only {len(steps)} batches timed: the figures are rough")
         return WatchReport(label=self.label, batches=len(steps), epochs=self.epochs, t_wait_s=t_wait, t_step_s=t_step,
                            t_first_batch_s=self.first_batch_s, stall_share=stall, samples_per_s=samples_per_s,
-                           num_samples=self.num_samples if waits else None, device=dev,
+                           num_samples=num_samples if waits else None, device=dev,
                            timing="cuda_synchronize" if self._cuda_sync else "perf_counter", loader=knobs,
                            workers=workers, main=main, io=io, memory=memory, system=system, gpu_util=gpu_util,
                            diagnosis=diagnosis, warnings=warnings)

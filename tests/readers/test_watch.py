@@ -154,3 +154,20 @@ def test_a_slow_generator_is_loading_in_the_main_process():
     assert rep.workers["num"] == 0
     assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
     assert rep.diagnosis["kind"] == "main-process-bound"
+
+
+def test_a_pass_left_early_does_not_count_its_unfinished_step():
+    data = [torch.zeros(3)] * 6
+    w = watch(data, warmup=0)
+    for i, _ in enumerate(w):
+        time.sleep(0.001)
+        if i == 2:
+            break  # the third batch's step never ends inside the watch
+    for _ in w:
+        time.sleep(0.001)
+    rep = w.report()
+    w.close()
+    assert rep.epochs == 2
+    assert rep.batches == 2 + 6
+    assert rep.num_samples == 8 * 3
+    assert rep.t_wait_s["total"] < rep.t_step_s["total"]  # every wait paired with its own step
