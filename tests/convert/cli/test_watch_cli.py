@@ -128,3 +128,17 @@ def test_ctrl_c_still_prints_the_report(tmp_path):
     rep = json.loads(report_path.read_text())
     assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
     assert "data stall" in out
+
+
+def test_the_scripts_own_sitecustomize_still_runs(tmp_path):
+    import os
+
+    own = tmp_path / "site"
+    own.mkdir()
+    marker = tmp_path / "marker"
+    (own / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    env = {**os.environ, "PYTHONPATH": str(own)}
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--", sys.executable, "-c",
+                        "import sys; print(sys.argv)"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert marker.read_text() == "ran"
