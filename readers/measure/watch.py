@@ -44,7 +44,8 @@ from typing import Any, Iterable, Iterator
 from .report import fmt_bytes, percentile
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
-           "WORKER_CPU_SATURATED", "DEFAULT_SAMPLE_INTERVAL_S", "batch_length", "reports_to_json"]
+           "WORKER_CPU_SATURATED", "DEFAULT_SAMPLE_INTERVAL_S", "batch_length", "reports_to_json",
+           "predict_batch_interval"]
 
 logger = logging.getLogger("shardfeed.watch")
 
@@ -338,7 +339,8 @@ def _pct(x: float | None) -> str:
 
 def diagnose(*, stall_share: float, batches: int, num_workers: int | None, workers: dict | None,
              main: dict | None, loader: dict, cpu_count: int, cuda: bool, epochs: int,
-             t_wait_s: dict | None = None, io: dict | None = None, data: str | None = None) -> dict:
+             t_wait_s: dict | None = None, io: dict | None = None, data: str | None = None,
+             t_step_s: dict | None = None) -> dict:
     """The diagnosis of a watched loop: ``{"kind", "text", "advice"}``.
 
     Rules, in order: stall under :data:`STALL_COMPUTE_BOUND` → ``compute-bound``; stalled with
@@ -395,12 +397,14 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
         advice.append(f"num_workers=0 → {max(2, min(cpu_count, 8))}: load in worker processes "
                       f"(this machine has {cpu_count} cores)")
     elif kind == "cpu-bound" and nw is not None and nw < cpu_count:
+        gain = _gain_text(nw, cpu_count, stall_share, t_step_s, t_wait_s, workers, cpu_count)
         advice.append(f"num_workers={nw} → {cpu_count}: the workers are CPU-saturated and this machine has "
-                      f"{cpu_count} cores")
+                      f"{cpu_count} cores{gain}")
     elif kind == "storage-bound" and nw is not None:
         more = min(max(2 * nw, nw + 2), max(4 * cpu_count, nw + 2), 64)
         advice.append(f"num_workers={nw} → {more}: the workers wait on storage rather than compute, so more of "
-                      f"them keep more reads in flight (this machine has {cpu_count} cores)")
+                      f"them keep more reads in flight (this machine has {cpu_count} cores)"
+                      f"{_gain_text(nw, more, stall_share, t_step_s, t_wait_s, workers, cpu_count)}")
     # 2. pinned memory
     if cuda and loader.get("pin_memory") is False:
         advice.append("pin_memory=False → True, with batch.to(device, non_blocking=True): the copy to the GPU "
@@ -426,6 +430,36 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
         advice.append("make_loader(OUT, image_size=224) decodes JPEGs at a reduced scale (1/2, 1/4, 1/8) when "
                       "that keeps the shorter side ≥ image_size; decoder='simplejpeg' (the jpeg extra) is faster")
     return {"kind": kind, "text": text, "advice": advice}
+
+
+def predict_batch_interval(num_workers: int, new_workers: int, wait_s: float, step_s: float,
+                           worker_cpu_s_per_batch: float | None, cores: int) -> float:
+    """The time per batch, s, with ``new_workers`` instead of ``num_workers`` (a stalled loop).
+
+    While the loop is stalled the workers together deliver one batch per ``wait_s + step_s``
+    (means per batch); ``k`` times as many workers deliver ``k`` times as fast, but never faster
+    than the step nor than the cores can do the workers' CPU work per batch
+    (``worker_cpu_s_per_batch / cores``).
+    """
+    now = wait_s + step_s
+    interval = max(step_s, now * num_workers / max(new_workers, 1))
+    if worker_cpu_s_per_batch:
+        interval = max(interval, worker_cpu_s_per_batch / max(cores, 1))
+    return interval
+
+
+def _gain_text(nw: int, new: int, stall: float, t_step_s: dict | None, t_wait_s: dict | None, workers: dict | None,
+               cores: int) -> str:
+    if not nw or not t_step_s or not t_wait_s or not t_step_s.get("total"):
+        return ""
+    per = (workers or {}).get("per_worker") or []
+    n_batches = t_step_s["total"] / t_step_s["mean"] if t_step_s["mean"] > 0 else 0
+    cpu_per_batch = sum(w["cpu_s"] for w in per) / n_batches if per and n_batches else None
+    wait, step = t_wait_s["mean"], t_step_s["mean"]
+    interval = predict_batch_interval(nw, new, wait, step, cpu_per_batch, cores)
+    gain = (wait + step) / interval
+    new_stall = max(0.0, 1 - step / interval)
+    return f"; expected about {gain:.1f}x the batches per second (data stall {stall:.0%} → {new_stall:.0%})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -745,7 +779,7 @@ class Watch:
         dev = str(self._device) if self._device is not None else "cpu"
         diagnosis = diagnose(stall_share=stall, batches=len(steps), num_workers=nw, workers=workers, main=main,
                              loader=knobs, cpu_count=cpu_count, cuda=self._cuda_sync, epochs=self.epochs,
-                             t_wait_s=t_wait, io=io, data=_data_root(self.loader))
+                             t_wait_s=t_wait, io=io, data=_data_root(self.loader), t_step_s=t_step)
         if len(steps) < 10:
             warnings.append(f"only {len(steps)} batches timed: the figures are rough")
         return WatchReport(label=self.label, batches=len(steps), epochs=self.epochs, t_wait_s=t_wait, t_step_s=t_step,

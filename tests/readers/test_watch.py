@@ -171,3 +171,14 @@ def test_a_pass_left_early_does_not_count_its_unfinished_step():
     assert rep.batches == 2 + 6
     assert rep.num_samples == 8 * 3
     assert rep.t_wait_s["total"] < rep.t_step_s["total"]  # every wait paired with its own step
+
+
+def test_more_workers_are_predicted_to_deliver_proportionally_up_to_the_step_and_the_cores():
+    from shardfeed.readers.measure.watch import predict_batch_interval
+
+    # stalled: 2 workers deliver a batch per 30 ms (10 ms wait + 20 ms step)
+    assert predict_batch_interval(2, 3, 0.010, 0.020, None, 8) == pytest.approx(0.020)  # 30 * 2/3 = 20: the step
+    assert predict_batch_interval(2, 4, 0.010, 0.020, None, 8) == pytest.approx(0.020)  # never faster than the step
+    assert predict_batch_interval(2, 4, 0.050, 0.010, None, 8) == pytest.approx(0.030)  # 60 * 2/4
+    # the workers' CPU per batch (0.2 s) over 4 cores bounds it at 50 ms
+    assert predict_batch_interval(2, 8, 0.050, 0.010, 0.2, 4) == pytest.approx(0.050)

@@ -53,6 +53,7 @@ def test_user_dataset_on_slow_storage_is_storage_bound(folder, mounted):
     assert rep.stall_share == pytest.approx(measured, abs=0.05)
     assert rep.diagnosis["kind"] == "storage-bound", rep.summary()
     assert any(a.startswith("shardfeed pack") for a in rep.diagnosis["advice"])
+    assert rep.diagnosis["advice"][0].startswith("num_workers=2 → 4") and "expected about" in rep.diagnosis["advice"][0]
     assert rep.workers["num"] == 2 and len(rep.workers["per_worker"]) == 2
     # the workers' reads are counted (the main process opens no image): at least one batch's files
     assert rep.io["read_chars"] >= sum((folder / p).stat().st_size for p in paths[:16])
