@@ -59,6 +59,8 @@ WORKER_CPU_SATURATED = 0.6
 DEFAULT_SAMPLE_INTERVAL_S = 0.05
 #: Memory, context switches, I/O counters and the child-process list are read every this many samples.
 _FULL_EVERY = 5
+#: Worker processes followed at most over a watch (non-persistent workers are new processes every epoch).
+_MAX_TRACKED_PROCESSES = 1024
 
 
 def batch_length(batch: Any) -> int | None:
@@ -208,6 +210,8 @@ class _Sampler:
             for pid in pids:
                 track = self.workers.get(pid)
                 if track is None:
+                    if len(self.workers) >= _MAX_TRACKED_PROCESSES:
+                        continue
                     try:
                         track = self.workers[pid] = _ProcTrack(psutil.Process(pid), now)
                     except psutil.Error:
