@@ -539,6 +539,8 @@ class Watch:
         sample_gpu: sample GPU utilisation from NVML on CUDA (needs ``nvidia-ml-py``).
         status_every_s: log one status line (logger ``shardfeed.watch``, INFO) at most every this
             many seconds; None: off.
+        status_bar: a ``tqdm`` bar: with ``status_every_s``, the stall so far goes to its postfix
+            (``set_postfix_str``) instead of the log.
         warmup: batches at the very start left out of the stall share (default 1: the first
             batch waits for the workers to start).
         label: a name for the report (default: the loader's class and dataset class).
@@ -549,7 +551,7 @@ class Watch:
 
     def __init__(self, loader: Iterable, *, device: Any = None, sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
                  sample_gpu: bool = True, status_every_s: float | None = None, warmup: int = 1,
-                 label: str | None = None):
+                 label: str | None = None, status_bar: Any = None):
         if not sample_interval_s > 0:
             raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s}")
         if warmup < 0:
@@ -562,6 +564,7 @@ class Watch:
         self._sample_interval_s = sample_interval_s
         self._sample_gpu = sample_gpu
         self._status_every_s = status_every_s
+        self._status_bar = status_bar
         self._last_status = time.perf_counter()
         self._warmup_left = warmup
         self.waits: list[float] = []
@@ -658,7 +661,12 @@ class Watch:
             now = time.perf_counter()
             if now - self._last_status >= self._status_every_s:
                 self._last_status = now
-                logger.info("%s", self.status_line())
+                if self._status_bar is not None:
+                    tw, ts = sum(self.waits), sum(self.steps)
+                    self._status_bar.set_postfix_str(f"data stall {tw / (tw + ts) if tw + ts > 0 else 0.0:.0%}",
+                                                     refresh=False)
+                else:
+                    logger.info("%s", self.status_line())
 
     def _record_step(self, dt: float) -> None:
         if self._pending_step:
@@ -796,7 +804,7 @@ class Watch:
 
 def watch(loader: Iterable, *, device: Any = None, sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
           sample_gpu: bool = True, status_every_s: float | None = None, warmup: int = 1,
-          label: str | None = None) -> Watch:
+          label: str | None = None, status_bar: Any = None) -> Watch:
     """Wrap ``loader`` so the loop over it is timed: ``for batch in watch(loader): step(batch)``.
 
     Yields exactly what ``loader`` yields; each pass is one epoch. Keep the returned object to
@@ -813,7 +821,7 @@ def watch(loader: Iterable, *, device: Any = None, sample_interval_s: float = DE
         print(w.report().summary())
     """
     return Watch(loader, device=device, sample_interval_s=sample_interval_s, sample_gpu=sample_gpu,
-                 status_every_s=status_every_s, warmup=warmup, label=label)
+                 status_every_s=status_every_s, warmup=warmup, label=label, status_bar=status_bar)
 
 
 def reports_to_json(reports: list[WatchReport]) -> str:

@@ -182,3 +182,18 @@ def test_more_workers_are_predicted_to_deliver_proportionally_up_to_the_step_and
     assert predict_batch_interval(2, 4, 0.050, 0.010, None, 8) == pytest.approx(0.030)  # 60 * 2/4
     # the workers' CPU per batch (0.2 s) over 4 cores bounds it at 50 ms
     assert predict_batch_interval(2, 8, 0.050, 0.010, 0.2, 4) == pytest.approx(0.050)
+
+
+def test_status_goes_to_a_tqdm_postfix_when_given_a_bar():
+    import io
+
+    from tqdm import tqdm
+
+    data = [torch.zeros(1)] * 5
+    with tqdm(total=5, file=io.StringIO()) as bar:
+        w = watch(data, status_every_s=0.001, status_bar=bar)
+        for _ in w:
+            time.sleep(0.002)
+            bar.update(1)
+        w.close()
+        assert bar.postfix.startswith("data stall ")
