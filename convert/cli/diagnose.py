@@ -89,7 +89,8 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
     The script is not edited: a start-up hook (sitecustomize on PYTHONPATH) wraps
     torch.utils.data.DataLoader.__iter__ in the script's process(es) with shardfeed.readers.watch,
     which times each batch's wait against the step and samples CPU, I/O, memory and GPU. The
-    report prints when the script ends (also on Ctrl-C); the script's exit status is kept.
+    report prints when the script ends (also on Ctrl-C, and on SIGTERM, which is passed on to the
+    script); the script's exit status is kept.
 
     \b
     Examples:
@@ -122,13 +123,18 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
         # Ctrl-C reaches the script (same process group); this process waits for it to write its report
         previous = signal.signal(signal.SIGINT, lambda *a: None)
         try:
-            rc = proc.wait()
+            try:
+                rc = proc.wait()
+            except KeyboardInterrupt:  # SIGTERM to this process (stop_on_sigterm): pass it on, then report
+                proc.send_signal(signal.SIGTERM)
+                rc = proc.wait()
         finally:
             signal.signal(signal.SIGINT, previous)
         docs = _read_reports(out_dir)
     lines = _summaries(docs)
     if not lines:
-        lines = ["shardfeed watch: the command iterated no torch DataLoader (nothing to report)"]
+        lines = ["shardfeed watch: the command iterated no torch DataLoader (nothing to report; a process that "
+                 "ends with os._exit() or is killed by a signal writes no report)"]
     for line in lines:
         echo(line, json_path)
     report = {"command": list(cmd), "exit_status": rc,

@@ -6,7 +6,8 @@ calls :func:`install` at interpreter start-up, in every Python process of the co
 ``torch.utils.data.dataloader`` to be imported (torch is not imported early) and then replaces
 ``DataLoader.__iter__``: each ``iter(loader)`` returns the iterator of one
 :class:`~shardfeed.readers.measure.watch.Watch` per loader (one pass = one epoch), which forwards every
-attribute to torch's own iterator. At exit each process that iterated a loader writes
+attribute to torch's own iterator. At exit (also on Ctrl-C, and on SIGTERM where the script sets
+no handler of its own: it then exits with status 143) each process that iterated a loader writes
 ``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``.
 
 Environment (set by ``shardfeed watch``): ``SHARDFEED_WATCH_DIR`` (the report folder; without it
@@ -167,4 +168,17 @@ def install() -> bool:
     else:
         sys.meta_path.insert(0, _Finder())
     atexit.register(_write_reports)
+    _exit_on_sigterm()
     return True
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the script through ``sys.exit(143)`` (so the report is written) where the
+    script has not set a handler of its own; the exit status stays that of a SIGTERM death's shell
+    convention (128 + 15)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signal.SIGTERM))

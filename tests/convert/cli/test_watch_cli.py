@@ -142,3 +142,28 @@ def test_the_scripts_own_sitecustomize_still_runs(tmp_path):
                         "import sys; print(sys.argv)"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert marker.read_text() == "ran"
+
+
+def test_sigterm_to_shardfeed_watch_is_passed_on_and_the_report_printed(tmp_path):
+    import signal
+    import time
+
+    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
+    script.write_text(FOREVER)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
+        proc.send_signal(signal.SIGTERM)  # to shardfeed watch only, as a container stop or `timeout` does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    rep = json.loads(report_path.read_text())
+    assert rep["exit_status"] == 128 + signal.SIGTERM
+    assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
