@@ -167,7 +167,8 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
 @json_option
 def doctor_cmd(path: str, num_workers: int | None, max_files: int, max_list: int, budget_s: float, decoder: str,
                cold: bool, seed: int, image_size: int | None, json_path: str | None) -> None:
-    """Probe PATH (an image folder or a packed dataset, local or mounted) without training: the
+    """Probe PATH (an image folder or a packed dataset, local or mounted, or a WebDataset URL:
+    http(s):// or s3://) without training: the
     file system, open and read latency, throughput, file sizes, decode cost on this CPU, cores,
     RAM and /dev/shm; then predict the loader ceiling (images/s) for the folder and its packed
     form and say which action helps and by about how much.
@@ -181,6 +182,7 @@ def doctor_cmd(path: str, num_workers: int | None, max_files: int, max_list: int
     Examples:
       shardfeed doctor /mnt/nfs/imagenet/train --num-workers 8
       shardfeed doctor out/train-wds --json doctor.json
+      shardfeed doctor https://data.example.com/train-wds --num-workers 16
     """
     from shardfeed.convert.tools.doctor import doctor
 

@@ -386,8 +386,8 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
 
     Args:
         path: an image folder, a packed dataset (folder or ``manifest.json``) on a local or
-            mounted file system. (URLs are refused with the fix: mount the bucket, or run
-            ``shardfeed bench URL``.)
+            mounted file system, or a WebDataset dataset's ``http(s)://`` or ``s3://`` URL (time to
+            the response stands for the open latency; the page cache is not involved).
         num_workers: the ``DataLoader`` workers of the prediction (default: the CPU count).
         max_files: files sampled for latency, sizes and decode (≥ 1).
         max_list: files listed at most (the count is then a lower bound).
@@ -403,7 +403,8 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: bad counts, a URL, or no image file under ``path``.
+        ValueError: bad counts, no image file under ``path``, a URL to an LMDB dataset.
+        ShardfeedError: a URL whose manifest cannot be fetched or read (the readers' errors).
     """
     if image_size is not None and image_size < 1:
         raise ValueError(f"image_size must be at least 1, got {image_size}")
@@ -412,15 +413,18 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s}")
     text = str(path)
-    if "://" in text:
-        raise ValueError(f"{text}: doctor probes a local or mounted file system; for a URL run "
-                         f"'shardfeed bench {text} --model none' (the loader ceiling from that storage)")
     import psutil
 
     t_start = time.monotonic()
     deadline = t_start + budget_s
     machine0, ours0 = psutil.cpu_times(), psutil.Process().cpu_times()
     say = progress or (lambda line: None)
+    if "://" in text and not text.startswith("file://"):
+        return _doctor_url(text, num_workers=num_workers, max_files=max_files, budget_s=budget_s, decoder=decoder,
+                           seed=seed, image_size=image_size, say=say, t_start=t_start, machine0=machine0,
+                           ours0=ours0)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
     root = Path(text).expanduser()
     if root.name == MANIFEST_NAME:
         root = root.parent
@@ -542,6 +546,87 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
                         f"are for this machine when it is quiet (with the {pred['busy_machine']['cores_free']:.1f} "
                         "cores left free: predicted.busy_machine)")
     return DoctorReport(path=str(root), kind=kind, storage=storage, files=files, decode=dec, cpus=cpus,
+                        ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
+                        probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
+
+
+def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, image_size, say, t_start, machine0,
+                ours0) -> DoctorReport:
+    """A packed dataset behind ``http(s)://`` or ``s3://``: time to the response, first 64 KiB,
+    sequential reads of up to 4 shards (64 MB each at most), decode of the first shard's samples."""
+    from shardfeed.readers.opener import open_location, url_scheme
+
+    loc = open_location(url)
+    say(f"reading the manifest of {url} ...")
+    manifest = loc.load_manifest(check_files=False)
+    cpus, ram, shm = _machine(None)
+    nw = cpus if num_workers is None else num_workers
+    if manifest.format != "webdataset":
+        raise ValueError(f"{url}: doctor probes WebDataset shards over a URL (this is {manifest.format}); "
+                         "run it on a local or mounted copy")
+    rng = random.Random(seed)
+    names = [sh.name for sh in manifest.shards]
+    sample = rng.sample(names, min(max_files, len(names)))
+    warnings: list[str] = []
+    opens, firsts, seq_bytes, seq_s, first_data = [], [], 0, 0.0, b""
+    say(f"reading {len(sample)} shards ...")
+    for i, name in enumerate(sample):
+        if opens and time.monotonic() > t_start + budget_s * 0.7:
+            warnings.append(f"time budget: {len(opens)} of {len(sample)} sampled shards read")
+            break
+        limit = _SEQ_READ_BYTES if i < 4 else FIRST_READ_BYTES
+        t0 = time.perf_counter()
+        stream, _ = loc.open(name, 0, limit)
+        try:
+            t1 = time.perf_counter()
+            first = stream.read(FIRST_READ_BYTES)
+            t2 = time.perf_counter()
+            parts, rest = [first], 0
+            while rest + len(first) < limit:
+                chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                rest += len(chunk)
+                if i == 0 and rest <= 8 * _CHUNK:
+                    parts.append(chunk)
+            t3 = time.perf_counter()
+        finally:
+            stream.close()
+        opens.append(t1 - t0)
+        firsts.append(t2 - t1)
+        if rest:
+            seq_bytes, seq_s = seq_bytes + rest, seq_s + (t3 - t2)
+        if i == 0:
+            first_data = b"".join(parts)
+    measured = seq_bytes >= _CHUNK
+    thr = seq_bytes / max(seq_s, 1e-9) if measured else READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6)
+    images = _tar_images(first_data, max_files)
+    total = float(sum(sh.num_bytes for sh in manifest.shards))
+    count = manifest.num_samples
+    sizes = [len(b) for _, b in images]
+    median_bytes = float(statistics.median(sizes)) if sizes else total / max(count, 1)
+    say(f"decoding {len(images)} images ...")
+    dec = _decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
+    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
+    pred = predict_images_per_s(num_workers=nw, cpus=cpus, t_decode_s=t_dec, t_open_s=statistics.median(opens),
+                                t_first_read_s=statistics.median(firsts), median_bytes=median_bytes,
+                                read_bytes_per_s=thr)
+    more = max(2 * max(nw, 1), nw + 2)
+    pm = predict_images_per_s(num_workers=more, cpus=cpus, t_decode_s=t_dec, t_open_s=statistics.median(opens),
+                              t_first_read_s=statistics.median(firsts), median_bytes=median_bytes,
+                              read_bytes_per_s=thr)
+    pred["more_workers"] = {"num_workers": more, "folder_images_per_s": pm["folder_images_per_s"],
+                            "packed_images_per_s": pm["packed_images_per_s"]}
+    scheme = url_scheme(url)
+    storage = {"fs_type": scheme, "fs_class": "network", "mount_point": None,
+               "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts), "read_mb_per_s": thr / 1e6,
+               "read_mb_per_s_measured": measured, "cold": False}
+    files = {"count": count, "count_complete": True, "sampled": len(opens), "median_bytes": median_bytes,
+             "p95_bytes": percentile(sizes, 95) if sizes else median_bytes, "mean_bytes": total / max(count, 1),
+             "estimated_total_bytes": total}
+    advice = _advice("webdataset", url, storage, files, dec, pred, nw, cpus, ram, shm)
+    others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
+    return DoctorReport(path=url, kind="url", storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
 

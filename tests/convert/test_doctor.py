@@ -47,5 +47,19 @@ def test_doctor_cli_json_and_bad_input(tiny_image_folder, tmp_path):
     empty.mkdir()
     r = CliRunner().invoke(main, ["doctor", str(empty)])
     assert r.exit_code != 0 and "no image file found" in r.output
-    r = CliRunner().invoke(main, ["doctor", "http://127.0.0.1:9/data"])
-    assert r.exit_code != 0 and "shardfeed bench http://127.0.0.1:9/data" in r.output
+    r = CliRunner().invoke(main, ["doctor", "ftp://127.0.0.1:9/data"])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+
+
+@pytest.mark.network
+def test_doctor_on_a_url_reads_the_shards_over_http(simple_http_server, packed_wds, tiny_folder_expected):
+    from shardfeed.readers.format import load_manifest
+
+    url = f"{simple_http_server}/wds"
+    rep = doctor(url, num_workers=2, max_files=4, budget_s=20)
+    assert rep.kind == "url" and rep.storage["fs_type"] == "http" and rep.storage["fs_class"] == "network"
+    assert rep.files["count"] == len(tiny_folder_expected)
+    manifest = load_manifest(packed_wds / "manifest.json", check_files=False)
+    assert rep.files["estimated_total_bytes"] == sum(s.num_bytes for s in manifest.shards)
+    assert rep.decode["sampled"] > 0 and rep.predicted["packed_images_per_s"] > 0
+    assert rep.storage["open_latency_ms"]["p50"] > 0
