@@ -11,10 +11,14 @@ The data stall share is ``Σ t_wait / Σ (t_wait + t_step)``. On CUDA (``device`
 ``None`` with CUDA initialised in this process) each request first calls
 ``torch.cuda.synchronize(device)``, so the work the step queued on the GPU is part of ``t_step``
 and ``t_wait`` is the time the GPU sits idle waiting for the next batch (without it, an
-asynchronous step returns at once and its GPU time would be counted as wait). The CPU path (no
-synchronisation) is the fallback the tests exercise. The first batch of the first epoch (worker
-start-up) is reported apart (``t_first_batch_s``) and left out of the stall share; the first
-batch of every later epoch counts (re-starting workers is a cost ``persistent_workers`` removes).
+asynchronous step returns at once and its GPU time would be counted as wait). Its cost: the
+host no longer queues the next step while the GPU finishes the last one (``device="cpu"`` times
+without synchronising). The CPU path (no synchronisation) is the fallback the tests exercise.
+Trainers that iterate the loader themselves use the hook mode instead (:meth:`Watch.start`,
+:meth:`Watch.batch_started`, :meth:`Watch.batch_ended`; :mod:`shardfeed.readers.integrations`).
+The first batch of the first epoch (worker start-up) is reported apart (``t_first_batch_s``) and
+left out of the stall share; the first batch of every later epoch counts (re-starting workers is
+a cost ``persistent_workers`` removes).
 
 A background thread (``sample_interval_s``) samples with psutil what explains a stall: CPU time
 and the scheduler state of the main process and of each ``DataLoader`` worker process (the
@@ -28,6 +32,9 @@ a lower busy share, one that waits on storage has both low.
 
 :meth:`Watch.report` returns a :class:`WatchReport`; its ``diagnosis`` is one of
 :data:`DIAGNOSIS_KINDS` with ordered advice (see :func:`diagnose`).
+
+Overhead (``python scripts/bench_watch.py``): about 2 µs per batch and 4 ms of CPU per second for
+the sampler with 2 workers, 0.4 % of a 20 ms step on 2 cores.
 """
 
 from __future__ import annotations
