@@ -60,6 +60,7 @@ def test_user_dataset_on_slow_storage_is_storage_bound(folder, mounted):
 
 
 @pytest.mark.fuse
+@pytest.mark.multiprocess
 def test_doctor_on_the_emulated_mount_sees_the_latency_and_advises_packing(mounted):
     rep = doctor(mounted.mountpoint, num_workers=2, max_files=24, budget_s=20)
     assert rep.storage["fs_class"] == "fuse"
