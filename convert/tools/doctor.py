@@ -19,9 +19,10 @@ a URL) within a bounded sample and time budget:
 The loader ceiling it predicts, images/s at ``num_workers`` W (``W=0`` counts as one: the main
 process), with ``t_dec`` the CPU seconds to decode one image and ``C`` the cores:
 
-* folder: ``min(W / (t_open + t_first_read + max(0, size - 64 KiB) / throughput + t_dec), min(W, C) / t_dec)``
-  (each worker opens and reads one file per image, then decodes it; the decode cannot use more
-  than C cores);
+* folder: ``min(W / (t_open + t_first_read + max(0, size - 64 KiB) / throughput + t_dec),
+  min(W, C) / (t_dec + t_file_cpu))`` (each worker opens and reads one file per image, then
+  decodes it; ``t_file_cpu`` is the CPU time of one file's open, reads and close, the system calls
+  a file system such as FUSE makes costly; decoding and those calls cannot use more than C cores);
 * packed: ``min(W / (size / throughput + t_dec), min(W, C) / t_dec)`` (each worker streams a shard:
   one open per shard, sequential reads);
 * staged to local storage or cached in memory: ``min(W, C) / t_dec``.
@@ -101,15 +102,17 @@ def _fs_type_of(path: Path) -> tuple[str | None, str | None]:
 
 
 def predict_images_per_s(*, num_workers: int, cpus: float, t_decode_s: float | None, t_open_s: float,
-                         t_first_read_s: float, median_bytes: float, read_bytes_per_s: float | None) -> dict:
+                         t_first_read_s: float, median_bytes: float, read_bytes_per_s: float | None,
+                         t_file_cpu_s: float = 0.0) -> dict:
     """The model of the module docstring: ``{"folder_images_per_s", "packed_images_per_s",
-    "local_images_per_s"}`` (None where a figure is missing)."""
+    "local_images_per_s"}`` (None where a figure is missing). ``t_file_cpu_s``: the CPU seconds
+    of one file's open, reads and close (system calls; the folder pays them per image)."""
     w = max(1, num_workers)
     if not t_decode_s or t_decode_s <= 0 or not read_bytes_per_s:
         return {"folder_images_per_s": None, "packed_images_per_s": None, "local_images_per_s": None}
     cpu_cap = min(w, cpus) / t_decode_s
     rest = max(0.0, median_bytes - FIRST_READ_BYTES) / read_bytes_per_s
-    folder = min(w / (t_open_s + t_first_read_s + rest + t_decode_s), cpu_cap)
+    folder = min(w / (t_open_s + t_first_read_s + rest + t_decode_s), min(w, cpus) / (t_decode_s + t_file_cpu_s))
     packed = min(w / (median_bytes / read_bytes_per_s + t_decode_s), cpu_cap)
     return {"folder_images_per_s": folder, "packed_images_per_s": packed, "local_images_per_s": cpu_cap}
 
@@ -123,7 +126,8 @@ class DoctorReport:
         storage: ``fs_type``, ``fs_class``, ``mount_point``, ``open_latency_ms`` and
             ``first_read_latency_ms`` (``{"p50", "p95"}``), ``read_mb_per_s`` (MB = 10^6 bytes),
             ``read_mb_per_s_measured`` (False: estimated from the first-read latency), ``cold``
-            (whether eviction was advised before the reads).
+            (whether eviction was advised before the reads), ``file_cpu_ms`` (CPU of one file's
+            open, reads and close in this thread).
         files: ``count`` (``count_complete``: False when the listing stopped at ``max_list``),
             ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``.
         decode: ``images_per_cpu_s`` (decoded images per CPU second of one thread),
@@ -164,12 +168,14 @@ class DoctorReport:
         s, f, d, p = self.storage, self.files, self.decode, self.predicted
         ol, fr = s.get("open_latency_ms") or {}, s.get("first_read_latency_ms") or {}
         thr = s.get("read_mb_per_s")
+        file_cpu = f", CPU per file {s['file_cpu_ms']:.2f} ms" if s.get("file_cpu_ms") else ""
         lines = [f"{self.path} ({self.kind})",
                  f"  storage: {s.get('fs_type')} ({s.get('fs_class')}) at {s.get('mount_point')}; open "
                  f"{_ms(ol.get('p50'))} (p95 {_ms(ol.get('p95'))}), first read {_ms(fr.get('p50'))} "
                  f"(p95 {_ms(fr.get('p95'))}), sequential "
                  f"{'n/a' if thr is None else f'{thr:.0f} MB/s'}"
                  f"{'' if s.get('read_mb_per_s_measured') else ' (estimated)'}"
+                 f"{file_cpu}"
                  f"{'' if s.get('cold') else ' [warm: eviction not possible]'}",
                  f"  files: {f.get('count')}{'' if f.get('count_complete', True) else '+'}, median "
                  f"{fmt_bytes(f.get('median_bytes'))}, about {fmt_bytes(f.get('estimated_total_bytes'))} in all",
@@ -238,6 +244,7 @@ def _evict(path: str) -> bool:
 
 def _timed_read(path: str, keep: bool) -> dict | None:
     """Open, first read, rest of the file: the three times and the bytes (``data`` when ``keep``)."""
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -262,7 +269,7 @@ def _timed_read(path: str, keep: bool) -> dict | None:
     finally:
         os.close(fd)
     return {"open_s": t1 - t0, "first_s": t2 - t1, "rest_s": t3 - t2, "size": len(first) + rest, "rest": rest,
-            "data": b"".join(parts) if keep else None}
+            "cpu_s": time.thread_time() - c0, "data": b"".join(parts) if keep else None}
 
 
 def _decode_cost(samples: list[tuple[str, bytes]], decoder: str, deadline: float,
@@ -521,16 +528,20 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     dec = _decode_cost(images, decoder, deadline + budget_s * 0.2, image_size)
     t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
     t_open, t_first = statistics.median(opens), statistics.median(firsts)
+    file_cpus = [r["cpu_s"] for r in reads if "cpu_s" in r]
+    t_file_cpu = statistics.median(file_cpus) if file_cpus and manifest is None else 0.0
     pred = predict_images_per_s(num_workers=nw, cpus=cpus, t_decode_s=t_dec, t_open_s=t_open, t_first_read_s=t_first,
-                                median_bytes=median_bytes, read_bytes_per_s=thr)
+                                median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
     more = max(2 * max(nw, 1), nw + 2)
     pred_more = predict_images_per_s(num_workers=more, cpus=cpus, t_decode_s=t_dec, t_open_s=t_open,
-                                     t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr)
+                                     t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr,
+                                     t_file_cpu_s=t_file_cpu)
     pred["more_workers"] = {"num_workers": more, "folder_images_per_s": pred_more["folder_images_per_s"],
                             "packed_images_per_s": pred_more["packed_images_per_s"]}
     storage = {"fs_type": fs_type, "fs_class": fs_class(fs_type), "mount_point": mount_point,
                "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts),
-               "read_mb_per_s": thr / 1e6, "read_mb_per_s_measured": measured, "cold": cold and evicted > 0}
+               "read_mb_per_s": thr / 1e6, "read_mb_per_s_measured": measured, "cold": cold and evicted > 0,
+               "file_cpu_ms": t_file_cpu * 1e3}
     files = {"count": count, "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
              "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": total}
     advice = _advice(kind, str(root), storage, files, dec, pred, nw, cpus, ram, shm)
@@ -538,7 +549,8 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     if others is not None:
         free = max(0.1, cpus * (1 - others))
         now = predict_images_per_s(num_workers=nw, cpus=free, t_decode_s=t_dec, t_open_s=t_open,
-                                   t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr)
+                                   t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr,
+                                   t_file_cpu_s=t_file_cpu)
         pred["busy_machine"] = {"cores_free": free, "folder_images_per_s": now["folder_images_per_s"],
                                 "packed_images_per_s": now["packed_images_per_s"]}
     if others is not None and others > 0.3:

@@ -63,3 +63,12 @@ def test_doctor_on_a_url_reads_the_shards_over_http(simple_http_server, packed_w
     assert rep.files["estimated_total_bytes"] == sum(s.num_bytes for s in manifest.shards)
     assert rep.decode["sampled"] > 0 and rep.predicted["packed_images_per_s"] > 0
     assert rep.storage["open_latency_ms"]["p50"] > 0
+
+
+def test_the_folders_system_call_cpu_counts_against_the_cores():
+    base = dict(num_workers=2, cpus=2, t_decode_s=0.001, t_open_s=0.0, t_first_read_s=0.0, median_bytes=1000,
+                read_bytes_per_s=1e9)
+    quick = predict_images_per_s(**base)
+    costly = predict_images_per_s(**base, t_file_cpu_s=0.001)
+    assert costly["folder_images_per_s"] == pytest.approx(2 / 0.002)  # decode + one file's system calls
+    assert costly["packed_images_per_s"] == quick["packed_images_per_s"] == pytest.approx(2 / 0.001)
