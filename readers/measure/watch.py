@@ -33,8 +33,8 @@ a lower busy share, one that waits on storage has both low.
 :meth:`Watch.report` returns a :class:`WatchReport`; its ``diagnosis`` is one of
 :data:`DIAGNOSIS_KINDS` with ordered advice (see :func:`diagnose`).
 
-Overhead (``python scripts/bench_watch.py``): about 2 µs per batch and 4 ms of CPU per second for
-the sampler with 2 workers, 0.4 % of a 20 ms step on 2 cores.
+Overhead: see ``python scripts/bench_watch.py`` (a few µs per batch, a few ms of CPU per second for
+the sampler with 2 workers: well under 1 % of a 20 ms step).
 """
 
 from __future__ import annotations
@@ -64,8 +64,10 @@ STALL_COMPUTE_BOUND = 0.10
 WORKER_CPU_SATURATED = 0.6
 #: Seconds between two background samples of CPU time and scheduler state.
 DEFAULT_SAMPLE_INTERVAL_S = 0.05
-#: Memory, context switches, I/O counters and the child-process list are read every this many samples.
-_FULL_EVERY = 5
+#: Memory, context switches and I/O counters are read every this many samples; the list of child
+#: processes (when the workers are not known) and swap every ``_SLOW_EVERY``.
+_FULL_EVERY = 10
+_SLOW_EVERY = 20
 #: Worker processes followed at most over a watch (non-persistent workers are new processes every epoch).
 _MAX_TRACKED_PROCESSES = 1024
 
@@ -204,10 +206,11 @@ class _Sampler:
         now = time.perf_counter()
         self._ticks += 1
         full = self._ticks % _FULL_EVERY == 1
+        slow = self._ticks % _SLOW_EVERY == 1
         self.main.sample(now, full)
         pids = self.worker_pids()
         if pids is None:  # the workers are not known: the main process's children, looked up now and then
-            if full or self._children is None:
+            if slow or self._children is None:
                 try:
                     self._children = [c.pid for c in self.main.proc.children()]
                 except psutil.Error:
@@ -226,6 +229,7 @@ class _Sampler:
                 track.sample(now, full)
         if full:
             self.vm_min_available = min(self.vm_min_available, psutil.virtual_memory().available)
+        if slow:
             self.swap_max = max(self.swap_max, psutil.swap_memory().used)
 
     def _loop(self) -> None:

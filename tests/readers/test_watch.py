@@ -73,9 +73,10 @@ def test_bad_arguments_are_refused():
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_cpu_heavy_transform_is_cpu_bound(jpegs):
-    loader = DataLoader(FilesDataset(jpegs[:48], transform=heavy_transform), batch_size=4, num_workers=2)
+    # 8 images of ~15 ms CPU per batch and worker against a 10 ms step: the workers cannot keep up
+    loader = DataLoader(FilesDataset(jpegs[:96], transform=heavy_transform), batch_size=8, num_workers=2)
     w = watch(loader)
-    waits, steps, _ = timed_loop(w, 0.02)
+    waits, steps, _ = timed_loop(w, 0.01)
     rep = w.report()
     w.close()
     assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
