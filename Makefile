@@ -25,7 +25,7 @@ $(PY):
 
 $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
-	$(PY) -m pip install -q -e ".[dev,ray,jpeg,interop]"
+	$(PY) -m pip install -q -e ".[dev,ray,jpeg,interop,lightning,transformers]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with shardfeed (editable), torch, the test tools and the interop readers (DALI, wids, datasets)

@@ -1,15 +1,16 @@
 """shardfeed.readers: the on-disk format spec and the readers that feed a training loop.
 
-``open_dataset``, ``make_loader`` and ``to_device`` are imported on first use (module
-``__getattr__``), so ``import shardfeed.readers`` stays cheap and does not import torch.
+``open_dataset``, ``make_loader``, ``to_device`` and ``watch`` (time the user's own loop) are
+imported on first use (module ``__getattr__``), so ``import shardfeed.readers`` stays cheap and does not import torch.
 """
-__all__ = ["__version__", "open_dataset", "make_loader", "to_device"]
+__all__ = ["__version__", "open_dataset", "make_loader", "to_device", "watch"]
 __version__ = "0.1.0"
 
 _LAZY = {
     "open_dataset": "shardfeed.readers.dataset",
     "make_loader": "shardfeed.readers.loader",
     "to_device": "shardfeed.readers.loader",
+    "watch": "shardfeed.readers.measure.watch",
 }
 
 

@@ -3,7 +3,8 @@
 Commands by group, each a thin layer over one library function: :mod:`.pack` (``pack``),
 :mod:`.tools` (``inspect``, ``check``, ``unpack``, ``convert``, ``stage``, ``index``, ``serve``
 over :mod:`shardfeed.convert.tools`), :mod:`.measure` (``bench``, ``verify``, ``tune`` over
-:mod:`shardfeed.readers.measure`); shared options, ``--json`` reports and progress bars live in
+:mod:`shardfeed.readers.measure`), :mod:`.diagnose` (``watch``, ``doctor``: the user's own loop
+and storage); shared options, ``--json`` reports and progress bars live in
 :mod:`.common`. Nothing outside this package imports Click.
 
 Conventions (DESIGN.md, "CLI conventions"): every reporting command takes ``--json PATH`` (``-``
@@ -74,9 +75,9 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 def _register_commands() -> None:
     """Attach every command of the group modules (each imports its heavy parts lazily)."""
-    from . import measure, pack, tools
+    from . import diagnose, measure, pack, tools
 
-    for module in (pack, tools, measure):
+    for module in (pack, tools, measure, diagnose):
         for cmd in module.COMMANDS:
             main.add_command(cmd)
 

@@ -1,7 +1,8 @@
 """Process and GPU sampling: what the machine did during a measured window.
 
-:class:`ProcessSampler` reads ``/proc`` (Linux; None elsewhere) for the main process and its
-children (the ``DataLoader`` workers): CPU time, bytes read, resident memory, swap and I/O wait.
+:class:`ProcessSampler` reads, through psutil, the main process and its children (the
+``DataLoader`` workers): CPU time, bytes read and resident memory; and ``/proc`` (Linux; None
+elsewhere) for the machine: swap, I/O wait and the CPU time of other processes.
 :class:`GpuSampler` samples GPU utilisation and memory from NVML (``nvidia-ml-py``, the ``gpu``
 extra) in a background thread every :data:`GPU_SAMPLE_INTERVAL_S`.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import mmap
 import os
 import statistics
 import threading
@@ -30,7 +30,6 @@ MEMORY_GROWTH_FLAG_BYTES = 128 * 1024 * 1024
 MEMORY_GROWTH_FLAG_SHARE = 0.20
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PAGE_SIZE = mmap.PAGESIZE
 
 
 def read_text(path: str) -> str | None:
@@ -42,63 +41,70 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def _proc_stat(pid: int | str) -> tuple[int, float, float] | None:
-    """(ppid, own CPU s, reaped children's CPU s) from ``/proc/PID/stat``; None if gone."""
-    text = read_text(f"/proc/{pid}/stat")
-    if not text:
+def _process(pid: int | str):
+    """The psutil ``Process`` of ``pid``; None when it is gone (or psutil cannot see it)."""
+    import psutil
+
+    try:
+        return psutil.Process(int(pid))
+    except (psutil.Error, ValueError):
         return None
-    fields = text[text.rindex(")") + 2:].split()
-    # fields[0] is field 3 (state): ppid=4, utime=14, stime=15, cutime=16, cstime=17
-    ppid = int(fields[1])
-    own = (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    reaped = (int(fields[13]) + int(fields[14])) / _CLK_TCK
-    return ppid, own, reaped
+
+
+def _proc_stat(pid: int | str) -> tuple[int, float, float] | None:
+    """(ppid, own CPU s, reaped children's CPU s) of ``pid`` (psutil); None if gone."""
+    import psutil
+
+    proc = _process(pid)
+    if proc is None:
+        return None
+    try:
+        with proc.oneshot():
+            ct = proc.cpu_times()
+            return proc.ppid(), ct.user + ct.system, ct.children_user + ct.children_system
+    except psutil.Error:
+        return None
 
 
 def _proc_io(pid: int | str) -> dict | None:
-    text = read_text(f"/proc/{pid}/io")
-    if not text:
+    """``{"rchar", "read_bytes"}`` of ``pid`` (psutil ``io_counters``: ``read_chars``, ``read_bytes``);
+    None when unreadable (another user's process, or a platform without it)."""
+    import psutil
+
+    proc = _process(pid)
+    if proc is None:
         return None
-    out = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key in ("rchar", "read_bytes"):
-            out[key] = int(value)
-    return out if len(out) == 2 else None
+    try:
+        io = proc.io_counters()
+    except (psutil.Error, AttributeError, NotImplementedError):
+        return None
+    rchar = getattr(io, "read_chars", None)
+    return None if rchar is None else {"rchar": int(rchar), "read_bytes": int(io.read_bytes)}
 
 
 def _proc_rss(pid: int | str) -> int | None:
-    text = read_text(f"/proc/{pid}/statm")
-    if not text:
+    import psutil
+
+    proc = _process(pid)
+    if proc is None:
         return None
-    return int(text.split()[1]) * _PAGE_SIZE
+    try:
+        return int(proc.memory_info().rss)
+    except psutil.Error:
+        return None
 
 
 def _children(pid: int) -> list[int]:
-    """PIDs of the live (or not yet reaped) children of ``pid``."""
-    kids: list[int] = []
-    task_dir = f"/proc/{pid}/task"
-    found_children_file = False
-    try:
-        for tid in os.listdir(task_dir):
-            text = read_text(f"{task_dir}/{tid}/children")
-            if text is not None:
-                found_children_file = True
-                kids += [int(x) for x in text.split()]
-    except OSError:
-        pass
-    if found_children_file:
-        return sorted(set(kids))
-    try:  # kernels without CONFIG_PROC_CHILDREN: scan /proc for our children
-        entries = os.listdir("/proc")
-    except OSError:
+    """PIDs of the live (or not yet reaped) children of ``pid`` (psutil)."""
+    import psutil
+
+    proc = _process(pid)
+    if proc is None:
         return []
-    for name in entries:
-        if name.isdigit():
-            st = _proc_stat(name)
-            if st is not None and st[0] == pid:
-                kids.append(int(name))
-    return sorted(kids)
+    try:
+        return sorted(c.pid for c in proc.children())
+    except psutil.Error:
+        return []
 
 
 def meminfo() -> dict:
@@ -159,12 +165,13 @@ class _Snapshot:
 
 
 class ProcessSampler:
-    """Reads ``/proc`` for the main process and its children (the ``DataLoader`` workers).
+    """Reads (psutil) the main process and its children (the ``DataLoader`` workers).
 
     Call :meth:`start` at the beginning and :meth:`stop` at the end of the measured window;
-    :meth:`stop` returns ``(cpu, io, memory, system)`` dicts for :class:`RunReport` (None where
-    ``/proc`` is not available). Finished workers are counted through the parent's ``cutime`` and
-    I/O accounting (the kernel adds a reaped child's figures to its parent).
+    :meth:`stop` returns ``(cpu, io, memory, system)`` dicts for :class:`RunReport` (None where a
+    figure cannot be read here). Finished workers are counted through the parent's reaped-children
+    CPU time (psutil's ``children_user`` + ``children_system``, the kernel's ``cutime``/``cstime``)
+    and I/O accounting (the kernel adds a reaped child's figures to its parent).
 
     Args:
         pid: the main process (default: this one).
@@ -175,7 +182,7 @@ class ProcessSampler:
     def __init__(self, pid: int | None = None, worker_pids: Callable[[], Iterable[int] | None] | None = None):
         self.pid = pid or os.getpid()
         self.worker_pids = worker_pids
-        self.available = os.path.exists(f"/proc/{self.pid}/stat")
+        self.available = _process(self.pid) is not None
         self._start: _Snapshot | None = None
 
     def _snapshot(self) -> _Snapshot:
@@ -342,8 +349,13 @@ class GpuSampler:
         self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
             self._nvml.nvmlShutdown()
-        if not self._util:
+        return self.stats()
+
+    def stats(self) -> dict | None:
+        """The figures so far (see :meth:`stop`), sampling going on; None when nothing was sampled."""
+        util, mem = list(self._util), list(self._mem)
+        if not util or not mem:
             return None
-        return {"util_mean": statistics.fmean(self._util) / 100, "util_p50": percentile(self._util, 50) / 100,
-                "util_samples": len(self._util), "memory_used_max_bytes": max(self._mem),
+        return {"util_mean": statistics.fmean(util) / 100, "util_p50": percentile(util, 50) / 100,
+                "util_samples": len(util), "memory_used_max_bytes": max(mem),
                 "memory_total_bytes": self._mem_total}

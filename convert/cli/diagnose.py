@@ -1,0 +1,196 @@
+"""``shardfeed watch -- CMD`` and ``shardfeed doctor PATH``: diagnosing the user's own loop and storage.
+
+Thin layers over :mod:`shardfeed.readers.integrations.autowatch` (the start-up hook that watches
+every ``DataLoader`` of an unmodified script) and :func:`shardfeed.convert.tools.doctor.doctor`.
+Neither command imports torch in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .common import FiniteFloat, command, echo, json_option, quiet, write_json_report
+
+__all__ = ["COMMANDS", "watch_cmd", "doctor_cmd", "SITECUSTOMIZE"]
+
+#: The ``sitecustomize.py`` put first on the command's ``PYTHONPATH``: installs the hook, then
+#: runs the ``sitecustomize`` it shadows (if any) so the environment's own start-up still happens.
+SITECUSTOMIZE = '''\
+import os, sys
+try:
+    from shardfeed.readers.integrations.autowatch import install as _shardfeed_install
+    _shardfeed_install()
+except Exception as _exc:  # never stop the user's script
+    print(f"shardfeed watch: not watching this process: {type(_exc).__name__}: {_exc}", file=sys.stderr)
+_here = os.path.dirname(os.path.abspath(__file__))
+_rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+import importlib.machinery as _m
+_spec = _m.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.origin and os.path.dirname(os.path.abspath(_spec.origin)) != _here:
+    import importlib.util as _u
+    _mod = _u.module_from_spec(_spec)
+    _spec.loader.exec_module(_mod)
+'''
+
+
+def _read_reports(folder: Path) -> list[dict]:
+    docs = []
+    for p in sorted(folder.glob("*.json")):
+        try:
+            docs.append(json.loads(p.read_text()))
+        except (OSError, ValueError) as exc:
+            click.echo(f"shardfeed: warning: unreadable watch report {p.name}: {exc}", err=True)
+    return docs
+
+
+def _summaries(docs: list[dict]) -> list[str]:
+    from shardfeed.readers.measure.watch import WatchReport
+
+    names = {f.name for f in __import__("dataclasses").fields(WatchReport)}
+    out = []
+    for doc in docs:
+        for rep in doc.get("loaders", []):
+            if "error" in rep:
+                out.append(f"{rep.get('label')}: no report ({rep['error']})")
+                continue
+            prefix = f"[pid {doc.get('pid')}] " if len(docs) > 1 else ""
+            out.append(prefix + WatchReport(**{k: v for k, v in rep.items() if k in names}).summary())
+    return out
+
+
+@command("watch", short_help="Run an unmodified training script and diagnose every DataLoader it iterates.",
+         context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--device", default=None, metavar="cpu|cuda|cuda:N",
+              help="Where the script's step runs [default: CUDA when the script has initialised it, synchronised "
+                   "at each batch request so the stall is GPU idle time].")
+@click.option("--sample-interval", "sample_interval_s", type=FiniteFloat(min=0.005), default=0.05, show_default=True,
+              help="Seconds between two samples of the CPU, I/O and memory of the main process and workers.")
+@click.option("--status-every", "status_every_s", type=FiniteFloat(min=0.1), default=None, metavar="S",
+              help="Log a one-line status (data stall so far) every S seconds [default: off].")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Batches at the very start of each loader left out of the stall share (worker start-up).")
+@json_option
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: float | None, warmup: int,
+              json_path: str | None, cmd: tuple[str, ...]) -> None:
+    """Run CMD (e.g. python train.py ARGS) unchanged and report, for every DataLoader it iterates,
+    whether the loop is data-bound and why.
+
+    \b
+    The script is not edited: a start-up hook (sitecustomize on PYTHONPATH) wraps
+    torch.utils.data.DataLoader.__iter__ in the script's process(es) with shardfeed.readers.watch,
+    which times each batch's wait against the step and samples CPU, I/O, memory and GPU. The
+    report prints when the script ends (also on Ctrl-C, and on SIGTERM, which is passed on to the
+    script); the script's exit status is kept.
+
+    \b
+    Examples:
+      shardfeed watch -- python train.py --epochs 1
+      shardfeed watch --json watch.json -- python -m mypkg.train
+      shardfeed watch --status-every 10 -- torchrun --nproc-per-node 2 train.py
+    """
+    if not cmd:
+        raise click.UsageError("give the command to run after --, e.g. shardfeed watch -- python train.py")
+    with tempfile.TemporaryDirectory(prefix="shardfeed-watch-") as tmp:
+        site_dir, out_dir = Path(tmp) / "site", Path(tmp) / "reports"
+        site_dir.mkdir()
+        out_dir.mkdir()
+        (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(site_dir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        from shardfeed.readers.integrations.autowatch import ENV_DIR, ENV_OPTIONS
+
+        env[ENV_DIR] = str(out_dir)
+        opts: dict[str, Any] = {"sample_interval_s": sample_interval_s, "warmup": warmup}
+        if device:
+            opts["device"] = device
+        if status_every_s:
+            opts["status_every_s"] = status_every_s
+        env[ENV_OPTIONS] = json.dumps(opts)
+        try:
+            proc = subprocess.Popen(list(cmd), env=env)
+        except OSError as exc:
+            raise click.ClickException(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
+        # Ctrl-C reaches the script (same process group); this process waits for it to write its report
+        previous = signal.signal(signal.SIGINT, lambda *a: None)
+        try:
+            try:
+                rc = proc.wait()
+            except KeyboardInterrupt:  # SIGTERM to this process (stop_on_sigterm): pass it on, then report
+                proc.send_signal(signal.SIGTERM)
+                rc = proc.wait()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        docs = _read_reports(out_dir)
+    lines = _summaries(docs)
+    if not lines:
+        lines = ["shardfeed watch: the command iterated no torch DataLoader (nothing to report; a process that "
+                 "ends with os._exit() or is killed by a signal writes no report)"]
+    for line in lines:
+        echo(line, json_path)
+    report = {"command": list(cmd), "exit_status": rc,
+              "loaders": [rep for doc in docs for rep in doc.get("loaders", [])],
+              "processes": [{"pid": d.get("pid"), "argv": d.get("argv"), "not_watched": d.get("not_watched", 0)}
+                            for d in docs]}
+    write_json_report(json_path, report)
+    sys.exit(rc if rc >= 0 else 128 - rc)
+
+
+@command("doctor", short_help="Probe where a dataset lives and predict the loader ceiling, folder vs packed.")
+@click.argument("path")
+@click.option("--num-workers", type=click.IntRange(min=0), default=None,
+              help="DataLoader workers of the prediction [default: the CPU count].")
+@click.option("--max-files", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Files sampled for latency, sizes and decode cost.")
+@click.option("--max-list", type=click.IntRange(min=1), default=200_000, show_default=True,
+              help="Files listed at most (the count is then a lower bound).")
+@click.option("--budget-s", type=FiniteFloat(min=0.1), default=30, show_default=True,
+              help="Time budget of the probe, seconds.")
+@click.option("--decoder", type=click.Choice(["auto", "simplejpeg", "pil", "cv2"]), default="auto", show_default=True,
+              help="shardfeed's decoder for the decode cost.")
+@click.option("--cold/--warm", default=True, show_default=True,
+              help="Evict the sampled files from the page cache first (posix_fadvise DONTNEED), so the storage "
+                   "is measured, not RAM.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The sample's seed.")
+@click.option("--image-size", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also count the loader's CPU work per image at image_size=N (reduced-scale decode, resize, "
+                   "centre crop) [default: decoding only].")
+@json_option
+def doctor_cmd(path: str, num_workers: int | None, max_files: int, max_list: int, budget_s: float, decoder: str,
+               cold: bool, seed: int, image_size: int | None, json_path: str | None) -> None:
+    """Probe PATH (an image folder or a packed dataset, local or mounted, or a WebDataset URL:
+    http(s):// or s3://) without training: the
+    file system, open and read latency, throughput, file sizes, decode cost on this CPU, cores,
+    RAM and /dev/shm; then predict the loader ceiling (images/s) for the folder and its packed
+    form and say which action helps and by about how much.
+
+    \b
+    The model: per image, open latency + first-read latency + the rest at the sequential
+    throughput + decode, divided over the workers, capped by the cores' decode rate; packed: the
+    bytes at the sequential throughput + decode. It is a ceiling (no collate, transforms or step).
+
+    \b
+    Examples:
+      shardfeed doctor /mnt/nfs/imagenet/train --num-workers 8
+      shardfeed doctor out/train-wds --json doctor.json
+      shardfeed doctor https://data.example.com/train-wds --num-workers 16
+    """
+    from shardfeed.convert.tools.doctor import doctor
+
+    report = doctor(path, num_workers=num_workers, max_files=max_files, max_list=max_list, budget_s=budget_s,
+                    decoder=decoder, cold=cold, seed=seed, image_size=image_size,
+                    progress=None if quiet() else (lambda line: click.echo(f"shardfeed: {line}", err=True)))
+    echo(report.summary(), json_path)
+    write_json_report(json_path, report.to_json())
+
+
+COMMANDS = [watch_cmd, doctor_cmd]

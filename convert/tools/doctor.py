@@ -1,0 +1,712 @@
+"""``shardfeed doctor PATH``: where the data lives, what it costs to read, and what would help.
+
+Without training anything, :func:`doctor` probes a dataset (an image folder, a packed dataset or
+a URL) within a bounded sample and time budget:
+
+* the storage: the file system type of the mount holding it (``psutil.disk_partitions``,
+  classed as local, nfs, fuse, overlay, tmpfs, network or other), the latency of an ``open`` and
+  of a first small read (64 KiB) per file, median and p95, on a sample of files that is first
+  evicted from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``) so the reads are cold
+  where the file system honours it; the sequential read throughput (the rest of files of 1 MiB or
+  more, a shard of a packed dataset; for a folder of small files it is estimated as one 128 KiB
+  read request per first-read latency, the kernel's default readahead window);
+* the files: how many (the listing stops at ``max_list``), the size distribution of the sample;
+* the decode cost on this CPU: the sampled images decoded with shardfeed's decoder
+  (:func:`shardfeed.readers.decode.decode_image`; with ``image_size`` also resized and cropped
+  as ``make_loader(image_size=N)`` does), CPU seconds per image of this thread;
+* the machine: cores, available RAM, free ``/dev/shm`` against the dataset's estimated size.
+
+The loader ceiling it predicts, images/s at ``num_workers`` W (``W=0`` counts as one: the main
+process), with ``t_dec`` the CPU seconds to decode one image and ``C`` the cores:
+
+* folder: ``min(W / (t_open + t_first_read + max(0, size - 64 KiB) / throughput + t_dec),
+  min(W, C) / (t_dec + t_file_cpu))`` (each worker opens and reads one file per image, then
+  decodes it; ``t_file_cpu`` is the CPU time of one file's open, reads and close, the system calls
+  a file system such as FUSE makes costly; decoding and those calls cannot use more than C cores);
+* packed: ``min(W / (size / throughput + t_dec), min(W, C) / t_dec)`` (each worker streams a shard:
+  one open per shard, sequential reads);
+* staged to local storage or cached in memory: ``min(W, C) / t_dec``.
+
+``size`` is the median file size of the sample. The model leaves out collate, the transforms
+after decoding and the step; it is a ceiling, checked against ``shardfeed verify --model none``
+on the storage emulator by ``scripts/doctor_vs_verify.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+from shardfeed.readers.format import IMAGE_EXTENSIONS, MANIFEST_NAME
+from shardfeed.readers.measure.report import fmt_bytes, percentile
+
+__all__ = ["DoctorReport", "doctor", "predict_images_per_s", "fs_class", "FIRST_READ_BYTES", "READ_REQUEST_BYTES",
+           "PACK_ADVICE_MIN_GAIN", "ADVICE_MIN_GAIN"]
+
+#: The first read of each file, bytes (most images fit in it).
+FIRST_READ_BYTES = 64 * 1024
+#: One read request of the kernel's default readahead window, bytes (the throughput estimate).
+READ_REQUEST_BYTES = 128 * 1024
+#: Packing is advised when the packed prediction is at least this many times the folder's (a pack
+#: costs a copy of the dataset and a change of reader: worth it for a clear gain).
+PACK_ADVICE_MIN_GAIN = 1.5
+#: Staging, caching and more workers are advised from this gain on.
+ADVICE_MIN_GAIN = 1.25
+_CHUNK = 1024 * 1024
+_MAX_DECODE_BYTES = 64 * 1024 * 1024
+_SEQ_READ_BYTES = 64 * 1024 * 1024
+
+_NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "afs",
+               "virtiofs", "davfs"}
+_LOCAL_FS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "vfat", "exfat", "ntfs", "ntfs3"}
+
+
+def fs_class(fs_type: str | None) -> str:
+    """``local``, ``nfs``, ``fuse``, ``overlay``, ``tmpfs``, ``network`` or ``unknown`` for a
+    ``/proc/self/mountinfo`` file-system type (``fuse.sshfs`` → ``fuse``)."""
+    if not fs_type:
+        return "unknown"
+    base = fs_type.split(".", 1)[0]
+    if base in ("fuse", "fuseblk"):
+        return "fuse"
+    if base in ("nfs", "nfs4"):
+        return "nfs"
+    if base in _NETWORK_FS:
+        return "network"
+    if base in ("overlay", "aufs"):
+        return "overlay"
+    if base in ("tmpfs", "ramfs"):
+        return "tmpfs"
+    if base in _LOCAL_FS:
+        return "local"
+    return "unknown"
+
+
+def _fs_type_of(path: Path) -> tuple[str | None, str | None]:
+    """``(fs_type, mount_point)`` of the mount holding ``path`` (the longest mount point above it)."""
+    import psutil
+
+    real = os.path.realpath(path)
+    best = None
+    for part in psutil.disk_partitions(all=True):
+        mp = part.mountpoint
+        if real == mp or real.startswith(mp.rstrip("/") + "/") or mp == "/":
+            if best is None or len(mp) > len(best.mountpoint):
+                best = part
+    return (best.fstype, best.mountpoint) if best else (None, None)
+
+
+def predict_images_per_s(*, num_workers: int, cpus: float, t_decode_s: float | None, t_open_s: float,
+                         t_first_read_s: float, median_bytes: float, read_bytes_per_s: float | None,
+                         t_file_cpu_s: float = 0.0) -> dict:
+    """The model of the module docstring: ``{"folder_images_per_s", "packed_images_per_s",
+    "local_images_per_s"}`` (None where a figure is missing). ``t_file_cpu_s``: the CPU seconds
+    of one file's open, reads and close (system calls; the folder pays them per image)."""
+    w = max(1, num_workers)
+    if not t_decode_s or t_decode_s <= 0 or not read_bytes_per_s:
+        return {"folder_images_per_s": None, "packed_images_per_s": None, "local_images_per_s": None}
+    cpu_cap = min(w, cpus) / t_decode_s
+    rest = max(0.0, median_bytes - FIRST_READ_BYTES) / read_bytes_per_s
+    folder = min(w / (t_open_s + t_first_read_s + rest + t_decode_s), min(w, cpus) / (t_decode_s + t_file_cpu_s))
+    packed = min(w / (median_bytes / read_bytes_per_s + t_decode_s), cpu_cap)
+    return {"folder_images_per_s": folder, "packed_images_per_s": packed, "local_images_per_s": cpu_cap}
+
+
+@dataclasses.dataclass
+class DoctorReport:
+    """What :func:`doctor` found (the JSON of ``shardfeed doctor --json``).
+
+    Attributes:
+        path: the dataset probed; ``kind``: ``folder``, ``webdataset``, ``lmdb`` or ``url``.
+        storage: ``fs_type``, ``fs_class``, ``mount_point``, ``open_latency_ms`` and
+            ``first_read_latency_ms`` (``{"p50", "p95"}``), ``read_mb_per_s`` (MB = 10^6 bytes),
+            ``read_mb_per_s_measured`` (False: estimated from the first-read latency), ``cold``
+            (whether eviction was advised before the reads), ``file_cpu_ms`` (CPU of one file's
+            open, reads and close in this thread).
+        files: ``count`` (``count_complete``: False when the listing stopped at ``max_list``),
+            ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``.
+        decode: ``images_per_cpu_s`` (decoded images per CPU second of one thread),
+            ``median_pixels`` (decoded), ``sampled``, ``decoder``, ``image_size``.
+        cpus: logical cores; ``ram_available_bytes``; ``shm_free_bytes`` (None without /dev/shm).
+        num_workers: the worker count the prediction is for.
+        predicted: ``folder_images_per_s``, ``packed_images_per_s``, ``local_images_per_s``
+            (staged or cached), ``more_workers`` (``{"num_workers", "folder_images_per_s",
+            "packed_images_per_s"}``), ``busy_machine`` (the same with only the cores other
+            processes left free during the probe: ``{"cores_free", "folder_images_per_s",
+            "packed_images_per_s"}``).
+        advice: actions, most helpful first, each with its predicted effect.
+        probe_s: seconds the probe took; ``others_cpu_share``: the share of the machine's CPU
+            other processes used meanwhile; ``warnings``: what limits the figures.
+    """
+
+    path: str
+    kind: str
+    storage: dict
+    files: dict
+    decode: dict
+    cpus: int
+    ram_available_bytes: int
+    shm_free_bytes: int | None
+    num_workers: int
+    predicted: dict
+    advice: list
+    probe_s: float
+    others_cpu_share: float | None = None
+    warnings: list = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        """Every figure as a JSON-able dict."""
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """The report as a few human-readable lines."""
+        s, f, d, p = self.storage, self.files, self.decode, self.predicted
+        ol, fr = s.get("open_latency_ms") or {}, s.get("first_read_latency_ms") or {}
+        thr = s.get("read_mb_per_s")
+        file_cpu = f", CPU per file {s['file_cpu_ms']:.2f} ms" if s.get("file_cpu_ms") else ""
+        lines = [f"{self.path} ({self.kind})",
+                 f"  storage: {s.get('fs_type')} ({s.get('fs_class')}) at {s.get('mount_point')}; open "
+                 f"{_ms(ol.get('p50'))} (p95 {_ms(ol.get('p95'))}), first read {_ms(fr.get('p50'))} "
+                 f"(p95 {_ms(fr.get('p95'))}), sequential "
+                 f"{'n/a' if thr is None else f'{thr:.0f} MB/s'}"
+                 f"{'' if s.get('read_mb_per_s_measured') else ' (estimated)'}"
+                 f"{file_cpu}"
+                 f"{'' if s.get('cold') else ' [warm: eviction not possible]'}",
+                 f"  files: {f.get('count')}{'' if f.get('count_complete', True) else '+'}, median "
+                 f"{fmt_bytes(f.get('median_bytes'))}, about {fmt_bytes(f.get('estimated_total_bytes'))} in all",
+                 f"  decode: {_num(d.get('images_per_cpu_s'))} images per CPU second "
+                 f"({d.get('decoder')}, median {_num(d.get('median_pixels'))} pixels)",
+                 f"  machine: {self.cpus} cores, {fmt_bytes(self.ram_available_bytes)} RAM available, /dev/shm "
+                 f"{fmt_bytes(self.shm_free_bytes)} free",
+                 f"  predicted at num_workers={self.num_workers}: "
+                 f"folder {_num(p.get('folder_images_per_s'))} images/s, "
+                 f"packed {_num(p.get('packed_images_per_s'))}, staged or cached {_num(p.get('local_images_per_s'))}"]
+        lines += [f"  advice: {a}" for a in self.advice]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f} ms"
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.0f}"
+
+
+def _list_images(root: Path, max_list: int, deadline: float) -> tuple[list[str], bool]:
+    """Image files below ``root`` (hidden ones skipped, links not followed out): ``(paths, complete)``."""
+    out: list[str] = []
+    stack = [str(root)]
+    while stack:
+        if len(out) >= max_list or time.monotonic() > deadline:
+            return out, False
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False) and os.path.splitext(e.name)[1].lower().lstrip(".") in \
+                        IMAGE_EXTENSIONS:
+                    out.append(e.path)
+            except OSError:
+                continue
+            if len(out) >= max_list:
+                return out, False
+    return out, True
+
+
+def _evict(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    except (OSError, AttributeError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _timed_read(path: str, keep: bool) -> dict | None:
+    """Open, first read, rest of the file: the three times and the bytes (``data`` when ``keep``)."""
+    c0 = time.thread_time()
+    t0 = time.perf_counter()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        t1 = time.perf_counter()
+        first = os.read(fd, FIRST_READ_BYTES)
+        t2 = time.perf_counter()
+        parts = [first] if keep else []
+        rest = 0
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                break
+            rest += len(chunk)
+            if keep:
+                parts.append(chunk)
+        t3 = time.perf_counter()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return {"open_s": t1 - t0, "first_s": t2 - t1, "rest_s": t3 - t2, "size": len(first) + rest, "rest": rest,
+            "cpu_s": time.thread_time() - c0, "data": b"".join(parts) if keep else None}
+
+
+def _decode_cost(samples: list[tuple[str, bytes]], decoder: str, deadline: float,
+                 image_size: int | None = None) -> dict:
+    from shardfeed.readers.decode import decode_image, resolve_decoder
+    from shardfeed.readers.transforms import center_crop, resize_shorter
+
+    cpu, n, pixels = 0.0, 0, []
+    for name, data in samples[:1]:  # warm-up, not timed: the decoder's and cv2's first-call set-up
+        try:
+            arr = decode_image(data, decoder=decoder, source=name, target_size=image_size)
+            if image_size:
+                center_crop(resize_shorter(arr, image_size), image_size)
+        except Exception:
+            pass
+    for name, data in samples:
+        if time.monotonic() > deadline and n >= 3:
+            break
+        t0 = time.thread_time()
+        try:
+            arr = decode_image(data, os.path.splitext(name)[1].lstrip("."), decoder=decoder, source=name,
+                               target_size=image_size)
+            full_pixels = int(arr.shape[0]) * int(arr.shape[1])
+            if image_size:  # what make_loader(image_size=N) does on the CPU: resize the shorter side, crop
+                arr = center_crop(resize_shorter(arr, image_size), image_size)
+        except Exception:  # an undecodable sample is not a cost figure
+            continue
+        cpu += time.thread_time() - t0
+        n += 1
+        pixels.append(full_pixels)
+    try:
+        used = resolve_decoder(decoder)
+    except Exception:
+        used = decoder
+    return {"images_per_cpu_s": n / cpu if n and cpu > 0 else None, "median_pixels": statistics.median(pixels)
+            if pixels else None, "sampled": n, "decoder": used, "image_size": image_size}
+
+
+def _tar_images(data: bytes, limit: int) -> list[tuple[str, bytes]]:
+    import io
+    import tarfile
+
+    out = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+            for m in tf:
+                if len(out) >= limit:
+                    break
+                ext = m.name.rsplit(".", 1)[-1].lower()
+                if m.isfile() and ext in IMAGE_EXTENSIONS:
+                    f = tf.extractfile(m)
+                    if f is not None:
+                        out.append((m.name, f.read()))
+    except (tarfile.TarError, EOFError):
+        pass  # a truncated read of a large shard: the members read so far
+    return out
+
+
+def _lmdb_images(root: Path, limit: int) -> list[tuple[str, bytes]]:
+    """The first ``limit`` samples' image bytes of an LMDB dataset (read-only, no lock file)."""
+    import lmdb
+
+    from shardfeed.readers.format import RESERVED_KEY_PREFIXES
+    from shardfeed.readers.lmdb_record import decode_record
+
+    out: list[tuple[str, bytes]] = []
+    try:
+        env = lmdb.open(str(root), readonly=True, lock=False, subdir=True, max_readers=1)
+    except lmdb.Error:
+        return out
+    try:
+        with env.begin() as txn:
+            for key, value in txn.cursor():
+                if len(out) >= limit:
+                    break
+                if key.startswith(RESERVED_KEY_PREFIXES):
+                    continue
+                try:
+                    rec = decode_record(bytes(value), source=str(root), key=key)
+                except Exception:
+                    continue
+                out.append((f"{key.decode('utf-8', 'replace')}.{rec.get('ext', '')}", rec["data"]))
+    finally:
+        env.close()
+    return out
+
+
+def _machine(path: Path | None) -> tuple[int, int, int | None]:
+    import psutil
+
+    shm = None
+    if os.path.isdir("/dev/shm"):
+        try:
+            shm = int(psutil.disk_usage("/dev/shm").free)
+        except OSError:
+            shm = None
+    return psutil.cpu_count() or 1, int(psutil.virtual_memory().available), shm
+
+
+def _others_cpu_share(machine0, ours0, wall_s: float, cpus: int) -> float | None:
+    import psutil
+
+    m1, o1 = psutil.cpu_times(), psutil.Process().cpu_times()
+    busy = sum(getattr(m1, k) - getattr(machine0, k) for k in m1._fields if k not in ("idle", "iowait", "guest",
+                                                                                     "guest_nice"))
+    ours = (o1.user + o1.system) - (ours0.user + ours0.system)
+    if wall_s <= 0:
+        return None
+    return min(1.0, max(0.0, (busy - ours) / (wall_s * cpus)))
+
+
+def _lat(values: list[float]) -> dict:
+    return {"p50": percentile(values, 50) * 1e3, "p95": percentile(values, 95) * 1e3} if values else \
+        {"p50": None, "p95": None}
+
+
+def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files: int = 64,
+           max_list: int = 200_000, budget_s: float = 30.0, decoder: str = "auto", cold: bool = True, seed: int = 0,
+           image_size: int | None = None, progress: Callable[[str], None] | None = None) -> DoctorReport:
+    """Probe the dataset at ``path`` and predict its loader ceiling (see the module docstring).
+
+    Args:
+        path: an image folder, a packed dataset (folder or ``manifest.json``) on a local or
+            mounted file system, or a WebDataset dataset's ``http(s)://`` or ``s3://`` URL (time to
+            the response stands for the open latency; the page cache is not involved).
+        num_workers: the ``DataLoader`` workers of the prediction (default: the CPU count).
+        max_files: files sampled for latency, sizes and decode (≥ 1).
+        max_list: files listed at most (the count is then a lower bound).
+        budget_s: the probe's time budget, seconds (listing, reading and decoding stop when it
+            is spent, keeping at least 3 files).
+        decoder: shardfeed's decoder (``auto``, ``pil``, ``cv2``, ``simplejpeg``).
+        cold: evict the sampled files from the page cache before reading them.
+        seed: the sample's seed.
+        image_size: also count what ``make_loader(image_size=N)`` does on the CPU per image:
+            reduced-scale JPEG decoding, resizing the shorter side to N, the centre crop
+            (None: decoding at full size only).
+        progress: called with a line per phase.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: bad counts, no image file under ``path``, a URL to an LMDB dataset.
+        ShardfeedError: a URL whose manifest cannot be fetched or read (the readers' errors).
+    """
+    if image_size is not None and image_size < 1:
+        raise ValueError(f"image_size must be at least 1, got {image_size}")
+    if max_files < 1 or max_list < 1:
+        raise ValueError(f"max_files and max_list must be at least 1, got {max_files}, {max_list}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0, got {budget_s}")
+    text = str(path)
+    import psutil
+
+    t_start = time.monotonic()
+    deadline = t_start + budget_s
+    machine0, ours0 = psutil.cpu_times(), psutil.Process().cpu_times()
+    say = progress or (lambda line: None)
+    if "://" in text and not text.startswith("file://"):
+        return _doctor_url(text, num_workers=num_workers, max_files=max_files, budget_s=budget_s, decoder=decoder,
+                           seed=seed, image_size=image_size, say=say, t_start=t_start, machine0=machine0,
+                           ours0=ours0)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    root = Path(text).expanduser()
+    if root.name == MANIFEST_NAME:
+        root = root.parent
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such file or directory")
+    cpus, ram, shm = _machine(root)
+    nw = cpus if num_workers is None else num_workers
+    if nw < 0:
+        raise ValueError(f"num_workers must be 0 or more, got {nw}")
+    warnings: list[str] = []
+    fs_type, mount_point = _fs_type_of(root)
+    manifest = None
+    if (root / MANIFEST_NAME).is_file():
+        from shardfeed.readers.format import load_manifest
+
+        manifest = load_manifest(root / MANIFEST_NAME, check_files=False)
+        kind = manifest.format
+    else:
+        kind = "folder"
+    rng = random.Random(seed)
+    if manifest is None:
+        say(f"listing {root} ...")
+        paths, complete = _list_images(root, max_list, t_start + budget_s * 0.25)
+        if not paths:
+            raise ValueError(f"{root}: no image file found (extensions: {', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, "
+                             "...): give an image folder or a packed dataset")
+        sample = rng.sample(paths, min(max_files, len(paths)))
+        count = len(paths)
+    else:
+        shard_paths = [str(root / s.name) for s in manifest.shards if (root / s.name).is_file()]
+        if kind == "lmdb" and not shard_paths:
+            shard_paths = [str(p) for p in root.glob("*.mdb")]
+        if not shard_paths:
+            raise ValueError(f"{root}: the manifest names no shard file present here")
+        sample = rng.sample(shard_paths, min(max_files, len(shard_paths)))
+        complete, count = True, manifest.num_samples
+    evicted = 0
+    if cold:
+        say(f"evicting {len(sample)} files from the page cache ...")
+        evicted = sum(_evict(p) for p in sample)
+        if evicted < len(sample):
+            warnings.append(f"{len(sample) - evicted} of {len(sample)} sampled files could not be evicted: their "
+                            "reads may come from RAM")
+    say(f"reading {len(sample)} files ...")
+    reads, keep_bytes = [], 0
+    for p in sample:
+        if reads and len(reads) >= 3 and time.monotonic() > t_start + budget_s * 0.7:
+            warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
+            break
+        if manifest is not None:  # a shard: the first 4 read sequentially (throughput), the rest opened only
+            r = _timed_read_prefix(p, keep=not reads, max_rest=_SEQ_READ_BYTES if len(reads) < 4 else 0)
+        else:
+            r = _timed_read(p, keep_bytes < _MAX_DECODE_BYTES)
+        if r is None:
+            continue
+        if r.get("data") is not None:
+            keep_bytes += len(r["data"])
+        r["path"] = p
+        reads.append(r)
+    if not reads:
+        raise ValueError(f"{root}: none of the sampled files could be read")
+    opens = [r["open_s"] for r in reads]
+    firsts = [r["first_s"] for r in reads]
+    big = [r for r in reads if r["rest"] >= _CHUNK]
+    measured = bool(big)
+    if big:
+        thr = sum(r["rest"] for r in big) / max(sum(r["rest_s"] for r in big), 1e-9)
+    else:
+        thr = READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6)
+    if manifest is None:
+        sizes = [r["size"] for r in reads]
+        images = [(r["path"], r["data"]) for r in reads if r.get("data")]
+        median_bytes = float(statistics.median(sizes))
+        p95_bytes = percentile(sizes, 95)
+        mean_bytes = float(statistics.fmean(sizes))
+        total = mean_bytes * count
+    else:
+        total = float(sum(s.num_bytes for s in manifest.shards)) or float(sum(os.path.getsize(p) for p in shard_paths))
+        mean_bytes = median_bytes = p95_bytes = total / max(count, 1)
+        if kind == "webdataset":
+            images = _tar_images(reads[0]["data"] or b"", max_files)
+        elif kind == "lmdb":
+            images = _lmdb_images(root, max_files)
+        else:
+            images = []
+        if not images:
+            warnings.append(f"decode cost not measured for the {kind} format: run 'shardfeed doctor' on the image "
+                            "folder it was packed from")
+        sizes = [len(b) for _, b in images]
+        if sizes:
+            median_bytes = float(statistics.median(sizes))
+            p95_bytes = percentile(sizes, 95)
+    say(f"decoding {len(images)} images ...")
+    dec = _decode_cost(images, decoder, deadline + budget_s * 0.2, image_size)
+    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
+    t_open, t_first = statistics.median(opens), statistics.median(firsts)
+    file_cpus = [r["cpu_s"] for r in reads if "cpu_s" in r]
+    t_file_cpu = statistics.median(file_cpus) if file_cpus and manifest is None else 0.0
+    pred = predict_images_per_s(num_workers=nw, cpus=cpus, t_decode_s=t_dec, t_open_s=t_open, t_first_read_s=t_first,
+                                median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
+    more = max(2 * max(nw, 1), nw + 2)
+    pred_more = predict_images_per_s(num_workers=more, cpus=cpus, t_decode_s=t_dec, t_open_s=t_open,
+                                     t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr,
+                                     t_file_cpu_s=t_file_cpu)
+    pred["more_workers"] = {"num_workers": more, "folder_images_per_s": pred_more["folder_images_per_s"],
+                            "packed_images_per_s": pred_more["packed_images_per_s"]}
+    storage = {"fs_type": fs_type, "fs_class": fs_class(fs_type), "mount_point": mount_point,
+               "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts),
+               "read_mb_per_s": thr / 1e6, "read_mb_per_s_measured": measured, "cold": cold and evicted > 0,
+               "file_cpu_ms": t_file_cpu * 1e3}
+    files = {"count": count, "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
+             "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": total}
+    advice = _advice(kind, str(root), storage, files, dec, pred, nw, cpus, ram, shm)
+    others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
+    if others is not None:
+        free = max(0.1, cpus * (1 - others))
+        now = predict_images_per_s(num_workers=nw, cpus=free, t_decode_s=t_dec, t_open_s=t_open,
+                                   t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr,
+                                   t_file_cpu_s=t_file_cpu)
+        pred["busy_machine"] = {"cores_free": free, "folder_images_per_s": now["folder_images_per_s"],
+                                "packed_images_per_s": now["packed_images_per_s"]}
+    if others is not None and others > 0.3:
+        warnings.append(f"other processes used {others:.0%} of the CPU during the probe: the decode-bound figures "
+                        f"are for this machine when it is quiet (with the {pred['busy_machine']['cores_free']:.1f} "
+                        "cores left free: predicted.busy_machine)")
+    return DoctorReport(path=str(root), kind=kind, storage=storage, files=files, decode=dec, cpus=cpus,
+                        ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
+                        probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
+
+
+def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, image_size, say, t_start, machine0,
+                ours0) -> DoctorReport:
+    """A packed dataset behind ``http(s)://`` or ``s3://``: time to the response, first 64 KiB,
+    sequential reads of up to 4 shards (64 MB each at most), decode of the first shard's samples."""
+    from shardfeed.readers.opener import open_location, url_scheme
+
+    loc = open_location(url)
+    say(f"reading the manifest of {url} ...")
+    manifest = loc.load_manifest(check_files=False)
+    cpus, ram, shm = _machine(None)
+    nw = cpus if num_workers is None else num_workers
+    if manifest.format != "webdataset":
+        raise ValueError(f"{url}: doctor probes WebDataset shards over a URL (this is {manifest.format}); "
+                         "run it on a local or mounted copy")
+    rng = random.Random(seed)
+    names = [sh.name for sh in manifest.shards]
+    sample = rng.sample(names, min(max_files, len(names)))
+    warnings: list[str] = []
+    opens, firsts, seq_bytes, seq_s, first_data = [], [], 0, 0.0, b""
+    say(f"reading {len(sample)} shards ...")
+    for i, name in enumerate(sample):
+        if opens and time.monotonic() > t_start + budget_s * 0.7:
+            warnings.append(f"time budget: {len(opens)} of {len(sample)} sampled shards read")
+            break
+        limit = _SEQ_READ_BYTES if i < 4 else FIRST_READ_BYTES
+        t0 = time.perf_counter()
+        stream, _ = loc.open(name, 0, limit)
+        try:
+            t1 = time.perf_counter()
+            first = stream.read(FIRST_READ_BYTES)
+            t2 = time.perf_counter()
+            parts, rest = [first], 0
+            while rest + len(first) < limit:
+                chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                rest += len(chunk)
+                if i == 0 and rest <= 8 * _CHUNK:
+                    parts.append(chunk)
+            t3 = time.perf_counter()
+        finally:
+            stream.close()
+        opens.append(t1 - t0)
+        firsts.append(t2 - t1)
+        if rest:
+            seq_bytes, seq_s = seq_bytes + rest, seq_s + (t3 - t2)
+        if i == 0:
+            first_data = b"".join(parts)
+    measured = seq_bytes >= _CHUNK
+    thr = seq_bytes / max(seq_s, 1e-9) if measured else READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6)
+    images = _tar_images(first_data, max_files)
+    total = float(sum(sh.num_bytes for sh in manifest.shards))
+    count = manifest.num_samples
+    sizes = [len(b) for _, b in images]
+    median_bytes = float(statistics.median(sizes)) if sizes else total / max(count, 1)
+    say(f"decoding {len(images)} images ...")
+    dec = _decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
+    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
+    pred = predict_images_per_s(num_workers=nw, cpus=cpus, t_decode_s=t_dec, t_open_s=statistics.median(opens),
+                                t_first_read_s=statistics.median(firsts), median_bytes=median_bytes,
+                                read_bytes_per_s=thr)
+    more = max(2 * max(nw, 1), nw + 2)
+    pm = predict_images_per_s(num_workers=more, cpus=cpus, t_decode_s=t_dec, t_open_s=statistics.median(opens),
+                              t_first_read_s=statistics.median(firsts), median_bytes=median_bytes,
+                              read_bytes_per_s=thr)
+    pred["more_workers"] = {"num_workers": more, "folder_images_per_s": pm["folder_images_per_s"],
+                            "packed_images_per_s": pm["packed_images_per_s"]}
+    scheme = url_scheme(url)
+    storage = {"fs_type": scheme, "fs_class": "network", "mount_point": None,
+               "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts), "read_mb_per_s": thr / 1e6,
+               "read_mb_per_s_measured": measured, "cold": False}
+    files = {"count": count, "count_complete": True, "sampled": len(opens), "median_bytes": median_bytes,
+             "p95_bytes": percentile(sizes, 95) if sizes else median_bytes, "mean_bytes": total / max(count, 1),
+             "estimated_total_bytes": total}
+    advice = _advice("webdataset", url, storage, files, dec, pred, nw, cpus, ram, shm)
+    others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
+    return DoctorReport(path=url, kind="url", storage=storage, files=files, decode=dec, cpus=cpus,
+                        ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
+                        probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
+
+
+def _timed_read_prefix(path: str, keep: bool = False, max_rest: int = _SEQ_READ_BYTES) -> dict | None:
+    """A shard: open, first read, then up to ``max_rest`` bytes read sequentially (the throughput figure)."""
+    t0 = time.perf_counter()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        t1 = time.perf_counter()
+        first = os.read(fd, FIRST_READ_BYTES)
+        t2 = time.perf_counter()
+        parts, rest = [first], 0
+        while rest < max_rest:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                break
+            rest += len(chunk)
+            if keep and rest <= 8 * _CHUNK:
+                parts.append(chunk)
+        t3 = time.perf_counter()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return {"open_s": t1 - t0, "first_s": t2 - t1, "rest_s": t3 - t2, "size": len(first) + rest, "rest": rest,
+            "data": b"".join(parts) if keep else None}
+
+
+def _advice(kind: str, root: str, storage: dict, files: dict, dec: dict, pred: dict, nw: int, cpus: int, ram: int,
+            shm: int | None) -> list[str]:
+    out: list[str] = []
+    folder, packed, local = pred["folder_images_per_s"], pred["packed_images_per_s"], pred["local_images_per_s"]
+    total = files["estimated_total_bytes"]
+    if folder is None or packed is None:
+        return ["no prediction: the sampled images could not be decoded (see the warnings)"]
+    base = folder if kind == "folder" else packed
+    if kind == "folder" and packed >= PACK_ADVICE_MIN_GAIN * folder:
+        out.append(f"pack: shardfeed pack {root} OUT --format wds → about {packed:,.0f} images/s instead of "
+                   f"{folder:,.0f} at num_workers={nw} ({packed / folder:.1f}x): one open per shard, sequential "
+                   "reads")
+    remote = storage["fs_class"] in ("fuse", "nfs", "network")
+    if remote and local >= ADVICE_MIN_GAIN * base:
+        where = "/dev/shm" if shm is not None and total < 0.5 * shm else "a local NVMe disk"
+        out.append(f"stage: shardfeed stage OUT {where}/… (about {fmt_bytes(total)}) → about {local:,.0f} images/s "
+                   f"({local / base:.1f}x): read from local storage")
+    if local >= ADVICE_MIN_GAIN * base and total < 0.5 * ram:
+        out.append(f'cache: make_loader(OUT, cache="memory") (about {fmt_bytes(total)} of '
+                   f"{fmt_bytes(ram)} RAM available) → about {local:,.0f} images/s after the first epoch")
+    more = pred["more_workers"]
+    more_rate = more["folder_images_per_s"] if kind == "folder" else more["packed_images_per_s"]
+    if more_rate and more_rate >= ADVICE_MIN_GAIN * base:
+        out.append(f"more workers: num_workers={nw} → {more['num_workers']} → about {more_rate:,.0f} images/s "
+                   f"({more_rate / base:.1f}x): the workers wait on storage, more of them keep more reads in flight "
+                   f"(this machine has {cpus} cores)")
+    px = dec.get("median_pixels")
+    decode_bound = base >= 0.8 * local
+    if decode_bound and px and px > 1.5 * 256 * 256:
+        gain = px / (256 * 256 * 1.33)
+        out.append(f"re-encode smaller: shardfeed pack {root} OUT --resize 256 → decode about {gain:.1f}x cheaper "
+                   f"(median {px:,.0f} pixels per image now); or decode at a reduced scale with "
+                   "make_loader(image_size=...)")
+    if decode_bound and nw < cpus:
+        out.append(f"more workers: num_workers={nw} → {cpus}: decoding is the limit and this machine has {cpus} cores")
+    if not out:
+        out.append(f"nothing to gain on the data path at num_workers={nw}: about {base:,.0f} images/s, limited by "
+                   "decoding on this CPU; if the training loop still waits for data, run it under 'shardfeed watch'")
+    return out

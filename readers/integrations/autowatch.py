@@ -1,0 +1,184 @@
+"""Watch every ``DataLoader`` an unmodified script iterates (behind ``shardfeed watch -- CMD``).
+
+``shardfeed watch`` starts the command with a ``sitecustomize.py`` first on ``PYTHONPATH`` that
+calls :func:`install` at interpreter start-up, in every Python process of the command (a
+``torchrun`` launcher's ranks included). :func:`install` adds an import hook that waits for
+``torch.utils.data.dataloader`` to be imported (torch is not imported early) and then replaces
+``DataLoader.__iter__``: each ``iter(loader)`` returns the iterator of one
+:class:`~shardfeed.readers.measure.watch.Watch` per loader (one pass = one epoch), which forwards every
+attribute to torch's own iterator. At exit (also on Ctrl-C, and on SIGTERM where the script sets
+no handler of its own: it then exits with status 143) each process that iterated a loader writes
+``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``.
+
+Environment (set by ``shardfeed watch``): ``SHARDFEED_WATCH_DIR`` (the report folder; without it
+:func:`install` does nothing) and ``SHARDFEED_WATCH_OPTIONS`` (JSON: keyword arguments of
+:class:`~shardfeed.readers.measure.watch.Watch`: ``device``, ``sample_interval_s``, ``status_every_s``,
+``warmup``, ``sample_gpu``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import threading
+
+__all__ = ["install", "patch_dataloader", "watched_reports", "MAX_WATCHED_LOADERS", "ENV_DIR", "ENV_OPTIONS"]
+
+ENV_DIR = "SHARDFEED_WATCH_DIR"
+ENV_OPTIONS = "SHARDFEED_WATCH_OPTIONS"
+#: Loaders watched per process at most (a script that builds a loader per epoch stays bounded).
+MAX_WATCHED_LOADERS = 64
+_OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "sample_gpu")
+
+_watches: list = []
+_lock = threading.Lock()
+_state = {"installed": False, "patched": False, "pid": None, "skipped": 0}
+
+
+class _Original:
+    """The loader seen through its original ``__iter__`` (attributes forwarded to it)."""
+
+    def __init__(self, loader, orig_iter):
+        self.__dict__["_loader"] = loader
+        self.__dict__["_orig_iter"] = orig_iter
+
+    def __iter__(self):
+        return self._orig_iter(self._loader)
+
+    def __len__(self):
+        return len(self._loader)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_loader"], name)
+
+
+def _options() -> dict:
+    try:
+        opts = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    except ValueError:
+        return {}
+    return {k: v for k, v in opts.items() if k in _OPTION_KEYS} if isinstance(opts, dict) else {}
+
+
+def patch_dataloader(dataloader_cls=None) -> None:
+    """Replace ``DataLoader.__iter__`` so every loader is watched (idempotent)."""
+    if _state["patched"]:
+        return
+    if dataloader_cls is None:
+        from torch.utils.data import DataLoader as dataloader_cls
+    from ..measure.watch import Watch
+
+    orig = dataloader_cls.__iter__
+    opts = _options()
+    if opts.get("status_every_s"):  # the status lines go to stderr, whatever logging the script configures
+        import logging
+
+        log = logging.getLogger("shardfeed.watch")
+        log.setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("shardfeed watch: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+
+    def __iter__(self):
+        w = self.__dict__.get("_shardfeed_watch")
+        if w is None:
+            with _lock:
+                if len(_watches) >= MAX_WATCHED_LOADERS:
+                    _state["skipped"] += 1
+                    return orig(self)
+                ds = getattr(self, "dataset", None)
+                label = f"DataLoader #{len(_watches) + 1} ({type(ds).__name__})"
+                w = Watch(_Original(self, orig), label=label, **opts)
+                _watches.append(w)
+            object.__setattr__(self, "_shardfeed_watch", w)
+        return iter(w)
+
+    __iter__.__wrapped__ = orig
+    dataloader_cls.__iter__ = __iter__
+    _state["patched"] = True
+
+
+def watched_reports() -> list:
+    """The :class:`~shardfeed.readers.measure.watch.WatchReport` of every loader watched in this process."""
+    with _lock:
+        return [w.report() for w in _watches]
+
+
+def _write_reports() -> None:
+    out_dir = os.environ.get(ENV_DIR)
+    if not out_dir or os.getpid() != _state["pid"] or not _watches:
+        return
+    reports = []
+    for w in list(_watches):
+        try:
+            w.close()
+            reports.append(w.report().to_json())
+        except Exception as exc:  # never fail the user's exit
+            reports.append({"label": w.label, "error": f"{type(exc).__name__}: {exc}"})
+    doc = {"pid": os.getpid(), "argv": list(sys.argv), "loaders": reports, "not_watched": _state["skipped"]}
+    path = os.path.join(out_dir, f"{os.getpid()}.json")
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"shardfeed watch: cannot write {path}: {exc}", file=sys.stderr)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches ``DataLoader`` right after ``torch.utils.data.dataloader`` is executed."""
+
+    target = "torch.utils.data.dataloader"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.target:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            patch_dataloader(module.DataLoader)
+
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+def install() -> bool:
+    """Watch every ``DataLoader`` of this process and write the reports at exit.
+
+    Returns False (and does nothing) without ``$SHARDFEED_WATCH_DIR``. Safe to call twice.
+    """
+    if _state["installed"] or not os.environ.get(ENV_DIR):
+        return False
+    _state["installed"] = True
+    _state["pid"] = os.getpid()
+    if "torch.utils.data.dataloader" in sys.modules:
+        patch_dataloader(sys.modules["torch.utils.data.dataloader"].DataLoader)
+    else:
+        sys.meta_path.insert(0, _Finder())
+    atexit.register(_write_reports)
+    _exit_on_sigterm()
+    return True
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the script through ``sys.exit(143)`` (so the report is written) where the
+    script has not set a handler of its own; the exit status stays that of a SIGTERM death's shell
+    convention (128 + 15)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signal.SIGTERM))

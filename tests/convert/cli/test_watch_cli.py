@@ -1,0 +1,169 @@
+"""``shardfeed watch -- python script.py``: an unmodified script's DataLoader is watched.
+
+The script times its own loop with perf_counter around next() and writes that to a file; the
+report must agree with it, count the batches the script iterated, and keep its exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+SCRIPT = textwrap.dedent('''
+    import json, sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Waiting(Dataset):
+        """Each sample waits 8 ms without CPU, as a read from slow storage does."""
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            time.sleep(0.008)
+            return torch.full((3, 4, 4), float(i)), i
+
+    loader = DataLoader(Waiting(), batch_size=8, num_workers=2)
+    waits, steps, seen = [], [], []
+    for epoch in range(2):
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            seen += y.tolist()
+            time.sleep(0.02)
+            waits.append(t1 - t0)
+            steps.append(time.perf_counter() - t1)
+    json.dump({"waits": waits, "steps": steps, "seen": seen}, open(sys.argv[1], "w"))
+    print("script done")
+    sys.exit(3)
+''')
+
+
+def test_watch_runs_an_unmodified_script_and_keeps_its_exit_status(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    own, report_path = tmp_path / "own.json", tmp_path / "watch.json"
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                        sys.executable, str(script), str(own)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 3, r.stderr
+    assert "script done" in r.stdout
+    mine = json.loads(own.read_text())
+    assert sorted(mine["seen"]) == sorted(list(range(64)) * 2)  # the script saw every sample, unchanged
+    rep = json.loads(report_path.read_text())
+    assert rep["exit_status"] == 3
+    assert len(rep["loaders"]) == 1
+    lo = rep["loaders"][0]
+    assert lo["epochs"] == 2
+    assert lo["batches"] == 2 * 8 - 1
+    w, s = sum(mine["waits"][1:]), sum(mine["steps"][1:])
+    assert lo["stall_share"] == pytest.approx(w / (w + s), abs=0.05)
+    assert lo["t_wait_s"]["total"] == pytest.approx(w, rel=0.10, abs=0.02)
+    assert lo["workers"]["num"] == 2
+    assert lo["diagnosis"]["kind"] == "storage-bound"
+    assert "data stall" in r.stdout  # the summary printed after the script's own output
+    assert r.stdout.index("script done") < r.stdout.index("data stall")
+
+
+def test_watch_without_a_dataloader_says_so_and_keeps_success(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--", sys.executable, "-c",
+                        "print('hello')"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "hello" in r.stdout and "iterated no torch DataLoader" in r.stdout
+
+
+def test_watch_of_a_missing_program_is_one_clear_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "cannot run" in r.stderr and "Traceback" not in r.stderr
+
+
+FOREVER = textwrap.dedent('''
+    import sys, time, pathlib
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(64, 2)), batch_size=4, num_workers=1)
+    n = 0
+    while True:
+        for (x,) in loader:
+            time.sleep(0.01)
+            n += 1
+            if n == 10:
+                pathlib.Path(sys.argv[1]).write_text("ready")
+''')
+
+
+def test_ctrl_c_still_prints_the_report(tmp_path):
+    import os
+    import signal
+    import time
+
+    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
+    script.write_text(FOREVER)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    rep = json.loads(report_path.read_text())
+    assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
+    assert "data stall" in out
+
+
+def test_the_scripts_own_sitecustomize_still_runs(tmp_path):
+    import os
+
+    own = tmp_path / "site"
+    own.mkdir()
+    marker = tmp_path / "marker"
+    (own / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    env = {**os.environ, "PYTHONPATH": str(own)}
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--", sys.executable, "-c",
+                        "import sys; print(sys.argv)"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert marker.read_text() == "ran"
+
+
+def test_sigterm_to_shardfeed_watch_is_passed_on_and_the_report_printed(tmp_path):
+    import signal
+    import time
+
+    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
+    script.write_text(FOREVER)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
+        proc.send_signal(signal.SIGTERM)  # to shardfeed watch only, as a container stop or `timeout` does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    rep = json.loads(report_path.read_text())
+    assert rep["exit_status"] == 128 + signal.SIGTERM
+    assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9

@@ -1,0 +1,51 @@
+"""ProcessSampler (psutil): CPU time and bytes read of worker processes, reaped ones included.
+
+Expectations are lower bounds from what the test's children did: CPU they burned (time.process_time
+in the child, reported back), bytes of the file they read (the planted file's size).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+
+from shardfeed.readers.measure.sampling import ProcessSampler
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _work(path: str, burn_s: float, done, stay) -> None:
+    with open(path, "rb") as f:
+        while f.read(1 << 20):
+            pass
+    t0 = time.process_time()
+    while time.process_time() - t0 < burn_s:
+        pass
+    done.put(time.process_time())
+    stay.wait(30)
+
+
+def test_workers_cpu_and_reads_count_live_and_reaped_children(tmp_path):
+    data = tmp_path / "blob.bin"
+    data.write_bytes(os.urandom(3 * 1024 * 1024))
+    ctx = mp.get_context("fork")
+    done, stay_live, stay_reaped = ctx.Queue(), ctx.Event(), ctx.Event()
+    stay_reaped.set()
+    sampler = ProcessSampler()
+    sampler.start()
+    reaped = ctx.Process(target=_work, args=(str(data), 0.2, done, stay_reaped))
+    live = ctx.Process(target=_work, args=(str(data), 0.2, done, stay_live))
+    reaped.start()
+    live.start()
+    burned = [done.get(timeout=60), done.get(timeout=60)]
+    reaped.join(timeout=60)  # finished and reaped: counted through the parent's children CPU and I/O
+    cpu, io, memory, _system = sampler.stop()
+    stay_live.set()
+    live.join(timeout=60)
+    assert cpu["workers_s"] >= 0.9 * sum(burned) - 0.05
+    assert cpu["num_worker_processes"] >= 1
+    assert io["rchar"] >= 2 * data.stat().st_size
+    assert memory["main_rss_end_bytes"] > 0

@@ -1,0 +1,200 @@
+"""shardfeed.readers.watch on a plain DataLoader over a user-written Dataset (local disk).
+
+The diagnosis is checked against loops built to be CPU-bound (a heavy transform in the workers),
+compute-bound (a long step) and main-process-bound (num_workers=0); the stall share against the
+test's own perf_counter timing around next().
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardfeed.readers import watch as watch_from_package
+from shardfeed.readers.measure.watch import DIAGNOSIS_KINDS, Watch, batch_length, watch
+
+from .watch_helpers import FilesDataset, heavy_transform, make_jpeg_folder, stall_of, timed_loop
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    return make_jpeg_folder(tmp_path_factory.mktemp("watch") / "images", 96)
+
+
+def test_watch_yields_exactly_what_the_loader_yields_and_counts_epochs():
+    data = [(torch.arange(4) + 10 * i, torch.tensor([i])) for i in range(5)]
+    w = watch(data)
+    for _ in range(2):
+        got = list(w)
+        assert len(got) == 5
+        for (x, y), (ex, ey) in zip(got, data):
+            assert x is ex and y is ey
+    rep = w.report()
+    w.close()
+    assert rep.epochs == 2
+    assert rep.batches == 2 * 5 - 1  # the very first batch is the warm-up
+    assert rep.num_samples == 9 * 4
+    assert rep.gpu_util is None
+
+
+def test_batch_length_reads_tensors_tuples_and_dicts():
+    assert batch_length(torch.zeros(7, 3)) == 7
+    assert batch_length((torch.zeros(5, 2), torch.zeros(5))) == 5
+    assert batch_length({"pixel_values": torch.zeros(3, 1), "labels": torch.zeros(3)}) == 3
+    assert batch_length([1, 2, 3, 4]) == 4
+    assert batch_length(object()) is None
+
+
+def test_report_json_has_the_documented_keys():
+    w = watch([torch.zeros(2, 3)] * 6)
+    timed_loop(w, 0.002)
+    d = json.loads(json.dumps(w.report().to_json()))
+    w.close()
+    for key in ("batches", "t_wait_s", "t_step_s", "stall_share", "samples_per_s", "workers", "gpu_util", "diagnosis"):
+        assert key in d
+    for key in ("t_wait_s", "t_step_s"):
+        assert set(d[key]) >= {"mean", "p50", "p95", "total"}
+    assert set(d["diagnosis"]) == {"kind", "text", "advice"}
+    assert d["diagnosis"]["kind"] in DIAGNOSIS_KINDS
+    assert watch_from_package is watch
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="sample_interval_s"):
+        Watch([], sample_interval_s=0)
+    with pytest.raises(ValueError, match="warmup"):
+        Watch([], warmup=-1)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_cpu_heavy_transform_is_cpu_bound(jpegs):
+    # 8 images of ~15 ms CPU per batch and worker against a 10 ms step: the workers cannot keep up
+    loader = DataLoader(FilesDataset(jpegs[:96], transform=heavy_transform), batch_size=8, num_workers=2)
+    w = watch(loader)
+    waits, steps, _ = timed_loop(w, 0.01)
+    rep = w.report()
+    w.close()
+    assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
+    assert rep.stall_share > 0.10
+    assert rep.workers["num"] == 2
+    assert rep.diagnosis["kind"] == "cpu-bound", rep.summary()
+    assert any("--resize" in a for a in rep.diagnosis["advice"])
+    assert not any("--format wds" in a for a in rep.diagnosis["advice"])
+
+
+@pytest.mark.multiprocess
+def test_long_step_is_compute_bound(jpegs):
+    loader = DataLoader(FilesDataset(jpegs[:32]), batch_size=4, num_workers=2)
+    w = watch(loader)
+    waits, steps, batches = timed_loop(w, 0.15)
+    rep = w.report()
+    w.close()
+    assert len(batches) == 8
+    assert rep.batches == 7
+    assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
+    assert rep.diagnosis["kind"] == "compute-bound", rep.summary()
+    assert rep.diagnosis["advice"] == []
+    assert rep.samples_per_s == pytest.approx(28 / (sum(waits[1:]) + sum(steps[1:])), rel=0.05)
+
+
+def test_loading_in_the_main_process_is_main_process_bound(jpegs):
+    loader = DataLoader(FilesDataset(jpegs[:24], transform=heavy_transform), batch_size=4, num_workers=0)
+    w = watch(loader)
+    waits, steps, _ = timed_loop(w, 0.005)
+    rep = w.report()
+    w.close()
+    assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
+    assert rep.diagnosis["kind"] == "main-process-bound", rep.summary()
+    assert rep.diagnosis["advice"][0].startswith("num_workers=0 → ")
+
+
+def test_status_line_is_logged_when_asked(caplog):
+    w = watch([torch.zeros(1)] * 5, status_every_s=0.001)
+    with caplog.at_level("INFO", logger="shardfeed.watch"):
+        for _ in w:
+            time.sleep(0.002)
+    w.close()
+    assert any("data stall" in r.getMessage() for r in caplog.records)
+
+
+def test_diagnose_names_the_datasets_folder_and_the_order_of_advice():
+    from shardfeed.readers.measure.watch import diagnose
+
+    workers = {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.1}
+    d = diagnose(stall_share=0.5, batches=50, num_workers=2, workers=workers, main={"cpu_busy_share": 0.1},
+                 loader={"num_workers": 2, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False},
+                 cpu_count=8, cuda=True, epochs=3, t_wait_s={"p50": 0.01, "p95": 0.08}, data="/data/train")
+    assert d["kind"] == "storage-bound"
+    first_words = [a.split(" ")[0] for a in d["advice"]]
+    assert first_words == ["num_workers=2", "pin_memory=False", "prefetch_factor=2", "persistent_workers=False",
+                           "shardfeed", "shardfeed", "make_loader(OUT,"]
+    assert d["advice"][0].startswith("num_workers=2 → 4") and "8 cores" in d["advice"][0]
+    assert d["advice"][4].startswith("shardfeed pack /data/train OUT")
+    cpu = diagnose(stall_share=0.5, batches=50, num_workers=2, workers={"num": 2, "cpu_busy_share": 0.95,
+                   "cpu_demand_share": 1.0}, main=None, loader={"num_workers": 2}, cpu_count=8, cuda=False, epochs=1)
+    assert cpu["kind"] == "cpu-bound" and cpu["advice"][0] == ("num_workers=2 → 8: the workers are CPU-saturated "
+                                                               "and this machine has 8 cores")
+
+
+def test_a_slow_generator_is_loading_in_the_main_process():
+    def batches():
+        for i in range(8):
+            time.sleep(0.01)  # the work of producing a batch, in this process
+            yield torch.full((2,), i)
+
+    w = watch(batches())
+    waits, steps, got = timed_loop(w, 0.002)
+    rep = w.report()
+    w.close()
+    assert [int(b[0]) for b in got] == list(range(8))
+    assert rep.workers["num"] == 0
+    assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
+    assert rep.diagnosis["kind"] == "main-process-bound"
+
+
+def test_a_pass_left_early_does_not_count_its_unfinished_step():
+    data = [torch.zeros(3)] * 6
+    w = watch(data, warmup=0)
+    for i, _ in enumerate(w):
+        time.sleep(0.001)
+        if i == 2:
+            break  # the third batch's step never ends inside the watch
+    for _ in w:
+        time.sleep(0.001)
+    rep = w.report()
+    w.close()
+    assert rep.epochs == 2
+    assert rep.batches == 2 + 6
+    assert rep.num_samples == 8 * 3
+    assert rep.t_wait_s["total"] < rep.t_step_s["total"]  # every wait paired with its own step
+
+
+def test_more_workers_are_predicted_to_deliver_proportionally_up_to_the_step_and_the_cores():
+    from shardfeed.readers.measure.watch import predict_batch_interval
+
+    # stalled: 2 workers deliver a batch per 30 ms (10 ms wait + 20 ms step)
+    assert predict_batch_interval(2, 3, 0.010, 0.020, None, 8) == pytest.approx(0.020)  # 30 * 2/3 = 20: the step
+    assert predict_batch_interval(2, 4, 0.010, 0.020, None, 8) == pytest.approx(0.020)  # never faster than the step
+    assert predict_batch_interval(2, 4, 0.050, 0.010, None, 8) == pytest.approx(0.030)  # 60 * 2/4
+    # the workers' CPU per batch (0.2 s) over 4 cores bounds it at 50 ms
+    assert predict_batch_interval(2, 8, 0.050, 0.010, 0.2, 4) == pytest.approx(0.050)
+
+
+def test_status_goes_to_a_tqdm_postfix_when_given_a_bar():
+    import io
+
+    from tqdm import tqdm
+
+    data = [torch.zeros(1)] * 5
+    with tqdm(total=5, file=io.StringIO()) as bar:
+        w = watch(data, status_every_s=0.001, status_bar=bar)
+        for _ in w:
+            time.sleep(0.002)
+            bar.update(1)
+        w.close()
+        assert bar.postfix.startswith("data stall ")
