@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from .common import FiniteFloat, command, echo, json_option, quiet, write_json_report
+from .measure import check_plot, html_option, write_html
 
 __all__ = ["COMMANDS", "watch_cmd", "doctor_cmd", "SITECUSTOMIZE"]
 
@@ -79,9 +80,13 @@ def _summaries(docs: list[dict]) -> list[str]:
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Batches at the very start of each loader left out of the stall share (worker start-up).")
 @json_option
+@click.option("--plot", metavar="PATH.png", default=None,
+              help="Draw, for every DataLoader watched, the samples delivered over time, the time spent waiting vs "
+                   "stepping, and the wait of every batch (needs matplotlib).")
+@html_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: float | None, warmup: int,
-              json_path: str | None, cmd: tuple[str, ...]) -> None:
+              json_path: str | None, plot: str | None, html_path: str | None, cmd: tuple[str, ...]) -> None:
     """Run CMD (e.g. python train.py ARGS) unchanged and report, for every DataLoader it iterates,
     whether the loop is data-bound and why.
 
@@ -100,6 +105,7 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
     """
     if not cmd:
         raise click.UsageError("give the command to run after --, e.g. shardfeed watch -- python train.py")
+    check_plot(plot)
     with tempfile.TemporaryDirectory(prefix="shardfeed-watch-") as tmp:
         site_dir, out_dir = Path(tmp) / "site", Path(tmp) / "reports"
         site_dir.mkdir()
@@ -141,8 +147,43 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
               "loaders": [rep for doc in docs for rep in doc.get("loaders", [])],
               "processes": [{"pid": d.get("pid"), "argv": d.get("argv"), "not_watched": d.get("not_watched", 0)}
                             for d in docs]}
+    _draw_watch(report, plot, html_path, json_path)
     write_json_report(json_path, report)
     sys.exit(rc if rc >= 0 else 128 - rc)
+
+
+def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path: str | None) -> None:
+    """``--plot`` and ``--html`` of ``watch``: one series per DataLoader watched."""
+    if not (plot or html_path):
+        return
+    from shardfeed.readers.measure import HtmlTable, plot_delivery, series_of_watch
+
+    loaders = [rep for rep in report["loaders"] if "error" not in rep and (rep.get("per_batch") or {}).get("t_step_s")]
+    if not loaders:
+        echo("no plot: no DataLoader batch was timed", json_path)
+        return
+    series = [series_of_watch(rep, f"{rep.get('label')} #{i + 1}" if len(loaders) > 1 else None)
+              for i, rep in enumerate(loaders)]
+    diag = [rep["diagnosis"] for rep in loaders]
+    headline = "; ".join(f"{d['kind']}: data stall {rep['stall_share']:.0%}" for d, rep in zip(diag, loaders))
+    if plot:
+        echo(f"plot: {plot_delivery(series, plot, title=headline)}", json_path)
+    if html_path:
+        rows = []
+        for rep in loaders:
+            w, st = rep["t_wait_s"], rep["t_step_s"]
+            rows.append((str(rep.get("label")), str(rep["batches"]), f"{rep['stall_share']:.0%}",
+                         f"{w['mean'] * 1e3:.1f} / {w['p95'] * 1e3:.1f}",
+                         f"{st['mean'] * 1e3:.1f} / {st['p95'] * 1e3:.1f}",
+                         f"{rep['samples_per_s']:.1f}" if rep.get("samples_per_s") else "n/a",
+                         rep["diagnosis"]["kind"]))
+        notes = [f"{rep.get('label')}: {rep['diagnosis']['text']}" for rep in loaders]
+        notes += [f"advice: {a}" for rep in loaders for a in rep["diagnosis"].get("advice", [])]
+        notes += [f"warning: {x}" for rep in loaders for x in rep.get("warnings", [])]
+        table = HtmlTable("DataLoaders watched", ("loader", "batches", "data stall", "wait ms (mean / p95)",
+                                                  "step ms (mean / p95)", "samples/s", "diagnosis"), rows)
+        write_html(html_path, "watch", headline=headline, report_json=report, tables=[table], notes=notes,
+                   draw=lambda p: plot_delivery(series, p), json_path=json_path)
 
 
 @command("doctor", short_help="Probe where a dataset lives and predict the loader ceiling, folder vs packed.")

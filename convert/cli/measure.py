@@ -17,7 +17,8 @@ import click
 from .common import (FiniteFloat, OnErrorChoice, check_report_path, command, deprecated_option, echo, json_option,
                      num_workers_options, storage_option, write_json_report)
 
-__all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options", "html_option", "write_html"]
+__all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options", "html_option", "write_html",
+           "check_plot"]
 
 
 def harness_options(f: Callable) -> Callable:
@@ -105,7 +106,8 @@ def _split_kwargs(kwargs: dict) -> dict:
     return out
 
 
-def _check_plot(plot: str | None) -> None:
+def check_plot(plot: str | None) -> None:
+    """Refuse ``--plot`` before any work when matplotlib is missing (the install command named)."""
     if not plot:
         return
     try:
@@ -171,7 +173,7 @@ def bench(source: str, cold: bool, plot: str | None, html_path: str | None, json
     """
     from shardfeed.readers.measure import HtmlTable, bench_source, format_report, plot_runs, report_rows
 
-    _check_plot(plot)
+    check_plot(plot)
     report = bench_source(source, cold=cold, **_split_kwargs(kwargs))
     report.label = report.label or "bench"
     echo(format_report(report), json_path)
@@ -245,7 +247,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     """
     from shardfeed.readers.measure import HtmlTable, compare_sources, comparison_rows, plot_runs
 
-    _check_plot(plot)
+    check_plot(plot)
     opts = _split_kwargs(kwargs)
     same = _same_dataset(before, after)
     if same is not None:
@@ -307,7 +309,7 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
     """
     from shardfeed.readers.measure import TUNE_HEADER, HtmlTable, plot_tune, tune_loader, tune_rows
 
-    _check_plot(plot)
+    check_plot(plot)
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
     max_workers = max_workers_old if max_workers is None else max_workers

@@ -62,7 +62,7 @@ from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device
 from .report import DatasetMismatchError, RunReport, TimingStats
 from .sampling import (GPU_SAMPLE_INTERVAL_S, MEMORY_GROWTH_FLAG_BYTES, MEMORY_GROWTH_FLAG_SHARE, GpuSampler,
                        ProcessSampler)
-from .figures import DeliverySeries, plot_delivery, plot_tune, series_of_run
+from .figures import DeliverySeries, plot_delivery, plot_tune, series_of_run, series_of_watch
 from .html_report import HtmlTable, render_html_report, write_html_report
 from .tables import (TUNE_HEADER, comparison_headline, comparison_rows, decode_cost_note, format_comparison,
                      format_report, format_table, plot_runs, report_rows, tune_rows, verdict_headline, verify_headline)
@@ -114,6 +114,7 @@ __all__ = [
     "plot_delivery",
     "plot_tune",
     "series_of_run",
+    "series_of_watch",
     "HtmlTable",
     "render_html_report",
     "write_html_report",

@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["DeliverySeries", "plot_delivery", "plot_tune", "series_of_run", "PLOT_INSTALL_HINT"]
+__all__ = ["DeliverySeries", "plot_delivery", "plot_tune", "series_of_run", "series_of_watch", "PLOT_INSTALL_HINT"]
 
 #: What the error says when matplotlib is missing.
 PLOT_INSTALL_HINT = "pip install 'shardfeed[plot]' (or pip install matplotlib)"
@@ -59,6 +59,21 @@ def series_of_run(run: Any, label: str | None = None) -> DeliverySeries:
     name = label or " ".join(x for x in ((run.label or "run").upper(), fmt) if x)
     return DeliverySeries(name, b.get("t_start_s", []), b.get("t_wait_s", []), b.get("t_compute_s", []),
                           b.get("num_samples"), run.images_per_s)
+
+
+def series_of_watch(report: Any, label: str | None = None) -> DeliverySeries:
+    """The :class:`DeliverySeries` of a :class:`~shardfeed.readers.measure.watch.WatchReport` (or its
+    JSON form): each request starts when the previous step ends, so the start times are the running
+    sum of wait + step."""
+    doc = report.to_json() if hasattr(report, "to_json") else report
+    b = doc.get("per_batch") or {}
+    waits, steps = list(b.get("t_wait_s") or []), list(b.get("t_step_s") or [])
+    starts, t = [], 0.0
+    for w, st in zip(waits, steps):
+        starts.append(t)
+        t += float(w) + float(st)
+    return DeliverySeries(label or str(doc.get("label") or "loader"), starts, waits, steps, b.get("num_samples"),
+                          doc.get("samples_per_s"))
 
 
 def _pyplot():

@@ -52,7 +52,7 @@ from .report import fmt_bytes, percentile
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
            "WORKER_CPU_SATURATED", "DEFAULT_SAMPLE_INTERVAL_S", "batch_length", "reports_to_json",
-           "predict_batch_interval"]
+           "predict_batch_interval", "MAX_PER_BATCH"]
 
 logger = logging.getLogger("shardfeed.watch")
 
@@ -296,6 +296,9 @@ class WatchReport:
         gpu_util: mean GPU utilisation from NVML in [0, 1]; None off CUDA or without NVML.
         diagnosis: ``{"kind", "text", "advice"}`` (see :func:`diagnose`).
         warnings: what limits the measurement.
+        per_batch: the timed batches in order, for the figure: ``t_wait_s`` and ``t_step_s``
+            (seconds) and ``num_samples`` (None when batches have no length), at most
+            :data:`MAX_PER_BATCH` of them (``truncated`` says whether more were timed).
     """
 
     label: str
@@ -318,6 +321,7 @@ class WatchReport:
     gpu_util: float | None
     diagnosis: dict
     warnings: list = dataclasses.field(default_factory=list)
+    per_batch: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         """Every figure as a JSON-able dict."""
@@ -580,6 +584,7 @@ class Watch:
         self._warmup_left = warmup
         self.waits: list[float] = []
         self.steps: list[float] = []
+        self.sizes: list[int | None] = []
         self.first_batch_s: float | None = None
         self.num_samples: int | None = 0
         self.epochs = 0
@@ -648,6 +653,7 @@ class Watch:
         """A pass left early (``break``): its last batch's step never ended; leave that batch out."""
         if self._pending_step and len(self.waits) > len(self.steps):
             self.waits.pop()
+            self.sizes.pop()
             if self.num_samples is not None:
                 self.num_samples -= self._last_len or 0
             self._pending_step = False
@@ -664,8 +670,9 @@ class Watch:
             return
         self.waits.append(dt)
         self._pending_step = True
+        n = batch_length(batch)
+        self.sizes.append(n)
         if self.num_samples is not None:
-            n = batch_length(batch)
             self._last_len = n
             self.num_samples = None if n is None else self.num_samples + n
         if self._status_every_s is not None:
@@ -810,7 +817,19 @@ class Watch:
                            num_samples=num_samples if waits else None, device=dev,
                            timing="cuda_synchronize" if self._cuda_sync else "perf_counter", loader=knobs,
                            workers=workers, main=main, io=io, memory=memory, system=system, gpu_util=gpu_util,
-                           diagnosis=diagnosis, warnings=warnings)
+                           diagnosis=diagnosis, warnings=warnings, per_batch=_per_batch(waits, steps, self.sizes))
+
+
+#: The most batches a report lists one by one (``WatchReport.per_batch``; the figure's points).
+MAX_PER_BATCH = 20_000
+
+
+def _per_batch(waits: list[float], steps: list[float], sizes: list[int | None]) -> dict:
+    n = min(len(waits), len(steps), MAX_PER_BATCH)
+    counts = sizes[:n]
+    return {"t_wait_s": waits[:n], "t_step_s": steps[:n],
+            "num_samples": None if any(c is None for c in counts) else counts,
+            "truncated": len(steps) > MAX_PER_BATCH}
 
 
 def watch(loader: Iterable, *, device: Any = None, sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,

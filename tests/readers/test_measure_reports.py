@@ -232,3 +232,46 @@ def test_a_table_wider_than_the_terminal_is_wrapped_to_fit_and_keeps_every_word(
         Counter(ch for ch in cells if not ch.isspace())
     # not a terminal (as under a test runner or a pipe): never wrapped, so output stays grep-able
     assert format_table(rows, header=header) == plain
+
+
+WATCHED_SCRIPT = '''
+import sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 24
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.zeros(3, 4, 4), i
+
+for epoch in range(2):
+    for x, y in DataLoader(Slow(), batch_size=4, num_workers=0):
+        time.sleep(0.003)
+'''
+
+
+@pytest.mark.multiprocess
+def test_watch_plot_and_html_show_every_timed_batch(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(WATCHED_SCRIPT)
+    png, page, out = tmp_path / "watch.png", tmp_path / "watch.html", tmp_path / "watch.json"
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--plot", str(png), "--html", str(page),
+                        "--json", str(out), "--", sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    report = json.loads(out.read_text())
+    # the script iterates 2 epochs of 24 / 4 = 6 batches; each epoch is a new DataLoader (one report each),
+    # whose first batch is the warm-up: 5 timed batches of 4 samples per loader
+    assert len(report["loaders"]) == 2
+    for rep in report["loaders"]:
+        assert rep["per_batch"]["num_samples"] == [4] * 5 and len(rep["per_batch"]["t_step_s"]) == 5
+    info = _open_in_chromium(page)
+    _assert_page_ok(info, page)
+    assert json.loads(info["report"]) == report
+    assert len(info["table_rows"]) == 2
