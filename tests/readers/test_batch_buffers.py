@@ -1,0 +1,141 @@
+"""Per-sample overhead: the sample generator, the enlarging resize, batch buffers instead of stacking."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from shardfeed.readers import make_loader, open_dataset
+from shardfeed.readers.transforms import TrainTransform, _window_to_chw, collate_uint8, sample_generator
+
+
+def _draws(g: np.random.Generator) -> list[float]:
+    return [g.uniform(0.08, 1.0), g.uniform(-0.3, 0.3), float(g.integers(0, 1000)), g.random()]
+
+
+def test_sample_generator_depends_only_on_seed_epoch_index():
+    first = {t: _draws(sample_generator(*t)) for t in [(0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (3, 2, 10**6)]}
+    # asked again in another order, after other samples: the same draws
+    for t in reversed(list(first)):
+        _draws(sample_generator(5, 5, 5))
+        assert _draws(sample_generator(*t)) == first[t]
+    assert len({tuple(v) for v in first.values()}) == len(first)  # distinct triples, distinct streams
+    big = _draws(sample_generator(2**70 + 1, 0, 0))
+    assert big != _draws(sample_generator(1, 0, 0))  # seeds above 64 bits are not folded away
+    # uniform enough: the flip draw of 4000 samples
+    flips = np.array([sample_generator(0, 0, i).random() < 0.5 for i in range(4000)])
+    assert 0.45 < flips.mean() < 0.55
+
+
+@pytest.mark.parametrize("shape", [(80, 90), (64, 64), (150, 224), (224, 224)])
+@pytest.mark.parametrize("flip", [False, True])
+def test_enlarging_resize_is_plain_bilinear(shape, flip):
+    rng = np.random.default_rng(shape[0])
+    window = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    ref = F.interpolate(torch.from_numpy(window).permute(2, 0, 1)[None].float(), size=(224, 224),
+                        mode="bilinear", align_corners=False)[0].round().clamp(0, 255).to(torch.uint8)
+    if flip:
+        ref = ref.flip(2)
+    for resample in ("antialias", "area"):
+        out = _window_to_chw(window, 224, resample=resample, flip=flip)
+        assert out.dtype == torch.uint8 and tuple(out.shape) == (3, 224, 224) and out.is_contiguous()
+        assert int((out.int() - ref.int()).abs().max()) <= 1
+
+
+def test_shrinking_resize_stays_antialiased():
+    window = np.random.default_rng(1).integers(0, 256, (300, 330, 3), dtype=np.uint8)
+    ref = F.interpolate(torch.from_numpy(window).permute(2, 0, 1)[None], size=(224, 224), mode="bilinear",
+                        antialias=True, align_corners=False)[0]
+    out = torch.empty((3, 224, 224), dtype=torch.uint8)
+    assert _window_to_chw(window, 224, resample="antialias", out=out) is out
+    assert torch.equal(out, ref)
+
+
+def test_collate_rows_of_one_buffer_is_a_view_and_other_batches_are_stacked():
+    buf = torch.arange(5 * 3 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).view(5, 3, 4, 4)
+    images, labels = collate_uint8([(buf[i], i) for i in range(1, 4)])
+    assert images.data_ptr() == buf[1].data_ptr() and torch.equal(images, buf[1:4].clone())
+    assert images.is_contiguous() and labels.tolist() == [1, 2, 3]
+    images, _ = collate_uint8([(buf[i], i) for i in (3, 1, 2)])  # rows out of order: a copy
+    assert images.data_ptr() != buf.data_ptr() and torch.equal(images, buf[[3, 1, 2]])
+    images, _ = collate_uint8([(buf[0], 0), (buf[0].clone(), 0)])
+    assert torch.equal(images, torch.stack([buf[0], buf[0]]))
+
+
+def _pack_jpegs(tmp_path, damaged: int | None = None):
+    from shardfeed.convert.pack import PackOptions, pack
+
+    folder = tmp_path / "folder"
+    rng = np.random.default_rng(0)
+    for i in range(23):
+        d = folder / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        h, w = int(rng.integers(40, 200)), int(rng.integers(40, 200))
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+        (d / f"{i:03d}.jpg").write_bytes(buf.getvalue())
+    pack(folder, tmp_path / "wds", PackOptions(format="wds", max_count=8, overwrite=True))
+    if damaged is not None:
+        # overwrite one image's bytes inside a shard with garbage of the same length
+        shard = sorted((tmp_path / "wds").glob("*.tar"))[0]
+        raw = bytearray(shard.read_bytes())
+        at = raw.find(b"\xff\xd8\xff", 512 * damaged)
+        raw[at : at + 400] = b"\x00" * 400
+        shard.write_bytes(bytes(raw))
+    return tmp_path / "wds"
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_loader_batches_equal_the_samples_decoded_one_by_one(tmp_path, train):
+    wds = _pack_jpegs(tmp_path)
+    loader = make_loader(wds, 4, num_workers=0, shuffle=False, image_size=56, train=train, seed=3)
+    batches = list(loader)  # kept: a later batch must never overwrite an earlier one's pixels
+    direct = open_dataset(wds, shuffle=False, image_size=56, train=train, seed=3)
+    direct.set_epoch(0)
+    samples = list(direct)
+    assert sum(len(labels) for _, labels in batches) == len(samples) == 23
+    images = torch.cat([b for b, _ in batches])
+    assert torch.equal(images, torch.stack([s for s, _ in samples]))
+    assert torch.cat([lbl for _, lbl in batches]).tolist() == [lbl for _, lbl in samples]
+    assert batches[0][0].data_ptr() != batches[1][0].data_ptr()
+
+
+def test_loader_with_a_skipped_sample_still_gives_each_image_its_pixels(tmp_path):
+    wds = _pack_jpegs(tmp_path, damaged=3)
+    loader = make_loader(wds, 4, num_workers=0, shuffle=False, image_size=48, train=True, on_error="skip")
+    batches = list(loader)
+    direct = open_dataset(wds, shuffle=False, image_size=48, train=True, on_error="skip")
+    direct.set_epoch(0)
+    samples = list(direct)
+    assert len(samples) == 22
+    assert torch.equal(torch.cat([b for b, _ in batches]), torch.stack([s for s, _ in samples]))
+
+
+@pytest.mark.multiprocess
+def test_train_crops_are_the_same_with_and_without_workers(tmp_path):
+    wds = _pack_jpegs(tmp_path)
+
+    def run(workers, seed):
+        loader = make_loader(wds, 4, num_workers=workers, shuffle=False, image_size=40, train=True, seed=seed)
+        out = {}
+        for images, labels in loader:
+            for img, lbl in zip(images, labels):
+                out.setdefault(int(lbl), []).append(img.clone())
+        return {k: torch.stack(sorted(v, key=lambda t: t.sum().item())) for k, v in out.items()}
+
+    a, b, c = run(0, 1), run(2, 1), run(2, 2)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_train_transform_finish_writes_into_the_given_row():
+    t = TrainTransform(32, flip=True)
+    window = np.random.default_rng(2).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    out = torch.zeros((3, 32, 32), dtype=torch.uint8)
+    got = t.finish(window, np.random.default_rng(0), out=out)
+    assert got is out and torch.equal(out, t.finish(window, np.random.default_rng(0)))
