@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils.data
 
+from .batch_ring import BatchRing, RingBatch
 from .dataset import is_url, open_dataset
 from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank)
@@ -164,12 +165,18 @@ def collate_raw(batch: Sequence) -> list:
 
 
 def _collate_decoded(batch: Sequence, image_size: int | None = None):
+    from .batch_ring import active_ring
     from .transforms import collate_uint8
 
     items = [s for s in batch if s is not None]
     if not items:  # every sample of the batch was skipped (on_error="skip")
         side = image_size or 0
         return torch.empty((0, 3, side, side), dtype=torch.uint8), torch.empty((0,), dtype=torch.int64)
+    ring = active_ring()
+    if ring is not None and torch.utils.data.get_worker_info() is not None:
+        handle = ring.publish([image for image, _ in items])  # rows of one reused slot: send a handle
+        if handle is not None:
+            return handle, torch.tensor([int(label) for _, label in items], dtype=torch.int64)
     return collate_uint8(items)
 
 
@@ -199,6 +206,9 @@ class _EpochIterator:
                 self._reported = True
                 self._loader._report_epoch(self._epoch)
             raise
+        if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], RingBatch):
+            # a worker's batch in a reused shared-memory slot: copy it out, free the slot
+            batch = (self._loader._batch_ring.take(batch[0], pin_memory=self._loader._pin_ring), batch[1])
         self.num_batches_delivered += 1
         return batch
 
@@ -222,6 +232,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
     def __init__(self, *args, epoch_sampler: EpochSampler | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
+        self._batch_ring: BatchRing | None = None  # see make_loader
+        self._pin_ring = False
         self._next_epoch = 0
         self._current = None  # weak reference to the iteration in progress (no loader <-> iterator cycle)
         self._resume: dict | None = None  # {"epoch", "segments"} in effect
@@ -477,10 +489,41 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
                                      batch_size=batch_size, drop_last=drop_last)
         kwargs["sampler"] = epoch_sampler
         kwargs["drop_last"] = bool(drop_last)
+    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor, custom_collate="collate_fn" in loader_opts)
     loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
+    if ring is not None:
+        loader._batch_ring, loader._pin_ring = ring, bool(pin_memory) and torch.cuda.is_available()
     log.debug("make_loader: %r batch_size=%d num_workers=%d pin_memory=%s -> %d batches per epoch",
               ds, batch_size, num_workers, pin_memory, len(loader))
     return loader
+
+
+#: Largest shared memory the reused batch slots may take (bytes); above it batches are made per batch.
+BATCH_RING_MAX_BYTES = 1 << 30
+
+
+def _batch_ring_for(ds, num_workers: int, batch_size: int, prefetch_factor: int | None,
+                    custom_collate: bool) -> BatchRing | None:
+    """Reused shared-memory batch slots for the workers of a decoding source with a fixed output
+    size (:mod:`~shardfeed.readers.batch_ring`), or None where they do not apply."""
+    if num_workers < 1 or custom_collate or not isinstance(ds, SourceBase) or not ds.decode:
+        return None
+    decoder = ds.sample_decoder
+    if decoder.image_size is None or decoder.transform is not None:
+        return None
+    slots = (prefetch_factor or 2) + 2
+    nbytes = num_workers * slots * int(batch_size) * 3 * decoder.image_size ** 2
+    if nbytes > BATCH_RING_MAX_BYTES:
+        log.debug("batch ring of %.0f MB over the %.0f MB cap: batches are made one by one", nbytes / 1e6,
+                  BATCH_RING_MAX_BYTES / 1e6)
+        return None
+    try:
+        ring = BatchRing(num_workers, slots, int(batch_size), decoder.image_size)
+    except (OSError, RuntimeError) as exc:  # shared memory refused: the ordinary path
+        log.debug("batch ring unavailable (%s): batches are made one by one", exc)
+        return None
+    decoder.ring = ring
+    return ring
 
 
 _NORM_CACHE: dict = {}

@@ -632,11 +632,11 @@ class TrainTransform:
 # Per-sample decoding for every source, and batching
 
 
-def _current_worker_id() -> int:
+def _current_worker_id(default: int = 0) -> int:
     import torch.utils.data
 
     info = torch.utils.data.get_worker_info()
-    return 0 if info is None else int(info.id)
+    return default if info is None else int(info.id)
 
 
 class SampleDecoder:
@@ -744,6 +744,9 @@ class SampleDecoder:
         #: rows of the batch buffer the decoded images are written into (0: one tensor each);
         #: set by the source when a loader batches it (see :meth:`set_batch_rows`)
         self.batch_rows = 0
+        #: a :class:`~shardfeed.readers.batch_ring.BatchRing` whose slots DataLoader workers write
+        #: into (set by :func:`~shardfeed.readers.loader.make_loader`), or None
+        self.ring = None
         self._arena: "torch.Tensor | None" = None
         self._arena_next = 0
         self._epoch = 0
@@ -768,6 +771,10 @@ class SampleDecoder:
         self._epoch, self._rank, self._worker = int(epoch), int(rank), worker
         self._rng = None
         self._arena, self._arena_next = None, 0
+        if self.ring is not None:
+            in_worker = _current_worker_id(default=-1)
+            if in_worker >= 0:
+                self.ring.reset_worker(in_worker)  # an epoch starts: this worker's slots are free
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -797,6 +804,10 @@ class SampleDecoder:
         """The next row of the batch buffer, or None when images get their own tensors."""
         if self.batch_rows <= 0 or self.transform is not None or self._builtin is None:
             return None
+        if self.ring is not None:
+            row = self.ring.next_row(_current_worker_id(default=-1))  # only inside a DataLoader worker
+            if row is not None:
+                return row
         if self._arena is None or self._arena_next >= self._arena.shape[0]:
             size = self._builtin.image_size
             self._arena = _new_buffer((self.batch_rows, 3, size, size))

@@ -139,3 +139,82 @@ def test_train_transform_finish_writes_into_the_given_row():
     out = torch.zeros((3, 32, 32), dtype=torch.uint8)
     got = t.finish(window, np.random.default_rng(0), out=out)
     assert got is out and torch.equal(out, t.finish(window, np.random.default_rng(0)))
+
+
+def test_batch_ring_hands_batches_over_by_copy_and_reuses_slots():
+    from shardfeed.readers.batch_ring import BatchRing
+
+    ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=4)
+    ring.reset_worker(0)
+    sent = []
+    for b in range(5):
+        rows = [ring.next_row(0) for _ in range(3)]
+        for i, row in enumerate(rows):
+            row.fill_(10 * b + i)
+        handle = ring.publish(rows)
+        assert handle is not None and handle.rows == 3
+        got = ring.take(handle)
+        assert got.tolist() == torch.stack([torch.full((3, 4, 4), 10 * b + i, dtype=torch.uint8)
+                                            for i in range(3)]).tolist()
+        lo, hi = ring.buffers.data_ptr(), ring.buffers.data_ptr() + ring.buffers.numel()
+        assert not lo <= got.data_ptr() < hi  # the loop's batch is its own memory
+        sent.append(got)
+    assert [int(t[0, 0, 0, 0]) for t in sent] == [0, 10, 20, 30, 40]  # earlier batches unchanged by reuse
+    with pytest.raises(RuntimeError, match="no longer names its batch"):
+        ring.take(handle)  # taken twice
+
+
+def test_batch_ring_never_waits_when_every_slot_is_held():
+    from shardfeed.readers.batch_ring import BatchRing
+
+    ring = BatchRing(num_workers=2, slots=2, batch_size=2, image_size=2)
+    ring.reset_worker(1)
+    handles = []
+    for _ in range(2):
+        rows = [ring.next_row(1), ring.next_row(1)]
+        handles.append(ring.publish(rows))
+    assert [ring.next_row(1) for _ in range(2)] == [None, None]  # the third batch: the caller's own tensors
+    ring.take(handles[0])
+    assert ring.next_row(1) is not None  # a freed slot is used again
+    assert ring.next_row(5) is None and ring.publish([torch.zeros(3, 2, 2, dtype=torch.uint8)]) is None
+
+
+def _sorted_images(images: torch.Tensor, labels: torch.Tensor):
+    pairs = sorted(zip(labels.tolist(), images), key=lambda p: (p[0], p[1].sum().item()))
+    return [lbl for lbl, _ in pairs], torch.stack([img for _, img in pairs])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("train", [True, False])
+def test_worker_batches_through_reused_slots_equal_the_samples(tmp_path, train):
+    wds = _pack_jpegs(tmp_path)
+    loader = make_loader(wds, 2, num_workers=2, shuffle=True, image_size=56, train=train, seed=5,
+                         prefetch_factor=1)
+    assert loader._batch_ring is not None
+    direct = open_dataset(wds, shuffle=False, image_size=56, train=train, seed=5)
+    for epoch in range(2):
+        batches = list(loader)  # held across the epoch: 6 batches per worker pass through its 3 slots
+        ring = loader._batch_ring.buffers
+        for images, _ in batches:
+            assert not ring.data_ptr() <= images.data_ptr() < ring.data_ptr() + ring.numel()
+        direct.set_epoch(epoch)
+        want = list(direct)
+        got = _sorted_images(torch.cat([b for b, _ in batches]), torch.cat([lbl for _, lbl in batches]))
+        ref = _sorted_images(torch.stack([s for s, _ in want]), torch.tensor([lbl for _, lbl in want]))
+        assert got[0] == ref[0] and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.multiprocess
+def test_an_abandoned_iteration_leaves_the_next_one_whole(tmp_path):
+    wds = _pack_jpegs(tmp_path)
+    loader = make_loader(wds, 4, num_workers=2, shuffle=False, image_size=40, train=False)
+    it = iter(loader)
+    next(it)  # the rest of this epoch's batches stay in their slots, never taken
+    del it
+    loader.set_epoch(0)
+    images = torch.cat([b for b, _ in loader])
+    direct = open_dataset(wds, shuffle=False, image_size=40)
+    direct.set_epoch(0)
+    ref = torch.stack([s for s, _ in direct])
+    assert images.shape == ref.shape
+    assert sorted(x.sum().item() for x in images) == sorted(x.sum().item() for x in ref)
