@@ -2,7 +2,9 @@
 
 :func:`read_ahead` yields the reads of a plan (byte ranges of one shard, in order) while the
 caller parses and decodes. It starts reading in the caller's thread and times each read; while
-reads come back fast (page cache, a local disk) nothing else happens. Once a read takes longer
+reads come back fast (page cache, a local disk) nothing else happens. A range that ended slow
+makes the process's next range (the next shard) start reading ahead at once, at the depth and
+latency it learned. Once a read takes longer
 than :data:`SLOW_READ_S`, the remaining ranges are read by a thread pool with several requests in
 flight (``os.pread`` releases the GIL; network file systems and FUSE mounts serve concurrent
 requests in parallel), yielded in order. The depth adapts to what it observes: about the read
@@ -26,12 +28,15 @@ __all__ = ["read_ahead", "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES"]
 #: A read slower than this (seconds) switches the rest of the range to reads ahead.
 SLOW_READ_S = 0.0005
 #: Most requests in flight per reader.
-MAX_DEPTH = 16
+MAX_DEPTH = 32
 #: Most bytes in flight per reader.
-MAX_BYTES = 4 << 20
+MAX_BYTES = 6 << 20
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
+#: what the last range of this process saw: (pid, depth it ended with, its latency), so the next
+#: range (the next shard) starts reading ahead at once
+_learned: tuple[int, int, float] | None = None
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -68,20 +73,26 @@ def read_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, i
     Raises:
         What ``read_at`` raises, at the chunk whose read failed.
     """
+    global _learned
     i, n = 0, len(plan)
-    while i < n:  # in the caller's thread while the reads are fast
-        _, _, a, b = plan[i]
-        data, took = _timed(read_at, a, b - a)
-        i += 1
-        yield data
-        if took > slow_read_s:
-            break
-    if i >= n:
-        return
+    learned = _learned if _learned is not None and _learned[0] == os.getpid() else None
+    if learned is None:
+        while i < n:  # in the caller's thread while the reads are fast
+            _, _, a, b = plan[i]
+            data, took = _timed(read_at, a, b - a)
+            i += 1
+            yield data
+            if took > slow_read_s:
+                break
+        if i >= n:
+            return
+        depth, latency = 2, took
+    else:
+        depth, latency = max(2, min(max_depth, learned[1])), learned[2]
     pool = _executor()
     inflight: collections.deque = collections.deque()
-    latency, per_chunk = took, None
-    depth, nbytes = 2, 0
+    per_chunk = None
+    nbytes = 0
     last = time.perf_counter()
     try:
         while i < n or inflight:
@@ -100,6 +111,8 @@ def read_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, i
             last = now
             per_chunk = spent if per_chunk is None else 0.8 * per_chunk + 0.2 * spent
             depth = max(2, min(max_depth, math.ceil(latency / max(per_chunk, 1e-4)) + 1))
+        # fast reads again (the data came into the page cache): the next range starts in the caller's thread
+        _learned = (os.getpid(), depth, latency) if latency > slow_read_s else None
     finally:
         for future, _ in inflight:
             future.cancel()

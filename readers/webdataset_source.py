@@ -136,7 +136,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         timeout_s, retries: HTTP options (see :mod:`shardfeed.readers.http_io`); ignored locally.
         readahead: local shards: once a read proves slow (a network or FUSE mount), keep several
             reads in flight ahead of the decoder (:mod:`~shardfeed.readers.shard_readahead`;
-            bounded: at most 16 requests, 4 MiB per reader). False reads one chunk at a time.
+            bounded: at most 32 requests, 6 MiB per reader). False reads one chunk at a time.
         **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
 
     Yields:

@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from shardfeed.readers import shard_readahead
 from shardfeed.readers.shard_readahead import read_ahead
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state():
+    shard_readahead._learned = None  # what an earlier (slow) range taught this process
+    yield
+    shard_readahead._learned = None
 
 
 def _plan(total: int, step: int) -> list[tuple[int, int, int, int]]:
@@ -73,6 +81,17 @@ def test_slow_reads_go_ahead_in_order_and_bounded(blob):
     assert b"".join(out) == data  # every byte, in order
     assert f.reads == len(plan)
     assert 2 <= f.max_in_flight <= 6
+
+
+def test_a_slow_range_makes_the_next_one_read_ahead_from_its_start(blob):
+    path, data = blob
+    plan = _plan(len(data), 96 * 1024)
+    assert b"".join(read_ahead(SlowFile(path, 0.003), plan[:10])) == data[: plan[9][3]]
+    f = SlowFile(path, 0.003)
+    gen = read_ahead(f, plan[10:])
+    assert next(gen) == data[plan[10][2] : plan[10][3]]
+    assert f.reads >= 2  # the first chunk was not read alone
+    assert b"".join(gen) == data[plan[11][2] :]
 
 
 def test_bytes_in_flight_are_bounded(blob):
