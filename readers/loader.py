@@ -54,7 +54,7 @@ from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed
 from .errors import ResumeStateError
 from .source_base import SourceBase
 
-__all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers",
+__all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
            "collate_raw", "worker_init", "STATE_VERSION"]
 
 #: Version of the dict :meth:`ShardfeedLoader.state_dict` returns.
@@ -409,6 +409,7 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             of the epoch instead of dropping the remainder ``N % world_size``.
         rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
         **open_dataset_options: passed to :func:`open_dataset` (``image_size``, ``train``,
+            ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
             ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
             ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
             ``worker_init_fn`` (called after ours), ``collate_fn`` and ``timeout`` go to the
@@ -416,6 +417,11 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             bytes and decodes each batch on that GPU (nvJPEG; images and labels come out on the
             device; the CPU loader where there is no CUDA): see
             :mod:`~shardfeed.readers.gpu_decode`.
+
+    With workers and the built-in transforms, batches cross from the workers through reused
+    shared-memory slots (:mod:`~shardfeed.readers.batch_ring`: ``num_workers * (prefetch_factor
+    + 2)`` batches of shared memory, at most :data:`BATCH_RING_MAX_BYTES`); each batch the loop
+    receives is its own memory.
 
     Returns:
         A :class:`ShardfeedLoader`. Batches: ``(images, labels)``: ``torch.uint8``
