@@ -10,7 +10,9 @@ main process about 24 us (``scripts/bench_overhead.py`` measures the loader with
 ``uint8`` in shared memory, made once before the workers start. A worker's
 :class:`~shardfeed.readers.transforms.SampleDecoder` writes each image straight into the next row
 of its current slot; the collate step (in the worker) sends a small :class:`RingBatch` handle
-instead of the pixels when the batch is exactly the slot's first rows; the main process copies the
+instead of the pixels when the batch is exactly the slot's first rows (should a slot's rows ever
+leave as tensors instead, the ring is switched off in that process before any slot could be
+written again: rows someone may hold are never overwritten); the main process copies the
 rows out into a tensor of its own (page-locked when the loader pins memory) and frees the slot
 (:meth:`BatchRing.take`). The batch the training loop receives is therefore private memory, never
 a view of a slot, so a slot's reuse can never change a batch the loop holds.
@@ -98,6 +100,8 @@ class BatchRing:
         self._slot = -1  # the slot being filled in this process (-1: none)
         self._next_row = 0
         self._fallback_rows = 0
+        self._published = False  # whether the current slot's rows went out as a handle
+        self._disabled = False
         self._seq = 0
         self._state_np = self.state.numpy()
 
@@ -133,14 +137,23 @@ class BatchRing:
         if self._fallback_rows > 0:  # this batch's rows are the caller's own
             self._fallback_rows -= 1
             return None
+        if self._disabled:
+            return None
         if self._slot < 0 or self._next_row >= self.batch_size:
+            if self._slot >= 0 and not self._published:
+                # the slot's rows left as tensors, not as a handle (a collate other than the
+                # loader's, or batches out of step with the slots): rows might still be held,
+                # so no slot is ever written again in this process
+                logger.debug("batch ring: worker %d's rows left without a handle; ring off in this process", worker)
+                self._disabled = True
+                return None
             free = self._state_np[worker] == 0
             slot = next((s % self.slots for s in range(self._slot + 1, self._slot + 1 + self.slots)
                          if free[s % self.slots]), None)
             if slot is None:  # every slot still holds a batch the main process has not copied out
                 self._slot, self._fallback_rows = -1, self.batch_size - 1
                 return None
-            self._slot, self._next_row = slot, 0
+            self._slot, self._next_row, self._published = slot, 0, False
         _active = self
         row = self.buffers[worker, self._slot, self._next_row]
         self._next_row += 1
@@ -162,6 +175,7 @@ class BatchRing:
                 return None
         self._seq += 1
         self._state_np[worker, slot] = self._seq
+        self._published = True
         self._next_row = self.batch_size  # the next image starts the next slot
         return RingBatch(self.ring_id, worker, slot, len(images), self._seq)
 

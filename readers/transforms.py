@@ -25,6 +25,7 @@ import functools
 import logging
 import math
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -810,7 +811,7 @@ class SampleDecoder:
                 return row
         if self._arena is None or self._arena_next >= self._arena.shape[0]:
             size = self._builtin.image_size
-            self._arena = _new_buffer((self.batch_rows, 3, size, size))
+            self._arena = _new_batch_buffer((self.batch_rows, 3, size, size))
             self._arena_next = 0
         row = self._arena[self._arena_next]
         self._arena_next += 1
@@ -892,6 +893,17 @@ class SampleDecoder:
         )
 
 
+#: live batch buffers of this process by address: only their rows are collated without a copy
+_batch_buffers: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def _new_batch_buffer(shape: tuple[int, ...]) -> "torch.Tensor":
+    """:func:`_new_buffer`, registered so that :func:`collate_uint8` may return its rows as a view."""
+    buf = _new_buffer(shape)
+    _batch_buffers[buf.data_ptr()] = buf
+    return buf
+
+
 def _new_buffer(shape: tuple[int, ...]) -> "torch.Tensor":
     """An uninitialised ``uint8`` tensor of ``shape``, in shared memory inside a worker.
 
@@ -921,6 +933,9 @@ def _rows_of_one_buffer(images: Sequence["torch.Tensor"]) -> "torch.Tensor | Non
     numel = first.numel()
     storage = first.untyped_storage()
     base_ptr, offset = storage.data_ptr(), first.storage_offset()
+    owner = _batch_buffers.get(base_ptr)
+    if owner is None or owner.untyped_storage().data_ptr() != base_ptr:
+        return None  # not one of this process's batch buffers: a caller's tensors are copied
     if (offset + len(images) * numel) > storage.nbytes():
         return None
     for i, image in enumerate(images):
@@ -941,9 +956,9 @@ def collate_uint8(
 
     Returns:
         ``(images, labels)``: ``torch.uint8`` ``[B, 3, H, W]`` (contiguous) and ``torch.int64``
-        ``[B]``. When the images are consecutive rows of one buffer (the batch buffers of
-        :meth:`SampleDecoder.set_batch_rows`), ``images`` is a view of those rows, no copy;
-        otherwise a new tensor (in shared memory inside a ``DataLoader`` worker).
+        ``[B]``. When the images are consecutive rows of one of this process's batch buffers
+        (:meth:`SampleDecoder.set_batch_rows`), ``images`` is a view of those rows, no copy;
+        otherwise (any other tensors) a new tensor (in shared memory inside a ``DataLoader`` worker).
 
     Raises:
         ValueError: The batch is empty, an item is not a pair, or the images differ in size

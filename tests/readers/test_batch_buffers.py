@@ -57,7 +57,10 @@ def test_shrinking_resize_stays_antialiased():
 
 
 def test_collate_rows_of_one_buffer_is_a_view_and_other_batches_are_stacked():
-    buf = torch.arange(5 * 3 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).view(5, 3, 4, 4)
+    from shardfeed.readers.transforms import _new_batch_buffer
+
+    buf = _new_batch_buffer((5, 3, 4, 4))
+    buf.copy_(torch.arange(5 * 3 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).view(5, 3, 4, 4))
     images, labels = collate_uint8([(buf[i], i) for i in range(1, 4)])
     assert images.data_ptr() == buf[1].data_ptr() and torch.equal(images, buf[1:4].clone())
     assert images.is_contiguous() and labels.tolist() == [1, 2, 3]
@@ -65,6 +68,22 @@ def test_collate_rows_of_one_buffer_is_a_view_and_other_batches_are_stacked():
     assert images.data_ptr() != buf.data_ptr() and torch.equal(images, buf[[3, 1, 2]])
     images, _ = collate_uint8([(buf[0], 0), (buf[0].clone(), 0)])
     assert torch.equal(images, torch.stack([buf[0], buf[0]]))
+    mine = torch.zeros((4, 3, 4, 4), dtype=torch.uint8)  # a caller's own tensor: always copied
+    images, _ = collate_uint8([(mine[i], i) for i in range(4)])
+    assert images.data_ptr() != mine.data_ptr()
+    images[0, 0, 0, 0] = 9
+    assert int(mine[0, 0, 0, 0]) == 0
+
+
+def test_batch_ring_is_switched_off_when_rows_leave_without_a_handle():
+    from shardfeed.readers.batch_ring import BatchRing
+
+    ring = BatchRing(num_workers=1, slots=2, batch_size=2, image_size=2)
+    ring.reset_worker(0)
+    held = [ring.next_row(0), ring.next_row(0)]  # rows taken as tensors, never published
+    assert ring.next_row(0) is None  # no slot is written again: the held rows stay as they are
+    held[0].fill_(7)
+    assert all(ring.next_row(0) is None for _ in range(6)) and int(held[0].max()) == 7
 
 
 def _pack_jpegs(tmp_path, damaged: int | None = None):
