@@ -109,8 +109,9 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             ignore it), ``pad`` (False), ``rank``,
             ``world_size``, ``timeout_s`` and ``retries`` (HTTP, object stores), ``storage_options``
             (object stores: ``endpoint_url``, ``region_name``, ``profile``, ``anon`` ...; see
-            :mod:`~shardfeed.readers.objstore`), ``readahead`` and ``verify`` (LMDB: check
-            each record's CRC-32; True),
+            :mod:`~shardfeed.readers.objstore`), ``readahead`` (LMDB: kernel read-around; local
+            WebDataset shards: reads ahead once reads prove slow, True) and ``verify`` (LMDB:
+            check each record's CRC-32; True),
             ``class_to_idx`` and ``extensions`` (folder), ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads
             anyway, and damage is then found, and named, while reading).
