@@ -12,22 +12,23 @@ main process about 24 us (``scripts/bench_overhead.py`` measures the loader with
 of its current slot; the collate step (in the worker) sends a small :class:`RingBatch` handle
 instead of the pixels when the batch is exactly the slot's first rows (should a slot's rows ever
 leave as tensors instead, the ring is switched off in that process before any slot could be
-written again: rows someone may hold are never overwritten); the main process copies the
-rows out into a tensor of its own (page-locked when the loader pins memory) and frees the slot
-(:meth:`BatchRing.take`). The batch the training loop receives is therefore private memory, never
-a view of a slot, so a slot's reuse can never change a batch the loop holds.
+written again: rows someone may hold are never overwritten). The main process turns the handle
+into a tensor over the slot, no copy (:meth:`BatchRing.take`); the slot stays held until the
+last tensor sharing its memory is freed, and only then may a worker write into it again. With
+``pin_memory`` the batch is copied into page-locked memory instead and the slot freed at once.
 
 Each slot's state is one ``int64`` in shared memory: 0 free, else the sequence number of the batch
-it holds. A worker takes its next free slot; when none is free it never waits: that batch is
-made the ordinary way (a fresh shared tensor, always correct). Each epoch's start in a worker
-frees its slots (handles of an abandoned iteration are never taken). The main process checks the sequence
-number before and after its copy, and raises if the slot changed (which would mean a handle was
-used after its iteration was abandoned).
+it holds. A worker takes its next free slot; when none is free (the training loop holds that
+many batches) it never waits: that batch is made the ordinary way (a fresh shared tensor, always
+correct). Before each iteration the main process frees the slots of batches never taken (an
+iteration that ended early, :meth:`BatchRing.reclaim`); it raises on a handle whose slot no
+longer holds its batch.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,7 +72,7 @@ class BatchRing:
 
     Args:
         num_workers: ``DataLoader`` workers (``>= 1``).
-        slots: Buffers per worker (``>= 2``); ``prefetch_factor + 2`` never makes a worker wait.
+        slots: Buffers per worker (``>= 2``): batches in flight plus those the training loop holds.
         batch_size: Rows per buffer.
         image_size: Images are ``[3, image_size, image_size]`` ``uint8``.
 
@@ -104,6 +105,8 @@ class BatchRing:
         self._disabled = False
         self._seq = 0
         self._state_np = self.state.numpy()
+        self._buffers_np = None
+        self._held: dict[tuple[int, int], int] = {}  # main process: slots of taken batches -> seq
 
     def __getstate__(self) -> dict:
         return {"num_workers": self.num_workers, "slots": self.slots, "batch_size": self.batch_size,
@@ -116,10 +119,8 @@ class BatchRing:
 
     # ---- worker side
     def reset_worker(self, worker: int) -> None:
-        """Start an epoch in worker ``worker``: batches of an abandoned iteration are forgotten."""
+        """Start an epoch in worker ``worker``: the next image starts a new slot."""
         global _active
-        if 0 <= worker < self.num_workers:
-            self._state_np[worker, :] = 0
         self._worker, self._slot, self._next_row, self._fallback_rows = worker, -1, 0, 0
         _active = self
 
@@ -150,7 +151,7 @@ class BatchRing:
             free = self._state_np[worker] == 0
             slot = next((s % self.slots for s in range(self._slot + 1, self._slot + 1 + self.slots)
                          if free[s % self.slots]), None)
-            if slot is None:  # every slot still holds a batch the main process has not copied out
+            if slot is None:  # every slot still holds a batch (in flight, or held by the training loop)
                 self._slot, self._fallback_rows = -1, self.batch_size - 1
                 return None
             self._slot, self._next_row, self._published = slot, 0, False
@@ -181,14 +182,19 @@ class BatchRing:
 
     # ---- main process side
     def take(self, handle: RingBatch, *, pin_memory: bool = False) -> "torch.Tensor":
-        """Copy a batch out of its slot into a new tensor and free the slot.
+        """The batch of ``handle`` as a tensor for the training loop.
+
+        Without ``pin_memory``: a view of the slot, no copy. The slot stays marked as holding the
+        batch until the last tensor sharing that memory (the view, its slices, ``.numpy()``
+        arrays of it) is freed; only then may a worker write into it again. With
+        ``pin_memory``: a copy into page-locked memory, and the slot is freed at once.
 
         Args:
             handle: From :meth:`publish` in a worker.
             pin_memory: Copy into page-locked memory (for ``non_blocking`` device copies).
 
         Returns:
-            ``torch.uint8`` ``[rows, 3, S, S]``, contiguous, owned by the caller.
+            ``torch.uint8`` ``[rows, 3, S, S]``, contiguous.
 
         Raises:
             RuntimeError: The handle is not from this ring, or its slot no longer holds its batch.
@@ -196,13 +202,39 @@ class BatchRing:
         import torch
 
         state = self._state_np
-        if handle.ring_id != self.ring_id or state[handle.worker, handle.slot] != handle.seq:
+        w, slot, seq = handle.worker, handle.slot, handle.seq
+        if handle.ring_id != self.ring_id or not (0 <= w < self.num_workers and 0 <= slot < self.slots) \
+                or state[w, slot] != seq:
             raise RuntimeError(f"{handle!r} no longer names its batch (the slot was reused): a batch handle "
                                "was used after its loader iteration ended")
-        size = self.image_size
-        out = torch.empty((handle.rows, 3, size, size), dtype=torch.uint8, pin_memory=pin_memory)
-        out.copy_(self.buffers[handle.worker, handle.slot, : handle.rows])
-        if state[handle.worker, handle.slot] != handle.seq:
-            raise RuntimeError(f"{handle!r}: the slot was rewritten during the copy")
-        state[handle.worker, handle.slot] = 0
-        return out
+        if pin_memory:
+            size = self.image_size
+            out = torch.empty((handle.rows, 3, size, size), dtype=torch.uint8, pin_memory=True)
+            out.copy_(self.buffers[w, slot, : handle.rows])
+            state[w, slot] = 0
+            return out
+        if self._buffers_np is None:
+            self._buffers_np = self.buffers.numpy()
+        view = self._buffers_np[w, slot, : handle.rows]
+        self._held[(w, slot)] = seq
+        weakref.finalize(view, self._release, w, slot, seq)
+        return torch.from_numpy(view)  # the tensor's memory keeps ``view`` alive, and so the slot held
+
+    def _release(self, worker: int, slot: int, seq: int) -> None:
+        """The last tensor over a taken slot is gone: a worker may write into it again."""
+        if self._held.get((worker, slot)) == seq:
+            del self._held[(worker, slot)]
+            if self._state_np[worker, slot] == seq:
+                self._state_np[worker, slot] = 0
+
+    def reclaim(self) -> None:
+        """Main process, before an iteration starts: free every slot not held by a taken batch.
+
+        Batches that workers put in slots for an iteration that ended early are never taken;
+        without this their slots would stay marked until the process ends.
+        """
+        state = self._state_np
+        for w in range(self.num_workers):
+            for slot in range(self.slots):
+                if state[w, slot] != 0 and self._held.get((w, slot)) != state[w, slot]:
+                    state[w, slot] = 0

@@ -207,7 +207,7 @@ class _EpochIterator:
                 self._loader._report_epoch(self._epoch)
             raise
         if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], RingBatch):
-            # a worker's batch in a reused shared-memory slot: copy it out, free the slot
+            # a worker's batch in a reused shared-memory slot: a view of it, held while the loop holds it
             batch = (self._loader._batch_ring.take(batch[0], pin_memory=self._loader._pin_ring), batch[1])
         self.num_batches_delivered += 1
         return batch
@@ -272,6 +272,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             self._epoch_sampler.set_epoch(e)
         elif hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(e)
+        if self._batch_ring is not None:
+            self._batch_ring.reclaim()  # slots of batches an earlier iteration never took
         it = _EpochIterator(super().__iter__(), self, e)
         self._current = weakref.ref(it)
         return it
@@ -420,8 +422,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
 
     With workers and the built-in transforms, batches cross from the workers through reused
     shared-memory slots (:mod:`~shardfeed.readers.batch_ring`: ``num_workers * (prefetch_factor
-    + 2)`` batches of shared memory, at most :data:`BATCH_RING_MAX_BYTES`); each batch the loop
-    receives is its own memory.
+    + 4)`` batches of shared memory, at most :data:`BATCH_RING_MAX_BYTES`); a slot is written
+    again only after every tensor of the batch the loop received from it is freed.
 
     Returns:
         A :class:`ShardfeedLoader`. Batches: ``(images, labels)``: ``torch.uint8``
@@ -517,7 +519,7 @@ def _batch_ring_for(ds, num_workers: int, batch_size: int, prefetch_factor: int 
     decoder = ds.sample_decoder
     if decoder.image_size is None or decoder.transform is not None:
         return None
-    slots = (prefetch_factor or 2) + 2
+    slots = (prefetch_factor or 2) + 4  # in flight, plus batches the training loop holds
     nbytes = num_workers * slots * int(batch_size) * 3 * decoder.image_size ** 2
     if nbytes > BATCH_RING_MAX_BYTES:
         log.debug("batch ring of %.0f MB over the %.0f MB cap: batches are made one by one", nbytes / 1e6,

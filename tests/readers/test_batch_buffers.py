@@ -160,27 +160,58 @@ def test_train_transform_finish_writes_into_the_given_row():
     assert got is out and torch.equal(out, t.finish(window, np.random.default_rng(0)))
 
 
-def test_batch_ring_hands_batches_over_by_copy_and_reuses_slots():
+def test_batch_ring_slot_is_written_again_only_after_its_batch_is_freed():
+    import gc
+
     from shardfeed.readers.batch_ring import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=4)
     ring.reset_worker(0)
-    sent = []
-    for b in range(5):
+
+    def fill(value):
         rows = [ring.next_row(0) for _ in range(3)]
+        if rows[0] is None:
+            return None
         for i, row in enumerate(rows):
-            row.fill_(10 * b + i)
-        handle = ring.publish(rows)
-        assert handle is not None and handle.rows == 3
-        got = ring.take(handle)
-        assert got.tolist() == torch.stack([torch.full((3, 4, 4), 10 * b + i, dtype=torch.uint8)
-                                            for i in range(3)]).tolist()
-        lo, hi = ring.buffers.data_ptr(), ring.buffers.data_ptr() + ring.buffers.numel()
-        assert not lo <= got.data_ptr() < hi  # the loop's batch is its own memory
-        sent.append(got)
-    assert [int(t[0, 0, 0, 0]) for t in sent] == [0, 10, 20, 30, 40]  # earlier batches unchanged by reuse
+            row.fill_(value + i)
+        return ring.publish(rows)
+
+    a = ring.take(fill(10))
+    b = ring.take(fill(20))
+    half = b[1:]  # a slice keeps the slot held too
+    assert fill(30) is None  # both slots held by the loop: the worker makes that batch its own way
+    assert [int(t[0, 0, 0, 0]) for t in (a, b)] == [10, 20]
+    del a
+    gc.collect()
+    c = ring.take(fill(40))  # the slot of the freed batch is used again
+    assert int(c[0, 0, 0, 0]) == 40 and int(half[0, 0, 0, 0]) == 21  # the held batch is unchanged
+    del b
+    gc.collect()
+    assert fill(50) is None  # the slice still holds the slot
+    del half
+    gc.collect()
+    assert fill(60) is not None
     with pytest.raises(RuntimeError, match="no longer names its batch"):
-        ring.take(handle)  # taken twice
+        ring.take(RingBatch_like(ring, 0, 0, 9))
+
+
+def RingBatch_like(ring, worker, slot, seq):
+    from shardfeed.readers.batch_ring import RingBatch
+
+    return RingBatch(ring.ring_id, worker, slot, 1, seq)
+
+
+def test_batch_ring_reclaims_batches_never_taken():
+    from shardfeed.readers.batch_ring import BatchRing
+
+    ring = BatchRing(num_workers=1, slots=2, batch_size=1, image_size=2)
+    ring.reset_worker(0)
+    held = ring.take(ring.publish([ring.next_row(0)]))
+    ring.publish([ring.next_row(0)])  # published, never taken (its iteration ended early)
+    assert ring.next_row(0) is None
+    ring.reclaim()
+    row = ring.next_row(0)
+    assert row is not None and row.data_ptr() != held.data_ptr()  # the taken one stays held
 
 
 def test_batch_ring_never_waits_when_every_slot_is_held():
@@ -193,7 +224,10 @@ def test_batch_ring_never_waits_when_every_slot_is_held():
         rows = [ring.next_row(1), ring.next_row(1)]
         handles.append(ring.publish(rows))
     assert [ring.next_row(1) for _ in range(2)] == [None, None]  # the third batch: the caller's own tensors
-    ring.take(handles[0])
+    ring.take(handles[0])  # taken and dropped at once: freed
+    import gc
+
+    gc.collect()
     assert ring.next_row(1) is not None  # a freed slot is used again
     assert ring.next_row(5) is None and ring.publish([torch.zeros(3, 2, 2, dtype=torch.uint8)]) is None
 
@@ -208,19 +242,34 @@ def _sorted_images(images: torch.Tensor, labels: torch.Tensor):
 def test_worker_batches_through_reused_slots_equal_the_samples(tmp_path, train):
     wds = _pack_jpegs(tmp_path)
     loader = make_loader(wds, 2, num_workers=2, shuffle=True, image_size=56, train=train, seed=5,
-                         prefetch_factor=1)
+                         prefetch_factor=1, pin_memory=False)
     assert loader._batch_ring is not None
     direct = open_dataset(wds, shuffle=False, image_size=56, train=train, seed=5)
     for epoch in range(2):
-        batches = list(loader)  # held across the epoch: 6 batches per worker pass through its 3 slots
+        batches = list(loader)  # all held: slots must not be written again while they are
         ring = loader._batch_ring.buffers
-        for images, _ in batches:
-            assert not ring.data_ptr() <= images.data_ptr() < ring.data_ptr() + ring.numel()
+        in_ring = sum(ring.data_ptr() <= images.data_ptr() < ring.data_ptr() + ring.numel() for images, _ in batches)
+        assert in_ring >= 2  # some batches are views of slots, the rest made the ordinary way
         direct.set_epoch(epoch)
         want = list(direct)
         got = _sorted_images(torch.cat([b for b, _ in batches]), torch.cat([lbl for _, lbl in batches]))
         ref = _sorted_images(torch.stack([s for s, _ in want]), torch.tensor([lbl for _, lbl in want]))
         assert got[0] == ref[0] and torch.equal(got[1], ref[1])
+        del batches  # (held into the next epoch, its slots would stay held, and that epoch made the ordinary way)
+
+
+@pytest.mark.multiprocess
+def test_batches_freed_as_they_go_reuse_the_slots_and_stay_right(tmp_path):
+    wds = _pack_jpegs(tmp_path)
+    loader = make_loader(wds, 2, num_workers=2, shuffle=False, image_size=48, train=True, seed=2,
+                         prefetch_factor=1, pin_memory=False)
+    direct = open_dataset(wds, shuffle=False, image_size=48, train=True, seed=2)
+    direct.set_epoch(0)
+    want = {(int(lbl), img.sum().item()) for img, lbl in direct}
+    got = set()
+    for images, labels in loader:  # each batch dropped before the next: slots come round again
+        got |= {(int(lbl), img.sum().item()) for img, lbl in zip(images, labels)}
+    assert got == want
 
 
 @pytest.mark.multiprocess
