@@ -100,7 +100,8 @@ class _WdsTransform:
 def _time_loader(loader, batches: int) -> dict:
     it = iter(loader)
     next(it)
-    procs = list(getattr(it, "_workers", []) or [])
+    procs = list(getattr(it, "_workers", None) or getattr(getattr(getattr(loader, "loader", None), "_iterator", None),
+                                                         "_workers", None) or [])
     cpu0 = _own_cpu_s() + sum(_proc_cpu_s(p.pid) for p in procs)
     t0 = time.perf_counter()
     n = 0
