@@ -73,6 +73,19 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench
 	# verify folder vs WebDataset/LMDB on emulated network storage (FUSE) at 0, 0.5, 2, 10 ms
 	$(PY) scripts/bench_storage.py --src $(DEMO_DATA) --out out/bench/storage
+	# loader CPU per image (evaluation crop, workers, small images), WebDataset read-ahead on slow storage
+	$(PY) scripts/make_sample_data.py data/bench-imagenet --num-images 1600 --min-size 375 --max-size 500 --png-share 0
+	$(PY) scripts/make_sample_data.py data/bench-small --num-images 2560 --min-size 64 --max-size 96 --png-share 0
+	test -f data/bench-imagenet-wds/manifest.json || $(VENV)/bin/shardfeed pack data/bench-imagenet data/bench-imagenet-wds --format wds --max-count 256 --overwrite
+	test -f data/bench-small-wds/manifest.json || $(VENV)/bin/shardfeed pack data/bench-small data/bench-small-wds --format wds --max-count 512 --overwrite
+	$(PY) scripts/bench_overhead.py --imagenet data/bench-imagenet-wds --small data/bench-small-wds --json out/bench/overhead.json
+	$(PY) scripts/bench_readahead.py --wds data/bench-imagenet-wds --json out/bench/readahead.json
+	# other loaders on the same tasks; a peer that does not install is a row saying so
+	-$(PY) -m pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" litdata mosaicml-streaming \
+		|| echo "bench: litdata / mosaicml-streaming did not install (reported in the peers table)"
+	-$(PY) -m pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" ffcv torchvision \
+		|| echo "bench: ffcv / torchvision did not install (reported in the peers table)"
+	$(PY) scripts/bench_peers.py --folder data/bench-imagenet --wds data/bench-imagenet-wds --json out/bench/peers.json
 
 # Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
 # with their fast tests); not part of `make test` (it runs the tests once per mutant: long).

@@ -87,7 +87,9 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             (``s3://bucket/prefix/``: a packed WebDataset, or an image folder read one GET per
             image; LMDB is refused: stage it to a local disk).
         image_size: ``N`` resizes the shorter side to N and center-crops N x N (random resized
-            crop N and a flip with ``train=True``); None keeps the decoded size.
+            crop N and a flip with ``train=True``); None keeps the decoded size. With
+            ``resize_size=R`` (option below) evaluation resizes the shorter side to R before the
+            central N crop (torchvision's ImageNet preset: ``image_size=224, resize_size=256``).
         train: training transforms (random resized crop + horizontal flip, seeded).
         decoder: ``"auto"`` (simplejpeg for JPEGs where installed, else Pillow), ``"simplejpeg"``,
             ``"pil"`` or ``"cv2"`` (see :mod:`~shardfeed.readers.decode`).
@@ -99,14 +101,18 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
             buffer (refused when it would not fit in the available memory).
         **options: passed to the source: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
-            replaces the built-in resize/crop), ``max_pixels``, ``max_decode_bytes`` (the memory one
-            decode may allocate, checked on the header; 512 MiB; None: unchecked), ``seed`` (0), ``shuffle`` (True),
+            replaces the built-in resize/crop), ``resize_size`` (evaluation: shorter side before
+            the central ``image_size`` crop, default ``image_size``) or ``crop_pct`` (timm's
+            spelling: ``resize_size = floor(image_size / crop_pct)``, e.g. 0.875), ``max_pixels``,
+            ``max_decode_bytes`` (the memory one decode may allocate, checked on the header;
+            512 MiB; None: unchecked), ``seed`` (0), ``shuffle`` (True),
             ``shuffle_buffer`` (WebDataset, samples; 1000; map-style sources shuffle by index and
             ignore it), ``pad`` (False), ``rank``,
             ``world_size``, ``timeout_s`` and ``retries`` (HTTP, object stores), ``storage_options``
             (object stores: ``endpoint_url``, ``region_name``, ``profile``, ``anon`` ...; see
-            :mod:`~shardfeed.readers.objstore`), ``readahead`` and ``verify`` (LMDB: check
-            each record's CRC-32; True),
+            :mod:`~shardfeed.readers.objstore`), ``readahead`` (LMDB: kernel read-around; local
+            WebDataset shards: reads ahead once reads prove slow, True) and ``verify`` (LMDB:
+            check each record's CRC-32; True),
             ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
             dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
             ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),

@@ -341,7 +341,8 @@ def wrap_gpu_decoding(build: Callable[..., Any], decode_device: str | torch.devi
         A :class:`GpuDecodingLoader`, or, without CUDA, the ordinary CPU loader (warning logged).
 
     Raises:
-        ValueError: No ``image_size``, a ``transform``, or ``decode=False`` with ``decode_device``.
+        ValueError: No ``image_size``, a ``transform``, ``decode=False``, or an evaluation
+            ``resize_size``/``crop_pct`` with ``decode_device``.
     """
     if options.get("image_size") is None:
         raise ValueError("decode_device needs image_size=N: the batch is resized on the device to N x N")
@@ -350,6 +351,10 @@ def wrap_gpu_decoding(build: Callable[..., Any], decode_device: str | torch.devi
                          "decode_device=")
     if options.get("decode", True) is False:
         raise ValueError("decode_device decodes on the device; it cannot be combined with decode=False")
+    if not options.get("train", False) and (options.get("resize_size") is not None
+                                             or options.get("crop_pct") is not None):
+        raise ValueError("decode_device evaluates with resize_size=image_size only; drop resize_size/crop_pct, "
+                         "or decode on the CPU (no decode_device) for the resize-then-crop evaluation transform")
     device = torch.device(decode_device)
     if device.type != "cuda" or not torch.cuda.is_available():
         log.warning("decode_device=%r: no CUDA device here; decoding on the CPU (the batches stay on the CPU)",

@@ -46,13 +46,14 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils.data
 
+from .batch_ring import BatchRing, RingBatch
 from .dataset import is_url, open_dataset
 from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, validate_resume_state)
 from .errors import ResumeStateError
 from .source_base import SourceBase
 
-__all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers",
+__all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
            "collate_raw", "worker_init", "STATE_VERSION"]
 
 #: Version of the dict :meth:`ShardfeedLoader.state_dict` returns.
@@ -163,7 +164,11 @@ def collate_raw(batch: Sequence) -> list:
 
 
 def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields: int = 0):
-    """``(uint8 [B, 3, H, W], int64 [B])``, plus one list of B values per extra field (``fields=``)."""
+    """``(uint8 [B, 3, H, W], int64 [B])``, plus one list of B values per extra field (``fields=``).
+
+    In a worker with a batch ring (:mod:`~shardfeed.readers.batch_ring`) the images are written
+    into a reused shared-memory slot and a handle to it travels instead of a new tensor."""
+    from .batch_ring import active_ring
     from .transforms import collate_uint8
 
     items = [s for s in batch if s is not None]
@@ -174,6 +179,11 @@ def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields:
     if num_fields:
         images, labels = collate_uint8([s[:2] for s in items])
         return (images, labels, *[[s[2 + j] for s in items] for j in range(num_fields)])
+    ring = active_ring()
+    if ring is not None and torch.utils.data.get_worker_info() is not None:
+        handle = ring.publish([image for image, _ in items])  # rows of one reused slot: send a handle
+        if handle is not None:
+            return handle, torch.tensor([int(label) for _, label in items], dtype=torch.int64)
     return collate_uint8(items)
 
 
@@ -225,6 +235,9 @@ class _EpochIterator:
                 self._reported = True
                 self._loader._report_epoch(self._progress.epoch)
             raise
+        if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], RingBatch):
+            # a worker's batch in a reused shared-memory slot: a view of it, held while the loop holds it
+            batch = (self._loader._batch_ring.take(batch[0], pin_memory=self._loader._pin_ring), batch[1])
         self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
         return batch
 
@@ -248,6 +261,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
     def __init__(self, *args, epoch_sampler: EpochSampler | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
+        self._batch_ring: BatchRing | None = None  # see make_loader
+        self._pin_ring = False
         self._next_epoch = 0
         self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
         self._resume: dict | None = None  # {"epoch", "segments"} in effect
@@ -288,6 +303,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
             self.sampler.set_epoch(e)
         segments = list(self._resume["segments"]) if self._resume is not None else []
         progress = _EpochProgress(e, segments)
+        if self._batch_ring is not None:
+            self._batch_ring.reclaim()  # slots of batches an earlier iteration never took
         it = _EpochIterator(super().__iter__(), self, progress)
         self._progress = progress
         return it
@@ -436,6 +453,7 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             of the epoch instead of dropping the remainder ``N % world_size``.
         rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
         **open_dataset_options: passed to :func:`open_dataset` (``image_size``, ``train``,
+            ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
             ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
             ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
             ``worker_init_fn`` (called after ours), ``collate_fn`` and ``timeout`` go to the
@@ -443,6 +461,11 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             bytes and decodes each batch on that GPU (nvJPEG; images and labels come out on the
             device; the CPU loader where there is no CUDA): see
             :mod:`~shardfeed.readers.gpu_decode`.
+
+    With workers and the built-in transforms, batches cross from the workers through reused
+    shared-memory slots (:mod:`~shardfeed.readers.batch_ring`: ``num_workers * (prefetch_factor
+    + 4)`` batches of shared memory, at most :data:`BATCH_RING_MAX_BYTES`); a slot is written
+    again only after every tensor of the batch the loop received from it is freed.
 
     Returns:
         A :class:`ShardfeedLoader`. Batches: ``(images, labels)``: ``torch.uint8``
@@ -520,10 +543,41 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
                                      batch_size=batch_size, drop_last=drop_last)
         kwargs["sampler"] = epoch_sampler
         kwargs["drop_last"] = bool(drop_last)
+    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor, custom_collate="collate_fn" in loader_opts)
     loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
+    if ring is not None:
+        loader._batch_ring, loader._pin_ring = ring, bool(pin_memory) and torch.cuda.is_available()
     log.debug("make_loader: %r batch_size=%d num_workers=%d pin_memory=%s -> %d batches per epoch",
               ds, batch_size, num_workers, pin_memory, len(loader))
     return loader
+
+
+#: Largest shared memory the reused batch slots may take (bytes); above it batches are made per batch.
+BATCH_RING_MAX_BYTES = 1 << 30
+
+
+def _batch_ring_for(ds, num_workers: int, batch_size: int, prefetch_factor: int | None,
+                    custom_collate: bool) -> BatchRing | None:
+    """Reused shared-memory batch slots for the workers of a decoding source with a fixed output
+    size (:mod:`~shardfeed.readers.batch_ring`), or None where they do not apply."""
+    if num_workers < 1 or custom_collate or not isinstance(ds, SourceBase) or not ds.decode:
+        return None
+    decoder = ds.sample_decoder
+    if decoder.image_size is None or decoder.transform is not None:
+        return None
+    slots = (prefetch_factor or 2) + 4  # in flight, plus batches the training loop holds
+    nbytes = num_workers * slots * int(batch_size) * 3 * decoder.image_size ** 2
+    if nbytes > BATCH_RING_MAX_BYTES:
+        log.debug("batch ring of %.0f MB over the %.0f MB cap: batches are made one by one", nbytes / 1e6,
+                  BATCH_RING_MAX_BYTES / 1e6)
+        return None
+    try:
+        ring = BatchRing(num_workers, slots, int(batch_size), decoder.image_size)
+    except (OSError, RuntimeError) as exc:  # shared memory refused: the ordinary path
+        log.debug("batch ring unavailable (%s): batches are made one by one", exc)
+        return None
+    decoder.ring = ring
+    return ring
 
 
 _NORM_CACHE: dict = {}

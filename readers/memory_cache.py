@@ -164,7 +164,8 @@ class MemoryCachedSource(SourceBase, torch.utils.data.Dataset):
                           decoder=src.sample_decoder.decoder, decode=src.decode, on_error=src.on_error,
                           transform=src.sample_decoder.transform, max_pixels=src.sample_decoder.max_pixels,
                           seed=src.seed, shuffle=src.shuffle, pad=src.pad, rank=src.rank,
-                          world_size=src.world_size, max_decode_bytes=src.sample_decoder.max_decode_bytes)
+                          world_size=src.world_size, max_decode_bytes=src.sample_decoder.max_decode_bytes,
+                          resize_size=src.sample_decoder.resize_size)
         self._np = None
         log.info("cache='memory': %d samples, %.1f MB loaded in %.2f s", n, pos / 1e6, time.perf_counter() - t0)
         return self

@@ -124,8 +124,8 @@ class SourceBase:
     """Mixin of the sources (not a dataset by itself).
 
     Args:
-        image_size, train, decoder, transform, max_pixels, max_decode_bytes, seed: the decode path
-            (:class:`~shardfeed.readers.transforms.SampleDecoder`).
+        image_size, train, decoder, transform, max_pixels, max_decode_bytes, seed, resize_size,
+            crop_pct: the decode path (:class:`~shardfeed.readers.transforms.SampleDecoder`).
         decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples.
         on_error: ``"raise"`` or ``"skip"``.
         shuffle: shuffle each epoch (seeded by ``seed + epoch``).
@@ -145,7 +145,8 @@ class SourceBase:
                      max_pixels: int | None = DEFAULT_MAX_PIXELS, seed: int = 0, shuffle: bool = True,
                      pad: bool = False, rank: int | None = None, world_size: int | None = None,
                      fields: tuple[str, ...] | list[str] | str | None = None,
-                     max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES) -> None:
+                     max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES,
+                     resize_size: int | None = None, crop_pct: float | None = None) -> None:
         import torch
 
         from .transforms import SampleDecoder
@@ -167,7 +168,8 @@ class SourceBase:
         # always built: validates the options even in raw mode
         self.sample_decoder = SampleDecoder(image_size=image_size, train=train, decoder=decoder,
                                             transform=transform, max_pixels=max_pixels, seed=self.seed,
-                                            max_decode_bytes=max_decode_bytes)
+                                            max_decode_bytes=max_decode_bytes, resize_size=resize_size,
+                                            crop_pct=crop_pct)
         # epoch shared with workers: -1 = never set (then each process counts its own iterations)
         self._epoch_state = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         # resume plan shared with workers: [length, JSON bytes...] (length 0: none)
@@ -232,6 +234,8 @@ class SourceBase:
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.holes = True
+        if self.decode:
+            self.sample_decoder.set_batch_rows(self.batch_size)  # images written into batch buffers
 
     # ---- resuming and the epoch's sequence
     def set_resume(self, plan: dict | None) -> None:
@@ -301,9 +305,13 @@ class SourceBase:
 
     def sample_rng(self, index: int) -> np.random.Generator:
         """The generator for sample ``index`` (packing order) in the current epoch: seeded by
-        ``(seed, epoch, index)``, the same in every process and run."""
+        ``(seed, epoch, index)``, the same in every process and run
+        (:func:`~shardfeed.readers.transforms.sample_generator`: this thread's generator,
+        re-seeded; draw from it before asking for the next sample's)."""
+        from .transforms import sample_generator
+
         epoch = self._ctx_epoch if self._ctx_epoch is not None else 0
-        return np.random.default_rng([self.seed, int(epoch), int(index), 0x5A3D1E])
+        return sample_generator(self.seed, epoch, index)
 
     def __iter__(self):
         """Direct iteration of a map-style source: the rank's indices of the epoch, shuffled and

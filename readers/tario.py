@@ -519,7 +519,8 @@ INDEXED_READ_BYTES = 96 << 10
 
 def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: int, end: int, file_bytes: int, *,
                          source: str = "<tar>", tag_source: bool = False, read_bytes: int = INDEXED_READ_BYTES,
-                         prefetch: int = 0) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
+                         prefetch: int = 0, chunk_reader: Callable | None = None,
+                         ) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
     """Samples ``[start, end)`` of a local shard whose ``.sfidx`` gives every sample's first header.
 
     The fast path of the local reader (issue 8): the index tells where samples start, so whole
@@ -550,6 +551,9 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
         read_bytes: target bytes per read.
         prefetch: when > 0, a background thread does the reads, up to this many ahead (for a
             socket: receiving overlaps parsing); 0 reads in the caller's thread.
+        chunk_reader: ``chunk_reader(read_at, plan)`` yielding each planned read's bytes in
+            order, instead of ``prefetch`` (e.g.
+            :func:`~shardfeed.readers.shard_readahead.read_ahead` for slow local mounts).
 
     Yields:
         ``(key, {ext: data}, header_offset)``, as :func:`iter_samples` does.
@@ -569,7 +573,12 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
     n_off = len(offsets)
     done = 0
     plan = _chunk_plan(offsets, start, end, file_bytes, read_bytes)
-    chunks = _prefetched(read_at, plan, prefetch) if prefetch > 0 else (read_at(a, b - a) for _, _, a, b in plan)
+    if chunk_reader is not None:
+        chunks = chunk_reader(read_at, plan)
+    elif prefetch > 0:
+        chunks = _prefetched(read_at, plan, prefetch)
+    else:
+        chunks = (read_at(a, b - a) for _, _, a, b in plan)
     for (i, j, a, _), buf in zip(plan, chunks):
         nbuf = len(buf)
         for k in range(i, j):

@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -40,6 +42,8 @@ __all__ = [
     "center_crop",
     "to_chw_tensor",
     "make_rng",
+    "sample_generator",
+    "resize_size_for",
     "EvalTransform",
     "TrainTransform",
     "SampleDecoder",
@@ -110,6 +114,51 @@ def _resize_antialias_chw(img: np.ndarray, width: int, height: int, flip: bool =
     if flip:
         x = x.flip(2)
     return x.contiguous()
+
+
+def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool = False,
+                   out: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """Resize an HWC ``uint8`` window to ``size`` x ``size``, maybe flip it, as CHW ``uint8``.
+
+    The output side of both built-in transforms. When neither side shrinks, a plain bilinear
+    resize (OpenCV ``INTER_LINEAR``, torchvision's bilinear; an antialias filter only acts along
+    a shrinking axis, so torch's antialiased kernel gives the same pixels within one grey level,
+    at about 3x the cost), then the flip and the HWC -> CHW split by OpenCV (``cv2.split`` into
+    the planes of ``out``; torch's ``permute().contiguous()`` of ``uint8`` costs more than the
+    resize). When a side shrinks: ``resample`` (``"antialias"``: torch's antialiased bilinear;
+    ``"area"``: OpenCV ``INTER_AREA``).
+
+    Args:
+        window: ``(h, w, 3)`` ``uint8`` (positive strides, pixels contiguous).
+        size: Output side, pixels.
+        resample: One of :data:`RESAMPLE`, for a shrinking side.
+        flip: Flip left-right after resizing.
+        out: Optional contiguous ``torch.uint8`` ``[3, size, size]`` to write into.
+
+    Returns:
+        ``out`` (or a new tensor): contiguous ``torch.uint8`` ``[3, size, size]``.
+    """
+    import cv2
+    import torch
+
+    height, width = window.shape[:2]
+    if out is None:
+        out = torch.empty((3, size, size), dtype=torch.uint8)
+    if resample == "antialias" and (height > size or width > size):
+        resized = _resize_antialias_chw(window, size, size, flip=flip)
+        out.copy_(resized)
+        return out
+    if window.strides[1] != 3 or window.strides[2] != 1 or window.strides[0] < 0:
+        window = np.array(window, order="C")
+    if (height, width) != (size, size):
+        # _resize's rule: INTER_AREA when neither side grows, else bilinear
+        shrinking = height >= size and width >= size
+        window = cv2.resize(window, (size, size), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
+    if flip:
+        window = cv2.flip(window, 1)
+    planes = out.numpy()
+    cv2.split(window, [planes[0], planes[1], planes[2]])
+    return out
 
 
 def shorter_side_shape(height: int, width: int, size: int) -> tuple[int, int]:
@@ -231,6 +280,98 @@ def make_rng(seed: int, epoch: int, rank: int, worker: int) -> np.random.Generat
     return np.random.default_rng(np.random.SeedSequence([int(v) for v in parts]))
 
 
+_MASK64 = (1 << 64) - 1
+_sample_generators = threading.local()
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser (Steele, Lea & Flood 2014): a bijection of 64-bit words that mixes well."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _fold(h: int, value: int) -> int:
+    """Mix a non-negative int of any size into the 64-bit hash ``h``, 64 bits at a time."""
+    while True:
+        h = _mix64(h ^ (value & _MASK64))
+        value >>= 64
+        if not value:
+            return h
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of one sample's random crop and flip: its draws depend only on the three ints.
+
+    One ``numpy.random.Generator`` (PCG64) per thread, re-seeded in place for each sample: its
+    128-bit state and 128-bit increment are SplitMix64 hashes of ``(seed, epoch, index)``. That
+    costs about 2 us, against about 13 us for a new ``default_rng(SeedSequence)`` per sample,
+    which is what a small image's whole decode costs. Equal triples give equal streams in every
+    process and run (a resumed run crops as an uninterrupted one); distinct triples give
+    distinct, well-mixed PCG64 streams.
+
+    The returned object is re-seeded by the next call in the same thread: draw this sample's
+    numbers before asking for the next sample's generator.
+
+    Args:
+        seed: The run's seed (``>= 0``).
+        epoch: Epoch number (``>= 0``).
+        index: The sample's index in packing order (``>= 0``).
+
+    Returns:
+        This thread's ``numpy.random.Generator``, seeded for the sample.
+    """
+    h = _fold(_fold(_fold(0x5A3D1E, int(seed)), int(epoch)), int(index))
+    words = [_mix64(h ^ k) for k in (1, 2, 3, 4)]
+    bits = getattr(_sample_generators, "bits", None)
+    if bits is None:
+        bits = _sample_generators.bits = np.random.PCG64(0)
+        _sample_generators.generator = np.random.Generator(bits)
+    bits.state = {"bit_generator": "PCG64",
+                  "state": {"state": (words[0] << 64) | words[1], "inc": (words[2] << 64) | words[3] | 1},
+                  "has_uint32": 0, "uinteger": 0}
+    return _sample_generators.generator
+
+
+def resize_size_for(image_size: int, resize_size: int | None = None,
+                    crop_pct: float | None = None) -> int:
+    """The shorter side the evaluation transform resizes to before its central crop.
+
+    ``resize_size`` is torchvision's name (its ImageNet presets: ``resize_size=256``,
+    ``crop_size=224``); ``crop_pct`` is timm's (``resize = floor(image_size / crop_pct)``, so
+    ``crop_pct=0.875`` with 224 gives 256). Neither: ``image_size`` (resize the shorter side to
+    the output side and crop the centre square).
+
+    Args:
+        image_size: Output side, pixels.
+        resize_size: Shorter side before cropping, pixels (``>= image_size``).
+        crop_pct: Fraction of the shorter side the crop keeps, ``0 < crop_pct <= 1``.
+
+    Returns:
+        The shorter side, pixels.
+
+    Raises:
+        ValueError: Both given, ``resize_size < image_size``, or ``crop_pct`` out of range.
+    """
+    _check_size("image_size", image_size)
+    if resize_size is not None and crop_pct is not None:
+        raise ValueError(f"pass resize_size={resize_size} or crop_pct={crop_pct}, not both "
+                         f"(crop_pct={crop_pct} means resize_size={math.floor(image_size / crop_pct)})")
+    if crop_pct is not None:
+        if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0.0 < crop_pct <= 1.0:
+            raise ValueError(f"crop_pct must be a number in (0, 1] (e.g. 0.875), got {crop_pct!r}")
+        return max(int(image_size), math.floor(image_size / crop_pct))
+    if resize_size is None:
+        return int(image_size)
+    _check_size("resize_size", resize_size)
+    if resize_size < image_size:
+        raise ValueError(f"resize_size={resize_size} is smaller than image_size={image_size}: the shorter side "
+                         f"is resized to resize_size, then the central image_size square is cut (e.g. "
+                         f"image_size=224, resize_size=256)")
+    return int(resize_size)
+
+
 # ---------------------------------------------------------------------------------------------
 # Transforms
 
@@ -282,6 +423,50 @@ class EvalTransform:
         size = self.image_size
         top, left = (new_h - size) // 2, (new_w - size) // 2  # center_crop's corner
         return out[:, top : top + size, left : left + size].contiguous()
+
+    def source_box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """The part of a ``height x width`` image that :meth:`__call__`'s crop shows, in its pixels.
+
+        Resizing the shorter side to ``resize_size`` and cutting the central ``image_size``
+        square keeps the box ``[top, top + image_size) x [left, left + image_size)`` of the
+        resized image (the corner of :func:`center_crop`); mapped back by the resize's scale
+        (``height / new_h`` down, ``width / new_w`` across), each edge rounded to a whole pixel
+        (so within half a source pixel of the exact edge). Cutting this box and resizing only it
+        to ``image_size`` x ``image_size`` (:meth:`finish`) is the crop-first evaluation path:
+        the discarded border is neither resized nor, with
+        :func:`~shardfeed.readers.decode.decode_crop`, decoded at more than the scale it needs.
+
+        Args:
+            height: Image height, pixels (upright frame).
+            width: Image width, pixels.
+
+        Returns:
+            ``(top, left, box_h, box_w)``, pixels, inside the image, each side at least 1.
+        """
+        size = self.image_size
+        new_h, new_w = shorter_side_shape(height, width, self.resize_size)
+        top, left = (new_h - size) // 2, (new_w - size) // 2
+        y0 = min(height - 1, int(round(top * height / new_h)))
+        x0 = min(width - 1, int(round(left * width / new_w)))
+        y1 = min(height, max(y0 + 1, int(round((top + size) * height / new_h))))
+        x1 = min(width, max(x0 + 1, int(round((left + size) * width / new_w))))
+        return y0, x0, y1 - y0, x1 - x0
+
+    def finish(self, window: np.ndarray, out: "torch.Tensor | None" = None) -> "torch.Tensor":
+        """Resize the cut :meth:`source_box` window to ``image_size`` x ``image_size``.
+
+        Args:
+            window: ``(h, w, 3)`` ``uint8`` (any scale: it is resized).
+            out: Optional contiguous ``torch.uint8`` ``[3, image_size, image_size]`` to write into.
+
+        Returns:
+            ``out`` or a new contiguous ``torch.uint8`` tensor ``[3, image_size, image_size]``.
+
+        Raises:
+            TypeError, ValueError: ``window`` is not an ``(h, w, 3)`` ``uint8`` array.
+        """
+        _check_image(window)
+        return _window_to_chw(window, self.image_size, resample=self.resample, out=out)
 
     def __repr__(self) -> str:
         return (f"EvalTransform(image_size={self.image_size}, resize_size={self.resize_size}, "
@@ -403,7 +588,8 @@ class TrainTransform:
         top, left, crop_h, crop_w = self.sample_crop(img.shape[0], img.shape[1], rng)
         return self.finish(img[top : top + crop_h, left : left + crop_w], rng)
 
-    def finish(self, window: np.ndarray, rng: np.random.Generator | None = None) -> "torch.Tensor":
+    def finish(self, window: np.ndarray, rng: np.random.Generator | None = None,
+               out: "torch.Tensor | None" = None) -> "torch.Tensor":
         """The steps after the box: resize the cut window to the output size, then maybe flip.
 
         :meth:`__call__` is ``sample_crop`` + cut + ``finish``; the fused path
@@ -414,9 +600,11 @@ class TrainTransform:
         Args:
             window: The cut crop, ``(h, w, 3)`` ``uint8`` (any scale: it is resized).
             rng: Generator for the flip; defaults to the one from :meth:`set_rng`.
+            out: Optional contiguous ``torch.uint8`` ``[3, image_size, image_size]`` to write
+                the result into (e.g. a row of a batch buffer).
 
         Returns:
-            ``torch.uint8`` tensor ``[3, image_size, image_size]``.
+            ``out`` or a new contiguous ``torch.uint8`` tensor ``[3, image_size, image_size]``.
 
         Raises:
             TypeError: ``window`` is not a numpy array.
@@ -424,13 +612,8 @@ class TrainTransform:
         """
         _check_image(window)
         rng = self._pick_rng(rng)
-        size = self.image_size
-        if self.resample == "antialias":
-            return _resize_antialias_chw(window, size, size, flip=self.flip and rng.random() < 0.5)
-        out = _resize(window, size, size)
-        if self.flip and rng.random() < 0.5:
-            out = np.array(out[:, ::-1], order="C")  # horizontal flip (as cv2.flip(out, 1)); a copy, never a view
-        return to_chw_tensor(out)
+        flip = self.flip and rng.random() < 0.5
+        return _window_to_chw(window, self.image_size, resample=self.resample, flip=flip, out=out)
 
     def _pick_rng(self, rng: np.random.Generator | None) -> np.random.Generator:
         if rng is not None:
@@ -450,11 +633,11 @@ class TrainTransform:
 # Per-sample decoding for every source, and batching
 
 
-def _current_worker_id() -> int:
+def _current_worker_id(default: int = 0) -> int:
     import torch.utils.data
 
     info = torch.utils.data.get_worker_info()
-    return 0 if info is None else int(info.id)
+    return default if info is None else int(info.id)
 
 
 class SampleDecoder:
@@ -472,11 +655,19 @@ class SampleDecoder:
     cut the same way. On that path both built-in transforms resize with ``resample="antialias"``
     (torch's antialiased bilinear, within 0.4 grey levels of OpenCV's ``INTER_AREA``).
 
-    With ``decoder="pil"`` or ``"cv2"`` (and ``"auto"`` without simplejpeg: today's path), and
-    for the eval transform with any decoder: :func:`decode_image` (with ``target_size=image_size``
-    when ``image_size`` is set, so a large JPEG may be decoded at a reduced scale that keeps its
-    shorter side ``>= image_size`` — in train mode the random crop is then taken from that reduced
-    image), then
+    The built-in eval transform crops first, with every decoder: the box that resizing the
+    shorter side to ``resize_size`` and cutting the central ``image_size`` square would show is
+    computed from the header size (:meth:`EvalTransform.source_box`), the JPEG is decoded at the
+    largest power-of-two scale that keeps ``image_size`` pixels across the box
+    (:func:`~shardfeed.readers.decode.decode_crop`), and only the box is resized to ``image_size``
+    (within half a source pixel of resize-then-crop; the pixel bound is held by
+    ``tests/readers/test_eval_crop.py``).
+
+    With ``decoder="pil"`` or ``"cv2"`` (and ``"auto"`` without simplejpeg) in train mode, and
+    with a ``transform``: :func:`decode_image` (with ``target_size=image_size`` when
+    ``image_size`` is set, so a large JPEG may be decoded at a reduced scale that keeps its
+    shorter side ``>= image_size`` — in train mode the random crop is then taken from that
+    reduced image), then
 
     * ``transform`` given: it receives the full decoded image as a ``torch.uint8`` tensor
       ``[3, H, W]`` and must return a tensor; it replaces the built-in resize/crop;
@@ -500,9 +691,15 @@ class SampleDecoder:
         max_decode_bytes: Memory limit of one decode, bytes, passed to :func:`decode_image`
             (checked on the header: size, mode, bit depth).
         seed: The run's seed (``>= 0``).
+        resize_size: Evaluation: the shorter side before the central ``image_size`` crop
+            (torchvision's name; ``256`` with ``image_size=224`` is the ImageNet preset).
+            Default ``image_size``. Training ignores it (as timm ignores ``crop_pct``).
+        crop_pct: timm's spelling of the same: ``resize_size = floor(image_size / crop_pct)``.
 
     Raises:
-        ValueError: Unknown ``decoder``, bad ``image_size``/``seed``/``max_pixels``.
+        ValueError: Unknown ``decoder``, bad ``image_size``/``seed``/``max_pixels``, both
+            ``resize_size`` and ``crop_pct``, ``resize_size < image_size``, or either without
+            ``image_size``.
         TypeError: ``transform`` is not callable.
         ModuleNotFoundError: ``decoder="simplejpeg"`` without simplejpeg installed.
     """
@@ -516,6 +713,8 @@ class SampleDecoder:
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         seed: int = 0,
         max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES,
+        resize_size: int | None = None,
+        crop_pct: float | None = None,
     ) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
@@ -538,9 +737,25 @@ class SampleDecoder:
         self.seed = int(seed)
         self._builtin: EvalTransform | TrainTransform | None = None
         self._fused = resolve_decoder(decoder) == "simplejpeg"
+        resample = "antialias" if self._fused else "area"
+        if (resize_size is not None or crop_pct is not None) and self.image_size is None:
+            raise ValueError("resize_size/crop_pct set the evaluation resize before the central image_size crop: "
+                             "pass image_size=N too (e.g. image_size=224, resize_size=256)")
+        self.resize_size: int | None = None
         if self.image_size is not None:
-            builtin = TrainTransform if self.train else EvalTransform
-            self._builtin = builtin(self.image_size, resample="antialias" if self._fused else "area")
+            self.resize_size = resize_size_for(self.image_size, resize_size, crop_pct)
+            if self.train:
+                self._builtin = TrainTransform(self.image_size, resample=resample)
+            else:
+                self._builtin = EvalTransform(self.image_size, self.resize_size, resample=resample)
+        #: rows of the batch buffer the decoded images are written into (0: one tensor each);
+        #: set by the source when a loader batches it (see :meth:`set_batch_rows`)
+        self.batch_rows = 0
+        #: a :class:`~shardfeed.readers.batch_ring.BatchRing` whose slots DataLoader workers write
+        #: into (set by :func:`~shardfeed.readers.loader.make_loader`), or None
+        self.ring = None
+        self._arena: "torch.Tensor | None" = None
+        self._arena_next = 0
         self._epoch = 0
         self._rank = 0
         self._worker: int | None = None
@@ -562,6 +777,51 @@ class SampleDecoder:
         make_rng(self.seed, epoch, rank, 0 if worker is None else worker)  # validates
         self._epoch, self._rank, self._worker = int(epoch), int(rank), worker
         self._rng = None
+        self._arena, self._arena_next = None, 0
+        if self.ring is not None:
+            in_worker = _current_worker_id(default=-1)
+            if in_worker >= 0:
+                self.ring.reset_worker(in_worker)  # an epoch starts: this worker's slots are free
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_arena"], state["_arena_next"] = None, 0  # each process fills its own buffers
+        return state
+
+    def set_batch_rows(self, rows: int) -> None:
+        """Write decoded images into rows of ``[rows, 3, S, S]`` batch buffers (0: one tensor each).
+
+        With the built-in transforms (``image_size`` set, no ``transform``) each image is
+        written straight into the next row of a buffer (allocated in shared memory inside a
+        ``DataLoader`` worker); when the loader's batch is those rows in order,
+        :func:`collate_uint8` returns the buffer itself instead of stacking copies. A buffer is
+        never written twice: a full one is left to the batches that hold it and a new one is
+        started, and :meth:`set_context` (each epoch) starts a new one.
+
+        Args:
+            rows: The loader's batch size (``>= 0``).
+        """
+        rows = int(rows)
+        if rows < 0:
+            raise ValueError(f"rows must be >= 0, got {rows}")
+        self.batch_rows = rows
+        self._arena, self._arena_next = None, 0
+
+    def _out_row(self) -> "torch.Tensor | None":
+        """The next row of the batch buffer, or None when images get their own tensors."""
+        if self.batch_rows <= 0 or self.transform is not None or self._builtin is None:
+            return None
+        if self.ring is not None:
+            row = self.ring.next_row(_current_worker_id(default=-1))  # only inside a DataLoader worker
+            if row is not None:
+                return row
+        if self._arena is None or self._arena_next >= self._arena.shape[0]:
+            size = self._builtin.image_size
+            self._arena = _new_batch_buffer((self.batch_rows, 3, size, size))
+            self._arena_next = 0
+        row = self._arena[self._arena_next]
+        self._arena_next += 1
+        return row
 
     def rng(self) -> np.random.Generator:
         """The generator for the current context (created on first use).
@@ -600,13 +860,20 @@ class SampleDecoder:
             ImageTooLargeError: The image has more than ``max_pixels`` pixels, or its decode would
                 take more than ``max_decode_bytes``.
         """
-        if self._fused and self.transform is None and isinstance(self._builtin, TrainTransform):
+        if self.transform is None and isinstance(self._builtin, TrainTransform) and self._fused:
             if rng is None:
                 rng = self.rng()
             window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
                                  min_side=self._builtin.image_size, decoder=self.decoder,
                                  max_pixels=self.max_pixels, source=source, max_decode_bytes=self.max_decode_bytes)
-            return self._builtin.finish(window, rng), int(label)
+            return self._builtin.finish(window, rng, out=self._out_row()), int(label)
+        if self.transform is None and isinstance(self._builtin, EvalTransform):
+            # crop first: only the box the central crop shows is resized (and, where the box
+            # allows, the JPEG is decoded at a reduced scale)
+            window = decode_crop(data, ext, crop=self._builtin.source_box, min_side=self._builtin.image_size,
+                                 decoder=self.decoder, max_pixels=self.max_pixels, source=source,
+                                 max_decode_bytes=self.max_decode_bytes)
+            return self._builtin.finish(window, out=self._out_row()), int(label)
         img = decode_image(
             data,
             ext,
@@ -619,9 +886,10 @@ class SampleDecoder:
         if self.transform is not None:
             out = self.transform(to_chw_tensor(img))
         elif isinstance(self._builtin, TrainTransform):
-            out = self._builtin(img, rng=rng if rng is not None else self.rng())
-        elif self._builtin is not None:
-            out = self._builtin(img)
+            rng = rng if rng is not None else self.rng()
+            _check_image(img)
+            top, left, crop_h, crop_w = self._builtin.sample_crop(img.shape[0], img.shape[1], rng)
+            out = self._builtin.finish(img[top : top + crop_h, left : left + crop_w], rng, out=self._out_row())
         else:
             out = to_chw_tensor(img)
         return out, int(label)
@@ -630,28 +898,60 @@ class SampleDecoder:
         return (
             f"SampleDecoder(image_size={self.image_size}, train={self.train}, "
             f"decoder={self.decoder!r}, transform={self.transform!r}, "
-            f"max_pixels={self.max_pixels}, seed={self.seed})"
+            f"max_pixels={self.max_pixels}, seed={self.seed}, resize_size={self.resize_size})"
         )
 
 
-def _empty_batch(first: "torch.Tensor", batch_size: int) -> "torch.Tensor":
-    """An uninitialised ``[B, *first.shape]`` tensor, in shared memory inside a worker.
+#: live batch buffers of this process by address: only their rows are collated without a copy
+_batch_buffers: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 
-    Inside a DataLoader worker the batch goes to the main process through shared memory;
+
+def _new_batch_buffer(shape: tuple[int, ...]) -> "torch.Tensor":
+    """:func:`_new_buffer`, registered so that :func:`collate_uint8` may return its rows as a view."""
+    buf = _new_buffer(shape)
+    _batch_buffers[buf.data_ptr()] = buf
+    return buf
+
+
+def _new_buffer(shape: tuple[int, ...]) -> "torch.Tensor":
+    """An uninitialised ``uint8`` tensor of ``shape``, in shared memory inside a worker.
+
+    Inside a DataLoader worker a batch goes to the main process through shared memory;
     allocating it there directly saves a copy (what ``default_collate`` does).
     """
     import torch
     import torch.utils.data
 
-    shape = (batch_size, *first.shape)
     if torch.utils.data.get_worker_info() is not None:
         try:
-            numel = first.numel() * batch_size
-            storage = first._typed_storage()._new_shared(numel, device=first.device)
-            return first.new(storage).resize_(shape)
+            numel = math.prod(shape)
+            storage = torch.UntypedStorage._new_shared(numel)
+            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
         except (AttributeError, RuntimeError, TypeError) as exc:  # private API moved
             logger.debug("shared-memory batch allocation unavailable (%s); using torch.empty", exc)
-    return torch.empty(shape, dtype=first.dtype, device=first.device)
+    return torch.empty(shape, dtype=torch.uint8)
+
+
+def _rows_of_one_buffer(images: Sequence["torch.Tensor"]) -> "torch.Tensor | None":
+    """``images`` as one ``[B, 3, H, W]`` view when they are consecutive rows of one buffer."""
+    import torch
+
+    first = images[0]
+    if not first.is_contiguous():
+        return None
+    numel = first.numel()
+    storage = first.untyped_storage()
+    base_ptr, offset = storage.data_ptr(), first.storage_offset()
+    owner = _batch_buffers.get(base_ptr)
+    if owner is None or owner.untyped_storage().data_ptr() != base_ptr:
+        return None  # not one of this process's batch buffers: a caller's tensors are copied
+    if (offset + len(images) * numel) > storage.nbytes():
+        return None
+    for i, image in enumerate(images):
+        if (image.untyped_storage().data_ptr() != base_ptr or image.storage_offset() != offset + i * numel
+                or not image.is_contiguous()):
+            return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage, offset, (len(images), *first.shape))
 
 
 def collate_uint8(
@@ -664,7 +964,10 @@ def collate_uint8(
             ``[3, H, W]`` (all the same size), ``label`` an int (or 0-d tensor).
 
     Returns:
-        ``(images, labels)``: ``torch.uint8`` ``[B, 3, H, W]`` and ``torch.int64`` ``[B]``.
+        ``(images, labels)``: ``torch.uint8`` ``[B, 3, H, W]`` (contiguous) and ``torch.int64``
+        ``[B]``. When the images are consecutive rows of one of this process's batch buffers
+        (:meth:`SampleDecoder.set_batch_rows`), ``images`` is a view of those rows, no copy;
+        otherwise (any other tensors) a new tensor (in shared memory inside a ``DataLoader`` worker).
 
     Raises:
         ValueError: The batch is empty, an item is not a pair, or the images differ in size
@@ -698,6 +1001,8 @@ def collate_uint8(
                 "pass image_size=N (e.g. image_size=224) to open_dataset/make_loader (on the command line "
                 "--image-size N; 0 keeps decoded sizes) to resize and crop them to N x N"
             )
-    out = _empty_batch(images[0], len(images))
-    torch.stack(images, dim=0, out=out)
+    out = _rows_of_one_buffer(images)
+    if out is None:
+        out = _new_buffer((len(images), *first_shape))
+        torch.stack(images, dim=0, out=out)
     return out, torch.tensor(labels, dtype=torch.int64)

@@ -55,6 +55,7 @@ from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem, read_index
 from .http_io import index_size_cap
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
+from .shard_readahead import read_ahead
 from .tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
@@ -83,8 +84,10 @@ MERGE_GAP_SAMPLES = 16
 class LocalLocation:
     """A dataset directory on a local (or mounted) file system."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, readahead: bool = True):
         self.root = Path(root)
+        #: read ahead once reads prove slow (:mod:`~shardfeed.readers.shard_readahead`)
+        self.readahead = bool(readahead)
 
     def __str__(self) -> str:
         return str(self.root)
@@ -105,7 +108,8 @@ class LocalLocation:
         pread = os.pread
         try:
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
-                                                    os.fstat(fd).st_size, source=where, tag_source=True))
+                                                    os.fstat(fd).st_size, source=where, tag_source=True,
+                                                    chunk_reader=read_ahead if self.readahead else None))
         finally:
             os.close(fd)
 
@@ -131,6 +135,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         manifest: the dataset's validated manifest.
         shuffle_buffer: samples in each worker's shuffle buffer (1 or 0: no buffer).
         timeout_s, retries: HTTP options (see :mod:`shardfeed.readers.http_io`); ignored locally.
+        readahead: local shards: once a read proves slow (a network or FUSE mount), keep several
+            reads in flight ahead of the decoder (:mod:`~shardfeed.readers.shard_readahead`;
+            bounded: at most 32 requests, 6 MiB per reader). False reads one chunk at a time.
         **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
 
     Yields:
@@ -141,9 +148,11 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     """
 
     def __init__(self, location, manifest: Manifest, *, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
-                 timeout_s: float | None = None, retries: int | None = None, **common):
+                 timeout_s: float | None = None, retries: int | None = None, readahead: bool = True, **common):
         if isinstance(location, (str, os.PathLike)):
-            location = LocalLocation(location)
+            location = LocalLocation(location, readahead=readahead)
+        elif isinstance(location, LocalLocation):
+            location.readahead = bool(readahead)
         self.location = location
         self.manifest = manifest
         self.shuffle_buffer = int(shuffle_buffer)

@@ -1,0 +1,240 @@
+"""Reused shared-memory batch slots between ``DataLoader`` workers and the main process.
+
+A batch made in a worker reaches the main process through shared memory. ``torch``'s way creates
+a new shared-memory file per batch, and every page of it faults on first write: on this machine
+writing a fresh 9.6 MB shared batch (64 x 3 x 224 x 224 ``uint8``) costs about 180 us per image,
+writing the same bytes into already-mapped memory about 2 us, and a private allocation in the
+main process about 24 us (``scripts/bench_overhead.py`` measures the loader with and without).
+
+:class:`BatchRing` keeps, for each worker, ``slots`` batch buffers ``[batch_size, 3, S, S]``
+``uint8`` in shared memory, made once before the workers start. A worker's
+:class:`~shardfeed.readers.transforms.SampleDecoder` writes each image straight into the next row
+of its current slot; the collate step (in the worker) sends a small :class:`RingBatch` handle
+instead of the pixels when the batch is exactly the slot's first rows (should a slot's rows ever
+leave as tensors instead, the ring is switched off in that process before any slot could be
+written again: rows someone may hold are never overwritten). The main process turns the handle
+into a tensor over the slot, no copy (:meth:`BatchRing.take`); the slot stays held until the
+last tensor sharing its memory is freed, and only then may a worker write into it again. With
+``pin_memory`` the batch is copied into page-locked memory instead and the slot freed at once.
+
+Each slot's state is one ``int64`` in shared memory: 0 free, else the sequence number of the batch
+it holds. A worker takes its next free slot; when none is free (the training loop holds that
+many batches) it never waits: that batch is made the ordinary way (a fresh shared tensor, always
+correct). Before each iteration the main process frees the slots of batches never taken (an
+iteration that ended early, :meth:`BatchRing.reclaim`); it raises on a handle whose slot no
+longer holds its batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["BatchRing", "RingBatch", "active_ring"]
+
+logger = logging.getLogger(__name__)
+
+_active: "BatchRing | None" = None
+
+
+def active_ring() -> "BatchRing | None":
+    """The ring this process's decoder writes into (set on its first row), else None."""
+    return _active
+
+
+class RingBatch:
+    """A handle to ``rows`` images in slot ``slot`` of worker ``worker``'s part of a :class:`BatchRing`.
+
+    Picklable and small; the main process turns it into a tensor with :meth:`BatchRing.take`.
+    """
+
+    __slots__ = ("ring_id", "worker", "slot", "rows", "seq")
+
+    def __init__(self, ring_id: int, worker: int, slot: int, rows: int, seq: int) -> None:
+        self.ring_id, self.worker, self.slot, self.rows, self.seq = ring_id, worker, slot, rows, seq
+
+    def __getstate__(self):
+        return (self.ring_id, self.worker, self.slot, self.rows, self.seq)
+
+    def __setstate__(self, state) -> None:
+        self.ring_id, self.worker, self.slot, self.rows, self.seq = state
+
+    def __repr__(self) -> str:
+        return f"RingBatch(worker={self.worker}, slot={self.slot}, rows={self.rows}, seq={self.seq})"
+
+
+class BatchRing:
+    """``slots`` reused shared-memory batch buffers per worker (see the module docstring).
+
+    Args:
+        num_workers: ``DataLoader`` workers (``>= 1``).
+        slots: Buffers per worker (``>= 2``): batches in flight plus those the training loop holds.
+        batch_size: Rows per buffer.
+        image_size: Images are ``[3, image_size, image_size]`` ``uint8``.
+
+    Memory: ``num_workers * slots * batch_size * 3 * image_size**2`` bytes of shared memory,
+    e.g. 77 MB for 2 workers, 4 slots, batches of 64 at 224 px.
+
+    Raises:
+        ValueError: A size is out of range.
+    """
+
+    def __init__(self, num_workers: int, slots: int, batch_size: int, image_size: int) -> None:
+        import torch
+
+        if num_workers < 1 or slots < 2 or batch_size < 1 or image_size < 1:
+            raise ValueError(f"BatchRing needs num_workers >= 1, slots >= 2, batch_size >= 1 and image_size >= 1, "
+                             f"got {num_workers}, {slots}, {batch_size}, {image_size}")
+        self.num_workers, self.slots, self.batch_size, self.image_size = num_workers, slots, batch_size, image_size
+        self.buffers = torch.empty((num_workers, slots, batch_size, 3, image_size, image_size),
+                                   dtype=torch.uint8).share_memory_()
+        self.state = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
+        self.ring_id = id(self)
+        self._init_process()
+
+    def _init_process(self) -> None:
+        self._worker: int | None = None
+        self._slot = -1  # the slot being filled in this process (-1: none)
+        self._next_row = 0
+        self._fallback_rows = 0
+        self._published = False  # whether the current slot's rows went out as a handle
+        self._disabled = False
+        self._seq = 0
+        self._state_np = self.state.numpy()
+        self._buffers_np = None
+        self._held: dict[tuple[int, int], int] = {}  # main process: slots of taken batches -> seq
+
+    def __getstate__(self) -> dict:
+        return {"num_workers": self.num_workers, "slots": self.slots, "batch_size": self.batch_size,
+                "image_size": self.image_size, "buffers": self.buffers, "state": self.state,
+                "ring_id": self.ring_id}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_process()
+
+    # ---- worker side
+    def reset_worker(self, worker: int) -> None:
+        """Start an epoch in worker ``worker``: the next image starts a new slot."""
+        global _active
+        self._worker, self._slot, self._next_row, self._fallback_rows = worker, -1, 0, 0
+        _active = self
+
+    def next_row(self, worker: int) -> "torch.Tensor | None":
+        """The next ``[3, S, S]`` row to write an image into, in worker ``worker``.
+
+        None when every slot of the worker still holds a batch the main process has not copied
+        out: that batch's rows are then the caller's own tensors (the ring never waits).
+        """
+        global _active
+        if not 0 <= worker < self.num_workers:
+            return None
+        if self._worker != worker:
+            self.reset_worker(worker)
+        if self._fallback_rows > 0:  # this batch's rows are the caller's own
+            self._fallback_rows -= 1
+            return None
+        if self._disabled:
+            return None
+        if self._slot < 0 or self._next_row >= self.batch_size:
+            if self._slot >= 0 and not self._published:
+                # the slot's rows left as tensors, not as a handle (a collate other than the
+                # loader's, or batches out of step with the slots): rows might still be held,
+                # so no slot is ever written again in this process
+                logger.debug("batch ring: worker %d's rows left without a handle; ring off in this process", worker)
+                self._disabled = True
+                return None
+            free = self._state_np[worker] == 0
+            slot = next((s % self.slots for s in range(self._slot + 1, self._slot + 1 + self.slots)
+                         if free[s % self.slots]), None)
+            if slot is None:  # every slot still holds a batch (in flight, or held by the training loop)
+                self._slot, self._fallback_rows = -1, self.batch_size - 1
+                return None
+            self._slot, self._next_row, self._published = slot, 0, False
+        _active = self
+        row = self.buffers[worker, self._slot, self._next_row]
+        self._next_row += 1
+        return row
+
+    def publish(self, images: "list[torch.Tensor]") -> RingBatch | None:
+        """A handle for ``images`` when they are rows 0..n-1 of this worker's current slot, else None.
+
+        On success the slot is marked as holding the batch, and the next image starts a new slot.
+        """
+        worker, slot = self._worker, self._slot
+        if worker is None or slot < 0 or len(images) > self.batch_size:
+            return None
+        base = self.buffers[worker, slot]
+        row_bytes = base[0].numel()
+        start = base.data_ptr()
+        for i, image in enumerate(images):
+            if image.data_ptr() != start + i * row_bytes or not image.is_contiguous():
+                return None
+        self._seq += 1
+        self._state_np[worker, slot] = self._seq
+        self._published = True
+        self._next_row = self.batch_size  # the next image starts the next slot
+        return RingBatch(self.ring_id, worker, slot, len(images), self._seq)
+
+    # ---- main process side
+    def take(self, handle: RingBatch, *, pin_memory: bool = False) -> "torch.Tensor":
+        """The batch of ``handle`` as a tensor for the training loop.
+
+        Without ``pin_memory``: a view of the slot, no copy. The slot stays marked as holding the
+        batch until the last tensor sharing that memory (the view, its slices, ``.numpy()``
+        arrays of it) is freed; only then may a worker write into it again. With
+        ``pin_memory``: a copy into page-locked memory, and the slot is freed at once.
+
+        Args:
+            handle: From :meth:`publish` in a worker.
+            pin_memory: Copy into page-locked memory (for ``non_blocking`` device copies).
+
+        Returns:
+            ``torch.uint8`` ``[rows, 3, S, S]``, contiguous.
+
+        Raises:
+            RuntimeError: The handle is not from this ring, or its slot no longer holds its batch.
+        """
+        import torch
+
+        state = self._state_np
+        w, slot, seq = handle.worker, handle.slot, handle.seq
+        if handle.ring_id != self.ring_id or not (0 <= w < self.num_workers and 0 <= slot < self.slots) \
+                or state[w, slot] != seq:
+            raise RuntimeError(f"{handle!r} no longer names its batch (the slot was reused): a batch handle "
+                               "was used after its loader iteration ended")
+        if pin_memory:
+            size = self.image_size
+            out = torch.empty((handle.rows, 3, size, size), dtype=torch.uint8, pin_memory=True)
+            out.copy_(self.buffers[w, slot, : handle.rows])
+            state[w, slot] = 0
+            return out
+        if self._buffers_np is None:
+            self._buffers_np = self.buffers.numpy()
+        view = self._buffers_np[w, slot, : handle.rows]
+        self._held[(w, slot)] = seq
+        weakref.finalize(view, self._release, w, slot, seq)
+        return torch.from_numpy(view)  # the tensor's memory keeps ``view`` alive, and so the slot held
+
+    def _release(self, worker: int, slot: int, seq: int) -> None:
+        """The last tensor over a taken slot is gone: a worker may write into it again."""
+        if self._held.get((worker, slot)) == seq:
+            del self._held[(worker, slot)]
+            if self._state_np[worker, slot] == seq:
+                self._state_np[worker, slot] = 0
+
+    def reclaim(self) -> None:
+        """Main process, before an iteration starts: free every slot not held by a taken batch.
+
+        Batches that workers put in slots for an iteration that ended early are never taken;
+        without this their slots would stay marked until the process ends.
+        """
+        state = self._state_np
+        for w in range(self.num_workers):
+            for slot in range(self.slots):
+                if state[w, slot] != 0 and self._held.get((w, slot)) != state[w, slot]:
+                    state[w, slot] = 0

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""WebDataset (and LMDB) on **emulated** slow storage, with and without read-ahead, against local disk.
+
+Mounts the dataset through ``scripts/storage_emulator.py`` (a FUSE passthrough adding a fixed
+latency per open and per read request) at each ``--latencies`` value, then runs, in interleaved
+rounds (each case a subprocess): ``make_loader(DATA, 64, num_workers=2, image_size=224,
+train=True)`` with a ``--compute-ms`` sleep per batch standing in for the GPU step, on the local
+folder and on every mount, ``readahead=True`` and ``readahead=False``. Prints images/s with the
+load average beside each figure, and the ratios mount / local disk (the target: >= 0.9 at 2 and
+10 ms) and read-ahead on / off, each the median of per-round ratios. ``--lmdb`` adds the LMDB copy
+(its own ``readahead`` option) and the ratio LMDB / WebDataset on the same mount.
+
+Figures measured on an emulator show the shape of the effect (latency x requests in series); they
+are not measurements of NFS, a cloud disk or a bucket.
+
+    .venv/bin/python scripts/bench_readahead.py --wds /tmp/perf_data/inet2-wds --lmdb /tmp/perf_data/inet2-lmdb \\
+        --latencies 0.5,2,10 --rounds 2 --json out/bench_readahead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> dict:
+    import torch
+
+    from shardfeed.readers import make_loader
+
+    torch.set_num_threads(1)
+    loader = make_loader(data, 64, num_workers=2, image_size=224, train=True, pin_memory=False,
+                         readahead=readahead, seed=0)
+    n = 0
+    t0 = None
+    done = 0
+    while done < batches + 2:
+        for _, labels in loader:
+            done += 1
+            if done == 2:
+                t0 = time.perf_counter()
+            elif done > 2:
+                n += len(labels)
+            time.sleep(compute_ms / 1000)
+            if done >= batches + 2:
+                break
+    wall = time.perf_counter() - t0
+    return {"images": n, "images_per_s": n / wall}
+
+
+def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", str(data), "--readahead", str(int(readahead)),
+           "--batches", str(batches), "--compute-ms", str(compute_ms)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["load_avg_1min"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--wds", type=Path, help="a packed WebDataset directory (local)")
+    p.add_argument("--lmdb", type=Path, default=None, help="its LMDB copy (optional)")
+    p.add_argument("--latencies", default="0.5,2,10", help="ms per open and per read request")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batches", type=int, default=40, help="timed batches per case (after 2 warm-up)")
+    p.add_argument("--compute-ms", type=float, default=20.0, help="sleep per batch (the training step)")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.case:
+        print(json.dumps(run_case(args.case, bool(args.readahead), args.batches, args.compute_ms)))
+        return 0
+    from storage_emulator import StorageEmulator
+
+    latencies = [float(x) for x in args.latencies.split(",") if x]
+    formats = {"wds": args.wds, **({"lmdb": args.lmdb} if args.lmdb else {})}
+    mounts = {}
+    results: dict[str, list] = {}
+    try:
+        for ms in latencies:
+            for fmt, path in formats.items():
+                mounts[(fmt, ms)] = StorageEmulator(path, open_ms=ms, read_ms=ms).start()
+        cases = []
+        for fmt, path in formats.items():
+            cases.append((f"{fmt} local", path, True))
+            for ms in latencies:
+                for ra in (True, False):
+                    cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}", mounts[(fmt, ms)].mountpoint,
+                                  ra))
+        for r in range(args.rounds):
+            for name, path, ra in cases:
+                res = _subprocess(path, ra, args.batches, args.compute_ms)
+                results.setdefault(name, []).append(res)
+                shown = f"{res['images_per_s']:8,.0f} img/s" if "error" not in res else f"ERROR {res['error']}"
+                print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}", flush=True)
+    finally:
+        for m in mounts.values():
+            m.stop()
+
+    def paired(a: str, b: str) -> float | None:
+        pairs = [(x["images_per_s"], y["images_per_s"]) for x, y in zip(results.get(a, []), results.get(b, []))
+                 if "images_per_s" in x and "images_per_s" in y]
+        return statistics.median([x / y for x, y in pairs]) if pairs else None
+
+    ratios = []
+
+    def ratio(label: str, a: str, b: str, target: str = "") -> None:
+        v = paired(a, b)
+        loads = [x.get("load_avg_1min") for x in results.get(a, [])]
+        ratios.append({"ratio": label, "value": v, "target": target, "a": a, "b": b, "load_avg_1min": loads})
+        print(f"{label:60s} {('%.3f' % v) if v is not None else 'n/a':>7s}  {target:8s} load {loads}")
+
+    print("\nmedian of per-round ratios (emulated storage; train, 2 workers, "
+          f"{args.compute_ms:g} ms step):")
+    for fmt in formats:
+        for ms in latencies:
+            ratio(f"{fmt} {ms:g} ms, read-ahead on / local disk", f"{fmt} {ms:g}ms readahead=on", f"{fmt} local",
+                  ">= 0.9" if fmt == "wds" and ms >= 2 else "")
+            ratio(f"{fmt} {ms:g} ms, read-ahead off / local disk", f"{fmt} {ms:g}ms readahead=off", f"{fmt} local")
+            ratio(f"{fmt} {ms:g} ms, read-ahead on / off", f"{fmt} {ms:g}ms readahead=on",
+                  f"{fmt} {ms:g}ms readahead=off", "> 1")
+    if "lmdb" in formats:
+        for ms in latencies:
+            ratio(f"lmdb / wds at {ms:g} ms (both read-ahead on)", f"lmdb {ms:g}ms readahead=on",
+                  f"wds {ms:g}ms readahead=on", ">= 0.8" if ms >= 2 else "")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rounds": results, "ratios": ratios, "latencies_ms": latencies,
+                                         "compute_ms": args.compute_ms, "batches": args.batches}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Read-ahead of shard chunks (readers/shard_readahead.py): same bytes, in order, bounded in flight.
+
+The slow storage is a real file read with ``os.pread`` after a sleep (what a network mount's
+round trip adds); the loader test reads a WebDataset through the FUSE storage emulator.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardfeed.readers import shard_readahead
+from shardfeed.readers.shard_readahead import read_ahead
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state():
+    shard_readahead._learned = None  # what an earlier (slow) range taught this process
+    yield
+    shard_readahead._learned = None
+
+
+def _plan(total: int, step: int) -> list[tuple[int, int, int, int]]:
+    return [(k, k + 1, a, min(total, a + step)) for k, a in enumerate(range(0, total, step))]
+
+
+class SlowFile:
+    """``read_at`` over a real file, sleeping ``delay_s`` per read; counts reads in flight."""
+
+    def __init__(self, path: Path, delay_s: float):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.delay_s = delay_s
+        self.lock = threading.Lock()
+        self.in_flight = self.max_in_flight = self.reads = 0
+
+    def __call__(self, offset: int, n: int) -> bytes:
+        with self.lock:
+            self.in_flight += 1
+            self.reads += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            time.sleep(self.delay_s)
+            return os.pread(self.fd, n, offset)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+@pytest.fixture
+def blob(tmp_path) -> tuple[Path, bytes]:
+    data = np.random.default_rng(0).integers(0, 256, 3_000_000, dtype=np.uint8).tobytes()
+    path = tmp_path / "shard.tar"
+    path.write_bytes(data)
+    return path, data
+
+
+def test_fast_reads_stay_in_the_callers_thread(blob):
+    path, data = blob
+    f = SlowFile(path, 0.0)
+    chunks = list(read_ahead(f, _plan(len(data), 96 * 1024), slow_read_s=10.0))
+    assert b"".join(chunks) == data and f.max_in_flight == 1
+
+
+def test_slow_reads_go_ahead_in_order_and_bounded(blob):
+    path, data = blob
+    f = SlowFile(path, 0.003)
+    plan = _plan(len(data), 96 * 1024)
+    out = []
+    for chunk in read_ahead(f, plan, max_depth=6, max_bytes=6 * 96 * 1024):
+        out.append(chunk)
+        time.sleep(0.0005)  # the caller decodes
+    assert b"".join(out) == data  # every byte, in order
+    assert f.reads == len(plan)
+    assert 2 <= f.max_in_flight <= 6
+
+
+def test_a_slow_range_makes_the_next_one_read_ahead_from_its_start(blob):
+    path, data = blob
+    plan = _plan(len(data), 96 * 1024)
+    assert b"".join(read_ahead(SlowFile(path, 0.003), plan[:10])) == data[: plan[9][3]]
+    f = SlowFile(path, 0.003)
+    gen = read_ahead(f, plan[10:])
+    assert next(gen) == data[plan[10][2] : plan[10][3]]
+    assert f.reads >= 2  # the first chunk was not read alone
+    assert b"".join(gen) == data[plan[11][2] :]
+
+
+def test_bytes_in_flight_are_bounded(blob):
+    path, data = blob
+    f = SlowFile(path, 0.003)
+    chunks = list(read_ahead(f, _plan(len(data), 256 * 1024), max_depth=16, max_bytes=512 * 1024))
+    assert b"".join(chunks) == data and f.max_in_flight <= 2
+
+
+def test_a_failed_read_is_raised_at_its_chunk(blob):
+    path, data = blob
+    f = SlowFile(path, 0.002)
+    plan = _plan(len(data), 100_000)
+
+    def read_at(offset, n):
+        if offset == plan[7][2]:
+            raise OSError(5, "Input/output error")
+        return f(offset, n)
+
+    got = []
+    with pytest.raises(OSError, match="Input/output"):
+        for chunk in read_ahead(read_at, plan):
+            got.append(chunk)
+    assert b"".join(got) == data[: plan[7][2]]
+
+
+def test_closing_early_stops_reading(blob):
+    path, data = blob
+    f = SlowFile(path, 0.002)
+    plan = _plan(len(data), 32 * 1024)
+    gen = read_ahead(f, plan, max_depth=4)
+    first = [next(gen) for _ in range(5)]
+    gen.close()
+    time.sleep(0.05)
+    assert b"".join(first) == data[: 5 * 32 * 1024]
+    assert f.reads <= 5 + 4 + 1 and f.in_flight == 0
+
+
+def _load_emulator():
+    script = Path(__file__).resolve().parents[2] / "scripts" / "storage_emulator.py"
+    spec = importlib.util.spec_from_file_location("storage_emulator", script)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.fuse
+@pytest.mark.multiprocess
+def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path):
+    if not os.path.exists("/dev/fuse"):
+        msg = "FUSE unavailable: /dev/fuse is absent, the storage emulator cannot mount"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg + " (CI=true: FUSE is required here)")
+        pytest.skip(msg)
+    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.readers import open_dataset
+
+    folder = tmp_path / "folder"
+    rng = np.random.default_rng(1)
+    planted = {}
+    for i in range(60):
+        d = folder / f"c{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        side = int(rng.integers(100, 220))
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+        (d / f"{i:03d}.jpg").write_bytes(buf.getvalue())
+        planted[f"c{i % 2}/{i:03d}.jpg"] = buf.getvalue()
+    pack(folder, tmp_path / "wds", PackOptions(format="wds", max_count=30, overwrite=True))
+    emu = _load_emulator().StorageEmulator(tmp_path / "wds", open_ms=2.0, read_ms=2.0).start()
+    try:
+        for readahead in (True, False):
+            ds = open_dataset(emu.mountpoint, decode=False, shuffle=False, readahead=readahead)
+            got = sorted(bytes(s.data) for s in ds)
+            assert got == sorted(planted.values()), readahead
+        stats = emu.stats()
+        assert stats["max_in_flight"] >= 2  # the reads went ahead
+    finally:
+        emu.stop()
