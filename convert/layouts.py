@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ from shardfeed.readers.format import (
     IMAGE_EXTENSIONS,
     LABELS_CLASS,
     LABELS_NONE,
+    MAX_FIELDS,
     SIDE_EXTENSIONS,
     Manifest,
     Sample,
@@ -87,6 +89,8 @@ MAX_CLASSES_FILE_BYTES = 64 << 20
 MAX_CLASSES = 10_000_000
 #: Largest sidecar file stored, bytes.
 MAX_SIDECAR_BYTES = 1 << 30
+#: The marker of a :func:`write_dataset` in progress, inside ``OUT/.shardfeed-pack/``.
+_WRITING_NAME = "write_dataset.json"
 #: Sample dict keys that are not extra fields.
 _SAMPLE_KEYS = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
 
@@ -154,7 +158,9 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         progress: ``callback(num_samples, num_bytes)`` after each sample.
 
     Returns:
-        The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically).
+        The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically). Until
+        then OUT holds ``.shardfeed-pack/``: a write that stops (an error, Ctrl-C) leaves a folder
+        that readers refuse as unfinished; write it again into an empty folder.
 
     Raises:
         ValueError: a sample without image bytes or extension, a bad field name, a label not in
@@ -170,21 +176,26 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
     with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
         return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                       classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
-                      skipped=skipped, files=files, map_size=map_size, progress=progress)
+                      skipped=skipped, files=files, map_size=map_size, progress=progress, mark_unfinished=True)
 
 
 def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
            skipped, files, map_size, progress, writer_extra: dict | None = None, resuming: bool = False,
-           writer_box: dict | None = None) -> Manifest:
+           writer_box: dict | None = None, mark_unfinished: bool = False) -> Manifest:
     """:func:`write_dataset`, plus what a resumed layout pack needs: ``writer_extra`` (the
     WebDataset writer's ``resume_shards``, ``field_counts``, ``on_shard_end``) and ``resuming``
-    (the samples left may be none); ``writer_box["w"]`` gets the writer."""
+    (the samples left may be none); ``writer_box["w"]`` gets the writer. ``mark_unfinished``:
+    OUT holds ``.shardfeed-pack/write_dataset.json`` from the writer's creation until the manifest
+    is written, so the finished shards of a write that stopped (an exception, Ctrl-C) read as an
+    unfinished dataset, never as shards to index into a dataset of their own."""
     fmt = canonical_format(format)
     if classes is not None and class_to_idx is None:
         class_to_idx = {c: i for i, c in enumerate(classes)}
     if class_to_idx is not None and classes is None:
         classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
     declared = list(dict.fromkeys(fields))
+    if len(declared) > MAX_FIELDS:
+        raise ValueError(f"{len(declared)} extra fields, more than the {MAX_FIELDS} a dataset may have")
     for name in declared:
         problem = field_name_problem(name)
         if problem is not None:
@@ -207,6 +218,10 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared, **(writer_extra or {}))
     if writer_box is not None:
         writer_box["w"] = writer
+    marker = Path(out) / STATE_DIR / _WRITING_NAME
+    if mark_unfinished:
+        marker.parent.mkdir(exist_ok=True)
+        write_bytes_atomic(marker, json.dumps({"writer": "write_dataset", "unfinished": True}).encode())
     idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
     max_label = -1
     n = 0
@@ -218,6 +233,10 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
                     problem = field_name_problem(name)
                     if problem is not None:
                         raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): {problem}")
+                    if len(writer.field_counts) >= MAX_FIELDS:  # a manifest lists at most MAX_FIELDS
+                        raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): field {name!r} would "
+                                         f"be extra field number {len(writer.field_counts) + 1}, more than the "
+                                         f"{MAX_FIELDS} a dataset may have; store the others in one JSON field")
                     writer.field_counts[name] = 0
             if labels:
                 max_label = max(max_label, sample.label)
@@ -232,6 +251,12 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         if files is not None:
             writer.files = {**files, "packed": writer.num_samples, "skipped": len(writer.skipped)}
         manifest = writer.close()
+    if mark_unfinished:
+        marker.unlink(missing_ok=True)
+        try:
+            marker.parent.rmdir()
+        except OSError:
+            pass
     return manifest
 
 
@@ -285,6 +310,9 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
             if label < 0 or (class_to_idx is not None and label not in idx_to_class):
                 raise ValueError(f"{where}: label {label} is not a class index of the "
                                  f"{len(class_to_idx or {})} classes")
+            if class_to_idx is None and label >= MAX_CLASSES:  # the classes "0" .. str(label) would be made
+                raise ValueError(f"{where}: label {label} would make {label + 1:,} classes (\"0\" .. \"{label}\"), "
+                                 f"more than {MAX_CLASSES:,}; pass classes=[...] or class_to_idx naming the classes")
         name = idx_to_class.get(label)
         if name is not None:
             meta.setdefault("class", name)
@@ -293,6 +321,10 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
         key = str(i).zfill(width or 9)
     elif not isinstance(key, str):
         raise ValueError(f"{where}: key must be a string, got {type(key).__name__}")
+    else:
+        problem = _key_problem(key)
+        if problem is not None:
+            raise ValueError(f"{where}: key {key!r}: {problem}")
     extra = {}
     for name, value in item.items():
         if name in _SAMPLE_KEYS or value is None:
@@ -301,12 +333,34 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
     return Sample(key, bytes(data), ext, label, meta), extra
 
 
+def _key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a sample key of :func:`write_dataset`, or None.
+
+    A key becomes the member names ``{key}.{ext}`` of a tar shard (which ``tar -x`` writes as
+    files) and an LMDB key: the stored-path policy applies to it (no ``..``, ``.`` or empty
+    components, not absolute, no backslash or NUL), it has no control character and no ``.`` in
+    its last component (WebDataset splits key from extension at the first dot of the name).
+    """
+    if not key:
+        return "keys are non-empty"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return "a key holds no control character (newline, tab, NUL)"
+    problem = stored_path_problem(key)
+    if problem is not None:
+        return f"a key is a relative name: {problem}"
+    if "." in key.rsplit("/", 1)[-1]:
+        return "a key holds no '.' (WebDataset splits the key from the extension at the first dot)"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # labels and classes files
 
 def _check_rel(rel: str, where: str) -> str:
     """A labels-file path, checked: relative, ``/`` separators, no ``..``, the stored-path policy."""
-    if not isinstance(rel, str) or not rel:
+    if not isinstance(rel, str):
+        raise ValueError(f"{where}: path {rel!r} is not a string; a path is text relative to SRC")
+    if not rel:
         raise ValueError(f"{where}: empty path")
     rel = rel.replace("\\", "/") if "\\" in rel and "/" not in rel else rel
     if rel.startswith("./"):
@@ -338,23 +392,22 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
             the file and the line.
     """
     p = Path(path)
-    size = p.stat().st_size
-    if size > MAX_LABELS_FILE_BYTES:
-        raise ValueError(f"{p}: {size} bytes, over the {MAX_LABELS_FILE_BYTES} bytes a labels file may have")
-    raw = p.read_bytes()
+    raw = _read_bounded(p, MAX_LABELS_FILE_BYTES, "a labels file")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not UTF-8 text ({exc}); save the labels file as UTF-8") from None
     rows: list[tuple[int, str, Any]] = []
     if text.lstrip().startswith("{"):
-        for n, line in enumerate(text.splitlines(), 1):
+        # JSON Lines end lines at "\n" only (a raw U+2028 or U+0085 inside a string is text, not a line end)
+        for n, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{p} line {n}: not a JSON object ({exc})") from None
+            except (ValueError, RecursionError) as exc:
+                what = exc if isinstance(exc, ValueError) else "nested too deeply"
+                raise ValueError(f"{p} line {n}: not a JSON object ({what})") from None
             if not isinstance(obj, dict) or "path" not in obj or "label" not in obj:
                 raise ValueError(f'{p} line {n}: each line is {{"path": ..., "label": ...}}')
             rows.append((n, obj["path"], obj["label"]))
@@ -387,6 +440,11 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         if isinstance(label, str):
             if not label or len(label) > MAX_LABEL_FIELD_CHARS:
                 raise ValueError(f"{where}: empty label, or longer than {MAX_LABEL_FIELD_CHARS} characters")
+            if _NEGATIVE_INT.match(label):
+                label = int(label)
+        if isinstance(label, int) and label < 0:
+            raise ValueError(f"{where}: label {label} is negative; a class index is 0 .. K-1 (leave an "
+                             "unlabelled image out of the labels file, or pack with --no-labels)")
         rel = _check_rel(rel, where)
         if rel in out:
             raise ValueError(f"{where}: {rel!r} is listed twice; each image has one label")
@@ -400,6 +458,19 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
             raise ValueError(f"{p}: labels mix class names and integer indices (e.g. {ints[0]}); use one kind")
         out = {k: str(v) for k, v in out.items()}
     return out
+
+
+_NEGATIVE_INT = re.compile(r"^-[0-9]+$")
+
+
+def _read_bounded(p: Path, limit: int, what: str) -> bytes:
+    """The bytes of ``p``, at most ``limit`` (read so: a file that grows, or a pipe such as
+    ``--labels <(...)``, is bounded too, not just one whose size says so)."""
+    with open(p, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{p}: over the {limit} bytes {what} may have")
+    return data
 
 
 def _csv_rows(reader, p: Path):
@@ -420,9 +491,14 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
     a classes file (one class name per line, index = line number; blank lines and ``#`` comments
     skipped; or a JSON list of names or object name -> index).
 
+    Every source is checked the same way: names are non-empty strings of at most
+    :data:`MAX_LABEL_FIELD_CHARS` characters, each once; indices are the integers 0 .. K-1, each
+    once (``classes[i]`` of the manifest written is class ``i``).
+
     Raises:
         FileNotFoundError: no such file.
-        ValueError: over :data:`MAX_CLASSES_FILE_BYTES`, a repeated name, bad indices.
+        ValueError: over :data:`MAX_CLASSES_FILE_BYTES` or :data:`MAX_CLASSES`, a repeated or
+            non-string name, indices that are not 0 .. K-1; names the file.
     """
     p = Path(path)
     if p.is_dir() or p.name == "manifest.json":
@@ -431,16 +507,21 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
         m = load_manifest(p, check_files=False)
         if not m.labelled:
             raise ValueError(f"{p}: an unlabelled dataset has no classes to align with")
-        return dict(m.class_to_idx)
-    size = p.stat().st_size
-    if size > MAX_CLASSES_FILE_BYTES:
-        raise ValueError(f"{p}: {size} bytes, over the {MAX_CLASSES_FILE_BYTES} bytes a classes file may have")
-    text = p.read_text(encoding="utf-8-sig")
+        mapping = _checked_class_map(dict(m.class_to_idx), p)
+        if list(m.classes) != sorted(mapping, key=mapping.__getitem__):
+            raise ValueError(f"{p}: its classes and class_to_idx disagree (classes[i] is not the class of index i); "
+                             "the manifest is damaged: repack that dataset, or pass a classes file")
+        return mapping
+    try:
+        text = _read_bounded(p, MAX_CLASSES_FILE_BYTES, "a classes file").decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc}); save the classes file as UTF-8") from None
     if text.lstrip().startswith(("[", "{")):
         try:
             data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{p}: not valid JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{p}: not valid JSON ({exc if isinstance(exc, ValueError) else 'nested too deeply'})"
+                             ) from None
         if isinstance(data, dict) and "class_to_idx" in data:  # a manifest under another name
             data = data["class_to_idx"]
         names = data if isinstance(data, list) else None
@@ -449,15 +530,31 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
         names = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         mapping = None
     if names is not None:
+        bad = next((c for c in names if not isinstance(c, str)), None)
+        if bad is not None:
+            raise ValueError(f"{p}: class name {bad!r} is not a string; a classes file lists names")
         if len(set(names)) != len(names):
-            raise ValueError(f"{p}: a class name is listed twice")
-        mapping = {str(c): i for i, c in enumerate(names)}
+            dup = next(c for i, c in enumerate(names) if c in names[:i])
+            raise ValueError(f"{p}: class name {dup!r} is listed twice")
+        mapping = {c: i for i, c in enumerate(names)}
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{p}: a classes file is one name per line, a JSON list of names, or a JSON object "
+                         "name -> index")
+    return _checked_class_map(mapping, p)
+
+
+def _checked_class_map(mapping: dict, p: Path) -> dict[str, int]:
+    """``mapping`` (name -> index) checked as :func:`read_classes_file` says, or a ValueError naming ``p``."""
     if not mapping or len(mapping) > MAX_CLASSES:
         raise ValueError(f"{p}: no classes, or more than {MAX_CLASSES}")
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in mapping.values()) \
-            or len(set(mapping.values())) != len(mapping):
-        raise ValueError(f"{p}: class indices must be distinct integers >= 0")
-    return mapping
+    bad = next((c for c in mapping if not isinstance(c, str) or not c or len(c) > MAX_LABEL_FIELD_CHARS), None)
+    if bad is not None:
+        raise ValueError(f"{p}: class name {bad!r} is empty or longer than {MAX_LABEL_FIELD_CHARS} characters")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in mapping.values()) \
+            or sorted(mapping.values()) != list(range(len(mapping))):
+        raise ValueError(f"{p}: class indices must be the integers 0 .. {len(mapping) - 1}, each once "
+                         "(index i is the i-th class)")
+    return dict(mapping)
 
 
 def parse_sidecars(text: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -556,7 +653,8 @@ def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], m
     kept = []
     for t in images:
         stem = t[0].rsplit(".", 1)[0]
-        owner = next((stem[:k] for k in range(len(stem)) if stem[k] == "." and stem[:k] in stems), None)
+        base = stem.rfind("/") + 1  # a dot of a folder name ("v1.0/cat") never makes a side file
+        owner = next((stem[:k] for k in range(base + 1, len(stem)) if stem[k] == "." and stem[:k] in stems), None)
         if owner is not None:
             ignored.append({"path": t[0], "reason": f"a side file of {owner}.* (not in --sidecars), not an image"})
         else:
@@ -644,7 +742,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     class_to_idx = options.class_to_idx
     images = found.images
     if layout.labels_file is not None:
-        rows = read_labels_file(layout.labels_file)
+        rows = _match_unicode_spelling(read_labels_file(layout.labels_file), [rel for rel, *_ in images])
         on_disk = {rel for rel, *_ in images}
         unlisted = [rel for rel, *_ in images if rel not in rows]
         absent = [rel for rel in rows if rel not in on_disk]
@@ -655,7 +753,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                              f"(e.g. {', '.join(unlisted[:3])})")
             if absent:
                 parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {src} "
-                             f"(e.g. {', '.join(absent[:3])})")
+                             f"(e.g. {', '.join(_why_not_an_image(src, rel, found) for rel in absent[:3])})")
             raise ValueError("; ".join(parts) + "; fix the labels file, or pass --on-error skip to pack the "
                              "images that have a label (the others are listed in the manifest's skipped)")
         skipped += [{"path": rel, "key": None, "reason": "no row in the labels file"} for rel in unlisted]
@@ -666,6 +764,11 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         if class_to_idx is None:
             if all(isinstance(v, int) for v in values):
                 k = max(values, default=-1) + 1
+                if k > MAX_CLASSES:  # the classes "0" .. "K-1" are made: bounded
+                    top = max(images, key=lambda t: rows[t[0]])[0]
+                    raise ValueError(f"{layout.labels_file}: label {k - 1} (of {top}) would make {k:,} classes "
+                                     f"(\"0\" .. \"{k - 1}\"), more than {MAX_CLASSES:,}; pass --classes-from "
+                                     "naming the classes, or fix the label")
                 class_to_idx = {str(i): i for i in range(k)}
             else:
                 class_to_idx = {c: i for i, c in enumerate(sorted(set(values)))}  # as ImageFolder sorts folders
@@ -846,6 +949,40 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         input_bytes=sum(t[2] for t in images), seconds=time.perf_counter() - t0, workers=1,
         files=manifest.files, skipped=list(manifest.skipped), ignored=found.ignored, empty_classes=[],
         num_classes=len(manifest.classes), extra={"layout": kind, "fields": manifest.fields})
+
+
+def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:
+    """``rel`` of a labels-file row that names no image, with what it names instead (a folder, a
+    sidecar file, an ignored file and why), for the error message."""
+    reason = next((d["reason"] for d in found.ignored if d["path"] == rel), None)
+    if reason is None and any(rel in v.values() for v in found.sidecars.values()):
+        reason = "a sidecar file"
+    if reason is None and (src / rel).is_dir() and not (src / rel).is_symlink():
+        reason = "a folder"
+    return f"{rel} ({reason})" if reason else rel
+
+
+def _match_unicode_spelling(rows: dict[str, Any], on_disk: list[str]) -> dict[str, Any]:
+    """``rows`` keyed by the names on disk: a row whose path names an image only in another Unicode
+    normalisation (a labels file in NFC, the file written NFD by macOS, or the reverse) is that
+    image's row, when exactly one image has that spelling and no row of its own; other rows are
+    kept as they are (and reported as naming no image)."""
+    import unicodedata
+
+    exact = set(on_disk)
+    if all(rel in exact for rel in rows):
+        return rows
+    by_nfc: dict[str, list[str]] = {}
+    for rel in on_disk:
+        by_nfc.setdefault(unicodedata.normalize("NFC", rel), []).append(rel)
+    out: dict[str, Any] = {}
+    for rel, label in rows.items():
+        if rel not in exact:
+            found = by_nfc.get(unicodedata.normalize("NFC", rel), [])
+            if len(found) == 1 and found[0] not in rows and found[0] not in out:
+                rel = found[0]
+        out[rel] = label
+    return out
 
 
 def _layout_fingerprint(src: Path, recorded: dict, layout: LayoutOptions, class_to_idx: dict, labels_of: dict,

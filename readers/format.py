@@ -314,7 +314,7 @@ def decode_field(name: str, data: bytes, source: str = "<sample>"):
 
     Raises:
         CorruptDataError: a ``.txt`` field that is not UTF-8 or a ``.json`` one that does not
-            parse (names ``source``).
+            parse, nested arrays and objects too deep included (names ``source``).
     """
     last = name.rsplit(".", 1)[-1]
     try:
@@ -322,8 +322,9 @@ def decode_field(name: str, data: bytes, source: str = "<sample>"):
             return bytes(data).decode("utf-8")
         if last == "json":
             return json.loads(bytes(data))
-    except ValueError as exc:
-        raise CorruptDataError(f"{source}: field {name!r} is not valid {last.upper()} ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested deeper than Python parses
+        what = exc if isinstance(exc, ValueError) else "nested too deeply to parse"
+        raise CorruptDataError(f"{source}: field {name!r} is not valid {last.upper()} ({what})") from None
     return bytes(data)
 
 

@@ -1,0 +1,248 @@
+"""Hostile and careless input to the layouts beyond class folders: labels files, classes files,
+sidecar files and the samples of ``write_dataset``.
+
+Each test plants the input (files, labels, bytes) and checks the result against what it planted:
+the bytes and labels read back, or a clear error naming the file and the fix, never a crash, an
+unbounded allocation or a dataset that its own readers refuse.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+import unicodedata
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from shardfeed.convert import layouts, write_dataset
+from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_classes_file, read_labels_file
+from shardfeed.convert.pack import PackOptions
+from shardfeed.readers import open_dataset
+from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
+from shardfeed.readers.format import MAX_FIELDS, load_manifest
+
+
+def _jpeg(seed: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 6), (seed * 40 % 256, 10, 200)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _by_path(out: Path, fields: tuple = ()) -> dict[str, tuple]:
+    """``{meta path: (image bytes, label, *fields)}`` of a packed dataset, read back raw."""
+    got = {}
+    for name in sorted(p.name for p in out.glob("*.tar")):
+        with tarfile.open(out / name) as tf:
+            members: dict[str, dict[str, bytes]] = {}
+            for m in tf.getmembers():
+                key, ext = m.name.split(".", 1)
+                members.setdefault(key, {})[ext] = tf.extractfile(m).read()
+        for parts in members.values():
+            meta = json.loads(parts["json"])
+            label = int(parts["cls"]) if "cls" in parts else -1
+            got[meta["path"]] = (parts["jpg"], label, *(parts.get(f) for f in fields))
+    return got
+
+
+# ---------------------------------------------------------------------------------------------
+# scanning
+
+def test_an_image_in_a_dotted_folder_beside_a_same_named_image_is_packed(tmp_path):
+    src = tmp_path / "src"
+    (src / "v1.0").mkdir(parents=True)
+    planted = {"v1.jpg": _jpeg(1), "v1.0/cat.jpg": _jpeg(2), "v1.0/dog.jpg": _jpeg(3)}
+    for rel, data in planted.items():
+        (src / rel).write_bytes(data)
+    pack_layout(src, tmp_path / "out", PackOptions(), LayoutOptions(no_labels=True))
+    got = _by_path(tmp_path / "out")
+    assert {rel: v[0] for rel, v in got.items()} == planted
+
+
+def test_a_labels_row_naming_a_folder_says_it_is_a_folder(tmp_path):
+    src = tmp_path / "src"
+    (src / "x.jpg").mkdir(parents=True)
+    (src / "x.jpg" / "y.jpg").write_bytes(_jpeg(1))
+    (tmp_path / "labels.csv").write_text("x.jpg,cat\nx.jpg/y.jpg,dog\n")
+    with pytest.raises(ValueError, match=r"x\.jpg \(a folder\)"):
+        pack_layout(src, tmp_path / "out", PackOptions(), LayoutOptions(labels_file=tmp_path / "labels.csv"))
+
+
+def test_a_labels_file_in_nfc_labels_the_image_named_nfd_on_disk(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    on_disk = unicodedata.normalize("NFD", "café.jpg")  # as macOS writes it
+    (src / on_disk).write_bytes(_jpeg(4))
+    (src / "plain.jpg").write_bytes(_jpeg(5))
+    (tmp_path / "labels.csv").write_text(unicodedata.normalize("NFC", "café.jpg") + ",dog\nplain.jpg,cat\n",
+                                         encoding="utf-8")
+    pack_layout(src, tmp_path / "out", PackOptions(), LayoutOptions(labels_file=tmp_path / "labels.csv"))
+    got = _by_path(tmp_path / "out")
+    # classes sorted by name: cat 0, dog 1; the stored path is the file's own spelling
+    assert got == {on_disk: (_jpeg(4), 1), "plain.jpg": (_jpeg(5), 0)}
+
+
+def test_a_json_sidecar_nested_too_deep_packs_and_reads_as_a_corrupt_field(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(_jpeg(1))
+    bomb = b"[" * 200_000 + b"]" * 200_000
+    (src / "a.json").write_bytes(bomb)
+    out = tmp_path / "out"
+    pack_layout(src, out, PackOptions(), LayoutOptions(no_labels=True, sidecars=("json",)))
+    assert _by_path(out, ("sidecar.json",))["a.jpg"][2] == bomb  # stored as it is
+    assert (out / "README.md").exists()  # the card is written: the field declared without its struct
+    with pytest.raises(CorruptDataError, match=r"field 'json'.*too deep"):
+        list(open_dataset(out, decode=False, fields=("json",)))
+
+
+# ---------------------------------------------------------------------------------------------
+# labels files
+
+def test_json_lines_end_at_newline_only(tmp_path):
+    planted = {"a\u2028b.jpg": "cat", "c\x85d.jpg": "dog", "e.jpg": "cat"}
+    text = "".join(json.dumps({"path": p, "label": v}, ensure_ascii=False) + "\r\n" for p, v in planted.items())
+    (tmp_path / "labels.jsonl").write_text(text, encoding="utf-8", newline="")
+    assert read_labels_file(tmp_path / "labels.jsonl") == planted
+
+
+@pytest.mark.parametrize("name, text", [
+    ("labels.jsonl", '{"path": "a.jpg", "label": "cat", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+])
+def test_deeply_nested_json_in_a_labels_file_is_an_error_naming_the_line(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=rf"{name} line 1: .*nested too deeply"):
+        read_labels_file(tmp_path / name)
+
+
+@pytest.mark.parametrize("text", ["a.jpg,0\nb.jpg,-1\n", "a.jpg,-3\n", '{"path": "a.jpg", "label": -2}\n'])
+def test_a_negative_integer_label_is_refused_naming_the_line(tmp_path, text):
+    (tmp_path / "labels.txt").write_text(text)
+    line = 2 if "b.jpg" in text else 1
+    with pytest.raises(ValueError, match=rf"labels.txt line {line}: label -\d is negative"):
+        read_labels_file(tmp_path / "labels.txt")
+
+
+def test_a_labels_file_is_read_bounded_whatever_its_size_says(tmp_path, monkeypatch):
+    monkeypatch.setattr(layouts, "MAX_LABELS_FILE_BYTES", 1000)
+    fifo = tmp_path / "labels.csv"  # as `--labels <(...)`: a pipe, whose size reads 0
+    os.mkfifo(fifo)
+    row = b"a.jpg,cat\n" * 1000
+
+    def feed():
+        try:
+            with open(fifo, "wb") as f:
+                f.write(row)
+        except BrokenPipeError:
+            pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    with pytest.raises(ValueError, match="over the 1000 bytes a labels file may have"):
+        read_labels_file(fifo)
+    writer.join(timeout=10)
+
+
+def test_integer_labels_beyond_the_class_bound_are_refused_before_any_class_is_made(tmp_path, monkeypatch):
+    monkeypatch.setattr(layouts, "MAX_CLASSES", 100)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(_jpeg(1))
+    (src / "b.jpg").write_bytes(_jpeg(2))
+    (tmp_path / "labels.csv").write_text("a.jpg,3\nb.jpg,99999999999999999999\n")
+    with pytest.raises(ValueError, match=r"label 99999999999999999999 \(of b\.jpg\).*--classes-from"):
+        pack_layout(src, tmp_path / "out", PackOptions(), LayoutOptions(labels_file=tmp_path / "labels.csv"))
+    with pytest.raises(ValueError, match=r"sample 1: label 100 would make 101 classes"):
+        write_dataset([{"image": _jpeg(1), "ext": "jpg", "label": 3},
+                       {"image": _jpeg(2), "ext": "jpg", "label": 100}], tmp_path / "out2")
+
+
+# ---------------------------------------------------------------------------------------------
+# classes files (--classes-from)
+
+@pytest.mark.parametrize("text, problem", [
+    ('[1, "1", "a"]', "class name 1 is not a string"),
+    ('[["a"], {"b": 1}]', r"class name \['a'\] is not a string"),
+    ('["", "a"]', "class name '' is empty"),
+    ('["a", "b", "a"]', "class name 'a' is listed twice"),
+    ('{"a": 0, "b": 5}', r"class indices must be the integers 0 \.\. 1"),
+    ('{"a": 0, "b": 0}', r"class indices must be the integers 0 \.\. 1"),
+    ('{"a": -1}', r"class indices must be the integers 0 \.\. 0"),
+    ("[" * 100_000 + "]" * 100_000, r"not valid JSON \(nested too deeply\)"),
+    ('{"class_to_idx": 7}', "a classes file is one name per line"),
+])
+def test_a_damaged_classes_file_is_refused_naming_it(tmp_path, text, problem):
+    (tmp_path / "classes.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"classes\.json: {problem}"):
+        read_classes_file(tmp_path / "classes.json")
+
+
+@pytest.mark.parametrize("classes, class_to_idx, problem", [
+    (["a", "b"], {"a": 0, "b": 0}, "indices must be the integers"),
+    (["a", "b"], {"a": -5, "b": 1}, "indices must be the integers"),
+    (["b", "a"], {"a": 0, "b": 1}, "its classes and class_to_idx disagree"),
+])
+def test_a_damaged_manifest_as_classes_from_is_refused(tmp_path, classes, class_to_idx, problem):
+    d = tmp_path / "train"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({
+        "format": "webdataset", "version": 3, "num_samples": 0, "classes": classes,
+        "class_to_idx": class_to_idx, "shards": []}))
+    with pytest.raises(ValueError, match=problem):
+        read_classes_file(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# write_dataset
+
+@pytest.mark.parametrize("key", ["../evil", "/abs", "a/../b", "a//b", "./a", "a\nb", "a\tb", "a\\b", "a\0b",
+                                 "dir/x.y", ""])
+def test_write_dataset_refuses_a_key_that_is_not_a_plain_name(tmp_path, key):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="key"):
+        write_dataset([{"image": _jpeg(1), "ext": "jpg", "key": key}], out)
+    assert not (out / "manifest.json").exists()
+    assert not list(out.glob("*.tar"))
+
+
+def test_write_dataset_keeps_a_key_with_folders(tmp_path):
+    out = tmp_path / "out"
+    write_dataset([{"image": _jpeg(1), "ext": "jpg", "key": "part/a"}], out)
+    with tarfile.open(out / "shard-000000.tar") as tf:
+        assert tf.extractfile("part/a.jpg").read() == _jpeg(1)
+
+
+def test_write_dataset_refuses_more_fields_than_a_manifest_may_list(tmp_path):
+    sample = {"image": _jpeg(1), "ext": "jpg", **{f"f{i}.bin": b"x" for i in range(MAX_FIELDS + 1)}}
+    with pytest.raises(ValueError, match=rf"more than the {MAX_FIELDS} a dataset may have"):
+        write_dataset([sample], tmp_path / "out")
+    with pytest.raises(ValueError, match=rf"more than the {MAX_FIELDS} a dataset may have"):
+        write_dataset([{"image": _jpeg(1), "ext": "jpg"}], tmp_path / "out2",
+                      fields=[f"f{i}.bin" for i in range(MAX_FIELDS + 1)])
+    sample = {"image": _jpeg(1), "ext": "jpg", **{f"f{i}.bin": bytes([i]) for i in range(MAX_FIELDS)}}
+    m = write_dataset([sample], tmp_path / "out3")  # at the bound: written and readable
+    assert load_manifest(tmp_path / "out3").fields == m.fields and len(m.fields) == MAX_FIELDS
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "lmdb"])
+def test_an_interrupted_write_dataset_reads_as_unfinished(tmp_path, fmt):
+    def samples():
+        for i in range(25):
+            if i == 17:
+                raise KeyboardInterrupt  # Ctrl-C after three full shards
+            yield {"image": _jpeg(i), "ext": "jpg", "txt": f"caption {i}"}
+
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        write_dataset(samples(), out, format=fmt, max_count=5)
+    assert not (out / "manifest.json").exists()
+    with pytest.raises(IncompleteDatasetError, match="did not finish"):
+        load_manifest(out)
+    done = tmp_path / "done"
+    write_dataset([{"image": _jpeg(1), "ext": "jpg"}], done, format=fmt)
+    assert not (done / ".shardfeed-pack").exists()  # a finished write leaves no marker
+    assert load_manifest(done).num_samples == 1
