@@ -115,6 +115,11 @@ def _check_plot(plot: str | None) -> None:
                                "(or pip install matplotlib)") from None
 
 
+def _check_plot_path(ctx, param, value):
+    """Refuse a ``--plot`` path whose folder is missing (or a folder, a URL) before any measuring."""
+    return None if value is None else check_report_path(value, ctx, param, example="figure.png", allow_stdout=False)
+
+
 def html_option(f: Callable) -> Callable:
     """Add ``--html PATH``: one self-contained page (figure, tables, verdict, the JSON)."""
     return click.option("--html", "html_path", metavar="PATH.html", default=None, callback=_check_html_path,
@@ -149,7 +154,7 @@ def _progress(json_path: str | None) -> Callable[[str], None]:
 @click.argument("source")
 @harness_options
 @loader_options
-@click.option("--plot", metavar="PATH.png", default=None,
+@click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw the images delivered over time, the time spent waiting vs computing, and the wait of "
                    "every batch (needs matplotlib).")
 @html_option
@@ -220,7 +225,7 @@ def _same_dataset(before: str, after: str) -> str | None:
                    "mount without keep_cache), where the read only costs time.")
 @click.option("--min-speedup", type=FiniteFloat(min=0, min_open=True), default=None, metavar="X",
               help="Exit with status 1 when AFTER is less than X times as fast as BEFORE.")
-@click.option("--plot", metavar="PATH.png", default=None,
+@click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw both sides on one axis: the images each delivered over time, the time each spent waiting "
                    "vs computing, and the wait of every batch (needs matplotlib).")
 @html_option
@@ -287,7 +292,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
               help="Largest num_workers tried [default: 2 x CPU count].")
 @click.option("--max-workers", "max_workers_old", type=click.IntRange(min=0), default=None, hidden=True,
               callback=deprecated_option("--max-workers", "--max-num-workers"))
-@click.option("--plot", metavar="PATH.png", default=None,
+@click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw images/s of every setting tried, the one kept marked (needs matplotlib).")
 @html_option
 @json_option

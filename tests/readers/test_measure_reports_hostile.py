@@ -1,0 +1,88 @@
+"""Hostile and careless output paths and values for the report pages: ``--plot`` and ``--html``
+into a link, into a missing folder, and figures of timings that are not finite numbers.
+
+The victim files, links and timings are planted here; each test checks the victim's own bytes,
+the PNG signature of what was written, or the command's exit before any measuring.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from shardfeed.convert.cli import main as cli_main
+from shardfeed.readers.measure import write_html_report
+from shardfeed.readers.measure.figures import DeliverySeries, plot_delivery, plot_tune
+
+pytest.importorskip("matplotlib", reason="the plot extra (make install) has matplotlib")
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+VICTIM = b"precious bytes that no report may overwrite\n"
+
+
+class _Tune:
+    """What plot_tune reads of a TuneReport: trials and the one kept."""
+
+    def __init__(self, trials):
+        self.trials = trials
+        self.best = trials[0]
+
+
+def _series(**kw) -> DeliverySeries:
+    d = {"label": "AFTER wds", "t_start_s": [0.0, 0.5, 1.0], "t_wait_s": [0.1, 0.0, 0.2],
+         "t_step_s": [0.4, 0.4, 0.4], "num_samples": [8, 8, 8], "images_per_s": 24.0}
+    d.update(kw)
+    return DeliverySeries(**d)
+
+
+def _draw(kind: str, path: Path) -> None:
+    if kind == "delivery":
+        plot_delivery([_series()], path, title="verdict")
+    elif kind == "tune":
+        plot_tune(_Tune([{"step": "num_workers", "options": {"num_workers": 2}, "images_per_s": 10.0,
+                          "stall_share": 0.1}]), path)
+    else:
+        write_html_report(path, title="shardfeed verify", headline="</pre><script>alert(1)</script>",
+                          report_json={"source": "</pre><script>alert(1)</script>"})
+
+
+@pytest.mark.parametrize("kind", ["delivery", "tune", "html"])
+def test_a_report_at_a_link_replaces_the_link_and_leaves_its_target_alone(tmp_path, kind):
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    link = tmp_path / ("report.html" if kind == "html" else "figure.png")
+    os.symlink(victim, link)
+    _draw(kind, link)
+    assert victim.read_bytes() == VICTIM
+    assert not link.is_symlink() and link.is_file()
+    head = link.read_bytes()
+    if kind == "html":
+        assert b"<script>" not in head and b"&lt;/pre&gt;&lt;script&gt;" in head
+    else:
+        assert head.startswith(PNG_SIGNATURE)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary left behind
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_timings_that_are_not_finite_numbers_still_draw_the_figure(tmp_path, bad):
+    s = _series(t_start_s=[0.0, bad, 1.0], t_wait_s=[0.1, bad, 0.2], t_step_s=[bad, 0.4, 0.4], images_per_s=bad)
+    assert plot_delivery([s, _series(label="BEFORE folder")], tmp_path / "d.png").read_bytes().startswith(
+        PNG_SIGNATURE)
+    trials = [{"step": "num_workers", "options": {"num_workers": 2}, "images_per_s": bad, "stall_share": bad},
+              {"step": "num_workers", "options": {"num_workers": 4}, "images_per_s": 30.0, "stall_share": 0.2}]
+    assert plot_tune(_Tune(trials), tmp_path / "t.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.parametrize("args", [["bench", "SRC"], ["verify", "SRC", "SRC"], ["tune", "SRC"]])
+def test_plot_into_a_missing_folder_is_refused_before_measuring(tmp_path, args):
+    missing = tmp_path / "no-such-folder" / "figure.png"
+    src = tmp_path / "not-measured"  # never opened: the path check comes first
+    argv = [str(src) if a == "SRC" else a for a in args] + ["--plot", str(missing)]
+    result = CliRunner().invoke(cli_main, argv)
+    assert result.exit_code == 2, result.output
+    assert "--plot" in result.output and f"folder {missing.parent} does not exist" in result.output
+    assert str(src) not in result.output
