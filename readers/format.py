@@ -686,6 +686,10 @@ class Manifest:
             raise ManifestError(f"{source}: malformed manifest ({exc!r} missing or wrong type)") from None
         if m.labels not in (LABELS_CLASS, LABELS_NONE):
             raise ManifestError(f"{source}: labels {m.labels!r} is not {LABELS_CLASS!r} or {LABELS_NONE!r}")
+        over = next((f for f, d in m.fields.items() if max(d["count"], d["missing"]) > m.num_samples), None)
+        if over is not None:
+            raise ManifestError(f"{source}: field {over!r}: count {m.fields[over]['count']} / missing "
+                                f"{m.fields[over]['missing']} exceed num_samples={m.num_samples}")
         if sum(s.num_samples for s in m.shards) != m.num_samples:
             raise ManifestError(f"{source}: shard sample counts add up to "
                                 f"{sum(s.num_samples for s in m.shards)}, not num_samples={m.num_samples}")
@@ -713,11 +717,11 @@ def _parse_fields(raw, source: str) -> dict[str, dict]:
             raise ManifestError(f"{source}: {problem}")
         if not isinstance(desc, dict) or desc.get("member", field_member(name)) != field_member(name):
             raise ManifestError(f"{source}: field {name!r}: its member must be {field_member(name)!r}")
-        try:
-            out[name] = {"member": field_member(name), "count": int(desc.get("count", 0)),
-                         "missing": int(desc.get("missing", 0))}
-        except (TypeError, ValueError):
-            raise ManifestError(f"{source}: field {name!r}: count and missing must be integers") from None
+        counts = {k: desc.get(k, 0) for k in ("count", "missing")}
+        if any(type(v) is not int or v < 0 for v in counts.values()):  # not "5", 1.7, true or -3
+            raise ManifestError(f"{source}: field {name!r}: count and missing must be integers >= 0, got "
+                                f"{counts['count']!r} and {counts['missing']!r}")
+        out[name] = {"member": field_member(name), **counts}
     return out
 
 

@@ -246,3 +246,21 @@ def test_an_interrupted_write_dataset_reads_as_unfinished(tmp_path, fmt):
     write_dataset([{"image": _jpeg(1), "ext": "jpg"}], done, format=fmt)
     assert not (done / ".shardfeed-pack").exists()  # a finished write leaves no marker
     assert load_manifest(done).num_samples == 1
+
+
+@pytest.mark.parametrize("desc, problem", [
+    ({"count": "5", "missing": 0}, "count and missing must be integers >= 0"),
+    ({"count": -3, "missing": 5}, "count and missing must be integers >= 0"),
+    ({"count": True, "missing": 1}, "count and missing must be integers >= 0"),
+    ({"count": 1.7, "missing": 0}, "count and missing must be integers >= 0"),
+    ({"count": 10 ** 30, "missing": 0}, "exceed num_samples=2"),
+])
+def test_a_version_3_manifest_with_hostile_field_counts_is_refused(tmp_path, desc, problem):
+    out = tmp_path / "out"
+    write_dataset([{"image": _jpeg(i), "ext": "jpg", "txt": f"c{i}"} for i in range(2)], out)
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["version"] == 3 and data["fields"]["txt"] == {"member": "txt", "count": 2, "missing": 0}
+    data["fields"]["txt"].update(desc)
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"field 'txt': .*{problem}"):
+        load_manifest(out)
