@@ -43,7 +43,9 @@ import os
 import random
 import re
 import shutil
+import stat
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -775,6 +777,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         idx_to_class = {i: c for c, i in class_to_idx.items()}
         labels_of = {}
         bad = []
+        nfc_names: dict[str, str] | None = None
         for rel, *_ in images:
             v = rows[rel]
             if isinstance(v, int):
@@ -782,6 +785,10 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                     bad.append((rel, v))
                 labels_of[rel] = v
             else:
+                if v not in class_to_idx:  # the same name in another Unicode normalisation is that class
+                    if nfc_names is None:
+                        nfc_names = _nfc_names(class_to_idx)
+                    v = nfc_names.get(unicodedata.normalize("NFC", v), v)
                 if v not in class_to_idx:
                     bad.append((rel, v))
                 labels_of[rel] = class_to_idx.get(v, -1)
@@ -962,13 +969,20 @@ def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:
     return f"{rel} ({reason})" if reason else rel
 
 
+def _nfc_names(class_to_idx: dict[str, int]) -> dict[str, str]:
+    """``{NFC form: class name}`` of the class names whose NFC form is their own (no two classes
+    that differ only in normalisation: such a name matches neither)."""
+    by: dict[str, list[str]] = {}
+    for c in class_to_idx:
+        by.setdefault(unicodedata.normalize("NFC", c), []).append(c)
+    return {k: v[0] for k, v in by.items() if len(v) == 1}
+
+
 def _match_unicode_spelling(rows: dict[str, Any], on_disk: list[str]) -> dict[str, Any]:
     """``rows`` keyed by the names on disk: a row whose path names an image only in another Unicode
     normalisation (a labels file in NFC, the file written NFD by macOS, or the reverse) is that
     image's row, when exactly one image has that spelling and no row of its own; other rows are
     kept as they are (and reported as naming no image)."""
-    import unicodedata
-
     exact = set(on_disk)
     if all(rel in exact for rel in rows):
         return rows
@@ -1018,11 +1032,21 @@ def _finished_records(out: Path, num_samples: int) -> list[dict]:
 
 
 def _read(path: Path, limit: int | None = None) -> bytes:
-    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too)."""
-    size = path.stat().st_size
-    if limit is not None and size > limit:
-        raise ValueError(f"{path}: {size} bytes, over the {limit} bytes a sidecar file may have")
-    data = path.read_bytes()
+    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too).
+
+    The file is checked again as it is opened: a file replaced after the scan by a FIFO or a
+    device is an error, never read (a FIFO would block the pack), and at most ``limit`` bytes are
+    read whatever the size said at the scan."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket) any more; not read")
+        if limit is not None and st.st_size > limit:
+            raise ValueError(f"{path}: {st.st_size} bytes, over the {limit} bytes a sidecar file may have")
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise ValueError(f"{path}: over the {limit} bytes a sidecar file may have (it grew while read)")
     if limit is None and not data:
         raise ValueError(f"{path}: empty file (0 bytes), not an image; delete it, or pass --on-error skip")
     return data

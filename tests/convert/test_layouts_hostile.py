@@ -264,3 +264,57 @@ def test_a_version_3_manifest_with_hostile_field_counts_is_refused(tmp_path, des
     (out / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=rf"field 'txt': .*{problem}"):
         load_manifest(out)
+
+
+def test_a_sidecar_replaced_by_a_fifo_after_the_scan_is_never_read(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.jpg").write_bytes(_jpeg(i))
+        (src / f"{i}.txt").write_text(f"caption {i}")
+    scan = layouts._scan_images
+
+    def scan_then_swap(*args, **kwargs):
+        found = scan(*args, **kwargs)
+        (src / "1.txt").unlink()
+        os.mkfifo(src / "1.txt")  # reading it would block the pack for ever
+        return found
+
+    monkeypatch.setattr(layouts, "_scan_images", scan_then_swap)
+    result: dict = {}
+
+    def run():
+        try:
+            pack_layout(src, tmp_path / "out", PackOptions(on_error="skip"),
+                        LayoutOptions(no_labels=True, sidecars=("txt",)))
+            result["ok"] = True
+        except BaseException as exc:  # noqa: BLE001  (reported by the assertion below)
+            result["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    if t.is_alive():  # unblock the reader so the thread ends
+        with open(os.open(src / "1.txt", os.O_WRONLY | os.O_NONBLOCK), "wb"):
+            pass
+        t.join(timeout=10)
+        pytest.fail("the pack blocked reading a FIFO")
+    assert result == {"ok": True}
+    got = _by_path(tmp_path / "out", ("txt",))
+    assert {rel: v[2] for rel, v in got.items()} == {"0.jpg": b"caption 0", "2.jpg": b"caption 2"}
+    skipped = load_manifest(tmp_path / "out").skipped
+    assert [s["path"] for s in skipped] == ["1.jpg"] and "not a regular file" in skipped[0]["reason"]
+
+
+def test_a_class_name_in_another_unicode_normalisation_is_that_class(tmp_path):
+    src = tmp_path / "val"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(_jpeg(1))
+    (src / "b.jpg").write_bytes(_jpeg(2))
+    nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+    (tmp_path / "classes.txt").write_text(f"apple\n{nfd}\n", encoding="utf-8")  # train's folders, named on macOS
+    (tmp_path / "labels.csv").write_text(f"a.jpg,{nfc}\nb.jpg,apple\n", encoding="utf-8")
+    options = PackOptions(class_to_idx=read_classes_file(tmp_path / "classes.txt"))
+    pack_layout(src, tmp_path / "out", options, LayoutOptions(labels_file=tmp_path / "labels.csv"))
+    assert _by_path(tmp_path / "out") == {"a.jpg": (_jpeg(1), 1), "b.jpg": (_jpeg(2), 0)}
+    assert load_manifest(tmp_path / "out").classes == ["apple", nfd]
