@@ -39,6 +39,7 @@ import hashlib
 import io
 import json
 import logging
+import numbers
 import os
 import random
 import re
@@ -192,9 +193,18 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
     unfinished dataset, never as shards to index into a dataset of their own."""
     fmt = canonical_format(format)
     if classes is not None and class_to_idx is None:
+        classes = list(classes)
+        bad = next((c for c in classes if not isinstance(c, str)), None)
+        if bad is not None or len(set(classes)) != len(classes):
+            what = f"class name {bad!r} is not a string" if bad is not None else "a class name is listed twice"
+            raise ValueError(f"classes: {what}; classes=[...] lists each class name once, in index order")
         class_to_idx = {c: i for i, c in enumerate(classes)}
-    if class_to_idx is not None and classes is None:
-        classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
+    if class_to_idx is not None:
+        class_to_idx = _checked_class_map(dict(class_to_idx), "class_to_idx")
+        ordered = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
+        if classes is not None and list(classes) != ordered:
+            raise ValueError("classes and class_to_idx disagree (classes[i] must be the class of index i); pass one")
+        classes = ordered
     declared = list(dict.fromkeys(fields))
     if len(declared) > MAX_FIELDS:
         raise ValueError(f"{len(declared)} extra fields, more than the {MAX_FIELDS} a dataset may have")
@@ -211,6 +221,9 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
     first = next(it, None)
     if first is None and not resuming:
         raise ValueError(f"{out}: no sample to write; a dataset holds at least one")
+    if first is not None and not isinstance(first, Mapping):
+        raise ValueError(f"sample 0: a sample is a dict ({{'image': bytes, 'ext': 'jpg', ...}}), got "
+                         f"{type(first).__name__}")
     if labels is None:
         labels = first.get("label") is not None
     writer = writer_class(fmt).create(
@@ -284,12 +297,22 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
     if not isinstance(ext, str) or not ext.strip("."):
         raise ValueError(f"{where}: 'ext' must be the image's extension ('jpg', 'png', ...), got {ext!r}")
     ext = normalize_ext(ext)
-    if "." in ext or "/" in ext or ext in SIDE_EXTENSIONS or not ext.isascii():
-        raise ValueError(f"{where}: extension {ext!r} cannot name an image member (no dots, not "
-                         f"{', '.join(sorted(SIDE_EXTENSIONS))})")
+    if not _EXT_RE.match(ext) or ext in SIDE_EXTENSIONS:
+        raise ValueError(f"{where}: extension {ext!r} cannot name an image member (ASCII letters, digits, '_' "
+                         f"and '-'; no dots, spaces or control characters; not {', '.join(sorted(SIDE_EXTENSIONS))})")
     if ext not in IMAGE_EXTENSIONS:
         log.debug("%s: extension %s is not one of the known image extensions", where, ext)
-    meta = dict(item.get("meta") or {})
+    raw_meta = item.get("meta")
+    if raw_meta is not None and not isinstance(raw_meta, Mapping):
+        raise ValueError(f"{where}: 'meta' is a dict of JSON metadata, got {type(raw_meta).__name__}")
+    meta = dict(raw_meta or {})
+    if raw_meta:  # stored as strict JSON (no NaN/Infinity, which JSON readers refuse)
+        try:
+            json.dumps(meta, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: 'meta' is not strict JSON ({exc})") from None
+        if "path" in meta and path is None:
+            path = meta["path"]  # checked as a "path" is: unpack writes the image there
     if path is not None:
         if not isinstance(path, str) or stored_path_problem(path) is not None:
             raise ValueError(f"{where}: path {path!r}: {stored_path_problem(str(path)) or 'not a string'}")
@@ -300,6 +323,8 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
                          "every sample of a dataset has a label, or none has (labels=False: unlabelled)")
     label = -1
     if labelled:
+        if isinstance(raw_label, numbers.Integral) and not isinstance(raw_label, (bool, int)):
+            raw_label = int(raw_label)  # numpy.int64, torch's item(): an integer all the same
         if isinstance(raw_label, bool) or not isinstance(raw_label, (int, str)):
             raise ValueError(f"{where}: label {raw_label!r} is neither a class index (int) nor a class name (str)")
         if isinstance(raw_label, str):
@@ -462,6 +487,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
     return out
 
 
+_EXT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _NEGATIVE_INT = re.compile(r"^-[0-9]+$")
 
 
@@ -545,7 +571,7 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
     return _checked_class_map(mapping, p)
 
 
-def _checked_class_map(mapping: dict, p: Path) -> dict[str, int]:
+def _checked_class_map(mapping: dict, p: Path | str) -> dict[str, int]:
     """``mapping`` (name -> index) checked as :func:`read_classes_file` says, or a ValueError naming ``p``."""
     if not mapping or len(mapping) > MAX_CLASSES:
         raise ValueError(f"{p}: no classes, or more than {MAX_CLASSES}")

@@ -297,13 +297,16 @@ def field_member(name: str) -> str:
 
 def encode_field(name: str, value) -> bytes:
     """A field's value as stored: bytes unchanged, ``str`` as UTF-8, anything else as JSON
-    (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold."""
+    (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold (NaN and
+    infinities included: strict JSON)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
     try:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        # strict JSON: NaN and Infinity are not JSON, and JSON readers other than Python's refuse them
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise TypeError(f"field {name!r}: {type(value).__name__} is neither bytes, str nor JSON ({exc})") from None
 

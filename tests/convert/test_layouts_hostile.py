@@ -318,3 +318,36 @@ def test_a_class_name_in_another_unicode_normalisation_is_that_class(tmp_path):
     pack_layout(src, tmp_path / "out", options, LayoutOptions(labels_file=tmp_path / "labels.csv"))
     assert _by_path(tmp_path / "out") == {"a.jpg": (_jpeg(1), 1), "b.jpg": (_jpeg(2), 0)}
     assert load_manifest(tmp_path / "out").classes == ["apple", nfd]
+
+
+@pytest.mark.parametrize("extra, kwargs, error, problem", [
+    ({"meta": [1, 2]}, {}, ValueError, "'meta' is a dict of JSON metadata, got list"),
+    ({"meta": {"size": float("nan")}}, {}, ValueError, "'meta' is not strict JSON"),
+    ({"meta": {"path": "../../etc/cron.d/x"}}, {}, ValueError, r"path '\.\./\.\./etc/cron\.d/x'"),
+    ({"x.json": {"score": float("inf")}}, {}, TypeError, "field 'x.json'"),
+    ({"ext": "j\ng"}, {}, ValueError, "cannot name an image member"),
+    ({"ext": "j g"}, {}, ValueError, "extension 'j g' cannot name an image member"),
+    ({"label": 0}, {"classes": ["cat", "cat"]}, ValueError, "a class name is listed twice"),
+    ({"label": 0}, {"classes": [1, 2]}, ValueError, "class name 1 is not a string"),
+    ({"label": 1}, {"class_to_idx": {"a": 0, "b": 5}}, ValueError, r"class indices must be the integers 0 \.\. 1"),
+    ({"label": 0}, {"classes": ["a", "b"], "class_to_idx": {"a": 1, "b": 0}}, ValueError, "disagree"),
+])
+def test_write_dataset_refuses_a_sample_or_class_list_that_would_be_stored_wrong(tmp_path, extra, kwargs, error,
+                                                                                problem):
+    out = tmp_path / "out"
+    with pytest.raises(error, match=problem):
+        write_dataset([{"image": _jpeg(1), "ext": "jpg", **extra}], out, **kwargs)
+    assert not (out / "manifest.json").exists()
+
+
+def test_write_dataset_refuses_a_sample_that_is_not_a_dict_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"sample 0: a sample is a dict .* got bytes"):
+        write_dataset([b"not a sample"], tmp_path / "out")
+
+
+def test_write_dataset_takes_numpy_integer_labels(tmp_path):
+    np = pytest.importorskip("numpy")
+    out = tmp_path / "out"
+    write_dataset([{"image": _jpeg(i), "ext": "jpg", "label": np.int64(i), "path": f"{i}.jpg"} for i in range(3)],
+                  out, classes=["a", "b", "c"])
+    assert _by_path(out) == {f"{i}.jpg": (_jpeg(i), i) for i in range(3)}
