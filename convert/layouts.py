@@ -748,7 +748,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
             (options, labels or files changed) or of an LMDB pack.
     """
-    from .outlock import output_lock
+    from .outlock import LOCK_NAME, output_lock
     from .pack import PackReport, prepare_output
 
     t0 = time.perf_counter()
@@ -760,6 +760,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if options.executor != "local":
         raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
                          "drop --executor")
+    if layout.require_sidecars and not layout.sidecars:
+        raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
+                         "--sidecars txt,json)")
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
     # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
@@ -825,6 +828,10 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         labelled = True
         kind = "labels-file"
     elif layout.no_labels or not any("/" in rel for rel, *_ in images):
+        if class_to_idx is not None:  # a class map asks for labels: never dropped silently
+            why = "--no-labels" if layout.no_labels else f"{src} has no class folders"
+            raise ValueError(f"--classes-from gives classes, but this pack is unlabelled ({why}); pass --labels FILE "
+                             "to label the images, or drop --classes-from")
         labelled, labels_of, kind = False, {}, "unlabelled"
         class_to_idx = {}
     else:
@@ -876,7 +883,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     planned = [images[i] for i in order]
     fingerprint = _layout_fingerprint(src, recorded, layout, class_to_idx, labels_of, planned, found.sidecars)
     with output_lock(out, "pack"):
-        resume = options.resume and out.is_dir() and any(out.iterdir())
+        # the lock file just made is no output: --resume into a new or empty OUT starts the pack
+        resume = options.resume and out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir())
         prepare_output(src, out, resume=resume, overwrite=options.overwrite)
         state = out / STATE_DIR
         done: list[dict] = []

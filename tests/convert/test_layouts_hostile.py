@@ -351,3 +351,32 @@ def test_write_dataset_takes_numpy_integer_labels(tmp_path):
     write_dataset([{"image": _jpeg(i), "ext": "jpg", "label": np.int64(i), "path": f"{i}.jpg"} for i in range(3)],
                   out, classes=["a", "b", "c"])
     assert _by_path(out) == {f"{i}.jpg": (_jpeg(i), i) for i in range(3)}
+
+
+def _flat_src(tmp_path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.jpg").write_bytes(_jpeg(i))
+    return src
+
+
+def test_require_sidecars_without_sidecars_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--require-sidecars needs --sidecars"):
+        pack_layout(_flat_src(tmp_path), tmp_path / "out", PackOptions(), LayoutOptions(require_sidecars=True))
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("no_labels, why", [(True, "--no-labels"), (False, "has no class folders")])
+def test_a_class_map_for_an_unlabelled_pack_is_refused_not_dropped(tmp_path, no_labels, why):
+    with pytest.raises(ValueError, match=rf"--classes-from gives classes, but this pack is unlabelled \(.*{why}\)"):
+        pack_layout(_flat_src(tmp_path), tmp_path / "out", PackOptions(class_to_idx={"cat": 0}),
+                    LayoutOptions(no_labels=no_labels))
+
+
+def test_resume_into_a_new_folder_packs_from_the_start(tmp_path):
+    src = _flat_src(tmp_path)
+    (tmp_path / "labels.csv").write_text("0.jpg,cat\n1.jpg,dog\n2.jpg,cat\n")
+    layout = LayoutOptions(labels_file=tmp_path / "labels.csv")
+    pack_layout(src, tmp_path / "resumed", PackOptions(resume=True), layout)
+    assert _by_path(tmp_path / "resumed") == {"0.jpg": (_jpeg(0), 0), "1.jpg": (_jpeg(1), 1), "2.jpg": (_jpeg(2), 0)}
