@@ -86,3 +86,27 @@ def test_plot_into_a_missing_folder_is_refused_before_measuring(tmp_path, args):
     assert result.exit_code == 2, result.output
     assert "--plot" in result.output and f"folder {missing.parent} does not exist" in result.output
     assert str(src) not in result.output
+
+
+ROWS = [("source", "/data/train/" + "x" * 70, "12.3"), ("images/s", "1,234", "5,678")]
+HEADER = ("", "BEFORE", "AFTER")
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 10])
+def test_a_terminal_too_narrow_to_wrap_shows_every_cell_whole(width):
+    from shardfeed.readers.measure.tables import format_table
+
+    out = format_table(ROWS, header=HEADER, width=width)
+    for cell in [c for r in ROWS for c in r] + ["BEFORE", "AFTER"]:
+        assert cell in out  # whole, on one line: not cut into pieces of `width` characters, not dropped
+
+
+def test_control_characters_in_a_cell_are_shown_escaped_never_sent_to_the_terminal():
+    from shardfeed.readers.measure.tables import format_table
+
+    hostile = "/data/\x1b[2J\x1b]0;owned\x07train\nfake row"
+    plain = format_table([("source", hostile, "1")], header=HEADER, width=1000)
+    assert len(plain.splitlines()) == 3  # header, rule, the one row: the newline did not make a row
+    assert "/data/\\x1b[2J\\x1b]0;owned\\x07train\\nfake row" in plain
+    wrapped = format_table([("source", hostile, "1")], header=HEADER, width=40)
+    assert not any(ch in wrapped for ch in "\x1b\x07")
