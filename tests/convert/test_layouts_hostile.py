@@ -380,3 +380,14 @@ def test_resume_into_a_new_folder_packs_from_the_start(tmp_path):
     layout = LayoutOptions(labels_file=tmp_path / "labels.csv")
     pack_layout(src, tmp_path / "resumed", PackOptions(resume=True), layout)
     assert _by_path(tmp_path / "resumed") == {"0.jpg": (_jpeg(0), 0), "1.jpg": (_jpeg(1), 1), "2.jpg": (_jpeg(2), 0)}
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "a/b", "", "X\n", "png"])
+def test_an_lmdb_record_with_a_field_name_that_is_not_a_field_is_damaged(name):
+    from shardfeed.readers.lmdb_record import decode_record, encode_record
+
+    good = decode_record(encode_record("000000000", b"img", "jpg", -1, {}, {"txt": b"caption"}))
+    assert good["fields"] == {"txt": b"caption"} and good["data"] == b"img"
+    value = encode_record("000000000", b"img", "jpg", -1, {"path": "a.jpg"}, {"txt": b"caption", name: b"x"})
+    with pytest.raises(CorruptDataError, match=r"a\.jpg.*extra field name .* is not a field name"):
+        decode_record(value, source="data.mdb")
