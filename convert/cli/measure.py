@@ -181,13 +181,13 @@ def bench(source: str, cold: bool, plot: str | None, html_path: str | None, json
     report.label = report.label or "bench"
     echo(format_report(report), json_path)
     headline = f"{report.images_per_s:,.1f} images/s, data stall {report.stall_share:.0%}"
+    write_json_report(json_path, report.to_json())  # first: a figure or page that fails loses no measurement
     if plot:
         echo(f"plot: {plot_runs([report], plot, title=headline)}", json_path)
     if html_path:
         write_html(html_path, "bench", headline=headline, report_json=report.to_json(),
                    tables=[HtmlTable("The run", ("", report.label), report_rows(report))], notes=report.warnings,
                    draw=lambda p: plot_runs([report], p), json_path=json_path)
-    write_json_report(json_path, report.to_json())
 
 
 def _same_dataset(before: str, after: str) -> str | None:
@@ -264,9 +264,10 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     echo(result.summary(), json_path)
     headline = result.headline()
     sides = [result.before, result.after]
+    out = result.to_json()
+    write_json_report(json_path, out)  # first: a figure or page that fails loses no measurement
     if plot:
         echo(f"plot: {plot_runs(sides, plot, title=headline)}", json_path)
-    out = result.to_json()
     if html_path:
         notes = [f"{side}: {w}" for side, r in zip(("BEFORE", "AFTER"), sides) for w in r.warnings]
         notes += [f"advice: {a}" for a in (result.verdict or {}).get("advice", [])]
@@ -274,7 +275,6 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
                    tables=[HtmlTable("Before and after (each side's median run)", ("", "BEFORE", "AFTER"),
                                      comparison_rows(result))],
                    notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path)
-    write_json_report(json_path, out)
     if min_speedup is not None and result.speedup < min_speedup:
         click.echo(f"shardfeed: error: speed-up {result.speedup:.2f}x is below --min-speedup {min_speedup}",
                    err=True)
@@ -319,16 +319,16 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
     result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
                          progress=_progress(json_path), **opts)
     echo(result.summary(), json_path)
+    out = result.to_json()
+    write_json_report(json_path, out)  # first: a figure or page that fails loses no measurement
     if plot:
         echo(f"plot: {plot_tune(result, plot)}", json_path)
-    out = result.to_json()
     if html_path:
         notes = [f"warning: {w}" for w in result.warnings] + [f"skipped: {s}" for s in result.skipped]
         notes += [f"advice: {a}" for a in result.advice]
         write_html(html_path, "tune", headline=f"{result.headline()} — {result.call}", report_json=out,
                    tables=[HtmlTable("Settings tried, in sweep order", TUNE_HEADER, tune_rows(result))], notes=notes,
                    draw=lambda p: plot_tune(result, p), json_path=json_path)
-    write_json_report(json_path, out)
 
 
 COMMANDS = [bench, verify, tune]

@@ -110,3 +110,46 @@ def test_control_characters_in_a_cell_are_shown_escaped_never_sent_to_the_termin
     assert "/data/\\x1b[2J\\x1b]0;owned\\x07train\\nfake row" in plain
     wrapped = format_table([("source", hostile, "1")], header=HEADER, width=40)
     assert not any(ch in wrapped for ch in "\x1b\x07")
+
+
+def _tiny_folder(root: Path) -> Path:
+    import io
+
+    from PIL import Image
+
+    for label in range(2):
+        d = root / f"class_{label}"
+        d.mkdir(parents=True)
+        for i in range(4):
+            buf = io.BytesIO()
+            Image.new("RGB", (24, 20), (40 * i, 100 * label, 7)).save(buf, "JPEG")
+            (d / f"{i}.jpg").write_bytes(buf.getvalue())
+    return root
+
+
+def test_a_figure_that_fails_to_draw_loses_no_measurement(tmp_path, monkeypatch):
+    import json
+
+    import shardfeed.readers.measure as measure
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the figure broke")
+
+    monkeypatch.setattr(measure, "plot_runs", broken)
+    folder = _tiny_folder(tmp_path / "folder")
+    out, page = tmp_path / "report.json", tmp_path / "report.html"
+    args = ["bench", str(folder), "--image-size", "16", "--warmup", "0", "--threads", "1", "--device", "cpu",
+            "--model", "tiny", "--num-workers", "0", "--batch-size", "4", "--batches", "2",
+            "--html", str(page), "--json", str(out)]
+    result = CliRunner().invoke(cli_main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())  # the measurement is kept
+    assert report["batches"]["num_samples"] == [4, 4]
+    text = page.read_text()
+    assert "No figure: it could not be drawn (RuntimeError: the figure broke)" in text
+    assert f"{report['images_per_s']:,.1f} images/s" in text  # the page keeps its verdict
+    with pytest.raises(RuntimeError, match="the figure broke"):  # --plot itself still fails, the JSON already there
+        out.unlink()
+        CliRunner().invoke(cli_main, args[:-4] + ["--plot", str(tmp_path / "f.png"), "--json", str(out)],
+                           catch_exceptions=False)
+    assert json.loads(out.read_text())["batches"]["num_samples"] == [4, 4]
