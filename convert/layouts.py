@@ -908,11 +908,13 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         skipped += read_skips
         pos = {"at": start, "shard_start": start, "counts": {}}
 
+        src_real = os.path.realpath(src)
+
         def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
             rel = planned[j][0]
-            return _read(src / rel), {f: _read(src / srel, MAX_SIDECAR_BYTES)
-                                      for f, srel in sorted(found.sidecars.get(rel, {}).items())
-                                      if f in layout.sidecars}
+            return _read(_inside(src_real, src, rel)), {
+                f: _read(_inside(src_real, src, srel), MAX_SIDECAR_BYTES)
+                for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
 
         def samples():
             # reads in flight ahead (--read-ahead; adaptive: threads only once reads wait on storage),
@@ -1063,6 +1065,16 @@ def _finished_records(out: Path, num_samples: int) -> list[dict]:
         done.append(rec)
         end = rec["end"]
     return done
+
+
+def _inside(root_real: str, src: Path, rel: str) -> Path:
+    """The real path of ``src / rel``, checked again at read time to be inside SRC: a file or
+    folder replaced by a link out of SRC after the scan is an error, never read."""
+    real = os.path.realpath(src / rel)
+    if not real.startswith(root_real.rstrip(os.sep) + os.sep):
+        raise ValueError(f"{src / rel}: leads out of the source folder {src} (a symbolic link made after the scan); "
+                         "not read")
+    return Path(real)
 
 
 def _read(path: Path, limit: int | None = None) -> bytes:

@@ -391,3 +391,39 @@ def test_an_lmdb_record_with_a_field_name_that_is_not_a_field_is_damaged(name):
     value = encode_record("000000000", b"img", "jpg", -1, {"path": "a.jpg"}, {"txt": b"caption", name: b"x"})
     with pytest.raises(CorruptDataError, match=r"a\.jpg.*extra field name .* is not a field name"):
         decode_record(value, source="data.mdb")
+
+
+@pytest.mark.parametrize("swap", ["image", "sidecar", "folder"])
+def test_a_link_out_of_src_made_after_the_scan_is_never_read(tmp_path, monkeypatch, swap):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    for rel in ("0.jpg", "sub/1.jpg"):
+        (src / rel).write_bytes(_jpeg(len(rel)))
+        (src / rel).with_suffix(".txt").write_text(f"caption of {rel}")
+    secret = b"SECRET bytes outside the source folder"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "1.jpg").write_bytes(secret)
+    (outside / "1.txt").write_bytes(secret)
+    scan = layouts._scan_images
+
+    def scan_then_swap(*args, **kwargs):
+        found = scan(*args, **kwargs)
+        if swap == "folder":
+            for f in (src / "sub").iterdir():
+                f.unlink()
+            (src / "sub").rmdir()
+            os.symlink(outside, src / "sub")
+        else:
+            name = "sub/1.jpg" if swap == "image" else "sub/1.txt"
+            (src / name).unlink()
+            os.symlink(outside / Path(name).name, src / name)
+        return found
+
+    monkeypatch.setattr(layouts, "_scan_images", scan_then_swap)
+    out = tmp_path / "out"
+    pack_layout(src, out, PackOptions(on_error="skip"), LayoutOptions(no_labels=True, sidecars=("txt",)))
+    assert _by_path(out, ("txt",)) == {"0.jpg": (_jpeg(5), -1, b"caption of 0.jpg")}
+    skipped = load_manifest(out).skipped
+    assert [s["path"] for s in skipped] == ["sub/1.jpg"] and "leads out of the source folder" in skipped[0]["reason"]
+    assert not any(secret in p.read_bytes() for p in out.iterdir() if p.is_file())
