@@ -8,6 +8,7 @@ heavy modules (torch, the readers) are imported inside the commands.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -115,6 +116,20 @@ def _check_plot(plot: str | None) -> None:
                                "(or pip install matplotlib)") from None
 
 
+def _check_distinct_outputs(**paths: str | None) -> None:
+    """Refuse, before any measuring, two reports (``--plot``, ``--html``, ``--json``) given the
+    same file: one would overwrite the other."""
+    seen: dict[str, str] = {}
+    for opt, path in paths.items():
+        if not path or path == "-":
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise click.UsageError(f"--{seen[real]} and --{opt} name the same file ({path}): one would overwrite the "
+                                   "other; give each report its own path")
+        seen[real] = opt
+
+
 def _check_plot_path(ctx, param, value):
     """Refuse a ``--plot`` path whose folder is missing (or a folder, a URL) before any measuring."""
     return None if value is None else check_report_path(value, ctx, param, example="figure.png", allow_stdout=False)
@@ -177,6 +192,7 @@ def bench(source: str, cold: bool, plot: str | None, html_path: str | None, json
     from shardfeed.readers.measure import HtmlTable, bench_source, format_report, plot_runs, report_rows
 
     _check_plot(plot)
+    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     report = bench_source(source, cold=cold, **_split_kwargs(kwargs))
     report.label = report.label or "bench"
     echo(format_report(report), json_path)
@@ -251,6 +267,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     from shardfeed.readers.measure import HtmlTable, compare_sources, comparison_rows, plot_runs
 
     _check_plot(plot)
+    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     opts = _split_kwargs(kwargs)
     same = _same_dataset(before, after)
     if same is not None:
@@ -313,6 +330,7 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
     from shardfeed.readers.measure import TUNE_HEADER, HtmlTable, plot_tune, tune_loader, tune_rows
 
     _check_plot(plot)
+    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
     max_workers = max_workers_old if max_workers is None else max_workers

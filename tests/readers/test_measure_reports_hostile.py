@@ -153,3 +153,14 @@ def test_a_figure_that_fails_to_draw_loses_no_measurement(tmp_path, monkeypatch)
         CliRunner().invoke(cli_main, args[:-4] + ["--plot", str(tmp_path / "f.png"), "--json", str(out)],
                            catch_exceptions=False)
     assert json.loads(out.read_text())["batches"]["num_samples"] == [4, 4]
+
+
+@pytest.mark.parametrize("args", [["bench", "SRC"], ["verify", "SRC", "SRC"], ["tune", "SRC"]])
+@pytest.mark.parametrize("a, b", [("--plot", "--html"), ("--html", "--json"), ("--plot", "--json")])
+def test_two_reports_into_the_same_file_are_refused_before_measuring(tmp_path, args, a, b):
+    src = tmp_path / "not-measured"
+    argv = [str(src) if x == "SRC" else x for x in args] + [a, str(tmp_path / "report"), b, str(tmp_path / "report")]
+    result = CliRunner().invoke(cli_main, argv)
+    assert result.exit_code == 2, result.output
+    assert "name the same file" in result.output and str(src) not in result.output
+    assert not (tmp_path / "report").exists()
