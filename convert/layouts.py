@@ -25,7 +25,8 @@ order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``
 zero-padded positions. An image missing from the labels file and a row naming a missing image
 are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
 never guessed. These layouts pack in one process (re-encoding and ``--decode-check`` apply to
-the image; sidecar files are stored as they are); an interrupted WebDataset
+the image; sidecar files are stored as they are, once checked to read back: a ``.txt`` is UTF-8,
+a ``.json`` parses); an interrupted WebDataset
 pack resumes (``resume=True``: a record per finished shard in ``OUT/.shardfeed-pack/``, the plan's
 fingerprint checked) to the same bytes as an uninterrupted one; an LMDB one is rerun with
 ``--overwrite``.
@@ -59,6 +60,7 @@ from shardfeed.readers.format import (
     SIDE_EXTENSIONS,
     Manifest,
     Sample,
+    decode_field,
     encode_field,
     field_name_problem,
     key_width,
@@ -357,6 +359,11 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
         if name in _SAMPLE_KEYS or value is None:
             continue
         extra[name] = encode_field(name, value)
+        if isinstance(value, (bytes, bytearray, memoryview)):  # as readers will decode it: checked now
+            try:
+                decode_field(name, extra[name], where)
+            except ValueError as exc:
+                raise ValueError(str(exc)) from None
     return Sample(key, bytes(data), ext, label, meta), extra
 
 
@@ -930,6 +937,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                     if r.error is not None:
                         raise r.error
                     data, extra = r.value
+                    for f, value in extra.items():  # a .txt that is not UTF-8, a .json that does not parse:
+                        decode_field(f, value, str(src / found.sidecars[rel][f]))  # named now, not in training
                     if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
                         data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
                     if options.decode_check:

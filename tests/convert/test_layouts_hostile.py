@@ -86,18 +86,49 @@ def test_a_labels_file_in_nfc_labels_the_image_named_nfd_on_disk(tmp_path):
     assert got == {on_disk: (_jpeg(4), 1), "plain.jpg": (_jpeg(5), 0)}
 
 
-def test_a_json_sidecar_nested_too_deep_packs_and_reads_as_a_corrupt_field(tmp_path):
+@pytest.mark.parametrize("name, data, problem", [
+    ("a.json", b"[" * 200_000 + b"]" * 200_000, "not valid JSON .*nested too deeply"),
+    ("a.json", b'{"caption": "unterminated', "not valid JSON"),
+    ("a.txt", "légende".encode("latin-1"), "not valid TXT"),
+])
+def test_a_sidecar_that_would_not_read_back_is_refused_at_pack_naming_it(tmp_path, name, data, problem):
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jpg").write_bytes(_jpeg(1))
-    bomb = b"[" * 200_000 + b"]" * 200_000
-    (src / "a.json").write_bytes(bomb)
+    (src / "b.jpg").write_bytes(_jpeg(2))
+    (src / name).write_bytes(data)
+    (src / f"b.{name.split('.')[1]}").write_text('{"caption": "fine"}' if name.endswith("json") else "fine")
+    layout = LayoutOptions(no_labels=True, sidecars=(name.split(".")[1],))
+    with pytest.raises(ValueError, match=rf"{name}: field .*{problem}"):
+        pack_layout(src, tmp_path / "out", PackOptions(), layout)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    pack_layout(src, tmp_path / "skip", PackOptions(on_error="skip"), layout)
+    assert list(_by_path(tmp_path / "skip")) == ["b.jpg"]
+    assert [s["path"] for s in load_manifest(tmp_path / "skip").skipped] == ["a.jpg"]
+
+
+def test_a_json_field_nested_too_deep_reads_as_a_corrupt_field_not_a_crash():
+    from shardfeed.readers.format import decode_field
+
+    with pytest.raises(CorruptDataError, match=r"shard-000000\.tar key 7: field 'json' .*too deep"):
+        decode_field("json", b"[" * 200_000 + b"]" * 200_000, "shard-000000.tar key 7")
+
+
+def test_the_card_of_a_json_field_too_deep_or_wide_declares_a_string(tmp_path):
+    from shardfeed.convert.consumers import dataset_card, field_examples
+
+    deep: dict = {}
+    node = deep
+    for _ in range(500):
+        node["x"] = {}
+        node = node["x"]
+    wide = {f"k{i}": i for i in range(5000)}
     out = tmp_path / "out"
-    pack_layout(src, out, PackOptions(), LayoutOptions(no_labels=True, sidecars=("json",)))
-    assert _by_path(out, ("sidecar.json",))["a.jpg"][2] == bomb  # stored as it is
-    assert (out / "README.md").exists()  # the card is written: the field declared without its struct
-    with pytest.raises(CorruptDataError, match=r"field 'json'.*too deep"):
-        list(open_dataset(out, decode=False, fields=("json",)))
+    m = write_dataset([{"image": _jpeg(1), "ext": "jpg", "deep.json": deep, "wide.json": wide}], out)
+    examples = field_examples(out, m)
+    card = dataset_card(m, {}, name="t", extra_examples=examples)
+    assert '- name: "deep.json"\n    dtype: string' in card and '- name: "wide.json"\n    dtype: string' in card
+    assert len(card.splitlines()) < 200
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,3 +458,14 @@ def test_a_link_out_of_src_made_after_the_scan_is_never_read(tmp_path, monkeypat
     skipped = load_manifest(out).skipped
     assert [s["path"] for s in skipped] == ["sub/1.jpg"] and "leads out of the source folder" in skipped[0]["reason"]
     assert not any(secret in p.read_bytes() for p in out.iterdir() if p.is_file())
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("txt", "légende".encode("latin-1"), "field 'txt' is not valid TXT"),
+    ("meta.json", b"{not json", "field 'meta.json' is not valid JSON"),
+])
+def test_write_dataset_refuses_field_bytes_that_would_not_read_back(tmp_path, field, value, problem):
+    with pytest.raises(ValueError, match=rf"sample 1 \(b\.jpg\): {problem}"):
+        write_dataset([{"image": _jpeg(0), "ext": "jpg", "path": "a.jpg", field: b"{}" if "json" in field else b"ok"},
+                       {"image": _jpeg(1), "ext": "jpg", "path": "b.jpg", field: value}], tmp_path / "out")
+    assert not (tmp_path / "out" / "manifest.json").exists()
