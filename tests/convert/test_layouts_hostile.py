@@ -22,7 +22,6 @@ from PIL import Image
 from shardfeed.convert import layouts, write_dataset
 from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_classes_file, read_labels_file
 from shardfeed.convert.pack import PackOptions
-from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
 from shardfeed.readers.format import MAX_FIELDS, load_manifest
 
