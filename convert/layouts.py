@@ -433,8 +433,9 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         raise ValueError(f"{p}: not UTF-8 text ({exc}); save the labels file as UTF-8") from None
     rows: list[tuple[int, str, Any]] = []
     if text.lstrip().startswith("{"):
-        # JSON Lines end lines at "\n" only (a raw U+2028 or U+0085 inside a string is text, not a line end)
-        for n, line in enumerate(text.split("\n"), 1):
+        # lines end at \n, \r\n or \r (never raw inside a JSON string); a raw U+2028 or U+0085 inside a
+        # string is text, not a line end (str.splitlines would split there)
+        for n, line in enumerate(re.split(r"\r\n|\r|\n", text), 1):
             if not line.strip():
                 continue
             try:

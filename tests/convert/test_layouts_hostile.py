@@ -133,9 +133,10 @@ def test_the_card_of_a_json_field_too_deep_or_wide_declares_a_string(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # labels files
 
-def test_json_lines_end_at_newline_only(tmp_path):
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_json_lines_end_at_line_ends_only(tmp_path, end):
     planted = {"a\u2028b.jpg": "cat", "c\x85d.jpg": "dog", "e.jpg": "cat"}
-    text = "".join(json.dumps({"path": p, "label": v}, ensure_ascii=False) + "\r\n" for p, v in planted.items())
+    text = "".join(json.dumps({"path": p, "label": v}, ensure_ascii=False) + end for p, v in planted.items())
     (tmp_path / "labels.jsonl").write_text(text, encoding="utf-8", newline="")
     assert read_labels_file(tmp_path / "labels.jsonl") == planted
 
