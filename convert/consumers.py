@@ -40,6 +40,11 @@ CARD_NAME = "README.md"
 CARD_MARKER = "<!-- written by shardfeed: rewritten with manifest.json; edit at your own risk -->"
 #: Shards whose first sample's metadata is read to find the ``json`` struct's fields.
 META_SAMPLE_SHARDS = 16
+#: Largest JSON extra-field member read as the card's example, bytes (a larger one: declared a string).
+MAX_FIELD_EXAMPLE_BYTES = 1 << 20
+#: Deepest and widest JSON example declared as a ``struct`` (beyond: declared a string).
+MAX_STRUCT_DEPTH = 16
+MAX_STRUCT_KEYS = 1024
 
 
 def wids_shard_index(manifest: Manifest, name: str) -> dict:
@@ -94,7 +99,7 @@ def metadata_fields(root: str | os.PathLike, manifest: Manifest) -> dict:
                             for k, v in meta.items():
                                 fields.setdefault(k, v)
                         break
-        except (OSError, tarfile.TarError, ValueError) as exc:
+        except (OSError, tarfile.TarError, ValueError, RecursionError) as exc:  # RecursionError: JSON too deep
             log.debug("%s: no metadata fields read (%s)", entry.name, exc)
     return fields
 
@@ -115,10 +120,13 @@ def field_examples(root: str | os.PathLike, manifest: Manifest) -> dict:
                         break
                     _, ext = split_member_name(m.name)
                     if ext in wanted and wanted[ext] not in found and m.isfile():
-                        found[wanted[ext]] = json.loads(tf.extractfile(m).read())
+                        if m.size > MAX_FIELD_EXAMPLE_BYTES:  # not read: the card declares it a string
+                            found[wanted[ext]] = None
+                        else:
+                            found[wanted[ext]] = json.loads(tf.extractfile(m).read())
                         if len(found) == len(wanted):
                             break
-        except (OSError, tarfile.TarError, ValueError) as exc:
+        except (OSError, tarfile.TarError, ValueError, RecursionError) as exc:  # RecursionError: JSON too deep
             log.debug("%s: no field examples read (%s)", entry.name, exc)
     return found
 
@@ -133,11 +141,24 @@ def _field_feature_yaml(member: str, example) -> list[str]:
         return [f"  - name: {_q(member)}", "    dtype: image"]
     if last in ("txt", "text"):
         return [f"  - name: {_q(member)}", "    dtype: string"]
-    if last == "json" and isinstance(example, dict) and example:
+    if last == "json" and isinstance(example, dict) and example and _struct_fits(example):
         return _feature_yaml(member, example, "  ")
     if last == "json":
         return [f"  - name: {_q(member)}", "    dtype: string"]  # a JSON list or scalar: not declared precisely
     return [f"  - name: {_q(member)}", "    dtype: binary"]
+
+
+def _struct_fits(value, depth: int = 0, budget: list | None = None) -> bool:
+    """Whether an example is small enough to declare as a ``struct``: nested at most
+    :data:`MAX_STRUCT_DEPTH` deep, :data:`MAX_STRUCT_KEYS` keys in all (a JSON field from outside
+    may be any size; a larger one is declared a string)."""
+    budget = [MAX_STRUCT_KEYS] if budget is None else budget
+    if depth > MAX_STRUCT_DEPTH:
+        return False
+    if isinstance(value, dict):
+        budget[0] -= len(value)
+        return budget[0] >= 0 and all(_struct_fits(v, depth + 1, budget) for v in value.values())
+    return True
 
 
 def _q(text: str) -> str:
@@ -148,6 +169,8 @@ def _q(text: str) -> str:
 def _feature_yaml(name: str, value, indent: str) -> list[str]:
     """YAML lines of one ``dataset_info`` feature inferred from an example value."""
     head = f"{indent}- name: {_q(name)}"
+    if isinstance(value, dict) and not _struct_fits(value, len(indent) // 2):
+        return [head, f"{indent}  dtype: string"]  # too deep or too wide to declare
     if isinstance(value, dict):
         lines = [head, f"{indent}  struct:"]
         for k, v in value.items():

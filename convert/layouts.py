@@ -25,7 +25,8 @@ order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``
 zero-padded positions. An image missing from the labels file and a row naming a missing image
 are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
 never guessed. These layouts pack in one process (re-encoding and ``--decode-check`` apply to
-the image; sidecar files are stored as they are); an interrupted WebDataset
+the image; sidecar files are stored as they are, once checked to read back: a ``.txt`` is UTF-8,
+a ``.json`` parses); an interrupted WebDataset
 pack resumes (``resume=True``: a record per finished shard in ``OUT/.shardfeed-pack/``, the plan's
 fingerprint checked) to the same bytes as an uninterrupted one; an LMDB one is rerun with
 ``--overwrite``.
@@ -39,10 +40,14 @@ import hashlib
 import io
 import json
 import logging
+import numbers
 import os
 import random
+import re
 import shutil
+import stat
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -51,9 +56,11 @@ from shardfeed.readers.format import (
     IMAGE_EXTENSIONS,
     LABELS_CLASS,
     LABELS_NONE,
+    MAX_FIELDS,
     SIDE_EXTENSIONS,
     Manifest,
     Sample,
+    decode_field,
     encode_field,
     field_name_problem,
     key_width,
@@ -87,6 +94,8 @@ MAX_CLASSES_FILE_BYTES = 64 << 20
 MAX_CLASSES = 10_000_000
 #: Largest sidecar file stored, bytes.
 MAX_SIDECAR_BYTES = 1 << 30
+#: The marker of a :func:`write_dataset` in progress, inside ``OUT/.shardfeed-pack/``.
+_WRITING_NAME = "write_dataset.json"
 #: Sample dict keys that are not extra fields.
 _SAMPLE_KEYS = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
 
@@ -154,7 +163,9 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         progress: ``callback(num_samples, num_bytes)`` after each sample.
 
     Returns:
-        The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically).
+        The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically). Until
+        then OUT holds ``.shardfeed-pack/``: a write that stops (an error, Ctrl-C) leaves a folder
+        that readers refuse as unfinished; write it again into an empty folder.
 
     Raises:
         ValueError: a sample without image bytes or extension, a bad field name, a label not in
@@ -170,21 +181,35 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
     with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
         return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                       classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
-                      skipped=skipped, files=files, map_size=map_size, progress=progress)
+                      skipped=skipped, files=files, map_size=map_size, progress=progress, mark_unfinished=True)
 
 
 def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
            skipped, files, map_size, progress, writer_extra: dict | None = None, resuming: bool = False,
-           writer_box: dict | None = None) -> Manifest:
+           writer_box: dict | None = None, mark_unfinished: bool = False) -> Manifest:
     """:func:`write_dataset`, plus what a resumed layout pack needs: ``writer_extra`` (the
     WebDataset writer's ``resume_shards``, ``field_counts``, ``on_shard_end``) and ``resuming``
-    (the samples left may be none); ``writer_box["w"]`` gets the writer."""
+    (the samples left may be none); ``writer_box["w"]`` gets the writer. ``mark_unfinished``:
+    OUT holds ``.shardfeed-pack/write_dataset.json`` from the writer's creation until the manifest
+    is written, so the finished shards of a write that stopped (an exception, Ctrl-C) read as an
+    unfinished dataset, never as shards to index into a dataset of their own."""
     fmt = canonical_format(format)
     if classes is not None and class_to_idx is None:
+        classes = list(classes)
+        bad = next((c for c in classes if not isinstance(c, str)), None)
+        if bad is not None or len(set(classes)) != len(classes):
+            what = f"class name {bad!r} is not a string" if bad is not None else "a class name is listed twice"
+            raise ValueError(f"classes: {what}; classes=[...] lists each class name once, in index order")
         class_to_idx = {c: i for i, c in enumerate(classes)}
-    if class_to_idx is not None and classes is None:
-        classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
+    if class_to_idx is not None:
+        class_to_idx = _checked_class_map(dict(class_to_idx), "class_to_idx")
+        ordered = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
+        if classes is not None and list(classes) != ordered:
+            raise ValueError("classes and class_to_idx disagree (classes[i] must be the class of index i); pass one")
+        classes = ordered
     declared = list(dict.fromkeys(fields))
+    if len(declared) > MAX_FIELDS:
+        raise ValueError(f"{len(declared)} extra fields, more than the {MAX_FIELDS} a dataset may have")
     for name in declared:
         problem = field_name_problem(name)
         if problem is not None:
@@ -198,6 +223,9 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
     first = next(it, None)
     if first is None and not resuming:
         raise ValueError(f"{out}: no sample to write; a dataset holds at least one")
+    if first is not None and not isinstance(first, Mapping):
+        raise ValueError(f"sample 0: a sample is a dict ({{'image': bytes, 'ext': 'jpg', ...}}), got "
+                         f"{type(first).__name__}")
     if labels is None:
         labels = first.get("label") is not None
     writer = writer_class(fmt).create(
@@ -207,6 +235,10 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared, **(writer_extra or {}))
     if writer_box is not None:
         writer_box["w"] = writer
+    marker = Path(out) / STATE_DIR / _WRITING_NAME
+    if mark_unfinished:
+        marker.parent.mkdir(exist_ok=True)
+        write_bytes_atomic(marker, json.dumps({"writer": "write_dataset", "unfinished": True}).encode())
     idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
     max_label = -1
     n = 0
@@ -218,6 +250,10 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
                     problem = field_name_problem(name)
                     if problem is not None:
                         raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): {problem}")
+                    if len(writer.field_counts) >= MAX_FIELDS:  # a manifest lists at most MAX_FIELDS
+                        raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): field {name!r} would "
+                                         f"be extra field number {len(writer.field_counts) + 1}, more than the "
+                                         f"{MAX_FIELDS} a dataset may have; store the others in one JSON field")
                     writer.field_counts[name] = 0
             if labels:
                 max_label = max(max_label, sample.label)
@@ -232,6 +268,12 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         if files is not None:
             writer.files = {**files, "packed": writer.num_samples, "skipped": len(writer.skipped)}
         manifest = writer.close()
+    if mark_unfinished:
+        marker.unlink(missing_ok=True)
+        try:
+            marker.parent.rmdir()
+        except OSError:
+            pass
     return manifest
 
 
@@ -257,12 +299,22 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
     if not isinstance(ext, str) or not ext.strip("."):
         raise ValueError(f"{where}: 'ext' must be the image's extension ('jpg', 'png', ...), got {ext!r}")
     ext = normalize_ext(ext)
-    if "." in ext or "/" in ext or ext in SIDE_EXTENSIONS or not ext.isascii():
-        raise ValueError(f"{where}: extension {ext!r} cannot name an image member (no dots, not "
-                         f"{', '.join(sorted(SIDE_EXTENSIONS))})")
+    if not _EXT_RE.match(ext) or ext in SIDE_EXTENSIONS:
+        raise ValueError(f"{where}: extension {ext!r} cannot name an image member (ASCII letters, digits, '_' "
+                         f"and '-'; no dots, spaces or control characters; not {', '.join(sorted(SIDE_EXTENSIONS))})")
     if ext not in IMAGE_EXTENSIONS:
         log.debug("%s: extension %s is not one of the known image extensions", where, ext)
-    meta = dict(item.get("meta") or {})
+    raw_meta = item.get("meta")
+    if raw_meta is not None and not isinstance(raw_meta, Mapping):
+        raise ValueError(f"{where}: 'meta' is a dict of JSON metadata, got {type(raw_meta).__name__}")
+    meta = dict(raw_meta or {})
+    if raw_meta:  # stored as strict JSON (no NaN/Infinity, which JSON readers refuse)
+        try:
+            json.dumps(meta, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: 'meta' is not strict JSON ({exc})") from None
+        if "path" in meta and path is None:
+            path = meta["path"]  # checked as a "path" is: unpack writes the image there
     if path is not None:
         if not isinstance(path, str) or stored_path_problem(path) is not None:
             raise ValueError(f"{where}: path {path!r}: {stored_path_problem(str(path)) or 'not a string'}")
@@ -273,6 +325,8 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
                          "every sample of a dataset has a label, or none has (labels=False: unlabelled)")
     label = -1
     if labelled:
+        if isinstance(raw_label, numbers.Integral) and not isinstance(raw_label, (bool, int)):
+            raw_label = int(raw_label)  # numpy.int64, torch's item(): an integer all the same
         if isinstance(raw_label, bool) or not isinstance(raw_label, (int, str)):
             raise ValueError(f"{where}: label {raw_label!r} is neither a class index (int) nor a class name (str)")
         if isinstance(raw_label, str):
@@ -285,6 +339,9 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
             if label < 0 or (class_to_idx is not None and label not in idx_to_class):
                 raise ValueError(f"{where}: label {label} is not a class index of the "
                                  f"{len(class_to_idx or {})} classes")
+            if class_to_idx is None and label >= MAX_CLASSES:  # the classes "0" .. str(label) would be made
+                raise ValueError(f"{where}: label {label} would make {label + 1:,} classes (\"0\" .. \"{label}\"), "
+                                 f"more than {MAX_CLASSES:,}; pass classes=[...] or class_to_idx naming the classes")
         name = idx_to_class.get(label)
         if name is not None:
             meta.setdefault("class", name)
@@ -293,12 +350,41 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
         key = str(i).zfill(width or 9)
     elif not isinstance(key, str):
         raise ValueError(f"{where}: key must be a string, got {type(key).__name__}")
+    else:
+        problem = _key_problem(key)
+        if problem is not None:
+            raise ValueError(f"{where}: key {key!r}: {problem}")
     extra = {}
     for name, value in item.items():
         if name in _SAMPLE_KEYS or value is None:
             continue
         extra[name] = encode_field(name, value)
+        if isinstance(value, (bytes, bytearray, memoryview)):  # as readers will decode it: checked now
+            try:
+                decode_field(name, extra[name], where)
+            except ValueError as exc:
+                raise ValueError(str(exc)) from None
     return Sample(key, bytes(data), ext, label, meta), extra
+
+
+def _key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a sample key of :func:`write_dataset`, or None.
+
+    A key becomes the member names ``{key}.{ext}`` of a tar shard (which ``tar -x`` writes as
+    files) and an LMDB key: the stored-path policy applies to it (no ``..``, ``.`` or empty
+    components, not absolute, no backslash or NUL), it has no control character and no ``.`` in
+    its last component (WebDataset splits key from extension at the first dot of the name).
+    """
+    if not key:
+        return "keys are non-empty"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return "a key holds no control character (newline, tab, NUL)"
+    problem = stored_path_problem(key)
+    if problem is not None:
+        return f"a key is a relative name: {problem}"
+    if "." in key.rsplit("/", 1)[-1]:
+        return "a key holds no '.' (WebDataset splits the key from the extension at the first dot)"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +392,9 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
 
 def _check_rel(rel: str, where: str) -> str:
     """A labels-file path, checked: relative, ``/`` separators, no ``..``, the stored-path policy."""
-    if not isinstance(rel, str) or not rel:
+    if not isinstance(rel, str):
+        raise ValueError(f"{where}: path {rel!r} is not a string; a path is text relative to SRC")
+    if not rel:
         raise ValueError(f"{where}: empty path")
     rel = rel.replace("\\", "/") if "\\" in rel and "/" not in rel else rel
     if rel.startswith("./"):
@@ -338,23 +426,23 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
             the file and the line.
     """
     p = Path(path)
-    size = p.stat().st_size
-    if size > MAX_LABELS_FILE_BYTES:
-        raise ValueError(f"{p}: {size} bytes, over the {MAX_LABELS_FILE_BYTES} bytes a labels file may have")
-    raw = p.read_bytes()
+    raw = _read_bounded(p, MAX_LABELS_FILE_BYTES, "a labels file")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not UTF-8 text ({exc}); save the labels file as UTF-8") from None
     rows: list[tuple[int, str, Any]] = []
     if text.lstrip().startswith("{"):
-        for n, line in enumerate(text.splitlines(), 1):
+        # lines end at \n, \r\n or \r (never raw inside a JSON string); a raw U+2028 or U+0085 inside a
+        # string is text, not a line end (str.splitlines would split there)
+        for n, line in enumerate(re.split(r"\r\n|\r|\n", text), 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{p} line {n}: not a JSON object ({exc})") from None
+            except (ValueError, RecursionError) as exc:
+                what = exc if isinstance(exc, ValueError) else "nested too deeply"
+                raise ValueError(f"{p} line {n}: not a JSON object ({what})") from None
             if not isinstance(obj, dict) or "path" not in obj or "label" not in obj:
                 raise ValueError(f'{p} line {n}: each line is {{"path": ..., "label": ...}}')
             rows.append((n, obj["path"], obj["label"]))
@@ -387,6 +475,11 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         if isinstance(label, str):
             if not label or len(label) > MAX_LABEL_FIELD_CHARS:
                 raise ValueError(f"{where}: empty label, or longer than {MAX_LABEL_FIELD_CHARS} characters")
+            if _NEGATIVE_INT.match(label):
+                label = int(label)
+        if isinstance(label, int) and label < 0:
+            raise ValueError(f"{where}: label {label} is negative; a class index is 0 .. K-1 (leave an "
+                             "unlabelled image out of the labels file, or pack with --no-labels)")
         rel = _check_rel(rel, where)
         if rel in out:
             raise ValueError(f"{where}: {rel!r} is listed twice; each image has one label")
@@ -400,6 +493,20 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
             raise ValueError(f"{p}: labels mix class names and integer indices (e.g. {ints[0]}); use one kind")
         out = {k: str(v) for k, v in out.items()}
     return out
+
+
+_EXT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_NEGATIVE_INT = re.compile(r"^-[0-9]+$")
+
+
+def _read_bounded(p: Path, limit: int, what: str) -> bytes:
+    """The bytes of ``p``, at most ``limit`` (read so: a file that grows, or a pipe such as
+    ``--labels <(...)``, is bounded too, not just one whose size says so)."""
+    with open(p, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{p}: over the {limit} bytes {what} may have")
+    return data
 
 
 def _csv_rows(reader, p: Path):
@@ -420,9 +527,14 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
     a classes file (one class name per line, index = line number; blank lines and ``#`` comments
     skipped; or a JSON list of names or object name -> index).
 
+    Every source is checked the same way: names are non-empty strings of at most
+    :data:`MAX_LABEL_FIELD_CHARS` characters, each once; indices are the integers 0 .. K-1, each
+    once (``classes[i]`` of the manifest written is class ``i``).
+
     Raises:
         FileNotFoundError: no such file.
-        ValueError: over :data:`MAX_CLASSES_FILE_BYTES`, a repeated name, bad indices.
+        ValueError: over :data:`MAX_CLASSES_FILE_BYTES` or :data:`MAX_CLASSES`, a repeated or
+            non-string name, indices that are not 0 .. K-1; names the file.
     """
     p = Path(path)
     if p.is_dir() or p.name == "manifest.json":
@@ -431,16 +543,21 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
         m = load_manifest(p, check_files=False)
         if not m.labelled:
             raise ValueError(f"{p}: an unlabelled dataset has no classes to align with")
-        return dict(m.class_to_idx)
-    size = p.stat().st_size
-    if size > MAX_CLASSES_FILE_BYTES:
-        raise ValueError(f"{p}: {size} bytes, over the {MAX_CLASSES_FILE_BYTES} bytes a classes file may have")
-    text = p.read_text(encoding="utf-8-sig")
+        mapping = _checked_class_map(dict(m.class_to_idx), p)
+        if list(m.classes) != sorted(mapping, key=mapping.__getitem__):
+            raise ValueError(f"{p}: its classes and class_to_idx disagree (classes[i] is not the class of index i); "
+                             "the manifest is damaged: repack that dataset, or pass a classes file")
+        return mapping
+    try:
+        text = _read_bounded(p, MAX_CLASSES_FILE_BYTES, "a classes file").decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc}); save the classes file as UTF-8") from None
     if text.lstrip().startswith(("[", "{")):
         try:
             data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{p}: not valid JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{p}: not valid JSON ({exc if isinstance(exc, ValueError) else 'nested too deeply'})"
+                             ) from None
         if isinstance(data, dict) and "class_to_idx" in data:  # a manifest under another name
             data = data["class_to_idx"]
         names = data if isinstance(data, list) else None
@@ -449,15 +566,31 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
         names = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         mapping = None
     if names is not None:
+        bad = next((c for c in names if not isinstance(c, str)), None)
+        if bad is not None:
+            raise ValueError(f"{p}: class name {bad!r} is not a string; a classes file lists names")
         if len(set(names)) != len(names):
-            raise ValueError(f"{p}: a class name is listed twice")
-        mapping = {str(c): i for i, c in enumerate(names)}
+            dup = next(c for i, c in enumerate(names) if c in names[:i])
+            raise ValueError(f"{p}: class name {dup!r} is listed twice")
+        mapping = {c: i for i, c in enumerate(names)}
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{p}: a classes file is one name per line, a JSON list of names, or a JSON object "
+                         "name -> index")
+    return _checked_class_map(mapping, p)
+
+
+def _checked_class_map(mapping: dict, p: Path | str) -> dict[str, int]:
+    """``mapping`` (name -> index) checked as :func:`read_classes_file` says, or a ValueError naming ``p``."""
     if not mapping or len(mapping) > MAX_CLASSES:
         raise ValueError(f"{p}: no classes, or more than {MAX_CLASSES}")
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in mapping.values()) \
-            or len(set(mapping.values())) != len(mapping):
-        raise ValueError(f"{p}: class indices must be distinct integers >= 0")
-    return mapping
+    bad = next((c for c in mapping if not isinstance(c, str) or not c or len(c) > MAX_LABEL_FIELD_CHARS), None)
+    if bad is not None:
+        raise ValueError(f"{p}: class name {bad!r} is empty or longer than {MAX_LABEL_FIELD_CHARS} characters")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in mapping.values()) \
+            or sorted(mapping.values()) != list(range(len(mapping))):
+        raise ValueError(f"{p}: class indices must be the integers 0 .. {len(mapping) - 1}, each once "
+                         "(index i is the i-th class)")
+    return dict(mapping)
 
 
 def parse_sidecars(text: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -556,7 +689,8 @@ def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], m
     kept = []
     for t in images:
         stem = t[0].rsplit(".", 1)[0]
-        owner = next((stem[:k] for k in range(len(stem)) if stem[k] == "." and stem[:k] in stems), None)
+        base = stem.rfind("/") + 1  # a dot of a folder name ("v1.0/cat") never makes a side file
+        owner = next((stem[:k] for k in range(base + 1, len(stem)) if stem[k] == "." and stem[:k] in stems), None)
         if owner is not None:
             ignored.append({"path": t[0], "reason": f"a side file of {owner}.* (not in --sidecars), not an image"})
         else:
@@ -634,6 +768,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if options.executor != "local":
         raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
                          "drop --executor")
+    if layout.require_sidecars and not layout.sidecars:
+        raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
+                         "--sidecars txt,json)")
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
     # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
@@ -644,7 +781,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     class_to_idx = options.class_to_idx
     images = found.images
     if layout.labels_file is not None:
-        rows = read_labels_file(layout.labels_file)
+        rows = _match_unicode_spelling(read_labels_file(layout.labels_file), [rel for rel, *_ in images])
         on_disk = {rel for rel, *_ in images}
         unlisted = [rel for rel, *_ in images if rel not in rows]
         absent = [rel for rel in rows if rel not in on_disk]
@@ -655,7 +792,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                              f"(e.g. {', '.join(unlisted[:3])})")
             if absent:
                 parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {src} "
-                             f"(e.g. {', '.join(absent[:3])})")
+                             f"(e.g. {', '.join(_why_not_an_image(src, rel, found) for rel in absent[:3])})")
             raise ValueError("; ".join(parts) + "; fix the labels file, or pass --on-error skip to pack the "
                              "images that have a label (the others are listed in the manifest's skipped)")
         skipped += [{"path": rel, "key": None, "reason": "no row in the labels file"} for rel in unlisted]
@@ -666,12 +803,18 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         if class_to_idx is None:
             if all(isinstance(v, int) for v in values):
                 k = max(values, default=-1) + 1
+                if k > MAX_CLASSES:  # the classes "0" .. "K-1" are made: bounded
+                    top = max(images, key=lambda t: rows[t[0]])[0]
+                    raise ValueError(f"{layout.labels_file}: label {k - 1} (of {top}) would make {k:,} classes "
+                                     f"(\"0\" .. \"{k - 1}\"), more than {MAX_CLASSES:,}; pass --classes-from "
+                                     "naming the classes, or fix the label")
                 class_to_idx = {str(i): i for i in range(k)}
             else:
                 class_to_idx = {c: i for i, c in enumerate(sorted(set(values)))}  # as ImageFolder sorts folders
         idx_to_class = {i: c for c, i in class_to_idx.items()}
         labels_of = {}
         bad = []
+        nfc_names: dict[str, str] | None = None
         for rel, *_ in images:
             v = rows[rel]
             if isinstance(v, int):
@@ -679,6 +822,10 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                     bad.append((rel, v))
                 labels_of[rel] = v
             else:
+                if v not in class_to_idx:  # the same name in another Unicode normalisation is that class
+                    if nfc_names is None:
+                        nfc_names = _nfc_names(class_to_idx)
+                    v = nfc_names.get(unicodedata.normalize("NFC", v), v)
                 if v not in class_to_idx:
                     bad.append((rel, v))
                 labels_of[rel] = class_to_idx.get(v, -1)
@@ -689,6 +836,10 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         labelled = True
         kind = "labels-file"
     elif layout.no_labels or not any("/" in rel for rel, *_ in images):
+        if class_to_idx is not None:  # a class map asks for labels: never dropped silently
+            why = "--no-labels" if layout.no_labels else f"{src} has no class folders"
+            raise ValueError(f"--classes-from gives classes, but this pack is unlabelled ({why}); pass --labels FILE "
+                             "to label the images, or drop --classes-from")
         labelled, labels_of, kind = False, {}, "unlabelled"
         class_to_idx = {}
     else:
@@ -784,11 +935,13 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         skipped += read_skips
         pos = {"at": start, "shard_start": start, "counts": {}}
 
+        src_real = os.path.realpath(src)
+
         def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
             rel = planned[j][0]
-            return _read(src / rel), {f: _read(src / srel, MAX_SIDECAR_BYTES)
-                                      for f, srel in sorted(found.sidecars.get(rel, {}).items())
-                                      if f in layout.sidecars}
+            return _read(_inside(src_real, src, rel)), {
+                f: _read(_inside(src_real, src, srel), MAX_SIDECAR_BYTES)
+                for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
 
         def samples():
             # reads in flight ahead (--read-ahead; adaptive: threads only once reads wait on storage),
@@ -804,6 +957,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
                     if r.error is not None:
                         raise r.error
                     data, extra = r.value
+                    for f, value in extra.items():  # a .txt that is not UTF-8, a .json that does not parse:
+                        decode_field(f, value, str(src / found.sidecars[rel][f]))  # named now, not in training
                     if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
                         data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
                     if options.decode_check:
@@ -868,6 +1023,47 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         num_classes=len(manifest.classes), extra={"layout": kind, "fields": manifest.fields})
 
 
+def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:
+    """``rel`` of a labels-file row that names no image, with what it names instead (a folder, a
+    sidecar file, an ignored file and why), for the error message."""
+    reason = next((d["reason"] for d in found.ignored if d["path"] == rel), None)
+    if reason is None and any(rel in v.values() for v in found.sidecars.values()):
+        reason = "a sidecar file"
+    if reason is None and (src / rel).is_dir() and not (src / rel).is_symlink():
+        reason = "a folder"
+    return f"{rel} ({reason})" if reason else rel
+
+
+def _nfc_names(class_to_idx: dict[str, int]) -> dict[str, str]:
+    """``{NFC form: class name}`` of the class names whose NFC form is their own (no two classes
+    that differ only in normalisation: such a name matches neither)."""
+    by: dict[str, list[str]] = {}
+    for c in class_to_idx:
+        by.setdefault(unicodedata.normalize("NFC", c), []).append(c)
+    return {k: v[0] for k, v in by.items() if len(v) == 1}
+
+
+def _match_unicode_spelling(rows: dict[str, Any], on_disk: list[str]) -> dict[str, Any]:
+    """``rows`` keyed by the names on disk: a row whose path names an image only in another Unicode
+    normalisation (a labels file in NFC, the file written NFD by macOS, or the reverse) is that
+    image's row, when exactly one image has that spelling and no row of its own; other rows are
+    kept as they are (and reported as naming no image)."""
+    exact = set(on_disk)
+    if all(rel in exact for rel in rows):
+        return rows
+    by_nfc: dict[str, list[str]] = {}
+    for rel in on_disk:
+        by_nfc.setdefault(unicodedata.normalize("NFC", rel), []).append(rel)
+    out: dict[str, Any] = {}
+    for rel, label in rows.items():
+        if rel not in exact:
+            found = by_nfc.get(unicodedata.normalize("NFC", rel), [])
+            if len(found) == 1 and found[0] not in rows and found[0] not in out:
+                rel = found[0]
+        out[rel] = label
+    return out
+
+
 def _layout_fingerprint(src: Path, recorded: dict, layout: LayoutOptions, class_to_idx: dict, labels_of: dict,
                         planned: list, sidecars: dict) -> str:
     """The identity of a layout pack's plan (options, class map, and per planned image: path,
@@ -900,12 +1096,32 @@ def _finished_records(out: Path, num_samples: int) -> list[dict]:
     return done
 
 
+def _inside(root_real: str, src: Path, rel: str) -> Path:
+    """The real path of ``src / rel``, checked again at read time to be inside SRC: a file or
+    folder replaced by a link out of SRC after the scan is an error, never read."""
+    real = os.path.realpath(src / rel)
+    if not real.startswith(root_real.rstrip(os.sep) + os.sep):
+        raise ValueError(f"{src / rel}: leads out of the source folder {src} (a symbolic link made after the scan); "
+                         "not read")
+    return Path(real)
+
+
 def _read(path: Path, limit: int | None = None) -> bytes:
-    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too)."""
-    size = path.stat().st_size
-    if limit is not None and size > limit:
-        raise ValueError(f"{path}: {size} bytes, over the {limit} bytes a sidecar file may have")
-    data = path.read_bytes()
+    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too).
+
+    The file is checked again as it is opened: a file replaced after the scan by a FIFO or a
+    device is an error, never read (a FIFO would block the pack), and at most ``limit`` bytes are
+    read whatever the size said at the scan."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket) any more; not read")
+        if limit is not None and st.st_size > limit:
+            raise ValueError(f"{path}: {st.st_size} bytes, over the {limit} bytes a sidecar file may have")
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise ValueError(f"{path}: over the {limit} bytes a sidecar file may have (it grew while read)")
     if limit is None and not data:
         raise ValueError(f"{path}: empty file (0 bytes), not an image; delete it, or pass --on-error skip")
     return data

@@ -315,13 +315,16 @@ def field_member(name: str) -> str:
 
 def encode_field(name: str, value) -> bytes:
     """A field's value as stored: bytes unchanged, ``str`` as UTF-8, anything else as JSON
-    (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold."""
+    (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold (NaN and
+    infinities included: strict JSON)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
     try:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        # strict JSON: NaN and Infinity are not JSON, and JSON readers other than Python's refuse them
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise TypeError(f"field {name!r}: {type(value).__name__} is neither bytes, str nor JSON ({exc})") from None
 
@@ -332,7 +335,7 @@ def decode_field(name: str, data: bytes, source: str = "<sample>"):
 
     Raises:
         CorruptDataError: a ``.txt`` field that is not UTF-8 or a ``.json`` one that does not
-            parse (names ``source``).
+            parse, nested arrays and objects too deep included (names ``source``).
     """
     last = name.rsplit(".", 1)[-1]
     try:
@@ -340,8 +343,9 @@ def decode_field(name: str, data: bytes, source: str = "<sample>"):
             return bytes(data).decode("utf-8")
         if last == "json":
             return json.loads(bytes(data))
-    except ValueError as exc:
-        raise CorruptDataError(f"{source}: field {name!r} is not valid {last.upper()} ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested deeper than Python parses
+        what = exc if isinstance(exc, ValueError) else "nested too deeply to parse"
+        raise CorruptDataError(f"{source}: field {name!r} is not valid {last.upper()} ({what})") from None
     return bytes(data)
 
 
@@ -862,6 +866,10 @@ class Manifest:
             raise ManifestError(f"{source}: malformed manifest ({exc!r} missing or wrong type)") from None
         if m.labels not in (LABELS_CLASS, LABELS_NONE):
             raise ManifestError(f"{source}: labels {m.labels!r} is not {LABELS_CLASS!r} or {LABELS_NONE!r}")
+        over = next((f for f, d in m.fields.items() if max(d["count"], d["missing"]) > m.num_samples), None)
+        if over is not None:
+            raise ManifestError(f"{source}: field {over!r}: count {m.fields[over]['count']} / missing "
+                                f"{m.fields[over]['missing']} exceed num_samples={m.num_samples}")
         if sum(s.num_samples for s in m.shards) != m.num_samples:
             raise ManifestError(f"{source}: shard sample counts add up to "
                                 f"{sum(s.num_samples for s in m.shards)}, not num_samples={m.num_samples}")
@@ -889,11 +897,11 @@ def _parse_fields(raw, source: str) -> dict[str, dict]:
             raise ManifestError(f"{source}: {problem}")
         if not isinstance(desc, dict) or desc.get("member", field_member(name)) != field_member(name):
             raise ManifestError(f"{source}: field {name!r}: its member must be {field_member(name)!r}")
-        try:
-            out[name] = {"member": field_member(name), "count": int(desc.get("count", 0)),
-                         "missing": int(desc.get("missing", 0))}
-        except (TypeError, ValueError):
-            raise ManifestError(f"{source}: field {name!r}: count and missing must be integers") from None
+        counts = {k: desc.get(k, 0) for k in ("count", "missing")}
+        if any(type(v) is not int or v < 0 for v in counts.values()):  # not "5", 1.7, true or -3
+            raise ManifestError(f"{source}: field {name!r}: count and missing must be integers >= 0, got "
+                                f"{counts['count']!r} and {counts['missing']!r}")
+        out[name] = {"member": field_member(name), **counts}
     return out
 #: The state folder an unfinished pack keeps in its output (``OUT/.shardfeed-pack/``, in a bucket
 #: the keys under ``PREFIX/.shardfeed-pack/``).

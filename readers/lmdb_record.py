@@ -87,7 +87,8 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
 
     Raises:
         CorruptDataError: undecodable value, unknown version, a field missing or of the wrong type,
-            or checksum mismatch.
+            an extra field whose name is not a field name (``..``, ``/``: see
+            :func:`~shardfeed.readers.format.field_name_problem`), or checksum mismatch.
     """
     global _unpackb
     if _unpackb is None:
@@ -108,6 +109,12 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
         if (type(fields) is not dict or type(crcs) is not dict or set(fields) != set(crcs)
                 or any(type(v) is not bytes for v in fields.values())):
             raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record (bad extra fields)")
+        from .format import field_name_problem  # format imports this module: imported on use
+
+        bad_name = next((k for k in fields if field_name_problem(k) is not None), None)
+        if bad_name is not None:  # a name becomes a file name (unpack writes x.{name}): the field policy holds
+            raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record (extra field name "
+                                   f"{bad_name[:60]!r} is not a field name)")
         if verify:
             bad_f = [k for k, v in fields.items() if zlib.crc32(v) != crcs[k]]
             if bad_f:

@@ -8,6 +8,7 @@ heavy modules (torch, the readers) are imported inside the commands.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -117,6 +118,25 @@ def check_plot(plot: str | None) -> None:
                                "(or pip install matplotlib)") from None
 
 
+def _check_distinct_outputs(**paths: str | None) -> None:
+    """Refuse, before any measuring, two reports (``--plot``, ``--html``, ``--json``) given the
+    same file: one would overwrite the other."""
+    seen: dict[str, str] = {}
+    for opt, path in paths.items():
+        if not path or path == "-":
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise click.UsageError(f"--{seen[real]} and --{opt} name the same file ({path}): one would overwrite the "
+                                   "other; give each report its own path")
+        seen[real] = opt
+
+
+def _check_plot_path(ctx, param, value):
+    """Refuse a ``--plot`` path whose folder is missing (or a folder, a URL) before any measuring."""
+    return None if value is None else check_report_path(value, ctx, param, example="figure.png", allow_stdout=False)
+
+
 def html_option(f: Callable) -> Callable:
     """Add ``--html PATH``: one self-contained page (figure, tables, verdict, the JSON)."""
     return click.option("--html", "html_path", metavar="PATH.html", default=None, callback=_check_html_path,
@@ -151,7 +171,7 @@ def _progress(json_path: str | None) -> Callable[[str], None]:
 @click.argument("source")
 @harness_options
 @loader_options
-@click.option("--plot", metavar="PATH.png", default=None,
+@click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw the images delivered over time, the time spent waiting vs computing, and the wait of "
                    "every batch (needs matplotlib).")
 @html_option
@@ -174,17 +194,18 @@ def bench(source: str, cold: bool, plot: str | None, html_path: str | None, json
     from shardfeed.readers.measure import HtmlTable, bench_source, format_report, plot_runs, report_rows
 
     check_plot(plot)
+    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     report = bench_source(source, cold=cold, **_split_kwargs(kwargs))
     report.label = report.label or "bench"
     echo(format_report(report), json_path)
     headline = f"{report.images_per_s:,.1f} images/s, data stall {report.stall_share:.0%}"
+    write_json_report(json_path, report.to_json())  # first: a figure or page that fails loses no measurement
     if plot:
         echo(f"plot: {plot_runs([report], plot, title=headline)}", json_path)
     if html_path:
         write_html(html_path, "bench", headline=headline, report_json=report.to_json(),
                    tables=[HtmlTable("The run", ("", report.label), report_rows(report))], notes=report.warnings,
                    draw=lambda p: plot_runs([report], p), json_path=json_path)
-    write_json_report(json_path, report.to_json())
 
 
 def _same_dataset(before: str, after: str) -> str | None:
@@ -222,7 +243,7 @@ def _same_dataset(before: str, after: str) -> str | None:
                    "mount without keep_cache), where the read only costs time.")
 @click.option("--min-speedup", type=FiniteFloat(min=0, min_open=True), default=None, metavar="X",
               help="Exit with status 1 when AFTER is less than X times as fast as BEFORE.")
-@click.option("--plot", metavar="PATH.png", default=None,
+@click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw both sides on one axis: the images each delivered over time, the time each spent waiting "
                    "vs computing, and the wait of every batch (needs matplotlib).")
 @html_option
@@ -248,6 +269,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     from shardfeed.readers.measure import HtmlTable, compare_sources, comparison_rows, plot_runs
 
     check_plot(plot)
+    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     opts = _split_kwargs(kwargs)
     same = _same_dataset(before, after)
     if same is not None:
@@ -261,9 +283,10 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     echo(result.summary(), json_path)
     headline = result.headline()
     sides = [result.before, result.after]
+    out = result.to_json()
+    write_json_report(json_path, out)  # first: a figure or page that fails loses no measurement
     if plot:
         echo(f"plot: {plot_runs(sides, plot, title=headline)}", json_path)
-    out = result.to_json()
     if html_path:
         notes = [f"{side}: {w}" for side, r in zip(("BEFORE", "AFTER"), sides) for w in r.warnings]
         notes += [f"advice: {a}" for a in (result.verdict or {}).get("advice", [])]
@@ -271,7 +294,6 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
                    tables=[HtmlTable("Before and after (each side's median run)", ("", "BEFORE", "AFTER"),
                                      comparison_rows(result))],
                    notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path)
-    write_json_report(json_path, out)
     if min_speedup is not None and result.speedup < min_speedup:
         click.echo(f"shardfeed: error: speed-up {result.speedup:.2f}x is below --min-speedup {min_speedup}",
                    err=True)
@@ -289,7 +311,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
               help="Largest num_workers tried [default: 2 x CPU count].")
 @click.option("--max-workers", "max_workers_old", type=click.IntRange(min=0), default=None, hidden=True,
               callback=deprecated_option("--max-workers", "--max-num-workers"))
-@click.option("--plot", metavar="PATH.png", default=None,
+@click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw images/s of every setting tried, the one kept marked (needs matplotlib).")
 @html_option
 @json_option
@@ -310,22 +332,23 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
     from shardfeed.readers.measure import TUNE_HEADER, HtmlTable, plot_tune, tune_loader, tune_rows
 
     check_plot(plot)
+    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
     max_workers = max_workers_old if max_workers is None else max_workers
     result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
                          progress=_progress(json_path), **opts)
     echo(result.summary(), json_path)
+    out = result.to_json()
+    write_json_report(json_path, out)  # first: a figure or page that fails loses no measurement
     if plot:
         echo(f"plot: {plot_tune(result, plot)}", json_path)
-    out = result.to_json()
     if html_path:
         notes = [f"warning: {w}" for w in result.warnings] + [f"skipped: {s}" for s in result.skipped]
         notes += [f"advice: {a}" for a in result.advice]
         write_html(html_path, "tune", headline=f"{result.headline()} — {result.call}", report_json=out,
                    tables=[HtmlTable("Settings tried, in sweep order", TUNE_HEADER, tune_rows(result))], notes=notes,
                    draw=lambda p: plot_tune(result, p), json_path=json_path)
-    write_json_report(json_path, out)
 
 
 COMMANDS = [bench, verify, tune]

@@ -17,6 +17,8 @@ needed).
 from __future__ import annotations
 
 import dataclasses
+import io
+import math
 import os
 import textwrap
 from pathlib import Path
@@ -87,14 +89,38 @@ def _pyplot():
     return plt
 
 
+def _finite(x) -> float | None:
+    """``x`` as a float, or None when it is not a finite number (NaN, inf, None, text)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _save(fig, path: str | os.PathLike, **kwargs) -> Path:
+    """Save ``fig`` as PNG at ``path`` atomically (a temporary file beside it, renamed): a link at
+    ``path`` is replaced, never written through, and an interrupted save leaves no half PNG."""
+    from ..format import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **kwargs)
+    out = Path(path)
+    write_bytes_atomic(out, buf.getvalue())
+    return out
+
+
 def _cumulative(series: DeliverySeries) -> tuple[list[float], list[float], str]:
-    """(times, delivered counts, unit): a step at each batch's arrival (its request + wait)."""
+    """(times, delivered counts, unit): a step at each batch's arrival (its request + wait); a
+    batch whose timings are not finite numbers still counts, at the previous arrival's time."""
     sizes = list(series.num_samples) if series.num_samples else None
     unit = "images" if sizes else "batches"
     xs, ys, total = [0.0], [0.0], 0.0
     for i, (t0, w) in enumerate(zip(series.t_start_s, series.t_wait_s)):
-        total += sizes[i] if sizes and i < len(sizes) else 1
-        xs.append(float(t0) + float(w))
+        n = _finite(sizes[i]) if sizes and i < len(sizes) else 1.0
+        total += n if n is not None and n >= 0 else 0.0
+        t0, w = _finite(t0), _finite(w)
+        xs.append(t0 + w if t0 is not None and w is not None else xs[-1])
         ys.append(total)
     return xs, ys, unit
 
@@ -104,7 +130,9 @@ def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, 
 
     Args:
         series: the runs, in the order of the legend (BEFORE first for ``verify``).
-        path: the PNG to write (its folder must exist).
+        path: the PNG to write (its folder must exist; written atomically: a symbolic link at
+            ``path`` is replaced by the file, its target left alone). Timings that are not finite
+            numbers (NaN, inf) are left out of the lines and sums, never an error.
         title: the figure's title (e.g. the verdict line).
 
     Returns:
@@ -126,11 +154,14 @@ def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, 
     for i, s in enumerate(series):
         colour = _SIDE_COLOURS[i % len(_SIDE_COLOURS)]
         xs, ys, unit = _cumulative(s)
-        rate = s.images_per_s if s.images_per_s is not None and unit == "images" else \
-            (ys[-1] / xs[-1] if xs[-1] > 0 else 0.0)
+        rate = _finite(s.images_per_s) if unit == "images" else None
+        if rate is None:
+            rate = ys[-1] / max(xs) if max(xs) > 0 else 0.0
         ax_del.plot(xs, ys, drawstyle="steps-post", color=colour, linewidth=2,
                     label=f"{s.label}: {rate:,.0f} {unit}/s")
-        ax_wait.plot([float(t) for t in s.t_start_s], [float(w) * 1000 for w in s.t_wait_s],
+        points = [(t, w) for t, w in ((_finite(t), _finite(w)) for t, w in zip(s.t_start_s, s.t_wait_s))
+                  if t is not None and w is not None]  # a non-finite timing is left out, never fatal
+        ax_wait.plot([t for t, _ in points], [w * 1000 for _, w in points],
                      drawstyle="steps-post", color=colour, linewidth=1.2, label=s.label)
     ax_del.set_ylabel(f"{unit} delivered")
     ax_del.set_title(f"{unit.capitalize()} delivered to the training loop (steeper is faster)", fontsize=10)
@@ -140,8 +171,8 @@ def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, 
     ax_wait.set_xlabel("time since the first measured batch, s")
     ax_wait.grid(alpha=0.3)
     names = [s.label for s in series]
-    waits = [float(sum(s.t_wait_s)) for s in series]
-    steps = [float(sum(s.t_step_s)) for s in series]
+    waits = [sum(v for v in map(_finite, s.t_wait_s) if v is not None) for s in series]
+    steps = [sum(v for v in map(_finite, s.t_step_s) if v is not None) for s in series]
     ypos = list(range(len(series)))[::-1]
     ax_bar.barh(ypos, steps, color=_STEP_COLOUR, label="compute")
     ax_bar.barh(ypos, waits, left=steps, color=_WAIT_COLOUR, label="waiting for data")
@@ -157,10 +188,10 @@ def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, 
     if title:
         wrapped = textwrap.fill(title, 120)
         fig.suptitle(wrapped, fontsize=10, fontweight="bold", y=0.97 + 0.035 * wrapped.count("\n"))
-    out = Path(path)
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    try:
+        return _save(fig, path, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def plot_tune(result: Any, path: str | os.PathLike) -> Path:
@@ -170,7 +201,8 @@ def plot_tune(result: Any, path: str | os.PathLike) -> Path:
         result: the :class:`~shardfeed.readers.measure.tune.TuneReport` of
             :func:`~shardfeed.readers.measure.tune.tune_loader` (``trials`` with ``step``,
             ``options``, ``images_per_s``, ``stall_share``; ``best``).
-        path: the PNG to write.
+        path: the PNG to write (atomically, as :func:`plot_delivery`); a trial whose images/s is
+            not a finite number is drawn as a zero bar.
 
     Raises:
         ImportError: matplotlib is not installed.
@@ -187,20 +219,21 @@ def plot_tune(result: Any, path: str | os.PathLike) -> Path:
         knob = t["step"]
         value = o.get(knob) if knob in o else o.get("num_workers")
         labels.append(f"{knob}={value}")
-        values.append(float(t["images_per_s"]))
+        values.append(_finite(t.get("images_per_s")) or 0.0)  # a failed or unmeasured trial: a zero bar
         colours.append("#2ca02c" if t is best else "#7f7f7f")
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(trials) + 2), 4.2))
     bars = ax.bar(range(len(trials)), values, color=colours)
     for rect, t in zip(bars, trials):
-        ax.text(rect.get_x() + rect.get_width() / 2, rect.get_height(), f"{t['stall_share']:.0%} stall",
-                ha="center", va="bottom", fontsize=8)
+        share = _finite(t.get("stall_share"))
+        ax.text(rect.get_x() + rect.get_width() / 2, rect.get_height(),
+                "stall ?" if share is None else f"{share:.0%} stall", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(trials)))
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=9)
     ax.set_ylabel("images/s")
     ax.set_title("tune: images/s per setting (green: the one kept)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    try:
+        return _save(fig, path, dpi=100)
+    finally:
+        plt.close(fig)

@@ -102,7 +102,8 @@ def write_html_report(path: str | os.PathLike, *, draw: Callable[[Path], Any] | 
             then renamed).
         draw: called with a temporary PNG path to draw the figure (e.g. ``lambda p: plot_delivery(
             series, p)``); an ImportError from it (no matplotlib) leaves the page without a figure
-            and says how to install it.
+            and says how to install it; a ValueError, RuntimeError or OSError (a figure that cannot
+            be drawn) leaves it without a figure and says why.
         **page: the keyword arguments of :func:`render_html_report` (``figure_png`` excluded).
 
     Returns:
@@ -121,5 +122,7 @@ def write_html_report(path: str | os.PathLike, *, draw: Callable[[Path], Any] | 
                 png = fig.read_bytes()
             except ImportError as exc:
                 page.setdefault("figure_missing", f"No figure: {exc}")
+            except (ValueError, RuntimeError, OSError) as exc:  # the page (tables, verdict, JSON) still comes
+                page.setdefault("figure_missing", f"No figure: it could not be drawn ({type(exc).__name__}: {exc})")
     write_bytes_atomic(out, render_html_report(figure_png=png, **page).encode("utf-8"))
     return out

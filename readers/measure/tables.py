@@ -10,9 +10,23 @@ from typing import Any, Sequence
 
 from .report import RunReport, fmt_bytes
 
-__all__ = ["format_table", "terminal_width", "format_report", "format_comparison", "comparison_headline",
-           "verdict_headline", "verify_headline", "decode_cost_note", "reencode_text", "comparison_rows", "report_rows",
-           "tune_rows", "TUNE_HEADER", "plot_runs"]
+__all__ = ["format_table", "terminal_width", "MIN_WRAP_WIDTH", "format_report", "format_comparison",
+           "comparison_headline", "verdict_headline", "verify_headline", "decode_cost_note", "reencode_text",
+           "comparison_rows", "report_rows", "tune_rows", "TUNE_HEADER", "plot_runs"]
+
+
+#: Narrowest width a table is wrapped to, columns (narrower: cells would be cut into pieces of a
+#: few characters, or, at 0, dropped; the table is shown unwrapped instead).
+MIN_WRAP_WIDTH = 40
+
+
+def _printable(cell) -> str:
+    """A cell as text with its control characters escaped (``\\x1b``, ``\\n``): a cell never moves
+    the cursor, colours or clears the terminal, nor breaks the table's lines."""
+    text = str(cell)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _ms(x: float) -> str:
@@ -53,16 +67,20 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = N
     """Align ``rows`` in columns (first column left-aligned, the others right-aligned).
 
     Args:
-        rows: the cells, as strings.
+        rows: the cells, as strings (control characters, e.g. a terminal escape in a file name,
+            are shown escaped: ``\\x1b``).
         header: the column names (underlined); None for none.
         width: the widest a line may be, in columns. A table wider than that is laid out by
             ``rich`` with its cells wrapped to fit. None: :func:`terminal_width` (no wrapping when
-            standard output is not a terminal).
+            standard output is not a terminal). Below :data:`MIN_WRAP_WIDTH` (a terminal that
+            reports 0 columns, a very narrow one) the table is not wrapped: every cell is shown whole.
     """
+    rows = [[_printable(c) for c in r] for r in rows]
+    header = None if header is None else [_printable(c) for c in header]
     plain = _plain_table(rows, header)
     if width is None:
         width = terminal_width()
-    if width is None or not plain or max(len(line) for line in plain.splitlines()) <= width:
+    if width is None or width < MIN_WRAP_WIDTH or not plain or max(len(line) for line in plain.splitlines()) <= width:
         return plain
     return _wrapped_table(rows, header, width)
 
