@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
-from .lmdb_record import LMDB_RECORD_VERSION, decode_record, encode_record
+from .lmdb_record import LMDB_RECORD_VERSION, encode_record
+from .lmdb_record import decode_record as _decode_record
 
 __all__ = [
     "FORMAT_VERSION",
@@ -305,6 +306,12 @@ def field_name_problem(name: str) -> str | None:
     if name in RESERVED_FIELD_NAMES:
         return f"field {name!r} is reserved (one of {', '.join(sorted(RESERVED_FIELD_NAMES))})"
     return None
+
+
+def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", key: bytes | None = None) -> dict:
+    """:func:`shardfeed.readers.lmdb_record.decode_record` with this format's field-name policy
+    (:func:`field_name_problem`): a record whose extra field is not a field name is damaged."""
+    return _decode_record(value, verify=verify, source=source, key=key, field_problem=field_name_problem)
 
 
 def field_member(name: str) -> str:

@@ -8,6 +8,7 @@ see :func:`encode_record`. ``msgpack`` is imported on first use.
 from __future__ import annotations
 
 import zlib
+from typing import Callable
 
 from .errors import CorruptDataError
 
@@ -70,7 +71,8 @@ def encode_record(key: str, data: bytes, ext: str, label: int, meta: dict,
     return b"".join((b"\x87", memoryview(head)[1:], b"\xa4data", bin_header, data))
 
 
-def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", key: bytes | None = None) -> dict:
+def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", key: bytes | None = None,
+                  field_problem: Callable[[str], str | None] | None = None) -> dict:
     """Decode an LMDB value written by :func:`encode_record`.
 
     Args:
@@ -81,6 +83,10 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
         key: the record's LMDB key, appended to ``source`` in error messages when given (the
             message string is built only when there is an error). Error messages also name the
             sample's original file (``meta["path"]``) when that part of the record can be read.
+        field_problem: the field-name policy (``name -> reason or None``) extra fields are held
+            to; :func:`shardfeed.readers.format.decode_record` passes
+            :func:`~shardfeed.readers.format.field_name_problem` (the format module imports this
+            one, so the policy is passed in, not imported). None: names are not checked.
 
     Returns:
         ``{"key", "ext", "label", "meta", "crc32", "data", "v"}``.
@@ -109,9 +115,7 @@ def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", 
         if (type(fields) is not dict or type(crcs) is not dict or set(fields) != set(crcs)
                 or any(type(v) is not bytes for v in fields.values())):
             raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record (bad extra fields)")
-        from .format import field_name_problem  # format imports this module: imported on use
-
-        bad_name = next((k for k in fields if field_name_problem(k) is not None), None)
+        bad_name = None if field_problem is None else next((k for k in fields if field_problem(k) is not None), None)
         if bad_name is not None:  # a name becomes a file name (unpack writes x.{name}): the field policy holds
             raise CorruptDataError(f"{_record_where(source, key, value)}: damaged record (extra field name "
                                    f"{bad_name[:60]!r} is not a field name)")

@@ -415,7 +415,7 @@ def test_resume_into_a_new_folder_packs_from_the_start(tmp_path):
 
 @pytest.mark.parametrize("name", ["../../etc/x", "a/b", "", "X\n", "png"])
 def test_an_lmdb_record_with_a_field_name_that_is_not_a_field_is_damaged(name):
-    from shardfeed.readers.lmdb_record import decode_record, encode_record
+    from shardfeed.readers.format import decode_record, encode_record
 
     good = decode_record(encode_record("000000000", b"img", "jpg", -1, {}, {"txt": b"caption"}))
     assert good["fields"] == {"txt": b"caption"} and good["data"] == b"img"
