@@ -363,20 +363,19 @@ _MANAGERS_LOCK = threading.Lock()
 def _forget_pools() -> None:
     """In a forked child: the parent's connections are its own (their sockets are shared with
     it), and its lock may have been held at the fork; start empty."""
-    global _MANAGERS, _MANAGERS_LOCK
-    _MANAGERS, _MANAGERS_LOCK = {}, threading.Lock()
+    global _MANAGERS, _MANAGERS_LOCK, _DIRECT
+    _MANAGERS, _MANAGERS_LOCK, _DIRECT = {}, threading.Lock(), {}
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools)
 
 
-def _manager(proxy: urllib.parse.SplitResult | None) -> urllib3.PoolManager:
-    """This process's pool of connections (through ``proxy``, if any): one ``urllib3`` manager
-    per proxy and TLS trust setting (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are read when it is
+def _manager(proxy: urllib.parse.SplitResult) -> urllib3.ProxyManager:
+    """This process's pool of connections through ``proxy``: one ``urllib3.ProxyManager`` per
+    proxy and TLS trust setting (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are read when it is
     made), made again in a process of another pid."""
-    key = (os.getpid(), None if proxy is None else proxy.geturl(), os.environ.get("SSL_CERT_FILE"),
-           os.environ.get("SSL_CERT_DIR"))
+    key = (os.getpid(), proxy.geturl(), os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
     with _MANAGERS_LOCK:
         manager = _MANAGERS.get(key)
         if manager is None:
@@ -385,30 +384,58 @@ def _manager(proxy: urllib.parse.SplitResult | None) -> urllib3.PoolManager:
                 for old in _MANAGERS.values():
                     old.clear()
                 _MANAGERS.clear()
-            kw = dict(num_pools=32, maxsize=POOL_CONNECTIONS, block=False, retries=False,
-                      ssl_context=ssl.create_default_context())
-            if proxy is None:
-                manager = urllib3.PoolManager(**kw)
-            else:
-                headers = {}
-                if proxy.username is not None:
-                    headers["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
-                host = proxy.hostname if ":" not in proxy.hostname else f"[{proxy.hostname}]"
-                manager = urllib3.ProxyManager(f"http://{host}:{proxy.port or 80}", proxy_headers=headers, **kw)
+            headers = {}
+            if proxy.username is not None:
+                headers["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
+            host = proxy.hostname if ":" not in proxy.hostname else f"[{proxy.hostname}]"
+            manager = urllib3.ProxyManager(f"http://{host}:{proxy.port or 80}", proxy_headers=headers, num_pools=32,
+                                           maxsize=POOL_CONNECTIONS, block=False, retries=_NO_RETRIES,
+                                           ssl_context=ssl.create_default_context())
             manager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
             _MANAGERS[key] = manager
         return manager
 
 
-def _target(url: str) -> tuple[str, dict, urllib.parse.SplitResult | None]:
-    """``(URL without user:password, authorization headers, proxy)`` for ``url``."""
+_NO_RETRIES = urllib3.util.Retry.from_int(False, redirect=False)  # retries and redirects are shardfeed's
+_DIRECT: dict = {}  # (pid, scheme, host, port, SSL_CERT_FILE, SSL_CERT_DIR) -> pool, without a proxy
+
+
+def _direct_pool(u: urllib.parse.SplitResult) -> HTTPConnectionPool:
+    """This process's connection pool to ``u``'s host (no proxy): one a host and TLS trust
+    setting (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are read when it is made). Looked up without
+    ``PoolManager``'s URL parsing: a request to a pooled connection costs little more CPU than
+    ``http.client``'s."""
+    key = (os.getpid(), u.scheme, u.hostname, u.port, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    pool = _DIRECT.get(key)
+    if pool is None:
+        with _MANAGERS_LOCK:
+            pool = _DIRECT.get(key)
+            if pool is None:
+                guard_client_logs()  # urllib3's debug records name each request's path: redacted as made
+                if len(_DIRECT) >= 64:  # many hosts or changed settings: drop the old pools
+                    for old in _DIRECT.values():
+                        old.close()
+                    _DIRECT.clear()
+                kw = dict(maxsize=POOL_CONNECTIONS, block=False, retries=_NO_RETRIES)
+                if u.scheme == "https":
+                    pool = _HTTPSPool(u.hostname, u.port, ssl_context=ssl.create_default_context(), **kw)
+                else:
+                    pool = _HTTPPool(u.hostname, u.port, **kw)
+                _DIRECT[key] = pool
+    return pool
+
+
+def _target(url: str) -> tuple[urllib.parse.SplitResult, dict, urllib.parse.SplitResult | None]:
+    """``(url split, without user:password; authorization headers; proxy)``."""
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"{redact(url)}: not an http(s) URL")
     auth = {"Authorization": _basic(u.username, u.password)} if u.username is not None else {}
-    host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
-    netloc = host if u.port is None else f"{host}:{u.port}"
-    return urllib.parse.urlunsplit((u.scheme, netloc, u.path or "/", u.query, "")), auth, _proxy_for(u)
+    proxy = _proxy_for(u)
+    if u.username is not None or u.password is not None:
+        host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
+        u = u._replace(netloc=host if u.port is None else f"{host}:{u.port}")
+    return u, auth, proxy
 
 
 def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s: float = DEFAULT_DEADLINE_S,
@@ -457,19 +484,22 @@ def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s:
 
 def _request_once(url: str, method: str, headers: dict, timeout_s: float, started: float, deadline_s: float,
                   *, same_origin: bool = True) -> _Reply:
-    target, auth, proxy = _target(url)
+    u, auth, proxy = _target(url)
     # the first host's credentials are not sent to another one a redirect names (the proxy's are
     # the manager's own)
     auth = auth if same_origin else {}
-    manager = _manager(proxy)
+    if proxy is None:
+        opener, target = _direct_pool(u).urlopen, (u.path or "/") + (f"?{u.query}" if u.query else "")
+    else:  # the proxy manager sends the absolute URL (http) or opens a CONNECT tunnel (https)
+        opener, target = _manager(proxy).urlopen, urllib.parse.urlunsplit((*u[:3], u.query, ""))
     left = started + deadline_s - time.monotonic()
     if left <= 0:
         raise _Reply(None, None, url, started, deadline_s).deadline_error()
     _ARMING.when, _ARMING.guard = started + deadline_s, None
     try:
-        resp = manager.urlopen(method, target, headers={**_HEADERS, **auth, **headers}, redirect=False,
-                               retries=False, preload_content=False, decode_content=False,
-                               timeout=urllib3.Timeout(connect=min(timeout_s, left), read=timeout_s))
+        resp = opener(method, target, headers={**_HEADERS, **auth, **headers}, redirect=False, retries=_NO_RETRIES,
+                      preload_content=False, decode_content=False, assert_same_host=False,
+                      timeout=urllib3.Timeout(connect=min(timeout_s, left), read=timeout_s))
     except (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError) as exc:
         guard = _ARMING.guard
         _WATCHDOG.disarm(guard)
