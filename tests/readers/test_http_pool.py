@@ -10,10 +10,12 @@ import multiprocessing
 import os
 import re
 import threading
+import time
 
 import pytest
 
 from shardfeed.readers import http_io
+from shardfeed.readers.errors import DataSourceError
 from shardfeed.readers.http_io import HttpLocation, http_get
 
 pytestmark = pytest.mark.network
@@ -41,6 +43,16 @@ class _RangeServer(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         with self.server.lock:
             self.server.requests += 1
+        if self.path == "/data/trickle":  # the status line and headers, a byte every 0.2 s
+            for byte in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 100 + b"\r\nContent-Length: 2\r\n\r\nok":
+                try:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                except OSError:
+                    break
+                time.sleep(0.2)
+            self.close_connection = True
+            return
         if self.path != "/data/blob.bin":
             self.send_response(404)
             self.send_header("Content-Length", "0")
@@ -118,6 +130,18 @@ def test_a_short_unread_rest_and_head_requests_keep_the_connection(server):
     assert _read_range(loc, 7, 9_007) == BLOB[7:9_007]
     assert server.requests == 4
     assert server.connections == 1
+
+
+def test_the_deadline_holds_on_a_reused_connection(server):
+    """The watchdog is armed on every request's socket, a pooled one too: headers sent a byte
+    every 0.2 s (each read within its timeout) end at the deadline."""
+    base = f"http://127.0.0.1:{server.server_address[1]}/data"
+    assert http_get(f"{base}/blob.bin") == BLOB  # the pool now holds this connection
+    t0 = time.monotonic()
+    with pytest.raises(DataSourceError, match=r"/data/trickle: no complete answer within 1 s"):
+        http_get(f"{base}/trickle", deadline_s=1.0, retries=0)
+    assert time.monotonic() - t0 < 10  # the trickle alone would take 30 s
+    assert server.connections == 1  # the trickling answer came on the reused connection
 
 
 def _child_read(loc: HttpLocation, q) -> None:
