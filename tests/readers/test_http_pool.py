@@ -6,6 +6,7 @@ Expected bytes are the server's planted file."""
 from __future__ import annotations
 
 import http.server
+import logging
 import multiprocessing
 import os
 import re
@@ -53,7 +54,7 @@ class _RangeServer(http.server.BaseHTTPRequestHandler):
                 time.sleep(0.2)
             self.close_connection = True
             return
-        if self.path != "/data/blob.bin":
+        if self.path.split("?")[0] != "/data/blob.bin":
             self.send_response(404)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -142,6 +143,18 @@ def test_the_deadline_holds_on_a_reused_connection(server):
         http_get(f"{base}/trickle", deadline_s=1.0, retries=0)
     assert time.monotonic() - t0 < 10  # the trickle alone would take 30 s
     assert server.connections == 1  # the trickling answer came on the reused connection
+
+
+def test_the_transport_debug_records_name_no_credential(server, caplog):
+    """urllib3 logs each request's path at DEBUG: a signature in the query and the URL's
+    password never reach a record."""
+    password, signature = "Pool-pa55word-DoNotPrint", "SiGnAtUrE0123456789abcdef"
+    url = f"http://reader:{password}@127.0.0.1:{server.server_address[1]}/data/blob.bin?X-Amz-Signature={signature}"
+    with caplog.at_level(logging.DEBUG):
+        assert http_get(url) == BLOB
+        assert http_get(url) == BLOB
+    assert any(r.name.startswith("urllib3") for r in caplog.records)  # the transport did log the requests
+    assert password not in caplog.text and signature not in caplog.text
 
 
 def _child_read(loc: HttpLocation, q) -> None:
