@@ -1,5 +1,6 @@
 """Reading a dataset over HTTP(S): ranged GETs, a fallback for servers that ignore ``Range``,
-bounded timeouts and retries. Standard library only (``http.client``).
+bounded timeouts and retries. The transport is ``urllib3`` (its connection pools and proxies);
+ranges, retries, redirects, deadlines, content codings and exact bodies are shardfeed's own.
 
 Rules:
 
@@ -18,12 +19,16 @@ Rules:
   HEAD, ranged GETs), at most :data:`MAX_REDIRECTS` in a row, keeping the method and the ``Range``
   header (the hop is made again on a retry: a temporary redirect may move). Any other ``3xx``, a
   redirect without ``Location``, or too many hops fails at once naming the URL and the status.
+* Connections are kept open and reused (a keep-alive pool per process, at most
+  :data:`POOL_CONNECTIONS` to each host): a stream read to its end gives its connection back, one
+  closed early or failed closes it. A process forked from one with a pool (a DataLoader worker)
+  starts with an empty pool of its own.
 * HTTPS uses Python's default TLS context: the system's CAs, or the bundle named by the
   ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` environment variables (e.g. for a private CA).
 * ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` are honoured as curl does (an ``http://``
-  proxy; HTTPS goes through it with ``CONNECT``; ``user:password@`` of the proxy URL is sent as
-  ``Proxy-Authorization``). ``user:password@`` in a dataset URL is sent as HTTP Basic
-  authentication, to that host only. Neither appears in a message or a log record
+  proxy, through ``urllib3.ProxyManager``; HTTPS goes through it with ``CONNECT``;
+  ``user:password@`` of the proxy URL is sent as ``Proxy-Authorization``). ``user:password@``
+  in a dataset URL is sent as HTTP Basic authentication, to that host only. Neither appears in a message or a log record
   (:mod:`shardfeed.readers.redact`); a 401/403/407 is a
   :class:`~shardfeed.readers.errors.StorageAccessError`, never skipped.
 * Sizes and time are bounded whatever the server says: a whole-file read (:func:`http_get`) is
@@ -56,6 +61,12 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
 
+import urllib3
+import urllib3.exceptions
+from urllib3.connection import HTTPConnection as _Urllib3HTTPConnection
+from urllib3.connection import HTTPSConnection as _Urllib3HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
 from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, Manifest
 from .redact import guard_client_logs, redact, register_secret
@@ -63,7 +74,7 @@ from .redact import guard_client_logs, redact, register_secret
 __all__ = [
     "check_remote_files", "HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS",
     "http_get", "DEFAULT_DEADLINE_S", "MAX_MANIFEST_BYTES", "MAX_WHOLE_READ_BYTES", "INDEX_SLACK_BYTES",
-    "index_size_cap", "DECODED_CODINGS", "decode_content"]
+    "index_size_cap", "DECODED_CODINGS", "decode_content", "POOL_CONNECTIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,15 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 #: First back-off between attempts, seconds (doubles each time).
 BACKOFF_S = 0.2
 _HEADERS = {"User-Agent": "shardfeed", "Accept-Encoding": "identity"}
+#: Idle connections kept open to each host, per process (as many as threads reading at once: the
+#: 16 HEAD checks of :meth:`HttpLocation.check_files`; more are opened when needed, and closed
+#: after use).
+POOL_CONNECTIONS = 16
+#: Unread bytes of an answer read and dropped when its stream closes, to keep the connection
+#: (a shard read to its last sample leaves the tar end-of-archive blocks, 1 to 10 KiB).
+DRAIN_MAX_BYTES = 64 << 10
+#: Seconds that drain may take before the connection is closed instead.
+DRAIN_S = 1.0
 
 
 #: A manifest larger than this is refused (a manifest of 10 million samples' shards is a few MiB).
@@ -186,11 +206,13 @@ if hasattr(os, "register_at_fork"):
 
 
 class _Reply:
-    """The final answer of a request: connection, response, and its deadline guard."""
+    """The final answer of a request: the ``urllib3`` response, its deadline guard, and its
+    ``Content-Length`` (None: chunked, absent or unreadable)."""
 
-    def __init__(self, conn, resp, guard, url: str, started: float, deadline_s: float):
-        self.conn, self.resp, self.guard, self.url = conn, resp, guard, url
+    def __init__(self, resp, guard, url: str, started: float, deadline_s: float):
+        self.resp, self.guard, self.url = resp, guard, url
         self.started, self.deadline_s = started, deadline_s
+        self.length = None if resp is None else resp.length_remaining
 
     @property
     def late(self) -> bool:
@@ -208,7 +230,65 @@ class _Reply:
 
     def close(self) -> None:
         self.disarm()
-        self.conn.close()
+        _finish(self.resp)
+
+
+def _finish(resp) -> None:
+    """Done with ``resp``: a body read to its end has already given its connection back to the
+    pool (``urllib3`` does it at the last byte). A rest of at most :data:`DRAIN_MAX_BYTES` (a
+    shard's end-of-archive padding, a redirect's note) is read and dropped, within
+    :data:`DRAIN_S`, so that its connection can serve the next request; otherwise the connection
+    is closed (what is left of the body must never reach the next request)."""
+    if resp is None:
+        return
+    try:
+        left = resp.length_remaining
+        if not resp.closed and left is not None and 0 <= left <= DRAIN_MAX_BYTES and resp.connection is not None:
+            guard = _WATCHDOG.arm(time.monotonic() + DRAIN_S, resp.connection.sock)
+            try:  # (a HEAD's or a read-out body's end is seen by reading it: a read of 0 bytes does not)
+                _read(resp, left or 1)  # the connection goes back to the pool at the last byte
+            except (OSError, http.client.HTTPException):
+                pass
+            finally:
+                _WATCHDOG.disarm(guard)
+        if not resp.closed:
+            resp.close()
+    finally:
+        resp.release_conn()
+
+
+def _plain(exc: BaseException) -> BaseException:
+    """The standard library's exception under a ``urllib3`` one (``ProtocolError`` wraps the
+    ``ConnectionResetError``, ``NewConnectionError`` the ``ConnectionRefusedError``, ``SSLError``
+    the ``ssl.SSLCertVerificationError``, a read timeout the ``TimeoutError``), so that retries,
+    messages and error classes are the same whatever the transport; an ``IncompleteRead`` keeps
+    the bytes received before the cut only when they are ``bytes`` (``http.client``'s)."""
+    for _ in range(4):
+        if not isinstance(exc, urllib3.exceptions.HTTPError):
+            break
+        inner = next((a for a in exc.args if isinstance(a, BaseException)), None) or exc.__cause__
+        if isinstance(exc, http.client.IncompleteRead) or inner is None:
+            break
+        exc = inner
+    if isinstance(exc, http.client.IncompleteRead):
+        partial = exc.partial if isinstance(exc.partial, (bytes, bytearray)) else b""
+        return http.client.IncompleteRead(bytes(partial), exc.expected)
+    if isinstance(exc, (OSError, http.client.HTTPException)):
+        return exc
+    return OSError(f"{type(exc).__name__}: {exc}")
+
+
+def _read(resp, n: int | None) -> bytes:
+    """Up to ``n`` raw bytes of ``resp``'s body (no content decoding), urllib3's errors as the
+    standard library's (:func:`_plain`)."""
+    try:
+        return resp.read(n, decode_content=False)
+    except urllib3.exceptions.HTTPError as exc:
+        raise _plain(exc) from None
+
+
+def _header(resp, name: str, default: str | None = None) -> str | None:
+    return resp.headers.get(name, default)
 
 
 def _basic(user: str | None, password: str | None) -> str:
@@ -246,31 +326,116 @@ def _proxy_for(u: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
     return p
 
 
-def _connect(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str, dict, dict]:
-    """``(connection, request target, authorization headers, proxy headers)`` for ``url``, through
-    the environment's proxy when there is one."""
+_ARMING = threading.local()  # .when: deadline of the request this thread sends; .guard: its watchdog entry
+
+
+class _DeadlineConnection:
+    """Arms the watchdog on the socket when the request is sent, before the answer's headers are
+    read (a server trickling its headers is cut at the deadline, as one trickling its body)."""
+
+    def getresponse(self, *args, **kwargs):
+        when = getattr(_ARMING, "when", None)
+        if when is not None and self.sock is not None:
+            _ARMING.guard = _WATCHDOG.arm(when, self.sock)
+        return super().getresponse(*args, **kwargs)
+
+
+class _HTTPConnection(_DeadlineConnection, _Urllib3HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineConnection, _Urllib3HTTPSConnection):
+    pass
+
+
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+_MANAGERS: dict = {}
+_MANAGERS_LOCK = threading.Lock()
+
+
+def _forget_pools() -> None:
+    """In a forked child: the parent's connections are its own (their sockets are shared with
+    it), and its lock may have been held at the fork; start empty."""
+    global _MANAGERS, _MANAGERS_LOCK, _DIRECT
+    _MANAGERS, _MANAGERS_LOCK, _DIRECT = {}, threading.Lock(), {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _manager(proxy: urllib.parse.SplitResult) -> urllib3.ProxyManager:
+    """This process's pool of connections through ``proxy``: one ``urllib3.ProxyManager`` per
+    proxy and TLS trust setting (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are read when it is
+    made), made again in a process of another pid."""
+    key = (os.getpid(), proxy.geturl(), os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    with _MANAGERS_LOCK:
+        manager = _MANAGERS.get(key)
+        if manager is None:
+            guard_client_logs()  # urllib3's debug records name each request's path: redacted as made
+            if len(_MANAGERS) >= 8:  # settings changed many times (tests): drop the old pools
+                for old in _MANAGERS.values():
+                    old.clear()
+                _MANAGERS.clear()
+            headers = {}
+            if proxy.username is not None:
+                headers["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
+            host = proxy.hostname if ":" not in proxy.hostname else f"[{proxy.hostname}]"
+            manager = urllib3.ProxyManager(f"http://{host}:{proxy.port or 80}", proxy_headers=headers, num_pools=32,
+                                           maxsize=POOL_CONNECTIONS, block=False, retries=_NO_RETRIES,
+                                           ssl_context=ssl.create_default_context())
+            manager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+            _MANAGERS[key] = manager
+        return manager
+
+
+_NO_RETRIES = urllib3.util.Retry.from_int(False, redirect=False)  # retries and redirects are shardfeed's
+_DIRECT: dict = {}  # (pid, scheme, host, port, SSL_CERT_FILE, SSL_CERT_DIR) -> pool, without a proxy
+
+
+def _direct_pool(u: urllib.parse.SplitResult) -> HTTPConnectionPool:
+    """This process's connection pool to ``u``'s host (no proxy): one a host and TLS trust
+    setting (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are read when it is made). Looked up without
+    ``PoolManager``'s URL parsing: a request to a pooled connection costs little more CPU than
+    ``http.client``'s."""
+    key = (os.getpid(), u.scheme, u.hostname, u.port, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    pool = _DIRECT.get(key)
+    if pool is None:
+        with _MANAGERS_LOCK:
+            pool = _DIRECT.get(key)
+            if pool is None:
+                guard_client_logs()  # urllib3's debug records name each request's path: redacted as made
+                if len(_DIRECT) >= 64:  # many hosts or changed settings: drop the old pools
+                    for old in _DIRECT.values():
+                        old.close()
+                    _DIRECT.clear()
+                kw = dict(maxsize=POOL_CONNECTIONS, block=False, retries=_NO_RETRIES)
+                if u.scheme == "https":
+                    pool = _HTTPSPool(u.hostname, u.port, ssl_context=ssl.create_default_context(), **kw)
+                else:
+                    pool = _HTTPPool(u.hostname, u.port, **kw)
+                _DIRECT[key] = pool
+    return pool
+
+
+def _target(url: str) -> tuple[urllib.parse.SplitResult, dict, urllib.parse.SplitResult | None]:
+    """``(url split, without user:password; authorization headers; proxy)``."""
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"{redact(url)}: not an http(s) URL")
-    path = u.path or "/"
-    if u.query:
-        path += "?" + u.query
     auth = {"Authorization": _basic(u.username, u.password)} if u.username is not None else {}
     proxy = _proxy_for(u)
-    proxy_headers = {}
-    if proxy is None:
-        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-        return cls(u.hostname, u.port, timeout=timeout_s), path, auth, proxy_headers
-    if proxy.username is not None:
-        proxy_headers["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
-    if u.scheme == "https":  # a tunnel (CONNECT) through the proxy, TLS to the server inside it
-        conn = http.client.HTTPSConnection(proxy.hostname, proxy.port or 80, timeout=timeout_s)
-        conn.set_tunnel(u.hostname, u.port or 443, headers=proxy_headers)
-        return conn, path, auth, {}
-    host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
-    target = f"http://{host}{'' if u.port is None else f':{u.port}'}{path}"  # absolute form, no user:password
-    return http.client.HTTPConnection(proxy.hostname, proxy.port or 80, timeout=timeout_s), target, auth, \
-        proxy_headers
+    if u.username is not None or u.password is not None:
+        host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
+        u = u._replace(netloc=host if u.port is None else f"{host}:{u.port}")
+    return u, auth, proxy
 
 
 def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s: float = DEFAULT_DEADLINE_S,
@@ -295,7 +460,7 @@ def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s:
             if not keep_deadline:
                 reply.disarm()
             return reply
-        location = resp.getheader("Location")
+        location = _header(resp, "Location")
         status = f"HTTP {resp.status} {resp.reason}"
         reply.close()
         via = f" (redirected from {hops[0]})" if hops else ""
@@ -319,35 +484,38 @@ def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s:
 
 def _request_once(url: str, method: str, headers: dict, timeout_s: float, started: float, deadline_s: float,
                   *, same_origin: bool = True) -> _Reply:
-    conn, path, auth, proxy_headers = _connect(url, timeout_s)
-    # the first host's credentials are not sent to another one a redirect names; the proxy's are
-    auth = {**auth, **proxy_headers} if same_origin else proxy_headers
-    guard = None
-    reply = None
+    u, auth, proxy = _target(url)
+    # the first host's credentials are not sent to another one a redirect names (the proxy's are
+    # the manager's own)
+    auth = auth if same_origin else {}
+    if proxy is None:
+        opener, target = _direct_pool(u).urlopen, (u.path or "/") + (f"?{u.query}" if u.query else "")
+    else:  # the proxy manager sends the absolute URL (http) or opens a CONNECT tunnel (https)
+        opener, target = _manager(proxy).urlopen, urllib.parse.urlunsplit((*u[:3], u.query, ""))
+    left = started + deadline_s - time.monotonic()
+    if left <= 0:
+        raise _Reply(None, None, url, started, deadline_s).deadline_error()
+    _ARMING.when, _ARMING.guard = started + deadline_s, None
     try:
-        left = started + deadline_s - time.monotonic()
-        if left <= 0:
-            raise _Reply(conn, None, None, url, started, deadline_s).deadline_error()
-        conn.timeout = min(timeout_s, left)
-        conn.connect()
-        guard = _WATCHDOG.arm(started + deadline_s, conn.sock)
-        reply = _Reply(conn, None, guard, url, started, deadline_s)
-        conn.request(method, path, headers={**_HEADERS, **auth, **headers})
-        reply.resp = resp = conn.getresponse()
-    except (OSError, http.client.HTTPException):
-        conn.close()
-        if reply is not None and reply.late:
-            raise reply.deadline_error() from None
+        resp = opener(method, target, headers={**_HEADERS, **auth, **headers}, redirect=False, retries=_NO_RETRIES,
+                      preload_content=False, decode_content=False, assert_same_host=False,
+                      timeout=urllib3.Timeout(connect=min(timeout_s, left), read=timeout_s))
+    except (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError) as exc:
+        guard = _ARMING.guard
         _WATCHDOG.disarm(guard)
-        raise
+        if guard is not None and guard[3]:
+            raise _Reply(None, None, url, started, deadline_s).deadline_error() from None
+        raise _plain(exc) from None
     except BaseException:
-        conn.close()
-        _WATCHDOG.disarm(guard)
+        _WATCHDOG.disarm(_ARMING.guard)
         raise
+    finally:
+        guard, _ARMING.when, _ARMING.guard = _ARMING.guard, None, None
+    reply = _Reply(resp, guard, url, started, deadline_s)
     if resp.status >= 400:
         body = b""
         try:
-            body = resp.read(200)
+            body = _read(resp, 200)
         except Exception:
             pass
         reply.close()
@@ -393,7 +561,7 @@ def _with_retries(url: str, what: str, fn, retries: int):
 
 def _content_coding(resp) -> list[str]:
     """The content codings of ``resp`` in the order they were applied (``identity`` dropped)."""
-    value = resp.getheader("Content-Encoding") or ""
+    value = _header(resp, "Content-Encoding") or ""
     return [c.strip().lower() for c in value.split(",") if c.strip() and c.strip().lower() != "identity"]
 
 
@@ -458,14 +626,14 @@ def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = D
         resp = reply.resp
         got = 0
         try:
-            length = resp.length  # http.client's reading of Content-Length (None: chunked, absent or unreadable)
+            length = reply.length  # Content-Length (None: chunked, absent or unreadable)
             if length is not None and length > max_bytes:
                 raise _Permanent(DataSourceError(f"{url}: {what} is {length:,} bytes (Content-Length), more than the "
                                                  f"{max_bytes:,} accepted; refused (is this the right URL?)"))
             parts = []
             while True:
                 try:
-                    chunk = resp.read1(1 << 16)
+                    chunk = _read(resp, 1 << 16)
                 except (OSError, http.client.HTTPException):
                     if reply.late:
                         raise reply.deadline_error(got) from None
@@ -523,9 +691,9 @@ def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float 
 
 def _size_of(resp, *, head: bool) -> int | None:
     if resp.status == 206:
-        total = (resp.getheader("Content-Range") or "").rpartition("/")[2].strip()
+        total = (_header(resp, "Content-Range") or "").rpartition("/")[2].strip()
         return int(total) if total.isdigit() else None
-    length = resp.getheader("Content-Length")
+    length = _header(resp, "Content-Length")
     if head or not _content_coding(resp):
         return int(length) if length is not None and length.strip().isdigit() else None
     return None
@@ -548,7 +716,7 @@ class HttpRangeStream:
         self.timeout_s = timeout_s
         self.retries = retries
         self.deadline_s = deadline_s
-        self._conn = self._resp = None
+        self._resp = None
         self._closed = False
         self._reopen = False
         self.ranged = False
@@ -578,20 +746,20 @@ class HttpRangeStream:
             return reply
 
         reply = _with_retries(self.url, "GET", once, self.retries)
-        conn, resp = reply.conn, reply.resp
-        length = resp.length  # http.client's Content-Length (None: chunked, absent or unreadable)
+        resp = reply.resp
+        length = reply.length  # Content-Length (None: chunked, absent or unreadable)
         if resp.status == 206:
-            cr = resp.getheader("Content-Range", "")
+            cr = _header(resp, "Content-Range", "")
             try:
                 span, _, total = cr.partition(" ")[2].partition("/")
                 first_text, _, last_text = span.partition("-")
                 first, last = int(first_text), int(last_text)
                 self.total_bytes = int(total) if total and total != "*" else self.total_bytes
             except ValueError:
-                conn.close()
+                reply.close()
                 raise DataSourceError(f"{self._where}: unreadable Content-Range {cr!r} in a 206 answer") from None
             if first != start or last < first or (self.end is not None and last >= self.end):
-                conn.close()
+                reply.close()
                 asked = f"{start}-{'' if self.end is None else self.end - 1}"
                 raise DataSourceError(f"{self._where}: asked for bytes {asked}, the server sent {span}")
             self.ranged = True
@@ -603,7 +771,7 @@ class HttpRangeStream:
             if length is not None:
                 self.total_bytes = length
             self._expect_end = length
-        self._conn, self._resp = conn, resp
+        self._resp = resp
 
     @property
     def _where(self) -> str:
@@ -634,7 +802,13 @@ class HttpRangeStream:
             try:
                 if self._resp is None:
                     return b""
-                data = self._resp.read(n if n is not None and n >= 0 else None)
+                want = n if n is not None and n >= 0 else None
+                if self._expect_end is not None:
+                    due = self._expect_end - self.offset
+                    if due <= 0:  # the span is complete: what follows (a chunked body's end) is not needed
+                        return b""
+                    want = due if want is None else min(want, due)
+                data = _read(self._resp, want)
                 if not data and self._expect_end is not None and self.offset < self._expect_end:
                     raise http.client.IncompleteRead(b"", self._expect_end - self.offset)
                 if self._expect_end is not None and self.offset + len(data) > self._expect_end:
@@ -650,6 +824,7 @@ class HttpRangeStream:
                 if partial and not self._closed and (self._expect_end is None
                                                      or self.offset + len(partial) <= self._expect_end):
                     self.offset += len(partial)  # the bytes that came before the cut (a chunked body)
+                    _finish(self._resp)
                     self._resp = None
                     self._reopen = True  # the next read resumes at the byte after them
                     return bytes(partial)
@@ -670,7 +845,7 @@ class HttpRangeStream:
         if self.offset < resume_at:  # server ignores Range: skip what we already have
             left = resume_at - self.offset
             while left:
-                chunk = self._resp.read(min(left, 1 << 20))
+                chunk = _read(self._resp, min(left, 1 << 20))
                 if not chunk:
                     raise DataSourceError(f"{self._where}: body ended at byte {self.offset} while "
                                           f"resuming at {resume_at}") from None
@@ -679,11 +854,11 @@ class HttpRangeStream:
 
     def close(self) -> None:
         self._closed = True  # a read failing because of this close is not retried
-        if self._conn is not None:
+        if self._resp is not None:
             try:
-                self._conn.close()
+                _finish(self._resp)
             finally:
-                self._conn = self._resp = None
+                self._resp = None
 
     def __enter__(self) -> "HttpRangeStream":
         return self
