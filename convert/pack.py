@@ -111,8 +111,8 @@ class PackOptions:
         shuffle: False keeps sorted ImageFolder order.
         extensions: extensions to pack (None: the defaults).
         on_error: ``"raise"`` (stop, naming the file) or ``"skip"`` (list it in the manifest), the
-            readers' spelling; ``"fail"`` (the old spelling) is accepted with a DeprecationWarning.
-            Manifests keep recording ``"fail"`` for ``"raise"`` (their bytes do not change).
+            readers' spelling; ``"fail"`` (the old spelling) is accepted with a DeprecationWarning and
+            recorded in the manifest as ``"raise"``.
         decode_check: fully decode every image while packing (readers' decode rules).
         class_to_idx: fixed class map (``--classes-from``); None: from the folder.
         resume: continue an interrupted pack in OUT (an OUT that is missing or empty is packed
@@ -191,8 +191,7 @@ class PackOptions:
         """The options that decide the output bytes (recorded in the manifest; checked on resume)."""
         d = {"format": self.format, "seed": self.seed, "shuffle": self.shuffle,
              "extensions": list(self.extensions) if self.extensions else None,
-             # manifests record the old spelling "fail" for "raise": same bytes, resumable packs
-             "on_error": "fail" if self.on_error == "raise" else self.on_error, "decode_check": self.decode_check}
+             "on_error": self.on_error, "decode_check": self.decode_check}
         if self.format == "webdataset":
             d.update(max_count=self.max_count, max_bytes=self.max_bytes, prefix=self.prefix)
         if self.reencode is not None:  # only then: manifests of packs that keep the bytes are unchanged
