@@ -38,7 +38,8 @@ from .errors import DataSourceError, ManifestError, UnsupportedURLError
 from .format import MANIFEST_NAME, Manifest
 from .http_io import BACKOFF_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS, check_remote_files
 
-__all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
+__all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
+           "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
            "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind"]
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ def split_store_url(url: str) -> tuple[str, str, str]:
         raise UnsupportedURLError(f"{scrub(url)}: not an object-store URL of the form s3://BUCKET/PREFIX/")
     if "@" in bucket:
         raise UnsupportedURLError(f"{scrub(url)}: credentials do not go in an s3:// URL; set AWS_ACCESS_KEY_ID / "
-                                  f"AWS_SECRET_ACCESS_KEY or AWS_PROFILE (or {option_hint(('key', ...), ('secret', ...))}) "
+                                  "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (or "
+                                  f"{option_hint(('key', ...), ('secret', ...))}) "
                                   "and give s3://BUCKET/PREFIX/")
     if not _BUCKET_NAME.match(bucket):
         raise UnsupportedURLError(f"{url}: {bucket!r} is not a bucket name (letters, digits, '.', '-', '_'); "

@@ -24,7 +24,8 @@ import click
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
-           "storage_option", "LocalPath", "verbosity_options", "set_log_level", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm"]
+           "storage_option", "LocalPath", "verbosity_options", "set_log_level", "EXIT_TERMINATED", "Terminated",
+           "stop_on_sigterm"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
