@@ -144,7 +144,7 @@ _SIZE_UNITS = {
 
 def created_by() -> str:
     """The ``created_by`` string written into manifests, e.g. ``"shardfeed 0.1.0"``."""
-    from . import __version__
+    from .version import __version__
 
     return f"shardfeed {__version__}"
 

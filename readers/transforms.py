@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .decode import DECODERS, DEFAULT_MAX_PIXELS, decode_crop, decode_image, resolve_decoder
+from .decode import DECODERS, DEFAULT_MAX_PIXELS, decode_crop, decode_image, import_cv2, resolve_decoder
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -75,7 +75,7 @@ def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     # OpenCV is imported on first use, not with this module: a process that only opens a dataset
     # (make_loader's parent) then never holds OpenCV when it forks the DataLoader workers, so each
     # worker can be given one OpenCV thread (loader.worker_init; see _cv2_threads_if_forking).
-    import cv2
+    cv2 = import_cv2('resample="area" (the resize of decoder="pil"/"cv2")')
 
     shrinking = width <= img.shape[1] and height <= img.shape[0]
     interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
