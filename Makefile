@@ -97,10 +97,10 @@ lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules) and mypy on the 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or anchor.
 DOCS_OUT ?= out/site
 docs: install  ## build the documentation site into out/site (mkdocs --strict)
-	$(VENV)/bin/mkdocs build --strict --site-dir $(DOCS_OUT)
+	$(PY) -m mkdocs build --strict --site-dir $(DOCS_OUT)
 
 docs-serve: install  ## serve the documentation site on http://127.0.0.1:8000 with live reload
-	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache
