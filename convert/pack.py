@@ -1,6 +1,6 @@
 """Pack an image folder into a WebDataset or LMDB dataset: plan, write in parallel, resume.
 
-The flow (DESIGN.md): scan the folder (:mod:`shardfeed.convert.scan`), fix the packing order (a
+The flow (docs/architecture.md): scan the folder (:mod:`shardfeed.convert.scan`), fix the packing order (a
 seeded shuffle of the whole dataset, or sorted order), give every sample its key (the zero-padded
 position in that order), then hand the plan to the format's packer, found in the format
 registry (:func:`shardfeed.readers.registry.packer`; the packers live in

@@ -1,8 +1,8 @@
 """The on-disk format: manifest schema, key and member naming, offset index, LMDB record codec.
 
 This module is the single definition of what shardfeed writes and reads. Writers
-(``shardfeed.convert``) import it; readers never import the writers. Binding names (see
-DESIGN.md, "On-disk formats"):
+(``shardfeed.convert``) import it; readers never import the writers. Binding names (the
+specification: docs/format.md):
 
 WebDataset
     ``OUT/{prefix}-{index:06d}.tar``; per sample the contiguous members ``{key}.{ext}`` (original

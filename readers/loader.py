@@ -1,6 +1,6 @@
 """The ``DataLoader`` factory and the host-to-device step.
 
-:func:`make_loader` applies the knobs the field tunes (DESIGN.md, "Readers"):
+:func:`make_loader` applies the knobs the field tunes (docs/reading.md, "Loader options"):
 
 * ``num_workers``: default ``min(4, usable CPUs)``;
 * ``pin_memory``: on when CUDA is available (batches then reach the GPU by a ``non_blocking``

@@ -7,7 +7,7 @@ Conversion to float and normalisation happen on the device, after a ``non_blocki
 Resizing (``resample="area"``, the rule of every path but the fast one): OpenCV ``INTER_AREA``
 when neither side grows (a proper box filter, no aliasing when shrinking), ``INTER_LINEAR``
 otherwise (bilinear, torchvision's default). ``resample="antialias"`` (the simplejpeg path of
-:class:`SampleDecoder`, issue 19): ``torch.nn.functional.interpolate(mode="bilinear",
+:class:`SampleDecoder`): ``torch.nn.functional.interpolate(mode="bilinear",
 antialias=True)`` on the ``uint8`` image, torchvision's own antialiased resize — about 3x faster
 than OpenCV's ``INTER_AREA`` at non-integer factors here, and within 0.4 grey levels of it (mean
 absolute difference on the bench's 375-500 px JPEGs shrunk to 224).
@@ -241,7 +241,7 @@ class EvalTransform:
     Args:
         image_size: Output side, in pixels.
         resize_size: Shorter side before cropping, in pixels (``>= image_size``); defaults to
-            ``image_size`` (DESIGN.md). Pass e.g. ``round(image_size / 0.875)`` for the classic
+            ``image_size`` (docs/reading.md). Pass e.g. ``round(image_size / 0.875)`` for the classic
             ImageNet evaluation crop.
         resample: ``"area"`` (OpenCV, the default) or ``"antialias"`` (torch's antialiased
             bilinear; see the module docstring).
@@ -463,7 +463,7 @@ class SampleDecoder:
     Picklable, so it travels to ``DataLoader`` workers.
 
     With ``decoder="simplejpeg"`` (or ``"auto"`` with simplejpeg installed, the default) and the
-    built-in train transform, decoding and cropping are fused (issue 19): the crop box is drawn
+    built-in train transform, decoding and cropping are fused: the crop box is drawn
     from the JPEG's header size in the upright frame (:meth:`TrainTransform.sample_crop`, same
     distribution and the same draws from the generator), the JPEG is decoded at the smallest
     power-of-two DCT scale whose window still has ``image_size`` pixels a side

@@ -1,4 +1,4 @@
-"""Bad input and faults while packing (issue 6): every file accounted for, nothing lost, nothing hangs.
+"""Bad input and faults while packing: every file accounted for, nothing lost, nothing hangs.
 
 Inputs are built here; expectations come from the files themselves (bytes, folder names).
 """
@@ -249,7 +249,7 @@ def test_non_empty_out_names_the_fix_in_both_spellings(tmp_path):
     (src / "a.png").write_bytes(_img_bytes(0, "PNG"))
     out = tmp_path / "out"
     out.mkdir()
-    (out / "shard-000000.tar").write_bytes(b"left by an earlier pack")  # --overwrite works here (issue 15)
+    (out / "shard-000000.tar").write_bytes(b"left by an earlier pack")  # --overwrite works here
     with pytest.raises(ValueError, match="not empty") as info:
         pack(tmp_path / "src", out, PackOptions())
     assert "--overwrite" in str(info.value) and "overwrite=True" in str(info.value)

@@ -46,7 +46,7 @@ def _png(seed: int, size=(12, 20)) -> bytes:
 
 
 def build_tricky_folder(root: Path) -> None:
-    """An ImageFolder with the cases issue 2 lists."""
+    """An ImageFolder with the cases the ImageFolder rules name (docs/format.md, "Samples and keys")."""
     files = {
         "cat/IMG_2020.05.01.jpg": _jpeg(1),
         "cat/photo.JPG": _jpeg(2),
@@ -161,7 +161,7 @@ def test_names_paths_and_classes(tricky, packed):
     assert "v1.2/ünïcødé_名前.jpg" in paths and "cat/IMG_2020.05.01.jpg" in paths
     assert {"cat/same_name.png", "dog/same_name.png"} <= paths
     # a linked folder outside the image folder is followed; a link to another class adds nothing
-    # (its image keeps its own class, issue 15 item 7)
+    # (its image keeps its own class)
     assert "cat/outside/via_outside_link.png" in paths and "linked_src/via_link.png" in paths
     assert "cat/link/via_link.png" not in paths
     assert not any("/." in p or p.startswith(".") for p in paths)

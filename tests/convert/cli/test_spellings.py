@@ -1,4 +1,4 @@
-"""One spelling per concept across CLI and API (issue 14): ``--on-error raise|skip``, ``--workers``
+"""One spelling per concept across CLI and API: ``--on-error raise|skip``, ``--workers``
 (``-j``) for packing processes, ``--num-workers`` for DataLoader workers; the old spellings still
 work and say they are deprecated.
 """
