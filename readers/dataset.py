@@ -15,8 +15,8 @@ or whose files are missing or of the wrong size is refused (:class:`ManifestErro
 :class:`IncompleteDatasetError`) with a message that says how to rebuild or check it.
 
 Splitting an epoch (binding: docs/format.md, "Splitting an epoch") lives in
-:mod:`shardfeed.readers.epoch` (the functions are re-exported here): shuffle, split by rank and worker, pad/drop rules, and where a resumed
-epoch continues. A source iterated directly follows the same rule as under
+:mod:`shardfeed.readers.epoch` (the functions are re-exported here): shuffle, split by rank and
+worker, pad/drop rules, and where a resumed epoch continues. A source iterated directly follows the same rule as under
 :func:`~shardfeed.readers.loader.make_loader`, whichever of the three it is.
 """
 
