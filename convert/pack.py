@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -45,6 +46,7 @@ from shardfeed.readers.format import (
     normalize_ext,
     write_bytes_atomic,
 )
+from shardfeed.readers.keywords import check_keywords
 from shardfeed.readers.registry import FORMATS, canonical_format
 from shardfeed.readers.registry import packer as format_packer
 
@@ -197,6 +199,24 @@ class PackOptions:
         if self.reencode is not None:  # only then: manifests of packs that keep the bytes are unchanged
             d["reencode"] = self.reencode.fingerprint_fields()
         return d
+
+
+def _check_option_names(cls: type) -> None:
+    """Make ``cls(...)`` (a dataclass) refuse a misspelt keyword naming the closest field
+    (``PackOptions(max_byte=...)``: "did you mean 'max_bytes'?"), as the CLI does for its flags."""
+    generated: Callable[..., None] = cls.__init__  # type: ignore[misc]
+    fields = [f.name for f in dataclasses.fields(cls)]
+
+    @functools.wraps(generated)
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        check_keywords(cls.__name__, kwargs, fields)
+        generated(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+_check_option_names(PackOptions)
+_check_option_names(ReencodeOptions)
 
 
 @dataclasses.dataclass
