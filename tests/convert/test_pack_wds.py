@@ -383,6 +383,18 @@ def test_pack_does_not_import_torch_or_webdataset(tricky, tmp_path):
     assert "IMPORTED []" in r.stdout, r.stdout + r.stderr
 
 
+def _no_isolation() -> list[str]:
+    """``--no-isolation`` when this environment has the build backend pyproject.toml asks for
+    (setuptools >= 77), else nothing: ``build`` then installs it in an isolated environment."""
+    import importlib.metadata
+
+    try:
+        major = int(importlib.metadata.version("setuptools").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return []
+    return ["--no-isolation"] if major >= 77 else []
+
+
 @pytest.mark.slow
 def test_built_wheel_runs_in_fresh_venv(tmp_path):
     repo = Path(__file__).resolve().parents[2]
@@ -393,7 +405,7 @@ def test_built_wheel_runs_in_fresh_venv(tmp_path):
     for pkg in ("convert", "readers"):
         shutil.copytree(repo / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path / "dist"
-    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)],
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", *_no_isolation(), "--outdir", str(dist), str(src)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     wheel = next(dist.glob("shardfeed-*.whl"))
