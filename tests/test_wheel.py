@@ -1,6 +1,7 @@
 """The wheel works alone: ``python -m build`` makes the sdist and the wheel, the wheel installs into
 a fresh virtual environment (no editable install, the repository not on the path), and there the
-``shardfeed`` command packs a small folder that the installed readers read back.
+``shardfeed`` command packs a small folder that the installed readers read back, and mypy sees the
+installed package's types.
 
 Heavy dependencies (torch, numpy, Pillow ...) are reused from the test's own environment through a
 path entry placed after the fresh environment's own site-packages; that entry is a plain folder on
@@ -95,3 +96,19 @@ def test_wheel_installs_alone_and_packs_and_reads(tmp_path):
     assert report["version"] == __version__
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["created_by"] == f"shardfeed {__version__}" and manifest["num_samples"] == 8
+
+    # a type checker sees the installed package's public API (py.typed, the TYPE_CHECKING imports)
+    (work / "snippet.py").write_text(
+        "from shardfeed.convert import PackOptions, pack\n"
+        "from shardfeed.readers import make_loader\n"
+        "reveal_type(pack)\nreveal_type(make_loader)\n"
+        "options: PackOptions = PackOptions(max_bytes=1_000_000)\n")
+    (work / "mypy.ini").write_text(
+        "[mypy]\nfollow_imports = silent\n"
+        "[mypy-torch.*,numpy.*,PIL.*,lmdb.*,msgpack.*,click.*,tqdm.*,simplejpeg.*,cv2.*,boto3.*,botocore.*]\n"
+        "follow_imports = skip\nignore_missing_imports = True\n")
+    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--python-executable", str(py),
+                          "--no-incremental", "snippet.py"], capture_output=True, text=True, cwd=work, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "-> shardfeed.convert.pack.PackReport" in out.stdout, out.stdout
+    assert "-> shardfeed.readers.loader.ShardfeedLoader" in out.stdout, out.stdout
