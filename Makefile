@@ -13,9 +13,9 @@ DEMO_DATA := data/sample
 DEMO_OUT := out/demo
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-fast bench lint clean system-deps gpu-check mutants
+.PHONY: help install demo test test-fast bench lint docs docs-serve clean system-deps gpu-check mutants
 
-# A bare `make` lists the targets (it used to run the first rule: create .venv and stop).
+# A bare `make` lists the targets.
 .DEFAULT_GOAL := help
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:[^#]*## /\t/' | awk -F'\t' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,10 +25,10 @@ $(PY):
 
 $(STAMP): pyproject.toml scripts/install_torch.sh | $(PY)
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install_torch.sh $(PY)
-	$(PY) -m pip install -q -e ".[dev,ray,jpeg,interop,lightning,transformers]"
+	$(PY) -m pip install -q -e ".[dev,docs,opencv,ray,jpeg,interop,lightning,transformers]"
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv with shardfeed (editable), torch, the test tools and the interop readers (DALI, wids, datasets)
+install: $(STAMP)  ## create .venv with shardfeed (editable), torch, the test and docs tools, OpenCV and the interop readers (DALI, wids, datasets)
 
 # nginx (HTTP Range requests), openssl (TLS test certificate), fuse3 + libfuse2 (the storage
 # emulator): scripts/system_deps.sh installs them with apt-get when we are root on Debian; under CI
@@ -101,8 +101,19 @@ mutants: install  ## mutation testing (cosmic-ray); survivors in out/mutants/rep
 gpu-check: install  ## CUDA machines: gpu tests + verify --device cuda (resnet50); exits 2 without CUDA
 	@$(PY) scripts/gpu_check.py --out out/gpu-check
 
-lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules)
+# mypy checks the public surface ([tool.mypy] in pyproject.toml lists the modules and the budget
+# of errors left under --strict; scripts/mypy_budget.py fails when the count grows).
+lint: install  ## ruff (pyflakes + pycodestyle + bugbear rules) and mypy on the public API
 	$(VENV)/bin/ruff check convert readers scripts tests
+	$(PY) scripts/mypy_budget.py
+
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or anchor.
+DOCS_OUT ?= out/site
+docs: install  ## build the documentation site into out/site (mkdocs --strict)
+	$(PY) -m mkdocs build --strict --site-dir $(DOCS_OUT)
+
+docs-serve: install  ## serve the documentation site on http://127.0.0.1:8000 with live reload
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache

@@ -1,4 +1,4 @@
-"""Files that let other tools open a WebDataset dataset as it is (issue 15, items 2 and 3).
+"""Files that let other tools open a WebDataset dataset as it is.
 
 Beside ``manifest.json`` a packed WebDataset dataset gets:
 

@@ -1,4 +1,4 @@
-"""One writer per output folder (issue 15, item 10).
+"""One writer per output folder.
 
 Every command that writes a dataset or an image folder (``pack``, ``convert``, ``index``,
 ``stage``, ``unpack``) holds an exclusive lock on ``OUT/.shardfeed.lock`` while it writes. A

@@ -1,6 +1,6 @@
 """Pack an image folder into a WebDataset or LMDB dataset: plan, write in parallel, resume.
 
-The flow (DESIGN.md): scan the folder (:mod:`shardfeed.convert.scan`), fix the packing order (a
+The flow (docs/architecture.md): scan the folder (:mod:`shardfeed.convert.scan`), fix the packing order (a
 seeded shuffle of the whole dataset, or sorted order), give every sample its key (the zero-padded
 position in that order), then hand the plan to the format's packer, found in the format
 registry (:func:`shardfeed.readers.registry.packer`; the packers live in
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -45,6 +46,7 @@ from shardfeed.readers.format import (
     normalize_ext,
     write_bytes_atomic,
 )
+from shardfeed.readers.keywords import check_keywords
 from shardfeed.readers.registry import FORMATS, canonical_format
 from shardfeed.readers.registry import packer as format_packer
 
@@ -113,8 +115,8 @@ class PackOptions:
         shuffle: False keeps sorted ImageFolder order.
         extensions: extensions to pack (None: the defaults).
         on_error: ``"raise"`` (stop, naming the file) or ``"skip"`` (list it in the manifest), the
-            readers' spelling; ``"fail"`` (the old spelling) is accepted with a DeprecationWarning.
-            Manifests keep recording ``"fail"`` for ``"raise"`` (their bytes do not change).
+            readers' spelling; ``"fail"`` (the old spelling) is accepted with a DeprecationWarning and
+            recorded in the manifest as ``"raise"``.
         decode_check: fully decode every image while packing (readers' decode rules).
         max_decode_bytes: with ``decode_check``, refuse an image whose decode would take more
             memory than this (bytes, read from its header; 512 MiB; None: unchecked).
@@ -202,13 +204,30 @@ class PackOptions:
         """The options that decide the output bytes (recorded in the manifest; checked on resume)."""
         d = {"format": self.format, "seed": self.seed, "shuffle": self.shuffle,
              "extensions": list(self.extensions) if self.extensions else None,
-             # manifests record the old spelling "fail" for "raise": same bytes, resumable packs
-             "on_error": "fail" if self.on_error == "raise" else self.on_error, "decode_check": self.decode_check}
+             "on_error": self.on_error, "decode_check": self.decode_check}
         if self.format == "webdataset":
             d.update(max_count=self.max_count, max_bytes=self.max_bytes, prefix=self.prefix)
         if self.reencode is not None:  # only then: manifests of packs that keep the bytes are unchanged
             d["reencode"] = self.reencode.fingerprint_fields()
         return d
+
+
+def _check_option_names(cls: type) -> None:
+    """Make ``cls(...)`` (a dataclass) refuse a misspelt keyword naming the closest field
+    (``PackOptions(max_byte=...)``: "did you mean 'max_bytes'?"), as the CLI does for its flags."""
+    generated: Callable[..., None] = cls.__init__  # type: ignore[misc]
+    fields = [f.name for f in dataclasses.fields(cls)]
+
+    @functools.wraps(generated)
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        check_keywords(cls.__name__, kwargs, fields)
+        generated(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+_check_option_names(PackOptions)
+_check_option_names(ReencodeOptions)
 
 
 @dataclasses.dataclass

@@ -5,7 +5,7 @@ and gives each sample its key; :func:`plan_shards` cuts that order into WebDatas
 the file sizes alone. The plan is a :class:`SamplePlan`: a read-only sequence of
 :class:`PlannedSample` built on demand from the scan's compact columns
 (:class:`~shardfeed.convert.scan.ScannedFiles`), so a pack's memory hardly grows with the number
-of files (issue 8: peak memory of a 20,000-file pack within 20 % of a 2,000-file one) and a
+of files (peak memory of a 20,000-file pack within 20 % of a 2,000-file one) and a
 shard's slice of the plan pickles in a few bytes per sample for the worker processes.
 
 Everything here produces exactly what the straightforward code would: :func:`sample_meta_bytes`

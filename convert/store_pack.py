@@ -1,7 +1,7 @@
 """``pack`` to an object-store prefix (``s3://bucket/prefix/``): the same bytes as a local pack,
 uploaded so that a reader never sees a half-written dataset.
 
-How (issue 16):
+How:
 
 1. OUT is checked first, by one listing of the prefix, with the rule of a local OUT
    (:mod:`shardfeed.convert.ownership`): empty, or (``--resume``) an unfinished pack of ours (or

@@ -7,7 +7,7 @@ records are ever needed. A shard is written under a temporary name in its output
 hashed (sha256) while it is written, and renamed into place when complete; its offset index
 (``.sfidx``) is written atomically first, so a ``.tar`` under its final name is always complete.
 
-Speed (issue 8): a header is six pre-built byte strings joined, its checksum the fixed part's
+Speed: a header is six pre-built byte strings joined, its checksum the fixed part's
 sum plus the name's and size field's; samples are gathered into ~1 MiB buffers, and a
 background thread hashes and writes each buffer while the caller reads the next files
 (``hashlib`` and ``os.write`` release the GIL on large buffers, so the sha256 — as costly as

@@ -1,29 +1,86 @@
-"""shardfeed.readers: the on-disk format spec and the readers that feed a training loop.
+"""shardfeed.readers: the on-disk format and the readers that feed a training loop.
 
-``open_dataset``, ``make_loader``, ``to_device`` and ``watch`` (time the user's own loop) are
-imported on first use (module ``__getattr__``), so ``import shardfeed.readers`` stays cheap and does not import torch.
+Everything a training process needs, without the packing side (``shardfeed.readers`` never
+imports ``shardfeed.convert``):
+
+* :func:`open_dataset` opens an image folder or a packed dataset (local path, ``http(s)://``,
+  ``s3://``) as a PyTorch dataset; :func:`make_loader` wraps it in a resumable ``DataLoader``
+  (:class:`ShardfeedLoader`); :func:`to_device` copies a batch and normalises it on the device.
+* :class:`Manifest`, :func:`load_manifest` and :class:`Sample`: the binding on-disk format
+  (:mod:`shardfeed.readers.format`; specification: docs/format.md).
+* The errors (:class:`ShardfeedError` and its family, :mod:`shardfeed.readers.errors`).
+* The measuring harness behind ``shardfeed bench``/``verify``/``tune``: :func:`bench_source`,
+  :func:`compare_sources`, :func:`tune_loader`; :func:`watch` times the user's own training loop
+  and says what stalls it.
+
+The names are imported on first use (module ``__getattr__``), so ``import shardfeed.readers``
+stays cheap and does not import torch; type checkers see them through the ``TYPE_CHECKING``
+imports below.
 """
-__all__ = ["__version__", "open_dataset", "make_loader", "to_device", "watch"]
-__version__ = "0.1.0"
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .version import __version__
+
+if TYPE_CHECKING:
+    from .dataset import open_dataset
+    from .errors import (
+        CorruptDataError,
+        DataSourceError,
+        IncompleteDatasetError,
+        ManifestError,
+        ResumeStateError,
+        ShardfeedError,
+        SourceChangedError,
+        UnsupportedURLError,
+    )
+    from .format import Manifest, Sample, load_manifest
+    from .loader import ShardfeedLoader, make_loader, to_device
+    from .measure.bench import bench_source
+    from .measure.tune import tune_loader
+    from .measure.verify import compare_sources
+    from .measure.watch import watch
+
+#: public name -> the module that defines it (imported on first use)
 _LAZY = {
     "open_dataset": "shardfeed.readers.dataset",
     "make_loader": "shardfeed.readers.loader",
     "to_device": "shardfeed.readers.loader",
     "watch": "shardfeed.readers.measure.watch",
+    "ShardfeedLoader": "shardfeed.readers.loader",
+    "Manifest": "shardfeed.readers.format",
+    "Sample": "shardfeed.readers.format",
+    "load_manifest": "shardfeed.readers.format",
+    "ShardfeedError": "shardfeed.readers.errors",
+    "ManifestError": "shardfeed.readers.errors",
+    "IncompleteDatasetError": "shardfeed.readers.errors",
+    "CorruptDataError": "shardfeed.readers.errors",
+    "SourceChangedError": "shardfeed.readers.errors",
+    "DataSourceError": "shardfeed.readers.errors",
+    "ResumeStateError": "shardfeed.readers.errors",
+    "UnsupportedURLError": "shardfeed.readers.errors",
+    "bench_source": "shardfeed.readers.measure.bench",
+    "compare_sources": "shardfeed.readers.measure.verify",
+    "tune_loader": "shardfeed.readers.measure.tune",
 }
 
+__all__ = ["__version__", "open_dataset", "make_loader", "to_device", "ShardfeedLoader", "Manifest", "Sample",
+           "load_manifest", "ShardfeedError", "ManifestError", "IncompleteDatasetError", "CorruptDataError",
+           "SourceChangedError", "DataSourceError", "ResumeStateError", "UnsupportedURLError", "bench_source",
+           "compare_sources", "tune_loader", "watch"]
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'shardfeed.readers' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))

@@ -1,4 +1,4 @@
-"""Reading shardfeed's WebDataset shards with other libraries (issue 15, item 4).
+"""Reading shardfeed's WebDataset shards with other libraries.
 
 Libraries that read a WebDataset sample as a dict of members (``{"__key__": ..., "jpg": bytes,
 "cls": bytes, "json": bytes}``, as upstream ``webdataset`` and Ray Data do) see one column per

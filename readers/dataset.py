@@ -14,14 +14,15 @@ A packed dataset whose manifest is missing (an interrupted pack), of an unknown 
 or whose files are missing or of the wrong size is refused (:class:`ManifestError`,
 :class:`IncompleteDatasetError`) with a message that says how to rebuild or check it.
 
-Splitting an epoch (DESIGN.md, binding) lives in :mod:`shardfeed.readers.epoch` (the functions
-are re-exported here): shuffle, split by rank and worker, pad/drop rules, and where a resumed
-epoch continues. A source iterated directly follows the same rule as under
+Splitting an epoch (binding: docs/format.md, "Splitting an epoch") lives in
+:mod:`shardfeed.readers.epoch` (the functions are re-exported here): shuffle, split by rank and
+worker, pad/drop rules, and where a resumed epoch continues. A source iterated directly follows the same rule as under
 :func:`~shardfeed.readers.loader.make_loader`, whichever of the three it is.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any, Callable
 from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_span, resolve_rank,
                     samples_per_rank, shard_order, spans_to_ranges, worker_span)
 from .errors import ManifestError, UnsupportedURLError
+from .keywords import check_keywords, signature_keywords
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
 from .opener import is_remote, local_path, url_scheme
 from .registry import FORMATS, register_format, source_factory
@@ -38,6 +40,7 @@ __all__ = [
     "SOURCES",
     "register_source",
     "open_dataset",
+    "open_dataset_keywords",
     "resolve_rank",
     "samples_per_rank",
     "rank_span",
@@ -136,6 +139,7 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             object-store client is not installed (the message says what to install or use).
         ValueError: bad options (``on_error``, ``cache``, ``decoder`` ...).
     """
+    check_keywords("open_dataset", options, open_dataset_keywords())
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if cache not in (None, "memory"):
@@ -166,6 +170,21 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
 
         ds = MemoryCachedSource.from_source(ds)
     return ds
+
+
+@functools.lru_cache(maxsize=1)
+def open_dataset_keywords() -> frozenset[str]:
+    """Every keyword :func:`open_dataset` accepts: its own, the options all sources share, and
+    each registered source's own (read from their signatures)."""
+    from .source_base import SourceBase
+
+    factories = [source_factory(name) for name, spec in FORMATS.items() if spec.source is not None]
+    from .folder_source import FolderSource
+
+    names = signature_keywords(open_dataset, SourceBase._init_common, FolderSource.__init__,
+                               *(getattr(f, "__init__", f) for f in factories))
+    return frozenset(names - {"self", "location", "manifest", "root", "source"}
+                     | {"storage_options", "check_files"})
 
 
 def _open_remote(source: str, storage_options: dict | None, common: dict, options: dict):

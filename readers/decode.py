@@ -105,6 +105,7 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MAX_DECODE_BYTES",
     "decode_bytes_estimate",
+    "import_cv2",
     "BACKGROUND",
     "DECODERS",
     "ImageTooLargeError",
@@ -823,8 +824,27 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
     return np.asarray(img.convert("RGB"))
 
 
+def import_cv2(purpose: str):
+    """``cv2``, or an ImportError saying what needs it and how to install it.
+
+    OpenCV is not a dependency of ``pip install shardfeed`` (it comes in two distributions,
+    ``opencv-python`` and ``opencv-python-headless``, that replace each other's ``cv2``): any one
+    of them works.
+
+    Args:
+        purpose: what needs OpenCV, for the message (``'decoder="cv2"'``).
+    """
+    try:
+        import cv2
+    except ImportError as exc:
+        raise ImportError(f"{purpose} needs OpenCV, which is not installed: pip install 'shardfeed[opencv]' "
+                          "(opencv-python-headless) or any OpenCV distribution (opencv-python ...); or use "
+                          "decoder='auto' (simplejpeg + torch resizing, no OpenCV)") from exc
+    return cv2
+
+
 def _decode_cv2(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
-    import cv2
+    cv2 = import_cv2('decoder="cv2"')
 
     mode = img.mode
     if img.format not in _CV2_FORMATS or ("transparency" in img.info and mode not in ("RGB", "P")):

@@ -3,8 +3,8 @@
 Pure functions (numpy and the standard library only; no torch, no sources), used by every source
 (:mod:`~shardfeed.readers.webdataset_source`, :mod:`~shardfeed.readers.lmdb_source`,
 :mod:`~shardfeed.readers.folder_source`, :mod:`~shardfeed.readers.memory_cache`) and by the
-loader (:mod:`~shardfeed.readers.loader`). DESIGN.md, "Splitting an epoch across ranks and
-workers", is binding; this module is its one implementation.
+loader (:mod:`~shardfeed.readers.loader`). The format specification (docs/format.md,
+"Splitting an epoch") is binding; this module is its one implementation.
 
 **The epoch's global sequence** ``G`` of N positions. For every epoch:
 

@@ -1,8 +1,8 @@
 """The on-disk format: manifest schema, key and member naming, offset index, LMDB record codec.
 
 This module is the single definition of what shardfeed writes and reads. Writers
-(``shardfeed.convert``) import it; readers never import the writers. Binding names (see
-DESIGN.md, "On-disk formats"):
+(``shardfeed.convert``) import it; readers never import the writers. Binding names (the
+specification: docs/format.md):
 
 WebDataset
     ``OUT/{prefix}-{index:06d}.tar``; per sample the contiguous members ``{key}.{ext}`` (original
@@ -165,7 +165,7 @@ _SIZE_UNITS = {
 
 def created_by() -> str:
     """The ``created_by`` string written into manifests, e.g. ``"shardfeed 0.1.0"``."""
-    from . import __version__
+    from .version import __version__
 
     return f"shardfeed {__version__}"
 

@@ -1,4 +1,4 @@
-"""Decode batches on the GPU (issue 19): workers hand over encoded bytes, nvJPEG decodes the batch.
+"""Decode batches on the GPU: workers hand over encoded bytes, nvJPEG decodes the batch.
 
 ``make_loader(..., decode_device="cuda")`` opens the source with ``decode=False`` (the
 ``DataLoader`` workers only read: :class:`~shardfeed.readers.format.Sample` lists), and

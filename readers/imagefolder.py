@@ -1,6 +1,6 @@
 """Scan an image folder laid out as torchvision's ``ImageFolder`` (one sub-folder per class).
 
-Rules (DESIGN.md, "Sample and key conventions"):
+Rules (docs/format.md, "Samples and keys"):
 
 * Classes are the sorted names of the root's sub-folders (symlinked folders included);
   ``class_to_idx`` follows that order, exactly as ``torchvision.datasets.ImageFolder.find_classes``.
@@ -90,7 +90,7 @@ class ScannedFiles(Sequence[ScannedFile]):
 
     A million-file folder would take ~1 KB per file as Python objects; columns (the relative
     paths as strings, sizes and mtimes as ``array('q')``, class and extension as small codes)
-    take ~100 bytes, so the pack's memory barely grows with the dataset (issue 8). Indexing
+    take ~100 bytes, so the pack's memory barely grows with the dataset. Indexing
     builds a :class:`ScannedFile` on demand; slicing gives another compact :class:`ScannedFiles`
     (it pickles compactly, for worker processes). The hot paths read the columns directly:
     :meth:`path_of`, :attr:`rels`, :attr:`sizes`, :attr:`mtimes_ns`, :meth:`label_of`,

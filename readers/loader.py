@@ -1,6 +1,6 @@
 """The ``DataLoader`` factory and the host-to-device step.
 
-:func:`make_loader` applies the knobs the field tunes (DESIGN.md, "Readers"):
+:func:`make_loader` applies the knobs the field tunes (docs/reading.md, "Loader options"):
 
 * ``num_workers``: default ``min(4, usable CPUs)``;
 * ``pin_memory``: on when CUDA is available (batches then reach the GPU by a ``non_blocking``
@@ -47,10 +47,11 @@ import torch
 import torch.utils.data
 
 from .batch_ring import BatchRing, RingBatch
-from .dataset import is_url, open_dataset
+from .dataset import is_url, open_dataset, open_dataset_keywords
 from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, validate_resume_state)
 from .errors import ResumeStateError
+from .keywords import check_keywords, signature_keywords
 from .source_base import SourceBase
 
 __all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
@@ -476,10 +477,14 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     Raises:
         ValueError: bad sizes or options; what :func:`open_dataset` raises.
     """
+    loader_keys = ("multiprocessing_context", "worker_init_fn", "collate_fn", "timeout", "generator")
+    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
+        check_keywords("make_loader", open_dataset_options,
+                       open_dataset_keywords() | signature_keywords(make_loader) | set(loader_keys) | {"decode_device"})
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     decode_device = open_dataset_options.pop("decode_device", None)
-    if decode_device is not None and torch.device(decode_device).type != "cpu":  # issue 19's GPU decoding hook
+    if decode_device is not None and torch.device(decode_device).type != "cpu":  # the GPU decoding hook
         if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
             raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
         if open_dataset_options.get("fields"):
@@ -492,7 +497,6 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
             **open_dataset_options)
-    loader_keys = ("multiprocessing_context", "worker_init_fn", "collate_fn", "timeout", "generator")
     loader_opts = {k: open_dataset_options.pop(k) for k in loader_keys if k in open_dataset_options}
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
         ds = open_dataset(source_or_dataset, shuffle=shuffle, seed=seed, pad=pad, rank=rank,

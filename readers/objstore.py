@@ -40,7 +40,8 @@ from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TI
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, redact, register_secret
 
-__all__ = ["STORE_SCHEMES", "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
+__all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
+           "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
            "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind",
            "MAX_LIST_KEYS", "MAX_LIST_PAGES"]
 
@@ -110,7 +111,8 @@ def split_store_url(url: str) -> tuple[str, str, str]:
         raise UnsupportedURLError(f"{scrub(url)}: not an object-store URL of the form s3://BUCKET/PREFIX/")
     if "@" in bucket:
         raise UnsupportedURLError(f"{scrub(url)}: credentials do not go in an s3:// URL; set AWS_ACCESS_KEY_ID / "
-                                  "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (or --storage-option key=... secret=...) "
+                                  "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (or "
+                                  f"{option_hint(('key', ...), ('secret', ...))}) "
                                   "and give s3://BUCKET/PREFIX/")
     if not _BUCKET_NAME.match(bucket):
         raise UnsupportedURLError(f"{url}: {bucket!r} is not a bucket name (letters, digits, '.', '-', '_'); "
@@ -176,6 +178,31 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
 
 
 _DEFAULT_OPTIONS: dict[str, Any] = {}
+#: how messages spell a storage option: the Python API's ``storage_options={...}`` unless the
+#: command line asked for its ``--storage-option KEY=VALUE`` (:func:`use_cli_spelling`)
+_SPELLING = {"cli": False}
+
+
+def use_cli_spelling(cli: bool = True) -> None:
+    """Make this process's error messages spell storage options as the CLI does
+    (``--storage-option anon=true``) rather than as the Python API does
+    (``storage_options={'anon': True}``). The ``shardfeed`` command calls it."""
+    _SPELLING["cli"] = bool(cli)
+
+
+def option_hint(*pairs: tuple[str, Any]) -> str:
+    """``storage_options={'key': value}`` (API) or ``--storage-option key=value`` (CLI) for a message.
+
+    Args:
+        *pairs: ``(key, value)``; a value of ``...`` prints as ``...`` (a placeholder).
+    """
+    if _SPELLING["cli"]:
+        def cli_value(v: Any) -> str:
+            return "..." if v is ... else (str(v).lower() if isinstance(v, bool) else str(v))
+
+        return " ".join(f"--storage-option {k}={cli_value(v)}" for k, v in pairs)
+    inner = ", ".join(f"{k!r}: {'...' if v is ... else repr(v)}" for k, v in pairs)
+    return f"storage_options={{{inner}}}"
 
 
 def set_default_storage_options(options: dict | None) -> None:
@@ -247,7 +274,7 @@ class StoreLocation:
         if scheme != "s3":
             raise UnsupportedURLError(
                 f"{url}: {scheme}:// is not supported; shardfeed reads object stores through the S3 API: use "
-                f"s3://{bucket}/{key} with AWS_ENDPOINT_URL (or --storage-option endpoint_url=...) set to the "
+                f"s3://{bucket}/{key} with AWS_ENDPOINT_URL (or {option_hint(('endpoint_url', ...))}) set to the "
                 "store's S3-compatible endpoint (GCS: https://storage.googleapis.com with HMAC keys), or stage "
                 "the data to a local disk first")
         self.timeout_s = float(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
@@ -421,7 +448,8 @@ class StoreLocation:
             if code == "NoSuchBucket":
                 return _Permanent(StorageAccessError(
                     f"{url}: bucket {self.bucket!r} does not exist at {self.endpoint} ({what}); check the bucket "
-                    "name, and AWS_ENDPOINT_URL / --storage-option endpoint_url=... for an S3-compatible store"))
+                    f"name, and AWS_ENDPOINT_URL / {option_hint(('endpoint_url', ...))} for an S3-compatible "
+                    "store"))
             if code in ("NoSuchKey", "404", "NotFound") or status == 404:
                 return _Permanent(FileNotFoundError(f"{url}: not found in the bucket ({what})"))
             if code in _REGION_CODES or status == 301:
@@ -429,19 +457,19 @@ class StoreLocation:
                     "HTTPHeaders", {}).get("x-amz-bucket-region")
                 hint = f"set AWS_REGION={region}" if region else "set AWS_REGION to the bucket's region"
                 return _Permanent(StorageAccessError(f"{url}: the bucket is in another region ({what}); {hint} "
-                                                     "(or --storage-option region_name=...)"))
+                                                     f"(or {option_hint(('region_name', region or ...))})"))
             if status in (401, 403) or code in ("AccessDenied", "AllAccessDisabled", "403", "401", "Forbidden"):
                 fix = "the bucket is not public, or anon=true is wrong for it" if self.storage_options.get("anon") \
                     else ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
                           "AWS_PROFILE or the instance role; renew expired ones) and the bucket policy; for a public "
-                          "bucket pass --storage-option anon=true (storage_options={'anon': True})")
+                          f"bucket pass {option_hint(('anon', True))}")
                 return _Permanent(StorageAccessError(f"{url}: access denied ({what}); {fix}"))
             return _Permanent(DataSourceError(f"{url}: {what} {err.get('Message', '')}".rstrip()))
         if any(t.__name__ in _CONFIG_ERRORS for t in type(exc).__mro__):
             return _Permanent(self._config_error(exc, url))
         if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
             return _Unreachable(f"cannot reach the store at {self.endpoint} ({type(exc).__name__}); check "
-                                "AWS_ENDPOINT_URL / --storage-option endpoint_url=... and that the server is up")
+                                f"AWS_ENDPOINT_URL / {option_hint(('endpoint_url', ...))} and that the server is up")
         if isinstance(exc, bexc.ReadTimeoutError):
             return DataSourceError(f"the store at {self.endpoint} did not answer within {self.timeout_s:g} s "
                                    "(stalled); check that the server is up")

@@ -1,4 +1,4 @@
-"""One opener for file, HTTP and object-store paths (DESIGN.md; webdataset's ``gopen`` plays this
+"""One opener for file, HTTP and object-store paths (docs/architecture.md; webdataset's ``gopen`` plays this
 part there): which kind of place a path names, and the location object that reads it.
 
 * a local path, or ``file:///abs/path`` → the local :class:`pathlib.Path`;

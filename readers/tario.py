@@ -523,7 +523,7 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
                          ) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
     """Samples ``[start, end)`` of a local shard whose ``.sfidx`` gives every sample's first header.
 
-    The fast path of the local reader (issue 8): the index tells where samples start, so whole
+    The fast path of the local reader: the index tells where samples start, so whole
     samples are read with one ``read_at`` call per ~``read_bytes`` (no read per member, no buffer
     splicing) and each plain ustar member is parsed inline, the key's bytes compared rather than
     decoded again. Header checksums are checked as in :func:`iter_members`.

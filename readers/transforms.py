@@ -7,7 +7,7 @@ Conversion to float and normalisation happen on the device, after a ``non_blocki
 Resizing (``resample="area"``, the rule of every path but the fast one): OpenCV ``INTER_AREA``
 when neither side grows (a proper box filter, no aliasing when shrinking), ``INTER_LINEAR``
 otherwise (bilinear, torchvision's default). ``resample="antialias"`` (the simplejpeg path of
-:class:`SampleDecoder`, issue 19): ``torch.nn.functional.interpolate(mode="bilinear",
+:class:`SampleDecoder`): ``torch.nn.functional.interpolate(mode="bilinear",
 antialias=True)`` on the ``uint8`` image, torchvision's own antialiased resize — about 3x faster
 than OpenCV's ``INTER_AREA`` at non-integer factors here, and within 0.4 grey levels of it (mean
 absolute difference on the bench's 375-500 px JPEGs shrunk to 224).
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .decode import DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, decode_crop, decode_image, resolve_decoder
+from .decode import (DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, decode_crop, decode_image, import_cv2,
+                     resolve_decoder)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -79,7 +80,7 @@ def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     # OpenCV is imported on first use, not with this module: a process that only opens a dataset
     # (make_loader's parent) then never holds OpenCV when it forks the DataLoader workers, so each
     # worker can be given one OpenCV thread (loader.worker_init; see _cv2_threads_if_forking).
-    import cv2
+    cv2 = import_cv2('resample="area" (the resize of decoder="pil"/"cv2")')
 
     shrinking = width <= img.shape[1] and height <= img.shape[0]
     interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
@@ -382,7 +383,7 @@ class EvalTransform:
     Args:
         image_size: Output side, in pixels.
         resize_size: Shorter side before cropping, in pixels (``>= image_size``); defaults to
-            ``image_size`` (DESIGN.md). Pass e.g. ``round(image_size / 0.875)`` for the classic
+            ``image_size`` (docs/reading.md). Pass e.g. ``round(image_size / 0.875)`` for the classic
             ImageNet evaluation crop.
         resample: ``"area"`` (OpenCV, the default) or ``"antialias"`` (torch's antialiased
             bilinear; see the module docstring).
@@ -646,7 +647,7 @@ class SampleDecoder:
     Picklable, so it travels to ``DataLoader`` workers.
 
     With ``decoder="simplejpeg"`` (or ``"auto"`` with simplejpeg installed, the default) and the
-    built-in train transform, decoding and cropping are fused (issue 19): the crop box is drawn
+    built-in train transform, decoding and cropping are fused: the crop box is drawn
     from the JPEG's header size in the upright frame (:meth:`TrainTransform.sample_crop`, same
     distribution and the same draws from the generator), the JPEG is decoded at the smallest
     power-of-two DCT scale whose window still has ``image_size`` pixels a side

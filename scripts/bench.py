@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""shardfeed's side-by-side benchmarks (issue 8), run by ``make bench``.
+"""shardfeed's side-by-side benchmarks, run by ``make bench``.
 
 Every comparison of the issue's table runs its candidates in this one run, round by round,
 rotating their order (A B, B A, ...), after a warm-up round; a figure is the median over the

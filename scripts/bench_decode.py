@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fused decode-and-crop vs today's decode path vs DALI's CPU pipeline (issue 19), run by ``make bench``.
+"""Fused decode-and-crop vs today's decode path vs DALI's CPU pipeline, run by ``make bench``.
 
 Rows, each measured side by side in this one run, one process (one thread: OpenCV and torch are
 held to one thread, DALI runs ``num_threads=1`` without pipelining), on ImageNet-sized JPEGs

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pack scaling and packing from slow storage (issue 19 items 5 and 6), side by side in one run.
+"""Pack scaling and packing from slow storage, side by side in one run.
 
 Rows (every ratio the median of per-round ratios; the cases of a group run round by round in
 rotated order after a warm-up round; outputs deleted and the disk synced, untimed, before each run):

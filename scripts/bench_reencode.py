@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark re-encoding while packing (issue 9); ``make bench`` runs it through :func:`run`.
+"""Benchmark re-encoding while packing; ``make bench`` runs it through :func:`run`.
 
 Two measurements, each with its candidates side by side in paired, order-rotated rounds
 (:func:`bench_util.run_rounds`; figures are medians over the rounds, ratios medians of the

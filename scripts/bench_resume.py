@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Resume mid-epoch (issue 17): time to the first batch after resuming at 90 % of an epoch, against
+"""Resume mid-epoch: time to the first batch after resuming at 90 % of an epoch, against
 the time to the first batch at the start of an epoch, for every source.
 
 Time to first batch (``ttfb``): from ``make_loader(...)`` (plus ``load_state_dict(state)`` for the

@@ -1,4 +1,4 @@
-"""Object-store benchmark rows (issue 16), side by side in one run against a real S3-API server on
+"""Object-store benchmark rows, side by side in one run against a real S3-API server on
 loopback (moto's standalone server, a separate process, as nginx is):
 
 * raw read of the same shards from the S3-API server / from nginx (target >= 0.8), and / plain

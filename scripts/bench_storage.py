@@ -283,7 +283,7 @@ def format_markdown(result: dict) -> str:
             lines[-1] += (f"{s['images_per_s']:.0f} | {s['stall_share']:.0%} |" if s else "- | - |")
         lines += ["", f"{t['note']}; WebDataset keeps up with "
                       f"{t['wds_workers_needed'] if t['wds_workers_needed'] is not None else 'none of the tried'} workers."]
-    lines += ["", "Targets (issue 18): " + "; ".join(result["targets"])]
+    lines += ["", "Targets: " + "; ".join(result["targets"])]
     return "\n".join(lines)
 
 

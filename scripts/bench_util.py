@@ -1,6 +1,6 @@
 """Helpers of ``scripts/bench.py``: paired timing, page-cache eviction and checks, machine facts.
 
-Timing rule (issue 8): every comparison runs its candidates side by side in one run, round by
+Timing rule: every comparison runs its candidates side by side in one run, round by
 round, rotating their order each round (A B, then B A, ...), after one warm-up round; a figure is
 the median over the rounds, and a ratio the median of the per-round ratios (each round's
 candidates ran back to back, so slow drifts of the machine cancel).

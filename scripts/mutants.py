@@ -23,7 +23,7 @@ Usage::
     python scripts/mutants.py [--out out/mutants] [--only readers/http_io.py ...] [--deliberate-only]
                               [--sample N] [--seed S] [--no-deliberate]
 
-The deliberate bugs of ``scripts/mutants.toml`` (issue 20: a retry one byte late, a 403 retried,
+The deliberate bugs of ``scripts/mutants.toml`` (a retry one byte late, a 403 retried,
 no CRC check, a case-insensitive class sort ...) are tried first, each against its tests; the
 report names the tests that caught it, and the run fails if one was not caught.
 

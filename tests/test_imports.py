@@ -1,7 +1,7 @@
 """The import graph of ``shardfeed.convert`` and ``shardfeed.readers``, read from the source with ``ast``.
 
 Every ``import``/``from ... import`` counts, at module level and inside functions (relative ones
-resolved). The rules (issue 14, docs/architecture.md):
+resolved). The rules (docs/architecture.md):
 
 * no import cycle inside a package (a module that imports, directly or not, a module that imports it);
 * ``shardfeed.readers`` never imports ``shardfeed.convert`` (a training process needs readers only);

@@ -7,7 +7,7 @@ over :mod:`shardfeed.convert.tools`), :mod:`.measure` (``bench``, ``verify``, ``
 and storage); shared options, ``--json`` reports and progress bars live in
 :mod:`.common`. Nothing outside this package imports Click.
 
-Conventions (DESIGN.md, "CLI conventions"): every reporting command takes ``--json PATH`` (``-``
+Conventions (docs/format.md, "Command-line conventions"): every reporting command takes ``--json PATH`` (``-``
 for stdout) and writes its full report there; sizes accept ``KB/MB/GB`` (powers of 1000) and
 ``KiB/MiB/GiB``; lists are comma-separated. Library errors become one line on stderr and a
 non-zero exit status, never a traceback. Commands import their heavy modules lazily, so
@@ -23,7 +23,7 @@ import warnings
 
 import click
 
-from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, stop_on_sigterm
+from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, set_log_level, stop_on_sigterm
 
 __all__ = ["main"]
 
@@ -63,6 +63,9 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
+    from shardfeed.readers.objstore import use_cli_spelling
+
+    use_cli_spelling()  # messages name --storage-option KEY=VALUE, not the API's storage_options={...}
     stop_on_sigterm()  # SIGTERM stops a command as Ctrl-C does: workers ended, partial files removed, one line
     # PyTorch warns about a worker count above the CPUs from two places (DataLoader() and iter()), so
     # with the default filter (once per place) tune/verify/bench printed the same advice twice: once
@@ -71,6 +74,9 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     logging.basicConfig(level=level, format="shardfeed: %(levelname)s: %(message)s", stream=sys.stderr)
     ctx.ensure_object(dict)
     ctx.obj["quiet"] = quiet
+    ctx.obj["verbose"] = verbose
+    if quiet or verbose:  # also where logging was configured before (basicConfig then does nothing)
+        set_log_level(ctx.obj)
 
 
 def _register_commands() -> None:

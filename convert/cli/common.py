@@ -1,4 +1,4 @@
-"""What every shardfeed command shares (the CLI conventions of DESIGN.md).
+"""What every shardfeed command shares (the CLI conventions: docs/format.md, "Command-line conventions").
 
 Every reporting command takes ``--json PATH`` (``-`` for stdout); sizes accept ``KB/MB/GB``
 (powers of 1000) and ``KiB/MiB/GiB``; library errors become one line on stderr and a non-zero
@@ -24,8 +24,8 @@ import click
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
-           "storage_option", "read_storage_option_file", "LocalPath", "EXIT_TERMINATED", "Terminated",
-           "stop_on_sigterm", "check_report_path", "scan_progress"]
+           "storage_option", "read_storage_option_file", "LocalPath", "verbosity_options", "set_log_level",
+           "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path", "scan_progress"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -182,7 +182,7 @@ def fail_cleanly(f: Callable) -> Callable:
 
 class LocalPath(click.ParamType):
     """A ``click.Path`` that refuses URLs (``s3://b/x``, ``http://h/x``, ``gs://...``) naming the URL
-    and what the command accepts, instead of taking ``s3:`` for a local folder name (issue 16).
+    and what the command accepts, instead of taking ``s3:`` for a local folder name.
     Wraps the ``click.Path`` it replaces; :func:`command` puts it on every ``click.Path`` parameter."""
 
     def __init__(self, inner: click.Path, command_name: str):
@@ -221,12 +221,43 @@ class LocalPath(click.ParamType):
         return self.inner.convert(value, param, ctx)
 
 
+def set_log_level(obj: dict) -> None:
+    """Apply ``obj``'s ``quiet``/``verbose`` to the ``shardfeed`` logging level (see :func:`main`)."""
+    import logging
+
+    level = logging.ERROR if obj.get("quiet") else (logging.WARNING, logging.INFO,
+                                                   logging.DEBUG)[min(obj.get("verbose", 0), 2)]
+    logging.getLogger().setLevel(level)
+
+
+def _verbosity_after_command(ctx: click.Context, param: click.Parameter, value) -> None:
+    """``-q``/``-v`` given after the command name: the same effect as before it."""
+    if not value:
+        return
+    obj = ctx.find_root().ensure_object(dict)
+    if param.name == "quiet":
+        obj["quiet"] = True
+    else:
+        obj["verbose"] = obj.get("verbose", 0) + value
+    set_log_level(obj)
+
+
+def verbosity_options(f: Callable) -> Callable:
+    """``-q/--quiet`` and ``-v/--verbose`` on a command, so ``shardfeed pack SRC OUT -q`` works as
+    ``shardfeed -q pack SRC OUT`` does (they add to the group's; not passed to the command)."""
+    f = click.option("-v", "--verbose", count=True, expose_value=False, callback=_verbosity_after_command,
+                     help="More log output (-vv for debug); same as before the command name.")(f)
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_verbosity_after_command,
+                        help="No progress bar and no warnings; same as before the command name.")(f)
+
+
 def command(*args, **kwargs) -> Callable:
     """``click.command`` with clean error handling (see :func:`fail_cleanly`); its ``click.Path``
-    parameters refuse URLs (:class:`LocalPath`)."""
+    parameters refuse URLs (:class:`LocalPath`); ``-q``/``-v`` are accepted after the command name
+    too (:func:`verbosity_options`)."""
 
     def deco(f):
-        cmd = click.command(*args, **kwargs)(fail_cleanly(f))
+        cmd = click.command(*args, **kwargs)(verbosity_options(fail_cleanly(f)))
         for param in cmd.params:
             if isinstance(param.type, click.Path):
                 param.type = LocalPath(param.type, cmd.name)

@@ -318,7 +318,7 @@ def _finish(store: LmdbStore, num_records: int, records_resumed: int, payload_by
 class LmdbWriter:
     """Write samples into a new LMDB dataset (``OUT/data.mdb`` + ``manifest.json``).
 
-    Implements the ``Writer`` protocol of DESIGN.md: :meth:`write` each :class:`Sample` in
+    Implements the ``Writer`` protocol (docs/architecture.md): :meth:`write` each :class:`Sample` in
     increasing key order, then :meth:`close` (or leave the ``with`` block) to commit the last
     records with the manifest and write ``manifest.json``. Leaving the block on an exception closes
     the database without a manifest: it stays an unfinished dataset that every reader refuses.

@@ -5,7 +5,7 @@ rollover rule cuts every shard (a shard closes *before* it would pass ``max_coun
 ``max_bytes`` bytes on disk, headers, padding and end blocks included):
 
 * :class:`WebDatasetWriter` (``shardfeed convert`` and other producers that see samples one at a
-  time; the ``Writer`` protocol of DESIGN.md: ``write(sample)``, ``close() -> Manifest``, context
+  time; the ``Writer`` protocol (docs/architecture.md): ``write(sample)``, ``close() -> Manifest``, context
   manager) cuts as samples come, and writes the manifest last, atomically. Leaving the ``with``
   block on an exception drops the shard in progress and writes no manifest.
 * :func:`pack_webdataset` (``shardfeed pack``): the boundaries are computed up front by
@@ -323,7 +323,7 @@ def _plain_reader(files) -> Callable[[int], bytes]:
 
 def _add_plain_samples(writer: ShardWriter, plan: SamplePlan, on_error: str, skipped: list,
                        progress: ProgressSink, read_ahead_n: int = 0) -> None:
-    """Append the plan's samples to ``shard`` straight from its columns (issue 8's hot loop).
+    """Append the plan's samples to ``shard`` straight from its columns (the hot loop).
 
     Same bytes as building a :class:`PlannedSample` per sample, calling
     :func:`load_sample_payload` and ``writer.add`` with ``meta_bytes``; none of those

@@ -1,7 +1,7 @@
 """Throughput measurement: the training-loop harness behind ``shardfeed bench``, ``verify`` and ``tune``.
 
-The method is the one practitioners use to find a data-loading bottleneck (DESIGN.md,
-"Measuring"): run a real training loop, and for every batch time
+The method is the one practitioners use to find a data-loading bottleneck (docs/measuring.md): run
+a real training loop, and for every batch time
 
 ``t_wait_s``
     the wall time the loop is blocked on the loader, *including* the host-to-device copy

@@ -1,4 +1,4 @@
-"""Bad input and faults while packing LMDB (issue 6, cases 10 and 11 for ``--format lmdb``).
+"""Bad input and faults while packing LMDB.
 
 Ctrl-C in the middle of ``shardfeed pack --format lmdb`` and the output disk filling up
 (``RLIMIT_FSIZE``): a prompt, clean exit, nothing that looks complete (no ``manifest.json``, no

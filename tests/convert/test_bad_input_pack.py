@@ -1,4 +1,4 @@
-"""Bad input and faults while packing (issue 6): every file accounted for, nothing lost, nothing hangs.
+"""Bad input and faults while packing: every file accounted for, nothing lost, nothing hangs.
 
 Inputs are built here; expectations come from the files themselves (bytes, folder names).
 """

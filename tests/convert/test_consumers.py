@@ -1,4 +1,4 @@
-"""Other tools read a packed mixed JPEG/PNG dataset exactly (issue 15 items 1-3, 5): NVIDIA DALI
+"""Other tools read a packed mixed JPEG/PNG dataset exactly: NVIDIA DALI
 (with its own wds2idx index beside shardfeed's), wids (shardindex.json) and Hugging Face
 ``datasets`` (the dataset card). Right values come from the source folder: every image once,
 bytes equal to its file, label = its folder's index in sorted order.

@@ -1,4 +1,4 @@
-"""One writer per output folder (issue 15 item 10): a second command writing the same OUT fails
+"""One writer per output folder: a second command writing the same OUT fails
 at once naming the holder (PID, host), a stale lock from a dead process is taken over, and every
 writing command (pack, convert, index, stage, unpack) takes the lock. Right values come from the
 source folders (bytes per path) and from the holder process itself (its PID)."""

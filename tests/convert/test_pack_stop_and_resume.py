@@ -1,4 +1,4 @@
-"""`--resume` on a first run and SIGTERM during a parallel pack (issue 15 items 11 and 14).
+"""`--resume` on a first run and SIGTERM during a parallel pack.
 
 Expectations come from a plain pack of the same folder (byte-identical shards) and the files
 written here."""
@@ -140,7 +140,7 @@ def test_sigterm_during_a_parallel_pack_prints_one_line_and_resumes(fmt, target,
 
 def test_resume_refused_names_the_changed_options_and_files(tmp_path):
     """A pack stopped by a bad file; then the file is removed, another one rewritten and an
-    option changed: --resume names each (issue 15 item 15)."""
+    option changed: --resume names each."""
     src, out = tmp_path / "src", tmp_path / "out"
     for i in range(8):
         (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)

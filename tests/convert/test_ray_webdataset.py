@@ -1,4 +1,4 @@
-"""Ray Data reads a packed mixed JPEG/PNG dataset exactly (issue 15 item 4), with the call the
+"""Ray Data reads a packed mixed JPEG/PNG dataset exactly, with the call the
 README documents. Right values come from the source folder. Runs in the Ray pytest process
 (``pytest -m ray``)."""
 

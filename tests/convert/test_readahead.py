@@ -1,4 +1,4 @@
-"""Read-ahead (issue 19 item 6): bounded concurrent reads, results in input order, same bytes.
+"""Read-ahead: bounded concurrent reads, results in input order, same bytes.
 
 Unit tests of :func:`shardfeed.convert.readahead.read_ahead` with real threads (reads made to
 finish out of order with events, memory and concurrency bounds checked from inside the reads),

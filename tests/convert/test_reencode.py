@@ -1,4 +1,4 @@
-"""Re-encoding while packing (issue 9): ``--resize``, ``--resize-mode``, ``--upscale``, ``--quality``,
+"""Re-encoding while packing: ``--resize``, ``--resize-mode``, ``--upscale``, ``--quality``,
 ``--image-format``.
 
 Expected sizes are computed by hand in the tests (the arithmetic is written next to each case);

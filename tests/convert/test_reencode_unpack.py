@@ -1,4 +1,4 @@
-"""`pack --resize` then `unpack`: valid images of the right sizes (issue 9), for both formats.
+"""`pack --resize` then `unpack`: valid images of the right sizes, for both formats.
 
 Expected sizes are worked out by hand: shorter side -> 32, the other side round(other * 32 / shorter).
 """

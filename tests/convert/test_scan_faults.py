@@ -1,4 +1,4 @@
-"""Faults in the source folder (issue 15 items 6-8): broken links, symlink loops and names that
+"""Faults in the source folder: broken links, symlink loops and names that
 are not UTF-8. Right values come from the files written here (bytes, true class folder), read
 back with the standard library's tarfile."""
 

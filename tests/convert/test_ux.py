@@ -1,4 +1,4 @@
-"""What a new user sees (issue 15 item 15): images beside the class folders are warned about with
+"""What a new user sees: images beside the class folders are warned about with
 their count, ``check --decode`` shows a progress bar on a terminal, ``tune`` prints PyTorch's
 worker-count advice once. Right values come from the files written here."""
 

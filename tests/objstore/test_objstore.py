@@ -1,4 +1,4 @@
-"""Object stores (issue 16) against a real S3-API server on 127.0.0.1 (moto's standalone server,
+"""Object stores against a real S3-API server on 127.0.0.1 (moto's standalone server,
 started once for the session by ``conftest.py``): readers identical to local for several ranks and
 real DataLoader workers, a folder in a bucket, pack to a bucket byte-identical to a local pack,
 resume after ``kill -9``, the fault policy (403, 404, missing bucket, expired credentials,
@@ -459,7 +459,8 @@ def test_overwrite_never_deletes_objects_under_a_deeper_prefix(tiny_image_folder
 
 @pytest.mark.parametrize("value", ["maybe", "ture", ""])
 def test_storage_option_anon_takes_a_boolean_only(value):
-    """anon=maybe used to be kept as the (truthy) string: unsigned requests, and a 403 blamed on the bucket."""
+    """anon=maybe is refused, not kept as a (truthy) string that would send unsigned requests and blame a
+    403 on the bucket."""
     r = _cli("inspect", "s3://bucket/x", "--storage-option", f"anon={value}")
     assert r.returncode == 2 and "anon" in r.stderr and "true or false" in r.stderr and "Traceback" not in r.stderr
 

@@ -1,5 +1,5 @@
 """torchrun --nproc_per_node=2 (gloo, CPU): ranks read disjoint samples, union = all but the
-documented remainder, equal batch counts (DESIGN.md "Splitting an epoch")."""
+documented remainder, equal batch counts (docs/format.md "Splitting an epoch")."""
 
 from __future__ import annotations
 

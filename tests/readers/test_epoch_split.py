@@ -1,4 +1,4 @@
-"""The epoch split (DESIGN.md "Splitting an epoch across ranks and workers"), as pure functions.
+"""The epoch split (docs/format.md "Splitting an epoch"), as pure functions.
 
 Expectations are computed here from the rule's definition (shards laid end to end, N // W per
 rank, contiguous ranges), not from the code under test.
@@ -24,7 +24,7 @@ def _ids(counts, ranges):
 
 
 def _epoch_sequence(counts, *, seed, epoch):
-    """The epoch's global sequence by DESIGN.md's rule: shards shuffled with
+    """The epoch's global sequence by the specification's rule: shards shuffled with
     ``random.Random(seed + epoch)``, laid end to end."""
     order = list(range(len(counts)))
     random.Random(seed + epoch).shuffle(order)

@@ -1,6 +1,6 @@
-"""Bad input and faults on the reading side (issue 6): named errors, counted skips, nothing hangs.
+"""Bad input and faults on the reading side: named errors, counted skips, nothing hangs.
 
-Cases (numbers of issue 6): 1 damaged images read without ``--decode-check``, 6 every image mode
+Cases: 1 damaged images read without ``--decode-check``, 6 every image mode
 into one batch, 7 a 400-megapixel image among normal ones, 8 a truncated shard and a damaged tar
 header, 9 a key whose members are not contiguous (and stray member groups between samples), 14
 ranks x workers with uneven shards, 15 an LMDB environment opened before ``fork``/``spawn``, 16 a

@@ -1,4 +1,4 @@
-"""Small rules of the binding format (DESIGN.md, readers/format.py), each against a value written
+"""Small rules of the binding format (docs/format.md, readers/format.py), each against a value written
 out here by hand or computed with the standard library (mutants of format.py survived these)."""
 
 from __future__ import annotations

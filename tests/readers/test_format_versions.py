@@ -1,4 +1,4 @@
-"""Manifest version 2 (issue 15 items 1 and 5): shardfeed's offset index is ``.sfidx`` (``.idx`` is
+"""Manifest version 2: shardfeed's offset index is ``.sfidx`` (``.idx`` is
 NVIDIA DALI's name), the manifest records the image extensions present, and version-1 datasets
 (``.idx`` indexes, no extensions) are still read. Right values come from the source folder."""
 

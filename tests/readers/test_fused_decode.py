@@ -1,4 +1,4 @@
-"""Tests for the fused decode-and-crop path (issue 19): simplejpeg, decode_crop, resample="antialias".
+"""Tests for the fused decode-and-crop path: simplejpeg, decode_crop, resample="antialias".
 
 References come from Pillow (full decode, ``ImageOps.exif_transpose``), OpenCV and numpy directly;
 the crop distribution is checked against an independent vectorised draw of the

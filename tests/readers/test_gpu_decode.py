@@ -1,4 +1,4 @@
-"""Tests for GPU batch decoding (readers/gpu_decode.py, issue 19).
+"""Tests for GPU batch decoding (readers/gpu_decode.py).
 
 On a CPU-only machine the batch decoder runs every step but nvJPEG (the CPU decode primitive
 stands in) and ``make_loader(decode_device="cuda")`` falls back to the CPU loader; the

@@ -1,4 +1,4 @@
-"""HTTP redirects (issue 15 item 12) against real servers on 127.0.0.1: a front server answers
+"""HTTP redirects against real servers on 127.0.0.1: a front server answers
 every request (manifest, HEAD, ranged GETs) with a redirect to the server holding the files; the
 samples read through it are the original files. Redirects that cannot be followed fail naming the
 URL and the status, never read as an empty manifest."""

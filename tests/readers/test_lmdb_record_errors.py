@@ -1,5 +1,5 @@
-"""A damaged LMDB record's error names the database, the key and the sample's original file
-(issue 15 item 13). The record to damage is found by the source file's bytes, so the expected
+"""A damaged LMDB record's error names the database, the key and the sample's original file.
+The record to damage is found by the source file's bytes, so the expected
 path comes from the source folder, not from shardfeed's decoder."""
 
 from __future__ import annotations

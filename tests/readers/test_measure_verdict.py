@@ -16,8 +16,8 @@ from shardfeed.readers.measure.sampling import others_cpu
 from shardfeed.readers.measure.verdict import round_spread
 
 
-def test_issue_first_demo_rounds_give_no_verdict():
-    # the first `make demo` of issue 18: it printed "2.0x faster"
+def test_demo_rounds_that_disagree_give_no_verdict():
+    # a `make demo` run whose medians alone would print "2.0x faster"
     v = judge_rounds([1514, 948, 973], [1901, 2120, 1025])
     assert v["kind"] == "noisy"
     assert v["before"]["median"] == 973 and v["after"]["median"] == 1901
@@ -28,7 +28,7 @@ def test_issue_first_demo_rounds_give_no_verdict():
     assert any("--repeats 7" in a for a in v["advice"]) and any("quieter machine" in a for a in v["advice"])
 
 
-def test_issue_quiet_wallpapers_rounds_give_no_verdict():
+def test_overlapping_rounds_give_no_verdict():
     # rounds 141, 153 vs 154, 153 images/s: printed "1.1x"
     v = judge_rounds([141, 153], [154, 153])
     assert v["before"]["median"] == 141 and v["after"]["median"] == 153

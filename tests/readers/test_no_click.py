@@ -1,4 +1,4 @@
-"""``readers/`` is what a training process needs: no module under it imports Click (issue 14).
+"""``readers/`` is what a training process needs: no module under it imports Click.
 
 The command line lives in ``convert/cli/``; imports inside functions count too.
 """

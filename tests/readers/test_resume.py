@@ -1,4 +1,4 @@
-"""Resume mid-epoch (issue 17): ``loader.state_dict()`` / ``loader.load_state_dict(state)``.
+"""Resume mid-epoch: ``loader.state_dict()`` / ``loader.load_state_dict(state)``.
 
 Each test reads an uninterrupted run (real ``DataLoader`` workers, persistent), takes the loader's
 state after chosen batches (what a checkpoint would save: after the first batch, in the middle,

@@ -1,6 +1,6 @@
 """One contract for the three sources iterated directly (``for s in open_dataset(...)``).
 
-DESIGN.md "Splitting an epoch across ranks and workers": shuffled each epoch, split by rank into
+docs/format.md "Splitting an epoch": shuffled each epoch, split by rank into
 equal shares (remainder dropped, or repeated with ``pad=True``), disjoint across ranks. The
 expectations come from the image folder itself (``tiny_folder_expected``: bytes and labels by
 path), never from the readers.

@@ -1,4 +1,4 @@
-"""One rule groups a sample's tar members, so the training reader and the tools agree (issue 14).
+"""One rule groups a sample's tar members, so the training reader and the tools agree.
 
 Before, the reader (``source_base.parts_to_raw``) and the tools (``inspect.parts_to_sample``) had
 two rules: on the shard below the reader read an upper-case ``.PNG`` as ``"PNG"`` and the tools as

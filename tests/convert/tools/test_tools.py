@@ -1,4 +1,4 @@
-"""The dataset tools: inspect, check, unpack, convert, stage, index, serve (issue 7).
+"""The dataset tools: inspect, check, unpack, convert, stage, index, serve.
 
 Expectations come from the source folder itself (its files' bytes, and labels from the sorted
 class folder names, as torchvision's ImageFolder assigns them), or from the files on disk read
