@@ -421,7 +421,7 @@ def test_built_wheel_runs_in_fresh_venv(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
-    subprocess.run([*pip, "click", "tqdm", "msgpack", "numpy"], check=True, capture_output=True)
+    subprocess.run([*pip, "click", "tqdm", "msgpack", "numpy", "urllib3"], check=True, capture_output=True)
     r = subprocess.run([str(venv / "bin" / "shardfeed"), "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and "pack" in r.stdout, r.stderr
     r = subprocess.run([str(venv / "bin" / "shardfeed"), "pack", "--help"], capture_output=True, text=True,
