@@ -396,23 +396,24 @@ class StoreLocation:
             return StorageAccessError(
                 f"{url}: incomplete AWS credentials ({missing} missing, {detail}); set both AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials), or "
-                "--storage-option key=... secret=..., or AWS_PROFILE")
+                f"{option_hint(('key', ...), ('secret', ...))}, or AWS_PROFILE")
         if name == "NoCredentialsError":
             return StorageAccessError(
                 f"{url}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
-                "(or run on an instance with a role), or pass --storage-option anon=true for a public bucket")
+                f"(or run on an instance with a role), or pass {option_hint(('anon', True))} for a public bucket")
         if name == "ProfileNotFound":
             profile = self.storage_options.get("profile") or os.environ.get("AWS_PROFILE")
             return StorageAccessError(f"{url}: AWS profile {profile!r} not found in ~/.aws/config; check AWS_PROFILE "
-                                      "/ --storage-option profile=...")
+                                      f"/ {option_hint(('profile', ...))}")
         if name in ("NoRegionError", "InvalidRegionError") or "region" in detail.lower():
             return StorageAccessError(f"{url}: no usable region ({detail}); set AWS_REGION (or AWS_DEFAULT_REGION, "
-                                      "or --storage-option region_name=...) to the bucket's region")
+                                      f"or {option_hint(('region_name', ...))}) to the bucket's region")
         if name == "ParamValidationError":
             return StorageAccessError(f"{url}: invalid request ({detail})")
         if "endpoint" in detail.lower() or "url" in detail.lower() or "Endpoint" in name:
             return StorageAccessError(f"{url}: unusable endpoint {self.endpoint!r} ({detail}); set AWS_ENDPOINT_URL "
-                                      "/ --storage-option endpoint_url=... to the store's URL (http(s)://HOST[:PORT])")
+                                      f"/ {option_hint(('endpoint_url', ...))} to the store's URL "
+                                      "(http(s)://HOST[:PORT])")
         return StorageAccessError(f"{url}: the S3 client cannot be set up ({name}: {detail}); check the AWS "
                                   "configuration (AWS_PROFILE, ~/.aws/config, AWS_REGION, AWS_ENDPOINT_URL)")
 
@@ -623,11 +624,11 @@ class StoreLocation:
             if not token[0]:
                 raise DataSourceError(f"{where} says it is truncated after {pages:,} pages ({len(out):,} keys) but "
                                       "gives no continuation token: the server does not speak ListObjectsV2 "
-                                      "correctly; check AWS_ENDPOINT_URL / --storage-option endpoint_url=...")
+                                      f"correctly; check AWS_ENDPOINT_URL / {option_hint(('endpoint_url', ...))}")
             if token[0] in seen:
                 raise DataSourceError(f"{where} repeats a continuation token after {pages:,} pages ({len(out):,} "
                                       "keys): the server would list the same page forever; check the server (or "
-                                      "AWS_ENDPOINT_URL / --storage-option endpoint_url=...)")
+                                      f"AWS_ENDPOINT_URL / {option_hint(('endpoint_url', ...))})")
             seen.add(token[0])
         raise DataSourceError(f"{where} is still truncated after {MAX_LIST_PAGES:,} pages ({len(out):,} keys); list "
                               "a narrower prefix, or check the server")

@@ -33,6 +33,9 @@ def test_site_builds_strict_with_links_and_anchors_checked(tmp_path):
     assert "sfidx" in format_page and "__shardfeed_manifest__" in format_page
     cli = (site / "reference" / "cli" / "index.html").read_text()
     assert 'id="shardfeed-pack"' in cli and "--max-bytes" in cli  # from pack --help
+    from shardfeed.convert.cli import main
+    for name in main.commands:  # every command of the CLI has its section
+        assert f'id="shardfeed-{name}"' in cli, name
     api = (site / "reference" / "api" / "index.html").read_text()
     assert "shardfeed.readers.loader.make_loader" in api and "image_size" in api  # from the docstrings
 
@@ -62,3 +65,25 @@ def test_a_broken_anchor_fails_the_build(tmp_path):
     assert out.returncode != 0
     assert "no-such-heading" in out.stderr
     assert "a-heading" not in out.stderr.replace("no-such-heading", "")  # the good anchor passes
+
+
+@pytest.mark.parametrize("package", ["shardfeed.readers", "shardfeed.convert"])
+def test_api_reference_documents_every_public_name(package):
+    """Each name a package exports is rendered on the API page, from the module it is defined in."""
+    import importlib
+    import re
+
+    page = (ROOT / "docs" / "reference" / "api.md").read_text()
+    targets = re.findall(r"^::: (\S+)$", page, flags=re.MULTILINE)
+    documented = set(targets)
+    for target, members in re.findall(r"^::: (\S+)\n(?:    .*\n)*?\s+members: \[([^\]]*)\]", page, flags=re.MULTILINE):
+        documented |= {f"{target}.{m.strip()}" for m in members.replace("\n", " ").split(",")}
+    pkg = importlib.import_module(package)
+    missing = []
+    for name in pkg.__all__:
+        if name == "__version__":
+            continue
+        module = getattr(pkg, name).__module__
+        if f"{module}.{name}" not in documented:
+            missing.append(f"{module}.{name}")
+    assert not missing, f"not on docs/reference/api.md: {missing}"

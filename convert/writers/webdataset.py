@@ -160,8 +160,8 @@ class WebDatasetWriter:
         """The registry's uniform writer factory (same keywords for every format's writer).
 
         Args:
-            out, classes, class_to_idx, max_count, max_bytes, prefix, skipped, options, files,
-                labels, fields: as the constructor.
+            out, classes, class_to_idx, max_count, max_bytes, prefix: as the constructor.
+            skipped, options, files, labels, fields: as the constructor.
             resume: ``resume_shards``, ``field_counts``, ``on_shard_end``, as the constructor.
             map_size, expected_bytes: LMDB sizing; unused (shards are cut by ``max_*``).
 
