@@ -211,3 +211,9 @@ def test_no_format_name_test_outside_the_registry_and_the_format_modules():
             if rel not in FORMAT_MODULES:
                 found += [f"{rel}:{n}" for n in _format_name_tests(ast.parse(path.read_text(), rel))]
     assert not found, "format names tested outside the registry; ask readers.registry.describe(): " + ", ".join(found)
+
+
+def test_register_format_refuses_a_field_it_does_not_have():
+    with pytest.raises(TypeError, match="no field.*shard_size"):
+        register_format("toy2", shard_size=3)
+    assert "toy2" not in FORMATS
