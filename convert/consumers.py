@@ -28,6 +28,7 @@ import tarfile
 from pathlib import Path
 
 from shardfeed.readers.format import Manifest, created_by, split_member_name, write_bytes_atomic
+from shardfeed.readers.registry import describe
 
 __all__ = ["WIDS_INDEX_NAME", "CARD_NAME", "CARD_MARKER", "write_consumer_files", "wids_shard_index",
            "dataset_card", "metadata_fields", "field_examples", "is_ours", "dataset_name"]
@@ -304,7 +305,7 @@ def write_consumer_files(root: str | os.PathLike, manifest: Manifest, *, name: s
     Raises:
         OSError: writing failed.
     """
-    if manifest.format != "webdataset":
+    if not describe(manifest.format).tar_shards:
         return []
     root = Path(root)
     name = name or dataset_name(manifest)

@@ -67,7 +67,7 @@ from shardfeed.readers.format import (
     normalize_ext,
     stored_path_problem,
 )
-from shardfeed.readers.registry import canonical_format, writer_class
+from shardfeed.readers.registry import canonical_format, describe, writer_class
 
 from shardfeed.readers.format import write_bytes_atomic
 
@@ -915,7 +915,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         state = out / STATE_DIR
         done: list[dict] = []
         if resume:
-            if options.format != "webdataset":
+            if not describe(options.format).sharded:
                 raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
                                  "--format wds; rerun the LMDB pack with --overwrite")
             try:
@@ -982,7 +982,7 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
 
         writer_extra = None
         writer_box: dict = {}
-        if options.format == "webdataset":
+        if describe(options.format).sharded:
             counts: dict[str, int] = {}
             for rec in done:
                 for f, n in rec["fields"].items():

@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Mapping
 
 from shardfeed.readers.errors import ManifestError
 from shardfeed.readers.format import DEFAULT_PREFIX, LMDB_DATA_NAME, MANIFEST_NAME, Manifest
+from shardfeed.readers.registry import describe
 
 from .consumers import CARD_MARKER, CARD_NAME, WIDS_INDEX_NAME
 from .outlock import LOCK_NAME
@@ -162,8 +163,8 @@ def survey(where: str, entries: Mapping[str, str], read: Callable[[str], bytes |
         named.add(MANIFEST_NAME)
         for s in manifest.shards:
             named.update(n for n in (s.name, s.index) if n)
-        if manifest.format == "lmdb":
-            named.update((LMDB_DATA_NAME, LMDB_LOCK_NAME))
+        if describe(manifest.format).files:
+            named.update(describe(manifest.format).files)
         else:
             for name in (WIDS_INDEX_NAME, CARD_NAME):
                 if entries.get(name) == "file" and _consumer_is_ours(name, read(name)):
@@ -179,8 +180,8 @@ def survey(where: str, entries: Mapping[str, str], read: Callable[[str], bytes |
             plan = None
         if plan is not None:
             options = plan.get("options") if isinstance(plan.get("options"), dict) else {}
-            if options.get("format") == "lmdb":
-                named.update((LMDB_DATA_NAME, LMDB_LOCK_NAME))
+            if describe(options.get("format")).files:
+                named.update(describe(options.get("format")).files)
             else:
                 prefix = options.get("prefix") if isinstance(options.get("prefix"), str) else DEFAULT_PREFIX
                 patterns.append(re.compile(rf"{re.escape(prefix)}-[0-9]{{6,}}\.(tar|sfidx)"))

@@ -47,7 +47,7 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 from shardfeed.readers.keywords import check_keywords
-from shardfeed.readers.registry import FORMATS, canonical_format
+from shardfeed.readers.registry import FORMATS, canonical_format, describe
 from shardfeed.readers.registry import packer as format_packer
 
 from . import writers  # noqa: F401  (registers the packers and writers of every format)
@@ -205,8 +205,7 @@ class PackOptions:
         d = {"format": self.format, "seed": self.seed, "shuffle": self.shuffle,
              "extensions": list(self.extensions) if self.extensions else None,
              "on_error": self.on_error, "decode_check": self.decode_check}
-        if self.format == "webdataset":
-            d.update(max_count=self.max_count, max_bytes=self.max_bytes, prefix=self.prefix)
+        d.update((name, getattr(self, name)) for name in describe(self.format).options)
         if self.reencode is not None:  # only then: manifests of packs that keep the bytes are unchanged
             d["reencode"] = self.reencode.fingerprint_fields()
         return d
@@ -267,7 +266,7 @@ class PackReport:
 
     def summary(self) -> str:
         """The one-line human summary."""
-        shards = "one database" if self.format == "lmdb" else _plural(self.num_shards, "shard")
+        shards = describe(self.format).noun(self.num_shards)
         classes = ("(no labels)" if self.extra.get("layout") == "unlabelled"
                    else "in " + _plural(self.num_classes, 'class', 'classes'))
         if self.extra.get("already_complete"):
@@ -282,7 +281,8 @@ class PackReport:
         if self.ignored:
             s += f"; {_plural(len(self.ignored), 'file')} ignored (hidden, other extensions, outside class folders)"
         if self.shards_resumed:
-            done = "database" if self.format == "lmdb" else _plural(self.shards_resumed, "shard")
+            spec = describe(self.format)
+            done = spec.summary_noun if not spec.sharded else spec.noun(self.shards_resumed)
             s += f"; {done} kept from the interrupted run"
         if self.extra.get("executor", "local") != "local":
             n_nodes = len(self.extra.get("nodes") or [])

@@ -37,6 +37,7 @@ from typing import Callable
 
 from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
+from shardfeed.readers.registry import describe
 from .consumers import CARD_NAME, WIDS_INDEX_NAME
 from .pack_state import PLAN_NAME, STATE_DIR
 from .tarwriter import create_new_file
@@ -250,7 +251,7 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
 
     t0 = time.perf_counter()
     fmt = str(options.format).lower()
-    if fmt not in ("wds", "webdataset"):
+    if not describe(fmt).remote_writable:
         raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
                                   "into memory); pack with --format wds to write to a bucket, or pack to a local "
                                   "folder")

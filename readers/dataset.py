@@ -34,7 +34,7 @@ from .errors import ManifestError, UnsupportedURLError
 from .keywords import check_keywords, signature_keywords
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
 from .opener import is_remote, local_path, url_scheme
-from .registry import FORMATS, register_format, source_factory
+from .registry import FORMATS, describe, register_format, source_factory
 
 __all__ = [
     "SOURCES",
@@ -209,7 +209,7 @@ def _open_remote(source: str, storage_options: dict | None, common: dict, option
         for k in ("check_files", "shuffle_buffer", "timeout_s", "retries"):
             options.pop(k, None)
         return FolderSource(loc, **common, **options)
-    if store and manifest.format == "lmdb":
+    if store and not describe(manifest.format).remote_readable:
         raise UnsupportedURLError(f"{source}: an LMDB dataset is read from a local disk only (LMDB maps its file "
                                   f"into memory); copy it first: `shardfeed stage {source} /local/dir`, then open "
                                   "/local/dir (or pack the bucket's data as --format wds to read it from the bucket)")

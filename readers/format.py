@@ -43,6 +43,7 @@ from typing import NamedTuple, Sequence
 from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
 from .lmdb_record import LMDB_RECORD_VERSION, encode_record
 from .lmdb_record import decode_record as _decode_record
+from .registry import describe
 
 __all__ = [
     "FORMAT_VERSION",
@@ -982,7 +983,7 @@ def check_files_present(manifest: Manifest, root: str | os.PathLike) -> None:
         except FileNotFoundError:
             raise ManifestError(f"{f}: listed in {MANIFEST_NAME} but missing; restore it, or run "
                                 f"`shardfeed check {root}` and repack") from None
-        if size != s.num_bytes and manifest.format != "lmdb":
+        if size != s.num_bytes and describe(manifest.format).exact_sizes:
             raise ManifestError(f"{f}: {size} bytes on disk but {s.num_bytes} in {MANIFEST_NAME}; the file was "
                                 f"changed or truncated: run `shardfeed check {root}` and repack")
         if s.index and not (root / s.index).exists():

@@ -70,6 +70,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, Manifest
 from .redact import guard_client_logs, redact, register_secret
+from .registry import describe
 
 __all__ = [
     "check_remote_files", "HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS",
@@ -947,7 +948,7 @@ class HttpLocation:
             raise ManifestError(f"{redact(murl)}: not found; {self} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
         manifest = Manifest.from_json(raw, redact(murl))
-        if check_files and manifest.format != "lmdb":
+        if check_files and describe(manifest.format).exact_sizes:
             self.check_files(manifest)
         return manifest
 

@@ -39,6 +39,7 @@ from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest, unfinished_pack_err
 from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, redact, register_secret
+from .registry import describe
 
 __all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
            "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
@@ -673,7 +674,7 @@ class StoreLocation:
             raise ManifestError(f"{murl}: not found; {self.base} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
         manifest = Manifest.from_json(raw, murl)
-        if check_files and manifest.format != "lmdb":
+        if check_files and describe(manifest.format).exact_sizes:
             self.check_files(manifest)
         return manifest
 

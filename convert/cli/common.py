@@ -25,7 +25,7 @@ __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
            "storage_option", "read_storage_option_file", "LocalPath", "verbosity_options", "set_log_level",
-           "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path", "scan_progress"]
+           "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path", "scan_progress", "FormatChoice"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -504,6 +504,25 @@ class OnErrorChoice(click.Choice):
         return super().convert(value, param, ctx)
 
 
+class FormatChoice(click.Choice):
+    """``--format``: every format of the registry and its aliases
+    (:func:`shardfeed.readers.registry.format_choices`), any case; read each time it is used, so a
+    format registered after this module was imported is offered and listed by ``--help`` too."""
+
+    def __init__(self) -> None:
+        super().__init__((), case_sensitive=False)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from shardfeed.readers.registry import format_choices
+
+        return tuple(format_choices())
+
+    @choices.setter
+    def choices(self, value) -> None:
+        pass  # the registry is the one list
+
+
 def deprecated_option(old: str, new: str) -> Callable:
     """A Click callback for a hidden old spelling: prints :func:`deprecated` when the option is given."""
 
@@ -538,7 +557,7 @@ def num_workers_options(f: Callable) -> Callable:
 
 def _pack_option_table() -> dict[str, tuple[tuple, dict]]:
     """``name -> (param_decls, attrs)`` of the options shared by ``pack`` and ``convert``."""
-    fmt_choice = click.Choice(["wds", "webdataset", "lmdb"], case_sensitive=False)
+    fmt_choice = FormatChoice()
     return {
         "format": (("--format", "-f", "fmt"), dict(
             type=fmt_choice, default="wds", show_default=True,

@@ -29,15 +29,21 @@ __all__ = ["COMMANDS", "pack_cmd"]
 
 
 def _check_flag_format(fmt: str, ctx: click.Context) -> None:
-    """Refuse tar-only options with --format lmdb."""
-    if fmt != "lmdb":
-        return
-    for name in ("max_count", "max_bytes", "prefix"):
+    """Refuse the options of other formats (the registry's ``FormatSpec.options``: ``--max-count``,
+    ``--max-bytes`` and ``--prefix`` are WebDataset's) given with this ``--format``."""
+    from shardfeed.readers.registry import FORMATS, describe
+
+    spec = describe(fmt)
+    others = dict.fromkeys(o for s in FORMATS.values() for o in s.options if o not in spec.options)
+    for name in others:
         src = ctx.get_parameter_source(name)
         if src is not None and src.name == "COMMANDLINE":
             flag = "--" + name.replace("_", "-")
-            raise click.UsageError(f"{flag} applies to WebDataset shards only; LMDB writes one database "
-                                   f"(drop {flag}, or use --format wds)")
+            owners = [s for s in FORMATS.values() if name in s.options]
+            writes = spec.noun(1) if not spec.sharded else spec.summary_noun + "s"
+            raise click.UsageError(f"{flag} applies to {' or '.join(f'{s.title} {s.summary_noun}s' for s in owners)} "
+                                   f"only; {spec.title} writes {writes} (drop {flag}, or use --format "
+                                   f"{(owners[0].aliases or (owners[0].name,))[0]})")
 
 
 @command("pack", short_help="Pack an image folder into WebDataset shards or one LMDB.")
@@ -111,10 +117,11 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
                           resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
                           ray_address=ray_address)
     from shardfeed.readers.opener import check_supported, local_path, url_scheme
+    from shardfeed.readers.registry import describe
 
     check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
     to_store = url_scheme(out) == "s3"
-    if to_store and fmt.lower() not in ("wds", "webdataset"):
+    if to_store and not describe(fmt).remote_writable:
         raise ValueError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
                          "memory); use --format wds to pack to a bucket, or pack to a local folder")
     if not to_store:

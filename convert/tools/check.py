@@ -24,6 +24,7 @@ from shardfeed.readers.format import (
     ShardEntry,
     decode_index,
 )
+from shardfeed.readers.registry import describe, resolve
 
 from .common import (
     DatasetLocation,
@@ -38,7 +39,7 @@ from .common import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckReport", "check_dataset"]
+__all__ = ["CheckReport", "check_dataset", "check_tar_shards", "check_lmdb_records"]
 
 @dataclasses.dataclass
 class CheckReport:
@@ -79,7 +80,7 @@ class CheckReport:
 
     def summary(self) -> str:
         what = "decoded and checked" if self.decoded else "checked"
-        files = "file" if self.format == "lmdb" else ("shard" if self.num_shards == 1 else "shards")
+        files = "file" if not describe(self.format).sharded else ("shard" if self.num_shards == 1 else "shards")
         head = (f"{self.source}: {what} {self.num_samples_found:,} samples in {self.num_shards} {files} "
                 f"({self.num_bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s")
         if self.ok:
@@ -122,13 +123,9 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
     report = CheckReport(source=str(loc.root), format=manifest.format, num_samples_expected=manifest.num_samples,
                          decoded=decode)
     progress = progress or noop_progress
-    if manifest.format == "lmdb":
-        _check_lmdb(loc, manifest, report, decode, progress, max_problems_per_shard, max_decode_bytes)
-    else:
-        seen: dict[str, str] = {}
-        for shard in manifest.shards:
-            _check_wds_shard(loc, manifest, shard, report, decode, progress, seen, max_problems_per_shard,
-                             max_decode_bytes)
+    checker = describe(manifest.format).checker
+    checker = resolve(checker) if checker is not None else check_tar_shards
+    checker(loc, manifest, report, decode, progress, max_problems_per_shard, max_decode_bytes)
     if report.num_samples_found != manifest.num_samples and not any(p["key"] is None for p in report.problems):
         report.problems.append(make_problem(None, None, f"found {report.num_samples_found} samples, the manifest says "
                                                     f"{manifest.num_samples}"))
@@ -145,6 +142,16 @@ def _decode_problem(data: bytes, ext: str, source: str, max_decode_bytes: int | 
         return f"does not decode: {exc}"
     return None
 
+
+
+def check_tar_shards(loc: DatasetLocation, manifest: Manifest, report: CheckReport, decode: bool,
+                     progress: Progress, limit: int, max_decode_bytes: int | None = 512 << 20) -> None:
+    """The checker of a tar-sharded format (the registry's ``checker`` of WebDataset): every shard of
+    ``manifest`` read, its members grouped, labels, keys and offset index checked, each shard's sha256
+    recorded, problems added to ``report`` (at most ``limit`` per shard)."""
+    seen: dict[str, str] = {}
+    for shard in manifest.shards:
+        _check_wds_shard(loc, manifest, shard, report, decode, progress, seen, limit, max_decode_bytes)
 
 
 def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry, report: CheckReport,
@@ -240,8 +247,14 @@ def _check_index(loc: DatasetLocation, shard: ShardEntry, offsets: list[int], pr
                         f"({len(idx)} offsets, {len(offsets)} samples); {fix}")
 
 
-def _check_lmdb(loc: DatasetLocation, manifest: Manifest, report: CheckReport, decode: bool, progress: Progress,
-                limit: int, max_decode_bytes: int | None = 512 << 20) -> None:
+def check_lmdb_records(loc: DatasetLocation, manifest: Manifest, report: CheckReport, decode: bool,
+                       progress: Progress, limit: int, max_decode_bytes: int | None = 512 << 20) -> None:
+    """The checker of LMDB (the registry's ``checker``): every record's CRC-32, fields, key and label,
+    the record count and the manifest stored in the database, against ``manifest``.
+
+    Raises:
+        ManifestError: ``loc`` is a URL (LMDB is checked on a local disk).
+    """
     if loc.url:
         raise ManifestError(f"{loc.root}: an LMDB dataset cannot be checked over HTTP; stage it locally first")
     name = manifest.shards[0].name if manifest.shards else LMDB_DATA_NAME

@@ -29,6 +29,9 @@ from shardfeed.readers.format import (
     sample_from_members,
     stored_path_problem,
 )
+from shardfeed.readers.registry import describe, resolve
+
+from .. import writers  # noqa: F401  (registers each format's checker and record reader)
 
 log = logging.getLogger(__name__)
 
@@ -393,11 +396,12 @@ def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest:
     """
     loc = path_or_url if isinstance(path_or_url, DatasetLocation) else DatasetLocation(path_or_url)
     manifest = manifest or loc.load_manifest(check_files=not loc.url)
-    if manifest.format == "lmdb":
+    spec = describe(manifest.format)
+    if spec.records is not None:
         if loc.url:
-            raise ManifestError(f"{loc.root}: an LMDB dataset cannot be read over HTTP; stage it locally first")
+            raise ManifestError(f"{loc.root}: an {spec.title} dataset cannot be read over HTTP; stage it locally first")
         name = manifest.shards[0].name if manifest.shards else "data.mdb"
-        for _key, rec in iter_lmdb_records(loc.root):
+        for _key, rec in resolve(spec.records)(loc.root):
             if isinstance(rec, Exception):
                 raise rec
             sample = Sample(rec["key"], rec["data"], rec["ext"], rec["label"], rec["meta"])

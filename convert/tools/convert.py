@@ -11,7 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-from shardfeed.readers.registry import canonical_format, writer_class
+from shardfeed.readers.registry import FORMATS, canonical_format, describe, writer_class
 
 from .. import writers  # noqa: F401  (registers every format's writer)
 from ..pack_state import PLAN_NAME, STATE_DIR
@@ -58,7 +58,7 @@ class ConvertReport:
         mb = self.num_bytes / 1e6
         return (f"converted {self.source} ({self.source_format}) to {self.output} ({self.format}): "
                 f"{self.num_samples:,} samples in {self.num_shards} "
-                f"{'file' if self.format == 'lmdb' else ('shard' if self.num_shards == 1 else 'shards')}, "
+                f"{'file' if not describe(self.format).sharded else ('shard' if self.num_shards == 1 else 'shards')}, "
                 f"{mb:,.1f} MB in {self.seconds:.1f} s")
 
 
@@ -126,7 +126,8 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         prepare_output(src_root, out, resume=False, overwrite=overwrite)
         _write_state(out, fmt, prefix)  # names what this convert writes: a later --overwrite may delete it
         progress = progress or noop_progress
-        options = {**{k: v for k, v in manifest.options.items() if k not in ("max_count", "max_bytes", "prefix")},
+        own = {o for s in FORMATS.values() for o in s.options}  # a format's own options do not carry over
+        options = {**{k: v for k, v in manifest.options.items() if k not in own},
                    "converted_from": str(src), "source_format": manifest.format,
                    "source_created_by": manifest.created_by}
         writer = writer_class(fmt).create(out, classes=manifest.classes, class_to_idx=manifest.class_to_idx,

@@ -44,6 +44,9 @@ from typing import Callable
 
 from shardfeed.readers.format import IMAGE_EXTENSIONS, MANIFEST_NAME
 from shardfeed.readers.measure.report import fmt_bytes, percentile
+from shardfeed.readers.registry import describe, resolve
+
+from .. import writers  # noqa: F401  (registers each format's record reader)
 
 __all__ = ["DoctorReport", "doctor", "predict_images_per_s", "fs_class", "FIRST_READ_BYTES", "READ_REQUEST_BYTES",
            "PACK_ADVICE_MIN_GAIN", "ADVICE_MIN_GAIN"]
@@ -328,32 +331,20 @@ def _tar_images(data: bytes, limit: int) -> list[tuple[str, bytes]]:
     return out
 
 
-def _lmdb_images(root: Path, limit: int) -> list[tuple[str, bytes]]:
-    """The first ``limit`` samples' image bytes of an LMDB dataset (read-only, no lock file)."""
-    import lmdb
-
-    from shardfeed.readers.format import RESERVED_KEY_PREFIXES
-    from shardfeed.readers.lmdb_record import decode_record
-
+def _record_images(records, root: Path, limit: int) -> list[tuple[str, bytes]]:
+    """The first ``limit`` samples' image bytes of a record-store dataset (LMDB), read through its
+    format's record reader (the registry's ``records``); a damaged record is passed over, an
+    unreadable store gives none."""
     out: list[tuple[str, bytes]] = []
     try:
-        env = lmdb.open(str(root), readonly=True, lock=False, subdir=True, max_readers=1)
-    except lmdb.Error:
+        for key, rec in resolve(records)(root, verify=False):
+            if len(out) >= limit:
+                break
+            if isinstance(rec, Exception):
+                continue
+            out.append((f"{key}.{rec.get('ext', '')}", rec["data"]))
+    except Exception:  # noqa: BLE001  (a probe: an unreadable store means no decode measurement)
         return out
-    try:
-        with env.begin() as txn:
-            for key, value in txn.cursor():
-                if len(out) >= limit:
-                    break
-                if key.startswith(RESERVED_KEY_PREFIXES):
-                    continue
-                try:
-                    rec = decode_record(bytes(value), source=str(root), key=key)
-                except Exception:
-                    continue
-                out.append((f"{key.decode('utf-8', 'replace')}.{rec.get('ext', '')}", rec["data"]))
-    finally:
-        env.close()
     return out
 
 
@@ -462,8 +453,8 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
         count = len(paths)
     else:
         shard_paths = [str(root / s.name) for s in manifest.shards if (root / s.name).is_file()]
-        if kind == "lmdb" and not shard_paths:
-            shard_paths = [str(p) for p in root.glob("*.mdb")]
+        if describe(kind).files and not shard_paths:
+            shard_paths = [str(root / n) for n in describe(kind).files if (root / n).is_file()]
         if not shard_paths:
             raise ValueError(f"{root}: the manifest names no shard file present here")
         sample = rng.sample(shard_paths, min(max_files, len(shard_paths)))
@@ -511,10 +502,11 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     else:
         total = float(sum(s.num_bytes for s in manifest.shards)) or float(sum(os.path.getsize(p) for p in shard_paths))
         mean_bytes = median_bytes = p95_bytes = total / max(count, 1)
-        if kind == "webdataset":
+        spec = describe(kind)
+        if spec.tar_shards:
             images = _tar_images(reads[0]["data"] or b"", max_files)
-        elif kind == "lmdb":
-            images = _lmdb_images(root, max_files)
+        elif spec.records is not None:
+            images = _record_images(spec.records, root, max_files)
         else:
             images = []
         if not images:
@@ -573,7 +565,7 @@ def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, im
     manifest = loc.load_manifest(check_files=False)
     cpus, ram, shm = _machine(None)
     nw = cpus if num_workers is None else num_workers
-    if manifest.format != "webdataset":
+    if not (describe(manifest.format).tar_shards and describe(manifest.format).remote_readable):
         raise ValueError(f"{url}: doctor probes WebDataset shards over a URL (this is {manifest.format}); "
                          "run it on a local or mounted copy")
     rng = random.Random(seed)
@@ -636,7 +628,7 @@ def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, im
     files = {"count": count, "count_complete": True, "sampled": len(opens), "median_bytes": median_bytes,
              "p95_bytes": percentile(sizes, 95) if sizes else median_bytes, "mean_bytes": total / max(count, 1),
              "estimated_total_bytes": total}
-    advice = _advice("webdataset", url, storage, files, dec, pred, nw, cpus, ram, shm)
+    advice = _advice(manifest.format, url, storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
     return DoctorReport(path=url, kind="url", storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,

@@ -26,10 +26,10 @@ from shardfeed.readers.format import (
     Sample,
     decode_index,
 )
+from shardfeed.readers.registry import describe, resolve
 
 from .common import (
     DatasetLocation,
-    iter_lmdb_records,
     iter_raw_samples,
     iter_shard_samples,
 )
@@ -65,8 +65,9 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
     """
     counts: collections.Counter = collections.Counter()
     progress = progress or (lambda n, b: None)
-    if manifest.format == "lmdb":
-        for _key, rec in iter_lmdb_records(location.root, verify=False):
+    records = describe(manifest.format).records
+    if records is not None:
+        for _key, rec in resolve(records)(location.root, verify=False):
             if isinstance(rec, Exception):
                 raise rec
             counts[rec["label"]] += 1
@@ -295,12 +296,13 @@ def _first_samples(loc: DatasetLocation, manifest: Manifest, n: int) -> Iterator
 
 def format_inspect_report(report: dict) -> str:
     """The human-readable summary of an :func:`inspect_dataset` report (several lines)."""
+    files = "file" if not describe(report["format"]).sharded else ("shard" if report["num_shards"] == 1 else "shards")
     lines = [
         f"{report['source']}: {report['format']} dataset, manifest version {report['version']}, "
         f"created by {report['created_by']}",
         f"samples: {report['num_samples']:,} in {report['num_classes']} classes, "
         f"{report['num_shards']} "
-        f"{'file' if report['format'] == 'lmdb' else ('shard' if report['num_shards'] == 1 else 'shards')}, "
+        f"{files}, "
         f"{report['shard_summary']['total_bytes'] / 1e6:,.1f} MB",
     ]
     exts = report.get("extensions")
@@ -330,7 +332,8 @@ def format_inspect_report(report: dict) -> str:
             lines.append(f"  warning: labels add up to {total}, the manifest says {report['num_samples']}")
     shards = report["shards"]
     limit = report.get("max_shards_listed", 10)
-    lines.append("files:" if report["format"] == "lmdb" else "shards:")
+    sharded = describe(report["format"]).sharded
+    lines.append("files:" if not sharded else "shards:")
     listed = shards if len(shards) <= limit else shards[: limit // 2] + [None] + shards[-(limit - limit // 2):]
     for s in listed:
         if s is None:
@@ -339,7 +342,7 @@ def format_inspect_report(report: dict) -> str:
                          f"samples, {ss['min_bytes'] / 1e6:.1f}-{ss['max_bytes'] / 1e6:.1f} MB)")
             continue
         lines.append(f"  {s['name']:<28} {s['num_samples']:>8,} samples {s['num_bytes'] / 1e6:>10.1f} MB"
-                     + ("" if s.get("index") or report["format"] == "lmdb" else "  (no offset index)"))
+                     + ("" if s.get("index") or not sharded else "  (no offset index)"))
     skipped = report["skipped"]
     lines.append(f"skipped files: {len(skipped)}")
     for item in skipped[:10]:

@@ -18,13 +18,13 @@ from shardfeed.readers.format import (
     Manifest,
     write_bytes_atomic,
 )
+from shardfeed.readers.registry import describe, resolve
 
 from ..outlock import output_lock
 from .common import (
     COPY_CHUNK_BYTES,
     DatasetLocation,
     Progress,
-    iter_lmdb_records,
     noop_progress,
     make_problem,
     safe_relative_path,
@@ -310,10 +310,11 @@ def _intact(final: Path, f: _StageFile, manifest: Manifest, dest: Path, same_man
         return _sha256_file(final) == f.sha256
     if not same_manifest:
         return False
-    if manifest.format == "lmdb":
-        # no file hash for an LMDB: trust it only if every record passes its CRC-32
+    records = describe(manifest.format).records
+    if records is not None:
+        # no file hash for a record store (LMDB): trust it only if every record passes its check (CRC-32)
         loc = DatasetLocation(dest)
-        return all(not isinstance(rec, Exception) for _, rec in iter_lmdb_records(loc.root, verify=True))
+        return all(not isinstance(rec, Exception) for _, rec in resolve(records)(loc.root, verify=True))
     return True
 
 

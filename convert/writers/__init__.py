@@ -7,8 +7,8 @@
 * :mod:`.lmdb_store` and :mod:`.lmdb`: the one ``data.mdb`` writer, the LMDB packer and
   :class:`~.lmdb.LmdbWriter`.
 
-Importing this package registers each format's packer and writer in the format registry
-(:mod:`shardfeed.readers.registry`) by dotted reference; the modules load on first use.
+Importing this package registers each format's packer, writer, checker and record reader in the
+format registry (:mod:`shardfeed.readers.registry`) by dotted reference; the modules load on first use.
 """
 
 from shardfeed.readers.registry import register_format
@@ -16,6 +16,9 @@ from shardfeed.readers.registry import register_format
 __all__: list[str] = []
 
 register_format("webdataset", packer="shardfeed.convert.writers.webdataset:pack_webdataset",
-                writer="shardfeed.convert.writers.webdataset:WebDatasetWriter")
+                writer="shardfeed.convert.writers.webdataset:WebDatasetWriter",
+                checker="shardfeed.convert.tools.check:check_tar_shards")
 register_format("lmdb", packer="shardfeed.convert.writers.lmdb:pack_lmdb",
-                writer="shardfeed.convert.writers.lmdb:LmdbWriter")
+                writer="shardfeed.convert.writers.lmdb:LmdbWriter",
+                checker="shardfeed.convert.tools.check:check_lmdb_records",
+                records="shardfeed.convert.tools.common:iter_lmdb_records")

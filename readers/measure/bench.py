@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from ..registry import FORMATS
 from .cache import close_lmdb_envs, dataset_files, detect_source_format, evict_page_cache
 from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device, shutdown_loader
 from .report import RunReport
@@ -115,6 +116,6 @@ def _source_format_of(loader: Any, source: Any) -> str:
     for obj in (ds, getattr(ds, "manifest", None)):
         for attr in ("source_format", "format"):
             value = getattr(obj, attr, None)
-            if isinstance(value, str) and value in ("folder", "webdataset", "lmdb"):
+            if isinstance(value, str) and (value == "folder" or value in FORMATS):
                 return value
     return detect_source_format(source)
