@@ -127,7 +127,8 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     at about 3x the cost), then the flip and the HWC -> CHW split by OpenCV (``cv2.split`` into
     the planes of ``out``; torch's ``permute().contiguous()`` of ``uint8`` costs more than the
     resize). When a side shrinks: ``resample`` (``"antialias"``: torch's antialiased bilinear;
-    ``"area"``: OpenCV ``INTER_AREA``).
+    ``"area"``: OpenCV ``INTER_AREA``). Without OpenCV installed, torch's antialiased bilinear
+    does all of it.
 
     Args:
         window: ``(h, w, 3)`` ``uint8`` (positive strides, pixels contiguous).
@@ -139,13 +140,16 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     Returns:
         ``out`` (or a new tensor): contiguous ``torch.uint8`` ``[3, size, size]``.
     """
-    import cv2
     import torch
 
+    try:
+        import cv2
+    except ImportError:  # OpenCV is optional: torch's bilinear gives the same pixels (see above)
+        cv2 = None
     height, width = window.shape[:2]
     if out is None:
         out = torch.empty((3, size, size), dtype=torch.uint8)
-    if resample == "antialias" and (height > size or width > size):
+    if cv2 is None or (resample == "antialias" and (height > size or width > size)):
         resized = _resize_antialias_chw(window, size, size, flip=flip)
         out.copy_(resized)
         return out

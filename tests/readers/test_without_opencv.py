@@ -41,7 +41,7 @@ def test_default_paths_run_without_opencv(tmp_path):
                 print(sorted(labels))
         try:
             next(iter(make_loader({str(tmp_path / "out")!r}, batch_size=4, num_workers=0, image_size=32,
-                                  decoder="pil")))
+                                  decoder="cv2")))
         except ImportError as exc:
             print("ImportError:", exc)
         assert "cv2" not in [m for m, v in sys.modules.items() if v is not None]
