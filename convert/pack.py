@@ -56,6 +56,7 @@ from .outlock import check_not_busy, output_lock
 from .ownership import decide, local_entries, survey
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
+from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes
@@ -177,11 +178,7 @@ class PackOptions:
         if self.reencode is not None and not isinstance(self.reencode, ReencodeOptions):
             raise TypeError(f"reencode must be a ReencodeOptions, a dict or None, got {type(self.reencode).__name__}")
         self.format = canonical_format(self.format)
-        if self.max_count < 1:
-            raise ValueError(f"--max-count (max_count) must be at least 1, got {self.max_count}")
-        if self.max_bytes < 4096:
-            raise ValueError(f"--max-bytes (max_bytes) must be at least 4096 bytes (KB/MB/GB are powers of 1000, "
-                             f"KiB/MiB/GiB of 1024), got {self.max_bytes}")
+        ShardLimits(self.max_count, self.max_bytes)  # validates both (the shard cut's own rule)
         if self.on_error == "fail":
             warnings.warn("PackOptions(on_error='fail') is deprecated: use on_error='raise'", DeprecationWarning,
                           stacklevel=3)
