@@ -665,6 +665,27 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
         CorruptDataError: one sample holds the same extension twice.
         OSError: the read itself failed (or what ``read_at`` raises).
     """
+    # not a generator itself: the generator below holds the loop, this its contract
+    return _indexed_samples(read_at, offsets, start, end, file_bytes, source, tag_source, read_bytes, prefetch,
+                            chunk_reader)
+
+
+def _planned_reads(read_at: Callable[[int, int], bytes], plan, prefetch: int,
+                   chunk_reader: Callable | None) -> Iterable[bytes]:
+    """The bytes of each read of ``plan``, in order: by ``chunk_reader``, by a prefetch thread
+    (``prefetch`` > 0), or by ``read_at`` in the caller's thread."""
+    if chunk_reader is not None:
+        return chunk_reader(read_at, plan)
+    if prefetch > 0:
+        return _prefetched(read_at, plan, prefetch)
+    return (read_at(a, b - a) for _, _, a, b in plan)
+
+
+def _indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: int, end: int, file_bytes: int,
+                     source: str, tag_source: bool, read_bytes: int, prefetch: int,
+                     chunk_reader: Callable | None) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
+    """The loop of :func:`iter_indexed_samples` (its arguments, yields and return value): each
+    planned read's samples parsed inline, stopping before one the general reader must decide."""
     adler32 = zlib.adler32
     block = _BLOCK
     exts = _EXT_NAMES
@@ -673,13 +694,7 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
     n_off = len(offsets)
     done = 0
     plan = _chunk_plan(offsets, start, end, file_bytes, read_bytes)
-    if chunk_reader is not None:
-        chunks = chunk_reader(read_at, plan)
-    elif prefetch > 0:
-        chunks = _prefetched(read_at, plan, prefetch)
-    else:
-        chunks = (read_at(a, b - a) for _, _, a, b in plan)
-    for (i, j, a, _), buf in zip(plan, chunks):
+    for (i, j, a, _), buf in zip(plan, _planned_reads(read_at, plan, prefetch, chunk_reader)):
         nbuf = len(buf)
         for k in range(i, j):
             p = offsets[k] - a

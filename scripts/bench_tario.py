@@ -67,9 +67,10 @@ def load_baseline(rev: str):
     return module
 
 
-def make_shard(num_samples: int, *, pax: bool = False, seed: int = 0) -> tuple[bytes, list[int]]:
-    """A WebDataset shard in memory (``.jpg`` of 2-40 KiB of random-ish bytes, ``.cls``, ``.json``)
-    and its sample offsets; ``pax``: every member with a PAX header (a long path)."""
+def make_shard(num_samples: int, *, pax: bool = False, seed: int = 0,
+               image_bytes: tuple[int, int] = (2048, 40960)) -> tuple[bytes, list[int]]:
+    """A WebDataset shard in memory (``.jpg`` of random bytes, ``image_bytes`` the range of their
+    sizes, ``.cls``, ``.json``) and its sample offsets; ``pax``: every member with a PAX header."""
     import random
 
     rng = random.Random(seed)
@@ -80,7 +81,7 @@ def make_shard(num_samples: int, *, pax: bool = False, seed: int = 0) -> tuple[b
         for i in range(num_samples):
             offsets.append(buf.tell())
             key = (f"{'d' * 120}/{i:09d}" if pax else f"{i:09d}")
-            for ext, data in (("jpg", rng.randbytes(rng.randrange(2048, 40960))), ("cls", str(i % 1000).encode()),
+            for ext, data in (("jpg", rng.randbytes(rng.randrange(*image_bytes))), ("cls", str(i % 1000).encode()),
                               ("json", b'{"class":"n01440764","path":"n01440764/x_%d.JPEG"}' % i)):
                 info = tarfile.TarInfo(f"{key}.{ext}")
                 info.size = len(data)
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", default="main", help="git revision of the reader to compare with (default: main)")
     ap.add_argument("--samples", type=int, default=10_000, help="samples per shard (default: 10000)")
+    ap.add_argument("--image-kib", type=float, nargs=2, default=(2, 40), metavar=("MIN", "MAX"),
+                    help="range of the image members' sizes, KiB (default: 2 40)")
     ap.add_argument("--rounds", type=int, default=7, help="measured rounds (default: 7)")
     ap.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args(argv)
@@ -124,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     from shardfeed.readers import tario as current
 
     baseline = load_baseline(args.baseline)
-    plain, offsets = make_shard(args.samples)
-    pax, _ = make_shard(max(1, args.samples // 4), pax=True)
+    image_bytes = (int(args.image_kib[0] * 1024), int(args.image_kib[1] * 1024) + 1)
+    plain, offsets = make_shard(args.samples, image_bytes=image_bytes)
+    pax, _ = make_shard(max(1, args.samples // 4), pax=True, image_bytes=image_bytes)
     n, n_pax = args.samples, max(1, args.samples // 4)
     print(f"shard: {n:,} samples, {len(plain) / 1e6:.1f} MB; PAX shard: {n_pax:,} samples, {len(pax) / 1e6:.1f} MB")
 
