@@ -45,6 +45,7 @@ from shardfeed.readers.format import (
     normalize_ext,
     write_bytes_atomic,
 )
+from shardfeed.readers.errors import check_on_error
 from shardfeed.readers.registry import FORMATS, canonical_format
 from shardfeed.readers.registry import packer as format_packer
 
@@ -183,8 +184,7 @@ class PackOptions:
             warnings.warn("PackOptions(on_error='fail') is deprecated: use on_error='raise'", DeprecationWarning,
                           stacklevel=3)
             self.on_error = "raise"
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        check_on_error(self.on_error)
         if self.workers is None:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:
