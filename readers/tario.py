@@ -279,9 +279,11 @@ class _BufferedReads:
         return tail[0] if len(tail) == 1 else b"".join(tail)
 
 
-def _decode_header(buf: bytes, mv: memoryview, p: int, offset: int, source: str) -> tuple[int, int, str]:
+def _decode_header(buf: bytes, mv: memoryview, p: int, offset: int, source: str,
+                   _adler32=zlib.adler32) -> tuple[int, int, str]:
     """``(typeflag, size, name)`` of the 512-byte header at ``buf[p:]`` (shard offset ``offset``),
-    its checksum verified: the size field as octal or GNU base-256, the name with the ustar prefix.
+    its checksum verified: the size field as octal or GNU base-256, the name with the ustar prefix
+    (``""`` for a record that is not a regular file: its name is not used).
 
     Raises:
         CorruptDataError: a bad checksum or an unreadable size field.
@@ -292,7 +294,7 @@ def _decode_header(buf: bytes, mv: memoryview, p: int, offset: int, source: str)
         stored = int(buf[p + 148:p + 154], 8)
     except ValueError:
         stored = -1
-    if ((stored - 255) % _ADLER_MOD != zlib.adler32(mv[p + 156:p + _BLOCK], zlib.adler32(mv[p:p + 148])) & 0xFFFF
+    if ((stored - 255) % _ADLER_MOD != _adler32(mv[p + 156:p + _BLOCK], _adler32(mv[p:p + 148])) & 0xFFFF
             and not _checksum_ok(mv[p:p + _BLOCK])):
         raise CorruptDataError(f"{source}: bad tar header checksum at byte offset {offset}; the shard "
                                "is damaged (run `shardfeed check` and repack it)")
@@ -303,12 +305,15 @@ def _decode_header(buf: bytes, mv: memoryview, p: int, offset: int, source: str)
             size = _octal(buf[p + 124:p + 136], "size", source, offset)
     else:
         size = _octal(buf[p + 124:p + 136], "size", source, offset)
+    typeflag = buf[p + 156]
+    if typeflag not in _REGULAR:
+        return typeflag, size, ""
     end = buf.find(b"\0", p, p + 100)
     raw = buf[p:end] if end >= 0 else buf[p:p + 100]
     if buf[p + 345] and buf[p + 257:p + 263] == _POSIX_MAGIC:
         pend = buf.find(b"\0", p + 345, p + 500)
         raw = (buf[p + 345:pend] if pend >= 0 else buf[p + 345:p + 500]) + b"/" + raw
-    return buf[p + 156], size, raw.decode("utf-8", "surrogateescape")
+    return typeflag, size, raw.decode("utf-8", "surrogateescape")
 
 
 def _pax_size(pax: dict[str, str], source: str, offset: int) -> int:
@@ -447,7 +452,7 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
     total = total_bytes if total_bytes is not None else _stream_size(stream)
     reads = _BufferedReads(stream, read_bytes, end_offset, start_offset, source)
     ext = _ExtendedHeaders()
-    block, regular = _BLOCK, _REGULAR
+    block, regular, decode_header = _BLOCK, _REGULAR, _decode_header
     # buf: the shard's bytes from offset base (mv: a view of it); p: index in buf of the next header
     buf, nbuf, base, p = b"", 0, start_offset, 0
     mv = memoryview(buf)
@@ -466,7 +471,7 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
             if buf[p] == 0 and buf[p:p + block] == _ZERO_BLOCK:
                 _check_archive_end(first_offset, source)
                 return  # end-of-archive marker
-            typeflag, size, name = _decode_header(buf, mv, p, offset, source)
+            typeflag, size, name = decode_header(buf, mv, p, offset, source)
             if first_offset is None:
                 first_offset = offset
             if typeflag in regular:
