@@ -46,6 +46,7 @@ from shardfeed.readers.format import (
     normalize_ext,
     write_bytes_atomic,
 )
+from shardfeed.readers.errors import check_on_error
 from shardfeed.readers.keywords import check_keywords
 from shardfeed.readers.registry import FORMATS, canonical_format, describe
 from shardfeed.readers.registry import packer as format_packer
@@ -58,6 +59,7 @@ from .outlock import check_not_busy, output_lock
 from .ownership import decide, local_entries, survey
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
+from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes
@@ -179,17 +181,12 @@ class PackOptions:
         if self.reencode is not None and not isinstance(self.reencode, ReencodeOptions):
             raise TypeError(f"reencode must be a ReencodeOptions, a dict or None, got {type(self.reencode).__name__}")
         self.format = canonical_format(self.format)
-        if self.max_count < 1:
-            raise ValueError(f"--max-count (max_count) must be at least 1, got {self.max_count}")
-        if self.max_bytes < 4096:
-            raise ValueError(f"--max-bytes (max_bytes) must be at least 4096 bytes (KB/MB/GB are powers of 1000, "
-                             f"KiB/MiB/GiB of 1024), got {self.max_bytes}")
+        ShardLimits(self.max_count, self.max_bytes)  # validates both (the shard cut's own rule)
         if self.on_error == "fail":
             warnings.warn("PackOptions(on_error='fail') is deprecated: use on_error='raise'", DeprecationWarning,
                           stacklevel=3)
             self.on_error = "raise"
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        check_on_error(self.on_error)
         if self.workers is None:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:

@@ -20,11 +20,10 @@ import random
 from array import array
 from typing import Iterator, Sequence, overload
 
-from shardfeed.readers.format import class_bytes, key_width, meta_bytes, tar_member_bytes
+from shardfeed.readers.format import class_bytes, key_width, meta_bytes
 
 from .scan import ScannedFile, ScannedFiles, ScanResult, new_scanned_file
-from .tarwriter import END_OF_ARCHIVE_BYTES
-from .writers.shard import ShardLimits
+from .shard_cut import ShardLimits, cut_shards, wds_sample_bytes
 
 __all__ = ["PlannedSample", "SamplePlan", "plan_samples", "plan_shards", "sample_meta_bytes", "fast_meta_bytes",
            "input_bytes", "file_sizes"]
@@ -65,8 +64,7 @@ class PlannedSample:
 
     def wds_bytes(self) -> int:
         """Bytes this sample takes in a tar shard: three members with headers and padding."""
-        return (tar_member_bytes(self.file.size) + tar_member_bytes(len(class_bytes(self.file.label)))
-                + tar_member_bytes(len(meta_bytes(self.meta))))
+        return wds_sample_bytes(self.file.size, len(class_bytes(self.file.label)), len(meta_bytes(self.meta)))
 
 
 class SamplePlan(Sequence[PlannedSample]):
@@ -146,7 +144,7 @@ class SamplePlan(Sequence[PlannedSample]):
     def wds_sizes(self) -> Iterator[int]:
         """Bytes each sample takes in a tar shard (as :meth:`PlannedSample.wds_bytes`), in order."""
         files = self.files
-        cls_bytes = [tar_member_bytes(len(class_bytes(label))) for label in files.class_labels]
+        cls_lens = [len(class_bytes(label)) for label in files.class_labels]
         # len(sample_meta_bytes(c, rel)) == base[c] + len(_encode_str(rel)) for an ASCII path
         base = [len(sample_meta_bytes(c, "")) - 2 for c in files.class_names]
         names, sizes, codes = files.class_names, files.sizes, files.class_codes
@@ -154,7 +152,7 @@ class SamplePlan(Sequence[PlannedSample]):
         for j, rel in enumerate(files.rels):
             code = codes[j]
             m = base[code] + len(enc(rel)) if rel.isascii() else len(sample_meta_bytes(names[code], rel))
-            yield 1024 + ((sizes[j] + 511) & ~511) + ((m + 511) & ~511) + cls_bytes[code]
+            yield wds_sample_bytes(sizes[j], cls_lens[code], m)
 
     def __reduce__(self):
         return (SamplePlan, (self.files, self.start, self.width))
@@ -203,26 +201,12 @@ def plan_shards(samples: Sequence[PlannedSample], *, max_count: int, max_bytes: 
 
     A shard closes *before* it would hold more than ``max_count`` samples or its file would pass
     ``max_bytes`` (headers, padding and the end-of-archive blocks included): the rule of
-    :meth:`~shardfeed.convert.writers.shard.ShardLimits.starts_new_shard`, which the shard writer
-    applies while writing.
+    :func:`~shardfeed.convert.shard_cut.cut_shards`, whose rule the shard writer applies while
+    writing.
 
     Raises:
         ValueError: one sample alone is larger than ``max_bytes`` (names the file and the fix).
     """
     sizes = samples.wds_sizes() if isinstance(samples, SamplePlan) else (s.wds_bytes() for s in samples)
     limits = ShardLimits(max_count, max_bytes)
-    ranges = []
-    start = 0
-    size = END_OF_ARCHIVE_BYTES
-    largest = max_bytes - END_OF_ARCHIVE_BYTES
-    # limits.starts_new_shard(i - start, size, b), inlined (a call per sample is a third of this loop)
-    for i, b in enumerate(sizes):
-        if b > largest:
-            limits.check_sample(b, f"{samples[i].file.path}: this image")
-        if i > start and (i - start >= max_count or size + b > max_bytes):
-            ranges.append((start, i))
-            start, size = i, END_OF_ARCHIVE_BYTES
-        size += b
-    if start < len(samples):
-        ranges.append((start, len(samples)))
-    return ranges
+    return cut_shards(sizes, limits, describe=lambda i: f"{samples[i].file.path}: this image")

@@ -29,7 +29,7 @@ import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Callable, Generator, Generic, Iterable, Iterator, TypeVar
 
 __all__ = ["ReadResult", "read_ahead", "DEFAULT_READ_AHEAD", "DEFAULT_READ_AHEAD_BYTES", "DEFAULT_BATCH",
            "ADAPTIVE_FIRST_ITEMS", "ADAPTIVE_PROBE_ITEMS", "ADAPTIVE_BASE_S", "ADAPTIVE_BYTES_PER_S"]
@@ -131,42 +131,62 @@ def read_ahead(items: Iterable[T], read: Callable[[T], R], *, max_in_flight: int
     if max_bytes_in_flight < 1:
         raise ValueError(f"max_bytes_in_flight must be at least 1 byte, got {max_bytes_in_flight}")
     if max_in_flight <= 1:
-        for it in items:
-            try:
-                yield ReadResult(it, read(it))
-            except Exception as exc:  # noqa: BLE001 - same contract as the threaded path
-                yield ReadResult(it, None, exc)
+        yield from _read_inline(items, read)
         return
     size_of = size_of or (lambda it: 0)
     it = iter(items)
-    if adaptive:
-        clock = time.perf_counter
-        block_size = ADAPTIVE_FIRST_ITEMS  # small first: slow storage is found after a few reads
-        while True:
-            block = list(itertools.islice(it, block_size))
-            if not block:
-                return
-            block_size = ADAPTIVE_PROBE_ITEMS
-            num_slow = 0
-            for x in block:
-                t0 = clock()
-                try:
-                    r = ReadResult(x, read(x))
-                except Exception as exc:  # noqa: BLE001 - same contract as the threaded path
-                    r = ReadResult(x, None, exc)
-                num_slow += _slow_read(clock() - t0, size_of(x))  # the read only, not the consumer's work
-                yield r
-            if 2 * num_slow > len(block):  # most reads waited (one preempted read does not count)
-                log.debug("%d of %d reads waited on storage: reading ahead with %d threads", num_slow,
-                          len(block), max_in_flight)
-                break
-    pool = ThreadPoolExecutor(max_workers=int(max_in_flight), thread_name_prefix=thread_name)
+    if adaptive and not (yield from _read_until_slow(it, read, size_of, max_in_flight)):
+        return
+    yield from _read_threaded(it, read, size_of, int(max_in_flight), max_bytes_in_flight, batch, thread_name)
+
+
+def _read_inline(items: Iterable[T], read: Callable[[T], R]) -> Iterator[ReadResult[T, R]]:
+    """Every item read in the caller's thread (:func:`read_ahead` with one read in flight)."""
+    for it in items:
+        try:
+            yield ReadResult(it, read(it))
+        except Exception as exc:  # noqa: BLE001 - same contract as the threaded path
+            yield ReadResult(it, None, exc)
+
+
+def _read_until_slow(it: Iterator[T], read: Callable[[T], R],
+                     size_of: Callable[[T], int], max_in_flight: int) -> Generator[ReadResult[T, R], None, bool]:
+    """:func:`read_ahead`'s adaptive start: items read inline in blocks until most reads of a block
+    waited on storage (:func:`_slow_read`); returns True then (the rest goes to the threads), False
+    when the items ran out first."""
+    clock = time.perf_counter
+    block_size = ADAPTIVE_FIRST_ITEMS  # small first: slow storage is found after a few reads
+    while True:
+        block = list(itertools.islice(it, block_size))
+        if not block:
+            return False
+        block_size = ADAPTIVE_PROBE_ITEMS
+        num_slow = 0
+        for x in block:
+            t0 = clock()
+            try:
+                r = ReadResult(x, read(x))
+            except Exception as exc:  # noqa: BLE001 - same contract as the threaded path
+                r = ReadResult(x, None, exc)
+            num_slow += _slow_read(clock() - t0, size_of(x))  # the read only, not the consumer's work
+            yield r
+        if 2 * num_slow > len(block):  # most reads waited (one preempted read does not count)
+            log.debug("%d of %d reads waited on storage: reading ahead with %d threads", num_slow,
+                      len(block), max_in_flight)
+            return True
+
+
+def _read_threaded(it: Iterator[T], read: Callable[[T], R], size_of: Callable[[T], int], max_in_flight: int,
+                   max_bytes_in_flight: int, batch: int, thread_name: str) -> Iterator[ReadResult[T, R]]:
+    """:func:`read_ahead`'s threads: batches of ``batch`` items submitted while fewer than two per
+    thread are in flight and their bytes stay within ``max_bytes_in_flight``; results in order."""
+    pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix=thread_name)
     pending: collections.deque = collections.deque()  # (future, batch bytes)
     held = 0  # bytes submitted and not yet handed to the consumer
     carry: list = []  # the next batch, built but over the byte budget for now
     carry_bytes = 0
     # batches in flight: enough for every thread to have one, and one more batch queued behind each
-    max_batches = 2 * int(max_in_flight)
+    max_batches = 2 * max_in_flight
     try:
         while True:
             # fill: submit batches while the budget allows

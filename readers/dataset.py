@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_span, resolve_rank,
                     samples_per_rank, shard_order, spans_to_ranges, worker_span)
-from .errors import ManifestError, UnsupportedURLError
+from .errors import ManifestError, UnsupportedURLError, check_on_error
 from .keywords import check_keywords, signature_keywords
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
 from .opener import is_remote, local_path, url_scheme
@@ -140,8 +140,7 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         ValueError: bad options (``on_error``, ``cache``, ``decoder`` ...).
     """
     check_keywords("open_dataset", options, open_dataset_keywords())
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    check_on_error(on_error)  # before any I/O (the source it opens checks again, for direct users)
     if cache not in (None, "memory"):
         raise ValueError(f"cache must be None or 'memory', got {cache!r}")
     if cache == "memory" and options.get("fields"):

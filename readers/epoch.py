@@ -57,6 +57,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .errors import ON_ERROR  # accepted values of ``on_error`` (defined with their one check)
+
 __all__ = [
     "ON_ERROR",
     "resolve_rank",
@@ -85,8 +87,6 @@ __all__ = [
     "MAX_RESUME_SEGMENTS",
 ]
 
-#: Accepted values of ``on_error``.
-ON_ERROR = ("raise", "skip")
 
 #: The fields of one earlier run (segment) of a resumed epoch.
 SEGMENT_KEYS = ("world_size", "num_workers", "batch_size", "shuffle_buffer", "samples_consumed")

@@ -18,7 +18,25 @@ __all__ = [
     "StorageAccessError",
     "ResumeStateError",
     "UnsupportedURLError",
+    "ON_ERROR",
+    "check_on_error",
 ]
+
+#: Accepted values of ``on_error`` (what a reader or packer does with a sample it cannot read or
+#: decode): ``"raise"`` the error, or ``"skip"`` the sample (and list it).
+ON_ERROR = ("raise", "skip")
+
+
+def check_on_error(on_error: str) -> str:
+    """The one check of an ``on_error`` value, where it enters (a packer's options, a source, a
+    decoder); returns it.
+
+    Raises:
+        ValueError: not one of :data:`ON_ERROR`.
+    """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    return on_error
 
 
 class ShardfeedError(Exception):

@@ -43,7 +43,7 @@ from PIL import Image
 
 from . import decode as _decode
 from .decode import DEFAULT_MAX_PIXELS
-from .errors import CorruptDataError
+from .errors import CorruptDataError, check_on_error
 from .transforms import TrainTransform, make_rng, shorter_side_shape
 
 __all__ = ["GpuBatchDecoder", "GpuDecodingLoader", "nvjpeg_available", "wrap_gpu_decoding"]
@@ -125,8 +125,7 @@ class GpuBatchDecoder:
                  on_error: str = "raise") -> None:
         from .transforms import SampleDecoder
 
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        check_on_error(on_error)
         self.image_size = int(image_size)
         self.train = bool(train)
         self.device = torch.device(device)

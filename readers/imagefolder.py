@@ -401,24 +401,9 @@ def scan_image_folder(
     folder_classes = [display_name(c) for c in raw_classes]  # the names stored (escaped if not UTF-8)
     classes, mapping = resolve_class_map(folder_classes, class_to_idx, root_path)
 
-    ignored: list[dict] = []
+    ignored, hidden_dirs = _top_level_entries(root_path, exts)
     unpackable: list[dict] = []
     empty: list[str] = []
-    hidden_dirs: list[str] = []
-    with os.scandir(root_path) as it:
-        for e in it:
-            if e.name.startswith(".") and e.is_dir():
-                hidden_dirs.append(e.path)
-            elif not e.is_dir():
-                if e.is_symlink() and not os.path.exists(e.path):
-                    log.warning("%s: broken symbolic link (points to %s); not a class folder", display_name(e.path),
-                                display_name(os.readlink(e.path)))
-                    ignored.append({"path": display_name(e.name), "reason": "broken symbolic link"})
-                else:
-                    dot = e.name.rfind(".")
-                    image = dot > 0 and e.name[dot + 1:].lower() in exts
-                    ignored.append({"path": display_name(e.name),
-                                    "reason": "image not in a class folder" if image else "not in a class folder"})
     # The hot loop (one pass per file): relative paths by slicing (no os.path.relpath), the
     # extension by one dict lookup, results appended to compact columns (no object per file).
     canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
@@ -474,11 +459,51 @@ def scan_image_folder(
             empty.append(class_name)
     files = ScannedFiles(root_str, rels, sizes, mtimes, codes, folder_classes,
                          [mapping[c] for c in folder_classes], ecodes, canonical)
+    ignored += _hidden_folder_files(hidden_dirs, root_path)
+    _warn_about_scan(root_path, ignored, unpackable, empty)
+    if not files and not unpackable:
+        raise ValueError(f"{root_path}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
+                         "class folder(s); check the path, or pass --extensions")
+    return ScanResult(str(root_path), classes, mapping, files, ignored, empty, exts, unpackable)
+
+
+def _top_level_entries(root_path: Path, exts) -> tuple[list[dict], list[str]]:
+    """What lies directly in ``root_path`` besides the class folders: ``(ignored, hidden_dirs)``,
+    the ignored entries (files, broken links: ``{"path", "reason"}``) and the hidden folders' paths."""
+    ignored: list[dict] = []
+    hidden_dirs: list[str] = []
+    with os.scandir(root_path) as it:
+        for e in it:
+            if e.name.startswith(".") and e.is_dir():
+                hidden_dirs.append(e.path)
+            elif not e.is_dir():
+                if e.is_symlink() and not os.path.exists(e.path):
+                    log.warning("%s: broken symbolic link (points to %s); not a class folder", display_name(e.path),
+                                display_name(os.readlink(e.path)))
+                    ignored.append({"path": display_name(e.name), "reason": "broken symbolic link"})
+                else:
+                    dot = e.name.rfind(".")
+                    image = dot > 0 and e.name[dot + 1:].lower() in exts
+                    ignored.append({"path": display_name(e.name),
+                                    "reason": "image not in a class folder" if image else "not in a class folder"})
+    return ignored, hidden_dirs
+
+
+def _hidden_folder_files(hidden_dirs: list[str], root_path: Path) -> list[dict]:
+    """An ignored entry (``{"path", "reason"}``, paths relative to ``root_path``) for every file
+    below the hidden top-level folders, in sorted order."""
+    ignored = []
     for d in sorted(hidden_dirs):
         for dirpath, _, names in os.walk(d):
             for name in sorted(names):
                 rel = os.path.relpath(os.path.join(dirpath, name), root_path).replace(os.sep, "/")
                 ignored.append({"path": display_name(rel), "reason": "in a hidden folder"})
+    return ignored
+
+
+def _warn_about_scan(root_path: Path, ignored: list[dict], unpackable: list[dict], empty: list[str]) -> None:
+    """Log what a scan left out that a user likely wants to know: images beside the class folders,
+    images that cannot be packed, empty class folders."""
     beside = [i["path"] for i in ignored if i["reason"] == "image not in a class folder"]
     if beside:
         log.warning("%d image(s) lie beside the class folders of %s, not inside one (e.g. %s): not packed; move "
@@ -489,10 +514,6 @@ def scan_image_folder(
     if empty:
         log.warning("%d empty class folder(s) keep their class index but hold no image: %s",
                     len(empty), ", ".join(empty[:10]) + (" ..." if len(empty) > 10 else ""))
-    if not files and not unpackable:
-        raise ValueError(f"{root_path}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
-                         "class folder(s); check the path, or pass --extensions")
-    return ScanResult(str(root_path), classes, mapping, files, ignored, empty, exts, unpackable)
 
 
 def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensions: Iterable[str] | str | None = None,

@@ -498,24 +498,65 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
             **open_dataset_options)
     loader_opts = {k: open_dataset_options.pop(k) for k in loader_keys if k in open_dataset_options}
-    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
-        ds = open_dataset(source_or_dataset, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
-                          world_size=world_size, **open_dataset_options)
-    else:
-        if open_dataset_options:
-            raise TypeError(f"options {sorted(open_dataset_options)} apply when opening a source; the dataset "
-                            "was already opened (pass them to open_dataset)")
-        ds = source_or_dataset
-        if isinstance(ds, SourceBase):
-            ds.shuffle, ds.seed, ds.pad = bool(shuffle), int(seed), bool(pad)
-            ds.sample_decoder.seed = int(seed)
-            ds.set_distributed(rank if rank is not None else None, world_size if world_size is not None else None)
+    ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
+                        world_size=world_size)
     num_workers = default_num_workers() if num_workers is None else int(num_workers)
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     kwargs: dict[str, Any] = dict(batch_size=int(batch_size), num_workers=num_workers, pin_memory=bool(pin_memory))
+    kwargs.update(_worker_options(num_workers, persistent_workers, prefetch_factor, loader_opts))
+    decode = getattr(ds, "decode", True)
+    if "collate_fn" not in loader_opts:
+        if isinstance(ds, SourceBase):
+            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
+                                                      num_fields=len(getattr(ds, "fields", ()) or ())) if decode
+                                    else collate_raw)
+    kwargs.update(loader_opts)
+    if isinstance(ds, SourceBase):
+        ds.configure_batching(batch_size, drop_last)
+    epoch_sampler = _epoch_sampler(ds, batch_size, shuffle=shuffle, seed=seed, pad=pad, drop_last=drop_last,
+                                   rank=rank, world_size=world_size)
+    if epoch_sampler is not None:
+        kwargs["sampler"] = epoch_sampler
+    kwargs["drop_last"] = bool(drop_last)
+    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor, custom_collate="collate_fn" in loader_opts)
+    loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
+    if ring is not None:
+        loader._batch_ring, loader._pin_ring = ring, bool(pin_memory) and torch.cuda.is_available()
+    log.debug("make_loader: %r batch_size=%d num_workers=%d pin_memory=%s -> %d batches per epoch",
+              ds, batch_size, num_workers, pin_memory, len(loader))
+    return loader
+
+
+def _open_or_adopt(source_or_dataset, open_dataset_options: dict, *, shuffle: bool, seed: int, pad: bool,
+                   rank: int | None, world_size: int | None):
+    """:func:`make_loader`'s dataset: a source (path/URL) opened with :func:`open_dataset`, or a
+    dataset given (ours gets the loader's shuffle, seed, padding and rank).
+
+    Raises:
+        TypeError: ``open_dataset_options`` given with a dataset already opened.
+    """
+    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
+        return open_dataset(source_or_dataset, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
+                            world_size=world_size, **open_dataset_options)
+    if open_dataset_options:
+        raise TypeError(f"options {sorted(open_dataset_options)} apply when opening a source; the dataset "
+                        "was already opened (pass them to open_dataset)")
+    ds = source_or_dataset
+    if isinstance(ds, SourceBase):
+        ds.shuffle, ds.seed, ds.pad = bool(shuffle), int(seed), bool(pad)
+        ds.sample_decoder.seed = int(seed)
+        ds.set_distributed(rank if rank is not None else None, world_size if world_size is not None else None)
+    return ds
+
+
+def _worker_options(num_workers: int, persistent_workers: bool, prefetch_factor: int | None,
+                    loader_opts: dict) -> dict[str, Any]:
+    """The ``DataLoader`` arguments about workers; takes ``multiprocessing_context`` and
+    ``worker_init_fn`` out of ``loader_opts`` (ours calls the user's after its own)."""
+    kwargs: dict[str, Any] = {}
     if num_workers > 0:
         kwargs["persistent_workers"] = bool(persistent_workers)
         if prefetch_factor is not None:
@@ -528,32 +569,19 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     else:
         loader_opts.pop("worker_init_fn", None)
         loader_opts.pop("multiprocessing_context", None)
-    decode = getattr(ds, "decode", True)
-    if "collate_fn" not in loader_opts:
-        if isinstance(ds, SourceBase):
-            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
-                                                      num_fields=len(getattr(ds, "fields", ()) or ())) if decode
-                                    else collate_raw)
-    kwargs.update(loader_opts)
-    epoch_sampler = None
-    if isinstance(ds, SourceBase):
-        ds.configure_batching(batch_size, drop_last)
+    return kwargs
+
+
+def _epoch_sampler(ds, batch_size: int, *, shuffle: bool, seed: int, pad: bool, drop_last: bool,
+                   rank: int | None, world_size: int | None) -> EpochSampler | None:
+    """The :class:`EpochSampler` of a map-style dataset (this rank's share of each epoch's
+    permutation); None for an iterable one (it splits the epoch itself)."""
     if isinstance(ds, torch.utils.data.IterableDataset):
-        kwargs["drop_last"] = bool(drop_last)
-    else:
-        r, w = (ds.rank, ds.world_size) if isinstance(ds, SourceBase) else resolve_rank(rank, world_size)
-        n = ds.num_samples if isinstance(ds, SourceBase) else len(ds)
-        epoch_sampler = EpochSampler(n, shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
-                                     batch_size=batch_size, drop_last=drop_last)
-        kwargs["sampler"] = epoch_sampler
-        kwargs["drop_last"] = bool(drop_last)
-    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor, custom_collate="collate_fn" in loader_opts)
-    loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
-    if ring is not None:
-        loader._batch_ring, loader._pin_ring = ring, bool(pin_memory) and torch.cuda.is_available()
-    log.debug("make_loader: %r batch_size=%d num_workers=%d pin_memory=%s -> %d batches per epoch",
-              ds, batch_size, num_workers, pin_memory, len(loader))
-    return loader
+        return None
+    r, w = (ds.rank, ds.world_size) if isinstance(ds, SourceBase) else resolve_rank(rank, world_size)
+    n = ds.num_samples if isinstance(ds, SourceBase) else len(ds)
+    return EpochSampler(n, shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
+                        batch_size=batch_size, drop_last=drop_last)
 
 
 #: Largest shared memory the reused batch slots may take (bytes); above it batches are made per batch.

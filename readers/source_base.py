@@ -55,9 +55,9 @@ from typing import Any
 import numpy as np
 
 from .decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS
-from .epoch import (ON_ERROR, positions_to_indices, resolve_rank, resumed_rank_sequence,
+from .epoch import (positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, worker_batches)
-from .errors import StorageAccessError
+from .errors import StorageAccessError, check_on_error
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
@@ -151,8 +151,7 @@ class SourceBase:
 
         from .transforms import SampleDecoder
 
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        check_on_error(on_error)
         self.fields = self._check_fields(fields)
         #: ``(name, member extension)`` of each requested field
         self._field_members = tuple((f, field_member(f)) for f in self.fields)

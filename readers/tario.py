@@ -155,6 +155,262 @@ def _parse_pax(data: bytes, source: str, offset: int) -> dict[str, str]:
     return out
 
 
+def _position_stream(stream: BinaryIO, start_offset: int, stream_offset: int | None, source: str,
+                     read_bytes: int) -> None:
+    """Bring ``stream`` to shard offset ``start_offset``: ``seek`` when it can, else read and
+    discard from ``stream_offset`` (default ``start_offset``) up to it.
+
+    Raises:
+        ValueError: a non-seekable stream stands past ``start_offset``.
+        CorruptDataError: the stream ends first.
+    """
+    seekable = False
+    try:
+        seekable = bool(stream.seekable())
+    except (AttributeError, OSError, ValueError):
+        pass
+    if seekable:
+        stream.seek(start_offset)
+        return
+    at = start_offset if stream_offset is None else stream_offset
+    if at > start_offset:
+        raise ValueError(f"{source}: stream stands at offset {at}, past start_offset {start_offset}")
+    if at < start_offset:
+        skip_stream(stream, start_offset - at, source=source, read_bytes=read_bytes)
+
+
+class _BufferedReads:
+    """Buffered reading for :func:`iter_members`: large reads of a stream, never more than needed
+    past ``end_offset``, each bounded by :data:`MAX_READ_BYTES` where a size field decides it.
+
+    The buffer itself stays with the caller (a local in its loop); each method takes the unread
+    bytes and returns the new buffer. ``fed`` is the shard offset of the next byte the stream
+    gives, ``eof`` whether it has ended.
+    """
+
+    __slots__ = ("read", "read_bytes", "end_offset", "fed", "eof", "source")
+
+    def __init__(self, stream: BinaryIO, read_bytes: int, end_offset: int | None, fed: int, source: str):
+        self.read = stream.read
+        self.read_bytes = read_bytes
+        self.end_offset = end_offset
+        self.fed = fed
+        self.eof = False
+        self.source = source
+
+    def refill(self, rest: bytes, base: int, in_member: bool) -> bytes:
+        """``rest`` (the unread bytes, from shard offset ``base``) followed by at least one
+        header's worth of the stream; ``b""`` where the stream ends cleanly (between members).
+
+        Raises:
+            CorruptDataError: the stream ends inside a header, or inside a member's extension
+                records (``in_member``).
+        """
+        parts = [rest] if rest else []
+        have = len(rest)
+        end_offset, read_bytes = self.end_offset, self.read_bytes
+        while have < _BLOCK and not self.eof:
+            want = read_bytes
+            if end_offset is not None:
+                want = max(_BLOCK - have, min(read_bytes, end_offset - self.fed))
+            chunk = self.read(want)
+            if not chunk:
+                self.eof = True
+                break
+            parts.append(chunk)
+            have += len(chunk)
+            self.fed += len(chunk)
+        buf = parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(buf) < _BLOCK and (buf or in_member):
+            raise CorruptDataError(f"{self.source}: truncated tar header at byte offset {base} ({len(buf)} of "
+                                   "512 bytes); the shard is incomplete or damaged")
+        return buf
+
+    def gather(self, rest: bytes, need: int, offset: int, typeflag: int, size: int) -> bytes:
+        """``rest`` (from the record's header at shard offset ``offset``) followed by the stream's
+        bytes until ``need`` bytes are held: a small record (PAX, GNU long name) whole in the buffer.
+
+        Raises:
+            CorruptDataError: the stream ends first.
+        """
+        parts = [rest]
+        have = len(rest)
+        while have < need and not self.eof:
+            chunk = self.read(min(max(need - have, self.read_bytes), MAX_READ_BYTES))
+            if not chunk:
+                self.eof = True
+                break
+            parts.append(chunk)
+            have += len(chunk)
+            self.fed += len(chunk)
+        if have < need:
+            raise CorruptDataError(f"{self.source}: tar record at byte offset {offset} is truncated (type "
+                                   f"{chr(typeflag)!r}, {size} bytes); the shard is incomplete or damaged")
+        return b"".join(parts)
+
+    def member_rest(self, head: bytes, size: int, skip: int, name: str, first_offset: int) -> bytes:
+        """A member's data that runs past the buffer: ``head`` (its bytes in the buffer) and the
+        rest read from the stream, then ``skip`` more bytes (the padding) read and dropped.
+
+        Raises:
+            CorruptDataError: the stream ends first (the member is truncated).
+        """
+        tail = [head]
+        rest = size - len(head)
+        read = self.read
+        while rest > 0 or skip > 0:
+            chunk = b"" if self.eof else read(min(rest + skip, MAX_READ_BYTES))
+            if not chunk:
+                self.eof = True
+                raise CorruptDataError(
+                    f"{self.source}: tar member {name!r} at byte offset {first_offset} is truncated "
+                    f"({size - rest} of {size} data bytes); the shard is incomplete or damaged")
+            self.fed += len(chunk)
+            if rest:
+                if len(chunk) > rest:
+                    tail.append(chunk[:rest])
+                    skip -= len(chunk) - rest
+                    rest = 0
+                else:
+                    tail.append(chunk)
+                    rest -= len(chunk)
+            else:
+                skip -= len(chunk)
+        return tail[0] if len(tail) == 1 else b"".join(tail)
+
+
+def _decode_header(buf: bytes, mv: memoryview, p: int, offset: int, source: str,
+                   _adler32=zlib.adler32) -> tuple[int, int, str]:
+    """``(typeflag, size, name)`` of the 512-byte header at ``buf[p:]`` (shard offset ``offset``),
+    its checksum verified: the size field as octal or GNU base-256, the name with the ustar prefix
+    (``""`` for a record that is not a regular file: its name is not used).
+
+    Raises:
+        CorruptDataError: a bad checksum or an unreadable size field.
+    """
+    # checksum fast path: Adler-32's A half is 1 + byte sum (mod 65521); the field itself counts as
+    # 8 spaces (256). Any other layout of the field takes the exact path.
+    try:
+        stored = int(buf[p + 148:p + 154], 8)
+    except ValueError:
+        stored = -1
+    if ((stored - 255) % _ADLER_MOD != _adler32(mv[p + 156:p + _BLOCK], _adler32(mv[p:p + 148])) & 0xFFFF
+            and not _checksum_ok(mv[p:p + _BLOCK])):
+        raise CorruptDataError(f"{source}: bad tar header checksum at byte offset {offset}; the shard "
+                               "is damaged (run `shardfeed check` and repack it)")
+    if buf[p + 135] in _FIELD_END:
+        try:
+            size = int(buf[p + 124:p + 135], 8)
+        except ValueError:
+            size = _octal(buf[p + 124:p + 136], "size", source, offset)
+    else:
+        size = _octal(buf[p + 124:p + 136], "size", source, offset)
+    typeflag = buf[p + 156]
+    if typeflag not in _REGULAR:
+        return typeflag, size, ""
+    end = buf.find(b"\0", p, p + 100)
+    raw = buf[p:end] if end >= 0 else buf[p:p + 100]
+    if buf[p + 345] and buf[p + 257:p + 263] == _POSIX_MAGIC:
+        pend = buf.find(b"\0", p + 345, p + 500)
+        raw = (buf[p + 345:pend] if pend >= 0 else buf[p + 345:p + 500]) + b"/" + raw
+    return typeflag, size, raw.decode("utf-8", "surrogateescape")
+
+
+def _pax_size(pax: dict[str, str], source: str, offset: int) -> int:
+    try:
+        return int(pax["size"])
+    except ValueError:
+        raise CorruptDataError(f"{source}: PAX header at byte offset {offset} has a bad size "
+                               f"{pax['size']!r}") from None
+
+
+class _ExtendedHeaders:
+    """PAX and GNU extension records: the name and size they give the next member (``x``, GNU
+    ``L``) or every later member (``g``). ``active`` is False while none applies (the common case).
+    """
+
+    __slots__ = ("name", "size", "global_name", "global_size", "active")
+
+    def __init__(self):
+        self.name = self.size = self.global_name = self.global_size = None
+        self.active = False
+
+    def resolve(self, size: int) -> tuple[str | None, int]:
+        """The member's name from its extension records (None: its header's own) and its size
+        (``size``: its header's)."""
+        if self.size is not None:
+            size = self.size
+        elif self.global_size is not None:
+            size = self.global_size
+        return (self.name if self.name is not None else self.global_name), size
+
+    def member_done(self) -> None:
+        """Drop the per-member records (after a member, or a skipped non-regular one)."""
+        self.name = self.size = None
+        self.active = self.global_name is not None or self.global_size is not None
+
+    def record(self, typeflag: int, payload: bytes, source: str, offset: int) -> bool:
+        """Apply one record (``payload`` its data, ``offset`` its header's shard offset); returns
+        whether it belongs to the next member (False: a global record, or a skipped member).
+
+        Raises:
+            CorruptDataError: a malformed PAX record or size.
+        """
+        if typeflag == _GNU_LONGNAME:
+            self.name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif typeflag == _PAX_LOCAL:
+            pax = _parse_pax(payload, source, offset)
+            if "path" in pax:
+                self.name = pax["path"]
+            if "size" in pax:
+                self.size = _pax_size(pax, source, offset)
+        elif typeflag == _PAX_GLOBAL:
+            pax = _parse_pax(payload, source, offset)
+            self.global_name = pax.get("path", self.global_name)
+            if "size" in pax:
+                self.global_size = _pax_size(pax, source, offset)
+            self.active = self.name is not None or self.size is not None or self.global_name is not None \
+                or self.global_size is not None
+            return False
+        elif typeflag == _GNU_LONGLINK:
+            pass  # link target of the next member: irrelevant, links are skipped
+        else:
+            # directory, link, device, FIFO, volume label, ...: skipped with its extension headers
+            self.member_done()
+            return False
+        self.active = True
+        return True
+
+
+def _check_archive_end(first_offset: int | None, source: str) -> None:
+    """At the end-of-archive blocks: raise when extension records wait for their member.
+
+    Raises:
+        CorruptDataError: ``first_offset`` (a member's first extension header) is set.
+    """
+    if first_offset is not None:
+        raise CorruptDataError(f"{source}: extended header at byte offset {first_offset} is not "
+                               "followed by a member; the shard is damaged")
+
+
+def _check_record(typeflag: int, size: int, offset: int, total: int | None, source: str) -> tuple[int, int]:
+    """A non-regular record's data bytes (0 for links, devices, directories, FIFOs), bounded, and
+    its bytes in the shard (header and padding included).
+
+    Raises:
+        CorruptDataError: a size that is negative, runs past the shard, or is too big for a record.
+    """
+    if typeflag in _NO_DATA:
+        size = 0
+    if size < 0 or (total is not None and offset + _BLOCK + size > total):
+        raise _member_too_big(source, offset, size, total, f"record (type {chr(typeflag)!r})")
+    if size > MAX_RECORD_BYTES and typeflag in (_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK):
+        raise CorruptDataError(f"{source}: tar header at byte offset {offset} claims a {chr(typeflag)!r} "
+                               f"record of {size:,} bytes (at most {MAX_RECORD_BYTES:,}); the header is "
+                               "damaged (run `shardfeed check` and repack the shard)")
+    return size, _BLOCK + size + (-size % _BLOCK)
+
+
 def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | None = None,
                  source: str = "<tar>", stream_offset: int | None = None,
                  read_bytes: int = DEFAULT_READ_BYTES,
@@ -174,12 +430,11 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
         source: the shard's path or URL, named in error messages.
         stream_offset: shard offset of a non-seekable stream's current position.
         read_bytes: bytes asked of the stream per read.
-        total_bytes: the shard's size in bytes, when known (None: taken from ``fstat`` when the
-            stream is a regular file, else unknown). A header whose size field (octal, GNU
-            base-256 or a PAX ``size=`` record) claims more bytes than the shard has after it is
-            refused at once as damaged; without a known size, such a member reads to the end of
-            the stream and is reported truncated. Either way reads are bounded
-            (:data:`MAX_READ_BYTES`), so memory follows the bytes that really arrive.
+        total_bytes: the shard's size in bytes, when known (None: from ``fstat`` for a regular
+            file, else unknown). A size field (octal, GNU base-256 or PAX ``size=``) claiming more
+            bytes than the shard has after it is refused at once as damaged; without a known size
+            such a member reads to the end of the stream and is reported truncated. Reads are
+            bounded (:data:`MAX_READ_BYTES`): memory follows the bytes that really arrive.
 
     Yields:
         ``(name, data, header_offset)``: the member's name (``str``; PAX/GNU long names
@@ -193,218 +448,68 @@ def iter_members(stream: BinaryIO, *, start_offset: int = 0, end_offset: int | N
         ValueError: ``stream_offset`` lies past ``start_offset``.
         OSError: the stream itself failed.
     """
-    seekable = False
-    try:
-        seekable = bool(stream.seekable())
-    except (AttributeError, OSError, ValueError):
-        pass
-    if seekable:
-        stream.seek(start_offset)
-    else:
-        at = start_offset if stream_offset is None else stream_offset
-        if at > start_offset:
-            raise ValueError(f"{source}: stream stands at offset {at}, past start_offset {start_offset}")
-        if at < start_offset:
-            skip_stream(stream, start_offset - at, source=source, read_bytes=read_bytes)
-
+    _position_stream(stream, start_offset, stream_offset, source, read_bytes)
     total = total_bytes if total_bytes is not None else _stream_size(stream)
-    read = stream.read
-    adler32 = zlib.adler32
-    block = _BLOCK
-    regular = _REGULAR
-    buf = b""        # bytes of the shard from offset `base`
+    reads = _BufferedReads(stream, read_bytes, end_offset, start_offset, source)
+    ext = _ExtendedHeaders()
+    block, regular, decode_header = _BLOCK, _REGULAR, _decode_header
+    # buf: the shard's bytes from offset base (mv: a view of it); p: index in buf of the next header
+    buf, nbuf, base, p = b"", 0, start_offset, 0
     mv = memoryview(buf)
-    nbuf = 0
-    base = start_offset
-    pos = 0          # index in buf of the next header
-    fed = start_offset  # shard offset of the next byte the stream will give
-    eof = False
-    pending_name: str | None = None   # from a GNU L record or a PAX path
-    pending_size: int | None = None   # from a PAX size
-    global_name: str | None = None
-    global_size: int | None = None
     first_offset: int | None = None   # first header of the member in progress (PAX/L included)
-
     try:
         while True:
-            if nbuf - pos < block:
-                # ---- refill: keep buf[pos:], append at least up to one header
-                if end_offset is not None and base + pos >= end_offset and first_offset is None:
-                    return
-                parts = [buf[pos:]] if pos < nbuf else []
-                have = nbuf - pos
-                base += pos
-                pos = 0
-                while have < block and not eof:
-                    want = read_bytes
-                    if end_offset is not None:
-                        want = max(block - have, min(read_bytes, end_offset - fed))
-                    chunk = read(want)
-                    if not chunk:
-                        eof = True
-                        break
-                    parts.append(chunk)
-                    have += len(chunk)
-                    fed += len(chunk)
-                buf = parts[0] if len(parts) == 1 else b"".join(parts)
-                nbuf = len(buf)
-                mv = memoryview(buf)
-                if nbuf < block:
-                    if nbuf == 0 and first_offset is None:
-                        return  # archive ends without its zero blocks: tolerated, as tarfile does
-                    raise CorruptDataError(f"{source}: truncated tar header at byte offset {base} ({nbuf} of "
-                                           "512 bytes); the shard is incomplete or damaged")
-            p = pos
             offset = base + p
             if end_offset is not None and offset >= end_offset and first_offset is None:
                 return
+            if nbuf - p < block:
+                base, rest, p = offset, buf[p:] if p < nbuf else b"", 0
+                buf = reads.refill(rest, base, first_offset is not None)
+                nbuf, mv = len(buf), memoryview(buf)
+                if not nbuf:
+                    return  # archive ends without its zero blocks: tolerated, as tarfile does
             if buf[p] == 0 and buf[p:p + block] == _ZERO_BLOCK:
-                if first_offset is not None:
-                    raise CorruptDataError(f"{source}: extended header at byte offset {first_offset} is not "
-                                           "followed by a member; the shard is damaged")
+                _check_archive_end(first_offset, source)
                 return  # end-of-archive marker
-            # ---- checksum. Fast path: Adler-32's A half is 1 + byte sum (mod 65521); the field
-            # itself counts as 8 spaces (256). Any other layout of the field takes the exact path.
-            try:
-                stored = int(buf[p + 148:p + 154], 8)
-            except ValueError:
-                stored = -1
-            if ((stored - 255) % _ADLER_MOD != adler32(mv[p + 156:p + block], adler32(mv[p:p + 148])) & 0xFFFF
-                    and not _checksum_ok(mv[p:p + block])):
-                raise CorruptDataError(f"{source}: bad tar header checksum at byte offset {offset}; the shard "
-                                       "is damaged (run `shardfeed check` and repack it)")
-            typeflag = buf[p + 156]
-            if buf[p + 135] in _FIELD_END:
-                try:
-                    size = int(buf[p + 124:p + 135], 8)
-                except ValueError:
-                    size = _octal(buf[p + 124:p + 136], "size", source, offset)
-            else:
-                size = _octal(buf[p + 124:p + 136], "size", source, offset)
+            typeflag, size, name = decode_header(buf, mv, p, offset, source)
             if first_offset is None:
                 first_offset = offset
             if typeflag in regular:
-                if pending_size is not None:
-                    size = pending_size
-                elif global_size is not None:
-                    size = global_size
-                if pending_name is not None:
-                    name = pending_name
-                elif global_name is not None:
-                    name = global_name
-                else:
-                    end = buf.find(b"\0", p, p + 100)
-                    raw = buf[p:end] if end >= 0 else buf[p:p + 100]
-                    if buf[p + 345] and buf[p + 257:p + 263] == _POSIX_MAGIC:
-                        pend = buf.find(b"\0", p + 345, p + 500)
-                        raw = (buf[p + 345:pend] if pend >= 0 else buf[p + 345:p + 500]) + b"/" + raw
-                    name = raw.decode("utf-8", "surrogateescape")
-                    if typeflag == 0 and name.endswith("/"):  # old-style directory entry
-                        first_offset = None
-                        pos = p + block
-                        continue
+                ext_name, size = ext.resolve(size) if ext.active else (None, size)
+                if ext_name is not None:
+                    name = ext_name
+                elif typeflag == 0 and name.endswith("/"):  # old-style directory entry
+                    first_offset, p = None, p + block
+                    continue
                 if size < 0 or (total is not None and offset + block + size > total):
                     raise _member_too_big(source, offset, size, total, f"member {name!r}", first_offset)
                 data_end = p + block + size
                 next_pos = data_end + (-size % block)
                 if next_pos <= nbuf:
                     data = buf[p + block:data_end]
-                    pos = next_pos
-                else:
-                    # member (or its padding) runs past the buffer: read the rest directly
-                    head = buf[p + block:data_end]
-                    tail = [head]
-                    rest = size - len(head)
-                    skip = next_pos - max(data_end, nbuf)  # padding still to read
-                    base += nbuf
-                    buf, mv, nbuf, pos = b"", memoryview(b""), 0, 0
-                    while rest > 0 or skip > 0:
-                        chunk = b"" if eof else read(min(rest + skip, MAX_READ_BYTES))
-                        if not chunk:
-                            eof = True
-                            raise CorruptDataError(
-                                f"{source}: tar member {name!r} at byte offset {first_offset} is truncated "
-                                f"({size - rest} of {size} data bytes); the shard is incomplete or damaged")
-                        fed += len(chunk)
-                        base += len(chunk)
-                        if rest:
-                            if len(chunk) > rest:
-                                tail.append(chunk[:rest])
-                                skip -= len(chunk) - rest
-                                rest = 0
-                            else:
-                                tail.append(chunk)
-                                rest -= len(chunk)
-                        else:
-                            skip -= len(chunk)
-                    data = tail[0] if len(tail) == 1 else b"".join(tail)
+                    p = next_pos
+                else:  # the member (or its padding) runs past the buffer: read the rest directly
+                    data = reads.member_rest(buf[p + block:data_end], size, next_pos - max(data_end, nbuf),
+                                             name, first_offset)
+                    base, buf, mv, nbuf, p = base + next_pos, b"", memoryview(b""), 0, 0
                 yield name, data, first_offset
-                pending_name = pending_size = None
+                if ext.active:
+                    ext.member_done()
                 first_offset = None
                 continue
-            # ---- metadata records and non-regular members
-            if typeflag in _NO_DATA:
-                size = 0
-            if size < 0 or (total is not None and offset + block + size > total):
-                raise _member_too_big(source, offset, size, total, f"record (type {chr(typeflag)!r})")
-            if size > MAX_RECORD_BYTES and typeflag in (_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK):
-                raise CorruptDataError(f"{source}: tar header at byte offset {offset} claims a {chr(typeflag)!r} "
-                                       f"record of {size:,} bytes (at most {MAX_RECORD_BYTES:,}); the header is "
-                                       "damaged (run `shardfeed check` and repack the shard)")
-            need = block + size + (-size % block)
-            if nbuf - p < need:
-                # records are small: gather them into the buffer
-                parts = [buf[p:]]
-                have = nbuf - p
-                base += p
-                while have < need and not eof:
-                    chunk = read(min(max(need - have, read_bytes), MAX_READ_BYTES))
-                    if not chunk:
-                        eof = True
-                        break
-                    parts.append(chunk)
-                    have += len(chunk)
-                    fed += len(chunk)
-                buf = b"".join(parts)
-                nbuf, mv, p = len(buf), memoryview(buf), 0
-                if nbuf < need:
-                    raise CorruptDataError(f"{source}: tar record at byte offset {offset} is truncated (type "
-                                           f"{chr(typeflag)!r}, {size} bytes); the shard is incomplete or damaged")
+            # ---- extension records and non-regular members
+            size, need = _check_record(typeflag, size, offset, total, source)
+            if nbuf - p < need:  # records are small: gather them into the buffer
+                buf = reads.gather(buf[p:], need, offset, typeflag, size)
+                base, nbuf, mv, p = offset, len(buf), memoryview(buf), 0
             payload = buf[p + block:p + block + size]
-            pos = p + need
-            if typeflag == _GNU_LONGNAME:
-                pending_name = payload.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            elif typeflag == _PAX_LOCAL:
-                pax = _parse_pax(payload, source, offset)
-                if "path" in pax:
-                    pending_name = pax["path"]
-                if "size" in pax:
-                    try:
-                        pending_size = int(pax["size"])
-                    except ValueError:
-                        raise CorruptDataError(f"{source}: PAX header at byte offset {offset} has a bad size "
-                                               f"{pax['size']!r}") from None
-            elif typeflag == _PAX_GLOBAL:
-                pax = _parse_pax(payload, source, offset)
-                global_name = pax.get("path", global_name)
-                if "size" in pax:
-                    try:
-                        global_size = int(pax["size"])
-                    except ValueError:
-                        raise CorruptDataError(f"{source}: PAX header at byte offset {offset} has a bad size "
-                                               f"{pax['size']!r}") from None
+            p += need
+            if not ext.record(typeflag, payload, source, offset):
                 first_offset = None
-            elif typeflag == _GNU_LONGLINK:
-                pass  # link target of the next member: irrelevant, links are skipped
-            else:
-                # directory, link, device, FIFO, volume label, ...: skipped with its extension headers
-                pending_name = pending_size = None
-                first_offset = None
-
     except CorruptDataError as exc:
         # where the damage is: the first header of the member that could not be read whole
         if getattr(exc, "offset", None) is None:
-            exc.offset = first_offset if first_offset is not None else base + pos
+            exc.offset = first_offset if first_offset is not None else base + p
         raise
 
 
@@ -565,6 +670,27 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
         CorruptDataError: one sample holds the same extension twice.
         OSError: the read itself failed (or what ``read_at`` raises).
     """
+    # not a generator itself: the generator below holds the loop, this its contract
+    return _indexed_samples(read_at, offsets, start, end, file_bytes, source, tag_source, read_bytes, prefetch,
+                            chunk_reader)
+
+
+def _planned_reads(read_at: Callable[[int, int], bytes], plan, prefetch: int,
+                   chunk_reader: Callable | None) -> Iterable[bytes]:
+    """The bytes of each read of ``plan``, in order: by ``chunk_reader``, by a prefetch thread
+    (``prefetch`` > 0), or by ``read_at`` in the caller's thread."""
+    if chunk_reader is not None:
+        return chunk_reader(read_at, plan)
+    if prefetch > 0:
+        return _prefetched(read_at, plan, prefetch)
+    return (read_at(a, b - a) for _, _, a, b in plan)
+
+
+def _indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: int, end: int, file_bytes: int,
+                     source: str, tag_source: bool, read_bytes: int, prefetch: int,
+                     chunk_reader: Callable | None) -> Generator[tuple[str, dict[str, bytes], int], None, int]:
+    """The loop of :func:`iter_indexed_samples` (its arguments, yields and return value): each
+    planned read's samples parsed inline, stopping before one the general reader must decide."""
     adler32 = zlib.adler32
     block = _BLOCK
     exts = _EXT_NAMES
@@ -573,13 +699,7 @@ def iter_indexed_samples(read_at: Callable[[int, int], bytes], offsets, start: i
     n_off = len(offsets)
     done = 0
     plan = _chunk_plan(offsets, start, end, file_bytes, read_bytes)
-    if chunk_reader is not None:
-        chunks = chunk_reader(read_at, plan)
-    elif prefetch > 0:
-        chunks = _prefetched(read_at, plan, prefetch)
-    else:
-        chunks = (read_at(a, b - a) for _, _, a, b in plan)
-    for (i, j, a, _), buf in zip(plan, chunks):
+    for (i, j, a, _), buf in zip(plan, _planned_reads(read_at, plan, prefetch, chunk_reader)):
         nbuf = len(buf)
         for k in range(i, j):
             p = offsets[k] - a

@@ -404,12 +404,7 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
         ValueError: bad counts, no image file under ``path``, a URL to an LMDB dataset.
         ShardfeedError: a URL whose manifest cannot be fetched or read (the readers' errors).
     """
-    if image_size is not None and image_size < 1:
-        raise ValueError(f"image_size must be at least 1, got {image_size}")
-    if max_files < 1 or max_list < 1:
-        raise ValueError(f"max_files and max_list must be at least 1, got {max_files}, {max_list}")
-    if not budget_s > 0:
-        raise ValueError(f"budget_s must be > 0, got {budget_s}")
+    _check_probe_args(image_size, max_files, max_list, budget_s)
     text = str(path)
     import psutil
 
@@ -421,36 +416,15 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
         return _doctor_url(text, num_workers=num_workers, max_files=max_files, budget_s=budget_s, decoder=decoder,
                            seed=seed, image_size=image_size, say=say, t_start=t_start, machine0=machine0,
                            ours0=ours0)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
-    root = Path(text).expanduser()
-    if root.name == MANIFEST_NAME:
-        root = root.parent
-    if not root.exists():
-        raise FileNotFoundError(f"{root}: no such file or directory")
+    root = _local_root(text)
     cpus, ram, shm = _machine(root)
-    nw = cpus if num_workers is None else num_workers
-    if nw < 0:
-        raise ValueError(f"num_workers must be 0 or more, got {nw}")
+    nw = _probe_workers(num_workers, cpus)
     warnings: list[str] = []
     fs_type, mount_point = _fs_type_of(root)
-    manifest = None
-    if (root / MANIFEST_NAME).is_file():
-        from shardfeed.readers.format import load_manifest
-
-        manifest = load_manifest(root / MANIFEST_NAME, check_files=False)
-        kind = manifest.format
-    else:
-        kind = "folder"
+    manifest, kind = _local_manifest(root)
     rng = random.Random(seed)
     if manifest is None:
-        say(f"listing {root} ...")
-        paths, complete = _list_images(root, max_list, t_start + budget_s * 0.25)
-        if not paths:
-            raise ValueError(f"{root}: no image file found (extensions: {', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, "
-                             "...): give an image folder or a packed dataset")
-        sample = rng.sample(paths, min(max_files, len(paths)))
-        count = len(paths)
+        sample, complete, count = _sample_folder(root, rng, max_files, max_list, t_start + budget_s * 0.25, say)
     else:
         shard_paths = [str(root / s.name) for s in manifest.shards if (root / s.name).is_file()]
         if describe(kind).files and not shard_paths:
@@ -459,46 +433,16 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             raise ValueError(f"{root}: the manifest names no shard file present here")
         sample = rng.sample(shard_paths, min(max_files, len(shard_paths)))
         complete, count = True, manifest.num_samples
-    evicted = 0
-    if cold:
-        say(f"evicting {len(sample)} files from the page cache ...")
-        evicted = sum(_evict(p) for p in sample)
-        if evicted < len(sample):
-            warnings.append(f"{len(sample) - evicted} of {len(sample)} sampled files could not be evicted: their "
-                            "reads may come from RAM")
+    evicted = _evict_sample(sample, say, warnings) if cold else 0
     say(f"reading {len(sample)} files ...")
-    reads, keep_bytes = [], 0
-    for p in sample:
-        if reads and len(reads) >= 3 and time.monotonic() > t_start + budget_s * 0.7:
-            warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
-            break
-        if manifest is not None:  # a shard: the first 4 read sequentially (throughput), the rest opened only
-            r = _timed_read_prefix(p, keep=not reads, max_rest=_SEQ_READ_BYTES if len(reads) < 4 else 0)
-        else:
-            r = _timed_read(p, keep_bytes < _MAX_DECODE_BYTES)
-        if r is None:
-            continue
-        if r.get("data") is not None:
-            keep_bytes += len(r["data"])
-        r["path"] = p
-        reads.append(r)
+    reads = _read_sample(sample, manifest is not None, t_start + budget_s * 0.7, warnings)
     if not reads:
         raise ValueError(f"{root}: none of the sampled files could be read")
     opens = [r["open_s"] for r in reads]
     firsts = [r["first_s"] for r in reads]
-    big = [r for r in reads if r["rest"] >= _CHUNK]
-    measured = bool(big)
-    if big:
-        thr = sum(r["rest"] for r in big) / max(sum(r["rest_s"] for r in big), 1e-9)
-    else:
-        thr = READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6)
+    thr, measured = _read_throughput(reads, firsts)
     if manifest is None:
-        sizes = [r["size"] for r in reads]
-        images = [(r["path"], r["data"]) for r in reads if r.get("data")]
-        median_bytes = float(statistics.median(sizes))
-        p95_bytes = percentile(sizes, 95)
-        mean_bytes = float(statistics.fmean(sizes))
-        total = mean_bytes * count
+        images, median_bytes, p95_bytes, mean_bytes, total = _folder_sizes(reads, count)
     else:
         total = float(sum(s.num_bytes for s in manifest.shards)) or float(sum(os.path.getsize(p) for p in shard_paths))
         mean_bytes = median_bytes = p95_bytes = total / max(count, 1)
@@ -519,39 +463,172 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     say(f"decoding {len(images)} images ...")
     dec = _decode_cost(images, decoder, deadline + budget_s * 0.2, image_size)
     t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
-    t_open, t_first = statistics.median(opens), statistics.median(firsts)
     file_cpus = [r["cpu_s"] for r in reads if "cpu_s" in r]
     t_file_cpu = statistics.median(file_cpus) if file_cpus and manifest is None else 0.0
-    pred = predict_images_per_s(num_workers=nw, cpus=cpus, t_decode_s=t_dec, t_open_s=t_open, t_first_read_s=t_first,
-                                median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
-    more = max(2 * max(nw, 1), nw + 2)
-    pred_more = predict_images_per_s(num_workers=more, cpus=cpus, t_decode_s=t_dec, t_open_s=t_open,
-                                     t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr,
-                                     t_file_cpu_s=t_file_cpu)
-    pred["more_workers"] = {"num_workers": more, "folder_images_per_s": pred_more["folder_images_per_s"],
-                            "packed_images_per_s": pred_more["packed_images_per_s"]}
-    storage = {"fs_type": fs_type, "fs_class": fs_class(fs_type), "mount_point": mount_point,
-               "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts),
-               "read_mb_per_s": thr / 1e6, "read_mb_per_s_measured": measured, "cold": cold and evicted > 0,
-               "file_cpu_ms": t_file_cpu * 1e3}
+    costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(opens), t_first_read_s=statistics.median(firsts),
+                 median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
+    pred = _predict_with_more_workers(nw, cpus, costs)
+    storage = _storage_facts(fs_type, mount_point, opens, firsts, thr, measured, cold and evicted > 0, t_file_cpu)
     files = {"count": count, "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
              "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": total}
     advice = _advice(kind, str(root), storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
     if others is not None:
-        free = max(0.1, cpus * (1 - others))
-        now = predict_images_per_s(num_workers=nw, cpus=free, t_decode_s=t_dec, t_open_s=t_open,
-                                   t_first_read_s=t_first, median_bytes=median_bytes, read_bytes_per_s=thr,
-                                   t_file_cpu_s=t_file_cpu)
-        pred["busy_machine"] = {"cores_free": free, "folder_images_per_s": now["folder_images_per_s"],
-                                "packed_images_per_s": now["packed_images_per_s"]}
-    if others is not None and others > 0.3:
-        warnings.append(f"other processes used {others:.0%} of the CPU during the probe: the decode-bound figures "
-                        f"are for this machine when it is quiet (with the {pred['busy_machine']['cores_free']:.1f} "
-                        "cores left free: predicted.busy_machine)")
+        _add_busy_machine(pred, others, nw, cpus, costs, warnings)
     return DoctorReport(path=str(root), kind=kind, storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
+
+
+def _local_manifest(root: Path):
+    """``(manifest, kind)`` of a local dataset: its manifest (files not checked) and format, or
+    ``(None, "folder")`` for an image folder."""
+    if not (root / MANIFEST_NAME).is_file():
+        return None, "folder"
+    from shardfeed.readers.format import load_manifest
+
+    manifest = load_manifest(root / MANIFEST_NAME, check_files=False)
+    return manifest, manifest.format
+
+
+def _sample_folder(root: Path, rng: random.Random, max_files: int, max_list: int, deadline: float,
+                   say: Callable[[str], None]) -> tuple[list[str], bool, int]:
+    """``(sample, complete, count)``: up to ``max_files`` image paths drawn from the images listed
+    under ``root`` (at most ``max_list``, until ``deadline``), whether the listing was complete,
+    and how many were listed.
+
+    Raises:
+        ValueError: no image file under ``root``.
+    """
+    say(f"listing {root} ...")
+    paths, complete = _list_images(root, max_list, deadline)
+    if not paths:
+        raise ValueError(f"{root}: no image file found (extensions: {', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, "
+                         "...): give an image folder or a packed dataset")
+    return rng.sample(paths, min(max_files, len(paths))), complete, len(paths)
+
+
+def _folder_sizes(reads: list[dict], count: int) -> tuple[list, float, float, float, float]:
+    """``(images, median_bytes, p95_bytes, mean_bytes, estimated_total_bytes)`` of an image folder
+    from its sampled reads (``images``: ``(path, bytes)`` of those read whole)."""
+    sizes = [r["size"] for r in reads]
+    images = [(r["path"], r["data"]) for r in reads if r.get("data")]
+    mean_bytes = float(statistics.fmean(sizes))
+    return images, float(statistics.median(sizes)), percentile(sizes, 95), mean_bytes, mean_bytes * count
+
+
+def _storage_facts(fs_type: str | None, mount_point: str | None, opens: list[float], firsts: list[float], thr: float,
+                   measured: bool, cold: bool, t_file_cpu: float) -> dict:
+    """The report's ``storage`` section (latencies in ms, throughput in MB/s)."""
+    return {"fs_type": fs_type, "fs_class": fs_class(fs_type), "mount_point": mount_point,
+            "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts),
+            "read_mb_per_s": thr / 1e6, "read_mb_per_s_measured": measured, "cold": cold,
+            "file_cpu_ms": t_file_cpu * 1e3}
+
+
+def _probe_workers(num_workers: int | None, cpus: int) -> int:
+    """The workers of the prediction: ``num_workers``, or the CPU count.
+
+    Raises:
+        ValueError: a negative count.
+    """
+    nw = cpus if num_workers is None else num_workers
+    if nw < 0:
+        raise ValueError(f"num_workers must be 0 or more, got {nw}")
+    return nw
+
+
+def _check_probe_args(image_size: int | None, max_files: int, max_list: int, budget_s: float) -> None:
+    """Raises:
+        ValueError: a count below 1 or a budget not above 0 (:func:`doctor`'s arguments)."""
+    if image_size is not None and image_size < 1:
+        raise ValueError(f"image_size must be at least 1, got {image_size}")
+    if max_files < 1 or max_list < 1:
+        raise ValueError(f"max_files and max_list must be at least 1, got {max_files}, {max_list}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0, got {budget_s}")
+
+
+def _local_root(text: str) -> Path:
+    """The dataset folder a local path (or ``file://`` URL, or its ``manifest.json``) names.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+    """
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    root = Path(text).expanduser()
+    if root.name == MANIFEST_NAME:
+        root = root.parent
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such file or directory")
+    return root
+
+
+def _evict_sample(sample: list[str], say: Callable[[str], None], warnings: list[str]) -> int:
+    """Evict the sampled files from the page cache; returns how many were (a warning for the rest)."""
+    say(f"evicting {len(sample)} files from the page cache ...")
+    evicted = sum(_evict(p) for p in sample)
+    if evicted < len(sample):
+        warnings.append(f"{len(sample) - evicted} of {len(sample)} sampled files could not be evicted: their "
+                        "reads may come from RAM")
+    return evicted
+
+
+def _read_sample(sample: list[str], shards: bool, deadline: float, warnings: list[str]) -> list[dict]:
+    """Timed reads of the sampled files (``shards``: the first 4 read sequentially for throughput,
+    the rest opened only; images: read whole, the bytes kept up to ``_MAX_DECODE_BYTES`` for the
+    decode probe), stopping at ``deadline`` (``time.monotonic``) once 3 are read. Unreadable
+    files are left out."""
+    reads, keep_bytes = [], 0
+    for p in sample:
+        if reads and len(reads) >= 3 and time.monotonic() > deadline:
+            warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
+            break
+        if shards:
+            r = _timed_read_prefix(p, keep=not reads, max_rest=_SEQ_READ_BYTES if len(reads) < 4 else 0)
+        else:
+            r = _timed_read(p, keep_bytes < _MAX_DECODE_BYTES)
+        if r is None:
+            continue
+        if r.get("data") is not None:
+            keep_bytes += len(r["data"])
+        r["path"] = p
+        reads.append(r)
+    return reads
+
+
+def _read_throughput(reads: list[dict], firsts: list[float]) -> tuple[float, bool]:
+    """``(bytes per second, measured)``: from the reads of at least ``_CHUNK`` bytes past their
+    first request, else (not measured) one request's bytes over the median first-read latency."""
+    big = [r for r in reads if r["rest"] >= _CHUNK]
+    if big:
+        return sum(r["rest"] for r in big) / max(sum(r["rest_s"] for r in big), 1e-9), True
+    return READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6), False
+
+
+def _predict_with_more_workers(nw: int, cpus: float, costs: dict) -> dict:
+    """:func:`predict_images_per_s` with ``nw`` workers, plus ``more_workers``: the same with
+    ``max(2 * nw, nw + 2)`` (``costs``: the other keyword arguments)."""
+    pred = predict_images_per_s(num_workers=nw, cpus=cpus, **costs)
+    more = max(2 * max(nw, 1), nw + 2)
+    pred_more = predict_images_per_s(num_workers=more, cpus=cpus, **costs)
+    pred["more_workers"] = {"num_workers": more, "folder_images_per_s": pred_more["folder_images_per_s"],
+                            "packed_images_per_s": pred_more["packed_images_per_s"]}
+    return pred
+
+
+def _add_busy_machine(pred: dict, others: float, nw: int, cpus: float, costs: dict, warnings: list[str]) -> None:
+    """``pred["busy_machine"]``: the prediction with only the cores other processes left free
+    (``others``: their share of the CPU during the probe), and a warning when it was above 30 %."""
+    free = max(0.1, cpus * (1 - others))
+    now = predict_images_per_s(num_workers=nw, cpus=free, **costs)
+    pred["busy_machine"] = {"cores_free": free, "folder_images_per_s": now["folder_images_per_s"],
+                            "packed_images_per_s": now["packed_images_per_s"]}
+    if others > 0.3:
+        warnings.append(f"other processes used {others:.0%} of the CPU during the probe: the decode-bound figures "
+                        f"are for this machine when it is quiet (with the {free:.1f} "
+                        "cores left free: predicted.busy_machine)")
 
 
 def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, image_size, say, t_start, machine0,

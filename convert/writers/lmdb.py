@@ -71,6 +71,7 @@ from shardfeed.readers.format import (
 from ..executors import active_executor
 from ..plan import PlannedSample, file_sizes
 from ..samples import ChunkTask, load_chunk
+from ..shard_cut import ShardLimits, cut_shards
 from .webdataset import field_summary
 from .lmdb_store import (
     COMMIT_BYTES,
@@ -98,14 +99,7 @@ def _chunks(samples: Sequence[PlannedSample], max_count: int, max_bytes: int) ->
     views that pickle as their own columns, so no :class:`PlannedSample` of the whole dataset is
     ever held (the pack's memory stays flat in the number of files).
     """
-    bounds, a, size = [], 0, 0
-    for i, n in enumerate(file_sizes(samples)):
-        if i > a and (i - a >= max_count or size + n > max_bytes):
-            bounds.append((a, i))
-            a, size = i, 0
-        size += n
-    if a < len(samples):
-        bounds.append((a, len(samples)))
+    bounds = cut_shards(file_sizes(samples), ShardLimits(max_count, max_bytes), empty_bytes=0)
     return [samples[a:b] for a, b in bounds]
 
 

@@ -1,10 +1,11 @@
-"""The one WebDataset shard writer and its one rollover rule.
+"""The one WebDataset shard writer, applying the one rollover rule (:mod:`shardfeed.convert.shard_cut`).
 
 Every WebDataset shard shardfeed writes goes through :class:`ShardWriter`: ``pack`` (one planned
 shard per task), ``pack`` with re-encoding (shards cut from the encoded sizes as they come), the
 streaming :class:`~shardfeed.convert.writers.webdataset.WebDatasetWriter` of ``shardfeed convert``
-and the Ray executor's tasks (which run pack's tasks). The rule, :meth:`ShardLimits.starts_new_shard`,
-is also what :func:`~shardfeed.convert.plan.plan_shards` applies to the file sizes up front:
+and the Ray executor's tasks (which run pack's tasks). The rule,
+:meth:`~shardfeed.convert.shard_cut.ShardLimits.starts_new_shard`, is also what
+:func:`~shardfeed.convert.shard_cut.cut_shards` applies to the file sizes up front:
 
     a shard closes *before* it would hold more than ``max_count`` samples or its file would pass
     ``max_bytes`` bytes on disk (tar headers, padding and the two end-of-archive blocks included).
@@ -16,14 +17,14 @@ writing, ``.sfidx`` offset index, atomic rename), named ``{prefix}-{index:06d}.t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from pathlib import Path
 from typing import Callable
 
-from shardfeed.readers.format import TAR_BLOCK, ShardEntry, index_name, shard_name
+from shardfeed.readers.format import ShardEntry, index_name, shard_name
 
+from ..shard_cut import ShardLimits, sample_bytes, wds_sample_bytes
 from ..tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile
 
 __all__ = ["ShardLimits", "ShardWriter", "PlanMismatchError", "wds_sample_bytes"]
@@ -33,59 +34,6 @@ log = logging.getLogger(__name__)
 
 class PlanMismatchError(RuntimeError):
     """A planned shard would need a cut the plan did not make (a bug: plan and writer disagree)."""
-
-
-def wds_sample_bytes(data_len: int, cls_len: int, meta_len: int) -> int:
-    """Bytes a sample of three members (image, ``.cls``, ``.json``) takes in a tar shard.
-
-    Three 512-byte headers plus each member's data padded to whole 512-byte blocks, as
-    :func:`shardfeed.readers.format.tar_member_bytes` for each member.
-    """
-    return (3 * TAR_BLOCK + data_len + cls_len + meta_len
-            + (-data_len % TAR_BLOCK) + (-cls_len % TAR_BLOCK) + (-meta_len % TAR_BLOCK))
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardLimits:
-    """Per-shard limits and the rollover rule.
-
-    Attributes:
-        max_count: samples per shard at most (>= 1).
-        max_bytes: bytes per shard file at most, headers, padding and end blocks included (>= 4096).
-
-    Raises:
-        ValueError: a limit out of range.
-    """
-
-    max_count: int
-    max_bytes: int
-
-    def __post_init__(self):
-        if self.max_count < 1:
-            raise ValueError(f"max_count must be at least 1, got {self.max_count}")
-        if self.max_bytes < 4096:
-            raise ValueError(f"max_bytes must be at least 4096 bytes, got {self.max_bytes}")
-
-    def starts_new_shard(self, count: int, size_bytes: int, need_bytes: int) -> bool:
-        """The rollover rule: whether a sample of ``need_bytes`` must go to a new shard.
-
-        Args:
-            count: samples already in the current shard (>= 1; an empty shard takes any sample).
-            size_bytes: the current shard's file size if closed now (end blocks included), bytes.
-            need_bytes: the sample's bytes in the shard (:func:`wds_sample_bytes`).
-        """
-        return count >= self.max_count or size_bytes + need_bytes > self.max_bytes
-
-    def check_sample(self, need_bytes: int, describe: str, hint: str = "") -> None:
-        """Raise when one sample alone cannot fit a shard.
-
-        Raises:
-            ValueError: ``need_bytes`` plus the end blocks pass ``max_bytes``; the message starts
-                with ``describe`` (the file or key) and ends with the fix (plus ``hint``).
-        """
-        if need_bytes + END_OF_ARCHIVE_BYTES > self.max_bytes:
-            raise ValueError(f"{describe} needs {need_bytes + END_OF_ARCHIVE_BYTES} bytes in a shard, more than "
-                             f"--max-bytes {self.max_bytes}; raise --max-bytes{hint}")
 
 
 class ShardWriter:
@@ -149,19 +97,8 @@ class ShardWriter:
             PlanMismatchError: ``max_shards`` would be passed.
             OSError: writing failed (the message names the shard).
         """
-        n, m, k = len(data), len(cls), len(meta)
-        need = (1536 + n + m + k + (-n % TAR_BLOCK) + (-m % TAR_BLOCK) + (-k % TAR_BLOCK))
-        shard = self._shard
-        limits = self.limits
-        if need + END_OF_ARCHIVE_BYTES > limits.max_bytes:
-            limits.check_sample(need, describe or f"sample {key!r}", hint)
-        if shard is not None and limits.starts_new_shard(len(shard.offsets), shard.num_bytes + END_OF_ARCHIVE_BYTES,
-                                                         need):
-            self.finish_shard()
-            shard = None
-        if shard is None:
-            shard = self._open()
-        return shard.add_wds_sample(key, ext, data, cls, meta)
+        need = wds_sample_bytes(len(data), len(cls), len(meta))
+        return self._shard_for(key, need, describe, hint).add_wds_sample(key, ext, data, cls, meta)
 
     def add_members(self, key: str, members: list[tuple[str, bytes]], *, describe: str | None = None,
                     hint: str = "") -> int:
@@ -174,18 +111,21 @@ class ShardWriter:
         Raises:
             ValueError, PlanMismatchError, OSError: as :meth:`add`.
         """
-        need = sum(TAR_BLOCK + len(d) + (-len(d) % TAR_BLOCK) for _, d in members)
-        limits = self.limits
-        if need + END_OF_ARCHIVE_BYTES > limits.max_bytes:
-            limits.check_sample(need, describe or f"sample {key!r}", hint)
+        need = sample_bytes(len(d) for _, d in members)
+        return self._shard_for(key, need, describe, hint).add_sample(key, members)
+
+    def _shard_for(self, key: str, need: int, describe: str | None, hint: str) -> TarShardFile:
+        """The shard a sample of ``need`` bytes goes to: the one in progress, or a new one when the
+        rollover rule closes it (or none is open); a sample that fits no shard raises."""
         shard = self._shard
+        limits = self.limits
+        if not limits.fits(need):
+            limits.check_sample(need, describe or f"sample {key!r}", hint)
         if shard is not None and limits.starts_new_shard(len(shard.offsets), shard.num_bytes + END_OF_ARCHIVE_BYTES,
                                                          need):
             self.finish_shard()
             shard = None
-        if shard is None:
-            shard = self._open()
-        return shard.add_sample(key, members)
+        return shard if shard is not None else self._open()
 
     def _open(self) -> TarShardFile:
         if self.max_shards is not None and self._opened >= self.max_shards:

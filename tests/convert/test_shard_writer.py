@@ -7,6 +7,7 @@ import tarfile
 
 import pytest
 
+from shardfeed.convert.shard_cut import cut_shards, sample_bytes, wds_sample_bytes
 from shardfeed.convert.writers.shard import PlanMismatchError, ShardLimits, ShardWriter
 
 BLOCK = 512
@@ -76,3 +77,39 @@ def test_limits_are_checked():
         ShardLimits(0, 10**6)
     with pytest.raises(ValueError, match="4096"):
         ShardLimits(1, 4095)
+
+
+@pytest.mark.parametrize("max_count,max_bytes", [(5, 10**9), (1000, 40_000), (3, 25_000), (1, 4096 * 8)])
+def test_the_planned_cut_is_the_cut_the_writer_makes(tmp_path, max_count, max_bytes):
+    samples = _samples(7 * max_count + max_bytes, 80)
+    with ShardWriter(tmp_path, prefix="s", limits=ShardLimits(max_count, max_bytes)) as w:
+        for key, data, cls, meta in samples:
+            w.add(key, "bin", data, cls, meta)
+    written, pos = [], 0
+    for entry in w.shards:
+        written.append((pos, pos + entry.num_samples))
+        pos += entry.num_samples
+    sizes = [_on_disk(len(d)) + _on_disk(len(c)) + _on_disk(len(m)) for _, d, c, m in samples]
+    assert cut_shards(sizes, ShardLimits(max_count, max_bytes)) == written
+    assert [wds_sample_bytes(len(d), len(c), len(m)) for _, d, c, m in samples] == sizes
+    assert [sample_bytes([len(d), len(c), len(m)]) for _, d, c, m in samples] == sizes
+
+
+def test_cut_shards_by_hand():
+    limits = ShardLimits(3, 4096)
+    # an empty shard is its two end blocks (1024 bytes): 1024 + 1536 + 1536 = 4096 fits, one more does not
+    assert cut_shards([1536, 1536, 1536, 512], limits) == [(0, 2), (2, 4)]
+    assert cut_shards([512] * 7, limits) == [(0, 3), (3, 6), (6, 7)]
+    assert cut_shards([], limits) == []
+    assert cut_shards([3000, 2000, 1000], ShardLimits(10, 4096), empty_bytes=0) == [(0, 1), (1, 3)]
+    with pytest.raises(ValueError, match="sample 1 needs 4608 bytes.*--max-bytes 4096"):
+        cut_shards([512, 3584], limits, describe=lambda i: f"sample {i}")
+
+
+def test_pack_options_reject_the_limits_the_shard_cut_rejects():
+    from shardfeed.convert.pack import PackOptions
+
+    with pytest.raises(ValueError, match=r"--max-bytes \(max_bytes\) must be at least 4096"):
+        PackOptions(max_bytes=4095)
+    with pytest.raises(ValueError, match=r"--max-count \(max_count\) must be at least 1"):
+        PackOptions(max_count=0)

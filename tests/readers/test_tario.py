@@ -133,6 +133,27 @@ def test_truncated_shard_never_yields_half_members(tmp_path):
                 assert data == sizes[name[:-4]]
 
 
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT], ids=["ustar", "pax"])
+@pytest.mark.parametrize("read_bytes", [512, 1000, 1 << 18])
+def test_a_break_names_the_first_header_of_the_member_it_cut(fmt, read_bytes):
+    members = _members(random.Random(3), long_names=fmt == tarfile.PAX_FORMAT)[:12]
+    raw = _tar(fmt, members, extras=False)
+    # each member's first header (its PAX header for the PAX archive) and where its padded data ends
+    infos = [m for m in tarfile.open(fileobj=io.BytesIO(raw)) if m.isreg()]
+    starts = [0] + [m.offset_data + m.size + (-m.size % 512) for m in infos[:-1]]
+    ends = [m.offset_data + m.size + (-m.size % 512) for m in infos]
+    for cut in sorted({1, 300, 512, 513, *[e - 1 for e in ends], *[s + 100 for s in starts]}):
+        if cut >= ends[-1]:
+            continue
+        broken = next(i for i, e in enumerate(ends) if e > cut)
+        got = []
+        with pytest.raises(CorruptDataError) as info:
+            for name, _, _ in iter_members(NoSeek(raw[:cut], 333), source="t.tar", read_bytes=read_bytes):
+                got.append(name)
+        assert info.value.offset == starts[broken], cut
+        assert got == [m.name for m in infos[:broken]]
+
+
 def test_bad_checksum(tmp_path):
     path, _ = _shard(tmp_path, n=3)
     raw = path.read_bytes()
