@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batches", type=int, default=40, help="timed batches per case (after 2 warm-up)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="sleep per batch (the training step)")
+    p.add_argument("--max-background", type=int, default=64,
+                   help="the emulated mount's kernel limit on background (readahead) requests; 0: the kernel's "
+                        "default, 12 (see storage_emulator.EmulatorConfig) [default: 64]")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
@@ -91,7 +94,8 @@ def main(argv=None) -> int:
     try:
         for ms in latencies:
             for fmt, path in formats.items():
-                mounts[(fmt, ms)] = StorageEmulator(path, open_ms=ms, read_ms=ms).start()
+                mounts[(fmt, ms)] = StorageEmulator(path, open_ms=ms, read_ms=ms,
+                                                   max_background=args.max_background or None).start()
         cases = []
         for fmt, path in formats.items():
             cases.append((f"{fmt} local", path, True))
