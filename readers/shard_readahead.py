@@ -31,8 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
-__all__ = ["read_ahead", "open_ahead", "take_opened", "storage_is_slow", "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES",
-           "MAX_OPENED"]
+__all__ = ["read_ahead", "read_pool", "open_ahead", "take_opened", "storage_is_slow", "SLOW_READ_S", "MAX_DEPTH",
+           "MAX_BYTES", "MAX_OPENED"]
 
 #: A read slower than this (seconds) switches the rest of the range to reads ahead.
 SLOW_READ_S = 0.0005
@@ -49,6 +49,12 @@ _pool: tuple[int, ThreadPoolExecutor] | None = None
 #: what the last range of this process saw: (pid, depth it ended with, its latency), so the next
 #: range (the next shard) starts reading ahead at once
 _learned: tuple[int, int, float] | None = None
+
+
+def read_pool() -> ThreadPoolExecutor:
+    """This process's read pool, :data:`MAX_DEPTH` threads (a fresh one after ``fork``: threads
+    do not survive it); other readers on slow storage (LMDB records) share it."""
+    return _executor()
 
 
 def _executor() -> ThreadPoolExecutor:

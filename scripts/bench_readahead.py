@@ -8,7 +8,8 @@ train=True)`` with a ``--compute-ms`` sleep per batch standing in for the GPU st
 folder and on every mount, ``readahead=True`` and ``readahead=False``. Prints images/s with the
 load average beside each figure, and the ratios mount / local disk (the target: >= 0.9 at 2 and
 10 ms) and read-ahead on / off, each the median of per-round ratios. ``--lmdb`` adds the LMDB copy
-(its own ``readahead`` option) and the ratio LMDB / WebDataset on the same mount.
+(read-ahead there: a batch's records read ahead by the read pool, ``LMDBSource.read_ahead_records``;
+the kernel's read-around left automatic) and the ratio LMDB / WebDataset on the same mount.
 
 Figures measured on an emulator show the shape of the effect (latency x requests in series); they
 are not measurements of NFS, a cloud disk or a bucket.
@@ -37,8 +38,12 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> di
     from shardfeed.readers import make_loader
 
     torch.set_num_threads(1)
+    lmdb = (data / "data.mdb").exists()
+    # LMDB: readahead on/off is its records read ahead by batch (kernel read-around left automatic)
     loader = make_loader(data, 64, num_workers=2, image_size=224, train=True, pin_memory=False,
-                         readahead=readahead, seed=0)
+                         readahead=None if lmdb else readahead, seed=0)
+    if lmdb and not readahead:
+        loader.dataset.read_ahead_records = 0
     n = 0
     t0 = None
     done = 0
