@@ -280,6 +280,10 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         on slow storage (see the module docstring): at most :attr:`read_ahead_records` records
         held ahead of the decoder.
 
+        The records are read in this thread, each read timed, until one proves slow (or from the
+        start, when the last batch's did); the rest then go to the read pool. A batch with fewer
+        than one slow read in eight lets the next one start in this thread again.
+
         Raises:
             What ``self[i]`` raises, at that sample.
         """
@@ -288,25 +292,27 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         if depth <= 0 or len(indices) < 2:
             return [self[i] for i in indices]
         out = []
-        start = 0
+        n = 0
         if not self._reads_slow:
-            i = indices[0]
-            if not 0 <= i < self._num_samples:
-                raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
-            value, took = self._get(i)
-            out.append(self.__getitem__(i, value))
-            start = 1
-            if took <= SLOW_READ_S:
-                out.extend(self[i] for i in indices[1:])
+            while n < len(indices):
+                i = indices[n]
+                if not 0 <= i < self._num_samples:
+                    raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
+                value, took = self._get(i)
+                out.append(self.__getitem__(i, value))
+                n += 1
+                if took > SLOW_READ_S:
+                    break
+            if n >= len(indices):
                 return out
         pool = read_pool()
-        rest = indices[start:]
+        rest = indices[n:]
         pending: list = []
         slow = 0
         try:
-            for n, i in enumerate(rest):
-                while len(pending) < depth and n + len(pending) < len(rest):
-                    j = rest[n + len(pending)]
+            for k, i in enumerate(rest):
+                while len(pending) < depth and k + len(pending) < len(rest):
+                    j = rest[k + len(pending)]
                     pending.append(pool.submit(self._get, j) if 0 <= j < self._num_samples else None)
                 future = pending.pop(0)
                 if future is None:
@@ -318,6 +324,6 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             for future in pending:
                 if future is not None:
                     future.cancel()
-        # page cache warm again (most reads fast): the next batch reads in this thread
-        self._reads_slow = 2 * slow >= len(rest)
+        # page cache warm again (hardly a read slow): the next batch starts in this thread
+        self._reads_slow = 8 * slow >= len(rest)
         return out
