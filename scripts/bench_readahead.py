@@ -108,12 +108,19 @@ def main(argv=None) -> int:
                 for ra in (True, False):
                     cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}", mounts[(fmt, ms)].mountpoint,
                                   ra))
+        by_mountpoint = {m.mountpoint: m for m in mounts.values()}
         for r in range(args.rounds):
             for name, path, ra in cases:
+                emu = by_mountpoint.get(path)
+                if emu is not None:
+                    emu.reset_stats()
                 res = _subprocess(path, ra, args.batches, args.compute_ms)
+                if emu is not None:
+                    res["max_in_flight"] = emu.stats()["max_in_flight"]  # requests the mount served at once
                 results.setdefault(name, []).append(res)
                 shown = f"{res['images_per_s']:8,.0f} img/s" if "error" not in res else f"ERROR {res['error']}"
-                print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}", flush=True)
+                inflight = f"  in flight <= {res['max_in_flight']}" if "max_in_flight" in res else ""
+                print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}{inflight}", flush=True)
     finally:
         for m in mounts.values():
             m.stop()
