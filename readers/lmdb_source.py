@@ -51,7 +51,7 @@ __all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS"]
 DEFAULT_READAHEAD = None
 
 #: Records of a batch read ahead of the decoder on slow storage (each holds one record's bytes).
-READ_AHEAD_RECORDS = 16
+READ_AHEAD_RECORDS = 32
 
 _UNREAD = object()  # read_record: no value given, read it
 
