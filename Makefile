@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# the peers that cannot share .venv (scripts/bench_peers.py --peer-python)
+PEERS_VENV ?= .venv-peers
 SHARDFEED := $(VENV)/bin/shardfeed
 STAMP := $(VENV)/.installed
 # torch: an existing CPU build is kept; without a GPU a CPU build is installed (no multi-GB CUDA
@@ -83,9 +85,16 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	# other loaders on the same tasks; a peer that does not install is a row saying so
 	-$(PY) -m pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" litdata mosaicml-streaming \
 		|| echo "bench: litdata / mosaicml-streaming did not install (reported in the peers table)"
-	-$(PY) -m pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" ffcv torchvision \
-		|| echo "bench: ffcv / torchvision did not install (reported in the peers table)"
-	$(PY) scripts/bench_peers.py --folder data/bench-imagenet --wds data/bench-imagenet-wds --json out/bench/peers.json
+	-$(PY) -m pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" torchvision \
+		|| echo "bench: torchvision did not install (reported in the peers table)"
+	# FFCV (and its numba, which would not fit this venv's pins) in a venv of its own, run from there;
+	# building it needs OpenCV and libjpeg-turbo headers
+	-apt-get install -y -q pkg-config libopencv-dev libturbojpeg0-dev >/dev/null 2>&1
+	-test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	-$(PEERS_VENV)/bin/pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" ffcv numba pillow \
+		|| echo "bench: ffcv did not install in $(PEERS_VENV) (reported in the peers table)"
+	$(PY) scripts/bench_peers.py --folder data/bench-imagenet --wds data/bench-imagenet-wds \
+		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers.json
 
 # Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
 # with their fast tests); not part of `make test` (it runs the tests once per mutant: long).

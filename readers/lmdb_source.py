@@ -19,12 +19,21 @@
 size of ``data.mdb`` against physical memory (on up to half the RAM, off above; the measurements
 are in :mod:`shardfeed.readers.lmdb_io`). Pass True/False to force it. One environment is opened
 per process and database, so the first source to open it in a process decides.
+
+Slow storage (a network or FUSE mount): a loader asks for a batch's samples at once
+(``__getitems__``). When a record's read takes longer than
+:data:`~shardfeed.readers.shard_readahead.SLOW_READ_S` (its pages were not in memory and a
+page fault is a round trip to the storage), the batch's records are read by the read pool of
+:mod:`~shardfeed.readers.shard_readahead`, up to :attr:`LMDBSource.read_ahead_records` ahead of
+the decoder (each pool thread faults its record's pages in; LMDB faults them one read at a
+time), and decoded in order. Reads that come back fast again turn it off.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,13 +41,19 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
+from .shard_readahead import SLOW_READ_S, read_pool
 from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
 
-__all__ = ["LMDBSource", "DEFAULT_READAHEAD"]
+__all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS"]
 
 #: ``readahead`` used unless the caller passes one: None, automatic by database size (see above).
 DEFAULT_READAHEAD = None
+
+#: Records of a batch read ahead of the decoder on slow storage (each holds one record's bytes).
+READ_AHEAD_RECORDS = 32
+
+_UNREAD = object()  # read_record: no value given, read it
 
 
 
@@ -77,6 +92,10 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     """
 
     map_style = True
+    #: Records a batch reads ahead on slow storage (see the module docstring); 0: never.
+    read_ahead_records = READ_AHEAD_RECORDS
+    #: Whether this process's last reads were slow (set per process by ``__getitems__``).
+    _reads_slow = False
 
     def __init__(self, location, manifest: Manifest, *, readahead: bool | None = None, verify: bool = True,
                  timeout_s=None, retries=None, **common):
@@ -191,26 +210,38 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             return format_key(i, self._width).encode()
         return bytes(self._keys[i])
 
-    def read_record(self, i: int) -> dict:
+    def _get(self, i: int) -> tuple[bytes | None, float]:
+        """Sample ``i``'s stored value (None: no such key) and the seconds its read took."""
+        k = b"%0*d" % (self._width, i) if self._keys is None else bytes(self._keys[i])
+        t0 = time.perf_counter()
+        value = self._read_txn().get(k)
+        return value, time.perf_counter() - t0
+
+    def read_record(self, i: int, value=_UNREAD) -> dict:
         """The decoded record of sample ``i`` (:func:`~shardfeed.readers.format.decode_record`).
+
+        ``value``: its stored bytes when already read (``__getitems__``); read here otherwise.
 
         Raises:
             CorruptDataError: the record is missing, undecodable or fails its CRC (names the key).
         """
         k = b"%0*d" % (self._width, i) if self._keys is None else bytes(self._keys[i])
-        value = self._read_txn().get(k)
+        if value is _UNREAD:
+            value = self._read_txn().get(k)
         if value is None:
             raise CorruptDataError(f"{self._db_path} key {k.decode()}: record missing; run "
                                    f"`shardfeed check {self.root}`")
         return decode_record(value, verify=self.verify, source=self._db_path, key=k)
 
-    def read_raw(self, i: int) -> tuple[str, bytes, str, int, dict]:
+    def read_raw(self, i: int, value=_UNREAD) -> tuple[str, bytes, str, int, dict]:
         """``(key, data, ext, label, meta)`` of sample ``i`` (label -1 in an unlabelled dataset).
+
+        ``value``: as for :meth:`read_record`.
 
         Raises:
             CorruptDataError: the record is missing, undecodable or fails its CRC (names the key).
         """
-        rec = self.read_record(i)
+        rec = self.read_record(i, value)
         k = self.key(i)
         try:
             label = int(rec["label"])
@@ -225,21 +256,74 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: damaged record ({what}); "
                                    f"run `shardfeed check {self.root}`") from None
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int, value=_UNREAD):
         if not 0 <= i < self._num_samples:
             raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
         self._map_epoch_check()
         meta = None
         try:
             if self.fields:
-                rec = self.read_record(i)
+                rec = self.read_record(i, value)
                 meta = rec["meta"]
                 where = f"{self._db_path} key {rec['key']}"
                 stored = {field_member(k): v for k, v in (rec.get("fields") or {}).items()}
                 return self.emit(rec["key"], rec["data"], rec["ext"], int(rec["label"]), meta, where, index=i,
                                  extra=self.field_values(stored, where))
-            key, data, ext, label, meta = self.read_raw(i)
+            key, data, ext, label, meta = self.read_raw(i, value)
             return self.emit(key, data, ext, label, meta, f"{self._db_path} key {key}", index=i)
         except (CorruptDataError, ValueError) as exc:
             self.handle_error(name_original_file(exc, meta), f"{self.root / 'data.mdb'} key {self.key(i).decode()}")
             return None
+
+    def __getitems__(self, indices) -> list:
+        """``[self[i] for i in indices]`` (what a loader's batch asks for), the records read ahead
+        on slow storage (see the module docstring): at most :attr:`read_ahead_records` records
+        held ahead of the decoder.
+
+        The records are read in this thread, each read timed, until one proves slow (or from the
+        start, when the last batch's did); the rest then go to the read pool. A batch with fewer
+        than one slow read in eight lets the next one start in this thread again.
+
+        Raises:
+            What ``self[i]`` raises, at that sample.
+        """
+        indices = [int(i) for i in indices]
+        depth = int(self.read_ahead_records)
+        if depth <= 0 or len(indices) < 2:
+            return [self[i] for i in indices]
+        out = []
+        n = 0
+        if not self._reads_slow:
+            while n < len(indices):
+                i = indices[n]
+                if not 0 <= i < self._num_samples:
+                    raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
+                value, took = self._get(i)
+                out.append(self.__getitem__(i, value))
+                n += 1
+                if took > SLOW_READ_S:
+                    break
+            if n >= len(indices):
+                return out
+        pool = read_pool()
+        rest = indices[n:]
+        pending: list = []
+        slow = 0
+        try:
+            for k, i in enumerate(rest):
+                while len(pending) < depth and k + len(pending) < len(rest):
+                    j = rest[k + len(pending)]
+                    pending.append(pool.submit(self._get, j) if 0 <= j < self._num_samples else None)
+                future = pending.pop(0)
+                if future is None:
+                    raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
+                value, took = future.result()
+                slow += took > SLOW_READ_S
+                out.append(self.__getitem__(i, value))
+        finally:
+            for future in pending:
+                if future is not None:
+                    future.cancel()
+        # page cache warm again (hardly a read slow): the next batch starts in this thread
+        self._reads_slow = 8 * slow >= len(rest)
+        return out

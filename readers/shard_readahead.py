@@ -8,9 +8,17 @@ latency it learned. Once a read takes longer
 than :data:`SLOW_READ_S`, the remaining ranges are read by a thread pool with several requests in
 flight (``os.pread`` releases the GIL; network file systems and FUSE mounts serve concurrent
 requests in parallel), yielded in order. The depth adapts to what it observes: about the read
-latency divided by the time the caller spends on each chunk, plus one, between 2 and
+latency divided by the time the caller spends on each chunk, doubled, plus two (:func:`_depth_for`), between 2 and
 ``max_depth`` requests and at most ``max_bytes`` in flight (memory stays bounded: each request is
 one chunk, about 96 KiB). Errors surface in order, where the chunk would have been yielded.
+
+Between shards the pipeline would drain: the next shard's ``open`` and its first read each cost
+a round trip while the decoder waits. Once this process's reads proved slow, :func:`open_ahead`
+opens the next shard (and runs a caller's preparation, e.g. reading its offset index) in the read
+pool and reads its first bytes through the page cache, while the current shard is still being
+decoded; :func:`take_opened` hands the open descriptor over (a FUSE mount without ``keep_cache``
+drops a file's cached pages on every ``open``, so the pages read ahead stay only on that
+descriptor). At most :data:`MAX_OPENED` files wait, per process.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
-__all__ = ["read_ahead", "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES"]
+__all__ = ["read_ahead", "read_pool", "open_ahead", "take_opened", "storage_is_slow", "SLOW_READ_S", "MAX_DEPTH",
+           "MAX_BYTES", "MAX_OPENED"]
 
 #: A read slower than this (seconds) switches the rest of the range to reads ahead.
 SLOW_READ_S = 0.0005
@@ -32,11 +41,20 @@ MAX_DEPTH = 32
 #: Most bytes in flight per reader.
 MAX_BYTES = 6 << 20
 
+#: Most files :func:`open_ahead` keeps open for the caller, per process.
+MAX_OPENED = 2
+
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 #: what the last range of this process saw: (pid, depth it ended with, its latency), so the next
 #: range (the next shard) starts reading ahead at once
 _learned: tuple[int, int, float] | None = None
+
+
+def read_pool() -> ThreadPoolExecutor:
+    """This process's read pool, :data:`MAX_DEPTH` threads (a fresh one after ``fork``: threads
+    do not survive it); other readers on slow storage (LMDB records) share it."""
+    return _executor()
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -48,10 +66,95 @@ def _executor() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+#: (pid, {path: future of (fd, first bytes read)}) of :func:`open_ahead`, oldest first
+_opened: tuple[int, dict] | None = None
+
+
+def storage_is_slow() -> bool:
+    """Whether the last range this process read proved slow (the next one reads ahead at once)."""
+    return _learned is not None and _learned[0] == os.getpid()
+
+
+def _open_and_read(path: str, prepare: Callable[[], object] | None, nbytes: int) -> int:
+    if prepare is not None:
+        try:
+            prepare()
+        except Exception:  # noqa: BLE001 - the caller's own call raises it again, in its place
+            pass
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if nbytes > 0:
+            os.pread(fd, nbytes, 0)  # its first pages into the page cache
+    except OSError:
+        pass  # the caller's read raises it again
+    return fd
+
+
+def _close_when_done(future) -> None:
+    def close(f) -> None:
+        try:
+            os.close(f.result())
+        except Exception:  # noqa: BLE001 - the open failed: nothing to close
+            pass
+    future.add_done_callback(close)
+
+
+def open_ahead(path: str | os.PathLike, *, prepare: Callable[[], object] | None = None,
+               first_bytes: int = 0) -> bool:
+    """Open ``path`` in the read pool and read its first ``first_bytes``, when reads proved slow.
+
+    Args:
+        path: the file the caller reads next (a shard).
+        prepare: called first in the pool thread (e.g. reading the shard's offset index); what it
+            raises is dropped (the caller's own call raises it again in its place).
+        first_bytes: bytes from offset 0 to read ahead into the page cache.
+
+    Returns:
+        Whether it was started (only after a slow range in this process; never twice for a path).
+        :func:`take_opened` returns the descriptor; the oldest beyond :data:`MAX_OPENED` is closed.
+    """
+    global _opened
+    if not storage_is_slow():
+        return False
+    path = os.fspath(path)
+    if _opened is None or _opened[0] != os.getpid():
+        _opened = (os.getpid(), {})
+    waiting = _opened[1]
+    if path in waiting:
+        return False
+    waiting[path] = _executor().submit(_open_and_read, path, prepare, first_bytes)
+    while len(waiting) > MAX_OPENED:
+        _close_when_done(waiting.pop(next(iter(waiting))))
+    return True
+
+
+def take_opened(path: str | os.PathLike) -> int | None:
+    """The descriptor :func:`open_ahead` opened for ``path`` (the caller closes it), or None.
+
+    Raises:
+        OSError: the open failed (as ``os.open`` would have, here).
+    """
+    if _opened is None or _opened[0] != os.getpid():
+        return None
+    future = _opened[1].pop(os.fspath(path), None)
+    return None if future is None else future.result()
+
+
 def _timed(read_at: Callable[[int, int], bytes], offset: int, nbytes: int) -> tuple[bytes, float]:
     t0 = time.perf_counter()
     data = read_at(offset, nbytes)
     return data, time.perf_counter() - t0
+
+
+def _depth_for(latency: float, per_chunk: float, max_depth: int) -> int:
+    """Requests to keep in flight: twice the read latency over the caller's time per chunk, plus 2.
+
+    Twice, because ``per_chunk`` includes the caller's waits: while it waits for every chunk, the
+    time per chunk is ``latency / depth``, so the next depth is ``2 * depth + 2`` (it reaches what
+    the storage needs in a few chunks instead of growing by one), and a margin for the jitter of
+    the caller's work and of the storage (several workers share it).
+    """
+    return max(2, min(max_depth, math.ceil(2 * latency / max(per_chunk, 1e-4)) + 2))
 
 
 def read_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, int, int, int]], *,
@@ -105,14 +208,17 @@ def read_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, i
             data, took = future.result()
             nbytes -= size
             latency = 0.8 * latency + 0.2 * took
+            if i >= n and not inflight:
+                # the last chunk: what the next range starts with is known now (a caller that
+                # stops at its last chunk never resumes this generator past the yield).
+                # Fast reads again (the data came into the page cache): it starts in the caller's thread.
+                _learned = (os.getpid(), depth, latency) if latency > slow_read_s else None
             yield data
             now = time.perf_counter()
             spent = now - last  # the caller's time on this chunk, plus any wait for it
             last = now
             per_chunk = spent if per_chunk is None else 0.8 * per_chunk + 0.2 * spent
-            depth = max(2, min(max_depth, math.ceil(latency / max(per_chunk, 1e-4)) + 1))
-        # fast reads again (the data came into the page cache): the next range starts in the caller's thread
-        _learned = (os.getpid(), depth, latency) if latency > slow_read_s else None
+            depth = _depth_for(latency, per_chunk, max_depth)
     finally:
         for future, _ in inflight:
             future.cancel()

@@ -55,8 +55,8 @@ from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem, read_index
 from .http_io import index_size_cap
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
-from .shard_readahead import read_ahead
-from .tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
+from .shard_readahead import open_ahead, read_ahead, take_opened
+from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
 
@@ -104,7 +104,9 @@ class LocalLocation:
     def read_indexed(self, name: str, offsets, start: int, end: int, where: str):
         """Samples ``[start, end)`` of an indexed local shard by :func:`~shardfeed.readers.tario.iter_indexed_samples`
         (``__url__`` tagged); returns how many it yielded (it stops before anything unusual)."""
-        fd = os.open(self.root / name, os.O_RDONLY)
+        fd = take_opened(self.root / name) if self.readahead else None
+        if fd is None:
+            fd = os.open(self.root / name, os.O_RDONLY)
         pread = os.pread
         try:
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
@@ -112,6 +114,12 @@ class LocalLocation:
                                                     chunk_reader=read_ahead if self.readahead else None))
         finally:
             os.close(fd)
+
+    def open_ahead(self, name: str, first_bytes: int, prepare=None) -> None:
+        """Open shard ``name`` ahead (and read its first ``first_bytes``) once reads proved slow
+        (:func:`~shardfeed.readers.shard_readahead.open_ahead`); :meth:`read_indexed` takes it."""
+        if self.readahead:
+            open_ahead(self.root / name, prepare=prepare, first_bytes=first_bytes)
 
     def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
         f = open(self.root / name, "rb", buffering=0)
@@ -464,7 +472,14 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         """``(index, key, parts)`` of the samples of ``ranges`` (``index``: packing order); under
         ``on_error="skip"`` a damaged shard's remaining samples are counted as skipped (and, under a
         loader, stand as ``(index, None, None)`` holes)."""
-        for shard, start, end in ranges:
+        ranges = list(ranges)
+        local = isinstance(self.location, LocalLocation)
+        for n, (shard, start, end) in enumerate(ranges):
+            if local and n + 1 < len(ranges) and ranges[n + 1][1] == 0:
+                # slow storage: the next shard opens (and its index is read) while this one decodes
+                nxt = ranges[n + 1][0]
+                self.location.open_ahead(self.manifest.shards[nxt].name, INDEXED_READ_BYTES,
+                                         prepare=lambda i=nxt: self._index(i))
             got = 0
             base = self._starts[shard] + start
             try:

@@ -12,9 +12,18 @@ Each peer is imported only if installed; one that is not installed, or fails, is
   antialiased), in a ``DataLoader``;
 * ``dali-cpu``: NVIDIA DALI on the CPU: ``fn.readers.file`` over the image folder,
   ``fn.decoders.image_random_crop`` / ``fn.decoders.image`` + ``fn.resize`` + ``fn.crop``;
-* ``litdata``, ``mosaicml-streaming``, ``ffcv``, ``torchvision-imagefolder``: rows saying whether
-  the package imports (each needs its own converted copy of the data and, for torchvision, a
-  wheel matching the installed torch; ``make bench`` tries to install them).
+* ``ffcv``: ``ffcv.loader.Loader`` over its own ``.beton`` copy of the image folder (written once
+  by ``ffcv.writer.DatasetWriter`` into ``--ffcv-cache``, images re-encoded as JPEG quality 90 by
+  its writer, so its bytes differ from the other peers'), ``RandomResizedCropRGBImageDecoder`` +
+  ``RandomHorizontalFlip`` / ``CenterCropRGBImageDecoder`` (ratio 224/256), ``--workers``
+  threads, random order;
+* ``litdata``, ``mosaicml-streaming``, ``torchvision-imagefolder``: rows saying whether the package
+  imports (each needs its own converted copy of the data and, for torchvision, a wheel matching
+  the installed torch; ``make bench`` tries to install them).
+
+A peer that does not import here but does under ``--peer-python PY`` (another interpreter, e.g. a
+separate virtual environment holding FFCV and its numba, which would not fit this one's pins) is
+run by that interpreter: this script runs its cases as ``PY bench_peers.py --case ...``.
 
 Each case runs in its own subprocess, cases interleaved round by round; the load average is printed
 beside every figure, and the 2-core decode limit (twice a plain one-thread decode of every image)
@@ -45,7 +54,7 @@ _MODULES = {"shardfeed": "shardfeed.readers", "webdataset": "webdataset", "dali-
             "litdata": "litdata", "mosaicml-streaming": "streaming", "ffcv": "ffcv",
             "torchvision-imagefolder": "torchvision"}
 #: peers this script drives; the others are reported as imported or not
-_DRIVEN = ("shardfeed", "webdataset", "dali-cpu")
+_DRIVEN = ("shardfeed", "webdataset", "dali-cpu", "ffcv")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -114,7 +123,8 @@ def _time_loader(loader, batches: int) -> dict:
     return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / max(n, 1)}
 
 
-def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batches: int) -> dict:
+def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batches: int,
+             ffcv_cache: Path = Path("/tmp/shardfeed-bench-ffcv")) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -154,7 +164,48 @@ def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batche
         p.build()
         it = DALIGenericIterator(p, ["images", "labels"], reader_name="r", auto_reset=True)
         return _time_loader(_DaliBatches(it), batches)
+    if peer == "ffcv":
+        return _time_loader(_Repeat(_ffcv_loader(folder, train, workers, ffcv_cache)), batches)
     raise ValueError(peer)
+
+
+def _ffcv_loader(folder: Path, train: bool, workers: int, cache: Path):
+    """FFCV's loader over its ``.beton`` copy of ``folder`` (written on first use, not timed)."""
+    import hashlib
+
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+    from ffcv.writer import DatasetWriter
+    from PIL import Image
+
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    files = [(f, label) for label, c in enumerate(classes) for f in sorted((folder / c).iterdir()) if f.is_file()]
+    tag = hashlib.sha256("\n".join(f"{f}:{f.stat().st_size}" for f, _ in files).encode()).hexdigest()[:16]
+    beton = cache / f"{folder.name}-{tag}.beton"
+    if not beton.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+
+        class Folder:
+            def __len__(self):
+                return len(files)
+
+            def __getitem__(self, i):
+                f, label = files[i]
+                with Image.open(f) as im:
+                    return im.convert("RGB"), label
+
+        tmp = beton.with_suffix(".partial")
+        DatasetWriter(str(tmp), {"image": RGBImageField(write_mode="jpg", jpeg_quality=90), "label": IntField()},
+                      num_workers=max(1, workers)).from_indexed_dataset(Folder())
+        tmp.rename(beton)
+    if train:
+        image = [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()]
+    else:
+        image = [CenterCropRGBImageDecoder((224, 224), ratio=224 / 256), ToTensor(), ToTorchImage()]
+    return Loader(str(beton), batch_size=64, num_workers=max(1, workers), order=OrderOption.RANDOM, drop_last=True,
+                  pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze()]})
 
 
 class _Repeat:
@@ -200,8 +251,16 @@ def _decode_limit(folder: Path) -> float:
     return 2 * len(blobs) / max(time.process_time() - t0, 1e-9)
 
 
-def _available(peer: str) -> str | None:
-    """None when the peer imports, else the reason."""
+def _available(peer: str, python: str | None = None) -> str | None:
+    """None when the peer imports (here, or under the interpreter ``python``), else the reason."""
+    if python is not None:
+        try:
+            proc = subprocess.run([python, "-c", f"import {_MODULES[peer]}"], capture_output=True, text=True,
+                                  timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{python}: {exc}"[:160]
+        lines = proc.stderr.strip().splitlines()
+        return None if proc.returncode == 0 else f"{python}: {lines[-1] if lines else proc.returncode}"[:160]
     try:
         importlib.import_module(_MODULES[peer])
     except Exception as exc:  # noqa: BLE001 - reported in the table
@@ -217,14 +276,28 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=20, help="timed batches per case")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--storage-ms", type=float, default=None, help="also through the storage emulator at X ms")
+    p.add_argument("--peer-python", default=None,
+                   help="another interpreter that runs the peers this one cannot import (e.g. "
+                        "/work/peers-venv/bin/python holding ffcv)")
+    p.add_argument("--ffcv-cache", type=Path, default=Path("/tmp/shardfeed-bench-ffcv"),
+                   help="where FFCV's .beton copy of --folder is written once [default: %(default)s]")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
         peer, task = args.case
-        print(json.dumps(run_case(peer, task, args.folder, args.wds, args.workers, args.batches)))
+        print(json.dumps(run_case(peer, task, args.folder, args.wds, args.workers, args.batches, args.ffcv_cache)))
         return 0
     status = {peer: _available(peer) for peer in PEERS}
+    runner = {peer: sys.executable for peer in PEERS}
+    if args.peer_python:
+        for peer in PEERS:
+            if status[peer] is not None:
+                elsewhere = _available(peer, args.peer_python)
+                if elsewhere is None:
+                    status[peer], runner[peer] = None, args.peer_python
+                else:
+                    status[peer] += f"; {elsewhere}"
     places = [("local", args.folder, args.wds)]
     emus = []
     try:
@@ -241,9 +314,9 @@ def main(argv=None) -> int:
                     if status[peer] is not None:
                         continue
                     for task in ("train", "val"):
-                        cmd = [sys.executable, str(Path(__file__).resolve()), "--case", peer, task, "--folder",
+                        cmd = [runner[peer], str(Path(__file__).resolve()), "--case", peer, task, "--folder",
                                str(folder), "--wds", str(wds), "--workers", str(args.workers), "--batches",
-                               str(args.batches)]
+                               str(args.batches), "--ffcv-cache", str(args.ffcv_cache)]
                         proc = subprocess.run(cmd, capture_output=True, text=True)
                         if proc.returncode == 0:
                             res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -288,7 +361,8 @@ def main(argv=None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows, "decode_limit_images_per_s": limit, "workers": args.workers,
-                                         "batches": args.batches, "peer_status": status}, indent=2))
+                                         "batches": args.batches, "peer_status": status,
+                                         "peer_interpreter": runner}, indent=2))
     return 0
 
 

@@ -8,7 +8,8 @@ train=True)`` with a ``--compute-ms`` sleep per batch standing in for the GPU st
 folder and on every mount, ``readahead=True`` and ``readahead=False``. Prints images/s with the
 load average beside each figure, and the ratios mount / local disk (the target: >= 0.9 at 2 and
 10 ms) and read-ahead on / off, each the median of per-round ratios. ``--lmdb`` adds the LMDB copy
-(its own ``readahead`` option) and the ratio LMDB / WebDataset on the same mount.
+(read-ahead there: a batch's records read ahead by the read pool, ``LMDBSource.read_ahead_records``;
+the kernel's read-around left automatic) and the ratio LMDB / WebDataset on the same mount.
 
 Figures measured on an emulator show the shape of the effect (latency x requests in series); they
 are not measurements of NFS, a cloud disk or a bucket.
@@ -37,8 +38,12 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> di
     from shardfeed.readers import make_loader
 
     torch.set_num_threads(1)
+    lmdb = (data / "data.mdb").exists()
+    # LMDB: readahead on/off is its records read ahead by batch (kernel read-around left automatic)
     loader = make_loader(data, 64, num_workers=2, image_size=224, train=True, pin_memory=False,
-                         readahead=readahead, seed=0)
+                         readahead=None if lmdb else readahead, seed=0)
+    if lmdb and not readahead:
+        loader.dataset.read_ahead_records = 0
     n = 0
     t0 = None
     done = 0
@@ -75,6 +80,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batches", type=int, default=40, help="timed batches per case (after 2 warm-up)")
     p.add_argument("--compute-ms", type=float, default=20.0, help="sleep per batch (the training step)")
+    p.add_argument("--max-background", type=int, default=64,
+                   help="the emulated mount's kernel limit on background (readahead) requests; 0: the kernel's "
+                        "default, 12 (see storage_emulator.EmulatorConfig) [default: 64]")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
@@ -91,7 +99,8 @@ def main(argv=None) -> int:
     try:
         for ms in latencies:
             for fmt, path in formats.items():
-                mounts[(fmt, ms)] = StorageEmulator(path, open_ms=ms, read_ms=ms).start()
+                mounts[(fmt, ms)] = StorageEmulator(path, open_ms=ms, read_ms=ms,
+                                                   max_background=args.max_background or None).start()
         cases = []
         for fmt, path in formats.items():
             cases.append((f"{fmt} local", path, True))
@@ -99,12 +108,19 @@ def main(argv=None) -> int:
                 for ra in (True, False):
                     cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}", mounts[(fmt, ms)].mountpoint,
                                   ra))
+        by_mountpoint = {m.mountpoint: m for m in mounts.values()}
         for r in range(args.rounds):
             for name, path, ra in cases:
+                emu = by_mountpoint.get(path)
+                if emu is not None:
+                    emu.reset_stats()
                 res = _subprocess(path, ra, args.batches, args.compute_ms)
+                if emu is not None:
+                    res["max_in_flight"] = emu.stats()["max_in_flight"]  # requests the mount served at once
                 results.setdefault(name, []).append(res)
                 shown = f"{res['images_per_s']:8,.0f} img/s" if "error" not in res else f"ERROR {res['error']}"
-                print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}", flush=True)
+                inflight = f"  in flight <= {res['max_in_flight']}" if "max_in_flight" in res else ""
+                print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}{inflight}", flush=True)
     finally:
         for m in mounts.values():
             m.stop()

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from shardfeed.readers import shard_readahead
-from shardfeed.readers.shard_readahead import read_ahead
+from shardfeed.readers.shard_readahead import open_ahead, read_ahead, storage_is_slow, take_opened
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +27,10 @@ def _fresh_process_state():
     shard_readahead._learned = None  # what an earlier (slow) range taught this process
     yield
     shard_readahead._learned = None
+    if shard_readahead._opened is not None:
+        for future in shard_readahead._opened[1].values():
+            shard_readahead._close_when_done(future)
+        shard_readahead._opened = None
 
 
 def _plan(total: int, step: int) -> list[tuple[int, int, int, int]]:
@@ -94,6 +98,76 @@ def test_a_slow_range_makes_the_next_one_read_ahead_from_its_start(blob):
     assert b"".join(gen) == data[plan[11][2] :]
 
 
+def test_a_range_read_as_the_tar_parser_reads_it_teaches_the_next_one(blob):
+    """The parser zips its plan with the chunks and so never resumes the generator after its
+    last chunk: what the range learned must be kept by then."""
+    path, data = blob
+    plan = _plan(len(data), 96 * 1024)
+    got = [chunk for _, chunk in zip(plan[:10], read_ahead(SlowFile(path, 0.003), plan[:10]))]
+    assert b"".join(got) == data[: plan[9][3]]
+    assert storage_is_slow()
+    f = SlowFile(path, 0.003)
+    gen = read_ahead(f, plan[10:])
+    assert next(gen) == data[plan[10][2] : plan[10][3]]
+    assert f.reads >= 2  # read ahead from its first chunk on
+    assert b"".join(gen) == data[plan[11][2] :]
+
+
+def test_a_fast_caller_on_slow_storage_gets_many_reads_in_flight(blob):
+    """The depth grows to what the latency needs over the caller's time per chunk (here about
+    2 * 20 / 1 + 2), not one request at a time."""
+    path, data = blob
+    f = SlowFile(path, 0.02)
+    plan = _plan(len(data), 96 * 1024)
+    out = []
+    for chunk in read_ahead(f, plan, max_depth=16):
+        out.append(chunk)
+        time.sleep(0.001)
+    assert b"".join(out) == data
+    assert 8 <= f.max_in_flight <= 16
+
+
+def test_open_ahead_hands_over_the_file_after_a_slow_range(blob, tmp_path):
+    path, data = blob
+    prepared = []
+    assert not open_ahead(path, prepare=lambda: prepared.append(1))  # reads were never slow here
+    assert take_opened(path) is None and not prepared
+    list(zip(_plan(len(data), 96 * 1024)[:4], read_ahead(SlowFile(path, 0.003), _plan(len(data), 96 * 1024)[:4])))
+    assert open_ahead(path, prepare=lambda: prepared.append(1), first_bytes=96 * 1024)
+    assert not open_ahead(path)  # never twice
+    fd = take_opened(path)
+    try:
+        assert prepared == [1]
+        assert os.pread(fd, len(data), 0) == data
+    finally:
+        os.close(fd)
+    assert take_opened(path) is None  # handed over once
+    assert open_ahead(tmp_path / "gone.tar")
+    with pytest.raises(FileNotFoundError):
+        take_opened(tmp_path / "gone.tar")
+
+
+def test_open_ahead_keeps_at_most_max_opened_files(blob, tmp_path):
+    path, data = blob
+    list(zip(_plan(len(data), 96 * 1024)[:4], read_ahead(SlowFile(path, 0.003), _plan(len(data), 96 * 1024)[:4])))
+    before = len(os.listdir("/proc/self/fd"))
+    paths = []
+    for k in range(shard_readahead.MAX_OPENED + 3):
+        p = tmp_path / f"s{k}.tar"
+        p.write_bytes(bytes([k]) * 1000)
+        paths.append(p)
+        assert open_ahead(p, first_bytes=1000)
+    time.sleep(0.2)  # the pool finishes the opens (evicted ones close when their open is done)
+    assert len(os.listdir("/proc/self/fd")) - before == shard_readahead.MAX_OPENED
+    for k, p in enumerate(paths):
+        fd = take_opened(p)
+        if k < 3:
+            assert fd is None
+        else:
+            assert os.pread(fd, 1000, 0) == bytes([k]) * 1000
+            os.close(fd)
+
+
 def test_bytes_in_flight_are_bounded(blob):
     path, data = blob
     f = SlowFile(path, 0.003)
@@ -141,7 +215,7 @@ def _load_emulator():
 
 @pytest.mark.fuse
 @pytest.mark.multiprocess
-def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path):
+def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch):
     if not os.path.exists("/dev/fuse"):
         msg = "FUSE unavailable: /dev/fuse is absent, the storage emulator cannot mount"
         if os.environ.get("CI") == "true":
@@ -161,7 +235,17 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path):
         Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
         (d / f"{i:03d}.jpg").write_bytes(buf.getvalue())
         planted[f"c{i % 2}/{i:03d}.jpg"] = buf.getvalue()
-    pack(folder, tmp_path / "wds", PackOptions(format="wds", max_count=30, overwrite=True))
+    pack(folder, tmp_path / "wds", PackOptions(format="wds", max_count=15, overwrite=True))
+    from shardfeed.readers import webdataset_source
+
+    handed = []
+
+    def take(path):
+        fd = shard_readahead.take_opened(path)
+        handed.append(fd is not None)
+        return fd
+
+    monkeypatch.setattr(webdataset_source, "take_opened", take)
     emu = _load_emulator().StorageEmulator(tmp_path / "wds", open_ms=2.0, read_ms=2.0).start()
     try:
         for readahead in (True, False):
@@ -170,5 +254,6 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path):
             assert got == sorted(planted.values()), readahead
         stats = emu.stats()
         assert stats["max_in_flight"] >= 2  # the reads went ahead
+        assert len(handed) == 4 and sum(handed) >= 2  # shards after the first slow one were opened ahead
     finally:
         emu.stop()

@@ -206,6 +206,38 @@ def test_more_requests_in_flight_than_libfuse_default_threads(tmp_path, emulator
     assert stats["max_in_flight"] > 10
 
 
+def test_buffered_reads_in_flight_exceed_the_kernels_background_limit(tmp_path, emulator_factory):
+    """24 buffered reads of separate parts of one file at once are all in flight together: the
+    mount raises the kernel's limit on a FUSE connection's background (readahead) requests, 12 by
+    default, as a network mount keeps many reads in flight."""
+    src = tmp_path / "one"
+    src.mkdir()
+    part = 256 * 1024
+    data = os.urandom(24 * part)
+    (src / "f.bin").write_bytes(data)
+    emu = emulator_factory(src, read_ms=300.0)
+    assert emu.config.max_background == 64
+    fd = os.open(emu.mountpoint / "f.bin", os.O_RDONLY)
+    try:
+        emu.reset_stats()
+        barrier = threading.Barrier(24)
+        got = {}
+
+        def reader(k):
+            barrier.wait()
+            got[k] = os.pread(fd, 96 * 1024, k * part)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        os.close(fd)
+    assert got == {k: data[k * part:k * part + 96 * 1024] for k in range(24)}
+    assert emu.stats()["max_in_flight"] > 12
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="setting a mount's read_ahead_kb in /sys needs root")
 def test_read_ahead_window_is_set_and_bounds_request_sizes(source, emulator_factory):
     emu = emulator_factory(source, read_ms=1.0, read_ahead_kb=512)
