@@ -24,7 +24,8 @@ import click
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
-           "storage_option", "read_storage_option_file", "LocalPath", "EXIT_TERMINATED", "Terminated",
+           "storage_option", "storage_options_of", "read_storage_option_file", "LocalPath", "EXIT_TERMINATED",
+           "Terminated",
            "stop_on_sigterm", "check_report_path", "scan_progress"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
@@ -323,6 +324,13 @@ def _set_storage_options(ctx: click.Context, param: click.Parameter, value) -> N
 
 def _set_storage_option_file(ctx: click.Context, param: click.Parameter, value) -> None:
     _merge_storage_options(ctx, param, value, "file")
+
+
+def storage_options_of(ctx: click.Context) -> dict:
+    """The object-store options the command line gave (``--storage-option-file``'s, each
+    ``--storage-option`` over them), checked; ``{}`` when none were given."""
+    given = ctx.meta.get("shardfeed_storage_options", {})
+    return {**given.get("file", {}), **given.get("pairs", {})}
 
 
 def storage_option(f: Callable) -> Callable:
