@@ -397,11 +397,15 @@ def _has_class_folders(src: Path) -> bool:
 def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | None = None, *,
                progress: Callable[[int, int], None] | None = None,
                output_progress: Callable[[int], None] | None = None,
-               scan: ScanResult | None = None) -> PackReport:
+               scan: ScanResult | None = None,
+               on_shard_end: Callable[..., None] | None = None) -> PackReport:
     """Pack the local image folder ``src`` (class folders) into the local folder ``out``: the
     build :func:`pack` runs for every OUT (a bucket OUT is built in a staging folder).
 
-    Args and Raises: as :func:`pack` (local paths only).
+    ``on_shard_end(entry, index)`` is called in this process as each shard this run writes is
+    complete (:class:`~shardfeed.readers.format.ShardEntry`; sharded formats; the packers'
+    keyword, see :mod:`shardfeed.readers.registry`). Other Args and Raises: as :func:`pack`
+    (local paths only).
     """
     options = options or PackOptions()
     src, out = Path(src), Path(out)
@@ -414,12 +418,12 @@ def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOpti
         raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
                          "pack the rest and list these in the manifest's skipped")
     with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
-        return _pack_locked(src, out, options, scan, progress, output_progress, t0)
+        return _pack_locked(src, out, options, scan, progress, output_progress, t0, on_shard_end)
 
 
 def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
                  progress: Callable[[int, int], None] | None, output_progress: Callable[[int], None] | None,
-                 t0: float) -> PackReport:
+                 t0: float, on_shard_end: Callable[..., None] | None = None) -> PackReport:
     """:func:`pack` once OUT's lock is held."""
     action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     if action == "finished":
@@ -453,7 +457,8 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
     try:
         with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
             format_pack = format_packer(options.format)
-            shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress)
+            shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress,
+                                                          on_shard_end=on_shard_end)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
         for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only

@@ -37,7 +37,7 @@ from typing import Callable
 
 from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
-from .consumers import CARD_NAME, WIDS_INDEX_NAME
+from .consumers import CARD_NAME, META_SAMPLE_SHARDS, WIDS_INDEX_NAME
 from .pack_state import PLAN_NAME, STATE_DIR
 from .tarwriter import create_new_file
 
@@ -233,8 +233,9 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Call
         src: the image folder (local path).
         out_url: ``s3://bucket/prefix/``.
         options: :class:`~shardfeed.convert.pack.PackOptions` (``format`` must be ``wds``).
-        build: the local build, ``build(src, stage, options, progress=, scan=, output_progress=)
-            -> PackReport`` (:func:`shardfeed.convert.pack.pack_local`).
+        build: the local build, ``build(src, stage, options, progress=, scan=, output_progress=,
+            on_shard_end=) -> PackReport`` (:func:`shardfeed.convert.pack.pack_local`), calling
+            ``on_shard_end(entry, index)`` as each shard is complete: its upload starts then.
         progress, output_progress: as :func:`~shardfeed.convert.pack.pack` (the local build).
         scan: a scan of ``src`` done already.
         storage_options: object-store client options.
@@ -279,14 +280,12 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Call
     loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished", "options": options.fingerprint_fields()}).encode())
     delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
     uploader = _Uploader(loc, stage, listing, delay_s)
-    uploader.start()
     try:
-        report = build(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress)
+        report = build(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress,
+                       on_shard_end=uploader.shard_done)
     except BaseException:
-        uploader.stop()
         uploader.abandon()  # uploads in flight finish (whole objects); queued ones are dropped
         raise
-    uploader.stop()
     manifest = load_manifest(stage, check_files=False)
     for entry in manifest.shards:  # anything the background uploads did not reach yet
         uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
@@ -362,10 +361,10 @@ def convert_to_store(out_url: str, build: Callable[[Path], object], *, fmt: str,
 
 
 class _Uploader:
-    """Uploads each shard and its index as soon as the local build finishes it (its completion
-    record is written after the files are in place), :data:`UPLOAD_THREADS` at a time, and removes
-    the local copies once uploaded, so the staging folder holds only the shards in flight. A file
-    the listing shows with the same size and sha256 metadata is not uploaded again (resume)."""
+    """Uploads each shard and its index as soon as the local build finishes it (the build's
+    ``on_shard_end`` hands it over: :meth:`shard_done`), :data:`UPLOAD_THREADS` at a time, and
+    removes the local copies once uploaded, so the staging folder holds only the shards in flight.
+    A file the listing shows with the same size and sha256 metadata is not uploaded again (resume)."""
 
     def __init__(self, loc, stage: Path, listing: dict[str, int], delay_s: float):
         import threading
@@ -375,32 +374,20 @@ class _Uploader:
         self.futures: list = []
         self.seen: set[str] = set()
         self.num_uploaded = self.num_skipped = 0
+        self.keep_local: set[str] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="shardfeed-upload-watch", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+    def shard_done(self, entry, index: int) -> None:
+        """The build's ``on_shard_end(entry, index)``: queue the upload of the shard and its index.
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        state = self.stage / STATE_DIR
-        while not self._stop.wait(0.1):
-            try:
-                records = sorted(p for p in state.glob("[0-9]*.json"))
-            except OSError:
-                continue
-            for rec_path in records:
-                try:
-                    entry = json.loads(rec_path.read_text()).get("entry")
-                except (OSError, ValueError):
-                    continue
-                if entry:
-                    self.upload(entry["name"], entry["num_bytes"], entry.get("sha256"), entry.get("index"),
-                                entry.get("index_sha256"))
+        The first :data:`~shardfeed.convert.consumers.META_SAMPLE_SHARDS` shards keep their local
+        copy until the staging folder goes: the build's consumer files (the dataset card) read
+        their first samples once every shard is written, and must find them whatever the uploads'
+        timing."""
+        if index < META_SAMPLE_SHARDS:
+            with self._lock:
+                self.keep_local.add(entry.name)
+        self.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
 
     def upload(self, name: str, num_bytes: int, sha256: str | None, index: str | None,
                index_sha256: str | None) -> None:
@@ -428,6 +415,9 @@ class _Uploader:
             self._upload_one(index, index_sha256)
         self._upload_one(name, sha256)
         # uploaded: the local copies go (a resumed local build rebuilds them, and they are then skipped)
+        with self._lock:
+            if name in self.keep_local:
+                return
         for n in (name, index):
             if n:
                 (self.stage / n).unlink(missing_ok=True)

@@ -109,3 +109,59 @@ def test_convert_to_a_bucket_gives_the_local_convert(s3_packed, s3_client, s3_bu
     assert _download(s3_client, bucket, "api/") == _files(tmp_path / "local30")
     with pytest.raises(UnsupportedURLError, match="local disk only"):
         convert_dataset(url, f"s3://{bucket}/lmdb", format="lmdb")
+
+
+@pytest.mark.parametrize("reencode", [None, {"resize": 16}], ids=["bytes-kept", "reencoded"])
+def test_uploads_start_from_the_build_as_each_shard_is_complete(reencode, tiny_image_folder, s3_client, s3_bucket,
+                                                                tmp_path, monkeypatch):
+    """Each shard is handed to the uploader by the build's ``on_shard_end``, in shard order, while
+    the build still runs (its manifest not yet written), never found by watching the folder."""
+    import threading
+
+    from shardfeed.convert import store_pack
+
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path))
+    calls = []
+    real = store_pack._Uploader.shard_done
+
+    def spy(self, entry, index):
+        calls.append((index, entry.name, threading.current_thread() is threading.main_thread(),
+                      (self.stage / "manifest.json").exists()))
+        return real(self, entry, index)
+
+    monkeypatch.setattr(store_pack._Uploader, "shard_done", spy)
+    bucket = s3_bucket("hooked-" + ("reencoded" if reencode else "kept"))
+    report = pack(tiny_image_folder, f"s3://{bucket}/h", PackOptions(format="wds", max_count=8, workers=2,
+                                                                     reencode=reencode))
+    names = sorted(k for k in _download(s3_client, bucket, "h/") if k.endswith(".tar"))
+    assert report.num_shards == len(names) == 8  # 60 samples, 8 a shard
+    assert [c[0] for c in calls] == list(range(8)) and [c[1] for c in calls] == names
+    assert all(main and not finished for _, _, main, finished in calls)
+    assert not [t for t in threading.enumerate() if t.name == "shardfeed-upload-watch"]
+
+
+def test_the_card_of_a_bucket_pack_does_not_depend_on_upload_timing(tiny_image_folder, s3_client, s3_bucket,
+                                                                    tmp_path, monkeypatch):
+    """Every upload finishes (and its local copy would go) before the build writes the dataset
+    card, which reads the first shards' samples: the card still equals a local pack's."""
+    from shardfeed.convert import store_pack
+
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path / "staging"))
+    (tmp_path / "staging").mkdir()
+    real = store_pack._Uploader.shard_done
+
+    def upload_at_once(self, entry, index):
+        real(self, entry, index)
+        for f in list(self.futures):
+            f.result()
+
+    monkeypatch.setattr(store_pack._Uploader, "shard_done", upload_at_once)
+    opts = dict(format="wds", max_count=8, workers=1)
+    pack(tiny_image_folder, tmp_path / "local", PackOptions(**opts))
+    bucket = s3_bucket("card-timing")
+    pack(tiny_image_folder, f"s3://{bucket}/c", PackOptions(**opts))
+    got = _download(s3_client, bucket, "c/")
+    card = (tmp_path / "local" / "README.md").read_bytes()
+    assert b'name: "path"' in card or b"name: path" in card  # the metadata fields were read from the shards
+    assert got["README.md"] == card
+    assert got == _files(tmp_path / "local")
