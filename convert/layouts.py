@@ -757,7 +757,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             (options, labels or files changed) or of an LMDB pack.
     """
     from .outlock import output_lock
-    from .pack import PackReport, prepare_output
+    from .outdir import prepare_output
+    from .report import PackReport
 
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)

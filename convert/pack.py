@@ -46,7 +46,7 @@ from shardfeed.readers.format import (
     normalize_ext,
     write_bytes_atomic,
 )
-from shardfeed.readers.errors import check_on_error
+from shardfeed.readers.errors import UnsupportedURLError, check_on_error
 from shardfeed.readers.keywords import check_keywords
 from shardfeed.readers.registry import FORMATS, canonical_format, describe
 from shardfeed.readers.registry import packer as format_packer
@@ -55,12 +55,13 @@ from . import writers  # noqa: F401  (registers the packers and writers of every
 from .consumers import write_consumer_files
 from .executors import ProgressSink, check_executor, make_executor, run_tasks, signals_held, use_executor
 from .faults import FaultHooks, current_default_faults
-from .outlock import check_not_busy, output_lock
-from .ownership import decide, local_entries, survey
+from .outdir import prepare_output
+from .outlock import output_lock
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
+from .report import PackReport, finished_report, plural
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes
 from .scan import ScanResult, ScannedFiles, scan_image_folder
@@ -85,6 +86,7 @@ __all__ = [
     "SamplePlan",
     "read_file_checked",
     "describe_interrupted",
+    "pack_local",
 ]
 
 #: Most source reads in flight per shard being written (``--read-ahead``): each is a thread, and
@@ -226,78 +228,6 @@ _check_option_names(PackOptions)
 _check_option_names(ReencodeOptions)
 
 
-@dataclasses.dataclass
-class PackReport:
-    """Summary of a pack (printed by the CLI; ``--json`` writes :meth:`to_json`)."""
-
-    source: str
-    output: str
-    format: str
-    num_samples: int
-    num_shards: int
-    num_bytes: int
-    input_bytes: int
-    seconds: float
-    workers: int
-    files: dict
-    skipped: list
-    ignored: list
-    empty_classes: list
-    num_classes: int
-    shards_resumed: int = 0
-    extra: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def images_per_s(self) -> float:
-        return self.num_samples / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.input_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-    def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["images_per_s"] = round(self.images_per_s, 1)
-        d["mb_per_s"] = round(self.mb_per_s, 2)
-        return d
-
-    def summary(self) -> str:
-        """The one-line human summary."""
-        shards = describe(self.format).noun(self.num_shards)
-        classes = ("(no labels)" if self.extra.get("layout") == "unlabelled"
-                   else "in " + _plural(self.num_classes, 'class', 'classes'))
-        if self.extra.get("already_complete"):
-            return (f"{self.output} already holds this finished dataset ({_plural(self.num_samples, 'sample')} "
-                    f"{classes}, {shards}, {_size(self.num_bytes)}); nothing to resume")
-        s = (f"packed {_plural(self.num_samples, 'sample')} {classes} "
-             f"into {shards} ({self.format}, {_size(self.num_bytes)}) "
-             f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
-             f"{self.mb_per_s:.1f} MB/s")
-        if self.skipped:
-            s += f"; {_plural(len(self.skipped), 'file')} skipped (listed in the manifest)"
-        if self.ignored:
-            s += f"; {_plural(len(self.ignored), 'file')} ignored (hidden, other extensions, outside class folders)"
-        if self.shards_resumed:
-            spec = describe(self.format)
-            done = spec.summary_noun if not spec.sharded else spec.noun(self.shards_resumed)
-            s += f"; {done} kept from the interrupted run"
-        if self.extra.get("executor", "local") != "local":
-            n_nodes = len(self.extra.get("nodes") or [])
-            s += (f"; {self.extra['executor']}: {self.extra.get('num_tasks', 0)} tasks on {n_nodes} "
-                  f"{'node' if n_nodes == 1 else 'nodes'}")
-            if self.extra.get("task_retries"):
-                s += f", {self.extra['task_retries']} retried"
-        return s
-
-
-def _plural(n: int, word: str, plural: str | None = None) -> str:
-    return f"{n:,} {word if n == 1 else (plural or word + 's')}"
-
-
-def _size(num_bytes: int) -> str:
-    return f"{num_bytes / 1e6:.1f} MB" if num_bytes >= 100_000 else f"{num_bytes / 1e3:.1f} KB"
-
-
 # ---------------------------------------------------------------------------------------------
 # planning (PlannedSample, plan_samples, plan_shards: shardfeed.convert.plan)
 
@@ -335,97 +265,161 @@ def _fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options: Pa
 # ---------------------------------------------------------------------------------------------
 # output folder
 
-def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check_only: bool = False,
-                   api: bool | None = None) -> str:
-    """Check OUT before anything is written, then create it, or clear it for ``overwrite``.
-
-    What is shardfeed's in OUT is what the previous dataset's own records name
-    (:mod:`shardfeed.convert.ownership`): ``overwrite`` deletes those only, and refuses, naming
-    them, anything else. With ``check_only`` nothing is created or removed (the CLI checks before
-    scanning, and then first that no other command holds OUT's lock).
-
-    Args:
-        src, out: the source and output folders.
-        resume, overwrite: the pack's flags.
-        check_only: check only.
-        api: messages spell the flags as ``PackOptions`` fields; False: as CLI flags; None: as
-            :func:`shardfeed.convert.ownership.cli_flags` says.
-
-    Returns:
-        ``"start"``, ``"resume"``, ``"overwrite"`` or ``"finished"`` (``resume`` on a finished
-        dataset; :func:`pack` compares it with this run), as
-        :func:`shardfeed.convert.ownership.decide`.
-
-    Raises:
-        ValueError: OUT equals SRC or lies inside it; OUT is not empty (without ``resume`` or
-            ``overwrite``); OUT holds files shardfeed did not write (with ``overwrite``, or
-            ``resume`` without a pack to resume).
-        NotADirectoryError: OUT is a file.
-        shardfeed.convert.outlock.OutputBusyError: (``check_only``) another command is writing OUT.
-    """
-    src_r, out_r = src.resolve(), out.resolve()
-    if out_r == src_r:
-        raise ValueError(f"{out}: OUT is the source folder itself; choose another output folder")
-    if src_r in out_r.parents:
-        raise ValueError(f"{out}: OUT lies inside the source folder {src} (it would be scanned as a class); "
-                         "choose an output folder outside it")
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out}: exists and is a file; choose a folder for the output")
-    if check_only:
-        check_not_busy(out)  # a running pack's files are not "an unfinished pack" to the second one
-    entries, read = local_entries(out)
-    contents = survey(str(out), entries, read)
-    action = decide(contents, resume=resume, overwrite=overwrite, api=api)
-    if check_only:
-        return action
-    if action in ("start", "overwrite"):
-        _remove_ours(out, contents)
-    out.mkdir(parents=True, exist_ok=True)
-    return action
-
-
-def _remove_ours(out: Path, contents) -> None:
-    """Delete what the previous dataset's records name: the manifest first (the dataset stops
-    being finished before its shards go), the state folder last; links are removed, not followed."""
-    order = sorted(contents.ours, key=lambda n: (n != MANIFEST_NAME, n == STATE_DIR, n))
-    for name in order:
-        p = out / name
-        if contents.entries.get(name) == "dir" and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink(missing_ok=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # entry point
 
 def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | None = None, *,
          progress: Callable[[int, int], None] | None = None,
          output_progress: Callable[[int], None] | None = None,
-         scan: ScanResult | None = None) -> PackReport:
+         scan: ScanResult | None = None, layout=None, storage_options: dict | None = None,
+         scan_progress: Callable[[str, int], None] | None = None,
+         download_progress: Callable[[int, int], Callable[[int, int], None]] | None = None,
+         notice: Callable[[str], None] | None = None,
+         start_progress: Callable[[int, int], None] | None = None) -> PackReport:
     """Pack the image folder ``src`` into ``out`` (WebDataset shards or LMDB) with a manifest.
 
+    ``src`` and ``out`` are local paths, ``file://`` URLs or object-store prefixes
+    (``s3://bucket/prefix/``), in any combination; this is what ``shardfeed pack`` runs, and a
+    pack to or from a bucket gives the same objects as the command:
+
+    * OUT in a bucket: packed in a local staging folder and uploaded shard by shard, the manifest
+      last (:func:`shardfeed.convert.store_pack.pack_to_store`; WebDataset only);
+    * SRC in a bucket: its images are mirrored to a local folder first (one listing, one GET per
+      image; :func:`shardfeed.convert.store_pack.mirror_store_folder`), the mirror is removed
+      once the pack is finished (kept after a failure, so a resumed pack downloads only what is
+      missing), and the report's ``source`` is the URL;
+    * a local OUT is checked (:func:`prepare_output`) before the scan, so a refused OUT costs no
+      scan of a million files;
+    * labels from a file, sidecar files, no labels (``layout``:
+      :class:`~shardfeed.convert.layouts.LayoutOptions`), and a SRC without class folders (packed
+      unlabelled, with a ``notice``) go to :func:`shardfeed.convert.layouts.pack_layout` (local
+      SRC and OUT only).
+
     Args:
-        src: an ImageFolder root (``SRC/CLASS/IMAGE``).
-        out: output folder (created; must be empty unless ``resume``/``overwrite``).
+        src: an ImageFolder root (``SRC/CLASS/IMAGE``): a local path or an ``s3://`` prefix.
+        out: output folder (created; must be empty unless ``resume``/``overwrite``), or an
+            ``s3://`` prefix.
         options: :class:`PackOptions`.
         progress: ``callback(num_samples, num_input_bytes)`` called as samples are written.
         output_progress: ``callback(num_output_bytes)`` called with the stored image bytes where
             the packer knows them apart from the input (WebDataset with ``reencode``), each time
             just before the matching ``progress`` call; not called otherwise.
-        scan: a scan of ``src`` done already (to avoid scanning twice).
+        scan: a scan of ``src`` done already (to avoid scanning twice; a local SRC only).
+        layout: a :class:`~shardfeed.convert.layouts.LayoutOptions` (labels file, sidecars, no
+            labels); None: class folders, or unlabelled when SRC has no sub-folder.
+        storage_options: object-store client options (:mod:`shardfeed.readers.objstore`).
+        scan_progress: ``callback(phase, n)`` of the local scan
+            (:func:`~shardfeed.readers.imagefolder.scan_image_folder`).
+        download_progress: SRC in a bucket: ``callback(num_files, num_bytes)`` called once the
+            listing is scanned, returning ``update(files, bytes)`` called per image downloaded.
+        notice: ``callback(text)`` for what a user should know before the pack runs (a SRC
+            without class folders packs unlabelled); None: logged as a warning.
+        start_progress: ``callback(num_files, num_input_bytes)`` called once the scan is done,
+            before the first ``progress`` call (a progress bar's totals); class-folder SRC only.
 
     Returns:
-        A :class:`PackReport`.
+        A :class:`PackReport` (``output`` is the URL for a bucket OUT; ``extra["uploaded"]``,
+        ``extra["upload_skipped"]`` count the files uploaded / found there already).
 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file; OUT a file.
-        ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``.
+        ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``;
+            a layout with a bucket SRC or OUT.
+        shardfeed.readers.errors.UnsupportedURLError: a scheme other than ``file``/``s3`` (named,
+            nothing written: never a local folder called ``gs:``), LMDB to a bucket, or the
+            object-store client not installed.
         shardfeed.convert.outlock.OutputBusyError: another command is writing OUT (names it).
         SourceChangedError: a file changed during the pack (``on_error="raise"``).
         shardfeed.readers.errors.CorruptDataError: an image failed ``decode_check``.
+        DataSourceError: a listing, download or upload failed after the retries (names the URL).
         OSError: reading a source or writing OUT failed (disk full: ``ENOSPC``/``EFBIG``); complete
             shards stay and ``resume`` continues.
+    """
+    from shardfeed.readers.opener import check_supported, local_path, url_scheme
+
+    options = options or PackOptions()
+    check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
+    to_store = url_scheme(out) == "s3"
+    if to_store and not _writes_to_store(options.format):
+        raise UnsupportedURLError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
+                                  "memory); use --format wds to pack to a bucket, or pack to a local folder")
+    out = str(out) if to_store else local_path(out)
+    check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
+    src_url = str(src) if url_scheme(src) == "s3" else None
+    if src_url is not None:
+        if layout is not None:
+            raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder into a local OUT")
+        from .store_pack import mirror_store_folder
+
+        (notice or log.info)(f"listing and downloading the image folder {src_url} ...")
+        # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
+        # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
+        src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=options.class_to_idx,
+                                        storage_options=storage_options, on_error=options.on_error,
+                                        progress=download_progress)
+    else:
+        src = local_path(src)
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: source folder does not exist")
+    if not to_store:
+        prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
+    if layout is None and src_url is None and not _has_class_folders(src):
+        from .layouts import LayoutOptions
+
+        (notice or log.warning)(f"{src}: no class folders: packing an unlabelled dataset (readers give label -1); "
+                                "for labels, pass --labels FILE or sort the images into SRC/CLASS/ folders")
+        layout = LayoutOptions()
+    if layout is not None:
+        if to_store:
+            raise ValueError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack a local "
+                             "folder into a local OUT")
+        from .layouts import pack_layout
+
+        return pack_layout(src, out, options, layout, progress=progress)
+    if scan is None:
+        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
+                                 progress=scan_progress)
+    if start_progress is not None:
+        start_progress(len(scan.files), scan.num_bytes)
+    if to_store:
+        from .store_pack import pack_to_store
+
+        report = pack_to_store(src, out, options, pack_local, progress=progress, scan=scan,
+                               output_progress=output_progress, storage_options=storage_options)
+    else:
+        report = pack_local(src, out, options, progress=progress, output_progress=output_progress, scan=scan)
+    if src_url is not None:
+        shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
+        report.source = src_url
+    return report
+
+
+def _writes_to_store(fmt: str) -> bool:
+    """Whether the format ``fmt`` can be packed to a bucket (sharded: shards go up one by one)."""
+    return canonical_format(fmt) == "webdataset"
+
+
+def _has_class_folders(src: Path) -> bool:
+    """Whether SRC holds a non-hidden sub-folder (the class-folder layout)."""
+    try:
+        with os.scandir(src) as it:
+            return any(not e.name.startswith(".") and e.is_dir() for e in it)
+    except NotADirectoryError:
+        return True  # the scan names the problem
+
+
+def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | None = None, *,
+               progress: Callable[[int, int], None] | None = None,
+               output_progress: Callable[[int], None] | None = None,
+               scan: ScanResult | None = None,
+               on_shard_end: Callable[..., None] | None = None) -> PackReport:
+    """Pack the local image folder ``src`` (class folders) into the local folder ``out``: the
+    build :func:`pack` runs for every OUT (a bucket OUT is built in a staging folder).
+
+    ``on_shard_end(entry, index)`` is called in this process as each shard this run writes is
+    complete (:class:`~shardfeed.readers.format.ShardEntry`; sharded formats; the packers'
+    keyword, see :mod:`shardfeed.readers.registry`). Other Args and Raises: as :func:`pack`
+    (local paths only).
     """
     options = options or PackOptions()
     src, out = Path(src), Path(out)
@@ -438,12 +432,12 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
                          "pack the rest and list these in the manifest's skipped")
     with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
-        return _pack_locked(src, out, options, scan, progress, output_progress, t0)
+        return _pack_locked(src, out, options, scan, progress, output_progress, t0, on_shard_end)
 
 
 def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
                  progress: Callable[[int, int], None] | None, output_progress: Callable[[int], None] | None,
-                 t0: float) -> PackReport:
+                 t0: float, on_shard_end: Callable[..., None] | None = None) -> PackReport:
     """:func:`pack` once OUT's lock is held."""
     action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     if action == "finished":
@@ -477,7 +471,8 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
     try:
         with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
             format_pack = format_packer(options.format)
-            shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress)
+            shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress,
+                                                          on_shard_end=on_shard_end)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
         for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
@@ -516,39 +511,6 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
     )
 
 
-def finished_report(manifest: Manifest, where: str, scan: ScanResult, options: PackOptions,
-                    t0: float) -> PackReport:
-    """``resume`` on a finished dataset: its report when it is this run's dataset, else the refusal.
-
-    "This run's" means the manifest records the same options (those of
-    :meth:`PackOptions.fingerprint_fields`), the same source folder and class map, and as many
-    files found as this scan (a script that always passes ``--resume`` reruns a finished pack
-    without error; a changed command is told to rebuild with ``overwrite``).
-
-    Raises:
-        ValueError: the dataset in ``where`` was packed with other options or from another source.
-    """
-    expected = json.loads(json.dumps({**options.fingerprint_fields(), "source": scan.root}))
-    recorded = json.loads(json.dumps(manifest.options or {}))
-    same = (recorded == expected and dict(manifest.class_to_idx) == dict(scan.class_to_idx)
-            and (manifest.files or {}).get("found") == scan.num_found)
-    if not same:
-        from .ownership import flag
-
-        changed = [k for k in sorted(set(recorded) | set(expected)) if recorded.get(k) != expected.get(k)]
-        why = (f"options differ: {', '.join(changed)}" if changed else "the class map or the number of files differs")
-        raise ValueError(f"{where}: already holds a finished dataset ({MANIFEST_NAME}) packed with other options or "
-                         f"from another source ({why}); nothing to resume: rebuild it with {flag('overwrite')}, or "
-                         "choose another output location")
-    log.info("%s: already holds this finished dataset; nothing to resume", where)
-    return PackReport(
-        source=scan.root, output=where, format=manifest.format, num_samples=manifest.num_samples,
-        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards), input_bytes=0,
-        seconds=time.perf_counter() - t0, workers=options.workers, files=dict(manifest.files or {}),
-        skipped=list(manifest.skipped), ignored=scan.ignored, empty_classes=scan.empty_classes,
-        num_classes=len(manifest.classes), shards_resumed=len(manifest.shards), extra={"already_complete": True})
-
-
 def describe_interrupted(out: str | os.PathLike) -> str:
     """What a pack into ``out`` that was stopped (Ctrl-C, SIGTERM, an error) leaves there, and
     what ``--resume`` then does: the clause of the line the CLI prints.
@@ -557,6 +519,10 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     samples committed to ``data.mdb``; a finished dataset (its manifest was written before the
     stop) needs nothing.
     """
+    from shardfeed.readers.opener import url_scheme
+
+    if url_scheme(out) == "s3":
+        return f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
     out = Path(out)
     if (out / MANIFEST_NAME).is_file():
         return f"{out} holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
@@ -565,7 +531,7 @@ def describe_interrupted(out: str | os.PathLike) -> str:
 
         records, done = committed_progress(out) or (0, 0)
         if done:
-            return (f"{_plural(records, 'sample')} committed to {out / LMDB_DATA_NAME} are kept: the same command "
+            return (f"{plural(records, 'sample')} committed to {out / LMDB_DATA_NAME} are kept: the same command "
                     "plus --resume continues after them")
         return f"nothing was committed to {out / LMDB_DATA_NAME} yet: the same command plus --resume starts again"
     state = out / STATE_DIR
@@ -579,7 +545,7 @@ def describe_interrupted(out: str | os.PathLike) -> str:
             shards += 1
             samples += int(entry.get("num_samples", 0)) if isinstance(entry, dict) else 0
     if shards:
-        return (f"{_plural(shards, 'complete shard')} ({_plural(samples, 'sample')}) in {out} are kept: the same "
+        return (f"{plural(shards, 'complete shard')} ({plural(samples, 'sample')}) in {out} are kept: the same "
                 "command plus --resume writes the rest")
     if state.is_dir():
         return f"no shard of {out} was complete yet: the same command plus --resume starts again"

@@ -7,7 +7,7 @@ How:
    (:mod:`shardfeed.convert.ownership`): empty, or (``--resume``) an unfinished pack of ours (or
    this very finished dataset: nothing to do), or (``--overwrite``) a dataset of ours, whose
    objects (those its manifest or plan name) are deleted; anything else is refused, naming it.
-2. The dataset is packed by :func:`shardfeed.convert.pack.pack` into a local staging folder
+2. The dataset is packed by :func:`shardfeed.convert.pack.pack_local` into a local staging folder
    (``$SHARDFEED_STAGING_DIR`` or the system temp dir, one folder per OUT URL, so a killed pack
    resumes there); the pack is deterministic, so the shards are those of a local pack.
 3. Each shard and its offset index are uploaded whole as soon as the build finishes them (one
@@ -38,11 +38,12 @@ from typing import Callable
 from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
 from shardfeed.readers.registry import describe
-from .consumers import CARD_NAME, WIDS_INDEX_NAME
+from .consumers import CARD_NAME, META_SAMPLE_SHARDS, WIDS_INDEX_NAME
 from .pack_state import PLAN_NAME, STATE_DIR
 from .tarwriter import create_new_file
 
-__all__ = ["pack_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS", "DOWNLOAD_THREADS"]
+__all__ = ["pack_to_store", "convert_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS",
+           "DOWNLOAD_THREADS"]
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,7 @@ def _check_out(loc, options, *, scan=None, t0: float = 0.0):
     contents = survey(loc.base, entries, read)
     action = decide(contents, resume=options.resume, overwrite=options.overwrite)
     if action == "finished":
-        from .pack import finished_report
+        from .report import finished_report
 
         return listing, finished_report(contents.manifest, loc.base, scan, options, t0)
     if action in ("start", "overwrite") and contents.ours:
@@ -224,14 +225,18 @@ def _sha256_file(path: Path) -> str:
             h.update(chunk)
 
 
-def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], None] | None = None, scan=None,
-                  storage_options: dict | None = None, output_progress: Callable[[int], None] | None = None):
+def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Callable[[int, int], None] | None = None,
+                  scan=None, storage_options: dict | None = None,
+                  output_progress: Callable[[int], None] | None = None):
     """Pack the image folder ``src`` into the object-store prefix ``out_url``.
 
     Args:
         src: the image folder (local path).
         out_url: ``s3://bucket/prefix/``.
         options: :class:`~shardfeed.convert.pack.PackOptions` (``format`` must be ``wds``).
+        build: the local build, ``build(src, stage, options, progress=, scan=, output_progress=,
+            on_shard_end=) -> PackReport`` (:func:`shardfeed.convert.pack.pack_local`), calling
+            ``on_shard_end(entry, index)`` as each shard is complete: its upload starts then.
         progress, output_progress: as :func:`~shardfeed.convert.pack.pack` (the local build).
         scan: a scan of ``src`` done already.
         storage_options: object-store client options.
@@ -246,8 +251,6 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
         DataSourceError: an upload failed after the retries (complete objects stay for ``resume``).
     """
     from shardfeed.readers.objstore import StoreLocation
-
-    from .pack import pack
 
     t0 = time.perf_counter()
     fmt = str(options.format).lower()
@@ -278,14 +281,12 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished", "options": options.fingerprint_fields()}).encode())
     delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
     uploader = _Uploader(loc, stage, listing, delay_s)
-    uploader.start()
     try:
-        report = pack(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress)
+        report = build(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress,
+                       on_shard_end=uploader.shard_done)
     except BaseException:
-        uploader.stop()
         uploader.abandon()  # uploads in flight finish (whole objects); queued ones are dropped
         raise
-    uploader.stop()
     manifest = load_manifest(stage, check_files=False)
     for entry in manifest.shards:  # anything the background uploads did not reach yet
         uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
@@ -302,11 +303,69 @@ def pack_to_store(src, out_url: str, options, *, progress: Callable[[int, int], 
     return report
 
 
+def convert_to_store(out_url: str, build: Callable[[Path], object], *, fmt: str, prefix: str,
+                     overwrite: bool = False, storage_options: dict | None = None):
+    """Write a converted dataset to the object-store prefix ``out_url`` as :func:`pack_to_store`
+    writes a pack: OUT checked by one listing with the rule of a local OUT
+    (:mod:`shardfeed.convert.ownership`; ``overwrite`` deletes only what the previous dataset's
+    records name), a record of the convert in progress under the prefix, the dataset built in a
+    local staging folder by ``build(stage)``, each shard and index uploaded whole with its sha256,
+    the manifest last, the staging folder removed.
+
+    Args:
+        out_url: ``s3://bucket/prefix/``.
+        build: ``build(stage_folder) -> report`` writes the dataset there (with its manifest).
+        fmt, prefix: the output's canonical format (sharded formats only) and shard prefix.
+        overwrite: replace a shardfeed dataset under the prefix.
+        storage_options: object-store client options.
+
+    Returns:
+        ``(report, url)``: what ``build`` returned, and the prefix's normalized URL.
+
+    Raises:
+        UnsupportedURLError: a format that is written to a local disk only (LMDB).
+        ValueError: the prefix is not empty (without ``overwrite``), or holds objects shardfeed
+            did not write.
+        DataSourceError: an upload failed after the retries (the manifest is not uploaded: the
+            prefix never looks finished).
+    """
+    import types
+
+    from shardfeed.readers.objstore import StoreLocation
+
+    from .outlock import check_not_busy
+
+    if fmt != "webdataset":
+        raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
+                                  "into memory); convert with --format wds to write to a bucket, or to a local folder")
+    loc = StoreLocation(out_url, storage_options=storage_options)
+    stage = staging_dir(loc.base)
+    check_not_busy(stage)
+    _check_out(loc, types.SimpleNamespace(resume=False, overwrite=overwrite))
+    if stage.exists():
+        shutil.rmtree(stage)
+    _make_own_dir(stage)
+    loc.put_bytes(_STATE_KEY, json.dumps({"command": "convert", "options": {"format": fmt, "prefix": prefix}}).encode())
+    report = build(stage)
+    manifest = load_manifest(stage, check_files=False)
+    uploader = _Uploader(loc, stage, {}, 0.0)
+    for entry in manifest.shards:
+        uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
+    uploader.drain()
+    for name in (WIDS_INDEX_NAME, CARD_NAME):
+        if (stage / name).exists():
+            loc.put_bytes(name, (stage / name).read_bytes())
+    loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished
+    loc.delete(_STATE_KEY)
+    shutil.rmtree(stage, ignore_errors=True)
+    return report, loc.base
+
+
 class _Uploader:
-    """Uploads each shard and its index as soon as the local build finishes it (its completion
-    record is written after the files are in place), :data:`UPLOAD_THREADS` at a time, and removes
-    the local copies once uploaded, so the staging folder holds only the shards in flight. A file
-    the listing shows with the same size and sha256 metadata is not uploaded again (resume)."""
+    """Uploads each shard and its index as soon as the local build finishes it (the build's
+    ``on_shard_end`` hands it over: :meth:`shard_done`), :data:`UPLOAD_THREADS` at a time, and
+    removes the local copies once uploaded, so the staging folder holds only the shards in flight.
+    A file the listing shows with the same size and sha256 metadata is not uploaded again (resume)."""
 
     def __init__(self, loc, stage: Path, listing: dict[str, int], delay_s: float):
         import threading
@@ -316,32 +375,20 @@ class _Uploader:
         self.futures: list = []
         self.seen: set[str] = set()
         self.num_uploaded = self.num_skipped = 0
+        self.keep_local: set[str] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="shardfeed-upload-watch", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+    def shard_done(self, entry, index: int) -> None:
+        """The build's ``on_shard_end(entry, index)``: queue the upload of the shard and its index.
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        state = self.stage / STATE_DIR
-        while not self._stop.wait(0.1):
-            try:
-                records = sorted(p for p in state.glob("[0-9]*.json"))
-            except OSError:
-                continue
-            for rec_path in records:
-                try:
-                    entry = json.loads(rec_path.read_text()).get("entry")
-                except (OSError, ValueError):
-                    continue
-                if entry:
-                    self.upload(entry["name"], entry["num_bytes"], entry.get("sha256"), entry.get("index"),
-                                entry.get("index_sha256"))
+        The first :data:`~shardfeed.convert.consumers.META_SAMPLE_SHARDS` shards keep their local
+        copy until the staging folder goes: the build's consumer files (the dataset card) read
+        their first samples once every shard is written, and must find them whatever the uploads'
+        timing."""
+        if index < META_SAMPLE_SHARDS:
+            with self._lock:
+                self.keep_local.add(entry.name)
+        self.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
 
     def upload(self, name: str, num_bytes: int, sha256: str | None, index: str | None,
                index_sha256: str | None) -> None:
@@ -369,6 +416,9 @@ class _Uploader:
             self._upload_one(index, index_sha256)
         self._upload_one(name, sha256)
         # uploaded: the local copies go (a resumed local build rebuilds them, and they are then skipped)
+        with self._lock:
+            if name in self.keep_local:
+                return
         for n in (name, index):
             if n:
                 (self.stage / n).unlink(missing_ok=True)

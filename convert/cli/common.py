@@ -24,8 +24,9 @@ import click
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
-           "storage_option", "read_storage_option_file", "LocalPath", "verbosity_options", "set_log_level",
-           "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path", "scan_progress", "FormatChoice"]
+           "storage_option", "storage_options_of", "read_storage_option_file", "LocalPath", "verbosity_options",
+           "set_log_level", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path", "scan_progress",
+           "FormatChoice"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -354,6 +355,13 @@ def _set_storage_options(ctx: click.Context, param: click.Parameter, value) -> N
 
 def _set_storage_option_file(ctx: click.Context, param: click.Parameter, value) -> None:
     _merge_storage_options(ctx, param, value, "file")
+
+
+def storage_options_of(ctx: click.Context) -> dict:
+    """The object-store options the command line gave (``--storage-option-file``'s, each
+    ``--storage-option`` over them), checked; ``{}`` when none were given."""
+    given = ctx.meta.get("shardfeed_storage_options", {})
+    return {**given.get("file", {}), **given.get("pairs", {})}
 
 
 def storage_option(f: Callable) -> Callable:

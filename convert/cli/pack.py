@@ -16,6 +16,7 @@ from .common import (
     Terminated,
     command,
     storage_option,
+    storage_options_of,
     json_option,
     pack_options,
     progress_bar,
@@ -103,12 +104,12 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
       shardfeed pack ~/data/val_flat out/val --labels val_labels.csv --classes-from out/train
       shardfeed pack ~/data/captions out/captions --sidecars txt,json --no-labels
     """
-    from shardfeed.convert.pack import PackOptions, pack, prepare_output
-    from shardfeed.convert.scan import scan_image_folder
+    from shardfeed.convert.layouts import LayoutOptions, parse_sidecars, read_classes_file
+    from shardfeed.convert.pack import PackOptions, describe_interrupted, pack
 
     _check_flag_format(fmt.lower(), ctx)
-    from shardfeed.convert.layouts import read_classes_file
-
+    if labels_file is not None and no_labels:
+        raise click.UsageError("--labels and --no-labels exclude each other")
     class_to_idx = read_classes_file(classes_from) if classes_from else None
     options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix, workers=workers,
                           read_ahead=read_ahead, seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
@@ -116,102 +117,71 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
                           class_to_idx=class_to_idx,
                           resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
                           ray_address=ray_address)
-    from shardfeed.readers.opener import check_supported, local_path, url_scheme
-    from shardfeed.readers.registry import describe
-
-    check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
-    to_store = url_scheme(out) == "s3"
-    if to_store and not describe(fmt).remote_writable:
-        raise ValueError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
-                         "memory); use --format wds to pack to a bucket, or pack to a local folder")
-    if not to_store:
-        out = local_path(out)
-    check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
-    if url_scheme(src) == "s3":
-        from shardfeed.convert.store_pack import mirror_store_folder
-
-        if not quiet():
-            click.echo(f"listing and downloading the image folder {src} ...", err=True)
-        src_url = src
-        # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
-        # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
-        bars = []
-
-        def download_bar(num_files: int, num_bytes: int):
-            bar, update = progress_bar(num_files, num_bytes, "download", quiet())
-            bars.append(bar)
-            return update
-
-        try:
-            src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=class_to_idx,
-                                            on_error=options.on_error, progress=download_bar)
-        finally:
-            for bar in bars:
-                bar.close()
-    else:
-        src_url = None
-        src = local_path(src)
-        scan = None
-    if not src.exists():
-        raise FileNotFoundError(f"{src}: source folder does not exist")
-    if not to_store:
-        prepare_output(src, out, resume=resume, overwrite=overwrite, check_only=True)
-    flat = labels_file is None and not no_labels and not _has_class_folders(src)
-    if labels_file is not None or sidecars or require_sidecars or no_labels or flat:
-        if to_store or src_url is not None:
-            raise click.UsageError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack "
-                                   "a local folder into a local OUT")
-        if labels_file is not None and no_labels:
-            raise click.UsageError("--labels and --no-labels exclude each other")
-        from shardfeed.convert.layouts import LayoutOptions, pack_layout, parse_sidecars
-
-        if flat and not quiet():
-            click.echo(f"{src}: no class folders: packing an unlabelled dataset (readers give label -1); for "
-                       "labels, pass --labels FILE or sort the images into SRC/CLASS/ folders", err=True)
-
+    layout = None
+    if labels_file is not None or sidecars or require_sidecars or no_labels:
         layout = LayoutOptions(labels_file=labels_file, no_labels=no_labels, sidecars=parse_sidecars(sidecars),
                                require_sidecars=require_sidecars)
-        bar, update = progress_bar(None, None, f"pack {options.format}", quiet())
-        try:
-            report = pack_layout(src, out, options, layout, progress=update)
-        finally:
-            bar.close()
-        _print_report(report, json_path)
-        return
-    if scan is None:
-        bar, update = scan_progress(f"scan {src}", quiet())  # a million files on NFS take minutes
-        try:
-            scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=class_to_idx, progress=update)
-        finally:
-            bar.close()
-    bar, update = progress_bar(len(scan.files), scan.num_bytes, f"pack {options.format}", quiet())
+    bars = _Bars(f"pack {options.format}", f"scan {src}")
     try:
-        output_progress = lambda output_bytes: update(0, 0, output_bytes)  # noqa: E731
-        if to_store:
-            from shardfeed.convert.store_pack import pack_to_store
-
-            report = pack_to_store(src, out, options, progress=update, scan=scan, output_progress=output_progress)
-        else:
-            report = pack(src, out, options, progress=update, scan=scan, output_progress=output_progress)
+        report = pack(src, out, options, layout=layout, progress=bars.update, output_progress=bars.output,
+                      scan_progress=bars.scan, download_progress=bars.download, start_progress=bars.start,
+                      notice=bars.notice,
+                      storage_options=storage_options_of(ctx))
     except KeyboardInterrupt as exc:
-        bar.close()
+        bars.close()
         terminated = isinstance(exc, Terminated)
-        if to_store:
-            kept = f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
-        else:
-            from shardfeed.convert.pack import describe_interrupted
-
-            kept = describe_interrupted(out)  # what is really there: complete shards, committed records
+        kept = describe_interrupted(out)  # what is really there: complete shards, committed records
         click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}; {kept}", err=True)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     finally:
-        bar.close()
-    if src_url is not None:
-        import shutil
-
-        shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
-        report.source = src_url
+        bars.close()
     _print_report(report, json_path)
+
+
+class _Bars:
+    """The progress bars of a pack, opened as its phases start: the download of a bucket SRC,
+    the scan, the pack (its total known once the scan is done)."""
+
+    def __init__(self, desc: str, scan_desc: str):
+        self.desc, self.scan_desc = desc, scan_desc
+        self.bars: list = []
+        self._scan = self._pack = None
+
+    def download(self, num_files: int, num_bytes: int):
+        bar, update = progress_bar(num_files, num_bytes, "download", quiet())
+        self.bars.append(bar)
+        return update
+
+    def scan(self, phase: str, n: int) -> None:
+        if self._scan is None:
+            bar, self._scan = scan_progress(self.scan_desc, quiet())  # a million files on NFS take minutes
+            self.bars.append(bar)
+        self._scan(phase, n)
+
+    def start(self, num_files: int | None, num_bytes: int | None) -> None:
+        self._close_all()  # the scan (or download) is over
+        bar, self._pack = progress_bar(num_files, num_bytes, self.desc, quiet())
+        self.bars.append(bar)
+
+    def update(self, n: int, nbytes: int, output_bytes: int = 0) -> None:
+        if self._pack is None:  # a layout pack: no totals
+            self.start(None, None)
+        self._pack(n, nbytes, output_bytes)
+
+    def output(self, output_bytes: int) -> None:
+        self.update(0, 0, output_bytes)
+
+    def notice(self, text: str) -> None:
+        if not quiet():
+            click.echo(text, err=True)
+
+    def _close_all(self) -> None:
+        for bar in self.bars:
+            bar.close()
+        self.bars.clear()
+
+    def close(self) -> None:
+        self._close_all()
 
 
 def _print_report(report, json_path) -> None:
@@ -221,17 +191,6 @@ def _print_report(report, json_path) -> None:
         click.echo(f"... and {len(report.skipped) - 20} more skipped (see the manifest)", err=True)
     click.echo(report.summary(), err=json_path == "-")
     write_json_report(json_path, report.to_json())
-
-
-def _has_class_folders(src: Path) -> bool:
-    """Whether SRC holds a non-hidden sub-folder (the class-folder layout)."""
-    import os
-
-    try:
-        with os.scandir(src) as it:
-            return any(not e.name.startswith(".") and e.is_dir() for e in it)
-    except NotADirectoryError:
-        return True  # the scan names the problem
 
 
 def _split_ext(text: str | None):

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from .common import (EXIT_ERROR, SizeParam, command, json_option, pack_options, progress_bar, quiet, storage_option,
-                     write_json_report)
+                     storage_options_of, write_json_report)
 
 __all__ = ["COMMANDS", "inspect_cmd", "check_cmd", "unpack_cmd", "convert_cmd", "stage_cmd", "index_cmd", "serve_cmd"]
 
@@ -190,38 +190,42 @@ def unpack_cmd(source: str, out: Path, overwrite: bool, json_path) -> None:
 @command("convert", short_help="Convert between wds and lmdb, or re-shard; bytes unchanged.")
 @storage_option
 @click.argument("src", metavar="SRC")
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("out", metavar="OUT")
 @pack_options("format", "max_count", "max_bytes", "prefix", "workers", "overwrite",
               format={"required": True, "default": None, "show_default": False},
               prefix={"help": "WebDataset: shard file prefix."},
               workers={"help": "Image-folder SRC only: processes that pack [default: CPU count]."},
               overwrite={"help": "Replace a dataset in OUT (only files shardfeed writes)."})
 @json_option
-def convert_cmd(src: str, out: Path, fmt: str, max_count: int, max_bytes: int, prefix: str, workers, overwrite: bool,
-                json_path) -> None:
+@click.pass_context
+def convert_cmd(ctx, src: str, out: str, fmt: str, max_count: int, max_bytes: int, prefix: str, workers,
+                overwrite: bool, json_path) -> None:
     """Convert SRC to another format or re-shard it, without decoding or re-encoding.
 
     SRC is a packed dataset (directory, manifest, or URL of a WebDataset) or an image folder
     (then this is `shardfeed pack` with its default seed and shuffle). Keys, labels, metadata,
     image bytes, sample order and the class map are kept; the new manifest records where the
-    data came from.
+    data came from. OUT is a local folder or s3://BUCKET/PREFIX (WebDataset: built in a local
+    staging folder, uploaded shard by shard, the manifest last, as `shardfeed pack` does).
 
     \b
     Examples:
       shardfeed convert out/train-wds out/train-lmdb --format lmdb
       shardfeed convert out/train-wds out/train-big --format wds --max-bytes 1GB   # re-shard
+      shardfeed convert out/train-lmdb s3://bucket/train --format wds
     """
     from shardfeed.convert.tools.common import DatasetLocation, is_url, looks_like_image_folder
     from shardfeed.convert.tools.convert import convert_dataset
 
     total, total_bytes = 0, 0
     if is_url(src) or not looks_like_image_folder(src):
-        manifest = DatasetLocation(src).load_manifest(check_files=False)
+        manifest = DatasetLocation(src, storage_options=storage_options_of(ctx)).load_manifest(check_files=False)
         total, total_bytes = manifest.num_samples, sum(s.num_bytes for s in manifest.shards)
     bar, update = progress_bar(total, total_bytes, f"convert -> {fmt.lower()}", quiet())
     try:
         report = convert_dataset(src, out, format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
-                                 workers=workers, overwrite=overwrite, progress=update)
+                                 workers=workers, overwrite=overwrite, progress=update,
+                                 storage_options=storage_options_of(ctx))
     finally:
         bar.close()
     click.echo(report.summary(), err=_out(json_path))

@@ -81,7 +81,7 @@ def _write_state(out: Path, fmt: str, prefix: str) -> None:
 def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: str, max_count: int = 10000,
                     max_bytes: int = 256_000_000, prefix: str = "shard", workers: int | None = None,
                     overwrite: bool = False, map_size: int | None = None,
-                    progress: Progress | None = None) -> ConvertReport:
+                    progress: Progress | None = None, storage_options: dict | None = None) -> ConvertReport:
     """Convert a dataset to ``format`` (WebDataset ↔ LMDB, or re-shard), without re-encoding.
 
     Samples are copied in storage order with their keys, labels, metadata and bytes unchanged;
@@ -90,27 +90,46 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
 
     Args:
         src: a packed dataset (directory, manifest, or HTTP URL of a WebDataset) or an image folder.
-        out: the output folder (missing or empty, unless ``overwrite``).
+        out: the output folder (missing or empty, unless ``overwrite``), or an ``s3://`` prefix
+            (WebDataset only: built in a local staging folder and uploaded shard by shard, the
+            manifest last, as ``pack`` to a bucket; :func:`~shardfeed.convert.store_pack.convert_to_store`).
         format: ``"wds"``/``"webdataset"`` or ``"lmdb"``.
         max_count, max_bytes, prefix: WebDataset shard limits (samples, bytes on disk) and prefix.
         workers: processes for a folder source (pack); conversion itself is sequential.
         overwrite: replace a dataset in OUT (only files shardfeed writes).
         map_size: LMDB initial map size, bytes (grows as needed).
         progress: ``callback(num_samples, num_bytes)``.
+        storage_options: object-store client options for ``s3://`` SRC and OUT.
 
     Returns:
         A :class:`ConvertReport`.
 
     Raises:
         ValueError: unknown format, OUT not empty or inside SRC, a sample larger than ``max_bytes``.
-        ManifestError, CorruptDataError, DataSourceError: the source cannot be read.
+        UnsupportedURLError: OUT is a URL of another scheme, or LMDB to a bucket.
+        ManifestError, CorruptDataError, DataSourceError: the source cannot be read (or an upload
+            failed).
     """
+    from shardfeed.readers.opener import check_supported, local_path, url_scheme
+
+    check_supported(out, what="`shardfeed convert`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
+    if url_scheme(out) == "s3":
+        from ..store_pack import convert_to_store
+
+        fmt = canonical_format(format)
+        build = lambda stage: convert_dataset(src, stage, format=fmt, max_count=max_count,  # noqa: E731
+                                              max_bytes=max_bytes, prefix=prefix, workers=workers,
+                                              map_size=map_size, progress=progress,
+                                              storage_options=storage_options)
+        report, report.output = convert_to_store(str(out), build, fmt=fmt, prefix=prefix, overwrite=overwrite,
+                                                 storage_options=storage_options)
+        return report
+    out = local_path(out)
     from ..outlock import output_lock
     from ..pack import PackOptions, pack, prepare_output
 
     t0 = time.perf_counter()
     fmt = canonical_format(format)
-    out = Path(out)
     if not is_url(str(src)) and looks_like_image_folder(src):
         options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                               workers=workers, overwrite=overwrite, map_size=map_size)
@@ -118,7 +137,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         return ConvertReport(source=str(src), output=str(out), source_format="imagefolder", format=fmt,
                              num_samples=pr.num_samples, num_shards=pr.num_shards, num_bytes=pr.num_bytes,
                              seconds=time.perf_counter() - t0, pack=pr.to_json())
-    loc = DatasetLocation(src)
+    loc = DatasetLocation(src, storage_options=storage_options)
     manifest = loc.load_manifest(check_files=not loc.url)
     # a URL source cannot contain OUT: compare OUT with a path that cannot be its parent
     src_root = Path("/nonexistent-url-source") if loc.url else Path(loc.root)

@@ -190,7 +190,7 @@ def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw
 
 
 def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progress,
-              output_progress=None) -> tuple[list[ShardEntry], list[dict], int, dict]:
+              output_progress=None, *, on_shard_end=None) -> tuple[list[ShardEntry], list[dict], int, dict]:
     """Write the planned samples into ``out/data.mdb`` (the ``"lmdb"`` packer of the registry).
 
     Files are read and encoded in tasks on the pack's executor (``options.workers`` processes,
@@ -208,6 +208,9 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
         progress: ``callback(num_samples, num_input_bytes)``.
         output_progress: the packers' ``callback(num_output_bytes)``; not called (the stored
             sizes are in ``extra`` once the pack is finalized).
+        on_shard_end: the packers' ``callback(entry, index)`` as each shard is complete; not
+            called (the one database is complete only once finalized; LMDB is packed to a local
+            disk only).
 
     Returns:
         ``(shards, skipped, shards_resumed, extra)``: one :class:`ShardEntry` for ``data.mdb``; the

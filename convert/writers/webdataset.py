@@ -410,7 +410,8 @@ def _write_wds_shard(task) -> tuple[dict, list]:
 
 
 def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, int], None],
-                    output_progress: Callable[[int], None] | None = None
+                    output_progress: Callable[[int], None] | None = None, *,
+                    on_shard_end: Callable[[ShardEntry, int], None] | None = None
                     ) -> tuple[list[ShardEntry], list[dict], int, dict]:
     """Write the planned samples as WebDataset shards (the ``"webdataset"`` packer of the registry).
 
@@ -422,6 +423,9 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
         progress: ``callback(num_samples, num_input_bytes)``.
         output_progress: ``callback(num_output_bytes)``: the stored image bytes, reported only when
             re-encoding (without it they are the input bytes); None for none.
+        on_shard_end: ``callback(entry, index)``, called in this process, in shard order, as each
+            shard this run writes is complete (its file, index and completion record in place);
+            not called for the shards a resumed pack keeps. A pack to a bucket uploads from it.
 
     Returns:
         ``(shards, skipped, shards_resumed, extra)``.
@@ -432,7 +436,8 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
             :func:`~shardfeed.convert.samples.load_sample_payload`; finished shards stay.
     """
     if options.reencode is not None:  # sizes are known only after encoding: cut shards as they come
-        return pack_webdataset_reencoded(scan, samples, out, options, progress, output_progress)
+        return pack_webdataset_reencoded(scan, samples, out, options, progress, output_progress,
+                                         on_shard_end=on_shard_end)
     ranges = plan_shards(samples, max_count=options.max_count, max_bytes=options.max_bytes)
     done: dict[int, dict] = {}
     if options.resume:
@@ -449,6 +454,8 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
     for res, task in zip(active_executor(options).map_ordered(_write_wds_shard, tasks, progress,
                                                               required_paths=shared), tasks):
         results[task[1]] = res
+        if on_shard_end is not None and res[0] is not None:
+            on_shard_end(ShardEntry(**res[0]), task[1])
     shards, skipped = [], []
     for i in range(len(ranges)):
         entry, sk = results[i]
@@ -475,7 +482,8 @@ def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
 
 
 def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Callable[[int, int], None],
-                              output_progress: Callable[[int], None] | None = None):
+                              output_progress: Callable[[int], None] | None = None, *,
+                              on_shard_end: Callable[[ShardEntry, int], None] | None = None):
     """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
 
     Workers re-encode fixed chunks of :data:`CHUNK_SAMPLES` samples in packing order
@@ -491,6 +499,7 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
         progress: ``callback(num_samples, input_bytes)``.
         output_progress: ``callback(output_bytes)``: the re-encoded image bytes stored, reported
             before the matching ``progress`` call; None for none.
+        on_shard_end: as :func:`pack_webdataset`.
 
     Returns:
         ``(shards, skipped, shards_resumed, extra)`` as every packer.
@@ -527,6 +536,8 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
                                         "skipped": cur["skipped"], "start": cur["start"], "end": cur["next"]})
         skipped.extend(cur["skipped"])
         cur.update(start=cur["next"], skipped=[])
+        if entry is not None and on_shard_end is not None:
+            on_shard_end(entry, index)
 
     writer = ShardWriter(out, prefix=options.prefix, limits=_limits(options), first_index=len(done),
                          on_shard_end=record)

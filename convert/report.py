@@ -1,0 +1,124 @@
+"""The report of a pack (:class:`PackReport`: what ``shardfeed pack`` prints, and ``--json``
+writes), and the report of ``resume`` on a dataset that is finished already."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+
+from shardfeed.readers.format import MANIFEST_NAME, Manifest
+from shardfeed.readers.registry import describe
+
+__all__ = ["PackReport", "finished_report", "plural"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PackReport:
+    """Summary of a pack (printed by the CLI; ``--json`` writes :meth:`to_json`)."""
+
+    source: str
+    output: str
+    format: str
+    num_samples: int
+    num_shards: int
+    num_bytes: int
+    input_bytes: int
+    seconds: float
+    workers: int
+    files: dict
+    skipped: list
+    ignored: list
+    empty_classes: list
+    num_classes: int
+    shards_resumed: int = 0
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.num_samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.input_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["images_per_s"] = round(self.images_per_s, 1)
+        d["mb_per_s"] = round(self.mb_per_s, 2)
+        return d
+
+    def summary(self) -> str:
+        """The one-line human summary."""
+        shards = describe(self.format).noun(self.num_shards)
+        classes = ("(no labels)" if self.extra.get("layout") == "unlabelled"
+                   else "in " + plural(self.num_classes, 'class', 'classes'))
+        if self.extra.get("already_complete"):
+            return (f"{self.output} already holds this finished dataset ({plural(self.num_samples, 'sample')} "
+                    f"{classes}, {shards}, {_size(self.num_bytes)}); nothing to resume")
+        s = (f"packed {plural(self.num_samples, 'sample')} {classes} "
+             f"into {shards} ({self.format}, {_size(self.num_bytes)}) "
+             f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
+             f"{self.mb_per_s:.1f} MB/s")
+        if self.skipped:
+            s += f"; {plural(len(self.skipped), 'file')} skipped (listed in the manifest)"
+        if self.ignored:
+            s += f"; {plural(len(self.ignored), 'file')} ignored (hidden, other extensions, outside class folders)"
+        if self.shards_resumed:
+            spec = describe(self.format)
+            done = spec.summary_noun if not spec.sharded else spec.noun(self.shards_resumed)
+            s += f"; {done} kept from the interrupted run"
+        if self.extra.get("executor", "local") != "local":
+            n_nodes = len(self.extra.get("nodes") or [])
+            s += (f"; {self.extra['executor']}: {self.extra.get('num_tasks', 0)} tasks on {n_nodes} "
+                  f"{'node' if n_nodes == 1 else 'nodes'}")
+            if self.extra.get("task_retries"):
+                s += f", {self.extra['task_retries']} retried"
+        return s
+
+
+def plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (plural or word + 's')}"
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 1e6:.1f} MB" if num_bytes >= 100_000 else f"{num_bytes / 1e3:.1f} KB"
+
+
+def finished_report(manifest: Manifest, where: str, scan, options,
+                    t0: float) -> PackReport:
+    """``resume`` on a finished dataset: its report when it is this run's dataset, else the refusal.
+
+    ``scan`` is this run's :class:`~shardfeed.convert.scan.ScanResult`, ``options`` its
+    :class:`~shardfeed.convert.pack.PackOptions`.
+
+    "This run's" means the manifest records the same options (those of
+    :meth:`PackOptions.fingerprint_fields`), the same source folder and class map, and as many
+    files found as this scan (a script that always passes ``--resume`` reruns a finished pack
+    without error; a changed command is told to rebuild with ``overwrite``).
+
+    Raises:
+        ValueError: the dataset in ``where`` was packed with other options or from another source.
+    """
+    expected = json.loads(json.dumps({**options.fingerprint_fields(), "source": scan.root}))
+    recorded = json.loads(json.dumps(manifest.options or {}))
+    same = (recorded == expected and dict(manifest.class_to_idx) == dict(scan.class_to_idx)
+            and (manifest.files or {}).get("found") == scan.num_found)
+    if not same:
+        from .ownership import flag
+
+        changed = [k for k in sorted(set(recorded) | set(expected)) if recorded.get(k) != expected.get(k)]
+        why = (f"options differ: {', '.join(changed)}" if changed else "the class map or the number of files differs")
+        raise ValueError(f"{where}: already holds a finished dataset ({MANIFEST_NAME}) packed with other options or "
+                         f"from another source ({why}); nothing to resume: rebuild it with {flag('overwrite')}, or "
+                         "choose another output location")
+    log.info("%s: already holds this finished dataset; nothing to resume", where)
+    return PackReport(
+        source=scan.root, output=where, format=manifest.format, num_samples=manifest.num_samples,
+        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards), input_bytes=0,
+        seconds=time.perf_counter() - t0, workers=options.workers, files=dict(manifest.files or {}),
+        skipped=list(manifest.skipped), ignored=scan.ignored, empty_classes=scan.empty_classes,
+        num_classes=len(manifest.classes), shards_resumed=len(manifest.shards), extra={"already_complete": True})
