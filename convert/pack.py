@@ -471,8 +471,10 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
     try:
         with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
             format_pack = format_packer(options.format)
+            # on_shard_end only for a pack to a bucket: a packer that writes local datasets only need not take it
+            hook = {} if on_shard_end is None else {"on_shard_end": on_shard_end}
             shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress,
-                                                          on_shard_end=on_shard_end)
+                                                          **hook)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
         for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
