@@ -396,7 +396,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
 
 def _writes_to_store(fmt: str) -> bool:
     """Whether the format ``fmt`` can be packed to a bucket (sharded: shards go up one by one)."""
-    return canonical_format(fmt) == "webdataset"
+    return describe(canonical_format(fmt)).remote_writable
 
 
 def _has_class_folders(src: Path) -> bool:

@@ -335,7 +335,7 @@ def convert_to_store(out_url: str, build: Callable[[Path], object], *, fmt: str,
 
     from .outlock import check_not_busy
 
-    if fmt != "webdataset":
+    if not describe(fmt).remote_writable:
         raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
                                   "into memory); convert with --format wds to write to a bucket, or to a local folder")
     loc = StoreLocation(out_url, storage_options=storage_options)
