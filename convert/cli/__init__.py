@@ -23,7 +23,7 @@ import warnings
 
 import click
 
-from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, set_log_level, stop_on_sigterm
+from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, interrupt_behind, set_log_level, stop_on_sigterm
 
 __all__ = ["main"]
 
@@ -37,7 +37,13 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except Exception as exc:  # an error on the way out of Ctrl-C/SIGTERM stands for it
+                interrupt = interrupt_behind(exc)
+                if interrupt is None:
+                    raise
+                raise interrupt from None
         except KeyboardInterrupt as exc:
             terminated = isinstance(exc, Terminated)
             click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)

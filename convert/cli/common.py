@@ -25,8 +25,8 @@ __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
            "storage_option", "storage_options_of", "read_storage_option_file", "LocalPath", "verbosity_options",
-           "set_log_level", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "check_report_path", "scan_progress",
-           "FormatChoice"]
+           "set_log_level", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "interrupt_behind", "check_report_path",
+           "scan_progress", "FormatChoice"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
 EXIT_ERROR = 1
@@ -43,6 +43,25 @@ class Terminated(KeyboardInterrupt):
 
 def _raise_terminated(signum, frame):
     raise Terminated()
+
+
+def interrupt_behind(exc: BaseException, max_depth: int = 16) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (:class:`Terminated`) that ``exc`` was raised while handling, if any.
+
+    Stopping a loop often raises a second error on the way out: PyTorch's SIGCHLD handler raises
+    ``RuntimeError: DataLoader worker (pid N) is killed by signal: Terminated`` when the workers got
+    the same SIGTERM (``timeout``, a container stopping, Ctrl-C to the process group), a pipe breaks.
+    Such an error stands for the interrupt, which it carries as ``__context__``; the chain is
+    followed at most ``max_depth`` links. Returns None when no interrupt is behind ``exc``.
+    """
+    seen = exc.__context__
+    for _ in range(max_depth):
+        if seen is None:
+            return None
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 def stop_on_sigterm() -> None:
@@ -158,7 +177,13 @@ def fail_cleanly(f: Callable) -> Callable:
 
         try:
             with cli_flags():  # messages name options by their flags (--overwrite), not PackOptions fields
-                return f(*args, **kwargs)
+                try:
+                    return f(*args, **kwargs)
+                except Exception as exc:  # an error on the way out of Ctrl-C/SIGTERM stands for it
+                    interrupt = interrupt_behind(exc)
+                    if interrupt is None:
+                        raise
+                    raise interrupt from None
         except KeyboardInterrupt as exc:
             terminated = isinstance(exc, Terminated)
             click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)

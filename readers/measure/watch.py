@@ -331,7 +331,9 @@ class WatchReport:
         """A few human-readable lines: the stall, the times, the workers and the advice."""
         w, s = self.t_wait_s, self.t_step_s
         rate = f", {self.samples_per_s:.1f} samples/s" if self.samples_per_s else ""
-        lines = [f"{self.label}: {self.batches} batches over {self.epochs} epoch(s){rate}",
+        first = (f" (after the first, worker start-up: {self.t_first_batch_s:.2f} s, reported apart)"
+                 if self.t_first_batch_s is not None else "")
+        lines = [f"{self.label}: {self.batches} batches timed over {self.epochs} epoch(s){first}{rate}",
                  f"  data stall {self.stall_share:.0%}: wait mean {w['mean'] * 1e3:.1f} ms (p95 {w['p95'] * 1e3:.1f}),"
                  f" step mean {s['mean'] * 1e3:.1f} ms (p95 {s['p95'] * 1e3:.1f}) [{self.timing}]"]
         if self.workers:

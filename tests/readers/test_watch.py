@@ -41,6 +41,18 @@ def test_watch_yields_exactly_what_the_loader_yields_and_counts_epochs():
     assert rep.gpu_util is None
 
 
+def test_summary_says_the_first_batch_is_left_out_of_the_count():
+    # 6 batches, one pass: the summary counts 5 timed and names the first as reported apart, so a
+    # reader who counts the loader's batches is not left wondering where one went
+    w = watch([torch.zeros(2, 3)] * 6)
+    timed_loop(w, 0.001)
+    rep = w.report()
+    w.close()
+    head = rep.summary().splitlines()[0]
+    assert " 5 batches timed over 1 epoch(s)" in head
+    assert "after the first, worker start-up" in head and "reported apart" in head
+
+
 def test_batch_length_reads_tensors_tuples_and_dicts():
     assert batch_length(torch.zeros(7, 3)) == 7
     assert batch_length((torch.zeros(5, 2), torch.zeros(5))) == 5

@@ -1,0 +1,83 @@
+"""Ctrl-C and SIGTERM end a command with one line and status 130/143, also when stopping raises a
+second error on the way out (PyTorch's "DataLoader worker ... is killed by signal" RuntimeError
+when the workers got the same SIGTERM, as under ``timeout`` or a container stop)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from shardfeed.convert.cli.common import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, fail_cleanly, interrupt_behind
+
+
+def _command(first: BaseException, second: Exception | None):
+    @click.command()
+    @fail_cleanly
+    def cmd():
+        try:
+            raise first
+        except BaseException:
+            if second is None:
+                raise
+            raise second  # noqa: B904 -- raised while handling, as torch's SIGCHLD handler does
+    return cmd
+
+
+@pytest.mark.parametrize("first, status, word", [(KeyboardInterrupt(), EXIT_INTERRUPTED, "interrupted"),
+                                                 (Terminated(), EXIT_TERMINATED, "terminated")])
+def test_an_error_raised_while_stopping_ends_as_the_interrupt(first, status, word):
+    second = RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
+    r = CliRunner().invoke(_command(first, second), [])
+    assert r.exit_code == status, r.output
+    assert f"shardfeed: {word}" in r.output
+    assert "DataLoader worker" not in r.output and "Traceback" not in r.output
+
+
+def test_an_error_without_an_interrupt_behind_it_is_not_taken_for_one():
+    r = CliRunner().invoke(_command(ValueError("first"), RuntimeError("second, not an interrupt")), [])
+    assert r.exit_code not in (EXIT_INTERRUPTED, EXIT_TERMINATED)
+    assert isinstance(r.exception, RuntimeError)
+    assert interrupt_behind(RuntimeError("alone")) is None
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_during_verify_prints_one_line(tmp_path):
+    # `timeout` signals the whole process group: the DataLoader workers die with the main process
+    from PIL import Image
+
+    src = tmp_path / "src"
+    for c in range(2):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(32):
+            Image.new("RGB", (32, 32), (8 * i, 100 * c, 50)).save(src / f"c{c}" / f"{i}.jpg")
+    cli = [sys.executable, "-m", "shardfeed.convert.cli"]
+    subprocess.run([*cli, "-q", "pack", str(src), str(tmp_path / "wds")], check=True, timeout=120)
+    proc = subprocess.Popen([*cli, "verify", str(src), str(tmp_path / "wds"), "--model", "tiny", "--image-size", "32",
+                             "--batch-size", "8", "--batches", "5000", "--warmup", "0", "--repeats", "1",
+                             "--num-workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        seen = []
+        for _ in range(50):  # "shardfeed: round 1/1: before (...)": the loop is running
+            seen.append(proc.stderr.readline())
+            if "round 1/1" in seen[-1] or not seen[-1]:
+                break
+        assert "round 1/1" in seen[-1], "".join(seen)
+        time.sleep(1.5)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == EXIT_TERMINATED, err
+    assert "shardfeed: terminated" in err
+    assert "Traceback" not in err, err
