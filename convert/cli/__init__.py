@@ -23,7 +23,7 @@ import warnings
 
 import click
 
-from .common import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, interrupt_behind, set_log_level, stop_on_sigterm
+from .common import interrupts_end_in_one_line, set_log_level, stop_on_sigterm
 
 __all__ = ["main"]
 
@@ -36,18 +36,8 @@ class _Group(click.Group):
     143 (Click's default is "Aborted!" and status 1)."""
 
     def invoke(self, ctx: click.Context):
-        try:
-            try:
-                return super().invoke(ctx)
-            except Exception as exc:  # an error on the way out of Ctrl-C/SIGTERM stands for it
-                interrupt = interrupt_behind(exc)
-                if interrupt is None:
-                    raise
-                raise interrupt from None
-        except KeyboardInterrupt as exc:
-            terminated = isinstance(exc, Terminated)
-            click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
-            sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+        with interrupts_end_in_one_line():
+            return super().invoke(ctx)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -13,6 +13,7 @@ is ``raise|skip``; old spellings still work and print a one-line deprecation mes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -25,7 +26,8 @@ __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
            "storage_option", "storage_options_of", "read_storage_option_file", "LocalPath", "verbosity_options",
-           "set_log_level", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "interrupt_behind", "check_report_path",
+           "set_log_level", "EXIT_TERMINATED", "Terminated", "stop_on_sigterm", "interrupt_behind",
+           "interrupts_end_in_one_line", "check_report_path",
            "scan_progress", "FormatChoice"]
 
 #: Exit status when a command fails on bad input or a fault it reports.
@@ -166,6 +168,25 @@ def one_line(exc: BaseException) -> str:
     return msg
 
 
+@contextlib.contextmanager
+def interrupts_end_in_one_line():
+    """Ctrl-C and SIGTERM (:class:`Terminated`) inside the block end the command with one line on
+    stderr and status 130 or 143; an error raised on the way out of one (a DataLoader worker killed
+    by the same signal) stands for the interrupt (:func:`interrupt_behind`)."""
+    try:
+        try:
+            yield
+        except Exception as exc:
+            interrupt = interrupt_behind(exc)
+            if interrupt is None:
+                raise
+            raise interrupt from None
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
+        sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+
+
 def fail_cleanly(f: Callable) -> Callable:
     """Turn library errors into one line on stderr and a non-zero exit (no traceback)."""
 
@@ -176,18 +197,9 @@ def fail_cleanly(f: Callable) -> Callable:
         from ..ownership import cli_flags
 
         try:
-            with cli_flags():  # messages name options by their flags (--overwrite), not PackOptions fields
-                try:
-                    return f(*args, **kwargs)
-                except Exception as exc:  # an error on the way out of Ctrl-C/SIGTERM stands for it
-                    interrupt = interrupt_behind(exc)
-                    if interrupt is None:
-                        raise
-                    raise interrupt from None
-        except KeyboardInterrupt as exc:
-            terminated = isinstance(exc, Terminated)
-            click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
-            sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+            # messages name options by their flags (--overwrite), not PackOptions fields
+            with interrupts_end_in_one_line(), cli_flags():
+                return f(*args, **kwargs)
         except click.ClickException:
             raise
         except (ShardfeedError, ValueError, OSError, LookupError) as exc:
