@@ -245,8 +245,10 @@ def _evict(path: str) -> bool:
         os.close(fd)
 
 
-def _timed_read(path: str, keep: bool) -> dict | None:
-    """Open, first read, rest of the file: the three times and the bytes (``data`` when ``keep``)."""
+def _timed_read(path: str, keep: bool, max_rest: int | None = None, keep_max: int | None = None) -> dict | None:
+    """Open, first read, then the rest of the file (at most ``max_rest`` bytes more: a shard's
+    sequential-throughput sample): the three times, the bytes read, this thread's CPU time, and the
+    bytes themselves when ``keep`` (of the rest, at most ``keep_max``); None when unreadable."""
     c0 = time.thread_time()
     t0 = time.perf_counter()
     try:
@@ -259,12 +261,12 @@ def _timed_read(path: str, keep: bool) -> dict | None:
         t2 = time.perf_counter()
         parts = [first] if keep else []
         rest = 0
-        while True:
+        while max_rest is None or rest < max_rest:
             chunk = os.read(fd, _CHUNK)
             if not chunk:
                 break
             rest += len(chunk)
-            if keep:
+            if keep and (keep_max is None or rest <= keep_max):
                 parts.append(chunk)
         t3 = time.perf_counter()
     except OSError:
@@ -586,7 +588,7 @@ def _read_sample(sample: list[str], shards: bool, deadline: float, warnings: lis
             warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
             break
         if shards:
-            r = _timed_read_prefix(p, keep=not reads, max_rest=_SEQ_READ_BYTES if len(reads) < 4 else 0)
+            r = _timed_read(p, keep=not reads, max_rest=_SEQ_READ_BYTES if len(reads) < 4 else 0, keep_max=8 * _CHUNK)
         else:
             r = _timed_read(p, keep_bytes < _MAX_DECODE_BYTES)
         if r is None:
@@ -710,34 +712,6 @@ def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, im
     return DoctorReport(path=url, kind="url", storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
-
-
-def _timed_read_prefix(path: str, keep: bool = False, max_rest: int = _SEQ_READ_BYTES) -> dict | None:
-    """A shard: open, first read, then up to ``max_rest`` bytes read sequentially (the throughput figure)."""
-    t0 = time.perf_counter()
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        t1 = time.perf_counter()
-        first = os.read(fd, FIRST_READ_BYTES)
-        t2 = time.perf_counter()
-        parts, rest = [first], 0
-        while rest < max_rest:
-            chunk = os.read(fd, _CHUNK)
-            if not chunk:
-                break
-            rest += len(chunk)
-            if keep and rest <= 8 * _CHUNK:
-                parts.append(chunk)
-        t3 = time.perf_counter()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return {"open_s": t1 - t0, "first_s": t2 - t1, "rest_s": t3 - t2, "size": len(first) + rest, "rest": rest,
-            "data": b"".join(parts) if keep else None}
 
 
 def _advice(kind: str, root: str, storage: dict, files: dict, dec: dict, pred: dict, nw: int, cpus: int, ram: int,
