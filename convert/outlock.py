@@ -60,25 +60,15 @@ def open_lock_file(path: Path, *, create: bool = True) -> int | None:
         OSError: ``path`` is a symbolic link, not a plain file, or has other hard links (the
             message names it and the fix), or cannot be opened.
     """
-    flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | (os.O_CREAT if create else 0)
-    try:
-        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o600)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    except OSError as exc:
-        if os.path.islink(path):
-            raise OSError(exc.errno, f"{path}: is a symbolic link; shardfeed never writes through a link in an "
-                                     "output folder: remove the link (or choose another output folder)") from None
-        raise
-    st = os.fstat(fd)
     import stat
 
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        what = "not a plain file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links"
-        raise OSError(f"{path}: is {what}, not shardfeed's lock file; remove it (or choose another output folder)")
+    from .tarwriter import open_own_file
+
+    fd = open_own_file(path, create=create, mode=0o600, where="an output folder", fix="choose another output folder",
+                       what="shardfeed's lock file")
+    if fd is None:
+        return None
+    st = os.fstat(fd)
     if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
         os.fchmod(fd, 0o600)  # a lock file of an older run: readable by its owner only
     return fd

@@ -34,7 +34,8 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 
-__all__ = ["tar_header", "TarShardFile", "END_OF_ARCHIVE_BYTES", "MAX_MEMBER_BYTES", "create_new_file"]
+__all__ = ["tar_header", "TarShardFile", "END_OF_ARCHIVE_BYTES", "MAX_MEMBER_BYTES", "create_new_file",
+           "open_own_file"]
 
 #: Two zero blocks close a tar archive.
 END_OF_ARCHIVE_BYTES = 2 * TAR_BLOCK
@@ -274,6 +275,48 @@ def create_new_file(path: str | os.PathLike) -> int:
         pass
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     return os.open(path, flags, 0o666)
+
+
+def open_own_file(path: str | os.PathLike, *, create: bool, mode: int, where: str, fix: str,
+                  what: str = "") -> int | None:
+    """Open ``path`` read-write (created with ``mode`` if missing and ``create``), never through a
+    link, and only when it is a plain file with no other hard links.
+
+    Args:
+        path: the file (a lock file, a staging file).
+        create: create it when missing; False returns None for a missing file.
+        mode: the permission bits of a new file.
+        where: the folder's role in messages (``"an output folder"``).
+        fix: the alternative the messages offer (``"choose another output folder"``).
+        what: what shardfeed takes the file for, named when it is not that (``"shardfeed's lock file"``).
+
+    Returns:
+        The file descriptor (``O_NONBLOCK``: a FIFO planted there never blocks the open), or None.
+
+    Raises:
+        OSError: ``path`` is a symbolic link, not a plain file, or has other hard links (named, with
+            the fix), or cannot be opened.
+    """
+    import stat
+
+    flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | (os.O_CREAT if create else 0), mode)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise OSError(exc.errno, f"{path}: is a symbolic link; shardfeed never writes through a link in "
+                                     f"{where}: remove the link (or {fix})") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        kind = "not a plain file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links"
+        raise OSError(f"{path}: is {kind}{', not ' + what if what else ''}; remove it (or {fix})")
+    return fd
 
 
 class TarShardFile:

@@ -417,22 +417,10 @@ def open_private_file(path: Path) -> int:
         OSError: ``path`` is a symbolic link, not a plain file, or has other hard links (named,
             with the fix).
     """
-    import stat
+    from ..tarwriter import open_own_file
 
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
-        getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags, 0o666)
-    except OSError as exc:
-        if os.path.islink(path):
-            raise OSError(exc.errno, f"{path}: is a symbolic link; shardfeed never writes through a link in the "
-                                     "folder it stages into: remove the link (or choose another DEST)") from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        raise OSError(f"{path}: is not a plain file of its own (a device, a folder or a hard link); remove it "
-                      "(or choose another DEST)")
+    fd = open_own_file(path, create=True, mode=0o666, where="the folder it stages into", fix="choose another DEST")
+    assert fd is not None  # created when missing
     return fd
 
 
