@@ -182,9 +182,9 @@ def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields:
         return (images, labels, *[[s[2 + j] for s in items] for j in range(num_fields)])
     ring = active_ring()
     if ring is not None and torch.utils.data.get_worker_info() is not None:
-        handle = ring.publish([image for image, _ in items])  # rows of one reused slot: send a handle
-        if handle is not None:
-            return handle, torch.tensor([int(label) for _, label in items], dtype=torch.int64)
+        handle = ring.publish([image for image, _ in items], [int(label) for _, label in items])
+        if handle is not None:  # rows of one reused slot, labels beside it: send a handle
+            return handle, None
     return collate_uint8(items)
 
 
@@ -238,7 +238,7 @@ class _EpochIterator:
             raise
         if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], RingBatch):
             # a worker's batch in a reused shared-memory slot: a view of it, held while the loop holds it
-            batch = (self._loader._batch_ring.take(batch[0], pin_memory=self._loader._pin_ring), batch[1])
+            batch = self._loader._batch_ring.take_batch(batch[0], pin_memory=self._loader._pin_ring)
         self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
         return batch
 

@@ -232,6 +232,33 @@ def test_batch_ring_never_waits_when_every_slot_is_held():
     assert ring.next_row(5) is None and ring.publish([torch.zeros(3, 2, 2, dtype=torch.uint8)]) is None
 
 
+def test_batch_ring_labels_travel_beside_the_slot():
+    import gc
+
+    from shardfeed.readers.batch_ring import BatchRing
+
+    ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=2)
+    ring.reset_worker(0)
+    rows = [ring.next_row(0) for _ in range(2)]  # a short last batch: 2 of 3 rows
+    for i, row in enumerate(rows):
+        row.fill_(7 + i)
+    handle = ring.publish(rows, [4, 2**40])
+    images, labels = ring.take_batch(handle)
+    assert labels.dtype == torch.int64 and labels.tolist() == [4, 2**40]
+    assert [int(img[0, 0, 0]) for img in images] == [7, 8]
+    rows = [ring.next_row(0) for _ in range(3)]
+    with pytest.raises(ValueError, match="2 labels for 3 images"):
+        ring.publish(rows, [1, 2])
+    second = ring.take_batch(ring.publish(rows, [5, 6, 9]))[1]
+    assert second.tolist() == [5, 6, 9] and labels.tolist() == [4, 2**40]  # each batch keeps its own
+    del images
+    gc.collect()
+    with pytest.raises(RuntimeError, match="no longer names its batch"):
+        ring.take_batch(handle)  # its slot was freed
+    with pytest.raises(RuntimeError, match="no longer names its batch"):
+        ring.take_batch(RingBatch_like(ring, 3, 0, 1))  # not a slot of this ring
+
+
 def _sorted_images(images: torch.Tensor, labels: torch.Tensor):
     pairs = sorted(zip(labels.tolist(), images), key=lambda p: (p[0], p[1].sum().item()))
     return [lbl for lbl, _ in pairs], torch.stack([img for _, img in pairs])
