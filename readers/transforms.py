@@ -140,22 +140,24 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     Returns:
         ``out`` (or a new tensor): contiguous ``torch.uint8`` ``[3, size, size]``.
     """
-    import torch
-
-    try:
-        import cv2
-    except ImportError:  # OpenCV is optional: torch's bilinear gives the same pixels (see above)
-        cv2 = None
+    cv2 = _optional_cv2()
     height, width = window.shape[:2]
     if out is None:
+        import torch
+
         out = torch.empty((3, size, size), dtype=torch.uint8)
     if cv2 is None or (resample == "antialias" and (height > size or width > size)):
         resized = _resize_antialias_chw(window, size, size, flip=flip)
         out.copy_(resized)
         return out
-    if window.strides[1] != 3 or window.strides[2] != 1 or window.strides[0] < 0:
+    strides = window.strides
+    if strides[1] != 3 or strides[2] != 1 or strides[0] < 0:
         window = np.array(window, order="C")
-    if (height, width) != (size, size):
+    if flip and height * width < size * size:
+        # the mirror of a resize is the resize of the mirror (the sampling grid is symmetric):
+        # flip whichever of window and output has fewer pixels
+        window, flip = cv2.flip(window, 1), False
+    if height != size or width != size:
         # _resize's rule: INTER_AREA when neither side grows, else bilinear
         shrinking = height >= size and width >= size
         window = cv2.resize(window, (size, size), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
@@ -164,6 +166,21 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     planes = out.numpy()
     cv2.split(window, [planes[0], planes[1], planes[2]])
     return out
+
+
+_cv2_module: Any = None
+
+
+def _optional_cv2() -> Any:
+    """``cv2``, or None when OpenCV is not installed (looked up once, on first use)."""
+    global _cv2_module
+    if _cv2_module is None:
+        try:
+            import cv2
+        except ImportError:  # OpenCV is optional: torch's bilinear gives the same pixels (see above)
+            cv2 = False
+        _cv2_module = cv2
+    return _cv2_module or None
 
 
 def shorter_side_shape(height: int, width: int, size: int) -> tuple[int, int]:
@@ -327,16 +344,21 @@ def sample_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
     Returns:
         This thread's ``numpy.random.Generator``, seeded for the sample.
     """
-    h = _fold(_fold(_fold(0x5A3D1E, int(seed)), int(epoch)), int(index))
-    words = [_mix64(h ^ k) for k in (1, 2, 3, 4)]
-    bits = getattr(_sample_generators, "bits", None)
+    local = _sample_generators
+    bits = getattr(local, "bits", None)
     if bits is None:
-        bits = _sample_generators.bits = np.random.PCG64(0)
-        _sample_generators.generator = np.random.Generator(bits)
-    bits.state = {"bit_generator": "PCG64",
-                  "state": {"state": (words[0] << 64) | words[1], "inc": (words[2] << 64) | words[3] | 1},
-                  "has_uint32": 0, "uinteger": 0}
-    return _sample_generators.generator
+        bits = local.bits = np.random.PCG64(0)
+        local.generator = np.random.Generator(bits)
+        local.prefix_key = None
+    key = (seed, epoch)
+    if local.prefix_key != key:  # the hash of (seed, epoch), kept while they stay the same
+        local.prefix = _fold(_fold(0x5A3D1E, int(seed)), int(epoch))
+        local.prefix_key = key
+    h = _fold(local.prefix, int(index))
+    state = (_mix64(h ^ 1) << 64) | _mix64(h ^ 2)
+    inc = (_mix64(h ^ 3) << 64) | _mix64(h ^ 4) | 1
+    bits.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+    return local.generator
 
 
 def resize_size_for(image_size: int, resize_size: int | None = None,
@@ -525,6 +547,7 @@ class TrainTransform:
         self.flip = bool(flip)
         self.resample = _check_resample(resample)
         self._rng: np.random.Generator | None = None
+        self._bounds: tuple = ()
 
     def set_rng(self, rng: np.random.Generator) -> None:
         """Use ``rng`` for every later call that passes no generator.
@@ -553,10 +576,17 @@ class TrainTransform:
             ``(top, left, crop_height, crop_width)`` in pixels, inside the image.
         """
         area = height * width
-        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        bounds = self._bounds
+        if not bounds or bounds[0] is not self.scale or bounds[1] is not self.ratio:
+            log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+            bounds = self._bounds = (self.scale, self.ratio, self.scale[0], self.scale[1] - self.scale[0],
+                                     log_lo, log_hi - log_lo)
+        _, _, scale_lo, scale_span, log_lo, log_span = bounds
+        random = rng.random
         for _ in range(_CROP_ATTEMPTS):
-            target_area = area * rng.uniform(self.scale[0], self.scale[1])
-            aspect = math.exp(rng.uniform(log_lo, log_hi))
+            # rng.uniform(lo, hi) is lo + (hi - lo) * rng.random(), bit for bit, at a quarter of the cost
+            target_area = area * (scale_lo + scale_span * random())
+            aspect = math.exp(log_lo + log_span * random())
             crop_w = int(round(math.sqrt(target_area * aspect)))
             crop_h = int(round(math.sqrt(target_area / aspect)))
             if 0 < crop_w <= width and 0 < crop_h <= height:
@@ -639,10 +669,10 @@ class TrainTransform:
 
 
 def _current_worker_id(default: int = 0) -> int:
-    import torch.utils.data
+    from torch.utils.data import get_worker_info
 
-    info = torch.utils.data.get_worker_info()
-    return default if info is None else int(info.id)
+    info = get_worker_info()
+    return default if info is None else info.id
 
 
 class SampleDecoder:
