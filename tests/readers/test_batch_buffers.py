@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import pytest
@@ -30,6 +31,36 @@ def test_sample_generator_depends_only_on_seed_epoch_index():
     # uniform enough: the flip draw of 4000 samples
     flips = np.array([sample_generator(0, 0, i).random() < 0.5 for i in range(4000)])
     assert 0.45 < flips.mean() < 0.55
+
+
+def _reference_box(height, width, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's RandomResizedCrop.get_params with numpy draws (None: its fallback)."""
+    area = height * width
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    return None
+
+
+def test_sample_crop_draws_the_boxes_of_uniform_draws():
+    transforms = [TrainTransform(224), TrainTransform(32, scale=(0.5, 0.9), ratio=(0.5, 2.0))]
+    compared = 0
+    for i in range(600):
+        t = transforms[i % 2]
+        height, width = 20 + (i * 37) % 480, 20 + (i * 53) % 480
+        ref_rng, rng = sample_generator(1, 2, i), None
+        ref = _reference_box(height, width, ref_rng, t.scale, t.ratio)
+        after_ref = ref_rng.random()
+        rng = sample_generator(1, 2, i)
+        box = t.sample_crop(height, width, rng)
+        if ref is not None:
+            assert box == ref
+            assert rng.random() == after_ref  # the stream is left where the reference leaves it
+            compared += 1
+    assert compared > 400
 
 
 @pytest.mark.parametrize("shape", [(80, 90), (64, 64), (150, 224), (224, 224)])
