@@ -668,10 +668,16 @@ class TrainTransform:
 # Per-sample decoding for every source, and batching
 
 
-def _current_worker_id(default: int = 0) -> int:
-    from torch.utils.data import get_worker_info
+_get_worker_info: Any = None
 
-    info = get_worker_info()
+
+def _current_worker_id(default: int = 0) -> int:
+    global _get_worker_info
+    if _get_worker_info is None:
+        from torch.utils.data import get_worker_info
+
+        _get_worker_info = get_worker_info
+    info = _get_worker_info()
     return default if info is None else info.id
 
 
@@ -790,6 +796,7 @@ class SampleDecoder:
         #: into (set by :func:`~shardfeed.readers.loader.make_loader`), or None
         self.ring = None
         self._arena: "torch.Tensor | None" = None
+        self._arena_rows: "Sequence[torch.Tensor]" = ()
         self._arena_next = 0
         self._epoch = 0
         self._rank = 0
@@ -821,6 +828,7 @@ class SampleDecoder:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_arena"], state["_arena_next"] = None, 0  # each process fills its own buffers
+        state["_arena_rows"] = ()
         return state
 
     def set_batch_rows(self, rows: int) -> None:
@@ -850,11 +858,12 @@ class SampleDecoder:
             row = self.ring.next_row(_current_worker_id(default=-1))  # only inside a DataLoader worker
             if row is not None:
                 return row
-        if self._arena is None or self._arena_next >= self._arena.shape[0]:
+        if self._arena is None or self._arena_next >= len(self._arena_rows):
             size = self._builtin.image_size
             self._arena = _new_batch_buffer((self.batch_rows, 3, size, size))
+            self._arena_rows = self._arena.unbind(0)  # one call for every row's view
             self._arena_next = 0
-        row = self._arena[self._arena_next]
+        row = self._arena_rows[self._arena_next]
         self._arena_next += 1
         return row
 
