@@ -797,6 +797,7 @@ class SampleDecoder:
         self.ring = None
         self._arena: "torch.Tensor | None" = None
         self._arena_rows: "Sequence[torch.Tensor]" = ()
+        self._arena_pool: list = []  # (buffer, its rows, the storage's reference count when unused)
         self._arena_next = 0
         self._epoch = 0
         self._rank = 0
@@ -828,7 +829,7 @@ class SampleDecoder:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_arena"], state["_arena_next"] = None, 0  # each process fills its own buffers
-        state["_arena_rows"] = ()
+        state["_arena_rows"], state["_arena_pool"] = (), []
         return state
 
     def set_batch_rows(self, rows: int) -> None:
@@ -838,8 +839,10 @@ class SampleDecoder:
         written straight into the next row of a buffer (allocated in shared memory inside a
         ``DataLoader`` worker); when the loader's batch is those rows in order,
         :func:`collate_uint8` returns the buffer itself instead of stacking copies. A buffer is
-        never written twice: a full one is left to the batches that hold it and a new one is
-        started, and :meth:`set_context` (each epoch) starts a new one.
+        written again only once no tensor refers to its memory (torch's reference count of the
+        storage: the batch, a slice of it, a row, a ``.numpy()`` array all count), and only
+        outside a ``DataLoader`` worker; else a full one is left to the batches that hold it and
+        a new one is started. :meth:`set_context` (each epoch) starts a new one.
 
         Args:
             rows: The loader's batch size (``>= 0``).
@@ -860,12 +863,35 @@ class SampleDecoder:
                 return row
         if self._arena is None or self._arena_next >= len(self._arena_rows):
             size = self._builtin.image_size
-            self._arena = _new_batch_buffer((self.batch_rows, 3, size, size))
-            self._arena_rows = self._arena.unbind(0)  # one call for every row's view
+            self._arena, self._arena_rows = self._next_arena((self.batch_rows, 3, size, size))
             self._arena_next = 0
         row = self._arena_rows[self._arena_next]
         self._arena_next += 1
         return row
+
+    def _next_arena(self, shape: tuple[int, int, int, int]) -> "tuple[torch.Tensor, Sequence[torch.Tensor]]":
+        """A batch buffer and its row views: outside a worker, one of the last few this process filled
+        whose memory no tensor refers to anymore (its pages are mapped already: the first write
+        into a fresh 9.6 MB buffer costs more page faults than the resize), else a new one.
+
+        Inside a ``DataLoader`` worker a buffer is always new: the main process's references to
+        its shared memory are not counted here (the batch ring reuses worker memory instead).
+        """
+        in_worker = _current_worker_id(default=-1) >= 0
+        pool = self._arena_pool
+        if not in_worker:
+            for i, (buf, rows, base) in enumerate(pool):
+                if tuple(buf.shape) == shape and _storage_refs(buf) == base:
+                    pool.append(pool.pop(i))
+                    return buf, rows
+        buf = _new_batch_buffer(shape)
+        rows = buf.unbind(0)  # one call for every row's view
+        if not in_worker:
+            base = _storage_refs(buf)  # only this buffer and its row views refer to it now
+            if base > 0:
+                pool.append((buf, rows, base))
+                del pool[:-_ARENA_POOL]
+        return buf, rows
 
     def rng(self) -> np.random.Generator:
         """The generator for the current context (created on first use).
@@ -944,6 +970,21 @@ class SampleDecoder:
             f"decoder={self.decoder!r}, transform={self.transform!r}, "
             f"max_pixels={self.max_pixels}, seed={self.seed}, resize_size={self.resize_size})"
         )
+
+
+#: batch buffers a process keeps for reuse (``SampleDecoder._next_arena``): the batch the training loop
+#: holds, the one being filled, and one more
+_ARENA_POOL = 3
+
+
+def _storage_refs(buf: "torch.Tensor") -> int:
+    """How many references ``buf``'s memory has (torch's count of its storage); 0 when unknown."""
+    import torch
+
+    try:
+        return int(torch._C._storage_Use_Count(buf.untyped_storage()._cdata))
+    except (AttributeError, RuntimeError, TypeError):  # private API moved: never reuse a buffer
+        return 0
 
 
 #: live batch buffers of this process by address: only their rows are collated without a copy

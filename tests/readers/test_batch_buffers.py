@@ -344,3 +344,25 @@ def test_an_abandoned_iteration_leaves_the_next_one_whole(tmp_path):
     ref = torch.stack([s for s, _ in direct])
     assert images.shape == ref.shape
     assert sorted(x.sum().item() for x in images) == sorted(x.sum().item() for x in ref)
+
+
+def test_main_process_buffers_are_written_again_only_once_nothing_holds_them(tmp_path):
+    wds = _pack_jpegs(tmp_path)
+    loader = make_loader(wds, 2, num_workers=0, shuffle=False, image_size=40, train=True, seed=3, pin_memory=False)
+    direct = open_dataset(wds, shuffle=False, image_size=40, train=True, seed=3)
+    direct.set_epoch(0)
+    want = [img for img, _ in direct]
+    held = list(loader)  # every batch held: each needs memory of its own
+    assert len({images.data_ptr() for images, _ in held}) == len(held)
+    assert torch.equal(torch.cat([b for b, _ in held]), torch.stack(want))
+    keep_row, keep_array = held[0][0][1], held[1][0].numpy()  # a row and an array keep their buffers
+    first_row, second = keep_row.clone(), held[1][0].clone()
+    del held
+    loader.set_epoch(0)
+    ptrs = []
+    for images, _ in loader:  # each batch dropped before the next but one: buffers come round again
+        ptrs.append(images.data_ptr())
+    assert len(set(ptrs)) < len(ptrs)
+    assert torch.equal(keep_row, first_row) and torch.equal(torch.from_numpy(keep_array), second)
+    loader.set_epoch(0)
+    assert torch.equal(torch.cat([b.clone() for b, _ in loader]), torch.stack(want))
