@@ -1,17 +1,23 @@
 """One opener for file, HTTP and object-store paths (docs/architecture.md; webdataset's ``gopen`` plays this
 part there): which kind of place a path names, and the location object that reads it.
 
-* a local path, or ``file:///abs/path`` → the local :class:`pathlib.Path`;
+The class is chosen by the URL scheme from one table (:mod:`shardfeed.readers.location`,
+:func:`~shardfeed.readers.location.register_location`):
+
+* a local path, or ``file:///abs/path`` → :class:`~shardfeed.readers.location.LocalLocation`;
 * ``http://`` / ``https://`` → :class:`~shardfeed.readers.http_io.HttpLocation`;
 * ``s3://bucket/prefix/`` → :class:`~shardfeed.readers.objstore.StoreLocation` (the ``s3`` extra);
+* a scheme registered with ``register_location`` → what its factory returns;
 * anything else of the form ``scheme://`` (``gs://``, ``az://``, ``hdfs://``, ``ftp://`` ...) is
   refused by :func:`check_supported` with :class:`~shardfeed.readers.errors.UnsupportedURLError`
   naming the URL and what to install or use, instead of being taken for a local folder named
   ``gs:``.
 
-Remote locations share one interface (``url``/``where``, ``read_bytes``, ``open(name, start,
-end) -> (stream, stream_offset)``, ``load_manifest``) and one fault policy (bounded timeouts,
-bounded retries with back-off that resume at the failed byte, 4xx answers as immediate errors).
+Every location has one interface (:class:`~shardfeed.readers.location.Location`: ``where``,
+``read_bytes``, ``open(name, start, end) -> (stream, stream_offset)``, ``load_manifest``, listing
+and writing where its capabilities say so); the remote ones share one fault policy (bounded
+timeouts, bounded retries with back-off that resume at the failed byte, 4xx answers as immediate
+errors).
 """
 
 from __future__ import annotations
@@ -47,20 +53,25 @@ def is_remote(text: Any) -> bool:
     return scheme is not None and scheme != "file"
 
 
-def check_supported(text: Any, *, what: str = "this command", allow: tuple[str, ...] = ("file", "http", "https", "s3"),
+def check_supported(text: Any, *, what: str = "this command", allow: tuple[str, ...] | None = None,
                     hint: str = "") -> None:
     """Refuse a ``scheme://`` path that ``what`` cannot handle.
 
     Args:
         text: the path or URL (anything but a ``str`` passes).
         what: the command or function, for the message.
-        allow: the schemes accepted.
+        allow: the schemes accepted (None: every registered one,
+            :func:`~shardfeed.readers.location.location_schemes`).
         hint: what to use instead (appended to the message).
 
     Raises:
         UnsupportedURLError: names the URL, what is accepted and what to install or use.
     """
     scheme = url_scheme(text)
+    if allow is None:
+        from .location import location_schemes
+
+        allow = location_schemes()
     if scheme is None or scheme in allow:
         return
     from .objstore import STORE_SCHEMES
@@ -96,25 +107,23 @@ def local_path(text: str | os.PathLike) -> Path:
 
 def open_location(source: str | os.PathLike, *, storage_options: dict | None = None, timeout_s: float | None = None,
                   retries: int | None = None):
-    """The location object for ``source``: a local ``Path``, an ``HttpLocation`` or a
-    ``StoreLocation``.
+    """The :class:`~shardfeed.readers.location.Location` of ``source``, made by the factory its
+    scheme is registered with (:func:`~shardfeed.readers.location.register_location`).
 
     Args:
-        source: a local path, ``file://``, ``http(s)://`` or ``s3://`` URL (a folder or a manifest).
-        storage_options: object-store client options (see :mod:`shardfeed.readers.objstore`).
+        source: a local path, ``file://``, ``http(s)://``, ``s3://`` or registered ``scheme://``
+            URL (a folder or a manifest).
+        storage_options: storage client options (for ``s3://``: see :mod:`shardfeed.readers.objstore`),
+            passed to the factory.
         timeout_s, retries: the remote fault policy (None: http_io's defaults).
 
     Raises:
-        UnsupportedURLError: another scheme, or the object-store client is not installed.
+        UnsupportedURLError: a scheme not registered, or the storage's client is not installed.
     """
+    from .location import location_factory
+
     check_supported(source, what="shardfeed")
     scheme = url_scheme(source)
-    if scheme in ("http", "https"):
-        from .http_io import HttpLocation
-
-        return HttpLocation(str(source), timeout_s=timeout_s, retries=retries)
-    if scheme == "s3":
-        from .objstore import StoreLocation
-
-        return StoreLocation(str(source), storage_options=storage_options, timeout_s=timeout_s, retries=retries)
-    return local_path(source)
+    factory = location_factory(scheme)
+    return factory(source if scheme is None else str(source), storage_options=storage_options,
+                   timeout_s=timeout_s, retries=retries)
