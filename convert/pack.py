@@ -335,17 +335,17 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         OSError: reading a source or writing OUT failed (disk full: ``ENOSPC``/``EFBIG``); complete
             shards stay and ``resume`` continues.
     """
-    from shardfeed.readers.opener import check_supported, local_path, url_scheme
+    from shardfeed.readers.opener import check_supported, is_remote, local_path
 
     options = options or PackOptions()
     check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
-    to_store = url_scheme(out) == "s3"
+    to_store = is_remote(out)  # any writable remote location (store_pack refuses a read-only one)
     if to_store and not _writes_to_store(options.format):
         raise UnsupportedURLError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
                                   "memory); use --format wds to pack to a bucket, or pack to a local folder")
     out = str(out) if to_store else local_path(out)
     check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
-    src_url = str(src) if url_scheme(src) == "s3" else None
+    src_url = str(src) if is_remote(src) else None
     if src_url is not None:
         if layout is not None:
             raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder into a local OUT")
@@ -521,9 +521,9 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     samples committed to ``data.mdb``; a finished dataset (its manifest was written before the
     stop) needs nothing.
     """
-    from shardfeed.readers.opener import url_scheme
+    from shardfeed.readers.opener import is_remote
 
-    if url_scheme(out) == "s3":
+    if is_remote(out):
         return f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
     out = Path(out)
     if (out / MANIFEST_NAME).is_file():

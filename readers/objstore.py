@@ -43,7 +43,7 @@ from .redact import guard_client_logs, redact, register_secret
 from .registry import describe
 
 __all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
-           "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
+           "StoreLocation", "StoreRangeStream", "is_store_url", "is_s3_url", "split_store_url", "scrub",
            "parse_storage_options", "MULTIPART_THRESHOLD_BYTES",
            "MAX_LIST_KEYS", "MAX_LIST_PAGES"]
 
@@ -99,6 +99,11 @@ def is_store_url(text: Any) -> bool:
         return False
     scheme, sep, _ = text.partition("://")
     return bool(sep) and scheme.lower() in STORE_SCHEMES
+
+
+def is_s3_url(text: Any) -> bool:
+    """Whether ``text`` is an ``s3://`` URL (the object-store scheme shardfeed reads and writes)."""
+    return isinstance(text, str) and text.partition("://")[0].lower() == "s3" and "://" in text
 
 
 def split_store_url(url: str) -> tuple[str, str, str]:
