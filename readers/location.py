@@ -12,7 +12,8 @@ local path, file    :class:`LocalLocation`                           listable, w
 ==================  ===============================================  ==================================
 
 :func:`~shardfeed.readers.opener.open_location` looks the scheme up in one table; a new storage
-is added with :func:`register_location` (and removed with :func:`unregister_location`), after
+is added with :func:`~shardfeed.readers.opener.register_location` (and removed with
+:func:`~shardfeed.readers.opener.unregister_location`), after
 which ``open_dataset``, ``make_loader``, ``pack``, ``convert``, ``check``, ``stage`` and ``inspect``
 accept its URLs (docs/architecture.md, "How to add a storage backend").
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from .errors import UnsupportedURLError
 from .format import (LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest, find_manifest_path, load_manifest,
@@ -34,8 +35,7 @@ from .format import (LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest, fi
 from .shard_readahead import open_ahead, read_ahead, take_opened
 from .tario import iter_indexed_samples
 
-__all__ = ["Location", "LocationBase", "LocalLocation", "LocationFactory", "register_location",
-           "unregister_location", "location_schemes", "location_factory", "folder_kind", "MAX_LOCAL_LIST_ENTRIES"]
+__all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "MAX_LOCAL_LIST_ENTRIES"]
 
 #: Entries one listing of a local folder returns at most (the bound of an object store's listing).
 MAX_LOCAL_LIST_ENTRIES = 20_000_000
@@ -335,102 +335,6 @@ class LocalLocation(LocationBase):
         path.stat()
         meta = path.with_name(f".{path.name}.sha256")
         return {"sha256": meta.read_text().strip()} if meta.is_file() else {}
-
-
-# ---------------------------------------------------------------------------------------------
-# the table: scheme -> factory
-
-#: ``factory(source, *, storage_options=None, timeout_s=None, retries=None) -> Location``
-LocationFactory = Callable[..., Any]
-
-_TABLE: dict[str, LocationFactory] = {}
-_TABLE_LOCK = threading.Lock()
-
-
-def _local(source, **_unused) -> LocalLocation:
-    from .opener import local_path
-
-    return LocalLocation(local_path(source))
-
-
-def _http(source, *, storage_options=None, timeout_s=None, retries=None):
-    from .http_io import HttpLocation
-
-    return HttpLocation(str(source), timeout_s=timeout_s, retries=retries)
-
-
-def _s3(source, *, storage_options=None, timeout_s=None, retries=None):
-    from .objstore import StoreLocation
-
-    return StoreLocation(str(source), storage_options=storage_options, timeout_s=timeout_s, retries=retries)
-
-
-def register_location(scheme: str, factory: LocationFactory, *, replace: bool = False) -> None:
-    """Make ``scheme://`` URLs open as the location ``factory`` returns.
-
-    Every reader and tool opens sources through :func:`~shardfeed.readers.opener.open_location`,
-    so after this call ``open_dataset("scheme://...")``, ``pack(src, "scheme://...")`` (when the
-    location is ``writable``), ``check``, ``stage``, ``inspect`` and ``convert`` accept the scheme.
-
-    Args:
-        scheme: the URL scheme, letters, digits, ``+``, ``-``, ``.`` (case-insensitive).
-        factory: ``factory(url, *, storage_options=None, timeout_s=None, retries=None)``, returning
-            an object with the :class:`Location` interface (subclassing :class:`LocationBase` gives
-            the defaults). It runs in every process that opens the URL: a ``DataLoader`` worker
-            receives the location pickled, so the object must pickle (or the factory must be
-            registered in the workers too).
-        replace: allow replacing a registered scheme (the built-in ``file``, ``http``, ``https``
-            and ``s3`` included).
-
-    Raises:
-        ValueError: a malformed scheme, or one registered already (without ``replace``).
-        TypeError: ``factory`` is not callable.
-    """
-    import re
-
-    if not isinstance(scheme, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
-        raise ValueError(f"register_location: {scheme!r} is not a URL scheme (letters, digits, '+', '-', '.')")
-    if not callable(factory):
-        raise TypeError(f"register_location({scheme!r}, ...): the factory must be callable, got {factory!r}")
-    key = scheme.lower()
-    with _TABLE_LOCK:
-        if key in _TABLE and not replace:
-            raise ValueError(f"register_location: {key}:// is registered already; pass replace=True to replace it")
-        _TABLE[key] = factory
-
-
-def unregister_location(scheme: str) -> None:
-    """Forget ``scheme://`` (its URLs are refused again by :func:`~shardfeed.readers.opener.check_supported`).
-
-    Raises:
-        KeyError: the scheme is not registered.
-    """
-    with _TABLE_LOCK:
-        del _TABLE[str(scheme).lower()]
-
-
-def location_schemes() -> tuple[str, ...]:
-    """The registered schemes, in registration order (``file``, ``http``, ``https``, ``s3`` built in)."""
-    with _TABLE_LOCK:
-        return tuple(_TABLE)
-
-
-def location_factory(scheme: str | None) -> LocationFactory:
-    """The factory of ``scheme`` (None: a local path).
-
-    Raises:
-        UnsupportedURLError: the scheme is not registered.
-    """
-    with _TABLE_LOCK:
-        factory = _TABLE.get("file" if scheme is None else scheme.lower())
-    if factory is None:
-        raise UnsupportedURLError(f"{scheme}:// is not a registered storage (registered: "
-                                  f"{', '.join(s + '://' for s in location_schemes())})")
-    return factory
-
-
-for _scheme, _factory in (("file", _local), ("http", _http), ("https", _http), ("s3", _s3)):
-    register_location(_scheme, _factory)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """One opener for file, HTTP and object-store paths (docs/architecture.md; webdataset's ``gopen`` plays this
 part there): which kind of place a path names, and the location object that reads it.
 
-The class is chosen by the URL scheme from one table (:mod:`shardfeed.readers.location`,
-:func:`~shardfeed.readers.location.register_location`):
+The class is chosen by the URL scheme from one table, here (:func:`register_location` adds a
+scheme, :func:`unregister_location` removes it):
 
 * a local path, or ``file:///abs/path`` → :class:`~shardfeed.readers.location.LocalLocation`;
 * ``http://`` / ``https://`` → :class:`~shardfeed.readers.http_io.HttpLocation`;
@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import UnsupportedURLError
 
-__all__ = ["url_scheme", "is_http_url", "is_remote", "check_supported", "open_location", "local_path"]
+__all__ = ["url_scheme", "is_http_url", "is_remote", "check_supported", "open_location", "local_path",
+           "register_location", "unregister_location", "location_schemes", "location_factory", "LocationFactory"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -61,7 +63,7 @@ def check_supported(text: Any, *, what: str = "this command", allow: tuple[str, 
         text: the path or URL (anything but a ``str`` passes).
         what: the command or function, for the message.
         allow: the schemes accepted (None: every registered one,
-            :func:`~shardfeed.readers.location.location_schemes`).
+            :func:`location_schemes`).
         hint: what to use instead (appended to the message).
 
     Raises:
@@ -69,8 +71,6 @@ def check_supported(text: Any, *, what: str = "this command", allow: tuple[str, 
     """
     scheme = url_scheme(text)
     if allow is None:
-        from .location import location_schemes
-
         allow = location_schemes()
     if scheme is None or scheme in allow:
         return
@@ -108,7 +108,7 @@ def local_path(text: str | os.PathLike) -> Path:
 def open_location(source: str | os.PathLike, *, storage_options: dict | None = None, timeout_s: float | None = None,
                   retries: int | None = None):
     """The :class:`~shardfeed.readers.location.Location` of ``source``, made by the factory its
-    scheme is registered with (:func:`~shardfeed.readers.location.register_location`).
+    scheme is registered with (:func:`register_location`).
 
     Args:
         source: a local path, ``file://``, ``http(s)://``, ``s3://`` or registered ``scheme://``
@@ -120,10 +120,102 @@ def open_location(source: str | os.PathLike, *, storage_options: dict | None = N
     Raises:
         UnsupportedURLError: a scheme not registered, or the storage's client is not installed.
     """
-    from .location import location_factory
-
     check_supported(source, what="shardfeed")
     scheme = url_scheme(source)
     factory = location_factory(scheme)
     return factory(source if scheme is None else str(source), storage_options=storage_options,
                    timeout_s=timeout_s, retries=retries)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table: scheme -> factory
+
+#: ``factory(source, *, storage_options=None, timeout_s=None, retries=None) -> Location``
+LocationFactory = Callable[..., Any]
+
+_TABLE: dict[str, LocationFactory] = {}
+_TABLE_LOCK = threading.Lock()
+
+
+def _local(source, **_unused):
+    from .location import LocalLocation
+
+    return LocalLocation(local_path(source))
+
+
+def _http(source, *, storage_options=None, timeout_s=None, retries=None):
+    from .http_io import HttpLocation
+
+    return HttpLocation(str(source), timeout_s=timeout_s, retries=retries)
+
+
+def _s3(source, *, storage_options=None, timeout_s=None, retries=None):
+    from .objstore import StoreLocation
+
+    return StoreLocation(str(source), storage_options=storage_options, timeout_s=timeout_s, retries=retries)
+
+
+def register_location(scheme: str, factory: LocationFactory, *, replace: bool = False) -> None:
+    """Make ``scheme://`` URLs open as the location ``factory`` returns.
+
+    Every reader and tool opens sources through :func:`open_location`,
+    so after this call ``open_dataset("scheme://...")``, ``pack(src, "scheme://...")`` (when the
+    location is ``writable``), ``check``, ``stage``, ``inspect`` and ``convert`` accept the scheme.
+
+    Args:
+        scheme: the URL scheme, letters, digits, ``+``, ``-``, ``.`` (case-insensitive).
+        factory: ``factory(url, *, storage_options=None, timeout_s=None, retries=None)``, returning
+            an object with the :class:`~shardfeed.readers.location.Location` interface
+            (subclassing :class:`~shardfeed.readers.location.LocationBase` gives the defaults).
+            ``DataLoader`` workers receive the location pickled: with ``num_workers > 0`` it must
+            pickle (and reach its storage from another process).
+        replace: allow replacing a registered scheme (the built-in ``file``, ``http``, ``https``
+            and ``s3`` included).
+
+    Raises:
+        ValueError: a malformed scheme, or one registered already (without ``replace``).
+        TypeError: ``factory`` is not callable.
+    """
+    if not isinstance(scheme, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        raise ValueError(f"register_location: {scheme!r} is not a URL scheme (letters, digits, '+', '-', '.')")
+    if not callable(factory):
+        raise TypeError(f"register_location({scheme!r}, ...): the factory must be callable, got {factory!r}")
+    key = scheme.lower()
+    with _TABLE_LOCK:
+        if key in _TABLE and not replace:
+            raise ValueError(f"register_location: {key}:// is registered already; pass replace=True to replace it")
+        _TABLE[key] = factory
+
+
+def unregister_location(scheme: str) -> None:
+    """Forget ``scheme://`` (its URLs are refused again by :func:`check_supported`).
+
+    Raises:
+        KeyError: the scheme is not registered.
+    """
+    with _TABLE_LOCK:
+        del _TABLE[str(scheme).lower()]
+
+
+def location_schemes() -> tuple[str, ...]:
+    """The registered schemes, in registration order (``file``, ``http``, ``https``, ``s3`` built in)."""
+    with _TABLE_LOCK:
+        return tuple(_TABLE)
+
+
+def location_factory(scheme: str | None) -> LocationFactory:
+    """The factory of ``scheme`` (None: a local path).
+
+    Raises:
+        UnsupportedURLError: the scheme is not registered.
+    """
+    with _TABLE_LOCK:
+        factory = _TABLE.get("file" if scheme is None else scheme.lower())
+    if factory is None:
+        raise UnsupportedURLError(f"{scheme}:// is not a registered storage (registered: "
+                                  f"{', '.join(s + '://' for s in location_schemes())})")
+    return factory
+
+
+for _scheme, _factory in (("file", _local), ("http", _http), ("https", _http), ("s3", _s3)):
+    register_location(_scheme, _factory)
