@@ -231,3 +231,31 @@ def test_a_read_only_location_is_refused_as_pack_output(planted):
     with pytest.raises(UnsupportedURLError, match="cannot be written to"):
         pack(src, "http://127.0.0.1:9/out/", PackOptions(format="wds"))
     assert os.path.isdir(src)
+
+
+def test_cli_storage_options_are_passed_to_the_location_and_nothing_keeps_them(mem_store, planted, tmp_path):
+    from click.testing import CliRunner
+
+    from shardfeed.convert import PackOptions, pack
+    from shardfeed.convert.cli import main as cli_main
+    from shardfeed.readers.opener import open_location
+
+    src, _ = planted
+    pack(src, "mem://bucket/train", PackOptions(format="wds", max_count=8, workers=1))
+    seen: list = []
+
+    def factory(url, *, storage_options=None, **_policy):
+        seen.append(dict(storage_options or {}))
+        return MemLocation(str(url), mem_store)
+
+    register_location("mem", factory, replace=True)
+    staged = tmp_path / "staged"
+    for args in (["check", "mem://bucket/train"], ["inspect", "mem://bucket/train"],
+                 ["stage", "mem://bucket/train", str(staged)]):
+        seen.clear()
+        r = CliRunner().invoke(cli_main, [*args, "--storage-option", "region_name=mars-1"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        assert seen and all(o == {"region_name": "mars-1"} for o in seen), (args, seen)
+    seen.clear()
+    open_location("mem://bucket/train")  # a later call without options gets none: no process-wide state
+    assert seen == [{}]
