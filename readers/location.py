@@ -282,8 +282,7 @@ class LocalLocation(LocationBase):
         Raises:
             FileNotFoundError, ManifestError, IncompleteDatasetError: as ``load_manifest``.
         """
-        target = self.root if self.manifest_name == MANIFEST_NAME else self.manifest_path
-        return load_manifest(target, check_files=check_files)
+        return load_manifest(self.manifest_path, check_files=check_files)
 
     # ---- writing (whole files: written beside under a temporary name, then renamed)
     def _target(self, name: str) -> Path:

@@ -259,3 +259,21 @@ def test_cli_storage_options_are_passed_to_the_location_and_nothing_keeps_them(m
     seen.clear()
     open_location("mem://bucket/train")  # a later call without options gets none: no process-wide state
     assert seen == [{}]
+
+
+def test_only_the_opener_table_and_the_s3_backend_name_the_s3_scheme():
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    allowed = {"readers/objstore.py", "readers/opener.py"}
+    pattern = re.compile(r"""[=!]= ?["']s3["']|["']s3["'] ?[=!]=|StoreLocation\(|hasattr\([^)]*list_objects""")
+    found = []
+    for folder in ("convert", "readers"):
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in allowed:
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if pattern.search(line):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "scheme tests outside the opener's table:\n" + "\n".join(found)
