@@ -1,6 +1,6 @@
 """The pieces every dataset tool shares: where a dataset is, and reading it in storage order.
 
-:class:`DatasetLocation` (a local directory or an ``http(s)://`` base URL, and the files in it),
+:class:`DatasetLocation` (a dataset's :class:`~shardfeed.readers.location.Location`, any storage, and its manifest),
 :func:`parts_to_sample` (WebDataset members -> a :class:`~shardfeed.readers.format.Sample`, by the
 readers' one grouping rule), :func:`iter_raw_samples`, :class:`HashingReader`, the problem lists of
 the reports and :func:`safe_relative_path`. None of this imports torch.
