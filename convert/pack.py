@@ -5,7 +5,10 @@ seeded shuffle of the whole dataset, or sorted order), give every sample its key
 position in that order), then hand the plan to the format's packer, found in the format
 registry (:func:`shardfeed.readers.registry.packer`; the packers live in
 :mod:`shardfeed.convert.writers`), which runs its tasks on the pack's executor
-(:mod:`shardfeed.convert.executors`: local processes or Ray).
+(:mod:`shardfeed.convert.executors`: local processes or Ray). The executor, the progress sinks,
+the shard-end hook and the storage options travel as one
+:class:`~shardfeed.convert.context.PackContext`, built once where the pack starts and passed
+down; the packer returns a :class:`~shardfeed.convert.context.PackResult`.
 
 For WebDataset the shard boundaries are computed up front from the sample order and the file
 sizes (every member's size on disk is known before reading a byte), so each shard is an
@@ -34,7 +37,7 @@ import time
 import warnings
 from array import array
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from shardfeed.readers.format import (
     DEFAULT_PREFIX,
@@ -66,6 +69,9 @@ from .report import PackReport, finished_report, plural
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes
 from .scan import ScanResult, ScannedFiles, scan_image_folder
+
+if TYPE_CHECKING:
+    from .layouts import LayoutOptions
 
 __all__ = [
     "MAX_READ_AHEAD",
@@ -367,7 +373,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     return report
 
 
-def _checked_out(out: str | os.PathLike, options: PackOptions) -> tuple[str | Path, bool]:
+def _checked_out(out: str | os.PathLike[str], options: PackOptions) -> tuple[str | Path, bool]:
     """:func:`pack`'s OUT: ``(the URL of a bucket OUT or the local path, whether it is a bucket)``.
 
     Raises:
@@ -384,8 +390,8 @@ def _checked_out(out: str | os.PathLike, options: PackOptions) -> tuple[str | Pa
     return (str(out) if to_store else local_path(out)), to_store
 
 
-def _local_source(src: str | os.PathLike, options: PackOptions, context: PackContext, *, layout,
-                  scan: ScanResult | None, notice: Callable[[str], None] | None,
+def _local_source(src: str | os.PathLike[str], options: PackOptions, context: PackContext, *,
+                  layout: LayoutOptions | None, scan: ScanResult | None, notice: Callable[[str], None] | None,
                   download_progress: Callable[[int, int], Callable[[int, int], None]] | None
                   ) -> tuple[Path, ScanResult | None, str | None]:
     """:func:`pack`'s SRC as a local folder: ``(folder, scan, bucket URL or None)``.
@@ -411,17 +417,18 @@ def _local_source(src: str | os.PathLike, options: PackOptions, context: PackCon
         (notice or log.info)(f"listing and downloading the image folder {src_url} ...")
         # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
         # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
-        src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=options.class_to_idx,
-                                        storage_options=context.storage_options, on_error=options.on_error,
-                                        progress=download_progress)
+        folder, scan = mirror_store_folder(src_url, extensions=options.extensions,
+                                           class_to_idx=options.class_to_idx, storage_options=context.storage_options,
+                                           on_error=options.on_error, progress=download_progress)
     else:
-        src = local_path(src)
-    if not src.exists():
-        raise FileNotFoundError(f"{src}: source folder does not exist")
-    return src, scan, src_url
+        folder = local_path(src)
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder}: source folder does not exist")
+    return folder, scan, src_url
 
 
-def _layout_of(src: Path, layout, *, src_url: str | None, notice: Callable[[str], None] | None):
+def _layout_of(src: Path, layout: LayoutOptions | None, *, src_url: str | None,
+               notice: Callable[[str], None] | None) -> LayoutOptions | None:
     """The :class:`~shardfeed.convert.layouts.LayoutOptions` :func:`pack` packs ``src`` with: the
     one given, else an unlabelled layout (with a ``notice``) for a local SRC without class
     folders, else None (class folders)."""
