@@ -380,10 +380,10 @@ def _checked_out(out: str | os.PathLike[str], options: PackOptions) -> tuple[str
         shardfeed.readers.errors.UnsupportedURLError: an unsupported scheme, or a format that is
             written to a local disk only (LMDB) with a bucket OUT.
     """
-    from shardfeed.readers.opener import check_supported, local_path, url_scheme
+    from shardfeed.readers.opener import check_supported, is_remote, local_path
 
     check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
-    to_store = url_scheme(out) == "s3"
+    to_store = is_remote(out)  # any writable remote location (store_pack refuses a read-only one)
     if to_store and not _writes_to_store(options.format):
         raise UnsupportedURLError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
                                   "memory); use --format wds to pack to a bucket, or pack to a local folder")
@@ -405,10 +405,10 @@ def _local_source(src: str | os.PathLike[str], options: PackOptions, context: Pa
         FileNotFoundError: the local folder does not exist.
         DataSourceError: the listing or a download failed.
     """
-    from shardfeed.readers.opener import check_supported, local_path, url_scheme
+    from shardfeed.readers.opener import check_supported, is_remote, local_path
 
     check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
-    src_url = str(src) if url_scheme(src) == "s3" else None
+    src_url = str(src) if is_remote(src) else None
     if src_url is not None:
         if layout is not None:
             raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder into a local OUT")
@@ -583,9 +583,9 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     samples committed to ``data.mdb``; a finished dataset (its manifest was written before the
     stop) needs nothing.
     """
-    from shardfeed.readers.opener import url_scheme
+    from shardfeed.readers.opener import is_remote
 
-    if url_scheme(out) == "s3":
+    if is_remote(out):
         return f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
     out = Path(out)
     if (out / MANIFEST_NAME).is_file():

@@ -33,7 +33,7 @@ from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_s
 from .errors import ManifestError, UnsupportedURLError, check_on_error
 from .keywords import check_keywords, signature_keywords
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
-from .opener import is_remote, local_path, url_scheme
+from .opener import is_remote, local_path
 from .registry import FORMATS, describe, register_format, source_factory
 
 __all__ = [
@@ -187,28 +187,26 @@ def open_dataset_keywords() -> frozenset[str]:
 
 
 def _open_remote(source: str, storage_options: dict | None, common: dict, options: dict):
-    """A dataset at an ``http(s)://`` or ``s3://`` URL (through the one opener); a bucket prefix
-    without a manifest that holds class folders is read as an image folder (one GET per image)."""
+    """A dataset at a remote location (through the one opener, whatever its storage); a listable
+    location without a manifest that holds class folders (:func:`~shardfeed.readers.location.folder_kind`)
+    is read as an image folder (one read per image)."""
+    from .location import folder_kind
     from .opener import open_location
 
     loc = open_location(source, storage_options=storage_options, timeout_s=options.get("timeout_s", None),
                         retries=options.get("retries", None))
     check_files = options.pop("check_files", True)
-    store = url_scheme(source) == "s3"
     try:
         manifest = loc.load_manifest(check_files=check_files)
     except ManifestError:
-        if not store or source.endswith(".json"):
+        if not loc.listable or source.endswith(".json") or folder_kind(loc) != "folder":
             raise
         from .folder_source import FolderSource
-        from .objstore import store_folder_kind
 
-        if store_folder_kind(loc) != "folder":
-            raise
         for k in ("check_files", "shuffle_buffer", "timeout_s", "retries"):
             options.pop(k, None)
         return FolderSource(loc, **common, **options)
-    if store and not describe(manifest.format).remote_readable:
+    if loc.listable and not describe(manifest.format).remote_readable:
         raise UnsupportedURLError(f"{source}: an LMDB dataset is read from a local disk only (LMDB maps its file "
                                   f"into memory); copy it first: `shardfeed stage {source} /local/dir`, then open "
                                   "/local/dir (or pack the bucket's data as --format wds to read it from the bucket)")

@@ -61,8 +61,9 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
     """Map-style dataset over an image folder (``ROOT/CLASS/.../IMAGE``).
 
     Args:
-        root: the image folder: a local path, or an
-            :class:`~shardfeed.readers.objstore.StoreLocation` (one listing, then one GET per image).
+        root: the image folder: a local path, or a listable
+            :class:`~shardfeed.readers.location.Location` (an ``s3://`` prefix: one listing, then one
+            read per image).
         class_to_idx: a class map (dict) or a packed dataset (path) whose map to use.
         extensions: extensions to read (default: the packer's defaults).
         **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
@@ -79,12 +80,12 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
 
     def __init__(self, root: str | os.PathLike, *, class_to_idx=None, extensions: Iterable[str] | None = None,
                  **common):
-        self.store = root if hasattr(root, "list_objects") else None  # an objstore.StoreLocation
+        self.store = None if isinstance(root, (str, os.PathLike)) else root  # a listable Location
         if self.store is not None:
-            self.root = self.store.base
+            self.root = str(self.store)
             listing = getattr(self.store, "listing_cache", None) or self.store.list_objects()
             self.store.listing_cache = None
-            scan = scan_listing(self.store.base, listing, extensions=extensions,
+            scan = scan_listing(self.root, listing, extensions=extensions,
                                 class_to_idx=_class_map_from(class_to_idx))
             classes, mapping = list(scan.classes), dict(scan.class_to_idx)
             files = list(zip(scan.files.rels, [scan.files.class_labels[c] for c in scan.files.class_codes]))
@@ -136,7 +137,7 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
             raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
         self._map_epoch_check()
         rel = self.rel_path(i)
-        where = self.store.url(rel) if self.store is not None else os.path.join(self.root, rel)
+        where = self.store.where(rel) if self.store is not None else os.path.join(self.root, rel)
         try:
             key, data, ext, label, meta = self.read_raw(i)
             return self.emit(key, data, ext, label, meta, where, index=i)
