@@ -36,11 +36,13 @@ sources index directly.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import multiprocessing
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -431,6 +433,37 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
                             "`shardfeed check` finds damaged files)", n, epoch, ds)
 
 
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The keywords :func:`make_loader` hands to the ``DataLoader`` rather than to
+    :func:`~shardfeed.readers.dataset.open_dataset`, and its GPU decoding hook (frozen).
+
+    Args:
+        multiprocessing_context: the workers' start method (``"fork"``, ``"spawn"``,
+            ``"forkserver"`` or a context; None: the platform's default); unused without workers.
+        worker_init_fn: called with the worker id in each worker, after shardfeed's own
+            initialisation; unused without workers.
+        collate_fn: replaces shardfeed's collate (None: shardfeed's, which also drops the holes a
+            skipped sample leaves).
+        timeout: seconds to wait for a batch from the workers (0: no limit), as ``DataLoader``'s.
+        generator: the ``DataLoader``'s ``torch.Generator`` (None: its default).
+        decode_device: ``"cuda"`` (or a CUDA device): the workers hand over encoded bytes and each
+            batch is decoded on that GPU (:mod:`~shardfeed.readers.gpu_decode`); None or a CPU
+            device: decoded in the workers.
+    """
+
+    multiprocessing_context: Any = None
+    worker_init_fn: Callable[[int], Any] | None = None
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    timeout: float = 0
+    generator: torch.Generator | None = None
+    decode_device: str | torch.device | None = None
+
+
+#: The keywords that make a :class:`LoaderOptions`.
+LOADER_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(LoaderOptions))
+
+
 def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None = None,
                 pin_memory: bool | None = None, prefetch_factor: int | None = 2, persistent_workers: bool = True,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = False,
@@ -477,13 +510,14 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     Raises:
         ValueError: bad sizes or options; what :func:`open_dataset` raises.
     """
-    loader_keys = ("multiprocessing_context", "worker_init_fn", "collate_fn", "timeout", "generator")
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
         check_keywords("make_loader", open_dataset_options,
-                       open_dataset_keywords() | signature_keywords(make_loader) | set(loader_keys) | {"decode_device"})
+                       open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    decode_device = open_dataset_options.pop("decode_device", None)
+    given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}
+    extras = LoaderOptions(**given)
+    decode_device = extras.decode_device
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # the GPU decoding hook
         if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
             raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
@@ -496,8 +530,7 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             make_loader, source_or_dataset, batch_size, num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
-            **open_dataset_options)
-    loader_opts = {k: open_dataset_options.pop(k) for k in loader_keys if k in open_dataset_options}
+            **open_dataset_options, **{k: v for k, v in given.items() if k != "decode_device"})
     ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
                         world_size=world_size)
     num_workers = default_num_workers() if num_workers is None else int(num_workers)
@@ -506,14 +539,15 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     kwargs: dict[str, Any] = dict(batch_size=int(batch_size), num_workers=num_workers, pin_memory=bool(pin_memory))
-    kwargs.update(_worker_options(num_workers, persistent_workers, prefetch_factor, loader_opts))
+    kwargs.update(_worker_options(num_workers, persistent_workers, prefetch_factor, extras))
     decode = getattr(ds, "decode", True)
-    if "collate_fn" not in loader_opts:
-        if isinstance(ds, SourceBase):
-            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
-                                                      num_fields=len(getattr(ds, "fields", ()) or ())) if decode
-                                    else collate_raw)
-    kwargs.update(loader_opts)
+    if extras.collate_fn is not None:
+        kwargs["collate_fn"] = extras.collate_fn
+    elif isinstance(ds, SourceBase):
+        kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
+                                                  num_fields=len(getattr(ds, "fields", ()) or ())) if decode
+                                else collate_raw)
+    kwargs.update(timeout=extras.timeout, generator=extras.generator)
     if isinstance(ds, SourceBase):
         ds.configure_batching(batch_size, drop_last)
     epoch_sampler = _epoch_sampler(ds, batch_size, shuffle=shuffle, seed=seed, pad=pad, drop_last=drop_last,
@@ -521,7 +555,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     if epoch_sampler is not None:
         kwargs["sampler"] = epoch_sampler
     kwargs["drop_last"] = bool(drop_last)
-    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor, custom_collate="collate_fn" in loader_opts)
+    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor,
+                           custom_collate=extras.collate_fn is not None)
     loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
     if ring is not None:
         loader._batch_ring, loader._pin_ring = ring, bool(pin_memory) and torch.cuda.is_available()
@@ -553,22 +588,19 @@ def _open_or_adopt(source_or_dataset, open_dataset_options: dict, *, shuffle: bo
 
 
 def _worker_options(num_workers: int, persistent_workers: bool, prefetch_factor: int | None,
-                    loader_opts: dict) -> dict[str, Any]:
-    """The ``DataLoader`` arguments about workers; takes ``multiprocessing_context`` and
-    ``worker_init_fn`` out of ``loader_opts`` (ours calls the user's after its own)."""
+                    extras: LoaderOptions) -> dict[str, Any]:
+    """The ``DataLoader`` arguments about workers, with ``extras.multiprocessing_context`` and
+    ``extras.worker_init_fn`` (ours calls the user's after its own); none without workers."""
     kwargs: dict[str, Any] = {}
     if num_workers > 0:
         kwargs["persistent_workers"] = bool(persistent_workers)
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = int(prefetch_factor)
-        if "multiprocessing_context" in loader_opts:
-            kwargs["multiprocessing_context"] = loader_opts.pop("multiprocessing_context")
+        if extras.multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = extras.multiprocessing_context
         kwargs["worker_init_fn"] = functools.partial(
-            worker_init, user_fn=loader_opts.pop("worker_init_fn", None),
+            worker_init, user_fn=extras.worker_init_fn,
             forked_cv2_threads=_cv2_threads_if_forking(kwargs.get("multiprocessing_context")))
-    else:
-        loader_opts.pop("worker_init_fn", None)
-        loader_opts.pop("multiprocessing_context", None)
     return kwargs
 
 
