@@ -82,9 +82,9 @@ def _looks_packed(root: Path) -> bool:
         or any(root.glob(".shardfeed-*"))
 
 
-def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, train: bool = False,
+def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = None, train: bool = False,
                  decoder: str = "auto", decode: bool = True, on_error: str = "raise",
-                 cache: str | None = None, **options: Any):
+                 cache: str | None = None, **options: Any) -> Any:
     """Open an image folder or a packed dataset (local or over HTTP) as a PyTorch dataset.
 
     Args:
@@ -268,6 +268,7 @@ def _open_packed(location: Any, manifest: Manifest, chosen: _Chosen) -> Any:
 
     cls = source_factory(manifest.format)
     ignored = ("shuffle_buffer",) if getattr(cls, "map_style", False) else ()  # shuffled by index instead
-    if isinstance(cls, type) and issubclass(cls, SourceBase):
+    takes_read_options = isinstance(cls, type) and issubclass(cls, SourceBase)
+    if takes_read_options:  # a source class: (location, manifest, read, **its own keywords)
         return cls(location, manifest, chosen.read, **chosen.own_keywords(cls, ignored=ignored))
     return cls(location, manifest, **chosen.keywords(ignored))

@@ -43,7 +43,7 @@ import multiprocessing
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 import torch.utils.data
@@ -55,6 +55,9 @@ from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed
 from .errors import ResumeStateError
 from .keywords import check_keywords, signature_keywords
 from .source_base import SourceBase
+
+if TYPE_CHECKING:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 __all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
            "collate_raw", "worker_init", "STATE_VERSION"]
@@ -74,7 +77,7 @@ def default_num_workers() -> int:
     return max(0, min(4, cpus))
 
 
-class EpochSampler(torch.utils.data.Sampler):
+class EpochSampler(torch.utils.data.Sampler[int]):
     """Indices of one rank for random-access datasets, by the sample-range rule.
 
     Each epoch the N indices are permuted with ``random.Random(seed + epoch)`` (identity without
@@ -85,26 +88,26 @@ class EpochSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, num_samples: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False):
+                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False) -> None:
         self.num_samples = int(num_samples)
         self.shuffle, self.seed, self.pad = bool(shuffle), int(seed), bool(pad)
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.drop_last = int(batch_size), bool(drop_last)
         self.epoch = 0
-        self.resume: dict | None = None
+        self.resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def set_resume(self, plan: dict | None) -> None:
+    def set_resume(self, plan: dict[str, Any] | None) -> None:
         """Continue ``plan["epoch"]`` after the earlier runs ``plan["segments"]`` (None: fresh epochs)."""
         self.resume = plan or None
 
-    def _segments(self) -> list[dict]:
+    def _segments(self) -> list[dict[str, Any]]:
         plan = self.resume
         return list(plan["segments"]) if plan and int(plan["epoch"]) == self.epoch else []
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         segments = self._segments()
         if not segments:
             return iter(epoch_positions(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
@@ -149,7 +152,7 @@ def worker_init(worker_id: int, user_fn: Callable[[int], Any] | None = None,
         user_fn(worker_id)
 
 
-def _cv2_threads_if_forking(context) -> int | None:
+def _cv2_threads_if_forking(context: Any) -> int | None:
     """The parent's OpenCV thread count when workers will be forked after cv2 was imported."""
     cv2 = sys.modules.get("cv2")
     if cv2 is None:
@@ -158,15 +161,15 @@ def _cv2_threads_if_forking(context) -> int | None:
         method = multiprocessing.get_start_method(allow_none=False)
     else:
         method = context if isinstance(context, str) else context.get_start_method()
-    return cv2.getNumThreads() if method == "fork" else None
+    return int(cv2.getNumThreads()) if method == "fork" else None
 
 
-def collate_raw(batch: Sequence) -> list:
+def collate_raw(batch: Sequence[Any]) -> list[Any]:
     """Collate for ``decode=False``: the batch is the list of samples (skipped ones removed)."""
     return [s for s in batch if s is not None]
 
 
-def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields: int = 0):
+def _collate_decoded(batch: Sequence[Any], image_size: int | None = None, num_fields: int = 0) -> tuple[Any, ...]:
     """``(uint8 [B, 3, H, W], int64 [B])``, plus one list of B values per extra field (``fields=``).
 
     In a worker with a batch ring (:mod:`~shardfeed.readers.batch_ring`) the images are written
@@ -199,7 +202,7 @@ class _EpochProgress:
 
     __slots__ = ("epoch", "batches", "finished", "segments")
 
-    def __init__(self, epoch: int, segments: list[dict]):
+    def __init__(self, epoch: int, segments: list[dict[str, Any]]) -> None:
         self.epoch = int(epoch)
         self.batches = 0
         self.finished = False
@@ -210,7 +213,7 @@ class _EpochIterator:
     """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end,
     and the count of batches delivered (for :meth:`ShardfeedLoader.state_dict`)."""
 
-    def __init__(self, it, loader: "ShardfeedLoader", progress: _EpochProgress):
+    def __init__(self, it: _BaseDataLoaderIter, loader: "ShardfeedLoader", progress: _EpochProgress) -> None:
         self._it = it
         self._loader = loader
         self._progress = progress
@@ -226,10 +229,10 @@ class _EpochIterator:
         """True once the iteration has ended (``StopIteration``)."""
         return self._progress.finished
 
-    def __iter__(self):
+    def __iter__(self) -> "_EpochIterator":
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         try:
             batch = next(self._it)
         except StopIteration:
@@ -240,18 +243,20 @@ class _EpochIterator:
             raise
         if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], RingBatch):
             # a worker's batch in a reused shared-memory slot: a view of it, held while the loop holds it
-            batch = (self._loader._batch_ring.take(batch[0], pin_memory=self._loader._pin_ring), batch[1])
+            ring = self._loader._batch_ring
+            assert ring is not None  # a RingBatch comes only from a loader with a ring
+            batch = (ring.take(batch[0], pin_memory=self._loader._pin_ring), batch[1])
         self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
         return batch
 
     def __len__(self) -> int:
         return len(self._it)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
 
 
-class ShardfeedLoader(torch.utils.data.DataLoader):
+class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
     """A ``DataLoader`` that tells its dataset (and sampler) the epoch before each iteration.
 
     ``iter(loader)`` uses epoch 0, then 1, 2, ...; :meth:`set_epoch` chooses the next one.
@@ -261,14 +266,14 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
     :meth:`load_state_dict` resume mid-epoch (see the module docstring).
     """
 
-    def __init__(self, *args, epoch_sampler: EpochSampler | None = None, **kwargs):
+    def __init__(self, *args: Any, epoch_sampler: EpochSampler | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
         self._batch_ring: BatchRing | None = None  # see make_loader
         self._pin_ring = False
         self._next_epoch = 0
         self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
-        self._resume: dict | None = None  # {"epoch", "segments"} in effect
+        self._resume: dict[str, Any] | None = None  # {"epoch", "segments"} in effect
         self._resume_started = False
 
     def set_epoch(self, epoch: int) -> None:
@@ -282,7 +287,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         """The epoch the next ``iter(loader)`` will use."""
         return self._next_epoch
 
-    def _set_plan(self, plan: dict | None) -> None:
+    def _set_plan(self, plan: dict[str, Any] | None) -> None:
         self._resume = plan
         self._resume_started = False
         if isinstance(self.dataset, SourceBase):
@@ -290,7 +295,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         if self._epoch_sampler is not None:
             self._epoch_sampler.set_resume(plan)
 
-    def __iter__(self):
+    def __iter__(self) -> _EpochIterator:  # type: ignore[override]  # DataLoader's says _BaseDataLoaderIter
         e = self._next_epoch
         self._next_epoch = e + 1
         if self._resume is not None and (int(self._resume["epoch"]) != e or self._resume_started):
@@ -320,12 +325,12 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
                             f"{type(ds).__name__}")
         return ds
 
-    def _rules(self) -> dict:
+    def _rules(self) -> dict[str, Any]:
         ds = self._source()
         return {"num_samples": ds.num_samples, "seed": ds.seed, "shuffle": ds.shuffle, "pad": ds.pad,
                 "drop_last": ds.drop_last}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: a small JSON-serialisable dict to save with the model checkpoint.
 
         Keys: ``version`` (:data:`STATE_VERSION`), ``fingerprint`` (the dataset's, from its
@@ -349,7 +354,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         """
         ds = self._source()
         cur = self._progress
-        segments: list[dict] = []
+        segments: list[dict[str, Any]] = []
         if cur is not None and not cur.finished and cur.epoch == self._next_epoch - 1:
             epoch, batches, segments = cur.epoch, cur.batches, list(cur.segments)
         elif self._resume is not None and not self._resume_started:
@@ -365,7 +370,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
                  "num_workers": self.num_workers, "shuffle_buffer": ds.buffer_size, "segments": segments}
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly of another process or rank):
         the next ``iter(loader)`` is the rest of ``state["epoch"]``, then the following epochs.
 
@@ -464,7 +469,7 @@ class LoaderOptions:
 LOADER_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(LoaderOptions))
 
 
-def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None = None,
+def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | None = None,
                 pin_memory: bool | None = None, prefetch_factor: int | None = 2, persistent_workers: bool = True,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = False,
                 rank: int | None = None, world_size: int | None = None,
@@ -565,8 +570,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     return loader
 
 
-def _open_or_adopt(source_or_dataset, open_dataset_options: dict, *, shuffle: bool, seed: int, pad: bool,
-                   rank: int | None, world_size: int | None):
+def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any], *, shuffle: bool, seed: int,
+                   pad: bool, rank: int | None, world_size: int | None) -> Any:
     """:func:`make_loader`'s dataset: a source (path/URL) opened with :func:`open_dataset`, or a
     dataset given (ours gets the loader's shuffle, seed, padding and rank).
 
@@ -604,7 +609,7 @@ def _worker_options(num_workers: int, persistent_workers: bool, prefetch_factor:
     return kwargs
 
 
-def _epoch_sampler(ds, batch_size: int, *, shuffle: bool, seed: int, pad: bool, drop_last: bool,
+def _epoch_sampler(ds: Any, batch_size: int, *, shuffle: bool, seed: int, pad: bool, drop_last: bool,
                    rank: int | None, world_size: int | None) -> EpochSampler | None:
     """The :class:`EpochSampler` of a map-style dataset (this rank's share of each epoch's
     permutation); None for an iterable one (it splits the epoch itself)."""
@@ -620,7 +625,7 @@ def _epoch_sampler(ds, batch_size: int, *, shuffle: bool, seed: int, pad: bool, 
 BATCH_RING_MAX_BYTES = 1 << 30
 
 
-def _batch_ring_for(ds, num_workers: int, batch_size: int, prefetch_factor: int | None,
+def _batch_ring_for(ds: Any, num_workers: int, batch_size: int, prefetch_factor: int | None,
                     custom_collate: bool) -> BatchRing | None:
     """Reused shared-memory batch slots for the workers of a decoding source with a fixed output
     size (:mod:`~shardfeed.readers.batch_ring`), or None where they do not apply."""
@@ -644,10 +649,10 @@ def _batch_ring_for(ds, num_workers: int, batch_size: int, prefetch_factor: int 
     return ring
 
 
-_NORM_CACHE: dict = {}
+_NORM_CACHE: dict[tuple[Any, ...], torch.Tensor] = {}
 
 
-def _norm_tensor(values, device, dtype) -> torch.Tensor:
+def _norm_tensor(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     key = (tuple(float(v) for v in values), str(device), dtype)
     t = _NORM_CACHE.get(key)
     if t is None:
@@ -657,8 +662,9 @@ def _norm_tensor(values, device, dtype) -> torch.Tensor:
     return t
 
 
-def to_device(batch, device, *, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-              dtype: torch.dtype = torch.float32, channels_last: bool = False):
+def to_device(batch: tuple[torch.Tensor, torch.Tensor], device: str | torch.device, *,
+              mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+              dtype: torch.dtype = torch.float32, channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Move a batch to ``device`` and convert it there: uint8 → ``dtype`` in [0, 1], normalised.
 
     The copy is ``non_blocking`` (asynchronous from pinned memory, see ``pin_memory``); the

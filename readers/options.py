@@ -129,7 +129,7 @@ class OpenOptions:
         ValueError: ``cache`` is not None or ``"memory"``.
     """
 
-    storage_options: Mapping[str, Any] | None = None
+    storage_options: dict[str, Any] | None = None
     timeout_s: float | None = None
     retries: int | None = None
     check_files: bool = True
