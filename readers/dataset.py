@@ -201,7 +201,8 @@ class _Chosen:
         refused_given = sorted((set(given) - takes) | (set(refused) & set(self.given)))
         if refused_given:
             refused = tuple(refused_given)
-            raise TypeError(f"open_dataset(): {', '.join(map(repr, refused))} does not apply to {cls.__name__} "
+            verb = "does" if len(refused) == 1 else "do"
+            raise TypeError(f"open_dataset(): {', '.join(map(repr, refused))} {verb} not apply to {cls.__name__} "
                             f"(its own options: {', '.join(sorted(takes)) or 'none'})")
         return given
 

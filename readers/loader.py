@@ -59,7 +59,8 @@ from .source_base import SourceBase
 if TYPE_CHECKING:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-__all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
+__all__ = ["make_loader", "LoaderOptions", "LOADER_OPTION_NAMES", "to_device", "ShardfeedLoader",
+           "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
            "collate_raw", "worker_init", "STATE_VERSION"]
 
 #: Version of the dict :meth:`ShardfeedLoader.state_dict` returns.
