@@ -57,8 +57,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The format registry (:mod:`shardfeed.readers.registry`), by manifest format name; each entry's
-#: ``source`` is ``"module:Class"`` (imported on first use) or a callable
-#: ``(location, manifest, **options) -> dataset``.
+#: ``source`` is ``"module:Class"`` (imported on first use) or a callable: a
+#: :class:`~shardfeed.readers.source_base.SourceBase` subclass is called
+#: ``(location, manifest, read, **own)`` (``read``: the
+#: :class:`~shardfeed.readers.options.ReadOptions`, ``own``: the options its constructor names),
+#: any other callable ``(location, manifest, **options) -> dataset``.
 SOURCES = FORMATS
 
 
@@ -106,7 +109,13 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             epoch's total logged once; see :mod:`~shardfeed.readers.source_base`).
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
             buffer (refused when it would not fit in the available memory).
-        **options: passed to the source: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
+        **options: sorted once, before anything is read, into the options every source shares
+            (:class:`~shardfeed.readers.options.ReadOptions`), how the dataset is opened
+            (:class:`~shardfeed.readers.options.OpenOptions`: ``storage_options``, ``timeout_s``,
+            ``retries``, ``check_files``) and the chosen source's own keywords; a keyword of
+            another source is a ``TypeError`` naming it (``verify`` with an image folder), one the
+            source has no use for is ignored (``shuffle_buffer`` with a map-style source). They
+            are: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
             replaces the built-in resize/crop), ``resize_size`` (evaluation: shorter side before
             the central ``image_size`` crop, default ``image_size``) or ``crop_pct`` (timm's
             spelling: ``resize_size = floor(image_size / crop_pct)``, e.g. 0.875), ``max_pixels``,
@@ -141,6 +150,8 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
         UnsupportedURLError: a URL scheme shardfeed does not read, LMDB in a bucket, or the
             object-store client is not installed (the message says what to install or use).
         ValueError: bad options (``on_error``, ``cache``, ``decoder`` ...).
+        TypeError: an unknown keyword (the message names the closest known one), or an option of
+            another source than the one ``source`` is.
     """
     from .options import split_options  # (the decode modules load with the first dataset)
 

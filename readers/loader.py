@@ -496,10 +496,10 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
             ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
             ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
             ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
-            ``worker_init_fn`` (called after ours), ``collate_fn`` and ``timeout`` go to the
-            ``DataLoader``, and ``decode_device="cuda"`` makes the workers hand over encoded
-            bytes and decodes each batch on that GPU (nvJPEG; images and labels come out on the
-            device; the CPU loader where there is no CUDA): see
+            ``worker_init_fn`` (called after ours), ``collate_fn``, ``timeout`` and ``generator`` go
+            to the ``DataLoader`` (:class:`LoaderOptions`), and ``decode_device="cuda"`` makes the
+            workers hand over encoded bytes and decodes each batch on that GPU (nvJPEG; images and
+            labels come out on the device; the CPU loader where there is no CUDA): see
             :mod:`~shardfeed.readers.gpu_decode`.
 
     With workers and the built-in transforms, batches cross from the workers through reused
