@@ -162,7 +162,7 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
         raise ValueError("cache='memory' holds images, labels and metadata only; read extra fields (fields=...) "
                          "without the memory cache")
     common = dict(image_size=image_size, train=train, decoder=decoder, decode=decode, on_error=on_error)
-    chosen = _Chosen(read, opened, own, common, options)
+    chosen = _SortedOptions(read, opened, own, common, options)
     if is_remote(source):
         ds = _open_remote(str(source), chosen)
     else:
@@ -186,7 +186,7 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
     return ds
 
 
-class _Chosen:
+class _SortedOptions:
     """:func:`open_dataset`'s options, sorted once (:func:`~shardfeed.readers.options.split_options`),
     and the keywords the chosen source takes."""
 
@@ -209,11 +209,10 @@ class _Chosen:
         """
         takes = signature_keywords(cls.__init__) - _NOT_OPTIONS
         given = {k: v for k, v in self.own.items() if k not in ignored}
-        refused_given = sorted((set(given) - takes) | (set(refused) & set(self.given)))
-        if refused_given:
-            refused = tuple(refused_given)
-            verb = "does" if len(refused) == 1 else "do"
-            raise TypeError(f"open_dataset(): {', '.join(map(repr, refused))} {verb} not apply to {cls.__name__} "
+        bad = sorted((set(given) - takes) | (set(refused) & set(self.given)))
+        if bad:
+            verb = "does" if len(bad) == 1 else "do"
+            raise TypeError(f"open_dataset(): {', '.join(map(repr, bad))} {verb} not apply to {cls.__name__} "
                             f"(its own options: {', '.join(sorted(takes)) or 'none'})")
         return given
 
@@ -242,7 +241,7 @@ def open_dataset_keywords() -> frozenset[str]:
     return frozenset((names | READ_OPTION_NAMES | OPEN_OPTION_NAMES) - _NOT_OPTIONS)
 
 
-def _open_remote(source: str, chosen: _Chosen) -> Any:
+def _open_remote(source: str, chosen: _SortedOptions) -> Any:
     """A dataset at an ``http(s)://`` or ``s3://`` URL (through the one opener); a bucket prefix
     without a manifest that holds class folders is read as an image folder (one GET per image)."""
     from .opener import open_location
@@ -270,7 +269,7 @@ def _open_remote(source: str, chosen: _Chosen) -> Any:
     return _open_packed(loc, manifest, chosen)
 
 
-def _open_packed(location: Any, manifest: Manifest, chosen: _Chosen) -> Any:
+def _open_packed(location: Any, manifest: Manifest, chosen: _SortedOptions) -> Any:
     spec = FORMATS.get(manifest.format)
     if spec is None or spec.source is None:
         raise ManifestError(f"{location}: manifest format {manifest.format!r} is not one this shardfeed "
