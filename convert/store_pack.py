@@ -39,6 +39,7 @@ from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
 from shardfeed.readers.registry import describe
 from .consumers import CARD_NAME, META_SAMPLE_SHARDS, WIDS_INDEX_NAME
+from .context import PackContext
 from .pack_state import PLAN_NAME, STATE_DIR
 from .tarwriter import create_new_file
 
@@ -225,21 +226,21 @@ def _sha256_file(path: Path) -> str:
             h.update(chunk)
 
 
-def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Callable[[int, int], None] | None = None,
-                  scan=None, storage_options: dict | None = None,
-                  output_progress: Callable[[int], None] | None = None):
+def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackContext, scan=None):
     """Pack the image folder ``src`` into the object-store prefix ``out_url``.
 
     Args:
         src: the image folder (local path).
         out_url: ``s3://bucket/prefix/``.
         options: :class:`~shardfeed.convert.pack.PackOptions` (``format`` must be ``wds``).
-        build: the local build, ``build(src, stage, options, progress=, scan=, output_progress=,
-            on_shard_end=) -> PackReport`` (:func:`shardfeed.convert.pack.pack_local`), calling
-            ``on_shard_end(entry, index)`` as each shard is complete: its upload starts then.
-        progress, output_progress: as :func:`~shardfeed.convert.pack.pack` (the local build).
+        build: the local build, ``build(src, stage, options, scan=, context=) -> PackReport``
+            (:func:`shardfeed.convert.pack.pack_local`), given a copy of ``context`` whose
+            ``on_shard_end(entry, index)`` it calls as each shard is complete: its upload starts
+            then.
+        context: the pack's :class:`~shardfeed.convert.context.PackContext`: its executor and
+            progress sinks go to the local build, its ``storage_options`` (object-store client
+            options) to the uploads, its ``faults`` may slow the uploads (tests).
         scan: a scan of ``src`` done already.
-        storage_options: object-store client options.
 
     Returns:
         The :class:`~shardfeed.convert.pack.PackReport`, with ``output`` = ``out_url`` and
@@ -253,6 +254,7 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Call
     from shardfeed.readers.objstore import StoreLocation
 
     t0 = time.perf_counter()
+    storage_options = context.storage_options
     fmt = str(options.format).lower()
     if not describe(fmt).remote_writable:
         raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
@@ -279,11 +281,10 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Call
     local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)
     # marks the prefix before any shard; its options name the shards this pack writes (what is ours)
     loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished", "options": options.fingerprint_fields()}).encode())
-    delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
+    delay_s = context.faults.upload_delay_s if context.faults is not None else 0.0
     uploader = _Uploader(loc, stage, listing, delay_s)
     try:
-        report = build(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress,
-                       on_shard_end=uploader.shard_done)
+        report = build(src, stage, local_opts, scan=scan, context=context.replace(on_shard_end=uploader.shard_done))
     except BaseException:
         uploader.abandon()  # uploads in flight finish (whole objects); queued ones are dropped
         raise
