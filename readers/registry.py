@@ -33,7 +33,11 @@ class FormatSpec:
     Attributes:
         name: the manifest's ``format`` value (``"webdataset"``, ``"lmdb"``).
         aliases: other accepted spellings on the command line and in the API (``"wds"``).
-        source: the reader: ``"module:Class"`` or a callable ``(location, manifest, **options)``.
+        source: the reader: ``"module:Class"`` or a callable. A
+            :class:`~shardfeed.readers.source_base.SourceBase` subclass is called
+            ``(location, manifest, read, **own)`` (``read``: the
+            :class:`~shardfeed.readers.options.ReadOptions`; ``own``: the options its constructor
+            names); any other callable ``(location, manifest, **options)``.
         packer: ``fn(scan, samples, out, options, context) -> PackResult`` (the
             ``shardfeed.convert.context.Packer`` protocol): ``context`` (a ``PackContext``) gives
             the executor to run tasks on, ``progress(num_samples, input_bytes)``,

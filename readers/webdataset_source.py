@@ -43,6 +43,7 @@ import json
 import logging
 import os
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import torch.utils.data
@@ -52,6 +53,7 @@ from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, s
 from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
 from .http_io import index_size_cap
+from .options import ReadOptions
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .location import LocalLocation
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
@@ -89,12 +91,12 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         location: a local dataset directory (path) or an
             :class:`~shardfeed.readers.http_io.HttpLocation`.
         manifest: the dataset's validated manifest.
+        read: the options every source shares (:class:`~shardfeed.readers.options.ReadOptions`;
+            default ``ReadOptions()``).
         shuffle_buffer: samples in each worker's shuffle buffer (1 or 0: no buffer).
-        timeout_s, retries: HTTP options (see :mod:`shardfeed.readers.http_io`); ignored locally.
         readahead: local shards: once a read proves slow (a network or FUSE mount), keep several
             reads in flight ahead of the decoder (:mod:`~shardfeed.readers.shard_readahead`;
             bounded: at most 32 requests, 6 MiB per reader). False reads one chunk at a time.
-        **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
 
     Yields:
         ``(image uint8 [3, H, W], label int)``, or :class:`~shardfeed.readers.format.Sample`
@@ -103,8 +105,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     ``len(ds)`` is the number of samples this rank reads per epoch (all its workers together).
     """
 
-    def __init__(self, location, manifest: Manifest, *, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
-                 timeout_s: float | None = None, retries: int | None = None, readahead: bool = True, **common):
+    def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readahead: bool = True) -> None:
         if isinstance(location, (str, os.PathLike)):
             location = LocalLocation(location, readahead=readahead)
         elif isinstance(location, LocalLocation):
@@ -120,7 +122,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         #: packing-order index of each shard's first sample
         self._starts = [0, *itertools.accumulate(self._counts)][:-1]
         self._offsets: dict[int, list[int] | None] = {}
-        self._init_common(**common)
+        self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
         return (f"WebDatasetSource({str(self.location)!r}, num_samples={self._num_samples}, "
