@@ -86,7 +86,7 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	# DALI from .venv, the rest from $(PEERS_VENV); a peer that did not install is a row saying so
 	$(MAKE) --no-print-directory $(PEERS_VENV)/.installed || echo "bench: $(PEERS_VENV) incomplete (reported in the peers table)"
 	$(PY) scripts/bench_peers.py --folder data/bench-imagenet --wds data/bench-imagenet-wds --storage-ms 2 \
-		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers.json
+		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers.json --markdown out/bench/peers.md
 
 # The peer loaders of scripts/bench_peers.py that cannot share .venv (a torch with its matching
 # torchvision, FFCV's numba), each installed on its own so that one failure leaves the others;

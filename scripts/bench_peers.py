@@ -495,6 +495,33 @@ def _last_line(text: str, fallback: str) -> str:
     return (lines[-1] if lines else fallback)[:300]
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """The result rows (``main``'s ``rows``, as in ``--json``) as a Markdown table.
+
+    Rates are images/s, CPU in ms per image (medians over the rounds), and the last column the
+    range of the 1-minute load average over the row's cases; a row that did not run says why.
+    """
+    out = ["| storage | loader | train images/s | train CPU ms/image | val images/s | val CPU ms/image "
+           "| load average (1 min) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            why = str(r["status"]).replace("|", "/")[:300]
+            out.append(f"| {r['place']} | {r['peer']} | {why} | | | | |")
+            continue
+        cells, loads = [], []
+        for task in ("train", "val"):
+            x = r.get(task, {})
+            if "images_per_s" not in x:
+                err = (x.get("error") or ["no result"])[0]
+                cells += ["failed: " + str(err).replace("|", "/")[:160], ""]
+                continue
+            cells += [f"{x['images_per_s']:,.0f}", f"{x['cpu_ms_per_image']:.2f}"]
+            loads += [y["load_avg_1min"] for y in x["rounds"] if "load_avg_1min" in y]
+        load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else ""
+        out.append(f"| {r['place']} | {r['peer']} | " + " | ".join(cells) + f" | {load} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--folder", type=Path, help="the image folder (ImageFolder layout)")
@@ -513,6 +540,8 @@ def main(argv=None) -> int:
     p.add_argument("--peers", default=",".join(PEERS),
                    help="comma-separated peers to run [default: all: %(default)s]")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--markdown", type=Path, default=None,
+                   help="also write the table as Markdown (the one in docs/performance.md) to this file")
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--prepare", help=argparse.SUPPRESS)
     p.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
@@ -640,6 +669,9 @@ def main(argv=None) -> int:
             loads = [x.get("load_avg_1min") for t in ("train", "val") for x in results.get(f"{place}|{peer}|{t}", [])]
             rows.append(row)
             print(f"{place:16s} {peer:24s} {cells[0]} {cells[1] if len(cells) > 1 else ''}  {loads}")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_table(rows))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows, "decode_limit_images_per_s": limit, "workers": args.workers,
