@@ -82,19 +82,21 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	test -f data/bench-small-wds/manifest.json || $(VENV)/bin/shardfeed pack data/bench-small data/bench-small-wds --format wds --max-count 512 --overwrite
 	$(PY) scripts/bench_overhead.py --imagenet data/bench-imagenet-wds --small data/bench-small-wds --json out/bench/overhead.json
 	$(PY) scripts/bench_readahead.py --wds data/bench-imagenet-wds --json out/bench/readahead.json
-	# other loaders on the same tasks; a peer that does not install is a row saying so
-	-$(PY) -m pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" litdata mosaicml-streaming \
-		|| echo "bench: litdata / mosaicml-streaming did not install (reported in the peers table)"
-	-$(PY) -m pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" torchvision \
-		|| echo "bench: torchvision did not install (reported in the peers table)"
-	# FFCV (and its numba, which would not fit this venv's pins) in a venv of its own, run from there;
-	# building it needs OpenCV and libjpeg-turbo headers
-	-apt-get install -y -q pkg-config libopencv-dev libturbojpeg0-dev >/dev/null 2>&1
-	-test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
-	-$(PEERS_VENV)/bin/pip install -q "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" ffcv numba pillow \
-		|| echo "bench: ffcv did not install in $(PEERS_VENV) (reported in the peers table)"
-	$(PY) scripts/bench_peers.py --folder data/bench-imagenet --wds data/bench-imagenet-wds \
-		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers.json
+	# other loaders on the same tasks, on local disk and on the storage emulator at 2 ms: webdataset and
+	# DALI from .venv, the rest from $(PEERS_VENV); a peer that did not install is a row saying so
+	$(MAKE) --no-print-directory $(PEERS_VENV)/.installed || echo "bench: $(PEERS_VENV) incomplete (reported in the peers table)"
+	$(PY) scripts/bench_peers.py --folder data/bench-imagenet --wds data/bench-imagenet-wds --storage-ms 2 \
+		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers.json --markdown out/bench/peers.md
+
+# The peer loaders of scripts/bench_peers.py that cannot share .venv (a torch with its matching
+# torchvision, FFCV's numba), each installed on its own so that one failure leaves the others;
+# FFCV's build needs pkg-config, libopencv-dev and libturbojpeg0-dev (apt-get when root). The stamp
+# is written only when every peer installed, so the next `make bench` tries the others again.
+# ~6 GB: torch 2.14.1 from PyPI is a CUDA build (it runs on the CPU). On aarch64:
+# make bench PEERS_TORCH="torch==2.9.1 torchvision==0.24.1"
+PEERS_TORCH ?= torch==2.14.1 torchvision==0.29.1
+$(PEERS_VENV)/.installed: scripts/install_peers.sh
+	sh scripts/install_peers.sh $(PEERS_VENV) "$(PEERS_TORCH)"
 
 # Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
 # with their fast tests); not part of `make test` (it runs the tests once per mutant: long).

@@ -3,6 +3,9 @@
 * :func:`pack` with :class:`PackOptions` (and :class:`ReencodeOptions` for ``--resize``) packs an
   ImageFolder-style folder (local or ``s3://``) and returns a :class:`PackReport`; the streaming
   writers :class:`WebDatasetWriter` and :class:`LmdbWriter` write samples you produce yourself.
+* The packer joint (a format's packer, see docs/architecture.md): :class:`PackContext` (the
+  executor, progress sinks, shard-end hook, storage options and fault hooks a pack hands down),
+  :class:`PackResult` (what a packer returns) and the :class:`Packer` protocol.
 * The dataset tools, one function per ``shardfeed`` command: :func:`inspect_dataset`,
   :func:`check_dataset`, :func:`unpack`, :func:`convert_dataset`, :func:`stage`,
   :func:`index_shards`, :func:`serve_directory`.
@@ -28,6 +31,7 @@ from shardfeed.readers.version import __version__
 from .pack import PackOptions, PackReport, pack
 
 if TYPE_CHECKING:
+    from .context import PackContext, Packer, PackResult
     from .reencode import ReencodeOptions
     from .scan import scan_image_folder
     from .tools.check import check_dataset
@@ -43,6 +47,9 @@ if TYPE_CHECKING:
 
 #: public name -> the module that defines it (imported on first use)
 _LAZY = {
+    "PackContext": "shardfeed.convert.context",
+    "PackResult": "shardfeed.convert.context",
+    "Packer": "shardfeed.convert.context",
     "ReencodeOptions": "shardfeed.convert.reencode",
     "scan_image_folder": "shardfeed.convert.scan",
     "WebDatasetWriter": "shardfeed.convert.writers.webdataset",
@@ -57,7 +64,8 @@ _LAZY = {
     "write_dataset": "shardfeed.convert.layouts",
 }
 
-__all__ = ["__version__", "pack", "PackOptions", "PackReport", "ReencodeOptions", "scan_image_folder",
+__all__ = ["__version__", "pack", "PackOptions", "PackReport", "PackContext", "PackResult", "Packer",
+           "ReencodeOptions", "scan_image_folder",
            "WebDatasetWriter", "LmdbWriter", "inspect_dataset", "check_dataset", "unpack", "convert_dataset",
            "stage", "index_shards", "serve_directory", "write_dataset"]
 

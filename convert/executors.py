@@ -34,6 +34,11 @@ task that reaches a hook point (after its first sample, or at its end) create ``
 and kill its own worker process, the way a lost node or an out-of-memory kill ends a task
 (:mod:`shardfeed.convert.faults`); the hooks travel with the task arguments, not the environment.
 
+Driver side: a pack makes its executor once, where it starts
+(:meth:`shardfeed.convert.context.PackContext.for_options`), and hands it to its packer in the
+:class:`~shardfeed.convert.context.PackContext`; nothing here keeps a current executor, and no
+function makes one behind the caller's back.
+
 Worker side: a task reports progress through :func:`task_progress` (a :class:`ProgressSink` that
 reaches the driver's callback, in batches, whatever process the task runs in).
 """
@@ -42,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
 import importlib.util
 import itertools
 import logging
@@ -72,8 +76,6 @@ __all__ = [
     "TaskFailedError",
     "check_executor",
     "make_executor",
-    "use_executor",
-    "active_executor",
     "signals_held",
 ]
 
@@ -654,7 +656,8 @@ def check_executor(name: str) -> None:
 
 
 def make_executor(options) -> Executor:
-    """The executor ``options.executor`` names, configured from ``options`` (a PackOptions).
+    """A new executor of the kind ``options.executor`` names, configured from ``options`` (a
+    PackOptions); the caller closes it (``executor.close()``).
 
     Raises:
         ValueError, ExecutorUnavailableError: as :func:`check_executor`.
@@ -662,29 +665,3 @@ def make_executor(options) -> Executor:
     name = getattr(options, "executor", "local")
     check_executor(name)
     return EXECUTORS[name].from_options(options)
-
-
-_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("shardfeed_executor", default=None)
-
-
-@contextlib.contextmanager
-def use_executor(executor: Executor) -> Iterator[Executor]:
-    """Make ``executor`` the one :func:`active_executor` returns inside the block; close it after.
-
-    :func:`shardfeed.convert.pack.pack` wraps the packer call in it, so every packer (and helper)
-    runs its tasks on the pack's executor and the report describes all of them.
-    """
-    token = _ACTIVE.set(executor)
-    try:
-        yield executor
-    finally:
-        _ACTIVE.reset(token)
-        executor.close()
-
-
-def active_executor(options) -> Executor:
-    """The executor of the pack in progress (see :func:`use_executor`), else a new one for ``options``."""
-    ex = _ACTIVE.get()
-    if ex is not None and ex.name == getattr(options, "executor", "local"):
-        return ex
-    return make_executor(options)

@@ -1,24 +1,24 @@
 """Fault injection for tests: slow a pack down or kill a task, through parameters, never the environment.
 
-Production code reads no environment variable for this. A test that wants a pack to be slow enough
-to kill mid-way, or a Ray task to die once, passes a :class:`FaultHooks` as
-``PackOptions(faults=...)`` (or to :class:`~shardfeed.convert.ray_executor.RayExecutor`). Tests that
-drive the command line in a subprocess run ``tests/hooked_cli.py``, which wraps the CLI in
-:func:`default_faults`: every :class:`~shardfeed.convert.pack.PackOptions` built inside the block
-without ``faults`` gets these. The hooks never change the output bytes, so they are not part of
-a pack's fingerprint.
+Production code reads no environment variable for this, and no module-level or context-variable
+default either. A test that wants a pack to be slow enough to kill mid-way, or a Ray task to die
+once, passes a :class:`FaultHooks` as ``PackOptions(faults=...)`` (or to
+:class:`~shardfeed.convert.executors.RayExecutor`); the pack's
+:class:`~shardfeed.convert.context.PackContext` carries them to the driver-side code, the options
+carry them to the tasks. Tests that drive the command line in a subprocess run
+``tests/hooked_cli.py``, which hands the hooks to the Click command through its context object
+(``main(args, obj={"faults": hooks})``); ``shardfeed pack`` passes them on as
+``PackOptions(faults=...)``. The hooks never change the output bytes, so they are not part of a
+pack's fingerprint.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import logging
 import os
-from typing import Iterator
 
-__all__ = ["FaultHooks", "default_faults", "current_default_faults", "FAIL_ONCE_MARKER", "fail_once"]
+__all__ = ["FaultHooks", "FAIL_ONCE_MARKER", "fail_once"]
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +58,6 @@ class FaultHooks:
             raise ValueError("fault delays must be at least 0 s")
         if self.lmdb_commit_count is not None and self.lmdb_commit_count < 1:
             raise ValueError(f"lmdb_commit_count must be at least 1, got {self.lmdb_commit_count}")
-
-
-_DEFAULT: contextvars.ContextVar = contextvars.ContextVar("shardfeed_fault_hooks", default=None)
-
-
-@contextlib.contextmanager
-def default_faults(hooks: FaultHooks | None) -> Iterator[FaultHooks | None]:
-    """Inside the block, a ``PackOptions`` built without ``faults`` takes ``hooks`` (tests only)."""
-    token = _DEFAULT.set(hooks)
-    try:
-        yield hooks
-    finally:
-        _DEFAULT.reset(token)
-
-
-def current_default_faults() -> FaultHooks | None:
-    """The hooks of the innermost :func:`default_faults` block (None outside any)."""
-    return _DEFAULT.get()
 
 
 def fail_once(fail_once_dir: str | None) -> None:

@@ -49,7 +49,7 @@ import stat
 import time
 import unicodedata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from shardfeed.readers.format import (
     DEFAULT_PREFIX,
@@ -72,6 +72,7 @@ from shardfeed.readers.registry import canonical_format, describe, writer_class
 from shardfeed.readers.format import write_bytes_atomic
 
 from . import writers  # noqa: F401  (registers every format's writer)
+from .context import PackContext
 from .readahead import read_ahead
 from .pack_state import PLAN_NAME, STATE_DIR, finished_shard_record, write_shard_record
 from .reencode import reencode_payload
@@ -738,7 +739,7 @@ class LayoutOptions:
 
 
 def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout: LayoutOptions, *,
-                progress: Callable[[int, int], None] | None = None):
+                progress: Callable[[int, int], None] | None = None, context: PackContext | None = None):
     """Pack SRC in a layout other than plain class folders (see the module docstring).
 
     Labels come from ``layout.labels_file``, else from class folders (``SRC/CLASS/...``, sorted as
@@ -746,11 +747,19 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     without sub-folders). Packing order, keys, formats and limits are ``pack``'s
     (``options``: :class:`~shardfeed.convert.pack.PackOptions`).
 
+    Args:
+        progress: ``callback(num_samples, num_input_bytes)`` as samples are written (without a
+            ``context``).
+        context: the pack's :class:`~shardfeed.convert.context.PackContext` (:func:`pack` passes
+            its own; its ``progress`` is called); None: one made for ``options`` with
+            ``progress``. These layouts pack in this process: the executor runs no task.
+
     Returns:
         A :class:`~shardfeed.convert.pack.PackReport`.
 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file.
+        TypeError: both ``context`` and ``progress``.
         ValueError: no images; an image without a label row or a row without an image
             (``on_error="raise"``; names them and how many); a label not in ``--classes-from``;
             a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
@@ -758,8 +767,12 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     """
     from .outlock import output_lock
     from .outdir import prepare_output
-    from .report import PackReport
 
+    if context is None:
+        with PackContext.for_options(options, progress=progress) as context:
+            return pack_layout(src, out, options, layout, context=context)
+    if progress is not None:
+        raise TypeError("pack_layout(context=...): pass progress in the context")
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
     if not src.exists():
@@ -772,115 +785,65 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")
+    plan = _plan_layout(src, options, layout)
+    with output_lock(out, "pack"):
+        action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
+        if action == "finished":  # --resume on a finished dataset: done when it is this command's
+            return _finished_layout_report(out, plan, t0)
+        done = _layout_resume_records(out, options, plan, resume=action == "resume")
+        manifest = _write_layout(out, options, layout, plan, done, context)
+    return _layout_report(out, options, plan, manifest, time.perf_counter() - t0)
+
+
+@dataclasses.dataclass
+class _Labels:
+    """The labels of a layout pack: the images left to pack and each one's class index."""
+
+    images: list
+    class_to_idx: dict[str, int]
+    labels_of: dict[str, int]
+    labelled: bool
+    kind: str
+
+
+@dataclasses.dataclass
+class _LayoutPlan:
+    """A layout pack's plan: what :func:`pack_layout` writes, in which order, and its identity."""
+
+    src: Path
+    found: _Found
+    n_found: int
+    labels: _Labels
+    skipped: list[dict]
+    planned: list
+    width: int
+    classes: list[str]
+    fp: dict
+    recorded: dict
+    files: dict
+    fingerprint: str
+
+
+def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
+    """Scan SRC, label its images, drop those without their required sidecars and fix the
+    packing order (:func:`pack_layout` before OUT is touched)."""
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
     # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
     # no image are skipped entries too, but not files found)
     n_found = len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
     skipped: list[dict] = []
-    raise_ = options.on_error != "skip"
-    class_to_idx = options.class_to_idx
-    images = found.images
-    if layout.labels_file is not None:
-        rows = _match_unicode_spelling(read_labels_file(layout.labels_file), [rel for rel, *_ in images])
-        on_disk = {rel for rel, *_ in images}
-        unlisted = [rel for rel, *_ in images if rel not in rows]
-        absent = [rel for rel in rows if rel not in on_disk]
-        if (unlisted or absent) and raise_:
-            parts = []
-            if unlisted:
-                parts.append(f"{len(unlisted)} image(s) under {src} have no row in {layout.labels_file} "
-                             f"(e.g. {', '.join(unlisted[:3])})")
-            if absent:
-                parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {src} "
-                             f"(e.g. {', '.join(_why_not_an_image(src, rel, found) for rel in absent[:3])})")
-            raise ValueError("; ".join(parts) + "; fix the labels file, or pass --on-error skip to pack the "
-                             "images that have a label (the others are listed in the manifest's skipped)")
-        skipped += [{"path": rel, "key": None, "reason": "no row in the labels file"} for rel in unlisted]
-        skipped += [{"path": rel, "key": None, "reason": "listed in the labels file, no such image"}
-                    for rel in absent]
-        images = [t for t in images if t[0] in rows]
-        values = [rows[rel] for rel, *_ in images]
-        if class_to_idx is None:
-            if all(isinstance(v, int) for v in values):
-                k = max(values, default=-1) + 1
-                if k > MAX_CLASSES:  # the classes "0" .. "K-1" are made: bounded
-                    top = max(images, key=lambda t: rows[t[0]])[0]
-                    raise ValueError(f"{layout.labels_file}: label {k - 1} (of {top}) would make {k:,} classes "
-                                     f"(\"0\" .. \"{k - 1}\"), more than {MAX_CLASSES:,}; pass --classes-from "
-                                     "naming the classes, or fix the label")
-                class_to_idx = {str(i): i for i in range(k)}
-            else:
-                class_to_idx = {c: i for i, c in enumerate(sorted(set(values)))}  # as ImageFolder sorts folders
-        idx_to_class = {i: c for c, i in class_to_idx.items()}
-        labels_of = {}
-        bad = []
-        nfc_names: dict[str, str] | None = None
-        for rel, *_ in images:
-            v = rows[rel]
-            if isinstance(v, int):
-                if v not in idx_to_class:
-                    bad.append((rel, v))
-                labels_of[rel] = v
-            else:
-                if v not in class_to_idx:  # the same name in another Unicode normalisation is that class
-                    if nfc_names is None:
-                        nfc_names = _nfc_names(class_to_idx)
-                    v = nfc_names.get(unicodedata.normalize("NFC", v), v)
-                if v not in class_to_idx:
-                    bad.append((rel, v))
-                labels_of[rel] = class_to_idx.get(v, -1)
-        if bad:
-            raise ValueError(f"{layout.labels_file}: {len(bad)} label(s) are not classes of the class map "
-                             f"({len(class_to_idx)} classes), e.g. {bad[0][0]}: {bad[0][1]!r}; pass the right "
-                             "--classes-from or fix the labels")
-        labelled = True
-        kind = "labels-file"
-    elif layout.no_labels or not any("/" in rel for rel, *_ in images):
-        if class_to_idx is not None:  # a class map asks for labels: never dropped silently
-            why = "--no-labels" if layout.no_labels else f"{src} has no class folders"
-            raise ValueError(f"--classes-from gives classes, but this pack is unlabelled ({why}); pass --labels FILE "
-                             "to label the images, or drop --classes-from")
-        labelled, labels_of, kind = False, {}, "unlabelled"
-        class_to_idx = {}
-    else:
-        from shardfeed.readers.imagefolder import resolve_class_map
-
-        from .scan import find_classes
-
-        folders = find_classes(src)
-        _, class_to_idx = resolve_class_map(folders, class_to_idx, src)
-        loose = [rel for rel, *_ in images if "/" not in rel]
-        found.ignored += [{"path": rel, "reason": "image not in a class folder"} for rel in loose]
-        images = [t for t in images if "/" in t[0]]
-        labels_of = {rel: class_to_idx[rel.split("/", 1)[0]] for rel, *_ in images}
-        labelled, kind = True, "class-folders"
-    if not images:
+    labels = _resolve_labels(src, options, layout, found, skipped)
+    if not labels.images:
         raise ValueError(f"{src}: no images with extensions {','.join(exts)} to pack")
-    missing_side = []
-    if layout.sidecars and layout.require_sidecars:
-        for rel, *_ in images:
-            have = found.sidecars.get(rel, {})
-            lack = [f for f in layout.sidecars if f not in have]
-            if lack:
-                missing_side.append((rel, lack))
-        if missing_side and raise_:
-            rel, lack = missing_side[0]
-            raise ValueError(f"{src / rel}: no sidecar file {', '.join(rel.rsplit('.', 1)[0] + '.' + f for f in lack)}"
-                             f" (--require-sidecars; {len(missing_side)} image(s) lack one); add them, drop "
-                             "--require-sidecars to count them instead, or pass --on-error skip")
-        drop = {rel for rel, _ in missing_side}
-        skipped += [{"path": rel, "key": None, "reason": f"no sidecar {', '.join(lack)} (--require-sidecars)"}
-                    for rel, lack in missing_side]
-        images = [t for t in images if t[0] not in drop]
+    labels.images = _drop_missing_sidecars(src, options, layout, found, labels.images, skipped)
+    images = labels.images
     order = list(range(len(images)))
     if options.shuffle:
         random.Random(options.seed).shuffle(order)  # the permutation plan_samples applies
-    width = key_width(len(images))
-    classes = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
-
+    classes = [c for c, _ in sorted(labels.class_to_idx.items(), key=lambda kv: kv[1])]
     fp = options.fingerprint_fields()
-    recorded = {**fp, "source": str(src.absolute()), "layout": kind}
+    recorded = {**fp, "source": str(src.absolute()), "layout": labels.kind}
     if layout.labels_file is not None:
         recorded["labels_file"] = str(layout.labels_file)
     if layout.sidecars:
@@ -890,138 +853,306 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if layout.sidecars:
         files["sidecars"] = sum(len(v) for v in found.sidecars.values())
     planned = [images[i] for i in order]
-    fingerprint = _layout_fingerprint(src, recorded, layout, class_to_idx, labels_of, planned, found.sidecars)
-    with output_lock(out, "pack"):
-        action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
-        if action == "finished":  # --resume on a finished dataset: done when it is this command's
-            from shardfeed.readers.format import load_manifest
+    fingerprint = _layout_fingerprint(src, recorded, layout, labels.class_to_idx, labels.labels_of, planned,
+                                      found.sidecars)
+    return _LayoutPlan(src=src, found=found, n_found=n_found, labels=labels, skipped=skipped, planned=planned,
+                       width=key_width(len(images)), classes=classes, fp=fp, recorded=recorded, files=files,
+                       fingerprint=fingerprint)
 
-            from .ownership import flag
 
-            manifest = load_manifest(out, check_files=False)
-            if (json.loads(json.dumps(manifest.options)) != json.loads(json.dumps(recorded))
-                    or (manifest.files or {}).get("found") != n_found):
-                raise ValueError(f"{out}: already holds a finished dataset packed with other options, labels or "
-                                 f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
-                                 "output folder")
-            return PackReport(
-                source=str(src.absolute()), output=str(out), format=manifest.format,
-                num_samples=manifest.num_samples, num_shards=len(manifest.shards),
-                num_bytes=sum(sh.num_bytes for sh in manifest.shards), input_bytes=0,
-                seconds=time.perf_counter() - t0, workers=1, files=dict(manifest.files or {}),
-                skipped=list(manifest.skipped), ignored=found.ignored, empty_classes=[],
-                num_classes=len(manifest.classes), shards_resumed=len(manifest.shards),
-                extra={"layout": kind, "fields": manifest.fields, "already_complete": True})
-        resume = action == "resume"  # "start": missing, empty, or stopped before its plan
-        state = out / STATE_DIR
-        done: list[dict] = []
-        if resume:
-            if not describe(options.format).sharded:
-                raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
-                                 "--format wds; rerun the LMDB pack with --overwrite")
-            try:
-                old = json.loads((state / PLAN_NAME).read_text())
-            except (OSError, ValueError):
-                old = {}
-            if old.get("fingerprint") != fingerprint:
-                raise ValueError(f"{out}: the interrupted pack used other options, labels or files; rerun with the "
-                                 "same ones, or start again with --overwrite")
-            done = _finished_records(out, len(planned))
+def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
+    """The labels from the labels file, else none (``no_labels``, or no class folders), else the
+    class folders; the images without a label are added to ``skipped`` (or raise)."""
+    if layout.labels_file is not None:
+        return _labels_from_file(src, options, layout, found, skipped)
+    if layout.no_labels or not any("/" in rel for rel, *_ in found.images):
+        if options.class_to_idx is not None:  # a class map asks for labels: never dropped silently
+            why = "--no-labels" if layout.no_labels else f"{src} has no class folders"
+            raise ValueError(f"--classes-from gives classes, but this pack is unlabelled ({why}); pass --labels FILE "
+                             "to label the images, or drop --classes-from")
+        return _Labels(found.images, {}, {}, False, "unlabelled")
+    from shardfeed.readers.imagefolder import resolve_class_map
+
+    from .scan import find_classes
+
+    folders = find_classes(src)
+    _, class_to_idx = resolve_class_map(folders, options.class_to_idx, src)
+    loose = [rel for rel, *_ in found.images if "/" not in rel]
+    found.ignored += [{"path": rel, "reason": "image not in a class folder"} for rel in loose]
+    images = [t for t in found.images if "/" in t[0]]
+    labels_of = {rel: class_to_idx[rel.split("/", 1)[0]] for rel, *_ in images}
+    return _Labels(images, class_to_idx, labels_of, True, "class-folders")
+
+
+def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
+    """The labels of ``layout.labels_file``: images without a row and rows without an image are
+    an error (``on_error="raise"``) or skipped; the class map is ``options.class_to_idx``, else
+    ``"0" .. "K-1"`` for integer labels, else the sorted label names."""
+    images = found.images
+    rows = _match_unicode_spelling(read_labels_file(layout.labels_file), [rel for rel, *_ in images])
+    on_disk = {rel for rel, *_ in images}
+    unlisted = [rel for rel, *_ in images if rel not in rows]
+    absent = [rel for rel in rows if rel not in on_disk]
+    if (unlisted or absent) and options.on_error != "skip":
+        parts = []
+        if unlisted:
+            parts.append(f"{len(unlisted)} image(s) under {src} have no row in {layout.labels_file} "
+                         f"(e.g. {', '.join(unlisted[:3])})")
+        if absent:
+            parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {src} "
+                         f"(e.g. {', '.join(_why_not_an_image(src, rel, found) for rel in absent[:3])})")
+        raise ValueError("; ".join(parts) + "; fix the labels file, or pass --on-error skip to pack the "
+                         "images that have a label (the others are listed in the manifest's skipped)")
+    skipped += [{"path": rel, "key": None, "reason": "no row in the labels file"} for rel in unlisted]
+    skipped += [{"path": rel, "key": None, "reason": "listed in the labels file, no such image"}
+                for rel in absent]
+    images = [t for t in images if t[0] in rows]
+    class_to_idx = options.class_to_idx
+    if class_to_idx is None:
+        class_to_idx = _class_map_of_labels(layout, images, rows)
+    labels_of = _label_indices(layout, images, rows, class_to_idx)
+    return _Labels(images, class_to_idx, labels_of, True, "labels-file")
+
+
+def _class_map_of_labels(layout: LayoutOptions, images: list, rows: dict[str, Any]) -> dict[str, int]:
+    """The class map of a labels file without ``--classes-from``: ``"0" .. "K-1"`` when every
+    label is an integer (at most :data:`MAX_CLASSES`), else the label names sorted as
+    ImageFolder sorts folders."""
+    values = [rows[rel] for rel, *_ in images]
+    if all(isinstance(v, int) for v in values):
+        k = max(values, default=-1) + 1
+        if k > MAX_CLASSES:  # the classes "0" .. "K-1" are made: bounded
+            top = max(images, key=lambda t: rows[t[0]])[0]
+            raise ValueError(f"{layout.labels_file}: label {k - 1} (of {top}) would make {k:,} classes "
+                             f"(\"0\" .. \"{k - 1}\"), more than {MAX_CLASSES:,}; pass --classes-from "
+                             "naming the classes, or fix the label")
+        return {str(i): i for i in range(k)}
+    return {c: i for i, c in enumerate(sorted(set(values)))}  # as ImageFolder sorts folders
+
+
+def _label_indices(layout: LayoutOptions, images: list, rows: dict[str, Any],
+                   class_to_idx: dict[str, int]) -> dict[str, int]:
+    """``{image: class index}`` of the labels file's rows (a name in another Unicode
+    normalisation is that class); a label that is not a class of the map is an error."""
+    idx_to_class = {i: c for c, i in class_to_idx.items()}
+    labels_of = {}
+    bad = []
+    nfc_names: dict[str, str] | None = None
+    for rel, *_ in images:
+        v = rows[rel]
+        if isinstance(v, int):
+            if v not in idx_to_class:
+                bad.append((rel, v))
+            labels_of[rel] = v
         else:
-            state.mkdir(exist_ok=True)
-            # the options name the shards this pack writes (what --overwrite may delete)
-            write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": fingerprint, "options": fp}).encode())
-        start = done[-1]["end"] if done else 0
-        read_skips: list[dict] = [sk for rec in done for sk in rec["skipped"]]
-        skipped += read_skips
-        pos = {"at": start, "shard_start": start, "counts": {}}
+            if v not in class_to_idx:  # the same name in another Unicode normalisation is that class
+                if nfc_names is None:
+                    nfc_names = _nfc_names(class_to_idx)
+                v = nfc_names.get(unicodedata.normalize("NFC", v), v)
+            if v not in class_to_idx:
+                bad.append((rel, v))
+            labels_of[rel] = class_to_idx.get(v, -1)
+    if bad:
+        raise ValueError(f"{layout.labels_file}: {len(bad)} label(s) are not classes of the class map "
+                         f"({len(class_to_idx)} classes), e.g. {bad[0][0]}: {bad[0][1]!r}; pass the right "
+                         "--classes-from or fix the labels")
+    return labels_of
 
-        src_real = os.path.realpath(src)
 
-        def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
-            rel = planned[j][0]
-            return _read(_inside(src_real, src, rel)), {
-                f: _read(_inside(src_real, src, srel), MAX_SIDECAR_BYTES)
-                for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
+def _drop_missing_sidecars(src: Path, options, layout: LayoutOptions, found: _Found, images: list,
+                           skipped: list[dict]) -> list:
+    """``images`` less those that lack a sidecar ``--require-sidecars`` asks for (skipped, or an
+    error naming the first with ``on_error="raise"``); all of them without ``require_sidecars``."""
+    if not (layout.sidecars and layout.require_sidecars):
+        return images
+    missing_side = []
+    for rel, *_ in images:
+        have = found.sidecars.get(rel, {})
+        lack = [f for f in layout.sidecars if f not in have]
+        if lack:
+            missing_side.append((rel, lack))
+    if missing_side and options.on_error != "skip":
+        rel, lack = missing_side[0]
+        raise ValueError(f"{src / rel}: no sidecar file {', '.join(rel.rsplit('.', 1)[0] + '.' + f for f in lack)}"
+                         f" (--require-sidecars; {len(missing_side)} image(s) lack one); add them, drop "
+                         "--require-sidecars to count them instead, or pass --on-error skip")
+    drop = {rel for rel, _ in missing_side}
+    skipped += [{"path": rel, "key": None, "reason": f"no sidecar {', '.join(lack)} (--require-sidecars)"}
+                for rel, lack in missing_side]
+    return [t for t in images if t[0] not in drop]
 
-        def samples():
-            # reads in flight ahead (--read-ahead; adaptive: threads only once reads wait on storage),
-            # results in plan order: the same bytes whatever the read-ahead
-            for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
-                                size_of=lambda j: planned[j][2], adaptive=True):
-                j = r.item
-                pos["at"] = j
-                rel, ext, _, _ = planned[j]
-                key = str(j).zfill(width)
-                meta: dict = {}
-                try:
-                    if r.error is not None:
-                        raise r.error
-                    data, extra = r.value
-                    for f, value in extra.items():  # a .txt that is not UTF-8, a .json that does not parse:
-                        decode_field(f, value, str(src / found.sidecars[rel][f]))  # named now, not in training
-                    if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
-                        data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
-                    if options.decode_check:
-                        from shardfeed.readers.decode import decode_image
 
-                        decode_image(data, ext, source=str(src / rel))
-                except (OSError, ValueError) as exc:
-                    if raise_:
-                        raise
-                    item = {"path": rel, "key": key, "reason": skip_reason(exc)}
-                    skipped.append(item)
-                    read_skips.append({**item, "_pos": j})
-                    continue
-                item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
-                if meta:
-                    item["meta"] = meta  # orig_* of a re-encoded image
-                if labelled:
-                    item["label"] = labels_of[rel]
-                yield item
-            pos["at"] = len(planned)
+def _finished_layout_report(out: Path, plan: _LayoutPlan, t0: float):
+    """The report of ``--resume`` on OUT's finished dataset, when it is this very pack's.
 
-        writer_extra = None
-        writer_box: dict = {}
-        if describe(options.format).sharded:
-            counts: dict[str, int] = {}
-            for rec in done:
-                for f, n in rec["fields"].items():
-                    counts[f] = counts.get(f, 0) + n
-            pos["counts"] = dict(counts)
+    Raises:
+        ValueError: the finished dataset was packed with other options, labels or files.
+    """
+    from shardfeed.readers.format import load_manifest
 
-            def on_shard_end(entry, index: int) -> None:
-                now = dict(writer_box["w"].field_counts) if "w" in writer_box else {}
-                a, b = pos["shard_start"], pos["at"]
-                write_shard_record(out, index, {
-                    "shard": index, "entry": entry.to_json(), "start": a, "end": b,
-                    "fields": {f: now.get(f, 0) - pos["counts"].get(f, 0) for f in now},
-                    "skipped": [{k: v for k, v in sk.items() if k != "_pos"} for sk in read_skips
-                                if a <= sk.get("_pos", -1) < b]})
-                pos["shard_start"], pos["counts"] = b, now
+    from .ownership import flag
+    from .report import PackReport
 
-            from shardfeed.readers.format import ShardEntry
-
-            writer_extra = {"resume_shards": [ShardEntry(**rec["entry"]) for rec in done],
-                            "field_counts": counts, "on_shard_end": on_shard_end}
-        try:
-            manifest = _write(
-                samples(), out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
-                prefix=options.prefix, classes=classes if labelled else None,
-                class_to_idx=class_to_idx if labelled else None, labels=labelled, fields=tuple(layout.sidecars),
-                options=recorded, skipped=skipped, files=files, map_size=options.map_size, progress=progress,
-                writer_extra=writer_extra, resuming=bool(done), writer_box=writer_box)
-        except BaseException:
-            for tmp in out.glob(".*.tmp"):  # a partial shard; complete ones stay for --resume
-                tmp.unlink(missing_ok=True)
-            raise
-        shutil.rmtree(state, ignore_errors=True)
+    manifest = load_manifest(out, check_files=False)
+    if (json.loads(json.dumps(manifest.options)) != json.loads(json.dumps(plan.recorded))
+            or (manifest.files or {}).get("found") != plan.n_found):
+        raise ValueError(f"{out}: already holds a finished dataset packed with other options, labels or "
+                         f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
+                         "output folder")
     return PackReport(
-        source=str(src.absolute()), output=str(out), format=options.format, num_samples=manifest.num_samples,
+        source=str(plan.src.absolute()), output=str(out), format=manifest.format,
+        num_samples=manifest.num_samples, num_shards=len(manifest.shards),
+        num_bytes=sum(sh.num_bytes for sh in manifest.shards), input_bytes=0,
+        seconds=time.perf_counter() - t0, workers=1, files=dict(manifest.files or {}),
+        skipped=list(manifest.skipped), ignored=plan.found.ignored, empty_classes=[],
+        num_classes=len(manifest.classes), shards_resumed=len(manifest.shards),
+        extra={"layout": plan.labels.kind, "fields": manifest.fields, "already_complete": True})
+
+
+def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: bool) -> list[dict]:
+    """A resumed pack: the records of the shards it finished (after checking OUT's plan is this
+    one); a new pack: none, once the plan is written to OUT's state folder.
+
+    Raises:
+        ValueError: ``resume`` of an LMDB pack, or of a pack with other options, labels or files.
+    """
+    state = out / STATE_DIR
+    if not resume:  # "start": missing, empty, or stopped before its plan
+        state.mkdir(exist_ok=True)
+        # the options name the shards this pack writes (what --overwrite may delete)
+        write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": plan.fingerprint,
+                                                          "options": plan.fp}).encode())
+        return []
+    if not describe(options.format).sharded:
+        raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
+                         "--format wds; rerun the LMDB pack with --overwrite")
+    try:
+        old = json.loads((state / PLAN_NAME).read_text())
+    except (OSError, ValueError):
+        old = {}
+    if old.get("fingerprint") != plan.fingerprint:
+        raise ValueError(f"{out}: the interrupted pack used other options, labels or files; rerun with the "
+                         "same ones, or start again with --overwrite")
+    return _finished_records(out, len(plan.planned))
+
+
+def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, done: list[dict],
+                  context: PackContext) -> Manifest:
+    """Write the planned samples after the ``done`` shards through the format's writer, with a
+    resume record per finished shard (sharded formats); the state folder goes once the manifest
+    is written. A partial shard is removed when the write stops."""
+    start = done[-1]["end"] if done else 0
+    read_skips: list[dict] = [sk for rec in done for sk in rec["skipped"]]
+    plan.skipped += read_skips
+    pos = {"at": start, "shard_start": start, "counts": {}}
+    samples = _layout_samples(options, layout, plan, start, pos, read_skips)
+    writer_extra = None
+    writer_box: dict = {}
+    if describe(options.format).sharded:
+        writer_extra = _resume_writer_extra(out, done, pos, read_skips, writer_box)
+    labelled = plan.labels.labelled
+    try:
+        manifest = _write(
+            samples, out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
+            prefix=options.prefix, classes=plan.classes if labelled else None,
+            class_to_idx=plan.labels.class_to_idx if labelled else None, labels=labelled,
+            fields=tuple(layout.sidecars), options=plan.recorded, skipped=plan.skipped, files=plan.files,
+            map_size=options.map_size, progress=context.progress, writer_extra=writer_extra, resuming=bool(done),
+            writer_box=writer_box)
+    except BaseException:
+        for tmp in out.glob(".*.tmp"):  # a partial shard; complete ones stay for --resume
+            tmp.unlink(missing_ok=True)
+        raise
+    shutil.rmtree(out / STATE_DIR, ignore_errors=True)
+    return manifest
+
+
+def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: int, pos: dict,
+                    read_skips: list[dict]) -> Iterator[dict]:
+    """The sample dicts of the planned images from ``start`` on, read ahead (``--read-ahead``;
+    adaptive: threads only once reads wait on storage) and yielded in plan order: the same bytes
+    whatever the read-ahead. ``pos["at"]`` follows the plan position; a file that fails with
+    ``on_error="skip"`` goes to ``plan.skipped`` and ``read_skips`` (with its position)."""
+    src, planned, found, labels = plan.src, plan.planned, plan.found, plan.labels
+    src_real = os.path.realpath(src)
+
+    def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
+        rel = planned[j][0]
+        return _read(_inside(src_real, src, rel)), {
+            f: _read(_inside(src_real, src, srel), MAX_SIDECAR_BYTES)
+            for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
+
+    for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
+                        size_of=lambda j: planned[j][2], adaptive=True):
+        j = r.item
+        pos["at"] = j
+        rel, ext, _, _ = planned[j]
+        key = str(j).zfill(plan.width)
+        meta: dict = {}
+        try:
+            if r.error is not None:
+                raise r.error
+            data, extra = r.value
+            for f, value in extra.items():  # a .txt that is not UTF-8, a .json that does not parse:
+                decode_field(f, value, str(src / found.sidecars[rel][f]))  # named now, not in training
+            if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
+                data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
+            if options.decode_check:
+                from shardfeed.readers.decode import decode_image
+
+                decode_image(data, ext, source=str(src / rel))
+        except (OSError, ValueError) as exc:
+            if options.on_error != "skip":
+                raise
+            item = {"path": rel, "key": key, "reason": skip_reason(exc)}
+            plan.skipped.append(item)
+            read_skips.append({**item, "_pos": j})
+            continue
+        item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
+        if meta:
+            item["meta"] = meta  # orig_* of a re-encoded image
+        if labels.labelled:
+            item["label"] = labels.labels_of[rel]
+        yield item
+    pos["at"] = len(planned)
+
+
+def _resume_writer_extra(out: Path, done: list[dict], pos: dict, read_skips: list[dict], writer_box: dict) -> dict:
+    """The WebDataset writer's ``resume_shards``, ``field_counts`` and ``on_shard_end``, which
+    writes each finished shard's resume record (its sample range, its samples per field, the
+    files skipped in it)."""
+    from shardfeed.readers.format import ShardEntry
+
+    counts: dict[str, int] = {}
+    for rec in done:
+        for f, n in rec["fields"].items():
+            counts[f] = counts.get(f, 0) + n
+    pos["counts"] = dict(counts)
+
+    def on_shard_end(entry, index: int) -> None:
+        now = dict(writer_box["w"].field_counts) if "w" in writer_box else {}
+        a, b = pos["shard_start"], pos["at"]
+        write_shard_record(out, index, {
+            "shard": index, "entry": entry.to_json(), "start": a, "end": b,
+            "fields": {f: now.get(f, 0) - pos["counts"].get(f, 0) for f in now},
+            "skipped": [{k: v for k, v in sk.items() if k != "_pos"} for sk in read_skips
+                        if a <= sk.get("_pos", -1) < b]})
+        pos["shard_start"], pos["counts"] = b, now
+
+    return {"resume_shards": [ShardEntry(**rec["entry"]) for rec in done], "field_counts": counts,
+            "on_shard_end": on_shard_end}
+
+
+def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, seconds: float):
+    """The :class:`~shardfeed.convert.report.PackReport` of a finished layout pack."""
+    from .report import PackReport
+
+    return PackReport(
+        source=str(plan.src.absolute()), output=str(out), format=options.format, num_samples=manifest.num_samples,
         num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards),
-        input_bytes=sum(t[2] for t in images), seconds=time.perf_counter() - t0, workers=1,
-        files=manifest.files, skipped=list(manifest.skipped), ignored=found.ignored, empty_classes=[],
-        num_classes=len(manifest.classes), extra={"layout": kind, "fields": manifest.fields})
+        input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=1,
+        files=manifest.files, skipped=list(manifest.skipped), ignored=plan.found.ignored, empty_classes=[],
+        num_classes=len(manifest.classes), extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
 
 def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:

@@ -5,7 +5,10 @@ seeded shuffle of the whole dataset, or sorted order), give every sample its key
 position in that order), then hand the plan to the format's packer, found in the format
 registry (:func:`shardfeed.readers.registry.packer`; the packers live in
 :mod:`shardfeed.convert.writers`), which runs its tasks on the pack's executor
-(:mod:`shardfeed.convert.executors`: local processes or Ray).
+(:mod:`shardfeed.convert.executors`: local processes or Ray). The executor, the progress sinks,
+the shard-end hook and the storage options travel as one
+:class:`~shardfeed.convert.context.PackContext`, built once where the pack starts and passed
+down; the packer returns a :class:`~shardfeed.convert.context.PackResult`.
 
 For WebDataset the shard boundaries are computed up front from the sample order and the file
 sizes (every member's size on disk is known before reading a byte), so each shard is an
@@ -34,7 +37,7 @@ import time
 import warnings
 from array import array
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from shardfeed.readers.format import (
     DEFAULT_PREFIX,
@@ -53,8 +56,9 @@ from shardfeed.readers.registry import packer as format_packer
 
 from . import writers  # noqa: F401  (registers the packers and writers of every format)
 from .consumers import write_consumer_files
-from .executors import ProgressSink, check_executor, make_executor, run_tasks, signals_held, use_executor
-from .faults import FaultHooks, current_default_faults
+from .context import PackContext, PackResult
+from .executors import ProgressSink, check_executor, run_tasks, signals_held
+from .faults import FaultHooks
 from .outdir import prepare_output
 from .outlock import output_lock
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
@@ -65,6 +69,9 @@ from .report import PackReport, finished_report, plural
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes
 from .scan import ScanResult, ScannedFiles, scan_image_folder
+
+if TYPE_CHECKING:
+    from .layouts import LayoutOptions
 
 __all__ = [
     "MAX_READ_AHEAD",
@@ -140,8 +147,8 @@ class PackOptions:
         ray_address: the Ray cluster (``auto``, ``HOST:PORT``); None: ``RAY_ADDRESS`` when set,
             else a local Ray instance.
         faults: test-only fault injection (:class:`~shardfeed.convert.faults.FaultHooks`); None
-            (production): none, unless a :func:`~shardfeed.convert.faults.default_faults` block
-            of a test sets one. Never changes the output bytes.
+            (production): none. Given explicitly, never taken from elsewhere; never changes the
+            output bytes.
     """
 
     format: str = "webdataset"
@@ -172,8 +179,6 @@ class PackOptions:
     faults: FaultHooks | None = None
 
     def __post_init__(self):
-        if self.faults is None:
-            self.faults = current_default_faults()
         self.executor = str(self.executor).lower()
         check_executor(self.executor)
         if self.ray_address and self.executor != "ray":
@@ -335,17 +340,75 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         OSError: reading a source or writing OUT failed (disk full: ``ENOSPC``/``EFBIG``); complete
             shards stay and ``resume`` continues.
     """
-    from shardfeed.readers.opener import check_supported, local_path, url_scheme
-
     options = options or PackOptions()
+    out, to_store = _checked_out(out, options)
+    with PackContext.for_options(options, progress=progress, output_progress=output_progress,
+                                 storage_options=storage_options) as context:
+        src, scan, src_url = _local_source(src, options, context, layout=layout, scan=scan, notice=notice,
+                                           download_progress=download_progress)
+        if not to_store:
+            prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
+        layout = _layout_of(src, layout, src_url=src_url, notice=notice)
+        if layout is not None:
+            if to_store:
+                raise ValueError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack a "
+                                 "local folder into a local OUT")
+            from .layouts import pack_layout
+
+            return pack_layout(src, out, options, layout, context=context)
+        if scan is None:
+            scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
+                                     progress=scan_progress)
+        if start_progress is not None:
+            start_progress(len(scan.files), scan.num_bytes)
+        if to_store:
+            from .store_pack import pack_to_store
+
+            report = pack_to_store(src, out, options, pack_local, context=context, scan=scan)
+        else:
+            report = pack_local(src, out, options, scan=scan, context=context)
+    if src_url is not None:
+        shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
+        report.source = src_url
+    return report
+
+
+def _checked_out(out: str | os.PathLike[str], options: PackOptions) -> tuple[str | Path, bool]:
+    """:func:`pack`'s OUT: ``(the URL of a bucket OUT or the local path, whether it is a bucket)``.
+
+    Raises:
+        shardfeed.readers.errors.UnsupportedURLError: an unsupported scheme, or a format that is
+            written to a local disk only (LMDB) with a bucket OUT.
+    """
+    from shardfeed.readers.opener import check_supported, is_remote, local_path
+
     check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
-    to_store = url_scheme(out) == "s3"
+    to_store = is_remote(out)  # any writable remote location (store_pack refuses a read-only one)
     if to_store and not _writes_to_store(options.format):
         raise UnsupportedURLError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
                                   "memory); use --format wds to pack to a bucket, or pack to a local folder")
-    out = str(out) if to_store else local_path(out)
+    return (str(out) if to_store else local_path(out)), to_store
+
+
+def _local_source(src: str | os.PathLike[str], options: PackOptions, context: PackContext, *,
+                  layout: LayoutOptions | None, scan: ScanResult | None, notice: Callable[[str], None] | None,
+                  download_progress: Callable[[int, int], Callable[[int, int], None]] | None
+                  ) -> tuple[Path, ScanResult | None, str | None]:
+    """:func:`pack`'s SRC as a local folder: ``(folder, scan, bucket URL or None)``.
+
+    A bucket SRC is mirrored to a local folder first (with ``context.storage_options``); its scan
+    is the listing's, rooted at the mirror. A local SRC keeps the ``scan`` given.
+
+    Raises:
+        shardfeed.readers.errors.UnsupportedURLError: an unsupported scheme.
+        ValueError: a ``layout`` with a bucket SRC.
+        FileNotFoundError: the local folder does not exist.
+        DataSourceError: the listing or a download failed.
+    """
+    from shardfeed.readers.opener import check_supported, is_remote, local_path
+
     check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
-    src_url = str(src) if url_scheme(src) == "s3" else None
+    src_url = str(src) if is_remote(src) else None
     if src_url is not None:
         if layout is not None:
             raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder into a local OUT")
@@ -354,45 +417,28 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         (notice or log.info)(f"listing and downloading the image folder {src_url} ...")
         # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
         # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
-        src, scan = mirror_store_folder(src_url, extensions=options.extensions, class_to_idx=options.class_to_idx,
-                                        storage_options=storage_options, on_error=options.on_error,
-                                        progress=download_progress)
+        folder, scan = mirror_store_folder(src_url, extensions=options.extensions,
+                                           class_to_idx=options.class_to_idx, storage_options=context.storage_options,
+                                           on_error=options.on_error, progress=download_progress)
     else:
-        src = local_path(src)
-    if not src.exists():
-        raise FileNotFoundError(f"{src}: source folder does not exist")
-    if not to_store:
-        prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
+        folder = local_path(src)
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder}: source folder does not exist")
+    return folder, scan, src_url
+
+
+def _layout_of(src: Path, layout: LayoutOptions | None, *, src_url: str | None,
+               notice: Callable[[str], None] | None) -> LayoutOptions | None:
+    """The :class:`~shardfeed.convert.layouts.LayoutOptions` :func:`pack` packs ``src`` with: the
+    one given, else an unlabelled layout (with a ``notice``) for a local SRC without class
+    folders, else None (class folders)."""
     if layout is None and src_url is None and not _has_class_folders(src):
         from .layouts import LayoutOptions
 
         (notice or log.warning)(f"{src}: no class folders: packing an unlabelled dataset (readers give label -1); "
                                 "for labels, pass --labels FILE or sort the images into SRC/CLASS/ folders")
         layout = LayoutOptions()
-    if layout is not None:
-        if to_store:
-            raise ValueError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack a local "
-                             "folder into a local OUT")
-        from .layouts import pack_layout
-
-        return pack_layout(src, out, options, layout, progress=progress)
-    if scan is None:
-        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
-                                 progress=scan_progress)
-    if start_progress is not None:
-        start_progress(len(scan.files), scan.num_bytes)
-    if to_store:
-        from .store_pack import pack_to_store
-
-        report = pack_to_store(src, out, options, pack_local, progress=progress, scan=scan,
-                               output_progress=output_progress, storage_options=storage_options)
-    else:
-        report = pack_local(src, out, options, progress=progress, output_progress=output_progress, scan=scan)
-    if src_url is not None:
-        shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
-        report.source = src_url
-    return report
-
+    return layout
 
 def _writes_to_store(fmt: str) -> bool:
     """Whether the format ``fmt`` can be packed to a bucket (sharded: shards go up one by one)."""
@@ -412,16 +458,29 @@ def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOpti
                progress: Callable[[int, int], None] | None = None,
                output_progress: Callable[[int], None] | None = None,
                scan: ScanResult | None = None,
-               on_shard_end: Callable[..., None] | None = None) -> PackReport:
+               on_shard_end: Callable[..., None] | None = None,
+               context: PackContext | None = None) -> PackReport:
     """Pack the local image folder ``src`` (class folders) into the local folder ``out``: the
     build :func:`pack` runs for every OUT (a bucket OUT is built in a staging folder).
 
     ``on_shard_end(entry, index)`` is called in this process as each shard this run writes is
-    complete (:class:`~shardfeed.readers.format.ShardEntry`; sharded formats; the packers'
-    keyword, see :mod:`shardfeed.readers.registry`). Other Args and Raises: as :func:`pack`
-    (local paths only).
+    complete (:class:`~shardfeed.readers.format.ShardEntry`; sharded formats). ``context``: the
+    pack's :class:`~shardfeed.convert.context.PackContext` (its executor, progress sinks and
+    shard-end hook; :func:`pack` passes its own); None: one is made for ``options`` from
+    ``progress``, ``output_progress`` and ``on_shard_end``, and its executor closed at the end.
+    Other Args and Raises: as :func:`pack` (local paths only).
+
+    Raises:
+        TypeError: ``context`` together with ``progress``, ``output_progress`` or ``on_shard_end``
+            (those belong in the context).
     """
     options = options or PackOptions()
+    if context is None:
+        with PackContext.for_options(options, progress=progress, output_progress=output_progress,
+                                     on_shard_end=on_shard_end) as context:
+            return pack_local(src, out, options, scan=scan, context=context)
+    if progress is not None or output_progress is not None or on_shard_end is not None:
+        raise TypeError("pack_local(context=...): pass progress, output_progress and on_shard_end in the context")
     src, out = Path(src), Path(out)
     t0 = time.perf_counter()
     if scan is None:
@@ -432,12 +491,11 @@ def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOpti
         raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
                          "pack the rest and list these in the manifest's skipped")
     with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
-        return _pack_locked(src, out, options, scan, progress, output_progress, t0, on_shard_end)
+        return _pack_locked(src, out, options, scan, context, t0)
 
 
-def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
-                 progress: Callable[[int, int], None] | None, output_progress: Callable[[int], None] | None,
-                 t0: float, on_shard_end: Callable[..., None] | None = None) -> PackReport:
+def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, context: PackContext,
+                 t0: float) -> PackReport:
     """:func:`pack` once OUT's lock is held."""
     action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
     if action == "finished":
@@ -448,7 +506,55 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
         log.info("%s: nothing to resume yet; starting the pack", out)
         options = dataclasses.replace(options, resume=False)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
-    fingerprint = _fingerprint(scan, samples, options)
+    state = out / STATE_DIR
+    _check_or_write_plan(out, options, scan, _fingerprint(scan, samples, options))
+    try:
+        result: PackResult = format_packer(options.format)(scan, samples, out, options, context)
+    except BaseException:
+        # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
+        for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
+            if tmp.is_file() or tmp.is_symlink():
+                tmp.unlink(missing_ok=True)
+        raise
+    shards, extra = result.shards, result.extra
+    skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + result.skipped
+    num_samples = sum(s.num_samples for s in shards)
+    if num_samples == 0:
+        raise ValueError(f"{src}: every image was skipped ({len(skipped)}); nothing to pack")
+    extensions = merge_extension_counts([s.extensions for s in shards])
+    if extensions is None and options.reencode is None:  # LMDB: the plan's (original bytes), less the skipped
+        extensions = _plan_extension_counts(scan.files, skipped)
+    manifest = Manifest(
+        format=options.format, num_samples=num_samples, classes=scan.classes, class_to_idx=scan.class_to_idx,
+        shards=shards, skipped=skipped, extensions=extensions,
+        options={**options.fingerprint_fields(), "source": scan.root},
+        files={"found": scan.num_found, "packed": num_samples, "skipped": len(skipped),
+               "ignored": len(scan.ignored)},
+    )
+    extra.update(context.executor.describe())  # executor, num_tasks, nodes, task_retries
+    if result.finalize is not None:
+        result.finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction
+    with signals_held():  # a finished manifest means a finished dataset: its consumer files, no pack state
+        manifest.write(out)
+        write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
+        shutil.rmtree(state, ignore_errors=True)
+    seconds = time.perf_counter() - t0
+    return PackReport(
+        source=scan.root, output=str(out), format=options.format, num_samples=num_samples,
+        num_shards=len(shards), num_bytes=sum(s.num_bytes for s in shards),
+        input_bytes=input_bytes(samples), seconds=seconds, workers=options.workers,
+        files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
+        num_classes=len(scan.classes), shards_resumed=result.resumed, extra=extra,
+    )
+
+
+def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fingerprint: str) -> None:
+    """A resumed pack: check that OUT's plan is this one; a new pack: write the plan (the state
+    folder, the plan's files and ``plan.json``, together).
+
+    Raises:
+        ValueError: ``resume`` of a pack with other options or another version of the source.
+    """
     state = out / STATE_DIR
     plan_path = state / PLAN_NAME
     if options.resume:
@@ -467,50 +573,6 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult,
             write_plan_files(state, scan.files)  # what --resume names when the source changed
             write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
                                                       "options": options.fingerprint_fields()}).encode())
-    progress = progress or (lambda n, b: None)
-    try:
-        with use_executor(make_executor(options)) as executor:  # the packers run their tasks on it
-            format_pack = format_packer(options.format)
-            # on_shard_end only for a pack to a bucket: a packer that writes local datasets only need not take it
-            hook = {} if on_shard_end is None else {"on_shard_end": on_shard_end}
-            shards, skipped, resumed, extra = format_pack(scan, samples, out, options, progress, output_progress,
-                                                          **hook)
-    except BaseException:
-        # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
-        for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
-            if tmp.is_file() or tmp.is_symlink():
-                tmp.unlink(missing_ok=True)
-        raise
-    skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + skipped
-    num_samples = sum(s.num_samples for s in shards)
-    if num_samples == 0:
-        raise ValueError(f"{src}: every image was skipped ({len(skipped)}); nothing to pack")
-    extensions = merge_extension_counts([s.extensions for s in shards])
-    if extensions is None and options.reencode is None:  # LMDB: the plan's (original bytes), less the skipped
-        extensions = _plan_extension_counts(scan.files, skipped)
-    manifest = Manifest(
-        format=options.format, num_samples=num_samples, classes=scan.classes, class_to_idx=scan.class_to_idx,
-        shards=shards, skipped=skipped, extensions=extensions,
-        options={**options.fingerprint_fields(), "source": scan.root},
-        files={"found": scan.num_found, "packed": num_samples, "skipped": len(skipped),
-               "ignored": len(scan.ignored)},
-    )
-    extra.update(executor.describe())  # executor, num_tasks, nodes, task_retries
-    finalize = extra.pop("finalize", None)
-    if finalize is not None:
-        finalize(manifest)  # e.g. LMDB stores its copy of the manifest in its final transaction
-    with signals_held():  # a finished manifest means a finished dataset: its consumer files, no pack state
-        manifest.write(out)
-        write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
-        shutil.rmtree(state, ignore_errors=True)
-    seconds = time.perf_counter() - t0
-    return PackReport(
-        source=scan.root, output=str(out), format=options.format, num_samples=num_samples,
-        num_shards=len(shards), num_bytes=sum(s.num_bytes for s in shards),
-        input_bytes=input_bytes(samples), seconds=seconds, workers=options.workers,
-        files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
-        num_classes=len(scan.classes), shards_resumed=resumed, extra=extra,
-    )
 
 
 def describe_interrupted(out: str | os.PathLike) -> str:
@@ -521,9 +583,9 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     samples committed to ``data.mdb``; a finished dataset (its manifest was written before the
     stop) needs nothing.
     """
-    from shardfeed.readers.opener import url_scheme
+    from shardfeed.readers.opener import is_remote
 
-    if url_scheme(out) == "s3":
+    if is_remote(out):
         return f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
     out = Path(out)
     if (out / MANIFEST_NAME).is_file():

@@ -1,5 +1,10 @@
-"""``pack`` to an object-store prefix (``s3://bucket/prefix/``): the same bytes as a local pack,
-uploaded so that a reader never sees a half-written dataset.
+"""``pack`` to a remote, writable location (an object-store prefix ``s3://bucket/prefix/``, or
+any :class:`~shardfeed.readers.location.Location` registered as ``writable``): the same bytes as
+a local pack, uploaded so that a reader never sees a half-written dataset.
+
+The location comes from the one opener (:func:`~shardfeed.readers.opener.open_location`), and
+only its interface is used: ``list_sizes``, ``read_bytes``, ``put_bytes``, ``put_file`` (with the
+file's sha256), ``head`` (that sha256) and ``delete``.
 
 How:
 
@@ -39,6 +44,7 @@ from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
 from shardfeed.readers.registry import describe
 from .consumers import CARD_NAME, META_SAMPLE_SHARDS, WIDS_INDEX_NAME
+from .context import PackContext
 from .pack_state import PLAN_NAME, STATE_DIR
 from .tarwriter import create_new_file
 
@@ -90,6 +96,24 @@ def _check_own_dir(path: Path) -> None:
                       "remove it, or set SHARDFEED_STAGING_DIR to a folder of your own")
 
 
+def _open(url: str, storage_options: dict | None, *, writable: bool = False, listable: bool = False):
+    """The location of ``url`` (the one opener), refused when it cannot do what the pack needs.
+
+    Raises:
+        UnsupportedURLError: the location is read-only (``writable``) or cannot list (``listable``).
+    """
+    from shardfeed.readers.opener import open_location
+
+    loc = open_location(url, storage_options=storage_options)
+    if writable and not loc.writable:
+        raise UnsupportedURLError(f"{loc}: cannot be written to (a read-only location); write to a local folder "
+                                  "or an object-store prefix (s3://BUCKET/PREFIX)")
+    if listable and not loc.listable:
+        raise UnsupportedURLError(f"{loc}: cannot list its files, so an image folder there cannot be packed; "
+                                  "give a local folder or an object-store prefix (s3://BUCKET/PREFIX)")
+    return loc
+
+
 def _make_own_dir(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_own_dir(path)
@@ -134,16 +158,15 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
     import dataclasses
 
     from shardfeed.readers.imagefolder import ScannedFiles, scan_listing
-    from shardfeed.readers.objstore import StoreLocation
 
-    loc = StoreLocation(src_url, storage_options=storage_options)
-    scan = scan_listing(loc.base, loc.list_objects(), extensions=extensions, class_to_idx=class_to_idx)
+    loc = _open(src_url, storage_options, listable=True)
+    scan = scan_listing(str(loc), loc.list_objects(), extensions=extensions, class_to_idx=class_to_idx)
     if scan.unpackable and on_error != "skip":
         first = scan.unpackable[0]
         more = f" (and {len(scan.unpackable) - 1} more such object(s))" if len(scan.unpackable) > 1 else ""
-        raise ValueError(f"{loc.url(first['path'])}: {first['reason']}{more}; or pass "
+        raise ValueError(f"{loc.where(first['path'])}: {first['reason']}{more}; or pass "
                          "--on-error skip to pack the rest and list these in the manifest's skipped")
-    dest = staging_dir(loc.base, "mirror")
+    dest = staging_dir(str(loc), "mirror")
     files = scan.files
     # every class folder exists locally, empty ones included (they keep their index)
     _make_own_dir(dest)
@@ -197,12 +220,12 @@ def _check_out(loc, options, *, scan=None, t0: float = 0.0):
 
     listing = loc.list_sizes()
     entries, read = store_entries(loc, listing)
-    contents = survey(loc.base, entries, read)
+    contents = survey(str(loc), entries, read)
     action = decide(contents, resume=options.resume, overwrite=options.overwrite)
     if action == "finished":
         from .report import finished_report
 
-        return listing, finished_report(contents.manifest, loc.base, scan, options, t0)
+        return listing, finished_report(contents.manifest, str(loc), scan, options, t0)
     if action in ("start", "overwrite") and contents.ours:
         ours = set(contents.ours)
         keys = [k for k in listing if k in ours or (STATE_DIR in ours and k.startswith(STATE_DIR + "/"))]
@@ -225,51 +248,50 @@ def _sha256_file(path: Path) -> str:
             h.update(chunk)
 
 
-def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Callable[[int, int], None] | None = None,
-                  scan=None, storage_options: dict | None = None,
-                  output_progress: Callable[[int], None] | None = None):
+def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackContext, scan=None):
     """Pack the image folder ``src`` into the object-store prefix ``out_url``.
 
     Args:
         src: the image folder (local path).
-        out_url: ``s3://bucket/prefix/``.
+        out_url: a writable location: ``s3://bucket/prefix/``, or a registered ``scheme://`` URL.
         options: :class:`~shardfeed.convert.pack.PackOptions` (``format`` must be ``wds``).
-        build: the local build, ``build(src, stage, options, progress=, scan=, output_progress=,
-            on_shard_end=) -> PackReport`` (:func:`shardfeed.convert.pack.pack_local`), calling
-            ``on_shard_end(entry, index)`` as each shard is complete: its upload starts then.
-        progress, output_progress: as :func:`~shardfeed.convert.pack.pack` (the local build).
+        build: the local build, ``build(src, stage, options, scan=, context=) -> PackReport``
+            (:func:`shardfeed.convert.pack.pack_local`), given a copy of ``context`` whose
+            ``on_shard_end(entry, index)`` it calls as each shard is complete: its upload starts
+            then.
+        context: the pack's :class:`~shardfeed.convert.context.PackContext`: its executor and
+            progress sinks go to the local build, its ``storage_options`` (object-store client
+            options) to the uploads, its ``faults`` may slow the uploads (tests).
         scan: a scan of ``src`` done already.
-        storage_options: object-store client options.
 
     Returns:
         The :class:`~shardfeed.convert.pack.PackReport`, with ``output`` = ``out_url`` and
         ``extra["uploaded"]`` / ``extra["upload_skipped"]`` (files uploaded / already there).
 
     Raises:
-        UnsupportedURLError: LMDB to a bucket, a non-s3 URL, or no client installed.
+        UnsupportedURLError: LMDB to a bucket, a location that is not writable, or no client installed.
         ValueError: OUT not empty (without ``resume``/``overwrite``) and what ``pack`` raises.
         DataSourceError: an upload failed after the retries (complete objects stay for ``resume``).
     """
-    from shardfeed.readers.objstore import StoreLocation
-
     t0 = time.perf_counter()
+    storage_options = context.storage_options
     fmt = str(options.format).lower()
     if not describe(fmt).remote_writable:
         raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
                                   "into memory); pack with --format wds to write to a bucket, or pack to a local "
                                   "folder")
-    loc = StoreLocation(out_url, storage_options=storage_options)
+    loc = _open(out_url, storage_options, writable=True)
     if scan is None:
         from .scan import scan_image_folder
 
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
     from .outlock import check_not_busy
 
-    check_not_busy(staging_dir(loc.base))  # another pack to this prefix from this host: named before the prefix
+    check_not_busy(staging_dir(str(loc)))  # another pack to this prefix from this host: named before the prefix
     listing, finished = _check_out(loc, options, scan=scan, t0=t0)
     if finished is not None:
         return finished
-    stage = staging_dir(loc.base)
+    stage = staging_dir(str(loc))
     local_resume = options.resume and bool(listing) and (stage / STATE_DIR).is_dir()
     if stage.exists() and not local_resume:
         shutil.rmtree(stage)
@@ -279,11 +301,10 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Call
     local_opts = dataclasses.replace(options, resume=local_resume, overwrite=False)
     # marks the prefix before any shard; its options name the shards this pack writes (what is ours)
     loc.put_bytes(_STATE_KEY, json.dumps({"pack": "unfinished", "options": options.fingerprint_fields()}).encode())
-    delay_s = getattr(getattr(options, "faults", None), "upload_delay_s", 0.0)
+    delay_s = context.faults.upload_delay_s if context.faults is not None else 0.0
     uploader = _Uploader(loc, stage, listing, delay_s)
     try:
-        report = build(src, stage, local_opts, progress=progress, scan=scan, output_progress=output_progress,
-                       on_shard_end=uploader.shard_done)
+        report = build(src, stage, local_opts, scan=scan, context=context.replace(on_shard_end=uploader.shard_done))
     except BaseException:
         uploader.abandon()  # uploads in flight finish (whole objects); queued ones are dropped
         raise
@@ -297,7 +318,7 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, progress: Call
     loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished
     loc.delete(_STATE_KEY)
     shutil.rmtree(stage, ignore_errors=True)
-    report.output = loc.base
+    report.output = str(loc)
     report.seconds = time.perf_counter() - t0  # the local build and the uploads
     report.extra.update(uploaded=uploader.num_uploaded, upload_skipped=uploader.num_skipped)
     return report
@@ -313,7 +334,7 @@ def convert_to_store(out_url: str, build: Callable[[Path], object], *, fmt: str,
     the manifest last, the staging folder removed.
 
     Args:
-        out_url: ``s3://bucket/prefix/``.
+        out_url: a writable location: ``s3://bucket/prefix/``, or a registered ``scheme://`` URL.
         build: ``build(stage_folder) -> report`` writes the dataset there (with its manifest).
         fmt, prefix: the output's canonical format (sharded formats only) and shard prefix.
         overwrite: replace a shardfeed dataset under the prefix.
@@ -331,15 +352,13 @@ def convert_to_store(out_url: str, build: Callable[[Path], object], *, fmt: str,
     """
     import types
 
-    from shardfeed.readers.objstore import StoreLocation
-
     from .outlock import check_not_busy
 
     if not describe(fmt).remote_writable:
         raise UnsupportedURLError(f"{out_url}: an LMDB dataset is written to a local disk only (LMDB maps its file "
                                   "into memory); convert with --format wds to write to a bucket, or to a local folder")
-    loc = StoreLocation(out_url, storage_options=storage_options)
-    stage = staging_dir(loc.base)
+    loc = _open(out_url, storage_options, writable=True)
+    stage = staging_dir(str(loc))
     check_not_busy(stage)
     _check_out(loc, types.SimpleNamespace(resume=False, overwrite=overwrite))
     if stage.exists():
@@ -358,7 +377,7 @@ def convert_to_store(out_url: str, build: Callable[[Path], object], *, fmt: str,
     loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished
     loc.delete(_STATE_KEY)
     shutil.rmtree(stage, ignore_errors=True)
-    return report, loc.base
+    return report, str(loc)
 
 
 class _Uploader:

@@ -6,9 +6,15 @@ imports ``shardfeed.convert``):
 * :func:`open_dataset` opens an image folder or a packed dataset (local path, ``http(s)://``,
   ``s3://``) as a PyTorch dataset; :func:`make_loader` wraps it in a resumable ``DataLoader``
   (:class:`ShardfeedLoader`); :func:`to_device` copies a batch and normalises it on the device.
+  Their options as typed values: :class:`ReadOptions` (what every source shares),
+  :class:`OpenOptions` (how a dataset is opened) and :class:`LoaderOptions` (the ``DataLoader``'s
+  own keywords).
 * :class:`Manifest`, :func:`load_manifest` and :class:`Sample`: the binding on-disk format
   (:mod:`shardfeed.readers.format`; specification: docs/format.md).
 * The errors (:class:`ShardfeedError` and its family, :mod:`shardfeed.readers.errors`).
+* Storage: :class:`Location` (the one interface of local folders, HTTP and object stores),
+  :func:`open_location` and :func:`register_location` / :func:`unregister_location` (a storage
+  for a new URL scheme).
 * The measuring harness behind ``shardfeed bench``/``verify``/``tune``: :func:`bench_source`,
   :func:`compare_sources`, :func:`tune_loader`; :func:`watch` times the user's own training loop
   and says what stalls it.
@@ -38,11 +44,14 @@ if TYPE_CHECKING:
         UnsupportedURLError,
     )
     from .format import Manifest, Sample, load_manifest
-    from .loader import ShardfeedLoader, make_loader, to_device
+    from .loader import LoaderOptions, ShardfeedLoader, make_loader, to_device
+    from .location import LocalLocation, Location, LocationBase
     from .measure.bench import bench_source
     from .measure.tune import tune_loader
     from .measure.verify import compare_sources
     from .measure.watch import watch
+    from .opener import open_location, register_location, unregister_location
+    from .options import OpenOptions, ReadOptions
 
 #: public name -> the module that defines it (imported on first use)
 _LAZY = {
@@ -51,6 +60,9 @@ _LAZY = {
     "to_device": "shardfeed.readers.loader",
     "watch": "shardfeed.readers.measure.watch",
     "ShardfeedLoader": "shardfeed.readers.loader",
+    "LoaderOptions": "shardfeed.readers.loader",
+    "ReadOptions": "shardfeed.readers.options",
+    "OpenOptions": "shardfeed.readers.options",
     "Manifest": "shardfeed.readers.format",
     "Sample": "shardfeed.readers.format",
     "load_manifest": "shardfeed.readers.format",
@@ -65,12 +77,20 @@ _LAZY = {
     "bench_source": "shardfeed.readers.measure.bench",
     "compare_sources": "shardfeed.readers.measure.verify",
     "tune_loader": "shardfeed.readers.measure.tune",
+    "Location": "shardfeed.readers.location",
+    "LocationBase": "shardfeed.readers.location",
+    "LocalLocation": "shardfeed.readers.location",
+    "open_location": "shardfeed.readers.opener",
+    "register_location": "shardfeed.readers.opener",
+    "unregister_location": "shardfeed.readers.opener",
 }
 
-__all__ = ["__version__", "open_dataset", "make_loader", "to_device", "ShardfeedLoader", "Manifest", "Sample",
+__all__ = ["__version__", "open_dataset", "make_loader", "to_device", "ShardfeedLoader", "ReadOptions", "OpenOptions",
+           "LoaderOptions", "Manifest", "Sample",
            "load_manifest", "ShardfeedError", "ManifestError", "IncompleteDatasetError", "CorruptDataError",
            "SourceChangedError", "DataSourceError", "ResumeStateError", "UnsupportedURLError", "bench_source",
-           "compare_sources", "tune_loader", "watch"]
+           "compare_sources", "tune_loader", "watch", "Location", "LocationBase", "LocalLocation", "open_location",
+           "register_location", "unregister_location"]
 
 
 def __getattr__(name: str) -> Any:

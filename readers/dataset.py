@@ -26,15 +26,18 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_span, resolve_rank,
                     samples_per_rank, shard_order, spans_to_ranges, worker_span)
-from .errors import ManifestError, UnsupportedURLError, check_on_error
+from .errors import ManifestError, UnsupportedURLError
 from .keywords import check_keywords, signature_keywords
 from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
-from .opener import is_remote, local_path, url_scheme
+from .opener import is_remote, local_path
 from .registry import FORMATS, describe, register_format, source_factory
+
+if TYPE_CHECKING:
+    from .options import OpenOptions, ReadOptions
 
 __all__ = [
     "SOURCES",
@@ -54,8 +57,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The format registry (:mod:`shardfeed.readers.registry`), by manifest format name; each entry's
-#: ``source`` is ``"module:Class"`` (imported on first use) or a callable
-#: ``(location, manifest, **options) -> dataset``.
+#: ``source`` is ``"module:Class"`` (imported on first use) or a callable: a
+#: :class:`~shardfeed.readers.source_base.SourceBase` subclass is called
+#: ``(location, manifest, read, **own)`` (``read``: the
+#: :class:`~shardfeed.readers.options.ReadOptions`, ``own``: the options its constructor names),
+#: any other callable ``(location, manifest, **options) -> dataset``.
 SOURCES = FORMATS
 
 
@@ -79,9 +85,9 @@ def _looks_packed(root: Path) -> bool:
         or any(root.glob(".shardfeed-*"))
 
 
-def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, train: bool = False,
+def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = None, train: bool = False,
                  decoder: str = "auto", decode: bool = True, on_error: str = "raise",
-                 cache: str | None = None, **options: Any):
+                 cache: str | None = None, **options: Any) -> Any:
     """Open an image folder or a packed dataset (local or over HTTP) as a PyTorch dataset.
 
     Args:
@@ -103,7 +109,13 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
             epoch's total logged once; see :mod:`~shardfeed.readers.source_base`).
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
             buffer (refused when it would not fit in the available memory).
-        **options: passed to the source: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
+        **options: sorted once, before anything is read, into the options every source shares
+            (:class:`~shardfeed.readers.options.ReadOptions`), how the dataset is opened
+            (:class:`~shardfeed.readers.options.OpenOptions`: ``storage_options``, ``timeout_s``,
+            ``retries``, ``check_files``) and the chosen source's own keywords; a keyword of
+            another source is a ``TypeError`` naming it (``verify`` with an image folder), one the
+            source has no use for is ignored (``shuffle_buffer`` with a map-style source). They
+            are: ``transform`` (callable ``uint8 [3, H, W] -> tensor``,
             replaces the built-in resize/crop), ``resize_size`` (evaluation: shorter side before
             the central ``image_size`` crop, default ``image_size``) or ``crop_pct`` (timm's
             spelling: ``resize_size = floor(image_size / crop_pct)``, e.g. 0.875), ``max_pixels``,
@@ -138,90 +150,134 @@ def open_dataset(source: str | os.PathLike, *, image_size: int | None = None, tr
         UnsupportedURLError: a URL scheme shardfeed does not read, LMDB in a bucket, or the
             object-store client is not installed (the message says what to install or use).
         ValueError: bad options (``on_error``, ``cache``, ``decoder`` ...).
+        TypeError: an unknown keyword (the message names the closest known one), or an option of
+            another source than the one ``source`` is.
     """
+    from .options import split_options  # (the decode modules load with the first dataset)
+
     check_keywords("open_dataset", options, open_dataset_keywords())
-    check_on_error(on_error)  # before any I/O (the source it opens checks again, for direct users)
-    if cache not in (None, "memory"):
-        raise ValueError(f"cache must be None or 'memory', got {cache!r}")
-    if cache == "memory" and options.get("fields"):
+    read, opened, own = split_options(dict(options, image_size=image_size, train=train, decoder=decoder,
+                                           decode=decode, on_error=on_error, cache=cache))  # before any I/O
+    if opened.cache == "memory" and read.fields:
         raise ValueError("cache='memory' holds images, labels and metadata only; read extra fields (fields=...) "
                          "without the memory cache")
     common = dict(image_size=image_size, train=train, decoder=decoder, decode=decode, on_error=on_error)
-    storage_options = options.pop("storage_options", None)
+    chosen = _SortedOptions(read, opened, own, common, options)
     if is_remote(source):
-        ds = _open_remote(str(source), storage_options, common, options)
+        ds = _open_remote(str(source), chosen)
     else:
         p = local_path(source)
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
         if p.is_file() or _looks_packed(p):
-            manifest = load_manifest(p, check_files=options.pop("check_files", True))
+            manifest = load_manifest(p, check_files=opened.check_files)
             root = p.parent if p.is_file() else p
-            ds = _open_packed(root, manifest, common, options)
+            ds = _open_packed(root, manifest, chosen)
         else:
             from .folder_source import FolderSource
 
-            options.pop("check_files", None)
-            options.pop("shuffle_buffer", None)  # map-style: shuffled by index, no stream buffer
-            ds = FolderSource(p, **common, **options)
-    if cache == "memory":
+            # map-style: shuffled by index, no stream buffer; no manifest whose files to check
+            ds = FolderSource(p, read, **chosen.own_keywords(FolderSource, ignored=("shuffle_buffer",),
+                                                             refused=("timeout_s", "retries")))
+    if opened.cache == "memory":
         from .memory_cache import MemoryCachedSource
 
         ds = MemoryCachedSource.from_source(ds)
     return ds
 
 
+class _SortedOptions:
+    """:func:`open_dataset`'s options, sorted once (:func:`~shardfeed.readers.options.split_options`),
+    and the keywords the chosen source takes."""
+
+    def __init__(self, read: ReadOptions, opened: OpenOptions, own: dict[str, Any], common: dict[str, Any],
+                 given: dict[str, Any]) -> None:
+        self.read, self.opened, self.own = read, opened, own
+        #: open_dataset's own arguments and the keywords the caller gave (for a source that takes keywords)
+        self.common, self.given = common, given
+
+    def own_keywords(self, cls: Any, ignored: tuple[str, ...] = (),
+                     refused: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The source-specific keywords given, for ``cls`` (a :class:`SourceBase` subclass, whose
+        constructor names its own); ``ignored`` ones are dropped (they do not apply to it), and
+        ``refused`` opening options are refused when given (a local image folder has no remote
+        reads to time out or retry).
+
+        Raises:
+            TypeError: a keyword (an option of another source, or a ``refused`` one) that ``cls``
+                does not take.
+        """
+        takes = signature_keywords(cls.__init__) - _NOT_OPTIONS
+        given = {k: v for k, v in self.own.items() if k not in ignored}
+        bad = sorted((set(given) - takes) | (set(refused) & set(self.given)))
+        if bad:
+            verb = "does" if len(bad) == 1 else "do"
+            raise TypeError(f"open_dataset(): {', '.join(map(repr, bad))} {verb} not apply to {cls.__name__} "
+                            f"(its own options: {', '.join(sorted(takes)) or 'none'})")
+        return given
+
+    def keywords(self, ignored: tuple[str, ...]) -> dict[str, Any]:
+        """Every keyword as the caller gave it (a registered source that is no :class:`SourceBase`
+        is called ``factory(location, manifest, **options)``), less the opening options."""
+        return {**self.common, **{k: v for k, v in self.given.items()
+                                  if k not in ignored and k not in ("storage_options", "check_files")}}
+
+
+#: Parameters of a source's constructor that are no options.
+_NOT_OPTIONS = frozenset({"self", "location", "manifest", "root", "source", "read"})
+
+
 @functools.lru_cache(maxsize=1)
 def open_dataset_keywords() -> frozenset[str]:
-    """Every keyword :func:`open_dataset` accepts: its own, the options all sources share, and
-    each registered source's own (read from their signatures)."""
-    from .source_base import SourceBase
-
+    """Every keyword :func:`open_dataset` accepts: its own, the options all sources share
+    (:class:`~shardfeed.readers.options.ReadOptions`), how a dataset is opened
+    (:class:`~shardfeed.readers.options.OpenOptions`), and each registered source's own (read from
+    their signatures)."""
     factories = [source_factory(name) for name, spec in FORMATS.items() if spec.source is not None]
     from .folder_source import FolderSource
+    from .options import OPEN_OPTION_NAMES, READ_OPTION_NAMES
 
-    names = signature_keywords(open_dataset, SourceBase._init_common, FolderSource.__init__,
-                               *(getattr(f, "__init__", f) for f in factories))
-    return frozenset(names - {"self", "location", "manifest", "root", "source"}
-                     | {"storage_options", "check_files"})
+    names = signature_keywords(open_dataset, FolderSource.__init__, *(getattr(f, "__init__", f) for f in factories))
+    return frozenset((names | READ_OPTION_NAMES | OPEN_OPTION_NAMES) - _NOT_OPTIONS)
 
 
-def _open_remote(source: str, storage_options: dict | None, common: dict, options: dict):
-    """A dataset at an ``http(s)://`` or ``s3://`` URL (through the one opener); a bucket prefix
-    without a manifest that holds class folders is read as an image folder (one GET per image)."""
+def _open_remote(source: str, chosen: _SortedOptions) -> Any:
+    """A dataset at a remote location (through the one opener, whatever its storage); a listable
+    location without a manifest that holds class folders (:func:`~shardfeed.readers.location.folder_kind`)
+    is read as an image folder (one read per image)."""
+    from .location import folder_kind
     from .opener import open_location
 
-    loc = open_location(source, storage_options=storage_options, timeout_s=options.get("timeout_s", None),
-                        retries=options.get("retries", None))
-    check_files = options.pop("check_files", True)
-    store = url_scheme(source) == "s3"
+    opened = chosen.opened
+    loc = open_location(source, storage_options=opened.storage_options, timeout_s=opened.timeout_s,
+                        retries=opened.retries)
+    check_files = opened.check_files
     try:
         manifest = loc.load_manifest(check_files=check_files)
     except ManifestError:
-        if not store or source.endswith(".json"):
+        if not loc.listable or source.endswith(".json") or folder_kind(loc) != "folder":
             raise
         from .folder_source import FolderSource
-        from .objstore import store_folder_kind
 
-        if store_folder_kind(loc) != "folder":
-            raise
-        for k in ("check_files", "shuffle_buffer", "timeout_s", "retries"):
-            options.pop(k, None)
-        return FolderSource(loc, **common, **options)
-    if store and not describe(manifest.format).remote_readable:
+        return FolderSource(loc, chosen.read, **chosen.own_keywords(FolderSource, ignored=("shuffle_buffer",)))
+    if loc.listable and not describe(manifest.format).remote_readable:
         raise UnsupportedURLError(f"{source}: an LMDB dataset is read from a local disk only (LMDB maps its file "
                                   f"into memory); copy it first: `shardfeed stage {source} /local/dir`, then open "
                                   "/local/dir (or pack the bucket's data as --format wds to read it from the bucket)")
-    return _open_packed(loc, manifest, common, options)
+    return _open_packed(loc, manifest, chosen)
 
 
-def _open_packed(location: Any, manifest: Manifest, common: dict, options: dict):
+def _open_packed(location: Any, manifest: Manifest, chosen: _SortedOptions) -> Any:
     spec = FORMATS.get(manifest.format)
     if spec is None or spec.source is None:
         raise ManifestError(f"{location}: manifest format {manifest.format!r} is not one this shardfeed "
                             f"reads ({', '.join(sorted(n for n, s in FORMATS.items() if s.source))}); repack the "
                             "dataset with `shardfeed pack --format wds|lmdb`")
+    from .source_base import SourceBase
+
     cls = source_factory(manifest.format)
-    if getattr(cls, "map_style", False):
-        options = {k: v for k, v in options.items() if k != "shuffle_buffer"}  # shuffled by index instead
-    return cls(location, manifest, **common, **options)
+    ignored = ("shuffle_buffer",) if getattr(cls, "map_style", False) else ()  # shuffled by index instead
+    takes_read_options = isinstance(cls, type) and issubclass(cls, SourceBase)
+    if takes_read_options:  # a source class: (location, manifest, read, **its own keywords)
+        return cls(location, manifest, chosen.read, **chosen.own_keywords(cls, ignored=ignored))
+    return cls(location, manifest, **chosen.keywords(ignored))

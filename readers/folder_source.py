@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch.utils.data
 
 from .format import format_key, key_width, load_manifest, normalize_ext
 from .imagefolder import scan_image_folder, scan_listing
+from .options import ReadOptions
 from .source_base import SourceBase
 
 __all__ = ["FolderSource", "scan_folder"]
@@ -61,11 +62,13 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
     """Map-style dataset over an image folder (``ROOT/CLASS/.../IMAGE``).
 
     Args:
-        root: the image folder: a local path, or an
-            :class:`~shardfeed.readers.objstore.StoreLocation` (one listing, then one GET per image).
+        root: the image folder: a local path, or a listable
+            :class:`~shardfeed.readers.location.Location` (an ``s3://`` prefix: one listing, then one
+            read per image).
+        read: the options every source shares (:class:`~shardfeed.readers.options.ReadOptions`;
+            default ``ReadOptions()``).
         class_to_idx: a class map (dict) or a packed dataset (path) whose map to use.
         extensions: extensions to read (default: the packer's defaults).
-        **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
 
     ``ds[i]`` is ``(image uint8 [3, H, W], label int)``, a raw
     :class:`~shardfeed.readers.format.Sample` with ``decode=False`` (key: the zero-padded index
@@ -77,14 +80,15 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
     #: what ``bench``/``verify`` call this kind of source (a bucket prefix of class folders too)
     source_format = "folder"
 
-    def __init__(self, root: str | os.PathLike, *, class_to_idx=None, extensions: Iterable[str] | None = None,
-                 **common):
-        self.store = root if hasattr(root, "list_objects") else None  # an objstore.StoreLocation
+    def __init__(self, root: Any, read: ReadOptions | None = None, *,
+                 class_to_idx: Mapping[str, int] | str | os.PathLike[str] | None = None,
+                 extensions: Iterable[str] | None = None) -> None:
+        self.store = None if isinstance(root, (str, os.PathLike)) else root  # a listable Location
         if self.store is not None:
-            self.root = self.store.base
+            self.root = str(self.store)
             listing = getattr(self.store, "listing_cache", None) or self.store.list_objects()
             self.store.listing_cache = None
-            scan = scan_listing(self.store.base, listing, extensions=extensions,
+            scan = scan_listing(self.root, listing, extensions=extensions,
                                 class_to_idx=_class_map_from(class_to_idx))
             classes, mapping = list(scan.classes), dict(scan.class_to_idx)
             files = list(zip(scan.files.rels, [scan.files.class_labels[c] for c in scan.files.class_codes]))
@@ -97,7 +101,7 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
         self._paths = np.array([f.encode("utf-8", "surrogateescape") for f, _ in files])
         self._labels = np.array([lbl for _, lbl in files], dtype=np.int64)
         self._width = key_width(len(files))
-        self._init_common(**common)
+        self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
         return f"FolderSource({str(self.root)!r}, num_samples={self._num_samples}, classes={len(self._classes)})"
@@ -136,7 +140,7 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
             raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
         self._map_epoch_check()
         rel = self.rel_path(i)
-        where = self.store.url(rel) if self.store is not None else os.path.join(self.root, rel)
+        where = self.store.where(rel) if self.store is not None else os.path.join(self.root, rel)
         try:
             key, data, ext, label, meta = self.read_raw(i)
             return self.emit(key, data, ext, label, meta, where, index=i)

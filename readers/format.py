@@ -38,7 +38,7 @@ import re
 import struct
 import tempfile
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
 from .lmdb_record import LMDB_RECORD_VERSION, encode_record
@@ -152,7 +152,7 @@ class Sample(NamedTuple):
     data: bytes
     ext: str
     label: int
-    meta: dict
+    meta: dict[str, Any]
 
 
 _EXT_ALIASES = {"jpeg": "jpg", "tiff": "tif"}
@@ -191,7 +191,7 @@ def label_problem(label: int, labels: "frozenset[int]") -> str:
             "damaged or does not belong to this manifest (run `shardfeed check`)")
 
 
-def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
+def sample_from_members(key: str, parts: dict[str, Any], class_to_idx: dict[str, int] | None,
                         source: str, labels: "frozenset[int] | None" = None, *,
                         labelled: bool = True) -> tuple[bytes, str, int, bytes | None]:
     """Group one WebDataset sample's members into ``(data, ext, label, meta_json_bytes)``.
@@ -255,7 +255,9 @@ def sample_from_members(key: str, parts: dict, class_to_idx: dict | None,
         label = UNLABELLED
     else:
         try:
-            label = class_to_idx[json.loads(meta)["class"]]  # type: ignore[index]
+            if meta is None or class_to_idx is None:
+                raise KeyError("class")
+            label = class_to_idx[json.loads(meta)["class"]]
         except Exception:
             raise CorruptDataError(f"{source} key {key}: no {key}.cls member and no known class in "
                                    f"{key}.json") from None
@@ -309,7 +311,8 @@ def field_name_problem(name: str) -> str | None:
     return None
 
 
-def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>", key: bytes | None = None) -> dict:
+def decode_record(value: bytes, *, verify: bool = True, source: str = "<lmdb>",
+                  key: bytes | None = None) -> dict[str, Any]:
     """:func:`shardfeed.readers.lmdb_record.decode_record` with this format's field-name policy
     (:func:`field_name_problem`): a record whose extra field is not a field name is damaged."""
     return _decode_record(value, verify=verify, source=source, key=key, field_problem=field_name_problem)
@@ -321,7 +324,7 @@ def field_member(name: str) -> str:
     return f"sidecar.{name}" if name in _RESERVED_MEMBERS else name
 
 
-def encode_field(name: str, value) -> bytes:
+def encode_field(name: str, value: Any) -> bytes:
     """A field's value as stored: bytes unchanged, ``str`` as UTF-8, anything else as JSON
     (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold (NaN and
     infinities included: strict JSON)."""
@@ -337,7 +340,7 @@ def encode_field(name: str, value) -> bytes:
         raise TypeError(f"field {name!r}: {type(value).__name__} is neither bytes, str nor JSON ({exc})") from None
 
 
-def decode_field(name: str, data: bytes, source: str = "<sample>"):
+def decode_field(name: str, data: bytes, source: str = "<sample>") -> Any:
     """A stored field as readers yield it: ``str`` for a ``.txt`` suffix (UTF-8), the parsed
     value for ``.json``, ``bytes`` otherwise (``mask.png``: the file's bytes).
 
@@ -428,7 +431,7 @@ def is_dali_index(head: bytes) -> bool:
     return re.match(rb"v\d+\.\d+ \d+\s", head) is not None
 
 
-def merge_extension_counts(counts: "Sequence[dict | None]") -> dict[str, int] | None:
+def merge_extension_counts(counts: "Sequence[dict[str, int] | None]") -> dict[str, int] | None:
     """Sum per-shard ``{ext: num_samples}`` counts (None if any shard's is unknown), sorted by ext."""
     total: dict[str, int] = {}
     for c in counts:
@@ -457,7 +460,7 @@ def class_bytes(label: int) -> bytes:
     return str(int(label)).encode("ascii")
 
 
-def meta_bytes(meta: dict) -> bytes:
+def meta_bytes(meta: dict[str, Any]) -> bytes:
     """Content of the ``{key}.json`` member: compact UTF-8 JSON with sorted keys."""
     return json.dumps(meta, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
@@ -497,7 +500,7 @@ def decode_index(data: bytes, source: str = "<index>") -> list[int]:
     return offsets
 
 
-def read_index(path: str | os.PathLike) -> list[int]:
+def read_index(path: str | os.PathLike[str]) -> list[int]:
     """Read a local ``.sfidx`` file (``.idx`` in version-1 datasets): the byte offset of every sample's first header."""
     with open(path, "rb") as f:
         return decode_index(f.read(), str(path))
@@ -537,7 +540,7 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -593,7 +596,7 @@ def _bad(where: str, field: str, problem: str, fix: str | None = None) -> Manife
     return ManifestError(f"{where}: field {field} {problem}; {fix or _MANIFEST_FIX}")
 
 
-def _count(doc: dict, key: str, where: str, field: str, *, required: bool = True) -> None:
+def _count(doc: dict[str, Any], key: str, where: str, field: str, *, required: bool = True) -> None:
     if key not in doc:
         if required:
             raise _bad(where, field, "is missing")
@@ -738,7 +741,7 @@ class ShardEntry:
     index_sha256: str | None = None
     extensions: dict[str, int] | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = {"name": self.name, "num_samples": self.num_samples, "num_bytes": self.num_bytes}
         for field in ("sha256", "index", "index_sha256", "extensions"):
             if getattr(self, field) is not None:
@@ -778,14 +781,14 @@ class Manifest:
     classes: list[str]
     class_to_idx: dict[str, int]
     shards: list[ShardEntry]
-    skipped: list[dict] = dataclasses.field(default_factory=list)
-    options: dict = dataclasses.field(default_factory=dict)
-    files: dict = dataclasses.field(default_factory=dict)
+    skipped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    files: dict[str, Any] = dataclasses.field(default_factory=dict)
     version: int = FORMAT_VERSION
     created_by: str = dataclasses.field(default_factory=created_by)
     extensions: dict[str, int] | None = None
     labels: str = LABELS_CLASS
-    fields: dict[str, dict] = dataclasses.field(default_factory=dict)
+    fields: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def written_version(self) -> int:
         """The version :meth:`to_json` records: 3 for a dataset with extra fields or without
@@ -799,7 +802,7 @@ class Manifest:
         """Whether samples carry class labels (False: :data:`LABELS_NONE`)."""
         return self.labels != LABELS_NONE
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.extensions is None:  # from the shards, when every shard records its own
             self.extensions = merge_extension_counts([s.extensions for s in self.shards]) if self.shards else None
 
@@ -808,7 +811,7 @@ class Manifest:
         """The image extensions present, sorted (None when the manifest does not record them)."""
         return None if self.extensions is None else sorted(self.extensions)
 
-    def to_json(self, *, hashes: bool = True) -> dict:
+    def to_json(self, *, hashes: bool = True) -> dict[str, Any]:
         """The manifest as a JSON-able dict (``hashes=False`` drops the file hashes)."""
         shards = [s.to_json() for s in self.shards]
         if not hashes:
@@ -834,7 +837,7 @@ class Manifest:
         return (json.dumps(self.to_json(hashes=hashes), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
     @classmethod
-    def from_json(cls, data: dict | bytes | str, source: str = "<manifest>") -> "Manifest":
+    def from_json(cls, data: dict[str, Any] | bytes | str, source: str = "<manifest>") -> "Manifest":
         """Parse and validate a manifest (:func:`validate_manifest`).
 
         Raises:
@@ -883,14 +886,14 @@ class Manifest:
                                 f"{sum(s.num_samples for s in m.shards)}, not num_samples={m.num_samples}")
         return m
 
-    def write(self, root: str | os.PathLike) -> Path:
+    def write(self, root: str | os.PathLike[str]) -> Path:
         """Write ``root/manifest.json`` atomically (last step of a pack). Returns its path."""
         path = Path(root) / MANIFEST_NAME
         write_bytes_atomic(path, self.dumps())
         return path
 
 
-def _parse_fields(raw, source: str) -> dict[str, dict]:
+def _parse_fields(raw: Any, source: str) -> dict[str, dict[str, Any]]:
     """The ``fields`` of a version-3 manifest, checked (names, member names, counts)."""
     if raw is None:
         return {}
@@ -923,13 +926,13 @@ def unfinished_pack_error(root: str) -> IncompleteDatasetError:
                                   f"with `shardfeed pack SRC {root} --resume`, or rebuild it")
 
 
-def find_manifest_path(path: str | os.PathLike) -> Path:
+def find_manifest_path(path: str | os.PathLike[str]) -> Path:
     """Resolve a dataset directory or a manifest file path to the manifest file path."""
     p = Path(path)
     return p / MANIFEST_NAME if p.is_dir() else p
 
 
-def load_manifest(path: str | os.PathLike, *, check_files: bool = True) -> Manifest:
+def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> Manifest:
     """Load and validate a local manifest (a dataset directory or its ``manifest.json``).
 
     Args:
@@ -969,7 +972,7 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True) -> Manif
     return manifest
 
 
-def check_files_present(manifest: Manifest, root: str | os.PathLike) -> None:
+def check_files_present(manifest: Manifest, root: str | os.PathLike[str]) -> None:
     """Check that each shard (and offset index) exists; shards must have the listed size.
 
     Raises:

@@ -69,6 +69,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, Manifest
+from .location import LocationBase
 from .redact import guard_client_logs, redact, register_secret
 from .registry import describe
 
@@ -868,10 +869,11 @@ class HttpRangeStream:
         self.close()
 
 
-class HttpLocation:
+class HttpLocation(LocationBase):
     """A dataset served over HTTP(S): ``http://host/data/`` or ``http://host/data/manifest.json``.
 
-    Picklable (holds only the URL and the options).
+    A :class:`~shardfeed.readers.location.Location` that is ``remote``, read-only and cannot list
+    (HTTP has no listing): open it by its manifest. Picklable (holds only the URL and the options).
 
     A ``user:password@`` in the URL is sent as HTTP Basic authentication (to that host only, not
     to another one a redirect names) and never appears in a message or a log record.
@@ -883,6 +885,10 @@ class HttpLocation:
         deadline_s: seconds one request may take in all (the whole manifest or index; a shard
             stream's answer up to its first byte); default :data:`DEFAULT_DEADLINE_S`.
     """
+
+    remote = True
+    listable = False
+    writable = False
 
     def __init__(self, url: str, *, timeout_s: float | None = None, retries: int | None = None,
                  deadline_s: float | None = None):
@@ -931,6 +937,18 @@ class HttpLocation:
         s = HttpRangeStream(self.url(name), start, end, timeout_s=self.timeout_s, retries=self.retries,
                             deadline_s=self.deadline_s)
         return s, s.offset
+
+    def head_size(self, name: str) -> int:
+        """The size of ``name`` in bytes (HEAD, or a one-byte ranged GET where HEAD is refused).
+
+        Raises:
+            FileNotFoundError: no such file. DataSourceError: the server does not tell the size,
+                or cannot be reached.
+        """
+        size = _http_head_size(self.url(name), self.timeout_s, self.retries, self.deadline_s)
+        if size is None:
+            raise DataSourceError(f"{self.where(name)}: the server does not tell the file's size")
+        return int(size)
 
     def load_manifest(self, *, check_files: bool = True) -> Manifest:
         """Fetch and validate the manifest; with ``check_files``, check shard sizes (HEAD; see

@@ -35,12 +35,14 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
+from .options import ReadOptions
 from .shard_readahead import SLOW_READ_S, read_pool
 from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
@@ -76,10 +78,11 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     Args:
         location: the dataset directory (local path; LMDB is not read over HTTP: stage it first).
         manifest: its validated manifest.
+        read: the options every source shares (:class:`~shardfeed.readers.options.ReadOptions`;
+            default ``ReadOptions()``).
         readahead: kernel read-around on page faults: True, False, or None (default): automatic,
             :func:`~shardfeed.readers.lmdb_io.choose_readahead` by the size of ``data.mdb``.
         verify: check each record's CRC-32.
-        **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
 
     ``ds[i]`` is ``(image uint8 [3, H, W], label int)``, a raw
     :class:`~shardfeed.readers.format.Sample` with ``decode=False``, or None when skipped
@@ -97,8 +100,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     #: Whether this process's last reads were slow (set per process by ``__getitems__``).
     _reads_slow = False
 
-    def __init__(self, location, manifest: Manifest, *, readahead: bool | None = None, verify: bool = True,
-                 timeout_s=None, retries=None, **common):
+    def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
+                 readahead: bool | None = DEFAULT_READAHEAD, verify: bool = True) -> None:
         if not isinstance(location, (str, os.PathLike)):
             raise ValueError(f"{location}: LMDB datasets are read from a local path, not over HTTP; copy it "
                              "first (e.g. `shardfeed stage`) or pack the dataset as WebDataset shards")
@@ -122,7 +125,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         self._env_pid = None
         self._local = threading.local()  # this thread's (fork generation, read transaction)
         self._keys = self._list_keys()
-        self._init_common(**common)
+        self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
         return f"LMDBSource({str(self.root)!r}, num_samples={self._num_samples}, readahead={self.readahead})"

@@ -36,12 +36,14 @@ sources index directly.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import multiprocessing
 import os
 import sys
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 import torch.utils.data
@@ -54,7 +56,11 @@ from .errors import ResumeStateError
 from .keywords import check_keywords, signature_keywords
 from .source_base import SourceBase
 
-__all__ = ["make_loader", "to_device", "ShardfeedLoader", "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
+if TYPE_CHECKING:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+__all__ = ["make_loader", "LoaderOptions", "LOADER_OPTION_NAMES", "to_device", "ShardfeedLoader",
+           "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
            "collate_raw", "worker_init", "STATE_VERSION"]
 
 #: Version of the dict :meth:`ShardfeedLoader.state_dict` returns.
@@ -72,7 +78,7 @@ def default_num_workers() -> int:
     return max(0, min(4, cpus))
 
 
-class EpochSampler(torch.utils.data.Sampler):
+class EpochSampler(torch.utils.data.Sampler[int]):
     """Indices of one rank for random-access datasets, by the sample-range rule.
 
     Each epoch the N indices are permuted with ``random.Random(seed + epoch)`` (identity without
@@ -83,26 +89,26 @@ class EpochSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, num_samples: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False):
+                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False) -> None:
         self.num_samples = int(num_samples)
         self.shuffle, self.seed, self.pad = bool(shuffle), int(seed), bool(pad)
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.drop_last = int(batch_size), bool(drop_last)
         self.epoch = 0
-        self.resume: dict | None = None
+        self.resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def set_resume(self, plan: dict | None) -> None:
+    def set_resume(self, plan: dict[str, Any] | None) -> None:
         """Continue ``plan["epoch"]`` after the earlier runs ``plan["segments"]`` (None: fresh epochs)."""
         self.resume = plan or None
 
-    def _segments(self) -> list[dict]:
+    def _segments(self) -> list[dict[str, Any]]:
         plan = self.resume
         return list(plan["segments"]) if plan and int(plan["epoch"]) == self.epoch else []
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         segments = self._segments()
         if not segments:
             return iter(epoch_positions(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
@@ -147,7 +153,7 @@ def worker_init(worker_id: int, user_fn: Callable[[int], Any] | None = None,
         user_fn(worker_id)
 
 
-def _cv2_threads_if_forking(context) -> int | None:
+def _cv2_threads_if_forking(context: Any) -> int | None:
     """The parent's OpenCV thread count when workers will be forked after cv2 was imported."""
     cv2 = sys.modules.get("cv2")
     if cv2 is None:
@@ -156,15 +162,15 @@ def _cv2_threads_if_forking(context) -> int | None:
         method = multiprocessing.get_start_method(allow_none=False)
     else:
         method = context if isinstance(context, str) else context.get_start_method()
-    return cv2.getNumThreads() if method == "fork" else None
+    return int(cv2.getNumThreads()) if method == "fork" else None
 
 
-def collate_raw(batch: Sequence) -> list:
+def collate_raw(batch: Sequence[Any]) -> list[Any]:
     """Collate for ``decode=False``: the batch is the list of samples (skipped ones removed)."""
     return [s for s in batch if s is not None]
 
 
-def _collate_decoded(batch: Sequence, image_size: int | None = None, num_fields: int = 0):
+def _collate_decoded(batch: Sequence[Any], image_size: int | None = None, num_fields: int = 0) -> tuple[Any, ...]:
     """``(uint8 [B, 3, H, W], int64 [B])``, plus one list of B values per extra field (``fields=``).
 
     In a worker with a batch ring (:mod:`~shardfeed.readers.batch_ring`) the images are written
@@ -197,7 +203,7 @@ class _EpochProgress:
 
     __slots__ = ("epoch", "batches", "finished", "segments")
 
-    def __init__(self, epoch: int, segments: list[dict]):
+    def __init__(self, epoch: int, segments: list[dict[str, Any]]) -> None:
         self.epoch = int(epoch)
         self.batches = 0
         self.finished = False
@@ -208,7 +214,7 @@ class _EpochIterator:
     """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end,
     and the count of batches delivered (for :meth:`ShardfeedLoader.state_dict`)."""
 
-    def __init__(self, it, loader: "ShardfeedLoader", progress: _EpochProgress):
+    def __init__(self, it: _BaseDataLoaderIter, loader: "ShardfeedLoader", progress: _EpochProgress) -> None:
         self._it = it
         self._loader = loader
         self._progress = progress
@@ -224,10 +230,10 @@ class _EpochIterator:
         """True once the iteration has ended (``StopIteration``)."""
         return self._progress.finished
 
-    def __iter__(self):
+    def __iter__(self) -> "_EpochIterator":
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         try:
             batch = next(self._it)
         except StopIteration:
@@ -238,18 +244,20 @@ class _EpochIterator:
             raise
         if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], RingBatch):
             # a worker's batch in a reused shared-memory slot: a view of it, held while the loop holds it
-            batch = self._loader._batch_ring.take_batch(batch[0], pin_memory=self._loader._pin_ring)
+            ring = self._loader._batch_ring
+            assert ring is not None  # a RingBatch comes only from a loader with a ring
+            batch = ring.take_batch(batch[0], pin_memory=self._loader._pin_ring)
         self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
         return batch
 
     def __len__(self) -> int:
         return len(self._it)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
 
 
-class ShardfeedLoader(torch.utils.data.DataLoader):
+class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
     """A ``DataLoader`` that tells its dataset (and sampler) the epoch before each iteration.
 
     ``iter(loader)`` uses epoch 0, then 1, 2, ...; :meth:`set_epoch` chooses the next one.
@@ -259,14 +267,14 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
     :meth:`load_state_dict` resume mid-epoch (see the module docstring).
     """
 
-    def __init__(self, *args, epoch_sampler: EpochSampler | None = None, **kwargs):
+    def __init__(self, *args: Any, epoch_sampler: EpochSampler | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
         self._batch_ring: BatchRing | None = None  # see make_loader
         self._pin_ring = False
         self._next_epoch = 0
         self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
-        self._resume: dict | None = None  # {"epoch", "segments"} in effect
+        self._resume: dict[str, Any] | None = None  # {"epoch", "segments"} in effect
         self._resume_started = False
 
     def set_epoch(self, epoch: int) -> None:
@@ -280,7 +288,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         """The epoch the next ``iter(loader)`` will use."""
         return self._next_epoch
 
-    def _set_plan(self, plan: dict | None) -> None:
+    def _set_plan(self, plan: dict[str, Any] | None) -> None:
         self._resume = plan
         self._resume_started = False
         if isinstance(self.dataset, SourceBase):
@@ -288,7 +296,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         if self._epoch_sampler is not None:
             self._epoch_sampler.set_resume(plan)
 
-    def __iter__(self):
+    def __iter__(self) -> _EpochIterator:  # type: ignore[override]  # DataLoader's says _BaseDataLoaderIter
         e = self._next_epoch
         self._next_epoch = e + 1
         if self._resume is not None and (int(self._resume["epoch"]) != e or self._resume_started):
@@ -318,12 +326,12 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
                             f"{type(ds).__name__}")
         return ds
 
-    def _rules(self) -> dict:
+    def _rules(self) -> dict[str, Any]:
         ds = self._source()
         return {"num_samples": ds.num_samples, "seed": ds.seed, "shuffle": ds.shuffle, "pad": ds.pad,
                 "drop_last": ds.drop_last}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: a small JSON-serialisable dict to save with the model checkpoint.
 
         Keys: ``version`` (:data:`STATE_VERSION`), ``fingerprint`` (the dataset's, from its
@@ -347,7 +355,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
         """
         ds = self._source()
         cur = self._progress
-        segments: list[dict] = []
+        segments: list[dict[str, Any]] = []
         if cur is not None and not cur.finished and cur.epoch == self._next_epoch - 1:
             epoch, batches, segments = cur.epoch, cur.batches, list(cur.segments)
         elif self._resume is not None and not self._resume_started:
@@ -363,7 +371,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
                  "num_workers": self.num_workers, "shuffle_buffer": ds.buffer_size, "segments": segments}
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly of another process or rank):
         the next ``iter(loader)`` is the rest of ``state["epoch"]``, then the following epochs.
 
@@ -431,7 +439,38 @@ class ShardfeedLoader(torch.utils.data.DataLoader):
                             "`shardfeed check` finds damaged files)", n, epoch, ds)
 
 
-def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None = None,
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The keywords :func:`make_loader` hands to the ``DataLoader`` rather than to
+    :func:`~shardfeed.readers.dataset.open_dataset`, and its GPU decoding hook (frozen).
+
+    Args:
+        multiprocessing_context: the workers' start method (``"fork"``, ``"spawn"``,
+            ``"forkserver"`` or a context; None: the platform's default); unused without workers.
+        worker_init_fn: called with the worker id in each worker, after shardfeed's own
+            initialisation; unused without workers.
+        collate_fn: replaces shardfeed's collate (None: shardfeed's, which also drops the holes a
+            skipped sample leaves).
+        timeout: seconds to wait for a batch from the workers (0: no limit), as ``DataLoader``'s.
+        generator: the ``DataLoader``'s ``torch.Generator`` (None: its default).
+        decode_device: ``"cuda"`` (or a CUDA device): the workers hand over encoded bytes and each
+            batch is decoded on that GPU (:mod:`~shardfeed.readers.gpu_decode`); None or a CPU
+            device: decoded in the workers.
+    """
+
+    multiprocessing_context: Any = None
+    worker_init_fn: Callable[[int], Any] | None = None
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    timeout: float = 0
+    generator: torch.Generator | None = None
+    decode_device: str | torch.device | None = None
+
+
+#: The keywords that make a :class:`LoaderOptions`.
+LOADER_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(LoaderOptions))
+
+
+def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | None = None,
                 pin_memory: bool | None = None, prefetch_factor: int | None = 2, persistent_workers: bool = True,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = False,
                 rank: int | None = None, world_size: int | None = None,
@@ -457,10 +496,10 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
             ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
             ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
-            ``worker_init_fn`` (called after ours), ``collate_fn`` and ``timeout`` go to the
-            ``DataLoader``, and ``decode_device="cuda"`` makes the workers hand over encoded
-            bytes and decodes each batch on that GPU (nvJPEG; images and labels come out on the
-            device; the CPU loader where there is no CUDA): see
+            ``worker_init_fn`` (called after ours), ``collate_fn``, ``timeout`` and ``generator`` go
+            to the ``DataLoader`` (:class:`LoaderOptions`), and ``decode_device="cuda"`` makes the
+            workers hand over encoded bytes and decodes each batch on that GPU (nvJPEG; images and
+            labels come out on the device; the CPU loader where there is no CUDA): see
             :mod:`~shardfeed.readers.gpu_decode`.
 
     With workers and the built-in transforms, batches cross from the workers through reused
@@ -477,13 +516,14 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     Raises:
         ValueError: bad sizes or options; what :func:`open_dataset` raises.
     """
-    loader_keys = ("multiprocessing_context", "worker_init_fn", "collate_fn", "timeout", "generator")
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
         check_keywords("make_loader", open_dataset_options,
-                       open_dataset_keywords() | signature_keywords(make_loader) | set(loader_keys) | {"decode_device"})
+                       open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    decode_device = open_dataset_options.pop("decode_device", None)
+    given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}
+    extras = LoaderOptions(**given)
+    decode_device = extras.decode_device
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # the GPU decoding hook
         if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
             raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
@@ -496,8 +536,7 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
             make_loader, source_or_dataset, batch_size, num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
-            **open_dataset_options)
-    loader_opts = {k: open_dataset_options.pop(k) for k in loader_keys if k in open_dataset_options}
+            **open_dataset_options, **{k: v for k, v in given.items() if k != "decode_device"})
     ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
                         world_size=world_size)
     num_workers = default_num_workers() if num_workers is None else int(num_workers)
@@ -506,14 +545,15 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     kwargs: dict[str, Any] = dict(batch_size=int(batch_size), num_workers=num_workers, pin_memory=bool(pin_memory))
-    kwargs.update(_worker_options(num_workers, persistent_workers, prefetch_factor, loader_opts))
+    kwargs.update(_worker_options(num_workers, persistent_workers, prefetch_factor, extras))
     decode = getattr(ds, "decode", True)
-    if "collate_fn" not in loader_opts:
-        if isinstance(ds, SourceBase):
-            kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
-                                                      num_fields=len(getattr(ds, "fields", ()) or ())) if decode
-                                    else collate_raw)
-    kwargs.update(loader_opts)
+    if extras.collate_fn is not None:
+        kwargs["collate_fn"] = extras.collate_fn
+    elif isinstance(ds, SourceBase):
+        kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
+                                                  num_fields=len(getattr(ds, "fields", ()) or ())) if decode
+                                else collate_raw)
+    kwargs.update(timeout=extras.timeout, generator=extras.generator)
     if isinstance(ds, SourceBase):
         ds.configure_batching(batch_size, drop_last)
     epoch_sampler = _epoch_sampler(ds, batch_size, shuffle=shuffle, seed=seed, pad=pad, drop_last=drop_last,
@@ -521,7 +561,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     if epoch_sampler is not None:
         kwargs["sampler"] = epoch_sampler
     kwargs["drop_last"] = bool(drop_last)
-    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor, custom_collate="collate_fn" in loader_opts)
+    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor,
+                           custom_collate=extras.collate_fn is not None)
     loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
     if ring is not None:
         loader._batch_ring, loader._pin_ring = ring, bool(pin_memory) and torch.cuda.is_available()
@@ -530,8 +571,8 @@ def make_loader(source_or_dataset, batch_size: int, *, num_workers: int | None =
     return loader
 
 
-def _open_or_adopt(source_or_dataset, open_dataset_options: dict, *, shuffle: bool, seed: int, pad: bool,
-                   rank: int | None, world_size: int | None):
+def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any], *, shuffle: bool, seed: int,
+                   pad: bool, rank: int | None, world_size: int | None) -> Any:
     """:func:`make_loader`'s dataset: a source (path/URL) opened with :func:`open_dataset`, or a
     dataset given (ours gets the loader's shuffle, seed, padding and rank).
 
@@ -553,26 +594,23 @@ def _open_or_adopt(source_or_dataset, open_dataset_options: dict, *, shuffle: bo
 
 
 def _worker_options(num_workers: int, persistent_workers: bool, prefetch_factor: int | None,
-                    loader_opts: dict) -> dict[str, Any]:
-    """The ``DataLoader`` arguments about workers; takes ``multiprocessing_context`` and
-    ``worker_init_fn`` out of ``loader_opts`` (ours calls the user's after its own)."""
+                    extras: LoaderOptions) -> dict[str, Any]:
+    """The ``DataLoader`` arguments about workers, with ``extras.multiprocessing_context`` and
+    ``extras.worker_init_fn`` (ours calls the user's after its own); none without workers."""
     kwargs: dict[str, Any] = {}
     if num_workers > 0:
         kwargs["persistent_workers"] = bool(persistent_workers)
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = int(prefetch_factor)
-        if "multiprocessing_context" in loader_opts:
-            kwargs["multiprocessing_context"] = loader_opts.pop("multiprocessing_context")
+        if extras.multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = extras.multiprocessing_context
         kwargs["worker_init_fn"] = functools.partial(
-            worker_init, user_fn=loader_opts.pop("worker_init_fn", None),
+            worker_init, user_fn=extras.worker_init_fn,
             forked_cv2_threads=_cv2_threads_if_forking(kwargs.get("multiprocessing_context")))
-    else:
-        loader_opts.pop("worker_init_fn", None)
-        loader_opts.pop("multiprocessing_context", None)
     return kwargs
 
 
-def _epoch_sampler(ds, batch_size: int, *, shuffle: bool, seed: int, pad: bool, drop_last: bool,
+def _epoch_sampler(ds: Any, batch_size: int, *, shuffle: bool, seed: int, pad: bool, drop_last: bool,
                    rank: int | None, world_size: int | None) -> EpochSampler | None:
     """The :class:`EpochSampler` of a map-style dataset (this rank's share of each epoch's
     permutation); None for an iterable one (it splits the epoch itself)."""
@@ -588,7 +626,7 @@ def _epoch_sampler(ds, batch_size: int, *, shuffle: bool, seed: int, pad: bool, 
 BATCH_RING_MAX_BYTES = 1 << 30
 
 
-def _batch_ring_for(ds, num_workers: int, batch_size: int, prefetch_factor: int | None,
+def _batch_ring_for(ds: Any, num_workers: int, batch_size: int, prefetch_factor: int | None,
                     custom_collate: bool) -> BatchRing | None:
     """Reused shared-memory batch slots for the workers of a decoding source with a fixed output
     size (:mod:`~shardfeed.readers.batch_ring`), or None where they do not apply."""
@@ -612,10 +650,10 @@ def _batch_ring_for(ds, num_workers: int, batch_size: int, prefetch_factor: int 
     return ring
 
 
-_NORM_CACHE: dict = {}
+_NORM_CACHE: dict[tuple[Any, ...], torch.Tensor] = {}
 
 
-def _norm_tensor(values, device, dtype) -> torch.Tensor:
+def _norm_tensor(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     key = (tuple(float(v) for v in values), str(device), dtype)
     t = _NORM_CACHE.get(key)
     if t is None:
@@ -625,8 +663,9 @@ def _norm_tensor(values, device, dtype) -> torch.Tensor:
     return t
 
 
-def to_device(batch, device, *, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-              dtype: torch.dtype = torch.float32, channels_last: bool = False):
+def to_device(batch: tuple[torch.Tensor, torch.Tensor], device: str | torch.device, *,
+              mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+              dtype: torch.dtype = torch.float32, channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Move a batch to ``device`` and convert it there: uint8 → ``dtype`` in [0, 1], normalised.
 
     The copy is ``non_blocking`` (asynchronous from pinned memory, see ``pin_memory``); the

@@ -30,6 +30,7 @@ import torch
 import torch.utils.data
 
 from .format import meta_bytes
+from .options import ReadOptions
 from .source_base import SourceBase, name_original_file, parts_to_raw
 
 __all__ = ["MemoryCachedSource", "available_memory_bytes", "MEMORY_MARGIN_BYTES"]
@@ -160,12 +161,12 @@ class MemoryCachedSource(SourceBase, torch.utils.data.Dataset):
         self.source_repr = repr(src)
         self.source_fingerprint = src.fingerprint
         self.num_bytes = pos
-        self._init_common(image_size=src.image_size, train=src.sample_decoder.train,
-                          decoder=src.sample_decoder.decoder, decode=src.decode, on_error=src.on_error,
-                          transform=src.sample_decoder.transform, max_pixels=src.sample_decoder.max_pixels,
-                          seed=src.seed, shuffle=src.shuffle, pad=src.pad, rank=src.rank,
-                          world_size=src.world_size, max_decode_bytes=src.sample_decoder.max_decode_bytes,
-                          resize_size=src.sample_decoder.resize_size)
+        self._init_common(ReadOptions(
+            image_size=src.image_size, train=src.sample_decoder.train, decoder=src.sample_decoder.decoder,
+            decode=src.decode, on_error=src.on_error, transform=src.sample_decoder.transform,
+            max_pixels=src.sample_decoder.max_pixels, seed=src.seed, shuffle=src.shuffle, pad=src.pad,
+            rank=src.rank, world_size=src.world_size, max_decode_bytes=src.sample_decoder.max_decode_bytes,
+            resize_size=src.sample_decoder.resize_size))
         self._np = None
         log.info("cache='memory': %d samples, %.1f MB loaded in %.2f s", n, pos / 1e6, time.perf_counter() - t0)
         return self

@@ -36,14 +36,15 @@ from typing import Any, BinaryIO, Iterator
 
 from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
 from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest, unfinished_pack_error
+from .location import LocationBase
 from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, redact, register_secret
 from .registry import describe
 
 __all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
-           "StoreLocation", "StoreRangeStream", "is_store_url", "split_store_url", "scrub",
-           "parse_storage_options", "set_default_storage_options", "MULTIPART_THRESHOLD_BYTES", "store_folder_kind",
+           "StoreLocation", "StoreRangeStream", "is_store_url", "is_s3_url", "split_store_url", "scrub",
+           "parse_storage_options", "MULTIPART_THRESHOLD_BYTES",
            "MAX_LIST_KEYS", "MAX_LIST_PAGES"]
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,11 @@ def is_store_url(text: Any) -> bool:
         return False
     scheme, sep, _ = text.partition("://")
     return bool(sep) and scheme.lower() in STORE_SCHEMES
+
+
+def is_s3_url(text: Any) -> bool:
+    """Whether ``text`` is an ``s3://`` URL (the object-store scheme shardfeed reads and writes)."""
+    return isinstance(text, str) and text.partition("://")[0].lower() == "s3" and "://" in text
 
 
 def split_store_url(url: str) -> tuple[str, str, str]:
@@ -178,7 +184,6 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
     return out
 
 
-_DEFAULT_OPTIONS: dict[str, Any] = {}
 #: how messages spell a storage option: the Python API's ``storage_options={...}`` unless the
 #: command line asked for its ``--storage-option KEY=VALUE`` (:func:`use_cli_spelling`)
 _SPELLING = {"cli": False}
@@ -206,17 +211,6 @@ def option_hint(*pairs: tuple[str, Any]) -> str:
     return f"storage_options={{{inner}}}"
 
 
-def set_default_storage_options(options: dict | None) -> None:
-    """Options used by every :class:`StoreLocation` made without ``storage_options`` in this
-    process (the CLI's ``--storage-option``); explicit ``storage_options`` are merged over them.
-
-    Raises:
-        ValueError: an unknown key.
-    """
-    _DEFAULT_OPTIONS.clear()
-    _DEFAULT_OPTIONS.update(parse_storage_options(options))
-
-
 def _import_boto3():
     try:
         import boto3
@@ -227,19 +221,6 @@ def _import_boto3():
     return boto3, botocore
 
 
-def store_folder_kind(location) -> str:
-    """What an object-store prefix without a manifest holds: ``"packed"`` (shards, an index, LMDB
-    or a pack's work files at the top: an unfinished pack), ``"folder"`` (``CLASS/IMAGE`` keys) or
-    ``"empty"``. Lists the prefix once (the listing is kept on ``location`` for the scan)."""
-    listing = location.list_objects()
-    location.listing_cache = listing
-    top = [rel for rel, _, _ in listing if "/" not in rel]
-    if any(rel.endswith((".tar", ".idx", ".mdb")) for rel in top) or any(
-            rel.startswith(PACK_STATE_DIR + "/") for rel, _, _ in listing):
-        return "packed"
-    return "folder" if any("/" in rel for rel, _, _ in listing) else "empty"
-
-
 class _Permanent(Exception):
     """An answer that retrying will not change."""
 
@@ -248,16 +229,20 @@ class _Unreachable(DataSourceError):
     """The endpoint cannot be reached (retried; the final error is a StorageAccessError)."""
 
 
-class StoreLocation:
+class StoreLocation(LocationBase):
     """A dataset (or an image folder) under an object-store prefix: ``s3://bucket/prefix/`` or
     ``s3://bucket/prefix/manifest.json``.
+
+    A :class:`~shardfeed.readers.location.Location` that is ``remote``, ``listable`` and
+    ``writable``. Only the options given (``storage_options``) and boto3's default chain configure
+    the client: nothing is taken from other locations or from earlier calls.
 
     Picklable: holds the URL and the options; each process (each ``DataLoader`` worker) makes its
     own client on first use.
 
     Args:
         url: the prefix URL or the manifest's URL.
-        storage_options: client options (see the module docstring); None: the default chain.
+        storage_options: client options (see the module docstring); None: boto3's default chain.
         timeout_s: connect and per-read timeout, seconds (default ``http_io.DEFAULT_TIMEOUT_S``).
         retries: retries after the first attempt (default ``http_io.DEFAULT_RETRIES``).
         deadline_s: seconds one whole-object read (manifest, index) may take in all (default
@@ -268,6 +253,10 @@ class StoreLocation:
             install or use).
         ValueError: bad ``timeout_s``/``retries`` or an unknown storage option.
     """
+
+    remote = True
+    listable = True
+    writable = True
 
     def __init__(self, url: str, *, storage_options: dict | None = None, timeout_s: float | None = None,
                  retries: int | None = None, deadline_s: float | None = None):
@@ -285,8 +274,7 @@ class StoreLocation:
         self.deadline_s = float(DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
         if self.deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
-        merged = {**_DEFAULT_OPTIONS, **parse_storage_options(storage_options)}
-        self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in merged.items()}
+        self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in parse_storage_options(storage_options).items()}
         register_secret(*(self.storage_options.get(k) for k in ("key", "secret", "token")))
         _import_boto3()
         self.bucket = bucket
@@ -300,6 +288,7 @@ class StoreLocation:
         self._client = None
         self._client_pid = None
         self._lock = threading.Lock()
+        self.listing_cache: list | None = None  # a listing made to decide what the prefix holds
 
     # ---- identity and pickling
     def __str__(self) -> str:

@@ -1,29 +1,37 @@
 """One opener for file, HTTP and object-store paths (docs/architecture.md; webdataset's ``gopen`` plays this
 part there): which kind of place a path names, and the location object that reads it.
 
-* a local path, or ``file:///abs/path`` → the local :class:`pathlib.Path`;
+The class is chosen by the URL scheme from one table, here (:func:`register_location` adds a
+scheme, :func:`unregister_location` removes it):
+
+* a local path, or ``file:///abs/path`` → :class:`~shardfeed.readers.location.LocalLocation`;
 * ``http://`` / ``https://`` → :class:`~shardfeed.readers.http_io.HttpLocation`;
 * ``s3://bucket/prefix/`` → :class:`~shardfeed.readers.objstore.StoreLocation` (the ``s3`` extra);
+* a scheme registered with ``register_location`` → what its factory returns;
 * anything else of the form ``scheme://`` (``gs://``, ``az://``, ``hdfs://``, ``ftp://`` ...) is
   refused by :func:`check_supported` with :class:`~shardfeed.readers.errors.UnsupportedURLError`
   naming the URL and what to install or use, instead of being taken for a local folder named
   ``gs:``.
 
-Remote locations share one interface (``url``/``where``, ``read_bytes``, ``open(name, start,
-end) -> (stream, stream_offset)``, ``load_manifest``) and one fault policy (bounded timeouts,
-bounded retries with back-off that resume at the failed byte, 4xx answers as immediate errors).
+Every location has one interface (:class:`~shardfeed.readers.location.Location`: ``where``,
+``read_bytes``, ``open(name, start, end) -> (stream, stream_offset)``, ``load_manifest``, listing
+and writing where its capabilities say so); the remote ones share one fault policy (bounded
+timeouts, bounded retries with back-off that resume at the failed byte, 4xx answers as immediate
+errors).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import UnsupportedURLError
 
-__all__ = ["url_scheme", "is_http_url", "is_remote", "check_supported", "open_location", "local_path"]
+__all__ = ["url_scheme", "is_http_url", "is_remote", "check_supported", "open_location", "local_path",
+           "register_location", "unregister_location", "location_schemes", "location_factory", "LocationFactory"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -47,20 +55,23 @@ def is_remote(text: Any) -> bool:
     return scheme is not None and scheme != "file"
 
 
-def check_supported(text: Any, *, what: str = "this command", allow: tuple[str, ...] = ("file", "http", "https", "s3"),
+def check_supported(text: Any, *, what: str = "this command", allow: tuple[str, ...] | None = None,
                     hint: str = "") -> None:
     """Refuse a ``scheme://`` path that ``what`` cannot handle.
 
     Args:
         text: the path or URL (anything but a ``str`` passes).
         what: the command or function, for the message.
-        allow: the schemes accepted.
+        allow: the schemes accepted (None: every registered one,
+            :func:`location_schemes`).
         hint: what to use instead (appended to the message).
 
     Raises:
         UnsupportedURLError: names the URL, what is accepted and what to install or use.
     """
     scheme = url_scheme(text)
+    if allow is None:
+        allow = location_schemes()
     if scheme is None or scheme in allow:
         return
     from .objstore import STORE_SCHEMES
@@ -96,25 +107,115 @@ def local_path(text: str | os.PathLike) -> Path:
 
 def open_location(source: str | os.PathLike, *, storage_options: dict | None = None, timeout_s: float | None = None,
                   retries: int | None = None):
-    """The location object for ``source``: a local ``Path``, an ``HttpLocation`` or a
-    ``StoreLocation``.
+    """The :class:`~shardfeed.readers.location.Location` of ``source``, made by the factory its
+    scheme is registered with (:func:`register_location`).
 
     Args:
-        source: a local path, ``file://``, ``http(s)://`` or ``s3://`` URL (a folder or a manifest).
-        storage_options: object-store client options (see :mod:`shardfeed.readers.objstore`).
+        source: a local path, ``file://``, ``http(s)://``, ``s3://`` or registered ``scheme://``
+            URL (a folder or a manifest).
+        storage_options: storage client options (for ``s3://``: see :mod:`shardfeed.readers.objstore`),
+            passed to the factory.
         timeout_s, retries: the remote fault policy (None: http_io's defaults).
 
     Raises:
-        UnsupportedURLError: another scheme, or the object-store client is not installed.
+        UnsupportedURLError: a scheme not registered, or the storage's client is not installed.
     """
     check_supported(source, what="shardfeed")
     scheme = url_scheme(source)
-    if scheme in ("http", "https"):
-        from .http_io import HttpLocation
+    factory = location_factory(scheme)
+    return factory(source if scheme is None else str(source), storage_options=storage_options,
+                   timeout_s=timeout_s, retries=retries)
 
-        return HttpLocation(str(source), timeout_s=timeout_s, retries=retries)
-    if scheme == "s3":
-        from .objstore import StoreLocation
 
-        return StoreLocation(str(source), storage_options=storage_options, timeout_s=timeout_s, retries=retries)
-    return local_path(source)
+# ---------------------------------------------------------------------------------------------
+# the table: scheme -> factory
+
+#: ``factory(source, *, storage_options=None, timeout_s=None, retries=None) -> Location``
+LocationFactory = Callable[..., Any]
+
+_TABLE: dict[str, LocationFactory] = {}
+_TABLE_LOCK = threading.Lock()
+
+
+def _local(source, **_unused):
+    from .location import LocalLocation
+
+    return LocalLocation(local_path(source))
+
+
+def _http(source, *, storage_options=None, timeout_s=None, retries=None):
+    from .http_io import HttpLocation
+
+    return HttpLocation(str(source), timeout_s=timeout_s, retries=retries)
+
+
+def _s3(source, *, storage_options=None, timeout_s=None, retries=None):
+    from .objstore import StoreLocation
+
+    return StoreLocation(str(source), storage_options=storage_options, timeout_s=timeout_s, retries=retries)
+
+
+def register_location(scheme: str, factory: LocationFactory, *, replace: bool = False) -> None:
+    """Make ``scheme://`` URLs open as the location ``factory`` returns.
+
+    Every reader and tool opens sources through :func:`open_location`,
+    so after this call ``open_dataset("scheme://...")``, ``pack(src, "scheme://...")`` (when the
+    location is ``writable``), ``check``, ``stage``, ``inspect`` and ``convert`` accept the scheme.
+
+    Args:
+        scheme: the URL scheme, letters, digits, ``+``, ``-``, ``.`` (case-insensitive).
+        factory: ``factory(url, *, storage_options=None, timeout_s=None, retries=None)``, returning
+            an object with the :class:`~shardfeed.readers.location.Location` interface
+            (subclassing :class:`~shardfeed.readers.location.LocationBase` gives the defaults).
+            ``DataLoader`` workers receive the location pickled: with ``num_workers > 0`` it must
+            pickle (and reach its storage from another process).
+        replace: allow replacing a registered scheme (the built-in ``file``, ``http``, ``https``
+            and ``s3`` included).
+
+    Raises:
+        ValueError: a malformed scheme, or one registered already (without ``replace``).
+        TypeError: ``factory`` is not callable.
+    """
+    if not isinstance(scheme, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        raise ValueError(f"register_location: {scheme!r} is not a URL scheme (letters, digits, '+', '-', '.')")
+    if not callable(factory):
+        raise TypeError(f"register_location({scheme!r}, ...): the factory must be callable, got {factory!r}")
+    key = scheme.lower()
+    with _TABLE_LOCK:
+        if key in _TABLE and not replace:
+            raise ValueError(f"register_location: {key}:// is registered already; pass replace=True to replace it")
+        _TABLE[key] = factory
+
+
+def unregister_location(scheme: str) -> None:
+    """Forget ``scheme://`` (its URLs are refused again by :func:`check_supported`).
+
+    Raises:
+        KeyError: the scheme is not registered.
+    """
+    with _TABLE_LOCK:
+        del _TABLE[str(scheme).lower()]
+
+
+def location_schemes() -> tuple[str, ...]:
+    """The registered schemes, in registration order (``file``, ``http``, ``https``, ``s3`` built in)."""
+    with _TABLE_LOCK:
+        return tuple(_TABLE)
+
+
+def location_factory(scheme: str | None) -> LocationFactory:
+    """The factory of ``scheme`` (None: a local path).
+
+    Raises:
+        UnsupportedURLError: the scheme is not registered.
+    """
+    with _TABLE_LOCK:
+        factory = _TABLE.get("file" if scheme is None else scheme.lower())
+    if factory is None:
+        raise UnsupportedURLError(f"{scheme}:// is not a registered storage (registered: "
+                                  f"{', '.join(s + '://' for s in location_schemes())})")
+    return factory
+
+
+for _scheme, _factory in (("file", _local), ("http", _http), ("https", _http), ("s3", _s3)):
+    register_location(_scheme, _factory)

@@ -33,11 +33,18 @@ class FormatSpec:
     Attributes:
         name: the manifest's ``format`` value (``"webdataset"``, ``"lmdb"``).
         aliases: other accepted spellings on the command line and in the API (``"wds"``).
-        source: the reader: ``"module:Class"`` or a callable ``(location, manifest, **options)``.
-        packer: ``fn(scan, samples, out, options, progress, output_progress=None, *, on_shard_end=None)
-            -> (shards, skipped, resumed, extra)``; ``progress(num_samples, input_bytes)``,
-            ``output_progress(output_bytes)``, ``on_shard_end(entry, index)`` in the calling process
-            as each shard is complete (a pack to a bucket uploads it then).
+        source: the reader: ``"module:Class"`` or a callable. A
+            :class:`~shardfeed.readers.source_base.SourceBase` subclass is called
+            ``(location, manifest, read, **own)`` (``read``: the
+            :class:`~shardfeed.readers.options.ReadOptions`; ``own``: the options its constructor
+            names); any other callable ``(location, manifest, **options)``.
+        packer: ``fn(scan, samples, out, options, context) -> PackResult`` (the
+            ``shardfeed.convert.context.Packer`` protocol): ``context`` (a ``PackContext``) gives
+            the executor to run tasks on, ``progress(num_samples, input_bytes)``,
+            ``output_progress(output_bytes)`` and ``on_shard_end(entry, index)``, called in the
+            packing process as each shard is complete (a pack to a bucket uploads it then); the
+            ``PackResult`` holds the shards, the skipped files, the shards resumed, the report's
+            extra figures and an optional ``finalize(manifest)``.
         writer: the streaming ``Writer`` class (``write(sample)``, ``close() -> Manifest``, a context
             manager) with the uniform factory ``create(out, *, classes, class_to_idx, max_count,
             max_bytes, prefix, skipped, options, files, map_size, expected_bytes)``; each format

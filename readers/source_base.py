@@ -54,11 +54,11 @@ from typing import Any
 
 import numpy as np
 
-from .decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS
 from .epoch import (positions_to_indices, resolve_rank, resumed_rank_sequence,
                     resumed_samples_per_rank, worker_batches)
-from .errors import StorageAccessError, check_on_error
+from .errors import StorageAccessError
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
+from .options import ReadOptions
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
            "manifest_fingerprint", "RESUME_CAPACITY_BYTES"]
@@ -123,52 +123,51 @@ parts_to_raw = sample_from_members
 class SourceBase:
     """Mixin of the sources (not a dataset by itself).
 
-    Args:
-        image_size, train, decoder, transform, max_pixels, max_decode_bytes, seed, resize_size,
-            crop_pct: the decode path (:class:`~shardfeed.readers.transforms.SampleDecoder`).
-        decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples.
-        on_error: ``"raise"`` or ``"skip"``.
-        shuffle: shuffle each epoch (seeded by ``seed + epoch``).
-        pad: fill the remainder ``N % world_size`` by repeating samples instead of dropping it.
-        rank, world_size: explicit values (see :func:`~shardfeed.readers.dataset.resolve_rank`).
-        fields: extra fields to yield beside image and label (manifest version 3, e.g.
-            ``("txt", "json")``): decoded items become ``(image, label, *values)`` in that
-            order (``str`` for ``txt``, the parsed value for ``json``, ``bytes`` otherwise; None
-            for a sample without it); raw items become ``(Sample, {name: value})``.
+    A source calls :meth:`_init_common` with one :class:`~shardfeed.readers.options.ReadOptions`:
+    the decode path (``image_size``, ``train``, ``decoder``, ``transform``, ``max_pixels``,
+    ``max_decode_bytes``, ``seed``, ``resize_size``, ``crop_pct``:
+    :class:`~shardfeed.readers.transforms.SampleDecoder`), ``decode`` (False yields raw
+    :class:`~shardfeed.readers.format.Sample` tuples), ``on_error`` (``"raise"`` or ``"skip"``),
+    ``shuffle`` (each epoch, seeded by ``seed + epoch``), ``pad`` (fill the remainder
+    ``N % world_size`` by repeating samples instead of dropping it), ``rank``/``world_size``
+    (see :func:`~shardfeed.readers.dataset.resolve_rank`) and ``fields``: extra fields to yield
+    beside image and label (manifest version 3, e.g. ``("txt", "json")``): decoded items become
+    ``(image, label, *values)`` in that order (``str`` for ``txt``, the parsed value for
+    ``json``, ``bytes`` otherwise; None for a sample without it); raw items become
+    ``(Sample, {name: value})``.
     """
 
     #: True for sources read by index (``__getitem__``), False for iterable ones.
     map_style = False
 
-    def _init_common(self, *, image_size: int | None = None, train: bool = False, decoder: str = "auto",
-                     decode: bool = True, on_error: str = "raise", transform=None,
-                     max_pixels: int | None = DEFAULT_MAX_PIXELS, seed: int = 0, shuffle: bool = True,
-                     pad: bool = False, rank: int | None = None, world_size: int | None = None,
-                     fields: tuple[str, ...] | list[str] | str | None = None,
-                     max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES,
-                     resize_size: int | None = None, crop_pct: float | None = None) -> None:
+    def _init_common(self, read: ReadOptions) -> None:
+        """Set up what every source shares from ``read`` (checked when it was built; the decode
+        options are checked here, by :class:`~shardfeed.readers.transforms.SampleDecoder`).
+
+        Raises:
+            ValueError: a requested field the manifest does not list; a bad decode option.
+            TypeError: ``read`` is not a :class:`~shardfeed.readers.options.ReadOptions`.
+        """
         import torch
 
         from .transforms import SampleDecoder
 
-        check_on_error(on_error)
-        self.fields = self._check_fields(fields)
+        if not isinstance(read, ReadOptions):
+            raise TypeError(f"a source takes its shared options as one ReadOptions, got {type(read).__name__}")
+        self.fields = self._check_fields(read.fields)
         #: ``(name, member extension)`` of each requested field
         self._field_members = tuple((f, field_member(f)) for f in self.fields)
-        self.image_size = image_size
-        self.decode = bool(decode)
-        self.on_error = on_error
-        self.seed = int(seed)
-        self.shuffle = bool(shuffle)
-        self.pad = bool(pad)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.image_size = read.image_size
+        self.decode = read.decode
+        self.on_error = read.on_error
+        self.seed = read.seed
+        self.shuffle = read.shuffle
+        self.pad = read.pad
+        self.rank, self.world_size = resolve_rank(read.rank, read.world_size)
         self.batch_size = 1
         self.drop_last = False
         # always built: validates the options even in raw mode
-        self.sample_decoder = SampleDecoder(image_size=image_size, train=train, decoder=decoder,
-                                            transform=transform, max_pixels=max_pixels, seed=self.seed,
-                                            max_decode_bytes=max_decode_bytes, resize_size=resize_size,
-                                            crop_pct=crop_pct)
+        self.sample_decoder = SampleDecoder(**read.decoder_options())
         # epoch shared with workers: -1 = never set (then each process counts its own iterations)
         self._epoch_state = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         # resume plan shared with workers: [length, JSON bytes...] (length 0: none)
@@ -185,13 +184,10 @@ class SourceBase:
         self.holes = False
         self._pid = os.getpid()
 
-    def _check_fields(self, fields) -> tuple[str, ...]:
+    def _check_fields(self, fields: tuple[str, ...]) -> tuple[str, ...]:
         """The requested extra fields, each one the manifest lists (``ValueError`` naming the others)."""
-        if fields is None:
+        if not fields:
             return ()
-        if isinstance(fields, str):
-            fields = (fields,)
-        fields = tuple(fields)
         manifest = getattr(self, "manifest", None)
         have = dict(getattr(manifest, "fields", None) or {})
         unknown = [f for f in fields if f not in have]

@@ -36,6 +36,8 @@ from .decode import (DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, dec
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .batch_ring import BatchRing
+
 __all__ = [
     "RESAMPLE",
     "resize_shorter",
@@ -794,7 +796,7 @@ class SampleDecoder:
         self.batch_rows = 0
         #: a :class:`~shardfeed.readers.batch_ring.BatchRing` whose slots DataLoader workers write
         #: into (set by :func:`~shardfeed.readers.loader.make_loader`), or None
-        self.ring = None
+        self.ring: BatchRing | None = None
         self._arena: "torch.Tensor | None" = None
         self._arena_rows: "Sequence[torch.Tensor]" = ()
         self._arena_pool: list = []  # (buffer, its rows, the storage's reference count when unused)

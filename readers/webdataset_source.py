@@ -43,8 +43,7 @@ import json
 import logging
 import os
 from collections import Counter
-from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 import numpy as np
 import torch.utils.data
@@ -52,10 +51,11 @@ import torch.utils.data
 from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, shuffle_buffer_order, shuffled,
                     spans_to_ranges, worker_batch_counts_before, worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
-from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem, read_index
+from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
 from .http_io import index_size_cap
+from .options import ReadOptions
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
-from .shard_readahead import open_ahead, read_ahead, take_opened
+from .location import LocalLocation
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
@@ -81,56 +81,6 @@ DEFAULT_SHUFFLE_BUFFER = 1000
 MERGE_GAP_SAMPLES = 16
 
 
-class LocalLocation:
-    """A dataset directory on a local (or mounted) file system."""
-
-    def __init__(self, root: str | os.PathLike, readahead: bool = True):
-        self.root = Path(root)
-        #: read ahead once reads prove slow (:mod:`~shardfeed.readers.shard_readahead`)
-        self.readahead = bool(readahead)
-
-    def __str__(self) -> str:
-        return str(self.root)
-
-    def where(self, name: str) -> str:
-        return str(self.root / name)
-
-    def read_bytes(self, name: str) -> bytes:
-        return (self.root / name).read_bytes()
-
-    def read_index(self, name: str) -> list[int]:
-        return read_index(self.root / name)
-
-    def read_indexed(self, name: str, offsets, start: int, end: int, where: str):
-        """Samples ``[start, end)`` of an indexed local shard by :func:`~shardfeed.readers.tario.iter_indexed_samples`
-        (``__url__`` tagged); returns how many it yielded (it stops before anything unusual)."""
-        fd = take_opened(self.root / name) if self.readahead else None
-        if fd is None:
-            fd = os.open(self.root / name, os.O_RDONLY)
-        pread = os.pread
-        try:
-            return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
-                                                    os.fstat(fd).st_size, source=where, tag_source=True,
-                                                    chunk_reader=read_ahead if self.readahead else None))
-        finally:
-            os.close(fd)
-
-    def open_ahead(self, name: str, first_bytes: int, prepare=None) -> None:
-        """Open shard ``name`` ahead (and read its first ``first_bytes``) once reads proved slow
-        (:func:`~shardfeed.readers.shard_readahead.open_ahead`); :meth:`read_indexed` takes it."""
-        if self.readahead:
-            open_ahead(self.root / name, prepare=prepare, first_bytes=first_bytes)
-
-    def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
-        f = open(self.root / name, "rb", buffering=0)
-        try:
-            f.seek(start)
-        except BaseException:
-            f.close()
-            raise
-        return f, start
-
-
 class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     """Iterable dataset over WebDataset shards (local directory or HTTP URL).
 
@@ -141,12 +91,12 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         location: a local dataset directory (path) or an
             :class:`~shardfeed.readers.http_io.HttpLocation`.
         manifest: the dataset's validated manifest.
+        read: the options every source shares (:class:`~shardfeed.readers.options.ReadOptions`;
+            default ``ReadOptions()``).
         shuffle_buffer: samples in each worker's shuffle buffer (1 or 0: no buffer).
-        timeout_s, retries: HTTP options (see :mod:`shardfeed.readers.http_io`); ignored locally.
         readahead: local shards: once a read proves slow (a network or FUSE mount), keep several
             reads in flight ahead of the decoder (:mod:`~shardfeed.readers.shard_readahead`;
             bounded: at most 32 requests, 6 MiB per reader). False reads one chunk at a time.
-        **common: see :class:`~shardfeed.readers.source_base.SourceBase`.
 
     Yields:
         ``(image uint8 [3, H, W], label int)``, or :class:`~shardfeed.readers.format.Sample`
@@ -155,8 +105,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     ``len(ds)`` is the number of samples this rank reads per epoch (all its workers together).
     """
 
-    def __init__(self, location, manifest: Manifest, *, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
-                 timeout_s: float | None = None, retries: int | None = None, readahead: bool = True, **common):
+    def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readahead: bool = True) -> None:
         if isinstance(location, (str, os.PathLike)):
             location = LocalLocation(location, readahead=readahead)
         elif isinstance(location, LocalLocation):
@@ -172,7 +122,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         #: packing-order index of each shard's first sample
         self._starts = [0, *itertools.accumulate(self._counts)][:-1]
         self._offsets: dict[int, list[int] | None] = {}
-        self._init_common(**common)
+        self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
         return (f"WebDatasetSource({str(self.location)!r}, num_samples={self._num_samples}, "

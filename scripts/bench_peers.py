@@ -17,9 +17,21 @@ Each peer is imported only if installed; one that is not installed, or fails, is
   its writer, so its bytes differ from the other peers'), ``RandomResizedCropRGBImageDecoder`` +
   ``RandomHorizontalFlip`` / ``CenterCropRGBImageDecoder`` (ratio 224/256), ``--workers``
   threads, random order;
-* ``litdata``, ``mosaicml-streaming``, ``torchvision-imagefolder``: rows saying whether the package
-  imports (each needs its own converted copy of the data and, for torchvision, a wheel matching
-  the installed torch; ``make bench`` tries to install them).
+* ``litdata``: ``litdata.StreamingDataset`` over its own copy of the image folder (written once by
+  ``litdata.optimize`` into ``--peer-cache``: each image's file bytes as they are, and its label),
+  in its ``StreamingDataLoader``;
+* ``mosaicml-streaming``: ``streaming.StreamingDataset`` over its own MDS copy of the image folder
+  (written once by ``streaming.MDSWriter`` into ``--peer-cache``: the file bytes and the label), in
+  a ``DataLoader``;
+* ``torchvision-imagefolder``: ``torchvision.datasets.ImageFolder`` over the image folder, in a
+  ``DataLoader`` (shuffled).
+
+The last three decode with Pillow and crop with torchvision's classic transforms on the decoded
+image: ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()`` (train) or ``Resize(256)`` +
+``CenterCrop(224)`` (val), then ``PILToTensor()``. Converted copies (FFCV's, litdata's, MDS) are
+written before the timed cases, and their writing time is reported beside the table, never inside
+a case's figures. CPU time per image is the process's own CPU time plus that of all its child
+processes (loader workers) over the timed batches, divided by the images they delivered.
 
 A peer that does not import here but does under ``--peer-python PY`` (another interpreter, e.g. a
 separate virtual environment holding FFCV and its numba, which would not fit this one's pins) is
@@ -28,7 +40,8 @@ run by that interpreter: this script runs its cases as ``PY bench_peers.py --cas
 Each case runs in its own subprocess, cases interleaved round by round; the load average is printed
 beside every figure, and the 2-core decode limit (twice a plain one-thread decode of every image)
 beside the table. ``--storage-ms X`` runs the same cases with the data behind
-``scripts/storage_emulator.py`` (X ms per open and per read request).
+``scripts/storage_emulator.py`` (X ms per open and per read request): the image folder, the
+WebDataset shards and each peer's converted copy are read through their own mounts.
 
     .venv/bin/python scripts/bench_peers.py --folder /tmp/perf_data/inet --wds /tmp/perf_data/inet-wds \\
         --rounds 2 --json out/bench_peers.json
@@ -50,11 +63,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PEERS = ("shardfeed", "webdataset", "dali-cpu", "litdata", "mosaicml-streaming", "ffcv", "torchvision-imagefolder")
+#: the modules each peer's cases import (comma-separated)
 _MODULES = {"shardfeed": "shardfeed.readers", "webdataset": "webdataset", "dali-cpu": "nvidia.dali",
-            "litdata": "litdata", "mosaicml-streaming": "streaming", "ffcv": "ffcv",
-            "torchvision-imagefolder": "torchvision"}
+            "litdata": "litdata, torchvision.transforms", "mosaicml-streaming": "streaming, torchvision.transforms",
+            "ffcv": "ffcv", "torchvision-imagefolder": "torchvision.datasets, torchvision.transforms"}
 #: peers this script drives; the others are reported as imported or not
-_DRIVEN = ("shardfeed", "webdataset", "dali-cpu", "ffcv")
+_DRIVEN = PEERS
+#: peers that read their own copy of the image folder, written once before the timed cases
+_CONVERTED = ("litdata", "mosaicml-streaming", "ffcv")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -106,12 +122,45 @@ class _WdsTransform:
         return x.contiguous(), int(label)
 
 
+def _descendants(root: int) -> list[int]:
+    """The process ids of every live descendant of ``root`` (loader workers and their children)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [root]
+    while todo and len(out) < 10_000:
+        pid = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == pid]
+        out += kids
+        todo += kids
+    return out
+
+
+def _children_cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += _proc_cpu_s(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def _time_loader(loader, batches: int) -> dict:
+    """Images/s and CPU ms per image over ``batches`` batches of ``loader``, after its first batch.
+
+    CPU is this process's plus that of its descendants alive after the first batch (read from
+    ``/proc``), so loader workers count whatever loader started them.
+    """
     it = iter(loader)
     next(it)
-    procs = list(getattr(it, "_workers", None) or getattr(getattr(getattr(loader, "loader", None), "_iterator", None),
-                                                         "_workers", None) or [])
-    cpu0 = _own_cpu_s() + sum(_proc_cpu_s(p.pid) for p in procs)
+    procs = _descendants(os.getpid())
+    cpu0 = _own_cpu_s() + _children_cpu_s(procs)
     t0 = time.perf_counter()
     n = 0
     for i, batch in enumerate(it):
@@ -119,12 +168,19 @@ def _time_loader(loader, batches: int) -> dict:
         if i + 1 >= batches:
             break
     wall = time.perf_counter() - t0
-    cpu = _own_cpu_s() + sum(_proc_cpu_s(p.pid) for p in procs) - cpu0
-    return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / max(n, 1)}
+    cpu = _own_cpu_s() + _children_cpu_s(procs) - cpu0
+    return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / max(n, 1),
+            "child_processes": len(procs)}
 
 
 def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batches: int,
-             ffcv_cache: Path = Path("/tmp/shardfeed-bench-ffcv")) -> dict:
+             ffcv_cache: Path = Path("/tmp/shardfeed-bench-ffcv"), data: Path | None = None) -> dict:
+    """One timed case: ``peer`` on ``task`` ("train" or "val"), in this process.
+
+    ``data`` is the peer's own converted copy (``prepare``'s path; for FFCV, ``ffcv_cache`` is used
+    to write one when it is None). Returns ``_time_loader``'s figures; raises ``ValueError`` for an
+    unknown peer and whatever the peer raises.
+    """
     import torch
 
     torch.set_num_threads(1)
@@ -165,25 +221,161 @@ def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batche
         it = DALIGenericIterator(p, ["images", "labels"], reader_name="r", auto_reset=True)
         return _time_loader(_DaliBatches(it), batches)
     if peer == "ffcv":
-        return _time_loader(_Repeat(_ffcv_loader(folder, train, workers, ffcv_cache)), batches)
+        beton = data if data is not None else _ffcv_write(folder, ffcv_cache)
+        return _time_loader(_Repeat(_ffcv_loader(beton, train, workers)), batches)
+    if peer == "torchvision-imagefolder":
+        from torchvision.datasets import ImageFolder
+
+        ds = ImageFolder(str(folder), transform=_tv_transform(train))
+        return _time_loader(_Repeat(_torch_loader(ds, workers, shuffle=True)), batches)
+    if peer == "litdata":
+        from litdata import StreamingDataLoader
+
+        loader = StreamingDataLoader(_litdata_dataset(_need(data, peer), train), batch_size=64, num_workers=workers,
+                                     drop_last=True, persistent_workers=workers > 0)
+        return _time_loader(_Repeat(loader), batches)
+    if peer == "mosaicml-streaming":
+        return _time_loader(_Repeat(_torch_loader(_mds_dataset(_need(data, peer), train), workers)), batches)
     raise ValueError(peer)
 
 
-def _ffcv_loader(folder: Path, train: bool, workers: int, cache: Path):
-    """FFCV's loader over its ``.beton`` copy of ``folder`` (written on first use, not timed)."""
+def _need(data: Path | None, peer: str) -> Path:
+    if data is None:
+        raise ValueError(f"{peer} needs --data (its converted copy of the folder)")
+    return data
+
+
+def _torch_loader(ds, workers: int, shuffle: bool = False):
+    import torch
+
+    return torch.utils.data.DataLoader(ds, batch_size=64, shuffle=shuffle, num_workers=workers, drop_last=True,
+                                       persistent_workers=workers > 0)
+
+
+def _tv_transform(train: bool):
+    """torchvision's classic tasks on a decoded Pillow image, ending in a uint8 (3, 224, 224) tensor."""
+    from torchvision import transforms as T
+
+    if train:
+        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
+    return T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
+
+
+def _decode(blob: bytes):
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(blob)) as im:
+        return im.convert("RGB")
+
+
+def _folder_files(folder: Path) -> list[tuple[Path, int]]:
+    """(file, label) of an ImageFolder layout: classes are the sorted sub-folder names."""
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    return [(f, label) for label, c in enumerate(classes) for f in sorted((folder / c).iterdir()) if f.is_file()]
+
+
+def _folder_tag(folder: Path, files: list[tuple[Path, int]]) -> str:
     import hashlib
 
+    return hashlib.sha256("\n".join(f"{f}:{f.stat().st_size}" for f, _ in files).encode()).hexdigest()[:16]
+
+
+def _litdata_item(item):
+    """litdata.optimize's per-input function: one (path, label) to its stored sample."""
+    path, label = item
+    return {"image": Path(path).read_bytes(), "label": int(label)}
+
+
+def _litdata_write(folder: Path, cache: Path) -> Path:
+    """litdata's copy of ``folder`` (``litdata.optimize``: file bytes + label), written once."""
+    import shutil
+
+    import litdata
+
+    files = _folder_files(folder)
+    out = cache / "litdata" / f"{folder.name}-{_folder_tag(folder, files)}"
+    if not (out / "index.json").exists():
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        litdata.optimize(fn=_litdata_item, inputs=[(str(f), label) for f, label in files], output_dir=str(tmp),
+                         chunk_bytes="64MB", num_workers=1)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out
+
+
+def _litdata_dataset(path: Path, train: bool):
+    import litdata
+
+    transform = _tv_transform(train)
+
+    class Decoded(litdata.StreamingDataset):
+        def __getitem__(self, index):
+            sample = super().__getitem__(index)
+            return transform(_decode(sample["image"])), int(sample["label"])
+
+    return Decoded(str(path), shuffle=True, drop_last=True)
+
+
+def _mds_write(folder: Path, cache: Path) -> Path:
+    """MosaicML streaming's MDS copy of ``folder`` (``MDSWriter``: file bytes + label), written once."""
+    import shutil
+
+    from streaming import MDSWriter
+
+    files = _folder_files(folder)
+    out = cache / "mds" / f"{folder.name}-{_folder_tag(folder, files)}"
+    if not (out / "index.json").exists():
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with MDSWriter(out=str(tmp), columns={"image": "bytes", "label": "int"}, size_limit=64 << 20) as w:
+            for f, label in files:
+                w.write({"image": f.read_bytes(), "label": label})
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out
+
+
+def _mds_dataset(path: Path, train: bool):
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    transform = _tv_transform(train)
+
+    class Decoded(StreamingDataset):
+        def __getitem__(self, index):
+            sample = super().__getitem__(index)
+            return transform(_decode(sample["image"])), int(sample["label"])
+
+    return Decoded(local=str(path), shuffle=True, batch_size=64)
+
+
+def prepare(peer: str, folder: Path, peer_cache: Path, ffcv_cache: Path) -> Path | None:
+    """Write ``peer``'s own copy of ``folder`` (once; reused while the folder's files are the same).
+
+    Returns its path (a ``.beton`` file for FFCV, a folder for litdata and MDS), or None for a peer
+    that reads the folder or the shards as they are. Raises whatever the peer's writer raises.
+    """
+    if peer == "ffcv":
+        return _ffcv_write(folder, ffcv_cache)
+    if peer == "litdata":
+        return _litdata_write(folder, peer_cache)
+    if peer == "mosaicml-streaming":
+        return _mds_write(folder, peer_cache)
+    return None
+
+
+def _ffcv_write(folder: Path, cache: Path) -> Path:
+    """FFCV's ``.beton`` copy of ``folder`` (JPEG quality 90 by its writer), written once."""
     from ffcv.fields import IntField, RGBImageField
-    from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
-    from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
     from ffcv.writer import DatasetWriter
     from PIL import Image
 
-    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    files = [(f, label) for label, c in enumerate(classes) for f in sorted((folder / c).iterdir()) if f.is_file()]
-    tag = hashlib.sha256("\n".join(f"{f}:{f.stat().st_size}" for f, _ in files).encode()).hexdigest()[:16]
-    beton = cache / f"{folder.name}-{tag}.beton"
+    files = _folder_files(folder)
+    beton = cache / f"{folder.name}-{_folder_tag(folder, files)}.beton"
     if not beton.exists():
         cache.mkdir(parents=True, exist_ok=True)
 
@@ -198,8 +390,17 @@ def _ffcv_loader(folder: Path, train: bool, workers: int, cache: Path):
 
         tmp = beton.with_suffix(".partial")
         DatasetWriter(str(tmp), {"image": RGBImageField(write_mode="jpg", jpeg_quality=90), "label": IntField()},
-                      num_workers=max(1, workers)).from_indexed_dataset(Folder())
+                      num_workers=2).from_indexed_dataset(Folder())
         tmp.rename(beton)
+    return beton
+
+
+def _ffcv_loader(beton: Path, train: bool, workers: int):
+    """FFCV's loader over the ``.beton`` file ``beton``."""
+    from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+
     if train:
         image = [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()]
     else:
@@ -252,20 +453,73 @@ def _decode_limit(folder: Path) -> float:
 
 
 def _available(peer: str, python: str | None = None) -> str | None:
-    """None when the peer imports (here, or under the interpreter ``python``), else the reason."""
+    """None when the peer imports (here, or under the interpreter ``python``), else the reason.
+
+    Under ``python``, a ``peers-install.txt`` beside its virtual environment (written by
+    ``scripts/install_peers.sh``) that names the peer adds why its install failed.
+    """
+    mods = [m.strip() for m in _MODULES[peer].split(",")]
     if python is not None:
         try:
-            proc = subprocess.run([python, "-c", f"import {_MODULES[peer]}"], capture_output=True, text=True,
+            proc = subprocess.run([python, "-c", "import " + ", ".join(mods)], capture_output=True, text=True,
                                   timeout=120)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{python}: {exc}"[:160]
+        if proc.returncode == 0:
+            return None
         lines = proc.stderr.strip().splitlines()
-        return None if proc.returncode == 0 else f"{python}: {lines[-1] if lines else proc.returncode}"[:160]
+        why = f"{python}: {lines[-1] if lines else proc.returncode}"[:160]
+        return why + _install_note(peer, python)
     try:
-        importlib.import_module(_MODULES[peer])
+        for m in mods:
+            importlib.import_module(m)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         return f"{type(exc).__name__}: {exc}"[:160]
     return None
+
+
+def _install_note(peer: str, python: str) -> str:
+    report = Path(python).parent.parent / "peers-install.txt"
+    try:
+        lines = report.read_text(errors="replace").splitlines()[:50]
+    except OSError:
+        return ""
+    for line in lines:
+        if line.startswith(f"{peer}: ") or (line.startswith("torch: ") and "torchvision" in _MODULES[peer]):
+            return f" (install: {line[:200]})"
+    return ""
+
+
+def _last_line(text: str, fallback: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return (lines[-1] if lines else fallback)[:300]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The result rows (``main``'s ``rows``, as in ``--json``) as a Markdown table.
+
+    Rates are images/s, CPU in ms per image (medians over the rounds), and the last column the
+    range of the 1-minute load average over the row's cases; a row that did not run says why.
+    """
+    out = ["| storage | loader | train images/s | train CPU ms/image | val images/s | val CPU ms/image "
+           "| load average (1 min) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            why = str(r["status"]).replace("|", "/")[:300]
+            out.append(f"| {r['place']} | {r['peer']} | {why} | | | | |")
+            continue
+        cells, loads = [], []
+        for task in ("train", "val"):
+            x = r.get(task, {})
+            if "images_per_s" not in x:
+                err = (x.get("error") or ["no result"])[0]
+                cells += ["failed: " + str(err).replace("|", "/")[:160], ""]
+                continue
+            cells += [f"{x['images_per_s']:,.0f}", f"{x['cpu_ms_per_image']:.2f}"]
+            loads += [y["load_avg_1min"] for y in x["rounds"] if "load_avg_1min" in y]
+        load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else ""
+        out.append(f"| {r['place']} | {r['peer']} | " + " | ".join(cells) + f" | {load} |")
+    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
@@ -278,55 +532,108 @@ def main(argv=None) -> int:
     p.add_argument("--storage-ms", type=float, default=None, help="also through the storage emulator at X ms")
     p.add_argument("--peer-python", default=None,
                    help="another interpreter that runs the peers this one cannot import (e.g. "
-                        "/work/peers-venv/bin/python holding ffcv)")
+                        ".venv-peers/bin/python holding ffcv, litdata, mosaicml-streaming, torchvision)")
     p.add_argument("--ffcv-cache", type=Path, default=Path("/tmp/shardfeed-bench-ffcv"),
                    help="where FFCV's .beton copy of --folder is written once [default: %(default)s]")
+    p.add_argument("--peer-cache", type=Path, default=Path("/tmp/shardfeed-bench-peers"),
+                   help="where litdata's and MDS copies of --folder are written once [default: %(default)s]")
+    p.add_argument("--peers", default=",".join(PEERS),
+                   help="comma-separated peers to run [default: all: %(default)s]")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--markdown", type=Path, default=None,
+                   help="also write the table as Markdown (the one in docs/performance.md) to this file")
     p.add_argument("--case", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--prepare", help=argparse.SUPPRESS)
+    p.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    chosen = [x.strip() for x in args.peers.split(",") if x.strip()]
+    unknown = [x for x in chosen if x not in PEERS]
+    if unknown:
+        p.error(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
+    if args.workers < 0 or args.batches < 1 or args.rounds < 1:
+        p.error("--workers must be >= 0, --batches and --rounds >= 1")
+    if args.prepare:
+        if args.prepare not in PEERS:
+            p.error(f"unknown peer {args.prepare}")
+        t0 = time.perf_counter()
+        out = prepare(args.prepare, args.folder, args.peer_cache, args.ffcv_cache)
+        print(json.dumps({"path": None if out is None else str(out), "seconds": time.perf_counter() - t0}))
+        return 0
     if args.case:
         peer, task = args.case
-        print(json.dumps(run_case(peer, task, args.folder, args.wds, args.workers, args.batches, args.ffcv_cache)))
+        print(json.dumps(run_case(peer, task, args.folder, args.wds, args.workers, args.batches, args.ffcv_cache,
+                                  args.data)))
         return 0
-    status = {peer: _available(peer) for peer in PEERS}
+    if args.folder is None or args.wds is None:
+        p.error("--folder and --wds are required")
+    status = {peer: _available(peer) if peer in chosen else "not chosen (--peers)" for peer in PEERS}
     runner = {peer: sys.executable for peer in PEERS}
     if args.peer_python:
-        for peer in PEERS:
+        for peer in chosen:
             if status[peer] is not None:
                 elsewhere = _available(peer, args.peer_python)
                 if elsewhere is None:
                     status[peer], runner[peer] = None, args.peer_python
                 else:
                     status[peer] += f"; {elsewhere}"
-    places = [("local", args.folder, args.wds)]
+    script = str(Path(__file__).resolve())
+    # each converted peer's own copy, written before any timed case
+    copies: dict[str, Path] = {}
+    convert_s: dict[str, float] = {}
+    for peer in _CONVERTED:
+        if status[peer] is not None:
+            continue
+        print(f"writing {peer}'s copy of {args.folder} (not timed in the cases)", flush=True)
+        proc = subprocess.run([runner[peer], script, "--prepare", peer, "--folder", str(args.folder),
+                               "--peer-cache", str(args.peer_cache), "--ffcv-cache", str(args.ffcv_cache)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            status[peer] = "writing its copy failed: " + _last_line(proc.stderr, f"exit {proc.returncode}")
+            print(f"{peer}: {status[peer]}", flush=True)
+            continue
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        copies[peer], convert_s[peer] = Path(got["path"]), round(got["seconds"], 1)
+    places = [("local", args.folder, args.wds, dict(copies))]
     emus = []
     try:
         if args.storage_ms is not None:
             from storage_emulator import StorageEmulator
 
-            emus = [StorageEmulator(args.folder, open_ms=args.storage_ms, read_ms=args.storage_ms).start(),
-                    StorageEmulator(args.wds, open_ms=args.storage_ms, read_ms=args.storage_ms).start()]
-            places.append((f"emulated {args.storage_ms:g} ms", emus[0].mountpoint, emus[1].mountpoint))
+            def mount(src: Path) -> Path:
+                emus.append(StorageEmulator(src, open_ms=args.storage_ms, read_ms=args.storage_ms).start())
+                return Path(emus[-1].mountpoint)
+
+            em_folder, em_wds = mount(args.folder), mount(args.wds)
+            em_copies = {}
+            roots: dict[Path, Path] = {}
+            for peer, path in copies.items():
+                root = args.ffcv_cache if peer == "ffcv" else args.peer_cache
+                if root not in roots:
+                    roots[root] = mount(root)
+                em_copies[peer] = roots[root] / path.relative_to(root)
+            places.append((f"emulated {args.storage_ms:g} ms", em_folder, em_wds, em_copies))
         results: dict = {}
         for r in range(args.rounds):
-            for place, folder, wds in places:
+            for place, folder, wds, data in places:
                 for peer in _DRIVEN:
                     if status[peer] is not None:
                         continue
                     for task in ("train", "val"):
-                        cmd = [runner[peer], str(Path(__file__).resolve()), "--case", peer, task, "--folder",
+                        cmd = [runner[peer], script, "--case", peer, task, "--folder",
                                str(folder), "--wds", str(wds), "--workers", str(args.workers), "--batches",
                                str(args.batches), "--ffcv-cache", str(args.ffcv_cache)]
+                        if peer in data:
+                            cmd += ["--data", str(data[peer])]
                         proc = subprocess.run(cmd, capture_output=True, text=True)
                         if proc.returncode == 0:
                             res = json.loads(proc.stdout.strip().splitlines()[-1])
                         else:
-                            res = {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+                            res = {"error": _last_line(proc.stderr, f"exit {proc.returncode}")}
                         res["load_avg_1min"] = round(os.getloadavg()[0], 2)
                         results.setdefault(f"{place}|{peer}|{task}", []).append(res)
                         shown = (f"{res['images_per_s']:8,.0f} img/s {res['cpu_ms_per_image']:.3f} CPU ms/img"
                                  if "error" not in res else f"FAILED {res['error'][:100]}")
-                        print(f"round {r + 1} {place:16s} {peer:12s} {task:5s} {shown}  load {res['load_avg_1min']}",
+                        print(f"round {r + 1} {place:16s} {peer:24s} {task:5s} {shown}  load {res['load_avg_1min']}",
                               flush=True)
     finally:
         for e in emus:
@@ -334,11 +641,15 @@ def main(argv=None) -> int:
     limit = _decode_limit(args.folder)
     rows = []
     print(f"\n2-core decode limit (2 x one thread's plain decode): {limit:,.0f} images/s")
+    if convert_s:
+        print("copies written before the cases (s): " + ", ".join(f"{k} {v:g}" for k, v in convert_s.items()))
     print(f"{'place':16s} {'peer':24s} {'train img/s':>12s} {'CPU ms':>7s} {'val img/s':>10s} {'CPU ms':>7s}  load")
-    for place, _, _ in places:
+    for place, _, _, _ in places:
         for peer in PEERS:
             if status[peer] is not None or peer not in _DRIVEN:
-                why = "not installed/importable: " + status[peer] if status[peer] else "imports; not driven here"
+                why = status[peer] if status[peer] else "imports; not driven here"
+                if status[peer] and not status[peer].startswith(("not chosen", "writing")):
+                    why = "not installed/importable: " + status[peer]
                 rows.append({"place": place, "peer": peer, "status": why})
                 print(f"{place:16s} {peer:24s} {why}")
                 continue
@@ -358,11 +669,14 @@ def main(argv=None) -> int:
             loads = [x.get("load_avg_1min") for t in ("train", "val") for x in results.get(f"{place}|{peer}|{t}", [])]
             rows.append(row)
             print(f"{place:16s} {peer:24s} {cells[0]} {cells[1] if len(cells) > 1 else ''}  {loads}")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_table(rows))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows, "decode_limit_images_per_s": limit, "workers": args.workers,
                                          "batches": args.batches, "peer_status": status,
-                                         "peer_interpreter": runner}, indent=2))
+                                         "peer_interpreter": runner, "copy_write_s": convert_s}, indent=2))
     return 0
 
 

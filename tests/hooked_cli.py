@@ -5,8 +5,9 @@ Usage (what the kill/Ctrl-C tests run in a subprocess)::
     python tests/hooked_cli.py '{"sample_delay_s": 0.06}' -q pack SRC OUT ...
 
 The first argument is the JSON of :class:`shardfeed.convert.faults.FaultHooks`; the rest are the
-CLI's own arguments. Production code reads no environment variable for this: the hooks reach
-``PackOptions`` through :func:`shardfeed.convert.faults.default_faults`.
+CLI's own arguments. Production code reads no environment variable for this: the hooks go to the
+Click group as its context object (``main(args, obj={"faults": hooks})``), and ``shardfeed pack``
+passes them on as ``PackOptions(faults=...)``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import sys
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.faults import FaultHooks, default_faults
+from shardfeed.convert.faults import FaultHooks
 
 __all__ = ["hooked_command"]
 
@@ -26,5 +27,4 @@ def hooked_command(hooks: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    with default_faults(FaultHooks(**json.loads(sys.argv[1]))):
-        main(sys.argv[2:], prog_name="shardfeed")
+    main(sys.argv[2:], prog_name="shardfeed", obj={"faults": FaultHooks(**json.loads(sys.argv[1]))})

@@ -245,12 +245,14 @@ class LocalPath(click.ParamType):
 
         scheme = url_scheme(value) if isinstance(value, str) else None
         if scheme is not None and scheme != "file":
+            from shardfeed.readers.objstore import is_s3_url
+
             what = (param.human_readable_name if param is not None else "this path").upper()
             hint = ""
-            if scheme == "s3" and self.command_name in ("unpack", "stage", "convert"):
+            if is_s3_url(value) and self.command_name in ("unpack", "stage", "convert"):
                 hint = "; to read from the bucket give it as the SRC; to write to one, write locally and " \
                        "`shardfeed pack` / upload it"
-            elif scheme == "s3" and self.command_name == "serve":
+            elif is_s3_url(value) and self.command_name == "serve":
                 hint = "; the readers read s3:// directly: make_loader('s3://...')"
             self.fail(f"{value}: {what} of `shardfeed {self.command_name}` must be a local path, not a URL{hint}",
                       param, ctx)
@@ -366,9 +368,9 @@ _CREDENTIAL_KEYS = frozenset({"key", "aws_access_key_id", "secret", "aws_secret_
 
 
 def _merge_storage_options(ctx: click.Context, param: click.Parameter, value, which: str) -> None:
-    """Keep each storage-option parameter's value in ``ctx.meta`` and set the merged defaults
-    (the file's, overridden by ``--storage-option``), whichever click processes first."""
-    from shardfeed.readers.objstore import parse_storage_options, set_default_storage_options
+    """Keep each storage-option parameter's parsed value in ``ctx.meta`` (whichever click
+    processes first), for :func:`storage_options_of`."""
+    from shardfeed.readers.objstore import parse_storage_options
 
     given = ctx.meta.setdefault("shardfeed_storage_options", {})
     try:
@@ -383,7 +385,6 @@ def _merge_storage_options(ctx: click.Context, param: click.Parameter, value, wh
         click.echo(f"shardfeed: warning: --storage-option {', '.join(typed)}=... on the command line is visible to "
                    "every local user (`ps`); put credentials in AWS_* environment variables, a profile "
                    "(AWS_PROFILE) or --storage-option-file PATH (chmod 600)", err=True)
-    set_default_storage_options({**given.get("file", {}), **given.get("pairs", {})})
 
 
 def _set_storage_options(ctx: click.Context, param: click.Parameter, value) -> None:
@@ -396,7 +397,8 @@ def _set_storage_option_file(ctx: click.Context, param: click.Parameter, value) 
 
 def storage_options_of(ctx: click.Context) -> dict:
     """The object-store options the command line gave (``--storage-option-file``'s, each
-    ``--storage-option`` over them), checked; ``{}`` when none were given."""
+    ``--storage-option`` over them), checked; ``{}`` when none were given. A command passes them
+    to the library call as ``storage_options=`` (nothing else carries them)."""
     given = ctx.meta.get("shardfeed_storage_options", {})
     return {**given.get("file", {}), **given.get("pairs", {})}
 
@@ -404,9 +406,10 @@ def storage_options_of(ctx: click.Context) -> dict:
 def storage_option(f: Callable) -> Callable:
     """``--storage-option KEY=VALUE`` (repeatable) and ``--storage-option-file PATH``: object-store
     client options for ``s3://`` paths (``endpoint_url``, ``region_name``, ``profile``,
-    ``anon=true`` ...; see :mod:`shardfeed.readers.objstore`). They become the process's defaults
-    for every ``s3://`` location the command opens (the file's first, each ``--storage-option``
-    over them); the values are not passed on to the command function. Credentials belong in the
+    ``anon=true`` ...; see :mod:`shardfeed.readers.objstore`). The values are not passed to the
+    command function as parameters: it reads them with :func:`storage_options_of` (the file's
+    first, each ``--storage-option`` over them) and passes them to the library call it makes, as
+    ``storage_options=``. Credentials belong in the
     environment (``AWS_*``), a profile or the file: a ``--storage-option secret=...`` is visible to
     every local user in ``ps``."""
     f = click.option("--storage-option-file", "storage_option_file", default=None, metavar="PATH",

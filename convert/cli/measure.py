@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from .common import (FiniteFloat, OnErrorChoice, check_report_path, command, deprecated_option, echo, json_option,
-                     num_workers_options, storage_option, write_json_report)
+                     num_workers_options, storage_option, storage_options_of, write_json_report)
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options", "html_option", "write_html",
            "check_plot"]
@@ -97,8 +97,13 @@ _LOADER_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_work
 
 
 def _split_kwargs(kwargs: dict) -> dict:
-    """The keyword arguments of :func:`bench_source` from the command's options."""
+    """The keyword arguments of :func:`bench_source` from the command's options, with the
+    command line's storage options (``--storage-option``, passed on to ``open_dataset``)."""
     out: dict[str, Any] = {k: kwargs[k] for k in _HARNESS_KEYS if k in kwargs}
+    ctx = click.get_current_context(silent=True)
+    storage_options = storage_options_of(ctx) if ctx is not None else {}
+    if storage_options:
+        out["storage_options"] = storage_options
     if out.get("image_size") == 0:
         out["image_size"] = None
     for k in _LOADER_KEYS:

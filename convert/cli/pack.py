@@ -29,6 +29,13 @@ from .common import (
 __all__ = ["COMMANDS", "pack_cmd"]
 
 
+def _fault_hooks(ctx: click.Context):
+    """The test fault hooks handed to the group as its context object (``main(args, obj={"faults":
+    FaultHooks(...)})``, as ``tests/hooked_cli.py`` runs the CLI); None otherwise (production)."""
+    obj = ctx.find_root().obj
+    return obj.get("faults") if isinstance(obj, dict) else None
+
+
 def _check_flag_format(fmt: str, ctx: click.Context) -> None:
     """Refuse the options of other formats (the registry's ``FormatSpec.options``: ``--max-count``,
     ``--max-bytes`` and ``--prefix`` are WebDataset's) given with this ``--format``."""
@@ -116,7 +123,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
                           on_error=on_error, decode_check=decode_check, max_decode_bytes=max_decode_bytes,
                           class_to_idx=class_to_idx,
                           resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
-                          ray_address=ray_address)
+                          ray_address=ray_address, faults=_fault_hooks(ctx))
     layout = None
     if labels_file is not None or sidecars or require_sidecars or no_labels:
         layout = LayoutOptions(labels_file=labels_file, no_labels=no_labels, sidecars=parse_sidecars(sidecars),

@@ -25,20 +25,24 @@ def _out(json_path: str | None) -> bool:
     return json_path == "-"
 
 
-def _is_store_folder(source: str) -> bool:
-    """An object-store prefix without a manifest that holds class folders (one listing)."""
-    from shardfeed.readers.opener import url_scheme
+def _is_remote_folder(source: str, storage_options: dict) -> bool:
+    """A remote, listable location without a manifest that holds class folders (one listing;
+    :func:`~shardfeed.readers.location.folder_kind`)."""
+    from shardfeed.readers.opener import is_remote
 
-    if url_scheme(source) != "s3" or source.endswith(".json"):
+    if not is_remote(source) or source.endswith(".json"):
         return False
-    from shardfeed.readers.objstore import StoreLocation, store_folder_kind
+    from shardfeed.readers.location import folder_kind
+    from shardfeed.readers.opener import open_location
 
-    loc = StoreLocation(source)
+    loc = open_location(source, storage_options=storage_options)
+    if not loc.listable:
+        return False
     try:
         loc.read_bytes(loc.manifest_name)
         return False
     except FileNotFoundError:
-        return store_folder_kind(loc) == "folder"
+        return folder_kind(loc) == "folder"
 
 
 def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
@@ -70,7 +74,8 @@ def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
 @click.option("--max-shards", type=click.IntRange(min=2), default=10, show_default=True,
               help="Shards listed one by one before the list is summarised (--json lists all).")
 @json_option
-def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_path) -> None:
+@click.pass_context
+def inspect_cmd(ctx, source: str, class_counts, examples: int, max_shards: int, json_path) -> None:
     """Describe a dataset: format, version, creator, samples, classes with counts, shards, skipped files.
 
     PATH_OR_URL is a packed directory, its manifest.json, an http(s):// URL of either, or an
@@ -95,9 +100,11 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
     )
 
     err = _out(json_path)
-    if _is_store_folder(source) or not is_url(source):
-        if _is_store_folder(source) or looks_like_image_folder(source):
-            report = inspect_image_folder(source, examples)
+    storage_options = storage_options_of(ctx)
+    remote_folder = _is_remote_folder(source, storage_options)
+    if remote_folder or not is_url(source):
+        if remote_folder or looks_like_image_folder(source):
+            report = inspect_image_folder(source, examples, storage_options=storage_options)
             click.echo(format_folder_report(report), err=err)
             write_json_report(json_path, report)
             return
@@ -105,7 +112,7 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
                                or (class_counts is None and is_url(source)))
     try:
         report = inspect_dataset(source, count_classes_from_data=class_counts, num_examples=examples,
-                                 max_shards_listed=max_shards, progress=update)
+                                 max_shards_listed=max_shards, progress=update, storage_options=storage_options)
     finally:
         bar.close()
     click.echo(format_inspect_report(report), err=err)
@@ -123,7 +130,8 @@ def inspect_cmd(source: str, class_counts, examples: int, max_shards: int, json_
               help="With --decode: an image whose decode would take more memory than this (read from its header, "
                    "before decoding) is reported as a problem (decompression bombs).")
 @json_option
-def check_cmd(source: str, decode: bool, max_decode_bytes: int, json_path) -> None:
+@click.pass_context
+def check_cmd(ctx, source: str, decode: bool, max_decode_bytes: int, json_path) -> None:
     """Prove a packed dataset is intact: recompute every shard's sha256, size and sample count.
 
     \b
@@ -141,11 +149,13 @@ def check_cmd(source: str, decode: bool, max_decode_bytes: int, json_path) -> No
     from shardfeed.convert.tools.check import check_dataset
     from shardfeed.convert.tools.common import DatasetLocation
 
-    manifest = DatasetLocation(source).load_manifest(check_files=False)
+    storage_options = storage_options_of(ctx)
+    manifest = DatasetLocation(source, storage_options=storage_options).load_manifest(check_files=False)
     bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards),
                                "check" + (" + decode" if decode else ""), quiet())
     try:
-        report = check_dataset(source, decode=decode, progress=update, max_decode_bytes=max_decode_bytes)
+        report = check_dataset(source, decode=decode, progress=update, max_decode_bytes=max_decode_bytes,
+                               storage_options=storage_options)
     finally:
         bar.close()
     err = _out(json_path)
@@ -162,7 +172,8 @@ def check_cmd(source: str, decode: bool, max_decode_bytes: int, json_path) -> No
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty OUT, replacing files of the same names.")
 @json_option
-def unpack_cmd(source: str, out: Path, overwrite: bool, json_path) -> None:
+@click.pass_context
+def unpack_cmd(ctx, source: str, out: Path, overwrite: bool, json_path) -> None:
     """Write a packed dataset back as an image folder: OUT/CLASS/..., byte-identical files.
 
     Each image goes to its original relative path (stored in its metadata); one without a
@@ -177,10 +188,11 @@ def unpack_cmd(source: str, out: Path, overwrite: bool, json_path) -> None:
     from shardfeed.convert.tools.common import DatasetLocation
     from shardfeed.convert.tools.unpack import unpack
 
-    manifest = DatasetLocation(source).load_manifest(check_files=False)
+    storage_options = storage_options_of(ctx)
+    manifest = DatasetLocation(source, storage_options=storage_options).load_manifest(check_files=False)
     bar, update = progress_bar(manifest.num_samples, sum(s.num_bytes for s in manifest.shards), "unpack", quiet())
     try:
-        report = unpack(source, out, overwrite=overwrite, progress=update)
+        report = unpack(source, out, overwrite=overwrite, progress=update, storage_options=storage_options)
     finally:
         bar.close()
     click.echo(report.summary(), err=_out(json_path))
@@ -245,7 +257,8 @@ def convert_cmd(ctx, src: str, out: str, fmt: str, max_count: int, max_bytes: in
               help="Replace a different dataset already staged in DEST [default: refuse; the same dataset is "
                    "refreshed or resumed without it].")
 @json_option
-def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, overwrite: bool, json_path) -> None:
+@click.pass_context
+def stage_cmd(ctx, src: str, dest: Path, min_free_bytes, retries: int, overwrite: bool, json_path) -> None:
     """Copy a packed dataset (local path or http(s):// URL) to fast local storage before training.
 
     \b
@@ -262,13 +275,14 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, overwrite: boo
     from shardfeed.convert.tools.common import DatasetLocation
     from shardfeed.convert.tools.stage import stage
 
-    manifest = DatasetLocation(src).load_manifest(check_files=False)
+    storage_options = storage_options_of(ctx)
+    manifest = DatasetLocation(src, storage_options=storage_options).load_manifest(check_files=False)
     total_bytes = sum(s.num_bytes for s in manifest.shards)
     bar, update = progress_bar(len(manifest.shards), total_bytes, "stage", quiet())
     bar.unit = "file"
     try:
         report = stage(src, dest, min_free_bytes=min_free_bytes, progress=update, retries=retries,
-                       overwrite=overwrite)
+                       overwrite=overwrite, storage_options=storage_options)
     finally:
         bar.close()
     err = _out(json_path)
@@ -292,7 +306,8 @@ def stage_cmd(src: str, dest: Path, min_free_bytes, retries: int, overwrite: boo
               default=None, help="Text file with one class name per line (line i names class index i).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing manifest.json.")
 @json_option
-def index_cmd(pattern: str, out, classes_file, overwrite: bool, json_path) -> None:
+@click.pass_context
+def index_cmd(ctx, pattern: str, out, classes_file, overwrite: bool, json_path) -> None:
     """Make WebDataset shards written by other tools readable by shardfeed, without rewriting them.
 
     DIR_OR_URL_PATTERN is a folder (its *.tar), a path with globs or braces
@@ -311,7 +326,8 @@ def index_cmd(pattern: str, out, classes_file, overwrite: bool, json_path) -> No
 
     bar, update = progress_bar(0, 0, "index", quiet())
     try:
-        report = index_shards(pattern, out=out, classes_file=classes_file, overwrite=overwrite, progress=update)
+        report = index_shards(pattern, out=out, classes_file=classes_file, overwrite=overwrite, progress=update,
+                              storage_options=storage_options_of(ctx))
     finally:
         bar.close()
     err = _out(json_path)

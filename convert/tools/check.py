@@ -90,7 +90,8 @@ class CheckReport:
 
 
 def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progress: Progress | None = None,
-                  max_problems_per_shard: int = 100, max_decode_bytes: int | None = 512 << 20) -> CheckReport:
+                  max_problems_per_shard: int = 100, max_decode_bytes: int | None = 512 << 20,
+                  storage_options: dict | None = None) -> CheckReport:
     """Check a packed dataset against its manifest, shard by shard and sample by sample.
 
     WebDataset: each shard's size, sha256 and sample count; its offset index's sha256 and that
@@ -109,6 +110,8 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
         progress: ``callback(num_samples, num_bytes)``.
         max_problems_per_shard: per-sample problems recorded per shard before the rest are
             summarised in one line.
+        storage_options: storage client options for a remote location (``s3://``: see
+            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
 
     Returns:
         A :class:`CheckReport`; ``report.ok`` is False when anything is wrong.
@@ -118,7 +121,7 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
             readable manifest (nothing to check against).
     """
     t0 = time.perf_counter()
-    loc = DatasetLocation(path_or_url)
+    loc = DatasetLocation(path_or_url, storage_options=storage_options)
     manifest = loc.load_manifest(check_files=False)
     report = CheckReport(source=str(loc.root), format=manifest.format, num_samples_expected=manifest.num_samples,
                          decoded=decode)

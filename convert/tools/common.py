@@ -1,6 +1,6 @@
 """The pieces every dataset tool shares: where a dataset is, and reading it in storage order.
 
-:class:`DatasetLocation` (a local directory or an ``http(s)://`` base URL, and the files in it),
+:class:`DatasetLocation` (a dataset's :class:`~shardfeed.readers.location.Location`, any storage, and its manifest),
 :func:`parts_to_sample` (WebDataset members -> a :class:`~shardfeed.readers.format.Sample`, by the
 readers' one grouping rule), :func:`iter_raw_samples`, :class:`HashingReader`, the problem lists of
 the reports and :func:`safe_relative_path`. None of this imports torch.
@@ -24,11 +24,10 @@ from shardfeed.readers.format import (
     Sample,
     decode_index,
     decode_record,
-    find_manifest_path,
-    load_manifest,
     sample_from_members,
     stored_path_problem,
 )
+from shardfeed.readers.http_io import MAX_MANIFEST_BYTES
 from shardfeed.readers.registry import describe, resolve
 
 from .. import writers  # noqa: F401  (registers each format's checker and record reader)
@@ -164,26 +163,25 @@ def is_url(text: str | os.PathLike) -> bool:
 
 
 class DatasetLocation:
-    """Where a dataset lives: a local directory or an HTTP base URL, and how to open its files.
+    """Where a dataset lives, and how to open its files: a
+    :class:`~shardfeed.readers.location.Location` (from the one opener,
+    :func:`shardfeed.readers.opener.open_location`, whatever the storage) and its manifest.
 
     ``path_or_url`` may name the directory (``out/train``, ``http://host/train/``,
-    ``s3://bucket/train/``) or its ``manifest.json`` directly. Remote locations come from the one
-    opener, :func:`shardfeed.readers.opener.open_location`
-    (:class:`~shardfeed.readers.http_io.HttpLocation`,
-    :class:`~shardfeed.readers.objstore.StoreLocation`: timeouts, retries that resume mid-file).
+    ``s3://bucket/train/``, a registered ``scheme://`` URL) or its ``manifest.json`` directly.
 
     Args:
-        path_or_url: the dataset directory or manifest, local or ``http(s)://``.
-        timeout_s, retries: HTTP socket timeout (seconds) and retries (None: http_io's defaults).
-        storage_options: object-store client options (``--storage-option``).
+        path_or_url: the dataset directory or manifest.
+        timeout_s, retries: remote socket timeout (seconds) and retries (None: http_io's defaults).
+        storage_options: storage client options (``--storage-option``), passed to the location.
 
     Raises:
         UnsupportedURLError: a scheme shardfeed does not read, or the client is not installed.
 
     Attributes:
-        url: True for a remote (HTTP(S) or object-store) location.
-        http: the remote location object for a URL, else None.
-        root: the local directory (``Path``) or the base URL ending in ``/`` (``str``).
+        location: the :class:`~shardfeed.readers.location.Location`.
+        remote: the location is not a local file system (``location.remote``); ``url`` is the same.
+        root: the local directory (``Path``) or the base URL ending in ``/`` (``str``, no credentials).
         manifest_source: the manifest's path or URL (``str``).
     """
 
@@ -191,38 +189,29 @@ class DatasetLocation:
                  retries: int | None = None, storage_options: dict | None = None):
         from shardfeed.readers.opener import open_location
 
-        loc = open_location(path_or_url if isinstance(path_or_url, str) else str(path_or_url),
-                            storage_options=storage_options, timeout_s=timeout_s, retries=retries)
-        self.url = not isinstance(loc, Path)
-        self.http = None
-        if self.url:
-            self.http = loc
-            self.root = str(self.http)  # for messages and reports: no user:password@ of the URL
-            self.manifest_source = self.http.where(self.http.manifest_name)
-        else:
-            p = loc
-            self.manifest_source = str(find_manifest_path(p))
-            self.root = Path(self.manifest_source).parent
+        self.location = open_location(path_or_url if isinstance(path_or_url, str) else str(path_or_url),
+                                      storage_options=storage_options, timeout_s=timeout_s, retries=retries)
+        self.remote = bool(self.location.remote)
+        self.url = self.remote
+        # for messages and reports (no user:password@ of a URL); a local folder's is its Path
+        self.root = getattr(self.location, "root", None) or str(self.location)
+        self.manifest_source = self.location.where(self.location.manifest_name)
 
     def __str__(self) -> str:
         return str(self.root)
 
     def where(self, name: str) -> str:
         """The path or URL of the file ``name`` of the dataset (for messages)."""
-        if self.url:
-            return self.http.where(name)
-        return str(self.root / name)
+        return self.location.where(name)
 
     def load_manifest(self, *, check_files: bool = False) -> Manifest:
-        """Load the manifest (over HTTP for a URL; ``check_files`` applies to local datasets).
+        """Load and validate the manifest (``check_files``: compare the listed files' sizes).
 
         Raises:
             ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: as
                 :func:`~shardfeed.readers.format.load_manifest`, or the download failed.
         """
-        if not self.url:
-            return load_manifest(self.manifest_source, check_files=check_files)
-        return Manifest.from_json(self.read_manifest_bytes(), self.manifest_source)
+        return self.location.load_manifest(check_files=check_files)
 
     def read_manifest_bytes(self) -> bytes:
         """The manifest file's bytes, unparsed (``stage`` copies them verbatim).
@@ -231,20 +220,12 @@ class DatasetLocation:
             ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: no manifest
                 there (the message says whether a pack was interrupted), or the download failed.
         """
-        if not self.url:
-            path = Path(self.manifest_source)
-            if not path.is_file():
-                load_manifest(path.parent if path.name == MANIFEST_NAME else path, check_files=False)  # precise error
-                raise ManifestError(f"{path}: cannot read the manifest")
-            return path.read_bytes()
         try:
-            return self.http.read_bytes(self.http.manifest_name)
+            return self.location.read_bytes(self.location.manifest_name, max_bytes=MAX_MANIFEST_BYTES,
+                                            what="the manifest")
         except FileNotFoundError:
-            from shardfeed.readers.objstore import StoreLocation
-
-            if isinstance(self.http, StoreLocation):
-                self.http.load_manifest(check_files=False)  # a bucket: says whether its pack did not finish
-            raise ManifestError(f"{self.manifest_source}: not found (HTTP 404); give the URL of a packed dataset's "
+            self.location.load_manifest(check_files=False)  # the location's precise error (an unfinished pack ...)
+            raise ManifestError(f"{self.manifest_source}: not found; give the path or URL of a packed dataset's "
                                 "folder or of its manifest.json (a pack writes it last)") from None
 
     def open(self, name: str, start: int = 0) -> tuple[BinaryIO, int]:
@@ -255,20 +236,13 @@ class DatasetLocation:
             HTTP server ignored the range; skip ``start - offset`` bytes then).
 
         Raises:
-            FileNotFoundError: no such file; DataSourceError: HTTP failure.
+            FileNotFoundError: no such file; DataSourceError: a remote read failed.
         """
-        if self.url:
-            return self.http.open(name, start)
-        f = open(self.root / name, "rb")
-        if start:
-            f.seek(start)
-        return f, start
+        return self.location.open(name, start)
 
     def read_bytes(self, name: str) -> bytes:
         """The whole content of the dataset file ``name``."""
-        if self.url:
-            return self.http.read_bytes(name)
-        return (self.root / name).read_bytes()
+        return self.location.read_bytes(name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -110,10 +110,10 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         ManifestError, CorruptDataError, DataSourceError: the source cannot be read (or an upload
             failed).
     """
-    from shardfeed.readers.opener import check_supported, local_path, url_scheme
+    from shardfeed.readers.opener import check_supported, is_remote, local_path
 
     check_supported(out, what="`shardfeed convert`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
-    if url_scheme(out) == "s3":
+    if is_remote(out):  # any writable remote location (convert_to_store refuses a read-only one)
         from ..store_pack import convert_to_store
 
         fmt = canonical_format(format)

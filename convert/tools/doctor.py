@@ -40,7 +40,7 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from shardfeed.readers.format import IMAGE_EXTENSIONS, MANIFEST_NAME
 from shardfeed.readers.measure.report import fmt_bytes, percentile
@@ -446,22 +446,8 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     if manifest is None:
         images, median_bytes, p95_bytes, mean_bytes, total = _folder_sizes(reads, count)
     else:
-        total = float(sum(s.num_bytes for s in manifest.shards)) or float(sum(os.path.getsize(p) for p in shard_paths))
-        mean_bytes = median_bytes = p95_bytes = total / max(count, 1)
-        spec = describe(kind)
-        if spec.tar_shards:
-            images = _tar_images(reads[0]["data"] or b"", max_files)
-        elif spec.records is not None:
-            images = _record_images(spec.records, root, max_files)
-        else:
-            images = []
-        if not images:
-            warnings.append(f"decode cost not measured for the {kind} format: run 'shardfeed doctor' on the image "
-                            "folder it was packed from")
-        sizes = [len(b) for _, b in images]
-        if sizes:
-            median_bytes = float(statistics.median(sizes))
-            p95_bytes = percentile(sizes, 95)
+        images, median_bytes, p95_bytes, mean_bytes, total = _packed_sizes(manifest, kind, root, shard_paths, reads,
+                                                                           count, max_files, warnings)
     say(f"decoding {len(images)} images ...")
     dec = _decode_cost(images, decoder, deadline + budget_s * 0.2, image_size)
     t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
@@ -480,6 +466,31 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     return DoctorReport(path=str(root), kind=kind, storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
+
+
+def _packed_sizes(manifest: Any, kind: str, root: Path, shard_paths: list[str], reads: list[dict[str, Any]],
+                  count: int, max_files: int, warnings: list[str]
+                  ) -> tuple[list[tuple[str, bytes]], float, float, float, float]:
+    """A packed dataset's sample images and sizes: ``(images, median_bytes, p95_bytes, mean_bytes,
+    total_bytes)``; the mean is the manifest's bytes per sample, the median and 95th percentile the
+    sampled images' where some could be taken out of the shards (a warning says when none could)."""
+    total = float(sum(s.num_bytes for s in manifest.shards)) or float(sum(os.path.getsize(p) for p in shard_paths))
+    mean_bytes = median_bytes = p95_bytes = total / max(count, 1)
+    spec = describe(kind)
+    if spec.tar_shards:
+        images = _tar_images(reads[0]["data"] or b"", max_files)
+    elif spec.records is not None:
+        images = _record_images(spec.records, root, max_files)
+    else:
+        images = []
+    if not images:
+        warnings.append(f"decode cost not measured for the {kind} format: run 'shardfeed doctor' on the image "
+                        "folder it was packed from")
+    sizes = [len(b) for _, b in images]
+    if sizes:
+        median_bytes = float(statistics.median(sizes))
+        p95_bytes = percentile(sizes, 95)
+    return images, median_bytes, p95_bytes, mean_bytes, total
 
 
 def _local_manifest(root: Path):

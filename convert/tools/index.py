@@ -139,12 +139,13 @@ class IndexReport:
         return s
 
 
-def _list_shards(pattern: str) -> list[str]:
-    from shardfeed.readers.opener import url_scheme
-
-    if url_scheme(pattern) == "s3":
-        return _list_store_shards(pattern)
+def _list_shards(pattern: str, storage_options: dict | None = None) -> list[str]:
     if is_url(pattern):
+        from shardfeed.readers.opener import open_location
+
+        first = expand_braces(pattern)[0]
+        if open_location(first[:first.rfind("/") + 1], storage_options=storage_options).listable:
+            return _list_store_shards(pattern, storage_options)
         return expand_braces(pattern)
     p = Path(pattern)
     if p.is_dir():
@@ -182,7 +183,7 @@ def _read_classes_file(path: str | os.PathLike) -> list[str]:
 
 def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = None,
                  classes_file: str | os.PathLike | None = None, overwrite: bool = False,
-                 progress: Progress | None = None) -> IndexReport:
+                 progress: Progress | None = None, storage_options: dict | None = None) -> IndexReport:
     """Make existing WebDataset shards readable by shardfeed: write ``manifest.json`` and ``.sfidx`` files.
 
     Each shard is read once: its sha256 and size, and every sample (members grouped by key,
@@ -196,13 +197,17 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
 
     Args:
         pattern: a folder (its ``*.tar``), a path with globs or braces
-            (``shards/train-{000000..000099}.tar``), or an ``http(s)://`` URL with braces.
+            (``shards/train-{000000..000099}.tar``), an ``http(s)://`` URL with braces, or a prefix of
+            a listable location (``s3://bucket/shards/``, with globs or braces: matched against its
+            listing).
         out: where to write the manifest and the ``.sfidx`` files; default the shards' folder.
             Required for URLs (then upload them beside the shards: the manifest names the shards
             by their plain file names, beside it); for local shards it must be their own folder.
         classes_file: a text file with one class name per line.
         overwrite: replace an existing ``manifest.json`` in ``out``.
         progress: ``callback(num_samples, num_bytes)``.
+        storage_options: storage client options for a remote location (``s3://``: see
+            :mod:`shardfeed.readers.objstore`).
 
     Returns:
         An :class:`IndexReport`.
@@ -216,15 +221,17 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     """
     t0 = time.perf_counter()
     progress = progress or noop_progress
-    sources = _list_shards(str(pattern))
+    sources = _list_shards(str(pattern), storage_options)
     url = is_url(str(pattern))
     root, names = _index_root(pattern, sources, out, url)
     with output_lock(root, "index"):  # one writer per folder: a second command fails at once, naming this one
-        return _index_locked(pattern, root, names, sources, url, classes_file, overwrite, progress, t0)
+        return _index_locked(pattern, root, names, sources, url, classes_file, overwrite, progress, t0,
+                             storage_options=storage_options)
 
 
 def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url: bool, classes_file,
-                  overwrite: bool, progress: Progress, t0: float) -> IndexReport:
+                  overwrite: bool, progress: Progress, t0: float, *,
+                  storage_options: dict | None = None) -> IndexReport:
     """:func:`index_shards` once the folder's lock is held."""
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
@@ -244,7 +251,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
         # not .idx: NVIDIA DALI's wds2idx names its own index of the shard so, and it is never overwritten
         shard = _index_one_shard(source, name, root / f"{stem}{INDEX_SUFFIX}", url=url, classes=classes,
                                  class_to_idx=class_to_idx, classes_file=classes_file, report=report,
-                                 label_names=label_names, progress=progress)
+                                 label_names=label_names, progress=progress, storage_options=storage_options)
         shards.append(shard)
         report.num_bytes += shard.num_bytes
         log.info("%s: %d samples", source, shard.num_samples)
@@ -296,12 +303,12 @@ def _remove_if_shardfeeds_index(path: Path) -> None:
     log.info("%s: version-1 offset index removed (now %s)", path, path.with_suffix(INDEX_SUFFIX).name)
 
 
-def _list_store_shards(pattern: str) -> list[str]:
-    """``s3://bucket/prefix/`` (every ``.tar`` under it, one listing), or brace / glob patterns
-    of shard URLs matched against the listing of their prefix."""
+def _list_store_shards(pattern: str, storage_options: dict | None = None) -> list[str]:
+    """A listable location's prefix (``s3://bucket/prefix/``: every ``.tar`` under it, one listing),
+    or brace / glob patterns of shard URLs matched against the listing of their prefix."""
     import fnmatch
 
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.opener import open_location
 
     out: list[str] = []
     for item in expand_braces(pattern):
@@ -309,7 +316,7 @@ def _list_store_shards(pattern: str) -> list[str]:
             out.append(item)
             continue
         head = item if item.endswith("/") or not any(c in item for c in "*?[") else item[:item.rfind("/") + 1]
-        loc = StoreLocation(head)
+        loc = open_location(head, storage_options=storage_options)
         names = sorted(n for n in loc.list_sizes() if n.endswith(".tar") and "/" not in n)
         urls = [loc.url(n) for n in names]
         if head != item:
@@ -360,7 +367,8 @@ def _sample_problem(s, classes, classes_file) -> str | None:
 
 
 def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, classes, class_to_idx, classes_file,
-                     report: IndexReport, label_names: dict, progress: Progress) -> ShardEntry:
+                     report: IndexReport, label_names: dict, progress: Progress,
+                     storage_options: dict | None = None) -> ShardEntry:
     """Read one shard once (sha256, size, samples), write its ``.sfidx`` and return its manifest entry.
 
     Samples that do not group by the one rule (:func:`~.common.parts_to_sample`) are added to
@@ -372,7 +380,8 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
         from shardfeed.readers.opener import open_location
 
         base, _, name = source.rpartition("/")
-        stream, _ = open_location(base + "/").open(name)  # HTTP or object store: one opener and fault policy
+        # any remote location: one opener and its fault policy
+        stream, _ = open_location(base + "/", storage_options=storage_options).open(name)
     else:
         stream = open(source, "rb")
     offsets: list[int] = []

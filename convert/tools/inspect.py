@@ -155,7 +155,8 @@ def _shard_labels_by_headers(path: Path) -> list[tuple[str, int]] | None:
 
 def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: bool | None = None,
                     num_examples: int = 3, max_shards_listed: int = 10,
-                    progress: Callable[[int, int], None] | None = None) -> dict:
+                    progress: Callable[[int, int], None] | None = None,
+                    storage_options: dict | None = None) -> dict:
     """Describe a packed dataset (``shardfeed inspect``).
 
     Args:
@@ -166,6 +167,8 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         max_shards_listed: shards listed one by one in the human summary beyond which they are
             summarised (the JSON report lists them all).
         progress: ``callback(num_samples, num_bytes)`` while counting classes.
+        storage_options: storage client options for a remote location (``s3://``: see
+            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
 
     Returns:
         A JSON-able dict: ``source``, ``format``, ``version``, ``created_by``, ``num_samples``,
@@ -179,7 +182,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: no readable
             dataset there.
     """
-    loc = DatasetLocation(path_or_url)
+    loc = DatasetLocation(path_or_url, storage_options=storage_options)
     manifest = loc.load_manifest(check_files=False)
     problems = []
     if not loc.url:
@@ -360,13 +363,17 @@ def format_inspect_report(report: dict) -> str:
 
 
 
-def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3) -> dict:
+def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3, *,
+                         storage_options: dict | None = None) -> dict:
     """Describe an image folder (ImageFolder layout) as ``shardfeed inspect`` reports it.
 
     Args:
         source: the folder (``SOURCE/CLASS/IMAGE``), or a bucket prefix holding one
-            (``s3://bucket/prefix/``: one paginated listing, the same scan rules).
+            (``s3://bucket/prefix/``, or any listable location: one paginated listing, the same scan
+            rules).
         num_examples: files listed as examples (first in sorted order).
+        storage_options: storage client options for a remote location (``s3://``: see
+            :mod:`shardfeed.readers.objstore`).
 
     Returns:
         The report: ``format`` ``"imagefolder"``, ``num_samples``, ``num_classes``, ``num_bytes``,
@@ -376,16 +383,17 @@ def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3) -> di
     Raises:
         FileNotFoundError, ValueError: as :func:`~shardfeed.convert.scan.scan_image_folder`.
     """
-    from shardfeed.readers.opener import url_scheme
+    from shardfeed.readers.opener import is_remote
 
     from ..scan import scan_image_folder
 
-    if url_scheme(source) == "s3":
+    if is_remote(source):
         from shardfeed.readers.imagefolder import scan_listing
-        from shardfeed.readers.objstore import StoreLocation
+        from shardfeed.readers.opener import open_location
 
-        loc = StoreLocation(str(source))
-        scan = scan_listing(loc.base, loc.list_objects())
+        loc = open_location(str(source), storage_options=storage_options)
+        listing = getattr(loc, "listing_cache", None) or loc.list_objects()
+        scan = scan_listing(str(loc), listing)
     else:
         scan = scan_image_folder(source)
     counts = {c: 0 for c in scan.classes}

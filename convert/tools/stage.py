@@ -154,7 +154,8 @@ def _sha256_file(path: Path) -> str:
 
 
 def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: int | None = None,
-          progress: Progress | None = None, retries: int | None = None, overwrite: bool = False) -> StageReport:
+          progress: Progress | None = None, retries: int | None = None, overwrite: bool = False,
+          storage_options: dict | None = None) -> StageReport:
     """Copy a packed dataset to fast local storage, verified, resumable.
 
     Steps: read the source manifest; plan the files (shards, offset indexes, or ``data.mdb``);
@@ -178,6 +179,8 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
         overwrite: replace a finished dataset in DEST that is not SRC's (other shards, hashes, sample
             count or classes); without it such a DEST is refused. Re-staging the same dataset (a
             refresh, or resuming a partial stage) needs no flag.
+        storage_options: storage client options for a remote location (``s3://``: see
+            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
 
     Returns:
         A :class:`StageReport`; ``ok`` False on any mismatch (the manifest is then not written).
@@ -191,7 +194,7 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
     """
     t0 = time.perf_counter()
     progress = progress or noop_progress
-    loc = DatasetLocation(src, retries=retries)
+    loc = DatasetLocation(src, retries=retries, storage_options=storage_options)
     manifest_bytes = loc.read_manifest_bytes()
     manifest = Manifest.from_json(manifest_bytes, loc.manifest_source)
     dest = Path(dest)

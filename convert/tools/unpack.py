@@ -74,7 +74,7 @@ class UnpackReport:
 
 
 def unpack(path_or_url: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
-           progress: Progress | None = None) -> UnpackReport:
+           progress: Progress | None = None, storage_options: dict | None = None) -> UnpackReport:
     """Write a packed dataset back as an ImageFolder, every image byte-identical to its original.
 
     Each sample goes to ``OUT/meta["path"]`` (its path relative to the packed folder); a sample
@@ -86,6 +86,8 @@ def unpack(path_or_url: str | os.PathLike, out: str | os.PathLike, *, overwrite:
         out: the folder to write; must be empty or missing unless ``overwrite``.
         overwrite: allow writing into a non-empty folder, replacing files of the same names.
         progress: ``callback(num_samples, num_bytes)``.
+        storage_options: storage client options for a remote location (``s3://``: see
+            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
 
     Returns:
         An :class:`UnpackReport`.
@@ -97,7 +99,7 @@ def unpack(path_or_url: str | os.PathLike, out: str | os.PathLike, *, overwrite:
         OSError: writing failed.
     """
     t0 = time.perf_counter()
-    loc = DatasetLocation(path_or_url)
+    loc = DatasetLocation(path_or_url, storage_options=storage_options)
     manifest = loc.load_manifest(check_files=not loc.url)
     out = Path(out)
     if out.exists() and not out.is_dir():

@@ -68,7 +68,7 @@ from shardfeed.readers.format import (
     normalize_ext,
 )
 
-from ..executors import active_executor
+from ..context import PackContext, PackResult
 from ..plan import PlannedSample, file_sizes
 from ..samples import ChunkTask, load_chunk
 from ..shard_cut import ShardLimits, cut_shards
@@ -189,40 +189,40 @@ def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw
     return point
 
 
-def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progress,
-              output_progress=None, *, on_shard_end=None) -> tuple[list[ShardEntry], list[dict], int, dict]:
-    """Write the planned samples into ``out/data.mdb`` (the ``"lmdb"`` packer of the registry).
+def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, context: PackContext) -> PackResult:
+    """Write the planned samples into ``out/data.mdb`` (the ``"lmdb"`` packer of the registry;
+    :class:`~shardfeed.convert.context.Packer`).
 
     Files are read and encoded in tasks on the pack's executor (``options.workers`` processes,
     at most ``2 * workers + 2`` chunks in flight); the records are appended in packing order by
     this process, each task's chunk committed as it arrives together with the resume bookkeeping
-    (so an interrupted pack keeps every chunk it finished). ``extra["finalize"](manifest)``
+    (so an interrupted pack keeps every chunk it finished). The result's ``finalize(manifest)``
     commits the manifest (:func:`shardfeed.convert.pack.pack` calls it just before writing
-    ``manifest.json``), which then also fills the size figures of ``extra``.
+    ``manifest.json``), which then also fills the size figures of its ``extra``.
 
     Args:
         scan: the folder scan.
         samples: the packing order (:func:`shardfeed.convert.plan.plan_samples`).
         out: the dataset folder, prepared by :func:`shardfeed.convert.pack.prepare_output`.
-        options: the pack options (``workers``, ``on_error``, ``resume``, ``map_size``, ``faults``).
-        progress: ``callback(num_samples, num_input_bytes)``.
-        output_progress: the packers' ``callback(num_output_bytes)``; not called (the stored
-            sizes are in ``extra`` once the pack is finalized).
-        on_shard_end: the packers' ``callback(entry, index)`` as each shard is complete; not
-            called (the one database is complete only once finalized; LMDB is packed to a local
-            disk only).
+        options: the pack options (``workers``, ``on_error``, ``resume``, ``map_size``).
+        context: the :class:`~shardfeed.convert.context.PackContext`: the tasks run on its
+            executor, ``progress(num_samples, num_input_bytes)`` hears of them, its ``faults``
+            set the commit size and delay (tests); ``output_progress`` is not called (the stored
+            sizes are in ``extra`` once the pack is finalized), nor ``on_shard_end`` (the one
+            database is complete only once finalized; LMDB is packed to a local disk only).
 
     Returns:
-        ``(shards, skipped, shards_resumed, extra)``: one :class:`ShardEntry` for ``data.mdb``; the
-        skipped files (``{"path", "key", "reason"}``); 1 when an interrupted database was continued,
-        else 0; ``extra`` with ``finalize`` and, once it ran, the ``lmdb_*`` figures of :func:`_finish`.
+        A :class:`~shardfeed.convert.context.PackResult`: one :class:`ShardEntry` for
+        ``data.mdb``; the skipped files (``{"path", "key", "reason"}``); ``resumed`` 1 when an
+        interrupted database was continued, else 0; ``finalize``, which commits the manifest and
+        then adds the ``lmdb_*`` figures of :func:`_finish` to ``extra``.
 
     Raises:
         ValueError: ``resume`` on a database written from another plan.
         OSError, SourceChangedError, CorruptDataError: as :func:`shardfeed.convert.pack.pack`;
             committed batches stay and ``resume`` continues after them.
     """
-    faults = options.faults
+    faults, progress = context.faults, context.progress
     store_kw = {"commit_count": (faults.lmdb_commit_count if faults and faults.lmdb_commit_count else COMMIT_COUNT),
                 "commit_delay_s": faults.lmdb_commit_delay_s if faults else 0.0}
     db_exists = (out / LMDB_DATA_NAME).exists()
@@ -239,8 +239,8 @@ def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, progre
     # the 2 MB cap keeps the chunks in flight (and their pickled copies) small for large images
     tasks = [ChunkTask(c, options, encode_sample_record, keep_partial=True)
              for c in _chunks(samples[start:], 256, 2 * 1024 * 1024)]
-    results = active_executor(options).map_ordered(load_chunk, tasks, max_in_flight=2 * options.workers + 2,
-                                                   required_paths=(scan.root,))
+    results = context.executor.map_ordered(load_chunk, tasks, max_in_flight=2 * options.workers + 2,
+                                           required_paths=(scan.root,))
     store = None
     num_records, next_index = records_resumed, start
     try:
@@ -286,8 +286,8 @@ def _open_store(out: Path, map_size: int, store_kw: dict, db_exists: bool) -> Lm
 
 
 def _finish(store: LmdbStore, num_records: int, records_resumed: int, payload_bytes: int, skipped: list,
-            done: bool) -> tuple[list[ShardEntry], list[dict], int, dict]:
-    """The packer's result, with ``extra["finalize"]`` that commits the manifest into ``store`` and then
+            done: bool) -> PackResult:
+    """The packer's result, with ``finalize`` that commits the manifest into ``store`` and then
     adds ``lmdb_payload_bytes``, ``lmdb_file_bytes``, ``lmdb_file_to_payload_ratio``, ``lmdb_map_size``,
     ``lmdb_map_resizes``, ``lmdb_commits``, ``lmdb_compacted`` and ``lmdb_records_resumed`` to ``extra``."""
     entry = ShardEntry(name=LMDB_DATA_NAME, num_samples=num_records, num_bytes=store.file_bytes)
@@ -305,8 +305,7 @@ def _finish(store: LmdbStore, num_records: int, records_resumed: int, payload_by
         finally:
             store.close()
 
-    extra["finalize"] = finalize
-    return [entry], skipped, int(records_resumed > 0 or done), extra
+    return PackResult([entry], skipped, int(records_resumed > 0 or done), extra, finalize=finalize)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ from shardfeed.readers.format import (
     meta_bytes,
 )
 
-from ..executors import ProgressSink, active_executor, task_progress
+from ..context import PackContext, PackResult
+from ..executors import ProgressSink, task_progress
 from ..pack_state import STATE_DIR, finished_shard_record, write_shard_record
 from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
 from ..readahead import DEFAULT_READ_AHEAD, read_ahead
@@ -409,26 +410,24 @@ def _write_wds_shard(task) -> tuple[dict, list]:
     return result, skipped
 
 
-def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, int], None],
-                    output_progress: Callable[[int], None] | None = None, *,
-                    on_shard_end: Callable[[ShardEntry, int], None] | None = None
-                    ) -> tuple[list[ShardEntry], list[dict], int, dict]:
-    """Write the planned samples as WebDataset shards (the ``"webdataset"`` packer of the registry).
+def pack_webdataset(scan, samples, out: Path, options, context: PackContext) -> PackResult:
+    """Write the planned samples as WebDataset shards (the ``"webdataset"`` packer of the registry;
+    :class:`~shardfeed.convert.context.Packer`).
 
     Args:
         scan: the :class:`~shardfeed.convert.scan.ScanResult` (its root must be seen by every task).
         samples: the packing order (:func:`~shardfeed.convert.plan.plan_samples`).
         out: the output folder, prepared by :func:`~shardfeed.convert.pack.prepare_output`.
         options: the :class:`~shardfeed.convert.pack.PackOptions`.
-        progress: ``callback(num_samples, num_input_bytes)``.
-        output_progress: ``callback(num_output_bytes)``: the stored image bytes, reported only when
-            re-encoding (without it they are the input bytes); None for none.
-        on_shard_end: ``callback(entry, index)``, called in this process, in shard order, as each
-            shard this run writes is complete (its file, index and completion record in place);
-            not called for the shards a resumed pack keeps. A pack to a bucket uploads from it.
+        context: the :class:`~shardfeed.convert.context.PackContext`: the tasks run on its
+            executor; ``progress(num_samples, num_input_bytes)``; ``output_progress`` (the stored
+            image bytes) is called only when re-encoding (without it they are the input bytes);
+            ``on_shard_end(entry, index)`` is called in this process, in shard order, as each
+            shard this run writes is complete (its file, index and completion record in place),
+            not for the shards a resumed pack keeps (a pack to a bucket uploads from it).
 
     Returns:
-        ``(shards, skipped, shards_resumed, extra)``.
+        A :class:`~shardfeed.convert.context.PackResult` (``extra["num_planned_shards"]``).
 
     Raises:
         ValueError: one sample alone is larger than ``max_bytes`` (names the file).
@@ -436,8 +435,8 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
             :func:`~shardfeed.convert.samples.load_sample_payload`; finished shards stay.
     """
     if options.reencode is not None:  # sizes are known only after encoding: cut shards as they come
-        return pack_webdataset_reencoded(scan, samples, out, options, progress, output_progress,
-                                         on_shard_end=on_shard_end)
+        return pack_webdataset_reencoded(scan, samples, out, options, context)
+    progress, on_shard_end = context.progress, context.on_shard_end
     ranges = plan_shards(samples, max_count=options.max_count, max_bytes=options.max_bytes)
     done: dict[int, dict] = {}
     if options.resume:
@@ -451,8 +450,8 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
     results: dict[int, tuple] = {i: (rec["entry"], rec["skipped"]) for i, rec in done.items()}
     shared = (scan.root, str(out.absolute() / STATE_DIR / "plan.json"))  # what every Ray node must see
     # the generator first: zip then runs it to its end (a clean pool shutdown), not tasks first
-    for res, task in zip(active_executor(options).map_ordered(_write_wds_shard, tasks, progress,
-                                                              required_paths=shared), tasks):
+    for res, task in zip(context.executor.map_ordered(_write_wds_shard, tasks, progress, required_paths=shared),
+                         tasks):
         results[task[1]] = res
         if on_shard_end is not None and res[0] is not None:
             on_shard_end(ShardEntry(**res[0]), task[1])
@@ -462,7 +461,7 @@ def pack_webdataset(scan, samples, out: Path, options, progress: Callable[[int, 
         skipped.extend(sk)
         if entry is not None:
             shards.append(ShardEntry(**entry))
-    return shards, skipped, len(done), {"num_planned_shards": len(ranges)}
+    return PackResult(shards, skipped, len(done), {"num_planned_shards": len(ranges)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,9 +480,7 @@ def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
     return done
 
 
-def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Callable[[int, int], None],
-                              output_progress: Callable[[int], None] | None = None, *,
-                              on_shard_end: Callable[[ShardEntry, int], None] | None = None):
+def pack_webdataset_reencoded(scan, samples, out: Path, options, context: PackContext) -> PackResult:
     """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
 
     Workers re-encode fixed chunks of :data:`CHUNK_SAMPLES` samples in packing order
@@ -496,13 +493,11 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
         samples: the planned samples (:func:`~shardfeed.convert.plan.plan_samples`).
         out: the output folder (prepared).
         options: the :class:`~shardfeed.convert.pack.PackOptions`, with ``reencode`` set.
-        progress: ``callback(num_samples, input_bytes)``.
-        output_progress: ``callback(output_bytes)``: the re-encoded image bytes stored, reported
-            before the matching ``progress`` call; None for none.
-        on_shard_end: as :func:`pack_webdataset`.
+        context: as :func:`pack_webdataset`; its ``output_progress(output_bytes)`` hears of the
+            re-encoded image bytes stored, before the matching ``progress`` call.
 
     Returns:
-        ``(shards, skipped, shards_resumed, extra)`` as every packer.
+        A :class:`~shardfeed.convert.context.PackResult` as every packer.
 
     Raises:
         ValueError: one re-encoded sample alone is larger than ``max_bytes`` (names the file).
@@ -510,6 +505,8 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
             :func:`~shardfeed.convert.samples.load_sample_payload` (``on_error="raise"``); finished
             shards stay and ``resume`` continues after them.
     """
+    progress, output_progress, on_shard_end = context.progress, context.output_progress, context.on_shard_end
+
     def report(n: int, b_in: int, b_out: int) -> None:
         if output_progress is not None:
             output_progress(b_out)
@@ -543,8 +540,8 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
                          on_shard_end=record)
     tasks = [ChunkTask(samples[a:a + CHUNK_SAMPLES], options) for a in range(start, len(samples), CHUNK_SAMPLES)]
     with writer:
-        for results, _ in active_executor(options).map_ordered(load_chunk, tasks, lambda n, b: None,
-                                                               max_in_flight=2 * options.workers + 2):
+        for results, _ in context.executor.map_ordered(load_chunk, tasks, lambda n, b: None,
+                                                       max_in_flight=2 * options.workers + 2):
             n_in = b_in = b_out = 0
             for index, payload, skip in results:
                 s = samples[index]
@@ -565,4 +562,4 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, progress: Calla
             writer.close()
         elif cur["skipped"]:  # the last samples were all skipped: a record without a shard
             record(None, writer.next_index)
-    return shards, skipped, len(done), {}
+    return PackResult(shards, skipped, len(done), {})

@@ -67,12 +67,13 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
         if cache.get("message"):
             logger.warning("%s", cache["message"])
     loader = make_loader(source, batch_size, image_size=image_size, **opts)
+    shown = {k: v for k, v in opts.items() if k != "storage_options"}  # credentials stay out of the report
     try:
         fmt = _source_format_of(loader, source)
         effective = {k: getattr(loader, k, opts.get(k)) for k in LOADER_KNOBS}
         config = {"source": str(source), "source_format": fmt, "reencode": _reencode_of(loader),
                   "batch_size": batch_size, "image_size": image_size,
-                  "device": str(dev), "cold": cold, "loader": {**{k: v for k, v in opts.items()}, **effective},
+                  "device": str(dev), "cold": cold, "loader": {**shown, **effective},
                   "num_dataset_samples": dataset_len(getattr(loader, "dataset", None)),
                   "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": sys.version.split()[0]}
         report = run_training_loop(loader, model=model, device=dev, compute_ms=compute_ms, warmup=warmup,

@@ -265,7 +265,8 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
     if best["num_workers"] == 0:
         best = {"num_workers": 0, "pin_memory": best["pin_memory"]}
     extra = {k: v for k, v in loader_options.items()
-             if k not in LOADER_KNOBS and v is not None and MAKE_LOADER_DEFAULTS.get(k, object()) != v}
+             if k not in LOADER_KNOBS and k != "storage_options" and v is not None
+             and MAKE_LOADER_DEFAULTS.get(k, object()) != v}
     call_opts = {**best, **({"image_size": image_size} if image_size else {}), **extra}
     return TuneReport(source=str(source), trials=sweep.trials, best=best_rec, best_options=best,
                       call=make_loader_call(source, batch_size, call_opts), warnings=sweep.warnings,

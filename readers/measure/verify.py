@@ -139,8 +139,9 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
     if check:
         # with cold runs, check in a child process: readers that map files (LMDB) keep what they
         # mapped while the process lives, and mapped pages cannot be evicted from the page cache
-        checked = _run_in_child(check_same_samples, before, after, deep=deep) if cold else \
-            check_same_samples(before, after, deep=deep)
+        so = {"storage_options": bench_options["storage_options"]} if bench_options.get("storage_options") else {}
+        checked = _run_in_child(check_same_samples, before, after, deep=deep, **so) if cold else \
+            check_same_samples(before, after, deep=deep, **so)
     files = dataset_files(before) + dataset_files(after)
     settled = settle_disk() if settle else None
     warmed = None

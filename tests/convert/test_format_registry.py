@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardfeed.convert.cli import main
+from shardfeed.convert.context import PackContext, PackResult
 from shardfeed.readers.format import Manifest, Sample, ShardEntry, load_manifest
 from shardfeed.readers.registry import FORMATS, describe, format_choices, register_format
 
@@ -35,14 +36,14 @@ def _write_toy(out: Path, lines: list[str]) -> ShardEntry:
     return ShardEntry(TOY_FILE, len(lines), (out / TOY_FILE).stat().st_size)
 
 
-def pack_toy(scan, samples, out, options, progress, output_progress=None):
-    """The toy packer: the registry's packer contract, ``(shards, skipped, resumed, extra)``."""
+def pack_toy(scan, samples, out, options, context: PackContext) -> PackResult:
+    """The toy packer: the registry's packer contract (:class:`~shardfeed.convert.context.Packer`)."""
     lines = []
     for s in samples:
         data = Path(s.file.path).read_bytes()
         lines.append(_toy_line(s.key, data, s.file.ext, s.file.label, s.meta))
-        progress(1, len(data))
-    return [_write_toy(Path(out), lines)], [], 0, {}
+        context.progress(1, len(data))
+    return PackResult([_write_toy(Path(out), lines)], [], 0, {})
 
 
 class ToyWriter:

@@ -236,7 +236,7 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch
         (d / f"{i:03d}.jpg").write_bytes(buf.getvalue())
         planted[f"c{i % 2}/{i:03d}.jpg"] = buf.getvalue()
     pack(folder, tmp_path / "wds", PackOptions(format="wds", max_count=15, overwrite=True))
-    from shardfeed.readers import webdataset_source
+    from shardfeed.readers import location as location_module
 
     handed = []
 
@@ -245,7 +245,7 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch
         handed.append(fd is not None)
         return fd
 
-    monkeypatch.setattr(webdataset_source, "take_opened", take)
+    monkeypatch.setattr(location_module, "take_opened", take)
     emu = _load_emulator().StorageEmulator(tmp_path / "wds", open_ms=2.0, read_ms=2.0).start()
     try:
         for readahead in (True, False):

@@ -1,0 +1,159 @@
+"""The reading options as typed values: what every source shares, and how a dataset is opened.
+
+:func:`~shardfeed.readers.dataset.open_dataset` takes its options as keywords (one flat list, with
+"did you mean" for a misspelt one, :mod:`~shardfeed.readers.keywords`) and sorts them, once, into
+
+* :class:`ReadOptions`: what every source shares (the decode path, ``on_error``, the epoch's
+  shuffle and split, extra fields); a source built on
+  :class:`~shardfeed.readers.source_base.SourceBase` takes it whole;
+* :class:`OpenOptions`: how the dataset is opened (``storage_options``, ``timeout_s``,
+  ``retries``, ``check_files``, ``cache``), used before any source exists;
+* the chosen source's own keywords, the explicit parameters of its constructor
+  (``shuffle_buffer`` and ``readahead`` of the WebDataset source, ``readahead`` and ``verify``
+  of LMDB, ``class_to_idx`` and ``extensions`` of an image folder).
+
+Each value is checked once, where it enters: ``on_error``, ``cache`` and ``fields`` when these
+objects are built (before any I/O), the decode options (``image_size``, ``decoder``,
+``max_pixels`` ...) by :class:`~shardfeed.readers.transforms.SampleDecoder`, which the source
+builds from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS
+from .errors import check_on_error
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ReadOptions", "OpenOptions", "READ_OPTION_NAMES", "OPEN_OPTION_NAMES", "CACHE_CHOICES"]
+
+#: The values of ``cache``: None (read from the source) or ``"memory"`` (every sample's bytes in RAM).
+CACHE_CHOICES = (None, "memory")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The options every source shares (frozen; built once by
+    :func:`~shardfeed.readers.dataset.open_dataset`, or by hand for a source built directly).
+
+    Args:
+        image_size: ``N``: resize the shorter side to N and center-crop N x N (training: random
+            resized crop N and a flip); None keeps the decoded size.
+        train: training transforms (random resized crop + horizontal flip, seeded).
+        decoder: ``"auto"``, ``"simplejpeg"``, ``"pil"`` or ``"cv2"``.
+        decode: False yields raw :class:`~shardfeed.readers.format.Sample` tuples.
+        on_error: ``"raise"`` or ``"skip"``.
+        transform: callable ``uint8 [3, H, W] -> tensor`` replacing the built-in resize/crop.
+        max_pixels: the largest image (width x height, pixels) a decode accepts; None: any.
+        max_decode_bytes: the memory one decode may allocate (bytes, checked on the header); None:
+            unchecked.
+        resize_size: evaluation: the shorter side (pixels) before the central ``image_size`` crop.
+        crop_pct: timm's spelling of the same: ``resize_size = floor(image_size / crop_pct)``.
+        seed: the run's seed (shuffling and random transforms); stored as ``int``.
+        shuffle: shuffle each epoch (seeded by ``seed + epoch``).
+        pad: fill the remainder ``N % world_size`` by repeating samples instead of dropping it.
+        rank, world_size: explicit values (None: from ``torch.distributed`` or the environment, see
+            :func:`~shardfeed.readers.epoch.resolve_rank`).
+        fields: extra fields to yield beside image and label (manifest version 3, e.g.
+            ``("txt", "json")``); a single name or a list is stored as a tuple, None as ``()``.
+
+    Raises:
+        ValueError: ``on_error`` is not ``"raise"`` or ``"skip"``; ``seed`` is not an integer.
+        TypeError: ``fields`` is not a name or a sequence of names.
+    """
+
+    image_size: int | None = None
+    train: bool = False
+    decoder: str = "auto"
+    decode: bool = True
+    on_error: str = "raise"
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    max_decode_bytes: int | None = DEFAULT_MAX_DECODE_BYTES
+    resize_size: int | None = None
+    crop_pct: float | None = None
+    seed: int = 0
+    shuffle: bool = True
+    pad: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_on_error(self.on_error)
+        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "decode", bool(self.decode))
+        object.__setattr__(self, "shuffle", bool(self.shuffle))
+        object.__setattr__(self, "pad", bool(self.pad))
+        object.__setattr__(self, "fields", _field_names(self.fields))
+
+    def decoder_options(self) -> dict[str, Any]:
+        """The keywords of :class:`~shardfeed.readers.transforms.SampleDecoder` (the decode path)."""
+        return dict(image_size=self.image_size, train=self.train, decoder=self.decoder, transform=self.transform,
+                    max_pixels=self.max_pixels, seed=self.seed, max_decode_bytes=self.max_decode_bytes,
+                    resize_size=self.resize_size, crop_pct=self.crop_pct)
+
+
+def _field_names(fields: Any) -> tuple[str, ...]:
+    if fields is None:
+        return ()
+    if isinstance(fields, str):
+        return (fields,)
+    try:
+        names = tuple(fields)
+    except TypeError:
+        raise TypeError(f"fields must be a field name or a sequence of names, got {type(fields).__name__}") from None
+    return names
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    """How :func:`~shardfeed.readers.dataset.open_dataset` opens a dataset (frozen).
+
+    Args:
+        storage_options: object stores (``s3://``): ``endpoint_url``, ``region_name``,
+            ``profile``, ``anon`` ... (see :mod:`~shardfeed.readers.objstore`); ignored locally.
+        timeout_s: HTTP and object stores: seconds a read may wait (None: the default).
+        retries: HTTP and object stores: attempts after a failed read (None: the default).
+        check_files: refuse a packed dataset whose files are missing or of another size than
+            the manifest says (False reads anyway; damage is then named while reading). An
+            image folder has no manifest and ignores it.
+        cache: None, or ``"memory"``: every sample's raw bytes loaded once into one buffer.
+
+    Raises:
+        ValueError: ``cache`` is not None or ``"memory"``.
+    """
+
+    storage_options: dict[str, Any] | None = None
+    timeout_s: float | None = None
+    retries: int | None = None
+    check_files: bool = True
+    cache: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_CHOICES:
+            raise ValueError(f"cache must be None or 'memory', got {self.cache!r}")
+
+
+#: The keywords that make a :class:`ReadOptions`.
+READ_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ReadOptions))
+#: The keywords that make an :class:`OpenOptions`.
+OPEN_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(OpenOptions))
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[ReadOptions, OpenOptions, dict[str, Any]]:
+    """Sort :func:`~shardfeed.readers.dataset.open_dataset`'s keywords (already checked against
+    the known names) into ``(ReadOptions, OpenOptions, the source's own keywords)``.
+
+    Raises:
+        ValueError, TypeError: what :class:`ReadOptions` and :class:`OpenOptions` raise.
+    """
+    read = ReadOptions(**{k: v for k, v in options.items() if k in READ_OPTION_NAMES})
+    opened = OpenOptions(**{k: v for k, v in options.items() if k in OPEN_OPTION_NAMES})
+    own = {k: v for k, v in options.items() if k not in READ_OPTION_NAMES and k not in OPEN_OPTION_NAMES}
+    return read, opened, own

@@ -1,0 +1,114 @@
+"""The reading options as typed values (``ReadOptions``, ``OpenOptions``, ``LoaderOptions``): each
+value checked where it enters, the sources built from them directly, and ``open_dataset``'s
+keywords sorted into them. Expected samples come from the planted image folder
+(``tiny_folder_expected``: bytes and labels by path), never from the readers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from shardfeed.readers import LoaderOptions, OpenOptions, ReadOptions, make_loader, open_dataset
+from shardfeed.readers.folder_source import FolderSource
+from shardfeed.readers.format import load_manifest
+from shardfeed.readers.lmdb_source import LMDBSource
+from shardfeed.readers.webdataset_source import WebDatasetSource
+
+
+def _by_path(items):
+    return {s.meta["path"]: (bytes(s.data), s.label) for s in items}
+
+
+def test_read_options_are_frozen_and_checked_once_built():
+    opts = ReadOptions(fields="txt", seed=7)
+    assert opts.fields == ("txt",) and opts.seed == 7
+    assert ReadOptions(fields=["txt", "json"]).fields == ("txt", "json")
+    assert ReadOptions().fields == () and ReadOptions(fields=None).fields == ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.seed = 8  # type: ignore[misc]
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip', got 'ignore'"):
+        ReadOptions(on_error="ignore")
+    with pytest.raises(TypeError, match="fields must be a field name or a sequence of names, got int"):
+        ReadOptions(fields=3)  # type: ignore[arg-type]
+
+
+def test_open_options_check_the_cache():
+    assert OpenOptions().check_files is True and OpenOptions().cache is None
+    assert OpenOptions(cache="memory").cache == "memory"
+    with pytest.raises(ValueError, match="cache must be None or 'memory', got 'disk'"):
+        OpenOptions(cache="disk")
+
+
+def test_open_dataset_refuses_bad_values_before_reading(tmp_path):
+    missing = tmp_path / "nothing-here"  # checked before the path is looked at
+    with pytest.raises(ValueError, match="on_error must be"):
+        open_dataset(missing, on_error="ignore")
+    with pytest.raises(ValueError, match="cache must be"):
+        open_dataset(missing, cache="disk")
+    with pytest.raises(ValueError, match="cache='memory' holds images"):
+        open_dataset(missing, cache="memory", fields=("txt",))
+
+
+@pytest.mark.parametrize("kind", ["wds", "lmdb", "folder"])
+def test_sources_built_directly_from_read_options(kind, packed_wds, packed_lmdb, tiny_image_folder,
+                                                  tiny_folder_expected):
+    read = ReadOptions(decode=False, shuffle=False)
+    if kind == "wds":
+        ds = WebDatasetSource(packed_wds, load_manifest(packed_wds), read, shuffle_buffer=0)
+        assert ds.buffer_size == 0
+    elif kind == "lmdb":
+        ds = LMDBSource(packed_lmdb, load_manifest(packed_lmdb), read, readahead=False, verify=True)
+        assert ds.readahead is False
+    else:
+        ds = FolderSource(tiny_image_folder, read)
+    assert ds.decode is False and ds.shuffle is False
+    assert _by_path(ds) == tiny_folder_expected
+
+
+def test_a_source_without_read_options_takes_the_defaults(packed_wds):
+    ds = WebDatasetSource(packed_wds, load_manifest(packed_wds))
+    assert (ds.decode, ds.shuffle, ds.on_error, ds.seed, ds.shuffle_buffer) == (True, True, "raise", 0, 1000)
+    with pytest.raises(TypeError, match="one ReadOptions, got dict"):
+        WebDatasetSource(packed_wds, load_manifest(packed_wds), {"decode": False})  # type: ignore[arg-type]
+
+
+def test_open_dataset_passes_the_shared_options_to_the_source(packed_wds, tiny_folder_expected):
+    ds = open_dataset(packed_wds, decode=False, shuffle=False, seed=5, on_error="skip", shuffle_buffer=3,
+                      readahead=False)
+    assert (ds.decode, ds.shuffle, ds.seed, ds.on_error, ds.shuffle_buffer) == (False, False, 5, "skip", 3)
+    assert ds.location.readahead is False
+    assert _by_path(ds) == tiny_folder_expected
+
+
+def test_options_of_another_source_are_refused_by_name(tiny_image_folder, packed_wds):
+    with pytest.raises(TypeError, match=r"'verify' does not apply to FolderSource"):
+        open_dataset(tiny_image_folder, verify=False)
+    with pytest.raises(TypeError, match=r"'timeout_s' does not apply to FolderSource"):
+        open_dataset(tiny_image_folder, timeout_s=5)
+    with pytest.raises(TypeError, match=r"'class_to_idx', 'verify' do not apply to WebDatasetSource"):
+        open_dataset(packed_wds, verify=False, class_to_idx={"a": 0})
+
+
+def test_options_a_source_has_no_use_for_are_ignored_as_before(tiny_image_folder, packed_lmdb, packed_wds,
+                                                               tiny_folder_expected):
+    # map-style sources shuffle by index: no stream buffer; a folder has no manifest to check
+    folder = open_dataset(tiny_image_folder, decode=False, shuffle_buffer=10, check_files=False,
+                          storage_options={"anon": True})
+    lmdb = open_dataset(packed_lmdb, decode=False, shuffle_buffer=10, timeout_s=3, retries=1)
+    wds = open_dataset(packed_wds, decode=False, timeout_s=3, retries=1, storage_options={"anon": True})
+    for ds in (folder, lmdb, wds):
+        assert _by_path(ds) == tiny_folder_expected
+
+
+def test_loader_options_reach_the_data_loader(tiny_image_folder, tiny_folder_expected):
+    seen = []
+    loader = make_loader(tiny_image_folder, batch_size=8, num_workers=0, decode=False, shuffle=False,
+                         collate_fn=lambda batch: seen.append(len(batch)) or batch, timeout=0)
+    got = {s.meta["path"]: (bytes(s.data), s.label) for batch in loader for s in batch}
+    assert got == tiny_folder_expected
+    n = len(tiny_folder_expected)
+    assert seen == [8] * (n // 8) + ([n % 8] if n % 8 else [])
+    assert LoaderOptions().decode_device is None and LoaderOptions().timeout == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LoaderOptions().timeout = 1  # type: ignore[misc]
