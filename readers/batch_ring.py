@@ -13,7 +13,10 @@ of its current slot; the collate step (in the worker) sends a small :class:`Ring
 instead of the pixels when the batch is exactly the slot's first rows (should a slot's rows ever
 leave as tensors instead, the ring is switched off in that process before any slot could be
 written again: rows someone may hold are never overwritten). The main process turns the handle
-into a tensor over the slot, no copy (:meth:`BatchRing.take`); the slot stays held until the
+into a tensor over the slot, no copy (:meth:`BatchRing.take`); the batch's labels travel in a
+small shared-memory array beside the slots (:meth:`BatchRing.take_batch`), since a labels tensor
+of its own would cost a new shared-memory file and a passed file descriptor per batch (about
+0.2 ms in each process, a tenth of a batch of small images). The slot stays held until the
 last tensor sharing its memory is freed, and only then may a worker write into it again. With
 ``pin_memory`` the batch is copied into page-locked memory instead and the slot freed at once.
 
@@ -93,6 +96,7 @@ class BatchRing:
         self.buffers = torch.empty((num_workers, slots, batch_size, 3, image_size, image_size),
                                    dtype=torch.uint8).share_memory_()
         self.state = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
+        self.labels = torch.zeros((num_workers, slots, batch_size), dtype=torch.int64).share_memory_()
         self.ring_id = id(self)
         self._init_process()
 
@@ -105,13 +109,15 @@ class BatchRing:
         self._disabled = False
         self._seq = 0
         self._state_np = self.state.numpy()
+        self._labels_np = self.labels.numpy()
         self._buffers_np = None
         self._held: dict[tuple[int, int], int] = {}  # main process: slots of taken batches -> seq
+        self._slot_rows: dict[tuple[int, int], tuple] = {}  # worker side: (worker, slot) -> its row views
 
     def __getstate__(self) -> dict:
         return {"num_workers": self.num_workers, "slots": self.slots, "batch_size": self.batch_size,
                 "image_size": self.image_size, "buffers": self.buffers, "state": self.state,
-                "ring_id": self.ring_id}
+                "labels": self.labels, "ring_id": self.ring_id}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -156,24 +162,40 @@ class BatchRing:
                 return None
             self._slot, self._next_row, self._published = slot, 0, False
         _active = self
-        row = self.buffers[worker, self._slot, self._next_row]
+        rows = self._slot_rows.get((worker, self._slot))
+        if rows is None:  # one view per row, made once per process (indexing a tensor costs ~6 us)
+            rows = self._slot_rows[(worker, self._slot)] = self.buffers[worker, self._slot].unbind(0)
+        row = rows[self._next_row]
         self._next_row += 1
         return row
 
-    def publish(self, images: "list[torch.Tensor]") -> RingBatch | None:
+    def publish(self, images: "list[torch.Tensor]", labels: "list[int] | None" = None) -> RingBatch | None:
         """A handle for ``images`` when they are rows 0..n-1 of this worker's current slot, else None.
 
         On success the slot is marked as holding the batch, and the next image starts a new slot.
+
+        Args:
+            images: The batch's image tensors, in order.
+            labels: Optional class indices, one per image (int64 range), kept beside the slot
+                for :meth:`take_batch`.
+
+        Raises:
+            ValueError: ``labels`` does not have one entry per image.
+            OverflowError: A label does not fit in int64.
         """
         worker, slot = self._worker, self._slot
         if worker is None or slot < 0 or len(images) > self.batch_size:
             return None
+        if labels is not None and len(labels) != len(images):
+            raise ValueError(f"publish: {len(labels)} labels for {len(images)} images")
         base = self.buffers[worker, slot]
         row_bytes = base[0].numel()
         start = base.data_ptr()
         for i, image in enumerate(images):
             if image.data_ptr() != start + i * row_bytes or not image.is_contiguous():
                 return None
+        if labels is not None:
+            self._labels_np[worker, slot, : len(labels)] = labels
         self._seq += 1
         self._state_np[worker, slot] = self._seq
         self._published = True
@@ -219,6 +241,29 @@ class BatchRing:
         self._held[(w, slot)] = seq
         weakref.finalize(view, self._release, w, slot, seq)
         return torch.from_numpy(view)  # the tensor's memory keeps ``view`` alive, and so the slot held
+
+    def take_batch(self, handle: RingBatch, *, pin_memory: bool = False) -> "tuple[torch.Tensor, torch.Tensor]":
+        """``(images, labels)`` of ``handle``: :meth:`take`'s images and the labels published with them.
+
+        Args:
+            handle: From :meth:`publish` (with ``labels``) in a worker.
+            pin_memory: Page-locked copies of both (the slot is freed at once).
+
+        Returns:
+            ``torch.uint8`` ``[rows, 3, S, S]`` and a new ``torch.int64`` ``[rows]``.
+
+        Raises:
+            RuntimeError: As :meth:`take`.
+        """
+        import torch
+
+        w, slot = handle.worker, handle.slot
+        if not (0 <= w < self.num_workers and 0 <= slot < self.slots):
+            self.take(handle)  # raises: not a slot of this ring
+        # copied before take(): with pin_memory, take() frees the slot for the worker's next batch
+        labels = torch.from_numpy(self._labels_np[w, slot, : handle.rows].copy())
+        images = self.take(handle, pin_memory=pin_memory)  # raises on a stale or foreign handle
+        return images, (labels.pin_memory() if pin_memory else labels)
 
     def _release(self, worker: int, slot: int, seq: int) -> None:
         """The last tensor over a taken slot is gone: a worker may write into it again."""

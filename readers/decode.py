@@ -483,7 +483,8 @@ def _scale_span(start: int, length: int, full: int, scaled: int, factor: int, re
 
 def _check_box(box: tuple[int, int, int, int], up_h: int, up_w: int, source: str,
                ext: str | None) -> tuple[int, int, int, int]:
-    top, left, box_h, box_w = (int(v) for v in box)
+    top, left, box_h, box_w = box
+    top, left, box_h, box_w = int(top), int(left), int(box_h), int(box_w)
     if not (0 <= top and 0 <= left and 1 <= box_h and 1 <= box_w
             and top + box_h <= up_h and left + box_w <= up_w):
         raise ValueError(f"crop box (top={top}, left={left}, h={box_h}, w={box_w}) is not inside the "
@@ -549,7 +550,7 @@ def _as_bytes(data: bytes) -> bytes:
 
 
 def _check_positive_int(name: str, value: int | None) -> None:
-    if value is None:
+    if value is None or (type(value) is int and value >= 1):
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be a positive int or None, got {value!r}")

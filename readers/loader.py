@@ -188,9 +188,9 @@ def _collate_decoded(batch: Sequence[Any], image_size: int | None = None, num_fi
         return (images, labels, *[[s[2 + j] for s in items] for j in range(num_fields)])
     ring = active_ring()
     if ring is not None and torch.utils.data.get_worker_info() is not None:
-        handle = ring.publish([image for image, _ in items])  # rows of one reused slot: send a handle
-        if handle is not None:
-            return handle, torch.tensor([int(label) for _, label in items], dtype=torch.int64)
+        handle = ring.publish([image for image, _ in items], [int(label) for _, label in items])
+        if handle is not None:  # rows of one reused slot, labels beside it: send a handle
+            return handle, None
     return collate_uint8(items)
 
 
@@ -246,7 +246,7 @@ class _EpochIterator:
             # a worker's batch in a reused shared-memory slot: a view of it, held while the loop holds it
             ring = self._loader._batch_ring
             assert ring is not None  # a RingBatch comes only from a loader with a ring
-            batch = (ring.take(batch[0], pin_memory=self._loader._pin_ring), batch[1])
+            batch = ring.take_batch(batch[0], pin_memory=self._loader._pin_ring)
         self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
         return batch
 

@@ -142,22 +142,24 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     Returns:
         ``out`` (or a new tensor): contiguous ``torch.uint8`` ``[3, size, size]``.
     """
-    import torch
-
-    try:
-        import cv2
-    except ImportError:  # OpenCV is optional: torch's bilinear gives the same pixels (see above)
-        cv2 = None
+    cv2 = _optional_cv2()
     height, width = window.shape[:2]
     if out is None:
+        import torch
+
         out = torch.empty((3, size, size), dtype=torch.uint8)
     if cv2 is None or (resample == "antialias" and (height > size or width > size)):
         resized = _resize_antialias_chw(window, size, size, flip=flip)
         out.copy_(resized)
         return out
-    if window.strides[1] != 3 or window.strides[2] != 1 or window.strides[0] < 0:
+    strides = window.strides
+    if strides[1] != 3 or strides[2] != 1 or strides[0] < 0:
         window = np.array(window, order="C")
-    if (height, width) != (size, size):
+    if flip and height * width < size * size:
+        # the mirror of a resize is the resize of the mirror (the sampling grid is symmetric):
+        # flip whichever of window and output has fewer pixels
+        window, flip = cv2.flip(window, 1), False
+    if height != size or width != size:
         # _resize's rule: INTER_AREA when neither side grows, else bilinear
         shrinking = height >= size and width >= size
         window = cv2.resize(window, (size, size), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
@@ -166,6 +168,21 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     planes = out.numpy()
     cv2.split(window, [planes[0], planes[1], planes[2]])
     return out
+
+
+_cv2_module: Any = None
+
+
+def _optional_cv2() -> Any:
+    """``cv2``, or None when OpenCV is not installed (looked up once, on first use)."""
+    global _cv2_module
+    if _cv2_module is None:
+        try:
+            import cv2
+        except ImportError:  # OpenCV is optional: torch's bilinear gives the same pixels (see above)
+            cv2 = False
+        _cv2_module = cv2
+    return _cv2_module or None
 
 
 def shorter_side_shape(height: int, width: int, size: int) -> tuple[int, int]:
@@ -329,16 +346,21 @@ def sample_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
     Returns:
         This thread's ``numpy.random.Generator``, seeded for the sample.
     """
-    h = _fold(_fold(_fold(0x5A3D1E, int(seed)), int(epoch)), int(index))
-    words = [_mix64(h ^ k) for k in (1, 2, 3, 4)]
-    bits = getattr(_sample_generators, "bits", None)
+    local = _sample_generators
+    bits = getattr(local, "bits", None)
     if bits is None:
-        bits = _sample_generators.bits = np.random.PCG64(0)
-        _sample_generators.generator = np.random.Generator(bits)
-    bits.state = {"bit_generator": "PCG64",
-                  "state": {"state": (words[0] << 64) | words[1], "inc": (words[2] << 64) | words[3] | 1},
-                  "has_uint32": 0, "uinteger": 0}
-    return _sample_generators.generator
+        bits = local.bits = np.random.PCG64(0)
+        local.generator = np.random.Generator(bits)
+        local.prefix_key = None
+    key = (seed, epoch)
+    if local.prefix_key != key:  # the hash of (seed, epoch), kept while they stay the same
+        local.prefix = _fold(_fold(0x5A3D1E, int(seed)), int(epoch))
+        local.prefix_key = key
+    h = _fold(local.prefix, int(index))
+    state = (_mix64(h ^ 1) << 64) | _mix64(h ^ 2)
+    inc = (_mix64(h ^ 3) << 64) | _mix64(h ^ 4) | 1
+    bits.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+    return local.generator
 
 
 def resize_size_for(image_size: int, resize_size: int | None = None,
@@ -527,6 +549,7 @@ class TrainTransform:
         self.flip = bool(flip)
         self.resample = _check_resample(resample)
         self._rng: np.random.Generator | None = None
+        self._bounds: tuple = ()
 
     def set_rng(self, rng: np.random.Generator) -> None:
         """Use ``rng`` for every later call that passes no generator.
@@ -555,10 +578,17 @@ class TrainTransform:
             ``(top, left, crop_height, crop_width)`` in pixels, inside the image.
         """
         area = height * width
-        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        bounds = self._bounds
+        if not bounds or bounds[0] is not self.scale or bounds[1] is not self.ratio:
+            log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+            bounds = self._bounds = (self.scale, self.ratio, self.scale[0], self.scale[1] - self.scale[0],
+                                     log_lo, log_hi - log_lo)
+        _, _, scale_lo, scale_span, log_lo, log_span = bounds
+        random = rng.random
         for _ in range(_CROP_ATTEMPTS):
-            target_area = area * rng.uniform(self.scale[0], self.scale[1])
-            aspect = math.exp(rng.uniform(log_lo, log_hi))
+            # rng.uniform(lo, hi) is lo + (hi - lo) * rng.random(), bit for bit, at a quarter of the cost
+            target_area = area * (scale_lo + scale_span * random())
+            aspect = math.exp(log_lo + log_span * random())
             crop_w = int(round(math.sqrt(target_area * aspect)))
             crop_h = int(round(math.sqrt(target_area / aspect)))
             if 0 < crop_w <= width and 0 < crop_h <= height:
@@ -640,11 +670,17 @@ class TrainTransform:
 # Per-sample decoding for every source, and batching
 
 
-def _current_worker_id(default: int = 0) -> int:
-    import torch.utils.data
+_get_worker_info: Any = None
 
-    info = torch.utils.data.get_worker_info()
-    return default if info is None else int(info.id)
+
+def _current_worker_id(default: int = 0) -> int:
+    global _get_worker_info
+    if _get_worker_info is None:
+        from torch.utils.data import get_worker_info
+
+        _get_worker_info = get_worker_info
+    info = _get_worker_info()
+    return default if info is None else info.id
 
 
 class SampleDecoder:
@@ -762,6 +798,8 @@ class SampleDecoder:
         #: into (set by :func:`~shardfeed.readers.loader.make_loader`), or None
         self.ring: BatchRing | None = None
         self._arena: "torch.Tensor | None" = None
+        self._arena_rows: "Sequence[torch.Tensor]" = ()
+        self._arena_pool: list = []  # (buffer, its rows, the storage's reference count when unused)
         self._arena_next = 0
         self._epoch = 0
         self._rank = 0
@@ -793,6 +831,7 @@ class SampleDecoder:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_arena"], state["_arena_next"] = None, 0  # each process fills its own buffers
+        state["_arena_rows"], state["_arena_pool"] = (), []
         return state
 
     def set_batch_rows(self, rows: int) -> None:
@@ -802,8 +841,10 @@ class SampleDecoder:
         written straight into the next row of a buffer (allocated in shared memory inside a
         ``DataLoader`` worker); when the loader's batch is those rows in order,
         :func:`collate_uint8` returns the buffer itself instead of stacking copies. A buffer is
-        never written twice: a full one is left to the batches that hold it and a new one is
-        started, and :meth:`set_context` (each epoch) starts a new one.
+        written again only once no tensor refers to its memory (torch's reference count of the
+        storage: the batch, a slice of it, a row, a ``.numpy()`` array all count), and only
+        outside a ``DataLoader`` worker; else a full one is left to the batches that hold it and
+        a new one is started. :meth:`set_context` (each epoch) starts a new one.
 
         Args:
             rows: The loader's batch size (``>= 0``).
@@ -822,13 +863,37 @@ class SampleDecoder:
             row = self.ring.next_row(_current_worker_id(default=-1))  # only inside a DataLoader worker
             if row is not None:
                 return row
-        if self._arena is None or self._arena_next >= self._arena.shape[0]:
+        if self._arena is None or self._arena_next >= len(self._arena_rows):
             size = self._builtin.image_size
-            self._arena = _new_batch_buffer((self.batch_rows, 3, size, size))
+            self._arena, self._arena_rows = self._next_arena((self.batch_rows, 3, size, size))
             self._arena_next = 0
-        row = self._arena[self._arena_next]
+        row = self._arena_rows[self._arena_next]
         self._arena_next += 1
         return row
+
+    def _next_arena(self, shape: tuple[int, int, int, int]) -> "tuple[torch.Tensor, Sequence[torch.Tensor]]":
+        """A batch buffer and its row views: outside a worker, one of the last few this process filled
+        whose memory no tensor refers to anymore (its pages are mapped already: the first write
+        into a fresh 9.6 MB buffer costs more page faults than the resize), else a new one.
+
+        Inside a ``DataLoader`` worker a buffer is always new: the main process's references to
+        its shared memory are not counted here (the batch ring reuses worker memory instead).
+        """
+        in_worker = _current_worker_id(default=-1) >= 0
+        pool = self._arena_pool
+        if not in_worker:
+            for i, (buf, rows, base) in enumerate(pool):
+                if tuple(buf.shape) == shape and _storage_refs(buf) == base:
+                    pool.append(pool.pop(i))
+                    return buf, rows
+        buf = _new_batch_buffer(shape)
+        rows = buf.unbind(0)  # one call for every row's view
+        if not in_worker:
+            base = _storage_refs(buf)  # only this buffer and its row views refer to it now
+            if base > 0:
+                pool.append((buf, rows, base))
+                del pool[:-_ARENA_POOL]
+        return buf, rows
 
     def rng(self) -> np.random.Generator:
         """The generator for the current context (created on first use).
@@ -907,6 +972,21 @@ class SampleDecoder:
             f"decoder={self.decoder!r}, transform={self.transform!r}, "
             f"max_pixels={self.max_pixels}, seed={self.seed}, resize_size={self.resize_size})"
         )
+
+
+#: batch buffers a process keeps for reuse (``SampleDecoder._next_arena``): the batch the training loop
+#: holds, the one being filled, and one more
+_ARENA_POOL = 3
+
+
+def _storage_refs(buf: "torch.Tensor") -> int:
+    """How many references ``buf``'s memory has (torch's count of its storage); 0 when unknown."""
+    import torch
+
+    try:
+        return int(torch._C._storage_Use_Count(buf.untyped_storage()._cdata))
+    except (AttributeError, RuntimeError, TypeError):  # private API moved: never reuse a buffer
+        return 0
 
 
 #: live batch buffers of this process by address: only their rows are collated without a copy

@@ -19,6 +19,9 @@ Cases (``train`` = random resized crop 224 + flip; ``val`` = resize shorter side
 * ``train_w2``, ``train_w0``: the training transform with 2 workers and in the main process;
 * ``decode``: a plain simplejpeg decode of each image, main process (the decode floor).
 
+CPU ms per image counts the main process and the workers together; for the 2-worker cases the main
+process's share (receiving batches) is printed beside it.
+
 The load average (``os.getloadavg``) is printed beside every figure: on a shared machine absolute
 figures are noisy; the ratios of one round are what to read.
 
@@ -60,9 +63,13 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
 
 
-def _cpu_s(workers) -> float:
+def _own_cpu_s() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
-    return own.ru_utime + own.ru_stime + sum(_proc_cpu_s(w.pid) for w in workers)
+    return own.ru_utime + own.ru_stime
+
+
+def _cpu_s(workers) -> float:
+    return _own_cpu_s() + sum(_proc_cpu_s(w.pid) for w in workers)
 
 
 def run_case(case: str, data: Path, epochs: int) -> dict:
@@ -104,15 +111,16 @@ def run_case(case: str, data: Path, epochs: int) -> dict:
     first = next(it)
     procs = list(getattr(it, "_workers", []) or [])
     n = 0
-    t0, c0 = time.perf_counter(), _cpu_s(procs)
+    t0, c0, m0 = time.perf_counter(), _cpu_s(procs), _own_cpu_s()
     for images, labels in it:
         n += len(labels)
     for _ in range(epochs - 1):
         for images, labels in loader:
             n += len(labels)
-    wall, cpu = time.perf_counter() - t0, _cpu_s(procs) - c0
+    wall, cpu, main = time.perf_counter() - t0, _cpu_s(procs) - c0, _own_cpu_s() - m0
     assert first[0].shape[1:] == (3, 224, 224)
-    return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / n}
+    return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / n,
+            "main_cpu_ms_per_image": 1000 * main / n}
 
 
 def _subprocess(case: str, data: Path, epochs: int, baseline_src: Path | None) -> dict:
@@ -160,6 +168,8 @@ def main(argv=None) -> int:
             results[f"{dset}/{case}/{version}"].append(res)
             shown = (f"{res['images_per_s']:8,.0f} img/s  {res['cpu_ms_per_image']:.3f} CPU ms/img"
                      if "error" not in res else f"ERROR {res['error']}")
+            if "main_cpu_ms_per_image" in res and case.endswith("_w2"):
+                shown += f" (main process {res['main_cpu_ms_per_image']:.3f})"
             print(f"round {r + 1}  {dset:8s} {case:14s} {version:4s} {shown}  load {res.get('load_avg_1min')}",
                   flush=True)
 

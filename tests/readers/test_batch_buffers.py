@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import pytest
@@ -30,6 +31,36 @@ def test_sample_generator_depends_only_on_seed_epoch_index():
     # uniform enough: the flip draw of 4000 samples
     flips = np.array([sample_generator(0, 0, i).random() < 0.5 for i in range(4000)])
     assert 0.45 < flips.mean() < 0.55
+
+
+def _reference_box(height, width, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's RandomResizedCrop.get_params with numpy draws (None: its fallback)."""
+    area = height * width
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    return None
+
+
+def test_sample_crop_draws_the_boxes_of_uniform_draws():
+    transforms = [TrainTransform(224), TrainTransform(32, scale=(0.5, 0.9), ratio=(0.5, 2.0))]
+    compared = 0
+    for i in range(600):
+        t = transforms[i % 2]
+        height, width = 20 + (i * 37) % 480, 20 + (i * 53) % 480
+        ref_rng, rng = sample_generator(1, 2, i), None
+        ref = _reference_box(height, width, ref_rng, t.scale, t.ratio)
+        after_ref = ref_rng.random()
+        rng = sample_generator(1, 2, i)
+        box = t.sample_crop(height, width, rng)
+        if ref is not None:
+            assert box == ref
+            assert rng.random() == after_ref  # the stream is left where the reference leaves it
+            compared += 1
+    assert compared > 400
 
 
 @pytest.mark.parametrize("shape", [(80, 90), (64, 64), (150, 224), (224, 224)])
@@ -232,6 +263,33 @@ def test_batch_ring_never_waits_when_every_slot_is_held():
     assert ring.next_row(5) is None and ring.publish([torch.zeros(3, 2, 2, dtype=torch.uint8)]) is None
 
 
+def test_batch_ring_labels_travel_beside_the_slot():
+    import gc
+
+    from shardfeed.readers.batch_ring import BatchRing
+
+    ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=2)
+    ring.reset_worker(0)
+    rows = [ring.next_row(0) for _ in range(2)]  # a short last batch: 2 of 3 rows
+    for i, row in enumerate(rows):
+        row.fill_(7 + i)
+    handle = ring.publish(rows, [4, 2**40])
+    images, labels = ring.take_batch(handle)
+    assert labels.dtype == torch.int64 and labels.tolist() == [4, 2**40]
+    assert [int(img[0, 0, 0]) for img in images] == [7, 8]
+    rows = [ring.next_row(0) for _ in range(3)]
+    with pytest.raises(ValueError, match="2 labels for 3 images"):
+        ring.publish(rows, [1, 2])
+    second = ring.take_batch(ring.publish(rows, [5, 6, 9]))[1]
+    assert second.tolist() == [5, 6, 9] and labels.tolist() == [4, 2**40]  # each batch keeps its own
+    del images
+    gc.collect()
+    with pytest.raises(RuntimeError, match="no longer names its batch"):
+        ring.take_batch(handle)  # its slot was freed
+    with pytest.raises(RuntimeError, match="no longer names its batch"):
+        ring.take_batch(RingBatch_like(ring, 3, 0, 1))  # not a slot of this ring
+
+
 def _sorted_images(images: torch.Tensor, labels: torch.Tensor):
     pairs = sorted(zip(labels.tolist(), images), key=lambda p: (p[0], p[1].sum().item()))
     return [lbl for lbl, _ in pairs], torch.stack([img for _, img in pairs])
@@ -286,3 +344,25 @@ def test_an_abandoned_iteration_leaves_the_next_one_whole(tmp_path):
     ref = torch.stack([s for s, _ in direct])
     assert images.shape == ref.shape
     assert sorted(x.sum().item() for x in images) == sorted(x.sum().item() for x in ref)
+
+
+def test_main_process_buffers_are_written_again_only_once_nothing_holds_them(tmp_path):
+    wds = _pack_jpegs(tmp_path)
+    loader = make_loader(wds, 2, num_workers=0, shuffle=False, image_size=40, train=True, seed=3, pin_memory=False)
+    direct = open_dataset(wds, shuffle=False, image_size=40, train=True, seed=3)
+    direct.set_epoch(0)
+    want = [img for img, _ in direct]
+    held = list(loader)  # every batch held: each needs memory of its own
+    assert len({images.data_ptr() for images, _ in held}) == len(held)
+    assert torch.equal(torch.cat([b for b, _ in held]), torch.stack(want))
+    keep_row, keep_array = held[0][0][1], held[1][0].numpy()  # a row and an array keep their buffers
+    first_row, second = keep_row.clone(), held[1][0].clone()
+    del held
+    loader.set_epoch(0)
+    ptrs = []
+    for images, _ in loader:  # each batch dropped before the next but one: buffers come round again
+        ptrs.append(images.data_ptr())
+    assert len(set(ptrs)) < len(ptrs)
+    assert torch.equal(keep_row, first_row) and torch.equal(torch.from_numpy(keep_array), second)
+    loader.set_epoch(0)
+    assert torch.equal(torch.cat([b.clone() for b, _ in loader]), torch.stack(want))
