@@ -55,7 +55,7 @@ from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem, read_index
 from .http_io import index_size_cap
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
-from .shard_readahead import open_ahead, read_ahead, take_opened
+from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
@@ -111,7 +111,7 @@ class LocalLocation:
         try:
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
                                                     os.fstat(fd).st_size, source=where, tag_source=True,
-                                                    chunk_reader=read_ahead if self.readahead else None))
+                                                    chunk_reader=read_shard_ahead if self.readahead else None))
         finally:
             os.close(fd)
 
