@@ -11,11 +11,15 @@ requests in parallel), yielded in order. The depth adapts to what it observes: a
 latency divided by the time the caller spends on each chunk, doubled, plus two (:func:`_depth_for`), between 2 and
 ``max_depth`` requests and at most ``max_bytes`` in flight (memory stays bounded: each request is
 one chunk, about 96 KiB). Errors surface in order, where the chunk would have been yielded.
+A shard's chunks (:func:`read_shard_ahead`) are read ahead in aligned requests of
+:data:`REQUEST_BYTES` instead, cut into the chunks: chunks read at once by several threads would
+otherwise cross the kernel's request boundaries and make it split its read-around into more
+requests, each paying the whole latency.
 
 Between shards the pipeline would drain: the next shard's ``open`` and its first read each cost
 a round trip while the decoder waits. Once this process's reads proved slow, :func:`open_ahead`
 opens the next shard (and runs a caller's preparation, e.g. reading its offset index) in the read
-pool and reads its first bytes through the page cache, while the current shard is still being
+pool and reads its first :data:`HEAD_REQUESTS` requests through the page cache, while the current shard is still being
 decoded; :func:`take_opened` hands the open descriptor over (a FUSE mount without ``keep_cache``
 drops a file's cached pages on every ``open``, so the pages read ahead stay only on that
 descriptor). At most :data:`MAX_OPENED` files wait, per process.
@@ -32,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
 __all__ = ["read_ahead", "read_shard_ahead", "read_pool", "open_ahead", "take_opened", "storage_is_slow",
-           "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES", "MAX_OPENED", "REQUEST_BYTES"]
+           "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES", "MAX_OPENED", "REQUEST_BYTES", "HEAD_REQUESTS"]
 
 #: A read slower than this (seconds) switches the rest of the range to reads ahead.
 SLOW_READ_S = 0.0005
@@ -49,6 +53,11 @@ MAX_BYTES = 6 << 20
 #: read by 32 threads in 96 KiB chunks went out as 1.3 requests per 128 KiB and took 160 ms;
 #: in aligned 128 KiB requests, one each, 73-120 ms).
 REQUEST_BYTES = 128 << 10
+
+#: Requests of :data:`REQUEST_BYTES` that :func:`open_ahead` reads from a file's start, at least:
+#: a shard's reads ahead start at once then, instead of after one round trip (the first chunks
+#: are parsed in well under one).
+HEAD_REQUESTS = 8
 
 #: Most files :func:`open_ahead` keeps open for the caller, per process.
 MAX_OPENED = 2
@@ -91,11 +100,15 @@ def _open_and_read(path: str, prepare: Callable[[], object] | None, nbytes: int)
         except Exception:  # noqa: BLE001 - the caller's own call raises it again, in its place
             pass
     fd = os.open(path, os.O_RDONLY)
-    try:
-        if nbytes > 0:
-            os.pread(fd, nbytes, 0)  # its first pages into the page cache
-    except OSError:
-        pass  # the caller's read raises it again
+    if nbytes > 0:  # its first pages into the page cache, in aligned requests read in parallel
+        size = REQUEST_BYTES
+        count = max(HEAD_REQUESTS, -(-nbytes // size))
+        rest = [_executor().submit(os.pread, fd, size, k * size) for k in range(1, count)]
+        for read in [lambda: os.pread(fd, size, 0)] + [f.result for f in rest]:
+            try:
+                read()
+            except OSError:
+                pass  # the caller's read raises it again
     return fd
 
 
@@ -116,7 +129,9 @@ def open_ahead(path: str | os.PathLike, *, prepare: Callable[[], object] | None 
         path: the file the caller reads next (a shard).
         prepare: called first in the pool thread (e.g. reading the shard's offset index); what it
             raises is dropped (the caller's own call raises it again in its place).
-        first_bytes: bytes from offset 0 to read ahead into the page cache.
+        first_bytes: bytes from offset 0 to read ahead into the page cache (0: none); rounded up
+            to whole aligned requests of :data:`REQUEST_BYTES`, at least :data:`HEAD_REQUESTS`
+            of them, read in parallel by the pool.
 
     Returns:
         Whether it was started (only after a slow range in this process; never twice for a path).
