@@ -32,7 +32,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from .errors import UnsupportedURLError
 from .format import (LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest, find_manifest_path, load_manifest,
                      read_index)
-from .shard_readahead import open_ahead, read_ahead, take_opened
+from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 from .tario import iter_indexed_samples
 
 __all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "MAX_LOCAL_LIST_ENTRIES"]
@@ -219,7 +219,7 @@ class LocalLocation(LocationBase):
         try:
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
                                                     os.fstat(fd).st_size, source=where, tag_source=True,
-                                                    chunk_reader=read_ahead if self.readahead else None))
+                                                    chunk_reader=read_shard_ahead if self.readahead else None))
         finally:
             os.close(fd)
 

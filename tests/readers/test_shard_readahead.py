@@ -204,6 +204,92 @@ def test_closing_early_stops_reading(blob):
     assert f.reads <= 5 + 4 + 1 and f.in_flight == 0
 
 
+
+class LoggedFile(SlowFile):
+    """A :class:`SlowFile` that also records each read's ``(offset, nbytes)``."""
+
+    def __init__(self, path: Path, delay_s: float):
+        super().__init__(path, delay_s)
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, offset: int, n: int) -> bytes:
+        with self.lock:
+            self.calls.append((offset, n))
+        return super().__call__(offset, n)
+
+
+def test_aligned_requests_give_the_same_chunks(blob):
+    """With ``request_bytes``, the reads ahead are aligned 128 KiB requests, each byte asked once,
+    and every chunk still holds the plan's bytes."""
+    path, data = blob
+    size = 128 * 1024
+    plan = _plan(len(data), 96 * 1024)
+    f = LoggedFile(path, 0.003)
+    out = list(read_ahead(f, plan, request_bytes=size))
+    assert [len(c) for c in out] == [b - a for _, _, a, b in plan]
+    assert b"".join(out) == data
+    caller = f.calls[0]  # the first read, in the caller's thread, proved the storage slow
+    assert caller == (0, 96 * 1024)
+    ahead = sorted(f.calls[1:])
+    assert ahead == [(o, min(size, len(data) - o)) for o in range(0, len(data), size)]
+
+
+def test_aligned_requests_after_a_slow_range_start_at_its_first_chunk(blob):
+    path, data = blob
+    size = 128 * 1024
+    plan = _plan(len(data), 100_000)
+    list(read_ahead(SlowFile(path, 0.003), plan[:5], request_bytes=size))
+    assert storage_is_slow()
+    f = LoggedFile(path, 0.003)
+    out = list(read_ahead(f, plan[5:], request_bytes=size))
+    assert b"".join(out) == data[plan[5][2]:]
+    first = plan[5][2] // size * size  # 500_000 rounded down to a request boundary
+    assert sorted(f.calls) == [(o, min(size, len(data) - o)) for o in range(first, len(data), size)]
+
+
+def test_aligned_requests_are_bounded_in_flight(blob):
+    path, data = blob
+    f = SlowFile(path, 0.003)
+    chunks = list(read_ahead(f, _plan(len(data), 96 * 1024), max_depth=16, max_bytes=4 * 128 * 1024,
+                             request_bytes=128 * 1024))
+    assert b"".join(chunks) == data and f.max_in_flight <= 4
+
+
+def test_a_failed_request_is_raised_at_the_first_chunk_that_needs_it(blob):
+    path, data = blob
+    size = 128 * 1024
+    f = SlowFile(path, 0.002)
+    plan = _plan(len(data), 96 * 1024)
+    bad = 8 * size  # bytes [1 MiB, 1 MiB + 128 KiB) fail
+
+    def read_at(offset, n):
+        if offset == bad:
+            raise OSError(5, "Input/output error")
+        return f(offset, n)
+
+    got = []
+    with pytest.raises(OSError, match="Input/output"):
+        for chunk in read_ahead(read_at, plan, request_bytes=size):
+            got.append(chunk)
+    # every chunk that ends at or before 1 MiB came back whole; the one crossing it raised
+    whole = [k for k, (_, _, a, b) in enumerate(plan) if b <= bad]
+    assert len(got) == len(whole) and b"".join(got) == data[: plan[whole[-1]][3]]
+
+
+def test_a_short_request_cuts_its_chunk_short(tmp_path):
+    """The file ends before the plan does (truncated since it was indexed): the chunk that
+    crosses its end holds the bytes up to it, the later ones nothing, as ``pread`` gives."""
+    data = np.random.default_rng(2).integers(0, 256, 1_000_000, dtype=np.uint8).tobytes()
+    path = tmp_path / "short.tar"
+    path.write_bytes(data)
+    plan = _plan(1_300_000, 96 * 1024)
+    list(read_ahead(SlowFile(path, 0.003), plan[:2]))  # the storage proved slow
+    out = list(read_ahead(SlowFile(path, 0.003), plan, request_bytes=128 * 1024))
+    assert len(out) == len(plan)
+    for (_, _, a, b), chunk in zip(plan, out):
+        assert chunk == data[a:b]
+
+
 def _load_emulator():
     script = Path(__file__).resolve().parents[2] / "scripts" / "storage_emulator.py"
     spec = importlib.util.spec_from_file_location("storage_emulator", script)
