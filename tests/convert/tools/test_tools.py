@@ -593,3 +593,88 @@ def test_a_folder_where_a_shard_should_be_is_named_with_the_fix(packed_wds, tmp_
     assert r.exit_code == 1, r.output
     line = [ln for ln in r.output.splitlines() if ln.startswith("shardfeed: error:")][0]
     assert shard.name in line and "is a folder" in line and "Errno" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# index --overwrite on a packed dataset, stage --overwrite, unpack counts
+
+
+def _sidecar_src(root: Path) -> tuple[dict[str, bytes], dict[str, dict[str, bytes]]]:
+    """Plant 12 images in 2 class folders, 8 of them with a ``.txt`` and 5 with a ``.json`` beside.
+
+    Returns ``({image path: bytes}, {image path: {field: bytes}})``.
+    """
+    images, sidecars = {}, {}
+    for i in range(12):
+        rel = f"{'ab'[i % 2]}/img_{i:02d}.jpg"
+        data = _image(100 + i, "JPEG")
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        images[rel] = data
+        sidecars[rel] = {}
+        if i % 3 != 0:
+            sidecars[rel]["txt"] = f"caption {i} é".encode()
+            (root / rel).with_suffix(".txt").write_bytes(sidecars[rel]["txt"])
+        if i % 2 == 0 or i == 5:
+            sidecars[rel]["json"] = json.dumps({"i": i, "tag": "x" * i}).encode()
+            (root / rel).with_suffix(".json").write_bytes(sidecars[rel]["json"])
+    return images, sidecars
+
+
+def _read_with_fields(ds: Path, fields=("txt", "json")) -> dict[str, tuple]:
+    from shardfeed.readers.dataset import open_dataset
+
+    got = {}
+    for s, f in open_dataset(ds, decode=False, shuffle=False, fields=fields):
+        got[s.meta["path"]] = (s.data, {k: v for k, v in f.items() if v is not None})
+    return got
+
+
+@pytest.mark.parametrize("sidecars", [True, False])
+def test_index_overwrite_rebuilds_a_missing_index_keeping_the_manifest(tmp_path, sidecars):
+    images, planted = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    args = ["pack", tmp_path / "src", out, "--max-count", "7"] + (["--sidecars", "txt,json"] if sidecars else [])
+    assert _run(*args).exit_code == 0
+    old = json.loads((out / "manifest.json").read_bytes())
+    lost = (out / "shard-000001.sfidx").read_bytes()
+    (out / "shard-000001.sfidx").unlink()
+
+    res = _run("index", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    new = json.loads((out / "manifest.json").read_bytes())
+    assert (out / "shard-000001.sfidx").read_bytes() == lost
+    assert {k: v for k, v in new.items() if k != "shards"} == {k: v for k, v in old.items() if k != "shards"}
+    assert len(new["shards"]) == len(old["shards"]) == 2
+    for a, b in zip(new["shards"], old["shards"]):
+        assert a == b  # the same index file, so its name, size and sha256 entries are the same too
+    assert new["shards"][1]["index_sha256"] == hashlib.sha256(lost).hexdigest()
+    if not sidecars:
+        return
+    assert new["version"] == old["version"] == 3 and set(new["fields"]) == {"txt", "json"}
+    got = _read_with_fields(out)
+    assert {p: d for p, (d, _) in got.items()} == images
+    decoded = {rel: {k: (v.decode() if k == "txt" else json.loads(v)) for k, v in f.items()}
+               for rel, f in planted.items()}  # the reader gives text and parsed JSON
+    assert {p: f for p, (_, f) in got.items()} == decoded
+    restored = tmp_path / "restored"
+    assert _run("unpack", out, restored).exit_code == 0
+    expect = {**images}
+    for rel, fields in planted.items():
+        for k, v in fields.items():
+            expect[rel[:-4] + "." + k] = v
+    assert _folder_files(restored) == expect
+
+
+def test_index_overwrite_reindexes_shards_the_manifest_does_not_describe(tmp_path):
+    """Shards changed since the manifest: they are indexed afresh and the manifest replaced."""
+    images, _ = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    assert _run("pack", tmp_path / "src", out, "--max-count", "7").exit_code == 0
+    (out / "shard-000001.tar").unlink()
+    (out / "shard-000001.sfidx").unlink()
+    res = _run("index", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "manifest.json").read_bytes())
+    assert [s["name"] for s in m["shards"]] == ["shard-000000.tar"] and m["num_samples"] == 7
+    assert "indexed_from" in m["options"]
