@@ -678,3 +678,25 @@ def test_index_overwrite_reindexes_shards_the_manifest_does_not_describe(tmp_pat
     m = json.loads((out / "manifest.json").read_bytes())
     assert [s["name"] for s in m["shards"]] == ["shard-000000.tar"] and m["num_samples"] == 7
     assert "indexed_from" in m["options"]
+
+
+def test_stage_overwrite_deletes_the_older_datasets_extra_shards_only(src, wds, tmp_path):
+    """DEST holds an older dataset with more shards: --overwrite leaves only SRC's files and the user's."""
+    small = tmp_path / "small"  # 2 shards where the staged dataset has 4 (wds: 60 images, 16 per shard)
+    pack(src, small, PackOptions(format="wds", max_count=30, workers=1))
+    dest = tmp_path / "staged"
+    assert stage(wds, dest, min_free_bytes=1000).ok
+    assert (dest / "shard-000003.tar").is_file() and (dest / "shard-000003.sfidx").is_file()
+
+    res = _run("stage", small, dest, "--min-free", "1KB", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert _folder_files(dest) == _folder_files(small)
+    assert sorted(p.name for p in dest.glob("shard-*.tar")) == ["shard-000000.tar", "shard-000001.tar"]
+
+    # a file shardfeed did not write: refused by name as pack --overwrite refuses, nothing deleted
+    assert stage(wds, tmp_path / "big", min_free_bytes=1000).ok
+    (tmp_path / "big" / "notes.txt").write_bytes(b"mine")
+    before = _folder_files(tmp_path / "big")
+    res = _run("stage", small, tmp_path / "big", "--min-free", "1KB", "--overwrite")
+    assert res.exit_code == 1 and "notes.txt" in res.stderr
+    assert _folder_files(tmp_path / "big") == before
