@@ -700,3 +700,25 @@ def test_stage_overwrite_deletes_the_older_datasets_extra_shards_only(src, wds, 
     res = _run("stage", small, tmp_path / "big", "--min-free", "1KB", "--overwrite")
     assert res.exit_code == 1 and "notes.txt" in res.stderr
     assert _folder_files(tmp_path / "big") == before
+
+
+def test_unpack_counts_images_and_sidecar_files_apart(tmp_path):
+    images, planted = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    assert _run("pack", tmp_path / "src", out, "--sidecars", "txt,json", "--max-count", "7").exit_code == 0
+    side_bytes = sum(len(v) for f in planted.values() for v in f.values())
+    num_side = sum(len(f) for f in planted.values())
+    assert (len(images), num_side) == (12, 15)
+
+    res = CliRunner().invoke(cli, ["unpack", str(out), str(tmp_path / "r"), "--json", str(tmp_path / "u.json")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "unpacked 12 images" in res.output and "and 15 sidecar files" in res.output
+    report = json.loads((tmp_path / "u.json").read_bytes())
+    assert report["num_files"] == 12 and report["num_bytes"] == sum(map(len, images.values()))
+    assert report["num_sidecar_files"] == 15 and report["num_sidecar_bytes"] == side_bytes
+
+    ordinary = tmp_path / "ordinary"
+    pack(tmp_path / "src", ordinary, PackOptions(format="wds", workers=1))
+    report = unpack(ordinary, tmp_path / "r3")  # no fields: the summary names no sidecar files
+    assert (report.num_files, report.num_sidecar_files) == (12, 0) and "sidecar" not in report.summary()
