@@ -206,7 +206,8 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
         classes_file: a text file with one class name per line.
         overwrite: replace an existing ``manifest.json`` in ``out``. When that manifest is a
             shardfeed WebDataset manifest (version 2 or later) of exactly these shards, unchanged
-            (size, sha256, sample count), only the offset indexes are rebuilt: the manifest keeps
+            (size, sha256, sample count) and ``classes_file`` is absent or names the manifest's own
+            classes, only the offset indexes are rebuilt: the manifest keeps
             its version, fields, labels, options, files and other keys, and only its shard entries'
             ``index``/``index_sha256`` are updated.
         progress: ``callback(num_samples, num_bytes)``.
@@ -239,12 +240,12 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
     """:func:`index_shards` once the folder's lock is held."""
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
+    classes = _read_classes_file(classes_file) if classes_file else None
     if overwrite and not url:
-        rebuilt = _rebuild_indexes(root, names, sources, progress, t0, pattern)
+        rebuilt = _rebuild_indexes(root, names, sources, classes, progress, t0, pattern)
         if rebuilt is not None:
             return rebuilt
     replaced = _version_1_indexes(root) if overwrite else []
-    classes = _read_classes_file(classes_file) if classes_file else None
     class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
     report = IndexReport(source=str(pattern), output=str(root))
     shards: list[ShardEntry] = []
@@ -288,13 +289,14 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
     return report
 
 
-def _rebuild_indexes(root: Path, names: list[str], sources: list[str], progress: Progress, t0: float,
-                     pattern) -> IndexReport | None:
+def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: list[str] | None,
+                     progress: Progress, t0: float, pattern) -> IndexReport | None:
     """Rebuild the offset indexes of the dataset whose manifest is in ``root``, keeping that manifest.
 
     Applies when ``manifest.json`` is a readable shardfeed WebDataset manifest of version 2 or later
     that lists exactly the shards being indexed, and every shard still has the size, sha256 and
-    sample count the manifest records. Then each shard's ``.sfidx`` is written again and only the
+    sample count the manifest records, and ``classes`` (the ``--classes`` file's names; None when
+    not given) are the manifest's own. Then each shard's ``.sfidx`` is written again and only the
     shard entries' ``index`` and ``index_sha256`` change in the manifest: its version, fields,
     labels, options, files and every other key keep their values.
 
@@ -315,6 +317,8 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], progress:
         return None
     if old.format != "webdataset" or old.version < 2 or not isinstance(doc.get("shards"), list):
         return None
+    if classes is not None and list(classes) != list(old.classes):
+        return None  # other class names: the samples are labelled afresh
     by_name = {s.name: (i, s) for i, s in enumerate(old.shards)}
     if sorted(names) != sorted(by_name) or len(doc["shards"]) != len(old.shards):
         return None

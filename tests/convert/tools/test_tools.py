@@ -666,6 +666,23 @@ def test_index_overwrite_rebuilds_a_missing_index_keeping_the_manifest(tmp_path,
     assert _folder_files(restored) == expect
 
 
+def test_index_overwrite_with_the_manifests_classes_keeps_the_fields(tmp_path):
+    """inspect's fix for a damaged index names the manifest's classes: the manifest stays as it was."""
+    images, planted = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    assert _run("pack", tmp_path / "src", out, "--sidecars", "txt,json", "--max-count", "7").exit_code == 0
+    old = (out / "manifest.json").read_bytes()
+    lost = (out / "shard-000000.sfidx").read_bytes()
+    (out / "shard-000000.sfidx").write_bytes(lost[:8])  # damaged
+    (tmp_path / "classes.txt").write_text("a\nb\n")  # the planted class folders
+    res = _run("index", out, "--overwrite", "--classes", tmp_path / "classes.txt")
+    assert res.exit_code == 0, res.output
+    assert (out / "manifest.json").read_bytes() == old
+    assert (out / "shard-000000.sfidx").read_bytes() == lost
+    assert {p: d for p, (d, _) in _read_with_fields(out).items()} == images
+    assert {p: set(f) for p, (_, f) in _read_with_fields(out).items()} == {p: set(f) for p, f in planted.items()}
+
+
 def test_index_overwrite_reindexes_shards_the_manifest_does_not_describe(tmp_path):
     """Shards changed since the manifest: they are indexed afresh and the manifest replaced."""
     images, _ = _sidecar_src(tmp_path / "src")
