@@ -490,3 +490,16 @@ def test_http_url_password_is_never_echoed(closed_endpoint):
     r = _cli("inspect", f"http://user:{SECRET}@{host}/ds/")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert SECRET not in r.stdout + r.stderr and host in r.stderr, r.stderr
+
+
+def test_an_image_folder_in_a_bucket_is_cached_in_memory(s3_packed, tiny_folder_expected):
+    from shardfeed.readers import open_dataset
+
+    _, folder = s3_packed
+    ds = open_dataset(folder.rstrip("/"), cache="memory", decode=False)
+    assert len(ds) == len(tiny_folder_expected)
+    got = {}
+    for i in range(len(ds)):
+        s = ds[i]
+        got[s.meta["path"]] = (bytes(s.data), s.label)
+    assert got == tiny_folder_expected
