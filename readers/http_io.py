@@ -69,7 +69,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, Manifest
-from .location import LocationBase
+from .location import LocationBase, check_byte_range
 from .redact import guard_client_logs, redact, register_secret
 from .registry import describe
 
@@ -934,6 +934,7 @@ class HttpLocation(LocationBase):
             ``(stream, stream_offset)``: the offset of the stream's first byte (``start``, or 0
             when the server ignored ``Range``).
         """
+        check_byte_range(self.where(name), start, end)
         s = HttpRangeStream(self.url(name), start, end, timeout_s=self.timeout_s, retries=self.retries,
                             deadline_s=self.deadline_s)
         return s, s.offset

@@ -24,6 +24,7 @@ image folder is decided once, by :func:`folder_kind`.
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 from pathlib import Path
@@ -35,10 +36,33 @@ from .format import (LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest, fi
 from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 from .tario import iter_indexed_samples
 
-__all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "MAX_LOCAL_LIST_ENTRIES"]
+__all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "check_byte_range", "MAX_LOCAL_LIST_ENTRIES"]
 
 #: Entries one listing of a local folder returns at most (the bound of an object store's listing).
 MAX_LOCAL_LIST_ENTRIES = 20_000_000
+
+
+def check_byte_range(where: str, start: int, end: int | None) -> None:
+    """Refuse a byte range no storage can serve alike, before any request: every location's
+    ``open(name, start, end)`` calls it, so a bad range is the same error on a local disk, over
+    HTTP and in a bucket (rather than an empty stream on one, HTTP 416 or the whole file on others).
+
+    Args:
+        where: the file, for the message (no credentials).
+        start: the first byte (an integer ≥ 0; NumPy integers too).
+        end: one past the last byte (None: to the end of the file; else an integer ≥ ``start``).
+
+    Raises:
+        ValueError: a negative ``start``, or an ``end`` before ``start``.
+        TypeError: a bound that is not an integer (a ``bool`` is refused).
+    """
+    for label, value in (("start", start), ("end", end)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise TypeError(f"{where}: byte range {label} must be an integer, got {value!r}")
+    if start < 0:
+        raise ValueError(f"{where}: byte range start must be at least 0, got {start}")
+    if end is not None and end < start:
+        raise ValueError(f"{where}: byte range end {end} is before its start {start}")
 
 
 @runtime_checkable
@@ -234,8 +258,10 @@ class LocalLocation(LocationBase):
         reader stops where it wants). Returns ``(file, start)``.
 
         Raises:
-            FileNotFoundError: no such file.
+            FileNotFoundError: no such file. ValueError, TypeError: a bad range
+            (:func:`check_byte_range`).
         """
+        check_byte_range(self.where(name), start, end)
         f = open(self.root / name, "rb", buffering=0)
         try:
             f.seek(start)

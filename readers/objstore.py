@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, Iterator
 
 from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
 from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest, unfinished_pack_error
-from .location import LocationBase
+from .location import LocationBase, check_byte_range
 from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, redact, register_secret
@@ -572,6 +572,7 @@ class StoreLocation(LocationBase):
         Returns:
             ``(stream, start)``.
         """
+        check_byte_range(self.where(name), start, end)
         s = StoreRangeStream(self, name, start, end)
         return s, start
 
