@@ -43,14 +43,14 @@ if TYPE_CHECKING:
         SourceChangedError,
         UnsupportedURLError,
     )
-    from .format import Manifest, Sample, load_manifest
+    from .format import Manifest, Sample
     from .loader import LoaderOptions, ShardfeedLoader, make_loader, to_device
     from .location import LocalLocation, Location, LocationBase
     from .measure.bench import bench_source
     from .measure.tune import tune_loader
     from .measure.verify import compare_sources
     from .measure.watch import watch
-    from .opener import open_location, register_location, unregister_location
+    from .opener import load_manifest, open_location, register_location, unregister_location
     from .options import OpenOptions, ReadOptions
 
 #: public name -> the module that defines it (imported on first use)
@@ -65,7 +65,7 @@ _LAZY = {
     "OpenOptions": "shardfeed.readers.options",
     "Manifest": "shardfeed.readers.format",
     "Sample": "shardfeed.readers.format",
-    "load_manifest": "shardfeed.readers.format",
+    "load_manifest": "shardfeed.readers.opener",
     "ShardfeedError": "shardfeed.readers.errors",
     "ManifestError": "shardfeed.readers.errors",
     "IncompleteDatasetError": "shardfeed.readers.errors",

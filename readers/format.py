@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from .errors import CorruptDataError, IncompleteDatasetError, ManifestError
+from .errors import CorruptDataError, IncompleteDatasetError, ManifestError, UnsupportedURLError
 from .lmdb_record import LMDB_RECORD_VERSION, encode_record
 from .lmdb_record import decode_record as _decode_record
 from .registry import describe
@@ -933,30 +933,26 @@ def find_manifest_path(path: str | os.PathLike[str]) -> Path:
 
 
 def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> Manifest:
-    """Load and validate a manifest (a dataset directory or its ``manifest.json``).
+    """Load and validate a local manifest (a dataset directory or its ``manifest.json``).
 
     Args:
-        path: the dataset directory or the manifest file: a local path, or a ``file://``,
-            ``http(s)://``, ``s3://`` or registered ``scheme://`` URL (loaded through
-            :func:`~shardfeed.readers.opener.open_location` with the default storage options;
-            for other options call ``open_location(url, storage_options=...).load_manifest()``).
+        path: the dataset directory or the manifest file: a local path or a ``file://`` URL
+            (any storage, URLs included: :func:`shardfeed.readers.load_manifest`, which is
+            :func:`~shardfeed.readers.opener.load_manifest`).
         check_files: also check that every listed file exists with the listed size (cheap; hashes
-            are for ``shardfeed check``; remote: a bounded sample of the shards, see
-            :func:`~shardfeed.readers.http_io.check_remote_files`).
+            are for ``shardfeed check``).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         IncompleteDatasetError: the directory holds shards but no manifest (interrupted pack).
         ManifestError: bad manifest, or files missing / of the wrong size.
-        UnsupportedURLError: a URL scheme that is not registered.
-        DataSourceError: a remote manifest could not be fetched (names the URL).
+        UnsupportedURLError: a URL other than ``file://``.
     """
     if isinstance(path, str) and "://" in path:
-        from .opener import is_remote, local_path, open_location
-
-        if is_remote(path):
-            return open_location(path).load_manifest(check_files=check_files)
-        path = local_path(path)  # file://
+        if not path.lower().startswith("file://"):
+            raise UnsupportedURLError(f"{path}: this function reads a local manifest; for a URL use "
+                                      "shardfeed.readers.load_manifest (or open_location(url).load_manifest())")
+        path = path[len("file://"):]
     p = Path(path)
     if not p.exists() and p.name == MANIFEST_NAME and p.parent.is_dir():
         p = p.parent  # "DIR/manifest.json" that is not there: say what DIR is

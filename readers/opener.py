@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from .errors import UnsupportedURLError
 
-__all__ = ["url_scheme", "is_http_url", "is_remote", "check_supported", "open_location", "local_path",
+__all__ = ["url_scheme", "is_http_url", "is_remote", "check_supported", "open_location", "load_manifest", "local_path",
            "register_location", "unregister_location", "location_schemes", "location_factory", "LocationFactory"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -219,3 +219,37 @@ def location_factory(scheme: str | None) -> LocationFactory:
 
 for _scheme, _factory in (("file", _local), ("http", _http), ("https", _http), ("s3", _s3)):
     register_location(_scheme, _factory)
+
+
+def load_manifest(source: str | os.PathLike, *, check_files: bool = True, storage_options: dict | None = None,
+                  timeout_s: float | None = None, retries: int | None = None):
+    """Load and validate the manifest of a dataset wherever it is stored.
+
+    ``shardfeed.readers.load_manifest`` is this function: a local path goes to
+    :func:`shardfeed.readers.format.load_manifest`, a URL (``http(s)://``, ``s3://`` or a scheme
+    added with :func:`register_location`) to its location's ``load_manifest``.
+
+    Args:
+        source: the dataset directory or its ``manifest.json``: a local path, ``file://`` or any
+            registered scheme's URL.
+        check_files: also check that the listed files exist with the listed sizes (local: every
+            file; remote: a bounded sample of the shards,
+            :func:`~shardfeed.readers.http_io.check_remote_files`).
+        storage_options, timeout_s, retries: as :func:`open_location`.
+
+    Returns:
+        The validated :class:`~shardfeed.readers.format.Manifest`.
+
+    Raises:
+        FileNotFoundError: a local ``source`` that does not exist.
+        IncompleteDatasetError: shards but no manifest (an interrupted pack).
+        ManifestError: a bad manifest, or files missing / of the wrong size.
+        UnsupportedURLError: a scheme that is not registered.
+        DataSourceError: a remote manifest could not be fetched (names the URL, no credentials).
+    """
+    from .format import load_manifest as load_local_manifest
+
+    if is_remote(source):
+        return open_location(source, storage_options=storage_options, timeout_s=timeout_s,
+                             retries=retries).load_manifest(check_files=check_files)
+    return load_local_manifest(local_path(source), check_files=check_files)
