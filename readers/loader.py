@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import logging
 import multiprocessing
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -516,12 +517,15 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
 
     Raises:
         ValueError: bad sizes or options (a negative ``shuffle_buffer``); what :func:`open_dataset` raises.
-        TypeError: ``seed`` (or ``shuffle_buffer``) is not an integer (a bool, string or float).
+        TypeError: ``batch_size``, ``seed`` (or ``shuffle_buffer``) is not an integer (a bool,
+            string or float).
     """
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
         check_keywords("make_loader", open_dataset_options,
                        open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
-    if int(batch_size) < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise TypeError(f"batch_size must be an integer, got {batch_size!r} ({type(batch_size).__name__})")
+    if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     seed = check_seed(seed)  # before any I/O, for a dataset already opened too
     given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}

@@ -25,6 +25,8 @@ import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+import numpy as np
+
 from .decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS
 from .errors import check_on_error
 
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["ReadOptions", "OpenOptions", "READ_OPTION_NAMES", "OPEN_OPTION_NAMES", "CACHE_CHOICES", "check_seed",
-           "check_shuffle_buffer"]
+           "check_flag", "check_shuffle_buffer"]
 
 #: The values of ``cache``: None (read from the source) or ``"memory"`` (every sample's bytes in RAM).
 CACHE_CHOICES = (None, "memory")
@@ -93,7 +95,8 @@ class ReadOptions:
     Raises:
         ValueError: ``on_error`` is not ``"raise"`` or ``"skip"``.
         TypeError: ``seed`` is not an integer (a bool, string or float: :func:`check_seed`);
-            ``fields`` is not a name or a sequence of names.
+            ``decode``, ``shuffle`` or ``pad`` is not True/False (:func:`check_flag`: a string
+            such as ``"false"`` is refused); ``fields`` is not a name or a sequence of non-empty names.
     """
 
     image_size: int | None = None
@@ -116,9 +119,8 @@ class ReadOptions:
     def __post_init__(self) -> None:
         check_on_error(self.on_error)
         object.__setattr__(self, "seed", check_seed(self.seed))
-        object.__setattr__(self, "decode", bool(self.decode))
-        object.__setattr__(self, "shuffle", bool(self.shuffle))
-        object.__setattr__(self, "pad", bool(self.pad))
+        for name in ("decode", "shuffle", "pad"):
+            object.__setattr__(self, name, check_flag(name, getattr(self, name)))
         object.__setattr__(self, "fields", _field_names(self.fields))
 
     def decoder_options(self) -> dict[str, Any]:
@@ -126,6 +128,21 @@ class ReadOptions:
         return dict(image_size=self.image_size, train=self.train, decoder=self.decoder, transform=self.transform,
                     max_pixels=self.max_pixels, seed=self.seed, max_decode_bytes=self.max_decode_bytes,
                     resize_size=self.resize_size, crop_pct=self.crop_pct)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a ``bool``: ``True``/``False`` (NumPy's too) or the integers 1/0.
+
+    A string is refused rather than read as ``bool("false") == True``.
+
+    Raises:
+        TypeError: anything else, naming ``name`` and the value.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _field_names(fields: Any) -> tuple[str, ...]:
@@ -137,6 +154,9 @@ def _field_names(fields: Any) -> tuple[str, ...]:
         names = tuple(fields)
     except TypeError:
         raise TypeError(f"fields must be a field name or a sequence of names, got {type(fields).__name__}") from None
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise TypeError(f"fields must be non-empty field names (str), got {bad[0]!r} in {fields!r}")
     return names
 
 
@@ -155,7 +175,9 @@ class OpenOptions:
         cache: None, or ``"memory"``: every sample's raw bytes loaded once into one buffer.
 
     Raises:
-        ValueError: ``cache`` is not None or ``"memory"``.
+        ValueError: ``cache`` is not None or ``"memory"``; ``retries`` is negative or not an
+            integer.
+        TypeError: ``check_files`` is not True/False (:func:`check_flag`).
     """
 
     storage_options: dict[str, Any] | None = None
@@ -167,6 +189,11 @@ class OpenOptions:
     def __post_init__(self) -> None:
         if self.cache not in CACHE_CHOICES:
             raise ValueError(f"cache must be None or 'memory', got {self.cache!r}")
+        object.__setattr__(self, "check_files", check_flag("check_files", self.check_files))
+        retries = self.retries
+        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, numbers.Integral)
+                                    or retries < 0):
+            raise ValueError(f"retries must be an integer >= 0 (or None: the default), got {self.retries!r}")
 
 
 #: The keywords that make a :class:`ReadOptions`.

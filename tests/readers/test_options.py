@@ -142,3 +142,36 @@ def test_a_negative_or_non_integer_shuffle_buffer_is_refused(packed_wds, tiny_im
         WebDatasetSource(packed_wds, load_manifest(packed_wds), shuffle_buffer=-5)
     ds = open_dataset(str(packed_wds), shuffle_buffer=0, decode=False)
     assert ds.buffer_size == 0 and _by_path(ds) == tiny_folder_expected
+
+
+@pytest.mark.parametrize("name", ["decode", "shuffle", "pad"])
+@pytest.mark.parametrize("value", ["false", "no", 2, 0.0, None])
+def test_a_flag_that_is_not_true_or_false_is_refused_naming_it(name, value, packed_wds):
+    with pytest.raises(TypeError, match=f"{name} must be True or False"):
+        ReadOptions(**{name: value})
+    with pytest.raises(TypeError, match=f"{name} must be True or False"):
+        open_dataset(packed_wds, **{name: value})
+
+
+def test_flags_take_bools_of_any_kind_and_the_integers_one_and_zero():
+    import numpy as np
+
+    assert ReadOptions(shuffle=np.bool_(False)).shuffle is False
+    assert ReadOptions(shuffle=1, pad=0).shuffle is True and ReadOptions(pad=0).pad is False
+    assert OpenOptions(check_files=np.bool_(True)).check_files is True
+
+
+def test_bad_open_options_and_field_names_are_refused(packed_wds):
+    with pytest.raises(TypeError, match="check_files must be True or False, got 'no'"):
+        open_dataset(packed_wds, check_files="no")
+    with pytest.raises(ValueError, match="retries must be an integer >= 0"):
+        OpenOptions(retries=-1)
+    for fields in (("txt", 5), ("",)):
+        with pytest.raises(TypeError, match="fields must be non-empty field names"):
+            ReadOptions(fields=fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("batch_size,error", [(2.5, TypeError), ("8", TypeError), (True, TypeError), (0, ValueError)])
+def test_a_batch_size_that_is_not_a_positive_integer_is_refused(batch_size, error, packed_wds):
+    with pytest.raises(error, match="batch_size must be"):
+        make_loader(packed_wds, batch_size, num_workers=0)
