@@ -268,9 +268,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
     :meth:`load_state_dict` resume mid-epoch (see the module docstring).
 
     Several iterations may be live at once (``zip(loader, loader)``): without persistent
-    workers, only the first of them moves batches through the batch ring
-    (:mod:`~shardfeed.readers.batch_ring`); one started while it is alive and unfinished makes
-    its batches the ordinary way.
+    workers, each one's workers keep the epoch and resume plan it started with, only the first
+    of them moves batches through the batch ring (:mod:`~shardfeed.readers.batch_ring`), and
+    one started while that one is alive and unfinished makes its batches the ordinary way.
     """
 
     def __init__(self, *args: Any, epoch_sampler: EpochSampler | None = None, **kwargs: Any) -> None:
@@ -279,6 +279,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         self._batch_ring: BatchRing | None = None  # see make_loader
         self._pin_ring = False
         self._ring_user: "weakref.ref[_EpochIterator] | None" = None  # the iteration whose workers use the ring
+        self._latest: "weakref.ref[_EpochIterator] | None" = None  # the latest iteration started
         self._next_epoch = 0
         self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
         self._resume: dict[str, Any] | None = None  # {"epoch", "segments"} in effect
@@ -304,6 +305,12 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             self._epoch_sampler.set_resume(plan)
 
     def __iter__(self) -> _EpochIterator:  # type: ignore[override]  # DataLoader's says _BaseDataLoaderIter
+        live = self._latest() if self._latest is not None else None
+        if (live is not None and not live.finished and self.num_workers > 0 and not self.persistent_workers
+                and isinstance(self.dataset, SourceBase)):
+            # the live iteration's workers read the epoch and resume plan from shared memory:
+            # this iteration's go to new copies
+            self.dataset.separate_shared_state()
         e = self._next_epoch
         self._next_epoch = e + 1
         if self._resume is not None and (int(self._resume["epoch"]) != e or self._resume_started):
@@ -331,6 +338,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             it = _EpochIterator(super().__iter__(), self, progress)
             if ring is not None:
                 self._ring_user = weakref.ref(it)
+        self._latest = weakref.ref(it)
         self._progress = progress
         return it
 
