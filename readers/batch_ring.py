@@ -25,7 +25,9 @@ it holds. A worker takes its next free slot; when none is free (the training loo
 many batches) it never waits: that batch is made the ordinary way (a fresh shared tensor, always
 correct). Before each iteration the main process frees the slots of batches never taken (an
 iteration that ended early, :meth:`BatchRing.reclaim`); it raises on a handle whose slot no
-longer holds its batch.
+longer holds its batch. One iteration's workers at a time write into a ring: a second iteration
+of the same loader started while the first is alive makes its batches the ordinary way
+(:class:`~shardfeed.readers.loader.ShardfeedLoader`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ import multiprocessing
 import numbers
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -267,6 +268,11 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
     when the epoch ends (WARNING) and can be read as ``loader.dataset.skipped`` (see
     :class:`~shardfeed.readers.source_base.SourceBase`). :meth:`state_dict` and
     :meth:`load_state_dict` resume mid-epoch (see the module docstring).
+
+    Several iterations may be live at once (``zip(loader, loader)``): without persistent
+    workers, each one's workers keep the epoch and resume plan it started with, only the first
+    of them moves batches through the batch ring (:mod:`~shardfeed.readers.batch_ring`), and
+    one started while that one is alive and unfinished makes its batches the ordinary way.
     """
 
     def __init__(self, *args: Any, epoch_sampler: EpochSampler | None = None, **kwargs: Any) -> None:
@@ -274,6 +280,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         self._epoch_sampler = epoch_sampler
         self._batch_ring: BatchRing | None = None  # see make_loader
         self._pin_ring = False
+        self._ring_user: "weakref.ref[_EpochIterator] | None" = None  # the iteration whose workers use the ring
+        self._latest: "weakref.ref[_EpochIterator] | None" = None  # the latest iteration started
         self._next_epoch = 0
         self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
         self._resume: dict[str, Any] | None = None  # {"epoch", "segments"} in effect
@@ -299,6 +307,12 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             self._epoch_sampler.set_resume(plan)
 
     def __iter__(self) -> _EpochIterator:  # type: ignore[override]  # DataLoader's says _BaseDataLoaderIter
+        live = self._latest() if self._latest is not None else None
+        if (live is not None and not live.finished and self.num_workers > 0 and not self.persistent_workers
+                and isinstance(self.dataset, SourceBase)):
+            # the live iteration's workers read the epoch and resume plan from shared memory:
+            # this iteration's go to new copies
+            self.dataset.separate_shared_state()
         e = self._next_epoch
         self._next_epoch = e + 1
         if self._resume is not None and (int(self._resume["epoch"]) != e or self._resume_started):
@@ -314,11 +328,35 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             self.sampler.set_epoch(e)
         segments = list(self._resume["segments"]) if self._resume is not None else []
         progress = _EpochProgress(e, segments)
-        if self._batch_ring is not None:
-            self._batch_ring.reclaim()  # slots of batches an earlier iteration never took
-        it = _EpochIterator(super().__iter__(), self, progress)
+        ring = self._batch_ring
+        if ring is not None and not self.persistent_workers and self._ring_in_use():
+            # another iteration's workers write into the slots: this one's make their batches the
+            # ordinary way, never touching the slots or the other iteration's handles
+            log.debug("batch ring in use by a live iteration of this loader: this one makes its batches one by one")
+            it = _EpochIterator(self._iter_without_ring(), self, progress)
+        else:
+            if ring is not None:
+                ring.reclaim()  # slots of batches an earlier iteration never took
+            it = _EpochIterator(super().__iter__(), self, progress)
+            if ring is not None:
+                self._ring_user = weakref.ref(it)
+        self._latest = weakref.ref(it)
         self._progress = progress
         return it
+
+    def _ring_in_use(self) -> bool:
+        """Whether an iteration whose workers write into the batch ring is still alive and unfinished."""
+        user = self._ring_user() if self._ring_user is not None else None
+        return user is not None and not user.finished
+
+    def _iter_without_ring(self) -> _BaseDataLoaderIter:
+        """``DataLoader.__iter__`` with workers started from a decoder that has no batch ring."""
+        decoder = self.dataset.sample_decoder
+        decoder.ring = None  # the workers start (and copy the decoder) inside DataLoader.__iter__
+        try:
+            return super().__iter__()
+        finally:
+            decoder.ring = self._batch_ring
 
     # ---- resuming
     def _source(self) -> SourceBase:

@@ -213,6 +213,17 @@ class SourceBase:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self._epoch_state[0] = int(epoch)
 
+    def separate_shared_state(self) -> None:
+        """Continue with new shared epoch and resume-plan tensors, copies of the current ones.
+
+        Workers started before keep reading the old ones: a loader calls this when an iteration
+        starts while another one's workers are still running, so that the new iteration's epoch and
+        plan never reach them (their shard split, order and random crops stay their own epoch's).
+        """
+        self._epoch_state = self._epoch_state.clone().share_memory_()
+        self._resume_len = self._resume_len.clone().share_memory_()
+        self._resume_bytes = self._resume_bytes.clone().share_memory_()
+
     def set_distributed(self, rank: int | None = None, world_size: int | None = None) -> None:
         """Set (or re-resolve) this reader's rank and world size."""
         self.rank, self.world_size = resolve_rank(rank, world_size)

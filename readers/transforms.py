@@ -799,7 +799,7 @@ class SampleDecoder:
         self.ring: BatchRing | None = None
         self._arena: "torch.Tensor | None" = None
         self._arena_rows: "Sequence[torch.Tensor]" = ()
-        self._arena_pool: list = []  # (buffer, its rows, the storage's reference count when unused)
+        self._arena_pool: list = []  # (buffer, its storage's reference count with no row view alive)
         self._arena_next = 0
         self._epoch = 0
         self._rank = 0
@@ -872,28 +872,32 @@ class SampleDecoder:
         return row
 
     def _next_arena(self, shape: tuple[int, int, int, int]) -> "tuple[torch.Tensor, Sequence[torch.Tensor]]":
-        """A batch buffer and its row views: outside a worker, one of the last few this process filled
-        whose memory no tensor refers to anymore (its pages are mapped already: the first write
+        """A batch buffer and fresh row views of it: outside a worker, one of the last few this process
+        filled whose memory no tensor refers to anymore (its pages are mapped already: the first write
         into a fresh 9.6 MB buffer costs more page faults than the resize), else a new one.
+
+        The pool keeps only the buffers and each one's storage reference count with no row view
+        alive; every use makes new row views (one ``unbind`` call), so each row handed out, and
+        anything made from it, counts as a reference until it is freed.
 
         Inside a ``DataLoader`` worker a buffer is always new: the main process's references to
         its shared memory are not counted here (the batch ring reuses worker memory instead).
         """
         in_worker = _current_worker_id(default=-1) >= 0
         pool = self._arena_pool
+        self._arena, self._arena_rows = None, ()  # the finished buffer's rows: ours no longer
         if not in_worker:
-            for i, (buf, rows, base) in enumerate(pool):
+            for i, (buf, base) in enumerate(pool):
                 if tuple(buf.shape) == shape and _storage_refs(buf) == base:
                     pool.append(pool.pop(i))
-                    return buf, rows
+                    return buf, buf.unbind(0)
         buf = _new_batch_buffer(shape)
-        rows = buf.unbind(0)  # one call for every row's view
         if not in_worker:
-            base = _storage_refs(buf)  # only this buffer and its row views refer to it now
+            base = _storage_refs(buf)  # only this buffer refers to its memory now
             if base > 0:
-                pool.append((buf, rows, base))
+                pool.append((buf, base))
                 del pool[:-_ARENA_POOL]
-        return buf, rows
+        return buf, buf.unbind(0)  # one call for every row's view
 
     def rng(self) -> np.random.Generator:
         """The generator for the current context (created on first use).
