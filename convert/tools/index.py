@@ -24,6 +24,7 @@ from shardfeed.readers.format import (
     encode_index,
     is_dali_index,
     plain_file_name_problem,
+    read_small_file,
     write_bytes_atomic,
 )
 
@@ -283,7 +284,8 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
 def _version_1_indexes(root: Path) -> list[Path]:
     """The ``.idx`` offset indexes a version-1 manifest in ``root`` names (shardfeed's, binary)."""
     try:
-        old = Manifest.from_json((root / MANIFEST_NAME).read_bytes(), str(root / MANIFEST_NAME))
+        old = Manifest.from_json(read_small_file(root / MANIFEST_NAME, what="the manifest"),
+                                 str(root / MANIFEST_NAME))
     except (OSError, ValueError):
         return []
     return [root / s.index for s in old.shards if s.index and s.index.endswith(".idx")]
