@@ -133,7 +133,7 @@ _BUCKET_NAME = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
 
 def _secrets(options: dict | None) -> list[str]:
     return [v for k, v in (options or {}).items()
-            if _STORAGE_OPTION_KEYS.get(k) in ("key", "secret", "token") and isinstance(v, str)]
+            if _STORAGE_OPTION_KEYS.get(k) in ("secret", "token") and isinstance(v, str)]
 
 
 def scrub(text: str, options: dict | None = None) -> str:
@@ -300,7 +300,7 @@ class StoreLocation(LocationBase):
         if self.deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in parse_storage_options(storage_options).items()}
-        register_secret(*(self.storage_options.get(k) for k in ("key", "secret", "token")))
+        register_secret(*(self.storage_options.get(k) for k in ("secret", "token")))  # the key id is no secret
         _import_boto3()
         self.bucket = bucket
         if key.endswith(".json"):
@@ -387,7 +387,7 @@ class StoreLocation(LocationBase):
         """Add the credentials the client will sign with (from a profile, SSO, a role ...) to the
         values every message and log record is scrubbed of."""
         o = self.storage_options
-        register_secret(o.get("key"), o.get("secret"), o.get("token"))
+        register_secret(o.get("secret"), o.get("token"))
         if o.get("anon"):
             return
         try:
@@ -396,7 +396,7 @@ class StoreLocation(LocationBase):
         except Exception:  # resolving failed: the request will say why; nothing to register
             return
         if frozen is not None:
-            register_secret(frozen.access_key, frozen.secret_key, frozen.token)
+            register_secret(frozen.secret_key, frozen.token)
 
     def _scrub(self, text: str) -> str:
         return scrub(text, {k: v for k, v in self.storage_options.items()})
