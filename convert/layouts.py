@@ -147,7 +147,9 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
 
     Args:
         samples: the samples, in packing order.
-        out: the output folder (created; must not hold a dataset).
+        out: the output folder, local (a path or ``file://`` URL; created; must not hold a
+            dataset). For a bucket, write it locally, then ``shardfeed convert OUT
+            s3://BUCKET/PREFIX --format wds`` (or :func:`~shardfeed.convert.convert_dataset`).
         format: ``"webdataset"`` (``"wds"``) or ``"lmdb"``.
         max_count, max_bytes, prefix: WebDataset shard limits and file prefix.
         classes: class names in index order (needed for ``str`` labels; default for ``int``
@@ -174,10 +176,20 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
             names the sample (its position and path). The shard in progress is dropped and no
             manifest is written.
         TypeError: a field value that is neither bytes, str nor JSON.
+        shardfeed.readers.errors.UnsupportedURLError: ``out`` is a remote URL (``s3://``,
+            ``http://`` ...): nothing is written.
         shardfeed.convert.outlock.OutputBusyError: another command is writing ``out``.
         OSError: writing failed.
     """
+    from shardfeed.readers.errors import UnsupportedURLError
+    from shardfeed.readers.opener import is_remote, local_path
+
     from .outlock import output_lock
+
+    if is_remote(out):  # never a local folder called "s3:"
+        raise UnsupportedURLError(f"{out}: write_dataset writes a local folder; write it to a local folder, then "
+                                  f"`shardfeed convert DIR {out} --format wds` uploads it")
+    out = local_path(out)
 
     with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
         return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,

@@ -293,7 +293,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     * SRC in a bucket: its images are mirrored to a local folder first (one listing, one GET per
       image; :func:`shardfeed.convert.store_pack.mirror_store_folder`), the mirror is removed
       once the pack is finished (kept after a failure, so a resumed pack downloads only what is
-      missing), and the report's ``source`` is the URL;
+      missing), the report's ``source`` and the manifest's ``options.source`` are the URL (no
+      credentials), and ``extra["download_seconds"]`` is the listing and download time (the
+      report's ``seconds`` and images/s are the pack's, after it);
     * a local OUT is checked (:func:`prepare_output`) before the scan, so a refused OUT costs no
       scan of a million files;
     * labels from a file, sidecar files, no labels (``layout``:
@@ -345,8 +347,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     out, to_store = _checked_out(out, options)
     with PackContext.for_options(options, progress=progress, output_progress=output_progress,
                                  storage_options=storage_options) as context:
+        t_source = time.perf_counter()
         src, scan, src_url = _local_source(src, options, context, layout=layout, scan=scan, notice=notice,
                                            download_progress=download_progress)
+        download_s = time.perf_counter() - t_source
         if not to_store:
             prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
         layout = _layout_of(src, layout, src_url=src_url, notice=notice)
@@ -371,6 +375,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     if src_url is not None:
         shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
         report.source = src_url
+        # the report's seconds (and images/s) are the pack's; the bucket's listing and download before it apart
+        report.extra["download_seconds"] = round(download_s, 3)
     return report
 
 
@@ -528,7 +534,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     manifest = Manifest(
         format=options.format, num_samples=num_samples, classes=scan.classes, class_to_idx=scan.class_to_idx,
         shards=shards, skipped=skipped, extensions=extensions,
-        options={**options.fingerprint_fields(), "source": scan.root},
+        options={**options.fingerprint_fields(), "source": scan.recorded_source},
         files={"found": scan.num_found, "packed": num_samples, "skipped": len(skipped),
                "ignored": len(scan.ignored)},
     )

@@ -63,6 +63,9 @@ class PackReport:
              f"into {shards} ({self.format}, {_size(self.num_bytes)}) "
              f"at {self.output} in {self.seconds:.2f} s: {self.images_per_s:,.0f} images/s, "
              f"{self.mb_per_s:.1f} MB/s")
+        if "download_seconds" in self.extra:
+            s += (f", after {self.extra['download_seconds']:.2f} s listing and downloading SRC from the bucket "
+                  f"({self.extra['download_seconds'] + self.seconds:.2f} s in all)")
         if self.skipped:
             s += f"; {plural(len(self.skipped), 'file')} skipped (listed in the manifest)"
         if self.ignored:
@@ -103,7 +106,7 @@ def finished_report(manifest: Manifest, where: str, scan, options,
     Raises:
         ValueError: the dataset in ``where`` was packed with other options or from another source.
     """
-    expected = json.loads(json.dumps({**options.fingerprint_fields(), "source": scan.root}))
+    expected = json.loads(json.dumps({**options.fingerprint_fields(), "source": scan.recorded_source}))
     recorded = json.loads(json.dumps(manifest.options or {}))
     same = (recorded == expected and dict(manifest.class_to_idx) == dict(scan.class_to_idx)
             and (manifest.files or {}).get("found") == scan.num_found)

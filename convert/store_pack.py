@@ -148,7 +148,8 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
 
     Returns:
         ``(local_folder, scan)``: the mirror (``$SHARDFEED_STAGING_DIR`` or the temp dir) and the
-        scan of the listing, rooted there.
+        scan of the listing, rooted there, whose ``source`` is the prefix URL (no credentials:
+        what the packed manifest records as ``options.source``).
 
     Raises:
         ValueError: no class folders or images under the prefix (the scan's errors); an image
@@ -204,7 +205,8 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
                 fetched(1, nbytes)
     local = ScannedFiles(str(dest), files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.class_names,
                          files.class_labels, files.ext_codes, files.exts)
-    return dest, dataclasses.replace(scan, root=str(dest), files=local)
+    # the manifest records the bucket's URL (str(loc): no credentials), not the mirror's path
+    return dest, dataclasses.replace(scan, root=str(dest), files=local, source=str(loc))
 
 
 def _check_out(loc, options, *, scan=None, t0: float = 0.0):

@@ -981,19 +981,31 @@ def read_small_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_MANIFE
 
 
 def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> Manifest:
-    """Load and validate a local manifest (a dataset directory or its ``manifest.json``).
+    """Load and validate a manifest (a dataset directory or its ``manifest.json``).
 
     Args:
-        path: the dataset directory or the manifest file.
+        path: the dataset directory or the manifest file: a local path, or a ``file://``,
+            ``http(s)://``, ``s3://`` or registered ``scheme://`` URL (loaded through
+            :func:`~shardfeed.readers.opener.open_location` with the default storage options;
+            for other options call ``open_location(url, storage_options=...).load_manifest()``).
         check_files: also check that every listed file exists with the listed size (cheap; hashes
-            are for ``shardfeed check``).
+            are for ``shardfeed check``; remote: a bounded sample of the shards, see
+            :func:`~shardfeed.readers.http_io.check_remote_files`).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         IncompleteDatasetError: the directory holds shards but no manifest (interrupted pack).
-        ManifestError: bad manifest, not a regular file, larger than :data:`MAX_MANIFEST_BYTES`,
-            or files missing / of the wrong size.
+        ManifestError: bad manifest, a local manifest that is not a regular file or is larger than
+            :data:`MAX_MANIFEST_BYTES`, or files missing / of the wrong size.
+        UnsupportedURLError: a URL scheme that is not registered.
+        DataSourceError: a remote manifest could not be fetched (names the URL).
     """
+    if isinstance(path, str) and "://" in path:
+        from .opener import is_remote, local_path, open_location
+
+        if is_remote(path):
+            return open_location(path).load_manifest(check_files=check_files)
+        path = local_path(path)  # file://
     p = Path(path)
     if not p.exists() and p.name == MANIFEST_NAME and p.parent.is_dir():
         p = p.parent  # "DIR/manifest.json" that is not there: say what DIR is
@@ -1034,7 +1046,8 @@ def check_files_present(manifest: Manifest, root: str | os.PathLike[str]) -> Non
             size = f.stat().st_size
         except FileNotFoundError:
             raise ManifestError(f"{f}: listed in {MANIFEST_NAME} but missing; restore it, or run "
-                                f"`shardfeed check {root}` and repack") from None
+                                f"`shardfeed check {root}` and repack (to read the other shards meanwhile, open "
+                                f"it with check_files=False and on_error=\"skip\")") from None
         if size != s.num_bytes and describe(manifest.format).exact_sizes:
             raise ManifestError(f"{f}: {size} bytes on disk but {s.num_bytes} in {MANIFEST_NAME}; the file was "
                                 f"changed or truncated: run `shardfeed check {root}` and repack")

@@ -1006,7 +1006,9 @@ def check_remote_files(manifest: Manifest, head_size: Callable[[str], int | None
         try:
             size = head_size(entry.name)
         except FileNotFoundError:
-            raise ManifestError(f"{url(entry.name)}: listed in {MANIFEST_NAME} but missing {place}") from None
+            raise ManifestError(f"{url(entry.name)}: listed in {MANIFEST_NAME} but missing {place}; restore it (to "
+                                "read the other shards meanwhile, open the dataset with check_files=False and "
+                                "on_error=\"skip\")") from None
         if size is not None and size != entry.num_bytes:
             raise ManifestError(f"{url(entry.name)}: {size} bytes {place} but {entry.num_bytes} in "
                                 f"{MANIFEST_NAME}; the file was changed or truncated: run `shardfeed check` and "

@@ -235,6 +235,9 @@ class ScanResult:
         unpackable: ``[{"path": rel, "reason": ...}]`` for files with a packed extension that
             cannot be packed (broken symbolic link, cannot stat, a path failing the name policy;
             paths shown by :func:`display_name`). They are not in ``files`` nor in ``ignored``.
+        source: where the images come from, as a packed manifest records it (``options.source``):
+            the bucket prefix URL (no credentials) of a folder mirrored from a bucket; None:
+            ``root``. See :attr:`recorded_source`.
     """
 
     root: str
@@ -245,6 +248,12 @@ class ScanResult:
     empty_classes: list[str]
     extensions: tuple[str, ...]
     unpackable: list[dict] = dataclasses.field(default_factory=list)
+    source: str | None = None
+
+    @property
+    def recorded_source(self) -> str:
+        """The source a manifest records: :attr:`source`, else :attr:`root`."""
+        return self.root if self.source is None else self.source
 
     @property
     def num_found(self) -> int:

@@ -54,6 +54,7 @@ from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed
                     resumed_samples_per_rank, validate_resume_state)
 from .errors import ResumeStateError
 from .keywords import check_keywords, signature_keywords
+from .options import check_seed
 from .source_base import SourceBase
 
 if TYPE_CHECKING:
@@ -514,13 +515,15 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         ``len(loader)`` is exact (see the module docstring).
 
     Raises:
-        ValueError: bad sizes or options; what :func:`open_dataset` raises.
+        ValueError: bad sizes or options (a negative ``shuffle_buffer``); what :func:`open_dataset` raises.
+        TypeError: ``seed`` (or ``shuffle_buffer``) is not an integer (a bool, string or float).
     """
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
         check_keywords("make_loader", open_dataset_options,
                        open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    seed = check_seed(seed)  # before any I/O, for a dataset already opened too
     given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}
     extras = LoaderOptions(**given)
     decode_device = extras.decode_device

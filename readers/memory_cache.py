@@ -57,7 +57,12 @@ def _source_bytes(src) -> int:
     from .folder_source import FolderSource
 
     if isinstance(src, FolderSource):
-        return sum(os.path.getsize(os.path.join(src.root, src.rel_path(i))) for i in range(len(src)))
+        rels = (src.rel_path(i) for i in range(len(src)))
+        if src.store is None:
+            return sum(os.path.getsize(os.path.join(src.root, rel)) for rel in rels)
+        # a bucket prefix: one listing gives every size; an image missing from it is asked alone
+        sizes = src.store.list_sizes()
+        return sum(sizes[rel] if rel in sizes else src.store.head_size(rel) for rel in rels)
     return sum(s.num_bytes for s in src.manifest.shards)
 
 

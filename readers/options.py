@@ -21,6 +21,7 @@ builds from them.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -30,10 +31,37 @@ from .errors import check_on_error
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ReadOptions", "OpenOptions", "READ_OPTION_NAMES", "OPEN_OPTION_NAMES", "CACHE_CHOICES"]
+__all__ = ["ReadOptions", "OpenOptions", "READ_OPTION_NAMES", "OPEN_OPTION_NAMES", "CACHE_CHOICES", "check_seed",
+           "check_shuffle_buffer"]
 
 #: The values of ``cache``: None (read from the source) or ``"memory"`` (every sample's bytes in RAM).
 CACHE_CHOICES = (None, "memory")
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` as an ``int``: an integer (Python or NumPy), never a bool, string or float.
+
+    Raises:
+        TypeError: ``seed`` is not an integer (names the value: ``"1"`` or ``1.5`` would otherwise
+            be read as another seed than the one meant).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an integer, got {seed!r} ({type(seed).__name__})")
+    return int(seed)
+
+
+def check_shuffle_buffer(size: Any) -> int:
+    """``shuffle_buffer`` (samples; 0 or 1: no buffer) as an ``int``.
+
+    Raises:
+        TypeError: not an integer (a bool, string or float; names the value).
+        ValueError: negative.
+    """
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        raise TypeError(f"shuffle_buffer must be an integer number of samples, got {size!r} ({type(size).__name__})")
+    if size < 0:
+        raise ValueError(f"shuffle_buffer must be >= 0 samples (0 or 1: no buffer), got {size}")
+    return int(size)
 
 
 @dataclass(frozen=True)
@@ -63,8 +91,9 @@ class ReadOptions:
             ``("txt", "json")``); a single name or a list is stored as a tuple, None as ``()``.
 
     Raises:
-        ValueError: ``on_error`` is not ``"raise"`` or ``"skip"``; ``seed`` is not an integer.
-        TypeError: ``fields`` is not a name or a sequence of names.
+        ValueError: ``on_error`` is not ``"raise"`` or ``"skip"``.
+        TypeError: ``seed`` is not an integer (a bool, string or float: :func:`check_seed`);
+            ``fields`` is not a name or a sequence of names.
     """
 
     image_size: int | None = None
@@ -86,7 +115,7 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         check_on_error(self.on_error)
-        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "seed", check_seed(self.seed))
         object.__setattr__(self, "decode", bool(self.decode))
         object.__setattr__(self, "shuffle", bool(self.shuffle))
         object.__setattr__(self, "pad", bool(self.pad))
@@ -151,9 +180,13 @@ def split_options(options: Mapping[str, Any]) -> tuple[ReadOptions, OpenOptions,
     the known names) into ``(ReadOptions, OpenOptions, the source's own keywords)``.
 
     Raises:
-        ValueError, TypeError: what :class:`ReadOptions` and :class:`OpenOptions` raise.
+        ValueError, TypeError: what :class:`ReadOptions` and :class:`OpenOptions` raise; a
+            ``shuffle_buffer`` that is not an integer >= 0 (:func:`check_shuffle_buffer`, checked
+            for every source, also those that ignore it).
     """
     read = ReadOptions(**{k: v for k, v in options.items() if k in READ_OPTION_NAMES})
     opened = OpenOptions(**{k: v for k, v in options.items() if k in OPEN_OPTION_NAMES})
     own = {k: v for k, v in options.items() if k not in READ_OPTION_NAMES and k not in OPEN_OPTION_NAMES}
+    if "shuffle_buffer" in own:
+        own["shuffle_buffer"] = check_shuffle_buffer(own["shuffle_buffer"])
     return read, opened, own

@@ -39,7 +39,7 @@ import os
 import re
 import threading
 
-__all__ = ["redact", "register_secret", "guard_client_logs", "SECRET_ENV", "CLIENT_LOGGERS"]
+__all__ = ["redact", "shown_source", "register_secret", "guard_client_logs", "SECRET_ENV", "CLIENT_LOGGERS"]
 
 #: Environment variables whose values are credentials (the access key id is not one: it names the key).
 SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
@@ -107,6 +107,17 @@ def redact(text: str, extra=()) -> str:
         for pattern, repl in _PATTERNS:
             text = pattern.sub(repl, text)
     return text
+
+
+def shown_source(source) -> str:
+    """How reports, progress lines and log records name a dataset ``source`` (a path, a URL or a
+    path-like object): its text through :func:`redact`, so ``http://user:password@host/data``
+    reads ``http://***@host/data`` and no known credential appears.
+
+    Args:
+        source: a path, URL or any object (``str()`` of it is taken; None gives ``"None"``).
+    """
+    return redact(os.fspath(source) if isinstance(source, os.PathLike) else str(source))
 
 
 _installed = False

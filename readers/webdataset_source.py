@@ -53,7 +53,7 @@ from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, s
 from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
 from .http_io import index_size_cap
-from .options import ReadOptions
+from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .location import LocalLocation
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
@@ -103,6 +103,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         with ``decode=False``.
 
     ``len(ds)`` is the number of samples this rank reads per epoch (all its workers together).
+
+    Raises:
+        TypeError: ``shuffle_buffer`` is not an integer. ValueError: it is negative.
     """
 
     def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
@@ -113,7 +116,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             location.readahead = bool(readahead)
         self.location = location
         self.manifest = manifest
-        self.shuffle_buffer = int(shuffle_buffer)
+        self.shuffle_buffer = check_shuffle_buffer(shuffle_buffer)
         self._classes = list(manifest.classes)
         self._class_to_idx = dict(manifest.class_to_idx)
         self._labels = frozenset(self._class_to_idx.values())

@@ -693,7 +693,10 @@ def pack_options(*names: str, **overrides: dict) -> Callable[[Callable], Callabl
     def deco(f: Callable) -> Callable:
         for name in reversed([n for n in PACK_OPTION_NAMES if n in chosen]):
             decls, attrs = table[name]
-            f = click.option(*decls, **{**attrs, **overrides.get(name, {})})(f)
+            merged = {**attrs, **overrides.get(name, {})}
+            if merged.get("required") and merged.get("default") is None:
+                merged.pop("default", None)  # Click counts an explicit default=None as a value given
+            f = click.option(*decls, **merged)(f)
         return f
 
     return deco

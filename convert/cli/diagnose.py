@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from .common import FiniteFloat, command, echo, json_option, quiet, write_json_report
+from .common import (FiniteFloat, command, echo, json_option, quiet, storage_option, storage_options_of,
+                     write_json_report)
 from .measure import check_plot, html_option, write_html
 
 __all__ = ["COMMANDS", "watch_cmd", "doctor_cmd", "SITECUSTOMIZE"]
@@ -187,6 +188,7 @@ def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path
 
 
 @command("doctor", short_help="Probe where a dataset lives and predict the loader ceiling, folder vs packed.")
+@storage_option
 @click.argument("path")
 @click.option("--num-workers", type=click.IntRange(min=0), default=None,
               help="DataLoader workers of the prediction [default: the CPU count].")
@@ -206,10 +208,13 @@ def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path
               help="Also count the loader's CPU work per image at image_size=N (reduced-scale decode, resize, "
                    "centre crop) [default: decoding only].")
 @json_option
-def doctor_cmd(path: str, num_workers: int | None, max_files: int, max_list: int, budget_s: float, decoder: str,
-               cold: bool, seed: int, image_size: int | None, json_path: str | None) -> None:
+@click.pass_context
+def doctor_cmd(ctx: click.Context, path: str, num_workers: int | None, max_files: int, max_list: int,
+               budget_s: float, decoder: str, cold: bool, seed: int, image_size: int | None,
+               json_path: str | None) -> None:
     """Probe PATH (an image folder or a packed dataset, local or mounted, or a WebDataset URL:
-    http(s):// or s3://) without training: the
+    http(s):// or s3://, or an image folder in a bucket: s3://BUCKET/PREFIX with class folders)
+    without training: the
     file system, open and read latency, throughput, file sizes, decode cost on this CPU, cores,
     RAM and /dev/shm; then predict the loader ceiling (images/s) for the folder and its packed
     form and say which action helps and by about how much.
@@ -224,11 +229,13 @@ def doctor_cmd(path: str, num_workers: int | None, max_files: int, max_list: int
       shardfeed doctor /mnt/nfs/imagenet/train --num-workers 8
       shardfeed doctor out/train-wds --json doctor.json
       shardfeed doctor https://data.example.com/train-wds --num-workers 16
+      shardfeed doctor s3://bucket/train --storage-option endpoint_url=http://127.0.0.1:9000
     """
     from shardfeed.convert.tools.doctor import doctor
 
     report = doctor(path, num_workers=num_workers, max_files=max_files, max_list=max_list, budget_s=budget_s,
                     decoder=decoder, cold=cold, seed=seed, image_size=image_size,
+                    storage_options=storage_options_of(ctx),
                     progress=None if quiet() else (lambda line: click.echo(f"shardfeed: {line}", err=True)))
     echo(report.summary(), json_path)
     write_json_report(json_path, report.to_json())

@@ -356,8 +356,8 @@ def serve_cmd(path: Path, host: str, port: int, max_connections: int, timeout_s:
     Only regular files inside PATH are served, never through a symbolic link, and nothing
     hidden (no path component starting with "."): listings leave those out too.
     This is for tests and quick sharing: for production, serve the files with a real web
-    server (nginx answers Range requests out of the box) or an object store; see the README
-    for an nginx location block.
+    server (nginx answers Range requests out of the box) or an object store; docs/packing.md
+    ("Dataset tools", serve) has an nginx location block.
 
     \b
     Example:

@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from shardfeed.readers.format import IMAGE_EXTENSIONS, MANIFEST_NAME
 from shardfeed.readers.measure.report import fmt_bytes, percentile
+from shardfeed.readers.redact import shown_source
 from shardfeed.readers.registry import describe, resolve
 
 from .. import writers  # noqa: F401  (registers each format's record reader)
@@ -125,8 +126,11 @@ class DoctorReport:
     """What :func:`doctor` found (the JSON of ``shardfeed doctor --json``).
 
     Attributes:
-        path: the dataset probed; ``kind``: ``folder``, ``webdataset``, ``lmdb`` or ``url``.
-        storage: ``fs_type``, ``fs_class``, ``mount_point``, ``open_latency_ms`` and
+        path: the dataset probed (a URL without its ``user:password@``); ``kind``: ``folder``,
+            ``webdataset``, ``lmdb`` or ``url`` (a packed dataset behind a URL; an image folder in
+            a bucket is ``folder``).
+        storage: ``fs_type`` (the URL scheme for a URL), ``fs_class``, ``mount_point`` (None for
+            a URL), ``open_latency_ms`` and
             ``first_read_latency_ms`` (``{"p50", "p95"}``), ``read_mb_per_s`` (MB = 10^6 bytes),
             ``read_mb_per_s_measured`` (False: estimated from the first-read latency), ``cold``
             (whether eviction was advised before the reads), ``file_cpu_ms`` (CPU of one file's
@@ -172,8 +176,9 @@ class DoctorReport:
         ol, fr = s.get("open_latency_ms") or {}, s.get("first_read_latency_ms") or {}
         thr = s.get("read_mb_per_s")
         file_cpu = f", CPU per file {s['file_cpu_ms']:.2f} ms" if s.get("file_cpu_ms") else ""
+        mount = f" at {s['mount_point']}" if s.get("mount_point") else ""
         lines = [f"{self.path} ({self.kind})",
-                 f"  storage: {s.get('fs_type')} ({s.get('fs_class')}) at {s.get('mount_point')}; open "
+                 f"  storage: {s.get('fs_type')} ({s.get('fs_class')}){mount}; open "
                  f"{_ms(ol.get('p50'))} (p95 {_ms(ol.get('p95'))}), first read {_ms(fr.get('p50'))} "
                  f"(p95 {_ms(fr.get('p95'))}), sequential "
                  f"{'n/a' if thr is None else f'{thr:.0f} MB/s'}"
@@ -381,13 +386,16 @@ def _lat(values: list[float]) -> dict:
 
 def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files: int = 64,
            max_list: int = 200_000, budget_s: float = 30.0, decoder: str = "auto", cold: bool = True, seed: int = 0,
-           image_size: int | None = None, progress: Callable[[str], None] | None = None) -> DoctorReport:
+           image_size: int | None = None, progress: Callable[[str], None] | None = None,
+           storage_options: dict | None = None) -> DoctorReport:
     """Probe the dataset at ``path`` and predict its loader ceiling (see the module docstring).
 
     Args:
         path: an image folder, a packed dataset (folder or ``manifest.json``) on a local or
             mounted file system, or a WebDataset dataset's ``http(s)://`` or ``s3://`` URL (time to
-            the response stands for the open latency; the page cache is not involved).
+            the response stands for the open latency; the page cache is not involved), or an
+            image folder in a bucket (``s3://bucket/prefix`` holding ``CLASS/IMAGE`` objects and
+            no manifest). Reports and progress lines name a URL without its ``user:password@``.
         num_workers: the ``DataLoader`` workers of the prediction (default: the CPU count).
         max_files: files sampled for latency, sizes and decode (≥ 1).
         max_list: files listed at most (the count is then a lower bound).
@@ -400,10 +408,14 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             reduced-scale JPEG decoding, resizing the shorter side to N, the centre crop
             (None: decoding at full size only).
         progress: called with a line per phase.
+        storage_options: object-store client options for an ``s3://`` URL (``endpoint_url``,
+            ``region_name``, ``profile``, ``anon`` ...; see :mod:`shardfeed.readers.objstore`);
+            None: the defaults (the environment's).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: bad counts, no image file under ``path``, a URL to an LMDB dataset.
+        ValueError: bad counts, no image file under ``path`` (or in a bucket folder's class
+            folders), a URL to an LMDB dataset.
         ShardfeedError: a URL whose manifest cannot be fetched or read (the readers' errors).
     """
     _check_probe_args(image_size, max_files, max_list, budget_s)
@@ -415,9 +427,9 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     machine0, ours0 = psutil.cpu_times(), psutil.Process().cpu_times()
     say = progress or (lambda line: None)
     if "://" in text and not text.startswith("file://"):
-        return _doctor_url(text, num_workers=num_workers, max_files=max_files, budget_s=budget_s, decoder=decoder,
-                           seed=seed, image_size=image_size, say=say, t_start=t_start, machine0=machine0,
-                           ours0=ours0)
+        return _doctor_url(text, storage_options=storage_options, num_workers=num_workers, max_files=max_files,
+                           max_list=max_list, budget_s=budget_s, decoder=decoder, seed=seed, image_size=image_size,
+                           say=say, t_start=t_start, machine0=machine0, ours0=ours0)
     root = _local_root(text)
     cpus, ram, shm = _machine(root)
     nw = _probe_workers(num_workers, cpus)
@@ -644,57 +656,55 @@ def _add_busy_machine(pred: dict, others: float, nw: int, cpus: float, costs: di
                         "cores left free: predicted.busy_machine)")
 
 
-def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, image_size, say, t_start, machine0,
-                ours0) -> DoctorReport:
-    """A packed dataset behind ``http(s)://`` or ``s3://``: time to the response, first 64 KiB,
-    sequential reads of up to 4 shards (64 MB each at most), decode of the first shard's samples."""
+def _doctor_url(url: str, *, storage_options, num_workers, max_files, max_list, budget_s, decoder, seed, image_size,
+                say, t_start, machine0, ours0) -> DoctorReport:
+    """A dataset behind ``http(s)://`` or ``s3://``: a packed dataset (time to the response, first
+    64 KiB, sequential reads of up to 4 shards, 64 MB each at most, decode of the first shard's
+    samples) or, where the location lists and holds class folders but no manifest, an image
+    folder (:func:`_doctor_remote_folder`). Reports and progress name the URL without its
+    ``user:password@``."""
+    from shardfeed.readers.errors import ManifestError
+    from shardfeed.readers.location import folder_kind
     from shardfeed.readers.opener import open_location, url_scheme
 
-    loc = open_location(url)
-    say(f"reading the manifest of {url} ...")
-    manifest = loc.load_manifest(check_files=False)
+    shown = shown_source(url)
+    loc = open_location(url, storage_options=storage_options)
+    say(f"reading the manifest of {shown} ...")
+    try:
+        manifest = loc.load_manifest(check_files=False)
+    except ManifestError:
+        if not getattr(loc, "listable", False) or url.endswith(".json"):
+            raise
+        say(f"no manifest: listing {shown} ...")
+        if folder_kind(loc) != "folder":
+            raise
+        return _doctor_remote_folder(loc, shown, url_scheme(url), num_workers=num_workers, max_files=max_files,
+                                     max_list=max_list, budget_s=budget_s, decoder=decoder, seed=seed,
+                                     image_size=image_size, say=say, t_start=t_start, machine0=machine0,
+                                     ours0=ours0)
     cpus, ram, shm = _machine(None)
-    nw = cpus if num_workers is None else num_workers
+    nw = _probe_workers(num_workers, cpus)
     if not (describe(manifest.format).tar_shards and describe(manifest.format).remote_readable):
-        raise ValueError(f"{url}: doctor probes WebDataset shards over a URL (this is {manifest.format}); "
+        raise ValueError(f"{shown}: doctor probes WebDataset shards over a URL (this is {manifest.format}); "
                          "run it on a local or mounted copy")
     rng = random.Random(seed)
     names = [sh.name for sh in manifest.shards]
     sample = rng.sample(names, min(max_files, len(names)))
     warnings: list[str] = []
-    opens, firsts, seq_bytes, seq_s, first_data = [], [], 0, 0.0, b""
     say(f"reading {len(sample)} shards ...")
+    reads = []
     for i, name in enumerate(sample):
-        if opens and time.monotonic() > t_start + budget_s * 0.7:
-            warnings.append(f"time budget: {len(opens)} of {len(sample)} sampled shards read")
+        if reads and time.monotonic() > t_start + budget_s * 0.7:
+            warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled shards read")
             break
-        limit = _SEQ_READ_BYTES if i < 4 else FIRST_READ_BYTES
-        t0 = time.perf_counter()
-        stream, _ = loc.open(name, 0, limit)
-        try:
-            t1 = time.perf_counter()
-            first = stream.read(FIRST_READ_BYTES)
-            t2 = time.perf_counter()
-            parts, rest = [first], 0
-            while rest + len(first) < limit:
-                chunk = stream.read(_CHUNK)
-                if not chunk:
-                    break
-                rest += len(chunk)
-                if i == 0 and rest <= 8 * _CHUNK:
-                    parts.append(chunk)
-            t3 = time.perf_counter()
-        finally:
-            stream.close()
-        opens.append(t1 - t0)
-        firsts.append(t2 - t1)
-        if rest:
-            seq_bytes, seq_s = seq_bytes + rest, seq_s + (t3 - t2)
-        if i == 0:
-            first_data = b"".join(parts)
+        reads.append(_timed_remote_read(loc, name, _SEQ_READ_BYTES if i < 4 else FIRST_READ_BYTES,
+                                        keep_max=8 * _CHUNK if i == 0 else 0))
+    opens, firsts = [r["open_s"] for r in reads], [r["first_s"] for r in reads]
+    seq = [r for r in reads if r["rest"]]
+    seq_bytes, seq_s = sum(r["rest"] for r in seq), sum(r["rest_s"] for r in seq)
     measured = seq_bytes >= _CHUNK
     thr = seq_bytes / max(seq_s, 1e-9) if measured else READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6)
-    images = _tar_images(first_data, max_files)
+    images = _tar_images(reads[0]["data"], max_files)
     total = float(sum(sh.num_bytes for sh in manifest.shards))
     count = manifest.num_samples
     sizes = [len(b) for _, b in images]
@@ -702,25 +712,124 @@ def _doctor_url(url: str, *, num_workers, max_files, budget_s, decoder, seed, im
     say(f"decoding {len(images)} images ...")
     dec = _decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
     t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
-    pred = predict_images_per_s(num_workers=nw, cpus=cpus, t_decode_s=t_dec, t_open_s=statistics.median(opens),
-                                t_first_read_s=statistics.median(firsts), median_bytes=median_bytes,
-                                read_bytes_per_s=thr)
-    more = max(2 * max(nw, 1), nw + 2)
-    pm = predict_images_per_s(num_workers=more, cpus=cpus, t_decode_s=t_dec, t_open_s=statistics.median(opens),
-                              t_first_read_s=statistics.median(firsts), median_bytes=median_bytes,
-                              read_bytes_per_s=thr)
-    pred["more_workers"] = {"num_workers": more, "folder_images_per_s": pm["folder_images_per_s"],
-                            "packed_images_per_s": pm["packed_images_per_s"]}
-    scheme = url_scheme(url)
-    storage = {"fs_type": scheme, "fs_class": "network", "mount_point": None,
+    costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(opens), t_first_read_s=statistics.median(firsts),
+                 median_bytes=median_bytes, read_bytes_per_s=thr)
+    pred = _predict_with_more_workers(nw, cpus, costs)
+    storage = {"fs_type": url_scheme(url), "fs_class": "network", "mount_point": None,
                "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts), "read_mb_per_s": thr / 1e6,
                "read_mb_per_s_measured": measured, "cold": False}
     files = {"count": count, "count_complete": True, "sampled": len(opens), "median_bytes": median_bytes,
              "p95_bytes": percentile(sizes, 95) if sizes else median_bytes, "mean_bytes": total / max(count, 1),
              "estimated_total_bytes": total}
-    advice = _advice(manifest.format, url, storage, files, dec, pred, nw, cpus, ram, shm)
+    advice = _advice(manifest.format, shown, storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
-    return DoctorReport(path=url, kind="url", storage=storage, files=files, decode=dec, cpus=cpus,
+    return DoctorReport(path=shown, kind="url", storage=storage, files=files, decode=dec, cpus=cpus,
+                        ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
+                        probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
+
+
+def _timed_remote_read(loc: Any, name: str, limit: int, keep_max: int) -> dict:
+    """Open ``name`` of a remote location for its first ``limit`` bytes and read them: the time to
+    the response (``open_s``), of the first 64 KiB (``first_s``) and of the rest (``rest_s``),
+    the bytes past the first read (``rest``), the whole size read (``size``), this thread's CPU
+    seconds (``cpu_s``) and the bytes read, the rest kept up to ``keep_max`` (``data``).
+
+    Raises:
+        ShardfeedError: the object cannot be read (the readers' errors).
+    """
+    c0 = time.thread_time()
+    t0 = time.perf_counter()
+    stream, _ = loc.open(name, 0, limit)
+    try:
+        t1 = time.perf_counter()
+        first = stream.read(FIRST_READ_BYTES)
+        t2 = time.perf_counter()
+        parts, rest = [first], 0
+        while rest + len(first) < limit:
+            chunk = stream.read(min(_CHUNK, limit - rest - len(first)))
+            if not chunk:
+                break
+            rest += len(chunk)
+            if rest <= keep_max:
+                parts.append(chunk)
+        t3 = time.perf_counter()
+    finally:
+        stream.close()
+    return {"open_s": t1 - t0, "first_s": t2 - t1, "rest_s": t3 - t2, "size": len(first) + rest, "rest": rest,
+            "cpu_s": time.thread_time() - c0, "data": b"".join(parts)}
+
+
+def _remote_images(listing: list, max_list: int) -> tuple[list[tuple[str, int]], bool]:
+    """``([(name, size)], complete)``: the image files of a remote image folder's listing (in a
+    class folder, no hidden part), at most ``max_list``."""
+    out: list[tuple[str, int]] = []
+    for rel, size, _ in listing:
+        parts = rel.split("/")
+        if len(parts) < 2 or any(p.startswith(".") for p in parts):
+            continue
+        if os.path.splitext(parts[-1])[1].lower().lstrip(".") in IMAGE_EXTENSIONS:
+            if len(out) >= max_list:
+                return out, False
+            out.append((rel, int(size)))
+    return out, True
+
+
+def _doctor_remote_folder(loc: Any, shown: str, scheme: str | None, *, num_workers, max_files, max_list, budget_s,
+                          decoder, seed, image_size, say, t_start, machine0, ours0) -> DoctorReport:
+    """An image folder in a bucket (class folders, no manifest): each sampled image is requested
+    and read whole, as the folder reader does; sizes come from the listing.
+
+    Raises:
+        ValueError: no image file in a class folder of the listing.
+        ShardfeedError: an object cannot be read.
+    """
+    listing = getattr(loc, "listing_cache", None) or loc.list_objects()
+    listed, complete = _remote_images(listing, max_list)
+    if not listed:
+        raise ValueError(f"{shown}: no image file found in a class folder (extensions: "
+                         f"{', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, ...): give an image folder or a packed dataset")
+    cpus, ram, shm = _machine(None)
+    nw = _probe_workers(num_workers, cpus)
+    rng = random.Random(seed)
+    sample = rng.sample(listed, min(max_files, len(listed)))
+    warnings: list[str] = []
+    say(f"reading {len(sample)} files ...")
+    reads, keep_bytes = [], 0
+    for name, size in sample:
+        if len(reads) >= 3 and time.monotonic() > t_start + budget_s * 0.7:
+            warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
+            break
+        keep = _MAX_DECODE_BYTES - keep_bytes if keep_bytes < _MAX_DECODE_BYTES else 0
+        r = _timed_remote_read(loc, name, max(size, 1), keep_max=keep)
+        if keep and r["rest"] <= keep:
+            keep_bytes += len(r["data"])
+        else:  # past the decode sample's bytes: a cut image is no decode sample
+            r["data"] = None
+        r["path"] = name
+        reads.append(r)
+    opens, firsts = [r["open_s"] for r in reads], [r["first_s"] for r in reads]
+    thr, measured = _read_throughput(reads, firsts)
+    sizes = [s for _, s in listed]
+    mean_bytes = float(statistics.fmean(sizes))
+    median_bytes, p95_bytes = float(statistics.median(sizes)), percentile(sizes, 95)
+    images = [(r["path"], r["data"]) for r in reads if r.get("data")]
+    say(f"decoding {len(images)} images ...")
+    dec = _decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
+    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
+    t_file_cpu = statistics.median(r["cpu_s"] for r in reads)
+    costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(opens), t_first_read_s=statistics.median(firsts),
+                 median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
+    pred = _predict_with_more_workers(nw, cpus, costs)
+    storage = {"fs_type": scheme, "fs_class": "network", "mount_point": None,
+               "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts), "read_mb_per_s": thr / 1e6,
+               "read_mb_per_s_measured": measured, "cold": False, "file_cpu_ms": t_file_cpu * 1e3}
+    files = {"count": len(listed), "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
+             "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": float(sum(sizes))}
+    advice = _advice("folder", shown, storage, files, dec, pred, nw, cpus, ram, shm)
+    others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
+    if others is not None:
+        _add_busy_machine(pred, others, nw, cpus, costs, warnings)
+    return DoctorReport(path=shown, kind="folder", storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
 

@@ -205,7 +205,12 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
             Required for URLs (then upload them beside the shards: the manifest names the shards
             by their plain file names, beside it); for local shards it must be their own folder.
         classes_file: a text file with one class name per line.
-        overwrite: replace an existing ``manifest.json`` in ``out``.
+        overwrite: replace an existing ``manifest.json`` in ``out``. When that manifest is a
+            shardfeed WebDataset manifest (version 2 or later) of exactly these shards, unchanged
+            (size, sha256, sample count) and ``classes_file`` is absent or names the manifest's own
+            classes, only the offset indexes are rebuilt: the manifest keeps
+            its version, fields, labels, options, files and other keys, and only its shard entries'
+            ``index``/``index_sha256`` are updated.
         progress: ``callback(num_samples, num_bytes)``.
         storage_options: storage client options for a remote location (``s3://``: see
             :mod:`shardfeed.readers.objstore`).
@@ -236,8 +241,12 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
     """:func:`index_shards` once the folder's lock is held."""
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
-    replaced = _version_1_indexes(root) if overwrite else []
     classes = _read_classes_file(classes_file) if classes_file else None
+    if overwrite and not url:
+        rebuilt = _rebuild_indexes(root, names, sources, classes, progress, t0, pattern)
+        if rebuilt is not None:
+            return rebuilt
+    replaced = _version_1_indexes(root) if overwrite else []
     class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
     report = IndexReport(source=str(pattern), output=str(root))
     shards: list[ShardEntry] = []
@@ -277,6 +286,78 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
 
         write_consumer_files(root, manifest)
     report.num_samples, report.num_shards, report.classes = n, len(shards), classes
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: list[str] | None,
+                     progress: Progress, t0: float, pattern) -> IndexReport | None:
+    """Rebuild the offset indexes of the dataset whose manifest is in ``root``, keeping that manifest.
+
+    Applies when ``manifest.json`` is a readable shardfeed WebDataset manifest of version 2 or later
+    that lists exactly the shards being indexed, and every shard still has the size, sha256 and
+    sample count the manifest records, and ``classes`` (the ``--classes`` file's names; None when
+    not given) are the manifest's own. Then each shard's ``.sfidx`` is written again and only the
+    shard entries' ``index`` and ``index_sha256`` change in the manifest: its version, fields,
+    labels, options, files and every other key keep their values.
+
+    Returns:
+        The report, or None when the manifest does not describe these shards (then the shards are
+        indexed afresh, the manifest replaced).
+    """
+    import json
+
+    from shardfeed.readers.tario import iter_members, iter_samples
+
+    path = root / MANIFEST_NAME
+    try:
+        raw = read_small_file(path, what="the manifest")
+        old = Manifest.from_json(raw, str(path))
+        doc = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    if old.format != "webdataset" or old.version < 2 or not isinstance(doc.get("shards"), list):
+        return None
+    if classes is not None and list(classes) != list(old.classes):
+        return None  # other class names: the samples are labelled afresh
+    by_name = {s.name: (i, s) for i, s in enumerate(old.shards)}
+    if sorted(names) != sorted(by_name) or len(doc["shards"]) != len(old.shards):
+        return None
+    rebuilt: list[tuple[int, Path, bytes]] = []
+    for source, name in zip(sources, names):
+        i, entry = by_name[name]
+        offsets: list[int] = []
+        with open(source, "rb") as stream:
+            reader = HashingReader(stream)
+            head = reader.read(TAR_BLOCK)
+            if head.startswith(_COMPRESSED_MAGIC):
+                return None
+            members = iter_members(_Prepended(head, reader), source=source)
+            for _key, parts, offset in iter_samples(members, source=source):
+                offsets.append(offset)
+                progress(1, sum(len(v) for v in parts.values()))
+            reader.drain()
+        if (reader.num_bytes != entry.num_bytes or len(offsets) != entry.num_samples
+                or (entry.sha256 is not None and reader.hexdigest() != entry.sha256)):
+            log.info("%s: differs from the manifest's entry; indexing the shards afresh", source)
+            return None
+        stem = PurePosixPath(name).name
+        stem = stem[:-4] if stem.endswith(".tar") else stem
+        rebuilt.append((i, root / f"{stem}{INDEX_SUFFIX}", encode_index(offsets)))
+    for i, idx_path, index_bytes in rebuilt:
+        write_bytes_atomic(idx_path, index_bytes)
+        doc["shards"][i]["index"] = idx_path.name
+        doc["shards"][i]["index_sha256"] = hashlib.sha256(index_bytes).hexdigest()
+    data = (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+    manifest = Manifest.from_json(data, str(path))  # still a valid manifest before it replaces the old one
+    if data != raw:
+        write_bytes_atomic(path, data)
+    from ..consumers import write_consumer_files
+
+    write_consumer_files(root, manifest)
+    report = IndexReport(source=str(pattern), output=str(root), num_samples=manifest.num_samples,
+                         num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards),
+                         classes=list(manifest.classes))
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -28,8 +28,8 @@ the whole file or ``416``, never a dropped connection.
 
 This is a convenience, not a production server: it has no TLS, no authentication, no caching
 headers beyond ``Last-Modified``. To serve a dataset to a cluster, use a real web server (nginx
-answers ``Range`` requests out of the box) or an object store; see the README for an nginx
-``location`` block.
+answers ``Range`` requests out of the box) or an object store; ``docs/packing.md`` ("Dataset
+tools", serve) has an nginx ``location`` block.
 
 ``support_ranges=False`` gives a server that ignores ``Range`` headers (always ``200`` with the
 whole file), like Python's own ``http.server``: readers must work against both kinds.

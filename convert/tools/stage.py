@@ -178,7 +178,8 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
         retries: HTTP retries per request after the first attempt (a transfer that breaks resumes at
             the byte where it stopped); None: the readers' default.
         overwrite: replace a finished dataset in DEST that is not SRC's (other shards, hashes, sample
-            count or classes); without it such a DEST is refused. Re-staging the same dataset (a
+            count or classes): the files its own manifest names that SRC's does not are deleted
+            (``pack --overwrite``'s rule); without it such a DEST is refused. Re-staging the same dataset (a
             refresh, or resuming a partial stage) needs no flag.
         storage_options: storage client options for a remote location (``s3://``: see
             :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
@@ -188,7 +189,9 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
 
     Raises:
         ValueError: not enough free space (nothing is copied), DEST is the source, DEST holds a
-            different finished dataset and ``overwrite`` is False (nothing is touched), or a
+            different finished dataset and ``overwrite`` is False (nothing is touched), DEST holds a
+            different finished dataset and files shardfeed did not write with ``overwrite`` (nothing
+            is touched), or a
             manifest file name that would escape DEST.
         ManifestError, FileNotFoundError, DataSourceError: the source manifest cannot be read.
         OSError: writing to DEST failed (disk full, permissions).
@@ -209,6 +212,8 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
     with output_lock(dest, "stage"):  # one writer per DEST: a second command fails at once, naming this one
         if not overwrite:
             _refuse_other_dataset(dest, manifest)
+        else:
+            _clear_other_dataset(dest, manifest, files)
         return _stage_locked(loc, manifest, manifest_bytes, dest, files, min_free_bytes, progress, t0)
 
 
@@ -231,6 +236,47 @@ def _refuse_other_dataset(dest: Path, manifest: Manifest) -> None:
     if theirs != _identity(manifest):
         raise ValueError(f"{dest}: already holds a different dataset (its manifest.json differs from the "
                          "source's); choose another DEST, or pass --overwrite to replace it")
+
+
+def _clear_other_dataset(dest: Path, manifest: Manifest, files: list[_StageFile]) -> None:
+    """Before staging ``manifest`` over a different finished dataset in DEST, delete that dataset's files
+    the new one does not name.
+
+    What is the previous dataset's is what its own records name (the rule ``pack --overwrite``
+    follows, :mod:`shardfeed.convert.ownership`): its manifest (deleted first, so DEST never looks
+    finished with files missing), its shards and offset indexes, its ``data.mdb``/``lock.mdb``, the
+    consumer files it wrote. Files the new dataset names stay (they are verified and reused when
+    intact). Nothing else is deleted.
+
+    Raises:
+        ValueError: DEST also holds entries shardfeed did not write (named; nothing is deleted).
+    """
+    import shutil
+
+    from ..consumers import CARD_NAME, WIDS_INDEX_NAME
+    from ..ownership import local_entries, survey
+
+    if not dest.is_dir():
+        return
+    entries, read = local_entries(dest)
+    contents = survey(str(dest), entries, read)
+    if contents.manifest is None or _identity(contents.manifest) == _identity(manifest):
+        return
+    if contents.foreign:
+        n = len(contents.foreign)
+        raise ValueError(f"{dest}: holds {n} entr{'y' if n == 1 else 'ies'} shardfeed did not write "
+                         f"({contents.named_foreign()}); refusing to replace the dataset there with --overwrite, "
+                         "which deletes only the files the previous dataset's records name: move them away or "
+                         "choose another DEST")
+    keep = {f.name for f in files} | {WIDS_INDEX_NAME, CARD_NAME}  # the consumer files are written again
+    stale = sorted((n for n in contents.ours if n not in keep), key=lambda n: (n != MANIFEST_NAME, n))
+    for name in stale:
+        p = dest / name
+        if contents.entries.get(name) == "dir" and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+        log.info("%s: removed (a file of the dataset DEST held before)", p)
 
 
 def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, files, min_free_bytes, progress,

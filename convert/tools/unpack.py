@@ -35,7 +35,9 @@ class UnpackReport:
     Attributes:
         source, output: the dataset and the image folder written.
         num_files: images written.
-        num_bytes: their total size.
+        num_bytes: their total size, bytes.
+        num_sidecar_files: other files written beside the images (the samples' extra fields, e.g.
+            ``x.txt``, ``x.json``); num_sidecar_bytes: their total size, bytes.
         num_classes: class folders created (empty classes included, so ImageFolder gives the same
             class indices).
         generated_paths: samples without ``meta["path"]`` written as ``CLASS/KEY.EXT``.
@@ -57,13 +59,17 @@ class UnpackReport:
     label_mismatches: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    num_sidecar_files: int = 0
+    num_sidecar_bytes: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        s = (f"unpacked {self.num_files:,} images ({self.num_bytes / 1e6:,.1f} MB) in {self.num_classes} classes "
-             f"into {self.output} in {self.seconds:.1f} s")
+        side = (f" and {self.num_sidecar_files:,} sidecar files ({self.num_sidecar_bytes / 1e6:,.1f} MB)"
+                if self.num_sidecar_files else "")
+        s = (f"unpacked {self.num_files:,} images ({self.num_bytes / 1e6:,.1f} MB){side} in {self.num_classes} "
+             f"classes into {self.output} in {self.seconds:.1f} s")
         if self.generated_paths:
             s += f"; {self.generated_paths} without a stored path named CLASS/KEY.EXT"
         if self.label_mismatches:
@@ -171,8 +177,8 @@ def _write_samples(loc, manifest, out: Path, out_resolved: Path, overwrite: bool
                 raise ValueError(f"{side}: exists already; pass --overwrite to replace it")
             written[f"{stem}.{name}"] = s.key
             _write_file(side, data)
-            report.num_files += 1
-            report.num_bytes += len(data)
+            report.num_sidecar_files += 1
+            report.num_sidecar_bytes += len(data)
         report.num_files += 1
         report.num_bytes += len(s.data)
         progress(1, len(s.data))

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from ..redact import shown_source
 from ..registry import FORMATS
 from .cache import close_lmdb_envs, dataset_files, detect_source_format, evict_page_cache
 from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device, shutdown_loader
@@ -61,7 +62,7 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
         close_lmdb_envs(files)
         if not files:
             cache = {"files": 0, "bytes": 0, "ignored": None,
-                     "message": f"{source}: no local files to evict (a URL?): --cold has no effect"}
+                     "message": f"{shown_source(source)}: no local files to evict (a URL?): --cold has no effect"}
         else:
             cache = evict_page_cache(files)
         if cache.get("message"):
@@ -71,7 +72,7 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
     try:
         fmt = _source_format_of(loader, source)
         effective = {k: getattr(loader, k, opts.get(k)) for k in LOADER_KNOBS}
-        config = {"source": str(source), "source_format": fmt, "reencode": _reencode_of(loader),
+        config = {"source": shown_source(source), "source_format": fmt, "reencode": _reencode_of(loader),
                   "batch_size": batch_size, "image_size": image_size,
                   "device": str(dev), "cold": cold, "loader": {**shown, **effective},
                   "num_dataset_samples": dataset_len(getattr(loader, "dataset", None)),

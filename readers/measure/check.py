@@ -8,6 +8,7 @@ import hashlib
 import os
 from typing import Any
 
+from ..redact import shown_source
 from .bench import dataset_len
 from .report import DatasetMismatchError
 
@@ -127,18 +128,19 @@ def check_same_samples(before: str | os.PathLike, after: str | os.PathLike, *, d
     opts.update(rank=0, world_size=1, shuffle=False)
     ds_b = _open_info(before, decode=False, **opts)
     ds_a = _open_info(after, decode=False, **opts)
+    differ = f"{shown_source(after)} does not hold the same samples as {shown_source(before)}"
     try:
         nb, na = dataset_len(ds_b), dataset_len(ds_a)
         cb = _class_map(ds_b)
         problems = [p for p in (_class_map_problem(cb, _class_map(ds_a)), _count_problem(nb, na, ds_a)) if p]
         if problems:
-            raise DatasetMismatchError(f"{after} does not hold the same samples as {before}: " + "; ".join(problems)
+            raise DatasetMismatchError(f"{differ}: " + "; ".join(problems)
                                        + _REPACK)
         compared = 0
         if deep:
             diffs, compared = _deep_differences(ds_b, ds_a)
             if diffs:
-                raise DatasetMismatchError(f"{after} does not hold the same samples as {before} ({len(diffs)} "
+                raise DatasetMismatchError(f"{differ} ({len(diffs)} "
                                            f"difference(s)): " + "; ".join(diffs[:5])
                                            + ("; ..." if len(diffs) > 5 else "") + _REPACK)
         return {"num_samples": nb, "num_classes": len(cb), "deep": deep, "num_compared": compared}

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..redact import shown_source
 from .bench import LOADER_KNOBS, MAKE_LOADER_DEFAULTS, bench_source
 from .cache import dataset_files, detect_source_format
 from .harness import select_device
@@ -69,8 +70,9 @@ class TuneReport:
 
 
 def make_loader_call(source: str | os.PathLike, batch_size: int, options: dict) -> str:
-    """A ready-to-paste ``make_loader(...)`` call for ``options``."""
-    args = [repr(str(source)), f"batch_size={batch_size}"]
+    """A ready-to-paste ``make_loader(...)`` call for ``options`` (a URL's ``user:password@`` shown
+    as ``***@``: put the credentials back, or pass them in the environment)."""
+    args = [repr(shown_source(source)), f"batch_size={batch_size}"]
     args += [f"{k}={v!r}" for k, v in options.items()]
     return "make_loader(" + ", ".join(args) + ")"
 
@@ -268,7 +270,7 @@ def tune_loader(source: str | os.PathLike, *, budget_s: float = 300, batch_size:
              if k not in LOADER_KNOBS and k != "storage_options" and v is not None
              and MAKE_LOADER_DEFAULTS.get(k, object()) != v}
     call_opts = {**best, **({"image_size": image_size} if image_size else {}), **extra}
-    return TuneReport(source=str(source), trials=sweep.trials, best=best_rec, best_options=best,
+    return TuneReport(source=shown_source(source), trials=sweep.trials, best=best_rec, best_options=best,
                       call=make_loader_call(source, batch_size, call_opts), warnings=sweep.warnings,
                       advice=_storage_advice(source), skipped=sweep.skipped, seconds=time.perf_counter() - sweep.t0,
                       budget_s=budget_s, device=str(dev), torch=torch.__version__)

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Sequence
 
+from ..redact import shown_source
 from .bench import bench_source
 from .cache import dataset_files, settle_disk, warm_page_cache
 from .check import check_same_samples
@@ -155,7 +156,7 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         order = (("before", before), ("after", after)) if r % 2 == 0 else (("after", after), ("before", before))
         for side, src in order:
             if progress:
-                progress(f"round {r + 1}/{repeats}: {side} ({src})")
+                progress(f"round {r + 1}/{repeats}: {side} ({shown_source(src)})")
             rep = bench_source(src, cold=cold, evict_files=evict, label=side, **bench_options)
             rep.config["round"] = r
             runs.append(rep)

@@ -48,6 +48,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
+from ..redact import shown_source
 from .report import fmt_bytes, percentile
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
@@ -497,7 +498,7 @@ def _loader_knobs(loader: Any) -> dict:
 
 def _data_root(loader: Any) -> str | None:
     root = getattr(getattr(loader, "dataset", None), "root", None)
-    return str(root) if isinstance(root, (str, os.PathLike)) else None
+    return shown_source(root) if isinstance(root, (str, os.PathLike)) else None
 
 
 def _label_of(loader: Any) -> str:

@@ -318,7 +318,17 @@ def test_pack_from_a_bucket_folder_gives_the_local_shards(s3_packed, tiny_image_
     r = _cli("pack", folder, tmp_path / "from-bucket", "--format", "wds", "--max-count", 16, "--json",
              tmp_path / "r.json", env=env)
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "r.json").read_text())["source"] == folder
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["source"] == folder
+    # the manifest records the bucket's URL, never the removed mirror folder; a local pack its path
+    assert json.loads((tmp_path / "from-bucket" / "manifest.json").read_text())["options"]["source"] == folder
+    assert json.loads((local / "manifest.json").read_text())["options"]["source"] == str(tiny_image_folder)
+    # the listing and download are reported apart from the pack's own time and images/s
+    assert report["extra"]["download_seconds"] > 0
+    assert "listing and downloading SRC from the bucket" in r.stdout + r.stderr
+    # a rerun with --resume finds this finished dataset (the same source), and packs nothing
+    r = _cli("pack", folder, tmp_path / "from-bucket", "--format", "wds", "--max-count", 16, "--resume", env=env)
+    assert r.returncode == 0 and "already holds this finished dataset" in r.stdout + r.stderr, r.stderr
     shards = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.suffix in (".tar", ".sfidx")}  # noqa: E731
     assert shards(tmp_path / "from-bucket") == shards(local)
     bucket = s3_bucket("bucket2bucket")
@@ -490,3 +500,16 @@ def test_http_url_password_is_never_echoed(closed_endpoint):
     r = _cli("inspect", f"http://user:{SECRET}@{host}/ds/")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert SECRET not in r.stdout + r.stderr and host in r.stderr, r.stderr
+
+
+def test_an_image_folder_in_a_bucket_is_cached_in_memory(s3_packed, tiny_folder_expected):
+    from shardfeed.readers import open_dataset
+
+    _, folder = s3_packed
+    ds = open_dataset(folder.rstrip("/"), cache="memory", decode=False)
+    assert len(ds) == len(tiny_folder_expected)
+    got = {}
+    for i in range(len(ds)):
+        s = ds[i]
+        got[s.meta["path"]] = (bytes(s.data), s.label)
+    assert got == tiny_folder_expected

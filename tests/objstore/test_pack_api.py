@@ -165,3 +165,41 @@ def test_the_card_of_a_bucket_pack_does_not_depend_on_upload_timing(tiny_image_f
     assert b'name: "path"' in card or b"name: path" in card  # the metadata fields were read from the shards
     assert got["README.md"] == card
     assert got == _files(tmp_path / "local")
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/captions", "http://127.0.0.1:9/captions"])
+def test_write_dataset_refuses_a_url_writing_nothing(url, tmp_path, monkeypatch):
+    from shardfeed.convert import write_dataset
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsupportedURLError, match=rf"{url}: write_dataset writes a local folder.*shardfeed convert"):
+        write_dataset([{"image": b"\xff\xd8\xff\xd9", "ext": "jpg"}], url)
+    assert not any(tmp_path.iterdir()), "nothing may be written locally (no folder named 's3:')"
+
+
+def test_a_layout_pack_reaches_a_bucket_by_a_local_pack_and_convert(s3_client, s3_bucket, tmp_path, monkeypatch):
+    """--no-labels / --sidecars pack a local folder into a local OUT; `shardfeed convert` uploads it."""
+    import numpy as np
+    from PIL import Image
+
+    from shardfeed.readers import open_dataset
+
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path / "staging"))
+    (tmp_path / "staging").mkdir()
+    src = tmp_path / "flat"
+    src.mkdir()
+    planted = {}
+    for i in range(5):
+        Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(src / f"x{i}.png")
+        (src / f"x{i}.txt").write_text(f"caption {i}")
+        planted[f"x{i}.png"] = ((src / f"x{i}.png").read_bytes(), f"caption {i}")
+    bucket = s3_bucket("layout-convert")
+    r = _cli("pack", src, f"s3://{bucket}/direct", "--no-labels", "--sidecars", "txt")
+    assert r.returncode != 0 and "local folder into a local OUT" in r.stderr
+    assert _cli("pack", src, tmp_path / "out", "--no-labels", "--sidecars", "txt").returncode == 0
+    r = _cli("convert", tmp_path / "out", f"s3://{bucket}/captions", "--format", "wds")
+    assert r.returncode == 0, r.stderr
+    ds = open_dataset(f"s3://{bucket}/captions", fields=("txt",), decode=False)
+    items = list(ds)  # (Sample, {name: value}) with decode=False
+    assert {s.meta["path"]: (bytes(s.data), f["txt"]) for s, f in items} == planted
+    assert [s.label for s, _ in items] == [-1] * len(planted)

@@ -189,3 +189,44 @@ def test_an_lmdb_label_beyond_the_class_list_names_the_key(packed_lmdb, tiny_fol
     ds = open_dataset(d, decode=False, shuffle=False, on_error="skip")
     out = [s for s in (ds[i] for i in range(len(ds))) if s is not None]
     assert ds.skipped == 1 and {s.meta["path"] for s in out} == set(tiny_folder_expected) - {path}
+
+
+def _planted_shards(packed: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in packed.iterdir() if p.suffix == ".tar"}
+
+
+@pytest.mark.parametrize("form", ["http", "http-manifest", "file"])
+def test_load_manifest_takes_a_url(form, packed_wds, simple_http_server, tiny_folder_expected):
+    from shardfeed.readers import load_manifest
+
+    url = {"http": f"{simple_http_server}/wds/", "http-manifest": f"{simple_http_server}/wds/manifest.json",
+           "file": f"file://{packed_wds}"}[form]
+    m = load_manifest(url)
+    assert m.num_samples == len(tiny_folder_expected)
+    assert m.classes == sorted({p.split("/", 1)[0] for p in tiny_folder_expected})
+    assert {s.name: s.num_bytes for s in m.shards} == _planted_shards(packed_wds)
+
+
+def test_load_manifest_of_a_url_names_a_missing_shard(packed_wds, tmp_path, start_http_server, tiny_folder_expected):
+    from shardfeed.readers import load_manifest
+
+    d = _copy(packed_wds, tmp_path)
+    first = sorted(_planted_shards(d))[0]
+    (d / first).unlink()
+    base = start_http_server(d)
+    with pytest.raises(ManifestError, match=rf"{base}/{first}: listed in manifest.json but missing.*check_files=False"):
+        load_manifest(f"{base}/")
+    assert load_manifest(f"{base}/", check_files=False).num_samples == len(tiny_folder_expected)
+
+
+def test_a_missing_shard_is_refused_at_open_unless_check_files_is_false(packed_wds, tmp_path, tiny_folder_expected):
+    d = _copy(packed_wds, tmp_path)
+    manifest = json.loads((d / "manifest.json").read_text())
+    gone = manifest["shards"][0]
+    (d / gone["name"]).unlink()
+    with pytest.raises(ManifestError, match=r"listed in manifest.json but missing.*check_files=False"):
+        open_dataset(str(d), decode=False)
+    ds = open_dataset(str(d), decode=False, check_files=False, on_error="skip")
+    got = {s.meta["path"]: (bytes(s.data), s.label) for s in ds}
+    assert len(got) == len(tiny_folder_expected) - gone["num_samples"]
+    assert all(tiny_folder_expected[p] == v for p, v in got.items())

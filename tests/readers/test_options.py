@@ -112,3 +112,33 @@ def test_loader_options_reach_the_data_loader(tiny_image_folder, tiny_folder_exp
     assert LoaderOptions().decode_device is None and LoaderOptions().timeout == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         LoaderOptions().timeout = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("seed", ["1", 1.5, 1.0, True, None])
+def test_a_seed_that_is_not_an_integer_is_refused_naming_it(seed, packed_wds):
+    match = rf"seed must be an integer, got {seed!r}".replace("(", r"\(").replace(".", r"\.")
+    with pytest.raises(TypeError, match=match):
+        ReadOptions(seed=seed)
+    with pytest.raises(TypeError, match=match):
+        open_dataset(str(packed_wds), seed=seed)
+    with pytest.raises(TypeError, match=match):
+        make_loader(str(packed_wds), 4, num_workers=0, seed=seed)
+
+
+def test_an_integer_seed_of_any_integer_type_is_kept(packed_wds):
+    import numpy as np
+
+    assert ReadOptions(seed=np.int64(5)).seed == 5 and type(ReadOptions(seed=np.int64(5)).seed) is int
+    assert open_dataset(str(packed_wds), seed=3).seed == 3
+
+
+def test_a_negative_or_non_integer_shuffle_buffer_is_refused(packed_wds, tiny_image_folder, tiny_folder_expected):
+    for source in (packed_wds, tiny_image_folder):  # an image folder ignores it, but not a wrong value
+        with pytest.raises(ValueError, match="shuffle_buffer must be >= 0 samples .*got -1"):
+            open_dataset(str(source), shuffle_buffer=-1)
+        with pytest.raises(TypeError, match="shuffle_buffer must be an integer number of samples, got '8'"):
+            make_loader(str(source), 4, num_workers=0, shuffle_buffer="8")
+    with pytest.raises(ValueError, match="got -5"):
+        WebDatasetSource(packed_wds, load_manifest(packed_wds), shuffle_buffer=-5)
+    ds = open_dataset(str(packed_wds), shuffle_buffer=0, decode=False)
+    assert ds.buffer_size == 0 and _by_path(ds) == tiny_folder_expected

@@ -593,3 +593,149 @@ def test_a_folder_where_a_shard_should_be_is_named_with_the_fix(packed_wds, tmp_
     assert r.exit_code == 1, r.output
     line = [ln for ln in r.output.splitlines() if ln.startswith("shardfeed: error:")][0]
     assert shard.name in line and "is a folder" in line and "Errno" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# index --overwrite on a packed dataset, stage --overwrite, unpack counts
+
+
+def _sidecar_src(root: Path) -> tuple[dict[str, bytes], dict[str, dict[str, bytes]]]:
+    """Plant 12 images in 2 class folders, 8 of them with a ``.txt`` and 5 with a ``.json`` beside.
+
+    Returns ``({image path: bytes}, {image path: {field: bytes}})``.
+    """
+    images, sidecars = {}, {}
+    for i in range(12):
+        rel = f"{'ab'[i % 2]}/img_{i:02d}.jpg"
+        data = _image(100 + i, "JPEG")
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        images[rel] = data
+        sidecars[rel] = {}
+        if i % 3 != 0:
+            sidecars[rel]["txt"] = f"caption {i} é".encode()
+            (root / rel).with_suffix(".txt").write_bytes(sidecars[rel]["txt"])
+        if i % 2 == 0 or i == 5:
+            sidecars[rel]["json"] = json.dumps({"i": i, "tag": "x" * i}).encode()
+            (root / rel).with_suffix(".json").write_bytes(sidecars[rel]["json"])
+    return images, sidecars
+
+
+def _read_with_fields(ds: Path, fields=("txt", "json")) -> dict[str, tuple]:
+    from shardfeed.readers.dataset import open_dataset
+
+    got = {}
+    for s, f in open_dataset(ds, decode=False, shuffle=False, fields=fields):
+        got[s.meta["path"]] = (s.data, {k: v for k, v in f.items() if v is not None})
+    return got
+
+
+@pytest.mark.parametrize("sidecars", [True, False])
+def test_index_overwrite_rebuilds_a_missing_index_keeping_the_manifest(tmp_path, sidecars):
+    images, planted = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    args = ["pack", tmp_path / "src", out, "--max-count", "7"] + (["--sidecars", "txt,json"] if sidecars else [])
+    assert _run(*args).exit_code == 0
+    old = json.loads((out / "manifest.json").read_bytes())
+    lost = (out / "shard-000001.sfidx").read_bytes()
+    (out / "shard-000001.sfidx").unlink()
+
+    res = _run("index", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    new = json.loads((out / "manifest.json").read_bytes())
+    assert (out / "shard-000001.sfidx").read_bytes() == lost
+    assert {k: v for k, v in new.items() if k != "shards"} == {k: v for k, v in old.items() if k != "shards"}
+    assert len(new["shards"]) == len(old["shards"]) == 2
+    for a, b in zip(new["shards"], old["shards"]):
+        assert a == b  # the same index file, so its name, size and sha256 entries are the same too
+    assert new["shards"][1]["index_sha256"] == hashlib.sha256(lost).hexdigest()
+    if not sidecars:
+        return
+    assert new["version"] == old["version"] == 3 and set(new["fields"]) == {"txt", "json"}
+    got = _read_with_fields(out)
+    assert {p: d for p, (d, _) in got.items()} == images
+    decoded = {rel: {k: (v.decode() if k == "txt" else json.loads(v)) for k, v in f.items()}
+               for rel, f in planted.items()}  # the reader gives text and parsed JSON
+    assert {p: f for p, (_, f) in got.items()} == decoded
+    restored = tmp_path / "restored"
+    assert _run("unpack", out, restored).exit_code == 0
+    expect = {**images}
+    for rel, fields in planted.items():
+        for k, v in fields.items():
+            expect[rel[:-4] + "." + k] = v
+    assert _folder_files(restored) == expect
+
+
+def test_index_overwrite_with_the_manifests_classes_keeps_the_fields(tmp_path):
+    """inspect's fix for a damaged index names the manifest's classes: the manifest stays as it was."""
+    images, planted = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    assert _run("pack", tmp_path / "src", out, "--sidecars", "txt,json", "--max-count", "7").exit_code == 0
+    old = (out / "manifest.json").read_bytes()
+    lost = (out / "shard-000000.sfidx").read_bytes()
+    (out / "shard-000000.sfidx").write_bytes(lost[:8])  # damaged
+    (tmp_path / "classes.txt").write_text("a\nb\n")  # the planted class folders
+    res = _run("index", out, "--overwrite", "--classes", tmp_path / "classes.txt")
+    assert res.exit_code == 0, res.output
+    assert (out / "manifest.json").read_bytes() == old
+    assert (out / "shard-000000.sfidx").read_bytes() == lost
+    assert {p: d for p, (d, _) in _read_with_fields(out).items()} == images
+    assert {p: set(f) for p, (_, f) in _read_with_fields(out).items()} == {p: set(f) for p, f in planted.items()}
+
+
+def test_index_overwrite_reindexes_shards_the_manifest_does_not_describe(tmp_path):
+    """Shards changed since the manifest: they are indexed afresh and the manifest replaced."""
+    images, _ = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    assert _run("pack", tmp_path / "src", out, "--max-count", "7").exit_code == 0
+    (out / "shard-000001.tar").unlink()
+    (out / "shard-000001.sfidx").unlink()
+    res = _run("index", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    m = json.loads((out / "manifest.json").read_bytes())
+    assert [s["name"] for s in m["shards"]] == ["shard-000000.tar"] and m["num_samples"] == 7
+    assert "indexed_from" in m["options"]
+
+
+def test_stage_overwrite_deletes_the_older_datasets_extra_shards_only(src, wds, tmp_path):
+    """DEST holds an older dataset with more shards: --overwrite leaves only SRC's files and the user's."""
+    small = tmp_path / "small"  # 2 shards where the staged dataset has 4 (wds: 60 images, 16 per shard)
+    pack(src, small, PackOptions(format="wds", max_count=30, workers=1))
+    dest = tmp_path / "staged"
+    assert stage(wds, dest, min_free_bytes=1000).ok
+    assert (dest / "shard-000003.tar").is_file() and (dest / "shard-000003.sfidx").is_file()
+
+    res = _run("stage", small, dest, "--min-free", "1KB", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert _folder_files(dest) == _folder_files(small)
+    assert sorted(p.name for p in dest.glob("shard-*.tar")) == ["shard-000000.tar", "shard-000001.tar"]
+
+    # a file shardfeed did not write: refused by name as pack --overwrite refuses, nothing deleted
+    assert stage(wds, tmp_path / "big", min_free_bytes=1000).ok
+    (tmp_path / "big" / "notes.txt").write_bytes(b"mine")
+    before = _folder_files(tmp_path / "big")
+    res = _run("stage", small, tmp_path / "big", "--min-free", "1KB", "--overwrite")
+    assert res.exit_code == 1 and "notes.txt" in res.stderr
+    assert _folder_files(tmp_path / "big") == before
+
+
+def test_unpack_counts_images_and_sidecar_files_apart(tmp_path):
+    images, planted = _sidecar_src(tmp_path / "src")
+    out = tmp_path / "out"
+    assert _run("pack", tmp_path / "src", out, "--sidecars", "txt,json", "--max-count", "7").exit_code == 0
+    side_bytes = sum(len(v) for f in planted.values() for v in f.values())
+    num_side = sum(len(f) for f in planted.values())
+    assert (len(images), num_side) == (12, 15)
+
+    res = CliRunner().invoke(cli, ["unpack", str(out), str(tmp_path / "r"), "--json", str(tmp_path / "u.json")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "unpacked 12 images" in res.output and "and 15 sidecar files" in res.output
+    report = json.loads((tmp_path / "u.json").read_bytes())
+    assert report["num_files"] == 12 and report["num_bytes"] == sum(map(len, images.values()))
+    assert report["num_sidecar_files"] == 15 and report["num_sidecar_bytes"] == side_bytes
+
+    ordinary = tmp_path / "ordinary"
+    pack(tmp_path / "src", ordinary, PackOptions(format="wds", workers=1))
+    report = unpack(ordinary, tmp_path / "r3")  # no fields: the summary names no sidecar files
+    assert (report.num_files, report.num_sidecar_files) == (12, 0) and "sidecar" not in report.summary()
