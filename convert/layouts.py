@@ -69,7 +69,7 @@ from shardfeed.readers.format import (
 )
 from shardfeed.readers.registry import canonical_format, describe, writer_class
 
-from shardfeed.readers.format import write_bytes_atomic
+from shardfeed.readers.format import read_small_file, write_bytes_atomic
 
 from . import writers  # noqa: F401  (registers every format's writer)
 from .context import PackContext
@@ -1039,7 +1039,7 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
         raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
                          "--format wds; rerun the LMDB pack with --overwrite")
     try:
-        old = json.loads((state / PLAN_NAME).read_text())
+        old = json.loads(read_small_file(state / PLAN_NAME, what="the pack plan"))
     except (OSError, ValueError):
         old = {}
     if old.get("fingerprint") != plan.fingerprint:

@@ -10,7 +10,9 @@ its name:
   (:func:`shardfeed.convert.consumers.is_ours`);
 * an unfinished pack's state folder ``.shardfeed-pack/`` is ours, and its ``plan.json`` names the
   shards the pack writes (``{prefix}-NNNNNN.tar`` / ``.sfidx`` of its options) or its
-  ``data.mdb``/``lock.mdb``;
+  ``data.mdb``/``lock.mdb``; under an object-store prefix the pack writes only
+  ``.shardfeed-pack/plan.json`` there, so that key alone is ours: any other key under
+  ``.shardfeed-pack/`` is the user's;
 * a hidden temporary file of one of those names (``.NAME.tmp``, ``.NAME.XXXX.tmp``: what the
   writers and :func:`~shardfeed.readers.format.write_bytes_atomic` leave after ``kill -9``).
 
@@ -43,10 +45,12 @@ from .outlock import LOCK_NAME
 from .pack_state import PLAN_NAME, STATE_DIR
 
 __all__ = ["OutContents", "survey", "decide", "local_entries", "store_entries", "flag", "cli_flags",
-           "MAX_RECORD_BYTES", "LMDB_LOCK_NAME"]
+           "MAX_RECORD_BYTES", "LMDB_LOCK_NAME", "STORE_STATE_KEY"]
 
 #: Records (manifest, plan, consumer files) larger than this are not read and name nothing.
 MAX_RECORD_BYTES = 256 << 20
+#: The one key a pack writes under an object-store prefix's ``.shardfeed-pack/``: its plan.
+STORE_STATE_KEY = f"{STATE_DIR}/{PLAN_NAME}"
 #: LMDB's lock file beside ``data.mdb``.
 LMDB_LOCK_NAME = "lock.mdb"
 _LMDB_COMPACT_TMP = f".{LMDB_DATA_NAME}.compact.tmp"
@@ -81,8 +85,8 @@ class OutContents:
     Attributes:
         where: the location, for messages (a path or ``s3://bucket/prefix/``).
         entries: ``{name: kind}`` of what it holds (kind ``"file"``, ``"dir"``, ``"link"`` or
-            ``"other"``; in a bucket every key is a ``"file"``, keys under ``.shardfeed-pack/``
-            count as the one ``"dir"``).
+            ``"other"``; in a bucket every key is a ``"file"``, and ``.shardfeed-pack/plan.json``
+            counts as the one ``"dir"``).
         ours: the entries the records name (``--overwrite`` deletes these only).
         foreign: the other entries, sorted.
         manifest: the finished dataset's manifest, when ``manifest.json`` is shardfeed's.
@@ -263,10 +267,16 @@ def local_entries(out: Path) -> tuple[dict[str, str], Callable[[str], bytes | No
 
 
 def store_entries(loc, listing: Mapping[str, int]) -> tuple[dict[str, str], Callable[[str], bytes | None]]:
-    """The entries of an object-store prefix from its listing (``{key: size}``) and a bounded reader."""
+    """The entries of an object-store prefix from its listing (``{key: size}``) and a bounded reader.
+
+    The pack's state object ``.shardfeed-pack/plan.json`` (:data:`STORE_STATE_KEY`, the only key
+    a pack writes under ``.shardfeed-pack/``) stands for the state folder (one ``"dir"``); every
+    other key, one under ``.shardfeed-pack/`` included, is an entry of its own (so a key the
+    records do not name is foreign).
+    """
     entries: dict[str, str] = {}
     for key in listing:
-        if key.startswith(STATE_DIR + "/"):
+        if key == STORE_STATE_KEY:
             entries[STATE_DIR] = "dir"
         else:
             entries[key] = "file"

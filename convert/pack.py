@@ -47,6 +47,7 @@ from shardfeed.readers.format import (
     load_manifest,
     merge_extension_counts,
     normalize_ext,
+    read_small_file,
     write_bytes_atomic,
 )
 from shardfeed.readers.errors import UnsupportedURLError, check_on_error
@@ -565,7 +566,7 @@ def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fing
     plan_path = state / PLAN_NAME
     if options.resume:
         try:
-            old = json.loads(plan_path.read_text())
+            old = json.loads(read_small_file(plan_path, what="the pack plan"))
         except (FileNotFoundError, ValueError):
             old = {}
         if old.get("fingerprint") != fingerprint:
@@ -609,7 +610,7 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     if state.is_dir() and not state.is_symlink():
         for rec in sorted(state.glob("[0-9]*.json")):
             try:
-                entry = json.loads(rec.read_text()).get("entry")
+                entry = json.loads(read_small_file(rec, what="a shard record")).get("entry")
             except (OSError, ValueError, AttributeError):
                 continue
             shards += 1

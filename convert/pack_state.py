@@ -15,7 +15,7 @@ import json
 import zlib
 from pathlib import Path
 
-from shardfeed.readers.format import write_bytes_atomic
+from shardfeed.readers.format import read_small_file, write_bytes_atomic
 
 __all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record",
            "write_plan_files", "describe_plan_change"]
@@ -26,6 +26,8 @@ STATE_DIR = ".shardfeed-pack"
 PLAN_NAME = "plan.json"
 #: The scanned files' list inside :data:`STATE_DIR` (for the message of a refused ``--resume``).
 FILES_NAME = "files.jsonl.z"
+#: Largest compressed file list (``files.jsonl.z``) read back; 4x that is the bound inflated.
+MAX_FILES_LIST_BYTES = 1 << 30
 #: Files named per kind (added, removed, changed) in that message.
 NAMED_FILES = 5
 
@@ -43,7 +45,7 @@ def finished_shard_record(out_dir: Path, shard_idx: int) -> dict | None:
     """
     rec_path = Path(out_dir) / STATE_DIR / f"{shard_idx:06d}.json"
     try:
-        record = json.loads(rec_path.read_text())
+        record = json.loads(read_small_file(rec_path, what="a shard record"))
     except (FileNotFoundError, ValueError):
         return None
     entry = record.get("entry")
@@ -91,7 +93,12 @@ def describe_plan_change(state_dir: Path, old_plan: dict, options: dict, files) 
     if changed:
         said.append("options changed: " + "; ".join(changed))
     try:
-        raw = zlib.decompress((Path(state_dir) / FILES_NAME).read_bytes()).decode("utf-8")
+        packed = read_small_file(Path(state_dir) / FILES_NAME, max_bytes=MAX_FILES_LIST_BYTES, what="the file list")
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, 4 * MAX_FILES_LIST_BYTES)
+        if inflate.unconsumed_tail:
+            raise ValueError("the file list inflates past its bound")
+        raw = raw.decode("utf-8")
         old = {r: (s, m) for r, s, m in (json.loads(line) for line in raw.splitlines() if line)}
     except (OSError, ValueError, zlib.error):
         old = None

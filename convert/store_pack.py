@@ -212,7 +212,8 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
 def _check_out(loc, options, *, scan=None, t0: float = 0.0):
     """Check OUT by one listing, with the rule of a local OUT (:mod:`shardfeed.convert.ownership`:
     shardfeed's are the objects the previous dataset's manifest or plan name, directly under the
-    prefix); delete ours for ``overwrite`` (the manifest first).
+    prefix, and the plan ``.shardfeed-pack/plan.json``; any other key under ``.shardfeed-pack/`` is
+    the user's); delete ours for ``overwrite`` (the manifest first).
 
     Returns:
         ``(listing, report)``: the listing to resume against (``{}`` after a delete), and the
@@ -230,7 +231,8 @@ def _check_out(loc, options, *, scan=None, t0: float = 0.0):
         return listing, finished_report(contents.manifest, str(loc), scan, options, t0)
     if action in ("start", "overwrite") and contents.ours:
         ours = set(contents.ours)
-        keys = [k for k in listing if k in ours or (STATE_DIR in ours and k.startswith(STATE_DIR + "/"))]
+        # under the state prefix only the plan is ours: any other key there was refused as foreign
+        keys = [k for k in listing if k in ours or (STATE_DIR in ours and k == _STATE_KEY)]
         if MANIFEST_NAME in ours:
             loc.delete(MANIFEST_NAME)  # first: the dataset stops being "finished" before its shards go
         for key in keys:

@@ -47,6 +47,8 @@ from .registry import describe
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "read_small_file",
     "READABLE_VERSIONS",
     "INDEX_SUFFIX",
     "is_dali_index",
@@ -932,6 +934,52 @@ def find_manifest_path(path: str | os.PathLike[str]) -> Path:
     return p / MANIFEST_NAME if p.is_dir() else p
 
 
+#: A manifest larger than this is refused (a manifest of 10 million samples' shards is a few MiB).
+MAX_MANIFEST_BYTES = 256 << 20
+
+
+def read_small_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_MANIFEST_BYTES,
+                    what: str = "the file", error: type[Exception] = ManifestError) -> bytes:
+    """The content of a local control file (a manifest, a pack plan, a shard record), bounded.
+
+    The file is opened non-blocking (a FIFO does not wait for a writer) and must be a regular
+    file (a link to ``/dev/zero``, a FIFO or a device is refused before anything is read); at most
+    ``max_bytes + 1`` bytes are read.
+
+    Args:
+        path: the file (a link is followed).
+        max_bytes: the largest size accepted, in bytes.
+        what: how a message names the file (``"the manifest"``).
+        error: the exception class raised for a file that is not regular or too large.
+
+    Raises:
+        FileNotFoundError, OSError: the file cannot be opened or read.
+        error: not a regular file, or larger than ``max_bytes`` (the message names the file).
+    """
+    import stat
+
+    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise error(f"{path}: {what} is not a regular file (a folder, a FIFO, a device or a link to one); refused")
+    with os.fdopen(fd, "rb") as f:
+        chunks, got = [], 0
+        while got <= max_bytes:
+            chunk = f.read(min(max_bytes + 1 - got, 16 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    if got > max_bytes:
+        raise error(f"{path}: {what} is more than {max_bytes:,} bytes; refused (is this the right file?)")
+    return b"".join(chunks)
+
+
 def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> Manifest:
     """Load and validate a local manifest (a dataset directory or its ``manifest.json``).
 
@@ -945,7 +993,8 @@ def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         IncompleteDatasetError: the directory holds shards but no manifest (interrupted pack).
-        ManifestError: bad manifest, or files missing / of the wrong size.
+        ManifestError: bad manifest, a local manifest that is not a regular file or is larger than
+            :data:`MAX_MANIFEST_BYTES`, or files missing / of the wrong size.
         UnsupportedURLError: a URL other than ``file://``.
     """
     if isinstance(path, str) and "://" in path:
@@ -974,7 +1023,7 @@ def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> 
                                 f"with `shardfeed pack {root} OUT`")
         raise ManifestError(f"{root}: no {MANIFEST_NAME}: not a packed dataset (pack it with `shardfeed pack`, "
                             "or write a manifest for existing shards with `shardfeed index`)")
-    manifest = Manifest.from_json(mpath.read_bytes(), str(mpath))
+    manifest = Manifest.from_json(read_small_file(mpath, max_bytes=MAX_MANIFEST_BYTES, what="the manifest"), str(mpath))
     if check_files:
         check_files_present(manifest, mpath.parent)
     return manifest

@@ -68,7 +68,7 @@ from urllib3.connection import HTTPSConnection as _Urllib3HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .errors import DataSourceError, ManifestError, StorageAccessError
-from .format import MANIFEST_NAME, Manifest
+from .format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .location import LocationBase, check_byte_range
 from .redact import guard_client_logs, redact, register_secret
 from .registry import describe
@@ -105,8 +105,6 @@ DRAIN_MAX_BYTES = 64 << 10
 DRAIN_S = 1.0
 
 
-#: A manifest larger than this is refused (a manifest of 10 million samples' shards is a few MiB).
-MAX_MANIFEST_BYTES = 256 << 20
 #: Default bound of other whole-file reads (an image of a folder in a bucket).
 MAX_WHOLE_READ_BYTES = 256 << 20
 #: Bytes an offset index may hold beyond 8 a sample (see :func:`index_size_cap`).

@@ -216,18 +216,16 @@ class LocalLocation(LocationBase):
         """The whole content of ``name``; ``max_bytes``: refuse a larger file (None: no bound).
 
         Raises:
-            FileNotFoundError: no such file. DataSourceError: larger than ``max_bytes``.
+            FileNotFoundError: no such file. DataSourceError: larger than ``max_bytes``, or (with
+            ``max_bytes``) not a regular file.
         """
         path = self.root / name
         if max_bytes is None:
             return path.read_bytes()
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-        if len(data) > max_bytes:
-            from .errors import DataSourceError
+        from .errors import DataSourceError
+        from .format import read_small_file
 
-            raise DataSourceError(f"{path}: {what} is more than {max_bytes:,} bytes; refused (is this the right file?)")
-        return data
+        return read_small_file(path, max_bytes=max_bytes, what=what, error=DataSourceError)
 
     def read_index(self, name: str) -> list[int]:
         """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.read_index`)."""
@@ -359,7 +357,13 @@ class LocalLocation(LocationBase):
         path = self.root / name
         path.stat()
         meta = path.with_name(f".{path.name}.sha256")
-        return {"sha256": meta.read_text().strip()} if meta.is_file() else {}
+        if not meta.is_file():
+            return {}
+        from .errors import DataSourceError
+        from .format import read_small_file
+
+        digest = read_small_file(meta, max_bytes=1024, what="the recorded sha256", error=DataSourceError)
+        return {"sha256": digest.decode("utf-8", "replace").strip()}
 
 
 # ---------------------------------------------------------------------------------------------

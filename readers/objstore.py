@@ -133,7 +133,7 @@ _BUCKET_NAME = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
 
 def _secrets(options: dict | None) -> list[str]:
     return [v for k, v in (options or {}).items()
-            if _STORAGE_OPTION_KEYS.get(k) in ("key", "secret", "token") and isinstance(v, str)]
+            if _STORAGE_OPTION_KEYS.get(k) in ("secret", "token") and isinstance(v, str)]
 
 
 def scrub(text: str, options: dict | None = None) -> str:
@@ -143,13 +143,34 @@ def scrub(text: str, options: dict | None = None) -> str:
     return redact(text, _secrets(options))
 
 
+#: What a storage-option key looks like (every accepted key does): an error names an unknown key
+#: only when it matches, so a secret typed where a key belongs (``KEY:SECRET``, a pasted token)
+#: is never shown.
+_KEY_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+
+
+def _unreadable_option(text: str) -> str:
+    """The message for a storage option whose text may hold a secret: the text is not shown, only
+    a known key it starts with (``aws_session_token:...``, ``token ...``)."""
+    lead = re.match(r"[A-Za-z_][A-Za-z0-9_]{0,31}", text.lstrip())
+    if lead and lead.group() in _STORAGE_OPTION_KEYS:
+        return (f"storage option {lead.group()!r} is followed by something other than '='; expected "
+                f"KEY=VALUE ({lead.group()}=...); its text is not shown")
+    return ("an unreadable storage option (its text is not shown); expected KEY=VALUE with KEY one of: "
+            f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
+
+
 def parse_storage_options(pairs: Any) -> dict[str, Any]:
     """Storage options from ``KEY=VALUE`` strings (the CLI's ``--storage-option``) or a dict.
 
-    ``true``/``false`` become booleans and digits integers. Unknown keys are refused.
+    ``true``/``false`` become booleans and digits integers. Unknown keys are refused. An error
+    never shows a value; it names an unknown key only when the key looks like one (up to 32
+    letters, digits and ``_``): other text (a ``KEY:SECRET`` typo, a pasted token) is reported as
+    an unreadable storage option, its text not shown.
 
     Raises:
-        ValueError: a malformed pair or an unknown key (names the accepted keys).
+        ValueError: a malformed pair, an unknown key (names the accepted keys), or a value of the
+            wrong kind (``anon``, ``max_pool_connections``).
     """
     if pairs is None:
         return {}
@@ -159,26 +180,30 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
         parsed = []
         for p in pairs:
             k, sep, v = str(p).partition("=")
-            if not sep or not k:
-                name = re.match(r"[\w.-]*", str(p)).group()  # the key only: a KEY:SECRET typo is never echoed
-                raise ValueError(f"--storage-option {name or '...'}: expected KEY=VALUE")
+            if not sep or not k.strip():
+                text = str(p).strip()
+                if _KEY_LIKE.fullmatch(text):  # a bare key, no value: safe to name
+                    raise ValueError(f"--storage-option {text}: expected KEY=VALUE")
+                raise ValueError(f"--storage-option: {_unreadable_option(text)}")
             parsed.append((k.strip(), v))
         items = parsed
     for k, v in items:
-        if k not in _STORAGE_OPTION_KEYS:
-            raise ValueError(f"storage option {k!r} is not one shardfeed knows; accepted: "
-                             f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
+        if not isinstance(k, str) or k not in _STORAGE_OPTION_KEYS:
+            if isinstance(k, str) and _KEY_LIKE.fullmatch(k):
+                raise ValueError(f"storage option {k!r} is not one shardfeed knows; accepted: "
+                                 f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
+            raise ValueError(_unreadable_option(k if isinstance(k, str) else ""))
         if isinstance(v, str):
             low = v.strip().lower()
             if _STORAGE_OPTION_KEYS[k] == "anon":
                 if low not in ("true", "yes", "1", "false", "no", "0"):
-                    raise ValueError(f"storage option {k}={v!r}: expected true or false (anon=true: unsigned "
-                                     "requests, for a public bucket)")
+                    raise ValueError(f"storage option {k}=...: expected true or false (anon=true: unsigned "
+                                     "requests, for a public bucket); the value given is not shown")
                 v = low in ("true", "yes", "1")
             elif _STORAGE_OPTION_KEYS[k] == "max_pool_connections":
                 if not low.isdigit() or int(low) < 1:
-                    raise ValueError(f"storage option {k}={v!r}: expected a positive integer (connections "
-                                     "per client)")
+                    raise ValueError(f"storage option {k}=...: expected a positive integer (connections "
+                                     "per client); the value given is not shown")
                 v = int(low)
         out[k] = v
     return out
@@ -275,7 +300,7 @@ class StoreLocation(LocationBase):
         if self.deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in parse_storage_options(storage_options).items()}
-        register_secret(*(self.storage_options.get(k) for k in ("key", "secret", "token")))
+        register_secret(*(self.storage_options.get(k) for k in ("secret", "token")))  # the key id is no secret
         _import_boto3()
         self.bucket = bucket
         if key.endswith(".json"):
@@ -362,7 +387,7 @@ class StoreLocation(LocationBase):
         """Add the credentials the client will sign with (from a profile, SSO, a role ...) to the
         values every message and log record is scrubbed of."""
         o = self.storage_options
-        register_secret(o.get("key"), o.get("secret"), o.get("token"))
+        register_secret(o.get("secret"), o.get("token"))
         if o.get("anon"):
             return
         try:
@@ -371,7 +396,7 @@ class StoreLocation(LocationBase):
         except Exception:  # resolving failed: the request will say why; nothing to register
             return
         if frozen is not None:
-            register_secret(frozen.access_key, frozen.secret_key, frozen.token)
+            register_secret(frozen.secret_key, frozen.token)
 
     def _scrub(self, text: str) -> str:
         return scrub(text, {k: v for k, v in self.storage_options.items()})

@@ -169,11 +169,13 @@ def register_location(scheme: str, factory: LocationFactory, *, replace: bool = 
             (subclassing :class:`~shardfeed.readers.location.LocationBase` gives the defaults).
             ``DataLoader`` workers receive the location pickled: with ``num_workers > 0`` it must
             pickle (and reach its storage from another process).
-        replace: allow replacing a registered scheme (the built-in ``file``, ``http``, ``https``
-            and ``s3`` included).
+        replace: allow replacing a registered scheme (the built-in ``http``, ``https`` and ``s3``
+            included). ``file`` cannot be replaced: local paths and ``file://`` URLs are always
+            read as local files (:class:`~shardfeed.readers.location.LocalLocation`).
 
     Raises:
-        ValueError: a malformed scheme, or one registered already (without ``replace``).
+        ValueError: a malformed scheme, ``file``, or a scheme registered already (without
+            ``replace``).
         TypeError: ``factory`` is not callable.
     """
     if not isinstance(scheme, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
@@ -181,6 +183,8 @@ def register_location(scheme: str, factory: LocationFactory, *, replace: bool = 
     if not callable(factory):
         raise TypeError(f"register_location({scheme!r}, ...): the factory must be callable, got {factory!r}")
     key = scheme.lower()
+    if key in _FIXED and key in _TABLE:
+        raise ValueError(_fixed_message("register_location", key))
     with _TABLE_LOCK:
         if key in _TABLE and not replace:
             raise ValueError(f"register_location: {key}:// is registered already; pass replace=True to replace it")
@@ -192,9 +196,21 @@ def unregister_location(scheme: str) -> None:
 
     Raises:
         KeyError: the scheme is not registered.
+        ValueError: ``file``: local paths are always read as local files.
     """
+    if str(scheme).lower() in _FIXED:
+        raise ValueError(_fixed_message("unregister_location", str(scheme).lower()))
     with _TABLE_LOCK:
         del _TABLE[str(scheme).lower()]
+
+
+#: Schemes that cannot be replaced or unregistered: local paths are read as local files, always.
+_FIXED = frozenset({"file"})
+
+
+def _fixed_message(call: str, key: str) -> str:
+    return (f"{call}: {key}:// cannot be replaced or unregistered: local paths and file:// URLs are always read as "
+            "local files (LocalLocation); register your storage under a scheme of its own (myfs://...)")
 
 
 def location_schemes() -> tuple[str, ...]:

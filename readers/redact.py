@@ -2,9 +2,9 @@
 
 Two layers, both applied wherever text leaves the process:
 
-* :func:`redact` replaces every *known* secret (the AWS variables of the environment, the
-  ``key``/``secret``/``token`` storage options, the credentials an S3 client resolved, a
-  ``user:password@`` of a URL; see :func:`register_secret`) with ``***``, and masks the places
+* :func:`redact` replaces every *known* secret (the secret key and session token of the
+  environment, the ``secret``/``token`` storage options, the secret key and token an S3 client
+  resolved, a ``user:password@`` of a URL; see :func:`register_secret`) with ``***``, and masks the places
   a signed request carries one whatever its value: ``Credential=AKIA.../`` and
   ``X-Amz-Credential=`` (the access key id), ``X-Amz-Security-Token`` (header or query: the
   session token), ``Authorization: Basic/Bearer``, ``X-Amz-Signature=``, ``user:password@``.
@@ -17,6 +17,19 @@ Two layers, both applied wherever text leaves the process:
   ``DEBUG`` records say what is retried and why). ``-vv`` and ``logging.basicConfig(level=DEBUG)``
   therefore show shardfeed's debug lines without the clients' request dumps; a program that sets
   ``logging.getLogger("botocore").setLevel(logging.DEBUG)`` gets those dumps, redacted.
+
+What counts as a match:
+
+* The access key id (``AWS_ACCESS_KEY_ID``, the ``key`` storage option) is not a secret: it names
+  the key, as a user name does, and is not replaced where it appears as itself (it is still
+  masked inside a signed request's ``Credential=``).
+* A secret of :data:`_WHOLE_TOKEN_BELOW` (8) characters or more is replaced wherever it occurs,
+  inside words included.
+* A shorter one (``test``, ``minio``, ``secret``: the values of local test stores) is replaced only
+  as a whole token, where no letter, digit or ``_`` touches it on either side: with the secret
+  ``test``, ``password test`` becomes ``password ***`` but ``/data/contest_data/latest`` stays.
+* Values under :data:`_MIN_SECRET` (4) characters are not replaced (``"1"`` would mangle every
+  message).
 """
 
 from __future__ import annotations
@@ -28,14 +41,16 @@ import threading
 
 __all__ = ["redact", "shown_source", "register_secret", "guard_client_logs", "SECRET_ENV", "CLIENT_LOGGERS"]
 
-#: Environment variables whose values are credentials.
-SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ACCESS_KEY_ID")
+#: Environment variables whose values are credentials (the access key id is not one: it names the key).
+SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 #: Loggers whose records are redacted as they are made.
 CLIENT_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3", "shardfeed")
 #: Loggers lowered to WARNING unless the application chose their level (request dumps at DEBUG).
 _QUIETED = ("botocore", "boto3", "s3transfer")
 #: Values shorter than this are not replaced (``"1"`` would mangle every message).
 _MIN_SECRET = 4
+#: Secrets shorter than this many characters are replaced only as whole tokens (see the module docstring).
+_WHOLE_TOKEN_BELOW = 8
 
 _known: set[str] = set()
 _lock = threading.Lock()
@@ -73,13 +88,20 @@ def _secrets() -> list[str]:
 
 def redact(text: str, extra=()) -> str:
     """``text`` with every known credential (and ``extra`` values) replaced by ``***`` and the
-    credential-bearing parts of signed requests and URLs masked (see the module docstring)."""
+    credential-bearing parts of signed requests and URLs masked.
+
+    A secret of 8 characters or more is replaced wherever it occurs; a shorter one only as a whole
+    token (no letter, digit or ``_`` next to it); see the module docstring.
+    """
     if not isinstance(text, str):
         text = str(text)
     for secret in sorted({*_secrets(), *(e for e in extra if isinstance(e, str) and len(e) >= _MIN_SECRET)},
                          key=len, reverse=True):
         if secret in text:
-            text = text.replace(secret, "***")
+            if len(secret) >= _WHOLE_TOKEN_BELOW:
+                text = text.replace(secret, "***")
+            else:  # a short value, often a word: only where it stands alone
+                text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", text)
     low = text.lower()
     if "@" in low or any(t in low for t in _TRIGGERS):  # most messages hold none: skip the patterns
         for pattern, repl in _PATTERNS:

@@ -324,6 +324,8 @@ def read_storage_option_file(path: str | os.PathLike) -> dict:
     """
     import stat
 
+    from shardfeed.readers.objstore import _KEY_LIKE, _unreadable_option
+
     path = os.fspath(path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as f:
@@ -358,6 +360,8 @@ def read_storage_option_file(path: str | os.PathLike) -> dict:
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{path}: line {n}: expected KEY=VALUE")
+        if not _KEY_LIKE.fullmatch(key.strip()):  # a KEY: VALUE line: the "key" holds the value
+            raise ValueError(f"{path}: line {n}: {_unreadable_option(key)}")
         options[key.strip()] = value.strip()
     return options
 

@@ -24,6 +24,7 @@ from shardfeed.readers.format import (
     encode_index,
     is_dali_index,
     plain_file_name_problem,
+    read_small_file,
     write_bytes_atomic,
 )
 
@@ -310,7 +311,7 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: 
 
     path = root / MANIFEST_NAME
     try:
-        raw = path.read_bytes()
+        raw = read_small_file(path, what="the manifest")
         old = Manifest.from_json(raw, str(path))
         doc = json.loads(raw)
     except (OSError, ValueError):
@@ -364,7 +365,8 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: 
 def _version_1_indexes(root: Path) -> list[Path]:
     """The ``.idx`` offset indexes a version-1 manifest in ``root`` names (shardfeed's, binary)."""
     try:
-        old = Manifest.from_json((root / MANIFEST_NAME).read_bytes(), str(root / MANIFEST_NAME))
+        old = Manifest.from_json(read_small_file(root / MANIFEST_NAME, what="the manifest"),
+                                 str(root / MANIFEST_NAME))
     except (OSError, ValueError):
         return []
     return [root / s.index for s in old.shards if s.index and s.index.endswith(".idx")]

@@ -16,6 +16,7 @@ from shardfeed.readers.format import (
     LMDB_DATA_NAME,
     MANIFEST_NAME,
     Manifest,
+    read_small_file,
     write_bytes_atomic,
 )
 from shardfeed.readers.registry import describe, resolve
@@ -228,7 +229,8 @@ def _refuse_other_dataset(dest: Path, manifest: Manifest) -> None:
     if not dest_manifest.is_file():
         return  # empty, or a partial stage (its manifest comes last): staging resumes it
     try:
-        theirs = _identity(Manifest.from_json(dest_manifest.read_bytes(), str(dest_manifest)))
+        theirs = _identity(Manifest.from_json(read_small_file(dest_manifest, what="the manifest"),
+                                              str(dest_manifest)))
     except Exception:  # noqa: BLE001 - an unreadable manifest is not known to be this dataset
         theirs = None
     if theirs != _identity(manifest):
@@ -283,7 +285,10 @@ def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, fi
     dest.mkdir(parents=True, exist_ok=True)
     report = StageReport(source=str(loc.root), path=str(dest.resolve()))
     dest_manifest = dest / MANIFEST_NAME
-    same_manifest = dest_manifest.exists() and dest_manifest.read_bytes() == manifest_bytes
+    try:
+        same_manifest = read_small_file(dest_manifest, what="the manifest") == manifest_bytes
+    except (FileNotFoundError, ValueError):  # none, or not one shardfeed wrote: replaced below
+        same_manifest = False
 
     todo: list[_StageFile] = []
     for f in files:

@@ -100,3 +100,53 @@ def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, 
             assert r.returncode == 1, r.stderr
             assert f"another shardfeed command is writing this folder: PID {os.getpid()}" in r.stderr, r.stderr
     assert _download(s3_client, bucket, "b/") == first  # the first pack's objects untouched
+
+
+def test_store_survey_counts_only_the_plan_under_the_state_prefix_as_ours():
+    from shardfeed.convert.ownership import decide, store_entries, survey
+
+    plan = b'{"pack": "unfinished", "options": {"format": "wds", "prefix": "shard"}}'
+    objects = {".shardfeed-pack/plan.json": plan, ".shardfeed-pack/mine.txt": b"mine",
+               ".shardfeed-pack/sub/deep-user-file.bin": b"\0" * 10, "shard-000000.tar": b"\0" * 1024}
+
+    class Listed:
+        def read_bytes(self, name):
+            return objects[name]
+
+    entries, read = store_entries(Listed(), {k: len(v) for k, v in objects.items()})
+    contents = survey("s3://b/p/", entries, read)
+    assert contents.ours == [".shardfeed-pack", "shard-000000.tar"]
+    assert contents.foreign == [".shardfeed-pack/mine.txt", ".shardfeed-pack/sub/deep-user-file.bin"]
+    with pytest.raises(ValueError, match=r"mine\.txt.*deep-user-file\.bin"):
+        decide(contents, resume=False, overwrite=True)
+
+
+@pytest.mark.slow
+def test_overwrite_keeps_user_files_under_the_state_prefix(tiny_image_folder, s3_client, s3_bucket, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(tiny_image_folder, src)
+    (src / "dog" / "zz_empty.jpg").write_bytes(b"")  # stops the pack after its first shards: its plan stays
+    bucket = s3_bucket("own-state-prefix")
+    env = {**os.environ, "SHARDFEED_STAGING_DIR": str(tmp_path / "staging")}
+    url = f"s3://{bucket}/p/"
+    r = _cli("pack", src, url, "--max-count", 4, "-j", 1, "--no-shuffle", env=env)
+    assert r.returncode == 1 and "zz_empty.jpg" in r.stderr, r.stderr
+    assert ".shardfeed-pack/plan.json" in _download(s3_client, bucket, "p/")
+    user = {".shardfeed-pack/mine.txt": b"my notes", ".shardfeed-pack/sub/deep-user-file.bin": b"\x00\x01deep"}
+    for key, body in user.items():
+        s3_client.put_object(Bucket=bucket, Key="p/" + key, Body=body)
+    before = _download(s3_client, bucket, "p/")
+    r = _cli("pack", tiny_image_folder, url, "--max-count", 16, "-j", 1, "--overwrite", env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert ".shardfeed-pack/mine.txt" in r.stderr and ".shardfeed-pack/sub/deep-user-file.bin" in r.stderr, r.stderr
+    assert _download(s3_client, bucket, "p/") == before  # nothing deleted
+    for key, body in user.items():
+        assert before[key] == body
+    # with the user's objects moved away, --overwrite replaces the unfinished pack, its plan included
+    for key in user:
+        s3_client.delete_object(Bucket=bucket, Key="p/" + key)
+    local = tmp_path / "local"
+    assert _cli("pack", tiny_image_folder, local, "--max-count", 16, "-j", 1).returncode == 0
+    r = _cli("pack", tiny_image_folder, url, "--max-count", 16, "-j", 1, "--overwrite", env=env)
+    assert r.returncode == 0, r.stderr
+    assert _download(s3_client, bucket, "p/") == {p.name: p.read_bytes() for p in local.iterdir()}

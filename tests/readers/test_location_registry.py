@@ -277,3 +277,27 @@ def test_only_the_opener_table_and_the_s3_backend_name_the_s3_scheme():
                 if pattern.search(line):
                     found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "scheme tests outside the opener's table:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("scheme", ["file", "FILE"])
+def test_the_file_scheme_cannot_be_replaced_or_unregistered(scheme, planted, tmp_path):
+    from shardfeed.readers import open_dataset
+    from shardfeed.readers.opener import open_location
+
+    called = []
+    with pytest.raises(ValueError, match=r"file:// cannot be replaced or unregistered.*local files"):
+        register_location(scheme, lambda url, **_o: called.append(url), replace=True)
+    with pytest.raises(ValueError, match=r"file:// cannot be replaced or unregistered.*local files"):
+        register_location(scheme, lambda url, **_o: called.append(url))
+    with pytest.raises(ValueError, match=r"file:// cannot be replaced or unregistered.*local files"):
+        unregister_location(scheme)
+    assert "file" in location_schemes() and called == []
+    # local paths still read as local files: the planted folder packed and read back
+    from shardfeed.convert.pack import PackOptions, pack
+
+    src, expected = planted
+    out = tmp_path / "out"
+    pack(src, out, PackOptions(max_count=4))
+    assert type(open_location(str(out))).__name__ == "LocalLocation"
+    labels = sorted(int(s.label) for s in open_dataset(str(out), decode=False, shuffle=False))
+    assert labels == sorted(label for _, label in expected.values()) and called == []
