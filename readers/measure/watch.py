@@ -381,10 +381,11 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     ``facts`` (:func:`data_facts`) says what the loader reads, and the storage and decode advice
     follows it: ``shardfeed pack`` only for an image folder or a dataset of unknown kind (not for
     a packed dataset read by shardfeed); ``stage`` only for a packed dataset that is remote or on
-    slow (network, user-space) storage, or, conditionally, after packing a dataset of unknown kind; ``--resize N`` with a number only when the stored images'
-    shorter side is known to exceed ``N`` (without a number when their size is unknown, never when
-    they are known to be smaller); no decoder advice for the decoder in use, and no reduced-scale
-    decoding advice for a shardfeed loader (it already decodes so), whose ``image_size`` is kept.
+    slow (network, user-space) storage, or, conditionally, after packing a dataset of unknown
+    kind; ``--resize N`` with a number only when the stored images' shorter side is known to
+    exceed ``N`` (without a number when their size is unknown, never when they are smaller); no
+    decoder advice for the decoder in use, and no reduced-scale decoding advice for a shardfeed
+    loader (it already decodes so), whose ``image_size`` is kept.
     Without ``facts`` the dataset is taken as unknown.
 
     The worker shares behind a ``cpu-bound`` verdict are named by which of them reached
