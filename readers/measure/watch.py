@@ -474,7 +474,7 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
             where = "remote" if facts.get("remote") else "on slow (network or user-space) storage"
             advice.append(f"shardfeed stage {data if data != 'DATA' else 'SRC'} /local/nvme (or /dev/shm when it "
                           f"fits): the packed dataset is {where}; read its shards from local storage")
-        out = "SRC" if packed else "OUT"
+        out = (repr(data) if data != "DATA" else "SRC") if packed else "OUT"
         advice.append(f'make_loader({out}, cache="memory") when the dataset fits in RAM: every sample read once')
     # 6. decode cost
     if kind in ("cpu-bound", "main-process-bound"):

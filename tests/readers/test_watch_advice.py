@@ -109,6 +109,7 @@ def test_a_remote_packed_dataset_is_told_to_stage_not_to_pack():
     advice = " | ".join(d["advice"])
     assert "shardfeed pack" not in advice
     assert any(a.startswith("shardfeed stage https://example.org/train ") for a in d["advice"]), d
+    assert any(a.startswith("make_loader('https://example.org/train', cache=\"memory\")") for a in d["advice"]), d
 
 
 def test_an_image_folder_read_by_shardfeed_is_told_to_pack_not_to_stage(tmp_path):
