@@ -475,7 +475,9 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
             advice.append(f"shardfeed stage {data if data != 'DATA' else 'SRC'} /local/nvme (or /dev/shm when it "
                           f"fits): the packed dataset is {where}; read its shards from local storage")
         out = (repr(data) if data != "DATA" else "SRC") if packed else "OUT"
-        advice.append(f'make_loader({out}, cache="memory") when the dataset fits in RAM: every sample read once')
+        if not facts.get("in_memory"):
+            advice.append(f'make_loader({out}, cache="memory") when the dataset fits in RAM: every sample read '
+                          'once')
     # 6. decode cost
     if kind in ("cpu-bound", "main-process-bound"):
         side = facts.get("image_side")
@@ -669,7 +671,8 @@ def data_facts(loader: Any) -> dict:
     Returns:
         ``{"reader", "format", "remote", "slow_storage", "decoder", "image_size", "image_side"}``:
         ``reader`` ``"shardfeed"`` (one of our sources) or ``"other"`` (None without a dataset);
-        ``format`` ``"webdataset"``, ``"lmdb"``, ``"folder"`` or None (unknown); ``remote``: the
+        ``format`` ``"webdataset"``, ``"lmdb"``, ``"folder"``, ``"memory"`` (``cache="memory"``, then
+        also ``"in_memory": True``) or None (unknown); ``remote``: the
         location's ``remote`` capability (None when unknown); ``slow_storage``: a local dataset on a
         network or user-space file system; ``decoder``: the JPEG decoder in use (``"simplejpeg"``,
         ``"pil"``, ``"cv2"``; None when unknown); ``image_size``: the loader's output size, px;
@@ -692,6 +695,10 @@ def data_facts(loader: Any) -> dict:
             value = getattr(obj, attr, None)
             if fmt is None and isinstance(value, str) and (value == "folder" or value in FORMATS):
                 fmt = value
+    from ..memory_cache import MemoryCachedSource
+
+    if isinstance(ds, MemoryCachedSource):  # cache="memory": the samples are in RAM already
+        fmt, facts["in_memory"] = "memory", True
     facts["format"] = fmt if ours else None
     location = getattr(ds, "location", None) or getattr(ds, "store", None)
     remote = getattr(location, "remote", None)

@@ -155,3 +155,12 @@ def test_a_watched_loop_over_a_local_packed_dataset_gives_no_pack_stage_or_resiz
     advice = " | ".join(rep.diagnosis["advice"])
     for word in ("shardfeed pack", "shardfeed stage", "--resize", "simplejpeg", "image_size=224"):
         assert word not in advice, rep.summary()
+
+
+def test_a_dataset_cached_in_memory_is_told_neither_to_pack_stage_nor_cache(small_wds):
+    facts = data_facts(make_loader(small_wds, 8, num_workers=0, image_size=64, cache="memory"))
+    assert facts["in_memory"] is True and facts["image_side"] == min(SMALL)
+    for d in _all_verdicts(facts):
+        advice = " | ".join(d["advice"])
+        for word in ("shardfeed pack", "shardfeed stage", 'cache="memory"', "--resize"):
+            assert word not in advice, d
