@@ -619,6 +619,8 @@ def _probe_sides(ds: Any, fmt: str | None, remote: bool | None) -> list[int]:
         return sides
     read_raw = getattr(ds, "read_raw", None)
     length = len(ds) if hasattr(ds, "__len__") else 0
+    if fmt == "lmdb":  # opening the environment here would share it with workers forked later
+        return sides
     if callable(read_raw) and length:
         for i in range(min(n, length)):
             try:
