@@ -52,7 +52,7 @@ from ..redact import shown_source
 from .report import fmt_bytes, percentile
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
-           "WORKER_CPU_SATURATED", "DEFAULT_SAMPLE_INTERVAL_S", "batch_length", "reports_to_json",
+           "WORKER_CPU_SATURATED", "DEFAULT_SAMPLE_INTERVAL_S", "data_facts", "batch_length", "reports_to_json",
            "predict_batch_interval", "MAX_PER_BATCH"]
 
 logger = logging.getLogger("shardfeed.watch")
@@ -362,7 +362,7 @@ def _pct(x: float | None) -> str:
 def diagnose(*, stall_share: float, batches: int, num_workers: int | None, workers: dict | None,
              main: dict | None, loader: dict, cpu_count: int, cuda: bool, epochs: int,
              t_wait_s: dict | None = None, io: dict | None = None, data: str | None = None,
-             t_step_s: dict | None = None) -> dict:
+             t_step_s: dict | None = None, facts: dict | None = None) -> dict:
     """The diagnosis of a watched loop: ``{"kind", "text", "advice"}``.
 
     Rules, in order: stall under :data:`STALL_COMPUTE_BOUND` → ``compute-bound``; stalled with
@@ -377,7 +377,22 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     ``/dev/shm``, ``cache="memory"``), then decode cost (``--resize`` at pack time, scaled
     decoding); each item names concrete values. ``data``: the dataset's folder when known (a
     torchvision-style ``dataset.root``), named in the ``shardfeed pack`` advice (else ``DATA``).
+
+    ``facts`` (:func:`data_facts`) says what the loader reads, and the storage and decode advice
+    follows it: ``shardfeed pack`` only for an image folder or a dataset of unknown kind (not for
+    a packed dataset read by shardfeed); ``stage`` only for a packed dataset that is remote or on
+    slow (network, user-space) storage, or, conditionally, after packing a dataset of unknown
+    kind; ``--resize N`` with a number only when the stored images' shorter side is known to
+    exceed ``N`` (without a number when their size is unknown, never when they are smaller); no
+    decoder advice for the decoder in use, and no reduced-scale decoding advice for a shardfeed
+    loader (it already decodes so), whose ``image_size`` is kept.
+    Without ``facts`` the dataset is taken as unknown.
+
+    The worker shares behind a ``cpu-bound`` verdict are named by which of them reached
+    :data:`WORKER_CPU_SATURATED`: ``CPU busy`` (the workers compute), or only ``running or
+    runnable`` (they wait for a core: the cores are shared with other work).
     """
+    facts = facts or {}
     data = data or "DATA"
     advice: list[str] = []
     nw = num_workers
@@ -403,10 +418,15 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
         kind = "main-process-bound"
         text = (f"{stall_txt} while the workers idle (CPU {_pct(busy)}) and the main process is CPU-saturated "
                 f"({main_busy:.0%}): collate, pinning or the step's own CPU work")
+    elif saturated and (busy or 0.0) >= WORKER_CPU_SATURATED:
+        kind = "cpu-bound"
+        text = (f"{stall_txt} while the {nw} workers are CPU-saturated (CPU busy {_pct(busy)}, running or "
+                f"runnable {_pct(demand)}): decoding and transforms")
     elif saturated:
         kind = "cpu-bound"
-        text = (f"{stall_txt} while the {nw} workers are CPU-saturated (busy {_pct(busy)}, running or runnable "
-                f"{_pct(demand)}): decoding and transforms")
+        text = (f"{stall_txt} while the {nw} workers want the CPU (running or runnable {_pct(demand)}) but get "
+                f"it only part of the time (CPU busy {_pct(busy)}): they wait for a core shared with other "
+                f"processes; decoding and transforms")
     else:
         kind = "storage-bound"
         io_txt = ""
@@ -420,8 +440,9 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
                       f"(this machine has {cpu_count} cores)")
     elif kind == "cpu-bound" and nw is not None and nw < cpu_count:
         gain = _gain_text(nw, cpu_count, stall_share, t_step_s, t_wait_s, workers, cpu_count)
-        advice.append(f"num_workers={nw} → {cpu_count}: the workers are CPU-saturated and this machine has "
-                      f"{cpu_count} cores{gain}")
+        why = ("the workers are CPU-saturated" if (busy or 0.0) >= WORKER_CPU_SATURATED
+               else f"the workers are running or runnable {_pct(demand)} of the time")
+        advice.append(f"num_workers={nw} → {cpu_count}: {why} and this machine has {cpu_count} cores{gain}")
     elif kind == "storage-bound" and nw is not None:
         more = min(max(2 * nw, nw + 2), max(4 * cpu_count, nw + 2), 64)
         advice.append(f"num_workers={nw} → {more}: the workers wait on storage rather than compute, so more of "
@@ -439,18 +460,44 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     if nw and loader.get("persistent_workers") is False and epochs > 1:
         advice.append("persistent_workers=False → True: the workers start again every epoch")
     # 5. storage format
+    fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
+    packed = ours and fmt is not None and fmt != "folder"
+    image_size = facts.get("image_size") if ours else None
     if kind in ("storage-bound", "main-process-bound"):
-        advice.append(f"shardfeed pack {data} OUT --format wds: a few large shards read sequentially instead of one "
-                      f"open and read per sample (then shardfeed verify {data} OUT shows the change)")
-        advice.append("shardfeed stage OUT /local/nvme (or /dev/shm when it fits): read the shards from local "
-                      "storage")
-        advice.append('make_loader(OUT, cache="memory") when the dataset fits in RAM: every sample read once')
+        if not packed:
+            advice.append(f"shardfeed pack {data} OUT --format wds: a few large shards read sequentially instead of "
+                          f"one open and read per sample (then shardfeed verify {data} OUT shows the change)")
+            if not ours:  # where the data and OUT lie is not known here
+                advice.append("shardfeed stage OUT /local/nvme (or /dev/shm when it fits) when OUT lies on remote "
+                              "or network storage: read the shards from local storage")
+        elif facts.get("remote") or facts.get("slow_storage"):
+            where = "remote" if facts.get("remote") else "on slow (network or user-space) storage"
+            advice.append(f"shardfeed stage {data if data != 'DATA' else 'SRC'} /local/nvme (or /dev/shm when it "
+                          f"fits): the packed dataset is {where}; read its shards from local storage")
+        out = (repr(data) if data != "DATA" else "SRC") if packed else "OUT"
+        if not facts.get("in_memory"):
+            advice.append(f'make_loader({out}, cache="memory") when the dataset fits in RAM: every sample read '
+                          'once')
     # 6. decode cost
     if kind in ("cpu-bound", "main-process-bound"):
-        advice.append(f"shardfeed pack {data} OUT --resize 256: decode smaller images (the decode cost grows with "
-                      "the pixels)")
-        advice.append("make_loader(OUT, image_size=224) decodes JPEGs at a reduced scale (1/2, 1/4, 1/8) when "
-                      "that keeps the shorter side ≥ image_size; decoder='simplejpeg' (the jpeg extra) is faster")
+        side = facts.get("image_side")
+        target = max(256, -(-image_size * 8 // 7)) if image_size else 256
+        src = "the original images" if packed else data
+        if side is None:
+            advice.append(f"shardfeed pack {src} OUT --resize N, N a little above the training image size, when "
+                          "the stored images are larger than that: decode smaller images (the decode cost grows "
+                          "with the pixels)")
+        elif side > target:
+            advice.append(f"shardfeed pack {src} OUT --resize {target}: decode smaller images (the stored images' "
+                          f"shorter side is about {side} px; the decode cost grows with the pixels)")
+        decoder = facts.get("decoder")
+        if not ours:
+            advice.append("make_loader(OUT, image_size=SIZE), SIZE the training size, decodes JPEGs at a reduced "
+                          "scale (1/2, 1/4, 1/8) when that keeps the shorter side ≥ image_size, with "
+                          "decoder='simplejpeg' (the jpeg extra) by default")
+        elif decoder is not None and decoder != "simplejpeg":
+            advice.append(f"decoder='{decoder}' → 'simplejpeg' (pip install simplejpeg): faster JPEG decoding, "
+                          f"at a reduced scale when that keeps the shorter side ≥ image_size")
     return {"kind": kind, "text": text, "advice": advice}
 
 
@@ -497,8 +544,185 @@ def _loader_knobs(loader: Any) -> dict:
 
 
 def _data_root(loader: Any) -> str | None:
-    root = getattr(getattr(loader, "dataset", None), "root", None)
+    ds = getattr(loader, "dataset", None)
+    root = getattr(ds, "root", None)
+    if not isinstance(root, (str, os.PathLike)):  # a packed dataset of ours: its location
+        from ..source_base import SourceBase
+
+        location = getattr(ds, "location", None) if isinstance(ds, SourceBase) else None
+        root = str(location) if location is not None else None
     return shown_source(root) if isinstance(root, (str, os.PathLike)) else None
+
+
+#: Images whose header :func:`data_facts` reads to learn the stored sizes (a few, cheaply).
+SIZE_PROBE_IMAGES = 4
+#: The most bytes read for one probed image (larger ones are left out).
+SIZE_PROBE_MAX_BYTES = 32 * 1024 * 1024
+#: File system types taken as slow (network or user-space) storage for the ``stage`` advice.
+SLOW_FS_TYPES = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "sshfs", "9p", "ceph", "lustre", "gpfs", "glusterfs",
+                 "davfs", "s3fs", "fuse")
+
+
+def _image_side(data: bytes) -> int | None:
+    """The shorter side, px, from an encoded image's header (None when it does not parse)."""
+    import io
+
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+    except Exception:  # noqa: BLE001 - a sample that does not parse tells no size
+        return None
+    return min(int(w), int(h)) if w > 0 and h > 0 else None
+
+
+def _file_side(path: str | os.PathLike) -> int | None:
+    try:
+        if os.path.getsize(path) > SIZE_PROBE_MAX_BYTES:
+            return None
+        with open(path, "rb") as f:
+            return _image_side(f.read(SIZE_PROBE_MAX_BYTES))
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _probe_sides(ds: Any, fmt: str | None, remote: bool | None) -> list[int]:
+    """Shorter sides of up to :data:`SIZE_PROBE_IMAGES` stored images of ``ds`` (local files only)."""
+    n = SIZE_PROBE_IMAGES
+    sides: list[int] = []
+    if remote:
+        return sides
+    if fmt == "webdataset":
+        import tarfile
+
+        from ..format import IMAGE_EXTENSIONS
+
+        shards = getattr(getattr(ds, "manifest", None), "shards", None) or []
+        location = getattr(ds, "location", None)
+        if not shards or location is None:
+            return sides
+        try:
+            with tarfile.open(location.where(shards[0].name), "r:") as tar:
+                for _ in range(16 * n):
+                    member = tar.next()
+                    if member is None or len(sides) >= n:
+                        break
+                    ext = member.name.rsplit(".", 1)[-1].lower()
+                    if member.isfile() and ext in IMAGE_EXTENSIONS and member.size <= SIZE_PROBE_MAX_BYTES:
+                        f = tar.extractfile(member)
+                        side = _image_side(f.read()) if f is not None else None
+                        if side:
+                            sides.append(side)
+        except (OSError, tarfile.TarError, ValueError):
+            pass
+        return sides
+    read_raw = getattr(ds, "read_raw", None)
+    length = len(ds) if hasattr(ds, "__len__") else 0
+    if fmt == "lmdb":  # opening the environment here would share it with workers forked later
+        return sides
+    if callable(read_raw) and length:
+        for i in range(min(n, length)):
+            try:
+                data = read_raw(i)[1]
+            except Exception:  # noqa: BLE001 - an unreadable sample tells no size
+                continue
+            side = _image_side(data) if isinstance(data, (bytes, bytearray, memoryview)) else None
+            if side:
+                sides.append(side)
+        return sides
+    for attr in ("samples", "imgs", "paths", "files"):  # torchvision-style and plain file lists
+        items = getattr(ds, attr, None)
+        if not isinstance(items, (list, tuple)) or not items:
+            continue
+        for item in items[:n]:
+            path = item[0] if isinstance(item, (list, tuple)) and item else item
+            if isinstance(path, (str, os.PathLike)):
+                side = _file_side(path)
+                if side:
+                    sides.append(side)
+        break
+    return sides
+
+
+def _slow_mount(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies on a network or user-space file system (``/proc/mounts``; False when unknown)."""
+    try:
+        real = os.path.realpath(path)
+        with open("/proc/mounts", encoding="utf-8", errors="replace") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return False
+    best, fstype = "", ""
+    for line in lines[:100_000]:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+            best, fstype = mnt, parts[2]
+    return any(fstype == t or fstype.startswith(t + ".") for t in SLOW_FS_TYPES)
+
+
+def data_facts(loader: Any) -> dict:
+    """What a loader reads, as far as it can be learnt cheaply; the advice of :func:`diagnose` depends on it.
+
+    Args:
+        loader: the watched iterable (a ``DataLoader``; its ``dataset`` is looked at).
+
+    Returns:
+        ``{"reader", "format", "remote", "slow_storage", "decoder", "image_size", "image_side"}``:
+        ``reader`` ``"shardfeed"`` (one of our sources) or ``"other"`` (None without a dataset);
+        ``format`` ``"webdataset"``, ``"lmdb"``, ``"folder"``, ``"memory"`` (``cache="memory"``, then
+        also ``"in_memory": True``) or None (unknown); ``remote``: the
+        location's ``remote`` capability (None when unknown); ``slow_storage``: a local dataset on a
+        network or user-space file system; ``decoder``: the JPEG decoder in use (``"simplejpeg"``,
+        ``"pil"``, ``"cv2"``; None when unknown); ``image_size``: the loader's output size, px;
+        ``image_side``: the median shorter side of a few stored images, px (from their headers,
+        local files only; None when unknown).
+    """
+    ds = getattr(loader, "dataset", None)
+    facts = {"reader": None, "format": None, "remote": None, "slow_storage": False, "decoder": None,
+             "image_size": None, "image_side": None}
+    if ds is None:
+        return facts
+    from ..registry import FORMATS
+    from ..source_base import SourceBase
+
+    ours = isinstance(ds, SourceBase)
+    facts["reader"] = "shardfeed" if ours else "other"
+    fmt = None
+    for obj in (ds, getattr(ds, "manifest", None)):
+        for attr in ("source_format", "format"):
+            value = getattr(obj, attr, None)
+            if fmt is None and isinstance(value, str) and (value == "folder" or value in FORMATS):
+                fmt = value
+    from ..memory_cache import MemoryCachedSource
+
+    if isinstance(ds, MemoryCachedSource):  # cache="memory": the samples are in RAM already
+        fmt, facts["in_memory"] = "memory", True
+    facts["format"] = fmt if ours else None
+    location = getattr(ds, "location", None) or getattr(ds, "store", None)
+    remote = getattr(location, "remote", None)
+    if ours and remote is None and fmt == "folder":
+        remote = False  # a folder on the local file system
+    facts["remote"] = remote if isinstance(remote, bool) else None
+    if ours:
+        root = getattr(location, "root", None) if location is not None else getattr(ds, "root", None)
+        if remote is False and isinstance(root, (str, os.PathLike)):
+            facts["slow_storage"] = _slow_mount(root)
+        size = getattr(ds, "image_size", None)
+        facts["image_size"] = int(size) if isinstance(size, int) and not isinstance(size, bool) else None
+        decoder = getattr(getattr(ds, "sample_decoder", None), "decoder", None)
+        if decoder == "auto":
+            from ..jpeg import simplejpeg_available
+
+            decoder = "simplejpeg" if simplejpeg_available() else "pil"
+        facts["decoder"] = decoder if isinstance(decoder, str) else None
+    sides = _probe_sides(ds, facts["format"], facts["remote"])
+    if sides:
+        facts["image_side"] = int(statistics.median(sides))
+    return facts
 
 
 def _label_of(loader: Any) -> str:
@@ -598,6 +822,7 @@ class Watch:
         self._closed_snapshot: dict | None = None
         self._hook_mark: float | None = None
         self._last_len: int | None = None
+        self._facts: dict | None = None
 
     # -- device
     def _resolve_device(self) -> None:
@@ -760,6 +985,15 @@ class Watch:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _data_facts(self) -> dict:
+        """:func:`data_facts` of the loader, learnt once (a few image headers are read)."""
+        if self._facts is None:
+            try:
+                self._facts = data_facts(self.loader)
+            except Exception:  # noqa: BLE001 - facts only refine the advice; a dataset that resists tells none
+                self._facts = {}
+        return self._facts
+
     def report(self) -> WatchReport:
         """The :class:`WatchReport` so far (callable during the loop and after it)."""
         waits, steps = list(self.waits), list(self.steps)
@@ -812,7 +1046,8 @@ class Watch:
         dev = str(self._device) if self._device is not None else "cpu"
         diagnosis = diagnose(stall_share=stall, batches=len(steps), num_workers=nw, workers=workers, main=main,
                              loader=knobs, cpu_count=cpu_count, cuda=self._cuda_sync, epochs=self.epochs,
-                             t_wait_s=t_wait, io=io, data=_data_root(self.loader), t_step_s=t_step)
+                             t_wait_s=t_wait, io=io, data=_data_root(self.loader), t_step_s=t_step,
+                             facts=self._data_facts())
         if len(steps) < 10:
             warnings.append(f"only {len(steps)} batches timed: the figures are rough")
         return WatchReport(label=self.label, batches=len(steps), epochs=self.epochs, t_wait_s=t_wait, t_step_s=t_step,
