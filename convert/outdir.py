@@ -13,7 +13,7 @@ from .outlock import check_not_busy
 from .pack_state import STATE_DIR
 from .ownership import decide, local_entries, survey
 
-__all__ = ["prepare_output"]
+__all__ = ["prepare_output", "remove_recorded"]
 
 
 def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check_only: bool = False,
@@ -60,18 +60,21 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
     if check_only:
         return action
     if action in ("start", "overwrite"):
-        _remove_ours(out, contents)
+        remove_recorded(out, contents)
     out.mkdir(parents=True, exist_ok=True)
     return action
 
 
-def _remove_ours(out: Path, contents) -> None:
-    """Delete what the previous dataset's records name: the manifest first (the dataset stops
-    being finished before its shards go), the state folder last; links are removed, not followed."""
-    order = sorted(contents.ours, key=lambda n: (n != MANIFEST_NAME, n == STATE_DIR, n))
+def remove_recorded(out: Path, contents, keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """Delete what the previous dataset's records name (``contents.ours`` of
+    :func:`~shardfeed.convert.ownership.survey`), less the names in ``keep``: the manifest first
+    (the dataset stops being finished before its shards go), the state folder last; links are
+    removed, not followed. Returns the names removed, in that order."""
+    order = sorted((n for n in contents.ours if n not in keep), key=lambda n: (n != MANIFEST_NAME, n == STATE_DIR, n))
     for name in order:
         p = out / name
         if contents.entries.get(name) == "dir" and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)
+    return order

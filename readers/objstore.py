@@ -44,7 +44,7 @@ from .registry import describe
 
 __all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
            "StoreLocation", "StoreRangeStream", "is_store_url", "is_s3_url", "split_store_url", "scrub",
-           "parse_storage_options", "MULTIPART_THRESHOLD_BYTES",
+           "parse_storage_options", "looks_like_option_key", "unreadable_option_message", "MULTIPART_THRESHOLD_BYTES",
            "MAX_LIST_KEYS", "MAX_LIST_PAGES"]
 
 log = logging.getLogger(__name__)
@@ -149,10 +149,17 @@ def scrub(text: str, options: dict | None = None) -> str:
 _KEY_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 
 
-def _unreadable_option(text: str) -> str:
+def looks_like_option_key(text: str) -> bool:
+    """Whether ``text`` can be named in a message as a storage option's key: letters, digits and
+    ``_``, a letter or ``_`` first, 32 characters at most. Anything else may be a secret typed
+    where the key belongs (``aws_session_token:FwoG...``) and is never echoed."""
+    return bool(_KEY_LIKE.fullmatch(text))
+
+
+def unreadable_option_message(text: str) -> str:
     """The message for a storage option whose text may hold a secret: the text is not shown, only
     a known key it starts with (``aws_session_token:...``, ``token ...``)."""
-    lead = re.match(r"[A-Za-z_][A-Za-z0-9_]{0,31}", text.lstrip())
+    lead = _KEY_LIKE.match(text.lstrip())
     if lead and lead.group() in _STORAGE_OPTION_KEYS:
         return (f"storage option {lead.group()!r} is followed by something other than '='; expected "
                 f"KEY=VALUE ({lead.group()}=...); its text is not shown")
@@ -182,17 +189,17 @@ def parse_storage_options(pairs: Any) -> dict[str, Any]:
             k, sep, v = str(p).partition("=")
             if not sep or not k.strip():
                 text = str(p).strip()
-                if _KEY_LIKE.fullmatch(text):  # a bare key, no value: safe to name
+                if looks_like_option_key(text):  # a bare key, no value: safe to name
                     raise ValueError(f"--storage-option {text}: expected KEY=VALUE")
-                raise ValueError(f"--storage-option: {_unreadable_option(text)}")
+                raise ValueError(f"--storage-option: {unreadable_option_message(text)}")
             parsed.append((k.strip(), v))
         items = parsed
     for k, v in items:
         if not isinstance(k, str) or k not in _STORAGE_OPTION_KEYS:
-            if isinstance(k, str) and _KEY_LIKE.fullmatch(k):
+            if isinstance(k, str) and looks_like_option_key(k):
                 raise ValueError(f"storage option {k!r} is not one shardfeed knows; accepted: "
                                  f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
-            raise ValueError(_unreadable_option(k if isinstance(k, str) else ""))
+            raise ValueError(unreadable_option_message(k if isinstance(k, str) else ""))
         if isinstance(v, str):
             low = v.strip().lower()
             if _STORAGE_OPTION_KEYS[k] == "anon":

@@ -324,7 +324,7 @@ def read_storage_option_file(path: str | os.PathLike) -> dict:
     """
     import stat
 
-    from shardfeed.readers.objstore import _KEY_LIKE, _unreadable_option
+    from shardfeed.readers.objstore import looks_like_option_key, unreadable_option_message
 
     path = os.fspath(path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -360,8 +360,8 @@ def read_storage_option_file(path: str | os.PathLike) -> dict:
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{path}: line {n}: expected KEY=VALUE")
-        if not _KEY_LIKE.fullmatch(key.strip()):  # a KEY: VALUE line: the "key" holds the value
-            raise ValueError(f"{path}: line {n}: {_unreadable_option(key)}")
+        if not looks_like_option_key(key.strip()):  # a KEY: VALUE line: the "key" holds the value
+            raise ValueError(f"{path}: line {n}: {unreadable_option_message(key)}")
         options[key.strip()] = value.strip()
     return options
 

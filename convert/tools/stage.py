@@ -251,9 +251,8 @@ def _clear_other_dataset(dest: Path, manifest: Manifest, files: list[_StageFile]
     Raises:
         ValueError: DEST also holds entries shardfeed did not write (named; nothing is deleted).
     """
-    import shutil
-
     from ..consumers import CARD_NAME, WIDS_INDEX_NAME
+    from ..outdir import remove_recorded
     from ..ownership import local_entries, survey
 
     if not dest.is_dir():
@@ -269,14 +268,8 @@ def _clear_other_dataset(dest: Path, manifest: Manifest, files: list[_StageFile]
                          "which deletes only the files the previous dataset's records name: move them away or "
                          "choose another DEST")
     keep = {f.name for f in files} | {WIDS_INDEX_NAME, CARD_NAME}  # the consumer files are written again
-    stale = sorted((n for n in contents.ours if n not in keep), key=lambda n: (n != MANIFEST_NAME, n))
-    for name in stale:
-        p = dest / name
-        if contents.entries.get(name) == "dir" and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink(missing_ok=True)
-        log.info("%s: removed (a file of the dataset DEST held before)", p)
+    for name in remove_recorded(dest, contents, keep):
+        log.info("%s: removed (a file of the dataset DEST held before)", dest / name)
 
 
 def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, files, min_free_bytes, progress,
