@@ -216,8 +216,8 @@ class LocalLocation(LocationBase):
         """The whole content of ``name``; ``max_bytes``: refuse a larger file (None: no bound).
 
         Raises:
-            FileNotFoundError: no such file. DataSourceError: larger than ``max_bytes``, or (with
-            ``max_bytes``) not a regular file.
+            FileNotFoundError: no such file.
+            DataSourceError: larger than ``max_bytes``, or (with ``max_bytes``) not a regular file.
         """
         path = self.root / name
         if max_bytes is None:
@@ -256,8 +256,8 @@ class LocalLocation(LocationBase):
         reader stops where it wants). Returns ``(file, start)``.
 
         Raises:
-            FileNotFoundError: no such file. ValueError, TypeError: a bad range
-            (:func:`check_byte_range`).
+            FileNotFoundError: no such file.
+            ValueError: a bad range (:func:`check_byte_range`; TypeError for a non-integer bound).
         """
         check_byte_range(self.where(name), start, end)
         f = open(self.root / name, "rb", buffering=0)
