@@ -27,6 +27,7 @@ from shardfeed.readers.format import (
     read_small_file,
     write_bytes_atomic,
 )
+from shardfeed.readers.registry import describe
 
 from ..outlock import output_lock
 from .common import (
@@ -316,7 +317,7 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: 
         doc = json.loads(raw)
     except (OSError, ValueError):
         return None
-    if old.format != "webdataset" or old.version < 2 or not isinstance(doc.get("shards"), list):
+    if not describe(old.format).tar_shards or old.version < 2 or not isinstance(doc.get("shards"), list):
         return None
     if classes is not None and list(classes) != list(old.classes):
         return None  # other class names: the samples are labelled afresh

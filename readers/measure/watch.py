@@ -593,7 +593,10 @@ def _probe_sides(ds: Any, fmt: str | None, remote: bool | None) -> list[int]:
     sides: list[int] = []
     if remote:
         return sides
-    if fmt == "webdataset":
+    from ..registry import describe
+
+    spec = describe(fmt) if fmt is not None and fmt != "folder" else None
+    if spec is not None and spec.tar_shards:
         import tarfile
 
         from ..format import IMAGE_EXTENSIONS
@@ -619,7 +622,7 @@ def _probe_sides(ds: Any, fmt: str | None, remote: bool | None) -> list[int]:
         return sides
     read_raw = getattr(ds, "read_raw", None)
     length = len(ds) if hasattr(ds, "__len__") else 0
-    if fmt == "lmdb":  # opening the environment here would share it with workers forked later
+    if spec is not None and not spec.sharded:  # LMDB: opening its environment here would share it with later workers
         return sides
     if callable(read_raw) and length:
         for i in range(min(n, length)):
@@ -871,6 +874,10 @@ class Watch:
     def __iter__(self) -> _Epoch:
         if self.epochs == 0:
             self._resolve_device()
+            # what the loader reads, learnt here, before its workers start: at exit (a report
+            # written from atexit) a first import of an extension module can reset the
+            # interpreter's record of an unhandled Ctrl-C, and the script would exit 1, not 130
+            self._data_facts()
             self._start_sampling()
         self._drop_unfinished()
         self.epochs += 1
