@@ -355,12 +355,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
             prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
         layout = _layout_of(src, layout, src_url=src_url, notice=notice)
         if layout is not None:
-            if to_store:
-                raise ValueError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack a "
-                                 "local folder into a local OUT")
-            from .layouts import pack_layout
-
-            return pack_layout(src, out, options, layout, context=context)
+            return _pack_layout_locally(src, out, options, layout, context, to_store=to_store)
         if scan is None:
             scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
                                      progress=scan_progress)
@@ -373,11 +368,31 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
         else:
             report = pack_local(src, out, options, scan=scan, context=context)
     if src_url is not None:
-        shutil.rmtree(src, ignore_errors=True)  # the local mirror of the bucket's folder
-        report.source = src_url
-        # the report's seconds (and images/s) are the pack's; the bucket's listing and download before it apart
-        report.extra["download_seconds"] = round(download_s, 3)
+        _finish_bucket_source(report, src, src_url, download_s)
     return report
+
+
+def _pack_layout_locally(src: Path, out, options: PackOptions, layout, context: PackContext, *,
+                         to_store: bool) -> PackReport:
+    """:func:`pack` of a layout beyond the class folder (:func:`shardfeed.convert.layouts.pack_layout`).
+
+    Raises:
+        ValueError: OUT in a bucket (a layout packs a local folder into a local OUT).
+    """
+    if to_store:
+        raise ValueError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack a "
+                         "local folder into a local OUT")
+    from .layouts import pack_layout
+
+    return pack_layout(src, out, options, layout, context=context)
+
+
+def _finish_bucket_source(report: PackReport, mirror: Path, src_url: str, download_s: float) -> None:
+    """After a pack from a bucket: the local mirror removed, the report naming the URL; its
+    seconds (and images/s) stay the pack's, the listing and download before it given apart."""
+    shutil.rmtree(mirror, ignore_errors=True)
+    report.source = src_url
+    report.extra["download_seconds"] = round(download_s, 3)
 
 
 def _checked_out(out: str | os.PathLike[str], options: PackOptions) -> tuple[str | Path, bool]:

@@ -558,14 +558,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         TypeError: ``batch_size``, ``seed`` (or ``shuffle_buffer``) is not an integer (a bool,
             string or float).
     """
-    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
-        check_keywords("make_loader", open_dataset_options,
-                       open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise TypeError(f"batch_size must be an integer, got {batch_size!r} ({type(batch_size).__name__})")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    seed = check_seed(seed)  # before any I/O, for a dataset already opened too
+    seed = _check_loader_arguments(source_or_dataset, batch_size, seed, open_dataset_options)
     given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}
     extras = LoaderOptions(**given)
     decode_device = extras.decode_device
@@ -614,6 +607,24 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
     log.debug("make_loader: %r batch_size=%d num_workers=%d pin_memory=%s -> %d batches per epoch",
               ds, batch_size, num_workers, pin_memory, len(loader))
     return loader
+
+
+def _check_loader_arguments(source_or_dataset: Any, batch_size: Any, seed: Any, options: dict[str, Any]) -> int:
+    """:func:`make_loader`'s checks before any I/O (a dataset already opened too): the keywords'
+    spelling for a path or URL, ``batch_size`` a positive integer; returns the checked seed.
+
+    Raises:
+        TypeError: a misspelt keyword ("did you mean"), a ``batch_size`` or ``seed`` that is not an integer.
+        ValueError: ``batch_size`` below 1.
+    """
+    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
+        check_keywords("make_loader", options,
+                       open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise TypeError(f"batch_size must be an integer, got {batch_size!r} ({type(batch_size).__name__})")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    return check_seed(seed)
 
 
 def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any], *, shuffle: bool, seed: int,

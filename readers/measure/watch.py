@@ -401,39 +401,11 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     pf = loader.get("prefetch_factor")
     busy = (workers or {}).get("cpu_busy_share")
     demand = (workers or {}).get("cpu_demand_share")
-    saturated = None if busy is None and demand is None else max(busy or 0.0, demand or 0.0) >= WORKER_CPU_SATURATED
-    main_busy = max((main or {}).get("cpu_busy_share") or 0.0, (main or {}).get("cpu_demand_share") or 0.0)
-    stall_txt = f"the loop waits for data {stall_share:.0%} of the time"
     if stall_share < STALL_COMPUTE_BOUND:
-        kind = "compute-bound"
-        text = f"{stall_txt}: the loader keeps up; a faster loader would not speed this loop up"
-        return {"kind": kind, "text": text, "advice": []}
-    if nw == 0:
-        kind = "main-process-bound"
-        text = f"{stall_txt}, and the samples are loaded in the main process (num_workers=0), between the steps"
-    elif saturated is None:
-        kind = "unknown"
-        text = f"{stall_txt}; the worker processes could not be watched (psutil), so the cause is not known"
-    elif not saturated and main_busy >= 0.9:
-        kind = "main-process-bound"
-        text = (f"{stall_txt} while the workers idle (CPU {_pct(busy)}) and the main process is CPU-saturated "
-                f"({main_busy:.0%}): collate, pinning or the step's own CPU work")
-    elif saturated and (busy or 0.0) >= WORKER_CPU_SATURATED:
-        kind = "cpu-bound"
-        text = (f"{stall_txt} while the {nw} workers are CPU-saturated (CPU busy {_pct(busy)}, running or "
-                f"runnable {_pct(demand)}): decoding and transforms")
-    elif saturated:
-        kind = "cpu-bound"
-        text = (f"{stall_txt} while the {nw} workers want the CPU (running or runnable {_pct(demand)}) but get "
-                f"it only part of the time (CPU busy {_pct(busy)}): they wait for a core shared with other "
-                f"processes; decoding and transforms")
-    else:
-        kind = "storage-bound"
-        io_txt = ""
-        if io and io.get("read_chars_per_s") is not None:
-            io_txt = f"; reading {fmt_bytes(io['read_chars_per_s'])}/s"
-        text = (f"{stall_txt} while the {nw} workers mostly wait (CPU busy {_pct(busy)}, running or runnable "
-                f"{_pct(demand)}): on storage (opens and reads){io_txt}")
+        text = f"the loop waits for data {stall_share:.0%} of the time: the loader keeps up; a faster loader would " \
+               "not speed this loop up"
+        return {"kind": "compute-bound", "text": text, "advice": []}
+    kind, text = _verdict(stall_share, nw, busy, demand, main, io)
     # 1. workers
     if kind == "main-process-bound" and nw == 0:
         advice.append(f"num_workers=0 → {max(2, min(cpu_count, 8))}: load in worker processes "
@@ -459,46 +431,91 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     # 4. persistent workers
     if nw and loader.get("persistent_workers") is False and epochs > 1:
         advice.append("persistent_workers=False → True: the workers start again every epoch")
-    # 5. storage format
+    # 5. storage format, 6. decode cost
+    if kind in ("storage-bound", "main-process-bound"):
+        advice += _storage_advice(facts, data)
+    if kind in ("cpu-bound", "main-process-bound"):
+        advice += _decode_advice(facts, data)
+    return {"kind": kind, "text": text, "advice": advice}
+
+
+def _verdict(stall_share: float, nw: int | None, busy: float | None, demand: float | None, main: dict | None,
+             io: dict | None) -> tuple[str, str]:
+    """:func:`diagnose`'s ``(kind, text)`` of a stalled loop, by the rules its docstring lists."""
+    saturated = None if busy is None and demand is None else max(busy or 0.0, demand or 0.0) >= WORKER_CPU_SATURATED
+    main_busy = max((main or {}).get("cpu_busy_share") or 0.0, (main or {}).get("cpu_demand_share") or 0.0)
+    stall_txt = f"the loop waits for data {stall_share:.0%} of the time"
+    if nw == 0:
+        return ("main-process-bound",
+                f"{stall_txt}, and the samples are loaded in the main process (num_workers=0), between the steps")
+    if saturated is None:
+        return ("unknown",
+                f"{stall_txt}; the worker processes could not be watched (psutil), so the cause is not known")
+    if not saturated and main_busy >= 0.9:
+        return ("main-process-bound",
+                f"{stall_txt} while the workers idle (CPU {_pct(busy)}) and the main process is CPU-saturated "
+                f"({main_busy:.0%}): collate, pinning or the step's own CPU work")
+    if saturated and (busy or 0.0) >= WORKER_CPU_SATURATED:
+        return ("cpu-bound", f"{stall_txt} while the {nw} workers are CPU-saturated (CPU busy {_pct(busy)}, "
+                             f"running or runnable {_pct(demand)}): decoding and transforms")
+    if saturated:
+        return ("cpu-bound", f"{stall_txt} while the {nw} workers want the CPU (running or runnable {_pct(demand)}) "
+                             f"but get it only part of the time (CPU busy {_pct(busy)}): they wait for a core "
+                             "shared with other processes; decoding and transforms")
+    io_txt = ""
+    if io and io.get("read_chars_per_s") is not None:
+        io_txt = f"; reading {fmt_bytes(io['read_chars_per_s'])}/s"
+    return ("storage-bound", f"{stall_txt} while the {nw} workers mostly wait (CPU busy {_pct(busy)}, running or "
+                             f"runnable {_pct(demand)}): on storage (opens and reads){io_txt}")
+
+
+def _storage_advice(facts: dict, data: str) -> list[str]:
+    """:func:`diagnose`'s storage advice (pack, stage, ``cache="memory"``), as ``facts`` allow."""
+    advice: list[str] = []
+    fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
+    packed = ours and fmt is not None and fmt != "folder"
+    if not packed:
+        advice.append(f"shardfeed pack {data} OUT --format wds: a few large shards read sequentially instead of "
+                      f"one open and read per sample (then shardfeed verify {data} OUT shows the change)")
+        if not ours:  # where the data and OUT lie is not known here
+            advice.append("shardfeed stage OUT /local/nvme (or /dev/shm when it fits) when OUT lies on remote "
+                          "or network storage: read the shards from local storage")
+    elif facts.get("remote") or facts.get("slow_storage"):
+        where = "remote" if facts.get("remote") else "on slow (network or user-space) storage"
+        advice.append(f"shardfeed stage {data if data != 'DATA' else 'SRC'} /local/nvme (or /dev/shm when it "
+                      f"fits): the packed dataset is {where}; read its shards from local storage")
+    out = (repr(data) if data != "DATA" else "SRC") if packed else "OUT"
+    if not facts.get("in_memory"):
+        advice.append(f'make_loader({out}, cache="memory") when the dataset fits in RAM: every sample read '
+                      'once')
+    return advice
+
+
+def _decode_advice(facts: dict, data: str) -> list[str]:
+    """:func:`diagnose`'s decode-cost advice (``--resize``, scaled decoding, the decoder), as ``facts`` allow."""
+    advice: list[str] = []
     fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
     packed = ours and fmt is not None and fmt != "folder"
     image_size = facts.get("image_size") if ours else None
-    if kind in ("storage-bound", "main-process-bound"):
-        if not packed:
-            advice.append(f"shardfeed pack {data} OUT --format wds: a few large shards read sequentially instead of "
-                          f"one open and read per sample (then shardfeed verify {data} OUT shows the change)")
-            if not ours:  # where the data and OUT lie is not known here
-                advice.append("shardfeed stage OUT /local/nvme (or /dev/shm when it fits) when OUT lies on remote "
-                              "or network storage: read the shards from local storage")
-        elif facts.get("remote") or facts.get("slow_storage"):
-            where = "remote" if facts.get("remote") else "on slow (network or user-space) storage"
-            advice.append(f"shardfeed stage {data if data != 'DATA' else 'SRC'} /local/nvme (or /dev/shm when it "
-                          f"fits): the packed dataset is {where}; read its shards from local storage")
-        out = (repr(data) if data != "DATA" else "SRC") if packed else "OUT"
-        if not facts.get("in_memory"):
-            advice.append(f'make_loader({out}, cache="memory") when the dataset fits in RAM: every sample read '
-                          'once')
-    # 6. decode cost
-    if kind in ("cpu-bound", "main-process-bound"):
-        side = facts.get("image_side")
-        target = max(256, -(-image_size * 8 // 7)) if image_size else 256
-        src = "the original images" if packed else data
-        if side is None:
-            advice.append(f"shardfeed pack {src} OUT --resize N, N a little above the training image size, when "
-                          "the stored images are larger than that: decode smaller images (the decode cost grows "
-                          "with the pixels)")
-        elif side > target:
-            advice.append(f"shardfeed pack {src} OUT --resize {target}: decode smaller images (the stored images' "
-                          f"shorter side is about {side} px; the decode cost grows with the pixels)")
-        decoder = facts.get("decoder")
-        if not ours:
-            advice.append("make_loader(OUT, image_size=SIZE), SIZE the training size, decodes JPEGs at a reduced "
-                          "scale (1/2, 1/4, 1/8) when that keeps the shorter side ≥ image_size, with "
-                          "decoder='simplejpeg' (the jpeg extra) by default")
-        elif decoder is not None and decoder != "simplejpeg":
-            advice.append(f"decoder='{decoder}' → 'simplejpeg' (pip install simplejpeg): faster JPEG decoding, "
-                          f"at a reduced scale when that keeps the shorter side ≥ image_size")
-    return {"kind": kind, "text": text, "advice": advice}
+    side = facts.get("image_side")
+    target = max(256, -(-image_size * 8 // 7)) if image_size else 256
+    src = "the original images" if packed else data
+    if side is None:
+        advice.append(f"shardfeed pack {src} OUT --resize N, N a little above the training image size, when "
+                      "the stored images are larger than that: decode smaller images (the decode cost grows "
+                      "with the pixels)")
+    elif side > target:
+        advice.append(f"shardfeed pack {src} OUT --resize {target}: decode smaller images (the stored images' "
+                      f"shorter side is about {side} px; the decode cost grows with the pixels)")
+    decoder = facts.get("decoder")
+    if not ours:
+        advice.append("make_loader(OUT, image_size=SIZE), SIZE the training size, decodes JPEGs at a reduced "
+                      "scale (1/2, 1/4, 1/8) when that keeps the shorter side ≥ image_size, with "
+                      "decoder='simplejpeg' (the jpeg extra) by default")
+    elif decoder is not None and decoder != "simplejpeg":
+        advice.append(f"decoder='{decoder}' → 'simplejpeg' (pip install simplejpeg): faster JPEG decoding, "
+                      f"at a reduced scale when that keeps the shorter side ≥ image_size")
+    return advice
 
 
 def predict_batch_interval(num_workers: int, new_workers: int, wait_s: float, step_s: float,
