@@ -258,7 +258,7 @@ def check_lmdb_records(loc: DatasetLocation, manifest: Manifest, report: CheckRe
     Raises:
         ManifestError: ``loc`` is a URL (LMDB is checked on a local disk).
     """
-    if loc.url:
+    if loc.remote:
         raise ManifestError(f"{loc.root}: an LMDB dataset cannot be checked over HTTP; stage it locally first")
     name = manifest.shards[0].name if manifest.shards else LMDB_DATA_NAME
     probs = ProblemList(report, name, limit)

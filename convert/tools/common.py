@@ -180,7 +180,7 @@ class DatasetLocation:
 
     Attributes:
         location: the :class:`~shardfeed.readers.location.Location`.
-        remote: the location is not a local file system (``location.remote``); ``url`` is the same.
+        remote: the location is not a local file system (``location.remote``).
         root: the local directory (``Path``) or the base URL ending in ``/`` (``str``, no credentials).
         manifest_source: the manifest's path or URL (``str``).
     """
@@ -192,7 +192,6 @@ class DatasetLocation:
         self.location = open_location(path_or_url if isinstance(path_or_url, str) else str(path_or_url),
                                       storage_options=storage_options, timeout_s=timeout_s, retries=retries)
         self.remote = bool(self.location.remote)
-        self.url = self.remote
         # for messages and reports (no user:password@ of a URL); a local folder's is its Path
         self.root = getattr(self.location, "root", None) or str(self.location)
         self.manifest_source = self.location.where(self.location.manifest_name)
@@ -369,10 +368,10 @@ def iter_raw_samples(path_or_url: str | os.PathLike | DatasetLocation, manifest:
         ManifestError: no manifest, or an LMDB dataset given as a URL.
     """
     loc = path_or_url if isinstance(path_or_url, DatasetLocation) else DatasetLocation(path_or_url)
-    manifest = manifest or loc.load_manifest(check_files=not loc.url)
+    manifest = manifest or loc.load_manifest(check_files=not loc.remote)
     spec = describe(manifest.format)
     if spec.records is not None:
-        if loc.url:
+        if loc.remote:
             raise ManifestError(f"{loc.root}: an {spec.title} dataset cannot be read over HTTP; stage it locally first")
         name = manifest.shards[0].name if manifest.shards else "data.mdb"
         for _key, rec in resolve(spec.records)(loc.root):

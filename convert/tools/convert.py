@@ -138,9 +138,9 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
                              num_samples=pr.num_samples, num_shards=pr.num_shards, num_bytes=pr.num_bytes,
                              seconds=time.perf_counter() - t0, pack=pr.to_json())
     loc = DatasetLocation(src, storage_options=storage_options)
-    manifest = loc.load_manifest(check_files=not loc.url)
+    manifest = loc.load_manifest(check_files=not loc.remote)
     # a URL source cannot contain OUT: compare OUT with a path that cannot be its parent
-    src_root = Path("/nonexistent-url-source") if loc.url else Path(loc.root)
+    src_root = Path("/nonexistent-url-source") if loc.remote else Path(loc.root)
     with output_lock(out, "convert"):  # one writer per OUT: a second command fails at once, naming this one
         prepare_output(src_root, out, resume=False, overwrite=overwrite)
         _write_state(out, fmt, prefix)  # names what this convert writes: a later --overwrite may delete it

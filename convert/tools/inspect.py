@@ -74,7 +74,7 @@ def count_classes(location: DatasetLocation, manifest: Manifest,
             progress(1, len(rec["data"]))
         return dict(counts)
     for shard in manifest.shards:
-        if location.url:
+        if location.remote:
             for sample in iter_shard_samples(location, shard.name, class_to_idx=manifest.class_to_idx,
                                              labelled=manifest.labelled, index=shard.index):
                 counts[sample.label] += 1
@@ -185,7 +185,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
     loc = DatasetLocation(path_or_url, storage_options=storage_options)
     manifest = loc.load_manifest(check_files=False)
     problems = []
-    if not loc.url:
+    if not loc.remote:
         try:
             from shardfeed.readers.format import check_files_present
 
@@ -195,7 +195,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
         else:
             problems += _damaged_indexes(Path(loc.root), manifest)
     if count_classes_from_data is None:
-        count_classes_from_data = not loc.url
+        count_classes_from_data = not loc.remote
     counts = None
     if count_classes_from_data and not problems:
         counts = count_classes(loc, manifest, progress)

@@ -204,7 +204,7 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise NotADirectoryError(f"{dest}: exists and is a file; choose a folder to stage into")
-    if not loc.url and dest.exists() and dest.resolve() == Path(loc.root).resolve():
+    if not loc.remote and dest.exists() and dest.resolve() == Path(loc.root).resolve():
         raise ValueError(f"{dest}: is the source dataset itself; choose another folder")
     files = _stage_files(manifest)
     for f in files:

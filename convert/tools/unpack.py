@@ -106,11 +106,11 @@ def unpack(path_or_url: str | os.PathLike, out: str | os.PathLike, *, overwrite:
     """
     t0 = time.perf_counter()
     loc = DatasetLocation(path_or_url, storage_options=storage_options)
-    manifest = loc.load_manifest(check_files=not loc.url)
+    manifest = loc.load_manifest(check_files=not loc.remote)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is a file; choose a folder to unpack into")
-    if not loc.url and out.resolve() == Path(loc.root).resolve():
+    if not loc.remote and out.resolve() == Path(loc.root).resolve():
         raise ValueError(f"{out}: is the packed dataset's own folder; choose another output folder")
     if out.exists() and listing(out) and not overwrite:
         raise ValueError(f"{out}: output folder is not empty; choose an empty folder or pass --overwrite")
