@@ -327,7 +327,8 @@ def read_storage_option_file(path: str | os.PathLike) -> dict:
     from shardfeed.readers.objstore import looks_like_option_key, unreadable_option_message
 
     path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # Non-blocking: opening a FIFO does not wait for a writer (it is then refused as not a plain file).
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):

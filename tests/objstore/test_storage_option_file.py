@@ -111,3 +111,19 @@ def test_a_secret_on_the_command_line_is_warned_about_never_echoed(s3_packed, tm
     assert r.returncode == 0, r.stderr
     assert "visible to every local user" in r.stderr and "--storage-option-file" in r.stderr
     assert SECRET not in r.stderr + r.stdout
+
+
+def test_a_fifo_given_as_the_storage_option_file_is_refused_without_waiting(tmp_path):
+    from shardfeed.convert.cli.common import read_storage_option_file
+
+    fifo = tmp_path / "s3.conf"
+    os.mkfifo(fifo, 0o600)
+    script = ("import sys\nfrom shardfeed.convert.cli.common import read_storage_option_file\n"
+              "try:\n    read_storage_option_file(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n")
+    # In a child process with a deadline: a blocking open of a FIFO would hang the test run itself.
+    r = subprocess.run([sys.executable, "-P", "-c", script, str(fifo)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"{fifo}: not a plain file" in r.stdout, (r.stdout, r.stderr)
+    link = tmp_path / "zero.conf"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="not a plain file"):
+        read_storage_option_file(link)
