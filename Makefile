@@ -87,6 +87,9 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(MAKE) --no-print-directory $(PEERS_VENV)/.installed || echo "bench: $(PEERS_VENV) incomplete (reported in the peers table)"
 	$(PY) scripts/bench_peers.py --folder data/bench-imagenet --wds data/bench-imagenet-wds --storage-ms 2 \
 		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers.json --markdown out/bench/peers.md
+	# the same on small images (64-96 px enlarged to 224), where per-sample overhead shows: local disk only
+	$(PY) scripts/bench_peers.py --folder data/bench-small --wds data/bench-small-wds \
+		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers-small.json --markdown out/bench/peers-small.md
 
 # The peer loaders of scripts/bench_peers.py that cannot share .venv (a torch with its matching
 # torchvision, FFCV's numba), each installed on its own so that one failure leaves the others;
