@@ -33,6 +33,8 @@ of the same loader started while the first is alive makes its batches the ordina
 from __future__ import annotations
 
 import logging
+import mmap
+import sys
 import weakref
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,47 @@ __all__ = ["BatchRing", "RingBatch", "active_ring"]
 logger = logging.getLogger(__name__)
 
 _active: "BatchRing | None" = None
+
+#: ``madvise`` advice that maps every page of a range writable in one call (Linux 5.14+)
+_MADV_POPULATE_WRITE = 23
+_madvise = None
+
+
+def populate_pages(address: int, nbytes: int) -> bool:
+    """Map the pages of ``[address, address + nbytes)`` for writing, in one ``madvise`` call.
+
+    Pages of a shared-memory mapping inherited through ``fork`` (or mapped anew in a spawned
+    worker) are not in the worker's page tables: each first write to one of them traps (a minor
+    page fault, about 1-3 us on a loaded machine, 2,352 of them per 9.6 MB batch: more than the
+    resize of a small image). ``MADV_POPULATE_WRITE`` maps them all in the kernel at once.
+
+    Args:
+        address: Start of the range (inside one mapping; rounded down to a page).
+        nbytes: Length of the range, bytes.
+
+    Returns:
+        Whether the kernel did it (False off Linux, on kernels before 5.14, or when ``libc``
+        cannot be loaded: the pages then fault one by one, as before, with the same contents).
+    """
+    global _madvise
+    if nbytes <= 0 or not sys.platform.startswith("linux"):
+        return False
+    if _madvise is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.madvise
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            fn.restype = ctypes.c_int
+            _madvise = fn
+        except (OSError, AttributeError):
+            _madvise = False
+    if not _madvise:
+        return False
+    page = mmap.PAGESIZE
+    start = address - address % page
+    return _madvise(start, address + nbytes - start, _MADV_POPULATE_WRITE) == 0
 
 
 def active_ring() -> "BatchRing | None":
@@ -115,6 +158,7 @@ class BatchRing:
         self._buffers_np = None
         self._held: dict[tuple[int, int], int] = {}  # main process: slots of taken batches -> seq
         self._slot_rows: dict[tuple[int, int], tuple] = {}  # worker side: (worker, slot) -> its row views
+        self._populated: set[int] = set()  # workers whose slots this process mapped (populate_pages)
 
     def __getstate__(self) -> dict:
         return {"num_workers": self.num_workers, "slots": self.slots, "batch_size": self.batch_size,
@@ -131,6 +175,12 @@ class BatchRing:
         global _active
         self._worker, self._slot, self._next_row, self._fallback_rows = worker, -1, 0, 0
         _active = self
+        if 0 <= worker < self.num_workers and worker not in self._populated:
+            # this process's first epoch in the worker's slots: map their pages now, in one call,
+            # rather than by a page fault on each page's first write (see populate_pages)
+            self._populated.add(worker)
+            part = self.buffers[worker]
+            populate_pages(part.data_ptr(), part.numel())
 
     def next_row(self, worker: int) -> "torch.Tensor | None":
         """The next ``[3, S, S]`` row to write an image into, in worker ``worker``.

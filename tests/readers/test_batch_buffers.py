@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import math
+import mmap
+import os
+import resource
+import sys
 
 import numpy as np
 import pytest
@@ -366,3 +370,34 @@ def test_main_process_buffers_are_written_again_only_once_nothing_holds_them(tmp
     assert torch.equal(keep_row, first_row) and torch.equal(torch.from_numpy(keep_array), second)
     loader.set_epoch(0)
     assert torch.equal(torch.cat([b.clone() for b, _ in loader]), torch.stack(want))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+def test_a_worker_maps_its_slots_once_and_writes_them_without_page_faults():
+    from shardfeed.readers.batch_ring import BatchRing, populate_pages
+
+    ring = BatchRing(num_workers=2, slots=3, batch_size=4, image_size=256)  # 3 x 786,432 bytes per worker
+    part = ring.buffers[1].numpy()
+    pages = part.size // mmap.PAGESIZE
+    want = (np.arange(part.size, dtype=np.int64) % 251).astype(np.uint8).reshape(part.shape)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked worker: the shared pages are not in its page tables yet
+        status = 1
+        try:
+            ring.reset_worker(1)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            np.copyto(part, want)  # every byte of the worker's slots
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            os.write(write_end, str(faults).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    faults = int(os.read(read_end, 64) or b"-1")
+    os.close(read_end)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert 0 <= faults < pages // 4  # mapped by one call at reset_worker, not one fault per page
+    assert np.array_equal(part, want)  # the worker's writes are in the shared memory
+    assert populate_pages(ring.buffers.data_ptr(), 0) is False

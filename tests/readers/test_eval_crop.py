@@ -146,6 +146,18 @@ def test_source_box_is_the_resized_crop_mapped_back(shape):
     assert abs(top + bh / 2 - h / 2) <= 0.5 + scale and abs(left + bw / 2 - w / 2) <= 0.5 + scale
 
 
+
+def test_source_box_asked_again_or_after_a_size_change_is_still_the_mapped_crop():
+    t = EvalTransform(224, 256)
+    for _ in range(2):  # the second time from the transform's kept boxes
+        for h, w in [(375, 500), (64, 96), (96, 64)]:
+            top, left, bh, bw = t.source_box(h, w)
+            scale = min(h, w) / 256
+            assert abs(bh - 224 * scale) <= 1 and abs(bw - 224 * scale) <= 1
+    t.resize_size = 320  # a later size is not answered with the box kept for the earlier one
+    top, left, bh, bw = t.source_box(375, 500)
+    assert abs(bh - 224 * 375 / 320) <= 1 and abs(bw - 224 * 375 / 320) <= 1
+
 @pytest.mark.multiprocess
 def test_loader_eval_resize_size_through_the_sources(tmp_path):
     from shardfeed.convert.pack import PackOptions, pack
