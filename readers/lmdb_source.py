@@ -31,6 +31,7 @@ time), and decoded in order. Reads that come back fast again turn it off.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -42,18 +43,21 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
+from .lmdb_readahead import MAX_BYTES, ValueReader, read_values_ahead
 from .options import ReadOptions
 from .shard_readahead import SLOW_READ_S, read_pool
 from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
 
-__all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS"]
+__all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS", "READ_AHEAD_BYTES"]
 
 #: ``readahead`` used unless the caller passes one: None, automatic by database size (see above).
 DEFAULT_READAHEAD = None
 
 #: Records of a batch read ahead of the decoder on slow storage (each holds one record's bytes).
 READ_AHEAD_RECORDS = 32
+#: Bytes of a batch read ahead of the decoder on slow storage, at most.
+READ_AHEAD_BYTES = MAX_BYTES
 
 _UNREAD = object()  # read_record: no value given, read it
 
@@ -97,6 +101,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     map_style = True
     #: Records a batch reads ahead on slow storage (see the module docstring); 0: never.
     read_ahead_records = READ_AHEAD_RECORDS
+    #: Most bytes a batch reads ahead of the decoder on slow storage (a single larger record is read alone).
+    read_ahead_bytes = READ_AHEAD_BYTES
     #: Whether this process's last reads were slow (set per process by ``__getitems__``).
     _reads_slow = False
 
@@ -176,6 +182,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         state["_env"] = None
         state["_env_pid"] = None
         state["_local"] = None
+        state.pop("_reader", None)
         return state
 
     def __setstate__(self, state):
@@ -308,25 +315,55 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
                     break
             if n >= len(indices):
                 return out
-        pool = read_pool()
         rest = indices[n:]
-        pending: list = []
+        bad = next((i for i in rest if not 0 <= i < self._num_samples), None)
+        if bad is not None:  # the batch fails at its first bad index, as ``self[i]`` would
+            rest = rest[:rest.index(bad)]
         slow = 0
+        reader = self._value_reader()
+        if reader is None:
+            reads = self._pool_reads(rest, depth)
+        else:
+            reads = read_values_ahead(reader, [self.key(i) for i in rest], read_pool(),
+                                      fallback=lambda k: self._get(rest[k])[0], max_records=depth,
+                                      max_bytes=int(self.read_ahead_bytes))
         try:
-            for k, i in enumerate(rest):
-                while len(pending) < depth and k + len(pending) < len(rest):
-                    j = rest[k + len(pending)]
-                    pending.append(pool.submit(self._get, j) if 0 <= j < self._num_samples else None)
-                future = pending.pop(0)
-                if future is None:
-                    raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
-                value, took = future.result()
+            for i, (value, took) in zip(rest, reads):
                 slow += took > SLOW_READ_S
                 out.append(self.__getitem__(i, value))
         finally:
-            for future in pending:
-                if future is not None:
-                    future.cancel()
+            reads.close()
+        if bad is not None:
+            raise IndexError(f"sample index {bad} is outside [0, {self._num_samples})")
         # page cache warm again (hardly a read slow): the next batch starts in this thread
         self._reads_slow = 8 * slow >= len(rest)
         return out
+
+    def _value_reader(self):
+        """This process's :class:`~shardfeed.readers.lmdb_readahead.ValueReader` of the database
+        (None where it cannot be made: the records are then read through the map)."""
+        env = self.env()
+        held = self.__dict__.get("_reader")
+        if held is not None and held[0] == self._env_pid and held[1] is env:
+            return held[2]
+        if held is not None and held[2] is not None:
+            held[2].close()
+        try:
+            reader = ValueReader(env, self._db_path)
+        except OSError:
+            reader = None
+        self._reader = (self._env_pid, env, reader)
+        return reader
+
+    def _pool_reads(self, indices: list, depth: int):
+        """``(value, seconds)`` of each index, read by the read pool up to ``depth`` ahead (through the map)."""
+        pool = read_pool()
+        pending: collections.deque = collections.deque()
+        try:
+            for k in range(len(indices)):
+                while len(pending) < depth and k + len(pending) < len(indices):
+                    pending.append(pool.submit(self._get, indices[k + len(pending)]))
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
