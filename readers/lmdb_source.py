@@ -23,10 +23,15 @@ per process and database, so the first source to open it in a process decides.
 Slow storage (a network or FUSE mount): a loader asks for a batch's samples at once
 (``__getitems__``). When a record's read takes longer than
 :data:`~shardfeed.readers.shard_readahead.SLOW_READ_S` (its pages were not in memory and a
-page fault is a round trip to the storage), the batch's records are read by the read pool of
-:mod:`~shardfeed.readers.shard_readahead`, up to :attr:`LMDBSource.read_ahead_records` ahead of
-the decoder (each pool thread faults its record's pages in; LMDB faults them one read at a
-time), and decoded in order. Reads that come back fast again turn it off.
+page fault is a round trip to the storage), the rest of the batch is read ahead by the read
+pool of :mod:`~shardfeed.readers.shard_readahead` through
+:mod:`~shardfeed.readers.lmdb_readahead`: each record's range in ``data.mdb`` is found from the
+B-tree's pages and fetched with one ``os.pread`` (one request per record, several in flight),
+at most :attr:`LMDBSource.read_ahead_records` records and :attr:`LMDBSource.read_ahead_bytes`
+bytes ahead of the decoder, and decoded in order. Through the map a record costs about two
+faults in series (the kernel's 128 KiB read-around) and twice its bytes fetched. Reads that
+come back fast again (page cache, a local disk) turn it off: on a warm local disk nothing
+changes. Where the pages cannot be parsed (another layout) the pool reads through the map.
 """
 
 from __future__ import annotations
