@@ -29,9 +29,12 @@ pool of :mod:`~shardfeed.readers.shard_readahead` through
 B-tree's pages and fetched with one ``os.pread`` (one request per record, several in flight),
 at most :attr:`LMDBSource.read_ahead_records` records and :attr:`LMDBSource.read_ahead_bytes`
 bytes ahead of the decoder, and decoded in order. Through the map a record costs about two
-faults in series (the kernel's 128 KiB read-around) and twice its bytes fetched. Reads that
-come back fast again (page cache, a local disk) turn it off: on a warm local disk nothing
-changes. Where the pages cannot be parsed (another layout) the pool reads through the map.
+faults in series (the kernel's 128 KiB read-around) and twice its bytes fetched. That is for
+reads of at least :data:`PREAD_LATENCY_S` (a round trip to a network or FUSE mount); reads
+slow but faster than that (a local disk with a cold page cache, where the read-around fetches
+neighbouring records in the same request) are read ahead through the map by the pool, and
+where the pages cannot be parsed (another layout) too. Reads that come back fast again (page
+cache) turn it off: on a warm local disk nothing changes.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from .shard_readahead import SLOW_READ_S, read_pool
 from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
 
-__all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS", "READ_AHEAD_BYTES"]
+__all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS", "READ_AHEAD_BYTES", "PREAD_LATENCY_S"]
 
 #: ``readahead`` used unless the caller passes one: None, automatic by database size (see above).
 DEFAULT_READAHEAD = None
@@ -63,6 +66,10 @@ DEFAULT_READAHEAD = None
 READ_AHEAD_RECORDS = 32
 #: Bytes of a batch read ahead of the decoder on slow storage, at most.
 READ_AHEAD_BYTES = MAX_BYTES
+#: Reads ahead go by ``pread`` (:mod:`~shardfeed.readers.lmdb_readahead`) when reads take at least
+#: this long (seconds, the median of the last batch's); faster ones (a local disk with a cold page
+#: cache) through the map, whose read-around fetches neighbouring records at once (module docstring).
+PREAD_LATENCY_S = 0.0015
 
 _UNREAD = object()  # read_record: no value given, read it
 
@@ -110,6 +117,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     read_ahead_bytes = READ_AHEAD_BYTES
     #: Whether this process's last reads were slow (set per process by ``__getitems__``).
     _reads_slow = False
+    #: The median seconds of this process's last batch's reads ahead (or of its first slow read).
+    _read_latency = 0.0
 
     def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
                  readahead: bool | None = DEFAULT_READAHEAD, verify: bool = True) -> None:
@@ -308,6 +317,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             return [self[i] for i in indices]
         out = []
         n = 0
+        latency = self._read_latency
         if not self._reads_slow:
             while n < len(indices):
                 i = indices[n]
@@ -317,6 +327,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
                 out.append(self.__getitem__(i, value))
                 n += 1
                 if took > SLOW_READ_S:
+                    latency = took
                     break
             if n >= len(indices):
                 return out
@@ -324,20 +335,23 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         bad = next((i for i in rest if not 0 <= i < self._num_samples), None)
         if bad is not None:  # the batch fails at its first bad index, as ``self[i]`` would
             rest = rest[:rest.index(bad)]
-        slow = 0
-        reader = self._value_reader()
+        reader = self._value_reader() if latency >= PREAD_LATENCY_S else None
         if reader is None:
             reads = self._pool_reads(rest, depth)
         else:
             reads = read_values_ahead(reader, [self.key(i) for i in rest], read_pool(),
                                       fallback=lambda k: self._get(rest[k])[0], max_records=depth,
                                       max_bytes=int(self.read_ahead_bytes))
+        took_s = []
         try:
             for i, (value, took) in zip(rest, reads):
-                slow += took > SLOW_READ_S
+                took_s.append(took)
                 out.append(self.__getitem__(i, value))
         finally:
             reads.close()
+        slow = sum(t > SLOW_READ_S for t in took_s)
+        if took_s:
+            self._read_latency = sorted(took_s)[len(took_s) // 2]
         if bad is not None:
             raise IndexError(f"sample index {bad} is outside [0, {self._num_samples})")
         # page cache warm again (hardly a read slow): the next batch starts in this thread

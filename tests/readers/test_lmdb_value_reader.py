@@ -84,7 +84,8 @@ def test_reads_are_the_records_own_ranges_and_values_the_planted_bytes(planted, 
     db, expected = planted
     raw = (db / "data.mdb").read_bytes()
     calls = _record_reads(monkeypatch)
-    monkeypatch.setattr(lmdb_source, "SLOW_READ_S", -1.0)  # every read counts as slow: all read ahead
+    monkeypatch.setattr(lmdb_source, "SLOW_READ_S", -1.0)  # every read counts as slow: all read ahead,
+    monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", 0.0)  # by pread
     ds = open_dataset(db, decode=False)
     ds._reads_slow = True  # as after a slow batch: from its first record on
     order = list(np.random.default_rng(3).permutation(len(ds)))
@@ -107,6 +108,7 @@ def test_shuffled_epoch_in_workers_reads_the_planted_samples(planted, monkeypatc
     log = tmp_path / "reads.log"
     _record_reads(monkeypatch, log)
     monkeypatch.setattr(lmdb_source, "SLOW_READ_S", -1.0)
+    monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", 0.0)
     loader = make_loader(db, 4, num_workers=2, decode=False, shuffle=True, seed=5, multiprocessing_context="fork",
                          persistent_workers=False)
     for epoch in range(2):
@@ -182,3 +184,18 @@ def test_a_key_that_is_not_there_is_none_and_a_failed_read_falls_back(planted, m
         reader.close()
     assert got == want and want[-1] is None
     assert fell_back == [k for k, v in enumerate(want) if v is not None and len(v) > 100_000] and fell_back
+
+
+@pytest.mark.parametrize("first_read_s,by_pread", [(0.001, False), (0.01, True)])
+def test_reads_a_little_slow_stay_on_the_map_and_slower_ones_go_by_pread(planted, monkeypatch, first_read_s,
+                                                                         by_pread):
+    from shardfeed.readers import lmdb_source
+
+    db, expected = planted
+    calls = _record_reads(monkeypatch)
+    real_get = lmdb_source.LMDBSource._get
+    monkeypatch.setattr(lmdb_source.LMDBSource, "_get", lambda self, i: (real_get(self, i)[0], first_read_s))
+    ds = open_dataset(db, decode=False)
+    got = ds.__getitems__(list(range(len(ds))))
+    assert [(s.data, s.label) for s in got] == [expected[s.meta["path"]] for s in got]
+    assert len(calls) == (len(expected) - 1 if by_pread else 0)  # all but the first, read in this thread
