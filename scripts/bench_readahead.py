@@ -6,7 +6,8 @@ latency per open and per read request) at each ``--latencies`` value, then runs,
 rounds (each case a subprocess): ``make_loader(DATA, 64, num_workers=2, image_size=224,
 train=True)`` with a ``--compute-ms`` sleep per batch standing in for the GPU step, on the local
 folder and on every mount, ``readahead=True`` and ``readahead=False``. Prints images/s with the
-load average beside each figure, and the ratios mount / local disk (the target: >= 0.9 at 2 and
+load average beside each figure (on a mount also the most requests in flight, and the requests
+and megabytes it served per 1,000 images timed), and the ratios mount / local disk (the target: >= 0.9 at 2 and
 10 ms) and read-ahead on / off, each the median of per-round ratios. ``--lmdb`` adds the LMDB copy
 (read-ahead there: a batch's records read ahead by the read pool, one ``pread`` each, at most
 ``LMDBSource.read_ahead_records`` records and ``read_ahead_bytes`` bytes ahead; the kernel's
@@ -135,10 +136,17 @@ def main(argv=None) -> int:
                     emu.reset_stats()
                 res = _subprocess(path, ra, args.batches, args.compute_ms, args.raw, pythonpath)
                 if emu is not None:
-                    res["max_in_flight"] = emu.stats()["max_in_flight"]  # requests the mount served at once
+                    st = emu.stats()
+                    res["max_in_flight"] = st["max_in_flight"]  # requests the mount served at once
+                    # what the whole run asked of the storage (warm-up, start-up and the worker's reads
+                    # ahead of the last batch included), per image timed
+                    per = 1000 / max(1, res.get("images", 0))
+                    res["requests_per_1000_images"] = round(st["reads"] * per)
+                    res["mb_per_1000_images"] = round(st["read_bytes"] / 1e6 * per, 1)
                 results.setdefault(name, []).append(res)
                 shown = f"{res['images_per_s']:8,.0f} img/s" if "error" not in res else f"ERROR {res['error']}"
-                inflight = f"  in flight <= {res['max_in_flight']}" if "max_in_flight" in res else ""
+                inflight = (f"  in flight <= {res['max_in_flight']}, {res['requests_per_1000_images']} requests "
+                            f"{res['mb_per_1000_images']} MB per 1000 images" if "max_in_flight" in res else "")
                 print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}{inflight}", flush=True)
     finally:
         for m in mounts.values():
