@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: bool = False) -> dict:
+def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: bool = False,
+             lmdb_readahead: bool | None = None) -> dict:
     import torch
 
     from shardfeed.readers import make_loader
@@ -48,8 +49,8 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: 
     lmdb = (data / "data.mdb").exists()
     # LMDB: readahead on/off is its records read ahead by batch (kernel read-around left automatic)
     opts = {"decode": False} if raw else {"image_size": 224, "train": True}
-    loader = make_loader(data, 64, num_workers=2, pin_memory=False, readahead=None if lmdb else readahead, seed=0,
-                         **opts)
+    loader = make_loader(data, 64, num_workers=2, pin_memory=False, readahead=lmdb_readahead if lmdb else readahead,
+                         seed=0, **opts)
     if lmdb and not readahead:
         loader.dataset.read_ahead_records = 0
     n = 0
@@ -70,9 +71,10 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: 
 
 
 def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float, raw: bool = False,
-                pythonpath: Path | None = None) -> dict:
+                pythonpath: Path | None = None, lmdb_readahead: str = "auto") -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", str(data), "--readahead", str(int(readahead)),
-           "--batches", str(batches), "--compute-ms", str(compute_ms)] + (["--raw"] if raw else [])
+           "--batches", str(batches), "--compute-ms", str(compute_ms), "--lmdb-readahead", lmdb_readahead]
+    cmd += ["--raw"] if raw else []
     env = None if pythonpath is None else {**os.environ, "PYTHONPATH": str(pythonpath)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -99,12 +101,17 @@ def main(argv=None) -> int:
                    help="another shardfeed source tree (DIR/shardfeed/readers, e.g. a `git archive` of a commit with "
                         "readers/ and convert/ moved under shardfeed/): its LMDB cases (local, read-ahead on) run in "
                         "the same rounds, as 'lmdb-ref'")
+    p.add_argument("--lmdb-readahead", choices=["auto", "on", "off"], default="auto",
+                   help="the LMDB environment's kernel read-around (LMDBSource readahead=): auto (by the file's size "
+                        "against RAM: on for this small copy), or off, what a database over half the RAM gets "
+                        "[default: auto]")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
-        print(json.dumps(run_case(args.case, bool(args.readahead), args.batches, args.compute_ms, args.raw)))
+        lmdb_ra = {"auto": None, "on": True, "off": False}[args.lmdb_readahead]
+        print(json.dumps(run_case(args.case, bool(args.readahead), args.batches, args.compute_ms, args.raw, lmdb_ra)))
         return 0
     from storage_emulator import StorageEmulator
 
@@ -134,7 +141,7 @@ def main(argv=None) -> int:
                 emu = by_mountpoint.get(path)
                 if emu is not None:
                     emu.reset_stats()
-                res = _subprocess(path, ra, args.batches, args.compute_ms, args.raw, pythonpath)
+                res = _subprocess(path, ra, args.batches, args.compute_ms, args.raw, pythonpath, args.lmdb_readahead)
                 if emu is not None:
                     st = emu.stats()
                     res["max_in_flight"] = st["max_in_flight"]  # requests the mount served at once
