@@ -4,10 +4,12 @@ LMDB reads through a memory map: a record whose pages are not in memory costs pa
 one a synchronous request to the storage (on a FUSE or network mount, a round trip). py-lmdb
 touches every page of a value it returns (``get`` and a cursor's ``value`` alike, with the GIL
 released), so a thread pool already overlaps records, but each record still costs a round trip
-per fault: about two, in series, for a 70 KB record with the kernel's 128 KiB read-around
-(measured on the storage emulator at 10 ms: 640 records read by 32 threads through the map at
-~1,200 records/s, 915 requests, 100 MB fetched for 45 MB of records; the same records by one
-``os.pread`` each, 32 threads: 2,714 records/s, 640 requests, 45 MB).
+per fault: about two, in series, for a 70 KB record with the kernel's 128 KiB read-around, and
+~17 (4 KiB each) without it, as a database over half the RAM is opened (measured on the storage
+emulator at 10 ms, one process, 640 of 1,600 records in shuffled order, batches of 64, 32
+threads: through the map ~1,000 records/s with read-around, 915 requests, 100 MB fetched for 45
+MB of records; 131 records/s without, 11,027 requests; by one ``os.pread`` each, 1,330 and 1,020
+records/s, 666 and 681 requests, 46 MB; ``scripts/bench_readahead.py`` compares them in a loader).
 
 :class:`ValueReader` finds a record's bytes in ``data.mdb`` without the map and reads them with
 one ``os.pread`` (GIL released) on its own descriptor, opened with ``POSIX_FADV_RANDOM`` (the
