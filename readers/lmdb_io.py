@@ -35,6 +35,12 @@ So the default (``readahead=None``) is *auto*: on when ``data.mdb`` is at most
 :data:`READAHEAD_MAX_RAM_FRACTION` of physical memory (over an epoch the file ends up cached, and
 read-around fetches it in large sequential reads), off for larger files (read-around pages are
 evicted before they are used: 19x the bytes read in the 5 % case, and worse the bigger the file).
+
+On slow storage the map is not the way records are read ahead: every fault is one synchronous
+request, and py-lmdb touches all of a value's pages when it returns it.
+:class:`~shardfeed.readers.lmdb_readahead.ValueReader` reads the same file without the map (its
+B-tree pages, then each record's range by one ``os.pread``), on its own descriptor, so the
+``readahead`` setting here does not apply to it.
 """
 
 from __future__ import annotations

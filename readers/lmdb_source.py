@@ -23,14 +23,23 @@ per process and database, so the first source to open it in a process decides.
 Slow storage (a network or FUSE mount): a loader asks for a batch's samples at once
 (``__getitems__``). When a record's read takes longer than
 :data:`~shardfeed.readers.shard_readahead.SLOW_READ_S` (its pages were not in memory and a
-page fault is a round trip to the storage), the batch's records are read by the read pool of
-:mod:`~shardfeed.readers.shard_readahead`, up to :attr:`LMDBSource.read_ahead_records` ahead of
-the decoder (each pool thread faults its record's pages in; LMDB faults them one read at a
-time), and decoded in order. Reads that come back fast again turn it off.
+page fault is a round trip to the storage), the rest of the batch is read ahead by the read
+pool of :mod:`~shardfeed.readers.shard_readahead` through
+:mod:`~shardfeed.readers.lmdb_readahead`: each record's range in ``data.mdb`` is found from the
+B-tree's pages and fetched with one ``os.pread`` (one request per record, several in flight),
+at most :attr:`LMDBSource.read_ahead_records` records and :attr:`LMDBSource.read_ahead_bytes`
+bytes ahead of the decoder, and decoded in order. Through the map a record costs about two
+faults in series (the kernel's 128 KiB read-around) and twice its bytes fetched. That is for
+reads of at least :data:`PREAD_LATENCY_S` (a round trip to a network or FUSE mount); reads
+slow but faster than that (a local disk with a cold page cache, where the read-around fetches
+neighbouring records in the same request) are read ahead through the map by the pool, and
+where the pages cannot be parsed (another layout) too. Reads that come back fast again (page
+cache) turn it off: on a warm local disk nothing changes.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -42,18 +51,25 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
+from .lmdb_readahead import MAX_BYTES, ValueReader, read_values_ahead
 from .options import ReadOptions
 from .shard_readahead import SLOW_READ_S, read_pool
 from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
 from .source_base import SourceBase, name_original_file
 
-__all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS"]
+__all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS", "READ_AHEAD_BYTES", "PREAD_LATENCY_S"]
 
 #: ``readahead`` used unless the caller passes one: None, automatic by database size (see above).
 DEFAULT_READAHEAD = None
 
 #: Records of a batch read ahead of the decoder on slow storage (each holds one record's bytes).
 READ_AHEAD_RECORDS = 32
+#: Bytes of a batch read ahead of the decoder on slow storage, at most.
+READ_AHEAD_BYTES = MAX_BYTES
+#: Reads ahead go by ``pread`` (:mod:`~shardfeed.readers.lmdb_readahead`) when reads take at least
+#: this long (seconds, the median of the last batch's); faster ones (a local disk with a cold page
+#: cache) through the map, whose read-around fetches neighbouring records at once (module docstring).
+PREAD_LATENCY_S = 0.0015
 
 _UNREAD = object()  # read_record: no value given, read it
 
@@ -97,8 +113,12 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     map_style = True
     #: Records a batch reads ahead on slow storage (see the module docstring); 0: never.
     read_ahead_records = READ_AHEAD_RECORDS
+    #: Most bytes a batch reads ahead of the decoder on slow storage (a single larger record is read alone).
+    read_ahead_bytes = READ_AHEAD_BYTES
     #: Whether this process's last reads were slow (set per process by ``__getitems__``).
     _reads_slow = False
+    #: The median seconds of this process's last batch's reads ahead (or of its first slow read).
+    _read_latency = 0.0
 
     def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
                  readahead: bool | None = DEFAULT_READAHEAD, verify: bool = True) -> None:
@@ -176,6 +196,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         state["_env"] = None
         state["_env_pid"] = None
         state["_local"] = None
+        state.pop("_reader", None)
         return state
 
     def __setstate__(self, state):
@@ -296,6 +317,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             return [self[i] for i in indices]
         out = []
         n = 0
+        latency = self._read_latency
         if not self._reads_slow:
             while n < len(indices):
                 i = indices[n]
@@ -305,28 +327,62 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
                 out.append(self.__getitem__(i, value))
                 n += 1
                 if took > SLOW_READ_S:
+                    latency = took
                     break
             if n >= len(indices):
                 return out
-        pool = read_pool()
         rest = indices[n:]
-        pending: list = []
-        slow = 0
+        bad = next((i for i in rest if not 0 <= i < self._num_samples), None)
+        if bad is not None:  # the batch fails at its first bad index, as ``self[i]`` would
+            rest = rest[:rest.index(bad)]
+        reader = self._value_reader() if latency >= PREAD_LATENCY_S else None
+        if reader is None:
+            reads = self._pool_reads(rest, depth)
+        else:
+            reads = read_values_ahead(reader, [self.key(i) for i in rest], read_pool(),
+                                      fallback=lambda k: self._get(rest[k])[0], max_records=depth,
+                                      max_bytes=int(self.read_ahead_bytes))
+        took_s = []
         try:
-            for k, i in enumerate(rest):
-                while len(pending) < depth and k + len(pending) < len(rest):
-                    j = rest[k + len(pending)]
-                    pending.append(pool.submit(self._get, j) if 0 <= j < self._num_samples else None)
-                future = pending.pop(0)
-                if future is None:
-                    raise IndexError(f"sample index {i} is outside [0, {self._num_samples})")
-                value, took = future.result()
-                slow += took > SLOW_READ_S
+            for i, (value, took) in zip(rest, reads):
+                took_s.append(took)
                 out.append(self.__getitem__(i, value))
         finally:
-            for future in pending:
-                if future is not None:
-                    future.cancel()
+            reads.close()
+        slow = sum(t > SLOW_READ_S for t in took_s)
+        if took_s:
+            self._read_latency = sorted(took_s)[len(took_s) // 2]
+        if bad is not None:
+            raise IndexError(f"sample index {bad} is outside [0, {self._num_samples})")
         # page cache warm again (hardly a read slow): the next batch starts in this thread
         self._reads_slow = 8 * slow >= len(rest)
         return out
+
+    def _value_reader(self):
+        """This process's :class:`~shardfeed.readers.lmdb_readahead.ValueReader` of the database
+        (None where it cannot be made: the records are then read through the map)."""
+        env = self.env()
+        held = self.__dict__.get("_reader")
+        if held is not None and held[0] == self._env_pid and held[1] is env:
+            return held[2]
+        if held is not None and held[2] is not None:
+            held[2].close()
+        try:
+            reader = ValueReader(env, self._db_path)
+        except OSError:
+            reader = None
+        self._reader = (self._env_pid, env, reader)
+        return reader
+
+    def _pool_reads(self, indices: list, depth: int):
+        """``(value, seconds)`` of each index, read by the read pool up to ``depth`` ahead (through the map)."""
+        pool = read_pool()
+        pending: collections.deque = collections.deque()
+        try:
+            for k in range(len(indices)):
+                while len(pending) < depth and k + len(pending) < len(indices):
+                    pending.append(pool.submit(self._get, indices[k + len(pending)]))
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()

@@ -6,16 +6,23 @@ latency per open and per read request) at each ``--latencies`` value, then runs,
 rounds (each case a subprocess): ``make_loader(DATA, 64, num_workers=2, image_size=224,
 train=True)`` with a ``--compute-ms`` sleep per batch standing in for the GPU step, on the local
 folder and on every mount, ``readahead=True`` and ``readahead=False``. Prints images/s with the
-load average beside each figure, and the ratios mount / local disk (the target: >= 0.9 at 2 and
+load average beside each figure (on a mount also the most requests in flight, and the requests
+and megabytes it served per 1,000 images timed), and the ratios mount / local disk (the target: >= 0.9 at 2 and
 10 ms) and read-ahead on / off, each the median of per-round ratios. ``--lmdb`` adds the LMDB copy
-(read-ahead there: a batch's records read ahead by the read pool, ``LMDBSource.read_ahead_records``;
-the kernel's read-around left automatic) and the ratio LMDB / WebDataset on the same mount.
+(read-ahead there: a batch's records read ahead by the read pool, one ``pread`` each, at most
+``LMDBSource.read_ahead_records`` records and ``read_ahead_bytes`` bytes ahead; the kernel's
+read-around left automatic) and the ratio LMDB / WebDataset on the same mount. ``--raw`` reads
+raw samples (``decode=False``): the storage side alone, hardly any CPU per sample, so the
+figures hold on a busy machine too. ``--ref DIR`` runs another source tree's LMDB cases in the
+same rounds (e.g. the last commit, to compare a change side by side).
 
 Figures measured on an emulator show the shape of the effect (latency x requests in series); they
 are not measurements of NFS, a cloud disk or a bucket.
 
     .venv/bin/python scripts/bench_readahead.py --wds /tmp/perf_data/inet2-wds --lmdb /tmp/perf_data/inet2-lmdb \\
         --latencies 0.5,2,10 --rounds 2 --json out/bench_readahead.json
+    mkdir -p /tmp/ref/shardfeed && git archive HEAD~1 readers convert | tar -x -C /tmp/ref/shardfeed
+    .venv/bin/python scripts/bench_readahead.py --wds ... --lmdb ... --ref /tmp/ref --raw
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> dict:
+def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: bool = False,
+             lmdb_readahead: bool | None = None) -> dict:
     import torch
 
     from shardfeed.readers import make_loader
@@ -40,20 +48,21 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> di
     torch.set_num_threads(1)
     lmdb = (data / "data.mdb").exists()
     # LMDB: readahead on/off is its records read ahead by batch (kernel read-around left automatic)
-    loader = make_loader(data, 64, num_workers=2, image_size=224, train=True, pin_memory=False,
-                         readahead=None if lmdb else readahead, seed=0)
+    opts = {"decode": False} if raw else {"image_size": 224, "train": True}
+    loader = make_loader(data, 64, num_workers=2, pin_memory=False, readahead=lmdb_readahead if lmdb else readahead,
+                         seed=0, **opts)
     if lmdb and not readahead:
         loader.dataset.read_ahead_records = 0
     n = 0
     t0 = None
     done = 0
     while done < batches + 2:
-        for _, labels in loader:
+        for batch in loader:
             done += 1
             if done == 2:
                 t0 = time.perf_counter()
             elif done > 2:
-                n += len(labels)
+                n += len(batch) if raw else len(batch[1])
             time.sleep(compute_ms / 1000)
             if done >= batches + 2:
                 break
@@ -61,10 +70,13 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> di
     return {"images": n, "images_per_s": n / wall}
 
 
-def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float) -> dict:
+def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float, raw: bool = False,
+                pythonpath: Path | None = None, lmdb_readahead: str = "auto") -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", str(data), "--readahead", str(int(readahead)),
-           "--batches", str(batches), "--compute-ms", str(compute_ms)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+           "--batches", str(batches), "--compute-ms", str(compute_ms), "--lmdb-readahead", lmdb_readahead]
+    cmd += ["--raw"] if raw else []
+    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": str(pythonpath)}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -83,12 +95,23 @@ def main(argv=None) -> int:
     p.add_argument("--max-background", type=int, default=64,
                    help="the emulated mount's kernel limit on background (readahead) requests; 0: the kernel's "
                         "default, 12 (see storage_emulator.EmulatorConfig) [default: 64]")
+    p.add_argument("--raw", action="store_true",
+                   help="raw samples (decode=False): the storage side alone, with hardly any CPU per sample")
+    p.add_argument("--ref", type=Path, default=None, metavar="DIR",
+                   help="another shardfeed source tree (DIR/shardfeed/readers, e.g. a `git archive` of a commit with "
+                        "readers/ and convert/ moved under shardfeed/): its LMDB cases (local, read-ahead on) run in "
+                        "the same rounds, as 'lmdb-ref'")
+    p.add_argument("--lmdb-readahead", choices=["auto", "on", "off"], default="auto",
+                   help="the LMDB environment's kernel read-around (LMDBSource readahead=): auto (by the file's size "
+                        "against RAM: on for this small copy), or off, what a database over half the RAM gets "
+                        "[default: auto]")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
-        print(json.dumps(run_case(args.case, bool(args.readahead), args.batches, args.compute_ms)))
+        lmdb_ra = {"auto": None, "on": True, "off": False}[args.lmdb_readahead]
+        print(json.dumps(run_case(args.case, bool(args.readahead), args.batches, args.compute_ms, args.raw, lmdb_ra)))
         return 0
     from storage_emulator import StorageEmulator
 
@@ -103,23 +126,34 @@ def main(argv=None) -> int:
                                                    max_background=args.max_background or None).start()
         cases = []
         for fmt, path in formats.items():
-            cases.append((f"{fmt} local", path, True))
+            cases.append((f"{fmt} local", path, True, None))
             for ms in latencies:
                 for ra in (True, False):
                     cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}", mounts[(fmt, ms)].mountpoint,
-                                  ra))
+                                  ra, None))
+        if args.ref is not None and args.lmdb:
+            cases.append(("lmdb-ref local", args.lmdb, True, args.ref))
+            cases += [(f"lmdb-ref {ms:g}ms readahead=on", mounts[("lmdb", ms)].mountpoint, True, args.ref)
+                      for ms in latencies]
         by_mountpoint = {m.mountpoint: m for m in mounts.values()}
         for r in range(args.rounds):
-            for name, path, ra in cases:
+            for name, path, ra, pythonpath in cases:
                 emu = by_mountpoint.get(path)
                 if emu is not None:
                     emu.reset_stats()
-                res = _subprocess(path, ra, args.batches, args.compute_ms)
+                res = _subprocess(path, ra, args.batches, args.compute_ms, args.raw, pythonpath, args.lmdb_readahead)
                 if emu is not None:
-                    res["max_in_flight"] = emu.stats()["max_in_flight"]  # requests the mount served at once
+                    st = emu.stats()
+                    res["max_in_flight"] = st["max_in_flight"]  # requests the mount served at once
+                    # what the whole run asked of the storage (warm-up, start-up and the worker's reads
+                    # ahead of the last batch included), per image timed
+                    per = 1000 / max(1, res.get("images", 0))
+                    res["requests_per_1000_images"] = round(st["reads"] * per)
+                    res["mb_per_1000_images"] = round(st["read_bytes"] / 1e6 * per, 1)
                 results.setdefault(name, []).append(res)
                 shown = f"{res['images_per_s']:8,.0f} img/s" if "error" not in res else f"ERROR {res['error']}"
-                inflight = f"  in flight <= {res['max_in_flight']}" if "max_in_flight" in res else ""
+                inflight = (f"  in flight <= {res['max_in_flight']}, {res['requests_per_1000_images']} requests "
+                            f"{res['mb_per_1000_images']} MB per 1000 images" if "max_in_flight" in res else "")
                 print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}{inflight}", flush=True)
     finally:
         for m in mounts.values():
@@ -138,7 +172,7 @@ def main(argv=None) -> int:
         ratios.append({"ratio": label, "value": v, "target": target, "a": a, "b": b, "load_avg_1min": loads})
         print(f"{label:60s} {('%.3f' % v) if v is not None else 'n/a':>7s}  {target:8s} load {loads}")
 
-    print("\nmedian of per-round ratios (emulated storage; train, 2 workers, "
+    print(f"\nmedian of per-round ratios (emulated storage; {'raw samples' if args.raw else 'train'}, 2 workers, "
           f"{args.compute_ms:g} ms step):")
     for fmt in formats:
         for ms in latencies:
@@ -151,6 +185,13 @@ def main(argv=None) -> int:
         for ms in latencies:
             ratio(f"lmdb / wds at {ms:g} ms (both read-ahead on)", f"lmdb {ms:g}ms readahead=on",
                   f"wds {ms:g}ms readahead=on", ">= 0.8" if ms >= 2 else "")
+    if "lmdb-ref local" in results:
+        ratio("lmdb / lmdb-ref, local disk", "lmdb local", "lmdb-ref local", ">= 1")
+        for ms in latencies:
+            ratio(f"lmdb-ref / wds at {ms:g} ms (both read-ahead on)", f"lmdb-ref {ms:g}ms readahead=on",
+                  f"wds {ms:g}ms readahead=on")
+            ratio(f"lmdb / lmdb-ref at {ms:g} ms (read-ahead on)", f"lmdb {ms:g}ms readahead=on",
+                  f"lmdb-ref {ms:g}ms readahead=on")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rounds": results, "ratios": ratios, "latencies_ms": latencies,

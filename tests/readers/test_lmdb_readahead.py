@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,12 @@ def _expected(batch, tiny_folder_expected):
     return [tiny_folder_expected[s.meta["path"]] for s in batch]
 
 
-@pytest.mark.parametrize("slow", [False, True])
-def test_a_batch_equals_its_samples_one_by_one(packed_lmdb, tiny_folder_expected, slow):
+@pytest.mark.parametrize("slow,pread_latency_s", [(False, 0.0), (True, 0.0), (True, 1e9)])
+def test_a_batch_equals_its_samples_one_by_one(packed_lmdb, tiny_folder_expected, slow, pread_latency_s,
+                                               monkeypatch):
+    from shardfeed.readers import lmdb_source
+
+    monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", pread_latency_s)  # 0: by pread, 1e9: through the map
     ds = open_dataset(packed_lmdb, decode=False)
     ds._reads_slow = slow  # as after a slow batch: the records go to the read pool
     ds.read_ahead_records = 3
@@ -34,49 +39,65 @@ def test_a_batch_equals_its_samples_one_by_one(packed_lmdb, tiny_folder_expected
 
 def test_slow_reads_go_to_the_pool_bounded_and_fast_ones_turn_it_off(packed_lmdb, tiny_folder_expected,
                                                                      monkeypatch):
-    from shardfeed.readers import lmdb_source
+    from shardfeed.readers import lmdb_readahead, lmdb_source
 
     ds = open_dataset(packed_lmdb, decode=False)
     ds.read_ahead_records = 4
     lock = threading.Lock()
     state = {"in_flight": 0, "max": 0, "threads": set()}
     real_get = lmdb_source.LMDBSource._get
+    real_read = lmdb_readahead.ValueReader.read
 
-    def slow_get(self, i):
+    def slow_get(self, i):  # the batch's first read, in this thread
+        value, _ = real_get(self, i)
+        return value, 0.01  # a read that took 10 ms (a round trip to slow storage)
+
+    def slow_read(self, offset, length):  # the reads ahead, in the pool
         with lock:
             state["in_flight"] += 1
             state["max"] = max(state["max"], state["in_flight"])
             state["threads"].add(threading.get_ident())
         try:
-            value, _ = real_get(self, i)
-            return value, 0.01  # a read that took 10 ms (a round trip to slow storage)
+            time.sleep(0.002)
+            return real_read(self, offset, length)
         finally:
             with lock:
                 state["in_flight"] -= 1
 
     monkeypatch.setattr(lmdb_source.LMDBSource, "_get", slow_get)
+    monkeypatch.setattr(lmdb_readahead.ValueReader, "read", slow_read)
     got = ds.__getitems__(list(range(40)))
     assert [(s.data, s.label) for s in got] == _expected(got, tiny_folder_expected)
     assert [s.key for s in got] == [f"{i:09d}" for i in range(40)]
     assert ds._reads_slow and len(state["threads"] - {threading.get_ident()}) >= 1
-    assert state["max"] <= 4 + 1  # read_ahead_records in the pool (+ the first, in this thread)
+    assert state["max"] <= 4  # read_ahead_records in the pool
     monkeypatch.setattr(lmdb_source.LMDBSource, "_get", real_get)  # fast again (page cache)
+    monkeypatch.setattr(lmdb_readahead.ValueReader, "read", real_read)
     ds.__getitems__(list(range(40, 50)))
     assert not ds._reads_slow
 
 
-def test_errors_surface_at_their_sample(packed_lmdb, monkeypatch):
-    from shardfeed.readers import lmdb_source
+@pytest.mark.parametrize("pread_latency_s", [0.0, 1e9])  # reads ahead by pread, and through the map
+def test_errors_surface_at_their_sample(packed_lmdb, monkeypatch, pread_latency_s):
+    from shardfeed.readers import lmdb_readahead, lmdb_source
+
+    monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", pread_latency_s)
 
     ds = open_dataset(packed_lmdb, decode=False)
     ds._reads_slow = True
     real_get = lmdb_source.LMDBSource._get
 
+    real_span = lmdb_readahead.ValueReader.span
+
     def get(self, i):
         value, took = real_get(self, i)
         return (None if i == 7 else value), took  # record 7 is missing
 
+    def span(self, key):  # ... to the reads ahead too
+        return None if key == b"000000007" else real_span(self, key)
+
     monkeypatch.setattr(lmdb_source.LMDBSource, "_get", get)
+    monkeypatch.setattr(lmdb_readahead.ValueReader, "span", span)
     with pytest.raises(CorruptDataError, match="000000007: record missing"):
         ds.__getitems__([3, 4, 7, 8])
     with pytest.raises(IndexError, match="outside"):
