@@ -38,6 +38,7 @@ ranges and shards are read normally; a half-read sample is never yielded.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import logging
@@ -56,6 +57,7 @@ from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .location import LocalLocation
+from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
@@ -125,6 +127,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         #: packing-order index of each shard's first sample
         self._starts = [0, *itertools.accumulate(self._counts)][:-1]
         self._offsets: dict[int, list[int] | None] = {}
+        #: the next epoch's first samples, read ahead in this process (:meth:`_start_ahead`)
+        self._ahead: SpansAhead | None = None
         self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
@@ -142,6 +146,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     def __getstate__(self):
         state = super().__getstate__()
         state["_offsets"] = {}
+        state["_ahead"] = None
         return state
 
     # ---- reading
@@ -251,6 +256,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         order = shard_order(len(self._counts), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
         segments = self.resume_segments(epoch)
         seg = segments[0] if len(segments) == 1 else None
+        if segments:
+            self._drop_ahead()
         if not segments:
             raw = self._read_worker_range(order, epoch, worker, num_workers, 0)
         elif seg is not None and (int(seg["world_size"]), max(1, int(seg["num_workers"])), int(seg["batch_size"]),
@@ -376,7 +383,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
         buffer = self.buffer_size
         if done == 0:
-            stream = self._iter_ranges(spans_to_ranges(self._counts, order, a, b))
+            ranges = spans_to_ranges(self._counts, order, a, b)
+            stream = self._then_read_ahead(self._iter_ranges(ranges, self._take_ahead(ranges)), epoch, a, b)
             yield from shuffled(stream, buffer, buffer_rng(self.seed, epoch, self.rank, worker))
             return
         if buffer:
@@ -384,7 +392,83 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                                             worker=worker)[done:]
         else:
             rest = np.arange(a + done, b, dtype=np.int64)
-        yield from self._read_positions(order, rest)
+        yield from self._then_read_ahead(self._read_positions(order, rest), epoch, a, b)
+
+    # ---- the next epoch's first samples, read while this epoch's last ones decode
+    def _then_read_ahead(self, stream, epoch: int, a: int, b: int):
+        """The items of ``stream``; when it ends (the epoch's reads are done, its shuffle buffer
+        still drains), the first samples of epoch ``epoch + 1`` of the same sub-range ``[a, b)``
+        are read ahead (:meth:`_start_ahead`)."""
+        yield from stream
+        self._start_ahead(epoch + 1, a, b)
+
+    def _start_ahead(self, epoch: int, a: int, b: int) -> None:
+        """Read the first samples of sub-range ``[a, b)`` in ``epoch`` ahead, in the background
+        (:class:`~shardfeed.readers.shard_readahead.SpansAhead`): as many as the shuffle buffer
+        holds before it yields (at least one batch), whole samples, at most
+        :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`. Only for shards read slowly:
+        local ones once reads proved slow (with ``readahead``), remote ones always."""
+        local = isinstance(self.location, LocalLocation)
+        self._drop_ahead()
+        if local and not (self.location.readahead and storage_is_slow()):
+            return
+        ranges = spans_to_ranges(self._counts, shard_order(len(self._counts), seed=self.seed, epoch=epoch,
+                                                           shuffle=self.shuffle), a, b)
+        want = max(self.buffer_size, self.batch_size, 1)
+        self._ahead = SpansAhead(lambda: self._ahead_plan(ranges, want, local))
+
+    def _ahead_plan(self, ranges, want: int, local: bool) -> list[tuple]:
+        """``((shard, start, end), source, first byte, end byte)`` of the first ``want`` samples of
+        ``ranges`` (indexed shards only; stops at the first without an index), whole samples,
+        within :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`."""
+        out, left, budget = [], want, EPOCH_AHEAD_BYTES
+        for shard, start, end in ranges:
+            offsets = self._index(shard)
+            if offsets is None or left <= 0 or budget <= 0:
+                break
+            entry = self.manifest.shards[shard]
+            first = offsets[start]
+            # whole samples within the budget: [start, k) with offsets[k] (or the shard's end) <= first + budget
+            k = bisect.bisect_right(offsets, first + budget, start) - 1
+            if k == len(offsets) - 1 and entry.num_bytes - first <= budget:
+                k = len(offsets)
+            stop = min(end, start + left, k)
+            if stop <= start:
+                break
+            last = offsets[stop] if stop < len(offsets) else entry.num_bytes
+            if local:
+                source = self.location.where(entry.name)
+            else:
+                source = (lambda e=entry, f=first, s=(offsets[stop] if stop < len(offsets) else None):
+                          self._open_shard(e, f, s, self.location.where(e.name)))
+            out.append(((shard, start, stop), source, first, last))
+            left -= stop - start
+            budget -= last - first
+            if stop < end:
+                break
+        return out
+
+    def _take_ahead(self, ranges) -> dict:
+        """``{(shard, start): (end, held bytes or None)}``: the spans read ahead for this epoch that
+        start one of ``ranges`` and end within it; every other span read ahead is dropped."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return {}
+        wanted = {(shard, start): end for shard, start, end in ranges}
+        held = {}
+        for key in ahead.spans():
+            shard, start, stop = key
+            if wanted.get((shard, start), -1) >= stop:
+                held[(shard, start)] = (stop, ahead, key)
+            else:
+                ahead.discard(key)
+        return held
+
+    def _drop_ahead(self) -> None:
+        """Drop what was read ahead (an epoch that does not start afresh reads by position)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     def _read_positions(self, order: list[int], positions: np.ndarray):
         """``(index, key, parts)`` of global positions ``positions`` in that order (a resumed epoch):
@@ -421,14 +505,19 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     continue
                 yield item
 
-    def _iter_ranges(self, ranges):
+    def _iter_ranges(self, ranges, held: dict | None = None):
         """``(index, key, parts)`` of the samples of ``ranges`` (``index``: packing order); under
         ``on_error="skip"`` a damaged shard's remaining samples are counted as skipped (and, under a
-        loader, stand as ``(index, None, None)`` holes)."""
+        loader, stand as ``(index, None, None)`` holes). ``held``: spans read ahead
+        (:meth:`_take_ahead`), whose samples are parsed from memory."""
         ranges = list(ranges)
         local = isinstance(self.location, LocalLocation)
+        held = {} if held is None else held
         for n, (shard, start, end) in enumerate(ranges):
-            if local and n + 1 < len(ranges) and ranges[n + 1][1] == 0:
+            if local and (shard, start) in held and held[(shard, start)][0] < end:
+                # read ahead only in part: the shard opens while its first samples come from memory
+                self.location.open_ahead(self.manifest.shards[shard].name, 0)
+            if local and n + 1 < len(ranges) and ranges[n + 1][1] == 0 and (ranges[n + 1][0], 0) not in held:
                 # slow storage: the next shard opens (and its index is read) while this one decodes
                 nxt = ranges[n + 1][0]
                 self.location.open_ahead(self.manifest.shards[nxt].name, INDEXED_READ_BYTES,
@@ -437,7 +526,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             base = self._starts[shard] + start
             try:
                 try:
-                    for key, parts, _ in self.iter_range(shard, start, end):
+                    for key, parts, _ in self._range_samples(shard, start, end, held.pop((shard, start), None)):
                         yield base + got, key, parts
                         got += 1
                 except FileNotFoundError as exc:  # a shard or its index gone since the manifest was read
@@ -453,6 +542,22 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 if self.holes:
                     for i in range(got, end - start):
                         yield base + i, None, None
+
+    def _range_samples(self, shard: int, start: int, end: int, held: tuple | None):
+        """:meth:`iter_range` of ``[start, end)``, its first samples parsed from ``held``
+        (``(stop, SpansAhead, key)``: samples ``[start, stop)`` read ahead) when their bytes were
+        read; the rest (and whatever the fast parser leaves) read as usual."""
+        if held is not None:
+            stop, ahead, key = held
+            data = ahead.take(key)
+            if data is not None:
+                entry = self.manifest.shards[shard]
+                start += yield from iter_indexed_samples(data.read_at, self._index(shard), start, stop,
+                                                         entry.num_bytes, source=self.location.where(entry.name),
+                                                         tag_source=True)
+                del data
+        if start < end:
+            yield from self.iter_range(shard, start, end)
 
 
 def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:

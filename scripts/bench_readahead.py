@@ -47,8 +47,12 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> di
     n = 0
     t0 = None
     done = 0
+    first_waits = []  # per epoch after the first: seconds from asking for its first batch to getting it
     while done < batches + 2:
-        for _, labels in loader:
+        asked = time.perf_counter()
+        for k, (_, labels) in enumerate(loader):
+            if k == 0 and done:
+                first_waits.append(time.perf_counter() - asked)
             done += 1
             if done == 2:
                 t0 = time.perf_counter()
@@ -58,13 +62,16 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float) -> di
             if done >= batches + 2:
                 break
     wall = time.perf_counter() - t0
-    return {"images": n, "images_per_s": n / wall}
+    return {"images": n, "images_per_s": n / wall, "epoch_first_batch_s": [round(w, 4) for w in first_waits]}
 
 
-def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float) -> dict:
+def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float, src: Path | None = None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", str(data), "--readahead", str(int(readahead)),
            "--batches", str(batches), "--compute-ms", str(compute_ms)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    env = None
+    if src is not None:  # another copy of the package, found before the installed one
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -83,6 +90,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-background", type=int, default=64,
                    help="the emulated mount's kernel limit on background (readahead) requests; 0: the kernel's "
                         "default, 12 (see storage_emulator.EmulatorConfig) [default: 64]")
+    p.add_argument("--baseline-src", type=Path, default=None,
+                   help="a folder holding another copy of the package (DIR/shardfeed/readers, with an __init__.py "
+                        "in DIR/shardfeed): every case also runs with it, interleaved, named '... [baseline]', "
+                        "and the ratios are printed for both")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
@@ -102,25 +113,30 @@ def main(argv=None) -> int:
                 mounts[(fmt, ms)] = StorageEmulator(path, open_ms=ms, read_ms=ms,
                                                    max_background=args.max_background or None).start()
         cases = []
+        tags = [("", None)] + ([(" [baseline]", args.baseline_src)] if args.baseline_src else [])
         for fmt, path in formats.items():
-            cases.append((f"{fmt} local", path, True))
-            for ms in latencies:
-                for ra in (True, False):
-                    cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}", mounts[(fmt, ms)].mountpoint,
-                                  ra))
+            for tag, src in tags:
+                cases.append((f"{fmt} local{tag}", path, True, src))
+                for ms in latencies:
+                    for ra in (True, False):
+                        cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}{tag}",
+                                      mounts[(fmt, ms)].mountpoint, ra, src))
         by_mountpoint = {m.mountpoint: m for m in mounts.values()}
         for r in range(args.rounds):
-            for name, path, ra in cases:
+            for name, path, ra, src in cases:
                 emu = by_mountpoint.get(path)
                 if emu is not None:
                     emu.reset_stats()
-                res = _subprocess(path, ra, args.batches, args.compute_ms)
+                res = _subprocess(path, ra, args.batches, args.compute_ms, src)
                 if emu is not None:
                     res["max_in_flight"] = emu.stats()["max_in_flight"]  # requests the mount served at once
                 results.setdefault(name, []).append(res)
                 shown = f"{res['images_per_s']:8,.0f} img/s" if "error" not in res else f"ERROR {res['error']}"
                 inflight = f"  in flight <= {res['max_in_flight']}" if "max_in_flight" in res else ""
-                print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}{inflight}", flush=True)
+                waits = res.get("epoch_first_batch_s")
+                firsts = f"  epoch's first batch {max(waits):.3f} s" if waits else ""
+                print(f"round {r + 1}  {name:43s} {shown}  load {res.get('load_avg_1min')}{inflight}{firsts}",
+                      flush=True)
     finally:
         for m in mounts.values():
             m.stop()
@@ -140,13 +156,18 @@ def main(argv=None) -> int:
 
     print("\nmedian of per-round ratios (emulated storage; train, 2 workers, "
           f"{args.compute_ms:g} ms step):")
-    for fmt in formats:
-        for ms in latencies:
-            ratio(f"{fmt} {ms:g} ms, read-ahead on / local disk", f"{fmt} {ms:g}ms readahead=on", f"{fmt} local",
-                  ">= 0.9" if fmt == "wds" and ms >= 2 else "")
-            ratio(f"{fmt} {ms:g} ms, read-ahead off / local disk", f"{fmt} {ms:g}ms readahead=off", f"{fmt} local")
-            ratio(f"{fmt} {ms:g} ms, read-ahead on / off", f"{fmt} {ms:g}ms readahead=on",
-                  f"{fmt} {ms:g}ms readahead=off", "> 1")
+    for tag, _ in tags:
+        for fmt in formats:
+            for ms in latencies:
+                ratio(f"{fmt} {ms:g} ms, read-ahead on / local disk{tag}", f"{fmt} {ms:g}ms readahead=on{tag}",
+                      f"{fmt} local{tag}", ">= 0.9" if fmt == "wds" and ms >= 2 else "")
+                ratio(f"{fmt} {ms:g} ms, read-ahead off / local disk{tag}", f"{fmt} {ms:g}ms readahead=off{tag}",
+                      f"{fmt} local{tag}")
+                ratio(f"{fmt} {ms:g} ms, read-ahead on / off{tag}", f"{fmt} {ms:g}ms readahead=on{tag}",
+                      f"{fmt} {ms:g}ms readahead=off{tag}", "> 1")
+        if tag:
+            for fmt in formats:
+                ratio(f"{fmt} local / local{tag}", f"{fmt} local", f"{fmt} local{tag}", "~ 1")
     if "lmdb" in formats:
         for ms in latencies:
             ratio(f"lmdb / wds at {ms:g} ms (both read-ahead on)", f"lmdb {ms:g}ms readahead=on",
