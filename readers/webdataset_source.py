@@ -129,6 +129,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._offsets: dict[int, list[int] | None] = {}
         #: the next epoch's first samples, read ahead in this process (:meth:`_start_ahead`)
         self._ahead: SpansAhead | None = None
+        #: a range of this epoch ended slow, or the epoch started on samples read ahead
+        self._slow_epoch = False
         self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
@@ -410,7 +412,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         local ones once reads proved slow (with ``readahead``), remote ones always."""
         local = isinstance(self.location, LocalLocation)
         self._drop_ahead()
-        if local and not (self.location.readahead and storage_is_slow()):
+        if local and not (self.location.readahead and (self._slow_epoch or storage_is_slow())):
             return
         ranges = spans_to_ranges(self._counts, shard_order(len(self._counts), seed=self.seed, epoch=epoch,
                                                            shuffle=self.shuffle), a, b)
@@ -452,6 +454,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         """``{(shard, start): (end, held bytes or None)}``: the spans read ahead for this epoch that
         start one of ``ranges`` and end within it; every other span read ahead is dropped."""
         ahead, self._ahead = self._ahead, None
+        self._slow_epoch = ahead is not None  # read ahead: the storage was slow (the memory is not)
         if ahead is None:
             return {}
         wanted = {(shard, start): end for shard, start, end in ranges}
@@ -522,6 +525,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 nxt = ranges[n + 1][0]
                 self.location.open_ahead(self.manifest.shards[nxt].name, INDEXED_READ_BYTES,
                                          prepare=lambda i=nxt: self._index(i))
+            if local and not self._slow_epoch and n and storage_is_slow():
+                self._slow_epoch = True  # the last range ended slow
             got = 0
             base = self._starts[shard] + start
             try:
