@@ -28,9 +28,9 @@ Between epochs the pipeline drains too: a worker's shuffle buffer fills before i
 epoch's first sample, so every epoch starts by reading the worker's first ``shuffle_buffer``
 samples while nothing decodes. :class:`SpansAhead` reads such byte spans (the next epoch's, while
 the current epoch's last samples decode) in a background thread and holds them until taken: a
-local file in aligned requests of :data:`REQUEST_BYTES` by the read pool, a remote one by one
-streamed request per span. At most :data:`EPOCH_AHEAD_BYTES` per process are held (plus at most
-one request's alignment on each side of a span).
+local file in aligned reads of :data:`AHEAD_READ_BYTES` by the read pool, a remote one by one
+streamed request per span. At most :data:`EPOCH_AHEAD_BYTES` per process are held (plus less
+than one read's alignment on each side of a span).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Callable, Iterator, Sequence
 
 __all__ = ["read_ahead", "read_shard_ahead", "read_pool", "open_ahead", "take_opened", "storage_is_slow",
            "SpansAhead", "HeldBytes", "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES", "MAX_OPENED", "REQUEST_BYTES",
-           "HEAD_REQUESTS", "EPOCH_AHEAD_BYTES", "STREAM_PIECE_BYTES"]
+           "HEAD_REQUESTS", "EPOCH_AHEAD_BYTES", "STREAM_PIECE_BYTES", "AHEAD_READ_BYTES"]
 
 #: A read slower than this (seconds) switches the rest of the range to reads ahead.
 SLOW_READ_S = 0.0005
@@ -80,6 +80,12 @@ MAX_OPENED = 2
 EPOCH_AHEAD_BYTES = 64 << 20
 #: Bytes per ``read`` call when :class:`SpansAhead` receives a remote span (one request per span).
 STREAM_PIECE_BYTES = 1 << 20
+#: Bytes per ``pread`` of a local span read by :class:`SpansAhead`, aligned to them: a multiple of
+#: :data:`REQUEST_BYTES` (the kernel cuts it into aligned requests of that size, sent together).
+#: Larger than a chunk's request because these reads run while the process decodes: each ``pread``
+#: that returns takes the GIL from the decoding thread, and on a busy machine that hand-over can
+#: cost a scheduler slice.
+AHEAD_READ_BYTES = 1 << 20
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -385,8 +391,8 @@ class SpansAhead:
     """Byte spans of files read ahead in a background thread and held until taken.
 
     A fresh thread calls ``plan()`` once (it may read small files, e.g. offset indexes) for the
-    spans, ``(key, source, start, end)`` each: ``source`` a local path (read in aligned requests of
-    :data:`REQUEST_BYTES` by the read pool, :func:`read_pool`, every local span's requests queued
+    spans, ``(key, source, start, end)`` each: ``source`` a local path (read in aligned ``pread`` calls of
+    :data:`AHEAD_READ_BYTES` by the read pool, :func:`read_pool`, every local span's reads queued
     at once) or a callable returning ``(stream, stream_offset)`` opened at ``start`` (read by this
     thread in ``read`` calls of :data:`STREAM_PIECE_BYTES`, one span after the other). The spans
     are cut to ``max_bytes`` in all: from the first span that would cross it on, none is read.
@@ -395,8 +401,8 @@ class SpansAhead:
 
     Args:
         plan: returns the spans (keys distinct and hashable).
-        max_bytes: most bytes held (plus, for a local span, less than one request's alignment on
-            each side).
+        max_bytes: most bytes held (plus, for a local span, less than one read's alignment,
+            :data:`AHEAD_READ_BYTES`, on each side).
 
     The object belongs to the process that made it (:attr:`pid`); after ``fork`` a child sees
     nothing held.
@@ -478,7 +484,7 @@ class SpansAhead:
 def _request_span(path: str, a: int, b: int) -> tuple[int, int, list]:
     """Open ``path`` and queue aligned requests covering ``[a, b)`` in the read pool: ``(fd, base,
     futures of bytes)``."""
-    size = REQUEST_BYTES
+    size = AHEAD_READ_BYTES
     fd = os.open(path, os.O_RDONLY)
     base = a - a % size
     pool = _executor()
@@ -504,7 +510,7 @@ def _gather_requests(fd: int, a: int, b: int, base: int, requests: list) -> Held
                     f.exception()  # the fd stays open until every request that started ended
         finally:
             os.close(fd)
-    if any(len(x) != REQUEST_BYTES for x in blocks[:-1]) or base + sum(len(x) for x in blocks) < b:
+    if any(len(x) != AHEAD_READ_BYTES for x in blocks[:-1]) or base + sum(len(x) for x in blocks) < b:
         return None
     return HeldBytes(a, b, base, blocks)
 

@@ -15,6 +15,17 @@ emits is a function of positions only (:func:`~shardfeed.readers.epoch.shuffle_b
 replays it on indices): a resumed worker finds which samples its buffer held and which come next
 without reading anything, then reads those by offset (``.sfidx``; local ``seek`` or HTTP ``Range``).
 
+The buffer yields nothing before it is full, so each epoch starts by reading a worker's first
+``shuffle_buffer`` samples while nothing decodes; on slow storage (a network mount, HTTP, s3) that
+costs the storage's latency at every epoch. Under a loader whose processes read the next epoch too
+(``next_epoch_ahead``), a worker whose reads of the epoch are done (its buffer still drains) reads
+the first samples of its next epoch's sub-range in the background
+(:class:`~shardfeed.readers.shard_readahead.SpansAhead`: the next epoch's shard order is a function
+of the seed and the epoch), at most the buffer's worth and
+:data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES` (64 MiB) per process, whole samples;
+the next epoch parses them from memory with the same parser. Bytes it does not start with are
+dropped; a span that failed to read is read again as usual (and its error raised there).
+
 Resuming (:mod:`~shardfeed.readers.epoch`): with the state's world size, batch size and worker
 count a worker continues exactly where one worker of the interrupted run stopped (same buffer,
 same order); otherwise each worker reads its batches of the rest of the epoch by position. Both
@@ -106,9 +117,21 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     ``len(ds)`` is the number of samples this rank reads per epoch (all its workers together).
 
+    Attribute ``next_epoch_ahead`` (default False; :func:`~shardfeed.readers.loader.make_loader`
+    sets it when the next epoch is read by the same processes: no workers, or persistent ones):
+    once a worker's reads of an epoch are done, it reads the next epoch's first samples (what its
+    shuffle buffer holds before it yields, at least one batch; at most
+    :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`, 64 MiB, per process) in the
+    background while the epoch's last samples decode, on slow storage only: local shards once a
+    read of the epoch proved slow (with ``readahead``), remote ones always. The samples and their
+    order are the same; what the next epoch does not start with is dropped.
+
     Raises:
         TypeError: ``shuffle_buffer`` is not an integer. ValueError: it is negative.
     """
+
+    #: read the next epoch's first samples ahead (see the class docstring)
+    next_epoch_ahead = False
 
     def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readahead: bool = True) -> None:
@@ -408,16 +431,19 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         """Read the first samples of sub-range ``[a, b)`` in ``epoch`` ahead, in the background
         (:class:`~shardfeed.readers.shard_readahead.SpansAhead`): as many as the shuffle buffer
         holds before it yields (at least one batch), whole samples, at most
-        :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`. Only for shards read slowly:
-        local ones once reads proved slow (with ``readahead``), remote ones always."""
+        :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`. Only with ``next_epoch_ahead``
+        and for shards read slowly: local ones once a read of the epoch proved slow (with
+        ``readahead``), remote ones always."""
         local = isinstance(self.location, LocalLocation)
         self._drop_ahead()
+        if not self.next_epoch_ahead:
+            return
         if local and not (self.location.readahead and (self._slow_epoch or storage_is_slow())):
             return
         ranges = spans_to_ranges(self._counts, shard_order(len(self._counts), seed=self.seed, epoch=epoch,
                                                            shuffle=self.shuffle), a, b)
         want = max(self.buffer_size, self.batch_size, 1)
-        self._ahead = SpansAhead(lambda: self._ahead_plan(ranges, want, local))
+        self._ahead = SpansAhead(lambda: self._ahead_plan(ranges, want, local), max_bytes=EPOCH_AHEAD_BYTES)
 
     def _ahead_plan(self, ranges, want: int, local: bool) -> list[tuple]:
         """``((shard, start, end), source, first byte, end byte)`` of the first ``want`` samples of
