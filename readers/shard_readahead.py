@@ -415,6 +415,8 @@ class SpansAhead:
         self._spans: dict[object, tuple[int, int, Future]] = {}
         self._planned = threading.Event()
         self._stopped = False
+        #: seconds from the start to the last span read (None until then)
+        self.elapsed: float | None = None
         self._thread = threading.Thread(target=self._run, args=(plan,), name="shardfeed-epoch-ahead", daemon=True)
         self._thread.start()
 
@@ -455,6 +457,7 @@ class SpansAhead:
                    if f.done() and f.result() is not None)
 
     def _run(self, plan) -> None:
+        t0 = time.perf_counter()
         spans = []
         try:
             total = 0
@@ -479,6 +482,7 @@ class SpansAhead:
         for _, source, a, b, future in spans:
             if not future.done():
                 future.set_result(None if self._stopped else _receive_span(source, a, b))
+        self.elapsed = time.perf_counter() - t0
 
 
 def _request_span(path: str, a: int, b: int) -> tuple[int, int, list]:

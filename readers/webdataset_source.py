@@ -53,7 +53,9 @@ import bisect
 import itertools
 import json
 import logging
+import math
 import os
+import time
 from collections import Counter
 from typing import Any
 
@@ -85,6 +87,10 @@ _FAST_EXTS = IMAGE_EXTS - {"jpeg", "tiff"}
 #: without the thread 58-61k samples/s, with it 53k; 1 MiB reads 56k, with 4 ahead 70k.
 HTTP_PREFETCH_READS = 4
 HTTP_READ_BYTES = 1 << 20
+
+#: The next epoch's first samples are read ahead once the samples still to come would take this
+#: many times as long as reading them (:meth:`WebDatasetSource._then_read_ahead`).
+AHEAD_MARGIN = 2.0
 
 #: Samples held by each worker's shuffle buffer.
 DEFAULT_SHUFFLE_BUFFER = 1000
@@ -154,6 +160,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._ahead: SpansAhead | None = None
         #: a range of this epoch ended slow, or the epoch started on samples read ahead
         self._slow_epoch = False
+        #: what this epoch started on (None: its reads), for the next read's expected duration
+        self._last_ahead: SpansAhead | None = None
         self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
@@ -171,7 +179,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     def __getstate__(self):
         state = super().__getstate__()
         state["_offsets"] = {}
-        state["_ahead"] = None
+        state["_ahead"] = state["_last_ahead"] = None
         return state
 
     # ---- reading
@@ -409,23 +417,54 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         buffer = self.buffer_size
         if done == 0:
             ranges = spans_to_ranges(self._counts, order, a, b)
-            stream = self._then_read_ahead(self._iter_ranges(ranges, self._take_ahead(ranges)), epoch, a, b)
-            yield from shuffled(stream, buffer, buffer_rng(self.seed, epoch, self.rank, worker))
+            reads = _Reads(self._iter_ranges(ranges, self._take_ahead(ranges)))
+            yield from self._then_read_ahead(shuffled(reads, buffer, buffer_rng(self.seed, epoch, self.rank, worker)),
+                                             reads, epoch, a, b)
             return
         if buffer:
             rest = a + shuffle_buffer_order(b - a, buffer=buffer, seed=self.seed, epoch=epoch, rank=self.rank,
                                             worker=worker)[done:]
         else:
             rest = np.arange(a + done, b, dtype=np.int64)
-        yield from self._then_read_ahead(self._read_positions(order, rest), epoch, a, b)
+        reads = _Reads(self._read_positions(order, rest))
+        yield from self._then_read_ahead(reads, reads, epoch, a, b)
 
     # ---- the next epoch's first samples, read while this epoch's last ones decode
-    def _then_read_ahead(self, stream, epoch: int, a: int, b: int):
-        """The items of ``stream``; when it ends (the epoch's reads are done, its shuffle buffer
-        still drains), the first samples of epoch ``epoch + 1`` of the same sub-range ``[a, b)``
-        are read ahead (:meth:`_start_ahead`)."""
-        yield from stream
-        self._start_ahead(epoch + 1, a, b)
+    def _then_read_ahead(self, items, reads: _Reads, epoch: int, a: int, b: int):
+        """The items of ``items`` (what ``reads`` read, through the shuffle buffer); once the reads
+        are done and the samples still to come would take about :data:`AHEAD_MARGIN` times as long
+        as the next read ahead (the last one's duration, else this epoch's reads'), the first
+        samples of epoch ``epoch + 1`` of the same sub-range ``[a, b)`` are read ahead
+        (:meth:`_start_ahead`); at the latest when the items end.
+
+        Just in time rather than at once: less of the buffer is still held beside the bytes read
+        ahead, and a run stopped before the epoch's end reads less it never uses.
+        """
+        emitted, since, started = 0, None, False
+        need = max(8, self.batch_size)  # samples over which the rate is measured
+        for item in items:
+            yield item
+            emitted += 1
+            if started or reads.ended_at is None:
+                continue
+            if since is None:
+                since = (time.perf_counter(), emitted)
+            elif emitted - since[1] >= need:
+                spent = time.perf_counter() - since[0]
+                left_s = (reads.count - emitted) * spent / (emitted - since[1])
+                if left_s <= AHEAD_MARGIN * self._next_read_s(reads):
+                    started = True
+                    self._start_ahead(epoch + 1, a, b)
+        if not started:
+            self._start_ahead(epoch + 1, a, b)
+
+    def _next_read_s(self, reads: _Reads) -> float:
+        """Seconds the next read ahead should take: the last one's, else this epoch's reads' (when
+        it did not start on bytes read ahead), else unknown (infinite: start at once)."""
+        last = self._last_ahead
+        if last is not None and last.elapsed is not None:
+            return last.elapsed
+        return reads.ended_at - reads.started_at if last is None and reads.started_at is not None else math.inf
 
     def _start_ahead(self, epoch: int, a: int, b: int) -> None:
         """Read the first samples of sub-range ``[a, b)`` in ``epoch`` ahead, in the background
@@ -480,6 +519,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         """``{(shard, start): (end, held bytes or None)}``: the spans read ahead for this epoch that
         start one of ``ranges`` and end within it; every other span read ahead is dropped."""
         ahead, self._ahead = self._ahead, None
+        self._last_ahead = ahead
         self._slow_epoch = ahead is not None  # read ahead: the storage was slow (the memory is not)
         if ahead is None:
             return {}
@@ -589,6 +629,24 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 del data
         if start < end:
             yield from self.iter_range(shard, start, end)
+
+
+class _Reads:
+    """The items of ``stream``, counted, and when the first was asked for and the stream ended
+    (``time.perf_counter()``; None until then)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.count = 0
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+
+    def __iter__(self):
+        self.started_at = time.perf_counter()
+        for item in self._stream:
+            self.count += 1
+            yield item
+        self.ended_at = time.perf_counter()
 
 
 def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
