@@ -19,7 +19,8 @@ The buffer yields nothing before it is full, so each epoch starts by reading a w
 ``shuffle_buffer`` samples while nothing decodes; on slow storage (a network mount, HTTP, s3) that
 costs the storage's latency at every epoch. Under a loader whose processes read the next epoch too
 (``next_epoch_ahead``), a worker whose reads of the epoch are done (its buffer still drains) reads
-the first samples of its next epoch's sub-range in the background
+the first samples of its next epoch's sub-range in the background, once the samples still to come
+would take :data:`AHEAD_MARGIN` (2) times as long as that read
 (:class:`~shardfeed.readers.shard_readahead.SpansAhead`: the next epoch's shard order is a function
 of the seed and the epoch), at most the buffer's worth and
 :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES` (64 MiB) per process, whole samples;
@@ -125,10 +126,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     Attribute ``next_epoch_ahead`` (default False; :func:`~shardfeed.readers.loader.make_loader`
     sets it when the next epoch is read by the same processes: no workers, or persistent ones):
-    once a worker's reads of an epoch are done, it reads the next epoch's first samples (what its
-    shuffle buffer holds before it yields, at least one batch; at most
-    :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`, 64 MiB, per process) in the
-    background while the epoch's last samples decode, on slow storage only: local shards once a
+    once a worker's reads of an epoch are done, it reads (just in time, :data:`AHEAD_MARGIN`) the
+    next epoch's first samples (what its shuffle buffer holds before it yields, at least one
+    batch; at most :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`, 64 MiB, per
+    process) in the background while the epoch's last samples decode, on slow storage only: local shards once a
     read of the epoch proved slow (with ``readahead``), remote ones always. The samples and their
     order are the same; what the next epoch does not start with is dropped.
 

@@ -9,7 +9,11 @@ folder and on every mount, ``readahead=True`` and ``readahead=False``. Prints im
 load average beside each figure, and the ratios mount / local disk (the target: >= 0.9 at 2 and
 10 ms) and read-ahead on / off, each the median of per-round ratios. ``--lmdb`` adds the LMDB copy
 (read-ahead there: a batch's records read ahead by the read pool, ``LMDBSource.read_ahead_records``;
-the kernel's read-around left automatic) and the ratio LMDB / WebDataset on the same mount.
+the kernel's read-around left automatic) and the ratio LMDB / WebDataset on the same mount. Each case also prints the wait for its next epoch's
+first batch (the 40 timed batches of the 1,600-image set cross one epoch start), the cost that
+reading the next epoch's first samples ahead hides. ``--baseline-src DIR`` runs every case a second
+time with another copy of the package (``DIR/shardfeed/readers``, e.g. ``git archive`` of another
+commit), interleaved in the same rounds, and prints its ratios beside these and local / local.
 
 Figures measured on an emulator show the shape of the effect (latency x requests in series); they
 are not measurements of NFS, a cloud disk or a bucket.

@@ -355,3 +355,50 @@ def test_a_resumed_epoch_after_one_read_ahead_continues_exactly(planted, monkeyp
         emu.stop()
     assert first == whole[nb:nb + 4]
     assert rest == whole[nb + 4:]
+
+
+class _Clock:
+    """A stand-in for the ``time`` module of the reader: ``perf_counter`` is what the test sets."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("last_elapsed, fill_s, started_after", [
+    (1.0, None, 80),     # the last read took 1 s: start with 2 s (20 samples at 10/s) still to come
+    (None, 0.5, 90),     # none read ahead yet: this epoch's reads (0.5 s) are the estimate
+    ("running", None, 9),  # the last read's duration unknown: start as soon as the rate is measured
+    (0.001, None, 100),  # a read far shorter than any sample: at the end
+])
+def test_the_next_epoch_is_read_just_in_time(monkeypatch, last_elapsed, fill_s, started_after):
+    from types import SimpleNamespace
+
+    from shardfeed.readers import webdataset_source
+
+    clock = _Clock()
+    monkeypatch.setattr(webdataset_source, "time", clock)
+    started = []
+    src = SimpleNamespace(batch_size=8, _start_ahead=lambda epoch, a, b: started.append((epoch, a, b, emitted[0])))
+    if last_elapsed is None:
+        src._last_ahead = None
+    else:
+        src._last_ahead = SimpleNamespace(elapsed=None if last_elapsed == "running" else last_elapsed)
+    src._next_read_s = lambda reads: webdataset_source.WebDatasetSource._next_read_s(src, reads)
+    reads = SimpleNamespace(count=100, started_at=-(fill_s or 0.0), ended_at=0.0)  # all 100 read
+    emitted = [0]
+
+    def items():
+        for i in range(100):  # 10 samples a second
+            clock.now += 0.1
+            yield i
+
+    out = []
+    for item in webdataset_source.WebDatasetSource._then_read_ahead(src, items(), reads, 3, 10, 110):
+        out.append(item)
+        emitted[0] += 1
+    assert out == list(range(100))
+    assert len(started) == 1 and started[0][:3] == (4, 10, 110)
+    assert abs(started[0][3] - started_after) <= 1
