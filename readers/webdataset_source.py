@@ -129,9 +129,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     once a worker's reads of an epoch are done, it reads (just in time, :data:`AHEAD_MARGIN`) the
     next epoch's first samples (what its shuffle buffer holds before it yields, at least one
     batch; at most :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`, 64 MiB, per
-    process) in the background while the epoch's last samples decode, on slow storage only: local shards once a
-    read of the epoch proved slow (with ``readahead``), remote ones always. The samples and their
-    order are the same; what the next epoch does not start with is dropped.
+    process) in the background while the epoch's last samples decode, on slow storage only:
+    local shards once a read of the epoch proved slow (with ``readahead``), remote ones always.
+    The samples and their order are the same; what the next epoch does not start with is dropped.
 
     Raises:
         TypeError: ``shuffle_buffer`` is not an integer. ValueError: it is negative.
@@ -517,8 +517,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         return out
 
     def _take_ahead(self, ranges) -> dict:
-        """``{(shard, start): (end, held bytes or None)}``: the spans read ahead for this epoch that
-        start one of ``ranges`` and end within it; every other span read ahead is dropped."""
+        """``{(shard, start): (stop, SpansAhead, key)}``: the spans read ahead (samples ``[start,
+        stop)`` of ``shard``, whatever epoch they were read for: the bytes are the same) that start
+        one of ``ranges`` and end within it; every other span read ahead is dropped."""
         ahead, self._ahead = self._ahead, None
         self._last_ahead = ahead
         self._slow_epoch = ahead is not None  # read ahead: the storage was slow (the memory is not)
