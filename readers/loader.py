@@ -594,6 +594,8 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
     kwargs.update(timeout=extras.timeout, generator=extras.generator)
     if isinstance(ds, SourceBase):
         ds.configure_batching(batch_size, drop_last)
+        if hasattr(ds, "next_epoch_ahead"):  # the next epoch reads in these same processes
+            ds.next_epoch_ahead = num_workers == 0 or bool(persistent_workers)
     epoch_sampler = _epoch_sampler(ds, batch_size, shuffle=shuffle, seed=seed, pad=pad, drop_last=drop_last,
                                    rank=rank, world_size=world_size)
     if epoch_sampler is not None:

@@ -23,12 +23,23 @@ pool and reads its first :data:`HEAD_REQUESTS` requests through the page cache, 
 decoded; :func:`take_opened` hands the open descriptor over (a FUSE mount without ``keep_cache``
 drops a file's cached pages on every ``open``, so the pages read ahead stay only on that
 descriptor). At most :data:`MAX_OPENED` files wait, per process.
+
+Between epochs the pipeline drains too: a worker's shuffle buffer fills before it yields the
+epoch's first sample, so every epoch starts by reading the worker's first ``shuffle_buffer``
+samples while nothing decodes. :class:`SpansAhead` reads such byte spans (the next epoch's, while
+the current epoch's last samples decode) in a background thread and holds them until taken: a
+local file in aligned reads of :data:`AHEAD_READ_BYTES` by the read pool, a remote one by one
+streamed request per span. At most :data:`EPOCH_AHEAD_BYTES` per process are held (plus less
+than one read's alignment on each side of a span).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import math
+from concurrent.futures import Future
 import os
 import threading
 import time
@@ -36,7 +47,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
 __all__ = ["read_ahead", "read_shard_ahead", "read_pool", "open_ahead", "take_opened", "storage_is_slow",
-           "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES", "MAX_OPENED", "REQUEST_BYTES", "HEAD_REQUESTS"]
+           "SpansAhead", "HeldBytes", "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES", "MAX_OPENED", "REQUEST_BYTES",
+           "HEAD_REQUESTS", "EPOCH_AHEAD_BYTES", "STREAM_PIECE_BYTES", "AHEAD_READ_BYTES"]
 
 #: A read slower than this (seconds) switches the rest of the range to reads ahead.
 SLOW_READ_S = 0.0005
@@ -61,6 +73,19 @@ HEAD_REQUESTS = 8
 
 #: Most files :func:`open_ahead` keeps open for the caller, per process.
 MAX_OPENED = 2
+
+#: Most bytes :class:`SpansAhead` reads ahead and holds, per process (the bench's workers need
+#: ~57 MB each before their shuffle buffer yields; a full buffer of 1,000 ImageNet-sized samples
+#: holds about as much).
+EPOCH_AHEAD_BYTES = 64 << 20
+#: Bytes per ``read`` call when :class:`SpansAhead` receives a remote span (one request per span).
+STREAM_PIECE_BYTES = 1 << 20
+#: Bytes per ``pread`` of a local span read by :class:`SpansAhead`, aligned to them: a multiple of
+#: :data:`REQUEST_BYTES` (the kernel cuts it into aligned requests of that size, sent together).
+#: Larger than a chunk's request because these reads run while the process decodes: each ``pread``
+#: that returns takes the GIL from the decoding thread, and on a busy machine that hand-over can
+#: cost a scheduler slice.
+AHEAD_READ_BYTES = 1 << 20
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -321,3 +346,201 @@ def read_shard_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[
         What ``read_at`` raises, at the first chunk that needs the failed request's bytes.
     """
     return read_ahead(read_at, plan, request_bytes=REQUEST_BYTES)
+
+
+class HeldBytes:
+    """Bytes ``[start, end)`` of one file, held in memory as consecutive blocks.
+
+    Args:
+        start, end: the span (byte offsets of the file).
+        base: the file offset of the first block's first byte (``<= start``).
+        blocks: the file's bytes from ``base`` on, in order (any lengths); they reach ``end``.
+    """
+
+    def __init__(self, start: int, end: int, base: int, blocks: list[bytes]):
+        self.start, self.end, self.blocks = start, end, blocks
+        self._starts = list(itertools.accumulate((len(b) for b in blocks[:-1]), initial=base))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (the blocks' lengths)."""
+        return sum(len(b) for b in self.blocks)
+
+    def read_at(self, offset: int, nbytes: int) -> bytes:
+        """The file's bytes ``[offset, offset + nbytes)``, cut at the span's end.
+
+        Raises:
+            ValueError: ``offset`` lies before the span's start.
+        """
+        if offset < self.start:
+            raise ValueError(f"offset {offset} lies before the held span's start {self.start}")
+        stop = min(offset + max(0, nbytes), self.end)
+        k = bisect.bisect_right(self._starts, offset) - 1
+        pieces = []
+        pos = offset
+        while pos < stop:
+            at = pos - self._starts[k]
+            piece = self.blocks[k][at:at + stop - pos]
+            pieces.append(piece)
+            pos += len(piece)
+            k += 1
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+class SpansAhead:
+    """Byte spans of files read ahead in a background thread and held until taken.
+
+    A fresh thread calls ``plan()`` once (it may read small files, e.g. offset indexes) for the
+    spans, ``(key, source, start, end)`` each: ``source`` a local path (read in aligned ``pread`` calls of
+    :data:`AHEAD_READ_BYTES` by the read pool, :func:`read_pool`, every local span's reads queued
+    at once) or a callable returning ``(stream, stream_offset)`` opened at ``start`` (read by this
+    thread in ``read`` calls of :data:`STREAM_PIECE_BYTES`, one span after the other). The spans
+    are cut to ``max_bytes`` in all: from the first span that would cross it on, none is read.
+    A span whose read fails (any exception, a short file, a stream that did not start at
+    ``start``) is held as None: the caller reads it itself, and meets the error there.
+
+    Args:
+        plan: returns the spans (keys distinct and hashable).
+        max_bytes: most bytes held (plus, for a local span, less than one read's alignment,
+            :data:`AHEAD_READ_BYTES`, on each side).
+
+    The object belongs to the process that made it (:attr:`pid`); after ``fork`` a child sees
+    nothing held.
+    """
+
+    def __init__(self, plan: Callable[[], Sequence[tuple[object, object, int, int]]], *,
+                 max_bytes: int = EPOCH_AHEAD_BYTES):
+        self.pid = os.getpid()
+        self.max_bytes = int(max_bytes)
+        self._spans: dict[object, tuple[int, int, Future]] = {}
+        self._planned = threading.Event()
+        self._stopped = False
+        #: seconds from the start to the last span read (None until then)
+        self.elapsed: float | None = None
+        self._thread = threading.Thread(target=self._run, args=(plan,), name="shardfeed-epoch-ahead", daemon=True)
+        self._thread.start()
+
+    def spans(self) -> dict[object, tuple[int, int]]:
+        """``{key: (start, end)}`` of the spans planned and not yet taken (waits for the plan)."""
+        if self.pid != os.getpid():
+            return {}
+        self._planned.wait()
+        return {k: (a, b) for k, (a, b, _) in list(self._spans.items())}
+
+    def take(self, key: object) -> HeldBytes | None:
+        """The span ``key``'s bytes (waits for them), or None: not planned, already taken, not
+        read (failed), or another process's. The span is no longer held here."""
+        if self.pid != os.getpid():
+            return None
+        self._planned.wait()
+        entry = self._spans.pop(key, None)
+        return None if entry is None else entry[2].result()
+
+    def discard(self, key: object) -> None:
+        """Drop the span ``key`` without waiting for it (its bytes go when its reads end)."""
+        if self.pid == os.getpid():
+            self._planned.wait()
+            self._spans.pop(key, None)
+
+    def close(self) -> None:
+        """Drop every span not taken (one being read is dropped when its reads end)."""
+        self._stopped = True
+        if self.pid == os.getpid():
+            self._planned.wait()
+            self._spans.clear()
+
+    def held_bytes(self) -> int:
+        """Bytes of the spans read and not yet taken (a span still being read counts 0)."""
+        if self.pid != os.getpid():
+            return 0
+        return sum(f.result().nbytes for _, _, f in list(self._spans.values())
+                   if f.done() and f.result() is not None)
+
+    def _run(self, plan) -> None:
+        t0 = time.perf_counter()
+        spans = []
+        try:
+            total = 0
+            for key, source, a, b in plan():
+                if b <= a or total + (b - a) > self.max_bytes:
+                    break
+                total += b - a
+                spans.append((key, source, int(a), int(b), Future()))
+        except Exception:  # noqa: BLE001 - nothing read ahead: the caller reads (and raises) itself
+            pass
+        self._spans = {key: (a, b, f) for key, _, a, b, f in spans}
+        self._planned.set()
+        local = []
+        for _, source, a, b, future in spans:  # every local span's requests queued first
+            if isinstance(source, (str, os.PathLike)):
+                try:
+                    local.append((future, a, b, *_request_span(os.fspath(source), a, b)))
+                except Exception:  # noqa: BLE001 - read by the caller instead
+                    future.set_result(None)
+        for future, a, b, fd, base, requests in local:
+            future.set_result(_gather_requests(fd, a, b, base, requests))
+        for _, source, a, b, future in spans:
+            if not future.done():
+                future.set_result(None if self._stopped else _receive_span(source, a, b))
+        self.elapsed = time.perf_counter() - t0
+
+
+def _request_span(path: str, a: int, b: int) -> tuple[int, int, list]:
+    """Open ``path`` and queue aligned requests covering ``[a, b)`` in the read pool: ``(fd, base,
+    futures of bytes)``."""
+    size = AHEAD_READ_BYTES
+    fd = os.open(path, os.O_RDONLY)
+    base = a - a % size
+    pool = _executor()
+    return fd, base, [pool.submit(os.pread, fd, size, off) for off in range(base, b, size)]
+
+
+def _gather_requests(fd: int, a: int, b: int, base: int, requests: list) -> HeldBytes | None:
+    """The requests' bytes as a :class:`HeldBytes` of ``[a, b)`` (None: a read failed or came
+    back short before ``b``); closes ``fd``."""
+    blocks = []
+    try:
+        for f in requests:
+            try:
+                blocks.append(f.result())
+            except Exception:  # noqa: BLE001 - the caller's read raises it again
+                return None
+    finally:
+        for f in requests:
+            f.cancel()
+        try:
+            for f in requests:
+                if not f.cancelled():
+                    f.exception()  # the fd stays open until every request that started ended
+        finally:
+            os.close(fd)
+    if any(len(x) != AHEAD_READ_BYTES for x in blocks[:-1]) or base + sum(len(x) for x in blocks) < b:
+        return None
+    return HeldBytes(a, b, base, blocks)
+
+
+def _receive_span(source: Callable[[], tuple], a: int, b: int) -> HeldBytes | None:
+    """A remote span read through one stream ``source()`` opened at ``a`` (None: it failed)."""
+    try:
+        stream, offset = source()
+    except Exception:  # noqa: BLE001 - the caller's own open raises it again
+        return None
+    try:
+        if offset != a:
+            return None
+        blocks = []
+        left = b - a
+        while left > 0:
+            piece = stream.read(min(STREAM_PIECE_BYTES, left))
+            if not piece:
+                return None
+            blocks.append(piece)
+            left -= len(piece)
+        return HeldBytes(a, b, a, blocks)
+    except Exception:  # noqa: BLE001 - read by the caller instead, which meets the error itself
+        return None
+    finally:
+        try:
+            stream.close()
+        except Exception:  # noqa: BLE001 - nothing more to read from it
+            pass

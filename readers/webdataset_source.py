@@ -15,6 +15,18 @@ emits is a function of positions only (:func:`~shardfeed.readers.epoch.shuffle_b
 replays it on indices): a resumed worker finds which samples its buffer held and which come next
 without reading anything, then reads those by offset (``.sfidx``; local ``seek`` or HTTP ``Range``).
 
+The buffer yields nothing before it is full, so each epoch starts by reading a worker's first
+``shuffle_buffer`` samples while nothing decodes; on slow storage (a network mount, HTTP, s3) that
+costs the storage's latency at every epoch. Under a loader whose processes read the next epoch too
+(``next_epoch_ahead``), a worker whose reads of the epoch are done (its buffer still drains) reads
+the first samples of its next epoch's sub-range in the background, once the samples still to come
+would take :data:`AHEAD_MARGIN` (2) times as long as that read
+(:class:`~shardfeed.readers.shard_readahead.SpansAhead`: the next epoch's shard order is a function
+of the seed and the epoch), at most the buffer's worth and
+:data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES` (64 MiB) per process, whole samples;
+the next epoch parses them from memory with the same parser. Bytes it does not start with are
+dropped; a span that failed to read is read again as usual (and its error raised there).
+
 Resuming (:mod:`~shardfeed.readers.epoch`): with the state's world size, batch size and worker
 count a worker continues exactly where one worker of the interrupted run stopped (same buffer,
 same order); otherwise each worker reads its batches of the rest of the epoch by position. Both
@@ -38,10 +50,13 @@ ranges and shards are read normally; a half-read sample is never yielded.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import logging
+import math
 import os
+import time
 from collections import Counter
 from typing import Any
 
@@ -56,6 +71,7 @@ from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .location import LocalLocation
+from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
@@ -72,6 +88,10 @@ _FAST_EXTS = IMAGE_EXTS - {"jpeg", "tiff"}
 #: without the thread 58-61k samples/s, with it 53k; 1 MiB reads 56k, with 4 ahead 70k.
 HTTP_PREFETCH_READS = 4
 HTTP_READ_BYTES = 1 << 20
+
+#: The next epoch's first samples are read ahead once the samples still to come would take this
+#: many times as long as reading them (:meth:`WebDatasetSource._then_read_ahead`).
+AHEAD_MARGIN = 2.0
 
 #: Samples held by each worker's shuffle buffer.
 DEFAULT_SHUFFLE_BUFFER = 1000
@@ -104,9 +124,21 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     ``len(ds)`` is the number of samples this rank reads per epoch (all its workers together).
 
+    Attribute ``next_epoch_ahead`` (default False; :func:`~shardfeed.readers.loader.make_loader`
+    sets it when the next epoch is read by the same processes: no workers, or persistent ones):
+    once a worker's reads of an epoch are done, it reads (just in time, :data:`AHEAD_MARGIN`) the
+    next epoch's first samples (what its shuffle buffer holds before it yields, at least one
+    batch; at most :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`, 64 MiB, per
+    process) in the background while the epoch's last samples decode, on slow storage only:
+    local shards once a read of the epoch proved slow (with ``readahead``), remote ones always.
+    The samples and their order are the same; what the next epoch does not start with is dropped.
+
     Raises:
         TypeError: ``shuffle_buffer`` is not an integer. ValueError: it is negative.
     """
+
+    #: read the next epoch's first samples ahead (see the class docstring)
+    next_epoch_ahead = False
 
     def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readahead: bool = True) -> None:
@@ -125,6 +157,12 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         #: packing-order index of each shard's first sample
         self._starts = [0, *itertools.accumulate(self._counts)][:-1]
         self._offsets: dict[int, list[int] | None] = {}
+        #: the next epoch's first samples, read ahead in this process (:meth:`_start_ahead`)
+        self._ahead: SpansAhead | None = None
+        #: a range of this epoch ended slow, or the epoch started on samples read ahead
+        self._slow_epoch = False
+        #: what this epoch started on (None: its reads), for the next read's expected duration
+        self._last_ahead: SpansAhead | None = None
         self._init_common(ReadOptions() if read is None else read)
 
     def __repr__(self) -> str:
@@ -142,6 +180,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     def __getstate__(self):
         state = super().__getstate__()
         state["_offsets"] = {}
+        state["_ahead"] = state["_last_ahead"] = None
         return state
 
     # ---- reading
@@ -251,6 +290,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         order = shard_order(len(self._counts), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
         segments = self.resume_segments(epoch)
         seg = segments[0] if len(segments) == 1 else None
+        if segments:
+            self._drop_ahead()
         if not segments:
             raw = self._read_worker_range(order, epoch, worker, num_workers, 0)
         elif seg is not None and (int(seg["world_size"]), max(1, int(seg["num_workers"])), int(seg["batch_size"]),
@@ -376,15 +417,129 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
         buffer = self.buffer_size
         if done == 0:
-            stream = self._iter_ranges(spans_to_ranges(self._counts, order, a, b))
-            yield from shuffled(stream, buffer, buffer_rng(self.seed, epoch, self.rank, worker))
+            ranges = spans_to_ranges(self._counts, order, a, b)
+            reads = _Reads(self._iter_ranges(ranges, self._take_ahead(ranges)))
+            yield from self._then_read_ahead(shuffled(reads, buffer, buffer_rng(self.seed, epoch, self.rank, worker)),
+                                             reads, epoch, a, b)
             return
         if buffer:
             rest = a + shuffle_buffer_order(b - a, buffer=buffer, seed=self.seed, epoch=epoch, rank=self.rank,
                                             worker=worker)[done:]
         else:
             rest = np.arange(a + done, b, dtype=np.int64)
-        yield from self._read_positions(order, rest)
+        reads = _Reads(self._read_positions(order, rest))
+        yield from self._then_read_ahead(reads, reads, epoch, a, b)
+
+    # ---- the next epoch's first samples, read while this epoch's last ones decode
+    def _then_read_ahead(self, items, reads: _Reads, epoch: int, a: int, b: int):
+        """The items of ``items`` (what ``reads`` read, through the shuffle buffer); once the reads
+        are done and the samples still to come would take about :data:`AHEAD_MARGIN` times as long
+        as the next read ahead (the last one's duration, else this epoch's reads'), the first
+        samples of epoch ``epoch + 1`` of the same sub-range ``[a, b)`` are read ahead
+        (:meth:`_start_ahead`); at the latest when the items end.
+
+        Just in time rather than at once: less of the buffer is still held beside the bytes read
+        ahead, and a run stopped before the epoch's end reads less it never uses.
+        """
+        emitted, since, started = 0, None, False
+        need = max(8, self.batch_size)  # samples over which the rate is measured
+        for item in items:
+            yield item
+            emitted += 1
+            if started or reads.ended_at is None:
+                continue
+            if since is None:
+                since = (time.perf_counter(), emitted)
+            elif emitted - since[1] >= need:
+                spent = time.perf_counter() - since[0]
+                left_s = (reads.count - emitted) * spent / (emitted - since[1])
+                if left_s <= AHEAD_MARGIN * self._next_read_s(reads):
+                    started = True
+                    self._start_ahead(epoch + 1, a, b)
+        if not started:
+            self._start_ahead(epoch + 1, a, b)
+
+    def _next_read_s(self, reads: _Reads) -> float:
+        """Seconds the next read ahead should take: the last one's, else this epoch's reads' (when
+        it did not start on bytes read ahead), else unknown (infinite: start at once)."""
+        last = self._last_ahead
+        if last is not None and last.elapsed is not None:
+            return last.elapsed
+        return reads.ended_at - reads.started_at if last is None and reads.started_at is not None else math.inf
+
+    def _start_ahead(self, epoch: int, a: int, b: int) -> None:
+        """Read the first samples of sub-range ``[a, b)`` in ``epoch`` ahead, in the background
+        (:class:`~shardfeed.readers.shard_readahead.SpansAhead`): as many as the shuffle buffer
+        holds before it yields (at least one batch), whole samples, at most
+        :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`. Only with ``next_epoch_ahead``
+        and for shards read slowly: local ones once a read of the epoch proved slow (with
+        ``readahead``), remote ones always."""
+        local = isinstance(self.location, LocalLocation)
+        self._drop_ahead()
+        if not self.next_epoch_ahead:
+            return
+        if local and not (self.location.readahead and (self._slow_epoch or storage_is_slow())):
+            return
+        ranges = spans_to_ranges(self._counts, shard_order(len(self._counts), seed=self.seed, epoch=epoch,
+                                                           shuffle=self.shuffle), a, b)
+        want = max(self.buffer_size, self.batch_size, 1)
+        self._ahead = SpansAhead(lambda: self._ahead_plan(ranges, want, local), max_bytes=EPOCH_AHEAD_BYTES)
+
+    def _ahead_plan(self, ranges, want: int, local: bool) -> list[tuple]:
+        """``((shard, start, end), source, first byte, end byte)`` of the first ``want`` samples of
+        ``ranges`` (indexed shards only; stops at the first without an index), whole samples,
+        within :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`."""
+        out, left, budget = [], want, EPOCH_AHEAD_BYTES
+        for shard, start, end in ranges:
+            offsets = self._index(shard)
+            if offsets is None or left <= 0 or budget <= 0:
+                break
+            entry = self.manifest.shards[shard]
+            first = offsets[start]
+            # whole samples within the budget: [start, k) with offsets[k] (or the shard's end) <= first + budget
+            k = bisect.bisect_right(offsets, first + budget, start) - 1
+            if k == len(offsets) - 1 and entry.num_bytes - first <= budget:
+                k = len(offsets)
+            stop = min(end, start + left, k)
+            if stop <= start:
+                break
+            last = offsets[stop] if stop < len(offsets) else entry.num_bytes
+            if local:
+                source = self.location.where(entry.name)
+            else:
+                source = (lambda e=entry, f=first, s=(offsets[stop] if stop < len(offsets) else None):
+                          self._open_shard(e, f, s, self.location.where(e.name)))
+            out.append(((shard, start, stop), source, first, last))
+            left -= stop - start
+            budget -= last - first
+            if stop < end:
+                break
+        return out
+
+    def _take_ahead(self, ranges) -> dict:
+        """``{(shard, start): (stop, SpansAhead, key)}``: the spans read ahead (samples ``[start,
+        stop)`` of ``shard``, whatever epoch they were read for: the bytes are the same) that start
+        one of ``ranges`` and end within it; every other span read ahead is dropped."""
+        ahead, self._ahead = self._ahead, None
+        self._last_ahead = ahead
+        self._slow_epoch = ahead is not None  # read ahead: the storage was slow (the memory is not)
+        if ahead is None:
+            return {}
+        wanted = {(shard, start): end for shard, start, end in ranges}
+        held = {}
+        for key in ahead.spans():
+            shard, start, stop = key
+            if wanted.get((shard, start), -1) >= stop:
+                held[(shard, start)] = (stop, ahead, key)
+            else:
+                ahead.discard(key)
+        return held
+
+    def _drop_ahead(self) -> None:
+        """Drop what was read ahead (an epoch that does not start afresh reads by position)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
     def _read_positions(self, order: list[int], positions: np.ndarray):
         """``(index, key, parts)`` of global positions ``positions`` in that order (a resumed epoch):
@@ -421,23 +576,30 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     continue
                 yield item
 
-    def _iter_ranges(self, ranges):
+    def _iter_ranges(self, ranges, held: dict | None = None):
         """``(index, key, parts)`` of the samples of ``ranges`` (``index``: packing order); under
         ``on_error="skip"`` a damaged shard's remaining samples are counted as skipped (and, under a
-        loader, stand as ``(index, None, None)`` holes)."""
+        loader, stand as ``(index, None, None)`` holes). ``held``: spans read ahead
+        (:meth:`_take_ahead`), whose samples are parsed from memory."""
         ranges = list(ranges)
         local = isinstance(self.location, LocalLocation)
+        held = {} if held is None else held
         for n, (shard, start, end) in enumerate(ranges):
-            if local and n + 1 < len(ranges) and ranges[n + 1][1] == 0:
+            if local and (shard, start) in held and held[(shard, start)][0] < end:
+                # read ahead only in part: the shard opens while its first samples come from memory
+                self.location.open_ahead(self.manifest.shards[shard].name, 0)
+            if local and n + 1 < len(ranges) and ranges[n + 1][1] == 0 and (ranges[n + 1][0], 0) not in held:
                 # slow storage: the next shard opens (and its index is read) while this one decodes
                 nxt = ranges[n + 1][0]
                 self.location.open_ahead(self.manifest.shards[nxt].name, INDEXED_READ_BYTES,
                                          prepare=lambda i=nxt: self._index(i))
+            if local and not self._slow_epoch and n and storage_is_slow():
+                self._slow_epoch = True  # the last range ended slow
             got = 0
             base = self._starts[shard] + start
             try:
                 try:
-                    for key, parts, _ in self.iter_range(shard, start, end):
+                    for key, parts, _ in self._range_samples(shard, start, end, held.pop((shard, start), None)):
                         yield base + got, key, parts
                         got += 1
                 except FileNotFoundError as exc:  # a shard or its index gone since the manifest was read
@@ -453,6 +615,40 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 if self.holes:
                     for i in range(got, end - start):
                         yield base + i, None, None
+
+    def _range_samples(self, shard: int, start: int, end: int, held: tuple | None):
+        """:meth:`iter_range` of ``[start, end)``, its first samples parsed from ``held``
+        (``(stop, SpansAhead, key)``: samples ``[start, stop)`` read ahead) when their bytes were
+        read; the rest (and whatever the fast parser leaves) read as usual."""
+        if held is not None:
+            stop, ahead, key = held
+            data = ahead.take(key)
+            if data is not None:
+                entry = self.manifest.shards[shard]
+                start += yield from iter_indexed_samples(data.read_at, self._index(shard), start, stop,
+                                                         entry.num_bytes, source=self.location.where(entry.name),
+                                                         tag_source=True)
+                del data
+        if start < end:
+            yield from self.iter_range(shard, start, end)
+
+
+class _Reads:
+    """The items of ``stream``, counted, and when the first was asked for and the stream ended
+    (``time.perf_counter()``; None until then)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.count = 0
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+
+    def __iter__(self):
+        self.started_at = time.perf_counter()
+        for item in self._stream:
+            self.count += 1
+            yield item
+        self.ended_at = time.perf_counter()
 
 
 def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:

@@ -11,10 +11,14 @@ and megabytes it served per 1,000 images timed), and the ratios mount / local di
 10 ms) and read-ahead on / off, each the median of per-round ratios. ``--lmdb`` adds the LMDB copy
 (read-ahead there: a batch's records read ahead by the read pool, one ``pread`` each, at most
 ``LMDBSource.read_ahead_records`` records and ``read_ahead_bytes`` bytes ahead; the kernel's
-read-around left automatic) and the ratio LMDB / WebDataset on the same mount. ``--raw`` reads
-raw samples (``decode=False``): the storage side alone, hardly any CPU per sample, so the
-figures hold on a busy machine too. ``--ref DIR`` runs another source tree's LMDB cases in the
-same rounds (e.g. the last commit, to compare a change side by side).
+read-around left automatic, or set by ``--lmdb-readahead``) and the ratio LMDB / WebDataset on the
+same mount. Each case also prints the wait for its next epoch's first batch (the 40 timed batches
+of the 1,600-image set cross one epoch start), the cost that reading the next epoch's first
+samples ahead hides. ``--raw`` reads raw samples (``decode=False``): the storage side alone,
+hardly any CPU per sample, so the figures hold on a busy machine too. ``--baseline-src DIR`` runs
+every case a second time with another copy of the package (``DIR/shardfeed/readers``, e.g. ``git
+archive`` of another commit), interleaved in the same rounds, and prints its ratios beside these
+and local / local.
 
 Figures measured on an emulator show the shape of the effect (latency x requests in series); they
 are not measurements of NFS, a cloud disk or a bucket.
@@ -22,7 +26,7 @@ are not measurements of NFS, a cloud disk or a bucket.
     .venv/bin/python scripts/bench_readahead.py --wds /tmp/perf_data/inet2-wds --lmdb /tmp/perf_data/inet2-lmdb \\
         --latencies 0.5,2,10 --rounds 2 --json out/bench_readahead.json
     mkdir -p /tmp/ref/shardfeed && git archive HEAD~1 readers convert | tar -x -C /tmp/ref/shardfeed
-    .venv/bin/python scripts/bench_readahead.py --wds ... --lmdb ... --ref /tmp/ref --raw
+    .venv/bin/python scripts/bench_readahead.py --wds ... --lmdb ... --baseline-src /tmp/ref --raw
 """
 
 from __future__ import annotations
@@ -56,8 +60,12 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: 
     n = 0
     t0 = None
     done = 0
+    first_waits = []  # per epoch after the first: seconds from asking for its first batch to getting it
     while done < batches + 2:
-        for batch in loader:
+        asked = time.perf_counter()
+        for k, batch in enumerate(loader):
+            if k == 0 and done:
+                first_waits.append(time.perf_counter() - asked)
             done += 1
             if done == 2:
                 t0 = time.perf_counter()
@@ -67,15 +75,17 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: 
             if done >= batches + 2:
                 break
     wall = time.perf_counter() - t0
-    return {"images": n, "images_per_s": n / wall}
+    return {"images": n, "images_per_s": n / wall, "epoch_first_batch_s": [round(w, 4) for w in first_waits]}
 
 
 def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float, raw: bool = False,
-                pythonpath: Path | None = None, lmdb_readahead: str = "auto") -> dict:
+                src: Path | None = None, lmdb_readahead: str = "auto") -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", str(data), "--readahead", str(int(readahead)),
            "--batches", str(batches), "--compute-ms", str(compute_ms), "--lmdb-readahead", lmdb_readahead]
     cmd += ["--raw"] if raw else []
-    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": str(pythonpath)}
+    env = None
+    if src is not None:  # another copy of the package, found before the installed one
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
@@ -97,14 +107,14 @@ def main(argv=None) -> int:
                         "default, 12 (see storage_emulator.EmulatorConfig) [default: 64]")
     p.add_argument("--raw", action="store_true",
                    help="raw samples (decode=False): the storage side alone, with hardly any CPU per sample")
-    p.add_argument("--ref", type=Path, default=None, metavar="DIR",
-                   help="another shardfeed source tree (DIR/shardfeed/readers, e.g. a `git archive` of a commit with "
-                        "readers/ and convert/ moved under shardfeed/): its LMDB cases (local, read-ahead on) run in "
-                        "the same rounds, as 'lmdb-ref'")
     p.add_argument("--lmdb-readahead", choices=["auto", "on", "off"], default="auto",
                    help="the LMDB environment's kernel read-around (LMDBSource readahead=): auto (by the file's size "
                         "against RAM: on for this small copy), or off, what a database over half the RAM gets "
                         "[default: auto]")
+    p.add_argument("--baseline-src", type=Path, default=None,
+                   help="a folder holding another copy of the package (DIR/shardfeed/readers, with an __init__.py "
+                        "in DIR/shardfeed): every case also runs with it, interleaved, named '... [baseline]', "
+                        "and the ratios are printed for both")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
@@ -125,23 +135,21 @@ def main(argv=None) -> int:
                 mounts[(fmt, ms)] = StorageEmulator(path, open_ms=ms, read_ms=ms,
                                                    max_background=args.max_background or None).start()
         cases = []
+        tags = [("", None)] + ([(" [baseline]", args.baseline_src)] if args.baseline_src else [])
         for fmt, path in formats.items():
-            cases.append((f"{fmt} local", path, True, None))
-            for ms in latencies:
-                for ra in (True, False):
-                    cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}", mounts[(fmt, ms)].mountpoint,
-                                  ra, None))
-        if args.ref is not None and args.lmdb:
-            cases.append(("lmdb-ref local", args.lmdb, True, args.ref))
-            cases += [(f"lmdb-ref {ms:g}ms readahead=on", mounts[("lmdb", ms)].mountpoint, True, args.ref)
-                      for ms in latencies]
+            for tag, src in tags:
+                cases.append((f"{fmt} local{tag}", path, True, src))
+                for ms in latencies:
+                    for ra in (True, False):
+                        cases.append((f"{fmt} {ms:g}ms readahead={'on' if ra else 'off'}{tag}",
+                                      mounts[(fmt, ms)].mountpoint, ra, src))
         by_mountpoint = {m.mountpoint: m for m in mounts.values()}
         for r in range(args.rounds):
-            for name, path, ra, pythonpath in cases:
+            for name, path, ra, src in cases:
                 emu = by_mountpoint.get(path)
                 if emu is not None:
                     emu.reset_stats()
-                res = _subprocess(path, ra, args.batches, args.compute_ms, args.raw, pythonpath, args.lmdb_readahead)
+                res = _subprocess(path, ra, args.batches, args.compute_ms, args.raw, src, args.lmdb_readahead)
                 if emu is not None:
                     st = emu.stats()
                     res["max_in_flight"] = st["max_in_flight"]  # requests the mount served at once
@@ -154,7 +162,10 @@ def main(argv=None) -> int:
                 shown = f"{res['images_per_s']:8,.0f} img/s" if "error" not in res else f"ERROR {res['error']}"
                 inflight = (f"  in flight <= {res['max_in_flight']}, {res['requests_per_1000_images']} requests "
                             f"{res['mb_per_1000_images']} MB per 1000 images" if "max_in_flight" in res else "")
-                print(f"round {r + 1}  {name:32s} {shown}  load {res.get('load_avg_1min')}{inflight}", flush=True)
+                waits = res.get("epoch_first_batch_s")
+                firsts = f"  epoch's first batch {max(waits):.3f} s" if waits else ""
+                print(f"round {r + 1}  {name:43s} {shown}  load {res.get('load_avg_1min')}{inflight}{firsts}",
+                      flush=True)
     finally:
         for m in mounts.values():
             m.stop()
@@ -174,24 +185,28 @@ def main(argv=None) -> int:
 
     print(f"\nmedian of per-round ratios (emulated storage; {'raw samples' if args.raw else 'train'}, 2 workers, "
           f"{args.compute_ms:g} ms step):")
-    for fmt in formats:
-        for ms in latencies:
-            ratio(f"{fmt} {ms:g} ms, read-ahead on / local disk", f"{fmt} {ms:g}ms readahead=on", f"{fmt} local",
-                  ">= 0.9" if fmt == "wds" and ms >= 2 else "")
-            ratio(f"{fmt} {ms:g} ms, read-ahead off / local disk", f"{fmt} {ms:g}ms readahead=off", f"{fmt} local")
-            ratio(f"{fmt} {ms:g} ms, read-ahead on / off", f"{fmt} {ms:g}ms readahead=on",
-                  f"{fmt} {ms:g}ms readahead=off", "> 1")
+    for tag, _ in tags:
+        for fmt in formats:
+            for ms in latencies:
+                ratio(f"{fmt} {ms:g} ms, read-ahead on / local disk{tag}", f"{fmt} {ms:g}ms readahead=on{tag}",
+                      f"{fmt} local{tag}", ">= 0.9" if fmt == "wds" and ms >= 2 else "")
+                ratio(f"{fmt} {ms:g} ms, read-ahead off / local disk{tag}", f"{fmt} {ms:g}ms readahead=off{tag}",
+                      f"{fmt} local{tag}")
+                ratio(f"{fmt} {ms:g} ms, read-ahead on / off{tag}", f"{fmt} {ms:g}ms readahead=on{tag}",
+                      f"{fmt} {ms:g}ms readahead=off{tag}", "> 1")
+        if tag:
+            for fmt in formats:
+                ratio(f"{fmt} local / local{tag}", f"{fmt} local", f"{fmt} local{tag}", "~ 1")
     if "lmdb" in formats:
         for ms in latencies:
             ratio(f"lmdb / wds at {ms:g} ms (both read-ahead on)", f"lmdb {ms:g}ms readahead=on",
                   f"wds {ms:g}ms readahead=on", ">= 0.8" if ms >= 2 else "")
-    if "lmdb-ref local" in results:
-        ratio("lmdb / lmdb-ref, local disk", "lmdb local", "lmdb-ref local", ">= 1")
+    if "lmdb" in formats and args.baseline_src:
         for ms in latencies:
-            ratio(f"lmdb-ref / wds at {ms:g} ms (both read-ahead on)", f"lmdb-ref {ms:g}ms readahead=on",
-                  f"wds {ms:g}ms readahead=on")
-            ratio(f"lmdb / lmdb-ref at {ms:g} ms (read-ahead on)", f"lmdb {ms:g}ms readahead=on",
-                  f"lmdb-ref {ms:g}ms readahead=on")
+            ratio(f"lmdb / wds at {ms:g} ms (both read-ahead on) [baseline]", f"lmdb {ms:g}ms readahead=on [baseline]",
+                  f"wds {ms:g}ms readahead=on [baseline]")
+            ratio(f"lmdb / lmdb [baseline] at {ms:g} ms (read-ahead on)", f"lmdb {ms:g}ms readahead=on",
+                  f"lmdb {ms:g}ms readahead=on [baseline]")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rounds": results, "ratios": ratios, "latencies_ms": latencies,
