@@ -82,10 +82,13 @@ def _read_meta(fd: int, size: int) -> dict:
     """
     metas = []
     psize = None
+    need = _PAGEHDRSZ + _META_HEAD.size + 2 * _DB.size + 16
+    if size < need:  # no read past the end of the file, even a short one
+        raise OSError("data.mdb is shorter than its meta pages")
     for n in (0, 1):
         off = 0 if n == 0 else psize
-        page = os.pread(fd, _PAGEHDRSZ + _META_HEAD.size + 2 * _DB.size + 16, off)
-        if len(page) < _PAGEHDRSZ + _META_HEAD.size + 2 * _DB.size + 16:
+        page = os.pread(fd, need, off)
+        if len(page) < need:
             raise OSError("data.mdb is shorter than its meta pages")
         magic, version, _, _ = _META_HEAD.unpack_from(page, _PAGEHDRSZ)
         if magic != _MAGIC or version != _DATA_VERSION:
