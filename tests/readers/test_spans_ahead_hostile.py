@@ -106,3 +106,63 @@ def test_a_closed_reader_stops_a_stalled_stream_and_its_thread_ends(monkeypatch)
     assert not ahead._thread.is_alive()
     assert stream.reads <= 2 and stream.closed  # not the 1,024 pieces of the span
     assert ahead.held_bytes() == 0 and ahead.take("k") is None
+
+
+def test_a_shard_changed_between_epochs_is_read_as_it_is_now(tmp_path, monkeypatch):
+    """Local shards read ahead for the next epoch (the storage taken for slow); one image's bytes
+    in each shard rewritten in place after the first epoch: the next epoch delivers the files'
+    bytes as they are now, never those read ahead before."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.readers import make_loader, webdataset_source
+
+    folder = tmp_path / "folder"
+    rng = np.random.default_rng(9)
+    planted = {}
+    for i in range(24):
+        (folder / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+        (folder / f"c{i % 2}" / f"{i:03d}.jpg").write_bytes(buf.getvalue())
+        planted[buf.getvalue()] = i % 2
+    pack(folder, tmp_path / "wds", PackOptions(format="wds", max_count=8, overwrite=True))
+    monkeypatch.setattr(webdataset_source, "storage_is_slow", lambda: True)
+    taken = []
+    real_take = SpansAhead.take
+
+    def take(ahead, key):
+        held = real_take(ahead, key)
+        taken.append(held is not None)
+        return held
+
+    monkeypatch.setattr(SpansAhead, "take", take)
+    loader = make_loader(tmp_path / "wds", 4, decode=False, seed=1, shuffle=True, shuffle_buffer=30,
+                         num_workers=0)
+    first = [(bytes(s.data), int(s.label)) for batch in loader for s in batch]
+    assert sorted(first) == sorted(planted.items())
+    for thread in threading.enumerate():  # the next epoch's spans read ahead: all read by now
+        if thread.name == "shardfeed-epoch-ahead":
+            thread.join(30)
+    # every shard rewritten in place: the first image's 64 bytes past its JPEG header inverted
+    changed = {}
+    for shard in sorted((tmp_path / "wds").glob("*.tar")):
+        raw = bytearray(shard.read_bytes())
+        for image in planted:
+            at = raw.find(image)
+            if at >= 0:
+                raw[at + 600:at + 664] = bytes(255 - x for x in raw[at + 600:at + 664])
+                changed[image] = bytes(raw[at:at + len(image)])
+                break
+        with open(shard, "r+b") as f:
+            f.write(raw)
+        st = os.stat(shard)
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a coarse clock's later write
+    assert changed
+    second = sorted(bytes(s.data) for batch in loader for s in batch)
+    now = sorted(changed.get(image, image) for image in planted)  # the files' bytes after the change
+    assert second == now  # the changed images as they are now, never as read ahead before
+    assert taken and not any(taken)  # each span read ahead was refused: its file changed
