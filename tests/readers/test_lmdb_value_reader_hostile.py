@@ -257,3 +257,63 @@ def test_random_damage_never_hangs_or_reads_outside(planted, tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script, *files], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
+
+
+def _hand_built(path, psize: int, values: dict) -> dict:
+    """Write an LMDB data file of page size ``psize`` by hand: a branch root (page 2) over one
+    leaf per key (pages 3...). Returns the ``env.stat()`` it describes."""
+    keys = sorted(values)
+    with open(path, "wb") as f:
+        for n in (0, 1):  # meta pages
+            meta = struct.pack("<QHHHH", n, 0, 0x08, 0, 0)
+            meta += struct.pack("<IIQQ", 0xBEEFC0DE, 1, 0, psize * (len(keys) + 3))
+            meta += struct.pack("<IHHQQQQQ", psize, 0, 0, 0, 0, 0, 0, 0xFFFFFFFFFFFFFFFF)
+            meta += struct.pack("<IHHQQQQQ", 0, 0, 2, 1, len(keys), 0, len(keys), 2)
+            meta += struct.pack("<QQ", len(keys) + 2, n)
+            f.seek(n * psize)
+            f.write(meta)
+        nodes, ptrs, upper = b"", [], psize
+        for i, key in enumerate(keys):
+            child = 3 + i
+            node = struct.pack("<HHHH", child & 0xFFFF, (child >> 16) & 0xFFFF, child >> 32,
+                               0 if i == 0 else len(key)) + (b"" if i == 0 else key)
+            upper -= len(node)
+            ptrs.append(upper)
+            nodes = node + nodes
+        branch = struct.pack("<QHHHH", 2, 0, 0x01, 16 + 2 * len(keys), upper)
+        branch += b"".join(struct.pack("<H", p) for p in ptrs)
+        f.seek(2 * psize)
+        f.write(branch + b"\0" * (upper - len(branch)) + nodes)
+        for i, key in enumerate(keys):
+            value = values[key]
+            node = struct.pack("<HHHH", len(value) & 0xFFFF, len(value) >> 16, 0, len(key)) + key + value
+            at = psize - len(node)
+            f.seek((3 + i) * psize)
+            f.write(struct.pack("<QHHHH", 3 + i, 0, 0x02, 18, at) + struct.pack("<H", at)
+                    + b"\0" * (at - 18) + node)
+    return {"psize": psize, "depth": 2, "branch_pages": 1, "leaf_pages": len(keys), "overflow_pages": 0,
+            "entries": len(keys)}
+
+
+def test_the_page_cache_stays_within_its_bytes_whatever_the_page_size(tmp_path):
+    psize = 65536
+    rng = random.Random(8)
+    values = {b"%06d" % i: rng.randbytes(rng.randint(1, 3000)) for i in range(300)}
+    path = tmp_path / "data.mdb"
+    stat = _hand_built(path, psize, values)
+
+    class Env:
+        def stat(self):
+            return dict(stat)
+
+    reader = ValueReader(Env(), path)
+    try:
+        assert reader.psize == psize and reader.max_pages * psize <= lmdb_readahead.MAX_PAGE_BYTES
+        most = 0
+        for key in sorted(values) * 2:
+            assert reader.read(*reader.span(key)) == values[key]
+            most = max(most, len(reader._pages))
+        assert reader.span(b"000300") is None and reader.span(b"") is None
+        assert most * psize <= lmdb_readahead.MAX_PAGE_BYTES
+    finally:
+        reader.close()
