@@ -385,6 +385,9 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         try:
             for i, (value, took) in zip(rest, reads):
                 took_s.append(took)
+                if value is None and reader is not None:
+                    # not found in the pages parsed by pread: LMDB itself says whether it is there
+                    value = self._get(i)[0]
                 out.append(self.__getitem__(i, value))
         finally:
             reads.close()

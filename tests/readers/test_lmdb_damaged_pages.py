@@ -87,3 +87,27 @@ def test_in_batches_the_damaged_record_is_skipped_alone(damaged, monkeypatch, pr
             assert s is None
         else:
             assert (s.data, s.label) == planted[keys[i]]
+
+
+def test_a_key_the_pread_reader_does_not_find_is_looked_up_by_lmdb(damaged, monkeypatch):
+    """Where the pages parsed by ``pread`` disagree with LMDB (here: every lookup finds
+    nothing), the batch is LMDB's own records, not "record missing" errors."""
+    from shardfeed.readers import lmdb_readahead, lmdb_source
+
+    folder, bad, planted = damaged
+    monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", 0.0)
+    monkeypatch.setattr(lmdb_source, "SLOW_READ_S", -1.0)
+    looked_up = []
+
+    def span(reader, key):
+        looked_up.append(bytes(key))
+        return None
+
+    monkeypatch.setattr(lmdb_readahead.ValueReader, "span", span)
+    ds = open_dataset(folder.parent / "clean", decode=False)
+    ds._reads_slow = True
+    keys = [ds.key(i).decode() for i in range(len(ds))]
+    order = [i for i in range(len(ds)) if keys[i] != bad]
+    got = ds.__getitems__(order)
+    assert looked_up  # the pread reader was asked first
+    assert [(s.data, s.label) for s in got] == [planted[keys[i]] for i in order]
