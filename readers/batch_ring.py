@@ -61,12 +61,15 @@ def populate_pages(address: int, nbytes: int) -> bool:
     resize of a small image). ``MADV_POPULATE_WRITE`` maps them all in the kernel at once.
 
     Args:
-        address: Start of the range (inside one mapping; rounded down to a page).
-        nbytes: Length of the range, bytes.
+        address: Start of the range (inside one mapping).
+        nbytes: Length of the range, bytes. Only the pages wholly inside the range are mapped
+            (a partial page at either end faults on its first write as before), so no page of a
+            neighbouring range is touched.
 
     Returns:
-        Whether the kernel did it (False off Linux, on kernels before 5.14, or when ``libc``
-        cannot be loaded: the pages then fault one by one, as before, with the same contents).
+        Whether the kernel did it (False off Linux, on kernels before 5.14 (``EINVAL``), when
+        ``libc`` cannot be loaded, or when the range holds no whole page: the pages then fault
+        one by one, with the same contents). Never raises.
     """
     global _madvise
     if nbytes <= 0 or not sys.platform.startswith("linux"):
@@ -85,8 +88,14 @@ def populate_pages(address: int, nbytes: int) -> bool:
     if not _madvise:
         return False
     page = mmap.PAGESIZE
-    start = address - address % page
-    return _madvise(start, address + nbytes - start, _MADV_POPULATE_WRITE) == 0
+    start = -(-address // page) * page  # whole pages inside the range only: nothing outside it
+    end = (address + nbytes) // page * page
+    if end <= start:
+        return False
+    try:
+        return _madvise(start, end - start, _MADV_POPULATE_WRITE) == 0
+    except (OSError, ValueError, TypeError):  # a libc without a usable madvise
+        return False
 
 
 def active_ring() -> "BatchRing | None":

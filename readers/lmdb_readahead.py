@@ -19,8 +19,8 @@ kernel asks for the record's pages, no read-around):
    size and the main B-tree's root; it must agree with what LMDB itself reports
    (``env.stat()``: page size, depth, page and entry counts) or the reader is refused;
 2. the key is looked up from the root down, each branch and leaf page read once by ``pread``
-   (4 KiB each, kept in a bounded cache of :data:`MAX_PAGES` pages) and searched with LMDB's
-   default key order (bytes, then length);
+   (4 KiB each, kept in a bounded cache of :data:`MAX_PAGES` pages, at most
+   :data:`MAX_PAGE_BYTES`) and searched with LMDB's default key order (bytes, then length);
 3. the leaf node gives the value's range: inside the leaf page (a small value) or in
    consecutive overflow pages (a large one, which is read together with its page header: the
    header must name the page and say it is an overflow page of at least the value's size).
@@ -47,14 +47,18 @@ import time
 from concurrent.futures import Executor
 from typing import Callable, Iterator, Sequence
 
-__all__ = ["ValueReader", "read_values_ahead", "MAX_RECORDS", "MAX_BYTES", "MAX_PAGES"]
+__all__ = ["ValueReader", "read_values_ahead", "MAX_RECORDS", "MAX_BYTES", "MAX_PAGES",
+           "MAX_PAGE_BYTES"]
 
 #: Most records read ahead of the caller, per reader.
 MAX_RECORDS = 32
 #: Most bytes read ahead of the caller, per reader.
 MAX_BYTES = 6 << 20
-#: Most B-tree pages (branch and leaf, one LMDB page each) a :class:`ValueReader` keeps.
+#: Most B-tree pages (branch and leaf, one LMDB page each) a :class:`ValueReader` keeps, of 4 KiB;
+#: of a larger page size fewer, as many as fit in :data:`MAX_PAGE_BYTES`.
 MAX_PAGES = 4096
+#: Most bytes of B-tree pages a :class:`ValueReader` keeps (whatever page size the file declares).
+MAX_PAGE_BYTES = MAX_PAGES * 4096
 
 _DEFERRED = object()  # a worker's answer: the record did not fit the byte bound, read it later
 
@@ -82,10 +86,13 @@ def _read_meta(fd: int, size: int) -> dict:
     """
     metas = []
     psize = None
+    need = _PAGEHDRSZ + _META_HEAD.size + 2 * _DB.size + 16
+    if size < need:  # no read past the end of the file, even a short one
+        raise OSError("data.mdb is shorter than its meta pages")
     for n in (0, 1):
         off = 0 if n == 0 else psize
-        page = os.pread(fd, _PAGEHDRSZ + _META_HEAD.size + 2 * _DB.size + 16, off)
-        if len(page) < _PAGEHDRSZ + _META_HEAD.size + 2 * _DB.size + 16:
+        page = os.pread(fd, need, off)
+        if len(page) < need:
             raise OSError("data.mdb is shorter than its meta pages")
         magic, version, _, _ = _META_HEAD.unpack_from(page, _PAGEHDRSZ)
         if magic != _MAGIC or version != _DATA_VERSION:
@@ -141,6 +148,8 @@ class ValueReader:
             os.close(self.fd)
             raise
         self.psize = meta["psize"]
+        #: most pages kept (:data:`MAX_PAGES`, fewer of pages over 4 KiB: :data:`MAX_PAGE_BYTES`)
+        self.max_pages = max(1, min(MAX_PAGES, MAX_PAGE_BYTES // self.psize))
         self._root = meta["root"]
         self._pages: dict[int, bytes] = {}
         self._lock = threading.Lock()
@@ -160,7 +169,7 @@ class ValueReader:
             if len(page) != self.psize or _PAGE_HEADER.unpack_from(page)[0] != pgno:
                 raise OSError(f"{self.path}: page {pgno} does not read back as that page")
             with self._lock:
-                while len(self._pages) >= MAX_PAGES:
+                while len(self._pages) >= self.max_pages:
                     self._pages.pop(next(iter(self._pages)))
                 self._pages[pgno] = page
         return page

@@ -74,6 +74,15 @@ PREAD_LATENCY_S = 0.0015
 _UNREAD = object()  # read_record: no value given, read it
 
 
+class _Unreadable:
+    """A record LMDB failed on (a damaged page): :meth:`LMDBSource.read_record` raises it at its sample."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
 
 #: Bumped in a child after ``fork``: per-thread read transactions of the parent are not reused
 #: there (checking it costs less than ``os.getpid()``, a system call, on every sample).
@@ -234,11 +243,37 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             return format_key(i, self._width).encode()
         return bytes(self._keys[i])
 
+    def _txn_get(self, k: bytes):
+        """``k``'s stored value through this thread's read transaction (None: no such key), or an
+        :class:`_Unreadable` where LMDB fails on a damaged page. After any LMDB error the
+        transaction is dropped (LMDB refuses every later read through it) and the next read
+        begins a fresh one.
+
+        Raises:
+            lmdb.Error: an LMDB error other than a damaged page.
+        """
+        import lmdb
+
+        try:
+            return self._read_txn().get(k)
+        except lmdb.Error as exc:
+            held = getattr(self._local, "txn", None)
+            self._local.txn = None
+            if held is not None:
+                try:
+                    held[1].abort()
+                except lmdb.Error:
+                    pass
+            if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError)):
+                return _Unreadable(f"{type(exc).__name__}: {exc}")
+            raise
+
     def _get(self, i: int) -> tuple[bytes | None, float]:
-        """Sample ``i``'s stored value (None: no such key) and the seconds its read took."""
+        """Sample ``i``'s stored value (None: no such key; an :class:`_Unreadable`: a damaged
+        page) and the seconds its read took."""
         k = b"%0*d" % (self._width, i) if self._keys is None else bytes(self._keys[i])
         t0 = time.perf_counter()
-        value = self._read_txn().get(k)
+        value = self._txn_get(k)
         return value, time.perf_counter() - t0
 
     def read_record(self, i: int, value=_UNREAD) -> dict:
@@ -247,11 +282,15 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         ``value``: its stored bytes when already read (``__getitems__``); read here otherwise.
 
         Raises:
-            CorruptDataError: the record is missing, undecodable or fails its CRC (names the key).
+            CorruptDataError: the record is missing, on a page LMDB cannot read, undecodable or
+                fails its CRC (names the key).
         """
         k = b"%0*d" % (self._width, i) if self._keys is None else bytes(self._keys[i])
         if value is _UNREAD:
-            value = self._read_txn().get(k)
+            value = self._txn_get(k)
+        if isinstance(value, _Unreadable):
+            raise CorruptDataError(f"{self._db_path} key {k.decode('utf-8', 'replace')}: LMDB cannot read the "
+                                   f"record ({value.reason}); run `shardfeed check {self.root}`")
         if value is None:
             raise CorruptDataError(f"{self._db_path} key {k.decode()}: record missing; run "
                                    f"`shardfeed check {self.root}`")
@@ -346,6 +385,9 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         try:
             for i, (value, took) in zip(rest, reads):
                 took_s.append(took)
+                if value is None and reader is not None:
+                    # not found in the pages parsed by pread: LMDB itself says whether it is there
+                    value = self._get(i)[0]
                 out.append(self.__getitem__(i, value))
         finally:
             reads.close()

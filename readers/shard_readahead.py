@@ -355,10 +355,14 @@ class HeldBytes:
         start, end: the span (byte offsets of the file).
         base: the file offset of the first block's first byte (``<= start``).
         blocks: the file's bytes from ``base`` on, in order (any lengths); they reach ``end``.
+        file: ``(path, identity)`` of the local file read (:func:`_file_identity` of its
+            descriptor), or None; :meth:`SpansAhead.take` serves the bytes only while ``path``
+            is still that file.
     """
 
-    def __init__(self, start: int, end: int, base: int, blocks: list[bytes]):
-        self.start, self.end, self.blocks = start, end, blocks
+    def __init__(self, start: int, end: int, base: int, blocks: list[bytes], *,
+                 file: tuple[str, tuple] | None = None):
+        self.start, self.end, self.blocks, self.file = start, end, blocks, file
         self._starts = list(itertools.accumulate((len(b) for b in blocks[:-1]), initial=base))
 
     @property
@@ -429,12 +433,23 @@ class SpansAhead:
 
     def take(self, key: object) -> HeldBytes | None:
         """The span ``key``'s bytes (waits for them), or None: not planned, already taken, not
-        read (failed), or another process's. The span is no longer held here."""
+        read (failed), another process's, or of a local file that changed since it was read
+        (replaced, truncated, extended or modified: another inode, size or modification time).
+        The span is no longer held here."""
         if self.pid != os.getpid():
             return None
         self._planned.wait()
         entry = self._spans.pop(key, None)
-        return None if entry is None else entry[2].result()
+        held = None if entry is None else entry[2].result()
+        if held is not None and held.file is not None:
+            path, identity = held.file
+            try:
+                same = _file_identity(os.stat(path)) == identity
+            except OSError:
+                same = False
+            if not same:
+                return None
+        return held
 
     def discard(self, key: object) -> None:
         """Drop the span ``key`` without waiting for it (its bytes go when its reads end)."""
@@ -477,30 +492,50 @@ class SpansAhead:
                     local.append((future, a, b, *_request_span(os.fspath(source), a, b)))
                 except Exception:  # noqa: BLE001 - read by the caller instead
                     future.set_result(None)
-        for future, a, b, fd, base, requests in local:
-            future.set_result(_gather_requests(fd, a, b, base, requests))
+        stopped = lambda: self._stopped  # noqa: E731 - closed: the reads not yet done are dropped
+        for future, a, b, fd, base, requests, file in local:
+            future.set_result(_gather_requests(fd, a, b, base, requests, file=file, stopped=stopped))
         for _, source, a, b, future in spans:
             if not future.done():
-                future.set_result(None if self._stopped else _receive_span(source, a, b))
+                future.set_result(None if self._stopped else _receive_span(source, a, b, stopped=stopped))
         self.elapsed = time.perf_counter() - t0
 
 
-def _request_span(path: str, a: int, b: int) -> tuple[int, int, list]:
+def _file_identity(st: os.stat_result) -> tuple:
+    """What tells one version of a file from another: device, inode, size, modification time (ns)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _request_span(path: str, a: int, b: int) -> tuple[int, int, list, tuple[str, tuple]]:
     """Open ``path`` and queue aligned requests covering ``[a, b)`` in the read pool: ``(fd, base,
-    futures of bytes)``."""
+    futures of bytes, (path, identity of the file opened))``.
+
+    Raises:
+        OSError: ``path`` cannot be opened, or ``[a, b)`` does not lie inside the file.
+    """
     size = AHEAD_READ_BYTES
     fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if not 0 <= a < b <= st.st_size:
+            raise OSError(f"{path}: bytes [{a}, {b}) do not lie inside the file ({st.st_size} bytes)")
+    except BaseException:
+        os.close(fd)
+        raise
     base = a - a % size
     pool = _executor()
-    return fd, base, [pool.submit(os.pread, fd, size, off) for off in range(base, b, size)]
+    return fd, base, [pool.submit(os.pread, fd, size, off) for off in range(base, b, size)], (path, _file_identity(st))
 
 
-def _gather_requests(fd: int, a: int, b: int, base: int, requests: list) -> HeldBytes | None:
+def _gather_requests(fd: int, a: int, b: int, base: int, requests: list, *, file: tuple[str, tuple] | None = None,
+                     stopped: Callable[[], bool] = lambda: False) -> HeldBytes | None:
     """The requests' bytes as a :class:`HeldBytes` of ``[a, b)`` (None: a read failed or came
-    back short before ``b``); closes ``fd``."""
+    back short before ``b``, or ``stopped()`` turned true); closes ``fd``."""
     blocks = []
     try:
         for f in requests:
+            if stopped():
+                return None
             try:
                 blocks.append(f.result())
             except Exception:  # noqa: BLE001 - the caller's read raises it again
@@ -516,11 +551,13 @@ def _gather_requests(fd: int, a: int, b: int, base: int, requests: list) -> Held
             os.close(fd)
     if any(len(x) != AHEAD_READ_BYTES for x in blocks[:-1]) or base + sum(len(x) for x in blocks) < b:
         return None
-    return HeldBytes(a, b, base, blocks)
+    return HeldBytes(a, b, base, blocks, file=file)
 
 
-def _receive_span(source: Callable[[], tuple], a: int, b: int) -> HeldBytes | None:
-    """A remote span read through one stream ``source()`` opened at ``a`` (None: it failed)."""
+def _receive_span(source: Callable[[], tuple], a: int, b: int, *,
+                  stopped: Callable[[], bool] = lambda: False) -> HeldBytes | None:
+    """A remote span read through one stream ``source()`` opened at ``a`` (None: it failed, or
+    ``stopped()`` turned true between two pieces)."""
     try:
         stream, offset = source()
     except Exception:  # noqa: BLE001 - the caller's own open raises it again
@@ -531,6 +568,8 @@ def _receive_span(source: Callable[[], tuple], a: int, b: int) -> HeldBytes | No
         blocks = []
         left = b - a
         while left > 0:
+            if stopped():
+                return None
             piece = stream.read(min(STREAM_PIECE_BYTES, left))
             if not piece:
                 return None
