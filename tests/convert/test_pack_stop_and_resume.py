@@ -130,7 +130,11 @@ def test_sigterm_during_a_parallel_pack_prints_one_line_and_resumes(fmt, target,
     if fmt == "wds":  # the line counts the shards really kept: those with a completion record
         records = [json.loads(p.read_text()) for p in (out / ".shardfeed-pack").glob("[0-9]*.json")]
         shards, samples = len(records), sum(r["entry"]["num_samples"] for r in records)
-        assert f"{shards} complete shard{'s' if shards != 1 else ''} ({samples} samples) in {out} are kept" in err, err
+        if shards:
+            kept = f"{shards} complete shard{'s' if shards != 1 else ''} ({samples} samples) in {out} are kept"
+            assert kept in err, err
+        else:  # stopped before any shard's completion record (a slow machine)
+            assert f"no shard of {out} was complete yet" in err, err
     assert not (out / "manifest.json").exists() and not list(out.glob(".*.tmp"))
     r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--format", fmt, *_count(fmt),
                         "--resume"], capture_output=True, text=True)
