@@ -151,14 +151,17 @@ def _children_cpu_s(pids: list[int]) -> float:
     return total
 
 
-def _time_loader(loader, batches: int) -> dict:
-    """Images/s and CPU ms per image over ``batches`` batches of ``loader``, after its first batch.
+def _time_loader(loader, batches: int, warmup: int = 1) -> dict:
+    """Images/s and CPU ms per image over ``batches`` batches of ``loader``, after ``warmup`` batches.
 
-    CPU is this process's plus that of its descendants alive after the first batch (read from
-    ``/proc``), so loader workers count whatever loader started them.
+    With one warm-up batch per loader worker (or decode thread), each worker's one-time start-up
+    (imports, its first buffers) falls before the timed window for every peer alike. CPU is this
+    process's plus that of its descendants alive after the warm-up (read from ``/proc``), so loader
+    workers count whatever loader started them.
     """
     it = iter(loader)
-    next(it)
+    for _ in range(max(1, warmup)):
+        next(it)
     procs = _descendants(os.getpid())
     cpu0 = _own_cpu_s() + _children_cpu_s(procs)
     t0 = time.perf_counter()
@@ -174,7 +177,8 @@ def _time_loader(loader, batches: int) -> dict:
 
 
 def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batches: int,
-             ffcv_cache: Path = Path("/tmp/shardfeed-bench-ffcv"), data: Path | None = None) -> dict:
+             ffcv_cache: Path = Path("/tmp/shardfeed-bench-ffcv"), data: Path | None = None,
+             warmup: int = 1) -> dict:
     """One timed case: ``peer`` on ``task`` ("train" or "val"), in this process.
 
     ``data`` is the peer's own converted copy (``prepare``'s path; for FFCV, ``ffcv_cache`` is used
@@ -190,7 +194,7 @@ def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batche
 
         opts = {} if train else {"resize_size": 256}
         loader = make_loader(wds, 64, num_workers=workers, image_size=224, train=train, pin_memory=False, **opts)
-        return _time_loader(_Repeat(loader), batches)
+        return _time_loader(_Repeat(loader), batches, warmup)
     if peer == "webdataset":
         import webdataset as wdsmod
 
@@ -198,7 +202,7 @@ def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batche
         ds = (wdsmod.WebDataset(shards, shardshuffle=True, empty_check=False).repeat().shuffle(1000)
               .decode("rgb8").to_tuple("jpg;jpeg;png", "cls").map(_WdsTransform(train)).batched(64))
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
-        return _time_loader(loader, batches)
+        return _time_loader(loader, batches, warmup)
     if peer == "dali-cpu":
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -219,23 +223,23 @@ def run_case(peer: str, task: str, folder: Path, wds: Path, workers: int, batche
         p = pipe()
         p.build()
         it = DALIGenericIterator(p, ["images", "labels"], reader_name="r", auto_reset=True)
-        return _time_loader(_DaliBatches(it), batches)
+        return _time_loader(_DaliBatches(it), batches, warmup)
     if peer == "ffcv":
         beton = data if data is not None else _ffcv_write(folder, ffcv_cache)
-        return _time_loader(_Repeat(_ffcv_loader(beton, train, workers)), batches)
+        return _time_loader(_Repeat(_ffcv_loader(beton, train, workers)), batches, warmup)
     if peer == "torchvision-imagefolder":
         from torchvision.datasets import ImageFolder
 
         ds = ImageFolder(str(folder), transform=_tv_transform(train))
-        return _time_loader(_Repeat(_torch_loader(ds, workers, shuffle=True)), batches)
+        return _time_loader(_Repeat(_torch_loader(ds, workers, shuffle=True)), batches, warmup)
     if peer == "litdata":
         from litdata import StreamingDataLoader
 
         loader = StreamingDataLoader(_litdata_dataset(_need(data, peer), train), batch_size=64, num_workers=workers,
                                      drop_last=True, persistent_workers=workers > 0)
-        return _time_loader(_Repeat(loader), batches)
+        return _time_loader(_Repeat(loader), batches, warmup)
     if peer == "mosaicml-streaming":
-        return _time_loader(_Repeat(_torch_loader(_mds_dataset(_need(data, peer), train), workers)), batches)
+        return _time_loader(_Repeat(_torch_loader(_mds_dataset(_need(data, peer), train), workers)), batches, warmup)
     raise ValueError(peer)
 
 
@@ -528,6 +532,9 @@ def main(argv=None) -> int:
     p.add_argument("--wds", type=Path, help="its shardfeed WebDataset copy")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batches", type=int, default=20, help="timed batches per case")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="batches before the timed ones [default: one per worker, at least 1: every worker's "
+                        "start-up falls before the timed window]")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--storage-ms", type=float, default=None, help="also through the storage emulator at X ms")
     p.add_argument("--peer-python", default=None,
@@ -550,8 +557,9 @@ def main(argv=None) -> int:
     unknown = [x for x in chosen if x not in PEERS]
     if unknown:
         p.error(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
-    if args.workers < 0 or args.batches < 1 or args.rounds < 1:
-        p.error("--workers must be >= 0, --batches and --rounds >= 1")
+    if args.workers < 0 or args.batches < 1 or args.rounds < 1 or (args.warmup is not None and args.warmup < 1):
+        p.error("--workers must be >= 0, --batches, --rounds and --warmup >= 1")
+    warmup = args.warmup if args.warmup is not None else max(1, args.workers)
     if args.prepare:
         if args.prepare not in PEERS:
             p.error(f"unknown peer {args.prepare}")
@@ -562,7 +570,7 @@ def main(argv=None) -> int:
     if args.case:
         peer, task = args.case
         print(json.dumps(run_case(peer, task, args.folder, args.wds, args.workers, args.batches, args.ffcv_cache,
-                                  args.data)))
+                                  args.data, warmup)))
         return 0
     if args.folder is None or args.wds is None:
         p.error("--folder and --wds are required")
@@ -621,7 +629,7 @@ def main(argv=None) -> int:
                     for task in ("train", "val"):
                         cmd = [runner[peer], script, "--case", peer, task, "--folder",
                                str(folder), "--wds", str(wds), "--workers", str(args.workers), "--batches",
-                               str(args.batches), "--ffcv-cache", str(args.ffcv_cache)]
+                               str(args.batches), "--warmup", str(warmup), "--ffcv-cache", str(args.ffcv_cache)]
                         if peer in data:
                             cmd += ["--data", str(data[peer])]
                         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -675,7 +683,7 @@ def main(argv=None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows, "decode_limit_images_per_s": limit, "workers": args.workers,
-                                         "batches": args.batches, "peer_status": status,
+                                         "batches": args.batches, "warmup": warmup, "peer_status": status,
                                          "peer_interpreter": runner, "copy_write_s": convert_s}, indent=2))
     return 0
 
