@@ -10,10 +10,8 @@ planted images' bytes and labels, and their order with the same loader's on the 
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -23,6 +21,8 @@ from PIL import Image
 
 from shardfeed.readers import shard_readahead
 from shardfeed.readers.shard_readahead import AHEAD_READ_BYTES, HeldBytes, SpansAhead
+
+from .watch_helpers import load_emulator, require_fuse
 
 
 @pytest.fixture(autouse=True)
@@ -151,23 +151,6 @@ def test_another_process_sees_nothing_held(blob):
     assert ahead.spans() == {} and ahead.take("a") is None and ahead.held_bytes() == 0
 
 
-def _load_emulator():
-    script = Path(__file__).resolve().parents[2] / "scripts" / "storage_emulator.py"
-    spec = importlib.util.spec_from_file_location("storage_emulator", script)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _need_fuse() -> None:
-    if not os.path.exists("/dev/fuse"):
-        msg = "FUSE unavailable: /dev/fuse is absent, the storage emulator cannot mount"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg + " (CI=true: FUSE is required here)")
-        pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory) -> tuple[Path, dict[str, tuple[bytes, int]]]:
     """A packed dataset of 90 JPEGs in 3 classes, 20 per shard: ``(folder, {key: (bytes, label)})``."""
@@ -242,12 +225,12 @@ class Spy:
 
 @pytest.mark.fuse
 def test_next_epochs_on_slow_storage_are_the_planted_samples_in_order(planted, monkeypatch):
-    _need_fuse()
+    require_fuse()
     wds, files = planted
     spy = Spy(monkeypatch)
     local = _epochs(wds, files, 3, num_workers=0, shuffle_buffer=50)
     assert spy.taken == [] and spy.planned == []  # fast local reads: nothing read ahead
-    emu = _load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
+    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
     try:
         slow = _epochs(emu.mountpoint, files, 3, num_workers=0, shuffle_buffer=50)
     finally:
@@ -262,12 +245,12 @@ def test_next_epochs_on_slow_storage_are_the_planted_samples_in_order(planted, m
 
 @pytest.mark.fuse
 def test_a_dataset_iterated_outside_a_loader_reads_nothing_ahead(planted, monkeypatch):
-    _need_fuse()
+    require_fuse()
     from shardfeed.readers import open_dataset
 
     wds, files = planted
     spy = Spy(monkeypatch)
-    emu = _load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
+    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
     try:
         ds = open_dataset(emu.mountpoint, decode=False, shuffle=True, seed=4)
         for _ in range(2):  # no loader: a next epoch is not known to follow (a tool reads once)
@@ -289,7 +272,7 @@ def test_remote_next_epochs_are_read_ahead_in_order(packed_wds, tiny_folder_expe
 
 @pytest.mark.fuse
 def test_the_bytes_read_ahead_are_bounded(planted, monkeypatch):
-    _need_fuse()
+    require_fuse()
     from shardfeed.readers import webdataset_source
 
     wds, files = planted
@@ -298,7 +281,7 @@ def test_the_bytes_read_ahead_are_bounded(planted, monkeypatch):
     bound = sizes[0] // 3  # about 6 samples: the first span is cut, the rest read as usual
     monkeypatch.setattr(webdataset_source, "EPOCH_AHEAD_BYTES", bound)
     spy = Spy(monkeypatch)
-    emu = _load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
+    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
     try:
         slow = _epochs(emu.mountpoint, files, 3, num_workers=0, shuffle_buffer=50)
     finally:
@@ -313,10 +296,10 @@ def test_the_bytes_read_ahead_are_bounded(planted, monkeypatch):
 @pytest.mark.multiprocess
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_persistent_workers_on_slow_storage_keep_the_order(planted):
-    _need_fuse()
+    require_fuse()
     wds, files = planted
     local = _epochs(wds, files, 3, num_workers=2, shuffle_buffer=40)
-    emu = _load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
+    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
     try:
         slow = _epochs(emu.mountpoint, files, 3, num_workers=2, shuffle_buffer=40)
     finally:
@@ -326,12 +309,12 @@ def test_persistent_workers_on_slow_storage_keep_the_order(planted):
 
 @pytest.mark.fuse
 def test_a_resumed_epoch_after_one_read_ahead_continues_exactly(planted, monkeypatch):
-    _need_fuse()
+    require_fuse()
     from shardfeed.readers import make_loader
 
     wds, _ = planted
     spy = Spy(monkeypatch)
-    emu = _load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
+    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
     try:
         kw = dict(decode=False, seed=4, shuffle=True, num_workers=0, shuffle_buffer=50)
         loader = make_loader(emu.mountpoint, 6, **kw)

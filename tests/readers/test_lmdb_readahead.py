@@ -3,17 +3,16 @@ samples in the same order as one ``ds[i]`` at a time, errors at their sample, bo
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from shardfeed.readers import make_loader, open_dataset
 from shardfeed.readers.errors import CorruptDataError
+
+from .watch_helpers import load_emulator
 
 
 def _expected(batch, tiny_folder_expected):
@@ -108,15 +107,6 @@ def test_errors_surface_at_their_sample(packed_lmdb, monkeypatch, pread_latency_
     assert out[1] is None and [s.key for s in (out[0], out[2])] == ["000000003", "000000008"]
 
 
-def _load_emulator():
-    script = Path(__file__).resolve().parents[2] / "scripts" / "storage_emulator.py"
-    spec = importlib.util.spec_from_file_location("storage_emulator", script)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.fuse
 def test_lmdb_on_slow_storage_reads_the_same_samples(packed_lmdb, tiny_folder_expected):
     if not os.path.exists("/dev/fuse"):
@@ -124,7 +114,7 @@ def test_lmdb_on_slow_storage_reads_the_same_samples(packed_lmdb, tiny_folder_ex
         if os.environ.get("CI") == "true":
             pytest.fail(msg + " (CI=true: FUSE is required here)")
         pytest.skip(msg)
-    emu = _load_emulator().StorageEmulator(packed_lmdb, open_ms=2.0, read_ms=2.0).start()
+    emu = load_emulator().StorageEmulator(packed_lmdb, open_ms=2.0, read_ms=2.0).start()
     try:
         loader = make_loader(emu.mountpoint, 12, num_workers=0, decode=False, shuffle=True, seed=3)
         got = [s for b in loader for s in b]

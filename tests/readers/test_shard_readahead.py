@@ -6,10 +6,8 @@ round trip adds); the loader test reads a WebDataset through the FUSE storage em
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +18,8 @@ from PIL import Image
 
 from shardfeed.readers import shard_readahead
 from shardfeed.readers.shard_readahead import open_ahead, read_ahead, storage_is_slow, take_opened
+
+from .watch_helpers import load_emulator
 
 
 @pytest.fixture(autouse=True)
@@ -212,7 +212,6 @@ def test_closing_early_stops_reading(blob):
     assert f.reads <= 5 + 4 + 1 and f.in_flight == 0
 
 
-
 class LoggedFile(SlowFile):
     """A :class:`SlowFile` that also records each read's ``(offset, nbytes)``."""
 
@@ -298,15 +297,6 @@ def test_a_short_request_cuts_its_chunk_short(tmp_path):
         assert chunk == data[a:b]
 
 
-def _load_emulator():
-    script = Path(__file__).resolve().parents[2] / "scripts" / "storage_emulator.py"
-    spec = importlib.util.spec_from_file_location("storage_emulator", script)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.fuse
 @pytest.mark.multiprocess
 def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch):
@@ -340,7 +330,7 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch
         return fd
 
     monkeypatch.setattr(location_module, "take_opened", take)
-    emu = _load_emulator().StorageEmulator(tmp_path / "wds", open_ms=2.0, read_ms=2.0).start()
+    emu = load_emulator().StorageEmulator(tmp_path / "wds", open_ms=2.0, read_ms=2.0).start()
     try:
         for readahead in (True, False):
             ds = open_dataset(emu.mountpoint, decode=False, shuffle=False, readahead=readahead)

@@ -1,5 +1,6 @@
-"""Shared by the watch and doctor tests: a user-written ``Dataset`` of image files, image folders,
-the storage emulator, and a loop timed independently of :func:`shardfeed.readers.watch`."""
+"""Shared by the readers tests (watch, doctor, read-ahead): a user-written ``Dataset`` of image
+files, image folders, the storage emulator, and a loop timed independently of
+:func:`shardfeed.readers.watch`."""
 
 from __future__ import annotations
 
