@@ -223,6 +223,15 @@ class Spy:
         monkeypatch.setattr(SpansAhead, "_run", counted_run)
 
 
+def _epochs_at_2ms(wds, files, epochs: int, **kw) -> list:
+    """:func:`_epochs` through the storage emulator at 2 ms per open and per read request."""
+    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
+    try:
+        return _epochs(emu.mountpoint, files, epochs, **kw)
+    finally:
+        emu.stop()
+
+
 @pytest.mark.fuse
 def test_next_epochs_on_slow_storage_are_the_planted_samples_in_order(planted, monkeypatch):
     require_fuse()
@@ -230,11 +239,7 @@ def test_next_epochs_on_slow_storage_are_the_planted_samples_in_order(planted, m
     spy = Spy(monkeypatch)
     local = _epochs(wds, files, 3, num_workers=0, shuffle_buffer=50)
     assert spy.taken == [] and spy.planned == []  # fast local reads: nothing read ahead
-    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
-    try:
-        slow = _epochs(emu.mountpoint, files, 3, num_workers=0, shuffle_buffer=50)
-    finally:
-        emu.stop()
+    slow = _epochs_at_2ms(wds, files, 3, num_workers=0, shuffle_buffer=50)
     assert slow == local
     assert local[0] != local[1]  # the epochs differ: the next epoch's order was not the last one's
     # epochs 1 and 2 began on bytes read ahead: the first 50 samples (the buffer) in whole-sample spans
@@ -281,11 +286,7 @@ def test_the_bytes_read_ahead_are_bounded(planted, monkeypatch):
     bound = sizes[0] // 3  # about 6 samples: the first span is cut, the rest read as usual
     monkeypatch.setattr(webdataset_source, "EPOCH_AHEAD_BYTES", bound)
     spy = Spy(monkeypatch)
-    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
-    try:
-        slow = _epochs(emu.mountpoint, files, 3, num_workers=0, shuffle_buffer=50)
-    finally:
-        emu.stop()
+    slow = _epochs_at_2ms(wds, files, 3, num_workers=0, shuffle_buffer=50)
     assert slow == local
     assert spy.planned and all(0 < sum(n for _, n in spans) <= bound for spans in spy.planned)
     assert all(len(spans) == 1 and spans[0][0][2] - spans[0][0][1] < 20 for spans in spy.planned)
@@ -299,11 +300,7 @@ def test_persistent_workers_on_slow_storage_keep_the_order(planted):
     require_fuse()
     wds, files = planted
     local = _epochs(wds, files, 3, num_workers=2, shuffle_buffer=40)
-    emu = load_emulator().StorageEmulator(wds, open_ms=2.0, read_ms=2.0).start()
-    try:
-        slow = _epochs(emu.mountpoint, files, 3, num_workers=2, shuffle_buffer=40)
-    finally:
-        emu.stop()
+    slow = _epochs_at_2ms(wds, files, 3, num_workers=2, shuffle_buffer=40)
     assert slow == local
 
 
