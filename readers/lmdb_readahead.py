@@ -17,7 +17,8 @@ kernel asks for the record's pages, no read-around):
 
 1. the current meta page (of the two, the one with the newest transaction) gives the page
    size and the main B-tree's root; it must agree with what LMDB itself reports
-   (``env.stat()``: page size, depth, page and entry counts) or the reader is refused;
+   (``env.stat()``: page size, depth, page and entry counts; ``env.info()``: the last
+   transaction and page numbers) or the reader is refused;
 2. the key is looked up from the root down, each branch and leaf page read once by ``pread``
    (4 KiB each, kept in a bounded cache of :data:`MAX_PAGES` pages, at most
    :data:`MAX_PAGE_BYTES`) and searched with LMDB's default key order (bytes, then length);
@@ -78,8 +79,8 @@ _META_HEAD = struct.Struct("<IIQQ")  # magic, version, address, map size
 
 
 def _read_meta(fd: int, size: int) -> dict:
-    """The newest of the two meta pages: ``{"psize", "txnid", "flags", "depth", "branch_pages",
-    "leaf_pages", "overflow_pages", "entries", "root"}`` of the main database.
+    """The newest of the two meta pages: ``{"psize", "txnid", "last_pgno", "flags", "depth",
+    "branch_pages", "leaf_pages", "overflow_pages", "entries", "root"}`` of the main database.
 
     Raises:
         OSError: not an LMDB data file of the layout above.
@@ -100,14 +101,15 @@ def _read_meta(fd: int, size: int) -> dict:
         at = _PAGEHDRSZ + _META_HEAD.size
         free_db = _DB.unpack_from(page, at)
         main_db = _DB.unpack_from(page, at + _DB.size)
-        _last_pg, txnid = struct.unpack_from("<QQ", page, at + 2 * _DB.size)
+        last_pgno, txnid = struct.unpack_from("<QQ", page, at + 2 * _DB.size)
         if n == 0:
             psize = free_db[0]
             if not 512 <= psize <= 65536 or psize & (psize - 1) or 2 * psize > size:
                 raise OSError(f"data.mdb: implausible page size {psize}")
         pad, flags, depth, branch, leaf, overflow, entries, root = main_db
-        metas.append({"psize": psize, "txnid": txnid, "flags": flags, "depth": depth, "branch_pages": branch,
-                      "leaf_pages": leaf, "overflow_pages": overflow, "entries": entries, "root": root})
+        metas.append({"psize": psize, "txnid": txnid, "last_pgno": last_pgno, "flags": flags, "depth": depth,
+                      "branch_pages": branch, "leaf_pages": leaf, "overflow_pages": overflow, "entries": entries,
+                      "root": root})
     return metas[1] if metas[1]["txnid"] > metas[0]["txnid"] else metas[0]
 
 
@@ -123,7 +125,8 @@ class ValueReader:
 
     Raises:
         OSError: ``data_path`` cannot be opened, is not of the known layout, or does not describe
-            the same database as ``env`` (page size, depth, page and entry counts), or this is not
+            the same database as ``env`` (page size, depth, page and entry counts, last transaction
+            and page numbers), or this is not
             a 64-bit little-endian build.
     """
 
@@ -139,8 +142,10 @@ class ValueReader:
             self.size = os.fstat(self.fd).st_size
             meta = _read_meta(self.fd, self.size)
             stat = env.stat()
+            info = env.info()  # the map's newest meta: a file replaced since the open differs here
             same = all(meta[k] == stat[k] for k in ("psize", "depth", "branch_pages", "leaf_pages",
                                                     "overflow_pages", "entries"))
+            same = same and meta["txnid"] == info["last_txnid"] and meta["last_pgno"] == info["last_pgno"]
             if not same or meta["flags"] != 0:
                 raise OSError(f"{self.path}: its meta page does not describe the open database "
                               "(or a database with duplicates or integer keys)")

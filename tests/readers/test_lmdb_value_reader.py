@@ -199,3 +199,31 @@ def test_reads_a_little_slow_stay_on_the_map_and_slower_ones_go_by_pread(planted
     got = ds.__getitems__(list(range(len(ds))))
     assert [(s.data, s.label) for s in got] == [expected[s.meta["path"]] for s in got]
     assert len(calls) == (len(expected) - 1 if by_pread else 0)  # all but the first, read in this thread
+
+
+def test_a_data_file_replaced_after_the_environment_opened_is_refused(planted, tmp_path):
+    """A ``data.mdb`` swapped in after the open, with the same page and entry counts (one more
+    commit re-writing a record as it was), describes another transaction: the reader refuses it
+    rather than read its pages as the open database's."""
+    import shutil
+
+    import lmdb
+
+    from shardfeed.readers.lmdb_io import open_lmdb_readonly
+    from shardfeed.readers.lmdb_readahead import ValueReader
+
+    db, _ = planted
+    opened, other = tmp_path / "opened", tmp_path / "other"
+    shutil.copytree(db, opened)
+    shutil.copytree(db, other)
+    env = open_lmdb_readonly(opened)
+    ValueReader(env, opened / "data.mdb").close()  # the file it opened: accepted
+    with lmdb.open(str(other), subdir=True, lock=False) as w:  # the same record re-written: one more commit
+        with w.begin(write=True) as txn:
+            key, value = next(iter(txn.cursor()))
+            txn.put(key, value)
+        assert {k: v for k, v in w.stat().items()} == {k: v for k, v in env.stat().items()}
+    os.replace(other / "data.mdb", opened / "data.mdb")
+    with pytest.raises(OSError, match="does not describe the open database"):
+        ValueReader(env, opened / "data.mdb")
+    env.close()

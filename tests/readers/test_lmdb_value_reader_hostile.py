@@ -43,8 +43,8 @@ def planted(tmp_path_factory):
 
 
 class _Env:
-    """What ``ValueReader`` asks of an environment: ``stat()``, here as the damaged file's own
-    meta page says (as LMDB opened on that file would report it)."""
+    """What ``ValueReader`` asks of an environment: ``stat()`` and ``info()``, here as the damaged
+    file's own meta page says (as LMDB opened on that file would report it)."""
 
     def __init__(self, path, size, fallback):
         self.path, self.size, self.fallback = path, size, fallback
@@ -58,6 +58,21 @@ class _Env:
         finally:
             os.close(fd)
         return {k: meta[k] for k in self.fallback}
+
+    def info(self):
+        return _info_of(self.path, self.size)
+
+
+def _info_of(path, size) -> dict:
+    """``env.info()``'s last transaction and page numbers, as LMDB opened on ``path`` would report."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        meta = lmdb_readahead._read_meta(fd, size)
+    except OSError:
+        return {"last_txnid": -1, "last_pgno": -1}
+    finally:
+        os.close(fd)
+    return {"last_txnid": meta["txnid"], "last_pgno": meta["last_pgno"]}
 
 
 def _pages(raw):
@@ -241,6 +256,15 @@ def test_random_damage_never_hangs_or_reads_outside(planted, tmp_path):
                     finally:
                         os.close(fd)
                     return {{k: m[k] for k in stat}}
+                def info(self):
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        m = la._read_meta(fd, size)
+                    except OSError:
+                        return {{"last_txnid": -1, "last_pgno": -1}}
+                    finally:
+                        os.close(fd)
+                    return {{"last_txnid": m["txnid"], "last_pgno": m["last_pgno"]}}
             try:
                 r = la.ValueReader(Env(), path)
             except OSError:
@@ -305,6 +329,9 @@ def test_the_page_cache_stays_within_its_bytes_whatever_the_page_size(tmp_path):
     class Env:
         def stat(self):
             return dict(stat)
+
+        def info(self):
+            return _info_of(path, os.path.getsize(path))
 
     reader = ValueReader(Env(), path)
     try:
