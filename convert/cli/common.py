@@ -43,8 +43,26 @@ class Terminated(KeyboardInterrupt):
     Ctrl-C (worker pools terminated, partial files removed, one line), and exits with 143."""
 
 
+#: The process that installed :func:`_raise_terminated` (a forked child inherits the handler).
+_sigterm_owner_pid: int | None = None
+
+
 def _raise_terminated(signum, frame):
+    if os.getpid() != _sigterm_owner_pid:
+        # a child forked before it could reset SIGTERM (a DataLoader worker starting up when the
+        # process group is signalled): die of the signal, silently, as an unhandled SIGTERM does
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated()
+
+
+def _unraisable_after_interrupt(unraisable) -> None:
+    """``sys.unraisablehook`` once a command was interrupted: objects the interrupt left half-built
+    (a DataLoader iterator whose workers were starting) fail in ``__del__`` on the way out; that
+    is not news after "shardfeed: interrupted" (shown with ``SHARDFEED_DEBUG=1``)."""
 
 
 def interrupt_behind(exc: BaseException, max_depth: int = 16) -> KeyboardInterrupt | None:
@@ -70,13 +88,16 @@ def stop_on_sigterm() -> None:
     """Make SIGTERM (``kill``, ``timeout``, a container stopping) stop the command as Ctrl-C does.
 
     Without this the main process dies at once and its worker processes, left alone, print a
-    ``BrokenPipeError`` traceback each. Worker processes must reset SIGTERM to ``SIG_DFL`` (the
-    packers' pool initialisers do), so that terminating the pool stays silent.
+    ``BrokenPipeError`` traceback each. Worker processes should reset SIGTERM to ``SIG_DFL`` (the
+    packers' pool initialisers do); one signalled before it could (a DataLoader worker still
+    starting) dies of the signal without a traceback, as the handler only raises in this process.
     """
     import signal
     import threading
 
+    global _sigterm_owner_pid
     if threading.current_thread() is threading.main_thread():
+        _sigterm_owner_pid = os.getpid()
         signal.signal(signal.SIGTERM, _raise_terminated)
 
 
@@ -183,6 +204,8 @@ def interrupts_end_in_one_line():
             raise interrupt from None
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
+        if not os.environ.get("SHARDFEED_DEBUG"):
+            sys.unraisablehook = _unraisable_after_interrupt
         click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 

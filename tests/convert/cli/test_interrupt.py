@@ -81,3 +81,55 @@ def test_sigterm_to_the_process_group_during_verify_prints_one_line(tmp_path):
     assert proc.returncode == EXIT_TERMINATED, err
     assert "shardfeed: terminated" in err
     assert "Traceback" not in err, err
+
+
+_CHILD_SIGNALLED_WHILE_STARTING = """
+import multiprocessing, os, signal, sys
+from shardfeed.convert.cli.common import stop_on_sigterm
+
+def signalled_before_resetting_its_handler():
+    os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` does to the group while a worker starts
+    print("still running after SIGTERM", flush=True)
+
+stop_on_sigterm()
+child = multiprocessing.get_context("fork").Process(target=signalled_before_resetting_its_handler)
+child.start()
+child.join(30)
+print("child exit code", child.exitcode, flush=True)
+"""
+
+
+def test_a_forked_child_signalled_before_it_resets_sigterm_dies_of_it_without_a_traceback():
+    r = subprocess.run([sys.executable, "-c", _CHILD_SIGNALLED_WHILE_STARTING], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"child exit code {-signal.SIGTERM}", r.stdout + r.stderr
+    assert r.stderr == ""
+
+
+_DEL_FAILS_AFTER_TERMINATED = """
+import click
+from shardfeed.convert.cli.common import Terminated, fail_cleanly
+
+class HalfBuilt:  # as a DataLoader iterator whose __init__ the signal interrupted
+    def __del__(self):
+        raise AttributeError("'HalfBuilt' object has no attribute '_workers_status'")
+
+@click.command()
+@fail_cleanly
+def cmd():
+    half_built = HalfBuilt()
+    raise Terminated()
+
+cmd()
+"""
+
+
+@pytest.mark.parametrize("debug, shown", [("", False), ("1", True)])
+def test_an_object_failing_in_del_after_sigterm_prints_nothing_more(debug, shown):
+    env = {**os.environ, "SHARDFEED_DEBUG": debug}
+    r = subprocess.run([sys.executable, "-c", _DEL_FAILS_AFTER_TERMINATED], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == EXIT_TERMINATED, r.stderr
+    assert r.stderr.startswith("shardfeed: terminated\n"), r.stderr
+    assert ("_workers_status" in r.stderr) is shown, r.stderr
