@@ -44,7 +44,6 @@ import numbers
 import os
 import random
 import re
-import shutil
 import stat
 import time
 import unicodedata
@@ -74,7 +73,8 @@ from shardfeed.readers.format import read_small_file, write_bytes_atomic
 from . import writers  # noqa: F401  (registers every format's writer)
 from .context import PackContext
 from .readahead import read_ahead
-from .pack_state import PLAN_NAME, STATE_DIR, finished_shard_record, write_shard_record
+from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_state_folder,
+                         write_shard_record)
 from .reencode import reencode_payload
 from .samples import skip_reason
 from .scan import parse_extensions
@@ -95,8 +95,6 @@ MAX_CLASSES_FILE_BYTES = 64 << 20
 MAX_CLASSES = 10_000_000
 #: Largest sidecar file stored, bytes.
 MAX_SIDECAR_BYTES = 1 << 30
-#: The marker of a :func:`write_dataset` in progress, inside ``OUT/.shardfeed-pack/``.
-_WRITING_NAME = "write_dataset.json"
 #: Sample dict keys that are not extra fields.
 _SAMPLE_KEYS = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
 
@@ -248,7 +246,7 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared, **(writer_extra or {}))
     if writer_box is not None:
         writer_box["w"] = writer
-    marker = Path(out) / STATE_DIR / _WRITING_NAME
+    marker = Path(out) / STATE_DIR / WRITING_NAME
     if mark_unfinished:
         marker.parent.mkdir(exist_ok=True)
         write_bytes_atomic(marker, json.dumps({"writer": "write_dataset", "unfinished": True}).encode())
@@ -1075,7 +1073,7 @@ def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, 
         for tmp in out.glob(".*.tmp"):  # a partial shard; complete ones stay for --resume
             tmp.unlink(missing_ok=True)
         raise
-    shutil.rmtree(out / STATE_DIR, ignore_errors=True)
+    remove_state_folder(out)
     return manifest
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from shardfeed.readers.format import MANIFEST_NAME
 
 from .outlock import check_not_busy
-from .pack_state import STATE_DIR
+from .pack_state import STATE_DIR, remove_state_folder
 from .ownership import decide, local_entries, survey
 
 __all__ = ["prepare_output", "remove_recorded"]
@@ -73,7 +73,9 @@ def remove_recorded(out: Path, contents, keep: frozenset[str] | set[str] = froze
     order = sorted((n for n in contents.ours if n not in keep), key=lambda n: (n != MANIFEST_NAME, n == STATE_DIR, n))
     for name in order:
         p = out / name
-        if contents.entries.get(name) == "dir" and not p.is_symlink():
+        if name == STATE_DIR:
+            remove_state_folder(out, warn=False)  # its own files; what else is there stays (named at the end)
+        elif contents.entries.get(name) == "dir" and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)

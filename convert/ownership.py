@@ -8,7 +8,9 @@ its name:
   (``.sfidx``; ``.idx`` in version 1) or its LMDB ``data.mdb`` (with ``lock.mdb``); beside a
   WebDataset manifest, ``shardindex.json`` and ``README.md`` are ours when their content says so
   (:func:`shardfeed.convert.consumers.is_ours`);
-* an unfinished pack's state folder ``.shardfeed-pack/`` is ours, and its ``plan.json`` names the
+* an unfinished pack's state folder ``.shardfeed-pack/`` is ours (in a local folder, the files a
+  pack writes in it: :func:`~shardfeed.convert.pack_state.remove_state_folder` leaves anything
+  else there, and the folder with it), and its ``plan.json`` names the
   shards the pack writes (``{prefix}-NNNNNN.tar`` / ``.sfidx`` of its options) or its
   ``data.mdb``/``lock.mdb``; under an object-store prefix the pack writes only
   ``.shardfeed-pack/plan.json`` there, so that key alone is ours: any other key under

@@ -62,7 +62,7 @@ from .executors import ProgressSink, check_executor, run_tasks, signals_held
 from .faults import FaultHooks
 from .outdir import prepare_output
 from .outlock import output_lock
-from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, write_plan_files
+from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, remove_state_folder, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
@@ -528,7 +528,6 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
         log.info("%s: nothing to resume yet; starting the pack", out)
         options = dataclasses.replace(options, resume=False)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
-    state = out / STATE_DIR
     _check_or_write_plan(out, options, scan, _fingerprint(scan, samples, options))
     try:
         result: PackResult = format_packer(options.format)(scan, samples, out, options, context)
@@ -559,7 +558,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     with signals_held():  # a finished manifest means a finished dataset: its consumer files, no pack state
         manifest.write(out)
         write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
-        shutil.rmtree(state, ignore_errors=True)
+        remove_state_folder(out)
     seconds = time.perf_counter() - t0
     return PackReport(
         source=scan.root, output=str(out), format=options.format, num_samples=num_samples,

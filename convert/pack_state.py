@@ -1,24 +1,31 @@
 """A pack's resume state on disk: ``OUT/.shardfeed-pack/`` (the plan and one record per finished shard).
 
 The folder exists while a pack runs or after it stopped; the manifest, written last, marks the
-dataset finished and the folder is removed then. ``plan.json`` holds the plan's fingerprint
-(checked by ``--resume``) and the options; ``files.jsonl.z`` the scanned files (``[path, size,
-mtime_ns]`` per line, zlib-compressed: ~10 bytes a file), so that a refused ``--resume`` can name
-the files that changed; ``NNNNNN.json`` records one finished WebDataset shard:
-``{"shard", "entry" (the ShardEntry, or None when every sample of it was skipped), "skipped"}``,
-plus ``"start"``/``"end"`` (its sample range) for shards cut from re-encoded sizes.
+dataset finished and the folder is removed then (:func:`remove_state_folder`: only the files a
+pack writes there; anything else someone put in it stays, and so does the folder).
+``plan.json`` holds the plan's fingerprint (checked by ``--resume``) and the options;
+``files.jsonl.z`` the scanned files (``[path, size, mtime_ns]`` per line, zlib-compressed: ~10
+bytes a file), so that a refused ``--resume`` can name the files that changed; ``NNNNNN.json``
+records one finished WebDataset shard: ``{"shard", "entry" (the ShardEntry, or None when every
+sample of it was skipped), "skipped"}``, plus ``"start"``/``"end"`` (its sample range) for shards
+cut from re-encoded sizes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import zlib
 from pathlib import Path
 
 from shardfeed.readers.format import read_small_file, write_bytes_atomic
 
 __all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record",
-           "write_plan_files", "describe_plan_change"]
+           "write_plan_files", "describe_plan_change", "remove_state_folder", "is_state_file"]
+
+log = logging.getLogger(__name__)
 
 #: The state folder's name inside OUT.
 STATE_DIR = ".shardfeed-pack"
@@ -26,10 +33,69 @@ STATE_DIR = ".shardfeed-pack"
 PLAN_NAME = "plan.json"
 #: The scanned files' list inside :data:`STATE_DIR` (for the message of a refused ``--resume``).
 FILES_NAME = "files.jsonl.z"
+#: The marker of a ``write_dataset`` in progress inside :data:`STATE_DIR`.
+WRITING_NAME = "write_dataset.json"
+#: The names a pack writes inside :data:`STATE_DIR`: the plan, the file list, the ``write_dataset``
+#: marker and the shard records (``NNNNNN.json``).
+_STATE_FILE = re.compile("|".join([re.escape(PLAN_NAME), re.escape(FILES_NAME), re.escape(WRITING_NAME),
+                                   r"[0-9]{6,}\.json"]))
+#: The random part of an atomic write's temporary name (``tempfile.mkstemp``: 8 characters).
+_TMP_RANDOM = re.compile(r"[A-Za-z0-9_]{1,16}")
+#: Names of files kept in the state folder given in the warning that it was kept.
+_KEPT_NAMED = 5
 #: Largest compressed file list (``files.jsonl.z``) read back; 4x that is the bound inflated.
 MAX_FILES_LIST_BYTES = 1 << 30
 #: Files named per kind (added, removed, changed) in that message.
 NAMED_FILES = 5
+
+
+def is_state_file(name: str) -> bool:
+    """Whether ``name`` (one entry of :data:`STATE_DIR`) is a file a pack writes there (or the
+    temporary file of an atomic write of one); anything else in the folder is not the pack's."""
+    if _STATE_FILE.fullmatch(name):
+        return True
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    body = name[1:-len(".tmp")]  # .NAME.tmp or .NAME.XXXXXXXX.tmp
+    base, _, random_part = body.rpartition(".")
+    return bool(_STATE_FILE.fullmatch(body) or (_TMP_RANDOM.fullmatch(random_part) and _STATE_FILE.fullmatch(base)))
+
+
+def remove_state_folder(out_dir: str | Path, *, warn: bool = True) -> list[str]:
+    """Delete a local pack's state folder ``OUT/.shardfeed-pack/``: the plain files a pack writes
+    there (:func:`is_state_file`), then the folder once empty. Anything else in it (a file
+    someone put there, a folder, a link) is not the pack's: it stays, with the folder, and a
+    warning names it (unless ``warn`` is False). A link named ``.shardfeed-pack`` is not followed
+    nor removed.
+
+    Returns:
+        The names kept in the folder (empty when it is gone or was never there).
+    Raises:
+        OSError: a file of the pack's could not be removed.
+    """
+    state = Path(out_dir) / STATE_DIR
+    if state.is_symlink() or not state.is_dir():
+        return []
+    kept = []
+    with os.scandir(state) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False) and is_state_file(entry.name):
+                os.unlink(entry.path)
+            else:
+                kept.append(entry.name)
+    if not kept:
+        try:
+            state.rmdir()
+        except FileNotFoundError:
+            pass
+        return []
+    kept.sort()
+    if not warn:
+        return kept
+    more = f" and {len(kept) - _KEPT_NAMED} more" if len(kept) > _KEPT_NAMED else ""
+    log.warning("%s: kept, as it holds files no pack writes (%s%s); remove them and the folder if they are "
+                "not needed", state, ", ".join(kept[:_KEPT_NAMED]), more)
+    return kept
 
 
 def write_shard_record(out_dir: str | Path, shard_idx: int, record: dict) -> None:

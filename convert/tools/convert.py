@@ -7,14 +7,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 
 from shardfeed.readers.registry import FORMATS, canonical_format, describe, writer_class
 
 from .. import writers  # noqa: F401  (registers every format's writer)
-from ..pack_state import PLAN_NAME, STATE_DIR
+from ..pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
 from .common import (
     DatasetLocation,
     Progress,
@@ -161,7 +160,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
                 n += 1
                 progress(1, len(sample.data))
             new = writer.close()
-        shutil.rmtree(out / STATE_DIR, ignore_errors=True)  # the manifest is written: finished
+        remove_state_folder(out)  # the manifest is written: finished
         if n != manifest.num_samples:
             log.warning("%s: read %d samples, its manifest says %d", loc.root, n, manifest.num_samples)
         return ConvertReport(source=str(src), output=str(out), source_format=manifest.format, format=fmt,

@@ -298,3 +298,62 @@ def test_a_layout_pack_follows_the_same_rules(tmp_path):
         "format": "webdataset", "prefix": "part"}}))
     pack_layout(src, out, PackOptions(**opts, overwrite=True), layout)
     assert _tree(out) == before
+
+
+_NOT_THE_PACKS = {".shardfeed-pack/notes.txt": b"my notes", ".shardfeed-pack/plan.json.bak": b"{}",
+                  ".shardfeed-pack/keep/000001.json": b"a record of mine", ".shardfeed-pack/12.json": b"[]"}
+
+
+def _plant_in_state_folder(out: Path) -> None:
+    for rel, data in _NOT_THE_PACKS.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+
+
+@pytest.mark.parametrize("how", ["finish", "overwrite", "layout"])
+def test_files_in_the_state_folder_that_no_pack_writes_stay(how, src, fresh, tmp_path, caplog):
+    """The state folder's files that a pack writes go when the pack finishes or is overwritten;
+    a file or folder someone else put there stays, with the folder, and a warning names it."""
+    out = tmp_path / "out"
+    if how == "overwrite":  # an interrupted pack: its plan and a finished shard's record
+        bad = tmp_path / "bad"
+        for rel, data in _tree(src).items():
+            (bad / rel).parent.mkdir(parents=True, exist_ok=True)
+            (bad / rel).write_bytes(data)
+        (bad / "c2" / "zz.png").write_bytes(b"")
+        with pytest.raises(ValueError, match="zz.png"):
+            pack(bad, out, PackOptions(workers=1, max_count=2, shuffle=False))
+        assert {p.name for p in (out / ".shardfeed-pack").iterdir()} >= {"plan.json", "000000.json"}
+    _plant_in_state_folder(out)
+    with caplog.at_level("WARNING", logger="shardfeed.convert.pack_state"):
+        if how == "layout":
+            from shardfeed.convert.layouts import LayoutOptions, pack_layout
+
+            pack_layout(src, out, PackOptions(workers=1, max_count=4), LayoutOptions(no_labels=True))
+        else:
+            pack(src, out, PackOptions(workers=1, max_count=4, overwrite=how == "overwrite"))
+    left = {rel: data for rel, data in _tree(out).items() if rel.startswith(".shardfeed-pack/")}
+    assert left == _NOT_THE_PACKS
+    assert "notes.txt" in caplog.text and "keep" in caplog.text
+    if how != "layout":
+        assert {k: v for k, v in _tree(out).items() if not k.startswith(".shardfeed-pack/")} == fresh["wds"]
+
+
+def test_the_state_folder_goes_once_it_holds_only_the_packs_files(src, tmp_path):
+    out = tmp_path / "out"
+    (out / ".shardfeed-pack").mkdir(parents=True)
+    for name in (".plan.json.tmp", ".000002.json.x7Qk_2ab.tmp", "write_dataset.json"):  # left by kill -9
+        (out / ".shardfeed-pack" / name).write_bytes(b"{")
+    pack(src, out, PackOptions(workers=1, max_count=4))
+    assert not (out / ".shardfeed-pack").exists()
+
+
+def test_the_state_file_names_are_the_ones_a_pack_writes():
+    from shardfeed.convert.pack_state import is_state_file
+
+    for name in ("plan.json", "files.jsonl.z", "000000.json", "1234567.json", "write_dataset.json",
+                 ".plan.json.tmp", ".plan.json.abc123_z.tmp", ".000004.json.tmp", ".files.jsonl.z.q1w2e3r4.tmp"):
+        assert is_state_file(name), name
+    for name in ("notes.txt", "plan.json.bak", "12.json", "0000001.json.gz", ".notes.tmp", ".plan.json.a.b.tmp",
+                 "..tmp", ".tmp", "plan.json/", "PLAN.JSON"):
+        assert not is_state_file(name), name
