@@ -114,8 +114,8 @@ def read_jpeg_header(data: bytes) -> tuple[int, int, int] | None:
             pos += 2
             continue
         length = (data[pos + 2] << 8) | data[pos + 3]
-        segment = data[pos + 4 : pos + 2 + length]
         if marker in SOF_MARKERS:
+            segment = data[pos + 4 : pos + 2 + length]  # sliced only where read: tables are skipped
             if size is not None or len(segment) < 6 or segment[0] != 8 or segment[5] not in (1, 3):
                 return None
             height, width = (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4]
@@ -123,6 +123,7 @@ def read_jpeg_header(data: bytes) -> tuple[int, int, int] | None:
                 return None
             size = (width, height)
         elif marker == 0xE1:
+            segment = data[pos + 4 : pos + 2 + length]
             if segment[:6] == b"Exif\x00\x00":
                 if exif is not None:
                     return None  # Pillow joins several EXIF segments: let it

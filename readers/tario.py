@@ -615,7 +615,21 @@ def _checksum_fields(adler_a: int) -> frozenset[bytes]:
     """
     total = adler_a - 1
     return frozenset(b"%06o\0 " % c for c in range(max(0, total - 64 - 42), total - 64 + 1)
-                     if c + sum(int(d) for d in "%06o" % c) + 64 == total)
+                     if c + _octal_digit_sum(c) + 64 == total)
+
+
+def _octal_digit_sum(c: int) -> int:
+    """The sum of the octal digits of ``c >= 0``, by arithmetic: ``c - 7 * (c // 8 + c // 64 + ...)``.
+
+    Each worker fills :data:`_CHECKSUM_FIELDS` afresh as it meets its shards' headers; summing the
+    digits of a formatted string instead cost about 5 ms of its start-up on the bench's small set.
+    """
+    total = c
+    q = c >> 3
+    while q:
+        total -= 7 * q
+        q >>= 3
+    return total
 
 
 #: Bytes :func:`iter_indexed_samples` reads per ``pread`` (whole samples; a bigger sample alone).

@@ -342,3 +342,23 @@ def test_a_member_twice_in_one_sample_is_corrupt_on_the_indexed_path():
     starts = [0, 3584]
     with pytest.raises(CorruptDataError, match=r"sample 'a' holds member 'a\.jpg' twice \(byte offset 2560\)"):
         list(iter_indexed_samples(_pread_of(raw), starts, 0, 2, len(raw), source="s"))
+
+
+def test_checksum_fields_hold_the_checksum_python_tarfile_writes():
+    """The indexed path's checksum shortcut: for each header Python's ``tarfile`` writes, the field
+    it wrote is among those a header with that byte sum can hold (the digit sum by arithmetic)."""
+    import zlib
+
+    from shardfeed.readers import tario
+
+    rng = random.Random(7)
+    for _ in range(400):
+        info = tarfile.TarInfo(f"{rng.randrange(10 ** rng.randrange(1, 12)):0{rng.randrange(1, 10)}d}.jpg")
+        info.size = rng.randrange(0, 1 << 24)
+        info.mtime = rng.randrange(0, 1 << 31)
+        header = info.tobuf(format=tarfile.USTAR_FORMAT)[:512]
+        field = header[148:156]
+        assert int(field[:6], 8) == sum(header) - sum(field) + 256  # tarfile's own rule
+        assert field in tario._checksum_fields(zlib.adler32(header) & 0xFFFF)
+    for c in range(0, 8 ** 6, 97):
+        assert tario._octal_digit_sum(c) == sum(int(d) for d in "%o" % c)
