@@ -71,13 +71,30 @@ _MODULES = {"shardfeed": "shardfeed.readers", "webdataset": "webdataset", "dali-
 _DRIVEN = PEERS
 #: peers that read their own copy of the image folder, written once before the timed cases
 _CONVERTED = ("litdata", "mosaicml-streaming", "ffcv")
-_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu_ns(pid: int) -> dict[tuple[int, int], int]:
+    """Each live thread of process ``pid`` and its time on a CPU so far, nanoseconds, from
+    ``/proc/PID/task/TID/schedstat`` (as precise as ``getrusage`` is for this process; the clock
+    ticks of ``/proc/PID/stat`` are 10 ms, some 10 ms of rounding per worker over a short window).
+    Empty when the process is gone or the kernel keeps no schedstat."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids[:4096]:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[(pid, int(tid))] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended between the listing and the read
+            continue
+    return out
 
 
 def _proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    """CPU seconds of process ``pid`` so far, its threads together (:func:`_thread_cpu_ns`)."""
+    return sum(_thread_cpu_ns(pid).values()) / 1e9
 
 
 def _own_cpu_s() -> float:
@@ -141,14 +158,17 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _children_cpu_s(pids: list[int]) -> float:
-    total = 0.0
+def _children_threads_ns(pids: list[int]) -> dict[tuple[int, int], int]:
+    out: dict[tuple[int, int], int] = {}
     for pid in pids:
-        try:
-            total += _proc_cpu_s(pid)
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+        out.update(_thread_cpu_ns(pid))
+    return out
+
+
+def _cpu_between_s(before: dict[tuple[int, int], int], after: dict[tuple[int, int], int]) -> float:
+    """CPU seconds the threads alive at the end spent since ``before`` (a thread started inside the
+    window counts whole; one that ended inside it is not counted)."""
+    return sum(ns - before.get(key, 0) for key, ns in after.items()) / 1e9
 
 
 def _time_loader(loader, batches: int, warmup: int = 1) -> dict:
@@ -156,14 +176,14 @@ def _time_loader(loader, batches: int, warmup: int = 1) -> dict:
 
     With one warm-up batch per loader worker (or decode thread), each worker's one-time start-up
     (imports, its first buffers) falls before the timed window for every peer alike. CPU is this
-    process's plus that of its descendants alive after the warm-up (read from ``/proc``), so loader
-    workers count whatever loader started them.
+    process's plus that of its descendants alive after the warm-up (their threads' nanoseconds on a
+    CPU, read from ``/proc``), so loader workers count whatever loader started them.
     """
     it = iter(loader)
     for _ in range(max(1, warmup)):
         next(it)
     procs = _descendants(os.getpid())
-    cpu0 = _own_cpu_s() + _children_cpu_s(procs)
+    own0, threads0 = _own_cpu_s(), _children_threads_ns(procs)
     t0 = time.perf_counter()
     n = 0
     for i, batch in enumerate(it):
@@ -171,7 +191,7 @@ def _time_loader(loader, batches: int, warmup: int = 1) -> dict:
         if i + 1 >= batches:
             break
     wall = time.perf_counter() - t0
-    cpu = _own_cpu_s() + _children_cpu_s(procs) - cpu0
+    cpu = _own_cpu_s() - own0 + _cpu_between_s(threads0, _children_threads_ns(procs))
     return {"images": n, "images_per_s": n / wall, "cpu_ms_per_image": 1000 * cpu / max(n, 1),
             "child_processes": len(procs)}
 
