@@ -35,6 +35,19 @@ slow but faster than that (a local disk with a cold page cache, where the read-a
 neighbouring records in the same request) are read ahead through the map by the pool, and
 where the pages cannot be parsed (another layout) too. Reads that come back fast again (page
 cache) turn it off: on a warm local disk nothing changes.
+
+Read by ``pread``, a batch's reads also reach into the batch the process will most likely be
+asked for next, so that its first records are in memory when it arrives instead of costing a
+round trip or two before decoding can start. The loader's sampler order is a function of the
+seed, epoch, rank, world size, batch size, padding and resume plan, so each process computes it
+again (once per epoch: a seeded permutation of N indices, about a second for a million), finds
+the batch it was given in it, and queues the one the ``DataLoader``'s round robin hands it next
+(``num_workers`` batches on; with persistent workers or none, after its last batch of an epoch,
+its first of the next) behind the current batch, in the same bounds (records and bytes ahead of
+the decoder). Those reads serve the next batch only when it is exactly the one guessed (same
+indices, same order; each record's CRC is still checked); otherwise they are cancelled and
+dropped. With another sampler the guesses fail, and after a few batches not found in the order
+a process stops guessing for that epoch.
 """
 
 from __future__ import annotations
