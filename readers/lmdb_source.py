@@ -40,7 +40,7 @@ Read by ``pread``, a batch's reads also reach into the batch the process will mo
 asked for next, so that its first records are in memory when it arrives instead of costing a
 round trip or two before decoding can start. The loader's sampler order is a function of the
 seed, epoch, rank, world size, batch size, padding and resume plan, so each process computes it
-again (once per epoch: a seeded permutation of N indices, about a second for a million), finds
+again (once per epoch: a seeded permutation of N indices, 1-2 s of CPU for a million), finds
 the batch it was given in it, and queues the one the ``DataLoader``'s round robin hands it next
 (``num_workers`` batches on; with persistent workers or none, after its last batch of an epoch,
 its first of the next) behind the current batch, in the same bounds (records and bytes ahead of
@@ -474,10 +474,10 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
 
     def _stream_for(self, reader, rest: list, batch: list | None, depth: int, held):
         """The stream that yields ``rest``'s values: ``held`` when what it holds is exactly
-        ``rest`` (the guess was right), else a new one (``held`` is closed); the guessed next
+        ``rest`` (the guess was right) read by ``reader``, else a new one (``held`` is closed); the guessed next
         batch after ``batch`` (:meth:`_guess_next_batch`; None: none) is queued behind."""
         stream = held
-        if stream is not None and stream.tags() != rest:
+        if stream is not None and (stream.reader is not reader or stream.tags() != rest):
             stream.close()
             stream = None
         if stream is None:

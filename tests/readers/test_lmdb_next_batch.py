@@ -170,14 +170,15 @@ def _thread_count_settles(before: int, timeout_s: float = 5.0) -> int:
     return threading.active_count()
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers,persistent", [(0, True), (2, True), (2, False)])
 def test_a_loader_delivers_the_samplers_order_across_epochs_and_resume(packed_lmdb, tiny_folder_expected, slow,
-                                                                       num_workers):
+                                                                       num_workers, persistent):
     from shardfeed.readers.shard_readahead import MAX_DEPTH
 
     before = threading.active_count()
-    opts = dict(num_workers=num_workers, decode=False, seed=4, multiprocessing_context="fork") if num_workers \
-        else dict(num_workers=0, decode=False, seed=4)
+    opts = dict(num_workers=num_workers, decode=False, seed=4)
+    if num_workers:  # forked workers see the slow-storage settings of the fixture
+        opts.update(multiprocessing_context="fork", persistent_workers=persistent)
     loader = make_loader(packed_lmdb, 7, **opts)
     ds = loader.dataset
     for epoch in range(2):
