@@ -396,8 +396,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         start, when the last batch's did); the rest then go to the read pool. A batch with fewer
         than one slow read in eight lets the next one start in this thread again. Read by
         ``pread``, the reads of the batch this process most likely gets next follow in the same
-        bounds (:meth:`_guess_next_batch`); they serve that batch only when it is exactly the one
-        asked for, and are dropped otherwise.
+        bounds (:meth:`_guess_next_batch`), kept while any read of the batch was slow; they serve
+        that batch only when it is exactly the one asked for, and are dropped otherwise.
 
         Raises:
             What ``self[i]`` raises, at that sample.
@@ -405,17 +405,15 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         indices = [int(i) for i in indices]
         held = self._take_ahead()
         depth = int(self.read_ahead_records)
+        if held is not None and (depth <= 0 or held.tags() != indices):
+            held.close()  # read for a batch this one is not
+            held = None
         if depth <= 0 or len(indices) < 2:
-            if held is not None:
-                held.close()
             return [self[i] for i in indices]
         out = []
         n = 0
         latency = self._read_latency
-        if not self._reads_slow:
-            if held is not None:
-                held.close()
-                held = None
+        if not self._reads_slow and held is None:
             while n < len(indices):
                 i = indices[n]
                 if not 0 <= i < self._num_samples:
@@ -432,7 +430,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         bad = next((i for i in rest if not 0 <= i < self._num_samples), None)
         if bad is not None:  # the batch fails at its first bad index, as ``self[i]`` would
             rest = rest[:rest.index(bad)]
-        reader = self._value_reader() if latency >= PREAD_LATENCY_S else None
+        reader = self._value_reader() if latency >= PREAD_LATENCY_S or held is not None else None
         stream = None
         if reader is None:
             if held is not None:
@@ -456,7 +454,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
                 raise IndexError(f"sample index {bad} is outside [0, {self._num_samples})")
             # page cache warm again (hardly a read slow): the next batch starts in this thread
             self._reads_slow = 8 * slow >= len(rest)
-            if stream is not None and self._reads_slow and len(stream):
+            if stream is not None and slow and len(stream):  # storage still slow, if partly cached
                 self._ahead, stream = (os.getpid(), stream), None  # the next batch's reads, kept
         finally:
             reads.close()
