@@ -228,3 +228,23 @@ def test_on_emulated_slow_storage_workers_deliver_the_planted_samples(packed_lmd
         del loader
     finally:
         emu.stop()
+
+
+def test_the_next_batch_is_read_ahead_while_any_read_is_slow(packed_lmdb, tiny_folder_expected, slow, monkeypatch):
+    from shardfeed.readers import lmdb_source
+
+    ds = open_dataset(packed_lmdb, decode=False, seed=1)
+    ds.configure_batching(10)
+    _fake_worker(monkeypatch, 1, 0)
+    order = _permutation(len(ds), 1, 0)
+    batches = [order[p:p + 10] for p in range(0, len(order), 10)]
+    ds.__getitems__(batches[0])
+    assert ds._ahead[1].tags() == batches[1]  # every read slow: the next batch queued
+    monkeypatch.setattr(lmdb_source, "SLOW_READ_S", 1e9)  # from here every read comes back fast (page cache)
+    got = ds.__getitems__(batches[1])  # served by the reads held ahead ...
+    assert [(s.data, s.label) for s in got] == _planted(tiny_folder_expected, ds, batches[1])
+    assert slow["made"] == 1 and "_ahead" not in ds.__dict__  # ... and none slow: nothing more read ahead
+    assert not ds._reads_slow
+    got = ds.__getitems__(batches[2])  # read in this thread again
+    assert [(s.data, s.label) for s in got] == _planted(tiny_folder_expected, ds, batches[2])
+    assert slow["made"] == 1 and "_ahead" not in ds.__dict__
