@@ -31,10 +31,13 @@ so these bytes are the map's. No read reaches outside the file. Anything unexpec
 layout, a node with duplicates or sub-databases, a big-endian or 32-bit build) raises, and the
 caller reads the record through the map instead.
 
-:func:`read_values_ahead` yields the values of a list of keys in order while at most
+:class:`ValueStream` gives the values of a queue of keys in order while at most
 ``max_records`` records and ``max_bytes`` bytes are read ahead of the caller (read, or being
-read, and not yet yielded). A record that does not fit the byte bound is read when the caller
-reaches it, in the caller's thread; a single record larger than the bound is read alone.
+read, and not yet taken); keys can be queued while earlier ones are read, so a caller that
+knows what it will ask for next has those reads in flight while it works. A record that does
+not fit the byte bound is read when the caller reaches it, in the caller's thread; a single
+record larger than the bound is read alone. :func:`read_values_ahead` yields the values of a
+list of keys through one.
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ import sys
 import threading
 import time
 from concurrent.futures import Executor
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
-__all__ = ["ValueReader", "read_values_ahead", "MAX_RECORDS", "MAX_BYTES", "MAX_PAGES",
+__all__ = ["ValueReader", "ValueStream", "read_values_ahead", "MAX_RECORDS", "MAX_BYTES", "MAX_PAGES",
            "MAX_PAGE_BYTES"]
 
 #: Most records read ahead of the caller, per reader.
@@ -313,10 +316,100 @@ def _fetch(reader: ValueReader, key: bytes, budget: _Budget):
         raise
 
 
+class ValueStream:
+    """Values of a growing queue of keys, taken in order, read ahead by a pool within bounds.
+
+    At most ``max_records`` records are looked up or read ahead of the caller (submitted and not
+    yet taken) and at most ``max_bytes`` bytes of them held read; a record that does not fit the
+    byte bound is read when the caller takes it, in the caller's thread, and a single record larger
+    than the bound is read alone. Keys may be appended while earlier ones are still being read
+    (:meth:`extend`), so the reads of what the caller will ask for next overlap with its work on
+    what it took; :meth:`close` cancels the reads not yet started and drops the ones held.
+
+    Args:
+        reader: the environment's :class:`ValueReader`.
+        pool: threads that look records up and read them.
+        fallback: ``fallback(tag)`` reads the value of the key queued with ``tag`` in the caller's
+            thread, used when the pool's read of it failed (so its error, if any, is the ordinary one).
+        max_records: most records read ahead of the caller (at least 1).
+        max_bytes: most bytes read ahead of the caller.
+    """
+
+    def __init__(self, reader: ValueReader, pool: Executor, *, fallback: Callable[[object], bytes | None],
+                 max_records: int = MAX_RECORDS, max_bytes: int = MAX_BYTES) -> None:
+        self.reader, self.pool, self.fallback = reader, pool, fallback
+        self.max_records = max(1, int(max_records))
+        self.budget = _Budget(max(1, int(max_bytes)))
+        self._queued: collections.deque = collections.deque()  # (key, tag) not yet submitted
+        self._pending: collections.deque = collections.deque()  # (tag, future), oldest first
+        self._closed = False
+
+    def __len__(self) -> int:
+        """Keys queued and not yet taken."""
+        return len(self._queued) + len(self._pending)
+
+    def tags(self) -> list:
+        """The tags of the keys not yet taken, in order."""
+        return [t for t, _ in self._pending] + [t for _, t in self._queued]
+
+    def extend(self, items: Iterable[tuple[bytes, object]]) -> None:
+        """Queue ``(key, tag)`` pairs after the ones queued, and start reads up to the bounds.
+
+        Raises:
+            ValueError: the stream is closed.
+        """
+        if self._closed:
+            raise ValueError("the value stream is closed")
+        self._queued.extend((bytes(k), t) for k, t in items)
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._queued and len(self._pending) < self.max_records:
+            key, tag = self._queued.popleft()
+            self._pending.append((tag, self.pool.submit(_fetch, self.reader, key, self.budget)))
+
+    def take(self) -> tuple[object, bytes | None, float]:
+        """``(tag, value, seconds)`` of the oldest key not yet taken: its value (None: no such key)
+        and how long its lookup and read took in the pool (0 when read in the caller's thread).
+        The reads then start up to the bounds again.
+
+        Raises:
+            IndexError: nothing is queued.
+            What ``fallback`` raises.
+        """
+        self._fill()
+        if not self._pending:
+            raise IndexError("no key queued in the value stream")
+        tag, future = self._pending.popleft()
+        try:
+            try:
+                value, span, took = future.result()
+            except Exception:  # noqa: BLE001 - read it the ordinary way; that raises what is wrong
+                return tag, self.fallback(tag), 0.0
+            if value is _DEFERRED:
+                try:
+                    value = self.reader.read(*span)
+                except OSError:
+                    value = self.fallback(tag)
+            elif span is not None:
+                self.budget.release(span[1])
+            return tag, value, took
+        finally:
+            self._fill()
+
+    def close(self) -> None:
+        """Cancel the reads not yet started and drop what is queued or held (idempotent)."""
+        self._closed = True
+        self._queued.clear()
+        while self._pending:
+            self._pending.popleft()[1].cancel()
+
+
 def read_values_ahead(reader: ValueReader, keys: Sequence[bytes], pool: Executor, *,
                       fallback: Callable[[int], bytes | None], max_records: int = MAX_RECORDS,
                       max_bytes: int = MAX_BYTES) -> Iterator[tuple[bytes | None, float]]:
-    """The values of ``keys`` in order (None: no such key), read ahead by ``pool``.
+    """The values of ``keys`` in order (None: no such key), read ahead by ``pool``
+    (a :class:`ValueStream` of ``keys``).
 
     Args:
         reader: the environment's :class:`ValueReader`.
@@ -332,30 +425,11 @@ def read_values_ahead(reader: ValueReader, keys: Sequence[bytes], pool: Executor
         how long its lookup and read took in the pool (0 when read in the caller's thread).
         Closing the generator early cancels the reads not yet started.
     """
-    max_records = max(1, int(max_records))
-    budget = _Budget(max(1, int(max_bytes)))
-    pending: collections.deque = collections.deque()
-    n = len(keys)
-    submitted = 0
+    stream = ValueStream(reader, pool, fallback=fallback, max_records=max_records, max_bytes=max_bytes)
     try:
-        for k in range(n):
-            while submitted < n and submitted - k < max_records:
-                pending.append(pool.submit(_fetch, reader, keys[submitted], budget))
-                submitted += 1
-            future = pending.popleft()
-            try:
-                value, span, took = future.result()
-            except Exception:  # noqa: BLE001 - read it the ordinary way; that raises what is wrong
-                yield fallback(k), 0.0
-                continue
-            if value is _DEFERRED:
-                try:
-                    value = reader.read(*span)
-                except OSError:
-                    value = fallback(k)
-            elif span is not None:
-                budget.release(span[1])
+        stream.extend((key, k) for k, key in enumerate(keys))
+        while len(stream):
+            _, value, took = stream.take()
             yield value, took
     finally:
-        for future in pending:
-            future.cancel()
+        stream.close()

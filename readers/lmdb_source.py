@@ -35,6 +35,19 @@ slow but faster than that (a local disk with a cold page cache, where the read-a
 neighbouring records in the same request) are read ahead through the map by the pool, and
 where the pages cannot be parsed (another layout) too. Reads that come back fast again (page
 cache) turn it off: on a warm local disk nothing changes.
+
+Read by ``pread``, a batch's reads also reach into the batch the process will most likely be
+asked for next, so that its first records are in memory when it arrives instead of costing a
+round trip or two before decoding can start. The loader's sampler order is a function of the
+seed, epoch, rank, world size, batch size, padding and resume plan, so each process computes it
+again (once per epoch: a seeded permutation of N indices, 1-2 s of CPU for a million), finds
+the batch it was given in it, and queues the one the ``DataLoader``'s round robin hands it next
+(``num_workers`` batches on; with persistent workers or none, after its last batch of an epoch,
+its first of the next) behind the current batch, in the same bounds (records and bytes ahead of
+the decoder). Those reads serve the next batch only when it is exactly the one guessed (same
+indices, same order; each record's CRC is still checked); otherwise they are cancelled and
+dropped. With another sampler the guesses fail, and after a few batches not found in the order
+a process stops guessing for that epoch.
 """
 
 from __future__ import annotations
@@ -51,7 +64,8 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
-from .lmdb_readahead import MAX_BYTES, ValueReader, read_values_ahead
+from .epoch import positions_to_indices
+from .lmdb_readahead import MAX_BYTES, ValueReader, ValueStream
 from .options import ReadOptions
 from .shard_readahead import SLOW_READ_S, read_pool
 from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
@@ -82,6 +96,36 @@ class _Unreadable:
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
+
+
+#: Batches in a row not found in the epoch's order after which a process stops guessing its
+#: next batch in that epoch (a sampler other than the loader's own).
+_MAX_GUESS_MISSES = 3
+
+
+def _locate(order: np.ndarray, batch: list, size: int, hints: list) -> int | None:
+    """Where ``batch`` starts in ``order`` on a batch boundary (a multiple of ``size``): at one of
+    ``hints`` (positions, or None) or found by its first index; None when it is not there."""
+    n = len(batch)
+    if n == 0 or n > len(order):
+        return None
+    want = np.asarray(batch, dtype=np.int64)
+    for p in hints:
+        if p is not None and 0 <= p <= len(order) - n and np.array_equal(order[p:p + n], want):
+            return int(p)
+    for p in np.flatnonzero(order == want[0])[:8]:  # a padded epoch repeats an index at most a few times
+        if p % size == 0 and p + n <= len(order) and np.array_equal(order[p:p + n], want):
+            return int(p)
+    return None
+
+
+def _taken(stream, indices: list):
+    """``(value, seconds)`` of each of ``indices`` from ``stream``, which holds them in this order."""
+    for i in indices:
+        tag, value, took = stream.take()
+        if tag != i:  # the stream is made or kept only for exactly these indices
+            raise RuntimeError(f"read-ahead out of step: sample {tag} where {i} was asked for")
+        yield value, took
 
 
 #: Bumped in a child after ``fork``: per-thread read transactions of the parent are not reused
@@ -128,6 +172,10 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
     _reads_slow = False
     #: The median seconds of this process's last batch's reads ahead (or of its first slow read).
     _read_latency = 0.0
+    #: Whether the next epoch is read in these same processes (persistent workers, or none; set by
+    #: :func:`~shardfeed.readers.loader.make_loader`): a process's last batch of an epoch then reads
+    #: ahead the first one it gets of the next epoch (see :meth:`_guess_next_batch`).
+    next_epoch_ahead = False
 
     def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
                  readahead: bool | None = DEFAULT_READAHEAD, verify: bool = True) -> None:
@@ -205,7 +253,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         state["_env"] = None
         state["_env_pid"] = None
         state["_local"] = None
-        state.pop("_reader", None)
+        for name in ("_reader", "_ahead", "_orders", "_guess_at", "_guess_misses"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state):
@@ -345,19 +394,26 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
 
         The records are read in this thread, each read timed, until one proves slow (or from the
         start, when the last batch's did); the rest then go to the read pool. A batch with fewer
-        than one slow read in eight lets the next one start in this thread again.
+        than one slow read in eight lets the next one start in this thread again. Read by
+        ``pread``, the reads of the batch this process most likely gets next follow in the same
+        bounds (:meth:`_guess_next_batch`), kept while any read of the batch was slow; they serve
+        that batch only when it is exactly the one asked for, and are dropped otherwise.
 
         Raises:
             What ``self[i]`` raises, at that sample.
         """
         indices = [int(i) for i in indices]
+        held = self._take_ahead()
         depth = int(self.read_ahead_records)
+        if held is not None and (depth <= 0 or held.tags() != indices):
+            held.close()  # read for a batch this one is not
+            held = None
         if depth <= 0 or len(indices) < 2:
             return [self[i] for i in indices]
         out = []
         n = 0
         latency = self._read_latency
-        if not self._reads_slow:
+        if not self._reads_slow and held is None:
             while n < len(indices):
                 i = indices[n]
                 if not 0 <= i < self._num_samples:
@@ -374,13 +430,15 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         bad = next((i for i in rest if not 0 <= i < self._num_samples), None)
         if bad is not None:  # the batch fails at its first bad index, as ``self[i]`` would
             rest = rest[:rest.index(bad)]
-        reader = self._value_reader() if latency >= PREAD_LATENCY_S else None
+        reader = self._value_reader() if latency >= PREAD_LATENCY_S or held is not None else None
+        stream = None
         if reader is None:
+            if held is not None:
+                held.close()
             reads = self._pool_reads(rest, depth)
         else:
-            reads = read_values_ahead(reader, [self.key(i) for i in rest], read_pool(),
-                                      fallback=lambda k: self._get(rest[k])[0], max_records=depth,
-                                      max_bytes=int(self.read_ahead_bytes))
+            stream = self._stream_for(reader, rest, None if bad is not None else indices, depth, held)
+            reads = _taken(stream, rest)
         took_s = []
         try:
             for i, (value, took) in zip(rest, reads):
@@ -389,16 +447,101 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
                     # not found in the pages parsed by pread: LMDB itself says whether it is there
                     value = self._get(i)[0]
                 out.append(self.__getitem__(i, value))
+            slow = sum(t > SLOW_READ_S for t in took_s)
+            if took_s:
+                self._read_latency = sorted(took_s)[len(took_s) // 2]
+            if bad is not None:
+                raise IndexError(f"sample index {bad} is outside [0, {self._num_samples})")
+            # page cache warm again (hardly a read slow): the next batch starts in this thread
+            self._reads_slow = 8 * slow >= len(rest)
+            if stream is not None and slow and len(stream):  # storage still slow, if partly cached
+                self._ahead, stream = (os.getpid(), stream), None  # the next batch's reads, kept
         finally:
             reads.close()
-        slow = sum(t > SLOW_READ_S for t in took_s)
-        if took_s:
-            self._read_latency = sorted(took_s)[len(took_s) // 2]
-        if bad is not None:
-            raise IndexError(f"sample index {bad} is outside [0, {self._num_samples})")
-        # page cache warm again (hardly a read slow): the next batch starts in this thread
-        self._reads_slow = 8 * slow >= len(rest)
+            if stream is not None:
+                stream.close()
         return out
+
+    def _take_ahead(self):
+        """The :class:`~shardfeed.readers.lmdb_readahead.ValueStream` the last batch left with
+        the reads of the guessed next batch (None: none, or one of the parent before a ``fork``)."""
+        held = self.__dict__.pop("_ahead", None)
+        if held is None or held[0] != os.getpid():
+            return None
+        return held[1]
+
+    def _stream_for(self, reader, rest: list, batch: list | None, depth: int, held):
+        """The stream that yields ``rest``'s values: ``held`` when what it holds is exactly
+        ``rest`` (the guess was right) read by ``reader``, else a new one (``held`` is closed); the guessed next
+        batch after ``batch`` (:meth:`_guess_next_batch`; None: none) is queued behind."""
+        stream = held
+        if stream is not None and (stream.reader is not reader or stream.tags() != rest):
+            stream.close()
+            stream = None
+        if stream is None:
+            stream = ValueStream(reader, read_pool(), fallback=lambda i: self._get(i)[0], max_records=depth,
+                                 max_bytes=int(self.read_ahead_bytes))
+            stream.extend((self.key(i), i) for i in rest)
+        nxt = self._guess_next_batch(batch) if batch else None
+        if nxt:
+            stream.extend((self.key(i), i) for i in nxt)
+        return stream
+
+    def _guess_next_batch(self, batch: list) -> list | None:
+        """The indices this process will most likely be asked for after ``batch``, or None.
+
+        A loader's sampler (:class:`~shardfeed.readers.loader.EpochSampler`) gives this rank's
+        share of the epoch in an order that depends only on the seed, epoch, rank, world size,
+        batch size, padding and resume plan (:meth:`_epoch_order` computes it again here), and
+        the ``DataLoader`` hands its batches to the workers in turn: after the batch at position
+        ``p`` of that order a worker gets the one at ``p + num_workers * batch_size``, and after
+        its last one of the epoch (with :attr:`next_epoch_ahead`) its first of the next epoch.
+        None where ``batch`` is not a batch of that order (another sampler: after a few such
+        batches the epoch is not searched again) or nothing follows it.
+        """
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (1, 0) if info is None else (max(1, int(info.num_workers)), int(info.id))
+        size = int(self.batch_size)
+        epoch = max(int(self._epoch_state[0]), 0)
+        misses = self.__dict__.get("_guess_misses", (epoch, 0))
+        if size < 1 or (misses[0] == epoch and misses[1] >= _MAX_GUESS_MISSES):
+            return None
+        order = self._epoch_order(epoch)
+        at = self.__dict__.get("_guess_at")
+        p = _locate(order, batch, size, [at[1] if at and at[0] == epoch else None, worker * size])
+        if p is None:
+            self._guess_misses = (epoch, misses[1] + 1 if misses[0] == epoch else 1)
+            return None
+        self._guess_misses = (epoch, 0)
+        q = p + workers * size
+        if q >= len(order):
+            if not self.next_epoch_ahead:
+                return None
+            epoch, q = epoch + 1, worker * size
+            order = self._epoch_order(epoch)
+        self._guess_at = (epoch, q)
+        return order[q:q + size].tolist() or None
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """This rank's sample indices of ``epoch`` in the order :class:`~shardfeed.readers.loader.EpochSampler`
+        yields them (its resume plan included), kept for the latest two epochs asked for."""
+        segments = self.resume_segments(epoch)
+        key = (epoch, repr(segments), self.seed, self.shuffle, self.pad, self.drop_last, self.rank,
+               self.world_size, self.batch_size, self._num_samples)
+        orders = self.__dict__.setdefault("_orders", {})
+        order = orders.get(key)
+        if order is None:
+            try:
+                seq = self.rank_sequence(epoch, num_workers=1)
+                order = positions_to_indices(self._num_samples, seq, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+            except ValueError:  # a resume plan that does not fit: nothing to guess from
+                order = np.empty(0, dtype=np.int64)
+            if self._num_samples < 2 ** 31:
+                order = order.astype(np.int32)
+            while len(orders) >= 2:
+                orders.pop(next(iter(orders)))
+            orders[key] = order
+        return order
 
     def _value_reader(self):
         """This process's :class:`~shardfeed.readers.lmdb_readahead.ValueReader` of the database
