@@ -14,7 +14,11 @@ one chunk, about 96 KiB). Errors surface in order, where the chunk would have be
 A shard's chunks (:func:`read_shard_ahead`) are read ahead in aligned requests of
 :data:`REQUEST_BYTES` instead, cut into the chunks: chunks read at once by several threads would
 otherwise cross the kernel's request boundaries and make it split its read-around into more
-requests, each paying the whole latency.
+requests, each paying the whole latency. A local or mounted shard whose descriptor is known (the
+local reader's) needs no pool for them: each aligned request is a ``posix_fadvise(WILLNEED)``
+hint, which the kernel sends as one request of the file system without waiting, and each chunk
+is one ``pread`` from the page cache in the caller's thread, as on a local disk (no thread wake-up,
+future or intermediate ``bytes`` per request; :func:`_read_hinted`).
 
 Between shards the pipeline would drain: the next shard's ``open`` and its first read each cost
 a round trip while the decoder waits. Once this process's reads proved slow, :func:`open_ahead`
