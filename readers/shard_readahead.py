@@ -353,16 +353,21 @@ def _read_requests(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[in
 _HINTS = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
 
 
-def _hint(fd: int, offset: int, size: int, slow_read_s: float) -> bool:
+#: Hints in a row that took about the read latency (a file system that reads them synchronously)
+#: after which the rest of the range is read by the pool.
+SLOW_HINTS = 3
+
+
+def _hint(fd: int, offset: int, size: int) -> float | None:
     """Ask the kernel to read ``[offset, offset + size)`` of ``fd`` into the page cache without
-    waiting (one request of the file system). False: the hint failed, or it waited (a file system
-    that reads synchronously), so the caller reads ahead by the pool instead."""
+    waiting (one request of the file system). Returns the seconds the call took, or None when
+    it failed (the caller reads ahead by the pool instead)."""
     t0 = time.perf_counter()
     try:
         os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
     except OSError:
-        return False
-    return time.perf_counter() - t0 <= slow_read_s
+        return None
+    return time.perf_counter() - t0
 
 
 def _read_hinted(fd: int, read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, int, int, int]], i: int,
@@ -380,7 +385,9 @@ def _read_hinted(fd: int, read_at: Callable[[int, int], bytes], plan: Sequence[t
     the file's start may hold), from those whose request went out just before the read and still
     came back within ``slow_read_s`` (the storage is fast again). At most
     ``max_bytes`` are asked ahead (the requests of the chunk being read always go out). A hint
-    that fails or waits hands the rest of the plan to :func:`_read_requests`.
+    that fails, or :data:`SLOW_HINTS` in a row that each took half the latency or more (the file
+    system read them before returning; a single slow one is the scheduler's), hand the rest of
+    the plan to :func:`_read_requests`.
     """
     global _learned
     n = len(plan)
@@ -388,6 +395,7 @@ def _read_hinted(fd: int, read_at: Callable[[int, int], bytes], plan: Sequence[t
     pos = plan[i][2] - plan[i][2] % size  # the next request's offset
     asked: collections.deque = collections.deque()  # (offset, time the hint went out), in order
     per_request = None
+    slow_hints = 0
     last = time.perf_counter()
     for k in range(i, n):
         _, _, a, b = plan[k]
@@ -397,7 +405,9 @@ def _read_hinted(fd: int, read_at: Callable[[int, int], bytes], plan: Sequence[t
             pos = a - a % size
         fresh = pos  # requests from here on are asked in this step
         while pos < end and (pos < b or (len(asked) < depth and (len(asked) + 1) * size <= max_bytes)):
-            if not _hint(fd, pos, min(size, end - pos), slow_read_s):
+            took = _hint(fd, pos, min(size, end - pos))
+            slow_hints = 0 if took is not None and took < max(slow_read_s, latency / 2) else slow_hints + 1
+            if took is None or slow_hints >= SLOW_HINTS:
                 yield from _read_requests(read_at, plan, k, depth, latency, max_depth, max_bytes, slow_read_s, size)
                 return
             asked.append((pos, time.perf_counter()))

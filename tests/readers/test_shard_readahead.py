@@ -430,3 +430,26 @@ def test_hinted_requests_on_the_emulator_go_out_ahead_once_each(tmp_path):
     assert stats["read_bytes"] == len(data) and stats["max_request_bytes"] <= 128 * 1024
     assert stats["max_in_flight"] >= 2
     assert took < stats["reads"] * 0.005  # not one request after the other
+
+
+def test_hints_that_wait_for_the_storage_hand_the_rest_to_the_read_pool(blob, monkeypatch):
+    """A file system that reads a hinted range before returning (each hint takes the latency):
+    after a few such hints the pool reads the rest, several requests at once."""
+    path, data = blob
+    size = 128 * 1024
+    real = os.posix_fadvise
+    hints = []
+
+    def fadvise(fd, offset, n, advice):
+        hints.append(offset)
+        time.sleep(0.003)
+        return real(fd, offset, n, advice)
+
+    monkeypatch.setattr(shard_readahead.os, "posix_fadvise", fadvise)
+    f = LoggedFile(path, 0.003)
+    out = list(read_ahead(f, _plan(len(data), 96 * 1024), request_bytes=size, fd=f.fd))
+    assert b"".join(out) == data
+    assert len(hints) == shard_readahead.SLOW_HINTS
+    aligned = sorted(c for c in f.calls if c[0] % size == 0 and (c[1] == size or sum(c) == len(data)))
+    assert f.max_in_flight >= 2 and aligned[-1] == (aligned[-1][0], len(data) - aligned[-1][0])
+    assert [o for o, _ in aligned[-10:]] == [aligned[-1][0] - k * size for k in range(9, -1, -1)]
