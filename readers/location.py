@@ -24,6 +24,7 @@ image folder is decided once, by :func:`folder_kind`.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import threading
@@ -241,7 +242,8 @@ class LocalLocation(LocationBase):
         try:
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
                                                     os.fstat(fd).st_size, source=where, tag_source=True,
-                                                    chunk_reader=read_shard_ahead if self.readahead else None))
+                                                    chunk_reader=functools.partial(read_shard_ahead, fd=fd)
+                                                    if self.readahead else None))
         finally:
             os.close(fd)
 

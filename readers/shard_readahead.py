@@ -14,7 +14,11 @@ one chunk, about 96 KiB). Errors surface in order, where the chunk would have be
 A shard's chunks (:func:`read_shard_ahead`) are read ahead in aligned requests of
 :data:`REQUEST_BYTES` instead, cut into the chunks: chunks read at once by several threads would
 otherwise cross the kernel's request boundaries and make it split its read-around into more
-requests, each paying the whole latency.
+requests, each paying the whole latency. A local or mounted shard whose descriptor is known (the
+local reader's) needs no pool for them: each aligned request is a ``posix_fadvise(WILLNEED)``
+hint, which the kernel sends as one request of the file system without waiting, and each chunk
+is one ``pread`` from the page cache in the caller's thread, as on a local disk (no thread wake-up,
+future or intermediate ``bytes`` per request; :func:`_read_hinted`).
 
 Between shards the pipeline would drain: the next shard's ``open`` and its first read each cost
 a round trip while the decoder waits. Once this process's reads proved slow, :func:`open_ahead`
@@ -208,7 +212,8 @@ def _depth_for(latency: float, per_chunk: float, max_depth: int) -> int:
 
 def read_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, int, int, int]], *,
                max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES,
-               slow_read_s: float = SLOW_READ_S, request_bytes: int | None = None) -> Iterator[bytes]:
+               slow_read_s: float = SLOW_READ_S, request_bytes: int | None = None,
+               fd: int | None = None) -> Iterator[bytes]:
     """The reads of ``plan`` in order, read ahead once the storage proves slow.
 
     Args:
@@ -222,6 +227,11 @@ def read_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, i
             ahead, the rest of the plan's bytes are read in requests of this size aligned to it
             (see :data:`REQUEST_BYTES`) and each chunk is cut from them: one request of the
             storage each, none split by the kernel's read-around of its neighbours.
+        fd: with ``request_bytes``, the descriptor ``read_at`` reads (a local or mounted file):
+            the aligned requests are then asked of the kernel (``posix_fadvise(WILLNEED)``, which
+            sends them to the file system without waiting) and each chunk is one ``read_at`` in
+            the caller's thread from the page cache, instead of read by the pool
+            (:func:`_read_hinted`). Where the hint is unavailable, fails or blocks, the pool reads.
 
     Yields:
         ``read_at(a, b - a)`` for each ``(_, _, a, b)`` of ``plan`` (with ``request_bytes``: the
@@ -247,6 +257,10 @@ def read_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, i
         depth, latency = 2, took
     else:
         depth, latency = max(2, min(max_depth, learned[1])), learned[2]
+    if request_bytes and fd is not None and _HINTS:
+        yield from _read_hinted(fd, read_at, plan, i, depth, latency, max_depth, max_bytes, slow_read_s,
+                                max(4096, int(request_bytes)))
+        return
     if request_bytes:
         yield from _read_requests(read_at, plan, i, depth, latency, max_depth, max_bytes, slow_read_s,
                                   max(4096, int(request_bytes)))
@@ -335,17 +349,101 @@ def _read_requests(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[in
             future.cancel()
 
 
-def read_shard_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, int, int, int]]
-                     ) -> Iterator[bytes]:
+#: Whether this platform has ``posix_fadvise`` (Linux; not macOS or Windows).
+_HINTS = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
+
+
+#: Hints in a row that took about the read latency (a file system that reads them synchronously)
+#: after which the rest of the range is read by the pool.
+SLOW_HINTS = 3
+
+
+def _hint(fd: int, offset: int, size: int) -> float | None:
+    """Ask the kernel to read ``[offset, offset + size)`` of ``fd`` into the page cache without
+    waiting (one request of the file system). Returns the seconds the call took, or None when
+    it failed (the caller reads ahead by the pool instead)."""
+    t0 = time.perf_counter()
+    try:
+        os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        return None
+    return time.perf_counter() - t0
+
+
+def _read_hinted(fd: int, read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, int, int, int]], i: int,
+                 depth: int, latency: float, max_depth: int, max_bytes: int, slow_read_s: float,
+                 size: int) -> Iterator[bytes]:
+    """Chunks ``plan[i:]``, each one ``read_at`` in the caller's thread, the aligned requests of
+    ``size`` bytes that hold them asked ahead of the kernel (:func:`_hint`).
+
+    The kernel sends each hint as one request of the file system (a FUSE mount's background
+    read, an NFS READ) and returns at once; the chunk's own read then copies the pages from the
+    page cache, waiting only for pages still in flight. No thread and no intermediate ``bytes``
+    per request. ``depth`` counts requests asked ahead of the chunk being read and adapts as in
+    :func:`read_ahead`; the latency is learned from the reads that waited (from the request's
+    hint to the end of the read) and, after the range's first chunk (whose pages a read ahead of
+    the file's start may hold), from those whose request went out just before the read and still
+    came back within ``slow_read_s`` (the storage is fast again). At most
+    ``max_bytes`` are asked ahead (the requests of the chunk being read always go out). A hint
+    that fails, or :data:`SLOW_HINTS` in a row that each took half the latency or more (the file
+    system read them before returning; a single slow one is the scheduler's), hand the rest of
+    the plan to :func:`_read_requests`.
+    """
+    global _learned
+    n = len(plan)
+    end = plan[-1][3]
+    pos = plan[i][2] - plan[i][2] % size  # the next request's offset
+    asked: collections.deque = collections.deque()  # (offset, time the hint went out), in order
+    per_request = None
+    slow_hints = 0
+    last = time.perf_counter()
+    for k in range(i, n):
+        _, _, a, b = plan[k]
+        while asked and asked[0][0] + size <= a:
+            asked.popleft()
+        if not asked and pos + size <= a:
+            pos = a - a % size
+        fresh = pos  # requests from here on are asked in this step
+        while pos < end and (pos < b or (len(asked) < depth and (len(asked) + 1) * size <= max_bytes)):
+            took = _hint(fd, pos, min(size, end - pos))
+            slow_hints = 0 if took is not None and took < max(slow_read_s, latency / 2) else slow_hints + 1
+            if took is None or slow_hints >= SLOW_HINTS:
+                yield from _read_requests(read_at, plan, k, depth, latency, max_depth, max_bytes, slow_read_s, size)
+                return
+            asked.append((pos, time.perf_counter()))
+            pos += size
+        t0 = time.perf_counter()
+        data = read_at(a, b - a)
+        now = time.perf_counter()
+        # the hint of the chunk's last request: (offset, when it went out)
+        off, newest = next(((o, t) for o, t in reversed(asked) if o < b), (a, t0))
+        if now - t0 > slow_read_s or (k > i and off >= fresh and now - newest <= slow_read_s):
+            latency = 0.8 * latency + 0.2 * (now - newest)
+        while asked and asked[0][0] + size <= b:
+            asked.popleft()
+        if k + 1 >= n:
+            # the last chunk: what the next range starts with (see read_ahead)
+            _learned = (os.getpid(), depth, latency) if latency > slow_read_s else None
+        yield data
+        now = time.perf_counter()
+        spent = (now - last) * size / max(b - a, 1)  # the caller's time per request's worth of bytes
+        last = now
+        per_request = spent if per_request is None else 0.8 * per_request + 0.2 * spent
+        depth = _depth_for(latency, per_request, max_depth)
+
+
+def read_shard_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, int, int, int]], *,
+                     fd: int | None = None) -> Iterator[bytes]:
     """:func:`read_ahead` of a shard's chunks, read ahead in aligned requests of
     :data:`REQUEST_BYTES` (the ``chunk_reader`` of :func:`~shardfeed.readers.tario.iter_indexed_samples`).
 
-    Args and yields: as :func:`read_ahead`.
+    Args and yields: as :func:`read_ahead` (``fd``: the shard's descriptor, which ``read_at``
+    reads: the requests go out as kernel read-ahead hints).
 
     Raises:
         What ``read_at`` raises, at the first chunk that needs the failed request's bytes.
     """
-    return read_ahead(read_at, plan, request_bytes=REQUEST_BYTES)
+    return read_ahead(read_at, plan, request_bytes=REQUEST_BYTES, fd=fd)
 
 
 class HeldBytes:

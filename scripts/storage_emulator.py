@@ -58,10 +58,18 @@ on every open, like a bucket mount without its file cache) and the kernel's attr
 caches keep libfuse's default timeout (1 s), so a training loop pays latency each epoch.
 
 Multi-threaded: libfuse runs its multi-threaded loop; the latency is ``time.sleep`` (which
-releases the GIL) and the reads are ``os.pread`` (also without the GIL), so requests from several
+releases the GIL) and the bytes are read by libfuse itself (the ``read_buf`` answer names the
+source file's descriptor and offset; libfuse splices them into the reply where the kernel offers
+splice, else reads them into its buffer, without the GIL), so requests from several
 loader workers are in flight at once, as on a real NFS or bucket mount (``max_in_flight`` in the
 stats shows how many were). The kernel's own limit on a FUSE mount's background requests (12 by
 default, which caps buffered reads) is raised to ``max_background`` (64) at init.
+
+The emulator shares the machine's CPUs with the reader it serves, so each request is kept cheap:
+no Python ``bytes`` and no copy of the data in Python, one call into Python per request. What it
+models is unchanged by that: the latencies, the bandwidth cap, the counts, and the request sizes
+(which the kernel chooses). ``read_bytes`` counts the bytes each request covers within the file's
+size at ``open`` (the source folder is not written while mounted).
 
 Needs ``/dev/fuse``, libfuse (``apt-get install fuse3 libfuse2``) and ``pip install mfusepy``
 (maintained ctypes binding for libfuse 2 and 3; ``pip install 'shardfeed[dev]'`` has it), and the
@@ -82,6 +90,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import ctypes
 import errno
 import json
 import logging
@@ -218,6 +227,7 @@ def _make_operations(root: str, config: EmulatorConfig, control_path: str):
     bytes_per_s = config.bandwidth_mb_s * 1e6 if config.bandwidth_mb_s else None
     streams: dict[int, int] = {}  # fh -> offset where the next sequential read starts
     streams_lock = threading.Lock()
+    sizes: dict[int, int] = {}  # fh -> the file's size at open, for the bytes a request serves
 
     def real(path: str) -> str:
         return os.path.join(root, path.lstrip("/"))
@@ -235,6 +245,10 @@ def _make_operations(root: str, config: EmulatorConfig, control_path: str):
             if conn_info is not None and config.max_background is not None:
                 conn_info.max_background = config.max_background
                 conn_info.congestion_threshold = max(1, config.max_background * 3 // 4)
+            if conn_info is not None:
+                # replies spliced from the source file into the kernel's pages (one copy, no
+                # buffer per reply), where the kernel and libfuse offer it
+                conn_info.want |= conn_info.capable & _FUSE_CAP_SPLICE_WRITE
             threading.Thread(target=_serve_control, args=(control_path, counters), daemon=True,
                              name="emulator-control").start()
 
@@ -294,9 +308,13 @@ def _make_operations(root: str, config: EmulatorConfig, control_path: str):
                     counters.in_flight -= 1
             with streams_lock:
                 streams[fh] = -1  # no stream yet: the first read pays read_ms
+            sizes[fh] = os.fstat(fh).st_size  # the source is read-only while mounted
             return fh
 
-        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        def read_buf(self, path: str, bufpp, size: int, offset: int, fh: int) -> int:
+            # libfuse reads the bytes itself (without the GIL) from the descriptor named in the
+            # buffer it is handed, and frees the buffer with free(): no bytes object, no copy here
+            nbytes = max(0, min(size, sizes.get(fh, 0) - offset))
             with counters.lock:
                 counters.reads += 1
                 counters.read_sizes[size] = counters.read_sizes.get(size, 0) + 1
@@ -313,17 +331,17 @@ def _make_operations(root: str, config: EmulatorConfig, control_path: str):
                     with counters.lock:
                         counters.latency_reads += 1
                     sleep(read_s)
-                data = os.pread(fh, size, offset)
                 if bytes_per_s:
                     with bw_lock:
                         now = time.monotonic()
                         start = max(now, bw_state["next_free"])
-                        bw_state["next_free"] = start + len(data) / bytes_per_s
+                        bw_state["next_free"] = start + nbytes / bytes_per_s
                         wait = bw_state["next_free"] - now
                     sleep(wait)
+                _hand_over_fd(bufpp, fh, size, offset)
                 with counters.lock:
-                    counters.read_bytes += len(data)
-                return data
+                    counters.read_bytes += nbytes
+                return 0
             finally:
                 with counters.lock:
                     counters.in_flight -= 1
@@ -331,10 +349,48 @@ def _make_operations(root: str, config: EmulatorConfig, control_path: str):
         def release(self, path: str, fh: int) -> int:
             with streams_lock:
                 streams.pop(fh, None)
+            sizes.pop(fh, None)
             os.close(fh)
             return 0
 
     return Passthrough()
+
+
+class _FuseBuf(ctypes.Structure):
+    """libfuse's ``struct fuse_buf`` (fuse_common.h; the same in libfuse 2.9 and 3)."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
+                ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
+
+
+class _FuseBufvec(ctypes.Structure):
+    """libfuse's ``struct fuse_bufvec`` with its one inline buffer (``struct fuse_buf buf[1]``)."""
+
+    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
+                ("buf", _FuseBuf * 1)]
+
+
+_FUSE_BUF_IS_FD = 1 << 1
+_FUSE_BUF_FD_SEEK = 1 << 2
+_FUSE_CAP_SPLICE_WRITE = 1 << 7  # fuse_common.h, libfuse 2.9 and 3
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype = ctypes.c_void_p
+_libc.malloc.argtypes = [ctypes.c_size_t]
+
+
+def _hand_over_fd(bufpp, fd: int, size: int, offset: int) -> None:
+    """Point ``*bufpp`` (a ``read_buf`` answer) at a new ``fuse_bufvec`` naming ``size`` bytes of
+    ``fd`` from ``offset``: libfuse reads them (fewer at the file's end) and frees the vector."""
+    import mfusepy
+
+    address = _libc.malloc(ctypes.sizeof(_FuseBufvec))
+    if not address:
+        raise mfusepy.FuseOSError(errno.ENOMEM)
+    vec = _FuseBufvec.from_address(address)
+    vec.count, vec.idx, vec.off = 1, 0, 0
+    buf = vec.buf[0]
+    buf.size, buf.flags, buf.mem, buf.fd, buf.pos = size, _FUSE_BUF_IS_FD | _FUSE_BUF_FD_SEEK, None, fd, offset
+    ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = address
 
 
 def _serve_control(control_path: str, counters: _Counters) -> None:

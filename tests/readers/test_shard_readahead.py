@@ -341,3 +341,119 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch
         assert len(handed) == 4 and sum(handed) >= 2  # shards after the first slow one were opened ahead
     finally:
         emu.stop()
+
+
+def test_hinted_requests_give_the_same_chunks_one_read_each(blob):
+    """With the file's descriptor, the requests go out as kernel hints: every chunk is one read
+    of the plan's own range in the caller's thread, and the bytes are the file's."""
+    path, data = blob
+    plan = _plan(len(data), 96 * 1024)
+    f = LoggedFile(path, 0.003)
+    out = []
+    for chunk in read_ahead(f, plan, request_bytes=128 * 1024, fd=f.fd):
+        out.append(chunk)
+    assert [len(c) for c in out] == [b - a for _, _, a, b in plan]
+    assert b"".join(out) == data
+    assert f.calls == [(a, b - a) for _, _, a, b in plan] and f.max_in_flight == 1
+
+
+def test_hinted_requests_are_aligned_and_bounded(blob, monkeypatch):
+    """The hints cover the plan's bytes in aligned requests, each asked once, never more than
+    ``max_bytes`` ahead of the chunk being read."""
+    path, data = blob
+    size = 128 * 1024
+    plan = _plan(len(data), 96 * 1024)
+    hints = []
+    reads = []
+    real = os.posix_fadvise
+
+    def fadvise(fd, offset, n, advice):
+        hints.append((offset, n, len(reads)))
+        return real(fd, offset, n, advice)
+
+    monkeypatch.setattr(shard_readahead.os, "posix_fadvise", fadvise)
+    f = SlowFile(path, 0.003)
+
+    def read_at(offset, n):
+        reads.append(offset + n)
+        return f(offset, n)
+
+    out = list(read_ahead(read_at, plan, request_bytes=size, max_bytes=4 * size, fd=f.fd))
+    assert b"".join(out) == data
+    assert sorted((o, n) for o, n, _ in hints) == [(o, min(size, len(data) - o)) for o in range(0, len(data), size)]
+    for offset, _, done in hints:
+        read_to = reads[done - 1] if done else 0  # the end of the last chunk read before this hint
+        assert offset < max(read_to, plan[min(done, len(plan) - 1)][3]) + 4 * size
+
+
+def test_a_failing_hint_hands_the_rest_to_the_read_pool(blob, monkeypatch):
+    path, data = blob
+    size = 128 * 1024
+
+    def fadvise(fd, offset, n, advice):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(shard_readahead.os, "posix_fadvise", fadvise)
+    f = LoggedFile(path, 0.003)
+    out = list(read_ahead(f, _plan(len(data), 96 * 1024), request_bytes=size, fd=f.fd))
+    assert b"".join(out) == data
+    assert sorted(f.calls[1:]) == [(o, min(size, len(data) - o)) for o in range(0, len(data), size)]
+
+
+@pytest.mark.fuse
+def test_hinted_requests_on_the_emulator_go_out_ahead_once_each(tmp_path):
+    """On the FUSE emulator at 5 ms, the hints are the kernel's requests: each aligned 128 KiB
+    asked once (the byte count is the file's), several in flight, the chunks the file's bytes."""
+    from .watch_helpers import require_fuse
+
+    require_fuse()
+    data = np.random.default_rng(3).integers(0, 256, 4_000_000, dtype=np.uint8).tobytes()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "shard.tar").write_bytes(data)
+    (tmp_path / "src" / "first.tar").write_bytes(data[:1_000_000])
+    plan = _plan(len(data), 96 * 1024)
+    emu = load_emulator().StorageEmulator(tmp_path / "src", open_ms=5.0, read_ms=5.0).start()
+    try:
+        fd = os.open(emu.mountpoint / "first.tar", os.O_RDONLY)
+        try:
+            list(read_ahead(lambda o, n: os.pread(fd, n, o), plan[:3]))  # the storage proved slow
+        finally:
+            os.close(fd)
+        fd = os.open(emu.mountpoint / "shard.tar", os.O_RDONLY)
+        try:
+            emu.reset_stats()
+            t0 = time.perf_counter()
+            out = list(read_ahead(lambda o, n: os.pread(fd, n, o), plan, request_bytes=128 * 1024, fd=fd))
+            took = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+        stats = emu.stats()
+    finally:
+        emu.stop()
+    assert b"".join(out) == data
+    assert stats["read_bytes"] == len(data) and stats["max_request_bytes"] <= 128 * 1024
+    assert stats["max_in_flight"] >= 2
+    assert took < stats["reads"] * 0.005  # not one request after the other
+
+
+def test_hints_that_wait_for_the_storage_hand_the_rest_to_the_read_pool(blob, monkeypatch):
+    """A file system that reads a hinted range before returning (each hint takes the latency):
+    after a few such hints the pool reads the rest, several requests at once."""
+    path, data = blob
+    size = 128 * 1024
+    real = os.posix_fadvise
+    hints = []
+
+    def fadvise(fd, offset, n, advice):
+        hints.append(offset)
+        time.sleep(0.003)
+        return real(fd, offset, n, advice)
+
+    monkeypatch.setattr(shard_readahead.os, "posix_fadvise", fadvise)
+    f = LoggedFile(path, 0.003)
+    out = list(read_ahead(f, _plan(len(data), 96 * 1024), request_bytes=size, fd=f.fd))
+    assert b"".join(out) == data
+    assert len(hints) == shard_readahead.SLOW_HINTS
+    aligned = sorted(c for c in f.calls if c[0] % size == 0 and (c[1] == size or sum(c) == len(data)))
+    assert f.max_in_flight >= 2 and aligned[-1] == (aligned[-1][0], len(data) - aligned[-1][0])
+    assert [o for o, _ in aligned[-10:]] == [aligned[-1][0] - k * size for k in range(9, -1, -1)]
