@@ -17,7 +17,7 @@ of the 1,600-image set cross one epoch start), the cost that reading the next ep
 samples ahead hides. ``--raw`` reads raw samples (``decode=False``): the storage side alone,
 hardly any CPU per sample, so the figures hold on a busy machine too. ``--baseline-src DIR`` runs
 every case a second time with another copy of the package (``DIR/shardfeed/readers``, e.g. ``git
-archive`` of another commit), interleaved in the same rounds, and prints its ratios beside these
+archive`` of another commit, or a checkout such as a git worktree), interleaved in the same rounds, and prints its ratios beside these
 and local / local.
 
 Figures measured on an emulator show the shape of the effect (latency x requests in series); they
@@ -75,7 +75,32 @@ def run_case(data: Path, readahead: bool, batches: int, compute_ms: float, raw: 
             if done >= batches + 2:
                 break
     wall = time.perf_counter() - t0
-    return {"images": n, "images_per_s": n / wall, "epoch_first_batch_s": [round(w, 4) for w in first_waits]}
+    import shardfeed.readers
+
+    return {"images": n, "images_per_s": n / wall, "epoch_first_batch_s": [round(w, 4) for w in first_waits],
+            "package": str(Path(shardfeed.readers.__file__).resolve().parent)}
+
+
+def baseline_path(src: Path, scratch: Path) -> Path:
+    """The folder to put first on ``PYTHONPATH`` so that ``import shardfeed.readers`` loads the copy
+    in ``src``: ``src`` itself when it holds ``shardfeed/readers`` (a ``git archive`` of another
+    commit); for a checkout laid out as this repository (``readers/`` and ``convert/`` at the top),
+    a folder under ``scratch`` whose ``shardfeed/`` links to them.
+
+    Raises:
+        SystemExit: ``src`` holds neither layout (the message gives the ``git archive`` command).
+    """
+    if (src / "shardfeed" / "readers" / "__init__.py").is_file():
+        return src
+    if (src / "readers" / "__init__.py").is_file() and (src / "convert" / "__init__.py").is_file():
+        pkg = scratch / "shardfeed"
+        pkg.mkdir(parents=True, exist_ok=True)
+        for part in ("readers", "convert"):
+            (pkg / part).symlink_to((src / part).resolve(), target_is_directory=True)
+        return scratch
+    raise SystemExit(f"{src}: --baseline-src needs a copy of the package as shardfeed/readers in it, or a checkout "
+                     "with readers/ and convert/ at its top; e.g. mkdir -p /tmp/ref/shardfeed && git archive HEAD~1 "
+                     "readers convert | tar -x -C /tmp/ref/shardfeed")
 
 
 def _subprocess(data: Path, readahead: bool, batches: int, compute_ms: float, raw: bool = False,
@@ -112,9 +137,10 @@ def main(argv=None) -> int:
                         "against RAM: on for this small copy), or off, what a database over half the RAM gets "
                         "[default: auto]")
     p.add_argument("--baseline-src", type=Path, default=None,
-                   help="a folder holding another copy of the package (DIR/shardfeed/readers, with an __init__.py "
-                        "in DIR/shardfeed): every case also runs with it, interleaved, named '... [baseline]', "
-                        "and the ratios are printed for both")
+                   help="another copy of the package: a folder holding DIR/shardfeed/readers (git archive of "
+                        "another commit), or a checkout of this repository (readers/ and convert/ at its top): "
+                        "every case also runs with it, interleaved, named '... [baseline]', and the ratios are "
+                        "printed for both; each baseline case checks that it loaded that copy")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--readahead", type=int, default=1, help=argparse.SUPPRESS)
@@ -125,6 +151,11 @@ def main(argv=None) -> int:
         return 0
     from storage_emulator import StorageEmulator
 
+    if args.baseline_src is not None:
+        import tempfile
+
+        args.baseline_src = baseline_path(args.baseline_src, Path(tempfile.mkdtemp(prefix="shardfeed-baseline-")))
+        print(f"baseline: shardfeed.readers from {(args.baseline_src / 'shardfeed' / 'readers').resolve()}", flush=True)
     latencies = [float(x) for x in args.latencies.split(",") if x]
     formats = {"wds": args.wds, **({"lmdb": args.lmdb} if args.lmdb else {})}
     mounts = {}
@@ -150,6 +181,10 @@ def main(argv=None) -> int:
                 if emu is not None:
                     emu.reset_stats()
                 res = _subprocess(path, ra, args.batches, args.compute_ms, args.raw, src, args.lmdb_readahead)
+                want = str((src / "shardfeed" / "readers").resolve()) if src is not None else None
+                if want is not None and res.get("package", want) != want:
+                    raise SystemExit(f"{name}: loaded shardfeed.readers from {res['package']}, not the baseline "
+                                     f"{want} (an installed copy found first?)")
                 if emu is not None:
                     st = emu.stats()
                     res["max_in_flight"] = st["max_in_flight"]  # requests the mount served at once
