@@ -93,8 +93,9 @@ def remove_state_folder(out_dir: str | Path, *, warn: bool = True) -> list[str]:
     if not warn:
         return kept
     more = f" and {len(kept) - _KEPT_NAMED} more" if len(kept) > _KEPT_NAMED else ""
+    shown = [n if n.isprintable() else ascii(n) for n in kept[:_KEPT_NAMED]]  # a newline in a name forges no log line
     log.warning("%s: kept, as it holds files no pack writes (%s%s); remove them and the folder if they are "
-                "not needed", state, ", ".join(kept[:_KEPT_NAMED]), more)
+                "not needed", state, ", ".join(shown), more)
     return kept
 
 
