@@ -409,6 +409,8 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             held.close()  # read for a batch this one is not
             held = None
         if depth <= 0 or len(indices) < 2:
+            if held is not None:
+                held.close()  # a batch of one sample is read in this thread
             return [self[i] for i in indices]
         out = []
         n = 0

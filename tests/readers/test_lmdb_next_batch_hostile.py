@@ -41,3 +41,19 @@ def test_indices_outside_fail_like_a_single_read(packed_lmdb, slow, monkeypatch,
     order = _permutation(n, 2, 0)
     got = ds.__getitems__(order[:4])  # the source still reads what is asked after the failure
     assert [s.key for s in got] == [f"{j:09d}" for j in order[:4]]
+
+
+def test_a_guessed_batch_of_one_sample_is_served_and_its_stream_closed(packed_lmdb, tiny_folder_expected, slow,  # noqa: F811
+                                                                       monkeypatch):
+    ds = open_dataset(packed_lmdb, decode=False, seed=2)
+    n = len(ds)
+    size = n - 1  # the epoch: one full batch, then a batch of one sample
+    ds.configure_batching(size)
+    ds.set_epoch(0)
+    order = _permutation(n, 2, 0)
+    _fake_worker(monkeypatch, 1, 0)
+    for batch in (order[:size], order[size:]):
+        got = ds.__getitems__(batch)
+        assert [(s.data, s.label) for s in got] == _planted(tiny_folder_expected, ds, batch)
+    assert "_ahead" not in ds.__dict__
+    assert slow["closed"] >= slow["made"]  # no stream left holding reads
