@@ -74,15 +74,24 @@ def remove_state_folder(out_dir: str | Path, *, warn: bool = True) -> list[str]:
         OSError: a file of the pack's could not be removed.
     """
     state = Path(out_dir) / STATE_DIR
-    if state.is_symlink() or not state.is_dir():
+    try:  # opened without following a link, so a folder swapped for one after a check is never listed
+        folder = os.open(state, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0))
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError:
+        if state.is_symlink():  # O_NOFOLLOW on a link: ELOOP; not the pack's
+            return []
+        raise
     kept = []
-    with os.scandir(state) as entries:
-        for entry in entries:
-            if entry.is_file(follow_symlinks=False) and is_state_file(entry.name):
-                os.unlink(entry.path)
-            else:
-                kept.append(entry.name)
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False) and is_state_file(entry.name):
+                    os.unlink(entry.name, dir_fd=folder)
+                else:
+                    kept.append(entry.name)
+    finally:
+        os.close(folder)
     if not kept:
         try:
             state.rmdir()
