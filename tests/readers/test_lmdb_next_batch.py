@@ -86,13 +86,18 @@ def test_the_guessed_order_is_the_samplers(packed_lmdb, rank, world_size, pad, d
     assert ds._epoch_order(epoch).tolist() == list(loader.sampler) == expected
 
 
+def _epoch_batches(packed_lmdb, *, seed: int, epoch: int):
+    """A raw source in batches of 8 at ``epoch``, its order (computed here) and that order's batches."""
+    ds = open_dataset(packed_lmdb, decode=False, seed=seed)
+    ds.configure_batching(8)
+    ds.set_epoch(epoch)
+    order = _permutation(len(ds), seed, epoch)
+    return ds, order, [order[p:p + 8] for p in range(0, len(order), 8)]
+
+
 def test_right_guesses_serve_the_next_batch_with_its_own_samples(packed_lmdb, tiny_folder_expected, slow,
                                                                  monkeypatch):
-    ds = open_dataset(packed_lmdb, decode=False, seed=2)
-    ds.configure_batching(8)
-    ds.set_epoch(1)
-    order = _permutation(len(ds), 2, 1)
-    batches = [order[p:p + 8] for p in range(0, len(order), 8)]
+    ds, order, batches = _epoch_batches(packed_lmdb, seed=2, epoch=1)
     _fake_worker(monkeypatch, 2, 1)  # worker 1 of 2 gets batches 1, 3, 5, ...
     mine = batches[1::2]
     for batch in mine:
@@ -106,11 +111,7 @@ def test_right_guesses_serve_the_next_batch_with_its_own_samples(packed_lmdb, ti
 
 def test_wrong_guesses_are_dropped_and_the_asked_samples_delivered(packed_lmdb, tiny_folder_expected, slow,
                                                                    monkeypatch):
-    ds = open_dataset(packed_lmdb, decode=False, seed=2)
-    ds.configure_batching(8)
-    ds.set_epoch(0)
-    order = _permutation(len(ds), 2, 0)
-    batches = [order[p:p + 8] for p in range(0, len(order), 8)]
+    ds, order, batches = _epoch_batches(packed_lmdb, seed=2, epoch=0)
     _fake_worker(monkeypatch, 2, 0)  # the guess after batch 0 is batch 2; it is asked for 1, 4, ...
     asked = [batches[0], batches[1], batches[4], batches[3], sorted(order[:8]), batches[6]]
     for batch in asked:
