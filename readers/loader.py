@@ -273,9 +273,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
     workers, each one's workers keep the epoch and resume plan it started with, only the first
     of them moves batches through the batch ring (:mod:`~shardfeed.readers.batch_ring`), and
     one started while that one is alive and unfinished makes its batches the ordinary way. With
-    ``num_workers=0`` the iterations share the one dataset in this process, which takes its epoch
-    when an iteration asks for its first batch: start the second after the first has begun (or
-    give each its own loader) when they must read different epochs.
+    ``num_workers=0`` the iterations share the one dataset in this process: each takes the epoch
+    set last when it asks for its first batch, and random crops follow the epoch that began last;
+    give each iteration its own loader when they must read different epochs.
     """
 
     def __init__(self, *args: Any, epoch_sampler: EpochSampler | None = None, **kwargs: Any) -> None:
