@@ -92,11 +92,6 @@ def _thread_cpu_ns(pid: int) -> dict[tuple[int, int], int]:
     return out
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds of process ``pid`` so far, its threads together (:func:`_thread_cpu_ns`)."""
-    return sum(_thread_cpu_ns(pid).values()) / 1e9
-
-
 def _own_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
