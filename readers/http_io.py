@@ -57,6 +57,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Callable
@@ -67,6 +68,7 @@ from urllib3.connection import HTTPConnection as _Urllib3HTTPConnection
 from urllib3.connection import HTTPSConnection as _Urllib3HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from .background import before_stop, start_thread
 from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .location import LocationBase, check_byte_range
@@ -152,6 +154,8 @@ class _Watchdog:
         self._heap: list = []
         self._pid = None
         self._active = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
 
     def arm(self, when: float, sock) -> list:
         """Shut ``sock`` down at monotonic time ``when`` unless disarmed; returns the entry
@@ -160,7 +164,10 @@ class _Watchdog:
         with self._cv:
             if self._pid != os.getpid():  # first use, or a forked child (threads do not survive fork)
                 self._pid, self._heap, self._active = os.getpid(), [], 0
-                threading.Thread(target=self._run, name="shardfeed-http-deadline", daemon=True).start()
+                self._thread = None
+            if self._thread is None or not self._thread.is_alive():  # first use, or stopped at exit
+                self._stopping = False
+                self._thread = start_thread(self._run, name="shardfeed-http-deadline", stop=self.stop)
             heapq.heappush(self._heap, entry)
             self._active += 1
             if self._heap[0] is entry:
@@ -178,9 +185,33 @@ class _Watchdog:
                 self._heap = [e for e in self._heap if e[4]]
                 heapq.heapify(self._heap)
 
+    def stop(self) -> None:
+        """End the thread (at exit); a later :meth:`arm` starts a new one."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+
+    def shut_down_all(self) -> None:
+        """Shut down the socket of every request in flight now (at exit: a thread blocked
+        receiving one returns at once); they count as past their deadline."""
+        with self._cv:
+            for entry in self._heap:
+                if entry[4]:
+                    self._fire(entry)
+
+    def _fire(self, entry: list) -> None:
+        """Shut ``entry``'s socket down (the caller holds the lock)."""
+        entry[3], entry[4] = True, False
+        self._active -= 1
+        try:
+            entry[2].shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):
+            pass
+        entry[2] = None
+
     def _run(self) -> None:
         with self._cv:
-            while True:
+            while not self._stopping:
                 while self._heap and not self._heap[0][4]:
                     heapq.heappop(self._heap)
                 if not self._heap:
@@ -190,17 +221,24 @@ class _Watchdog:
                 if delay > 0:
                     self._cv.wait(min(delay, 3600.0))
                     continue
-                entry = heapq.heappop(self._heap)
-                entry[3], entry[4] = True, False
-                self._active -= 1
-                try:
-                    entry[2].shutdown(socket.SHUT_RDWR)
-                except (OSError, AttributeError):
-                    pass
-                entry[2] = None
+                self._fire(heapq.heappop(self._heap))
 
 
 _WATCHDOG = _Watchdog()
+#: the open :class:`HttpRangeStream` objects: at exit, reads still blocked on them are cut
+_LIVE_STREAMS: weakref.WeakSet = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def _abort_live_streams() -> None:
+    with _LIVE_LOCK:
+        streams = list(_LIVE_STREAMS)
+    for stream in streams:
+        stream.abort()
+
+
+before_stop(_WATCHDOG.shut_down_all)
+before_stop(_abort_live_streams)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WATCHDOG._reset)
 
@@ -213,6 +251,7 @@ class _Reply:
         self.resp, self.guard, self.url = resp, guard, url
         self.started, self.deadline_s = started, deadline_s
         self.length = None if resp is None else resp.length_remaining
+        self.sock = None  # the socket the answer arrives on (None: not known)
 
     @property
     def late(self) -> bool:
@@ -326,7 +365,7 @@ def _proxy_for(u: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
     return p
 
 
-_ARMING = threading.local()  # .when: deadline of the request this thread sends; .guard: its watchdog entry
+_ARMING = threading.local()  # .when: deadline of the request this thread sends; .guard: its watchdog entry; .sock
 
 
 class _DeadlineConnection:
@@ -334,6 +373,7 @@ class _DeadlineConnection:
     read (a server trickling its headers is cut at the deadline, as one trickling its body)."""
 
     def getresponse(self, *args, **kwargs):
+        _ARMING.sock = self.sock  # the answer's socket (http.client drops it from a connection that closes after)
         when = getattr(_ARMING, "when", None)
         if when is not None and self.sock is not None:
             _ARMING.guard = _WATCHDOG.arm(when, self.sock)
@@ -495,7 +535,7 @@ def _request_once(url: str, method: str, headers: dict, timeout_s: float, starte
     left = started + deadline_s - time.monotonic()
     if left <= 0:
         raise _Reply(None, None, url, started, deadline_s).deadline_error()
-    _ARMING.when, _ARMING.guard = started + deadline_s, None
+    _ARMING.when, _ARMING.guard, _ARMING.sock = started + deadline_s, None, None
     try:
         resp = opener(method, target, headers={**_HEADERS, **auth, **headers}, redirect=False, retries=_NO_RETRIES,
                       preload_content=False, decode_content=False, assert_same_host=False,
@@ -510,8 +550,9 @@ def _request_once(url: str, method: str, headers: dict, timeout_s: float, starte
         _WATCHDOG.disarm(_ARMING.guard)
         raise
     finally:
-        guard, _ARMING.when, _ARMING.guard = _ARMING.guard, None, None
+        guard, sock, _ARMING.when, _ARMING.guard, _ARMING.sock = _ARMING.guard, _ARMING.sock, None, None, None
     reply = _Reply(resp, guard, url, started, deadline_s)
+    reply.sock = sock
     if resp.status >= 400:
         body = b""
         try:
@@ -717,12 +758,14 @@ class HttpRangeStream:
         self.retries = retries
         self.deadline_s = deadline_s
         self._resp = None
+        self._sock = None
         self._closed = False
         self._reopen = False
         self.ranged = False
         self.total_bytes: int | None = None
         self._expect_end: int | None = None
         self.offset = 0
+        self._pid = os.getpid()
         self._open(start)
 
     def _open(self, start: int) -> None:
@@ -771,7 +814,9 @@ class HttpRangeStream:
             if length is not None:
                 self.total_bytes = length
             self._expect_end = length
-        self._resp = resp
+        self._resp, self._sock = resp, reply.sock
+        with _LIVE_LOCK:
+            _LIVE_STREAMS.add(self)
 
     @property
     def _where(self) -> str:
@@ -852,8 +897,24 @@ class HttpRangeStream:
                 left -= len(chunk)
                 self.offset += len(chunk)
 
+    def abort(self) -> None:
+        """Make a read of this stream blocked in another thread return now, with a
+        :class:`DataSourceError` (its socket is shut down; no retry); at exit. Only in the
+        process that opened it (a forked child shares the parent's connection)."""
+        self._closed = True
+        if self._pid != os.getpid():
+            return
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def close(self) -> None:
         self._closed = True  # a read failing because of this close is not retried
+        with _LIVE_LOCK:
+            _LIVE_STREAMS.discard(self)
         if self._resp is not None:
             try:
                 _finish(self._resp)

@@ -50,6 +50,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
+from .background import start_thread
+
 __all__ = ["read_ahead", "read_shard_ahead", "read_pool", "open_ahead", "take_opened", "storage_is_slow",
            "SpansAhead", "HeldBytes", "SLOW_READ_S", "MAX_DEPTH", "MAX_BYTES", "MAX_OPENED", "REQUEST_BYTES",
            "HEAD_REQUESTS", "EPOCH_AHEAD_BYTES", "STREAM_PIECE_BYTES", "AHEAD_READ_BYTES"]
@@ -519,8 +521,10 @@ class SpansAhead:
         self._stopped = False
         #: seconds from the start to the last span read (None until then)
         self.elapsed: float | None = None
-        self._thread = threading.Thread(target=self._run, args=(plan,), name="shardfeed-epoch-ahead", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, args=(plan,), name="shardfeed-epoch-ahead", stop=self._stop)
+
+    def _stop(self) -> None:
+        self._stopped = True
 
     def spans(self) -> dict[object, tuple[int, int]]:
         """``{key: (start, end)}`` of the spans planned and not yet taken (waits for the plan)."""

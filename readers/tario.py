@@ -36,6 +36,7 @@ import zlib
 from bisect import bisect_left
 from typing import BinaryIO, Callable, Container, Generator, Iterable, Iterator
 
+from .background import start_thread
 from .errors import CorruptDataError
 
 __all__ = ["iter_members", "iter_samples", "iter_indexed_samples", "SequentialReader", "skip_stream",
@@ -838,8 +839,7 @@ def _prefetched(read_at: Callable[[int, int], bytes], plan, depth: int) -> Itera
             if not stop.is_set():
                 put(_Failure(exc))
 
-    thread = threading.Thread(target=run, name="shardfeed-prefetch", daemon=True)
-    thread.start()
+    start_thread(run, name="shardfeed-prefetch", stop=stop.set)
     try:
         for _ in plan:
             item = q.get()

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
+from ..background import start_thread
 from .report import percentile
 
 __all__ = ["GPU_SAMPLE_INTERVAL_S", "MEMORY_GROWTH_FLAG_BYTES", "MEMORY_GROWTH_FLAG_SHARE", "ProcessSampler",
@@ -336,8 +337,7 @@ class GpuSampler:
         """Start sampling; False (with :attr:`error` set) when NVML is not usable."""
         if not self._open():
             return False
-        self._thread = threading.Thread(target=self._loop, name="shardfeed-nvml", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._loop, name="shardfeed-nvml", stop=self._stop.set)
         return True
 
     def stop(self) -> dict | None:

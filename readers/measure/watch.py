@@ -48,6 +48,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
+from ..background import start_thread
 from ..redact import shown_source
 from .report import fmt_bytes, percentile
 
@@ -198,8 +199,7 @@ class _Sampler:
                 self.gpu = None
         self._ticks = 0
         self._children: list[int] | None = None
-        self._thread = threading.Thread(target=self._loop, name="shardfeed-watch", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._loop, name="shardfeed-watch", stop=self._stop.set)
 
     def _tick(self) -> None:
         import psutil

@@ -1,0 +1,99 @@
+"""Background threads that end before the interpreter does.
+
+A daemon thread still running when Python finalizes is ended by the interpreter at its next
+attempt to take the GIL (CPython calls ``pthread_exit`` there, up to 3.13). Unwinding a thread
+that way through C++ code (a pybind11 ``gil_scoped_release`` destructor, a ``noexcept`` frame)
+aborts the whole process: ``terminate called without an active exception``, exit status -6 (134
+from a shell), after a command that had finished its work and written its report. Which thread
+happens to wake up at that moment is a matter of timing, so the abort is rare and real.
+
+Every background thread the readers start (read-ahead of the next epoch's spans, a shard's
+prefetch over HTTP, the HTTP deadline watchdog, ``watch``'s and the GPU sampler's loops) is
+started through :func:`start_thread` with a callable that asks it to stop. At exit (``atexit``,
+which runs before finalization) each live thread of this process is asked to stop and joined,
+all within :data:`EXIT_JOIN_S`; the HTTP watchdog also shuts down the sockets of requests still
+in flight, so a thread blocked receiving returns at once. A thread that still has not ended by
+then is left to the interpreter, as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+import weakref
+from typing import Callable
+
+__all__ = ["start_thread", "before_stop", "stop_all", "EXIT_JOIN_S"]
+
+#: Seconds the exit hook waits, in all, for the background threads to end.
+EXIT_JOIN_S = 2.0
+
+_lock = threading.Lock()
+#: thread -> (pid that started it, callable asking it to stop); threads that ended drop out
+_threads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: callables run first at exit, before the threads are asked to stop (they may unblock them)
+_before_stop: list[Callable[[], None]] = []
+
+
+def start_thread(target: Callable[..., object], *, name: str, stop: Callable[[], None],
+                 args: tuple = ()) -> threading.Thread:
+    """Start ``target(*args)`` in a daemon thread named ``name`` that :func:`stop_all` (run at
+    exit) asks to end by calling ``stop()`` and then joins, bounded.
+
+    Args:
+        target: the thread's function.
+        name: the thread's name (``shardfeed-...``).
+        stop: sets whatever ``target`` polls to end early; must not block and may be called
+            after the thread ended.
+        args: ``target``'s positional arguments.
+
+    Returns:
+        The started thread.
+    """
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    with _lock:
+        _threads[thread] = (os.getpid(), stop)
+    thread.start()
+    return thread
+
+
+def before_stop(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` at exit before the threads are asked to stop (e.g. shut down sockets that
+    threads are blocked on)."""
+    with _lock:
+        _before_stop.append(fn)
+
+
+def stop_all(timeout_s: float = EXIT_JOIN_S) -> list[str]:
+    """Ask every live background thread of this process to stop, and join them all within
+    ``timeout_s`` seconds in total.
+
+    Returns:
+        The names of the threads still running when the time was up (empty when all ended).
+    """
+    pid = os.getpid()
+    with _lock:
+        live = [(t, stop) for t, (owner, stop) in list(_threads.items()) if owner == pid and t.is_alive()]
+        first = list(_before_stop)
+    if not live:
+        return []
+    for fn in first:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - exiting: nothing more to do about it
+            pass
+    for _, stop in live:
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - the join below is bounded all the same
+            pass
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    for thread, _ in live:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t, _ in live if t.is_alive()]
+
+
+atexit.register(stop_all)
