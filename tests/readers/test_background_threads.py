@@ -13,50 +13,54 @@ import time
 
 import pytest
 
-from shardfeed.readers.background import start_thread, stop_all
+
+
+def _run_child(body: str) -> str:
+    """Run ``body`` in a fresh interpreter (:func:`stop_all` stops every registered thread of its
+    process: in this one it would stop other tests' threads too); returns its stdout."""
+    code = "import threading, time\nfrom shardfeed.readers.background import start_thread, stop_all\n"
+    r = subprocess.run([sys.executable, "-c", code + textwrap.dedent(body)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
 
 
 def test_stop_all_asks_each_thread_to_stop_and_joins_it():
-    flag = threading.Event()
-    asked = []
-
-    def stop():
-        asked.append(True)
-        flag.set()
-
-    thread = start_thread(lambda: flag.wait(60), name="shardfeed-test-polls", stop=stop)
-    assert thread.is_alive() and thread.daemon
-    assert stop_all(timeout_s=10) == []
-    assert not thread.is_alive() and asked == [True]
-    assert stop_all(timeout_s=10) == []  # nothing left: the stop callable is not called again
-    assert asked == [True]
+    out = _run_child("""
+        flag, asked = threading.Event(), []
+        def stop():
+            asked.append(True)
+            flag.set()
+        thread = start_thread(lambda: flag.wait(60), name="shardfeed-test-polls", stop=stop)
+        print("daemon", thread.is_alive() and thread.daemon)
+        print("left", stop_all(timeout_s=30), "alive", thread.is_alive(), "asked", len(asked))
+        print("again", stop_all(timeout_s=30), "asked", len(asked))  # nothing left: not asked again
+    """)
+    assert out.splitlines() == ["daemon True", "left [] alive False asked 1", "again [] asked 1"]
 
 
 def test_a_thread_that_ignores_stop_is_named_and_the_wait_is_bounded():
-    release = threading.Event()
-    thread = start_thread(lambda: release.wait(60), name="shardfeed-test-deaf", stop=lambda: None)
-    try:
+    out = _run_child("""
+        release = threading.Event()
+        thread = start_thread(lambda: release.wait(60), name="shardfeed-test-deaf", stop=lambda: None)
         t0 = time.monotonic()
-        assert stop_all(timeout_s=0.2) == ["shardfeed-test-deaf"]
-        assert time.monotonic() - t0 < 10  # bounded by timeout_s, never the thread's 60 s
-        assert thread.is_alive()
-    finally:
+        left = stop_all(timeout_s=0.2)
+        print("left", left, "bounded", time.monotonic() - t0 < 10, "alive", thread.is_alive())
         release.set()
-        thread.join(10)
+    """)
+    # named, and the wait bounded by timeout_s, never the thread's 60 s
+    assert out.splitlines()[0] == "left ['shardfeed-test-deaf'] bounded True alive True"
 
 
 def test_a_failing_stop_callable_does_not_keep_the_others_from_stopping():
-    flag = threading.Event()
-
-    def broken():
-        raise RuntimeError("stop failed")
-
-    deaf_release = threading.Event()
-    first = start_thread(lambda: deaf_release.wait(1.0), name="shardfeed-test-broken", stop=broken)
-    second = start_thread(lambda: flag.wait(60), name="shardfeed-test-fine", stop=flag.set)
-    stop_all(timeout_s=10)
-    assert not second.is_alive()
-    first.join(10)
+    out = _run_child("""
+        flag = threading.Event()
+        def broken():
+            raise RuntimeError("stop failed")
+        first = start_thread(lambda: time.sleep(0.5), name="shardfeed-test-broken", stop=broken)
+        second = start_thread(lambda: flag.wait(60), name="shardfeed-test-fine", stop=flag.set)
+        print("left", stop_all(timeout_s=30), "second alive", second.is_alive())
+    """)
+    assert out.splitlines() == ["left [] second alive False"]
 
 
 class _StallingHandler(http.server.BaseHTTPRequestHandler):
