@@ -96,4 +96,14 @@ def stop_all(timeout_s: float = EXIT_JOIN_S) -> list[str]:
     return [t.name for t, _ in live if t.is_alive()]
 
 
+def _after_fork_in_child() -> None:
+    """A fresh lock and no threads in a forked child: the parent's threads do not exist there,
+    and the lock may have been held by one of them at the fork."""
+    global _lock, _threads
+    _lock = threading.Lock()
+    _threads = weakref.WeakKeyDictionary()
+
+
 atexit.register(stop_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -237,10 +237,18 @@ def _abort_live_streams() -> None:
         stream.abort()
 
 
+def _forget_live_streams() -> None:
+    """In a forked child: the parent's streams are not this process's to cut, and the lock may
+    have been held by one of its threads at the fork."""
+    global _LIVE_STREAMS, _LIVE_LOCK
+    _LIVE_STREAMS, _LIVE_LOCK = weakref.WeakSet(), threading.Lock()
+
+
 before_stop(_WATCHDOG.shut_down_all)
 before_stop(_abort_live_streams)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WATCHDOG._reset)
+    os.register_at_fork(after_in_child=_forget_live_streams)
 
 
 class _Reply:

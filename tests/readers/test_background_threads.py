@@ -5,6 +5,7 @@ interpreter mid-call (an abort when that call is C++)."""
 from __future__ import annotations
 
 import http.server
+import os
 import subprocess
 import sys
 import textwrap
@@ -122,3 +123,45 @@ def test_no_reader_thread_is_alive_when_a_process_reading_ahead_over_http_finali
     assert "BLOCKED" in r.stdout and "shardfeed-epoch-ahead" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert took < 60  # the stalled request (deadline far away) did not hold the exit
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_thread_held_the_registries_locks_starts_and_stops_threads():
+    # a thread holds both registries' locks across the fork (as a reader thread registering a
+    # thread or a stream might): the child has fresh locks and none of the parent's threads
+    out = _run_child("""
+        import os, sys
+        from shardfeed.readers import background, http_io
+        held, release = threading.Event(), threading.Event()
+        def hold():
+            with background._lock, http_io._LIVE_LOCK:
+                held.set()
+                release.wait(30)
+        parent_thread = start_thread(lambda: release.wait(30), name="shardfeed-test-parent", stop=release.set)
+        holder = threading.Thread(target=hold, daemon=True)
+        holder.start()
+        held.wait(30)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                flag = threading.Event()
+                start_thread(lambda: flag.wait(30), name="shardfeed-test-child", stop=flag.set)
+                with http_io._LIVE_LOCK:
+                    n = len(http_io._LIVE_STREAMS)
+                left = stop_all(timeout_s=10)
+                os.write(1, f"child left {left} streams {n}\\n".encode())
+            finally:
+                os._exit(0)
+        for _ in range(400):  # bounded: a deadlocked child is killed, and the line is missing
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        release.set()
+        print("parent left", stop_all(timeout_s=10), flush=True)
+    """)
+    assert "child left [] streams 0" in out, out
+    assert "parent left []" in out, out
