@@ -10,10 +10,12 @@ happens to wake up at that moment is a matter of timing, so the abort is rare an
 Every background thread the readers start (read-ahead of the next epoch's spans, a shard's
 prefetch over HTTP, the HTTP deadline watchdog, ``watch``'s and the GPU sampler's loops) is
 started through :func:`start_thread` with a callable that asks it to stop. At exit (``atexit``,
-which runs before finalization) each live thread of this process is asked to stop and joined,
-all within :data:`EXIT_JOIN_S`; the HTTP watchdog also shuts down the sockets of requests still
-in flight, so a thread blocked receiving returns at once. A thread that still has not ended by
-then is left to the interpreter, as before.
+which runs before finalization) the sockets of HTTP reads still blocked are shut down first
+(:func:`before_stop` hooks: the deadline watchdog's requests and every open
+``HttpRangeStream``, so a thread blocked receiving returns at once), then each live thread of this
+process is asked to stop and joined, all within :data:`EXIT_JOIN_S`. A thread that still has not
+ended by then is left to the interpreter, as before. A forked child starts with an empty registry
+(the parent's threads do not exist there).
 """
 
 from __future__ import annotations
