@@ -1,0 +1,136 @@
+"""At exit, a request cut by the exit hook is not retried: the thread making it ends within the
+exit hook's wait instead of opening a new connection to a server that does not answer."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+
+class _SilentHandler(http.server.BaseHTTPRequestHandler):
+    """Reads a GET, writes the marker file, and never answers until the test ends."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.server.requests.append(self.path)
+        self.server.marker.write_text("waiting")
+        self.server.release.wait(60)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def silent_server(tmp_path):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SilentHandler)
+    srv.daemon_threads = True
+    srv.marker, srv.release, srv.requests = tmp_path / "waiting", threading.Event(), []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/shard-000000.tar", srv
+    srv.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.network
+def test_a_request_waiting_for_its_answer_at_exit_is_not_retried(silent_server):
+    url, srv = silent_server
+    child = textwrap.dedent(f"""
+        import atexit, threading, time
+        def left():
+            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
+            print("LEFT", names, flush=True)
+        atexit.register(left)
+        from pathlib import Path
+        from shardfeed.readers.http_io import HttpRangeStream
+        from shardfeed.readers.shard_readahead import SpansAhead
+        ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
+        marker = Path({str(srv.marker)!r})
+        for _ in range(600):  # the server has the request: the thread waits for the answer's headers
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        print("WAITING" if marker.exists() else "NEVER", flush=True)
+    """)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WAITING" in r.stdout, r.stdout + r.stderr
+    assert "LEFT []" in r.stdout, r.stdout + r.stderr
+    assert len(srv.requests) == 1, srv.requests  # the cut request was not sent again
+    assert took < 8, took  # the exit hook's wait (2 s) and an interpreter's start, not a retry's timeout
+
+
+class _CutThenSilentHandler(http.server.BaseHTTPRequestHandler):
+    """The first GET: a 1 MiB ``Content-Length``, no body, the connection closed (a cut the
+    reader retries). Every later GET is read and never answered."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.server.requests.append(self.headers.get("Range"))
+        if len(self.server.requests) == 1:
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True
+            self.server.marker.write_text("cut")
+            return
+        self.server.release.wait(60)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def cut_server(tmp_path):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutThenSilentHandler)
+    srv.daemon_threads = True
+    srv.marker, srv.release, srv.requests = tmp_path / "cut", threading.Event(), []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/shard-000000.tar", srv
+    srv.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.network
+def test_a_stream_aborted_while_waiting_to_retry_a_cut_read_does_not_reopen(cut_server):
+    url, srv = cut_server
+    # the wait before a retry made long, so that the exit lands in it (with the default 0.2 s
+    # it lands there only sometimes)
+    child = textwrap.dedent(f"""
+        import atexit, threading, time
+        def left():
+            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
+            print("LEFT", names, flush=True)
+        atexit.register(left)
+        from pathlib import Path
+        from shardfeed.readers import http_io
+        from shardfeed.readers.http_io import HttpRangeStream
+        from shardfeed.readers.shard_readahead import SpansAhead
+        http_io.BACKOFF_S = 1.0
+        ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
+        marker = Path({str(srv.marker)!r})
+        for _ in range(600):  # the first answer was cut: the thread waits to retry
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        print("CUT" if marker.exists() else "NEVER", flush=True)
+    """)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "CUT" in r.stdout, r.stdout + r.stderr
+    assert "LEFT []" in r.stdout, r.stdout + r.stderr
+    assert srv.requests == [None], srv.requests  # no second request after the stream was aborted
+    assert took < 8, took
