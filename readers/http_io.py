@@ -768,6 +768,7 @@ class HttpRangeStream:
         self._resp = None
         self._sock = None
         self._closed = False
+        self._aborted = False  # set by abort(): never reopened, whatever a read in flight does
         self._reopen = False
         self.ranged = False
         self.total_bytes: int | None = None
@@ -778,6 +779,8 @@ class HttpRangeStream:
 
     def _open(self, start: int) -> None:
         self.close()
+        if self._aborted:  # a read that was waiting to retry when the stream was aborted
+            raise DataSourceError(f"{self._where}: stream aborted while reading at byte {self.offset}")
         self._closed = False
         want_range = start > 0 or self.end is not None
 
@@ -907,9 +910,11 @@ class HttpRangeStream:
 
     def abort(self) -> None:
         """Make a read of this stream blocked in another thread return now, with a
-        :class:`DataSourceError` (its socket is shut down; no retry); at exit. Only in the
-        process that opened it (a forked child shares the parent's connection)."""
+        :class:`DataSourceError` (its socket is shut down; no retry, and no later read reopens
+        it); at exit. Only in the process that opened it (a forked child shares the parent's
+        connection)."""
         self._closed = True
+        self._aborted = True
         if self._pid != os.getpid():
             return
         sock = self._sock
