@@ -134,3 +134,25 @@ def test_a_stream_aborted_while_waiting_to_retry_a_cut_read_does_not_reopen(cut_
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert srv.requests == [None], srv.requests  # no second request after the stream was aborted
     assert took < 8, took
+
+
+@pytest.mark.network
+def test_requests_made_after_the_exit_hook_ran_keep_their_deadline(silent_server):
+    url, srv = silent_server
+    child = textwrap.dedent(f"""
+        import time
+        from shardfeed.readers.background import stop_all
+        from shardfeed.readers.http_io import http_get
+        from shardfeed.readers.errors import DataSourceError
+        for attempt in range(2):  # the second after the watchdog was stopped and joined
+            t0 = time.monotonic()
+            try:
+                http_get({url!r}, timeout_s=30, retries=0, deadline_s=1.0)
+                print("ANSWERED")
+            except DataSourceError:
+                print("FAILED", round(time.monotonic() - t0, 1) < 5, flush=True)
+            print("left", stop_all(timeout_s=10), flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["FAILED True", "left []"] * 2, r.stdout + r.stderr
