@@ -248,3 +248,73 @@ def test_a_thread_waiting_to_connect_at_exit_does_not_hold_the_exit(full_backlog
     t = float(next(line for line in r.stdout.splitlines() if line.startswith("T "))[2:])
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert end - t < 1.5, end - t
+
+
+class _PausingHandler(http.server.BaseHTTPRequestHandler):
+    """Sends the first 1,000 bytes of ``server.body``, writes the marker file, waits until the
+    ``go`` file exists, then sends the rest."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.server.requests.append(self.path)
+        body = self.server.body
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[:1000])
+        self.wfile.flush()
+        self.server.marker.write_text("paused")
+        for _ in range(600):
+            if self.server.go.exists():
+                break
+            time.sleep(0.05)
+        self.wfile.write(body[1000:])
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.network
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_exiting_normally_leaves_the_parents_read_in_flight_whole(tmp_path):
+    import os
+
+    body = os.urandom(300_000)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PausingHandler)
+    srv.daemon_threads = True
+    srv.body, srv.marker, srv.go, srv.requests = body, tmp_path / "paused", tmp_path / "go", []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/f.bin"
+    (tmp_path / "want").write_bytes(body)
+    child = textwrap.dedent(f"""
+        import hashlib, os, sys, threading, time
+        from pathlib import Path
+        from shardfeed.readers.http_io import HttpRangeStream
+        from shardfeed.readers.shard_readahead import SpansAhead
+        n = {len(body)}
+        ahead = SpansAhead(lambda: [("f", lambda: (HttpRangeStream({url!r}, 0), 0), 0, n)])
+        marker = Path({str(srv.marker)!r})
+        for _ in range(600):  # the thread is blocked receiving the rest
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        pid = os.fork()
+        if pid == 0:  # a thread of its own, so that the exit hook's socket cuts run in the child too
+            from shardfeed.readers.background import start_thread
+            flag = threading.Event()
+            start_thread(lambda: flag.wait(30), name="shardfeed-test-child", stop=flag.set)
+            sys.exit(0)  # a normal exit: atexit hooks run in the child
+        _, status = os.waitpid(pid, 0)
+        print("CHILD", os.waitstatus_to_exitcode(status), flush=True)
+        Path({str(srv.go)!r}).write_text("go")
+        held = ahead.take("f")
+        got = b"" if held is None else held.read_at(0, n)
+        print("SAME", got == Path({str(tmp_path / "want")!r}).read_bytes(), flush=True)
+    """)
+    try:
+        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["CHILD 0", "SAME True"], r.stdout + r.stderr
+    assert srv.requests == ["/f.bin"], srv.requests  # one answer read whole: its socket was never cut
