@@ -318,3 +318,27 @@ def test_a_forked_child_exiting_normally_leaves_the_parents_read_in_flight_whole
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["CHILD 0", "SAME True"], r.stdout + r.stderr
     assert srv.requests == ["/f.bin"], srv.requests  # one answer read whole: its socket was never cut
+
+
+def test_a_request_armed_while_the_watchdog_is_stopping_still_gets_its_deadline():
+    # stop() and arm() both made before the watchdog thread wakes (another reader thread arming a
+    # request while the exit hook stops the watchdog): the entry still fires at its time
+    child = textwrap.dedent("""
+        import socket, time
+        from shardfeed.readers.http_io import _WATCHDOG
+        a, b = socket.socketpair()
+        _WATCHDOG.disarm(_WATCHDOG.arm(time.monotonic() + 60, a))  # the thread runs
+        with _WATCHDOG._cv:
+            _WATCHDOG.stop()
+            entry = _WATCHDOG.arm(time.monotonic() + 0.3, a)
+        a.settimeout(3)
+        t0 = time.monotonic()
+        try:
+            got = a.recv(1)
+        except OSError as exc:
+            got = type(exc).__name__
+        print("FIRED", entry[3], "EOF", got == b"", "SOON", time.monotonic() - t0 < 2, flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["FIRED True EOF True SOON True"], r.stdout + r.stderr
