@@ -181,12 +181,15 @@ class _Watchdog:
             entry[4] = False
             entry[2] = None
             self._active -= 1
+            if self._stopping and not self._active:  # the stopping thread waited for this one
+                self._cv.notify()
             if len(self._heap) > 1024 and len(self._heap) > 4 * self._active:  # drop disarmed entries
                 self._heap = [e for e in self._heap if e[4]]
                 heapq.heapify(self._heap)
 
     def stop(self) -> None:
-        """End the thread (at exit); a later :meth:`arm` starts a new one."""
+        """End the thread (at exit) once no request is armed (one armed while it is stopping
+        still gets its deadline); a later :meth:`arm` starts a new one."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
@@ -211,7 +214,7 @@ class _Watchdog:
 
     def _run(self) -> None:
         with self._cv:
-            while not self._stopping:
+            while not (self._stopping and not self._active):
                 while self._heap and not self._heap[0][4]:
                     heapq.heappop(self._heap)
                 if not self._heap:
@@ -222,6 +225,8 @@ class _Watchdog:
                     self._cv.wait(min(delay, 3600.0))
                     continue
                 self._fire(heapq.heappop(self._heap))
+            if self._thread is threading.current_thread():  # ended: the next arm starts another
+                self._thread = None
 
 
 _WATCHDOG = _Watchdog()
