@@ -342,3 +342,61 @@ def test_a_request_armed_while_the_watchdog_is_stopping_still_gets_its_deadline(
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["FIRED True EOF True SOON True"], r.stdout + r.stderr
+
+
+class _StallingHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with a 1 MiB ``Content-Length``, sends 1,000 bytes, writes the marker
+    file, then sends nothing more until the test ends."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.server.requests.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        self.wfile.write(b"x" * 1000)
+        self.wfile.flush()
+        self.server.marker.write_text("stalled")
+        self.server.release.wait(60)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.network
+def test_a_reader_thread_woken_by_the_exit_hook_does_not_start_its_next_read(tmp_path):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StallingHandler)
+    srv.daemon_threads = True
+    srv.marker, srv.release, srv.requests = tmp_path / "stalled", threading.Event(), []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    child = textwrap.dedent(f"""
+        import atexit, threading, time
+        def left():
+            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
+            print("LEFT", names, flush=True)
+        atexit.register(left)
+        from pathlib import Path
+        from shardfeed.readers.http_io import HttpRangeStream
+        from shardfeed.readers.shard_readahead import SpansAhead
+        spans = [(i, (lambda i=i: (HttpRangeStream(f"{base}/shard-{{i:06d}}.tar", 0), 0)), 0, 1 << 20)
+                 for i in range(3)]
+        ahead = SpansAhead(lambda: spans)
+        marker = Path({str(srv.marker)!r})
+        for _ in range(600):  # the first span's read is blocked receiving
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        print("T", time.monotonic(), flush=True)
+    """)
+    try:
+        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+        end = time.monotonic()
+    finally:
+        srv.release.set()
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = float(next(line for line in r.stdout.splitlines() if line.startswith("T "))[2:])
+    assert "LEFT []" in r.stdout, r.stdout + r.stderr
+    assert srv.requests == ["/shard-000000.tar"], srv.requests  # the later spans were never asked for
+    assert end - t < 1.5, end - t
