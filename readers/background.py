@@ -10,10 +10,10 @@ happens to wake up at that moment is a matter of timing, so the abort is rare an
 Every background thread the readers start (read-ahead of the next epoch's spans, a shard's
 prefetch over HTTP, the HTTP deadline watchdog, ``watch``'s and the GPU sampler's loops) is
 started through :func:`start_thread` with a callable that asks it to stop. At exit (``atexit``,
-which runs before finalization) the sockets of HTTP reads still blocked are shut down first
-(:func:`before_stop` hooks: the deadline watchdog's requests and every open
-``HttpRangeStream``, so a thread blocked receiving returns at once), then each live thread of this
-process is asked to stop and joined, all within :data:`EXIT_JOIN_S`. A thread that still has not
+which runs before finalization) each live thread of this process is asked to stop, then the
+sockets of HTTP reads still blocked are shut down (:func:`before_stop` hooks: the deadline
+watchdog's requests and every open ``HttpRangeStream``, so a thread blocked receiving returns at
+once and sees it is to stop), and the threads are joined, all within :data:`EXIT_JOIN_S`. A thread that still has not
 ended by then is left to the interpreter, as before. A forked child starts with an empty registry
 (the parent's threads do not exist there).
 """
@@ -35,7 +35,7 @@ EXIT_JOIN_S = 2.0
 _lock = threading.Lock()
 #: thread -> (pid that started it, callable asking it to stop); threads that ended drop out
 _threads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: callables run first at exit, before the threads are asked to stop (they may unblock them)
+#: callables run at exit after the threads were asked to stop, before they are joined (they may unblock them)
 _before_stop: list[Callable[[], None]] = []
 
 
@@ -62,8 +62,8 @@ def start_thread(target: Callable[..., object], *, name: str, stop: Callable[[],
 
 
 def before_stop(fn: Callable[[], None]) -> None:
-    """Run ``fn()`` at exit before the threads are asked to stop (e.g. shut down sockets that
-    threads are blocked on)."""
+    """Run ``fn()`` at exit after the threads were asked to stop and before they are joined
+    (e.g. shut down sockets that threads are blocked on)."""
     with _lock:
         _before_stop.append(fn)
 
@@ -81,15 +81,15 @@ def stop_all(timeout_s: float = EXIT_JOIN_S) -> list[str]:
         first = list(_before_stop)
     if not live:
         return []
+    for _, stop in live:  # first, so that a thread woken by a cut below sees it is to stop
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - the join below is bounded all the same
+            pass
     for fn in first:
         try:
             fn()
         except Exception:  # noqa: BLE001 - exiting: nothing more to do about it
-            pass
-    for _, stop in live:
-        try:
-            stop()
-        except Exception:  # noqa: BLE001 - the join below is bounded all the same
             pass
     deadline = time.monotonic() + max(0.0, timeout_s)
     for thread, _ in live:

@@ -201,6 +201,7 @@ class _Watchdog:
             for entry in self._heap:
                 if entry[4]:
                     self._fire(entry)
+            self._cv.notify()  # a stopping thread ends once none is armed
 
     def _fire(self, entry: list) -> None:
         """Shut ``entry``'s socket down (the caller holds the lock)."""

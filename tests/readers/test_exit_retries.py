@@ -400,3 +400,21 @@ def test_a_reader_thread_woken_by_the_exit_hook_does_not_start_its_next_read(tmp
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert srv.requests == ["/shard-000000.tar"], srv.requests  # the later spans were never asked for
     assert end - t < 1.5, end - t
+
+
+def test_the_watchdog_asked_to_stop_with_a_request_armed_ends_when_that_request_is_cut():
+    child = textwrap.dedent("""
+        import socket, time
+        from shardfeed.readers.http_io import _WATCHDOG
+        a, b = socket.socketpair()
+        _WATCHDOG.arm(time.monotonic() + 60, a)
+        thread = _WATCHDOG._thread
+        _WATCHDOG.stop()
+        time.sleep(0.3)  # the thread woke, found a request armed and waits for its deadline again
+        _WATCHDOG.shut_down_all()
+        thread.join(2)
+        print("ENDED", not thread.is_alive(), flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["ENDED True"], r.stdout + r.stderr
