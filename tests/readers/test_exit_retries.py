@@ -180,6 +180,8 @@ def files_server(packed_root):
 
 
 @pytest.mark.network
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [
     pytest.param({"num_workers": 0}, id="in-process"),
     pytest.param({"num_workers": 1, "multiprocessing_context": "spawn"}, id="spawn-persistent"),
