@@ -4,23 +4,20 @@ interpreter mid-call (an abort when that call is C++)."""
 
 from __future__ import annotations
 
-import http.server
 import os
-import subprocess
-import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
+from .exit_helpers import StallingHandler, run_child, serving
 
 
 def _run_child(body: str) -> str:
     """Run ``body`` in a fresh interpreter (:func:`stop_all` stops every registered thread of its
     process: in this one it would stop other tests' threads too); returns its stdout."""
-    code = "import threading, time\nfrom shardfeed.readers.background import start_thread, stop_all\n"
-    r = subprocess.run([sys.executable, "-c", code + textwrap.dedent(body)], capture_output=True, text=True, timeout=120)
+    imports = "from shardfeed.readers.background import start_thread, stop_all\n"
+    r, _ = run_child(imports + textwrap.dedent(body), left_hook=False)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -64,65 +61,24 @@ def test_a_failing_stop_callable_does_not_keep_the_others_from_stopping():
     assert out.splitlines() == ["left [] second alive False"]
 
 
-class _StallingHandler(http.server.BaseHTTPRequestHandler):
-    """Answers a GET with a 1 MiB ``Content-Length``, sends 1,000 bytes, writes the marker file and
-    then sends nothing more until the test ends."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("Content-Length", str(1 << 20))
-        self.end_headers()
-        self.wfile.write(b"x" * 1000)
-        self.wfile.flush()
-        self.server.marker.write_text("stalled")
-        self.server.release.wait(60)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def stalling_server(tmp_path):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StallingHandler)
-    srv.daemon_threads = True
-    srv.marker, srv.release = tmp_path / "stalled", threading.Event()
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/shard-000000.tar", srv.marker
-    srv.release.set()
-    srv.shutdown()
-    srv.server_close()
-
-
 @pytest.mark.network
-def test_no_reader_thread_is_alive_when_a_process_reading_ahead_over_http_finalizes(stalling_server):
-    url, marker = stalling_server
-    # An atexit hook registered before shardfeed is imported runs after shardfeed's own (atexit
-    # runs last-registered first), right before the interpreter finalizes: it lists the threads left.
-    child = textwrap.dedent(f"""
-        import atexit, sys, threading, time
-        def left():
-            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
-            print("LEFT", names, flush=True)
-        atexit.register(left)
-        from pathlib import Path
-        from shardfeed.readers.http_io import HttpRangeStream
-        from shardfeed.readers.shard_readahead import SpansAhead
-        ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
-        marker = Path({str(marker)!r})
-        for _ in range(600):  # the server has sent its first bytes: the thread is blocked receiving
-            if marker.exists():
-                break
-            time.sleep(0.05)
-        print("BLOCKED" if marker.exists() else "NEVER", [t.name for t in threading.enumerate()], flush=True)
-        time.sleep(0.2)
-    """)
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t0
+def test_no_reader_thread_is_alive_when_a_process_reading_ahead_over_http_finalizes(tmp_path):
+    with serving(StallingHandler, marker=tmp_path / "stalled") as (base, srv):
+        url = f"{base}/shard-000000.tar"
+        t0 = time.monotonic()
+        r, end = run_child(f"""
+            from shardfeed.readers.http_io import HttpRangeStream
+            from shardfeed.readers.shard_readahead import SpansAhead
+            ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
+            # the server has sent its first bytes: the thread is blocked receiving
+            blocked = wait_for({str(srv.marker)!r})
+            print("BLOCKED" if blocked else "NEVER", [t.name for t in threading.enumerate()], flush=True)
+            time.sleep(0.2)
+        """)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "BLOCKED" in r.stdout and "shardfeed-epoch-ahead" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
-    assert took < 60  # the stalled request (deadline far away) did not hold the exit
+    assert end - t0 < 60  # the stalled request (deadline far away) did not hold the exit
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -4,13 +4,12 @@ exit hook's wait instead of opening a new connection to a server that does not a
 from __future__ import annotations
 
 import http.server
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
 import pytest
+
+from .exit_helpers import StallingHandler, printed_time, run_child, serving
 
 
 class _SilentHandler(http.server.BaseHTTPRequestHandler):
@@ -27,39 +26,23 @@ class _SilentHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def silent_server(tmp_path):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SilentHandler)
-    srv.daemon_threads = True
-    srv.marker, srv.release, srv.requests = tmp_path / "waiting", threading.Event(), []
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/shard-000000.tar", srv
-    srv.release.set()
-    srv.shutdown()
-    srv.server_close()
+    with serving(_SilentHandler, marker=tmp_path / "waiting") as (base, srv):
+        yield f"{base}/shard-000000.tar", srv
 
 
 @pytest.mark.network
 def test_a_request_waiting_for_its_answer_at_exit_is_not_retried(silent_server):
     url, srv = silent_server
-    child = textwrap.dedent(f"""
-        import atexit, threading, time
-        def left():
-            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
-            print("LEFT", names, flush=True)
-        atexit.register(left)
-        from pathlib import Path
+    child = (f"""
         from shardfeed.readers.http_io import HttpRangeStream
         from shardfeed.readers.shard_readahead import SpansAhead
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
-        marker = Path({str(srv.marker)!r})
-        for _ in range(600):  # the server has the request: the thread waits for the answer's headers
-            if marker.exists():
-                break
-            time.sleep(0.05)
-        print("WAITING" if marker.exists() else "NEVER", flush=True)
+        marker_seen = wait_for({str(srv.marker)!r})  # the request arrived: the thread awaits the headers
+        print("WAITING" if marker_seen else "NEVER", flush=True)
     """)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t0
+    r, end = run_child(child, timeout=120)
+    took = end - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert "WAITING" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
@@ -91,14 +74,8 @@ class _CutThenSilentHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def cut_server(tmp_path):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutThenSilentHandler)
-    srv.daemon_threads = True
-    srv.marker, srv.release, srv.requests = tmp_path / "cut", threading.Event(), []
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/shard-000000.tar", srv
-    srv.release.set()
-    srv.shutdown()
-    srv.server_close()
+    with serving(_CutThenSilentHandler, marker=tmp_path / "cut") as (base, srv):
+        yield f"{base}/shard-000000.tar", srv
 
 
 @pytest.mark.network
@@ -106,29 +83,19 @@ def test_a_stream_aborted_while_waiting_to_retry_a_cut_read_does_not_reopen(cut_
     url, srv = cut_server
     # the wait before a retry made long, so that the exit lands in it (with the default 0.2 s
     # it lands there only sometimes)
-    child = textwrap.dedent(f"""
-        import atexit, threading, time
-        def left():
-            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
-            print("LEFT", names, flush=True)
-        atexit.register(left)
-        from pathlib import Path
+    child = (f"""
         from shardfeed.readers import http_io
         from shardfeed.readers.http_io import HttpRangeStream
         from shardfeed.readers.shard_readahead import SpansAhead
         http_io.BACKOFF_S = 1.0
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
-        marker = Path({str(srv.marker)!r})
-        for _ in range(600):  # the first answer was cut: the thread waits to retry
-            if marker.exists():
-                break
-            time.sleep(0.05)
+        marker_seen = wait_for({str(srv.marker)!r})  # the first answer was cut: the thread waits to retry
         time.sleep(0.2)
-        print("CUT" if marker.exists() else "NEVER", flush=True)
+        print("CUT" if marker_seen else "NEVER", flush=True)
     """)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t0
+    r, end = run_child(child, timeout=120)
+    took = end - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert "CUT" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
@@ -139,7 +106,7 @@ def test_a_stream_aborted_while_waiting_to_retry_a_cut_read_does_not_reopen(cut_
 @pytest.mark.network
 def test_requests_made_after_the_exit_hook_ran_keep_their_deadline(silent_server):
     url, srv = silent_server
-    child = textwrap.dedent(f"""
+    child = (f"""
         import time
         from shardfeed.readers.background import stop_all
         from shardfeed.readers.http_io import http_get
@@ -153,7 +120,7 @@ def test_requests_made_after_the_exit_hook_ran_keep_their_deadline(silent_server
                 print("FAILED", round(time.monotonic() - t0, 1) < 5, flush=True)
             print("left", stop_all(timeout_s=10), flush=True)
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    r, end = run_child(child, left_hook=False, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["FAILED True", "left []"] * 2, r.stdout + r.stderr
 
@@ -190,12 +157,7 @@ def files_server(packed_root):
     pytest.param({"num_workers": 2, "multiprocessing_context": "fork"}, id="fork-persistent"),
 ])
 def test_a_program_leaving_a_loader_over_http_mid_epoch_exits_at_once_and_cleanly(files_server, workers):
-    child = textwrap.dedent(f"""
-        import atexit, threading, time
-        def left():
-            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
-            print("LEFT", names, flush=True)
-        atexit.register(left)
+    child = (f"""
         from shardfeed.readers import make_loader
         loader = make_loader({files_server + "/wds/"!r}, batch_size=2, decode=False, collate_fn=list, seed=0,
                              **{workers!r})
@@ -204,12 +166,11 @@ def test_a_program_leaving_a_loader_over_http_mid_epoch_exits_at_once_and_cleanl
         print("BATCH", len(batch), flush=True)
         print("T", time.monotonic(), flush=True)
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
-    end = time.monotonic()
+    r, end = run_child(child, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "BATCH 2" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
-    t = float(next(line for line in r.stdout.splitlines() if line.startswith("T "))[2:])
+    t = printed_time(r.stdout)
     assert end - t < 4, end - t  # from the last statement to the process's end
 
 
@@ -232,22 +193,16 @@ def full_backlog():
 @pytest.mark.xfail(strict=True, reason="a connect in progress has no watchdog entry and no stream yet: nothing "
                    "shuts its socket down at exit, so the exit hook waits its full EXIT_JOIN_S and leaves the thread")
 def test_a_thread_waiting_to_connect_at_exit_does_not_hold_the_exit(full_backlog):
-    child = textwrap.dedent(f"""
-        import atexit, threading, time
-        def left():
-            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
-            print("LEFT", names, flush=True)
-        atexit.register(left)
+    child = (f"""
         from shardfeed.readers.http_io import HttpRangeStream
         from shardfeed.readers.shard_readahead import SpansAhead
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({full_backlog!r}, 0), 0), 0, 1 << 20)])
         time.sleep(0.5)  # the thread waits in connect (10 s timeout)
         print("T", time.monotonic(), flush=True)
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
-    end = time.monotonic()
+    r, end = run_child(child, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    t = float(next(line for line in r.stdout.splitlines() if line.startswith("T "))[2:])
+    t = printed_time(r.stdout)
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert end - t < 1.5, end - t
 
@@ -287,18 +242,13 @@ def test_a_forked_child_exiting_normally_leaves_the_parents_read_in_flight_whole
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/f.bin"
     (tmp_path / "want").write_bytes(body)
-    child = textwrap.dedent(f"""
+    child = (f"""
         import hashlib, os, sys, threading, time
-        from pathlib import Path
         from shardfeed.readers.http_io import HttpRangeStream
         from shardfeed.readers.shard_readahead import SpansAhead
         n = {len(body)}
         ahead = SpansAhead(lambda: [("f", lambda: (HttpRangeStream({url!r}, 0), 0), 0, n)])
-        marker = Path({str(srv.marker)!r})
-        for _ in range(600):  # the thread is blocked receiving the rest
-            if marker.exists():
-                break
-            time.sleep(0.05)
+        marker_seen = wait_for({str(srv.marker)!r})  # the thread is blocked receiving the rest
         pid = os.fork()
         if pid == 0:  # a thread of its own, so that the exit hook's socket cuts run in the child too
             from shardfeed.readers.background import start_thread
@@ -313,7 +263,7 @@ def test_a_forked_child_exiting_normally_leaves_the_parents_read_in_flight_whole
         print("SAME", got == Path({str(tmp_path / "want")!r}).read_bytes(), flush=True)
     """)
     try:
-        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+        r, end = run_child(child, left_hook=False, timeout=120)
     finally:
         srv.shutdown()
         srv.server_close()
@@ -325,7 +275,7 @@ def test_a_forked_child_exiting_normally_leaves_the_parents_read_in_flight_whole
 def test_a_request_armed_while_the_watchdog_is_stopping_still_gets_its_deadline():
     # stop() and arm() both made before the watchdog thread wakes (another reader thread arming a
     # request while the exit hook stops the watchdog): the entry still fires at its time
-    child = textwrap.dedent("""
+    child = ("""
         import socket, time
         from shardfeed.readers.http_io import _WATCHDOG
         a, b = socket.socketpair()
@@ -341,71 +291,32 @@ def test_a_request_armed_while_the_watchdog_is_stopping_still_gets_its_deadline(
             got = type(exc).__name__
         print("FIRED", entry[3], "EOF", got == b"", "SOON", time.monotonic() - t0 < 2, flush=True)
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    r, end = run_child(child, left_hook=False, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["FIRED True EOF True SOON True"], r.stdout + r.stderr
 
 
-class _StallingHandler(http.server.BaseHTTPRequestHandler):
-    """Answers every GET with a 1 MiB ``Content-Length``, sends 1,000 bytes, writes the marker
-    file, then sends nothing more until the test ends."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.server.requests.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Length", str(1 << 20))
-        self.end_headers()
-        self.wfile.write(b"x" * 1000)
-        self.wfile.flush()
-        self.server.marker.write_text("stalled")
-        self.server.release.wait(60)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.mark.network
 def test_a_reader_thread_woken_by_the_exit_hook_does_not_start_its_next_read(tmp_path):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StallingHandler)
-    srv.daemon_threads = True
-    srv.marker, srv.release, srv.requests = tmp_path / "stalled", threading.Event(), []
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{srv.server_address[1]}"
-    child = textwrap.dedent(f"""
-        import atexit, threading, time
-        def left():
-            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
-            print("LEFT", names, flush=True)
-        atexit.register(left)
-        from pathlib import Path
-        from shardfeed.readers.http_io import HttpRangeStream
-        from shardfeed.readers.shard_readahead import SpansAhead
-        spans = [(i, (lambda i=i: (HttpRangeStream(f"{base}/shard-{{i:06d}}.tar", 0), 0)), 0, 1 << 20)
-                 for i in range(3)]
-        ahead = SpansAhead(lambda: spans)
-        marker = Path({str(srv.marker)!r})
-        for _ in range(600):  # the first span's read is blocked receiving
-            if marker.exists():
-                break
-            time.sleep(0.05)
-        print("T", time.monotonic(), flush=True)
-    """)
-    try:
-        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
-        end = time.monotonic()
-    finally:
-        srv.release.set()
-        srv.shutdown()
-        srv.server_close()
+    with serving(StallingHandler, marker=tmp_path / "stalled") as (base, srv):
+        r, end = run_child(f"""
+            from shardfeed.readers.http_io import HttpRangeStream
+            from shardfeed.readers.shard_readahead import SpansAhead
+            spans = [(i, (lambda i=i: (HttpRangeStream(f"{base}/shard-{{i:06d}}.tar", 0), 0)), 0, 1 << 20)
+                     for i in range(3)]
+            ahead = SpansAhead(lambda: spans)
+            marker_seen = wait_for({str(srv.marker)!r})  # the first span's read is blocked receiving
+            print("T", time.monotonic(), flush=True)
+        """)
     assert r.returncode == 0, r.stdout + r.stderr
-    t = float(next(line for line in r.stdout.splitlines() if line.startswith("T "))[2:])
+    t = printed_time(r.stdout)
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert srv.requests == ["/shard-000000.tar"], srv.requests  # the later spans were never asked for
     assert end - t < 1.5, end - t
 
 
 def test_the_watchdog_asked_to_stop_with_a_request_armed_ends_when_that_request_is_cut():
-    child = textwrap.dedent("""
+    child = ("""
         import socket, time
         from shardfeed.readers.http_io import _WATCHDOG
         a, b = socket.socketpair()
@@ -417,6 +328,6 @@ def test_the_watchdog_asked_to_stop_with_a_request_armed_ends_when_that_request_
         thread.join(2)
         print("ENDED", not thread.is_alive(), flush=True)
     """)
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    r, end = run_child(child, left_hook=False, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["ENDED True"], r.stdout + r.stderr
