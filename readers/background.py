@@ -11,7 +11,7 @@ Every background thread the readers start (read-ahead of the next epoch's spans,
 prefetch over HTTP, the HTTP deadline watchdog, ``watch``'s and the GPU sampler's loops) is
 started through :func:`start_thread` with a callable that asks it to stop. At exit (``atexit``,
 which runs before finalization) each live thread of this process is asked to stop, then the
-sockets of HTTP reads still blocked are shut down (:func:`before_stop` hooks: the deadline
+sockets of HTTP reads still blocked are shut down (:func:`before_join` hooks: the deadline
 watchdog's requests and every open ``HttpRangeStream``, so a thread blocked receiving returns at
 once and sees it is to stop), and the threads are joined, all within :data:`EXIT_JOIN_S`. A thread that still has not
 ended by then is left to the interpreter, as before. A forked child starts with an empty registry
@@ -27,7 +27,7 @@ import time
 import weakref
 from typing import Callable
 
-__all__ = ["start_thread", "before_stop", "stop_all", "EXIT_JOIN_S"]
+__all__ = ["start_thread", "before_join", "stop_all", "EXIT_JOIN_S"]
 
 #: Seconds the exit hook waits, in all, for the background threads to end.
 EXIT_JOIN_S = 2.0
@@ -36,7 +36,7 @@ _lock = threading.Lock()
 #: thread -> (pid that started it, callable asking it to stop); threads that ended drop out
 _threads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: callables run at exit after the threads were asked to stop, before they are joined (they may unblock them)
-_before_stop: list[Callable[[], None]] = []
+_before_join: list[Callable[[], None]] = []
 
 
 def start_thread(target: Callable[..., object], *, name: str, stop: Callable[[], None],
@@ -61,11 +61,11 @@ def start_thread(target: Callable[..., object], *, name: str, stop: Callable[[],
     return thread
 
 
-def before_stop(fn: Callable[[], None]) -> None:
+def before_join(fn: Callable[[], None]) -> None:
     """Run ``fn()`` at exit after the threads were asked to stop and before they are joined
     (e.g. shut down sockets that threads are blocked on)."""
     with _lock:
-        _before_stop.append(fn)
+        _before_join.append(fn)
 
 
 def stop_all(timeout_s: float = EXIT_JOIN_S) -> list[str]:
@@ -78,7 +78,7 @@ def stop_all(timeout_s: float = EXIT_JOIN_S) -> list[str]:
     pid = os.getpid()
     with _lock:
         live = [(t, stop) for t, (owner, stop) in list(_threads.items()) if owner == pid and t.is_alive()]
-        first = list(_before_stop)
+        cuts = list(_before_join)
     if not live:
         return []
     for _, stop in live:  # first, so that a thread woken by a cut below sees it is to stop
@@ -86,7 +86,7 @@ def stop_all(timeout_s: float = EXIT_JOIN_S) -> list[str]:
             stop()
         except Exception:  # noqa: BLE001 - the join below is bounded all the same
             pass
-    for fn in first:
+    for fn in cuts:
         try:
             fn()
         except Exception:  # noqa: BLE001 - exiting: nothing more to do about it

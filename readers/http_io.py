@@ -68,7 +68,7 @@ from urllib3.connection import HTTPConnection as _Urllib3HTTPConnection
 from urllib3.connection import HTTPSConnection as _Urllib3HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from .background import before_stop, start_thread
+from .background import before_join, start_thread
 from .errors import DataSourceError, ManifestError, StorageAccessError
 from .format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .location import LocationBase, check_byte_range
@@ -250,8 +250,8 @@ def _forget_live_streams() -> None:
     _LIVE_STREAMS, _LIVE_LOCK = weakref.WeakSet(), threading.Lock()
 
 
-before_stop(_WATCHDOG.shut_down_all)
-before_stop(_abort_live_streams)
+before_join(_WATCHDOG.shut_down_all)
+before_join(_abort_live_streams)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WATCHDOG._reset)
     os.register_at_fork(after_in_child=_forget_live_streams)
