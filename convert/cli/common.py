@@ -45,18 +45,56 @@ class Terminated(KeyboardInterrupt):
 
 #: The process that installed :func:`_raise_terminated` (a forked child inherits the handler).
 _sigterm_owner_pid: int | None = None
+#: Set once this process received SIGTERM: an error raised after it (a DataLoader worker the same
+#: signal killed) ends the command as the signal, even where :class:`Terminated` itself was lost.
+_sigterm_received = False
 
 
 def _raise_terminated(signum, frame):
+    import signal
+
+    global _sigterm_received
     if os.getpid() != _sigterm_owner_pid:
         # a child forked before it could reset SIGTERM (a DataLoader worker starting up when the
         # process group is signalled): die of the signal, silently, as an unhandled SIGTERM does
-        import signal
-
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    _sigterm_received = True
+    # PyTorch's SIGCHLD handler raises "DataLoader worker ... is killed by signal" wherever the main
+    # thread is when the workers die of the same signal (inside an import, where a library logs it
+    # with a traceback): the command is stopping, their end is expected, and is seen when the
+    # loader is shut down
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     raise Terminated()
+
+
+def sigterm_received() -> bool:
+    """True once this process received SIGTERM under :func:`stop_on_sigterm`."""
+    return _sigterm_received and os.getpid() == _sigterm_owner_pid
+
+
+def _unraisable_rearms_sigterm(unraisable) -> None:
+    """``sys.unraisablehook`` while :func:`stop_on_sigterm` is in force.
+
+    A signal handler runs wherever the main thread is: inside a ``__del__``, a weakref callback or an
+    at-fork hook (``logging``'s, run by every ``fork`` of a DataLoader worker) the :class:`Terminated`
+    it raises cannot propagate and Python prints "Exception ignored" and goes on, as if the signal
+    never came. Here the signal is raised again in the main thread, from a short-lived thread
+    (``_thread.interrupt_main`` called in the main thread would run the handler inside this hook,
+    where its exception is lost again), so the command still stops; any other unraisable error goes
+    to the hook that was in place.
+    """
+    if isinstance(unraisable.exc_value, Terminated) and os.getpid() == _sigterm_owner_pid:
+        import _thread
+        import signal
+
+        _thread.start_new_thread(_thread.interrupt_main, (signal.SIGTERM,))
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
 
 
 def _unraisable_after_interrupt(unraisable) -> None:
@@ -95,10 +133,13 @@ def stop_on_sigterm() -> None:
     import signal
     import threading
 
-    global _sigterm_owner_pid
+    global _sigterm_owner_pid, _previous_unraisablehook
     if threading.current_thread() is threading.main_thread():
         _sigterm_owner_pid = os.getpid()
         signal.signal(signal.SIGTERM, _raise_terminated)
+        if sys.unraisablehook is not _unraisable_rearms_sigterm:
+            _previous_unraisablehook = sys.unraisablehook
+            sys.unraisablehook = _unraisable_rearms_sigterm
 
 
 class SizeParam(click.ParamType):
@@ -199,6 +240,8 @@ def interrupts_end_in_one_line():
             yield
         except Exception as exc:
             interrupt = interrupt_behind(exc)
+            if interrupt is None and sigterm_received():
+                interrupt = Terminated()  # raised after a SIGTERM whose own exception was lost
             if interrupt is None:
                 raise
             raise interrupt from None

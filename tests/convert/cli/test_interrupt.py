@@ -133,3 +133,55 @@ def test_an_object_failing_in_del_after_sigterm_prints_nothing_more(debug, shown
     assert r.returncode == EXIT_TERMINATED, r.stderr
     assert r.stderr.startswith("shardfeed: terminated\n"), r.stderr
     assert ("_workers_status" in r.stderr) is shown, r.stderr
+
+
+_SIGTERM_LOST_IN_DEL = """
+import os, signal, time
+import click
+from shardfeed.convert.cli.common import fail_cleanly, stop_on_sigterm
+
+class Collected:  # the signal arrives while the main thread runs a __del__ (or an at-fork hook)
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs here, inside __del__
+
+@click.command()
+@fail_cleanly
+def cmd():
+    stop_on_sigterm()
+    Collected()
+    for _ in range(50):
+        time.sleep(0.1)
+    print("finished")
+
+cmd()
+"""
+
+_SIGTERM_THEN_ANOTHER_ERROR = """
+import os, signal, time
+import click
+from shardfeed.convert.cli.common import fail_cleanly, stop_on_sigterm
+
+@click.command()
+@fail_cleanly
+def cmd():
+    stop_on_sigterm()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        pass  # lost, as a handler's exception is lost in code that swallows it
+    # the workers died of the same signal: the error comes later, with no interrupt behind it
+    raise RuntimeError("DataLoader worker (pid(s) 1) exited unexpectedly")
+
+cmd()
+"""
+
+
+@pytest.mark.parametrize("script", [_SIGTERM_LOST_IN_DEL, _SIGTERM_THEN_ANOTHER_ERROR], ids=["in-del", "later-error"])
+def test_a_sigterm_whose_exception_is_lost_still_ends_the_command_as_terminated(script):
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == EXIT_TERMINATED, r.stdout + r.stderr
+    assert "finished" not in r.stdout
+    assert r.stderr.splitlines()[-1] == "shardfeed: terminated", r.stderr
+    assert "DataLoader worker" not in r.stderr
