@@ -74,22 +74,23 @@ def sigterm_received() -> bool:
     return _sigterm_received and os.getpid() == _sigterm_owner_pid
 
 
-def _unraisable_rearms_sigterm(unraisable) -> None:
+def _unraisable_rearms_interrupt(unraisable) -> None:
     """``sys.unraisablehook`` while :func:`stop_on_sigterm` is in force.
 
-    A signal handler runs wherever the main thread is: inside a ``__del__``, a weakref callback or an
-    at-fork hook (``logging``'s, run by every ``fork`` of a DataLoader worker) the :class:`Terminated`
-    it raises cannot propagate and Python prints "Exception ignored" and goes on, as if the signal
-    never came. Here the signal is raised again in the main thread, from a short-lived thread
-    (``_thread.interrupt_main`` called in the main thread would run the handler inside this hook,
-    where its exception is lost again), so the command still stops; any other unraisable error goes
-    to the hook that was in place.
+    A signal handler (SIGTERM's, and Ctrl-C's ``KeyboardInterrupt``) runs wherever the main thread
+    is: inside a ``__del__``, a weakref callback or an at-fork hook (``logging``'s, run by every
+    ``fork`` of a DataLoader worker) the exception it raises cannot propagate and Python prints
+    "Exception ignored" and goes on, as if the signal never came. Here the signal is raised again in
+    the main thread, from a short-lived thread (``_thread.interrupt_main`` called in the main thread
+    would run the handler inside this hook, where its exception is lost again), so the command
+    still stops; any other unraisable error goes to the hook that was in place.
     """
-    if isinstance(unraisable.exc_value, Terminated) and os.getpid() == _sigterm_owner_pid:
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and os.getpid() == _sigterm_owner_pid:
         import _thread
         import signal
 
-        _thread.start_new_thread(_thread.interrupt_main, (signal.SIGTERM,))
+        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+        _thread.start_new_thread(_thread.interrupt_main, (signum,))
         return
     _previous_unraisablehook(unraisable)
 
@@ -137,9 +138,9 @@ def stop_on_sigterm() -> None:
     if threading.current_thread() is threading.main_thread():
         _sigterm_owner_pid = os.getpid()
         signal.signal(signal.SIGTERM, _raise_terminated)
-        if sys.unraisablehook is not _unraisable_rearms_sigterm:
+        if sys.unraisablehook is not _unraisable_rearms_interrupt:
             _previous_unraisablehook = sys.unraisablehook
-            sys.unraisablehook = _unraisable_rearms_sigterm
+            sys.unraisablehook = _unraisable_rearms_interrupt
 
 
 class SizeParam(click.ParamType):

@@ -135,14 +135,14 @@ def test_an_object_failing_in_del_after_sigterm_prints_nothing_more(debug, shown
     assert ("_workers_status" in r.stderr) is shown, r.stderr
 
 
-_SIGTERM_LOST_IN_DEL = """
+_SIGNAL_LOST_IN_DEL = """
 import os, signal, time
 import click
 from shardfeed.convert.cli.common import fail_cleanly, stop_on_sigterm
 
 class Collected:  # the signal arrives while the main thread runs a __del__ (or an at-fork hook)
     def __del__(self):
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGNAL)
         time.sleep(0.2)  # the handler runs here, inside __del__
 
 @click.command()
@@ -178,10 +178,13 @@ cmd()
 """
 
 
-@pytest.mark.parametrize("script", [_SIGTERM_LOST_IN_DEL, _SIGTERM_THEN_ANOTHER_ERROR], ids=["in-del", "later-error"])
-def test_a_sigterm_whose_exception_is_lost_still_ends_the_command_as_terminated(script):
+@pytest.mark.parametrize("script, status, word", [
+    (_SIGNAL_LOST_IN_DEL.replace("SIGNAL", "SIGTERM"), EXIT_TERMINATED, "terminated"),
+    (_SIGNAL_LOST_IN_DEL.replace("SIGNAL", "SIGINT"), EXIT_INTERRUPTED, "interrupted"),
+    (_SIGTERM_THEN_ANOTHER_ERROR, EXIT_TERMINATED, "terminated")], ids=["sigterm-in-del", "sigint-in-del", "later-error"])
+def test_a_signal_whose_exception_is_lost_still_ends_the_command(script, status, word):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert r.returncode == EXIT_TERMINATED, r.stdout + r.stderr
+    assert r.returncode == status, r.stdout + r.stderr
     assert "finished" not in r.stdout
-    assert r.stderr.splitlines()[-1] == "shardfeed: terminated", r.stderr
+    assert r.stderr.splitlines()[-1] == f"shardfeed: {word}", r.stderr
     assert "DataLoader worker" not in r.stderr
