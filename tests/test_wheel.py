@@ -1,7 +1,8 @@
 """The wheel works alone: ``python -m build`` makes the sdist and the wheel, the wheel installs into
 a fresh virtual environment (no editable install, the repository not on the path), and there the
 ``shardfeed`` command packs a small folder that the installed readers read back, and mypy sees the
-installed package's types.
+installed package's types; its ``--help`` works with the heavy dependencies (torch, Pillow, LMDB ...)
+refused.
 
 Heavy dependencies (torch, numpy, Pillow ...) are reused from the test's own environment through a
 path entry placed after the fresh environment's own site-packages; that entry is a plain folder on
@@ -88,6 +89,15 @@ def test_wheel_installs_alone_and_packs_and_reads(tmp_path):
         "labels = sorted(int(y) for _, ys in loader for y in ys)\n"
         "print(json.dumps({'labels': labels, 'convert': shardfeed.convert.__file__,"
         " 'readers': shardfeed.readers.__file__, 'version': shardfeed.readers.__version__}))\n")
+    # the installed command teaches without the heavy dependencies (each import of them refused)
+    no_heavy = ("import sys\n"
+                "for name in ('torch', 'PIL', 'lmdb', 'cv2', 'simplejpeg', 'boto3', 'webdataset'):\n"
+                "    sys.modules[name] = None\n"
+                "from shardfeed.convert.cli import main\n"
+                "sys.argv = ['shardfeed'] + sys.argv[1:]\n"
+                "main()\n")
+    assert "pack" in _run([str(py), "-I", "-c", no_heavy, "--help"], cwd=work, env=clean_env).stdout
+    assert "--max-bytes" in _run([str(py), "-I", "-c", no_heavy, "pack", "--help"], cwd=work, env=clean_env).stdout
     report = json.loads(_run([str(py), "-I", "-c", code], cwd=work, env=clean_env).stdout)
     assert report["labels"] == [0] * planted["cat"] + [1] * planted["dog"]
     for key in ("convert", "readers"):

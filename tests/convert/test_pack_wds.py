@@ -385,50 +385,6 @@ def test_pack_does_not_import_torch_or_webdataset(tricky, tmp_path):
     assert "IMPORTED []" in r.stdout, r.stdout + r.stderr
 
 
-def _no_isolation() -> list[str]:
-    """``--no-isolation`` when this environment has the build backend pyproject.toml asks for
-    (setuptools >= 77), else nothing: ``build`` then installs it in an isolated environment."""
-    import importlib.metadata
-
-    try:
-        major = int(importlib.metadata.version("setuptools").split(".")[0])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return []
-    return ["--no-isolation"] if major >= 77 else []
-
-
-@pytest.mark.slow
-def test_built_wheel_runs_in_fresh_venv(tmp_path):
-    repo = Path(__file__).resolve().parents[2]
-    src = tmp_path / "src"  # build from a copy: the build writes egg-info and build/ beside the sources
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(repo / name, src / name)
-    for pkg in ("convert", "readers"):
-        shutil.copytree(repo / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    dist = tmp_path / "dist"
-    r = subprocess.run([sys.executable, "-m", "build", "--wheel", *_no_isolation(), "--outdir", str(dist), str(src)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    wheel = next(dist.glob("shardfeed-*.whl"))
-    import zipfile
-
-    names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("shardfeed/convert/") for n in names)
-    assert any(n.startswith("shardfeed/readers/") for n in names)
-    assert not any(n.startswith(("convert/", "readers/")) for n in names)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
-    subprocess.run([*pip, "click", "tqdm", "msgpack", "numpy", "urllib3"], check=True, capture_output=True)
-    r = subprocess.run([str(venv / "bin" / "shardfeed"), "--help"], capture_output=True, text=True, cwd=tmp_path)
-    assert r.returncode == 0 and "pack" in r.stdout, r.stderr
-    r = subprocess.run([str(venv / "bin" / "shardfeed"), "pack", "--help"], capture_output=True, text=True,
-                       cwd=tmp_path)
-    assert r.returncode == 0 and "--max-bytes" in r.stdout, r.stderr
-
-
 def test_extensions_parse_case_and_leading_dots():
     from shardfeed.readers.imagefolder import parse_extensions
 

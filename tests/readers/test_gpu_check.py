@@ -40,7 +40,7 @@ def test_gpu_check_without_cuda_exits_2_with_one_line(tmp_path):
 @pytest.mark.multiprocess
 def test_gpu_check_steps_on_cpu(tmp_path):
     out = tmp_path / "gc"
-    images, classes, repeats = 48, 3, 2
+    images, classes, repeats = 48, 3, 1
     r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out), "--images", str(images),
                         "--classes", str(classes), "--min-size", "40", "--max-size", "56", "--image-size", "32",
                         "--batch-size", "8", "--batches", "2", "--warmup", "1", "--repeats", str(repeats),
