@@ -64,9 +64,14 @@ def _raise_terminated(signum, frame):
     # PyTorch's SIGCHLD handler raises "DataLoader worker ... is killed by signal" wherever the main
     # thread is when the workers die of the same signal (inside an import, where a library logs it
     # with a traceback): the command is stopping, their end is expected, and is seen when the
-    # loader is shut down
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # loader is shut down. A handler that does nothing, not SIG_DFL: a SIGCHLD already pending
+    # for a Python handler would then be reported as "ignored due to race condition".
+    signal.signal(signal.SIGCHLD, _child_ended)
     raise Terminated()
+
+
+def _child_ended(signum, frame) -> None:
+    """SIGCHLD once the command is stopping on SIGTERM: nothing to do (see :func:`_raise_terminated`)."""
 
 
 def sigterm_received() -> bool:
@@ -83,7 +88,9 @@ def _unraisable_rearms_interrupt(unraisable) -> None:
     "Exception ignored" and goes on, as if the signal never came. Here the signal is raised again in
     the main thread, from a short-lived thread (``_thread.interrupt_main`` called in the main thread
     would run the handler inside this hook, where its exception is lost again), so the command
-    still stops; any other unraisable error goes to the hook that was in place.
+    still stops. Once SIGTERM came, other unraisable errors (objects the stop left half-built,
+    failing in ``__del__``) are not news and are shown only with ``SHARDFEED_DEBUG=1``; any other
+    goes to the hook that was in place.
     """
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and os.getpid() == _sigterm_owner_pid:
         import _thread
@@ -91,6 +98,8 @@ def _unraisable_rearms_interrupt(unraisable) -> None:
 
         signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
         _thread.start_new_thread(_thread.interrupt_main, (signum,))
+        return
+    if sigterm_received() and not os.environ.get("SHARDFEED_DEBUG"):
         return
     _previous_unraisablehook(unraisable)
 
