@@ -139,6 +139,9 @@ def stop_on_sigterm() -> None:
     ``BrokenPipeError`` traceback each. Worker processes should reset SIGTERM to ``SIG_DFL`` (the
     packers' pool initialisers do); one signalled before it could (a DataLoader worker still
     starting) dies of the signal without a traceback, as the handler only raises in this process.
+    It also installs :func:`_unraisable_rearms_interrupt` as ``sys.unraisablehook``, so that a
+    signal whose exception Python could not propagate (raised inside a ``__del__`` or an at-fork
+    hook) still stops the command.
     """
     import signal
     import threading
