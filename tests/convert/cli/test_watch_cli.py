@@ -167,3 +167,34 @@ def test_sigterm_to_shardfeed_watch_is_passed_on_and_the_report_printed(tmp_path
     rep = json.loads(report_path.read_text())
     assert rep["exit_status"] == 128 + signal.SIGTERM
     assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
+
+
+def test_sigterm_to_the_process_group_ends_the_script_without_a_traceback(tmp_path):
+    # `timeout` and container stops signal the whole group: the script and its DataLoader workers
+    # get SIGTERM together; the workers' deaths must not surface as torch's "DataLoader worker ...
+    # is killed by signal" traceback while the script exits to write its report
+    import os
+    import signal
+    import time
+
+    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
+    script.write_text(FOREVER)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert "Traceback" not in err and "killed by signal" not in err, err
+    rep = json.loads(report_path.read_text())
+    assert rep["exit_status"] == 128 + signal.SIGTERM
+    assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
