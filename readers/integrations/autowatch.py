@@ -185,7 +185,8 @@ def _exit_on_sigterm() -> None:
 
 
 def _exit_terminated(signum, frame) -> None:
-    """The SIGTERM handler of :func:`_exit_on_sigterm`: exit with status 143, the report written at exit.
+    """The SIGTERM handler of :func:`_exit_on_sigterm`: exit with status 143, the report written at exit;
+    where there is no report to write, die of the signal as the unwatched script does.
 
     Where the whole process group got the signal (``timeout``, a container stopping) the script's
     DataLoader workers die of it too, and PyTorch's SIGCHLD handler would raise "DataLoader worker
@@ -196,6 +197,12 @@ def _exit_terminated(signum, frame) -> None:
     """
     import signal
 
+    if os.getpid() != _state["pid"] or not _watches:
+        # no report to write (nothing iterated yet, as while torch is imported; or a forked worker):
+        # end as the script would unwatched, of the signal, rather than unwind a half-done import
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     if hasattr(signal, "SIGCHLD") and callable(signal.getsignal(signal.SIGCHLD)):
         signal.signal(signal.SIGCHLD, _child_ended)
     sys.exit(128 + signal.SIGTERM)

@@ -198,3 +198,26 @@ def test_sigterm_to_the_process_group_ends_the_script_without_a_traceback(tmp_pa
     rep = json.loads(report_path.read_text())
     assert rep["exit_status"] == 128 + signal.SIGTERM
     assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
+
+
+_SIGTERM_BEFORE_ANY_LOADER = textwrap.dedent('''
+    import os, signal, sys, time
+    from shardfeed.readers.integrations.autowatch import install
+    install()  # as the sitecustomize of `shardfeed watch` does
+    os.kill(os.getpid(), signal.SIGTERM)  # while the script still imports torch: nothing watched yet
+    time.sleep(5)
+    print("still running")
+''')
+
+
+def test_sigterm_before_any_dataloader_ends_the_script_of_the_signal_as_unwatched(tmp_path):
+    import os
+    import signal
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    r = subprocess.run([sys.executable, "-c", _SIGTERM_BEFORE_ANY_LOADER], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "SHARDFEED_WATCH_DIR": str(reports)})
+    assert r.returncode == -signal.SIGTERM, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr == ""
+    assert list(reports.iterdir()) == []
