@@ -44,10 +44,6 @@ if _spec is not None and _spec.origin and os.path.dirname(os.path.abspath(_spec.
 '''
 
 
-#: Seconds ``watch`` waits, after a SIGTERM, for the script to end of the same signal before passing it on.
-_SIGTERM_GRACE_S = 0.5
-
-
 def _read_reports(folder: Path) -> list[dict]:
     docs = []
     for p in sorted(folder.glob("*.json")):
@@ -137,11 +133,8 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
             try:
                 rc = proc.wait()
             except KeyboardInterrupt:  # SIGTERM to this process (stop_on_sigterm): pass it on, then report
-                try:  # sent to the whole group (`timeout`, a container stop), the script got it too: a second
-                    rc = proc.wait(_SIGTERM_GRACE_S)  # one would cut its exit while it writes its report
-                except subprocess.TimeoutExpired:
-                    proc.send_signal(signal.SIGTERM)
-                    rc = proc.wait()
+                proc.send_signal(signal.SIGTERM)
+                rc = proc.wait()
         finally:
             signal.signal(signal.SIGINT, previous)
         docs = _read_reports(out_dir)
