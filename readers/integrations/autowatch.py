@@ -181,4 +181,32 @@ def _exit_on_sigterm() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signal.SIGTERM))
+        signal.signal(signal.SIGTERM, _exit_terminated)
+
+
+def _exit_terminated(signum, frame) -> None:
+    """The SIGTERM handler of :func:`_exit_on_sigterm`: exit with status 143, the report written at exit;
+    where there is no report to write, die of the signal as the unwatched script does.
+
+    Where the whole process group got the signal (``timeout``, a container stopping) the script's
+    DataLoader workers die of it too, and PyTorch's SIGCHLD handler would raise "DataLoader worker
+    ... is killed by signal" wherever the exit then is (in an ``atexit`` callback, printed with a
+    traceback the script never caused). Their end is expected now: SIGCHLD gets a handler that does
+    nothing (not ``SIG_DFL``, under which a SIGCHLD already pending is reported as ignored), unless
+    the script ignores SIGCHLD (``SIG_IGN``: children reaped automatically), which stays as it is.
+    """
+    import signal
+
+    if os.getpid() != _state["pid"] or not _watches:
+        # no report to write (nothing iterated yet, as while torch is imported; or a forked worker):
+        # end as the script would unwatched, of the signal, rather than unwind a half-done import
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if hasattr(signal, "SIGCHLD") and callable(signal.getsignal(signal.SIGCHLD)):
+        signal.signal(signal.SIGCHLD, _child_ended)
+    sys.exit(128 + signal.SIGTERM)
+
+
+def _child_ended(signum, frame) -> None:
+    """SIGCHLD once the script is exiting on SIGTERM: nothing to do (see :func:`_exit_terminated`)."""

@@ -167,3 +167,70 @@ def test_sigterm_to_shardfeed_watch_is_passed_on_and_the_report_printed(tmp_path
     rep = json.loads(report_path.read_text())
     assert rep["exit_status"] == 128 + signal.SIGTERM
     assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
+
+
+def _watch_signalled_as_a_group(tmp_path):
+    # `timeout` and container stops signal the whole group: the script and its DataLoader workers
+    # get SIGTERM together
+    import os
+    import signal
+    import time
+
+    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
+    script.write_text(FOREVER)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out, err, json.loads(report_path.read_text())
+
+
+def test_sigterm_to_the_process_group_ends_the_script_without_a_traceback(tmp_path):
+    # the workers' deaths must not surface as torch's "DataLoader worker ... is killed by signal"
+    # traceback while the script exits to write its report
+    _, out, err, rep = _watch_signalled_as_a_group(tmp_path)
+    assert "Traceback" not in err and "killed by signal" not in err, err
+    assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
+
+
+@pytest.mark.xfail(reason="watch passes the group's SIGTERM on to a script that already got it; the second one "
+                          "can cut the script's exit (its status, at times watch's own, is then -15)", strict=False)
+def test_sigterm_to_the_process_group_ends_watch_and_the_script_with_status_143(tmp_path):
+    import signal
+
+    rc, out, err, rep = _watch_signalled_as_a_group(tmp_path)
+    assert rc == 128 + signal.SIGTERM, out + err
+    assert rep["exit_status"] == 128 + signal.SIGTERM
+
+
+_SIGTERM_BEFORE_ANY_LOADER = textwrap.dedent('''
+    import os, signal, sys, time
+    from shardfeed.readers.integrations.autowatch import install
+    install()  # as the sitecustomize of `shardfeed watch` does
+    os.kill(os.getpid(), signal.SIGTERM)  # while the script still imports torch: nothing watched yet
+    time.sleep(5)
+    print("still running")
+''')
+
+
+def test_sigterm_before_any_dataloader_ends_the_script_of_the_signal_as_unwatched(tmp_path):
+    import os
+    import signal
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    r = subprocess.run([sys.executable, "-c", _SIGTERM_BEFORE_ANY_LOADER], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "SHARDFEED_WATCH_DIR": str(reports)})
+    assert r.returncode == -signal.SIGTERM, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr == ""
+    assert list(reports.iterdir()) == []
