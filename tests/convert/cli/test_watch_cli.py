@@ -104,7 +104,9 @@ FOREVER = textwrap.dedent('''
 ''')
 
 
-def test_ctrl_c_still_prints_the_report(tmp_path):
+def _watch_forever_then(tmp_path, send):
+    """Run FOREVER under ``shardfeed watch --json`` in a session of its own, call ``send(proc)`` once
+    it iterated 10 batches, and return ``(returncode, stdout, stderr, report path)``."""
     import os
     import signal
     import time
@@ -119,12 +121,22 @@ def test_ctrl_c_still_prints_the_report(tmp_path):
         while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        send(proc)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, err
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out, err, report_path
+
+
+def test_ctrl_c_still_prints_the_report(tmp_path):
+    import os
+    import signal
+
+    # what Ctrl-C in a terminal does: SIGINT to the whole foreground group
+    rc, out, err, report_path = _watch_forever_then(tmp_path, lambda proc: os.killpg(proc.pid, signal.SIGINT))
+    assert rc == 128 + signal.SIGINT, err
     rep = json.loads(report_path.read_text())
     assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
     assert "data stall" in out
@@ -146,24 +158,10 @@ def test_the_scripts_own_sitecustomize_still_runs(tmp_path):
 
 def test_sigterm_to_shardfeed_watch_is_passed_on_and_the_report_printed(tmp_path):
     import signal
-    import time
 
-    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
-    script.write_text(FOREVER)
-    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
-                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
-        proc.send_signal(signal.SIGTERM)  # to shardfeed watch only, as a container stop or `timeout` does
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    # to shardfeed watch only, as a container stop or `timeout` does
+    rc, out, err, report_path = _watch_forever_then(tmp_path, lambda proc: proc.send_signal(signal.SIGTERM))
+    assert rc == 128 + signal.SIGTERM, err
     rep = json.loads(report_path.read_text())
     assert rep["exit_status"] == 128 + signal.SIGTERM
     assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
@@ -174,25 +172,9 @@ def _watch_signalled_as_a_group(tmp_path):
     # get SIGTERM together
     import os
     import signal
-    import time
 
-    script, ready, report_path = tmp_path / "forever.py", tmp_path / "ready", tmp_path / "watch.json"
-    script.write_text(FOREVER)
-    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
-                             sys.executable, str(script), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "script not ready"
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, out, err, json.loads(report_path.read_text())
+    rc, out, err, report_path = _watch_forever_then(tmp_path, lambda proc: os.killpg(proc.pid, signal.SIGTERM))
+    return rc, out, err, json.loads(report_path.read_text())
 
 
 def test_sigterm_to_the_process_group_ends_the_script_without_a_traceback(tmp_path):
