@@ -403,7 +403,9 @@ def test_a_failing_hint_hands_the_rest_to_the_read_pool(blob, monkeypatch):
 @pytest.mark.fuse
 def test_hinted_requests_on_the_emulator_go_out_ahead_once_each(tmp_path):
     """On the FUSE emulator at 5 ms, the hints are the kernel's requests: each aligned 128 KiB
-    asked once (the byte count is the file's), several in flight, the chunks the file's bytes."""
+    asked once (the byte count is the file's; under load the kernel may ask one or two ranges
+    again, having dropped their pages before the read came), several in flight, the chunks the
+    file's bytes."""
     from .watch_helpers import require_fuse
 
     require_fuse()
@@ -431,7 +433,8 @@ def test_hinted_requests_on_the_emulator_go_out_ahead_once_each(tmp_path):
     finally:
         emu.stop()
     assert b"".join(out) == data
-    assert stats["read_bytes"] == len(data) and stats["max_request_bytes"] <= 128 * 1024
+    assert len(data) <= stats["read_bytes"] <= len(data) + 2 * 128 * 1024, stats
+    assert stats["max_request_bytes"] <= 128 * 1024
     assert stats["max_in_flight"] >= 2
     assert took < stats["reads"] * 0.005  # not one request after the other
 
