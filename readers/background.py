@@ -27,7 +27,7 @@ import time
 import weakref
 from typing import Callable
 
-__all__ = ["start_thread", "before_join", "stop_all", "EXIT_JOIN_S"]
+__all__ = ["start_thread", "before_join", "stop_all", "expect_children_to_end", "EXIT_JOIN_S"]
 
 #: Seconds the exit hook waits, in all, for the background threads to end.
 EXIT_JOIN_S = 2.0
@@ -109,3 +109,24 @@ def _after_fork_in_child() -> None:
 atexit.register(stop_all)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def expect_children_to_end() -> None:
+    """Once the process is stopping on SIGTERM: its child processes' ends are expected news.
+
+    Where the whole process group got the signal (``timeout``, a container stopping) the DataLoader
+    workers die of it too, and PyTorch's SIGCHLD handler raises "DataLoader worker ... is killed by
+    signal" wherever the main thread then is (inside an import or an ``atexit`` callback, where it
+    is printed with a traceback). A Python SIGCHLD handler is replaced by one that does nothing:
+    not ``SIG_DFL``, under which a SIGCHLD already pending for a Python handler is reported as
+    "ignored due to race condition". ``SIG_DFL`` and ``SIG_IGN`` (children reaped automatically)
+    stay as they are. Call it from the main thread (a signal handler runs there).
+    """
+    import signal
+
+    if hasattr(signal, "SIGCHLD") and callable(signal.getsignal(signal.SIGCHLD)):
+        signal.signal(signal.SIGCHLD, _child_ended)
+
+
+def _child_ended(signum, frame) -> None:
+    """The SIGCHLD handler of :func:`expect_children_to_end`: nothing to do."""

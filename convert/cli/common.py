@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import click
 
+from shardfeed.readers.background import expect_children_to_end
+
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
            "pack_options", "reencode_options", "num_workers_options", "deprecated_option", "PACK_OPTION_NAMES",
@@ -61,17 +63,8 @@ def _raise_terminated(signum, frame):
         os.kill(os.getpid(), signal.SIGTERM)
         return
     _sigterm_received = True
-    # PyTorch's SIGCHLD handler raises "DataLoader worker ... is killed by signal" wherever the main
-    # thread is when the workers die of the same signal (inside an import, where a library logs it
-    # with a traceback): the command is stopping, their end is expected, and is seen when the
-    # loader is shut down. A handler that does nothing, not SIG_DFL: a SIGCHLD already pending
-    # for a Python handler would then be reported as "ignored due to race condition".
-    signal.signal(signal.SIGCHLD, _child_ended)
+    expect_children_to_end()  # the workers die of the same signal: no "killed by signal" error
     raise Terminated()
-
-
-def _child_ended(signum, frame) -> None:
-    """SIGCHLD once the command is stopping on SIGTERM: nothing to do (see :func:`_raise_terminated`)."""
 
 
 def sigterm_received() -> bool:

@@ -26,6 +26,8 @@ import os
 import sys
 import threading
 
+from ..background import expect_children_to_end
+
 __all__ = ["install", "patch_dataloader", "watched_reports", "MAX_WATCHED_LOADERS", "ENV_DIR", "ENV_OPTIONS"]
 
 ENV_DIR = "SHARDFEED_WATCH_DIR"
@@ -191,9 +193,8 @@ def _exit_terminated(signum, frame) -> None:
     Where the whole process group got the signal (``timeout``, a container stopping) the script's
     DataLoader workers die of it too, and PyTorch's SIGCHLD handler would raise "DataLoader worker
     ... is killed by signal" wherever the exit then is (in an ``atexit`` callback, printed with a
-    traceback the script never caused). Their end is expected now: SIGCHLD gets a handler that does
-    nothing (not ``SIG_DFL``, under which a SIGCHLD already pending is reported as ignored), unless
-    the script ignores SIGCHLD (``SIG_IGN``: children reaped automatically), which stays as it is.
+    traceback the script never caused): their end is expected now
+    (:func:`~shardfeed.readers.background.expect_children_to_end`).
     """
     import signal
 
@@ -203,10 +204,5 @@ def _exit_terminated(signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    if hasattr(signal, "SIGCHLD") and callable(signal.getsignal(signal.SIGCHLD)):
-        signal.signal(signal.SIGCHLD, _child_ended)
+    expect_children_to_end()
     sys.exit(128 + signal.SIGTERM)
-
-
-def _child_ended(signum, frame) -> None:
-    """SIGCHLD once the script is exiting on SIGTERM: nothing to do (see :func:`_exit_terminated`)."""
