@@ -161,15 +161,29 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
         # the mirror of a resize is the resize of the mirror (the sampling grid is symmetric):
         # flip whichever of window and output has fewer pixels
         window, flip = cv2.flip(window, 1), False
-    if height != size or width != size:
-        # _resize's rule: INTER_AREA when neither side grows, else bilinear
-        shrinking = height >= size and width >= size
-        window = cv2.resize(window, (size, size), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
+    if height >= size and width >= size:
+        if height != size or width != size:  # _resize's rule: INTER_AREA when neither side grows
+            window = cv2.resize(window, (size, size), interpolation=cv2.INTER_AREA)
+    else:
+        window = _bilinear_uint8(cv2, window, size)
     if flip:
         window = cv2.flip(window, 1)
     planes = out.numpy()
     cv2.split(window, [planes[0], planes[1], planes[2]])
     return out
+
+
+def _bilinear_uint8(cv2: Any, img: np.ndarray, size: int) -> np.ndarray:
+    """OpenCV's bilinear resize of an HWC ``uint8`` image to ``size`` x ``size``, through ``uint16``.
+
+    OpenCV's 16-bit bilinear kernel computes in floating point and rounds to nearest; its 8-bit
+    one uses 11-bit fixed-point weights, which leave about one pixel in eight a grey level off the
+    exact bilinear value, and here costs more (about 10 % more for the whole resize-and-split of
+    an enlarged 224 x 224 image: ``scripts/bench_overhead.py``). The values of a bilinear
+    interpolation of ``uint8`` pixels stay within 0..255, so the narrowing copy back is exact.
+    """
+    wide = cv2.resize(img.astype(np.uint16), (size, size), interpolation=cv2.INTER_LINEAR)
+    return wide.astype(np.uint8)
 
 
 _cv2_module: Any = None
