@@ -126,13 +126,14 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     """Resize an HWC ``uint8`` window to ``size`` x ``size``, maybe flip it, as CHW ``uint8``.
 
     The output side of both built-in transforms. When neither side shrinks, a plain bilinear
-    resize (OpenCV ``INTER_LINEAR``, torchvision's bilinear; an antialias filter only acts along
-    a shrinking axis, so torch's antialiased kernel gives the same pixels within one grey level,
-    at about 3x the cost), then the flip and the HWC -> CHW split by OpenCV (``cv2.split`` into
-    the planes of ``out``; torch's ``permute().contiguous()`` of ``uint8`` costs more than the
-    resize). When a side shrinks: ``resample`` (``"antialias"``: torch's antialiased bilinear;
-    ``"area"``: OpenCV ``INTER_AREA``). Without OpenCV installed, torch's antialiased bilinear
-    does all of it.
+    resize (OpenCV ``INTER_LINEAR``, torchvision's bilinear, through OpenCV's 16-bit kernel from
+    32 rows: :func:`_bilinear_uint8`; an antialias filter only acts along a shrinking axis, so
+    torch's antialiased kernel gives the same pixels within one grey level, at about 3x the
+    cost), then the flip and the HWC -> CHW split by OpenCV (``cv2.split`` into the planes of
+    ``out``; torch's ``permute().contiguous()`` of ``uint8`` costs more than the resize). When a
+    side shrinks: ``resample`` (``"antialias"``: torch's antialiased bilinear; ``"area"``: OpenCV
+    ``INTER_AREA`` when both sides shrink, the bilinear resize when the other one grows). Without
+    OpenCV installed, torch's antialiased bilinear does all of it.
 
     Args:
         window: ``(h, w, 3)`` ``uint8`` (positive strides, pixels contiguous).
@@ -164,8 +165,10 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     if height >= size and width >= size:
         if height != size or width != size:  # _resize's rule: INTER_AREA when neither side grows
             window = cv2.resize(window, (size, size), interpolation=cv2.INTER_AREA)
-    else:
+    elif height >= _WIDE_BILINEAR_MIN_ROWS:
         window = _bilinear_uint8(cv2, window, size)
+    else:
+        window = cv2.resize(window, (size, size), interpolation=cv2.INTER_LINEAR)
     if flip:
         window = cv2.flip(window, 1)
     planes = out.numpy()
@@ -173,14 +176,20 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
     return out
 
 
+#: Rows from which an enlarging resize goes through OpenCV's 16-bit kernel (:func:`_bilinear_uint8`):
+#: its per-row work is cheaper, its per-output-pixel work dearer, and they cross near 30 rows
+#: (to 224 x 224 here: 0.058 against 0.050 ms from 16 rows, 0.054 against 0.057 from 40)
+_WIDE_BILINEAR_MIN_ROWS = 32
+
+
 def _bilinear_uint8(cv2: Any, img: np.ndarray, size: int) -> np.ndarray:
     """OpenCV's bilinear resize of an HWC ``uint8`` image to ``size`` x ``size``, through ``uint16``.
 
     OpenCV's 16-bit bilinear kernel computes in floating point and rounds to nearest; its 8-bit
     one uses 11-bit fixed-point weights, which leave about one pixel in eight a grey level off the
-    exact bilinear value, and here costs more (about 10 % more for the whole resize-and-split of
-    an enlarged 224 x 224 image: ``scripts/bench_overhead.py``). The values of a bilinear
-    interpolation of ``uint8`` pixels stay within 0..255, so the narrowing copy back is exact.
+    exact bilinear value, and from about 30 source rows up it costs more (resize and CHW split of
+    60-100 px windows enlarged to 224: 0.065-0.071 ms against 0.058-0.063 here). The values of a
+    bilinear interpolation of ``uint8`` pixels stay within 0..255, so the narrowing copy is exact.
     """
     wide = cv2.resize(img.astype(np.uint16), (size, size), interpolation=cv2.INTER_LINEAR)
     return wide.astype(np.uint8)

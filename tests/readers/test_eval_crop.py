@@ -188,14 +188,16 @@ def test_loader_eval_resize_size_through_the_sources(tmp_path):
     assert ds.sample_decoder.resize_size == 256
 
 
-@pytest.mark.parametrize("shape", [(70, 90), (61, 61), (200, 300)])
+@pytest.mark.parametrize("shape", [(70, 90), (61, 61), (200, 300), (20, 30)])
 def test_an_enlarged_window_is_the_exact_bilinear_rounded(shape):
     # (200, 300): one side grows, one shrinks: bilinear, not the area filter (resample="antialias"
-    # filters the shrinking side instead)
+    # filters the shrinking side instead); (20, 30): a window of under 32 rows takes OpenCV's 8-bit
+    # kernel, whose fixed-point weights leave some pixels one grey level off
     window = natural_image(*shape, seed=shape[1])
     x = torch.from_numpy(window.copy()).permute(2, 0, 1)[None].double()
     exact = F.interpolate(x, size=(224, 224), mode="bilinear", align_corners=False)[0].round().to(torch.uint8)
     for resample in ("area", "antialias") if max(shape) <= 224 else ("area",):
         out = EvalTransform(224, resample=resample).finish(window)
         d = (out.int() - exact.int()).abs()
-        assert int(d.max()) <= 1 and float((d > 0).float().mean()) < 0.01, (resample, int(d.max()))
+        off = float((d > 0).float().mean())
+        assert int(d.max()) <= 1 and (off < 0.01 or shape[0] < 32), (resample, int(d.max()), off)
