@@ -81,6 +81,7 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	test -f data/bench-imagenet-wds/manifest.json || $(VENV)/bin/shardfeed pack data/bench-imagenet data/bench-imagenet-wds --format wds --max-count 256 --overwrite
 	test -f data/bench-small-wds/manifest.json || $(VENV)/bin/shardfeed pack data/bench-small data/bench-small-wds --format wds --max-count 512 --overwrite
 	$(PY) scripts/bench_overhead.py --imagenet data/bench-imagenet-wds --small data/bench-small-wds --json out/bench/overhead.json
+	$(PY) scripts/bench_enlarge.py --json out/bench/enlarge.json
 	$(PY) scripts/bench_readahead.py --wds data/bench-imagenet-wds --json out/bench/readahead.json
 	# other loaders on the same tasks, on local disk and on the storage emulator at 2 ms: webdataset and
 	# DALI from .venv, the rest from $(PEERS_VENV); a peer that did not install is a row saying so
