@@ -178,7 +178,8 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
 
 #: Rows from which an enlarging resize goes through OpenCV's 16-bit kernel (:func:`_bilinear_uint8`):
 #: its per-row work is cheaper, its per-output-pixel work dearer, and they cross near 30 rows
-#: (to 224 x 224 here: 0.058 against 0.050 ms from 16 rows, 0.054 against 0.057 from 40)
+#: (``scripts/bench_enlarge.py``, to 224 x 224: 0.059 against 0.049 ms at 8-19 rows, 0.053 against
+#: 0.056 at 32-47)
 _WIDE_BILINEAR_MIN_ROWS = 32
 
 
@@ -188,7 +189,7 @@ def _bilinear_uint8(cv2: Any, img: np.ndarray, size: int) -> np.ndarray:
     OpenCV's 16-bit bilinear kernel computes in floating point and rounds to nearest; its 8-bit
     one uses 11-bit fixed-point weights, which leave about one pixel in eight a grey level off the
     exact bilinear value, and from about 30 source rows up it costs more (resize and CHW split of
-    60-100 px windows enlarged to 224: 0.065-0.071 ms against 0.058-0.063 here). The values of a
+    64-95 px windows enlarged to 224: 0.068 ms against 0.060, ``scripts/bench_enlarge.py``). The values of a
     bilinear interpolation of ``uint8`` pixels stay within 0..255, so the narrowing copy is exact.
     """
     wide = cv2.resize(img.astype(np.uint16), (size, size), interpolation=cv2.INTER_LINEAR)
