@@ -38,7 +38,7 @@ _OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "samp
 
 _watches: list = []
 _lock = threading.Lock()
-_state = {"installed": False, "patched": False, "pid": None, "skipped": 0}
+_state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "fork_hook": False}
 
 
 class _Original:
@@ -184,6 +184,28 @@ def _exit_on_sigterm() -> None:
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_terminated)
+        if not _state["fork_hook"] and hasattr(os, "register_at_fork"):
+            _state["fork_hook"] = True
+            os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
+def _default_sigterm_in_child() -> None:
+    """In a child forked from the watched script (a ``DataLoader`` worker): SIGTERM back to its default,
+    as in the unwatched script.
+
+    The child then dies of a SIGTERM at once, in the kernel. With the inherited Python handler it
+    ran on until its main thread reached the handler, and where the process group was signalled
+    while the parent fetched a batch's file descriptor from it, the child's
+    ``multiprocessing.resource_sharer`` thread printed the broken connection's traceback first.
+    A handler of the script's own is left as it is.
+    """
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGTERM) is _exit_terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # not the child's main thread: the handler's own check still applies
+        pass
 
 
 def _exit_terminated(signum, frame) -> None:

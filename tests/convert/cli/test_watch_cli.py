@@ -216,3 +216,33 @@ def test_sigterm_before_any_dataloader_ends_the_script_of_the_signal_as_unwatche
     assert r.returncode == -signal.SIGTERM, r.stdout + r.stderr
     assert r.stdout == "" and r.stderr == ""
     assert list(reports.iterdir()) == []
+
+
+WORKER_SIGTERM = textwrap.dedent('''
+    import signal, sys, pathlib
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def report(worker_id):
+        handler = signal.getsignal(signal.SIGTERM)
+        pathlib.Path(sys.argv[1]).write_text("default" if handler is signal.SIG_DFL else repr(handler))
+
+    ctx = torch.multiprocessing.get_context("fork")
+    for _ in DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4, num_workers=1,
+                        worker_init_fn=report, multiprocessing_context=ctx):
+        pass
+    print("main", "default" if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else "watched")
+''')
+
+
+@pytest.mark.multiprocess
+def test_a_forked_worker_of_the_watched_script_ends_of_sigterm_as_unwatched(tmp_path):
+    # the script's SIGTERM handler (which writes the report) stays in the script's own process; its
+    # forked DataLoader workers get SIGTERM's default back, so a signalled group kills them at once
+    script, seen = tmp_path / "workers.py", tmp_path / "worker_sigterm"
+    script.write_text(WORKER_SIGTERM)
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--", sys.executable, str(script),
+                        str(seen)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "main watched" in r.stdout
+    assert seen.read_text() == "default"
