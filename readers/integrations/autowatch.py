@@ -193,11 +193,11 @@ def _default_sigterm_in_child() -> None:
     """In a child forked from the watched script (a ``DataLoader`` worker): SIGTERM back to its default,
     as in the unwatched script.
 
-    The child then dies of a SIGTERM at once, in the kernel. With the inherited Python handler it
-    ran on until its main thread reached the handler, and where the process group was signalled
-    while the parent fetched a batch's file descriptor from it, the child's
-    ``multiprocessing.resource_sharer`` thread printed the broken connection's traceback first.
-    A handler of the script's own is left as it is.
+    The child then dies of a SIGTERM at once, in the kernel. An inherited Python handler would run
+    only when the child's main thread next reaches Python code; where the process group is
+    signalled while the parent fetches a batch's file descriptor from the child, the child's
+    ``multiprocessing.resource_sharer`` thread would print the broken connection's traceback in
+    that time. A handler of the script's own is left as it is.
     """
     import signal
 
