@@ -38,7 +38,7 @@ _OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "samp
 
 _watches: list = []
 _lock = threading.Lock()
-_state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "fork_hook": False}
+_state = {"installed": False, "patched": False, "pid": None, "skipped": 0}
 
 
 class _Original:
@@ -184,8 +184,7 @@ def _exit_on_sigterm() -> None:
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_terminated)
-        if not _state["fork_hook"] and hasattr(os, "register_at_fork"):
-            _state["fork_hook"] = True
+        if hasattr(os, "register_at_fork"):  # once: install() runs this once per process
             os.register_at_fork(after_in_child=_default_sigterm_in_child)
 
 
