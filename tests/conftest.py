@@ -170,8 +170,12 @@ def start_http_server():
         return f"http://127.0.0.1:{srv.server_address[1]}"
 
     yield start
-    for srv in servers:
-        srv.shutdown()
+    # shut down together: each shutdown() waits for its serve loop's next poll (up to 0.5 s)
+    stopping = [threading.Thread(target=srv.shutdown) for srv in servers]
+    for thread in stopping:
+        thread.start()
+    for thread, srv in zip(stopping, servers):
+        thread.join()
         srv.server_close()
 
 

@@ -125,7 +125,7 @@ def error_server():
     def start(status: int, code: str, message: str = "injected"):
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ErrorHandler)
         srv.status, srv.code, srv.message, srv.hits = status, code, message, 0
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(srv)
         start.server = srv
         return f"http://127.0.0.1:{srv.server_address[1]}"

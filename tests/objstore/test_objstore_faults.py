@@ -96,7 +96,7 @@ def s3_files():
         srv.trickle = set(trickle)
         srv.handle_error = lambda request, address: None
         srv.root, srv.fail_after, srv.fail, srv.tar_gets, srv.lock = Path(root), fail_after, fail, 0, threading.Lock()
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}"
 
@@ -227,7 +227,7 @@ def endless_listing():
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EndlessListing)
         srv.daemon_threads = True
         srv.mode, srv.pages, srv.lock = mode, 0, threading.Lock()
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(srv)
         start.server = srv
         return f"http://127.0.0.1:{srv.server_address[1]}"

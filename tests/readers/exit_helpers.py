@@ -72,7 +72,7 @@ def serving(handler: type, **attrs) -> Iterator[tuple[str, http.server.Threading
     srv.requests, srv.release = [], threading.Event()
     for name, value in attrs.items():
         setattr(srv, name, value)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{srv.server_address[1]}", srv
     finally:

@@ -140,7 +140,7 @@ def files_server(packed_root):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FilesHandler)
     srv.daemon_threads = True
     srv.root = packed_root
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
@@ -239,7 +239,7 @@ def test_a_forked_child_exiting_normally_leaves_the_parents_read_in_flight_whole
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PausingHandler)
     srv.daemon_threads = True
     srv.body, srv.marker, srv.go, srv.requests = body, tmp_path / "paused", tmp_path / "go", []
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/f.bin"
     (tmp_path / "want").write_bytes(body)
     child = (f"""

@@ -160,7 +160,7 @@ def https_server(packed_root, tmp_path_factory):
         return real_accept()
 
     srv.socket.accept = counting_accept
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"https://127.0.0.1:{srv.server_address[1]}", cert, accepted
     srv.shutdown()
     srv.server_close()
@@ -277,7 +277,7 @@ def test_https_through_an_http_proxy_tunnel(https_server, tiny_folder_expected, 
     base, cert, _ = https_server
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ConnectProxy)
     proxy.daemon_threads, proxy.tunnels = True, []
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    threading.Thread(target=proxy.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")

@@ -166,7 +166,7 @@ def serve(packed_root):
         srv.daemon_threads = True
         srv.root, srv.opts, srv.log, srv.tar_gets, srv.lock = Path(root), opts, [], 0, threading.Lock()
         srv.handle_error = lambda request, address: None  # clients hanging up on a misbehaving answer
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}", srv
 
@@ -392,7 +392,7 @@ def test_http_proxy_from_the_environment_is_used_with_its_credentials(serve, loc
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ForwardProxy)
     proxy.daemon_threads = True
     proxy.seen, proxy.auth = [], "Basic " + base64.b64encode(f"p:{PASSWORD}".encode()).decode()
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    threading.Thread(target=proxy.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         monkeypatch.setenv("HTTP_PROXY", f"http://p:{PASSWORD}@127.0.0.1:{proxy.server_address[1]}")
         monkeypatch.delenv("NO_PROXY", raising=False)

@@ -81,7 +81,7 @@ def server():
     srv.daemon_threads = True
     srv.lock = threading.Lock()
     srv.connections = srv.requests = 0
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield srv
     srv.shutdown()
     srv.server_close()

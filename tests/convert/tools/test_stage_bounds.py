@@ -76,7 +76,7 @@ def test_stage_stops_an_oversized_shard_at_its_listed_size(packed, tmp_path, wit
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Oversized)
     srv.root, srv.with_length, srv.sent, srv.lock = packed, with_length, {}, threading.Lock()
     srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/"
     dest = tmp_path / "dest"
     try:
