@@ -91,6 +91,9 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	# the same on small images (64-96 px enlarged to 224), where per-sample overhead shows: local disk only
 	$(PY) scripts/bench_peers.py --folder data/bench-small --wds data/bench-small-wds \
 		--peer-python $(PEERS_VENV)/bin/python --json out/bench/peers-small.json --markdown out/bench/peers-small.md
+	# its validation task in parts (decode, per-sample call, reader alone, loader), beside FFCV's decode and resize
+	$(PY) scripts/bench_small_val.py --folder data/bench-small --wds data/bench-small-wds \
+		--peer-python $(PEERS_VENV)/bin/python --json out/bench/small-val.json
 
 # The peer loaders of scripts/bench_peers.py that cannot share .venv (a torch with its matching
 # torchvision, FFCV's numba), each installed on its own so that one failure leaves the others;
