@@ -237,7 +237,8 @@ def dataset_card(manifest: Manifest, meta_fields: dict, *, name: str, extra_exam
     counts = ", ".join(f"{n} {e}" for e, n in (manifest.extensions or {}).items())
     lines += [
         f"{manifest.num_samples} images ({counts}) in {len(manifest.classes)} classes, "
-        f"{len(manifest.shards)} WebDataset shards packed by {manifest.created_by}. Each sample holds its "
+        f"{len(manifest.shards)} WebDataset shard{'' if len(manifest.shards) == 1 else 's'} packed by "
+        f"{manifest.created_by}. Each sample holds its "
         "image under its own extension (one column per extension; the others are empty), its class "
         "index (`cls`) and its metadata (`json`: the original path and class).",
         "",

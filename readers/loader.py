@@ -45,7 +45,7 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import torch
 import torch.utils.data
@@ -354,7 +354,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
 
     def _iter_without_ring(self) -> _BaseDataLoaderIter:
         """``DataLoader.__iter__`` with workers started from a decoder that has no batch ring."""
-        decoder = self.dataset.sample_decoder
+        dataset = self.dataset
+        assert isinstance(dataset, SourceBase)  # a batch ring is made only for a source (_batch_ring_for)
+        decoder = dataset.sample_decoder
         decoder.ring = None  # the workers start (and copy the decoder) inside DataLoader.__iter__
         try:
             return super().__iter__()
@@ -573,11 +575,13 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
                              "(fields=...) with CPU decoding")
         from .gpu_decode import wrap_gpu_decoding
 
-        return wrap_gpu_decoding(functools.partial(
+        # a GpuDecodingLoader stands in for the ShardfeedLoader it wraps (its iteration, len, set_epoch and
+        # attributes), or the CPU loader itself where there is no CUDA
+        return cast("ShardfeedLoader", wrap_gpu_decoding(functools.partial(
             make_loader, source_or_dataset, batch_size, num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
-            **open_dataset_options, **{k: v for k, v in given.items() if k != "decode_device"})
+            **open_dataset_options, **{k: v for k, v in given.items() if k != "decode_device"}))
     ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
                         world_size=world_size)
     num_workers = default_num_workers() if num_workers is None else int(num_workers)

@@ -259,3 +259,13 @@ def test_metadata_fields_skips_a_json_member_with_a_damaged_size(packed_wds, tmp
     finally:
         tracemalloc.stop()
     assert set(fields) == expected and peak < 64 << 20
+
+
+@pytest.mark.parametrize("max_count, phrase", [(100, "1 WebDataset shard packed"), (3, "WebDataset shards packed")])
+def test_the_dataset_card_counts_its_shards_in_words(source, tmp_path, max_count, phrase):
+    out = tmp_path / "out"
+    pack(source, out, PackOptions(max_count=max_count))
+    card = (out / "README.md").read_text()
+    shards = len(list(out.glob("*.tar")))
+    assert (shards == 1) == (max_count == 100)
+    assert phrase in card and (shards == 1 or f"{shards} WebDataset shards packed" in card)

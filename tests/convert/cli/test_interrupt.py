@@ -181,7 +181,8 @@ cmd()
 @pytest.mark.parametrize("script, status, word", [
     (_SIGNAL_LOST_IN_DEL.replace("SIGNAL", "SIGTERM"), EXIT_TERMINATED, "terminated"),
     (_SIGNAL_LOST_IN_DEL.replace("SIGNAL", "SIGINT"), EXIT_INTERRUPTED, "interrupted"),
-    (_SIGTERM_THEN_ANOTHER_ERROR, EXIT_TERMINATED, "terminated")], ids=["sigterm-in-del", "sigint-in-del", "later-error"])
+    (_SIGTERM_THEN_ANOTHER_ERROR, EXIT_TERMINATED, "terminated"),
+], ids=["sigterm-in-del", "sigint-in-del", "later-error"])
 def test_a_signal_whose_exception_is_lost_still_ends_the_command(script, status, word):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == status, r.stdout + r.stderr
