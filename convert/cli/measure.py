@@ -278,8 +278,10 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     opts = _split_kwargs(kwargs)
     same = _same_dataset(before, after)
     if same is not None:
-        click.echo(f"shardfeed: warning: BEFORE and AFTER are the same dataset ({same}): the comparison measures "
-                   "noise only", err=True)
+        from shardfeed.readers.redact import shown_source
+
+        click.echo(f"shardfeed: warning: BEFORE and AFTER are the same dataset ({shown_source(same)}): the "
+                   "comparison measures noise only", err=True)
     if deep:
         click.echo("shardfeed: comparing every sample of both datasets (--deep)...", err=True)
     result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep, warm_cache=warm_cache,

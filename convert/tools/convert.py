@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from shardfeed.readers.redact import shown_source
 from shardfeed.readers.registry import FORMATS, canonical_format, describe, writer_class
 
 from .. import writers  # noqa: F401  (registers every format's writer)
@@ -133,7 +134,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                               workers=workers, overwrite=overwrite, map_size=map_size)
         pr = pack(src, out, options, progress=progress)
-        return ConvertReport(source=str(src), output=str(out), source_format="imagefolder", format=fmt,
+        return ConvertReport(source=shown_source(src), output=str(out), source_format="imagefolder", format=fmt,
                              num_samples=pr.num_samples, num_shards=pr.num_shards, num_bytes=pr.num_bytes,
                              seconds=time.perf_counter() - t0, pack=pr.to_json())
     loc = DatasetLocation(src, storage_options=storage_options)
@@ -146,7 +147,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         progress = progress or noop_progress
         own = {o for s in FORMATS.values() for o in s.options}  # a format's own options do not carry over
         options = {**{k: v for k, v in manifest.options.items() if k not in own},
-                   "converted_from": str(src), "source_format": manifest.format,
+                   "converted_from": shown_source(src), "source_format": manifest.format,
                    "source_created_by": manifest.created_by}
         writer = writer_class(fmt).create(out, classes=manifest.classes, class_to_idx=manifest.class_to_idx,
                                           max_count=max_count, max_bytes=max_bytes, prefix=prefix,
@@ -163,7 +164,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         remove_state_folder(out)  # the manifest is written: finished
         if n != manifest.num_samples:
             log.warning("%s: read %d samples, its manifest says %d", loc.root, n, manifest.num_samples)
-        return ConvertReport(source=str(src), output=str(out), source_format=manifest.format, format=fmt,
+        return ConvertReport(source=shown_source(src), output=str(out), source_format=manifest.format, format=fmt,
                              num_samples=new.num_samples, num_shards=len(new.shards),
                              num_bytes=sum(s.num_bytes for s in new.shards), seconds=time.perf_counter() - t0)
 

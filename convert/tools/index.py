@@ -27,6 +27,7 @@ from shardfeed.readers.format import (
     read_small_file,
     write_bytes_atomic,
 )
+from shardfeed.readers.redact import shown_source
 from shardfeed.readers.registry import describe
 
 from ..outlock import output_lock
@@ -249,7 +250,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
             return rebuilt
     replaced = _version_1_indexes(root) if overwrite else []
     class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
-    report = IndexReport(source=str(pattern), output=str(root))
+    report = IndexReport(source=shown_source(pattern), output=str(root))
     shards: list[ShardEntry] = []
     label_names: dict[int, str | None] = {}
     stems: set[str] = set()
@@ -277,7 +278,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
                for p in report.problems]
     manifest = Manifest(format="webdataset", num_samples=n, classes=classes, class_to_idx=class_to_idx,
                         shards=shards, skipped=skipped,
-                        options={"indexed_from": str(pattern), "indexed_by": created_by()},
+                        options={"indexed_from": shown_source(pattern), "indexed_by": created_by()},
                         files={"indexed": n, "left_out": len(skipped)})
     manifest.write(root)
     for old in replaced:  # a version-1 dataset's own .idx files: superseded by .sfidx; DALI's are kept
@@ -356,7 +357,7 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: 
     from ..consumers import write_consumer_files
 
     write_consumer_files(root, manifest)
-    report = IndexReport(source=str(pattern), output=str(root), num_samples=manifest.num_samples,
+    report = IndexReport(source=shown_source(pattern), output=str(root), num_samples=manifest.num_samples,
                          num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards),
                          classes=list(manifest.classes))
     report.seconds = time.perf_counter() - t0

@@ -53,6 +53,29 @@ def test_measuring_commands_never_show_the_password_of_a_url(command, secret_url
         assert f"{shown} ..." in r.stderr  # the progress line names it too
 
 
+def test_convert_index_and_verify_never_write_the_password_of_a_url(secret_url, packed_root, tmp_path):
+    url, base, srv = secret_url
+    shards = sorted(p.name for p in (packed_root / "wds").glob("*.tar"))
+    assert len(shards) >= 2
+    pattern = url + "{" + ",".join(shards) + "}"
+    runs = {
+        "convert": _cli("convert", url, str(tmp_path / "lmdb"), "--format", "lmdb", "--json", str(tmp_path / "c.json")),
+        "index": _cli("index", pattern, "--out", str(tmp_path / "idx"), "--json", str(tmp_path / "i.json")),
+        "verify": _cli("verify", url, url, *_FAST, "--repeats", "1"),
+    }
+    for name, r in runs.items():
+        assert r.returncode == 0, name + r.stdout + r.stderr
+        assert PASSWORD not in r.stdout + r.stderr, name
+    shown = base.replace("http://", "http://***@") + "/wds"
+    assert f"same dataset ({shown})" in runs["verify"].stderr
+    written = [tmp_path / "c.json", tmp_path / "i.json", tmp_path / "idx" / "manifest.json",
+               tmp_path / "lmdb" / "manifest.json", tmp_path / "lmdb" / "data.mdb"]
+    for path in written:
+        assert PASSWORD.encode() not in path.read_bytes(), path
+    assert json.loads((tmp_path / "lmdb" / "manifest.json").read_text())["options"]["converted_from"].startswith(shown)
+    assert json.loads((tmp_path / "idx" / "manifest.json").read_text())["options"]["indexed_from"].startswith(shown)
+
+
 def test_watch_never_shows_the_password_of_a_loaders_url():
     from shardfeed.readers.measure.watch import watch
 
