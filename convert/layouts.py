@@ -1038,9 +1038,9 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
                          "--format wds; rerun the LMDB pack with --overwrite")
     try:
         old = json.loads(read_small_file(state / PLAN_NAME, what="the pack plan"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         old = {}
-    if old.get("fingerprint") != plan.fingerprint:
+    if not isinstance(old, dict) or old.get("fingerprint") != plan.fingerprint:
         raise ValueError(f"{out}: the interrupted pack used other options, labels or files; rerun with the "
                          "same ones, or start again with --overwrite")
     return _finished_records(out, len(plan.planned))

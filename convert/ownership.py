@@ -180,7 +180,7 @@ def survey(where: str, entries: Mapping[str, str], read: Callable[[str], bytes |
         raw = read(f"{STATE_DIR}/{PLAN_NAME}")
         try:
             plan = json.loads(raw) if raw is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):
             plan = None
         if not isinstance(plan, dict):
             plan = None
@@ -229,7 +229,7 @@ def _consumer_is_ours(name: str, head: bytes | None) -> bool:
         return CARD_MARKER.encode() in head[:1 << 16]
     try:
         data = json.loads(head)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and str(data.get("created_by", "")).startswith("shardfeed")
 

@@ -581,7 +581,9 @@ def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fing
     if options.resume:
         try:
             old = json.loads(read_small_file(plan_path, what="the pack plan"))
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, ValueError, RecursionError):
+            old = {}
+        if not isinstance(old, dict):  # the plan comes from OUT: anything else is unreadable
             old = {}
         if old.get("fingerprint") != fingerprint:
             what = describe_plan_change(state, old, options.fingerprint_fields(), scan.files)

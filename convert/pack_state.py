@@ -117,12 +117,19 @@ def finished_shard_record(out_dir: Path, shard_idx: int) -> dict | None:
     """Shard ``shard_idx``'s record if that shard was finished and its files are intact, else None.
 
     A record whose entry is None (every sample skipped) counts as finished; otherwise the ``.tar``
-    and ``.sfidx`` must exist and the tar must have the recorded size.
+    and ``.sfidx`` must exist and the tar must have the recorded size. The record comes from OUT,
+    so it is checked as untrusted (:func:`_record_problem`): one that is not exactly what a pack
+    writes for this shard (its own ``-NNNNNN`` file names inside OUT, counts, digests, skip
+    entries) counts as unfinished, and the shard is packed again.
     """
     rec_path = Path(out_dir) / STATE_DIR / f"{shard_idx:06d}.json"
     try:
         record = json.loads(read_small_file(rec_path, what="a shard record"))
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, ValueError, RecursionError):
+        return None
+    problem = _record_problem(record, shard_idx)
+    if problem is not None:
+        log.warning("%s: %s; packing shard %d again", rec_path, problem, shard_idx)
         return None
     entry = record.get("entry")
     if entry is None:
@@ -131,6 +138,50 @@ def finished_shard_record(out_dir: Path, shard_idx: int) -> dict | None:
     idx = Path(out_dir) / entry["index"]
     if tar.exists() and idx.exists() and tar.stat().st_size == entry["num_bytes"]:
         return record
+    return None
+
+
+_ENTRY_KEYS = frozenset({"name", "num_samples", "num_bytes", "sha256", "index", "index_sha256", "extensions"})
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _record_problem(record, shard_idx: int) -> str | None:
+    """Why a shard record read from OUT is not one a pack wrote for shard ``shard_idx``, or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    skipped = record.get("skipped", [])
+    flat = (str, int, float, type(None))
+    if not isinstance(skipped, list) or not all(
+            isinstance(s, dict) and all(isinstance(v, flat) for v in s.values()) for s in skipped):
+        return "its 'skipped' is not a list of flat objects"
+    for key in ("start", "end"):
+        if key in record and not _is_count(record[key]):
+            return f"its {key!r} is not a sample count"
+    entry = record.get("entry")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or not {"name", "num_samples", "num_bytes"} <= set(entry) <= _ENTRY_KEYS:
+        return "its 'entry' is not a shard entry"
+    stem = f"-{shard_idx:06d}"
+    name, index = entry["name"], entry.get("index")
+    if (not isinstance(name, str) or not name.endswith(stem + ".tar") or "/" in name or "\\" in name
+            or "\0" in name or name.startswith(".")):
+        return f"its shard name {name!r} is not this shard's file in OUT"
+    if index is not None and index != name[: -len(".tar")] + ".sfidx":
+        return f"its index name {index!r} is not this shard's index"
+    if not (_is_count(entry["num_samples"]) and _is_count(entry["num_bytes"])):
+        return "its sample or byte count is not a count"
+    for key in ("sha256", "index_sha256"):
+        if entry.get(key) is not None and not (isinstance(entry[key], str) and _HEX_DIGEST.fullmatch(entry[key])):
+            return f"its {key} is not a SHA-256 hex digest"
+    exts = entry.get("extensions")
+    if exts is not None and not (isinstance(exts, dict) and all(isinstance(k, str) and _is_count(v)
+                                                                 for k, v in exts.items())):
+        return "its extensions are not counts by extension"
     return None
 
 
@@ -163,7 +214,9 @@ def describe_plan_change(state_dir: Path, old_plan: dict, options: dict, files) 
     if not old_plan:
         return f"its plan ({STATE_DIR}/{PLAN_NAME}) is missing or unreadable"
     said = []
-    old_opts = old_plan.get("options") or {}
+    old_opts = old_plan.get("options")
+    if not isinstance(old_opts, dict):
+        old_opts = {}
     changed = [f"--{k.replace('_', '-')} {old_opts.get(k)!r} then, {v!r} now" for k, v in options.items()
                if old_opts.get(k) != v]
     if changed:
@@ -176,7 +229,7 @@ def describe_plan_change(state_dir: Path, old_plan: dict, options: dict, files) 
             raise ValueError("the file list inflates past its bound")
         raw = raw.decode("utf-8")
         old = {r: (s, m) for r, s, m in (json.loads(line) for line in raw.splitlines() if line)}
-    except (OSError, ValueError, zlib.error):
+    except (OSError, ValueError, TypeError, RecursionError, zlib.error):  # a file list from OUT, unlike ours
         old = None
     if old is None:
         said.append("the list of the interrupted pack's files is missing")

@@ -852,6 +852,9 @@ class Manifest:
             except ValueError as exc:
                 raise ManifestError(f"{source}: not valid JSON ({exc}); rebuild the dataset with "
                                     "`shardfeed pack` or `shardfeed index`") from None
+            except RecursionError:
+                raise ManifestError(f"{source}: JSON nested too deeply to be a manifest; rebuild the dataset "
+                                    "with `shardfeed pack` or `shardfeed index`") from None
         if not isinstance(data, dict):
             raise ManifestError(f"{source}: a manifest is a JSON object")
         version = data.get("version")

@@ -369,3 +369,61 @@ def test_signals_held_acts_on_a_ctrl_c_at_the_end_of_the_block():
             done.append("the rest of the block")
     assert done == ["the rest of the block"]
     assert signal.getsignal(signal.SIGINT) is before and signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()
+
+
+_TAMPERED_RECORDS = {
+    "not an object": lambda rec: [1],
+    "entry a list": lambda rec: {**rec, "entry": [1]},
+    "entry without a name": lambda rec: {**rec, "entry": {}},
+    "count a string": lambda rec: {**rec, "entry": {**rec["entry"], "num_samples": "4"}},
+    "name out of OUT": lambda rec: {**rec, "entry": {**rec["entry"], "name": "../victim-000000.tar"}},
+    "another shard's name": lambda rec: {**rec, "entry": {**rec["entry"], "name": "shard-000001.tar",
+                                                          "index": "shard-000001.sfidx"}},
+    "digest not hex": lambda rec: {**rec, "entry": {**rec["entry"], "sha256": "z" * 64}},
+    "skipped a string": lambda rec: {**rec, "skipped": "abc"},
+}
+
+
+@pytest.mark.slow
+def test_a_tampered_shard_record_is_packed_again_on_resume(src, ref, tmp_path, hooked_cli):
+    """A shard's completion record in OUT is untrusted: one that is not what a pack writes for that
+    shard makes --resume pack the shard again (the uninterrupted pack's files, no traceback), and
+    nothing outside OUT is touched."""
+    import shutil
+
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.05}), "-q", "pack", str(src), str(stopped),
+                             "--max-count", "4", "-j", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    records = stopped / ".shardfeed-pack"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(records.glob("[0-9]*.json"))) < 3:
+        time.sleep(0.02)
+    proc.kill()
+    proc.communicate(timeout=20)
+    assert (records / "000000.json").exists() and not (stopped / "manifest.json").exists()
+    record = json.loads((records / "000000.json").read_text())
+    victim = tmp_path / "victim-000000.tar"
+    victim.write_bytes(b"v" * record["entry"]["num_bytes"])  # the size the record names
+    shards_before = {p.name: p.read_bytes() for p in stopped.glob("*.tar")}
+    for case, tamper in [*_TAMPERED_RECORDS.items(), ("nested too deep", None)]:
+        out = tmp_path / case.replace(" ", "-").replace("'", "")
+        shutil.copytree(stopped, out, symlinks=True)
+        text = "[" * 100_000 + "]" * 100_000 if tamper is None else json.dumps(tamper(record))
+        (out / ".shardfeed-pack" / "000000.json").write_text(text)
+        r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--max-count", "4", "-j", "1", "--resume"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (case, r.stderr)
+        assert _files(out) == ref["wds"], case
+    assert victim.read_bytes() == b"v" * record["entry"]["num_bytes"]
+    assert {p.name: p.read_bytes() for p in stopped.glob("*.tar")} == shards_before
+    plan = json.loads((records / "plan.json").read_text())
+    for case, text in {"plan a list": "[1, 2]", "plan options a list": json.dumps({**plan, "options": [1],
+                                                                                   "fingerprint": "x"}),
+                       "plan nested too deep": "[" * 100_000 + "]" * 100_000}.items():
+        out = tmp_path / case.replace(" ", "-")
+        shutil.copytree(stopped, out, symlinks=True)
+        (out / ".shardfeed-pack" / "plan.json").write_text(text)
+        r = subprocess.run([*SHARDFEED, "-q", "pack", str(src), str(out), "--max-count", "4", "-j", "1", "--resume"],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (case, r.stderr)
+        assert r.stderr.startswith(f"shardfeed: error: {out}") and len(r.stderr.splitlines()) == 1, (case, r.stderr)

@@ -109,6 +109,17 @@ def test_every_bad_field_is_a_manifest_error_naming_it(packed_wds, tmp_path, cha
         assert f"field {field} " in r.output, (command, r.output)
 
 
+def test_a_manifest_nested_too_deeply_is_a_manifest_error(packed_wds, tmp_path):
+    d = _copy(packed_wds, tmp_path)
+    (d / "manifest.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(ManifestError, match=r"manifest\.json: JSON nested too deeply"):
+        open_dataset(d)
+    for command in ("check", "inspect"):
+        r = CliRunner().invoke(cli, [command, str(d)])
+        assert r.exit_code == 1 and "nested too deeply" in r.output, (command, r.output)
+        assert "Traceback" not in r.output and "RecursionError" not in r.output
+
+
 def test_validate_manifest_accepts_what_pack_wrote(packed_wds, packed_lmdb):
     for d in (packed_wds, packed_lmdb):
         doc = json.loads((d / "manifest.json").read_text())
