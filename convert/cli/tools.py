@@ -265,7 +265,9 @@ def stage_cmd(ctx, src: str, dest: Path, min_free_bytes, retries: int, overwrite
     Checks free space first (with headroom; refuses to fill /dev/shm), copies shard by shard
     with sha256 verification under temporary names renamed when verified, continues partial
     copies and skips files already staged and intact (rerun it after an interruption), and
-    writes manifest.json last. Prints the path to give the reader; exit status 1 on any mismatch.
+    writes manifest.json last. It never replaces a file in DEST that no dataset's manifest there
+    names (yours, a link): it stops and names it. Prints the path to give the reader; exit
+    status 1 on any mismatch.
 
     \b
     Examples:

@@ -210,11 +210,35 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
     for f in files:
         safe_relative_path(f.name, what=f"{loc.manifest_source}: file {f.name!r}")
     with output_lock(dest, "stage"):  # one writer per DEST: a second command fails at once, naming this one
+        recorded = _recorded_entries(dest)  # before anything changes there: what DEST's records name
         if not overwrite:
             _refuse_other_dataset(dest, manifest)
         else:
             _clear_other_dataset(dest, manifest, files)
-        return _stage_locked(loc, manifest, manifest_bytes, dest, files, min_free_bytes, progress, t0)
+        return _stage_locked(loc, manifest, manifest_bytes, dest, files, min_free_bytes, progress, t0, recorded)
+
+
+def _recorded_entries(dest: Path) -> set[str]:
+    """The entries of DEST that a shardfeed dataset's own records there name (its manifest's files,
+    the consumer files it wrote: :func:`~shardfeed.convert.ownership.survey`); empty for a new DEST."""
+    from ..ownership import local_entries, survey
+
+    if not dest.is_dir():
+        return set()
+    entries, read = local_entries(dest)
+    return set(survey(str(dest), entries, read).ours)
+
+
+def _refuse_replacing_foreign(dest: Path, todo: "list[_StageFile]", recorded: set[str]) -> None:
+    """Raise ValueError when a file to copy would replace an entry of DEST that no record there names
+    (a user's file, a link, a folder): staging never deletes what it did not write. A file an earlier,
+    interrupted stage of this dataset finished is intact and not in ``todo``."""
+    foreign = sorted(f.name for f in todo if os.path.lexists(dest / f.name) and f.name not in recorded)
+    if foreign:
+        shown = ", ".join(ascii(n) for n in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ValueError(f"{dest}: holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} where the dataset's "
+                         f"files go that no shardfeed dataset there names ({shown}); nothing was replaced: move "
+                         "them away, or choose another DEST")
 
 
 def _identity(manifest: Manifest) -> tuple:
@@ -273,8 +297,8 @@ def _clear_other_dataset(dest: Path, manifest: Manifest, files: list[_StageFile]
 
 
 def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, files, min_free_bytes, progress,
-                  t0: float) -> "StageReport":
-    """:func:`stage` once DEST's lock is held."""
+                  t0: float, recorded: set[str]) -> "StageReport":
+    """:func:`stage` once DEST's lock is held (``recorded``: :func:`_recorded_entries` of DEST)."""
     dest.mkdir(parents=True, exist_ok=True)
     report = StageReport(source=str(loc.root), path=str(dest.resolve()))
     dest_manifest = dest / MANIFEST_NAME
@@ -291,6 +315,7 @@ def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, fi
             progress(1 if f.name.endswith(".tar") or f.name == LMDB_DATA_NAME else 0, 0)
         else:
             todo.append(f)
+    _refuse_replacing_foreign(dest, todo, recorded)
     if todo and dest_manifest.exists():
         dest_manifest.unlink()  # DEST is incomplete until the manifest comes back, last
 

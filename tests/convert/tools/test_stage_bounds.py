@@ -106,9 +106,9 @@ def test_stage_never_writes_through_a_planted_link(packed, tmp_path):
     with pytest.raises(OSError, match=rf"\.{first}\.stage\.tmp: is a symbolic link"):
         stage(packed, dest, min_free_bytes=1000)
     assert victim.read_bytes() == b"the victim's bytes"
-    # a link where a staged file goes is replaced by the copy, its target untouched
+    # a link where a staged file goes is not the stage's own: refused, the link and its target untouched
     (dest / f".{first}.stage.tmp").unlink()
     (dest / first).symlink_to(victim)
-    assert stage(packed, dest, min_free_bytes=1000).ok
-    assert victim.read_bytes() == b"the victim's bytes"
-    assert not (dest / first).is_symlink() and (dest / first).read_bytes() == (packed / first).read_bytes()
+    with pytest.raises(ValueError, match=rf"'{first}'\); nothing was replaced"):
+        stage(packed, dest, min_free_bytes=1000)
+    assert victim.read_bytes() == b"the victim's bytes" and (dest / first).is_symlink()

@@ -334,6 +334,13 @@ def test_stage_copies_verifies_and_resumes(wds, tmp_path):
     (dest / "shard-000002.tar").write_bytes(bytes(damaged))
     (dest / "manifest.json").unlink()
 
+    # with no manifest, nothing records the damaged file as a staged one (a user's file may bear that
+    # name): it is not replaced, and stays as it was until moved away
+    with pytest.raises(ValueError, match=r"holds 1 entry where the dataset's files go .*'shard-000002\.tar'"):
+        stage(wds, dest, min_free_bytes=1000)
+    assert (dest / "shard-000002.tar").read_bytes() == bytes(damaged)
+    (dest / "shard-000002.tar").rename(tmp_path / "moved-away.tar")
+
     report = stage(wds, dest, min_free_bytes=1000)
     assert report.ok
     assert sorted(report.copied) == ["shard-000000.tar", "shard-000002.tar"]
@@ -345,6 +352,22 @@ def test_stage_copies_verifies_and_resumes(wds, tmp_path):
 
     again = stage(wds, dest, min_free_bytes=1000)
     assert again.ok and not again.copied and not again.resumed and again.bytes_copied == 0
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_stage_never_replaces_a_file_no_dataset_in_dest_names(wds, tmp_path, overwrite):
+    """DEST without a manifest (new, or a stage stopped before it wrote one): a user's file at a name
+    the dataset's files take is refused, named, and left as it was; so are the user's other files."""
+    dest = tmp_path / "staged"
+    dest.mkdir()
+    (dest / "shard-000000.tar").write_bytes(b"USER DATA")
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"'shard-000000\.tar'\); nothing was replaced"):
+        stage(wds, dest, min_free_bytes=1000, overwrite=overwrite)
+    res = _run("stage", wds, dest, "--min-free", "1KB", *(["--overwrite"] if overwrite else []))
+    assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1 and "shard-000000.tar" in res.stderr
+    assert (dest / "shard-000000.tar").read_bytes() == b"USER DATA" and (dest / "notes.txt").read_text() == "mine"
+    assert not (dest / "manifest.json").exists()
 
 
 def test_stage_refuses_to_replace_a_different_dataset(src, wds, tmp_path):
