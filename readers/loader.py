@@ -575,8 +575,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
                              "(fields=...) with CPU decoding")
         from .gpu_decode import wrap_gpu_decoding
 
-        # a GpuDecodingLoader stands in for the ShardfeedLoader it wraps (its iteration, len, set_epoch and
-        # attributes), or the CPU loader itself where there is no CUDA
+        # a GpuDecodingLoader stands in for the ShardfeedLoader it wraps (or the CPU loader, without CUDA)
         return cast("ShardfeedLoader", wrap_gpu_decoding(functools.partial(
             make_loader, source_or_dataset, batch_size, num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,

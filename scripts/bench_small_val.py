@@ -9,7 +9,8 @@ crop 224) on small JPEGs (e.g. ``data/bench-small``: 64-96 px, enlarged), split 
   resize, write into the rows of a reused 64-row batch buffer);
 * **FFCV imdecode** and **FFCV imdecode + resize_crop**: FFCV's libjpeg-turbo call into a
   preallocated buffer, then its OpenCV resize of the centre crop into a 224 x 224 destination
-  (``--peer-python``: an interpreter with FFCV; it runs this script with ``--ffcv-part``);
+  (``--peer-python``: an interpreter with FFCV; it runs this script with ``--ffcv-part``), and
+  how far FFCV's decoded pixels are from Pillow's (libjpeg's default IDCT and upsampling);
 * **reader, no-op decoder**: ``make_loader(WDS, 64, image_size=224, resize_size=256)`` with the
   decoder's call replaced by one that only takes its batch row, CPU per image of this process
   and its workers (``num_workers`` 0 and 2, forked workers inherit the replacement);
@@ -85,8 +86,17 @@ def ffcv_part(folder: Path) -> dict:
             top, left = (h - c) // 2, (w - c) // 2
             resize_crop(image, top, top + c, left, left + c, out)
 
+    differ, largest = [], 0  # FFCV's pixels against Pillow's decode (libjpeg's default IDCT and upsampling)
+    for f, blob, (w, h) in zip(files, blobs, sizes):
+        imdecode(blob, scratch, h, w, h, w, 0, 0, 1, 1, False, False)
+        ours = scratch.reshape(-1)[: 3 * h * w].reshape(h, w, 3).astype(np.int16)
+        with Image.open(f) as im:
+            diff = np.abs(ours - np.asarray(im.convert("RGB"), dtype=np.int16))
+        differ.append(float((diff > 0).mean()))
+        largest = max(largest, int(diff.max()))
     return {"ffcv_imdecode_ms": _best_ms(decode, len(blobs)),
-            "ffcv_imdecode_resize_ms": _best_ms(decode_resize, len(blobs))}
+            "ffcv_imdecode_resize_ms": _best_ms(decode_resize, len(blobs)),
+            "ffcv_vs_pillow_values_differing": sum(differ) / len(differ), "ffcv_vs_pillow_max_levels": largest}
 
 
 def _loader_cpu_ms(wds: Path, workers: int, epochs: int, rounds: int) -> tuple[float, float]:
@@ -196,6 +206,9 @@ def main(argv=None) -> int:
     for label, key, unit in rows:
         value = results.get(key)
         print(f"{label:36s} {'-' if value is None else f'{value:.4f}':>8s}  {unit}")
+    if "ffcv_vs_pillow_values_differing" in results:
+        print(f"FFCV's decoded pixels against Pillow's: {100 * results['ffcv_vs_pillow_values_differing']:.0f} % of "
+              f"values differ, by at most {results['ffcv_vs_pillow_max_levels']} grey levels")
     if "ffcv_error" in results:
         print(f"FFCV parts not measured: {results['ffcv_error']}")
     if a.json:
