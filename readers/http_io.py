@@ -340,6 +340,37 @@ def _read(resp, n: int | None) -> bytes:
         raise _plain(exc) from None
 
 
+def _read_within(resp, n: int | None, deadline_s: float) -> bytes:
+    """:func:`_read`, ended by a ``TimeoutError`` once it has taken ``deadline_s`` seconds.
+
+    The socket timeout bounds each wait for bytes, not a read: a server sending a byte every few
+    seconds would hold ``read(n)`` for ever. Read piece by piece (``read1``) and give up when the
+    pieces take longer than the request deadline (the caller retries from the same byte). Without
+    ``read1`` (urllib3 1.x) or for a read to the end, :func:`_read`.
+    """
+    read1 = getattr(resp, "read1", None)
+    if read1 is None or n is None:
+        return _read(resp, n)
+    started = time.monotonic()
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        try:
+            piece = read1(n - got, decode_content=False)
+        except (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError) as exc:
+            if parts:  # the bytes before the failure; the next read meets it (and retries) again
+                break
+            raise _plain(exc) if isinstance(exc, urllib3.exceptions.HTTPError) else exc from None
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+        if got < n and time.monotonic() - started > deadline_s:
+            raise TimeoutError(f"{got:,} of {n:,} bytes in {deadline_s:g} s: the server sends the body a trickle at "
+                               "a time")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def _header(resp, name: str, default: str | None = None) -> str | None:
     return resp.headers.get(name, default)
 
@@ -870,7 +901,7 @@ class HttpRangeStream:
                     if due <= 0:  # the span is complete: what follows (a chunked body's end) is not needed
                         return b""
                     want = due if want is None else min(want, due)
-                data = _read(self._resp, want)
+                data = _read_within(self._resp, want, self.deadline_s)
                 if not data and self._expect_end is not None and self.offset < self._expect_end:
                     raise http.client.IncompleteRead(b"", self._expect_end - self.offset)
                 if self._expect_end is not None and self.offset + len(data) > self._expect_end:

@@ -258,6 +258,19 @@ def test_a_trickling_manifest_ends_at_the_deadline(headers_too, serve):
     assert time.monotonic() - t0 < 20  # one attempt and no hang (the manifest would take minutes)
 
 
+def test_a_trickling_shard_body_ends_at_the_deadline_of_each_read(serve):
+    """Headers at once, then a byte every 0.3 s: each read gives up at the deadline, is retried from
+    the same byte, and the stream fails after its retries instead of reading for ever."""
+    base, _ = serve(trickle={"/wds/shard-000000.tar"})
+    stream = HttpRangeStream(f"{base}/wds/shard-000000.tar", deadline_s=1.5, retries=1)
+    t0 = time.monotonic()
+    with pytest.raises(DataSourceError, match=r"shard-000000\.tar: reading at byte 0 failed after 2 attempts "
+                                              r"\(TimeoutError: .* in 1\.5 s: the server sends the body a trickle"):
+        stream.read(1 << 16)
+    assert time.monotonic() - t0 < 15  # two attempts of 1.5 s (the shard would take hours)
+    stream.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # content codings
 
