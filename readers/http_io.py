@@ -992,7 +992,8 @@ class HttpLocation(LocationBase):
         timeout_s: per-operation socket timeout, seconds.
         retries: retries after the first attempt.
         deadline_s: seconds one request may take in all (the whole manifest or index; a shard
-            stream's answer up to its first byte); default :data:`DEFAULT_DEADLINE_S`.
+            stream's answer up to its first byte, and each read of its body); default
+            :data:`DEFAULT_DEADLINE_S`.
     """
 
     remote = True
