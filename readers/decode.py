@@ -343,26 +343,48 @@ def decode_crop(
         CorruptDataError: The bytes are not an image, are truncated, or fail to decode.
     """
     name = resolve_decoder(decoder)
-    backend = _BACKENDS[name]
     _check_positive_int("min_side", min_side)
     _check_positive_int("max_pixels", max_pixels)
     _check_positive_int("max_decode_bytes", max_decode_bytes)
-    data = _as_bytes(data)
+    return decode_crop_unchecked(data, ext, crop, min_side, name, max_pixels, source, max_decode_bytes)
 
+
+def decode_crop_unchecked(data: bytes, ext: str | None, crop: Callable[[int, int], tuple[int, int, int, int]],
+                          min_side: int | None, name: str, max_pixels: int | None, source: str,
+                          max_decode_bytes: int | None) -> np.ndarray:
+    """:func:`decode_crop` for a caller that validated its arguments once (the per-sample path).
+
+    ``name`` is a resolved backend (:func:`resolve_decoder`); ``min_side``, ``max_pixels`` and
+    ``max_decode_bytes`` are positive ints or None. The checks on the image itself (its size, the
+    crop box, the decode's memory) are all made here, each at the cost of a comparison when it
+    passes. Returns and raises as :func:`decode_crop`.
+    """
+    if type(data) is not bytes:
+        data = _as_bytes(data)
     rgb = None
     header = read_jpeg_header(data) if name == "simplejpeg" else None
     if header is not None:
         width, height, orientation = header
-        _check_pixels(width, height, max_pixels, source, ext)
+        if max_pixels is not None and width * height > max_pixels:
+            _check_pixels(width, height, max_pixels, source, ext)
         up_h, up_w = (height, width) if orientation < 5 else (width, height)
-        top, left, box_h, box_w = _check_box(crop(up_h, up_w), up_h, up_w, source, ext)
-        factor = _reduction_factor(box_w, box_h, min_side)
-        _check_decode_bytes(width, height, "simplejpeg", factor, max_decode_bytes, source, ext)
+        top, left, box_h, box_w = box = crop(up_h, up_w)
+        if not (type(top) is int and type(left) is int and type(box_h) is int and type(box_w) is int
+                and 0 <= top and 0 <= left and 1 <= box_h and 1 <= box_w
+                and top + box_h <= up_h and left + box_w <= up_w):
+            top, left, box_h, box_w = _check_box(box, up_h, up_w, source, ext)
+        factor = 1
+        if min_side is not None and box_w >= 2 * min_side and box_h >= 2 * min_side:
+            factor = _reduction_factor(box_w, box_h, min_side)
+        if max_decode_bytes is not None and width * height * _SIMPLEJPEG_BYTES_PER_PIXEL > max_decode_bytes:
+            _check_decode_bytes(width, height, "simplejpeg", factor, max_decode_bytes, source, ext)
         rgb = simplejpeg_decode(data, width, height, factor, source=_where(source, ext))
         # None: simplejpeg refused the file; Pillow decodes it with the box already drawn
     if rgb is not None:
-        rgb = _ORIENT[orientation](rgb)
+        if orientation > 1:
+            rgb = _ORIENT[orientation](rgb)
     else:
+        backend = _BACKENDS[name]
         with _open_header(data, source, ext) as img:
             orientation = _check_header(data, img, max_pixels, source, ext)
             width, height = img.size
@@ -381,7 +403,8 @@ def decode_crop(
         top, box_h = _scale_span(top, box_h, up_h, rgb.shape[0], factor, rev_y)
         left, box_w = _scale_span(left, box_w, up_w, rgb.shape[1], factor, rev_x)
     window = rgb[top : top + box_h, left : left + box_w]
-    if window.strides[0] < 0 or window.strides[1] != 3 or window.strides[2] != 1:
+    strides = window.strides
+    if strides[0] < 0 or strides[1] != 3 or strides[2] != 1:
         window = np.array(window, order="C")  # flipped/transposed view: copy the window only
     return window
 

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .decode import (DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, decode_crop, decode_image, import_cv2,
-                     resolve_decoder)
+from .decode import (DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, decode_crop_unchecked, decode_image,
+                     import_cv2, resolve_decoder)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -818,7 +818,9 @@ class SampleDecoder:
         self.max_decode_bytes = max_decode_bytes
         self.seed = int(seed)
         self._builtin: EvalTransform | TrainTransform | None = None
-        self._fused = resolve_decoder(decoder) == "simplejpeg"
+        #: the decoder backend "auto" stands for here (resolved once, not per sample)
+        self._backend = resolve_decoder(decoder)
+        self._fused = self._backend == "simplejpeg"
         resample = "antialias" if self._fused else "area"
         if (resize_size is not None or crop_pct is not None) and self.image_size is None:
             raise ValueError("resize_size/crop_pct set the evaluation resize before the central image_size crop: "
@@ -975,20 +977,23 @@ class SampleDecoder:
             ImageTooLargeError: The image has more than ``max_pixels`` pixels, or its decode would
                 take more than ``max_decode_bytes``.
         """
-        if self.transform is None and isinstance(self._builtin, TrainTransform) and self._fused:
-            if rng is None:
-                rng = self.rng()
-            window = decode_crop(data, ext, crop=functools.partial(self._builtin.sample_crop, rng=rng),
-                                 min_side=self._builtin.image_size, decoder=self.decoder,
-                                 max_pixels=self.max_pixels, source=source, max_decode_bytes=self.max_decode_bytes)
-            return self._builtin.finish(window, rng, out=self._out_row()), int(label)
-        if self.transform is None and isinstance(self._builtin, EvalTransform):
-            # crop first: only the box the central crop shows is resized (and, where the box
-            # allows, the JPEG is decoded at a reduced scale)
-            window = decode_crop(data, ext, crop=self._builtin.source_box, min_side=self._builtin.image_size,
-                                 decoder=self.decoder, max_pixels=self.max_pixels, source=source,
-                                 max_decode_bytes=self.max_decode_bytes)
-            return self._builtin.finish(window, out=self._out_row()), int(label)
+        builtin = self._builtin
+        if self.transform is None and builtin is not None:
+            if type(builtin) is EvalTransform:
+                # crop first: only the box the central crop shows is resized (and, where the box
+                # allows, the JPEG is decoded at a reduced scale)
+                window = decode_crop_unchecked(data, ext, builtin.source_box, builtin.image_size, self._backend,
+                                               self.max_pixels, source, self.max_decode_bytes)
+                # EvalTransform.finish without its checks: the window is decode_crop's (h, w, 3) uint8
+                return _window_to_chw(window, builtin.image_size, resample=builtin.resample,
+                                      out=self._out_row()), int(label)
+            if self._fused:
+                if rng is None:
+                    rng = self.rng()
+                window = decode_crop_unchecked(data, ext, functools.partial(builtin.sample_crop, rng=rng),
+                                               builtin.image_size, self._backend, self.max_pixels, source,
+                                               self.max_decode_bytes)
+                return builtin.finish(window, rng, out=self._out_row()), int(label)
         img = decode_image(
             data,
             ext,
