@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from .batch_ring import row_planes
 from .decode import (DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, decode_crop_unchecked, decode_image,
                      import_cv2, resolve_decoder)
 
@@ -122,7 +123,8 @@ def _resize_antialias_chw(img: np.ndarray, width: int, height: int, flip: bool =
 
 
 def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool = False,
-                   out: "torch.Tensor | None" = None) -> "torch.Tensor":
+                   out: "torch.Tensor | None" = None, out_planes: "Sequence[np.ndarray] | None" = None
+                   ) -> "torch.Tensor":
     """Resize an HWC ``uint8`` window to ``size`` x ``size``, maybe flip it, as CHW ``uint8``.
 
     The output side of both built-in transforms. When neither side shrinks, a plain bilinear
@@ -141,6 +143,8 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
         resample: One of :data:`RESAMPLE`, for a shrinking side.
         flip: Flip left-right after resizing.
         out: Optional contiguous ``torch.uint8`` ``[3, size, size]`` to write into.
+        out_planes: ``out``'s three planes as numpy ``(size, size)`` views, where the caller has
+            them (:func:`~shardfeed.readers.batch_ring.row_planes`); default ``out.numpy()``.
 
     Returns:
         ``out`` (or a new tensor): contiguous ``torch.uint8`` ``[3, size, size]``.
@@ -171,8 +175,10 @@ def _window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool =
         window = cv2.resize(window, (size, size), interpolation=cv2.INTER_LINEAR)
     if flip:
         window = cv2.flip(window, 1)
-    planes = out.numpy()
-    cv2.split(window, [planes[0], planes[1], planes[2]])
+    if out_planes is None:
+        planes = out.numpy()
+        out_planes = [planes[0], planes[1], planes[2]]
+    cv2.split(window, out_planes)
     return out
 
 
@@ -687,9 +693,15 @@ class TrainTransform:
             ValueError: ``window`` is not ``(h, w, 3)`` ``uint8``.
         """
         _check_image(window)
-        rng = self._pick_rng(rng)
+        return self._finish_into(window, self._pick_rng(rng), out)
+
+    def _finish_into(self, window: np.ndarray, rng: np.random.Generator, out: "torch.Tensor | None",
+                     out_planes: "Sequence[np.ndarray] | None" = None) -> "torch.Tensor":
+        """:meth:`finish` on a window known to be ``(h, w, 3)`` ``uint8``, with an explicit generator
+        (and ``out``'s planes, as :func:`_window_to_chw` takes them)."""
         flip = self.flip and rng.random() < 0.5
-        return _window_to_chw(window, self.image_size, resample=self.resample, flip=flip, out=out)
+        return _window_to_chw(window, self.image_size, resample=self.resample, flip=flip, out=out,
+                              out_planes=out_planes)
 
     def _pick_rng(self, rng: np.random.Generator | None) -> np.random.Generator:
         if rng is not None:
@@ -840,7 +852,9 @@ class SampleDecoder:
         self.ring: BatchRing | None = None
         self._arena: "torch.Tensor | None" = None
         self._arena_rows: "Sequence[torch.Tensor]" = ()
-        self._arena_pool: list = []  # (buffer, its storage's reference count with no row view alive)
+        self._arena_planes: "Sequence[Sequence[np.ndarray]]" = ()
+        #: (buffer, its storage's reference count with no row view alive, its rows' planes)
+        self._arena_pool: list = []
         self._arena_next = 0
         self._epoch = 0
         self._rank = 0
@@ -872,7 +886,7 @@ class SampleDecoder:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_arena"], state["_arena_next"] = None, 0  # each process fills its own buffers
-        state["_arena_rows"], state["_arena_pool"] = (), []
+        state["_arena_rows"], state["_arena_planes"], state["_arena_pool"] = (), (), []
         return state
 
     def set_batch_rows(self, rows: int) -> None:
@@ -896,49 +910,55 @@ class SampleDecoder:
         self.batch_rows = rows
         self._arena, self._arena_next = None, 0
 
-    def _out_row(self) -> "torch.Tensor | None":
-        """The next row of the batch buffer, or None when images get their own tensors."""
+    def _out_row(self) -> "tuple[torch.Tensor, Sequence[np.ndarray]] | tuple[None, None]":
+        """The next row of the batch buffer and its three ``(S, S)`` planes as numpy views (made
+        once per buffer: ``Tensor.numpy()`` per image costs several microseconds), or
+        ``(None, None)`` when images get their own tensors."""
         if self.batch_rows <= 0 or self.transform is not None or self._builtin is None:
-            return None
+            return None, None
         if self.ring is not None:
-            row = self.ring.next_row(_current_worker_id(default=-1))  # only inside a DataLoader worker
-            if row is not None:
-                return row
+            got = self.ring.next_row_planes(_current_worker_id(default=-1))  # only inside a DataLoader worker
+            if got is not None:
+                return got
         if self._arena is None or self._arena_next >= len(self._arena_rows):
             size = self._builtin.image_size
-            self._arena, self._arena_rows = self._next_arena((self.batch_rows, 3, size, size))
+            self._arena, self._arena_rows, self._arena_planes = self._next_arena((self.batch_rows, 3, size, size))
             self._arena_next = 0
-        row = self._arena_rows[self._arena_next]
-        self._arena_next += 1
-        return row
+        k = self._arena_next
+        self._arena_next = k + 1
+        return self._arena_rows[k], self._arena_planes[k]
 
-    def _next_arena(self, shape: tuple[int, int, int, int]) -> "tuple[torch.Tensor, Sequence[torch.Tensor]]":
-        """A batch buffer and fresh row views of it: outside a worker, one of the last few this process
-        filled whose memory no tensor refers to anymore (its pages are mapped already: the first write
-        into a fresh 9.6 MB buffer costs more page faults than the resize), else a new one.
+    def _next_arena(self, shape: tuple[int, int, int, int]
+                    ) -> "tuple[torch.Tensor, Sequence[torch.Tensor], Sequence[Sequence[np.ndarray]]]":
+        """A batch buffer, fresh row views of it and each row's planes as numpy views: outside a
+        worker, one of the last few this process filled whose memory no tensor refers to anymore
+        (its pages are mapped already: the first write into a fresh 9.6 MB buffer costs more page
+        faults than the resize), else a new one.
 
-        The pool keeps only the buffers and each one's storage reference count with no row view
-        alive; every use makes new row views (one ``unbind`` call), so each row handed out, and
-        anything made from it, counts as a reference until it is freed.
+        The pool keeps the buffers, their planes (numpy views, made once per buffer) and each
+        buffer's storage reference count with only those alive; every use makes new row views (one
+        ``unbind`` call), so each row handed out, and anything made from it, counts as a reference
+        until it is freed.
 
         Inside a ``DataLoader`` worker a buffer is always new: the main process's references to
         its shared memory are not counted here (the batch ring reuses worker memory instead).
         """
         in_worker = _current_worker_id(default=-1) >= 0
         pool = self._arena_pool
-        self._arena, self._arena_rows = None, ()  # the finished buffer's rows: ours no longer
+        self._arena, self._arena_rows, self._arena_planes = None, (), ()  # the finished buffer's: ours no longer
         if not in_worker:
-            for i, (buf, base) in enumerate(pool):
+            for i, (buf, base, planes) in enumerate(pool):
                 if tuple(buf.shape) == shape and _storage_refs(buf) == base:
                     pool.append(pool.pop(i))
-                    return buf, buf.unbind(0)
+                    return buf, buf.unbind(0), planes
         buf = _new_batch_buffer(shape)
+        planes = row_planes(buf)
         if not in_worker:
-            base = _storage_refs(buf)  # only this buffer refers to its memory now
+            base = _storage_refs(buf)  # only this buffer (and its planes) refer to its memory now
             if base > 0:
-                pool.append((buf, base))
+                pool.append((buf, base, planes))
                 del pool[:-_ARENA_POOL]
-        return buf, buf.unbind(0)  # one call for every row's view
+        return buf, buf.unbind(0), planes  # one call for every row's view
 
     def rng(self) -> np.random.Generator:
         """The generator for the current context (created on first use).
@@ -979,21 +999,23 @@ class SampleDecoder:
         """
         builtin = self._builtin
         if self.transform is None and builtin is not None:
-            if type(builtin) is EvalTransform:
+            if isinstance(builtin, EvalTransform):
                 # crop first: only the box the central crop shows is resized (and, where the box
                 # allows, the JPEG is decoded at a reduced scale)
                 window = decode_crop_unchecked(data, ext, builtin.source_box, builtin.image_size, self._backend,
                                                self.max_pixels, source, self.max_decode_bytes)
                 # EvalTransform.finish without its checks: the window is decode_crop's (h, w, 3) uint8
-                return _window_to_chw(window, builtin.image_size, resample=builtin.resample,
-                                      out=self._out_row()), int(label)
+                row, planes = self._out_row()
+                return _window_to_chw(window, builtin.image_size, resample=builtin.resample, out=row,
+                                      out_planes=planes), int(label)
             if self._fused:
                 if rng is None:
                     rng = self.rng()
                 window = decode_crop_unchecked(data, ext, functools.partial(builtin.sample_crop, rng=rng),
                                                builtin.image_size, self._backend, self.max_pixels, source,
                                                self.max_decode_bytes)
-                return builtin.finish(window, rng, out=self._out_row()), int(label)
+                row, planes = self._out_row()
+                return builtin._finish_into(window, rng, row, planes), int(label)
         img = decode_image(
             data,
             ext,
@@ -1009,7 +1031,8 @@ class SampleDecoder:
             rng = rng if rng is not None else self.rng()
             _check_image(img)
             top, left, crop_h, crop_w = self._builtin.sample_crop(img.shape[0], img.shape[1], rng)
-            out = self._builtin.finish(img[top : top + crop_h, left : left + crop_w], rng, out=self._out_row())
+            row, planes = self._out_row()
+            out = self._builtin._finish_into(img[top : top + crop_h, left : left + crop_w], rng, row, planes)
         else:
             out = to_chw_tensor(img)
         return out, int(label)

@@ -159,7 +159,7 @@ def shardfeed_parts(folder: Path, wds: Path, epochs: int, rounds: int) -> dict:
     real_call = SampleDecoder.__call__
 
     def take_row_only(self, data, ext, label, source, rng=None):
-        row = self._out_row()
+        row = self._out_row()[0]
         return (row if row is not None else torch.zeros((3, SIZE, SIZE), dtype=torch.uint8)), int(label)
 
     SampleDecoder.__call__ = take_row_only  # forked workers inherit it

@@ -401,3 +401,25 @@ def test_a_worker_maps_its_slots_once_and_writes_them_without_page_faults():
     assert 0 <= faults < pages // 4  # mapped by one call at reset_worker, not one fault per page
     assert np.array_equal(part, want)  # the worker's writes are in the shared memory
     assert populate_pages(ring.buffers.data_ptr(), 0) is False
+
+
+def test_row_planes_are_the_rows_of_the_buffer_and_the_ring_hands_out_a_row_with_its_own_planes():
+    from shardfeed.readers.batch_ring import BatchRing, row_planes
+
+    buf = torch.zeros((2, 3, 4, 4), dtype=torch.uint8)
+    planes = row_planes(buf)
+    for r in range(2):
+        for c in range(3):
+            planes[r][c][:] = 10 * r + c + 1  # written through the numpy view
+    expected = torch.tensor([[1, 2, 3], [11, 12, 13]], dtype=torch.uint8)[:, :, None, None].expand(2, 3, 4, 4)
+    assert torch.equal(buf, expected)
+
+    ring = BatchRing(num_workers=1, slots=2, batch_size=2, image_size=4)
+    ring.reset_worker(0)
+    for k in range(2):
+        row, row_planes_k = ring.next_row_planes(0)
+        for c in range(3):
+            row_planes_k[c][:] = 100 + 10 * k + c
+        assert torch.equal(row, torch.tensor([100 + 10 * k + c for c in range(3)],
+                                             dtype=torch.uint8)[:, None, None].expand(3, 4, 4))
+        assert row.data_ptr() == ring.buffers[0, 0, k].data_ptr()
