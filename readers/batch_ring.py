@@ -58,8 +58,8 @@ _madvise = None
 def row_planes(buf: "torch.Tensor") -> "list[list[np.ndarray]]":
     """Each row's three planes of a batch buffer, as numpy views for OpenCV to write into.
 
-    Made once per buffer: ``Tensor.numpy()`` costs several microseconds, taken per image in the
-    decode loop (``scripts/bench_small_val.py``'s small images: 0.006 ms of about 0.13).
+    Made once per buffer: ``Tensor.numpy()`` taken per image inside the decode loop costs several
+    microseconds (docs/performance.md, small-image validation, with the command that measures it).
 
     Args:
         buf: contiguous ``torch.uint8`` ``[rows, 3, S, S]`` (CPU).
