@@ -27,10 +27,13 @@ import time
 import weakref
 from typing import Callable
 
-__all__ = ["start_thread", "before_join", "stop_all", "expect_children_to_end", "EXIT_JOIN_S"]
+__all__ = ["start_thread", "before_join", "stop_all", "expect_children_to_end", "signal_main_thread_again",
+           "EXIT_JOIN_S", "SIGNAL_AGAIN_DELAY_S"]
 
 #: Seconds the exit hook waits, in all, for the background threads to end.
 EXIT_JOIN_S = 2.0
+#: Seconds between a signal handler's swallowed exception and the signal sent to the main thread again.
+SIGNAL_AGAIN_DELAY_S = 0.05
 
 _lock = threading.Lock()
 #: thread -> (pid that started it, callable asking it to stop); threads that ended drop out
@@ -130,3 +133,30 @@ def expect_children_to_end() -> None:
 
 def _child_ended(signum, frame) -> None:
     """The SIGCHLD handler of :func:`expect_children_to_end`: nothing to do."""
+
+
+def signal_main_thread_again(signum: int, delay_s: float = SIGNAL_AGAIN_DELAY_S) -> None:
+    """Send signal ``signum`` to the main thread again in ``delay_s`` seconds, from a short-lived thread.
+
+    For a ``sys.unraisablehook`` that sees the exception of a signal handler swallowed. A signal
+    handler runs wherever the main thread is; inside an ``os.register_at_fork`` callback (logging
+    has one, so every fork of a DataLoader worker is such a place), a ``__del__`` or a weakref
+    callback, the ``KeyboardInterrupt`` or ``SystemExit`` it raises cannot propagate: Python prints
+    "Exception ignored in ..." and goes on as if the signal never came. Sent again once the
+    callback has returned, the handler raises where the exception propagates. A real signal
+    (``pthread_kill``) rather than ``_thread.interrupt_main``: it also ends a blocking wait of the
+    main thread. Nothing is sent where the signal's handler is then no longer a Python callable
+    (``SIG_DFL`` would kill the process, ``SIG_IGN`` drop it).
+    """
+    import _thread
+
+    _thread.start_new_thread(_send_to_main_thread, (signum, delay_s))
+
+
+def _send_to_main_thread(signum: int, delay_s: float) -> None:
+    """The short-lived thread of :func:`signal_main_thread_again`."""
+    import signal
+
+    time.sleep(delay_s)
+    if callable(signal.getsignal(signum)):
+        signal.pthread_kill(threading.main_thread().ident, signum)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import click
 
-from shardfeed.readers.background import expect_children_to_end
+from shardfeed.readers.background import expect_children_to_end, signal_main_thread_again
 
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
@@ -78,19 +78,17 @@ def _unraisable_rearms_interrupt(unraisable) -> None:
     A signal handler (SIGTERM's, and Ctrl-C's ``KeyboardInterrupt``) runs wherever the main thread
     is: inside a ``__del__``, a weakref callback or an at-fork hook (``logging``'s, run by every
     ``fork`` of a DataLoader worker) the exception it raises cannot propagate and Python prints
-    "Exception ignored" and goes on, as if the signal never came. Here the signal is raised again in
-    the main thread, from a short-lived thread (``_thread.interrupt_main`` called in the main thread
-    would run the handler inside this hook, where its exception is lost again), so the command
-    still stops. Once SIGTERM came, other unraisable errors (objects the stop left half-built,
+    "Exception ignored" and goes on, as if the signal never came. Here the signal is sent to the
+    main thread again once the callback has returned
+    (:func:`~shardfeed.readers.background.signal_main_thread_again`), so the command still stops.
+    Once SIGTERM came, other unraisable errors (objects the stop left half-built,
     failing in ``__del__``) are not news and are shown only with ``SHARDFEED_DEBUG=1``; any other
     goes to the hook that was in place.
     """
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and os.getpid() == _sigterm_owner_pid:
-        import _thread
         import signal
 
-        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
-        _thread.start_new_thread(_thread.interrupt_main, (signum,))
+        signal_main_thread_again(signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT)
         return
     if sigterm_received() and not os.environ.get("SHARDFEED_DEBUG"):
         return

@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 
-from ..background import expect_children_to_end
+from ..background import expect_children_to_end, signal_main_thread_again
 
 __all__ = ["install", "patch_dataloader", "watched_reports", "MAX_WATCHED_LOADERS", "ENV_DIR", "ENV_OPTIONS"]
 
@@ -38,7 +38,10 @@ _OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "samp
 
 _watches: list = []
 _lock = threading.Lock()
-_state = {"installed": False, "patched": False, "pid": None, "skipped": 0}
+_state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "sigterm_exit": False,
+          "exit_mark_registered": False, "exit_begun": False, "exits_raised_again": 0}
+#: Times a SIGTERM exit that Python swallowed is raised again, at most (then the process dies of the signal).
+MAX_EXITS_RAISED_AGAIN = 20
 
 
 class _Original:
@@ -184,6 +187,8 @@ def _exit_on_sigterm() -> None:
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_terminated)
+        _state["previous_unraisablehook"] = sys.unraisablehook
+        sys.unraisablehook = _exit_swallowed
         if hasattr(os, "register_at_fork"):  # once: install() runs this once per process
             os.register_at_fork(after_in_child=_default_sigterm_in_child)
 
@@ -226,4 +231,41 @@ def _exit_terminated(signum, frame) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         return
     expect_children_to_end()
+    if not _state["exit_mark_registered"]:
+        _state["exit_mark_registered"] = True
+        atexit.register(_mark_exit_begun)  # registered last, it runs first of the exit callbacks
+    _state["sigterm_exit"] = True
     sys.exit(128 + signal.SIGTERM)
+
+
+def _mark_exit_begun() -> None:
+    """The first exit callback after a SIGTERM: a swallowed exit is no longer raised again."""
+    _state["exit_begun"] = True
+
+
+def _exit_swallowed(unraisable) -> None:
+    """``sys.unraisablehook`` while the SIGTERM handler is installed: the handler's exit is raised again
+    where Python swallowed it.
+
+    Where the handler ran inside a callback whose exceptions Python can only print (an at-fork
+    callback, as every fork of a DataLoader worker runs logging's; a ``__del__``), its ``SystemExit``
+    was dropped and the script ran on for ever. The signal is sent to the main thread again
+    (:func:`~shardfeed.readers.background.signal_main_thread_again`), at most
+    :data:`MAX_EXITS_RAISED_AGAIN` times; then the process dies of the signal, as the unwatched script
+    does. Once the exit callbacks run, a swallowed exit (a second SIGTERM) is left dropped. Every
+    other unraisable exception goes to the previous hook.
+    """
+    import signal
+
+    ours = (unraisable.exc_type is SystemExit and getattr(unraisable.exc_value, "code", None) == 128 + signal.SIGTERM
+            and _state["sigterm_exit"] and not _state["exit_begun"] and os.getpid() == _state["pid"])
+    if not ours:
+        _state["previous_unraisablehook"](unraisable)
+        return
+    _state["sigterm_exit"] = False
+    _state["exits_raised_again"] += 1
+    if _state["exits_raised_again"] > MAX_EXITS_RAISED_AGAIN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    signal_main_thread_again(signal.SIGTERM)

@@ -195,6 +195,52 @@ def test_sigterm_to_the_process_group_ends_watch_and_the_script_with_status_143(
     assert rep["exit_status"] == 128 + signal.SIGTERM
 
 
+_SIGTERM_INSIDE_A_FORK_CALLBACK = textwrap.dedent('''
+    import os, signal, sys, time
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    for (x,) in DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4):
+        pass
+    fired = []
+
+    def after_fork_in_parent():
+        if not fired:
+            fired.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100000):  # the SIGTERM handler runs here, inside the at-fork callback
+                pass
+
+    os.register_at_fork(after_in_parent=after_fork_in_parent)
+    pid = os.fork()  # as a DataLoader starting its workers does
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    start = time.monotonic()
+    while time.monotonic() - start < 30:
+        time.sleep(0.05)
+    print("still running")
+''')
+
+
+def test_sigterm_that_lands_inside_a_fork_callback_still_ends_the_script_with_its_report(tmp_path):
+    import signal
+
+    # Python swallows an exception raised inside an os.register_at_fork callback (logging has one,
+    # so every DataLoader worker start is such a place): the exit must not be lost there
+    script, report_path = tmp_path / "fork_callback.py", tmp_path / "watch.json"
+    script.write_text(_SIGTERM_INSIDE_A_FORK_CALLBACK)
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                        sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 128 + signal.SIGTERM, r.stdout + r.stderr
+    assert "still running" not in r.stdout
+    assert "Exception ignored" not in r.stderr, r.stderr
+    rep = json.loads(report_path.read_text())
+    assert rep["exit_status"] == 128 + signal.SIGTERM
+    # 8 samples in batches of 4: 2 batches, the first reported apart as the start-up
+    assert rep["loaders"] and rep["loaders"][0]["epochs"] == 1 and rep["loaders"][0]["batches"] == 1
+
+
 _SIGTERM_BEFORE_ANY_LOADER = textwrap.dedent('''
     import os, signal, sys, time
     from shardfeed.readers.integrations.autowatch import install
