@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 from ..background import expect_children_to_end, signal_main_thread_again
 
@@ -39,7 +40,9 @@ _OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "samp
 _watches: list = []
 _lock = threading.Lock()
 _state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "sigterm_exit": False,
-          "exit_mark_registered": False, "exit_begun": False, "exits_raised_again": 0}
+          "sigterm_at": 0.0, "exit_mark_registered": False, "exit_begun": False, "exits_raised_again": 0}
+#: Seconds after a SIGTERM in which another one is the same stop (ignored while its exit is under way).
+SAME_STOP_S = 5.0
 #: Times a SIGTERM exit that Python swallowed is raised again, at most (then the process dies of the signal).
 MAX_EXITS_RAISED_AGAIN = 20
 
@@ -115,6 +118,30 @@ def watched_reports() -> list:
 
 
 def _write_reports() -> None:
+    """The exit callback of :func:`install` (registered first, so it runs last): write this process's
+    report; after a SIGTERM, the signal is then ignored for the interpreter's last teardown."""
+    try:
+        _write_reports_now()
+    finally:
+        _ignore_sigterm_once_reported()
+
+
+def _ignore_sigterm_once_reported() -> None:
+    """After a SIGTERM's exit wrote the report: ignore SIGTERM for the rest of the exit.
+
+    The interpreter's teardown, after the exit callbacks, puts Python's signal handlers back to
+    ``SIG_DFL``; the same stop's second SIGTERM (a process group's and the one ``shardfeed watch``
+    passes on) landing there would turn the exit status 143 into a death by the signal. An ignored
+    signal stays ignored through the teardown.
+    """
+    import signal
+
+    if _state["sigterm_exit"] and os.getpid() == _state["pid"] \
+            and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _write_reports_now() -> None:
     out_dir = os.environ.get(ENV_DIR)
     if not out_dir or os.getpid() != _state["pid"] or not _watches:
         return
@@ -221,6 +248,11 @@ def _exit_terminated(signum, frame) -> None:
     ... is killed by signal" wherever the exit then is (in an ``atexit`` callback, printed with a
     traceback the script never caused): their end is expected now
     (:func:`~shardfeed.readers.background.expect_children_to_end`).
+
+    A second SIGTERM within :data:`SAME_STOP_S` of the one whose exit is under way is the same stop
+    (the group's signal and the one ``shardfeed watch`` passes on) and is ignored: it would cut the
+    script's clean-up short. A later one raises ``SystemExit`` again, which ends an exit callback
+    that hangs; the report, written by the last exit callback, is still written.
     """
     import signal
 
@@ -230,6 +262,10 @@ def _exit_terminated(signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    now = time.monotonic()
+    if _state["sigterm_exit"] and now - _state["sigterm_at"] < SAME_STOP_S:
+        return  # the same stop, its exit under way: a process group's SIGTERM and the one watch passed on
+    _state["sigterm_at"] = now
     expect_children_to_end()
     if not _state["exit_mark_registered"]:
         _state["exit_mark_registered"] = True

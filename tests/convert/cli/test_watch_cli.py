@@ -185,9 +185,8 @@ def test_sigterm_to_the_process_group_ends_the_script_without_a_traceback(tmp_pa
     assert rep["loaders"] and rep["loaders"][0]["batches"] >= 9
 
 
-@pytest.mark.xfail(reason="watch passes the group's SIGTERM on to a script that already got it; the second one "
-                          "can cut the script's exit (its status, at times watch's own, is then -15)", strict=False)
 def test_sigterm_to_the_process_group_ends_watch_and_the_script_with_status_143(tmp_path):
+    # the script gets SIGTERM twice, from the group and passed on by watch: one stop, status 143
     import signal
 
     rc, out, err, rep = _watch_signalled_as_a_group(tmp_path)
@@ -239,6 +238,57 @@ def test_sigterm_that_lands_inside_a_fork_callback_still_ends_the_script_with_it
     assert rep["exit_status"] == 128 + signal.SIGTERM
     # 8 samples in batches of 4: 2 batches, the first reported apart as the start-up
     assert rep["loaders"] and rep["loaders"][0]["epochs"] == 1 and rep["loaders"][0]["batches"] == 1
+
+
+_SLOW_EXIT_CALLBACK = textwrap.dedent('''
+    import atexit, os, pathlib, signal, sys, time
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from shardfeed.readers.integrations import autowatch
+
+    autowatch.SAME_STOP_S = 0.2  # a shorter "same stop" window, so the test need not wait 5 s
+    for (x,) in DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4):
+        pass
+
+    def slow_clean_up():  # an exit callback that hangs (an upload, a stuck join)
+        pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+        time.sleep(30)
+
+    atexit.register(slow_clean_up)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+''')
+
+
+def test_a_later_second_sigterm_ends_an_exit_callback_that_hangs_and_the_report_is_still_written(tmp_path):
+    import os
+    import signal
+    import time
+
+    script, marker, report_path = tmp_path / "slow_exit.py", tmp_path / "in_clean_up", tmp_path / "watch.json"
+    script.write_text(_SLOW_EXIT_CALLBACK)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate()[1] if proc.poll() is not None else "no exit callback"
+        time.sleep(0.5)  # past the same-stop window
+        start = time.monotonic()
+        os.kill(int(marker.read_text()), signal.SIGTERM)  # a second kill: the script is to end now
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert took < 20, f"the exit callback ran its 30 s ({took:.1f} s)"
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    rep = json.loads(report_path.read_text())
+    assert rep["exit_status"] == 128 + signal.SIGTERM
+    assert rep["loaders"] and rep["loaders"][0]["epochs"] == 1
 
 
 _SIGTERM_BEFORE_ANY_LOADER = textwrap.dedent('''
