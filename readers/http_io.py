@@ -53,6 +53,7 @@ import logging
 import os
 import socket
 import ssl
+import sys
 import threading
 import time
 import urllib.parse
@@ -413,9 +414,91 @@ def _proxy_for(u: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
 _ARMING = threading.local()  # .when: deadline of the request this thread sends; .guard: its watchdog entry; .sock
 
 
+#: sockets of this process waiting in ``connect`` (at exit they are shut down: the wait ends at once)
+_CONNECTING: set = set()
+_CONNECTING_LOCK = threading.Lock()
+_CONNECTS_REFUSED = threading.Event()  # set at exit: a new connection fails at once
+
+
+def _shut_down_connecting() -> None:
+    """At exit: end every ``connect`` in progress (its thread gets an error now, not at the
+    connect timeout) and refuse new ones (a retry would wait again)."""
+    _CONNECTS_REFUSED.set()
+    with _CONNECTING_LOCK:
+        socks = list(_CONNECTING)
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _forget_connecting() -> None:
+    """In a forked child: the parent's connects are not its own, and its lock may have been held."""
+    global _CONNECTING, _CONNECTING_LOCK, _CONNECTS_REFUSED
+    _CONNECTING, _CONNECTING_LOCK, _CONNECTS_REFUSED = set(), threading.Lock(), threading.Event()
+
+
+before_join(_shut_down_connecting)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_connecting)
+
+
+def _create_connection(address: tuple[str, int], timeout, source_address, socket_options) -> socket.socket:
+    """``urllib3.util.connection.create_connection`` with each socket known while it connects
+    (:data:`_CONNECTING`), so that the exit can end the wait; the same address families, options
+    and errors (the last address's ``OSError``)."""
+    from urllib3.util.connection import allowed_gai_family
+
+    host, port = address
+    if host.startswith("["):
+        host = host.strip("[]")
+    err: OSError | None = None
+    for af, socktype, proto, _, sa in socket.getaddrinfo(host, port, allowed_gai_family(), socket.SOCK_STREAM):
+        if _CONNECTS_REFUSED.is_set():
+            raise ConnectionAbortedError("the process is exiting: no new connection")
+        sock = socket.socket(af, socktype, proto)
+        with _CONNECTING_LOCK:
+            _CONNECTING.add(sock)
+        try:
+            for opt in socket_options or ():
+                sock.setsockopt(*opt)
+            if timeout is None or isinstance(timeout, (int, float)):  # else urllib3's "default": left as is
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(sa)
+            return sock
+        except OSError as exc:
+            err = exc
+            sock.close()
+        finally:
+            with _CONNECTING_LOCK:
+                _CONNECTING.discard(sock)
+    raise err if err is not None else OSError(f"getaddrinfo for {host} returned no address")
+
+
 class _DeadlineConnection:
     """Arms the watchdog on the socket when the request is sent, before the answer's headers are
-    read (a server trickling its headers is cut at the deadline, as one trickling its body)."""
+    read (a server trickling its headers is cut at the deadline, as one trickling its body); its
+    socket is known while it connects, so that the exit ends that wait too."""
+
+    def _new_conn(self) -> socket.socket:
+        """urllib3's ``HTTPConnection._new_conn`` (the same errors), connecting through
+        :func:`_create_connection`."""
+        exc_mod = urllib3.exceptions
+        try:
+            sock = _create_connection((getattr(self, "_dns_host", self.host), self.port), self.timeout,
+                                      self.source_address, self.socket_options)
+        except socket.gaierror as exc:
+            raise exc_mod.NameResolutionError(self.host, self, exc) from exc
+        except TimeoutError as exc:
+            raise exc_mod.ConnectTimeoutError(
+                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})") from exc
+        except OSError as exc:
+            raise exc_mod.NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
+        sys.audit("http.client.connect", self, self.host, self.port)
+        return sock
 
     def getresponse(self, *args, **kwargs):
         _ARMING.sock = self.sock  # the answer's socket (http.client drops it from a connection that closes after)

@@ -190,8 +190,6 @@ def full_backlog():
 
 
 @pytest.mark.network
-@pytest.mark.xfail(strict=True, reason="a connect in progress has no watchdog entry and no stream yet: nothing "
-                   "shuts its socket down at exit, so the exit hook waits its full EXIT_JOIN_S and leaves the thread")
 def test_a_thread_waiting_to_connect_at_exit_does_not_hold_the_exit(full_backlog):
     child = (f"""
         from shardfeed.readers.http_io import HttpRangeStream
