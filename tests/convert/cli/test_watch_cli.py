@@ -268,8 +268,8 @@ def test_a_later_second_sigterm_ends_an_exit_callback_that_hangs_and_the_report_
     script, marker, report_path = tmp_path / "slow_exit.py", tmp_path / "in_clean_up", tmp_path / "watch.json"
     script.write_text(_SLOW_EXIT_CALLBACK)
     proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
-                             sys.executable, str(script), str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                             sys.executable, str(script), str(marker)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
