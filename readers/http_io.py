@@ -453,6 +453,10 @@ def _create_connection(address: tuple[str, int], timeout, source_address, socket
     host, port = address
     if host.startswith("["):
         host = host.strip("[]")
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        raise urllib3.exceptions.LocationParseError(f"'{host}', label empty or too long") from None
     err: OSError | None = None
     for af, socktype, proto, _, sa in socket.getaddrinfo(host, port, allowed_gai_family(), socket.SOCK_STREAM):
         if _CONNECTS_REFUSED.is_set():

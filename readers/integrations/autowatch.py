@@ -40,7 +40,8 @@ _OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "samp
 _watches: list = []
 _lock = threading.Lock()
 _state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "sigterm_exit": False,
-          "sigterm_at": 0.0, "exit_mark_registered": False, "exit_begun": False, "exits_raised_again": 0}
+          "sigterm_at": 0.0, "repeat_exit": False, "exit_mark_registered": False, "exit_begun": False,
+          "exits_raised_again": 0}
 #: Seconds after a SIGTERM in which another one is the same stop (ignored while its exit is under way).
 SAME_STOP_S = 5.0
 #: Times a SIGTERM exit that Python swallowed is raised again, at most (then the process dies of the signal).
@@ -270,6 +271,7 @@ def _exit_terminated(signum, frame) -> None:
     if not _state["exit_mark_registered"]:
         _state["exit_mark_registered"] = True
         atexit.register(_mark_exit_begun)  # registered last, it runs first of the exit callbacks
+    _state["repeat_exit"] = _state["sigterm_exit"]  # an earlier SIGTERM's exit still under way
     _state["sigterm_exit"] = True
     sys.exit(128 + signal.SIGTERM)
 
@@ -288,13 +290,15 @@ def _exit_swallowed(unraisable) -> None:
     was dropped and the script ran on for ever. The signal is sent to the main thread again
     (:func:`~shardfeed.readers.background.signal_main_thread_again`), at most
     :data:`MAX_EXITS_RAISED_AGAIN` times; then the process dies of the signal, as the unwatched script
-    does. Once the exit callbacks run, a swallowed exit (a second SIGTERM) is left dropped. Every
+    does. A swallowed exit of a later SIGTERM, while the first one's exit is still under way (Python
+    waiting for the script's threads, the exit callbacks), is left dropped: that exit goes on. Every
     other unraisable exception goes to the previous hook.
     """
     import signal
 
     ours = (unraisable.exc_type is SystemExit and getattr(unraisable.exc_value, "code", None) == 128 + signal.SIGTERM
-            and _state["sigterm_exit"] and not _state["exit_begun"] and os.getpid() == _state["pid"])
+            and _state["sigterm_exit"] and not _state["repeat_exit"] and not _state["exit_begun"]
+            and os.getpid() == _state["pid"])
     if not ours:
         _state["previous_unraisablehook"](unraisable)
         return

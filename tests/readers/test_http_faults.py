@@ -472,3 +472,11 @@ def test_the_deadline_watchdog_keeps_no_more_than_its_armed_requests():
         while not fired[3] and time.monotonic() < deadline:
             time.sleep(0.01)
         assert fired[3]
+
+
+def test_a_host_name_with_an_empty_label_is_an_error_naming_the_url():
+    from shardfeed.readers.errors import DataSourceError
+    from shardfeed.readers.http_io import http_get
+
+    with pytest.raises(DataSourceError, match=r"http://a\.\.b/blob: .*label empty or too long"):
+        http_get("http://a..b/blob", retries=0)

@@ -291,6 +291,58 @@ def test_a_later_second_sigterm_ends_an_exit_callback_that_hangs_and_the_report_
     assert rep["loaders"] and rep["loaders"][0]["epochs"] == 1
 
 
+_SECOND_SIGTERM_WHILE_THREADS_END = textwrap.dedent('''
+    import atexit, os, pathlib, signal, sys, threading, time
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from shardfeed.readers.integrations import autowatch
+
+    autowatch.SAME_STOP_S = 0.2  # a shorter "same stop" window, so the test need not wait 5 s
+    for (x,) in DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4):
+        pass
+    threading.Thread(target=time.sleep, args=(6,)).start()  # an upload thread: the exit waits for it
+
+    def flush_logs():  # the script's own exit callback: must run to its end
+        time.sleep(0.5)
+        pathlib.Path(sys.argv[1] + ".flushed").write_text("done")
+
+    atexit.register(flush_logs)
+    pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+''')
+
+
+def test_a_second_sigterm_while_the_exit_waits_for_the_scripts_threads_cuts_no_exit_callback(tmp_path):
+    import os
+    import signal
+    import time
+
+    script, marker, report_path = tmp_path / "threads.py", tmp_path / "pid", tmp_path / "watch.json"
+    script.write_text(_SECOND_SIGTERM_WHILE_THREADS_END)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(marker)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate()[1] if proc.poll() is not None else "script not ready"
+        time.sleep(1.0)  # the exit now waits for the thread, past the same-stop window
+        os.kill(int(marker.read_text()), signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert (tmp_path / "pid.flushed").read_text() == "done", err  # the second signal cut no exit callback
+    assert "Exception ignored in atexit callback" not in err, err
+    rep = json.loads(report_path.read_text())
+    assert rep["exit_status"] == 128 + signal.SIGTERM
+    assert rep["loaders"] and rep["loaders"][0]["epochs"] == 1
+
+
 _SIGTERM_BEFORE_ANY_LOADER = textwrap.dedent('''
     import os, signal, sys, time
     from shardfeed.readers.integrations.autowatch import install
