@@ -240,6 +240,36 @@ def test_sigterm_that_lands_inside_a_fork_callback_still_ends_the_script_with_it
     assert rep["loaders"] and rep["loaders"][0]["epochs"] == 1 and rep["loaders"][0]["batches"] == 1
 
 
+def _second_sigterm_to_the_script(tmp_path, script_text: str, after_s: float):
+    """Run ``script_text`` under ``shardfeed watch --json``; once it wrote its pid to the marker file
+    (argv[1]), wait ``after_s`` and send the script a SIGTERM of its own. Returns ``(returncode,
+    stdout, stderr, report path, seconds from that SIGTERM to the end)``."""
+    import os
+    import signal
+    import time
+
+    script, marker, report_path = tmp_path / "script.py", tmp_path / "pid", tmp_path / "watch.json"
+    script.write_text(script_text)
+    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                             sys.executable, str(script), str(marker)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate()[1] if proc.poll() is not None else "script not ready"
+        time.sleep(after_s)
+        start = time.monotonic()
+        os.kill(int(marker.read_text()), signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out, err, report_path, took
+
+
 _SLOW_EXIT_CALLBACK = textwrap.dedent('''
     import atexit, os, pathlib, signal, sys, time
     import torch
@@ -261,31 +291,12 @@ _SLOW_EXIT_CALLBACK = textwrap.dedent('''
 
 
 def test_a_later_second_sigterm_ends_an_exit_callback_that_hangs_and_the_report_is_still_written(tmp_path):
-    import os
     import signal
-    import time
 
-    script, marker, report_path = tmp_path / "slow_exit.py", tmp_path / "in_clean_up", tmp_path / "watch.json"
-    script.write_text(_SLOW_EXIT_CALLBACK)
-    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
-                             sys.executable, str(script), str(marker)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert marker.exists(), proc.communicate()[1] if proc.poll() is not None else "no exit callback"
-        time.sleep(0.5)  # past the same-stop window
-        start = time.monotonic()
-        os.kill(int(marker.read_text()), signal.SIGTERM)  # a second kill: the script is to end now
-        out, err = proc.communicate(timeout=60)
-        took = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    # the second kill, past the same-stop window, while an exit callback hangs: the script is to end now
+    rc, out, err, report_path, took = _second_sigterm_to_the_script(tmp_path, _SLOW_EXIT_CALLBACK, 0.5)
     assert took < 20, f"the exit callback ran its 30 s ({took:.1f} s)"
-    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert rc == 128 + signal.SIGTERM, out + err
     rep = json.loads(report_path.read_text())
     assert rep["exit_status"] == 128 + signal.SIGTERM
     assert rep["loaders"] and rep["loaders"][0]["epochs"] == 1
@@ -314,28 +325,11 @@ _SECOND_SIGTERM_WHILE_THREADS_END = textwrap.dedent('''
 
 
 def test_a_second_sigterm_while_the_exit_waits_for_the_scripts_threads_cuts_no_exit_callback(tmp_path):
-    import os
     import signal
-    import time
 
-    script, marker, report_path = tmp_path / "threads.py", tmp_path / "pid", tmp_path / "watch.json"
-    script.write_text(_SECOND_SIGTERM_WHILE_THREADS_END)
-    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
-                             sys.executable, str(script), str(marker)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert marker.exists(), proc.communicate()[1] if proc.poll() is not None else "script not ready"
-        time.sleep(1.0)  # the exit now waits for the thread, past the same-stop window
-        os.kill(int(marker.read_text()), signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    # the exit waits for the thread; the second SIGTERM comes past the same-stop window
+    rc, out, err, report_path, _ = _second_sigterm_to_the_script(tmp_path, _SECOND_SIGTERM_WHILE_THREADS_END, 1.0)
+    assert rc == 128 + signal.SIGTERM, out + err
     assert (tmp_path / "pid.flushed").read_text() == "done", err  # the second signal cut no exit callback
     assert "Exception ignored in atexit callback" not in err, err
     rep = json.loads(report_path.read_text())
