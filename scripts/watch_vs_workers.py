@@ -45,7 +45,7 @@ class FilesDataset:
 
         with open(self.paths[i], "rb") as f:
             img = Image.open(f).convert("RGB").resize((32, 32))
-        return torch.from_numpy(np.asarray(img)).permute(2, 0, 1).contiguous(), 0
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous(), 0
 
 
 def _run(paths, workers: int, args):

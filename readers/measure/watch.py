@@ -53,17 +53,24 @@ from ..redact import shown_source
 from .report import fmt_bytes, percentile
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
-           "WORKER_CPU_SATURATED", "DEFAULT_SAMPLE_INTERVAL_S", "data_facts", "batch_length", "reports_to_json",
-           "predict_batch_interval", "MAX_PER_BATCH"]
+           "WORKER_CPU_SATURATED", "BATCH_READY_HANDOFF", "DEFAULT_SAMPLE_INTERVAL_S", "data_facts", "batch_length",
+           "batch_ready", "count_tensors", "reports_to_json", "predict_batch_interval", "MAX_PER_BATCH"]
 
 logger = logging.getLogger("shardfeed.watch")
 
 #: The diagnosis kinds, in the order :func:`diagnose` tries them.
-DIAGNOSIS_KINDS = ("compute-bound", "main-process-bound", "cpu-bound", "storage-bound", "unknown")
+DIAGNOSIS_KINDS = ("compute-bound", "main-process-bound", "handoff-bound", "cpu-bound", "storage-bound", "unknown")
 #: A data stall share below this is ``compute-bound``: the loader keeps up.
 STALL_COMPUTE_BOUND = 0.10
 #: Workers whose CPU demand (running or runnable) or busy share reaches this are CPU-saturated.
 WORKER_CPU_SATURATED = 0.6
+#: A stalled loop that spends this share of its waiting time or more on batches that had already
+#: come back from a worker when it asked for them is ``handoff-bound``: it waits on the hand-off,
+#: not on the workers.
+BATCH_READY_HANDOFF = 0.8
+#: More tensors than this in one batch are named in the ``handoff-bound`` advice (about 0.3 ms of
+#: hand-off each, against about 2 ms for a whole batch of two stacked tensors).
+HANDOFF_MANY_TENSORS = 8
 #: Seconds between two background samples of CPU time and scheduler state.
 DEFAULT_SAMPLE_INTERVAL_S = 0.05
 #: Memory, context switches and I/O counters are read every this many samples; the list of child
@@ -97,6 +104,25 @@ def batch_length(batch: Any) -> int | None:
             return int(shape[0]) if len(shape) else None
         return None
     return None
+
+
+def count_tensors(batch: Any, limit: int = 100_000) -> int:
+    """Tensors in ``batch`` (nested tuples, lists and dicts, at most 8 levels and ``limit`` items
+    walked): each one crosses from a DataLoader worker to the main process through a
+    shared-memory handle of its own."""
+    import torch
+
+    count, seen, stack = 0, 0, [(batch, 0)]
+    while stack and seen < limit:
+        obj, depth = stack.pop()
+        seen += 1
+        if isinstance(obj, torch.Tensor):
+            count += 1
+        elif depth < 8 and isinstance(obj, (tuple, list)):
+            stack.extend((x, depth + 1) for x in obj[:limit])
+        elif depth < 8 and isinstance(obj, dict):
+            stack.extend((x, depth + 1) for x in list(obj.values())[:limit])
+    return count
 
 
 def _stats(values: list[float]) -> dict:
@@ -288,8 +314,12 @@ class WatchReport:
         device: ``"cpu"`` or ``"cuda:N"``; ``timing``: ``"cuda_synchronize"`` or ``"perf_counter"``.
         loader: the loader's knobs as found (``num_workers``, ``pin_memory``, ``prefetch_factor``,
             ``persistent_workers``, ``batch_size``; None where the iterable has none).
-        workers: ``{"num", "cpu_busy_share", "cpu_demand_share", "per_worker"}``: the mean over
-            the watched worker processes (None without workers or psutil).
+        workers: ``{"num", "cpu_busy_share", "cpu_demand_share", "batch_ready_share",
+            "ready_wait_share", "batch_tensors", "per_worker"}``: the mean over the watched worker
+            processes; the share of timed requests at which the batch due had already come back from
+            a worker, and the share of the waiting time spent on those requests (both None when not
+            known: no multi-process ``DataLoader``); the tensors in one batch. None without workers
+            or psutil.
         main: the main process: ``cpu_busy_share``, ``cpu_demand_share``, ``cpu_s``.
         io: bytes read by main and workers during the run (``read_chars``, ``read_bytes``) and
             per second; ``iowait_share`` of the machine.
@@ -339,10 +369,15 @@ class WatchReport:
                  f" step mean {s['mean'] * 1e3:.1f} ms (p95 {s['p95'] * 1e3:.1f}) [{self.timing}]"]
         if self.workers:
             busy, demand = self.workers.get("cpu_busy_share"), self.workers.get("cpu_demand_share")
-            lines.append(f"  workers: {self.workers['num']}, CPU busy {_pct(busy)}, running or runnable {_pct(demand)}")
+            ready = self.workers.get("batch_ready_share")
+            ready_txt = f", the batch due ready at {ready:.0%} of the requests" if ready is not None else ""
+            lines.append(f"  workers: {self.workers['num']}, CPU busy {_pct(busy)}, running or runnable {_pct(demand)}"
+                         f"{ready_txt}")
         if self.io:
             rate = fmt_bytes(self.io.get('read_chars_per_s'))
-            lines.append(f"  read {fmt_bytes(self.io.get('read_chars'))} ({rate}/s), "
+            disk = (f"; from block devices {fmt_bytes(self.io.get('read_bytes'))}"
+                    if self.io.get("read_bytes") is not None else "")
+            lines.append(f"  read {fmt_bytes(self.io.get('read_chars'))} ({rate}/s, page-cache hits included{disk}), "
                          f"I/O wait {_pct(self.io.get('iowait_share'))} of the machine")
         if self.gpu_util is not None:
             lines.append(f"  GPU utilisation {self.gpu_util:.0%}")
@@ -366,11 +401,15 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     """The diagnosis of a watched loop: ``{"kind", "text", "advice"}``.
 
     Rules, in order: stall under :data:`STALL_COMPUTE_BOUND` → ``compute-bound``; stalled with
-    ``num_workers=0`` (loading in the main process), or with idle workers while the main process
-    is CPU-saturated (collate, pinning) → ``main-process-bound``; stalled while the workers are
-    CPU-saturated (busy or demand share ≥ :data:`WORKER_CPU_SATURATED`: decoding and transforms)
-    → ``cpu-bound``; stalled while the workers wait (both shares below it: storage) →
-    ``storage-bound``; otherwise (no batch, no worker figures) ``unknown``.
+    ``num_workers=0`` (loading in the main process) → ``main-process-bound``; stalled, with
+    :data:`BATCH_READY_HANDOFF` or more of the waiting time spent on batches that had already come
+    back from a worker (``workers["ready_wait_share"]``, from :func:`batch_ready`) →
+    ``handoff-bound`` (the wait is the main process receiving each batch; advice: fewer tensors
+    per batch, larger batches, not more workers); stalled with idle workers while the main
+    process is CPU-saturated (collate, pinning) → ``main-process-bound``; stalled while the workers are CPU-saturated (busy or demand share ≥
+    :data:`WORKER_CPU_SATURATED`: decoding and transforms) → ``cpu-bound``; stalled while the
+    workers wait (both shares below it: storage, the network or another wait in the dataset's
+    code) → ``storage-bound``; otherwise (no batch, no worker figures) ``unknown``.
 
     ``advice`` follows one order: workers, ``pin_memory`` + ``non_blocking``, ``prefetch_factor``,
     ``persistent_workers``, then the storage format (``shardfeed pack``, ``stage`` to NVMe or
@@ -405,7 +444,8 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
         text = f"the loop waits for data {stall_share:.0%} of the time: the loader keeps up; a faster loader would " \
                "not speed this loop up"
         return {"kind": "compute-bound", "text": text, "advice": []}
-    kind, text = _verdict(stall_share, nw, busy, demand, main, io)
+    ready = (workers or {}).get("ready_wait_share")
+    kind, text = _verdict(stall_share, nw, busy, demand, main, io, ready, (t_wait_s or {}).get("mean"))
     # 1. workers
     if kind == "main-process-bound" and nw == 0:
         advice.append(f"num_workers=0 → {max(2, min(cpu_count, 8))}: load in worker processes "
@@ -420,6 +460,8 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
         advice.append(f"num_workers={nw} → {more}: the workers wait on storage rather than compute, so more of "
                       f"them keep more reads in flight (this machine has {cpu_count} cores)"
                       f"{_gain_text(nw, more, stall_share, t_step_s, t_wait_s, workers, cpu_count)}")
+    elif kind == "handoff-bound":
+        advice += _handoff_advice(nw, loader, (workers or {}).get("batch_tensors"), t_wait_s)
     # 2. pinned memory
     if cuda and loader.get("pin_memory") is False:
         advice.append("pin_memory=False → True, with batch.to(device, non_blocking=True): the copy to the GPU "
@@ -440,7 +482,7 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
 
 
 def _verdict(stall_share: float, nw: int | None, busy: float | None, demand: float | None, main: dict | None,
-             io: dict | None) -> tuple[str, str]:
+             io: dict | None, ready: float | None = None, wait_mean_s: float | None = None) -> tuple[str, str]:
     """:func:`diagnose`'s ``(kind, text)`` of a stalled loop, by the rules its docstring lists."""
     saturated = None if busy is None and demand is None else max(busy or 0.0, demand or 0.0) >= WORKER_CPU_SATURATED
     main_busy = max((main or {}).get("cpu_busy_share") or 0.0, (main or {}).get("cpu_demand_share") or 0.0)
@@ -448,6 +490,13 @@ def _verdict(stall_share: float, nw: int | None, busy: float | None, demand: flo
     if nw == 0:
         return ("main-process-bound",
                 f"{stall_txt}, and the samples are loaded in the main process (num_workers=0), between the steps")
+    if ready is not None and ready >= BATCH_READY_HANDOFF:
+        per = f"; {wait_mean_s * 1e3:.1f} ms per batch" if wait_mean_s is not None else ""
+        return ("handoff-bound",
+                f"{stall_txt}, {ready:.0%} of that time for batches that had already come back from a worker: "
+                f"the wait is the hand-off of each batch to the main process (receiving and "
+                f"unpickling it, mapping its shared memory{per}), not the {nw} workers (CPU busy {_pct(busy)}, "
+                f"running or runnable {_pct(demand)})")
     if saturated is None:
         return ("unknown",
                 f"{stall_txt}; the worker processes could not be watched (psutil), so the cause is not known")
@@ -465,8 +514,31 @@ def _verdict(stall_share: float, nw: int | None, busy: float | None, demand: flo
     io_txt = ""
     if io and io.get("read_chars_per_s") is not None:
         io_txt = f"; reading {fmt_bytes(io['read_chars_per_s'])}/s"
+        if io.get("read_bytes_per_s") is not None:
+            io_txt += f" (from block devices {fmt_bytes(io['read_bytes_per_s'])}/s; page-cache hits and network " \
+                      f"or FUSE reads count only in the first)"
+    ready_txt = (f", {ready:.0%} of that waiting for batches that had already come back"
+                 if ready is not None else "")
     return ("storage-bound", f"{stall_txt} while the {nw} workers mostly wait (CPU busy {_pct(busy)}, running or "
-                             f"runnable {_pct(demand)}): on storage (opens and reads){io_txt}")
+                             f"runnable {_pct(demand)}){ready_txt}: on storage or the network (opens and reads), "
+                             f"or on another wait in the dataset's code{io_txt}")
+
+
+def _handoff_advice(nw: int | None, loader: dict, tensors: int | None, t_wait_s: dict | None) -> list[str]:
+    """:func:`diagnose`'s advice for a ``handoff-bound`` loop: fewer tensors and fewer batches to hand over."""
+    advice: list[str] = []
+    if tensors is not None and tensors > HANDOFF_MANY_TENSORS:
+        advice.append(f"a batch holds {tensors} tensors, each handed over through a shared-memory handle of its "
+                      "own: collate each field into one tensor (torch.stack in collate_fn, not a list per sample)")
+    bs = loader.get("batch_size")
+    per = f" ({t_wait_s['mean'] * 1e3:.1f} ms now)" if t_wait_s and t_wait_s.get("mean") is not None else ""
+    if isinstance(bs, int) and bs > 0:
+        advice.append(f"batch_size={bs} → {2 * bs} where the step allows it: a hand-off costs about the same per "
+                      f"batch{per} whatever its size, so half as many batches wait half as often")
+    if nw:
+        advice.append(f"keep num_workers={nw}: the batches are ready before they are asked for, more workers "
+                      "would not shorten the wait")
+    return advice
 
 
 def _storage_advice(facts: dict, data: str) -> list[str]:
@@ -751,6 +823,46 @@ def _label_of(loader: Any) -> str:
     return f"{name}({type(ds).__name__})" if ds is not None else name
 
 
+def batch_ready(it: Any) -> bool | None:
+    """Whether a batch has already come back from a worker when the loop asks a ``DataLoader``
+    iterator for the next one: the batch due is held out of order, or the result queue (the
+    pinning thread's queues too) is not empty. (The watch then also checks that the call did not
+    hold a later batch aside while it waited for the due one; if it did, the request was not ready.)
+
+    A loop that stalls although its batches were ready waits on the hand-off itself (the main
+    process receiving and unpickling each batch, mapping its shared memory), not on the workers.
+    Looks only at torch's multi-process iterator (``_task_info``, ``_rcvd_idx``, ``_data_queue``;
+    torch 2.x) and never blocks: a non-blocking poll of each queue, a few microseconds.
+
+    Returns:
+        True or False; None for any other iterable, or when torch's internals are not as expected.
+    """
+    try:
+        info, idx, data_queue = it.__dict__.get("_task_info"), it.__dict__.get("_rcvd_idx"), \
+            it.__dict__.get("_data_queue")
+        if not isinstance(info, dict) or not isinstance(idx, int) or data_queue is None:
+            return None
+        entry = info.get(idx)
+        if isinstance(entry, tuple) and len(entry) == 2:
+            return True
+        queues = [data_queue]
+        if it.__dict__.get("_pin_memory"):
+            queues.append(it.__dict__.get("_worker_result_queue"))
+        return any(q is not None and not q.empty() for q in queues)
+    except Exception:  # noqa: BLE001 - a torch whose internals differ: unknown, never an error in the loop
+        return None
+
+
+def _held_out_of_order(it: Any) -> int | None:
+    """Batches a ``DataLoader`` iterator holds that came back before their turn (None: not known)."""
+    try:
+        info = it.__dict__.get("_task_info")
+        return sum(1 for v in list(info.values()) if isinstance(v, tuple) and len(v) == 2) \
+            if isinstance(info, dict) else None
+    except Exception:  # noqa: BLE001 - torch internals not as expected: unknown
+        return None
+
+
 class _Epoch:
     """One pass over the loader: times each ``next()`` and the step before it."""
 
@@ -778,13 +890,17 @@ class _Epoch:
         if self._yielded_at is not None:
             w._record_step(t0 - self._yielded_at)
             self._yielded_at = None
+        ready = batch_ready(self._it)
+        held = _held_out_of_order(self._it) if ready else None
         try:
             batch = next(self._it)
         except StopIteration:
             w._end_epoch(self)
             raise
         t1 = time.perf_counter()
-        w._record_wait(t1 - t0, batch)
+        if held is not None and (_held_out_of_order(self._it) or 0) > held:
+            ready = False  # what had come back was a later batch, held while the due one was awaited
+        w._record_wait(t1 - t0, batch, ready)
         self._yielded_at = time.perf_counter()
         return batch
 
@@ -830,6 +946,8 @@ class Watch:
         self._last_status = time.perf_counter()
         self._warmup_left = warmup
         self.waits: list[float] = []
+        self.ready: list[bool | None] = []  # per timed wait: a batch had arrived from a worker when asked for
+        self.batch_tensors: int | None = None  # tensors in a batch from the workers (the first one timed)
         self.steps: list[float] = []
         self.sizes: list[int | None] = []
         self.first_batch_s: float | None = None
@@ -905,6 +1023,7 @@ class Watch:
         """A pass left early (``break``): its last batch's step never ended; leave that batch out."""
         if self._pending_step and len(self.waits) > len(self.steps):
             self.waits.pop()
+            self.ready.pop()
             self.sizes.pop()
             if self.num_samples is not None:
                 self.num_samples -= self._last_len or 0
@@ -913,7 +1032,7 @@ class Watch:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _record_wait(self, dt: float, batch: Any) -> None:
+    def _record_wait(self, dt: float, batch: Any, ready: bool | None = None) -> None:
         if self._warmup_left > 0:
             self._warmup_left -= 1
             if self.first_batch_s is None:
@@ -921,6 +1040,9 @@ class Watch:
             self._pending_step = False
             return
         self.waits.append(dt)
+        self.ready.append(ready)
+        if self.batch_tensors is None and ready is not None:
+            self.batch_tensors = count_tensors(batch)
         self._pending_step = True
         n = batch_length(batch)
         self.sizes.append(n)
@@ -1039,9 +1161,15 @@ class Watch:
                 nw = 0
             busy = [w["cpu_busy_share"] for w in per if w["cpu_busy_share"] is not None]
             demand = [w["cpu_demand_share"] for w in per if w["cpu_demand_share"] is not None]
+            flagged = [(r, t) for r, t in zip(self.ready[:len(waits_for_share)], waits_for_share) if r is not None]
+            flagged_wait = sum(t for _, t in flagged)
             workers = {"num": nw if nw is not None else len(per),
                        "cpu_busy_share": statistics.fmean(busy) if busy else None,
                        "cpu_demand_share": statistics.fmean(demand) if demand else None,
+                       "batch_ready_share": (sum(r for r, _ in flagged) / len(flagged)) if flagged else None,
+                       "ready_wait_share": (sum(t for r, t in flagged if r) / flagged_wait) if flagged_wait > 0
+                       else None,
+                       "batch_tensors": self.batch_tensors,
                        "per_worker": per}
             m = snap["main"]
             main = {k: m[k] for k in ("cpu_s", "cpu_busy_share", "cpu_demand_share", "rss_bytes")}

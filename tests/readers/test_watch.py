@@ -212,3 +212,95 @@ def test_status_goes_to_a_tqdm_postfix_when_given_a_bar():
             bar.update(1)
         w.close()
         assert bar.postfix.startswith("data stall ")
+
+
+class _SmallTensors:
+    """A ``Dataset`` of 8 x 8 zero images, ready at once; with :func:`_per_sample_list` as
+    ``collate_fn`` each batch is a list of one tensor per sample."""
+
+    length = 16 * 40
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 8, 8, dtype=torch.uint8)
+
+
+class _SlowReads(_SmallTensors):
+    """The same samples, each after a 30 ms wait (a request to slow storage) that uses no CPU."""
+
+    length = 4 * 12
+
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        return torch.zeros(3, 8, 8, dtype=torch.uint8)
+
+
+def _per_sample_list(samples):
+    return list(samples)
+
+
+@pytest.mark.multiprocess
+def test_batches_ready_before_they_are_asked_for_stall_on_the_hand_off_not_the_workers():
+    # 16 tensors per batch handed over one by one cost the main process several ms per batch; the
+    # workers build a batch in well under the 2 ms step, so the batch due has always come back
+    loader = DataLoader(_SmallTensors(), batch_size=16, num_workers=2, collate_fn=_per_sample_list)
+    w = watch(loader)
+    waits, steps, _ = timed_loop(w, 0.002)
+    rep = w.report()
+    w.close()
+    assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
+    assert rep.stall_share > 0.10, rep.summary()
+    assert rep.workers["ready_wait_share"] >= 0.8, rep.summary()
+    assert rep.workers["batch_tensors"] == 16
+    assert rep.diagnosis["kind"] == "handoff-bound", rep.summary()
+    advice = rep.diagnosis["advice"]
+    assert advice[0].startswith("a batch holds 16 tensors"), advice
+    assert advice[1].startswith("batch_size=16 → 32"), advice
+    assert not any(a.startswith("num_workers=2 →") for a in advice), advice
+    assert not any("shardfeed pack" in a for a in advice), advice
+
+
+@pytest.mark.multiprocess
+def test_workers_waiting_without_cpu_are_storage_bound_and_the_batches_were_not_ready():
+    # 4 samples of 30 ms waits per batch and worker (about 60 ms a batch with 2 workers) against a
+    # 2 ms step: the loop asks before the next batch has come back
+    loader = DataLoader(_SlowReads(), batch_size=4, num_workers=2)
+    w = watch(loader)
+    waits, steps, _ = timed_loop(w, 0.002)
+    rep = w.report()
+    w.close()
+    assert rep.stall_share > 0.5, rep.summary()
+    assert rep.workers["ready_wait_share"] <= 0.2, rep.summary()
+    assert rep.diagnosis["kind"] == "storage-bound", rep.summary()
+    assert rep.diagnosis["advice"][0].startswith("num_workers=2 → 4"), rep.summary()
+
+
+def test_batch_ready_is_unknown_for_an_iterable_that_is_no_multi_process_loader():
+    from shardfeed.readers.measure.watch import batch_ready, count_tensors
+
+    assert batch_ready(iter([1, 2])) is None
+    assert batch_ready(iter(DataLoader(_SmallTensors(), batch_size=2, num_workers=0))) is None
+    assert count_tensors((torch.zeros(2), {"a": [torch.zeros(1)] * 3, "b": 5})) == 4
+
+
+def test_diagnose_tells_the_hand_off_from_storage_by_the_waiting_spent_on_batches_already_back():
+    from shardfeed.readers.measure.watch import diagnose
+
+    def kind_and_advice(ready):
+        workers = {"num": 2, "cpu_busy_share": 0.3, "cpu_demand_share": 0.3, "ready_wait_share": ready,
+                   "batch_tensors": 2}
+        d = diagnose(stall_share=0.3, batches=50, num_workers=2, workers=workers, main={"cpu_busy_share": 0.2},
+                     loader={"num_workers": 2, "batch_size": 64}, cpu_count=2, cuda=False, epochs=1,
+                     t_wait_s={"mean": 0.004, "p50": 0.004, "p95": 0.005})
+        return d["kind"], d["advice"]
+
+    kind, advice = kind_and_advice(0.95)
+    assert kind == "handoff-bound"
+    assert advice[0].startswith("batch_size=64 → 128") and "4.0 ms now" in advice[0]
+    assert advice[1].startswith("keep num_workers=2")
+    kind, advice = kind_and_advice(0.3)
+    assert kind == "storage-bound" and advice[0].startswith("num_workers=2 → 4")
+    kind, _ = kind_and_advice(None)  # not known: the CPU shares alone decide, as before
+    assert kind == "storage-bound"
