@@ -406,9 +406,9 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     back from a worker (``workers["ready_wait_share"]``, from :func:`batch_ready`) →
     ``handoff-bound`` (the wait is the main process receiving each batch; advice: fewer tensors
     per batch, larger batches, not more workers); stalled with idle workers while the main
-    process is CPU-saturated (collate, pinning) → ``main-process-bound``; stalled while the workers are CPU-saturated (busy or demand share ≥
-    :data:`WORKER_CPU_SATURATED`: decoding and transforms) → ``cpu-bound``; stalled while the
-    workers wait (both shares below it: storage, the network or another wait in the dataset's
+    process is CPU-saturated (collate, pinning) → ``main-process-bound``; stalled while the
+    workers are CPU-saturated (busy or demand share ≥ :data:`WORKER_CPU_SATURATED`: decoding and
+    transforms) → ``cpu-bound``; stalled while the workers wait (both shares below it: storage, the network or another wait in the dataset's
     code) → ``storage-bound``; otherwise (no batch, no worker figures) ``unknown``.
 
     ``advice`` follows one order: workers, ``pin_memory`` + ``non_blocking``, ``prefetch_factor``,
