@@ -408,8 +408,9 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     per batch, larger batches, not more workers); stalled with idle workers while the main
     process is CPU-saturated (collate, pinning) → ``main-process-bound``; stalled while the
     workers are CPU-saturated (busy or demand share ≥ :data:`WORKER_CPU_SATURATED`: decoding and
-    transforms) → ``cpu-bound``; stalled while the workers wait (both shares below it: storage, the network or another wait in the dataset's
-    code) → ``storage-bound``; otherwise (no batch, no worker figures) ``unknown``.
+    transforms) → ``cpu-bound``; stalled while the workers wait (both shares below it: storage,
+    the network or another wait in the dataset's code) → ``storage-bound``; otherwise (no batch,
+    no worker figures) ``unknown``.
 
     ``advice`` follows one order: workers, ``pin_memory`` + ``non_blocking``, ``prefetch_factor``,
     ``persistent_workers``, then the storage format (``shardfeed pack``, ``stage`` to NVMe or
