@@ -12,7 +12,7 @@ from ..redact import shown_source
 from ..registry import FORMATS
 from .cache import close_lmdb_envs, dataset_files, detect_source_format, evict_page_cache
 from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device, shutdown_loader
-from .report import RunReport
+from .report import RunReport, fmt_bytes
 
 __all__ = ["LOADER_KNOBS", "MAKE_LOADER_DEFAULTS", "bench_source", "dataset_len"]
 
@@ -87,11 +87,39 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
     report.cache = cache
     if cache and cache.get("message"):
         report.warnings.insert(0, cache["message"])
+    if cold:
+        report.warnings += _cold_window_warnings(report)
     n = report.config.get("num_dataset_samples")
     if cold and n and (warmup + batches) * batch_size > n:
         report.warnings.append(f"warm-up + measured batches ({(warmup + batches) * batch_size} images) exceed the "
                                f"dataset ({n}): later epochs read from the page cache, not the disk")
     return report
+
+
+#: On a cold run, a measured window that read less than this share of the run's disk bytes ran
+#: mostly from memory: the report says so.
+COLD_WINDOW_MIN_SHARE = 0.25
+
+
+def _cold_window_warnings(report: RunReport) -> list[str]:
+    """A cold run whose disk reads came mostly before the measured window: the window ran warm."""
+    io = report.io or {}
+    whole, window = io.get("read_bytes_with_warmup"), io.get("read_bytes")
+    if not whole or window is None or window >= COLD_WINDOW_MIN_SHARE * whole:
+        return []
+    rate = report.images_per_s_with_warmup
+    incl = f" ({rate:.1f} images/s)" if rate is not None else ""
+    cfg = report.config
+    n, bs, warmup = cfg.get("num_dataset_samples"), cfg.get("batch_size"), cfg.get("warmup")
+    head = (f"cold run: {fmt_bytes(whole - window)} of the {fmt_bytes(whole)} read from disk came in the warm-up "
+            f"(worker start-up, read-ahead, a shuffle buffer that fills before the first batch) and "
+            f"{fmt_bytes(window)} in the measured window, which ran mostly from memory; "
+            f"'images/s incl. warm-up' counts the cold reads{incl}")
+    known = isinstance(n, int) and isinstance(bs, int) and bs > 0 and isinstance(warmup, int)
+    if known and (warmup + report.num_batches + 1) * bs < n:
+        return [f"{head}, also those of samples the window did not reach: compare cold runs over a whole epoch "
+                f"(--batches {max(1, n // bs - warmup)} with --warmup {warmup} here)"]
+    return [f"{head}: compare that figure for cold runs"]
 
 
 def dataset_len(obj: Any) -> int | None:

@@ -243,14 +243,17 @@ def _measure(src: _Batches, step: _Step, warmup: int, batches: int, sample_gpu: 
     dev = src.dev
     whole_run = ProcessSampler(worker_pids=src.worker_pids)  # from before the first batch: warm-up reads too
     whole_run.start()
+    t_warmup = time.perf_counter()
     src.start()
     sampler = ProcessSampler(worker_pids=src.worker_pids)
     gpu_sampler = None
     out: dict[str, Any] = {"waits": [], "computes": [], "starts": [], "sizes": [], "num_samples": 0,
-                           "gpu_stats": None}
+                           "gpu_stats": None, "warmup_samples": 0}
     try:
         for _ in range(warmup):
-            step(*src.fetch())
+            x, y = src.fetch()
+            step(x, y)
+            out["warmup_samples"] += int(x.shape[0])
         if dev.type == "cuda" and sample_gpu:
             gpu_sampler = GpuSampler(dev.index or 0)
             if not gpu_sampler.start():
@@ -258,6 +261,7 @@ def _measure(src: _Batches, step: _Step, warmup: int, batches: int, sample_gpu: 
                 gpu_sampler = None
         sampler.start()
         t_start = time.perf_counter()
+        out["warmup_s"] = t_start - t_warmup
         for _ in range(batches):
             t0 = time.perf_counter()
             x, y = src.fetch()
@@ -387,4 +391,4 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
         t_compute_s=TimingStats.of(computes), stall_share=stall, device=str(dev), timing=step.timing,
         gpu_util=gpu_util, gpu=gpu, cpu=m["cpu"], io=m["io"], memory=m["memory"], system=m["system"], config=cfg,
         batches={"t_start_s": m["starts"], "t_wait_s": waits, "t_compute_s": computes, "num_samples": m["sizes"]},
-        epochs=src.epochs, label=label, warnings=warnings)
+        epochs=src.epochs, label=label, warnings=warnings, warmup_s=m["warmup_s"], warmup_samples=m["warmup_samples"])

@@ -95,6 +95,9 @@ class RunReport:
         epochs: loader epochs started during the run (warm-up included).
         label: a name for tables (``"before"``, ``"after"``, a tune step).
         warnings: human-readable warnings about the measurement.
+        warmup_s: wall time of the warm-up (worker start-up, the first reads, a shuffle buffer
+            filling, and the warm-up batches' steps), s; None when not timed.
+        warmup_samples: images in the warm-up batches.
     """
 
     images_per_s: float
@@ -118,12 +121,24 @@ class RunReport:
     epochs: int = 1
     label: str | None = None
     warnings: list = dataclasses.field(default_factory=list)
+    warmup_s: float | None = None
+    warmup_samples: int = 0
+
+    @property
+    def images_per_s_with_warmup(self) -> float | None:
+        """Images per second over the warm-up and the measured window together: on a cold run,
+        the rate that counts the reads done before the window (None when the warm-up was not timed)."""
+        if self.warmup_s is None:
+            return None
+        total_s = self.warmup_s + self.seconds
+        return (self.warmup_samples + self.num_samples) / total_s if total_s > 0 else None
 
     def to_json(self, *, per_batch: bool = True) -> dict:
         """Every figure as a JSON-able dict (``per_batch=False`` drops the per-batch lists)."""
         d = dataclasses.asdict(self)
         d["t_wait_s"] = self.t_wait_s.to_json()
         d["t_compute_s"] = self.t_compute_s.to_json()
+        d["images_per_s_with_warmup"] = self.images_per_s_with_warmup
         if not per_batch:
             d.pop("batches", None)
         return d

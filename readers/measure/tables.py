@@ -167,6 +167,11 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         rows.append(("page cache", "not evicted (as found; --cold evicts)"))
     else:
         rows.append(("page cache", _cache_text(r.cache)))
+    if r.warmup_s is not None:
+        warm = f"{cfg.get('warmup', '?')} batches, {r.warmup_samples} images in {r.warmup_s:.2f} s (not measured)"
+        rows.append(("warm-up", warm))
+        if r.cache is not None and r.images_per_s_with_warmup is not None:
+            rows.append(("images/s incl. warm-up (cold start)", f"{r.images_per_s_with_warmup:.1f}"))
     rows.append(("device", f"{r.device} ({r.timing})"))
     return rows
 

@@ -505,3 +505,44 @@ def test_cold_eviction_covers_symlinked_class_folders(tmp_path, tiny_image_folde
         (linked / class_dir.name).symlink_to(class_dir)
     expected = sorted(p.resolve() for p in tiny_image_folder.rglob("*") if p.is_file() and not p.name.startswith("."))
     assert sorted(dataset_files(linked)) == expected
+
+
+def test_the_warm_up_is_timed_and_counted_apart_from_the_window():
+    import time as _time
+
+    import torch
+
+    from shardfeed.readers.measure import run_training_loop
+
+    def batches():  # 3 warm-up batches of 5 images, each 80 ms late (a cold start), then fast ones
+        for i in range(10):
+            if i < 3:
+                _time.sleep(0.08)
+            yield torch.zeros(5, 3, 8, 8, dtype=torch.uint8), torch.zeros(5, dtype=torch.long)
+
+    rep = run_training_loop(batches(), model=None, compute_ms=1.0, device="cpu", warmup=3, batches=6)
+    assert rep.warmup_samples == 15 and rep.num_samples == 30
+    assert 0.24 <= rep.warmup_s < 2.0
+    assert rep.images_per_s_with_warmup < rep.images_per_s
+    assert rep.to_json()["images_per_s_with_warmup"] == pytest.approx(45 / (rep.warmup_s + rep.seconds))
+
+
+def test_a_cold_run_whose_disk_reads_all_came_in_the_warm_up_says_its_window_ran_warm():
+    from shardfeed.readers.measure.bench import _cold_window_warnings
+    from shardfeed.readers.measure.report import RunReport, TimingStats
+
+    def report(read_in_window, batches):
+        t = TimingStats.of([0.01] * batches)
+        return RunReport(images_per_s=100.0, num_batches=batches, num_samples=64 * batches, seconds=1.0,
+                         t_wait_s=t, t_compute_s=t, stall_share=0.5, device="cpu", timing="perf_counter",
+                         io={"read_bytes": read_in_window, "read_bytes_with_warmup": 40_000_000},
+                         config={"num_dataset_samples": 3000, "batch_size": 64, "warmup": 5},
+                         warmup_s=0.5, warmup_samples=320)
+
+    short = _cold_window_warnings(report(0, 30))
+    assert len(short) == 1 and "40.0 MB of the 40.0 MB read from disk came in the warm-up" in short[0]
+    # 3000 images in batches of 64 are 46 whole batches: 41 measured after 5 of warm-up
+    assert "--batches 41 with --warmup 5" in short[0]
+    whole = _cold_window_warnings(report(0, 41))
+    assert len(whole) == 1 and "--batches" not in whole[0] and whole[0].endswith("compare that figure for cold runs")
+    assert _cold_window_warnings(report(30_000_000, 30)) == []  # the window read most of it: it ran cold
