@@ -165,6 +165,7 @@ class _Batches:
         self.mean, self.std, self.channels_last = mean, std, channels_last
         self.it = None
         self.epochs = 1
+        self.last_loader_wait_s = 0.0  # of the last fetch, the time in the loader (before the copy/conversion)
 
     def worker_pids(self) -> set[int] | None:
         """PIDs of the loader's live worker processes (None: unknown, every child counts)."""
@@ -196,9 +197,11 @@ class _Batches:
         """The next non-empty batch on the device, the copy finished: ``(float [B, 3, H, W], int64 [B])``."""
         from ..loader import to_device
 
+        t0 = time.perf_counter()
         batch = self._next()
         while len(batch[1]) == 0:  # every sample of the batch skipped (on_error="skip"): keep waiting
             batch = self._next()
+        self.last_loader_wait_s = time.perf_counter() - t0
         x, y = to_device(batch, self.dev, mean=self.mean, std=self.std, channels_last=self.channels_last)
         synchronize(self.dev)  # the copy (non_blocking) is part of the wait
         return x, y
@@ -248,7 +251,7 @@ def _measure(src: _Batches, step: _Step, warmup: int, batches: int, sample_gpu: 
     sampler = ProcessSampler(worker_pids=src.worker_pids)
     gpu_sampler = None
     out: dict[str, Any] = {"waits": [], "computes": [], "starts": [], "sizes": [], "num_samples": 0,
-                           "gpu_stats": None, "warmup_samples": 0}
+                           "gpu_stats": None, "warmup_samples": 0, "loader_waits": []}
     try:
         for _ in range(warmup):
             x, y = src.fetch()
@@ -269,6 +272,7 @@ def _measure(src: _Batches, step: _Step, warmup: int, batches: int, sample_gpu: 
             t_compute = step(x, y)
             out["starts"].append(t0 - t_start)
             out["waits"].append(t1 - t0)
+            out["loader_waits"].append(min(src.last_loader_wait_s, t1 - t0))
             out["computes"].append(t_compute)
             out["sizes"].append(int(x.shape[0]))
             out["num_samples"] += int(x.shape[0])
@@ -391,4 +395,5 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
         t_compute_s=TimingStats.of(computes), stall_share=stall, device=str(dev), timing=step.timing,
         gpu_util=gpu_util, gpu=gpu, cpu=m["cpu"], io=m["io"], memory=m["memory"], system=m["system"], config=cfg,
         batches={"t_start_s": m["starts"], "t_wait_s": waits, "t_compute_s": computes, "num_samples": m["sizes"]},
-        epochs=src.epochs, label=label, warnings=warnings, warmup_s=m["warmup_s"], warmup_samples=m["warmup_samples"])
+        epochs=src.epochs, label=label, warnings=warnings, warmup_s=m["warmup_s"], warmup_samples=m["warmup_samples"],
+        t_loader_wait_s=TimingStats.of(m["loader_waits"]))

@@ -98,6 +98,9 @@ class RunReport:
         warmup_s: wall time of the warm-up (worker start-up, the first reads, a shuffle buffer
             filling, and the warm-up batches' steps), s; None when not timed.
         warmup_samples: images in the warm-up batches.
+        t_loader_wait_s: the part of ``t_wait_s`` spent in the loader (``next``), s; the rest is
+            the copy to the device and the conversion to normalized float (on a CPU device done by
+            the main process's CPU, where a GPU does it on the device); None when not measured.
     """
 
     images_per_s: float
@@ -123,6 +126,7 @@ class RunReport:
     warnings: list = dataclasses.field(default_factory=list)
     warmup_s: float | None = None
     warmup_samples: int = 0
+    t_loader_wait_s: TimingStats | None = None
 
     @property
     def images_per_s_with_warmup(self) -> float | None:
@@ -139,6 +143,7 @@ class RunReport:
         d["t_wait_s"] = self.t_wait_s.to_json()
         d["t_compute_s"] = self.t_compute_s.to_json()
         d["images_per_s_with_warmup"] = self.images_per_s_with_warmup
+        d["t_loader_wait_s"] = self.t_loader_wait_s.to_json() if self.t_loader_wait_s is not None else None
         if not per_batch:
             d.pop("batches", None)
         return d

@@ -128,6 +128,9 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         ("batches x images", _batches_text(r)),
         ("measured time", f"{r.seconds:.2f} s"),
         ("wait for data, ms (mean/p50/p95)", f"{_ms(r.t_wait_s.mean)} / {_ms(r.t_wait_s.p50)} / {_ms(r.t_wait_s.p95)}"),
+        *([("  of which in the loader, ms (mean/p50/p95)",
+            f"{_ms(r.t_loader_wait_s.mean)} / {_ms(r.t_loader_wait_s.p50)} / {_ms(r.t_loader_wait_s.p95)}")]
+          if r.t_loader_wait_s is not None else []),
         ("compute, ms (mean/p50/p95)",
          f"{_ms(r.t_compute_s.mean)} / {_ms(r.t_compute_s.p50)} / {_ms(r.t_compute_s.p95)}"),
         ("data stall", f"{r.stall_share:.0%}"),
@@ -254,6 +257,36 @@ def decode_cost_note(result: Any) -> str | None:
     return text
 
 
+#: Both sides of a ``verify`` using this share of the machine's cores or more are CPU-bound.
+CPU_BOUND_SHARE = 0.85
+
+
+def limit_note(result: Any) -> str | None:
+    """``verify``: why both sides stall alike, when they do (a data stall of 10 % or more on both
+    sides and no clear gain): the conversion to float on a CPU device, or saturated cores; None
+    otherwise."""
+    b, a = result.before, result.after
+    verdict = result.verdict or {}
+    if min(b.stall_share, a.stall_share) < 0.10 or verdict.get("kind") == "faster":
+        return None
+    if b.t_loader_wait_s is not None and a.t_loader_wait_s is not None and not b.device.startswith("cuda"):
+        conv_b = b.t_wait_s.mean - b.t_loader_wait_s.mean
+        conv_a = a.t_wait_s.mean - a.t_loader_wait_s.mean
+        if conv_b >= 0.5 * b.t_wait_s.mean and conv_a >= 0.5 * a.t_wait_s.mean:
+            size = b.config.get("image_size")
+            return (f"most of each side's wait ({_ms(conv_b)} of {_ms(b.t_wait_s.mean)} ms and {_ms(conv_a)} of "
+                    f"{_ms(a.t_wait_s.mean)} ms per batch) is the conversion of the batch to normalized float on "
+                    f"the CPU, in the main process, the same work on both sides; the loaders' own wait is "
+                    f"{_ms(b.t_loader_wait_s.mean)} -> {_ms(a.t_loader_wait_s.mean)} ms. On a GPU the conversion "
+                    f"runs on the device (--device cuda); here a smaller --image-size (now {size}) cuts it")
+    if b.cpu and a.cpu and min(b.cpu["util_share"], a.cpu["util_share"]) >= CPU_BOUND_SHARE:
+        return (f"both sides keep the CPU busy ({b.cpu['util_share']:.0%} and {a.cpu['util_share']:.0%} of "
+                f"{b.cpu['cpu_count']} cores): decoding and resizing, not reading, set the pace on this storage; "
+                "packing pays where reads are slow (network or cold cloud storage), and "
+                "`shardfeed pack --resize N` or more cores cut the decoding")
+    return None
+
+
 def verify_headline(result: Any) -> str:
     """``verify``'s verdict line for a :func:`~shardfeed.readers.measure.verify.compare_sources`
     result: :func:`verdict_headline`, then :func:`decode_cost_note` when a side was re-encoded."""
@@ -341,6 +374,9 @@ def format_comparison(result: Any) -> str:
     if cpi:
         lines.append(f"  CPU per image (main + workers), median: BEFORE {cpi['before'] * 1000:.2f} ms, "
                      f"AFTER {cpi['after'] * 1000:.2f} ms (little moved by other processes' load)")
+    why = limit_note(result)
+    if why:
+        lines.append(f"why: {why}")
     text += "".join(f"\n{line}" for line in lines if line)
     text += "\n" + verify_headline(result)
     if verdict:

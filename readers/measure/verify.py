@@ -11,7 +11,7 @@ from .bench import bench_source
 from .cache import dataset_files, settle_disk, warm_page_cache
 from .check import check_same_samples
 from .report import RunReport
-from .tables import format_comparison, verify_headline
+from .tables import format_comparison, limit_note, verify_headline
 from .verdict import judge_rounds, others_cpu_shares
 
 __all__ = ["compare_sources", "VerifyReport"]
@@ -76,7 +76,7 @@ class VerifyReport:
         """Every figure as a JSON-able dict (what ``verify --json`` writes)."""
         return {"before": self.before.to_json(), "after": self.after.to_json(), "speedup": self.speedup,
                 "stall_share_before": self.stall_share_before, "stall_share_after": self.stall_share_after,
-                "headline": self.headline(), "verdict": self.verdict, "settle": self.settle,
+                "headline": self.headline(), "limit": limit_note(self), "verdict": self.verdict, "settle": self.settle,
                 "warm_cache": self.warm_cache, "cpu_s_per_image": self.cpu_s_per_image, "check": self.check,
                 "repeats": self.repeats, "cold": self.cold, "min_speedup": self.min_speedup,
                 "runs": [r.to_json() for r in self.runs]}

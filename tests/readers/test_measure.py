@@ -98,6 +98,9 @@ def _check_run(run: dict) -> None:
     assert run["seconds"] >= sum(waits) + sum(comps) - 1e-6  # the window holds every wait and step
     assert run["config"]["source_format"] in ("folder", "webdataset", "lmdb")
     assert run["device"] == "cpu" and run["gpu_util"] is None
+    # the loader's part of the wait is a part of it, batch by batch, so also on average
+    assert 0.0 <= run["t_loader_wait_s"]["mean"] <= run["t_wait_s"]["mean"]
+    assert run["warmup_s"] > 0 and run["warmup_samples"] == run["config"]["warmup"] * run["config"]["batch_size"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,3 +549,34 @@ def test_a_cold_run_whose_disk_reads_all_came_in_the_warm_up_says_its_window_ran
     whole = _cold_window_warnings(report(0, 41))
     assert len(whole) == 1 and "--batches" not in whole[0] and whole[0].endswith("compare that figure for cold runs")
     assert _cold_window_warnings(report(30_000_000, 30)) == []  # the window read most of it: it ran cold
+
+
+def _planted_run(wait_ms, loader_ms, util_share, device="cpu"):
+    from shardfeed.readers.measure.report import RunReport, TimingStats
+
+    w, c = TimingStats(wait_ms / 1e3, wait_ms / 1e3, wait_ms / 1e3), TimingStats(0.02, 0.02, 0.02)
+    return RunReport(images_per_s=1000.0, num_batches=30, num_samples=1920, seconds=1.0, t_wait_s=w, t_compute_s=c,
+                     stall_share=wait_ms / (wait_ms + 20.0), device=device, timing="perf_counter",
+                     cpu={"util_share": util_share, "cpu_count": 2}, config={"image_size": 224},
+                     t_loader_wait_s=TimingStats(loader_ms / 1e3, loader_ms / 1e3, loader_ms / 1e3))
+
+
+def test_verify_says_why_both_sides_stall_alike():
+    from types import SimpleNamespace
+
+    from shardfeed.readers.measure.tables import limit_note
+
+    def note(before, after, kind="same"):
+        return limit_note(SimpleNamespace(before=before, after=after, verdict={"kind": kind}))
+
+    # 34 ms of wait of which 0.4 ms in the loader: the rest is the conversion to float on the CPU
+    conv = note(_planted_run(34.0, 0.4, 0.5), _planted_run(36.0, 0.5, 0.5))
+    assert conv.startswith("most of each side's wait (33.6 of 34.0 ms and 35.5 of 36.0 ms per batch)"), conv
+    assert "0.4 -> 0.5 ms" in conv and "--image-size (now 224)" in conv
+    # the loaders wait and both sides use 95 % of the cores: decoding sets the pace
+    cpu = note(_planted_run(30.0, 29.0, 0.95), _planted_run(30.0, 29.0, 0.96))
+    assert cpu.startswith("both sides keep the CPU busy (95% and 96% of 2 cores)"), cpu
+    assert note(_planted_run(30.0, 29.0, 0.5), _planted_run(30.0, 29.0, 0.5)) is None  # no known cause
+    assert note(_planted_run(34.0, 0.4, 0.5), _planted_run(36.0, 0.5, 0.5), kind="faster") is None
+    assert note(_planted_run(1.0, 0.4, 0.5), _planted_run(1.0, 0.5, 0.5)) is None  # under 10 % stall
+    assert note(_planted_run(34.0, 0.4, 0.5, "cuda:0"), _planted_run(36.0, 0.5, 0.5, "cuda:0")) is None
