@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -161,12 +160,7 @@ class _Sweep:
         if self.progress:
             self.progress(f"{step}: {_knobs_text(options)}")
         ts = time.perf_counter()
-        with warnings.catch_warnings():
-            # a sweep tries more workers than cores on purpose (I/O-bound loaders gain from them);
-            # torch's warning about it would read as a fault of the trial
-            warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes",
-                                    category=UserWarning)
-            rep = bench_source(self.source, label=step, **self.bench_kwargs, **dict(options))
+        rep = bench_source(self.source, label=step, **self.bench_kwargs, **dict(options))
         dur = time.perf_counter() - ts
         self.longest_s = max(self.longest_s, dur)
         rec = {"step": step, "options": dict(options), "images_per_s": rep.images_per_s,

@@ -580,27 +580,3 @@ def test_verify_says_why_both_sides_stall_alike():
     assert note(_planted_run(34.0, 0.4, 0.5), _planted_run(36.0, 0.5, 0.5), kind="faster") is None
     assert note(_planted_run(1.0, 0.4, 0.5), _planted_run(1.0, 0.5, 0.5)) is None  # under 10 % stall
     assert note(_planted_run(34.0, 0.4, 0.5, "cuda:0"), _planted_run(36.0, 0.5, 0.5, "cuda:0")) is None
-
-
-@pytest.mark.multiprocess
-def test_a_tune_trial_with_more_workers_than_cores_does_not_warn_about_it(data):
-    import warnings
-
-    import torch
-
-    from shardfeed.readers.measure.tune import _Sweep
-
-    more = len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
-    sweep = _Sweep(str(data["wds"]), 120, None, dict(batch_size=8, image_size=32, model="none",
-                                                     device=torch.device("cpu"), compute_ms=None, warmup=1,
-                                                     batches=2, channels_last=False, num_threads=1, cold=False))
-    options = {"num_workers": more, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        rec = sweep.trial("num_workers", options)
-    assert rec is not None and rec["images_per_s"] > 0
-    assert not [w for w in caught if "worker processes" in str(w.message)], [str(w.message) for w in caught]
-    with warnings.catch_warnings(record=True) as caught:  # outside a sweep torch's warning stays as it is
-        warnings.simplefilter("always")
-        iter(torch.utils.data.DataLoader(list(range(4)), num_workers=more))._shutdown_workers()
-    assert [w for w in caught if "worker processes" in str(w.message)]
