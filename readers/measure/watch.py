@@ -84,7 +84,9 @@ _MAX_TRACKED_PROCESSES = 1024
 def batch_length(batch: Any) -> int | None:
     """Samples in ``batch``: the first dimension of a tensor/array, or of the first item of a
     tuple/list or the first value of a dict (the usual ``(images, labels)`` or
-    ``{"pixel_values": ..., "labels": ...}``); None when it has no length."""
+    ``{"pixel_values": ..., "labels": ...}``); the length of a list of per-sample items (more than
+    :data:`_MIN_SAMPLE_LIST` tensors of one shape, or tuples/dicts: a ``collate_fn`` that does not
+    stack); None when it has no length."""
     for _ in range(4):
         if isinstance(batch, dict):
             if not batch:
@@ -94,6 +96,8 @@ def batch_length(batch: Any) -> int | None:
         if isinstance(batch, (tuple, list)):
             if not batch:
                 return None
+            if _per_sample_list(batch):
+                return len(batch)
             first = batch[0]
             if hasattr(first, "shape") or isinstance(first, (tuple, list, dict)):
                 batch = first
@@ -104,6 +108,23 @@ def batch_length(batch: Any) -> int | None:
             return int(shape[0]) if len(shape) else None
         return None
     return None
+
+
+#: A list of more than this many same-shaped tensors (or of tuples/dicts) is a list of samples,
+#: not the fields of a batch (``(images, labels)``, or a few stacked fields of one shape).
+_MIN_SAMPLE_LIST = 4
+
+
+def _per_sample_list(seq: Any) -> bool:
+    """Whether ``seq`` holds one item per sample (see :func:`batch_length`)."""
+    if len(seq) <= _MIN_SAMPLE_LIST:
+        return False
+    first = seq[0]
+    if isinstance(first, (tuple, list, dict)):
+        kind = type(first)
+        return all(type(x) is kind for x in seq)
+    shape = getattr(first, "shape", None)
+    return shape is not None and all(getattr(x, "shape", None) == shape for x in seq)
 
 
 def count_tensors(batch: Any, limit: int = 100_000) -> int:
@@ -528,12 +549,13 @@ def _verdict(stall_share: float, nw: int | None, busy: float | None, demand: flo
 def _handoff_advice(nw: int | None, loader: dict, tensors: int | None, t_wait_s: dict | None) -> list[str]:
     """:func:`diagnose`'s advice for a ``handoff-bound`` loop: fewer tensors and fewer batches to hand over."""
     advice: list[str] = []
-    if tensors is not None and tensors > HANDOFF_MANY_TENSORS:
+    if tensors is not None and tensors > HANDOFF_MANY_TENSORS:  # each one a handle of its own
         advice.append(f"a batch holds {tensors} tensors, each handed over through a shared-memory handle of its "
                       "own: collate each field into one tensor (torch.stack in collate_fn, not a list per sample)")
     bs = loader.get("batch_size")
     per = f" ({t_wait_s['mean'] * 1e3:.1f} ms now)" if t_wait_s and t_wait_s.get("mean") is not None else ""
-    if isinstance(bs, int) and bs > 0:
+    many = tensors is not None and tensors > HANDOFF_MANY_TENSORS
+    if isinstance(bs, int) and bs > 0 and not many:  # a batch of per-sample tensors costs more when larger
         advice.append(f"batch_size={bs} → {2 * bs} where the step allows it: a hand-off costs about the same per "
                       f"batch{per} whatever its size, so half as many batches wait half as often")
     if nw:
