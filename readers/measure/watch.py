@@ -549,12 +549,12 @@ def _verdict(stall_share: float, nw: int | None, busy: float | None, demand: flo
 def _handoff_advice(nw: int | None, loader: dict, tensors: int | None, t_wait_s: dict | None) -> list[str]:
     """:func:`diagnose`'s advice for a ``handoff-bound`` loop: fewer tensors and fewer batches to hand over."""
     advice: list[str] = []
-    if tensors is not None and tensors > HANDOFF_MANY_TENSORS:  # each one a handle of its own
+    many = tensors is not None and tensors > HANDOFF_MANY_TENSORS
+    if many:  # each one a handle of its own
         advice.append(f"a batch holds {tensors} tensors, each handed over through a shared-memory handle of its "
                       "own: collate each field into one tensor (torch.stack in collate_fn, not a list per sample)")
     bs = loader.get("batch_size")
     per = f" ({t_wait_s['mean'] * 1e3:.1f} ms now)" if t_wait_s and t_wait_s.get("mean") is not None else ""
-    many = tensors is not None and tensors > HANDOFF_MANY_TENSORS
     if isinstance(bs, int) and bs > 0 and not many:  # a batch of per-sample tensors costs more when larger
         advice.append(f"batch_size={bs} → {2 * bs} where the step allows it: a hand-off costs about the same per "
                       f"batch{per} whatever its size, so half as many batches wait half as often")
