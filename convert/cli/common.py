@@ -417,11 +417,18 @@ def read_storage_option_file(path: str | os.PathLike) -> dict:
     if text.lstrip().startswith("{"):
         try:
             data = json.loads(text)
+        except RecursionError:
+            raise ValueError(f"{path}: JSON nested too deeply; a storage-option file is one flat object "
+                             '({"key": "value", ...})') from None
         except ValueError as exc:
             raise ValueError(f"{path}: not valid JSON (line {getattr(exc, 'lineno', '?')}); give one JSON object "
                              "or KEY=VALUE lines") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the JSON must be one object of storage options")
+        nested = sorted(str(k) for k, v in data.items() if isinstance(v, (dict, list)) or v is None)
+        if nested:
+            raise ValueError(f"{path}: option {', '.join(nested)} is not a plain value; a storage-option file is one "
+                             'flat object of strings, numbers and booleans ({"key": "value", ...})')
         return {str(k): v if isinstance(v, (bool, int)) else str(v) for k, v in data.items()}
     options = {}
     for n, line in enumerate(text.splitlines(), 1):

@@ -127,3 +127,24 @@ def test_a_fifo_given_as_the_storage_option_file_is_refused_without_waiting(tmp_
     link.symlink_to("/dev/zero")
     with pytest.raises(ValueError, match="not a plain file"):
         read_storage_option_file(link)
+
+
+def test_a_deeply_nested_json_storage_option_file_is_a_clear_error_not_a_traceback(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"endpoint_url": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    deep.chmod(0o600)
+    r = subprocess.run([*SHARDFEED, "inspect", "s3://any/ds/", "--storage-option-file", str(deep)],
+                       capture_output=True, text=True, env=_bare_env(tmp_path), timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr, r.stderr
+    assert f"{deep}: JSON nested too deeply" in r.stderr, r.stderr
+
+
+def test_a_nested_value_in_a_json_storage_option_file_is_refused_by_name(tmp_path):
+    from shardfeed.convert.cli.common import read_storage_option_file
+
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"endpoint_url": "http://127.0.0.1:9", "config": {"retries": 3}}))
+    nested.chmod(0o600)
+    with pytest.raises(ValueError, match=r"option config is not a plain value"):
+        read_storage_option_file(nested)
