@@ -36,8 +36,10 @@ Rules:
   for an offset index) and each request ends within ``deadline_s`` (default
   :data:`DEFAULT_DEADLINE_S`; a watchdog thread shuts the socket of a request past it), on top
   of the per-read ``timeout_s``. ``gzip``/``deflate`` content codings are decoded for whole
-  files and refused for a shard's bytes (``Accept-Encoding: identity`` is asked for). A server
-  refusing ``HEAD`` (403/405/501) is asked for ``bytes=0-0`` to learn a size.
+  files and refused for a shard's bytes (``Accept-Encoding: identity`` is asked for). A shard
+  whose whole-file answer is encoded is asked for again as a range (``bytes=0-``), which some
+  servers send as it is. A server refusing ``HEAD`` (403/405/501), or answering it with a content
+  coding, is asked for ``bytes=0-0`` to learn a size.
 * A body without ``Content-Length`` (chunked, or closed by the server) is read exactly: a
   ``206`` is complete only at the end its ``Content-Range`` names; a cut one resumes there.
 """
@@ -834,19 +836,23 @@ def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = D
 
 def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float = DEFAULT_DEADLINE_S) -> int | None:
     """The size of ``url`` in bytes: ``HEAD``, or, when the server refuses ``HEAD`` (403, 405,
-    501: a GET-only pre-signed URL), a ``GET`` of byte 0 (``Range: bytes=0-0``) whose
-    ``Content-Range`` (or ``Content-Length`` of a 200) gives it. None: the server does not say."""
+    501: a GET-only pre-signed URL) or answers it with a content coding (its length is then the
+    encoded body's), a ``GET`` of byte 0 (``Range: bytes=0-0``) whose ``Content-Range`` (or
+    ``Content-Length`` of an unencoded 200) gives it. None: the server does not say."""
     def head():
         reply = _request(url, "HEAD", {}, timeout_s, deadline_s)
         try:
-            return _size_of(reply.resp, head=True)
+            if _content_coding(reply.resp):  # the encoded body's length, not the file's size
+                log.debug("HEAD %s answered with a content coding; asking a GET of byte 0 for the size", url)
+                return ranged()
+            return _size_of(reply.resp)
         finally:
             reply.close()
 
     def ranged():
         reply = _request(url, "GET", {"Range": "bytes=0-0"}, timeout_s, deadline_s)
         try:  # the body is not read: closing the connection drops it
-            return _size_of(reply.resp, head=False)
+            return _size_of(reply.resp)
         finally:
             reply.close()
 
@@ -862,14 +868,14 @@ def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float 
     return _with_retries(url, "HEAD", once, retries)
 
 
-def _size_of(resp, *, head: bool) -> int | None:
+def _size_of(resp) -> int | None:
     if resp.status == 206:
         total = (_header(resp, "Content-Range") or "").rpartition("/")[2].strip()
         return int(total) if total.isdigit() else None
     length = _header(resp, "Content-Length")
-    if head or not _content_coding(resp):
+    if not _content_coding(resp):
         return int(length) if length is not None and length.strip().isdigit() else None
-    return None
+    return None  # an encoded body's length: not the file's size
 
 
 class HttpRangeStream:
@@ -914,6 +920,12 @@ class HttpRangeStream:
                 headers["Range"] = f"bytes={start}-" + ("" if self.end is None else str(self.end - 1))
             reply = _request(self.url, "GET", headers, self.timeout_s, self.deadline_s)
             codings = _content_coding(reply.resp)
+            if codings and not want_range:  # some servers encode whole files and send ranges as they are
+                reply.close()
+                log.debug("GET %s answered with Content-Encoding: %s; asking for the bytes as a range", self.url,
+                          ", ".join(codings))
+                reply = _request(self.url, "GET", {"Range": f"bytes={start}-"}, self.timeout_s, self.deadline_s)
+                codings = _content_coding(reply.resp)
             if codings:  # the bytes of an encoded body are not the file's: never hand them out
                 reply.close()
                 raise _Permanent(DataSourceError(

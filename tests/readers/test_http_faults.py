@@ -36,6 +36,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
     (``trickle_headers``: the headers too); ``huge_length``: paths answered with
     ``Content-Length: 10**15``; ``encode``: ``{path_suffix: "gzip" | "deflate"}``, the body
     encoded with that ``Content-Encoding`` (a range too, as a misconfigured server does);
+    ``encode_whole``: the same for whole-file answers only (``HEAD`` included), ranges sent as identity;
     ``head_status``: the status every HEAD gets (403, 405); ``fail_after``/``fail_status``: after
     that many shard GETs every request gets ``fail_status``; ``password``: Basic auth required.
     ``server.log`` records ``(method, path, Range, Authorization)``.
@@ -96,6 +97,9 @@ class _Server(http.server.BaseHTTPRequestHandler):
             start, stop = int(m.group(1)), min(len(data), int(m.group(2)) + 1 if m.group(2) else len(data))
         body = data[start:stop]
         coding = next((c for suffix, c in o.get("encode", {}).items() if path.endswith(suffix)), None)
+        if not m:
+            coding = coding or next((c for suffix, c in o.get("encode_whole", {}).items() if path.endswith(suffix)),
+                                    None)
         if coding:
             body = gzip.compress(body) if coding == "gzip" else zlib.compress(body)
         self.send_response(206 if m else 200)
@@ -480,3 +484,11 @@ def test_a_host_name_with_an_empty_label_is_an_error_naming_the_url():
 
     with pytest.raises(DataSourceError, match=r"http://a\.\.b/blob: .*label empty or too long"):
         http_get("http://a..b/blob", retries=0)
+
+
+def test_a_server_that_encodes_whole_files_but_not_ranges_reads_the_intact_dataset(serve, local):
+    # HEAD's Content-Length is then the gzip body's length, not the shard's size: the size comes
+    # from a ranged GET's Content-Range, and the dataset reads whole
+    base, srv = serve(encode_whole={".tar": "gzip", ".sfidx": "gzip"})
+    assert _samples(f"{base}/wds/") == local
+    assert any(method == "HEAD" for method, *_ in srv.log)
