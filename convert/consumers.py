@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -162,9 +163,15 @@ def _struct_fits(value, depth: int = 0, budget: list | None = None) -> bool:
     return True
 
 
+#: Characters a YAML 1.1 reader (PyYAML, which reads a Hugging Face card) folds as line breaks or
+#: refuses as unprintable: escaped as ``\uXXXX`` in a card's strings, so each name reads back as written.
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]")
+
+
 def _q(text: str) -> str:
-    """A YAML scalar: JSON's double-quoted string is valid YAML."""
-    return json.dumps(str(text), ensure_ascii=False)
+    """A YAML scalar: JSON's double-quoted string is valid YAML; the characters YAML 1.1 folds or
+    refuses (:data:`_YAML_UNSAFE`) are escaped, the rest kept as they are (readable class names)."""
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(str(text), ensure_ascii=False))
 
 
 def _feature_yaml(name: str, value, indent: str) -> list[str]:

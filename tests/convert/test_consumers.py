@@ -269,3 +269,20 @@ def test_the_dataset_card_counts_its_shards_in_words(source, tmp_path, max_count
     shards = len(list(out.glob("*.tar")))
     assert (shards == 1) == (max_count == 100)
     assert phrase in card and (shards == 1 or f"{shards} WebDataset shards packed" in card)
+
+
+def test_the_dataset_card_names_classes_with_unicode_line_breaks_exactly(tmp_path):
+    # YAML 1.1 (PyYAML, which Hugging Face reads the card with) folds NEL, LINE SEPARATOR and
+    # PARAGRAPH SEPARATOR inside a quoted scalar: written as they are, the card names another class
+    yaml = pytest.importorskip("yaml", reason="PyYAML (a dependency of Hugging Face datasets) is not installed")
+    names = ["a\u2028b", "c\u0085d", "e\u2029f", "g\x7fh\x9ei", "plain"]
+    src = tmp_path / "src"
+    for i, name in enumerate(names):
+        (src / name).mkdir(parents=True)
+        (src / name / f"{i}.jpg").write_bytes(_image(i, "JPEG"))
+    pack(src, tmp_path / "out", PackOptions(max_count=100))
+    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    front = yaml.safe_load(card.split("---\n")[1])
+    cls = next(f for f in front["dataset_info"]["features"] if f["name"] == "cls")
+    by_index = cls["dtype"]["class_label"]["names"]
+    assert [by_index[str(i)] for i in range(len(names))] == sorted(names)
