@@ -449,10 +449,13 @@ def test_hints_that_wait_for_the_storage_hand_the_rest_to_the_read_pool(blob, mo
 
     def fadvise(fd, offset, n, advice):
         hints.append(offset)
-        time.sleep(0.003)
+        # far above half the reads' latency (3 ms, learned from the first read), also when a
+        # busy machine stretches that read to tens of milliseconds
+        time.sleep(0.1)
         return real(fd, offset, n, advice)
 
     monkeypatch.setattr(shard_readahead.os, "posix_fadvise", fadvise)
+    monkeypatch.setattr(shard_readahead, "_learned", None)  # no latency left by an earlier test's reads
     f = LoggedFile(path, 0.003)
     out = list(read_ahead(f, _plan(len(data), 96 * 1024), request_bytes=size, fd=f.fd))
     assert b"".join(out) == data
