@@ -27,6 +27,7 @@ def wait_for(path, tries=600):
 _LEFT_HOOK = '''def _left():
     names = sorted(t.name for t in threading.enumerate() if t.name.startswith("shardfeed-"))
     print("LEFT", names, flush=True)
+    print("LEFT_T", time.monotonic(), flush=True)
 atexit.register(_left)
 '''
 
@@ -39,9 +40,10 @@ def run_child(body: str, *, left_hook: bool = True, timeout: float = 120) -> tup
     return r, time.monotonic()
 
 
-def printed_time(stdout: str) -> float:
-    """The monotonic time a child printed as ``T <seconds>``."""
-    return float(next(line for line in stdout.splitlines() if line.startswith("T "))[2:])
+def printed_time(stdout: str, mark: str = "T") -> float:
+    """The monotonic time a child printed as ``T <seconds>`` (``mark``: ``LEFT_T``, the time the
+    exit listing ran, right after shardfeed's exit hook)."""
+    return float(next(line for line in stdout.splitlines() if line.startswith(mark + " "))[len(mark) + 1:])
 
 
 class StallingHandler(http.server.BaseHTTPRequestHandler):

@@ -39,15 +39,15 @@ def test_a_request_waiting_for_its_answer_at_exit_is_not_retried(silent_server):
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
         marker_seen = wait_for({str(srv.marker)!r})  # the request arrived: the thread awaits the headers
         print("WAITING" if marker_seen else "NEVER", flush=True)
+        print("T", time.monotonic(), flush=True)
     """)
-    t0 = time.monotonic()
     r, end = run_child(child, timeout=120)
-    took = end - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert "WAITING" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert len(srv.requests) == 1, srv.requests  # the cut request was not sent again
-    assert took < 8, took  # the exit hook's wait (2 s) and an interpreter's start, not a retry's timeout
+    took = printed_time(r.stdout, "LEFT_T") - printed_time(r.stdout)  # to the end of shardfeed's exit hook
+    assert took < 5, took  # the exit hook's wait (2 s), not a retry's timeout (10 s)
 
 
 class _CutThenSilentHandler(http.server.BaseHTTPRequestHandler):
@@ -92,15 +92,15 @@ def test_a_stream_aborted_while_waiting_to_retry_a_cut_read_does_not_reopen(cut_
         marker_seen = wait_for({str(srv.marker)!r})  # the first answer was cut: the thread waits to retry
         time.sleep(0.2)
         print("CUT" if marker_seen else "NEVER", flush=True)
+        print("T", time.monotonic(), flush=True)
     """)
-    t0 = time.monotonic()
     r, end = run_child(child, timeout=120)
-    took = end - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert "CUT" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert srv.requests == [None], srv.requests  # no second request after the stream was aborted
-    assert took < 8, took
+    took = printed_time(r.stdout, "LEFT_T") - printed_time(r.stdout)  # to the end of shardfeed's exit hook
+    assert took < 5, took  # the exit hook's wait (2 s), not a retry's timeout (10 s)
 
 
 @pytest.mark.network
@@ -171,7 +171,10 @@ def test_a_program_leaving_a_loader_over_http_mid_epoch_exits_at_once_and_cleanl
     assert "BATCH 2" in r.stdout, r.stdout + r.stderr
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     t = printed_time(r.stdout)
-    assert end - t < 4, end - t  # from the last statement to the process's end
+    # from the last statement to the end of shardfeed's exit hook (the listing runs right after
+    # it): the interpreter's own teardown after it (torch's included) is not timed, since a busy
+    # machine stretches it to tens of seconds
+    assert printed_time(r.stdout, "LEFT_T") - t < 4, printed_time(r.stdout, "LEFT_T") - t
 
 
 @pytest.fixture
@@ -202,7 +205,7 @@ def test_a_thread_waiting_to_connect_at_exit_does_not_hold_the_exit(full_backlog
     assert r.returncode == 0, r.stdout + r.stderr
     t = printed_time(r.stdout)
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
-    assert end - t < 1.5, end - t
+    assert printed_time(r.stdout, "LEFT_T") - t < 1.5, printed_time(r.stdout, "LEFT_T") - t  # shardfeed's exit hook
 
 
 class _PausingHandler(http.server.BaseHTTPRequestHandler):
@@ -310,7 +313,7 @@ def test_a_reader_thread_woken_by_the_exit_hook_does_not_start_its_next_read(tmp
     t = printed_time(r.stdout)
     assert "LEFT []" in r.stdout, r.stdout + r.stderr
     assert srv.requests == ["/shard-000000.tar"], srv.requests  # the later spans were never asked for
-    assert end - t < 1.5, end - t
+    assert printed_time(r.stdout, "LEFT_T") - t < 1.5, printed_time(r.stdout, "LEFT_T") - t  # shardfeed's exit hook
 
 
 def test_the_watchdog_asked_to_stop_with_a_request_armed_ends_when_that_request_is_cut():
