@@ -9,7 +9,12 @@ build backend.
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 try:
     import tomllib
@@ -33,3 +38,53 @@ def test_every_package_folder_is_listed_for_the_wheel():
     assert found, "no package folder found"
     missing = sorted(found - set(setuptools_cfg["packages"]))
     assert not missing, f"package folders not listed in pyproject.toml [tool.setuptools] packages: {missing}"
+
+
+#: Distributions that belong to the test, docs, interop, Ray, trainer and benchmark set-ups, not to the demo.
+NOT_FOR_THE_DEMO = {"pytest", "pytest-timeout", "ruff", "mypy", "moto", "playwright", "mkdocs", "mkdocs-material",
+                    "mkdocstrings", "mkdocs-click", "nvidia-dali-cuda120", "wids", "datasets", "webdataset", "ray",
+                    "lightning", "transformers", "accelerate", "cosmic-ray", "matplotlib", "boto3"}
+
+
+def _dist_name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def _make_dry_run(target: str, tmp_path: Path) -> list[str]:
+    """The commands ``make TARGET`` would run on a fresh clone (no .venv yet), without running them."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    out = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def _installed_extras(commands: list[str]) -> set[str]:
+    extras = set()
+    for line in commands:
+        m = re.search(r"pip install .*-e \"\.\[([\w,-]+)\]\"", line)
+        if m:
+            extras.update(m.group(1).split(","))
+    return extras
+
+
+def test_make_demo_installs_only_what_the_demo_runs(tmp_path):
+    commands = _make_dry_run("demo", tmp_path)
+    assert any(line.startswith("python3 -m venv") for line in commands)  # a fresh clone gets its .venv
+    assert any("scripts/install_torch.sh" in line for line in commands)  # the CPU torch step comes first
+    assert _installed_extras(commands) == {"opencv", "demo"}
+    extras = _load_toml(REPO / "pyproject.toml")["project"]["optional-dependencies"]
+    demo_dists = {_dist_name(r) for name in ("opencv", "demo") for r in extras[name]}
+    assert demo_dists == {"opencv-python-headless", "mfusepy"}
+    assert not demo_dists & NOT_FOR_THE_DEMO
+    # the demo's system packages are FUSE's alone (no web server, no browser)
+    assert any(line.strip() == "sh scripts/system_deps.sh demo" for line in commands)
+
+
+@pytest.mark.parametrize("target", ["test", "docs", "lint"])
+def test_the_full_set_up_builds_on_the_demo_set_up(tmp_path, target):
+    commands = _make_dry_run(target, tmp_path)
+    assert any(line.startswith("python3 -m venv") for line in commands)
+    extras = _installed_extras(commands)
+    assert {"opencv", "demo", "dev", "docs", "interop", "ray", "lightning", "transformers"} <= extras
