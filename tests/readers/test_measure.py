@@ -167,7 +167,7 @@ def test_bench_model_none_stalls_on_data(data, tmp_path):
 def test_verify_alternates_and_reports_speedup(data, tmp_path):
     out = tmp_path / "verify.json"
     r = _run(["verify", data["folder"], data["wds"], *SMALL, "--batches", "3", "--num-workers", "1",
-              "--repeats", "2", "--deep", "--min-speedup", "1000", "--json", out])
+              "--repeats", "2", "--deep", "--min-speedup", "1000", "--details", "--json", out])
     # the measurement ran, but 1000x is out of reach: --min-speedup fails the command
     assert r.exit_code == 1, r.output
     assert "below --min-speedup" in r.output

@@ -177,7 +177,7 @@ def test_batches_row_shows_the_real_sample_count_of_partial_batches(data, tmp_pa
     # 24 images in batches of 10 with no warm-up: the first epoch gives 10, 10 and a partial 4
     out = tmp_path / "bench.json"
     r = _run(["bench", data["wds"], *COMMON, "--batch-size", "10", "--batches", "3", "--no-shuffle",
-              "--json", out])
+              "--details", "--json", out])
     assert r.exit_code == 0, r.output
     sizes = [10, 10, NUM_IMAGES - 20]
     report = json.loads(out.read_text())
