@@ -162,8 +162,10 @@ def _check_html_path(ctx, param, value):
 
 
 def write_html(path: str, command_name: str, *, headline: str, report_json: Any, tables: list,
-               notes: list[str], draw: Callable[[Path], Any] | None, json_path: str | None) -> None:
-    """Write the ``--html`` page of a measuring command and say where it is."""
+               notes: list[str], draw: Callable[[Path], Any] | None, json_path: str | None,
+               tone: str = "neutral") -> None:
+    """Write the ``--html`` page of a measuring command and say where it is (``tone``: the banner's
+    colour, see :func:`~shardfeed.readers.measure.html_report.banner_tone`)."""
     import datetime
 
     from shardfeed.readers.format import created_by
@@ -171,7 +173,8 @@ def write_html(path: str, command_name: str, *, headline: str, report_json: Any,
 
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     out = write_html_report(path, title=f"shardfeed {command_name}", subtitle=f"{when} · {created_by()}",
-                            headline=headline, report_json=report_json, tables=tables, notes=notes, draw=draw)
+                            headline=headline, report_json=report_json, tables=tables, notes=notes, draw=draw,
+                            tone=tone)
     echo(f"html: {out}", json_path)
 
 
@@ -283,6 +286,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
       shardfeed verify data/train out/train-wds --compute-ms 30 --min-speedup 1.5 --json verify.json
     """
     from shardfeed.readers.measure import HtmlTable, compare_sources, comparison_rows, plot_runs
+    from shardfeed.readers.measure.html_report import banner_tone
 
     check_plot(plot)
     _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
@@ -311,7 +315,8 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
         write_html(html_path, "verify", headline=headline, report_json=out,
                    tables=[HtmlTable("Before and after (each side's median run)", ("", "BEFORE", "AFTER"),
                                      comparison_rows(result, details=details))],
-                   notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path)
+                   notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path,
+                   tone=banner_tone(result.verdict))
     if min_speedup is not None and result.speedup < min_speedup:
         click.echo(f"shardfeed: error: speed-up {result.speedup:.2f}x is below --min-speedup {min_speedup}",
                    err=True)
