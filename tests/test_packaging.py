@@ -10,6 +10,7 @@ build backend.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -88,3 +89,20 @@ def test_the_full_set_up_builds_on_the_demo_set_up(tmp_path, target):
     assert any(line.startswith("python3 -m venv") for line in commands)
     extras = _installed_extras(commands)
     assert {"opencv", "demo", "dev", "docs", "interop", "ray", "lightning", "transformers"} <= extras
+
+
+def test_the_demo_cold_run_measures_every_disk_read_it_makes(tmp_path):
+    """A shard reader reads ahead: on the demo's 40 MB sample a warm-up batch or two takes in every
+    shard before the measured window, which then runs from memory (and says so). The demo's cold
+    verify therefore measures one whole epoch from its first batch."""
+    commands = "\n".join(_make_dry_run("demo", tmp_path)).replace("\\\n", " ")
+    verify = next(line for line in commands.splitlines() if " verify " in line and "--cold" in line)
+    args = shlex.split(verify)
+    opt = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+    sample = next(line for line in commands.splitlines() if "scripts/make_sample_data.py" in line)
+    assert "--num-images" not in sample  # the script's default count, read from its command line below
+    script = (REPO / "scripts" / "make_sample_data.py").read_text()
+    num_images = int(re.search(r'"--num-images", type=int, default=(\d+)', script).group(1))
+    warmup, batches, batch_size = int(opt["--warmup"]), int(opt["--batches"]), int(opt["--batch-size"])
+    assert warmup == 0  # no batch is read before the window opens
+    assert num_images - batch_size < batches * batch_size <= num_images  # one whole epoch, never a second
