@@ -106,3 +106,33 @@ def test_the_demo_cold_run_measures_every_disk_read_it_makes(tmp_path):
     warmup, batches, batch_size = int(opt["--warmup"]), int(opt["--batches"]), int(opt["--batch-size"])
     assert warmup == 0  # no batch is read before the window opens
     assert num_images - batch_size < batches * batch_size <= num_images  # one whole epoch, never a second
+
+
+NAMED_EXTRA = re.compile(r"shardfeed\[([a-z0-9,-]+)\]|\bthe (?!optional\b)([a-z0-9-]+) extra\b(?! field)")
+
+
+def _named_extras() -> dict[str, list[str]]:
+    """Extra name -> the places (file:line) in the package's sources whose text names it
+    (``shardfeed[NAME]``, "the NAME extra")."""
+    found: dict[str, list[str]] = {}
+    for folder in ("convert", "readers"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for m in NAMED_EXTRA.finditer(line):
+                    for name in (m.group(1) or m.group(2)).split(","):
+                        found.setdefault(name, []).append(f"{path.relative_to(REPO)}:{no}")
+    return found
+
+
+def test_every_extra_a_message_names_exists_and_adds_a_package():
+    """simplejpeg is a core dependency: no message sends people to an extra for it (or for any
+    other core dependency)."""
+    project = _load_toml(REPO / "pyproject.toml")["project"]
+    core = {_dist_name(r) for r in project["dependencies"]}
+    extras = project["optional-dependencies"]
+    named = _named_extras()
+    assert "plot" in named and "s3" in named  # the scan sees the messages it is meant to check
+    for name, places in named.items():
+        assert name in extras, f"{places}: no extra named {name!r} in pyproject.toml"
+        packages = {_dist_name(r) for r in extras[name]}
+        assert packages - core, f"{places}: the {name!r} extra adds nothing: {sorted(packages)} are core dependencies"
