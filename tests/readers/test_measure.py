@@ -246,6 +246,9 @@ def test_verify_no_warm_cache_skips_the_warm_up(data, tmp_path):
     page_cache_row = next(line for line in r.output.splitlines() if line.startswith("page cache "))
     assert "warm" not in page_cache_row and "not evicted" in page_cache_row
     assert [x["label"] for x in res["runs"]] == ["before", "after"]
+    # the compact default: the detail rows and the sync() line only with --details
+    assert "read calls (incl. page cache)" not in r.output and "disk settled" not in r.output
+    assert "images/s" in r.output and "CPU per image, main + workers" in r.output
 
 
 def test_verify_warns_when_both_sides_are_the_same_dataset(data, tmp_path):
