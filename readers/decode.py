@@ -480,8 +480,8 @@ def resolve_decoder(decoder: str) -> str:
     if decoder == "simplejpeg":
         if not simplejpeg_available():
             raise ModuleNotFoundError(
-                "decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg "
-                "(or shardfeed[jpeg]); decoder='auto' falls back to Pillow without it"
+                "decoder='simplejpeg' needs the simplejpeg package, a dependency of shardfeed that is missing "
+                "here: pip install simplejpeg; decoder='auto' falls back to Pillow without it"
             )
         return decoder
     if decoder not in _BACKENDS:

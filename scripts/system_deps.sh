@@ -7,8 +7,17 @@
 #   chromium: the headless browser that loads the --html report pages in their tests.
 # Without them their tests skip locally; under CI (CI=true, as .ci/run sets it) a skip is a
 # failure, so a CI machine that cannot install them stops here with the list.
+# `system_deps.sh demo` (make demo): fuse3 + libfuse2 only, and a missing one is a note, never a
+# failure (the demo then says in one line why it skips the emulated network storage).
+SET=${1:-all}
+case "$SET" in all|demo) ;; *) echo "usage: system_deps.sh [all|demo]" >&2; exit 2;; esac
 missing() {
   m=""
+  if [ "$SET" = demo ]; then
+    command -v fusermount3 >/dev/null 2>&1 || m="$m fuse3"
+    ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || m="$m libfuse2"
+    echo "$m"; return
+  fi
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || m="$m nginx"
   command -v openssl >/dev/null 2>&1 || m="$m openssl"
   command -v fusermount3 >/dev/null 2>&1 || m="$m fuse3"
@@ -30,6 +39,10 @@ if [ -n "$todo" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; t
   done
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
   todo=$(missing)
+fi
+if [ -n "$todo" ] && [ "$SET" = demo ]; then
+  echo "note: not installed:$todo (Debian: apt-get install fuse3 libfuse2); the demo skips emulated network storage"
+  exit 0
 fi
 if [ -n "$todo" ]; then
   echo "note: not installed:$todo (Debian: apt-get install nginx-light openssl fuse3 libfuse2 chromium); their tests skip"

@@ -37,6 +37,28 @@ def test_readme_is_a_short_landing_page():
         assert (ROOT / link).is_file(), link
 
 
+
+def test_readme_first_screen_says_how_to_install_today_and_what_make_does_to_the_machine():
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()[:25]
+    first_screen = "\n".join(lines)
+    # nothing on the package index yet: the install is `pip install .` of the clone, CPU torch first
+    assert re.search(r"pip install shardfeed(?![\[\w])", text) is None
+    cpu_index = r"pip install torch .*download\.pytorch\.org/whl/cpu"
+    torch_cpu = [i for i, line in enumerate(lines) if re.match(cpu_index, line)]
+    clone = [i for i, line in enumerate(lines) if re.match(r"pip install \.(\s|$)", line)]
+    assert torch_cpu and clone and torch_cpu[0] < clone[0]
+    assert re.search(r"about \d+ minutes", first_screen)
+    # every Debian package scripts/system_deps.sh may install is named, with when it does so
+    script = (ROOT / "scripts" / "system_deps.sh").read_text()
+    packages = {p for group in re.findall(r"apt-get install ([\w\s-]+)\)", script) for p in group.split()}
+    assert {"fuse3", "libfuse2", "nginx-light", "openssl", "chromium"} <= packages
+    flat = " ".join(first_screen.split())
+    for package in packages:
+        assert package in flat, package
+    assert "apt-get" in flat and "root" in flat and "nothing outside" in flat
+
+
 @pytest.mark.slow
 def test_readme_quick_start_runs(tmp_path):
     rng = np.random.default_rng(0)

@@ -142,6 +142,14 @@ def _check_plot_path(ctx, param, value):
     return None if value is None else check_report_path(value, ctx, param, example="figure.png", allow_stdout=False)
 
 
+def details_option(f: Callable) -> Callable:
+    """Add ``--details``: every row of the report, not only the compact default."""
+    return click.option("--details", is_flag=True,
+                        help="Show every row of the report (CPU per process, disk reads, memory, swap, the warm-up, "
+                             "how the disk was settled), not only images/s, the data stall, the wait and compute per "
+                             "batch, CPU per image and the verdict.")(f)
+
+
 def html_option(f: Callable) -> Callable:
     """Add ``--html PATH``: one self-contained page (figure, tables, verdict, the JSON)."""
     return click.option("--html", "html_path", metavar="PATH.html", default=None, callback=_check_html_path,
@@ -154,8 +162,10 @@ def _check_html_path(ctx, param, value):
 
 
 def write_html(path: str, command_name: str, *, headline: str, report_json: Any, tables: list,
-               notes: list[str], draw: Callable[[Path], Any] | None, json_path: str | None) -> None:
-    """Write the ``--html`` page of a measuring command and say where it is."""
+               notes: list[str], draw: Callable[[Path], Any] | None, json_path: str | None,
+               tone: str = "neutral") -> None:
+    """Write the ``--html`` page of a measuring command and say where it is (``tone``: the banner's
+    colour, see :func:`~shardfeed.readers.measure.html_report.banner_tone`)."""
     import datetime
 
     from shardfeed.readers.format import created_by
@@ -163,7 +173,8 @@ def write_html(path: str, command_name: str, *, headline: str, report_json: Any,
 
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     out = write_html_report(path, title=f"shardfeed {command_name}", subtitle=f"{when} · {created_by()}",
-                            headline=headline, report_json=report_json, tables=tables, notes=notes, draw=draw)
+                            headline=headline, report_json=report_json, tables=tables, notes=notes, draw=draw,
+                            tone=tone)
     echo(f"html: {out}", json_path)
 
 
@@ -179,9 +190,10 @@ def _progress(json_path: str | None) -> Callable[[str], None]:
 @click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw the images delivered over time, the time spent waiting vs computing, and the wait of "
                    "every batch (needs matplotlib).")
+@details_option
 @html_option
 @json_option
-def bench(source: str, cold: bool, plot: str | None, html_path: str | None, json_path: str | None,
+def bench(source: str, cold: bool, plot: str | None, details: bool, html_path: str | None, json_path: str | None,
           **kwargs: Any) -> None:
     """Measure one loader on SOURCE (image folder, packed dataset or URL) with a training loop.
 
@@ -202,14 +214,15 @@ def bench(source: str, cold: bool, plot: str | None, html_path: str | None, json
     _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     report = bench_source(source, cold=cold, **_split_kwargs(kwargs))
     report.label = report.label or "bench"
-    echo(format_report(report), json_path)
+    echo(format_report(report, details=details), json_path)
     headline = f"{report.images_per_s:,.1f} images/s, data stall {report.stall_share:.0%}"
     write_json_report(json_path, report.to_json())  # first: a figure or page that fails loses no measurement
     if plot:
         echo(f"plot: {plot_runs([report], plot, title=headline)}", json_path)
     if html_path:
         write_html(html_path, "bench", headline=headline, report_json=report.to_json(),
-                   tables=[HtmlTable("The run", ("", report.label), report_rows(report))], notes=report.warnings,
+                   tables=[HtmlTable("The run", ("", report.label), report_rows(report, details=details))],
+                   notes=report.warnings,
                    draw=lambda p: plot_runs([report], p), json_path=json_path)
 
 
@@ -251,10 +264,11 @@ def _same_dataset(before: str, after: str) -> str | None:
 @click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw both sides on one axis: the images each delivered over time, the time each spent waiting "
                    "vs computing, and the wait of every batch (needs matplotlib).")
+@details_option
 @html_option
 @json_option
 def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_cache: bool,
-           min_speedup: float | None, plot: str | None, html_path: str | None, json_path: str | None,
+           min_speedup: float | None, plot: str | None, details: bool, html_path: str | None, json_path: str | None,
            **kwargs: Any) -> None:
     """Same training loop, same device, BEFORE (e.g. the image folder) vs AFTER (its packed form).
 
@@ -272,6 +286,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
       shardfeed verify data/train out/train-wds --compute-ms 30 --min-speedup 1.5 --json verify.json
     """
     from shardfeed.readers.measure import HtmlTable, compare_sources, comparison_rows, plot_runs
+    from shardfeed.readers.measure.html_report import banner_tone
 
     check_plot(plot)
     _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
@@ -287,7 +302,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     result = compare_sources(before, after, repeats=repeats, cold=cold, deep=deep, warm_cache=warm_cache,
                              progress=_progress(json_path), **opts)
     result.min_speedup = min_speedup
-    echo(result.summary(), json_path)
+    echo(result.summary(details=details), json_path)
     headline = result.headline()
     sides = [result.before, result.after]
     out = result.to_json()
@@ -299,8 +314,9 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
         notes += [f"advice: {a}" for a in (result.verdict or {}).get("advice", [])]
         write_html(html_path, "verify", headline=headline, report_json=out,
                    tables=[HtmlTable("Before and after (each side's median run)", ("", "BEFORE", "AFTER"),
-                                     comparison_rows(result))],
-                   notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path)
+                                     comparison_rows(result, details=details))],
+                   notes=notes, draw=lambda p: plot_runs(sides, p), json_path=json_path,
+                   tone=banner_tone(result.verdict))
     if min_speedup is not None and result.speedup < min_speedup:
         click.echo(f"shardfeed: error: speed-up {result.speedup:.2f}x is below --min-speedup {min_speedup}",
                    err=True)

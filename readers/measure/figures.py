@@ -145,6 +145,15 @@ def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, 
     if not series:
         raise ValueError("plot_delivery needs at least one run")
     plt = _pyplot()
+    fig = _delivery_figure(plt, series, title)
+    try:
+        return _save(fig, path, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+
+
+def _delivery_figure(plt: Any, series: Sequence[DeliverySeries], title: str | None) -> Any:
+    """The delivery figure of :func:`plot_delivery`, drawn but not saved (the caller closes it)."""
     fig = plt.figure(figsize=(11, 6.2))
     grid = fig.add_gridspec(2, 3, height_ratios=(3, 1.4), hspace=0.45, wspace=0.35)
     ax_del = fig.add_subplot(grid[0, :2])
@@ -170,28 +179,32 @@ def plot_delivery(series: Sequence[DeliverySeries], path: str | os.PathLike, *, 
     ax_wait.set_ylabel("wait per batch, ms", fontsize=9)
     ax_wait.set_xlabel("time since the first measured batch, s")
     ax_wait.grid(alpha=0.3)
-    names = [s.label for s in series]
-    waits = [sum(v for v in map(_finite, s.t_wait_s) if v is not None) for s in series]
-    steps = [sum(v for v in map(_finite, s.t_step_s) if v is not None) for s in series]
-    ypos = list(range(len(series)))[::-1]
-    ax_bar.barh(ypos, steps, color=_STEP_COLOUR, label="compute")
-    ax_bar.barh(ypos, waits, left=steps, color=_WAIT_COLOUR, label="waiting for data")
-    for y, w, c in zip(ypos, waits, steps):
-        share = w / (w + c) if w + c > 0 else 0.0
-        ax_bar.text(w + c, y, f" {share:.0%} stall", va="center", fontsize=9)
-    ax_bar.set_yticks(ypos)
-    ax_bar.set_yticklabels(names, fontsize=9)
-    ax_bar.set_xlabel("seconds")
-    ax_bar.set_title("Where the time went", fontsize=10)
-    ax_bar.legend(loc="lower right", fontsize=8)
-    ax_bar.set_xlim(0, max((w + c for w, c in zip(waits, steps)), default=1.0) * 1.45 or 1.0)
+    _time_bars(ax_bar, series)
     if title:
         wrapped = textwrap.fill(title, 120)
         fig.suptitle(wrapped, fontsize=10, fontweight="bold", y=0.97 + 0.035 * wrapped.count("\n"))
-    try:
-        return _save(fig, path, dpi=100, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    return fig
+
+
+def _time_bars(ax: Any, series: Sequence[DeliverySeries]) -> None:
+    """One bar per run, its time split into compute and waiting for data. Each run's name sits
+    above its bar and the legend above the axes, so no text covers a bar or the plot beside it."""
+    waits = [sum(v for v in map(_finite, s.t_wait_s) if v is not None) for s in series]
+    steps = [sum(v for v in map(_finite, s.t_step_s) if v is not None) for s in series]
+    ypos = list(range(len(series)))[::-1]
+    ax.barh(ypos, steps, height=0.5, color=_STEP_COLOUR, label="compute")
+    ax.barh(ypos, waits, height=0.5, left=steps, color=_WAIT_COLOUR, label="waiting for data")
+    for y, w, c, s in zip(ypos, waits, steps, series):
+        share = w / (w + c) if w + c > 0 else 0.0
+        ax.text(w + c, y, f" {share:.0%} stall", va="center", fontsize=9)
+        ax.text(0, y + 0.3, s.label, va="bottom", ha="left", fontsize=9)
+    ax.set_yticks([])
+    ax.set_ylim(-0.5, len(series) - 0.2)
+    ax.set_xlabel("seconds")
+    ax.set_title("Where the time went", fontsize=10, pad=22)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False,
+              handlelength=1.2, columnspacing=1.0)
+    ax.set_xlim(0, max((w + c for w, c in zip(waits, steps)), default=1.0) * 1.45 or 1.0)
 
 
 def plot_tune(result: Any, path: str | os.PathLike) -> Path:

@@ -22,13 +22,18 @@ from typing import Any, Callable, Sequence
 
 from ..format import write_bytes_atomic
 
-__all__ = ["HtmlTable", "render_html_report", "write_html_report"]
+__all__ = ["HtmlTable", "render_html_report", "write_html_report", "banner_tone", "BANNER_TONES"]
+
+#: The headline banner's tones: green for a win, grey for no clear difference (or no verdict), red for a loss.
+BANNER_TONES = ("win", "neutral", "loss")
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;
      color:#222;padding:0 1rem;line-height:1.4}
 h1{font-size:1.4rem;margin-bottom:.2rem} h2{font-size:1.1rem;margin-top:1.6rem}
-.headline{font-size:1.25rem;font-weight:600;padding:.6rem .9rem;background:#eef6ee;border-left:5px solid #2ca02c}
+.headline{font-size:1.25rem;font-weight:600;padding:.6rem .9rem;background:#f2f2f2;border-left:5px solid #7f7f7f}
+.headline.win{background:#eef6ee;border-left-color:#2ca02c}
+.headline.loss{background:#fbeeee;border-left-color:#d62728}
 .meta{color:#666;font-size:.85rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
 th,td{border:1px solid #ddd;padding:.25rem .6rem;text-align:right;vertical-align:top}
@@ -49,6 +54,14 @@ class HtmlTable:
     rows: Sequence[Sequence[str]]
 
 
+def banner_tone(verdict: dict | None) -> str:
+    """The banner's tone for a verdict of :func:`~shardfeed.readers.measure.verdict.judge_rounds`:
+    ``"win"`` (kind ``faster``), ``"loss"`` (``slower``), else ``"neutral"`` (``same``, ``noisy``,
+    ``busy``, or no verdict)."""
+    kind = (verdict or {}).get("kind")
+    return {"faster": "win", "slower": "loss"}.get(kind, "neutral")
+
+
 def _table_html(t: HtmlTable) -> str:
     e = html.escape
     head = "".join(f"<th>{e(str(c))}</th>" for c in t.header)
@@ -58,7 +71,7 @@ def _table_html(t: HtmlTable) -> str:
 
 def render_html_report(*, title: str, headline: str, report_json: Any, tables: Sequence[HtmlTable] = (),
                        notes: Sequence[str] = (), figure_png: bytes | None = None,
-                       figure_missing: str | None = None, subtitle: str | None = None) -> str:
+                       figure_missing: str | None = None, subtitle: str | None = None, tone: str = "neutral") -> str:
     """The page as one string of HTML (UTF-8, no outside references).
 
     Args:
@@ -70,7 +83,14 @@ def render_html_report(*, title: str, headline: str, report_json: Any, tables: S
         figure_png: the figure's PNG bytes, embedded as a ``data:`` URI (None: no figure).
         figure_missing: the line shown in place of a missing figure (e.g. how to install matplotlib).
         subtitle: a small line under the heading (command, date).
+        tone: the headline banner's colour, one of :data:`BANNER_TONES` (:func:`banner_tone` of a
+            verdict): ``"win"`` green, ``"neutral"`` grey, ``"loss"`` red.
+
+    Raises:
+        ValueError: ``tone`` is not one of :data:`BANNER_TONES`.
     """
+    if tone not in BANNER_TONES:
+        raise ValueError(f"tone={tone!r}: expected one of {', '.join(BANNER_TONES)}")
     e = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -78,7 +98,7 @@ def render_html_report(*, title: str, headline: str, report_json: Any, tables: S
              f"<h1>{e(title)}</h1>"]
     if subtitle:
         parts.append(f'<p class="meta">{e(subtitle)}</p>')
-    parts.append(f'<p class="headline" id="headline">{e(headline)}</p>')
+    parts.append(f'<p class="headline {tone}" id="headline">{e(headline)}</p>')
     if figure_png:
         data = base64.b64encode(figure_png).decode("ascii")
         parts.append(f'<img class="figure" id="figure" alt="{e(headline)}" src="data:image/png;base64,{data}">')

@@ -12,7 +12,7 @@ from .report import RunReport, fmt_bytes
 
 __all__ = ["format_table", "terminal_width", "MIN_WRAP_WIDTH", "format_report", "format_comparison",
            "comparison_headline", "verdict_headline", "verify_headline", "decode_cost_note", "reencode_text",
-           "comparison_rows", "report_rows", "tune_rows", "TUNE_HEADER", "plot_runs"]
+           "comparison_rows", "report_rows", "tune_rows", "TUNE_HEADER", "plot_runs", "COMPACT_ROWS"]
 
 
 #: Narrowest width a table is wrapped to, columns (narrower: cells would be cut into pieces of a
@@ -120,7 +120,23 @@ def _batches_text(r: RunReport) -> str:
     return f"{r.num_batches} batches ({full} x {bs}, {len(sizes) - full} partial) = {r.num_samples}"
 
 
-def _report_rows(r: RunReport) -> list[tuple[str, str]]:
+#: The rows of the compact table (the default of ``bench`` and ``verify``); ``--details`` shows every row.
+COMPACT_ROWS = ("source", "images/s", "wait for data, ms (mean/p50/p95)", "compute, ms (mean/p50/p95)", "data stall",
+                "GPU utilisation", "CPU per image, main + workers", "page cache", "images/s incl. warm-up (cold start)",
+                "device")
+
+
+def _report_rows(r: RunReport, details: bool = True) -> list[tuple[str, str]]:
+    """One run's rows, ``(name, value)``: every row, or with ``details=False`` those of
+    :data:`COMPACT_ROWS` (the GPU utilisation only on CUDA)."""
+    rows = _all_report_rows(r)
+    if details:
+        return rows
+    on_cuda = r.device.startswith("cuda")
+    return [row for row in rows if row[0] in COMPACT_ROWS and (on_cuda or row[0] != "GPU utilisation")]
+
+
+def _all_report_rows(r: RunReport) -> list[tuple[str, str]]:
     cfg = r.config
     rows = [
         ("source", f"{cfg.get('source_format', '?')}: {cfg.get('source', '?')}"),
@@ -145,9 +161,9 @@ def _report_rows(r: RunReport) -> list[tuple[str, str]]:
         nw = (cfg.get("loader") or {}).get("num_workers")
         rows.append(("CPU, loader workers", f"{r.cpu['workers_cores']:.2f} cores ({nw} workers)"))
         rows.append(("CPU, main process", f"{r.cpu['main_cores']:.2f} cores"))
-        rows.append(("CPU, all of ours", f"{r.cpu['util_share']:.0%} of {r.cpu['cpu_count']} cores"))
+        rows.append(("CPU, main + workers", f"{r.cpu['util_share']:.0%} of {r.cpu['cpu_count']} cores"))
         if r.num_samples:
-            rows.append(("CPU per image, all of ours", f"{r.cpu['total_s'] / r.num_samples * 1000:.2f} ms"))
+            rows.append(("CPU per image, main + workers", f"{r.cpu['total_s'] / r.num_samples * 1000:.2f} ms"))
         if r.cpu.get("others_share") is not None:
             rows.append(("CPU, other processes", f"{r.cpu['others_share']:.0%} of {r.cpu['cpu_count']} cores"))
     if r.io:
@@ -196,9 +212,10 @@ def _cache_text(c: dict) -> str:
     return f"{state} of {c.get('files', 0)} files, {fmt_bytes(total)}"
 
 
-def format_report(report: RunReport) -> str:
-    """The aligned table of one run (``bench``)."""
-    text = format_table(_report_rows(report), header=("", report.label or "run"))
+def format_report(report: RunReport, *, details: bool = False) -> str:
+    """The aligned table of one run (``bench``): the rows of :data:`COMPACT_ROWS`, every row with
+    ``details=True``; then the run's warnings."""
+    text = format_table(_report_rows(report, details), header=("", report.label or "run"))
     if report.warnings:
         text += "\n" + "\n".join(f"warning: {w}" for w in report.warnings)
     return text
@@ -295,16 +312,17 @@ def verify_headline(result: Any) -> str:
     return f"{head} ({note})" if note else head
 
 
-def comparison_rows(result: Any) -> list[tuple[str, str, str]]:
+def comparison_rows(result: Any, *, details: bool = False) -> list[tuple[str, str, str]]:
     """The rows of ``verify``'s side-by-side table (a :class:`~shardfeed.readers.measure.verify.VerifyReport`):
-    ``(name, BEFORE, AFTER)``."""
-    rb, ra = _report_rows(result.before), _report_rows(result.after)
+    ``(name, BEFORE, AFTER)``; those of :data:`COMPACT_ROWS`, every row with ``details=True``."""
+    rb, ra = _report_rows(result.before, details), _report_rows(result.after, details)
     return [(name, vb, va) for (name, vb), (_, va) in zip(rb, ra)]
 
 
-def report_rows(report: RunReport) -> list[tuple[str, str]]:
-    """The rows of one run's table (``bench``): ``(name, value)``."""
-    return _report_rows(report)
+def report_rows(report: RunReport, *, details: bool = False) -> list[tuple[str, str]]:
+    """The rows of one run's table (``bench``): ``(name, value)``; those of :data:`COMPACT_ROWS`,
+    every row with ``details=True``."""
+    return _report_rows(report, details)
 
 
 TUNE_HEADER = ("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall", "took s", "best")
@@ -359,19 +377,24 @@ def _warm_text(warm: dict | None) -> str | None:
             f"in {warm['seconds']:.1f} s{share}")
 
 
-def format_comparison(result: Any) -> str:
-    """Both median runs side by side, the rounds, then the verdict (``verify``)."""
+def format_comparison(result: Any, *, details: bool = False) -> str:
+    """Both median runs side by side, the rounds, then the verdict (``verify``).
+
+    The default is compact: the rows of :data:`COMPACT_ROWS`, the warnings, the rounds (the
+    verdict's evidence), the verdict and its advice. ``details=True`` adds every other row, how the
+    disk was settled and the cache warmed, and each side's median CPU time per image.
+    """
     b, a = result.before, result.after
-    text = format_table(comparison_rows(result), header=("", "BEFORE", "AFTER"))
+    text = format_table(comparison_rows(result, details=details), header=("", "BEFORE", "AFTER"))
     warnings = [f"before: {w}" for w in b.warnings] + [f"after: {w}" for w in a.warnings]
     if warnings:
         text += "\n" + "\n".join(f"warning: {w}" for w in dict.fromkeys(warnings))
     verdict = result.verdict
-    lines = [_settle_text(result.settle), _warm_text(result.warm_cache)]
+    lines = [_settle_text(result.settle), _warm_text(result.warm_cache)] if details else []
     if verdict:
         lines += _rounds_lines(verdict, result.repeats)
     cpi = result.cpu_s_per_image
-    if cpi:
+    if cpi and details:
         lines.append(f"  CPU per image (main + workers), median: BEFORE {cpi['before'] * 1000:.2f} ms, "
                      f"AFTER {cpi['after'] * 1000:.2f} ms (little moved by other processes' load)")
     why = limit_note(result)

@@ -68,9 +68,10 @@ class VerifyReport:
         decode-cost note when a side was re-encoded)."""
         return verify_headline(self)
 
-    def summary(self) -> str:
-        """The printed report: both median runs side by side, the rounds, the verdict, advice."""
-        return format_comparison(self)
+    def summary(self, *, details: bool = False) -> str:
+        """The printed report: both median runs side by side, the rounds, the verdict, advice
+        (compact; ``details=True``: every row, see :func:`~shardfeed.readers.measure.tables.format_comparison`)."""
+        return format_comparison(self, details=details)
 
     def to_json(self) -> dict:
         """Every figure as a JSON-able dict (what ``verify --json`` writes)."""

@@ -606,7 +606,7 @@ def _decode_advice(facts: dict, data: str) -> list[str]:
     if not ours:
         advice.append("make_loader(OUT, image_size=SIZE), SIZE the training size, decodes JPEGs at a reduced "
                       "scale (1/2, 1/4, 1/8) when that keeps the shorter side ≥ image_size, with "
-                      "decoder='simplejpeg' (the jpeg extra) by default")
+                      "simplejpeg (a dependency of shardfeed) by default")
     elif decoder is not None and decoder != "simplejpeg":
         advice.append(f"decoder='{decoder}' → 'simplejpeg' (pip install simplejpeg): faster JPEG decoding, "
                       f"at a reduced scale when that keeps the shorter side ≥ image_size")

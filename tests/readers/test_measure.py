@@ -167,7 +167,7 @@ def test_bench_model_none_stalls_on_data(data, tmp_path):
 def test_verify_alternates_and_reports_speedup(data, tmp_path):
     out = tmp_path / "verify.json"
     r = _run(["verify", data["folder"], data["wds"], *SMALL, "--batches", "3", "--num-workers", "1",
-              "--repeats", "2", "--deep", "--min-speedup", "1000", "--json", out])
+              "--repeats", "2", "--deep", "--min-speedup", "1000", "--details", "--json", out])
     # the measurement ran, but 1000x is out of reach: --min-speedup fails the command
     assert r.exit_code == 1, r.output
     assert "below --min-speedup" in r.output
@@ -246,6 +246,9 @@ def test_verify_no_warm_cache_skips_the_warm_up(data, tmp_path):
     page_cache_row = next(line for line in r.output.splitlines() if line.startswith("page cache "))
     assert "warm" not in page_cache_row and "not evicted" in page_cache_row
     assert [x["label"] for x in res["runs"]] == ["before", "after"]
+    # the compact default: the detail rows and the sync() line only with --details
+    assert "read calls (incl. page cache)" not in r.output and "disk settled" not in r.output
+    assert "images/s" in r.output and "CPU per image, main + workers" in r.output
 
 
 def test_verify_warns_when_both_sides_are_the_same_dataset(data, tmp_path):

@@ -33,6 +33,8 @@ COMMON = ["--image-size", "16", "--warmup", "0", "--threads", "1", "--device", "
           "--num-workers", "0"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: The banner's left border per tone, as a browser reports it: green, grey, red.
+BANNER_RGB = {"win": "rgb(44, 160, 44)", "neutral": "rgb(127, 127, 127)", "loss": "rgb(214, 39, 40)"}
 
 
 def _make_folder(root: Path) -> Path:
@@ -94,6 +96,7 @@ def _open_in_chromium(page_path: Path) -> dict:
                 "requests": requests,
                 "figure": figure,
                 "headline": page.inner_text("#headline"),
+                "banner": page.eval_on_selector("#headline", "e => getComputedStyle(e).borderLeftColor"),
                 "report": page.eval_on_selector("#report-json", "e => e.textContent"),
                 "scripts": page.eval_on_selector_all("script", "es => es.length"),
                 "table_rows": page.eval_on_selector_all("table tbody tr", "rs => rs.map(r => r.innerText)"),
@@ -129,6 +132,8 @@ def test_verify_plot_and_html_page_load_in_a_browser(data, tmp_path):
     rows = {row.split("\t")[0]: row.split("\t")[1:] for row in info["table_rows"]}
     assert rows["source"] == [f"folder: {data['folder']}", f"webdataset: {data['wds']}"]
     assert rows["images/s"] == [f"{report['before']['images_per_s']:.1f}", f"{report['after']['images_per_s']:.1f}"]
+    # the banner's colour follows the verdict: green for a win, red for a loss, grey otherwise
+    assert info["banner"] == BANNER_RGB[{"faster": "win", "slower": "loss"}.get(report["verdict"]["kind"], "neutral")]
 
 
 @pytest.mark.multiprocess
@@ -160,6 +165,40 @@ def test_html_page_escapes_user_text(tmp_path):
     assert re.search(r"<(script|link|iframe)\b", text) is None
 
 
+def _banner_colour(page: str) -> tuple[str, str]:
+    """The headline's tone class and the left-border colour its CSS rules give it (the last rule
+    that matches wins, as in a browser)."""
+    tone = re.search(r'<p class="headline (\w+)" id="headline">', page).group(1)
+    style = re.search(r"<style>(.*?)</style>", page, re.S).group(1)
+    colour = None
+    for selector, body in re.findall(r"([^{}]+)\{([^}]*)\}", style):
+        if selector.strip() in (".headline", f".headline.{tone}"):
+            found = re.search(r"border-left(?:-color)?:[^;#]*(#[0-9a-f]{6})", body)
+            colour = found.group(1) if found else colour
+    return tone, colour
+
+
+@pytest.mark.parametrize("kind, rgb", [("faster", (0x2c, 0xa0, 0x2c)), ("slower", (0xd6, 0x27, 0x28)),
+                                       ("same", (0x7f, 0x7f, 0x7f)), ("noisy", (0x7f, 0x7f, 0x7f)),
+                                       ("busy", (0x7f, 0x7f, 0x7f)), (None, (0x7f, 0x7f, 0x7f))])
+def test_html_banner_colour_follows_the_verdict(kind, rgb):
+    from shardfeed.readers.measure.html_report import banner_tone, render_html_report
+
+    verdict = {"kind": kind} if kind else None
+    page = render_html_report(title="shardfeed verify", headline="h", report_json={}, tone=banner_tone(verdict))
+    tone, colour = _banner_colour(page)
+    assert tone == {"faster": "win", "slower": "loss"}.get(kind, "neutral")
+    assert colour is not None and tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5)) == rgb
+    assert "rgb(%d, %d, %d)" % rgb == BANNER_RGB[tone]
+
+
+def test_html_banner_refuses_an_unknown_tone():
+    from shardfeed.readers.measure.html_report import render_html_report
+
+    with pytest.raises(ValueError, match="tone='green'"):
+        render_html_report(title="t", headline="h", report_json={}, tone="green")
+
+
 def test_html_page_without_matplotlib_says_how_to_get_the_figure(tmp_path):
     from shardfeed.readers.measure import write_html_report
 
@@ -177,7 +216,7 @@ def test_batches_row_shows_the_real_sample_count_of_partial_batches(data, tmp_pa
     # 24 images in batches of 10 with no warm-up: the first epoch gives 10, 10 and a partial 4
     out = tmp_path / "bench.json"
     r = _run(["bench", data["wds"], *COMMON, "--batch-size", "10", "--batches", "3", "--no-shuffle",
-              "--json", out])
+              "--details", "--json", out])
     assert r.exit_code == 0, r.output
     sizes = [10, 10, NUM_IMAGES - 20]
     report = json.loads(out.read_text())
