@@ -10,10 +10,12 @@ a URL) within a bounded sample and time budget:
   where the file system honours it; the sequential read throughput (the rest of files of 1 MiB or
   more, a shard of a packed dataset; for a folder of small files it is estimated as one 128 KiB
   read request per first-read latency, the kernel's default readahead window);
-* the files: how many (the listing stops at ``max_list``), the size distribution of the sample;
+* the files: how many (the listing stops at ``max_list``) and their sizes (a local folder: every
+  file listed; elsewhere the sample's);
 * the decode cost on this CPU: the sampled images decoded with shardfeed's decoder
   (:func:`shardfeed.readers.decode.decode_image`; with ``image_size`` also resized and cropped
-  as ``make_loader(image_size=N)`` does), CPU seconds per image of this thread;
+  as ``make_loader(image_size=N)`` does), CPU seconds per image of this thread, and the library
+  that decodes each format with its share of the files;
 * the machine: cores, available RAM, free ``/dev/shm`` against the dataset's estimated size.
 
 The loader ceiling it predicts, images/s at ``num_workers`` W (``W=0`` counts as one: the main
@@ -27,9 +29,16 @@ process), with ``t_dec`` the CPU seconds to decode one image and ``C`` the cores
   one open per shard, sequential reads);
 * staged to local storage or cached in memory: ``min(W, C) / t_dec``.
 
-``size`` is the median file size of the sample. The model leaves out collate, the transforms
-after decoding and the step; it is a ceiling, checked against ``shardfeed verify --model none``
-on the storage emulator by ``scripts/doctor_vs_verify.py``.
+A local image folder is sampled in strata of format and size, spread over its folders, and the
+sample grows until two standard errors of the prediction are under 10 %
+(:mod:`~shardfeed.convert.tools.doctor_sample`). Each sampled file is read and decoded alone;
+the folder's per-image times (``t_open + t_first_read + max(0, size - 64 KiB) / throughput``,
+``t_dec``, ``t_file_cpu``) are the strata's means weighted by their shares of the files, and
+``size`` in the packed figure is the mean file size. Elsewhere ``size`` is the median of the
+sample. The model leaves out collate, the transforms after decoding and the step; it is a
+ceiling, checked against ``shardfeed verify --model none`` on the storage emulator by
+``scripts/doctor_vs_verify.py`` and against ``shardfeed bench --model none`` on a folder of
+mixed small and large images by ``scripts/doctor_vs_bench.py``.
 """
 
 from __future__ import annotations
@@ -139,17 +148,26 @@ class DoctorReport:
             (whether eviction was advised before the reads), ``file_cpu_ms`` (CPU of one file's
             open, reads and close in this thread).
         files: ``count`` (``count_complete``: False when the listing stopped at ``max_list``),
-            ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``.
+            ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``;
+            a local image folder also ``strata`` (``[{"format", "size", "files", "sampled"}]``) and
+            ``sample_stopped_by`` (``target``: the error was small enough, ``max_files``,
+            ``all_files``, ``budget``).
         decode: ``images_per_cpu_s`` (decoded images per CPU second of one thread),
-            ``median_pixels`` (decoded), ``sampled``, ``decoder``, ``image_size``.
+            ``median_pixels`` (decoded), ``sampled``, ``decoder`` (the setting resolved),
+            ``image_size``; a local image folder also ``by_format`` (``[{"format", "share",
+            "decoder", "images_per_cpu_s", "sampled"}]``, the largest share first: the library
+            that decodes each format).
         cpus: logical cores; ``ram_available_bytes``; ``shm_free_bytes`` (None without /dev/shm).
         num_workers: the worker count the prediction is for.
         predicted: ``folder_images_per_s``, ``packed_images_per_s``, ``local_images_per_s``
             (staged or cached), ``more_workers`` (``{"num_workers", "folder_images_per_s",
             "packed_images_per_s"}``), ``busy_machine`` (the same with only the cores other
             processes left free during the probe: ``{"cores_free", "folder_images_per_s",
-            "packed_images_per_s"}``).
-        advice: actions, most helpful first, each with its predicted effect.
+            "packed_images_per_s"}``); a local image folder also ``error_share`` (two standard
+            errors of the folder prediction over the prediction, from the sample's spread; None
+            when unknown) and ``error_term`` (``storage`` or ``cpu``: the per-image time it is of).
+        advice: actions, most helpful first, each with its predicted effect, one line per action
+            (:mod:`~shardfeed.convert.tools.doctor_advice`).
         probe_s: seconds the probe took; ``others_cpu_share``: the share of the machine's CPU
             other processes used meanwhile; ``warnings``: what limits the figures.
     """
@@ -329,7 +347,7 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             folders), a URL to an LMDB dataset.
         ShardfeedError: a URL whose manifest cannot be fetched or read (the readers' errors).
     """
-    _check_probe_args(image_size, max_files or 1, max_list, budget_s)
+    _check_probe_args(image_size, 1 if max_files is None else max_files, max_list, budget_s)
     text = str(path)
     import psutil
 
@@ -337,8 +355,7 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     machine0, ours0 = psutil.cpu_times(), psutil.Process().cpu_times()
     say = progress or (lambda line: None)
     if "://" in text and not text.startswith("file://"):
-        return _doctor_url(text, storage_options=storage_options, num_workers=num_workers,
-                           max_files=max_files or DEFAULT_MAX_FILES,
+        return _doctor_url(text, storage_options=storage_options, num_workers=num_workers, max_files=max_files,
                            max_list=max_list, budget_s=budget_s, decoder=decoder, seed=seed, image_size=image_size,
                            say=say, t_start=t_start, machine0=machine0, ours0=ours0)
     root = _local_root(text)
@@ -387,8 +404,19 @@ def _probe_local_folder(root: Path, *, max_list: int, nw: int, cpus: int, rng: r
                          "...): give an image folder or a packed dataset")
     got = probe_folder(listed, rng=rng, max_files=max_files, deadline=t_start + budget_s * 0.8, cold=cold,
                        decoder=decoder, image_size=image_size, num_workers=nw, cpus=cpus, say=say)
+    return _folder_facts(str(root), listed, complete, got, cold, warnings)
+
+
+def _folder_facts(shown: str, listed: list[tuple[str, int]], complete: bool, got: dict, cold: bool,
+                  warnings: list[str]) -> tuple[dict, list, dict, dict, dict]:
+    """An image folder's ``(files, reads, decode, costs, predicted_extra)`` from its listing and
+    :func:`probe_folder`'s result, warnings added (eviction, budget, strata left unsampled).
+
+    Raises:
+        ValueError: none of the sampled files could be read.
+    """
     if not got["records"]:
-        raise ValueError(f"{root}: none of the sampled files could be read")
+        raise ValueError(f"{shown}: none of the sampled files could be read")
     if got["evicted"] < got["evict_tried"]:
         warnings.append(f"{got['evict_tried'] - got['evicted']} of {got['evict_tried']} sampled files could not be "
                         "evicted: their reads may come from RAM")
@@ -612,7 +640,7 @@ def _doctor_url(url: str, *, storage_options, num_workers, max_files, max_list, 
                          "run it on a local or mounted copy")
     rng = random.Random(seed)
     names = [sh.name for sh in manifest.shards]
-    sample = rng.sample(names, min(max_files, len(names)))
+    sample = rng.sample(names, min(max_files or DEFAULT_MAX_FILES, len(names)))
     warnings: list[str] = []
     say(f"reading {len(sample)} shards ...")
     reads = []
@@ -627,7 +655,7 @@ def _doctor_url(url: str, *, storage_options, num_workers, max_files, max_list, 
     seq_bytes, seq_s = sum(r["rest"] for r in seq), sum(r["rest_s"] for r in seq)
     measured = seq_bytes >= _CHUNK
     thr = seq_bytes / max(seq_s, 1e-9) if measured else READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6)
-    images = _tar_images(reads[0]["data"], max_files)
+    images = _tar_images(reads[0]["data"], max_files or DEFAULT_MAX_FILES)
     total = float(sum(sh.num_bytes for sh in manifest.shards))
     count = manifest.num_samples
     sizes = [len(b) for _, b in images]
@@ -699,8 +727,9 @@ def _remote_images(listing: list, max_list: int) -> tuple[list[tuple[str, int]],
 
 def _doctor_remote_folder(loc: Any, shown: str, scheme: str | None, *, num_workers, max_files, max_list, budget_s,
                           decoder, seed, image_size, say, t_start, machine0, ours0) -> DoctorReport:
-    """An image folder in a bucket (class folders, no manifest): each sampled image is requested
-    and read whole, as the folder reader does; sizes come from the listing.
+    """An image folder in a bucket (class folders, no manifest): a stratified sample as for a local
+    folder (:func:`probe_folder`), each sampled image requested and read whole, as the folder reader
+    does; sizes come from the listing.
 
     Raises:
         ValueError: no image file in a class folder of the listing.
@@ -713,41 +742,26 @@ def _doctor_remote_folder(loc: Any, shown: str, scheme: str | None, *, num_worke
                          f"{', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, ...): give an image folder or a packed dataset")
     cpus, ram, shm = _machine(None)
     nw = _probe_workers(num_workers, cpus)
-    rng = random.Random(seed)
-    sample = rng.sample(listed, min(max_files, len(listed)))
     warnings: list[str] = []
-    say(f"reading {len(sample)} files ...")
-    reads, keep_bytes = [], 0
-    for name, size in sample:
-        if len(reads) >= 3 and time.monotonic() > t_start + budget_s * 0.7:
-            warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
-            break
-        keep = _MAX_DECODE_BYTES - keep_bytes if keep_bytes < _MAX_DECODE_BYTES else 0
-        r = _timed_remote_read(loc, name, max(size, 1), keep_max=keep)
-        if keep and r["rest"] <= keep:
-            keep_bytes += len(r["data"])
-        else:  # past the decode sample's bytes: a cut image is no decode sample
-            r["data"] = None
+    sizes = dict(listed)
+
+    def read(name: str) -> dict:
+        r = _timed_remote_read(loc, name, max(sizes[name], 1), keep_max=_MAX_DECODE_BYTES)
         r["path"] = name
-        reads.append(r)
+        return r
+
+    got = probe_folder(listed, rng=random.Random(seed), max_files=max_files or FOLDER_MAX_FILES,
+                       deadline=t_start + budget_s * 0.8, cold=False, decoder=decoder, image_size=image_size,
+                       num_workers=nw, cpus=cpus, say=say, read=read)
+    files, reads, dec, costs, extra = _folder_facts(shown, listed, complete, got, False, warnings)
     opens, firsts = [r["open_s"] for r in reads], [r["first_s"] for r in reads]
-    thr, measured = read_throughput(reads, firsts)
-    sizes = [s for _, s in listed]
-    mean_bytes = float(statistics.fmean(sizes))
-    median_bytes, p95_bytes = float(statistics.median(sizes)), percentile(sizes, 95)
-    images = [(r["path"], r["data"]) for r in reads if r.get("data")]
-    say(f"decoding {len(images)} images ...")
-    dec = decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
-    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
-    t_file_cpu = statistics.median(r["cpu_s"] for r in reads)
-    costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(opens), t_first_read_s=statistics.median(firsts),
-                 median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
     pred = _predict_with_more_workers(nw, cpus, costs)
+    pred.update(extra)
+    thr = costs["read_bytes_per_s"]
     storage = {"fs_type": scheme, "fs_class": "network", "mount_point": None,
                "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts), "read_mb_per_s": thr / 1e6,
-               "read_mb_per_s_measured": measured, "cold": False, "file_cpu_ms": t_file_cpu * 1e3}
-    files = {"count": len(listed), "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
-             "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": float(sum(sizes))}
+               "read_mb_per_s_measured": files.pop("throughput_measured"), "cold": files.pop("cold"),
+               "file_cpu_ms": costs["t_file_cpu_s"] * 1e3}
     advice = advice_lines("folder", shown, storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
     if others is not None:

@@ -173,15 +173,25 @@ def read_throughput(reads: list[dict], firsts: list[float]) -> tuple[float, bool
     return READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6), False
 
 
-def _file_measure(cold: bool, decoder: str, image_size: int | None, counters: dict) -> Callable[[str], dict | None]:
-    """The per-file measurement of :func:`probe_folder`: evict (``cold``), timed read, decode."""
-    warmed: set[str] = set()
+def _local_read(cold: bool, counters: dict) -> Callable[[str], dict | None]:
+    """A local file's timed read for :func:`probe_folder`, evicted from the page cache first (``cold``)."""
 
-    def measure(path: str) -> dict | None:
+    def read(path: str) -> dict | None:
         if cold:
             counters["evicted"] += evict(path)
             counters["evict_tried"] += 1
-        r = timed_read(path, keep=True, keep_max=MAX_DECODE_BYTES)
+        return timed_read(path, keep=True, keep_max=MAX_DECODE_BYTES)
+
+    return read
+
+
+def _file_measure(read: Callable[[str], dict | None], decoder: str,
+                  image_size: int | None) -> Callable[[str], dict | None]:
+    """The per-file measurement of :func:`probe_folder`: the timed ``read``, then the decode."""
+    warmed: set[str] = set()
+
+    def measure(path: str) -> dict | None:
+        r = read(path)
         if r is None:
             return None
         data = r.pop("data")
@@ -243,11 +253,14 @@ class _Terms:
 
 def probe_folder(files: list[tuple[str, int]], *, rng: random.Random, max_files: int, deadline: float, cold: bool,
                  decoder: str, image_size: int | None, num_workers: int, cpus: float,
-                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 read: Callable[[str], dict | None] | None = None) -> dict[str, Any]:
     """Measure a stratified sample of an image folder's ``(path, size)`` files until the expected
     error of the predicted rate is at most ``TARGET_RELATIVE_ERROR`` (or ``max_files`` files, or
     ``deadline``), and return the costs per image for
-    :func:`~shardfeed.convert.tools.doctor.predict_images_per_s`.
+    :func:`~shardfeed.convert.tools.doctor.predict_images_per_s`. ``read(path)`` reads one file
+    whole and times it (:func:`timed_read`'s dict, the bytes in ``data``; None when unreadable);
+    default: a local file, evicted first where ``cold``.
 
     Returns:
         ``{"costs", "records", "read_bytes_per_s", "throughput_measured", "decode", "error_share",
@@ -258,7 +271,8 @@ def probe_folder(files: list[tuple[str, int]], *, rng: random.Random, max_files:
         ``read_bytes_per_s``; ``decode`` the report's decode section, ``by_format`` included.
     """
     counters = {"evicted": 0, "evict_tried": 0}
-    sample = StratifiedSample(files, rng, _file_measure(cold, decoder, image_size, counters), clock)
+    sample = StratifiedSample(files, rng, _file_measure(read or _local_read(cold, counters), decoder, image_size),
+                              clock)
     terms = _Terms(num_workers, cpus)
     say(f"reading and decoding a sample of {len(files)} files in {len(sample.counts)} strata (format, size) ...")
     sample.run(max_files, deadline, terms.judge)
