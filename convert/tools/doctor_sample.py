@@ -7,8 +7,9 @@ The files listed are put in *strata*: their format (from the extension) and thei
 costs per image are the strata's means weighted by each stratum's share of the files listed; the
 same files predict the same rate whether they sit in class folders or in one flat folder.
 
-* The first sample is allocated to the strata in proportion to their file counts, at least 2 per
-  stratum (1 where a stratum holds one file), the strata visited in turn so that a spent budget
+* The first sample (64 files, or one per stratum where there are more strata) is allocated to the
+  strata in proportion to their file counts, at least 2 per stratum (1 where a stratum holds one
+  file, or where ``max_files`` leaves too few), the strata visited in turn so that a spent budget
   still leaves every stratum measured.
 * Within a stratum, files are drawn at positions of a van der Corput sequence over the stratum's
   files in path order, from a seeded offset: every prefix of the draw is spread over the
@@ -85,8 +86,8 @@ def make_strata(files: list[tuple[str, int]]) -> dict[tuple[str, int], list[tupl
 
 def allocate(counts: dict[Any, int], n: int) -> dict[Any, int]:
     """A sample of ``n`` files in proportion to each stratum's file count (largest remainders), at
-    least ``min(2, count)`` per stratum while ``n`` allows (the largest strata first), never more
-    than a stratum holds.
+    least ``min(2, count)`` per stratum while ``n`` allows (one in every stratum before a second
+    in any, the largest strata first), never more than a stratum holds.
 
     Args:
         counts: files per stratum (each at least 1).
@@ -96,10 +97,12 @@ def allocate(counts: dict[Any, int], n: int) -> dict[Any, int]:
     n = min(n, total)
     alloc = {k: 0 for k in counts}
     left = n
-    for k in sorted(counts, key=lambda k: -counts[k]):  # the floor of every stratum, largest first
-        take = min(_MIN_PER_STRATUM, counts[k], left)
-        alloc[k] += take
-        left -= take
+    order = sorted(counts, key=lambda k: (-counts[k], str(k)))
+    for level in range(1, _MIN_PER_STRATUM + 1):  # one file in every stratum first, then a second, largest first
+        for k in order:
+            if left > 0 and alloc[k] < min(level, counts[k]):
+                alloc[k] += 1
+                left -= 1
     if left <= 0:
         return alloc
     want = {k: n * counts[k] / total for k in counts}
@@ -277,7 +280,7 @@ class StratifiedSample:
 
         ``judge(self)`` gives ``(relative_error, key)``: the error of the prediction (None: not
         known yet) and the per-record figure whose variance the next files should cut."""
-        first = min(max_files, FIRST_SAMPLE)
+        first = min(max_files, max(FIRST_SAMPLE, len(self.counts)))  # every stratum at least once
         if not self._measure_round(allocate(self.counts, first), deadline):
             self.stopped_by = "budget"
             return

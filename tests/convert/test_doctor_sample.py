@@ -63,7 +63,9 @@ def test_allocation_is_proportional_with_two_per_stratum():
     assert alloc["webp"] == 1 and alloc["jpg"] >= 2  # every stratum measured, twice where it can be
     assert alloc["png"] == 64 - alloc["jpg"] - 1 and abs(alloc["png"] - 64 * 980 / 1001) <= 2
     assert allocate({"a": 3, "b": 2}, 100) == {"a": 3, "b": 2}  # never more than a stratum holds
-    assert sum(allocate({k: 10 for k in "abcdefgh"}, 5).values()) == 5  # a cap below the floors
+    # a cap below the floors: one file in each of the largest strata, none twice
+    assert allocate({"a": 10, "b": 30, "c": 20, "d": 5}, 3) == {"a": 1, "b": 1, "c": 1, "d": 0}
+    assert allocate({"a": 10, "b": 30, "c": 20, "d": 5}, 6) == {"a": 1, "b": 2, "c": 2, "d": 1}
 
 
 def test_strata_by_format_and_size():
