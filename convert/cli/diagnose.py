@@ -195,7 +195,7 @@ def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path
 @click.option("--max-files", type=click.IntRange(min=1), default=None,
               help="The most files sampled for latency, sizes and decode cost. An image folder's sample is "
                    "stratified by format and size and grows from 64 while the prediction's expected error is "
-                   "above 10 % [default: 512 for a local image folder, else 64].")
+                   "above 10 % [default: 512 for an image folder, else 64].")
 @click.option("--max-list", type=click.IntRange(min=1), default=200_000, show_default=True,
               help="Files listed at most (the count is then a lower bound).")
 @click.option("--budget-s", type=FiniteFloat(min=0.1), default=30, show_default=True,

@@ -29,7 +29,7 @@ process), with ``t_dec`` the CPU seconds to decode one image and ``C`` the cores
   one open per shard, sequential reads);
 * staged to local storage or cached in memory: ``min(W, C) / t_dec``.
 
-A local image folder is sampled in strata of format and size, spread over its folders, and the
+An image folder (local or in a bucket) is sampled in strata of format and size, spread over its folders, and the
 sample grows until two standard errors of the prediction are under 10 %
 (:mod:`~shardfeed.convert.tools.doctor_sample`). Each sampled file is read and decoded alone;
 the folder's per-image times (``t_open + t_first_read + max(0, size - 64 KiB) / throughput``,
@@ -149,12 +149,12 @@ class DoctorReport:
             open, reads and close in this thread).
         files: ``count`` (``count_complete``: False when the listing stopped at ``max_list``),
             ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``;
-            a local image folder also ``strata`` (``[{"format", "size", "files", "sampled"}]``) and
+            an image folder also ``strata`` (``[{"format", "size", "files", "sampled"}]``) and
             ``sample_stopped_by`` (``target``: the error was small enough, ``max_files``,
             ``all_files``, ``budget``).
         decode: ``images_per_cpu_s`` (decoded images per CPU second of one thread),
             ``median_pixels`` (decoded), ``sampled``, ``decoder`` (the setting resolved),
-            ``image_size``; a local image folder also ``by_format`` (``[{"format", "share",
+            ``image_size``; an image folder also ``by_format`` (``[{"format", "share",
             "decoder", "images_per_cpu_s", "sampled"}]``, the largest share first: the library
             that decodes each format).
         cpus: logical cores; ``ram_available_bytes``; ``shm_free_bytes`` (None without /dev/shm).
@@ -163,7 +163,7 @@ class DoctorReport:
             (staged or cached), ``more_workers`` (``{"num_workers", "folder_images_per_s",
             "packed_images_per_s"}``), ``busy_machine`` (the same with only the cores other
             processes left free during the probe: ``{"cores_free", "folder_images_per_s",
-            "packed_images_per_s"}``); a local image folder also ``error_share`` (two standard
+            "packed_images_per_s"}``); an image folder also ``error_share`` (two standard
             errors of the folder prediction over the prediction, from the sample's spread; None
             when unknown) and ``error_term`` (``storage`` or ``cpu``: the per-image time it is of).
         advice: actions, most helpful first, each with its predicted effect, one line per action
@@ -324,8 +324,8 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             image folder in a bucket (``s3://bucket/prefix`` holding ``CLASS/IMAGE`` objects and
             no manifest). Reports and progress lines name a URL without its ``user:password@``.
         num_workers: the ``DataLoader`` workers of the prediction (default: the CPU count).
-        max_files: the most files (or shards) sampled for latency, sizes and decode (≥ 1). A local
-            image folder's stratified sample starts at 64 and grows while the prediction's expected
+        max_files: the most files (or shards) sampled for latency, sizes and decode (≥ 1). An image
+            folder's stratified sample (local or in a bucket) starts at 64 and grows while the prediction's expected
             error is above 10 % (default 512); elsewhere all are sampled at once (default 64).
         max_list: files listed at most (the count is then a lower bound).
         budget_s: the probe's time budget, seconds (listing, reading and decoding stop when it
