@@ -102,6 +102,7 @@ from .jpeg import (ORIENTATION_TAG, is_truncation_warning, jpeg_is_complete, rea
                    simplejpeg_decode, simplejpeg_module)
 
 __all__ = [
+    "backend_for_format",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MAX_DECODE_BYTES",
     "decode_bytes_estimate",
@@ -487,6 +488,26 @@ def resolve_decoder(decoder: str) -> str:
     if decoder not in _BACKENDS:
         raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
     return decoder
+
+
+def backend_for_format(decoder: str, image_format: str) -> str:
+    """The library that decodes images of ``image_format`` under ``decoder`` (after
+    :func:`resolve_decoder`): ``"simplejpeg"``, ``"OpenCV"`` or ``"Pillow"``.
+
+    Args:
+        decoder: ``"pil"``, ``"cv2"`` or ``"simplejpeg"`` (a resolved name).
+        image_format: Pillow's format name (``"JPEG"``, ``"PNG"``, ``"WEBP"``, ...), upper case.
+
+    Returns:
+        The library named for people; images that library refuses at run time (a CMYK JPEG, a PNG
+        with transparency under cv2) still fall back to Pillow.
+    """
+    fmt = image_format.upper()
+    if decoder == "simplejpeg" and fmt in _JPEG_FORMATS:
+        return "simplejpeg"
+    if decoder == "cv2" and fmt in _CV2_FORMATS:
+        return "OpenCV"
+    return "Pillow"
 
 
 def _scale_span(start: int, length: int, full: int, scaled: int, factor: int, reverse: bool) -> tuple[int, int]:

@@ -334,18 +334,23 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
               help="Largest num_workers tried [default: 2 x CPU count].")
 @click.option("--max-workers", "max_workers_old", type=click.IntRange(min=0), default=None, hidden=True,
               callback=deprecated_option("--max-workers", "--max-num-workers"))
+@click.option("--rounds", type=click.IntRange(min=3), default=3, show_default=True,
+              help="Rounds per setting, interleaved across the settings of a step; a setting is kept only when "
+                   "it beats the one so far by more than the rounds' spread.")
 @click.option("--plot", metavar="PATH.png", default=None, callback=_check_plot_path,
               help="Draw images/s of every setting tried, the one kept marked (needs matplotlib).")
 @html_option
 @json_option
 def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_workers_old: int | None,
-         plot: str | None, html_path: str | None, json_path: str | None, **kwargs: Any) -> None:
+         rounds: int, plot: str | None, html_path: str | None, json_path: str | None, **kwargs: Any) -> None:
     """Sweep the DataLoader knobs on SOURCE one at a time and print the best make_loader(...) call.
 
     \b
     The order practitioners follow by hand: num_workers (0, 1, 2, 4, 8, ... up to 2x the CPU
     count), then pin_memory with non-blocking copies (CUDA only), then prefetch_factor (2, 4),
-    then persistent_workers, each step keeping the best so far, within --budget-s.
+    then persistent_workers, within --budget-s. Each step runs its settings in --rounds
+    interleaved rounds and changes the setting so far only for one whose slowest round beats
+    the other's fastest by more than the rounds' spread.
 
     \b
     Examples:
@@ -359,7 +364,7 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
     max_workers = max_workers_old if max_workers is None else max_workers
-    result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold,
+    result = tune_loader(source, budget_s=budget_s, max_workers=max_workers, cold=cold, rounds=rounds,
                          progress=_progress(json_path), **opts)
     echo(result.summary(), json_path)
     out = result.to_json()

@@ -10,10 +10,12 @@ a URL) within a bounded sample and time budget:
   where the file system honours it; the sequential read throughput (the rest of files of 1 MiB or
   more, a shard of a packed dataset; for a folder of small files it is estimated as one 128 KiB
   read request per first-read latency, the kernel's default readahead window);
-* the files: how many (the listing stops at ``max_list``), the size distribution of the sample;
+* the files: how many (the listing stops at ``max_list``) and their sizes (a local folder: every
+  file listed; elsewhere the sample's);
 * the decode cost on this CPU: the sampled images decoded with shardfeed's decoder
   (:func:`shardfeed.readers.decode.decode_image`; with ``image_size`` also resized and cropped
-  as ``make_loader(image_size=N)`` does), CPU seconds per image of this thread;
+  as ``make_loader(image_size=N)`` does), CPU seconds per image of this thread, and the library
+  that decodes each format with its share of the files;
 * the machine: cores, available RAM, free ``/dev/shm`` against the dataset's estimated size.
 
 The loader ceiling it predicts, images/s at ``num_workers`` W (``W=0`` counts as one: the main
@@ -27,9 +29,16 @@ process), with ``t_dec`` the CPU seconds to decode one image and ``C`` the cores
   one open per shard, sequential reads);
 * staged to local storage or cached in memory: ``min(W, C) / t_dec``.
 
-``size`` is the median file size of the sample. The model leaves out collate, the transforms
-after decoding and the step; it is a ceiling, checked against ``shardfeed verify --model none``
-on the storage emulator by ``scripts/doctor_vs_verify.py``.
+An image folder (local or in a bucket) is sampled in strata of format and size, spread over its folders, and the
+sample grows until two standard errors of the prediction are under 10 %
+(:mod:`~shardfeed.convert.tools.doctor_sample`). Each sampled file is read and decoded alone;
+the folder's per-image times (``t_open + t_first_read + max(0, size - 64 KiB) / throughput``,
+``t_dec``, ``t_file_cpu``) are the strata's means weighted by their shares of the files, and
+``size`` in the packed figure is the mean file size. Elsewhere ``size`` is the median of the
+sample. The model leaves out collate, the transforms after decoding and the step; it is a
+ceiling, checked against ``shardfeed verify --model none`` on the storage emulator by
+``scripts/doctor_vs_verify.py`` and against ``shardfeed bench --model none`` on a folder of
+mixed small and large images by ``scripts/doctor_vs_bench.py``.
 """
 
 from __future__ import annotations
@@ -48,21 +57,19 @@ from shardfeed.readers.redact import shown_source
 from shardfeed.readers.registry import describe, resolve
 
 from .. import writers  # noqa: F401  (registers each format's record reader)
+from .doctor_advice import ADVICE_MIN_GAIN, PACK_ADVICE_MIN_GAIN, advice_lines
+from .doctor_folder import (CHUNK_BYTES, FIRST_READ_BYTES, MAX_DECODE_BYTES, READ_REQUEST_BYTES, decode_cost,
+                            error_text, evict, list_images, probe_folder, read_throughput, timed_read)
 
 __all__ = ["DoctorReport", "doctor", "predict_images_per_s", "fs_class", "FIRST_READ_BYTES", "READ_REQUEST_BYTES",
            "PACK_ADVICE_MIN_GAIN", "ADVICE_MIN_GAIN"]
 
-#: The first read of each file, bytes (most images fit in it).
-FIRST_READ_BYTES = 64 * 1024
-#: One read request of the kernel's default readahead window, bytes (the throughput estimate).
-READ_REQUEST_BYTES = 128 * 1024
-#: Packing is advised when the packed prediction is at least this many times the folder's (a pack
-#: costs a copy of the dataset and a change of reader: worth it for a clear gain).
-PACK_ADVICE_MIN_GAIN = 1.5
-#: Staging, caching and more workers are advised from this gain on.
-ADVICE_MIN_GAIN = 1.25
-_CHUNK = 1024 * 1024
-_MAX_DECODE_BYTES = 64 * 1024 * 1024
+#: Files or shards sampled at most by default (an image folder's stratified sample: FOLDER_MAX_FILES).
+DEFAULT_MAX_FILES = 64
+#: The most files a local image folder's stratified sample grows to by default.
+FOLDER_MAX_FILES = 512
+_CHUNK = CHUNK_BYTES
+_MAX_DECODE_BYTES = MAX_DECODE_BYTES
 _SEQ_READ_BYTES = 64 * 1024 * 1024
 
 _NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "afs",
@@ -107,16 +114,21 @@ def _fs_type_of(path: Path) -> tuple[str | None, str | None]:
 
 def predict_images_per_s(*, num_workers: int, cpus: float, t_decode_s: float | None, t_open_s: float,
                          t_first_read_s: float, median_bytes: float, read_bytes_per_s: float | None,
-                         t_file_cpu_s: float = 0.0) -> dict:
+                         t_file_cpu_s: float = 0.0, folder_io_s: float | None = None) -> dict:
     """The model of the module docstring: ``{"folder_images_per_s", "packed_images_per_s",
     "local_images_per_s"}`` (None where a figure is missing). ``t_file_cpu_s``: the CPU seconds
-    of one file's open, reads and close (system calls; the folder pays them per image)."""
+    of one file's open, reads and close (system calls; the folder pays them per image).
+    ``median_bytes``: the bytes of one image (the packed stream reads them in sequence).
+    ``folder_io_s``: the mean seconds of one file's open and reads, measured per file (an image
+    folder's stratified sample), used for the folder in place of ``t_open_s + t_first_read_s +
+    max(0, median_bytes - 64 KiB) / read_bytes_per_s``."""
     w = max(1, num_workers)
     if not t_decode_s or t_decode_s <= 0 or not read_bytes_per_s:
         return {"folder_images_per_s": None, "packed_images_per_s": None, "local_images_per_s": None}
     cpu_cap = min(w, cpus) / t_decode_s
-    rest = max(0.0, median_bytes - FIRST_READ_BYTES) / read_bytes_per_s
-    folder = min(w / (t_open_s + t_first_read_s + rest + t_decode_s), min(w, cpus) / (t_decode_s + t_file_cpu_s))
+    if folder_io_s is None:
+        folder_io_s = t_open_s + t_first_read_s + max(0.0, median_bytes - FIRST_READ_BYTES) / read_bytes_per_s
+    folder = min(w / (folder_io_s + t_decode_s), min(w, cpus) / (t_decode_s + t_file_cpu_s))
     packed = min(w / (median_bytes / read_bytes_per_s + t_decode_s), cpu_cap)
     return {"folder_images_per_s": folder, "packed_images_per_s": packed, "local_images_per_s": cpu_cap}
 
@@ -136,17 +148,26 @@ class DoctorReport:
             (whether eviction was advised before the reads), ``file_cpu_ms`` (CPU of one file's
             open, reads and close in this thread).
         files: ``count`` (``count_complete``: False when the listing stopped at ``max_list``),
-            ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``.
+            ``sampled``, ``median_bytes``, ``p95_bytes``, ``mean_bytes``, ``estimated_total_bytes``;
+            an image folder also ``strata`` (``[{"format", "size", "files", "sampled"}]``) and
+            ``sample_stopped_by`` (``target``: the error was small enough, ``max_files``,
+            ``all_files``, ``budget``).
         decode: ``images_per_cpu_s`` (decoded images per CPU second of one thread),
-            ``median_pixels`` (decoded), ``sampled``, ``decoder``, ``image_size``.
+            ``median_pixels`` (decoded), ``sampled``, ``decoder`` (the setting resolved),
+            ``image_size``; an image folder also ``by_format`` (``[{"format", "share",
+            "decoder", "images_per_cpu_s", "sampled"}]``, the largest share first: the library
+            that decodes each format).
         cpus: logical cores; ``ram_available_bytes``; ``shm_free_bytes`` (None without /dev/shm).
         num_workers: the worker count the prediction is for.
         predicted: ``folder_images_per_s``, ``packed_images_per_s``, ``local_images_per_s``
             (staged or cached), ``more_workers`` (``{"num_workers", "folder_images_per_s",
             "packed_images_per_s"}``), ``busy_machine`` (the same with only the cores other
             processes left free during the probe: ``{"cores_free", "folder_images_per_s",
-            "packed_images_per_s"}``).
-        advice: actions, most helpful first, each with its predicted effect.
+            "packed_images_per_s"}``); an image folder also ``error_share`` (two standard
+            errors of the folder prediction over the prediction, from the sample's spread; None
+            when unknown) and ``error_term`` (``storage`` or ``cpu``: the per-image time it is of).
+        advice: actions, most helpful first, each with its predicted effect, one line per action
+            (:mod:`~shardfeed.convert.tools.doctor_advice`).
         probe_s: seconds the probe took; ``others_cpu_share``: the share of the machine's CPU
             other processes used meanwhile; ``warnings``: what limits the figures.
     """
@@ -188,15 +209,32 @@ class DoctorReport:
                  f"  files: {f.get('count')}{'' if f.get('count_complete', True) else '+'}, median "
                  f"{fmt_bytes(f.get('median_bytes'))}, about {fmt_bytes(f.get('estimated_total_bytes'))} in all",
                  f"  decode: {_num(d.get('images_per_cpu_s'))} images per CPU second "
-                 f"({d.get('decoder')}, median {_num(d.get('median_pixels'))} pixels)",
+                 f"({_decoders_text(d)}; median {_num(d.get('median_pixels'))} pixels)",
                  f"  machine: {self.cpus} cores, {fmt_bytes(self.ram_available_bytes)} RAM available, /dev/shm "
                  f"{fmt_bytes(self.shm_free_bytes)} free",
                  f"  predicted at num_workers={self.num_workers}: "
-                 f"folder {_num(p.get('folder_images_per_s'))} images/s, "
+                 f"folder {_num(p.get('folder_images_per_s'))} images/s{_error_note(p, f)}, "
                  f"packed {_num(p.get('packed_images_per_s'))}, staged or cached {_num(p.get('local_images_per_s'))}"]
         lines += [f"  advice: {a}" for a in self.advice]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def _decoders_text(dec: dict) -> str:
+    """``"PNG 98%: Pillow; JPEG 2%: simplejpeg"``, or the decoder's name where formats were not counted."""
+    rows = dec.get("by_format")
+    if not rows:
+        return str(dec.get("decoder"))
+    return "; ".join(f"{r['format']} {r['share']:.0%}: {r['decoder']}" for r in rows)
+
+
+def _error_note(pred: dict, files: dict) -> str:
+    """`` (±6 %, 95 % interval, from 96 files in 4 strata)`` where a stratified sample gave one."""
+    if "error_share" not in pred:
+        return ""
+    strata = files.get("strata") or []
+    return f" ({error_text(pred['error_share'])}, 95 % interval, from {files.get('sampled')} files in " \
+           f"{len(strata)} strata of format and size)"
 
 
 def _ms(x: float | None) -> str:
@@ -205,117 +243,6 @@ def _ms(x: float | None) -> str:
 
 def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
-
-
-def _list_images(root: Path, max_list: int, deadline: float) -> tuple[list[str], bool]:
-    """Image files below ``root`` (hidden ones skipped, links not followed out): ``(paths, complete)``."""
-    out: list[str] = []
-    stack = [str(root)]
-    while stack:
-        if len(out) >= max_list or time.monotonic() > deadline:
-            return out, False
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue
-        for e in entries:
-            if e.name.startswith("."):
-                continue
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-                elif e.is_file(follow_symlinks=False) and os.path.splitext(e.name)[1].lower().lstrip(".") in \
-                        IMAGE_EXTENSIONS:
-                    out.append(e.path)
-            except OSError:
-                continue
-            if len(out) >= max_list:
-                return out, False
-    return out, True
-
-
-def _evict(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return True
-    except (OSError, AttributeError):
-        return False
-    finally:
-        os.close(fd)
-
-
-def _timed_read(path: str, keep: bool, max_rest: int | None = None, keep_max: int | None = None) -> dict | None:
-    """Open, first read, then the rest of the file (at most ``max_rest`` bytes more: a shard's
-    sequential-throughput sample): the three times, the bytes read, this thread's CPU time, and the
-    bytes themselves when ``keep`` (of the rest, at most ``keep_max``); None when unreadable."""
-    c0 = time.thread_time()
-    t0 = time.perf_counter()
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        t1 = time.perf_counter()
-        first = os.read(fd, FIRST_READ_BYTES)
-        t2 = time.perf_counter()
-        parts = [first] if keep else []
-        rest = 0
-        while max_rest is None or rest < max_rest:
-            chunk = os.read(fd, _CHUNK)
-            if not chunk:
-                break
-            rest += len(chunk)
-            if keep and (keep_max is None or rest <= keep_max):
-                parts.append(chunk)
-        t3 = time.perf_counter()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return {"open_s": t1 - t0, "first_s": t2 - t1, "rest_s": t3 - t2, "size": len(first) + rest, "rest": rest,
-            "cpu_s": time.thread_time() - c0, "data": b"".join(parts) if keep else None}
-
-
-def _decode_cost(samples: list[tuple[str, bytes]], decoder: str, deadline: float,
-                 image_size: int | None = None) -> dict:
-    from shardfeed.readers.decode import decode_image, resolve_decoder
-    from shardfeed.readers.transforms import center_crop, resize_shorter
-
-    cpu, n, pixels = 0.0, 0, []
-    for name, data in samples[:1]:  # warm-up, not timed: the decoder's and cv2's first-call set-up
-        try:
-            arr = decode_image(data, decoder=decoder, source=name, target_size=image_size)
-            if image_size:
-                center_crop(resize_shorter(arr, image_size), image_size)
-        except Exception:
-            pass
-    for name, data in samples:
-        if time.monotonic() > deadline and n >= 3:
-            break
-        t0 = time.thread_time()
-        try:
-            arr = decode_image(data, os.path.splitext(name)[1].lstrip("."), decoder=decoder, source=name,
-                               target_size=image_size)
-            full_pixels = int(arr.shape[0]) * int(arr.shape[1])
-            if image_size:  # what make_loader(image_size=N) does on the CPU: resize the shorter side, crop
-                arr = center_crop(resize_shorter(arr, image_size), image_size)
-        except Exception:  # an undecodable sample is not a cost figure
-            continue
-        cpu += time.thread_time() - t0
-        n += 1
-        pixels.append(full_pixels)
-    try:
-        used = resolve_decoder(decoder)
-    except Exception:
-        used = decoder
-    return {"images_per_cpu_s": n / cpu if n and cpu > 0 else None, "median_pixels": statistics.median(pixels)
-            if pixels else None, "sampled": n, "decoder": used, "image_size": image_size}
 
 
 def _tar_images(data: bytes, limit: int) -> list[tuple[str, bytes]]:
@@ -384,7 +311,7 @@ def _lat(values: list[float]) -> dict:
         {"p50": None, "p95": None}
 
 
-def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files: int = 64,
+def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files: int | None = None,
            max_list: int = 200_000, budget_s: float = 30.0, decoder: str = "auto", cold: bool = True, seed: int = 0,
            image_size: int | None = None, progress: Callable[[str], None] | None = None,
            storage_options: dict | None = None) -> DoctorReport:
@@ -397,7 +324,9 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             image folder in a bucket (``s3://bucket/prefix`` holding ``CLASS/IMAGE`` objects and
             no manifest). Reports and progress lines name a URL without its ``user:password@``.
         num_workers: the ``DataLoader`` workers of the prediction (default: the CPU count).
-        max_files: files sampled for latency, sizes and decode (≥ 1).
+        max_files: the most files (or shards) sampled for latency, sizes and decode (≥ 1). An image
+            folder's stratified sample (local or in a bucket) starts at 64 and grows while the prediction's expected
+            error is above 10 % (default 512); elsewhere all are sampled at once (default 64).
         max_list: files listed at most (the count is then a lower bound).
         budget_s: the probe's time budget, seconds (listing, reading and decoding stop when it
             is spent, keeping at least 3 files).
@@ -418,12 +347,11 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             folders), a URL to an LMDB dataset.
         ShardfeedError: a URL whose manifest cannot be fetched or read (the readers' errors).
     """
-    _check_probe_args(image_size, max_files, max_list, budget_s)
+    _check_probe_args(image_size, 1 if max_files is None else max_files, max_list, budget_s)
     text = str(path)
     import psutil
 
     t_start = time.monotonic()
-    deadline = t_start + budget_s
     machine0, ours0 = psutil.cpu_times(), psutil.Process().cpu_times()
     say = progress or (lambda line: None)
     if "://" in text and not text.startswith("file://"):
@@ -437,47 +365,111 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
     fs_type, mount_point = _fs_type_of(root)
     manifest, kind = _local_manifest(root)
     rng = random.Random(seed)
+    if max_files is None:
+        max_files = FOLDER_MAX_FILES if manifest is None else DEFAULT_MAX_FILES
+    probe = dict(rng=rng, max_files=max_files, cold=cold, decoder=decoder, image_size=image_size, say=say,
+                 warnings=warnings, t_start=t_start, budget_s=budget_s)
     if manifest is None:
-        sample, complete, count = _sample_folder(root, rng, max_files, max_list, t_start + budget_s * 0.25, say)
+        files, reads, dec, costs, extra = _probe_local_folder(root, max_list=max_list, nw=nw, cpus=cpus, **probe)
     else:
-        shard_paths = [str(root / s.name) for s in manifest.shards if (root / s.name).is_file()]
-        if describe(kind).files and not shard_paths:
-            shard_paths = [str(root / n) for n in describe(kind).files if (root / n).is_file()]
-        if not shard_paths:
-            raise ValueError(f"{root}: the manifest names no shard file present here")
-        sample = rng.sample(shard_paths, min(max_files, len(shard_paths)))
-        complete, count = True, manifest.num_samples
-    evicted = _evict_sample(sample, say, warnings) if cold else 0
-    say(f"reading {len(sample)} files ...")
-    reads = _read_sample(sample, manifest is not None, t_start + budget_s * 0.7, warnings)
-    if not reads:
-        raise ValueError(f"{root}: none of the sampled files could be read")
-    opens = [r["open_s"] for r in reads]
-    firsts = [r["first_s"] for r in reads]
-    thr, measured = _read_throughput(reads, firsts)
-    if manifest is None:
-        images, median_bytes, p95_bytes, mean_bytes, total = _folder_sizes(reads, count)
-    else:
-        images, median_bytes, p95_bytes, mean_bytes, total = _packed_sizes(manifest, kind, root, shard_paths, reads,
-                                                                           count, max_files, warnings)
-    say(f"decoding {len(images)} images ...")
-    dec = _decode_cost(images, decoder, deadline + budget_s * 0.2, image_size)
-    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
-    file_cpus = [r["cpu_s"] for r in reads if "cpu_s" in r]
-    t_file_cpu = statistics.median(file_cpus) if file_cpus and manifest is None else 0.0
-    costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(opens), t_first_read_s=statistics.median(firsts),
-                 median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
+        files, reads, dec, costs, extra = _probe_packed(root, manifest, kind, **probe)
+    opens, firsts = [r["open_s"] for r in reads], [r["first_s"] for r in reads]
     pred = _predict_with_more_workers(nw, cpus, costs)
-    storage = _storage_facts(fs_type, mount_point, opens, firsts, thr, measured, cold and evicted > 0, t_file_cpu)
-    files = {"count": count, "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
-             "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": total}
-    advice = _advice(kind, str(root), storage, files, dec, pred, nw, cpus, ram, shm)
+    pred.update(extra)
+    storage = _storage_facts(fs_type, mount_point, opens, firsts, costs["read_bytes_per_s"],
+                             files.pop("throughput_measured"), files.pop("cold"), costs.get("t_file_cpu_s", 0.0))
+    advice = advice_lines(kind, str(root), storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
     if others is not None:
         _add_busy_machine(pred, others, nw, cpus, costs, warnings)
     return DoctorReport(path=str(root), kind=kind, storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
+
+
+def _probe_local_folder(root: Path, *, max_list: int, nw: int, cpus: int, rng: random.Random, max_files: int,
+                        cold: bool, decoder: str, image_size: int | None, say: Callable[[str], None],
+                        warnings: list[str], t_start: float, budget_s: float) -> tuple[dict, list, dict, dict, dict]:
+    """A local image folder through a stratified sample (:func:`probe_folder`): ``(files, reads,
+    decode, costs, predicted_extra)``; ``files`` also holds ``throughput_measured`` and ``cold``
+    for the storage section.
+
+    Raises:
+        ValueError: no image file under ``root``, or none of the sampled files could be read.
+    """
+    say(f"listing {root} ...")
+    listed, complete = list_images(root, max_list, t_start + budget_s * 0.25)
+    if not listed:
+        raise ValueError(f"{root}: no image file found (extensions: {', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, "
+                         "...): give an image folder or a packed dataset")
+    got = probe_folder(listed, rng=rng, max_files=max_files, deadline=t_start + budget_s * 0.8, cold=cold,
+                       decoder=decoder, image_size=image_size, num_workers=nw, cpus=cpus, say=say)
+    return _folder_facts(str(root), listed, complete, got, cold, warnings)
+
+
+def _folder_facts(shown: str, listed: list[tuple[str, int]], complete: bool, got: dict, cold: bool,
+                  warnings: list[str]) -> tuple[dict, list, dict, dict, dict]:
+    """An image folder's ``(files, reads, decode, costs, predicted_extra)`` from its listing and
+    :func:`probe_folder`'s result, warnings added (eviction, budget, strata left unsampled).
+
+    Raises:
+        ValueError: none of the sampled files could be read.
+    """
+    if not got["records"]:
+        raise ValueError(f"{shown}: none of the sampled files could be read")
+    if got["evicted"] < got["evict_tried"]:
+        warnings.append(f"{got['evict_tried'] - got['evicted']} of {got['evict_tried']} sampled files could not be "
+                        "evicted: their reads may come from RAM")
+    if got["stopped_by"] == "budget":
+        warnings.append(f"time budget: {len(got['records'])} files sampled; the expected error is "
+                        f"{error_text(got['error_share'])} (more with --budget-s)")
+    if got["unmeasured_share"] > 0:
+        warnings.append(f"{got['unmeasured_share']:.0%} of the files are in strata the budget left unsampled: "
+                        "the prediction leaves them out")
+    sizes = [size for _, size in listed]
+    files = {"count": len(listed), "count_complete": complete, "sampled": len(got["records"]),
+             "median_bytes": float(statistics.median(sizes)), "p95_bytes": percentile(sizes, 95),
+             "mean_bytes": float(statistics.fmean(sizes)), "estimated_total_bytes": float(sum(sizes)),
+             "strata": got["strata"], "sample_stopped_by": got["stopped_by"],
+             "throughput_measured": got["throughput_measured"], "cold": cold and got["evicted"] > 0}
+    extra = {"error_share": got["error_share"], "error_term": got["error_term"]}
+    return files, got["records"], got["decode"], got["costs"], extra
+
+
+def _probe_packed(root: Path, manifest: Any, kind: str, *, rng: random.Random, max_files: int, cold: bool,
+                  decoder: str, image_size: int | None, say: Callable[[str], None], warnings: list[str],
+                  t_start: float, budget_s: float) -> tuple[dict, list, dict, dict, dict]:
+    """A packed dataset: timed reads of sampled shards, the decode of the first shard's samples:
+    ``(files, reads, decode, costs, predicted_extra)`` as :func:`_probe_local_folder`.
+
+    Raises:
+        ValueError: no shard file present, or none could be read.
+    """
+    shard_paths = [str(root / s.name) for s in manifest.shards if (root / s.name).is_file()]
+    if describe(kind).files and not shard_paths:
+        shard_paths = [str(root / n) for n in describe(kind).files if (root / n).is_file()]
+    if not shard_paths:
+        raise ValueError(f"{root}: the manifest names no shard file present here")
+    sample = rng.sample(shard_paths, min(max_files, len(shard_paths)))
+    evicted = _evict_sample(sample, say, warnings) if cold else 0
+    say(f"reading {len(sample)} files ...")
+    reads = _read_shards(sample, t_start + budget_s * 0.7, warnings)
+    if not reads:
+        raise ValueError(f"{root}: none of the sampled files could be read")
+    thr, measured = read_throughput(reads, [r["first_s"] for r in reads])
+    count = manifest.num_samples
+    images, median_bytes, p95_bytes, mean_bytes, total = _packed_sizes(manifest, kind, root, shard_paths, reads,
+                                                                       count, max_files, warnings)
+    say(f"decoding {len(images)} images ...")
+    dec = decode_cost(images, decoder, t_start + budget_s * 1.2, image_size)
+    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
+    costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(r["open_s"] for r in reads),
+                 t_first_read_s=statistics.median(r["first_s"] for r in reads), median_bytes=median_bytes,
+                 read_bytes_per_s=thr, t_file_cpu_s=0.0)
+    files = {"count": count, "count_complete": True, "sampled": len(reads), "median_bytes": median_bytes,
+             "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": total,
+             "throughput_measured": measured, "cold": cold and evicted > 0}
+    return files, reads, dec, costs, {}
 
 
 def _packed_sizes(manifest: Any, kind: str, root: Path, shard_paths: list[str], reads: list[dict[str, Any]],
@@ -514,32 +506,6 @@ def _local_manifest(root: Path):
 
     manifest = load_manifest(root / MANIFEST_NAME, check_files=False)
     return manifest, manifest.format
-
-
-def _sample_folder(root: Path, rng: random.Random, max_files: int, max_list: int, deadline: float,
-                   say: Callable[[str], None]) -> tuple[list[str], bool, int]:
-    """``(sample, complete, count)``: up to ``max_files`` image paths drawn from the images listed
-    under ``root`` (at most ``max_list``, until ``deadline``), whether the listing was complete,
-    and how many were listed.
-
-    Raises:
-        ValueError: no image file under ``root``.
-    """
-    say(f"listing {root} ...")
-    paths, complete = _list_images(root, max_list, deadline)
-    if not paths:
-        raise ValueError(f"{root}: no image file found (extensions: {', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, "
-                         "...): give an image folder or a packed dataset")
-    return rng.sample(paths, min(max_files, len(paths))), complete, len(paths)
-
-
-def _folder_sizes(reads: list[dict], count: int) -> tuple[list, float, float, float, float]:
-    """``(images, median_bytes, p95_bytes, mean_bytes, estimated_total_bytes)`` of an image folder
-    from its sampled reads (``images``: ``(path, bytes)`` of those read whole)."""
-    sizes = [r["size"] for r in reads]
-    images = [(r["path"], r["data"]) for r in reads if r.get("data")]
-    mean_bytes = float(statistics.fmean(sizes))
-    return images, float(statistics.median(sizes)), percentile(sizes, 95), mean_bytes, mean_bytes * count
 
 
 def _storage_facts(fs_type: str | None, mount_point: str | None, opens: list[float], firsts: list[float], thr: float,
@@ -593,43 +559,28 @@ def _local_root(text: str) -> Path:
 def _evict_sample(sample: list[str], say: Callable[[str], None], warnings: list[str]) -> int:
     """Evict the sampled files from the page cache; returns how many were (a warning for the rest)."""
     say(f"evicting {len(sample)} files from the page cache ...")
-    evicted = sum(_evict(p) for p in sample)
+    evicted = sum(evict(p) for p in sample)
     if evicted < len(sample):
         warnings.append(f"{len(sample) - evicted} of {len(sample)} sampled files could not be evicted: their "
                         "reads may come from RAM")
     return evicted
 
 
-def _read_sample(sample: list[str], shards: bool, deadline: float, warnings: list[str]) -> list[dict]:
-    """Timed reads of the sampled files (``shards``: the first 4 read sequentially for throughput,
-    the rest opened only; images: read whole, the bytes kept up to ``_MAX_DECODE_BYTES`` for the
-    decode probe), stopping at ``deadline`` (``time.monotonic``) once 3 are read. Unreadable
-    files are left out."""
-    reads, keep_bytes = [], 0
+def _read_shards(sample: list[str], deadline: float, warnings: list[str]) -> list[dict]:
+    """Timed reads of the sampled shards (the first 4 read sequentially for throughput, up to 64 MiB,
+    the first one's bytes kept up to 8 MiB for the decode probe; the rest opened and read 64 KiB),
+    stopping at ``deadline`` (``time.monotonic``) once 3 are read. Unreadable files are left out."""
+    reads = []
     for p in sample:
-        if reads and len(reads) >= 3 and time.monotonic() > deadline:
+        if len(reads) >= 3 and time.monotonic() > deadline:
             warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
             break
-        if shards:
-            r = _timed_read(p, keep=not reads, max_rest=_SEQ_READ_BYTES if len(reads) < 4 else 0, keep_max=8 * _CHUNK)
-        else:
-            r = _timed_read(p, keep_bytes < _MAX_DECODE_BYTES)
+        r = timed_read(p, keep=not reads, max_rest=_SEQ_READ_BYTES if len(reads) < 4 else 0, keep_max=8 * _CHUNK)
         if r is None:
             continue
-        if r.get("data") is not None:
-            keep_bytes += len(r["data"])
         r["path"] = p
         reads.append(r)
     return reads
-
-
-def _read_throughput(reads: list[dict], firsts: list[float]) -> tuple[float, bool]:
-    """``(bytes per second, measured)``: from the reads of at least ``_CHUNK`` bytes past their
-    first request, else (not measured) one request's bytes over the median first-read latency."""
-    big = [r for r in reads if r["rest"] >= _CHUNK]
-    if big:
-        return sum(r["rest"] for r in big) / max(sum(r["rest_s"] for r in big), 1e-9), True
-    return READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6), False
 
 
 def _predict_with_more_workers(nw: int, cpus: float, costs: dict) -> dict:
@@ -689,7 +640,7 @@ def _doctor_url(url: str, *, storage_options, num_workers, max_files, max_list, 
                          "run it on a local or mounted copy")
     rng = random.Random(seed)
     names = [sh.name for sh in manifest.shards]
-    sample = rng.sample(names, min(max_files, len(names)))
+    sample = rng.sample(names, min(max_files or DEFAULT_MAX_FILES, len(names)))
     warnings: list[str] = []
     say(f"reading {len(sample)} shards ...")
     reads = []
@@ -704,13 +655,13 @@ def _doctor_url(url: str, *, storage_options, num_workers, max_files, max_list, 
     seq_bytes, seq_s = sum(r["rest"] for r in seq), sum(r["rest_s"] for r in seq)
     measured = seq_bytes >= _CHUNK
     thr = seq_bytes / max(seq_s, 1e-9) if measured else READ_REQUEST_BYTES / max(statistics.median(firsts), 1e-6)
-    images = _tar_images(reads[0]["data"], max_files)
+    images = _tar_images(reads[0]["data"], max_files or DEFAULT_MAX_FILES)
     total = float(sum(sh.num_bytes for sh in manifest.shards))
     count = manifest.num_samples
     sizes = [len(b) for _, b in images]
     median_bytes = float(statistics.median(sizes)) if sizes else total / max(count, 1)
     say(f"decoding {len(images)} images ...")
-    dec = _decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
+    dec = decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
     t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
     costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(opens), t_first_read_s=statistics.median(firsts),
                  median_bytes=median_bytes, read_bytes_per_s=thr)
@@ -721,7 +672,7 @@ def _doctor_url(url: str, *, storage_options, num_workers, max_files, max_list, 
     files = {"count": count, "count_complete": True, "sampled": len(opens), "median_bytes": median_bytes,
              "p95_bytes": percentile(sizes, 95) if sizes else median_bytes, "mean_bytes": total / max(count, 1),
              "estimated_total_bytes": total}
-    advice = _advice(manifest.format, shown, storage, files, dec, pred, nw, cpus, ram, shm)
+    advice = advice_lines(manifest.format, shown, storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
     return DoctorReport(path=shown, kind="url", storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
@@ -776,8 +727,9 @@ def _remote_images(listing: list, max_list: int) -> tuple[list[tuple[str, int]],
 
 def _doctor_remote_folder(loc: Any, shown: str, scheme: str | None, *, num_workers, max_files, max_list, budget_s,
                           decoder, seed, image_size, say, t_start, machine0, ours0) -> DoctorReport:
-    """An image folder in a bucket (class folders, no manifest): each sampled image is requested
-    and read whole, as the folder reader does; sizes come from the listing.
+    """An image folder in a bucket (class folders, no manifest): a stratified sample as for a local
+    folder (:func:`probe_folder`), each sampled image requested and read whole, as the folder reader
+    does; sizes come from the listing.
 
     Raises:
         ValueError: no image file in a class folder of the listing.
@@ -790,86 +742,30 @@ def _doctor_remote_folder(loc: Any, shown: str, scheme: str | None, *, num_worke
                          f"{', '.join(sorted(IMAGE_EXTENSIONS)[:8])}, ...): give an image folder or a packed dataset")
     cpus, ram, shm = _machine(None)
     nw = _probe_workers(num_workers, cpus)
-    rng = random.Random(seed)
-    sample = rng.sample(listed, min(max_files, len(listed)))
     warnings: list[str] = []
-    say(f"reading {len(sample)} files ...")
-    reads, keep_bytes = [], 0
-    for name, size in sample:
-        if len(reads) >= 3 and time.monotonic() > t_start + budget_s * 0.7:
-            warnings.append(f"time budget: {len(reads)} of {len(sample)} sampled files read")
-            break
-        keep = _MAX_DECODE_BYTES - keep_bytes if keep_bytes < _MAX_DECODE_BYTES else 0
-        r = _timed_remote_read(loc, name, max(size, 1), keep_max=keep)
-        if keep and r["rest"] <= keep:
-            keep_bytes += len(r["data"])
-        else:  # past the decode sample's bytes: a cut image is no decode sample
-            r["data"] = None
+    sizes = dict(listed)
+
+    def read(name: str) -> dict:
+        r = _timed_remote_read(loc, name, max(sizes[name], 1), keep_max=_MAX_DECODE_BYTES)
         r["path"] = name
-        reads.append(r)
+        return r
+
+    got = probe_folder(listed, rng=random.Random(seed), max_files=max_files or FOLDER_MAX_FILES,
+                       deadline=t_start + budget_s * 0.8, cold=False, decoder=decoder, image_size=image_size,
+                       num_workers=nw, cpus=cpus, say=say, read=read)
+    files, reads, dec, costs, extra = _folder_facts(shown, listed, complete, got, False, warnings)
     opens, firsts = [r["open_s"] for r in reads], [r["first_s"] for r in reads]
-    thr, measured = _read_throughput(reads, firsts)
-    sizes = [s for _, s in listed]
-    mean_bytes = float(statistics.fmean(sizes))
-    median_bytes, p95_bytes = float(statistics.median(sizes)), percentile(sizes, 95)
-    images = [(r["path"], r["data"]) for r in reads if r.get("data")]
-    say(f"decoding {len(images)} images ...")
-    dec = _decode_cost(images, decoder, time.monotonic() + budget_s * 0.2, image_size)
-    t_dec = 1.0 / dec["images_per_cpu_s"] if dec["images_per_cpu_s"] else None
-    t_file_cpu = statistics.median(r["cpu_s"] for r in reads)
-    costs = dict(t_decode_s=t_dec, t_open_s=statistics.median(opens), t_first_read_s=statistics.median(firsts),
-                 median_bytes=median_bytes, read_bytes_per_s=thr, t_file_cpu_s=t_file_cpu)
     pred = _predict_with_more_workers(nw, cpus, costs)
+    pred.update(extra)
+    thr = costs["read_bytes_per_s"]
     storage = {"fs_type": scheme, "fs_class": "network", "mount_point": None,
                "open_latency_ms": _lat(opens), "first_read_latency_ms": _lat(firsts), "read_mb_per_s": thr / 1e6,
-               "read_mb_per_s_measured": measured, "cold": False, "file_cpu_ms": t_file_cpu * 1e3}
-    files = {"count": len(listed), "count_complete": complete, "sampled": len(reads), "median_bytes": median_bytes,
-             "p95_bytes": p95_bytes, "mean_bytes": mean_bytes, "estimated_total_bytes": float(sum(sizes))}
-    advice = _advice("folder", shown, storage, files, dec, pred, nw, cpus, ram, shm)
+               "read_mb_per_s_measured": files.pop("throughput_measured"), "cold": files.pop("cold"),
+               "file_cpu_ms": costs["t_file_cpu_s"] * 1e3}
+    advice = advice_lines("folder", shown, storage, files, dec, pred, nw, cpus, ram, shm)
     others = _others_cpu_share(machine0, ours0, time.monotonic() - t_start, cpus)
     if others is not None:
         _add_busy_machine(pred, others, nw, cpus, costs, warnings)
     return DoctorReport(path=shown, kind="folder", storage=storage, files=files, decode=dec, cpus=cpus,
                         ram_available_bytes=ram, shm_free_bytes=shm, num_workers=nw, predicted=pred, advice=advice,
                         probe_s=time.monotonic() - t_start, others_cpu_share=others, warnings=warnings)
-
-
-def _advice(kind: str, root: str, storage: dict, files: dict, dec: dict, pred: dict, nw: int, cpus: int, ram: int,
-            shm: int | None) -> list[str]:
-    out: list[str] = []
-    folder, packed, local = pred["folder_images_per_s"], pred["packed_images_per_s"], pred["local_images_per_s"]
-    total = files["estimated_total_bytes"]
-    if folder is None or packed is None:
-        return ["no prediction: the sampled images could not be decoded (see the warnings)"]
-    base = folder if kind == "folder" else packed
-    if kind == "folder" and packed >= PACK_ADVICE_MIN_GAIN * folder:
-        out.append(f"pack: shardfeed pack {root} OUT --format wds → about {packed:,.0f} images/s instead of "
-                   f"{folder:,.0f} at num_workers={nw} ({packed / folder:.1f}x): one open per shard, sequential "
-                   "reads")
-    remote = storage["fs_class"] in ("fuse", "nfs", "network")
-    if remote and local >= ADVICE_MIN_GAIN * base:
-        where = "/dev/shm" if shm is not None and total < 0.5 * shm else "a local NVMe disk"
-        out.append(f"stage: shardfeed stage OUT {where}/… (about {fmt_bytes(total)}) → about {local:,.0f} images/s "
-                   f"({local / base:.1f}x): read from local storage")
-    if local >= ADVICE_MIN_GAIN * base and total < 0.5 * ram:
-        out.append(f'cache: make_loader(OUT, cache="memory") (about {fmt_bytes(total)} of '
-                   f"{fmt_bytes(ram)} RAM available) → about {local:,.0f} images/s after the first epoch")
-    more = pred["more_workers"]
-    more_rate = more["folder_images_per_s"] if kind == "folder" else more["packed_images_per_s"]
-    if more_rate and more_rate >= ADVICE_MIN_GAIN * base:
-        out.append(f"more workers: num_workers={nw} → {more['num_workers']} → about {more_rate:,.0f} images/s "
-                   f"({more_rate / base:.1f}x): the workers wait on storage, more of them keep more reads in flight "
-                   f"(this machine has {cpus} cores)")
-    px = dec.get("median_pixels")
-    decode_bound = base >= 0.8 * local
-    if decode_bound and px and px > 1.5 * 256 * 256:
-        gain = px / (256 * 256 * 1.33)
-        out.append(f"re-encode smaller: shardfeed pack {root} OUT --resize 256 → decode about {gain:.1f}x cheaper "
-                   f"(median {px:,.0f} pixels per image now); or decode at a reduced scale with "
-                   "make_loader(image_size=...)")
-    if decode_bound and nw < cpus:
-        out.append(f"more workers: num_workers={nw} → {cpus}: decoding is the limit and this machine has {cpus} cores")
-    if not out:
-        out.append(f"nothing to gain on the data path at num_workers={nw}: about {base:,.0f} images/s, limited by "
-                   "decoding on this CPU; if the training loop still waits for data, run it under 'shardfeed watch'")
-    return out

@@ -325,16 +325,17 @@ def report_rows(report: RunReport, *, details: bool = False) -> list[tuple[str, 
     return _report_rows(report, details)
 
 
-TUNE_HEADER = ("step", "workers", "pin", "prefetch", "persistent", "images/s", "stall", "took s", "best")
+TUNE_HEADER = ("step", "round", "workers", "pin", "prefetch", "persistent", "images/s", "stall", "took s", "best")
 
 
 def tune_rows(result: Any) -> list[tuple[str, ...]]:
-    """The rows of ``tune``'s table, one per trial (columns :data:`TUNE_HEADER`; ``*`` marks the best)."""
+    """The rows of ``tune``'s table, one per trial in the order run (columns :data:`TUNE_HEADER`;
+    ``*`` marks the best: the median round of the setting kept)."""
     rows = []
     for t in result.trials:
         o = t["options"]
         workers = o.get("num_workers")
-        rows.append((t["step"], str(workers), str(o.get("pin_memory")),
+        rows.append((t["step"], str(t.get("round", "")), str(workers), str(o.get("pin_memory")),
                      str(o.get("prefetch_factor")) if workers else "-",
                      str(o.get("persistent_workers")) if workers else "-", f"{t['images_per_s']:.1f}",
                      f"{t['stall_share']:.0%}", f"{t['seconds']:.1f}", "*" if t is result.best else ""))

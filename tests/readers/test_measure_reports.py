@@ -149,8 +149,9 @@ def test_tune_plot_and_html_list_every_trial(data, tmp_path):
     assert len(info["table_rows"]) == len(report["trials"]) >= 2
     for row, trial in zip(info["table_rows"], report["trials"]):
         cells = row.split("\t")
-        assert cells[0] == trial["step"] and cells[1] == str(trial["options"]["num_workers"])
-        assert cells[5] == f"{trial['images_per_s']:.1f}"
+        assert cells[0] == trial["step"] and cells[1] == str(trial["round"])
+        assert cells[2] == str(trial["options"]["num_workers"])
+        assert cells[6] == f"{trial['images_per_s']:.1f}"
 
 
 def test_html_page_escapes_user_text(tmp_path):
