@@ -488,13 +488,22 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     def _ahead_plan(self, ranges, want: int, local: bool) -> list[tuple]:
         """``((shard, start, end), source, first byte, end byte)`` of the first ``want`` samples of
         ``ranges`` (indexed shards only; stops at the first without an index), whole samples,
-        within :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`."""
+        within :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`. A whole shard that
+        fits is planned without its offset index: the next epoch may never come, and an index
+        fetched for it would be a request for nothing."""
         out, left, budget = [], want, EPOCH_AHEAD_BYTES
         for shard, start, end in ranges:
-            offsets = self._index(shard)
-            if offsets is None or left <= 0 or budget <= 0:
-                break
             entry = self.manifest.shards[shard]
+            if not entry.index or left <= 0 or budget <= 0:
+                break
+            if start == 0 and end == entry.num_samples and end <= left and entry.num_bytes <= budget:
+                out.append(((shard, 0, end), self._ahead_source(entry, 0, None, local), 0, entry.num_bytes))
+                left -= end
+                budget -= entry.num_bytes
+                continue
+            offsets = self._index(shard)
+            if offsets is None:
+                break
             first = offsets[start]
             # whole samples within the budget: [start, k) with offsets[k] (or the shard's end) <= first + budget
             k = bisect.bisect_right(offsets, first + budget, start) - 1
@@ -504,17 +513,20 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             if stop <= start:
                 break
             last = offsets[stop] if stop < len(offsets) else entry.num_bytes
-            if local:
-                source = self.location.where(entry.name)
-            else:
-                source = (lambda e=entry, f=first, s=(offsets[stop] if stop < len(offsets) else None):
-                          self._open_shard(e, f, s, self.location.where(e.name)))
+            source = self._ahead_source(entry, first, offsets[stop] if stop < len(offsets) else None, local)
             out.append(((shard, start, stop), source, first, last))
             left -= stop - start
             budget -= last - first
             if stop < end:
                 break
         return out
+
+    def _ahead_source(self, entry, first: int, stop: int | None, local: bool):
+        """What :class:`~shardfeed.readers.shard_readahead.SpansAhead` reads bytes ``[first, stop)``
+        of shard ``entry`` from: its path (local) or a function opening the remote stream."""
+        if local:
+            return self.location.where(entry.name)
+        return lambda: self._open_shard(entry, first, stop, self.location.where(entry.name))
 
     def _take_ahead(self, ranges) -> dict:
         """``{(shard, start): (stop, SpansAhead, key)}``: the spans read ahead (samples ``[start,
