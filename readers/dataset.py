@@ -108,7 +108,8 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             file) or ``"skip"`` (the sample is dropped, counted in ``ds.skipped``, and the
             epoch's total logged once; see :mod:`~shardfeed.readers.source_base`).
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
-            buffer (refused when it would not fit in the available memory).
+            buffer (refused when it would not fit in the available memory). For a remote
+            WebDataset, ``cache_dir`` (option below) keeps each shard on a local disk instead.
         **options: sorted once, before anything is read, into the options every source shares
             (:class:`~shardfeed.readers.options.ReadOptions`), how the dataset is opened
             (:class:`~shardfeed.readers.options.OpenOptions`: ``storage_options``, ``timeout_s``,
@@ -128,6 +129,11 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             :mod:`~shardfeed.readers.objstore`), ``readahead`` (LMDB: kernel read-around; local
             WebDataset shards: reads ahead once reads prove slow, True) and ``verify`` (LMDB:
             check each record's CRC-32; True),
+            ``cache_dir`` (a local folder: a remote WebDataset's shards and offset indexes are
+            downloaded there once, verified, and read from there; shared by every process that
+            names it; a local dataset ignores it) and ``cache_limit`` (bytes, or ``"50GB"``: the least
+            recently used shards are evicted to stay within it; see
+            :mod:`~shardfeed.readers.shard_cache`),
             ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
             dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
             ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
@@ -220,7 +226,8 @@ class _SortedOptions:
         """Every keyword as the caller gave it (a registered source that is no :class:`SourceBase`
         is called ``factory(location, manifest, **options)``), less the opening options."""
         return {**self.common, **{k: v for k, v in self.given.items()
-                                  if k not in ignored and k not in ("storage_options", "check_files")}}
+                                  if k not in ignored and k not in ("storage_options", "check_files", "cache_dir",
+                                                                "cache_limit")}}
 
 
 #: Parameters of a source's constructor that are no options.
@@ -259,12 +266,33 @@ def _open_remote(source: str, chosen: _SortedOptions) -> Any:
             raise
         from .folder_source import FolderSource
 
+        if opened.cache_dir is not None:
+            raise ValueError(f"{source}: cache_dir keeps the shards of a packed dataset, and this is an image "
+                             "folder (read one request per image): pack it (`shardfeed pack`), or leave cache_dir "
+                             "out") from None
         return FolderSource(loc, chosen.read, **chosen.own_keywords(FolderSource, ignored=("shuffle_buffer",)))
     if loc.listable and not describe(manifest.format).remote_readable:
         raise UnsupportedURLError(f"{source}: an LMDB dataset is read from a local disk only (LMDB maps its file "
                                   f"into memory); copy it first: `shardfeed stage {source} /local/dir`, then open "
                                   "/local/dir (or pack the bucket's data as --format wds to read it from the bucket)")
+    if opened.cache_dir is not None:
+        loc = _cached(source, loc, manifest, opened)
     return _open_packed(loc, manifest, chosen)
+
+
+def _cached(source: str, loc: Any, manifest: Manifest, opened: OpenOptions) -> Any:
+    """``loc`` read through the shard cache in ``opened.cache_dir`` (:mod:`~shardfeed.readers.shard_cache`).
+
+    Raises:
+        UnsupportedURLError: a format whose files are not read through the location (LMDB).
+    """
+    from .shard_cache import CachedLocation, ShardCache
+
+    if not describe(manifest.format).remote_readable:
+        raise UnsupportedURLError(f"{source}: cache_dir keeps the shards of a WebDataset; a {manifest.format} dataset "
+                                  f"is read from a local disk: `shardfeed stage {source} /local/dir`, then open "
+                                  "/local/dir")
+    return CachedLocation(loc, manifest, ShardCache(opened.cache_dir, opened.cache_limit))
 
 
 def _open_packed(location: Any, manifest: Manifest, chosen: _SortedOptions) -> Any:

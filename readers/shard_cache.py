@@ -1,0 +1,664 @@
+"""A local shard cache for remote datasets: ``open_dataset(url, cache_dir=PATH, cache_limit=BYTES)``.
+
+A remote WebDataset (``http(s)://``, ``s3://``) is read through :class:`CachedLocation`: each shard
+and each offset index is downloaded whole, once, into ``cache_dir``, and then read from the local
+disk as a local dataset is (the same ``pread`` fast path). Every process of the machine that opens
+the dataset with the same ``cache_dir`` (DataLoader workers, ranks, other jobs) shares the copies.
+
+How a file gets into the cache (:meth:`ShardCache.open`):
+
+* its cache name is a hash of the dataset's identity (:func:`dataset_identity`: the manifest's
+  URL without credentials and the sha256 of the manifest) and the file's name: two datasets never
+  share an entry, and no name from the manifest or the URL reaches the file system;
+* the download runs under an exclusive ``flock`` on the file's lock file (``STEM.lock``): a second
+  process that wants the same file waits on that lock (at most ``lock_timeout_s``), then finds the
+  file there and downloads nothing;
+* the bytes go to a temporary file (``STEM.PID.RANDOM.tmp``, its full size reserved first), are
+  checked against the manifest (size, and sha256 where the manifest records one), and are renamed
+  into place (``STEM.data``): a reader never sees a partial file;
+* a verified file's modification time is set to :data:`VERIFIED_MTIME_NS`. Any write to the file
+  changes it, so a file whose size differs from the manifest, or which was written since it was
+  verified and no longer matches the manifest's sha256, is downloaded again.
+
+Reading holds a shared ``flock`` on the data file for as long as it is open. Eviction, to keep
+``cache_limit``, removes the least recently used files first (access times, set on each use); it
+takes each file's exclusive lock without waiting and passes over a file that is being read or
+downloaded. The space of a download is reserved under a cache-wide lock (``.shardfeed-cache.lock``)
+before it starts, so concurrent downloads cannot overshoot the limit together. When the files being
+read at once hold more than the limit, the cache grows past it (logged once) rather than stall.
+
+Waits are bounded: a lock not granted within ``lock_timeout_s`` raises :class:`CacheLockTimeout`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import re
+import secrets
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from .errors import CorruptDataError, DataSourceError
+from .format import decode_index, parse_size
+from .location import LocalLocation, check_byte_range
+
+__all__ = ["ShardCache", "CachedLocation", "CacheLockTimeout", "TooLongError", "copy_stream", "dataset_identity",
+           "check_cache_limit", "VERIFIED_MTIME_NS", "DEFAULT_LOCK_TIMEOUT_S", "COPY_CHUNK_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes read from the remote per call while copying a file.
+COPY_CHUNK_BYTES = 4 << 20
+#: Seconds a process waits for a lock held by another (a download of the same file, an eviction).
+DEFAULT_LOCK_TIMEOUT_S = 600.0
+#: The modification time (ns since the epoch) of a file the cache verified; a write changes it.
+VERIFIED_MTIME_NS = 1_000_000_000
+#: Entries a scan of the cache folder reads at most.
+MAX_CACHE_ENTRIES = 1_000_000
+#: Times :meth:`ShardCache.open` fetches a file that vanishes again before it could be opened.
+MAX_OPEN_ATTEMPTS = 8
+
+DATA_SUFFIX, LOCK_SUFFIX, TMP_SUFFIX = ".data", ".lock", ".tmp"
+#: The cache-wide lock: held while space is reserved for a download (eviction included).
+SPACE_LOCK_NAME = ".shardfeed-cache.lock"
+_STEM = re.compile(r"^[0-9a-f]{40}$")
+_TMP = re.compile(r"^([0-9a-f]{40})\.[0-9]+\.[0-9a-f]+\.tmp$")
+
+
+class CacheLockTimeout(DataSourceError):
+    """A cache lock was not granted within ``lock_timeout_s`` (another process held it)."""
+
+
+class TooLongError(DataSourceError):
+    """A remote file longer than its manifest entry (the copy stopped at the listed size)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the verified copy (shared with ``shardfeed stage``)
+
+def copy_stream(location: Any, name: str, out: BinaryIO, *, start: int = 0, hasher: Any = None,
+                num_bytes: int | None = None, progress: Callable[[int, int], None] | None = None) -> int:
+    """Copy the file ``name`` of ``location`` from byte ``start`` into ``out`` (written at its position).
+
+    The location's stream retries and resumes mid-file itself (one retry policy: HTTP and object
+    stores); a server that ignores ``Range`` sends the file from byte 0 and the bytes before
+    ``start`` are skipped. At most ``num_bytes - start`` bytes are written.
+
+    Args:
+        location: a :class:`~shardfeed.readers.location.Location` (``open``, ``where``).
+        name: the file, relative to the location.
+        out: a writable binary file.
+        start: the first byte to copy.
+        hasher: updated with every byte written (``hashlib.sha256()``), or None.
+        num_bytes: the file's size in the manifest (None: not checked).
+        progress: ``progress(0, bytes)`` after each chunk.
+
+    Returns:
+        Bytes written.
+
+    Raises:
+        TooLongError: the source sends more than ``num_bytes`` (one byte more is read to prove it).
+        DataSourceError, FileNotFoundError: the remote read failed (names the URL).
+    """
+    from .tario import skip_stream
+
+    written = 0
+    limit = None if num_bytes is None else max(num_bytes - start, 0)
+    stream, offset = location.open(name, start)
+    with stream:
+        if offset < start:
+            skip_stream(stream, start - offset, source=location.where(name))
+        while True:
+            want = COPY_CHUNK_BYTES if limit is None else min(COPY_CHUNK_BYTES, limit - written + 1)
+            chunk = stream.read(want)
+            if not chunk:
+                break
+            if limit is not None and written + len(chunk) > limit:
+                raise TooLongError(f"{location.where(name)}: the source sends more than the {num_bytes:,} bytes the "
+                                   "manifest lists for it; stopped at that size and not copied (the source is "
+                                   "damaged or is not this dataset: run `shardfeed check` on it)")
+            out.write(chunk)
+            if hasher is not None:
+                hasher.update(chunk)
+            written += len(chunk)
+            if progress is not None:
+                progress(0, len(chunk))
+    return written
+
+
+def _sha256_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    offset = 0
+    while True:
+        chunk = os.pread(fd, COPY_CHUNK_BYTES, offset)
+        if not chunk:
+            return h.hexdigest()
+        h.update(chunk)
+        offset += len(chunk)
+
+
+def dataset_identity(location: Any, manifest: Any) -> str:
+    """The identity of a remote dataset: a sha256 (hex) of the manifest's URL (without credentials)
+    and of the manifest itself, so that a dataset rewritten at the same URL is another dataset."""
+    h = hashlib.sha256()
+    h.update(location.where(location.manifest_name).encode("utf-8", "surrogatepass"))
+    h.update(b"\0")
+    h.update(hashlib.sha256(manifest.dumps()).digest())
+    return h.hexdigest()
+
+
+def check_cache_limit(value: Any) -> int | None:
+    """``cache_limit`` as bytes: an integer >= 1, a size string (``"50GB"``, ``"1GiB"``) or None.
+
+    Raises:
+        TypeError: not an integer or a string (a bool or a float). ValueError: < 1 byte, or a bad size.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_size(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"cache_limit must be a number of bytes (int) or a size such as '50GB', got {value!r}")
+    if value < 1:
+        raise ValueError(f"cache_limit must be at least 1 byte, got {value}")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# locks
+
+def _flock(fd: int, kind: int, timeout_s: float, what: Callable[[], str]) -> None:
+    """``flock(fd, kind)``, waiting at most ``timeout_s`` seconds.
+
+    Raises:
+        CacheLockTimeout: not granted in time (the message from ``what()``).
+    """
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        time.sleep(delay)
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            raise CacheLockTimeout(what())
+        delay = min(delay * 2, 0.05)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not removed or replaced since)."""
+    try:
+        cur = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    st = os.fstat(fd)
+    return (cur.st_ino, cur.st_dev) == (st.st_ino, st.st_dev)
+
+
+def _lock_file(path: Path, kind: int, timeout_s: float | None, what: Callable[[], str]) -> int | None:
+    """Open (create) the lock file ``path`` and lock it; returns the descriptor (close it to unlock),
+    or None when ``timeout_s`` is None (do not wait) and the lock is held elsewhere.
+
+    A lock file removed or replaced while this process waited for it is opened again (eviction
+    removes a lock file while it holds it).
+
+    Raises:
+        CacheLockTimeout: not granted within ``timeout_s``.
+        OSError: the file cannot be created (a link in its place, permissions).
+    """
+    for _ in range(MAX_OPEN_ATTEMPTS):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            if timeout_s is None:
+                try:
+                    fcntl.flock(fd, kind | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    return None
+            else:
+                _flock(fd, kind, timeout_s, what)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)
+    raise CacheLockTimeout(what())
+
+
+# ---------------------------------------------------------------------------------------------
+# the cache
+
+class ShardCache:
+    """A folder of verified copies of remote files, shared by every process that uses it.
+
+    Picklable (it holds the folder, the limit and counters; no open file).
+
+    Args:
+        directory: the cache folder (created, mode 0700 where it is new); a local disk.
+        limit: bytes the cached files may take in all (None: no limit); the least recently used
+            files are removed to stay within it.
+        lock_timeout_s: seconds to wait for a lock another process holds (its download of the
+            same file, an eviction) before :class:`CacheLockTimeout`.
+
+    Attributes:
+        fetched_files, fetched_bytes: files and bytes this process downloaded.
+
+    Raises:
+        NotADirectoryError: ``directory`` exists and is not a folder.
+        ValueError: ``limit`` or ``lock_timeout_s`` is not positive.
+    """
+
+    def __init__(self, directory: str | os.PathLike, limit: int | str | None = None, *,
+                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
+        self.directory = Path(directory)
+        self.limit = check_cache_limit(limit)
+        if not lock_timeout_s > 0:
+            raise ValueError(f"lock_timeout_s must be > 0 seconds, got {lock_timeout_s!r}")
+        self.lock_timeout_s = float(lock_timeout_s)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise NotADirectoryError(f"{self.directory}: exists and is not a folder; choose another cache_dir")
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.fetched_files = 0
+        self.fetched_bytes = 0
+        self._warned = False
+
+    def __repr__(self) -> str:
+        return f"ShardCache({str(self.directory)!r}, limit={self.limit})"
+
+    @staticmethod
+    def stem(dataset_id: str, name: str) -> str:
+        """The cache name (40 hex digits) of file ``name`` of dataset ``dataset_id``."""
+        h = hashlib.sha256(dataset_id.encode("ascii") + b"\0" + name.encode("utf-8", "surrogatepass"))
+        return h.hexdigest()[:40]
+
+    def path(self, dataset_id: str, name: str) -> Path:
+        """Where the verified copy of ``name`` lives (whether or not it is there now)."""
+        return self.directory / (self.stem(dataset_id, name) + DATA_SUFFIX)
+
+    def usage(self) -> int:
+        """Bytes the cached files (and the downloads in progress, at their full size) take now."""
+        return sum(size for _, size, _, _ in self._scan())
+
+    def open(self, dataset_id: str, name: str, *, num_bytes: int, sha256: str | None,
+             fetch: Callable[[BinaryIO, Any], int], where: str) -> int:
+        """A read-only descriptor of the verified copy of ``name``, downloaded first when the cache
+        does not hold it intact. The descriptor holds a shared lock (the file is not evicted while
+        it is open): close it when done.
+
+        Args:
+            dataset_id: :func:`dataset_identity` of the dataset.
+            name: the file's name in the manifest (only hashed).
+            num_bytes: its size in the manifest, bytes.
+            sha256: its hash in the manifest (hex), or None.
+            fetch: ``fetch(out, hasher) -> bytes written``: writes the remote file into ``out``.
+            where: the file's URL without credentials (messages only).
+
+        Raises:
+            CorruptDataError: the downloaded bytes do not match the manifest.
+            CacheLockTimeout: another process held the file's lock for ``lock_timeout_s``.
+            DataSourceError, FileNotFoundError: the download failed.
+            OSError: the cache folder cannot be written (disk full, permissions).
+        """
+        stem = self.stem(dataset_id, name)
+        path = self.directory / (stem + DATA_SUFFIX)
+        for _ in range(MAX_OPEN_ATTEMPTS):
+            fd = self._open_valid(path, num_bytes, sha256, where)
+            if fd is None:
+                fd = self._fetch(stem, path, num_bytes, sha256, fetch, where)
+            if fd is not None:
+                return fd
+        raise DataSourceError(f"{where}: its copy in the cache {self.directory} was removed {MAX_OPEN_ATTEMPTS} times "
+                              "before it could be read (other processes evict it to make room): raise cache_limit")
+
+    # ---- reading a copy
+    def _open_valid(self, path: Path, num_bytes: int, sha256: str | None, where: str) -> int | None:
+        """The copy at ``path`` opened and share-locked, or None when it is missing, was just
+        replaced, or does not match the manifest (then it is fetched again)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            log.warning("%s: a link, not a cached copy; replacing it", path)
+            return None
+        try:
+            _flock(fd, fcntl.LOCK_SH, self.lock_timeout_s,
+                   lambda: f"{path}: locked by another process for over {self.lock_timeout_s:g} s while reading "
+                           f"the cached copy of {where}; is the cache_dir on a file system without working locks?")
+            st = os.fstat(fd)
+            if not _same_file(fd, path):
+                os.close(fd)
+                return None
+            if not stat.S_ISREG(st.st_mode) or st.st_size != num_bytes:
+                log.warning("%s: the cached copy of %s holds %d bytes, the manifest lists %d; fetching it again",
+                            path, where, st.st_size, num_bytes)
+                os.close(fd)
+                return None
+            if st.st_mtime_ns != VERIFIED_MTIME_NS and sha256 is not None and _sha256_fd(fd) != sha256:
+                log.warning("%s: the cached copy of %s does not match the manifest's sha256; fetching it again",
+                            path, where)
+                os.close(fd)
+                return None
+            try:
+                os.utime(fd, ns=(time.time_ns(), VERIFIED_MTIME_NS))  # used now (LRU); verified
+            except OSError:
+                pass  # another user's file: read, not touched
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    # ---- downloading a copy
+    def _fetch(self, stem: str, path: Path, num_bytes: int, sha256: str | None,
+               fetch: Callable[[BinaryIO, Any], int], where: str) -> int | None:
+        """Download ``where`` into ``path`` under the file's exclusive lock (unless another process
+        did meanwhile); returns the copy opened as :meth:`_open_valid` does."""
+        lock = _lock_file(self.directory / (stem + LOCK_SUFFIX), fcntl.LOCK_EX, self.lock_timeout_s,
+                          lambda: f"{self.directory}: waited {self.lock_timeout_s:g} s for another process's "
+                                  f"download of {where} into the cache; it is still running (a slow remote) or "
+                                  "stuck: retry, or use another cache_dir")
+        try:
+            fd = self._open_valid(path, num_bytes, sha256, where)
+            if fd is not None:
+                return fd  # fetched by another process while this one waited
+            tmp = self._reserve(stem, num_bytes)
+            try:
+                h = hashlib.sha256()
+                with open(tmp, "r+b") as out:
+                    written = fetch(out, h)
+                    out.flush()
+                    os.fsync(out.fileno())
+                digest = h.hexdigest()
+                if written != num_bytes or (sha256 is not None and digest != sha256):
+                    raise CorruptDataError(
+                        f"{where}: downloaded {written:,} bytes with sha256 {digest[:12]}..., but the manifest lists "
+                        f"{num_bytes:,} bytes" + (f" and sha256 {sha256[:12]}..." if sha256 else "") +
+                        "; the remote file changed since the manifest was written, or is damaged: run "
+                        "`shardfeed check` on the dataset")
+                os.utime(tmp, ns=(time.time_ns(), VERIFIED_MTIME_NS))
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            self.fetched_files += 1
+            self.fetched_bytes += written
+            log.debug("%s: cached as %s (%d bytes)", where, path.name, written)
+            return self._open_valid(path, num_bytes, sha256, where)
+        finally:
+            os.close(lock)
+
+    def _reserve(self, stem: str, num_bytes: int) -> Path:
+        """Make room for ``num_bytes`` (evicting) and create the download's temporary file at that
+        size, under the cache-wide lock: concurrent downloads see each other's reservations."""
+        tmp = self.directory / f"{stem}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        space = _lock_file(self.directory / SPACE_LOCK_NAME, fcntl.LOCK_EX, self.lock_timeout_s,
+                           lambda: f"{self.directory}: waited {self.lock_timeout_s:g} s for the cache's space lock "
+                                   f"({SPACE_LOCK_NAME}); is the cache_dir on a file system without working locks?")
+        try:
+            if self.limit is not None:
+                self._make_room(num_bytes, keep=stem)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                os.ftruncate(fd, num_bytes)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(space)
+        return tmp
+
+    # ---- eviction
+    def _scan(self) -> list[tuple[int, int, str, Path]]:
+        """``(last use ns, bytes, stem, path)`` of every copy and download in the folder; temporary
+        files left by a download that is no longer running are removed."""
+        out = []
+        with os.scandir(self.directory) as it:
+            for n, entry in enumerate(it):
+                if n >= MAX_CACHE_ENTRIES:
+                    raise ValueError(f"{self.directory}: more than {MAX_CACHE_ENTRIES:,} entries; a cache_dir "
+                                     "holds the cache only: choose an empty folder")
+                name = entry.name
+                stem = name[:-len(DATA_SUFFIX)] if name.endswith(DATA_SUFFIX) else None
+                tmp = _TMP.match(name)
+                if (stem is None or not _STEM.match(stem)) and tmp is None:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if tmp is not None:
+                    if self._remove_stale(tmp.group(1), Path(entry.path)):
+                        continue
+                    out.append((0, st.st_size, tmp.group(1), Path(entry.path)))
+                else:
+                    out.append((st.st_atime_ns, st.st_size, stem, Path(entry.path)))
+        return out
+
+    def _remove_stale(self, stem: str, tmp: Path) -> bool:
+        """Remove ``tmp`` when no process downloads ``stem`` (its lock is free); True when removed."""
+        lock = _lock_file(self.directory / (stem + LOCK_SUFFIX), fcntl.LOCK_EX, None, lambda: "")
+        if lock is None:
+            return False
+        try:
+            tmp.unlink(missing_ok=True)
+            return True
+        finally:
+            os.close(lock)
+
+    def _make_room(self, incoming: int, keep: str) -> None:
+        """Evict least recently used copies until they and ``incoming`` bytes fit the limit."""
+        assert self.limit is not None
+        entries = self._scan()
+        total = incoming + sum(size for _, size, _, _ in entries)
+        for _, size, stem, path in sorted(e for e in entries if e[3].name.endswith(DATA_SUFFIX)):
+            if total <= self.limit:
+                break
+            if stem != keep and self._evict(stem, path):
+                total -= size
+        if total > self.limit and not self._warned:
+            self._warned = True
+            log.warning("%s: the cache holds %d bytes, over its cache_limit of %d: the files being read now take "
+                        "more than the limit (they are never evicted while read); raise cache_limit",
+                        self.directory, total, self.limit)
+
+    def _evict(self, stem: str, path: Path) -> bool:
+        """Remove the copy ``path`` unless it is being read or downloaded; True when removed."""
+        lock_path = self.directory / (stem + LOCK_SUFFIX)
+        lock = _lock_file(lock_path, fcntl.LOCK_EX, None, lambda: "")
+        if lock is None:
+            return False  # being downloaded (or evicted by another process)
+        try:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return True
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                path.unlink(missing_ok=True)
+                return True
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False  # being read
+                path.unlink(missing_ok=True)  # still this file: replacing it needs the lock held here
+            finally:
+                os.close(fd)
+            lock_path.unlink(missing_ok=True)  # a process waiting on it opens the new one (_lock_file)
+            log.debug("%s: evicted (least recently used)", path.name)
+            return True
+        finally:
+            os.close(lock)
+
+
+# ---------------------------------------------------------------------------------------------
+# a remote dataset read through the cache
+
+class CachedLocation(LocalLocation):
+    """A remote dataset's location whose shards and offset indexes are read from a
+    :class:`ShardCache` (downloaded there on first use).
+
+    It is a :class:`~shardfeed.readers.location.LocalLocation` to the readers (the copies are local
+    files, read with the local fast path); messages name the remote URLs. Read-only: it cannot list
+    or be written to. Read-ahead for slow storage does not apply (the copies are on a local disk).
+
+    Args:
+        remote: the dataset's remote :class:`~shardfeed.readers.location.Location`.
+        manifest: its validated manifest (the files, sizes and hashes the copies are checked against).
+        cache: the :class:`ShardCache`.
+
+    Raises:
+        ValueError: a file of the manifest is larger than the cache's limit.
+    """
+
+    listable = False
+    writable = False
+
+    def __init__(self, remote: Any, manifest: Any, cache: ShardCache) -> None:
+        self.remote_location = remote
+        self.cache = cache
+        self.root = cache.directory
+        self.manifest_name = remote.manifest_name
+        self._lock = threading.Lock()
+        self.dataset_id = dataset_identity(remote, manifest)
+        files: dict[str, tuple[int, str | None]] = {}
+        for s in manifest.shards:
+            files[s.name] = (s.num_bytes, s.sha256)
+            if s.index:
+                files[s.index] = (8 * s.num_samples, s.index_sha256)  # 8 bytes per offset (format.encode_index)
+        self._files = files
+        if cache.limit is not None and files:
+            name, (size, _) = max(files.items(), key=lambda item: item[1][0])
+            if size > cache.limit:
+                raise ValueError(f"{remote.where(name)}: {size:,} bytes, more than cache_limit ({cache.limit:,} "
+                                 "bytes); raise cache_limit above the largest shard (times the shards read at once)")
+
+    @property
+    def readahead(self) -> bool:
+        """Always False: the copies are on a local disk."""
+        return False
+
+    @readahead.setter
+    def readahead(self, value: bool) -> None:
+        pass
+
+    def __str__(self) -> str:
+        return str(self.remote_location)
+
+    def __repr__(self) -> str:
+        return f"CachedLocation({str(self.remote_location)!r}, cache={self.cache!r})"
+
+    def where(self, name: str) -> str:
+        """The remote URL of ``name`` (for messages; no credentials)."""
+        return self.remote_location.where(name)
+
+    url = where
+
+    def _open_fd(self, name: str) -> int:
+        """A descriptor of the verified copy of ``name`` (holding its shared lock; close it)."""
+        if name not in self._files:
+            raise FileNotFoundError(f"{self.where(name)}: not a shard or index of the dataset's manifest; the "
+                                    "cache holds only those")
+        size, sha256 = self._files[name]
+        return self.cache.open(self.dataset_id, name, num_bytes=size, sha256=sha256, where=self.where(name),
+                               fetch=functools.partial(_fetch_into, self.remote_location, name, size))
+
+    def read_bytes(self, name: str, *, max_bytes: int | None = None, what: str = "the file") -> bytes:
+        """The whole content of ``name``: from the cache for a shard or index, else from the remote.
+
+        Raises:
+            DataSourceError: larger than ``max_bytes``, or the download failed.
+        """
+        if name not in self._files:
+            return self.remote_location.read_bytes(name, **({} if max_bytes is None else {"max_bytes": max_bytes}),
+                                                   what=what)
+        size = self._files[name][0]
+        if max_bytes is not None and size > max_bytes:
+            raise DataSourceError(f"{self.where(name)}: {what} is {size:,} bytes, more than the {max_bytes:,} read "
+                                  "whole at most")
+        fd = self._open_fd(name)
+        try:
+            return os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+
+    def read_index(self, name: str) -> list[int]:
+        """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.decode_index`)."""
+        return decode_index(self.read_bytes(name, what="the offset index"), self.where(name))
+
+    def read_indexed(self, name: str, offsets, start: int, end: int, where: str):
+        """Samples ``[start, end)`` of the cached copy of shard ``name`` (see
+        :meth:`LocalLocation.read_indexed`); the copy is not evicted while they are read."""
+        from .tario import iter_indexed_samples
+
+        fd = self._open_fd(name)
+        pread = os.pread
+        try:
+            return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
+                                                    os.fstat(fd).st_size, source=where, tag_source=True))
+        finally:
+            os.close(fd)
+
+    def open_ahead(self, name: str, first_bytes: int, prepare=None) -> None:
+        """Nothing: the copies are on a local disk."""
+
+    def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
+        """The cached copy of ``name`` opened at byte ``start`` (not evicted until closed).
+        Returns ``(file, start)``.
+
+        Raises:
+            ValueError, TypeError: a bad range (:func:`~shardfeed.readers.location.check_byte_range`).
+        """
+        check_byte_range(self.where(name), start, end)
+        f = os.fdopen(self._open_fd(name), "rb", buffering=0)
+        try:
+            f.seek(start)
+        except BaseException:
+            f.close()
+            raise
+        return f, start
+
+    def head_size(self, name: str) -> int:
+        """The size of ``name`` in bytes (the manifest's for a shard or index, else the remote's)."""
+        return self._files[name][0] if name in self._files else self.remote_location.head_size(name)
+
+    def list_objects(self, sub: str = "") -> list[tuple[str, int, int]]:
+        raise self._cannot("list its files")
+
+    def load_manifest(self, *, check_files: bool = True):
+        """The remote manifest (:meth:`Location.load_manifest`)."""
+        return self.remote_location.load_manifest(check_files=check_files)
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        raise self._cannot("be written to")
+
+    def put_file(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
+        raise self._cannot("be written to")
+
+    def delete(self, name: str) -> None:
+        raise self._cannot("be written to")
+
+    def head(self, name: str) -> dict[str, str]:
+        raise self._cannot("record file metadata")
+
+
+def _fetch_into(location: Any, name: str, num_bytes: int, out: BinaryIO, hasher: Any) -> int:
+    return copy_stream(location, name, out, hasher=hasher, num_bytes=num_bytes)
