@@ -327,9 +327,11 @@ class ShardCache:
                               "before it could be read (other processes evict it to make room): raise cache_limit")
 
     # ---- reading a copy
-    def _open_valid(self, path: Path, num_bytes: int, sha256: str | None, where: str) -> int | None:
+    def _open_valid(self, path: Path, num_bytes: int, sha256: str | None, where: str,
+                    quiet: bool = False) -> int | None:
         """The copy at ``path`` opened and share-locked, or None when it is missing, was just
-        replaced, or does not match the manifest (then it is fetched again)."""
+        replaced, or does not match the manifest (then it is fetched again; logged unless ``quiet``)."""
+        report = log.debug if quiet else log.warning
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -348,12 +350,12 @@ class ShardCache:
                 os.close(fd)
                 return None
             if not stat.S_ISREG(st.st_mode) or st.st_size != num_bytes:
-                log.warning("%s: the cached copy of %s holds %d bytes, the manifest lists %d; fetching it again",
+                report("%s: the cached copy of %s holds %d bytes, the manifest lists %d; fetching it again",
                             path, where, st.st_size, num_bytes)
                 os.close(fd)
                 return None
             if st.st_mtime_ns != VERIFIED_MTIME_NS and sha256 is not None and _sha256_fd(fd) != sha256:
-                log.warning("%s: the cached copy of %s does not match the manifest's sha256; fetching it again",
+                report("%s: the cached copy of %s does not match the manifest's sha256; fetching it again",
                             path, where)
                 os.close(fd)
                 return None
@@ -376,7 +378,7 @@ class ShardCache:
                                   f"download of {where} into the cache; it is still running (a slow remote) or "
                                   "stuck: retry, or use another cache_dir")
         try:
-            fd = self._open_valid(path, num_bytes, sha256, where)
+            fd = self._open_valid(path, num_bytes, sha256, where, quiet=True)
             if fd is not None:
                 return fd  # fetched by another process while this one waited
             tmp = self._reserve(stem, num_bytes)
