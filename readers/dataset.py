@@ -131,8 +131,8 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             check each record's CRC-32; True),
             ``cache_dir`` (a local folder: a remote WebDataset's shards and offset indexes are
             downloaded there once, verified, and read from there; shared by every process that
-            names it; a local dataset ignores it) and ``cache_limit`` (bytes, or ``"50GB"``: the least
-            recently used shards are evicted to stay within it; see
+            names it; a local dataset, an image folder and LMDB ignore it) and ``cache_limit``
+            (bytes, or ``"50GB"``: the least recently used shards are evicted to stay within it; see
             :mod:`~shardfeed.readers.shard_cache`),
             ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
             dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
@@ -267,9 +267,8 @@ def _open_remote(source: str, chosen: _SortedOptions) -> Any:
         from .folder_source import FolderSource
 
         if opened.cache_dir is not None:
-            raise ValueError(f"{source}: cache_dir keeps the shards of a packed dataset, and this is an image "
-                             "folder (read one request per image): pack it (`shardfeed pack`), or leave cache_dir "
-                             "out") from None
+            log.info("%s: an image folder (one read per image): cache_dir keeps the shards of a packed dataset "
+                     "and is not used", source)
         return FolderSource(loc, chosen.read, **chosen.own_keywords(FolderSource, ignored=("shuffle_buffer",)))
     if loc.listable and not describe(manifest.format).remote_readable:
         raise UnsupportedURLError(f"{source}: an LMDB dataset is read from a local disk only (LMDB maps its file "
@@ -281,17 +280,14 @@ def _open_remote(source: str, chosen: _SortedOptions) -> Any:
 
 
 def _cached(source: str, loc: Any, manifest: Manifest, opened: OpenOptions) -> Any:
-    """``loc`` read through the shard cache in ``opened.cache_dir`` (:mod:`~shardfeed.readers.shard_cache`).
-
-    Raises:
-        UnsupportedURLError: a format whose files are not read through the location (LMDB).
-    """
+    """``loc`` read through the shard cache in ``opened.cache_dir`` (:mod:`~shardfeed.readers.shard_cache`);
+    ``loc`` itself for a format whose files are not read through the location (LMDB: logged)."""
     from .shard_cache import CachedLocation, ShardCache
 
     if not describe(manifest.format).remote_readable:
-        raise UnsupportedURLError(f"{source}: cache_dir keeps the shards of a WebDataset; a {manifest.format} dataset "
-                                  f"is read from a local disk: `shardfeed stage {source} /local/dir`, then open "
-                                  "/local/dir")
+        log.info("%s: cache_dir keeps the shards of a WebDataset, not a %s dataset, and is not used", source,
+                 manifest.format)
+        return loc
     return CachedLocation(loc, manifest, ShardCache(opened.cache_dir, opened.cache_limit))
 
 

@@ -176,7 +176,7 @@ class OpenOptions:
         cache: None, or ``"memory"``: every sample's raw bytes loaded once into one buffer.
         cache_dir: a local folder where the shards and offset indexes of a remote WebDataset are
             kept once downloaded (:mod:`~shardfeed.readers.shard_cache`); None: read from the remote
-            every epoch. A local dataset ignores it.
+            every epoch. A local dataset, an image folder and LMDB ignore it.
         cache_limit: bytes the files in ``cache_dir`` may take (an int, or a size such as
             ``"50GB"``; stored as an int); the least recently used are evicted. None: no limit.
 

@@ -297,3 +297,20 @@ def test_option_checks(packed_wds, tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match="choose another cache_dir"):
         ShardCache(tmp_path / "file")
+
+
+@pytest.mark.timeout(120)
+def test_bench_reads_through_the_cache(start_http_server, packed_wds, tmp_path):
+    from click.testing import CliRunner
+
+    from shardfeed.convert.cli import main as cli_main
+
+    url, gets = _serve(start_http_server, packed_wds)
+    cache = tmp_path / "cache"
+    args = ["bench", f"{url}/", "--image-size", "16", "--batch-size", "8", "--warmup", "0", "--batches", "7",
+            "--model", "none", "--device", "cpu", "--num-workers", "0", "--no-shuffle", "--cache-dir", str(cache),
+            "--cache-limit", "10MB", "--json", str(tmp_path / "r.json")]
+    for _ in range(2):
+        r = CliRunner().invoke(cli_main, args, catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+    assert _data_files(gets) == {name: 1 for name in _dataset_files(packed_wds)}
