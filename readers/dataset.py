@@ -108,8 +108,7 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             file) or ``"skip"`` (the sample is dropped, counted in ``ds.skipped``, and the
             epoch's total logged once; see :mod:`~shardfeed.readers.source_base`).
         cache: None, or ``"memory"``: load every sample's raw bytes once into one contiguous
-            buffer (refused when it would not fit in the available memory). For a remote
-            WebDataset, ``cache_dir`` (option below) keeps each shard on a local disk instead.
+            buffer (refused when it would not fit in the available memory).
         **options: sorted once, before anything is read, into the options every source shares
             (:class:`~shardfeed.readers.options.ReadOptions`), how the dataset is opened
             (:class:`~shardfeed.readers.options.OpenOptions`: ``storage_options``, ``timeout_s``,
@@ -129,11 +128,7 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             :mod:`~shardfeed.readers.objstore`), ``readahead`` (LMDB: kernel read-around; local
             WebDataset shards: reads ahead once reads prove slow, True) and ``verify`` (LMDB:
             check each record's CRC-32; True),
-            ``cache_dir`` (a local folder: a remote WebDataset's shards and offset indexes are
-            downloaded there once, verified, and read from there; shared by every process that
-            names it; a local dataset, an image folder and LMDB ignore it) and ``cache_limit``
-            (bytes, or ``"50GB"``: the least recently used shards are evicted to stay within it; see
-            :mod:`~shardfeed.readers.shard_cache`),
+            ``cache_dir`` and ``cache_limit`` (a shard cache on a local disk: :mod:`~shardfeed.readers.shard_cache`),
             ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
             dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
             ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
