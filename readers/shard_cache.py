@@ -241,6 +241,25 @@ def _lock_file(path: Path, kind: int, timeout_s: float | None, what: Callable[[]
     raise CacheLockTimeout(what())
 
 
+def _allocate(fd: int, num_bytes: int, path: Path) -> None:
+    """Give the file ``fd`` its full size, its blocks allocated where the file system can
+    (``posix_fallocate``): a full disk is found before the download, not in its middle.
+
+    Raises:
+        OSError: no space left (ENOSPC, naming ``path`` and the fix).
+    """
+    try:
+        os.posix_fallocate(fd, 0, num_bytes)
+        return
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"{path.parent}: no room for a {num_bytes:,}-byte file of the shard cache; "
+                                        "free some space, or set cache_limit below the free space") from None
+    except AttributeError:  # no posix_fallocate (macOS)
+        pass
+    os.ftruncate(fd, num_bytes)
+
+
 # ---------------------------------------------------------------------------------------------
 # the cache
 
@@ -415,13 +434,17 @@ class ShardCache:
                            lambda: f"{self.directory}: waited {self.lock_timeout_s:g} s for the cache's space lock "
                                    f"({SPACE_LOCK_NAME}); is the cache_dir on a file system without working locks?")
         try:
+            entries = self._scan()  # (also removes what interrupted downloads left)
             if self.limit is not None:
-                self._make_room(num_bytes, keep=stem)
+                self._make_room(entries, num_bytes, keep=stem)
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
-                os.ftruncate(fd, num_bytes)
-            finally:
+                _allocate(fd, num_bytes, tmp)
+            except BaseException:
                 os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            os.close(fd)
         finally:
             os.close(space)
         return tmp
@@ -464,10 +487,10 @@ class ShardCache:
         finally:
             os.close(lock)
 
-    def _make_room(self, incoming: int, keep: str) -> None:
-        """Evict least recently used copies until they and ``incoming`` bytes fit the limit."""
+    def _make_room(self, entries: list[tuple[int, int, str, Path]], incoming: int, keep: str) -> None:
+        """Evict least recently used copies of ``entries`` (:meth:`_scan`) until they and
+        ``incoming`` bytes fit the limit."""
         assert self.limit is not None
-        entries = self._scan()
         total = incoming + sum(size for _, size, _, _ in entries)
         for _, size, stem, path in sorted(e for e in entries if e[3].name.endswith(DATA_SUFFIX)):
             if total <= self.limit:

@@ -314,3 +314,37 @@ def test_bench_reads_through_the_cache(start_http_server, packed_wds, tmp_path):
         r = CliRunner().invoke(cli_main, args, catch_exceptions=False)
         assert r.exit_code == 0, r.output
     assert _data_files(gets) == {name: 1 for name in _dataset_files(packed_wds)}
+
+
+def test_a_full_disk_is_found_before_the_download(tmp_path, monkeypatch):
+    import errno
+
+    cache = ShardCache(tmp_path / "cache")
+    fetched = []
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    with pytest.raises(OSError, match="no room for a 4,096-byte file of the shard cache; free some space"):
+        cache.open("d" * 64, "s.tar", num_bytes=4096, sha256=None, fetch=lambda out, h: fetched.append(1) or 0,
+                   where="http://host/s.tar")
+    assert fetched == []
+    assert not [p for p in cache.directory.iterdir() if p.name.endswith((".data", ".tmp"))]
+
+
+def test_what_an_interrupted_download_left_is_removed(tmp_path):
+    cache = ShardCache(tmp_path / "cache", limit=10_000)
+    stem = cache.stem("d" * 64, "old.tar")
+    left = cache.directory / f"{stem}.4242.abcd1234.tmp"  # a download killed mid-way: its lock is free
+    left.write_bytes(b"z" * 5000)
+    payload = b"p" * 6000
+
+    def fetch(out, hasher):
+        out.write(payload)
+        hasher.update(payload)
+        return len(payload)
+
+    os.close(cache.open("d" * 64, "new.tar", num_bytes=len(payload), sha256=None, fetch=fetch, where="http://h/n"))
+    assert not left.exists()
+    assert cache.usage() == len(payload)
