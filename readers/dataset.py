@@ -277,7 +277,8 @@ def _open_remote(source: str, chosen: _SortedOptions) -> Any:
 def _cached(source: str, loc: Any, manifest: Manifest, opened: OpenOptions) -> Any:
     """``loc`` read through the shard cache in ``opened.cache_dir`` (:mod:`~shardfeed.readers.shard_cache`);
     ``loc`` itself for a format whose files are not read through the location (LMDB: logged)."""
-    from .shard_cache import CachedLocation, ShardCache
+    from .cached_location import CachedLocation
+    from .shard_cache import ShardCache
 
     if not describe(manifest.format).remote_readable:
         log.info("%s: cache_dir keeps the shards of a WebDataset, not a %s dataset, and is not used", source,

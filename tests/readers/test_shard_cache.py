@@ -22,8 +22,8 @@ import pytest
 from shardfeed.readers import open_dataset
 from shardfeed.readers.format import Manifest
 from shardfeed.readers.http_io import HttpLocation
-from shardfeed.readers.shard_cache import (CacheLockTimeout, CachedLocation, ShardCache, VERIFIED_MTIME_NS,
-                                           dataset_identity)
+from shardfeed.readers.cached_location import CachedLocation
+from shardfeed.readers.shard_cache import CacheLockTimeout, ShardCache, VERIFIED_MTIME_NS, dataset_identity
 
 pytestmark = pytest.mark.network
 
@@ -348,3 +348,21 @@ def test_what_an_interrupted_download_left_is_removed(tmp_path):
     os.close(cache.open("d" * 64, "new.tar", num_bytes=len(payload), sha256=None, fetch=fetch, where="http://h/n"))
     assert not left.exists()
     assert cache.usage() == len(payload)
+
+
+def test_the_next_shard_is_downloaded_while_one_is_read(start_http_server, packed_wds, tmp_path):
+    import pickle
+
+    url, gets = _serve(start_http_server, packed_wds)
+    cache = ShardCache(tmp_path / "cache")
+    loc = _location(url, cache)
+    name = json.loads((packed_wds / "manifest.json").read_text())["shards"][2]["name"]
+    loc.open_ahead(name, 0)
+    loc.open_ahead(name, 0)  # one at a time: the second call starts nothing while the first runs
+    loc._ahead.join(30)
+    assert cache.path(loc.dataset_id, name).read_bytes() == (packed_wds / name).read_bytes()
+    f, _ = loc.open(name)
+    f.close()
+    assert _data_files(gets) == {name: 1}
+    clone = pickle.loads(pickle.dumps(loc))  # DataLoader workers receive it pickled
+    assert clone._ahead is None and clone.dataset_id == loc.dataset_id
