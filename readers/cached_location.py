@@ -15,6 +15,7 @@ from .errors import DataSourceError
 from .format import decode_index
 from .location import LocalLocation, check_byte_range
 from .shard_cache import ShardCache, copy_stream, dataset_identity
+from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 
 __all__ = ["CachedLocation"]
 
@@ -27,8 +28,8 @@ class CachedLocation(LocalLocation):
 
     It is a :class:`~shardfeed.readers.location.LocalLocation` to the readers (the copies are local
     files, read with the local fast path); messages name the remote URLs. Read-only: it cannot list
-    or be written to. Read-ahead for slow storage does not apply (the copies are on a local disk);
-    instead, the next shard of a reader's epoch is downloaded while it reads one (:meth:`open_ahead`).
+    or be written to. It reads ahead as a local dataset does once reads prove slow; the next shard
+    of a reader's epoch is downloaded while it reads one (:meth:`open_ahead`).
 
     Args:
         remote: the dataset's remote :class:`~shardfeed.readers.location.Location`.
@@ -49,6 +50,8 @@ class CachedLocation(LocalLocation):
         self.manifest_name = remote.manifest_name
         self._lock = threading.Lock()
         self._ahead: threading.Thread | None = None
+        #: read ahead once reads prove slow, as a local dataset does (set by the WebDataset source)
+        self.readahead = True
         self.dataset_id = dataset_identity(remote, manifest)
         files: dict[str, tuple[int, str | None]] = {}
         for s in manifest.shards:
@@ -62,14 +65,11 @@ class CachedLocation(LocalLocation):
                 raise ValueError(f"{remote.where(name)}: {size:,} bytes, more than cache_limit ({cache.limit:,} "
                                  "bytes); raise cache_limit above the largest shard (times the shards read at once)")
 
-    @property
-    def readahead(self) -> bool:
-        """Always False: the copies are on a local disk."""
-        return False
-
-    @readahead.setter
-    def readahead(self, value: bool) -> None:
-        pass
+    def file_path(self, name: str) -> str:
+        """The cache file of ``name`` (read ahead by path while it is there: the next epoch's first
+        samples, :class:`~shardfeed.readers.shard_readahead.SpansAhead`, which serves its bytes only
+        while the path still names the file it read)."""
+        return str(self.cache.path(self.dataset_id, name))
 
     def __str__(self) -> str:
         return str(self.remote_location)
@@ -84,11 +84,20 @@ class CachedLocation(LocalLocation):
     url = where
 
     def _open_fd(self, name: str) -> int:
-        """A descriptor of the verified copy of ``name`` (holding its shared lock; close it)."""
+        """A descriptor of the verified copy of ``name`` (holding its shared lock; close it): the
+        one :meth:`open_ahead` opened when there is one and it is still good."""
         if name not in self._files:
             raise FileNotFoundError(f"{self.where(name)}: not a shard or index of the dataset's manifest; the "
                                     "cache holds only those")
         size, sha256 = self._files[name]
+        if self.readahead:
+            path = self.cache.path(self.dataset_id, name)
+            try:
+                fd = take_opened(path)
+            except OSError:
+                fd = None
+            if fd is not None and self.cache.adopt(fd, path, size, sha256, self.where(name), quiet=True):
+                return fd
         return self.cache.open(self.dataset_id, name, num_bytes=size, sha256=sha256, where=self.where(name),
                                fetch=functools.partial(_fetch_into, self.remote_location, name, size))
 
@@ -124,15 +133,25 @@ class CachedLocation(LocalLocation):
         pread = os.pread
         try:
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
-                                                    os.fstat(fd).st_size, source=where, tag_source=True))
+                                                    os.fstat(fd).st_size, source=where, tag_source=True,
+                                                    chunk_reader=functools.partial(read_shard_ahead, fd=fd)
+                                                    if self.readahead else None))
         finally:
             os.close(fd)
 
     def open_ahead(self, name: str, first_bytes: int, prepare=None) -> None:
         """Download shard ``name`` into the cache in the background (after ``prepare()``, which
         reads its index) while the reader is busy with the shard before it: one such download per
-        process at a time (a busy one: nothing). A failure is left to the read that follows,
-        which raises it."""
+        process at a time (while one runs: nothing). A failure is left to the read that follows,
+        which raises it. A shard the cache holds is opened ahead as a local one is
+        (:func:`~shardfeed.readers.shard_readahead.open_ahead`: once reads proved slow)."""
+        if name not in self._files:
+            return
+        path = self.cache.path(self.dataset_id, name)
+        if path.exists():  # held already: opened ahead as a local shard is, on slow storage
+            if self.readahead:
+                open_ahead(path, prepare=prepare, first_bytes=first_bytes)
+            return
         with self._lock:
             if self._ahead is not None and self._ahead.is_alive():
                 return

@@ -22,7 +22,8 @@ How a file gets into the cache (:meth:`ShardCache.open`):
   verified and no longer matches the manifest's sha256, is downloaded again.
 
 Reading holds a shared ``flock`` on the data file for as long as it is open. Eviction, to keep
-``cache_limit``, removes the least recently used files first (access times, set on each use); it
+``cache_limit``, removes the least recently used files first (access times, set on use at most every
+10 s); it
 takes each file's exclusive lock without waiting and passes over a file that is being read or
 downloaded. The space of a download is reserved under a cache-wide lock (``.shardfeed-cache.lock``)
 before it starts, so concurrent downloads cannot overshoot the limit together. When the files being
@@ -59,6 +60,9 @@ COPY_CHUNK_BYTES = 4 << 20
 DEFAULT_LOCK_TIMEOUT_S = 600.0
 #: The modification time (ns since the epoch) of a file the cache verified; a write changes it.
 VERIFIED_MTIME_NS = 1_000_000_000
+#: A copy's access time is set when it is used and is older than this (ns): the order of least
+#: recent use is kept to this precision, without a metadata write at every read.
+TOUCH_AFTER_NS = 10_000_000_000
 #: Entries a scan of the cache folder reads at most.
 MAX_CACHE_ENTRIES = 1_000_000
 #: Times :meth:`ShardCache.open` fetches a file that vanishes again before it could be opened.
@@ -348,7 +352,6 @@ class ShardCache:
                     quiet: bool = False) -> int | None:
         """The copy at ``path`` opened and share-locked, or None when it is missing, was just
         replaced, or does not match the manifest (then it is fetched again; logged unless ``quiet``)."""
-        report = log.debug if quiet else log.warning
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -358,29 +361,43 @@ class ShardCache:
                 raise
             log.warning("%s: a link, not a cached copy; replacing it", path)
             return None
+        return fd if self.adopt(fd, path, num_bytes, sha256, where, quiet=quiet) else None
+
+    def adopt(self, fd: int, path: Path, num_bytes: int, sha256: str | None, where: str, *,
+              quiet: bool = False) -> bool:
+        """Share-lock ``fd``, opened on the copy at ``path`` (:meth:`path`), and check it: still the
+        file at ``path``, of the manifest's size, verified (else hashed again when the manifest has
+        a sha256). True: ``fd`` holds its lock and the copy's use is recorded (LRU). False: ``fd``
+        is closed (a copy replaced, removed or damaged; logged unless ``quiet``).
+
+        Raises:
+            CacheLockTimeout: an eviction held the file for ``lock_timeout_s``.
+        """
+        report = log.debug if quiet else log.warning
         try:
             _flock(fd, fcntl.LOCK_SH, self.lock_timeout_s,
                    lambda: f"{path}: locked by another process for over {self.lock_timeout_s:g} s while reading "
                            f"the cached copy of {where}; is the cache_dir on a file system without working locks?")
             st = os.fstat(fd)
-            if not _same_file(fd, path):
-                os.close(fd)
-                return None
-            if not stat.S_ISREG(st.st_mode) or st.st_size != num_bytes:
+            ok = _same_file(fd, path)
+            if ok and (not stat.S_ISREG(st.st_mode) or st.st_size != num_bytes):
                 report("%s: the cached copy of %s holds %d bytes, the manifest lists %d; fetching it again",
-                            path, where, st.st_size, num_bytes)
-                os.close(fd)
-                return None
-            if st.st_mtime_ns != VERIFIED_MTIME_NS and sha256 is not None and _sha256_fd(fd) != sha256:
+                       path, where, st.st_size, num_bytes)
+                ok = False
+            if ok and st.st_mtime_ns != VERIFIED_MTIME_NS and sha256 is not None and _sha256_fd(fd) != sha256:
                 report("%s: the cached copy of %s does not match the manifest's sha256; fetching it again",
-                            path, where)
+                       path, where)
+                ok = False
+            if not ok:
                 os.close(fd)
-                return None
-            try:
-                os.utime(fd, ns=(time.time_ns(), VERIFIED_MTIME_NS))  # used now (LRU); verified
-            except OSError:
-                pass  # another user's file: read, not touched
-            return fd
+                return False
+            now = time.time_ns()
+            if st.st_mtime_ns != VERIFIED_MTIME_NS or now - st.st_atime_ns > TOUCH_AFTER_NS:
+                try:
+                    os.utime(fd, ns=(now, VERIFIED_MTIME_NS))  # used now (LRU); verified
+                except OSError:
+                    pass  # another user's file: read, not touched
+            return True
         except BaseException:
             os.close(fd)
             raise

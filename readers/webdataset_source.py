@@ -505,7 +505,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 break
             last = offsets[stop] if stop < len(offsets) else entry.num_bytes
             if local:
-                source = self.location.where(entry.name)
+                source = self.location.file_path(entry.name)
             else:
                 source = (lambda e=entry, f=first, s=(offsets[stop] if stop < len(offsets) else None):
                           self._open_shard(e, f, s, self.location.where(e.name)))
