@@ -50,6 +50,8 @@ class CachedLocation(LocalLocation):
         self.manifest_name = remote.manifest_name
         self._lock = threading.Lock()
         self._ahead: threading.Thread | None = None
+        self._where: dict[str, str] = {}  # where(name), made once (redacting costs regular expressions)
+        self._paths: dict[str, Any] = {}
         #: read ahead once reads prove slow, as a local dataset does (set by the WebDataset source)
         self.readahead = True
         self.dataset_id = dataset_identity(remote, manifest)
@@ -69,7 +71,14 @@ class CachedLocation(LocalLocation):
         """The cache file of ``name`` (read ahead by path while it is there: the next epoch's first
         samples, :class:`~shardfeed.readers.shard_readahead.SpansAhead`, which serves its bytes only
         while the path still names the file it read)."""
-        return str(self.cache.path(self.dataset_id, name))
+        return str(self._path(name))
+
+    def _path(self, name: str):
+        """The cache file of ``name`` (:meth:`ShardCache.path`), made once."""
+        path = self._paths.get(name)
+        if path is None:
+            path = self._paths[name] = self.cache.path(self.dataset_id, name)
+        return path
 
     def __str__(self) -> str:
         return str(self.remote_location)
@@ -79,7 +88,10 @@ class CachedLocation(LocalLocation):
 
     def where(self, name: str) -> str:
         """The remote URL of ``name`` (for messages; no credentials)."""
-        return self.remote_location.where(name)
+        shown = self._where.get(name)
+        if shown is None:
+            shown = self._where[name] = self.remote_location.where(name)
+        return shown
 
     url = where
 
@@ -91,7 +103,7 @@ class CachedLocation(LocalLocation):
                                     "cache holds only those")
         size, sha256 = self._files[name]
         if self.readahead:
-            path = self.cache.path(self.dataset_id, name)
+            path = self._path(name)
             try:
                 fd = take_opened(path)
             except OSError:
@@ -147,7 +159,7 @@ class CachedLocation(LocalLocation):
         (:func:`~shardfeed.readers.shard_readahead.open_ahead`: once reads proved slow)."""
         if name not in self._files:
             return
-        path = self.cache.path(self.dataset_id, name)
+        path = self._path(name)
         if path.exists():  # held already: opened ahead as a local shard is, on slow storage
             if self.readahead:
                 open_ahead(path, prepare=prepare, first_bytes=first_bytes)

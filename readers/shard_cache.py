@@ -22,10 +22,9 @@ How a file gets into the cache (:meth:`ShardCache.open`):
   verified and no longer matches the manifest's sha256, is downloaded again.
 
 Reading holds a shared ``flock`` on the data file for as long as it is open. Eviction, to keep
-``cache_limit``, removes the least recently used files first (access times, set on use at most every
-10 s); it
-takes each file's exclusive lock without waiting and passes over a file that is being read or
-downloaded. The space of a download is reserved under a cache-wide lock (``.shardfeed-cache.lock``)
+``cache_limit``, removes the least recently used files first (access times, set on use at most
+every 10 s); it takes each file's exclusive lock without waiting and passes over a file that is
+being read or downloaded. The space of a download is reserved under a cache-wide lock (``.shardfeed-cache.lock``)
 before it starts, so concurrent downloads cannot overshoot the limit together. When the files being
 read at once hold more than the limit, the cache grows past it (logged once) rather than stall.
 
@@ -202,13 +201,14 @@ def _flock(fd: int, kind: int, timeout_s: float, what: Callable[[], str]) -> Non
         delay = min(delay * 2, 0.05)
 
 
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd`` (not removed or replaced since)."""
+def _same_file(fd: int, path: Path, st: os.stat_result | None = None) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (``st``: its ``fstat``, when known),
+    not removed or replaced since."""
     try:
         cur = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    st = os.fstat(fd)
+    st = os.fstat(fd) if st is None else st
     return (cur.st_ino, cur.st_dev) == (st.st_ino, st.st_dev)
 
 
@@ -379,7 +379,7 @@ class ShardCache:
                    lambda: f"{path}: locked by another process for over {self.lock_timeout_s:g} s while reading "
                            f"the cached copy of {where}; is the cache_dir on a file system without working locks?")
             st = os.fstat(fd)
-            ok = _same_file(fd, path)
+            ok = _same_file(fd, path, st)
             if ok and (not stat.S_ISREG(st.st_mode) or st.st_size != num_bytes):
                 report("%s: the cached copy of %s holds %d bytes, the manifest lists %d; fetching it again",
                        path, where, st.st_size, num_bytes)
