@@ -240,7 +240,8 @@ def _lock_file(path: Path, kind: int, timeout_s: float | None, what: Callable[[]
         if _same_file(fd, path):
             return fd
         os.close(fd)
-    raise CacheLockTimeout(what())
+    raise CacheLockTimeout(f"{path}: removed or replaced {MAX_OPEN_ATTEMPTS} times while this process locked it "
+                           "(other processes evict and fetch it again at that pace): raise cache_limit")
 
 
 def _allocate(fd: int, num_bytes: int, path: Path) -> None:
