@@ -416,10 +416,10 @@ class ShardCache:
             fd = self._open_valid(path, num_bytes, sha256, where, quiet=True)
             if fd is not None:
                 return fd  # fetched by another process while this one waited
-            tmp = self._reserve(stem, num_bytes)
+            tmp, tmp_fd = self._reserve(stem, num_bytes)
             try:
                 h = hashlib.sha256()
-                with open(tmp, "r+b") as out:
+                with os.fdopen(tmp_fd, "r+b") as out:
                     written = fetch(out, h)
                     out.flush()
                     os.fsync(out.fileno())
@@ -442,9 +442,10 @@ class ShardCache:
         finally:
             os.close(lock)
 
-    def _reserve(self, stem: str, num_bytes: int) -> Path:
+    def _reserve(self, stem: str, num_bytes: int) -> tuple[Path, int]:
         """Make room for ``num_bytes`` (evicting) and create the download's temporary file at that
-        size, under the cache-wide lock: concurrent downloads see each other's reservations."""
+        size, under the cache-wide lock: concurrent downloads see each other's reservations.
+        Returns the file and its descriptor (open for writing)."""
         tmp = self.directory / f"{stem}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
         space = _lock_file(self.directory / SPACE_LOCK_NAME, fcntl.LOCK_EX, self.lock_timeout_s,
                            lambda: f"{self.directory}: waited {self.lock_timeout_s:g} s for the cache's space lock "
@@ -460,10 +461,9 @@ class ShardCache:
                 os.close(fd)
                 tmp.unlink(missing_ok=True)
                 raise
-            os.close(fd)
         finally:
             os.close(space)
-        return tmp
+        return tmp, fd
 
     # ---- eviction
     def _scan(self) -> list[tuple[int, int, str, Path]]:
