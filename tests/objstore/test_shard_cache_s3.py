@@ -37,3 +37,11 @@ def test_second_epoch_reads_nothing_from_the_bucket(s3_client, s3_bucket, packed
         if obj["Key"].endswith((".tar", ".sfidx")):
             s3_client.delete_object(Bucket=bucket, Key=obj["Key"])
     assert [hashlib.sha256(s.data).hexdigest() for s in ds] == expected
+
+
+def test_an_image_folder_in_a_bucket_ignores_the_cache(s3_packed, tiny_image_folder, tmp_path):
+    _, folder_url = s3_packed
+    cache = tmp_path / "cache"
+    ds = open_dataset(folder_url, decode=False, shuffle=False, cache_dir=cache)
+    assert len(list(ds)) == sum(1 for p in tiny_image_folder.rglob("*") if p.is_file())
+    assert not cache.exists()
