@@ -539,7 +539,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
         **open_dataset_options: passed to :func:`open_dataset` (``image_size``, ``train``,
             ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
-            ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
+            ``decoder``, ``decode``, ``on_error``, ``cache``, ``cache_dir``, ``cache_limit``, ...); besides,
             ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
             ``worker_init_fn`` (called after ours), ``collate_fn``, ``timeout`` and ``generator`` go
             to the ``DataLoader`` (:class:`LoaderOptions`), and ``decode_device="cuda"`` makes the

@@ -525,7 +525,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         """What :class:`~shardfeed.readers.shard_readahead.SpansAhead` reads bytes ``[first, stop)``
         of shard ``entry`` from: its path (local) or a function opening the remote stream."""
         if local:
-            return self.location.where(entry.name)
+            return self.location.file_path(entry.name)
         return lambda: self._open_shard(entry, first, stop, self.location.where(entry.name))
 
     def _take_ahead(self, ranges) -> dict:
