@@ -10,8 +10,9 @@ loader (:mod:`~shardfeed.readers.loader`). The format specification (docs/format
 
 1. shards (WebDataset): the shard order is shuffled with ``random.Random(seed + epoch)``
    (``shuffle=False`` keeps the manifest order) and the shards are laid end to end; random-access
-   sources (LMDB, folder, ``cache="memory"``) use a ``random.Random(seed + epoch)`` permutation of
-   the N sample indices instead (:func:`epoch_positions`);
+   sources (LMDB, folder, ``cache="memory"``) use a seeded permutation of the N sample indices
+   instead, computed per position (:func:`positions_to_indices`,
+   :func:`~shardfeed.readers.permutation.permute`), so a process computes only the positions it reads;
 2. ``G`` is cut into ``world_size`` equal contiguous ranges of ``N // world_size`` positions: the
    remainder ``N % world_size`` (the end of ``G``) is dropped, or, with ``pad=True``, every rank
    gets ``ceil(N / world_size)`` positions and the missing ones repeat ``G`` from its start
@@ -58,6 +59,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .errors import ON_ERROR  # accepted values of ``on_error`` (defined with their one check)
+from .permutation import EPOCH_ORDER_VERSION, permute
 
 __all__ = [
     "ON_ERROR",
@@ -80,6 +82,7 @@ __all__ = [
     "worker_batches",
     "worker_batch_counts_before",
     "positions_to_indices",
+    "EPOCH_ORDER_VERSION",
     "SEGMENT_KEYS",
     "validate_resume_state",
     "MAX_RESUME_WORKERS",
@@ -333,17 +336,15 @@ def epoch_positions(num_samples: int, *, seed: int, epoch: int, shuffle: bool, r
                     pad: bool = False, batch_size: int = 1, drop_last: bool = False) -> list[int]:
     """Sample indices one rank reads in a fresh epoch, for random-access sources.
 
-    The epoch's global sequence is a ``random.Random(seed + epoch)`` permutation of
-    ``range(num_samples)`` (identity without ``shuffle``); the rank takes its contiguous range
-    of it (:func:`rank_span`), wrapping with ``pad``.
+    The epoch's global sequence is the seeded permutation of ``range(num_samples)`` of
+    :func:`positions_to_indices` (identity without ``shuffle``); the rank takes its contiguous range
+    of it (:func:`rank_span`), wrapping with ``pad``. Only the rank's own positions are computed.
     """
-    order = list(range(num_samples))
-    if shuffle:
-        random.Random(seed + epoch).shuffle(order)
     start, stop = rank_span(num_samples, rank, world_size, pad=pad, batch_size=batch_size, drop_last=drop_last)
     if num_samples == 0:
         return []
-    return [order[p % num_samples] for p in range(start, stop)]
+    return positions_to_indices(num_samples, np.arange(start, stop, dtype=np.int64), seed=seed, epoch=epoch,
+                                shuffle=shuffle).tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,17 +529,20 @@ def worker_batch_counts_before(num_batches_consumed: int, num_workers: int) -> l
 
 def positions_to_indices(num_samples: int, positions: np.ndarray, *, seed: int, epoch: int,
                          shuffle: bool) -> np.ndarray:
-    """Sample indices of positions in ``G`` for random-access sources (``G`` is the
-    ``random.Random(seed + epoch)`` permutation of :func:`epoch_positions`; ``p >= N`` wraps).
+    """Sample indices of positions in ``G`` for random-access sources (``p >= N`` wraps to ``p % N``).
+
+    ``G`` is the seeded permutation of ``range(num_samples)`` keyed by ``(seed, epoch)``
+    (:func:`~shardfeed.readers.permutation.permute`, epoch order version :data:`EPOCH_ORDER_VERSION`),
+    or the identity without ``shuffle``. Costs ``O(len(positions))`` time and memory whatever N is.
 
     Returns:
         ``int64`` array of sample indices, same shape as ``positions``.
     """
     if num_samples == 0 or len(positions) == 0:
         return np.empty(0, dtype=np.int64)
-    phys = np.asarray(positions, dtype=np.int64) % num_samples
+    phys = np.asarray(positions, dtype=np.int64)
+    if int(phys.min()) < 0 or int(phys.max()) >= num_samples:  # padded positions: wrap (a copy)
+        phys = phys % num_samples
     if not shuffle:
-        return phys
-    order = list(range(num_samples))
-    random.Random(seed + epoch).shuffle(order)
-    return np.asarray(order, dtype=np.int64)[phys]
+        return phys.copy() if phys is positions else phys
+    return permute(phys, num_samples, seed=seed, epoch=epoch)

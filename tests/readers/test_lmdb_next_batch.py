@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
-import random
 import threading
 import time
 import types
@@ -15,6 +14,7 @@ import pytest
 
 from shardfeed.readers import make_loader, open_dataset
 
+from .epoch_order_reference import permutation
 from .watch_helpers import load_emulator, require_fuse
 
 
@@ -64,9 +64,7 @@ def _fake_worker(monkeypatch, num_workers, worker):
 
 
 def _permutation(n, seed, epoch):
-    order = list(range(n))
-    random.Random(seed + epoch).shuffle(order)
-    return order
+    return permutation(n, seed, epoch)
 
 
 @pytest.mark.parametrize("rank,world_size,pad,drop_last,epoch", [(0, 1, False, False, 0), (1, 2, False, True, 3),

@@ -1,0 +1,144 @@
+"""The random-access epoch order: a seeded permutation computed per position (docs/format.md,
+"Splitting an epoch"). Expectations come from the plain-Python reference written from the
+specification (:mod:`epoch_order_reference`) or from sorting against ``range(N)``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from shardfeed.readers.epoch import epoch_positions, positions_to_indices, resumed_rank_sequence
+from shardfeed.readers.loader import EpochSampler
+from shardfeed.readers.permutation import CHUNK, permute
+
+from .epoch_order_reference import permutation, sample_at
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 1000, 2 ** 20 + 3])
+def test_every_sample_once(n):
+    got = permute(np.arange(n), n, seed=4, epoch=1)
+    assert got.dtype == np.int64
+    assert np.array_equal(np.sort(got), np.arange(n))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 16, 17, 63, 1000])
+def test_the_order_is_the_specifications(n):
+    for seed, epoch in ((0, 0), (7, 3), (-2, 11)):
+        assert permute(np.arange(n), n, seed=seed, epoch=epoch).tolist() == permutation(n, seed, epoch)
+
+
+def test_positions_far_apart_in_a_large_epoch_match_the_specification():
+    n = 2 ** 20 + 3
+    positions = np.array([0, 1, CHUNK - 1, CHUNK, CHUNK + 1, n // 2, n - 2, n - 1])
+    got = permute(positions, n, seed=9, epoch=2)
+    assert got.tolist() == [sample_at(int(p), n, 9, 2) for p in positions]
+
+
+def test_epochs_and_seeds_give_other_orders():
+    n = 1000
+    base = permute(np.arange(n), n, seed=1, epoch=0)
+    assert not np.array_equal(base, np.arange(n))
+    assert not np.array_equal(base, permute(np.arange(n), n, seed=1, epoch=1))
+    assert not np.array_equal(base, permute(np.arange(n), n, seed=2, epoch=0))
+    assert not np.array_equal(permute(np.arange(n), n, seed=0, epoch=1), base)  # (seed, epoch), not seed + epoch
+
+
+@pytest.mark.parametrize("start,stop", [(0, 1), (5, 17), (CHUNK - 3, 2 * CHUNK + 5), (200_000, 200_003)])
+def test_a_span_equals_the_slice_of_the_whole_order(start, stop):
+    n = 200_003
+    whole = permute(np.arange(n), n, seed=3, epoch=5)
+    span = positions_to_indices(n, np.arange(start, stop), seed=3, epoch=5, shuffle=True)
+    assert np.array_equal(span, whole[start:stop])
+
+
+def test_padded_positions_wrap_and_no_shuffle_is_the_identity():
+    n = 10
+    perm = permutation(n, 1, 0)
+    assert positions_to_indices(n, np.arange(8, 13), seed=1, epoch=0, shuffle=True).tolist() == perm[8:] + perm[:3]
+    assert positions_to_indices(n, np.arange(3, 12), seed=1, epoch=0, shuffle=False).tolist() == [
+        3, 4, 5, 6, 7, 8, 9, 0, 1]
+
+
+def test_positions_outside_the_range_are_refused():
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        permute(np.array([3, 10]), 10, seed=0, epoch=0)
+
+
+@pytest.mark.parametrize("world_size,pad", [(1, False), (3, False), (3, True)])
+def test_the_samplers_of_all_ranks_deal_the_permutation(world_size, pad):
+    n = 1000
+    perm = permutation(n, 6, 2)
+    per_rank = -(-n // world_size) if pad else n // world_size
+    got = []
+    for rank in range(world_size):
+        sampler = EpochSampler(n, seed=6, rank=rank, world_size=world_size, pad=pad, batch_size=4)
+        sampler.set_epoch(2)
+        mine = list(sampler)
+        assert mine == [perm[p % n] for p in range(rank * per_rank, (rank + 1) * per_rank)]
+        assert mine == epoch_positions(n, seed=6, epoch=2, shuffle=True, rank=rank, world_size=world_size, pad=pad)
+        got += mine
+    assert sorted(got[:n]) == list(range(n)) if pad else len(set(got)) == len(got) == world_size * per_rank
+
+
+def test_a_sampler_over_a_huge_epoch_computes_only_what_it_hands_out():
+    n = 10 ** 12  # a whole order would not fit in memory
+    sampler = EpochSampler(n, seed=2, rank=1, world_size=4)
+    it = iter(sampler)
+    first = [next(it) for _ in range(3)]
+    assert first == [sample_at(n // 4 + i, n, 2, 0) for i in range(3)]
+
+
+def test_a_resumed_epoch_gives_exactly_the_samples_left():
+    n, batch = 100, 8
+    perm = permutation(n, 5, 1)
+    seg = {"world_size": 1, "num_workers": 2, "batch_size": batch, "shuffle_buffer": 0, "samples_consumed": 40}
+    parts = []
+    for rank in range(2):  # resumed on two ranks: 60 left, 30 each
+        sampler = EpochSampler(n, seed=5, rank=rank, world_size=2, batch_size=batch)
+        sampler.set_epoch(1)
+        sampler.set_resume({"epoch": 1, "segments": [seg]})
+        parts.append(list(sampler))
+        seq = resumed_rank_sequence(n, [seg], rank=rank, world_size=2, batch_size=batch, num_workers=1, buffer=0,
+                                    seed=5, epoch=1, shuffle=True)
+        assert positions_to_indices(n, seq, seed=5, epoch=1, shuffle=True).tolist() == parts[-1]
+    assert parts[0] + parts[1] == perm[40:]
+
+
+def _saved_state(loader):
+    it = iter(loader)
+    next(it)
+    next(it)
+    return json.loads(json.dumps(loader.state_dict()))
+
+
+def test_a_state_saved_mid_epoch_under_the_list_order_is_refused_for_a_shuffled_random_access_source(packed_lmdb):
+    from shardfeed.readers import make_loader
+    from shardfeed.readers.errors import ResumeStateError
+
+    state = _saved_state(make_loader(packed_lmdb, 4, num_workers=0, decode=False, seed=3))
+    old = {k: v for k, v in state.items() if k != "epoch_order"} | {"version": 1}
+    fresh = make_loader(packed_lmdb, 4, num_workers=0, decode=False, seed=3)
+    with pytest.raises(ResumeStateError, match=r"epoch order 1.*set_epoch\(0\)"):
+        fresh.load_state_dict(old)
+    with pytest.raises(ResumeStateError, match="epoch_order"):
+        fresh.load_state_dict(dict(state, epoch_order="2"))
+    fresh.load_state_dict(state)  # this shardfeed's own state resumes
+    assert len(list(fresh)) * 4 == 60 - 8
+
+
+def test_a_state_of_the_list_order_is_kept_where_its_positions_still_hold(packed_lmdb, packed_wds):
+    from shardfeed.readers import make_loader
+
+    for path, shuffle in ((packed_wds, True), (packed_lmdb, False)):
+        state = _saved_state(make_loader(path, 4, num_workers=0, decode=False, seed=3, shuffle=shuffle))
+        old = {k: v for k, v in state.items() if k != "epoch_order"} | {"version": 1}
+        loader = make_loader(path, 4, num_workers=0, decode=False, seed=3, shuffle=shuffle)
+        loader.load_state_dict(old)
+        assert loader.state_dict()["segments"][0]["samples_consumed"] == 8
+        assert len(list(loader)) == (60 - 8) // 4
+    at_start = dict(_saved_state(make_loader(packed_lmdb, 4, num_workers=0, decode=False, seed=3)),
+                    version=1, samples_consumed=0, batches_consumed=0)
+    del at_start["epoch_order"]
+    make_loader(packed_lmdb, 4, num_workers=0, decode=False, seed=3).load_state_dict(at_start)
