@@ -54,12 +54,12 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .errors import ON_ERROR  # accepted values of ``on_error`` (defined with their one check)
-from .permutation import EPOCH_ORDER_VERSION, permute
+from .permutation import CHUNK, EPOCH_ORDER_VERSION, permute, unpermute
 
 __all__ = [
     "ON_ERROR",
@@ -82,6 +82,7 @@ __all__ = [
     "worker_batches",
     "worker_batch_counts_before",
     "positions_to_indices",
+    "RankOrder",
     "EPOCH_ORDER_VERSION",
     "SEGMENT_KEYS",
     "validate_resume_state",
@@ -546,3 +547,61 @@ def positions_to_indices(num_samples: int, positions: np.ndarray, *, seed: int, 
     if not shuffle:
         return phys.copy() if phys is positions else phys
     return permute(phys, num_samples, seed=seed, epoch=epoch)
+
+
+class RankOrder:
+    """One rank's sample indices of one epoch of a random-access source, in the order its sampler
+    hands them out, computed a slice at a time.
+
+    In a fresh epoch place ``i`` holds the sample at position ``start + i`` of ``G`` (the rank's
+    range, :func:`rank_span`), so a slice costs its own length, whatever N is. A resumed epoch
+    (``segments``) is the rank's part of :func:`remaining_sequence`, computed once.
+
+    Raises:
+        ValueError: a malformed segment, or one that consumed more than its ranks had.
+    """
+
+    def __init__(self, num_samples: int, segments: Sequence[Mapping] = (), *, rank: int, world_size: int,
+                 batch_size: int, seed: int, epoch: int, shuffle: bool, pad: bool = False,
+                 drop_last: bool = False) -> None:
+        self.num_samples, self.seed, self.epoch, self.shuffle = int(num_samples), int(seed), int(epoch), bool(shuffle)
+        self._held: np.ndarray | None = None
+        if segments:
+            seq = resumed_rank_sequence(self.num_samples, segments, rank=rank, world_size=world_size,
+                                        batch_size=batch_size, num_workers=1, buffer=0, seed=seed, epoch=epoch,
+                                        shuffle=shuffle, pad=pad, drop_last=drop_last)
+            self._held = positions_to_indices(self.num_samples, seq, seed=seed, epoch=epoch, shuffle=shuffle)
+            self._start, self._len = 0, len(seq)
+        else:
+            start, stop = rank_span(self.num_samples, rank, world_size, pad=pad, batch_size=batch_size,
+                                    drop_last=drop_last)
+            self._start, self._len = start, max(0, stop - start)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def slice(self, a: int, b: int) -> np.ndarray:
+        """The sample indices at places ``[a, b)`` (clipped to the order; ``int64``)."""
+        a, b = max(0, int(a)), min(self._len, int(b))
+        if b <= a:
+            return np.empty(0, dtype=np.int64)
+        if self._held is not None:
+            return self._held[a:b]
+        return positions_to_indices(self.num_samples, np.arange(self._start + a, self._start + b, dtype=np.int64),
+                                    seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+
+    def chunks(self, size: int = CHUNK) -> Iterator[np.ndarray]:
+        """The whole order, ``size`` indices at a time (each computed when it is asked for)."""
+        for a in range(0, self._len, max(1, int(size))):
+            yield self.slice(a, a + size)
+
+    def places_of(self, index: int) -> np.ndarray:
+        """The places holding sample ``index``, ascending (more than one only with ``pad``; ``int64``)."""
+        n, index = self.num_samples, int(index)
+        if not 0 <= index < n or self._len == 0:
+            return np.empty(0, dtype=np.int64)
+        if self._held is not None:
+            return np.flatnonzero(self._held == index).astype(np.int64)
+        g = int(unpermute(np.array([index]), n, seed=self.seed, epoch=self.epoch)[0]) if self.shuffle else index
+        first = g + n * max(0, -(-(self._start - g) // n))  # the first position >= start that holds it
+        return np.arange(first, self._start + self._len, n, dtype=np.int64) - self._start

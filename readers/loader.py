@@ -47,16 +47,14 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
-import numpy as np
 import torch
 import torch.utils.data
 
 from .batch_ring import BatchRing, RingBatch
 from .dataset import is_url, open_dataset, open_dataset_keywords
-from .epoch import (positions_to_indices, rank_span, resolve_rank, resumed_rank_sequence, resumed_samples_per_rank,
-                    validate_resume_state)
+from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, validate_resume_state
 from .errors import ResumeStateError
-from .permutation import CHUNK, EPOCH_ORDER_VERSION
+from .permutation import EPOCH_ORDER_VERSION
 from .keywords import check_keywords, signature_keywords
 from .options import check_seed
 from .source_base import SourceBase
@@ -90,7 +88,7 @@ class EpochSampler(torch.utils.data.Sampler[int]):
     :func:`~shardfeed.readers.epoch.positions_to_indices` (identity without ``shuffle``) and the rank
     takes its contiguous range of that sequence (remainder dropped, or filled from the start with
     ``pad``), cut to whole batches with ``drop_last``. Only the rank's positions are computed, one chunk
-    of :data:`~shardfeed.readers.permutation.CHUNK` at a time as the indices are drawn. After
+    at a time as the indices are drawn (:class:`~shardfeed.readers.epoch.RankOrder`). After
     :meth:`set_resume`, the resumed epoch yields the rank's part of what is left of it
     (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`).
     """
@@ -116,26 +114,10 @@ class EpochSampler(torch.utils.data.Sampler[int]):
         return list(plan["segments"]) if plan and int(plan["epoch"]) == self.epoch else []
 
     def __iter__(self) -> Iterator[int]:
-        segments = self._segments()
-        if not segments:
-            start, stop = rank_span(self.num_samples, self.rank, self.world_size, pad=self.pad,
-                                    batch_size=self.batch_size, drop_last=self.drop_last)
-            spans = ((a, min(a + CHUNK, stop)) for a in range(start, stop, CHUNK))
-            positions = (np.arange(a, b, dtype=np.int64) for a, b in spans)
-        else:
-            seq = resumed_rank_sequence(self.num_samples, segments, rank=self.rank, world_size=self.world_size,
-                                        batch_size=self.batch_size, num_workers=1, buffer=0, seed=self.seed,
-                                        epoch=self.epoch, shuffle=self.shuffle, pad=self.pad,
-                                        drop_last=self.drop_last)
-            positions = (seq[a:a + CHUNK] for a in range(0, len(seq), CHUNK))
-        return self._indices(positions, self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
-
-    @staticmethod
-    def _indices(chunks: Iterator[np.ndarray], num_samples: int, *, seed: int, epoch: int,
-                 shuffle: bool) -> Iterator[int]:
-        """The sample indices of ``chunks`` of positions, computed one chunk at a time."""
-        for positions in chunks:
-            yield from positions_to_indices(num_samples, positions, seed=seed, epoch=epoch, shuffle=shuffle).tolist()
+        order = RankOrder(self.num_samples, self._segments(), rank=self.rank, world_size=self.world_size,
+                          batch_size=self.batch_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                          pad=self.pad, drop_last=self.drop_last)
+        return (i for chunk in order.chunks() for i in chunk.tolist())
 
     def __len__(self) -> int:
         return resumed_samples_per_rank(self.num_samples, self._segments(), world_size=self.world_size,

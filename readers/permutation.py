@@ -27,7 +27,7 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["EPOCH_ORDER_VERSION", "ROUNDS", "round_keys", "permute", "CHUNK"]
+__all__ = ["EPOCH_ORDER_VERSION", "ROUNDS", "round_keys", "permute", "unpermute", "CHUNK"]
 
 #: The version of the random-access epoch order (1: a shuffled list of ``range(N)``; 2: this module).
 EPOCH_ORDER_VERSION = 2
@@ -66,20 +66,30 @@ def _feistel(x: np.ndarray, keys: np.ndarray, half: int) -> np.ndarray:
     return (left << h) | right
 
 
-def _permute_chunk(x: np.ndarray, n: int, keys: np.ndarray, half: int) -> np.ndarray:
-    y = _feistel(x, keys, half)
+def _feistel_inverse(y: np.ndarray, keys: np.ndarray, half: int) -> np.ndarray:
+    h = np.uint64(half)
+    mask = np.uint64((1 << half) - 1)
+    left, right = y >> h, y & mask
+    for k in keys[::-1]:
+        left, right = right ^ (_mix64(left ^ k) & mask), left
+    return (left << h) | right
+
+
+def _permute_chunk(x: np.ndarray, n: int, keys: np.ndarray, half: int, inverse: bool = False) -> np.ndarray:
+    step = _feistel_inverse if inverse else _feistel
+    y = step(x, keys, half)
     limit = np.uint64(n)
     todo = np.flatnonzero(y >= limit)
     for _ in range(1 << (2 * half)):  # a walk never passes the domain's size; in practice it ends in tens
         if todo.size == 0:
             break
-        z = _feistel(y[todo], keys, half)
+        z = step(y[todo], keys, half)
         y[todo] = z
         todo = todo[z >= limit]
     return y
 
 
-def permute(positions: np.ndarray, num_samples: int, *, seed: int, epoch: int) -> np.ndarray:
+def permute(positions: np.ndarray, num_samples: int, *, seed: int, epoch: int, inverse: bool = False) -> np.ndarray:
     """Sample indices of ``positions`` in the epoch's permutation of ``[0, num_samples)``.
 
     Costs ``O(len(positions))`` time and memory, whatever ``num_samples`` is.
@@ -88,6 +98,7 @@ def permute(positions: np.ndarray, num_samples: int, *, seed: int, epoch: int) -
         positions: integer array, any shape, values in ``[0, num_samples)``.
         num_samples: N, the size of the permuted range.
         seed, epoch: what the permutation is keyed by.
+        inverse: map sample indices back to their positions instead (:func:`unpermute`).
 
     Returns:
         ``int64`` array of the same shape.
@@ -105,5 +116,13 @@ def permute(positions: np.ndarray, num_samples: int, *, seed: int, epoch: int) -
     flat = pos.reshape(-1)
     out = np.empty(flat.shape, dtype=np.int64)
     for a in range(0, flat.size, CHUNK):
-        out[a:a + CHUNK] = _permute_chunk(flat[a:a + CHUNK].astype(np.uint64), n, keys, half)
+        out[a:a + CHUNK] = _permute_chunk(flat[a:a + CHUNK].astype(np.uint64), n, keys, half, inverse)
     return out.reshape(pos.shape)
+
+
+def unpermute(indices: np.ndarray, num_samples: int, *, seed: int, epoch: int) -> np.ndarray:
+    """Positions of sample ``indices`` in the epoch's permutation: ``unpermute(permute(p)) == p``.
+
+    The same cost and errors as :func:`permute` (``int64``, the shape of ``indices``).
+    """
+    return permute(indices, num_samples, seed=seed, epoch=epoch, inverse=True)

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from shardfeed.readers.epoch import epoch_positions, positions_to_indices, resumed_rank_sequence
+from shardfeed.readers.epoch import RankOrder, epoch_positions, positions_to_indices, resumed_rank_sequence
 from shardfeed.readers.loader import EpochSampler
-from shardfeed.readers.permutation import CHUNK, permute
+from shardfeed.readers.permutation import CHUNK, permute, unpermute
 
 from .epoch_order_reference import permutation, sample_at
 
@@ -142,3 +142,35 @@ def test_a_state_of_the_list_order_is_kept_where_its_positions_still_hold(packed
                     version=1, samples_consumed=0, batches_consumed=0)
     del at_start["epoch_order"]
     make_loader(packed_lmdb, 4, num_workers=0, decode=False, seed=3).load_state_dict(at_start)
+
+
+def test_unpermute_gives_back_the_positions():
+    n = 2 ** 20 + 3
+    positions = np.arange(0, n, 997)
+    indices = np.array([sample_at(int(p), n, 8, 4) for p in positions])
+    assert np.array_equal(unpermute(indices, n, seed=8, epoch=4), positions)
+
+
+@pytest.mark.parametrize("segments", [[], [{"world_size": 2, "num_workers": 1, "batch_size": 4, "shuffle_buffer": 0,
+                                            "samples_consumed": 8}]])
+def test_a_rank_order_finds_every_sample_where_the_sampler_puts_it(segments):
+    n, world_size = 23, 3  # padded: 8 per rank, position 23 is sample perm[0]
+    for rank in range(world_size):
+        sampler = EpochSampler(n, seed=1, rank=rank, world_size=world_size, pad=True, batch_size=4)
+        sampler.set_resume({"epoch": 0, "segments": segments} if segments else None)
+        listed = list(sampler)
+        order = RankOrder(n, segments, rank=rank, world_size=world_size, batch_size=4, seed=1, epoch=0,
+                          shuffle=True, pad=True)
+        assert len(order) == len(listed) and order.slice(-3, 100).tolist() == listed
+        assert [c.tolist() for c in order.chunks(3)] == [listed[a:a + 3] for a in range(0, len(listed), 3)]
+        for index in range(-1, n + 1):
+            assert order.places_of(index).tolist() == [p for p, i in enumerate(listed) if i == index]
+
+
+def test_a_rank_order_of_a_huge_epoch_finds_a_sample_without_building_the_order():
+    n = 10 ** 12
+    order = RankOrder(n, rank=3, world_size=4, batch_size=8, seed=2, epoch=1, shuffle=True)
+    place = 123_456_789
+    index = sample_at(3 * (n // 4) + place, n, 2, 1)
+    assert order.places_of(index).tolist() == [place]
+    assert order.slice(place, place + 1).tolist() == [index]

@@ -81,7 +81,8 @@ def test_the_guessed_order_is_the_samplers(packed_lmdb, rank, world_size, pad, d
     share = base - base % 8 if drop_last else base
     perm = _permutation(n, 5, epoch)
     expected = [perm[p % n] for p in range(rank * base, rank * base + share)]
-    assert ds._epoch_order(epoch).tolist() == list(loader.sampler) == expected
+    order = ds._epoch_order(epoch)
+    assert order.slice(0, len(order)).tolist() == list(loader.sampler) == expected
 
 
 def _epoch_batches(packed_lmdb, *, seed: int, epoch: int):
