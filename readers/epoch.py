@@ -549,13 +549,71 @@ def positions_to_indices(num_samples: int, positions: np.ndarray, *, seed: int, 
     return permute(phys, num_samples, seed=seed, epoch=epoch)
 
 
+#: A resumed order held as more runs of consecutive positions than this is held as an array instead.
+_MAX_RUNS = 1 << 16
+
+
+def _take_runs(runs: Sequence[tuple[int, int]], total: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """Places ``[start, stop)`` of the concatenation of ``runs`` (``(first position, length)`` each,
+    ``total`` places in all; places ``>= total`` wrap around), as runs."""
+    out: list[tuple[int, int]] = []
+    q = start
+    while q < stop and total > 0:  # a rank's share is at most the whole: at most three pieces
+        base = q % total
+        take = min(stop - q, total - base)
+        place = 0
+        for first, length in runs:
+            lo, hi = max(base, place), min(base + take, place + length)
+            if lo < hi:
+                out.append((first + lo - place, hi - lo))
+            place += length
+            if place >= base + take:
+                break
+        q += take
+    return out
+
+
+def _resumed_runs(num_samples: int, segments: Sequence[Mapping], *, rank: int, world_size: int, batch_size: int,
+                  shuffle: bool, pad: bool, drop_last: bool) -> list[tuple[int, int]] | None:
+    """The rank's positions after ``segments`` as runs of consecutive positions, by the rule of
+    :func:`remaining_sequence` (None: a segment had a shuffle buffer, or the runs are too many)."""
+    runs: list[tuple[int, int]] | None = None
+    total = int(num_samples)
+    for seg in segments:
+        ws, _, bs, win, k = _check_segment(seg, num_samples)
+        if shuffle and win > 1:
+            return None
+        per_rank = []
+        for r in range(ws):
+            a, b = rank_span(total, r, ws, pad=pad, batch_size=bs, drop_last=drop_last)
+            if runs is None:
+                per_rank.append([(a, b - a)] if b > a and total else [])
+            else:
+                per_rank.append(_take_runs(runs, total, a, b))
+        have = sum(length for _, length in per_rank[0]) if per_rank else 0
+        if per_rank and k > have:
+            raise ValueError(f"a resume segment consumed {k} samples per rank but its ranks had {have}")
+        runs = []
+        for mine in per_rank:
+            mine_total = sum(length for _, length in mine)
+            runs += _take_runs(mine, mine_total, k, mine_total)
+        total = sum(length for _, length in runs)
+        if len(runs) > _MAX_RUNS:
+            return None
+    a, b = rank_span(total, rank, world_size, pad=pad, batch_size=batch_size, drop_last=drop_last)
+    if runs is None:  # a fresh epoch: the rank's range
+        return [(a, b - a)] if b > a and total else []
+    return _take_runs(runs, total, a, b)
+
+
 class RankOrder:
     """One rank's sample indices of one epoch of a random-access source, in the order its sampler
     hands them out, computed a slice at a time.
 
-    In a fresh epoch place ``i`` holds the sample at position ``start + i`` of ``G`` (the rank's
-    range, :func:`rank_span`), so a slice costs its own length, whatever N is. A resumed epoch
-    (``segments``) is the rank's part of :func:`remaining_sequence`, computed once.
+    The rank's positions in ``G`` are held as runs of consecutive positions: one run, the rank's
+    range (:func:`rank_span`), in a fresh epoch; a few per earlier run in a resumed one (``segments``,
+    the rank's part of :func:`remaining_sequence`). So a slice costs its own length, whatever N is.
+    (Segments with a shuffle buffer, which random-access sources do not write, are computed as one array.)
 
     Raises:
         ValueError: a malformed segment, or one that consumed more than its ranks had.
@@ -566,19 +624,31 @@ class RankOrder:
                  drop_last: bool = False) -> None:
         self.num_samples, self.seed, self.epoch, self.shuffle = int(num_samples), int(seed), int(epoch), bool(shuffle)
         self._held: np.ndarray | None = None
-        if segments:
+        runs = _resumed_runs(self.num_samples, segments, rank=rank, world_size=world_size, batch_size=batch_size,
+                             shuffle=self.shuffle, pad=pad, drop_last=drop_last)
+        if runs is None:
             seq = resumed_rank_sequence(self.num_samples, segments, rank=rank, world_size=world_size,
                                         batch_size=batch_size, num_workers=1, buffer=0, seed=seed, epoch=epoch,
                                         shuffle=shuffle, pad=pad, drop_last=drop_last)
             self._held = positions_to_indices(self.num_samples, seq, seed=seed, epoch=epoch, shuffle=shuffle)
-            self._start, self._len = 0, len(seq)
-        else:
-            start, stop = rank_span(self.num_samples, rank, world_size, pad=pad, batch_size=batch_size,
-                                    drop_last=drop_last)
-            self._start, self._len = start, max(0, stop - start)
+            runs = [(0, len(seq))]
+        self._firsts = np.array([first for first, _ in runs], dtype=np.int64)
+        self._lengths = np.array([length for _, length in runs], dtype=np.int64)
+        self._places = np.concatenate([[0], np.cumsum(self._lengths)]).astype(np.int64)
+        self._len = int(self._places[-1])
 
     def __len__(self) -> int:
         return self._len
+
+    def _positions(self, a: int, b: int) -> np.ndarray:
+        i = int(np.searchsorted(self._places, a, side="right")) - 1
+        parts = []
+        while a < b:
+            first, place, length = int(self._firsts[i]), int(self._places[i]), int(self._lengths[i])
+            hi = min(b, place + length)
+            parts.append(np.arange(first + a - place, first + hi - place, dtype=np.int64))
+            a, i = hi, i + 1
+        return np.concatenate(parts)
 
     def slice(self, a: int, b: int) -> np.ndarray:
         """The sample indices at places ``[a, b)`` (clipped to the order; ``int64``)."""
@@ -587,8 +657,8 @@ class RankOrder:
             return np.empty(0, dtype=np.int64)
         if self._held is not None:
             return self._held[a:b]
-        return positions_to_indices(self.num_samples, np.arange(self._start + a, self._start + b, dtype=np.int64),
-                                    seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        return positions_to_indices(self.num_samples, self._positions(a, b), seed=self.seed, epoch=self.epoch,
+                                    shuffle=self.shuffle)
 
     def chunks(self, size: int = CHUNK) -> Iterator[np.ndarray]:
         """The whole order, ``size`` indices at a time (each computed when it is asked for)."""
@@ -603,5 +673,8 @@ class RankOrder:
         if self._held is not None:
             return np.flatnonzero(self._held == index).astype(np.int64)
         g = int(unpermute(np.array([index]), n, seed=self.seed, epoch=self.epoch)[0]) if self.shuffle else index
-        first = g + n * max(0, -(-(self._start - g) // n))  # the first position >= start that holds it
-        return np.arange(first, self._start + self._len, n, dtype=np.int64) - self._start
+        ends = self._firsts + self._lengths
+        firsts = g + n * np.maximum(0, -((g - self._firsts) // n))  # each run's first position holding it
+        out = [np.arange(f, e, n, dtype=np.int64) - s + p
+               for f, e, s, p in zip(firsts, ends, self._firsts, self._places) if f < e]
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)

@@ -174,3 +174,57 @@ def test_a_rank_order_of_a_huge_epoch_finds_a_sample_without_building_the_order(
     index = sample_at(3 * (n // 4) + place, n, 2, 1)
     assert order.places_of(index).tolist() == [place]
     assert order.slice(place, place + 1).tolist() == [index]
+
+
+def _random_segments(rng, n):
+    """A few earlier runs of an epoch of ``n`` samples, each consuming part of what its ranks had."""
+    from shardfeed.readers.epoch import resumed_samples_per_rank
+
+    segments, pad, drop_last = [], rng.random() < 0.5, rng.random() < 0.3
+    for _ in range(rng.randrange(1, 4)):
+        ws, bs = rng.randrange(1, 6), rng.randrange(1, 9)
+        have = resumed_samples_per_rank(n, segments, world_size=ws, batch_size=bs, pad=pad, drop_last=drop_last)
+        segments.append({"world_size": ws, "num_workers": rng.randrange(0, 3), "batch_size": bs,
+                         "shuffle_buffer": 0, "samples_consumed": rng.randrange(0, have + 1)})
+    return segments, pad, drop_last
+
+
+def test_a_resumed_rank_order_is_the_resumed_sequence_without_building_it():
+    import random
+
+    rng = random.Random(12)
+    for _ in range(60):
+        n = rng.randrange(1, 300)
+        segments, pad, drop_last = _random_segments(rng, n)
+        ws, bs = rng.randrange(1, 6), rng.randrange(1, 9)
+        for rank in range(ws):
+            seq = resumed_rank_sequence(n, segments, rank=rank, world_size=ws, batch_size=bs, num_workers=1, buffer=0,
+                                        seed=3, epoch=2, shuffle=True, pad=pad, drop_last=drop_last)
+            want = [sample_at(int(p) % n, n, 3, 2) for p in seq]
+            order = RankOrder(n, segments, rank=rank, world_size=ws, batch_size=bs, seed=3, epoch=2, shuffle=True,
+                              pad=pad, drop_last=drop_last)
+            assert order._held is None and len(order) == len(want)
+            assert [i for c in order.chunks(7) for i in c.tolist()] == want
+            for index in {*want[:3], *want[-2:]}:
+                assert order.places_of(index).tolist() == [p for p, i in enumerate(want) if i == index]
+
+
+def test_a_resumed_order_of_a_huge_epoch_is_computed_a_slice_at_a_time():
+    n = 10 ** 12
+    seg = {"world_size": 4, "num_workers": 2, "batch_size": 8, "shuffle_buffer": 0, "samples_consumed": 16}
+    order = RankOrder(n, [seg], rank=0, world_size=2, batch_size=8, seed=1, epoch=0, shuffle=True)
+    assert len(order) == (n - 4 * 16) // 2
+    # the rest of the epoch is rank 0's share after its first 16 positions, then rank 1's, ...
+    assert order.slice(0, 2).tolist() == [sample_at(16, n, 1, 0), sample_at(17, n, 1, 0)]
+    second_rank_first = n // 4 - 16
+    assert order.slice(second_rank_first, second_rank_first + 1).tolist() == [sample_at(n // 4 + 16, n, 1, 0)]
+
+
+def test_segments_with_a_shuffle_buffer_are_followed_as_one_array():
+    n = 50
+    seg = {"world_size": 1, "num_workers": 2, "batch_size": 4, "shuffle_buffer": 6, "samples_consumed": 8}
+    order = RankOrder(n, [seg], rank=0, world_size=1, batch_size=4, seed=1, epoch=0, shuffle=True)
+    seq = resumed_rank_sequence(n, [seg], rank=0, world_size=1, batch_size=4, num_workers=1, buffer=0, seed=1,
+                                epoch=0, shuffle=True)
+    assert order._held is not None
+    assert order.slice(0, len(order)).tolist() == [sample_at(int(p) % n, n, 1, 0) for p in seq]
