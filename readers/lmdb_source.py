@@ -535,9 +535,7 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         order = orders.get(key)
         if order is None:
             try:
-                order = RankOrder(self._num_samples, segments, rank=self.rank, world_size=self.world_size,
-                                  batch_size=self.batch_size, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                                  pad=self.pad, drop_last=self.drop_last)
+                order = self.rank_order(epoch)
             except ValueError:  # a resume plan that does not fit: nothing to guess from
                 order = RankOrder(0, rank=0, world_size=1, batch_size=1, seed=0, epoch=0, shuffle=False)
             while len(orders) >= 2:

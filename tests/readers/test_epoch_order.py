@@ -228,3 +228,28 @@ def test_segments_with_a_shuffle_buffer_are_followed_as_one_array():
                                 epoch=0, shuffle=True)
     assert order._held is not None
     assert order.slice(0, len(order)).tolist() == [sample_at(int(p) % n, n, 1, 0) for p in seq]
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_iterating_a_source_directly_each_worker_reads_its_own_batches(packed_lmdb, tiny_folder_expected,
+                                                                        num_workers, monkeypatch):
+    import types
+
+    import torch.utils.data
+
+    from shardfeed.readers import open_dataset
+
+    n, batch = 60, 4
+    perm = permutation(n, 4, 2)
+    got = []
+    for worker in range(num_workers):
+        info = None if num_workers == 1 else types.SimpleNamespace(num_workers=num_workers, id=worker)
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda info=info: info)
+        ds = open_dataset(packed_lmdb, decode=False, seed=4)
+        ds.configure_batching(batch)
+        ds.set_epoch(2)
+        samples = list(ds)
+        mine = [perm[p] for p in range(n) if (p // batch) % num_workers == worker]
+        assert [s.data for s in samples] == [tiny_folder_expected[ds[i].meta["path"]][0] for i in mine]
+        got += mine
+    assert sorted(got) == list(range(n))
