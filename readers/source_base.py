@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from .epoch import RankOrder, resolve_rank, resumed_rank_sequence, resumed_samples_per_rank, worker_batches
+from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, worker_batches
 from .errors import StorageAccessError
 from .permutation import CHUNK
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
@@ -295,14 +295,6 @@ class SourceBase:
         return resumed_samples_per_rank(self._num_samples, self.resume_segments(self.epoch_in_use()),
                                         world_size=self.world_size, batch_size=self.batch_size, pad=self.pad,
                                         drop_last=self.drop_last)
-
-    def rank_sequence(self, epoch: int, num_workers: int = 1) -> np.ndarray:
-        """This rank's positions of the epoch's global sequence, in delivery order
-        (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`; ``int64 [L]``)."""
-        return resumed_rank_sequence(self._num_samples, self.resume_segments(epoch), rank=self.rank,
-                                     world_size=self.world_size, batch_size=self.batch_size,
-                                     num_workers=num_workers, buffer=self.buffer_size, seed=self.seed, epoch=epoch,
-                                     shuffle=self.shuffle, pad=self.pad, drop_last=self.drop_last)
 
     def rank_order(self, epoch: int) -> RankOrder:
         """This rank's sample indices of ``epoch`` in the order a random-access source delivers them,
