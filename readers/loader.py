@@ -54,7 +54,7 @@ from .batch_ring import BatchRing, RingBatch
 from .dataset import is_url, open_dataset, open_dataset_keywords
 from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, validate_resume_state
 from .errors import ResumeStateError
-from .permutation import EPOCH_ORDER_VERSION
+from .permutation import EPOCH_ORDER_VERSION, check_state_epoch_order
 from .keywords import check_keywords, signature_keywords
 from .options import check_seed
 from .source_base import SourceBase
@@ -122,30 +122,6 @@ class EpochSampler(torch.utils.data.Sampler[int]):
     def __len__(self) -> int:
         return resumed_samples_per_rank(self.num_samples, self._segments(), world_size=self.world_size,
                                         batch_size=self.batch_size, pad=self.pad, drop_last=self.drop_last)
-
-
-def _check_epoch_order(state: dict[str, Any], ds: SourceBase) -> None:
-    """Refuse a state whose positions mean other samples under this shardfeed's epoch order.
-
-    A version-1 state has no ``epoch_order``: it was saved under epoch order 1 (a shuffled list).
-    Its positions still hold where that order did not change: a WebDataset source (its shard order
-    and shuffle buffers are unchanged), ``shuffle=False`` (the identity), or a state at an epoch's
-    start (nothing consumed). A mid-epoch position of a shuffled random-access source is refused.
-
-    Raises:
-        ResumeStateError: ``epoch_order`` is not an integer, or names another order where it matters.
-    """
-    order = state.get("epoch_order", 1 if state.get("version") == 1 else None)
-    if type(order) is not int:
-        raise ResumeStateError(f"loader state field epoch_order is {order!r}, not an integer: pass what "
-                               "loader.state_dict() returned, or start the epoch afresh with loader.set_epoch(epoch)")
-    mid_epoch = state.get("samples_consumed", 0) > 0 or bool(state.get("segments"))
-    if order != EPOCH_ORDER_VERSION and getattr(ds, "map_style", False) and ds.shuffle and mid_epoch:
-        raise ResumeStateError(f"the loader state was saved mid-epoch under epoch order {order}, and this "
-                               f"shardfeed shuffles random-access datasets by epoch order {EPOCH_ORDER_VERSION}: "
-                               "its positions would name other samples. Start the epoch afresh with "
-                               f"loader.set_epoch({state.get('epoch')}), or finish the epoch with the shardfeed "
-                               "that saved the state")
 
 
 def worker_init(worker_id: int, user_fn: Callable[[int], Any] | None = None,
@@ -447,8 +423,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         Raises:
             ResumeStateError: another format version, another dataset (fingerprint or sample
                 count), another seed, shuffle, ``pad`` or ``drop_last``, a mid-epoch position in another
-                epoch order (:func:`_check_epoch_order`), or a field of the wrong type
-                or range, or inconsistent with the epoch
+                epoch order (:func:`~shardfeed.readers.permutation.check_state_epoch_order`), or a field
+                of the wrong type or range, or inconsistent with the epoch
                 (:func:`~shardfeed.readers.epoch.validate_resume_state`; the message names it).
             TypeError: the loader's dataset is not a shardfeed source.
         """
@@ -458,7 +434,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             raise ResumeStateError(f"loader state version {got!r} is not {STATE_VERSION}: it was saved by another "
                                    "shardfeed; start the epoch afresh (loader.set_epoch(epoch))")
         validate_resume_state(state, num_samples=ds.num_samples)
-        _check_epoch_order(state, ds)
+        check_state_epoch_order(state, random_access=getattr(ds, "map_style", False), shuffle=ds.shuffle)
         if state.get("fingerprint") != ds.fingerprint:
             raise ResumeStateError(f"the loader state was saved for another dataset (fingerprint "
                                    f"{str(state.get('fingerprint'))[:12]}..., this one {ds.fingerprint[:12]}...): "

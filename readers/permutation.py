@@ -24,10 +24,11 @@ the whole permutation in every process; :data:`EPOCH_ORDER_VERSION` names the ru
 from __future__ import annotations
 
 import hashlib
+from typing import Mapping
 
 import numpy as np
 
-__all__ = ["EPOCH_ORDER_VERSION", "ROUNDS", "round_keys", "permute", "unpermute", "CHUNK"]
+__all__ = ["EPOCH_ORDER_VERSION", "ROUNDS", "round_keys", "permute", "unpermute", "CHUNK", "check_state_epoch_order"]
 
 #: The version of the random-access epoch order (1: a shuffled list of ``range(N)``; 2: this module).
 EPOCH_ORDER_VERSION = 2
@@ -126,3 +127,35 @@ def unpermute(indices: np.ndarray, num_samples: int, *, seed: int, epoch: int) -
     The same cost and errors as :func:`permute` (``int64``, the shape of ``indices``).
     """
     return permute(indices, num_samples, seed=seed, epoch=epoch, inverse=True)
+
+
+def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: bool) -> None:
+    """Refuse a loader state whose positions mean other samples under this epoch order.
+
+    A state of version 1 has no ``epoch_order``: it was saved under epoch order 1 (a shuffled list).
+    Its positions still hold where that order did not change: a source that is not random-access
+    (WebDataset's shard order and shuffle buffers are unchanged), ``shuffle=False`` (the identity), or
+    a state at an epoch's start (nothing consumed). A mid-epoch position of a shuffled random-access
+    source is refused.
+
+    Args:
+        state: a loader state (``ShardfeedLoader.state_dict()``), its other fields already checked.
+        random_access: the loader's source is random-access (LMDB, folder, memory).
+        shuffle: the loader shuffles.
+
+    Raises:
+        ResumeStateError: ``epoch_order`` is not an integer, or names another order where it matters.
+    """
+    from .errors import ResumeStateError
+
+    order = state.get("epoch_order", 1 if state.get("version") == 1 else None)
+    if type(order) is not int:
+        raise ResumeStateError(f"loader state field epoch_order is {order!r}, not an integer: pass what "
+                               "loader.state_dict() returned, or start the epoch afresh with loader.set_epoch(epoch)")
+    mid_epoch = state.get("samples_consumed", 0) > 0 or bool(state.get("segments"))
+    if order != EPOCH_ORDER_VERSION and random_access and shuffle and mid_epoch:
+        raise ResumeStateError(f"the loader state was saved mid-epoch under epoch order {order}, and this "
+                               f"shardfeed shuffles random-access datasets by epoch order {EPOCH_ORDER_VERSION}: "
+                               "its positions would name other samples. Start the epoch afresh with "
+                               f"loader.set_epoch({state.get('epoch')}), or finish the epoch with the shardfeed "
+                               "that saved the state")
