@@ -4,9 +4,11 @@
 calls :func:`install` at interpreter start-up, in every Python process of the command (a
 ``torchrun`` launcher's ranks included). :func:`install` adds an import hook that waits for
 ``torch.utils.data.dataloader`` to be imported (torch is not imported early) and then replaces
-``DataLoader.__iter__``: each ``iter(loader)`` returns the iterator of one
+``DataLoader.__iter__`` (and the ``__iter__`` of every subclass that has one of its own):
+each ``iter(loader)`` returns the iterator of one
 :class:`~shardfeed.readers.measure.watch.Watch` per loader (one pass = one epoch), which forwards every
-attribute to torch's own iterator. At exit (also on Ctrl-C, and on SIGTERM where the script sets
+attribute to the loader's own iterator. The watch sees what the script's loop receives.
+At exit (also on Ctrl-C, and on SIGTERM where the script sets
 no handler of its own: it then exits with status 143) each process that iterated a loader writes
 ``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``.
 
@@ -79,14 +81,18 @@ def _options() -> dict:
 
 
 def patch_dataloader(dataloader_cls=None) -> None:
-    """Replace ``DataLoader.__iter__`` so every loader is watched (idempotent)."""
+    """Replace ``DataLoader.__iter__`` so every loader is watched (idempotent).
+
+    A subclass with an ``__iter__`` of its own (shardfeed's ``make_loader``, which hands the loop
+    its own batches built from the ``DataLoader``'s) is watched through that ``__iter__``: the watch
+    counts what the loop receives. Subclasses defined later are patched as they are defined
+    (``__init_subclass__``); the ``DataLoader.__iter__`` such a subclass reaches through ``super()``
+    is not watched a second time.
+    """
     if _state["patched"]:
         return
     if dataloader_cls is None:
         from torch.utils.data import DataLoader as dataloader_cls
-    from ..measure.watch import Watch
-
-    orig = dataloader_cls.__iter__
     opts = _options()
     if opts.get("status_every_s"):  # the status lines go to stderr, whatever logging the script configures
         import logging
@@ -97,8 +103,40 @@ def patch_dataloader(dataloader_cls=None) -> None:
         handler.setFormatter(logging.Formatter("shardfeed watch: %(message)s"))
         log.addHandler(handler)
         log.propagate = False
+    _patch_iter(dataloader_cls, opts)
+    stack, seen = list(dataloader_cls.__subclasses__()), 0
+    while stack and seen < MAX_PATCHED_SUBCLASSES:  # subclasses defined before the patch
+        cls = stack.pop()
+        seen += 1
+        _patch_iter(cls, opts)
+        stack.extend(cls.__subclasses__())
+    previous = dataloader_cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls, **kwargs):
+        if previous is not None:
+            previous.__get__(None, cls)(**kwargs)
+        else:
+            super(dataloader_cls, cls).__init_subclass__(**kwargs)
+        _patch_iter(cls, opts)
+
+    dataloader_cls.__init_subclass__ = classmethod(__init_subclass__)
+    _state["patched"] = True
+
+
+#: Subclasses of ``DataLoader`` defined before the patch that are looked at, at most.
+MAX_PATCHED_SUBCLASSES = 4096
+
+
+def _patch_iter(cls, opts: dict) -> None:
+    """Watch ``iter(loader)`` for the loaders whose ``__iter__`` is ``cls``'s own (none: nothing to do)."""
+    orig = cls.__dict__.get("__iter__")
+    if orig is None or getattr(orig, "_shardfeed_watched", False):
+        return
+    from ..measure.watch import Watch
 
     def __iter__(self):
+        if type(self).__iter__ is not __iter__:  # reached through super() from a subclass's own __iter__
+            return orig(self)
         w = self.__dict__.get("_shardfeed_watch")
         if w is None:
             with _lock:
@@ -106,15 +144,15 @@ def patch_dataloader(dataloader_cls=None) -> None:
                     _state["skipped"] += 1
                     return orig(self)
                 ds = getattr(self, "dataset", None)
-                label = f"DataLoader #{len(_watches) + 1} ({type(ds).__name__})"
+                label = f"{type(self).__name__} #{len(_watches) + 1} ({type(ds).__name__})"
                 w = Watch(_Original(self, orig), label=label, **opts)
                 _watches.append(w)
             object.__setattr__(self, "_shardfeed_watch", w)
         return iter(w)
 
     __iter__.__wrapped__ = orig
-    dataloader_cls.__iter__ = __iter__
-    _state["patched"] = True
+    __iter__._shardfeed_watched = True
+    cls.__iter__ = __iter__
 
 
 def watched_reports() -> list:

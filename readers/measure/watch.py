@@ -860,6 +860,7 @@ def batch_ready(it: Any) -> bool | None:
     Returns:
         True or False; None for any other iterable, or when torch's internals are not as expected.
     """
+    it = _torch_iterator(it)
     try:
         info, idx, data_queue = it.__dict__.get("_task_info"), it.__dict__.get("_rcvd_idx"), \
             it.__dict__.get("_data_queue")
@@ -876,8 +877,20 @@ def batch_ready(it: Any) -> bool | None:
         return None
 
 
+def _torch_iterator(it: Any, max_depth: int = 4) -> Any:
+    """The ``DataLoader`` iterator inside ``it``: a wrapper that hands the loop batches of its own
+    (shardfeed's loader, this module's epoch) holds the one it wraps as ``_it``."""
+    for _ in range(max_depth):
+        d = getattr(it, "__dict__", None)
+        if not isinstance(d, dict) or "_task_info" in d or d.get("_it") is None:
+            return it
+        it = d["_it"]
+    return it
+
+
 def _held_out_of_order(it: Any) -> int | None:
     """Batches a ``DataLoader`` iterator holds that came back before their turn (None: not known)."""
+    it = _torch_iterator(it)
     try:
         info = it.__dict__.get("_task_info")
         return sum(1 for v in list(info.values()) if isinstance(v, tuple) and len(v) == 2) \
