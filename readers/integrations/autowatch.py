@@ -30,6 +30,7 @@ import threading
 import time
 
 from ..background import expect_children_to_end, signal_main_thread_again
+from ._common import Original
 
 __all__ = ["install", "patch_dataloader", "watched_reports", "MAX_WATCHED_LOADERS", "ENV_DIR", "ENV_OPTIONS"]
 
@@ -53,23 +54,6 @@ MAX_EXITS_RAISED_AGAIN = 20
 MAX_TRANSFER_DEFERRALS = 20
 #: Frames a SIGTERM handler looks through for a file-descriptor transfer under way, at most.
 MAX_FRAMES_SEARCHED = 256
-
-
-class _Original:
-    """The loader seen through its original ``__iter__`` (attributes forwarded to it)."""
-
-    def __init__(self, loader, orig_iter):
-        self.__dict__["_loader"] = loader
-        self.__dict__["_orig_iter"] = orig_iter
-
-    def __iter__(self):
-        return self._orig_iter(self._loader)
-
-    def __len__(self):
-        return len(self._loader)
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["_loader"], name)
 
 
 def _options() -> dict:
@@ -145,7 +129,7 @@ def _patch_iter(cls, opts: dict) -> None:
                     return orig(self)
                 ds = getattr(self, "dataset", None)
                 label = f"{type(self).__name__} #{len(_watches) + 1} ({type(ds).__name__})"
-                w = Watch(_Original(self, orig), label=label, **opts)
+                w = Watch(Original(self, orig), label=label, **opts)
                 _watches.append(w)
             object.__setattr__(self, "_shardfeed_watch", w)
         return iter(w)
