@@ -2,7 +2,8 @@
 
 ``for batch in watch(loader): step(batch)`` yields exactly what ``loader`` yields (any iterable of
 batches: a plain ``torch.utils.data.DataLoader`` over the user's own ``Dataset``, a shardfeed
-loader, a generator). Each pass over the :class:`Watch` is one epoch. Per batch it times
+loader, a generator). Each pass over the :class:`Watch` is one epoch. Every other attribute is the
+loader's (``w.sampler.set_epoch(e)``, ``w.state_dict()``, ``w.batch_size``). Per batch it times
 
 * ``t_wait_s``: blocked in the loader, from the request (``next()``) to the batch;
 * ``t_step_s``: the step, from the yield to the next request.
@@ -1085,6 +1086,15 @@ class Watch:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        """Every attribute the watch has not of its own is the loader's (``sampler``, ``batch_sampler``,
+        ``dataset``, ``batch_size``, ``set_epoch``, ``state_dict``, ``load_state_dict``, ...), so a loop
+        written for the loader runs unchanged on the watch."""
+        loader = self.__dict__.get("loader")
+        if loader is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(loader, name)
 
     def _record_wait(self, dt: float, batch: Any, ready: bool | None = None, count: bool = True) -> None:
         if self._fetch_hooked:
