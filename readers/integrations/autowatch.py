@@ -43,10 +43,12 @@ _OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "samp
 _watches: list = []
 _lock = threading.Lock()
 _state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "sigterm_exit": False,
-          "sigterm_at": 0.0, "repeat_exit": False, "exit_mark_registered": False, "exit_begun": False,
-          "exits_raised_again": 0, "transfer_deferrals": 0}
+          "sigterm_at": 0.0, "sigint_at": -1e9, "repeat_exit": False, "exit_mark_registered": False,
+          "exit_begun": False, "exits_raised_again": 0, "transfer_deferrals": 0}
 #: Seconds after a SIGTERM in which another one is the same stop (ignored while its exit is under way).
 SAME_STOP_S = 5.0
+#: Seconds after a SIGINT in which another one is the same stop (the terminal's and the one watch passed on).
+SAME_INTERRUPT_S = 1.0
 #: Times a SIGTERM exit that Python swallowed is raised again, at most (then the process dies of the signal).
 MAX_EXITS_RAISED_AGAIN = 20
 #: Times a SIGTERM is put off while the main thread takes a file descriptor from another process, at most
@@ -229,7 +231,31 @@ def install() -> bool:
         sys.meta_path.insert(0, _Finder())
     atexit.register(_write_reports)
     _exit_on_sigterm()
+    _one_interrupt_per_stop()
     return True
+
+
+def _one_interrupt_per_stop() -> None:
+    """Ctrl-C to the process group reaches the script twice: from the terminal, and passed on by
+    ``shardfeed watch`` (which passes on every SIGINT it receives, also one sent to it alone). Where
+    the script keeps Python's own SIGINT handler, a SIGINT within :data:`SAME_INTERRUPT_S` of the
+    last one is that same stop and is ignored (a second ``KeyboardInterrupt`` would cut the script's
+    clean-up and the report short); any other raises ``KeyboardInterrupt`` as Python's handler does."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(signum, frame) -> None:
+    """The SIGINT handler of :func:`_one_interrupt_per_stop`."""
+    if os.getpid() == _state["pid"]:
+        now = time.monotonic()
+        if now - _state["sigint_at"] < SAME_INTERRUPT_S:
+            return
+        _state["sigint_at"] = now
+    raise KeyboardInterrupt
 
 
 def _exit_on_sigterm() -> None:
