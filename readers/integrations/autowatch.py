@@ -10,7 +10,9 @@ each ``iter(loader)`` returns the iterator of one
 attribute to the loader's own iterator. The watch sees what the script's loop receives.
 At exit (also on Ctrl-C, and on SIGTERM where the script sets
 no handler of its own: it then exits with status 143) each process that iterated a loader writes
-``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``.
+``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``. A process
+forked from the script (``os.fork``, ``multiprocessing`` with fork) reports the loaders it iterates
+itself, at its exit (a ``multiprocessing`` child's or ``sys.exit``; not ``os._exit()``).
 
 Environment (set by ``shardfeed watch``): ``SHARDFEED_WATCH_DIR`` (the report folder; without it
 :func:`install` does nothing) and ``SHARDFEED_WATCH_OPTIONS`` (JSON: keyword arguments of
@@ -44,7 +46,8 @@ _watches: list = []
 _lock = threading.Lock()
 _state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "sigterm_exit": False,
           "sigterm_at": 0.0, "sigint_at": -1e9, "repeat_exit": False, "exit_mark_registered": False,
-          "exit_begun": False, "exits_raised_again": 0, "transfer_deferrals": 0}
+          "exit_begun": False, "exits_raised_again": 0, "transfer_deferrals": 0, "report_pid": None,
+          "multiprocessing_exit_pid": None}
 #: Seconds after a SIGTERM in which another one is the same stop (ignored while its exit is under way).
 SAME_STOP_S = 5.0
 #: Seconds after a SIGINT in which another one is the same stop (the terminal's and the one watch passed on).
@@ -90,6 +93,7 @@ def patch_dataloader(dataloader_cls=None) -> None:
         log.addHandler(handler)
         log.propagate = False
     _patch_iter(dataloader_cls, opts)
+    _report_at_multiprocessing_exit()
     stack, seen = list(dataloader_cls.__subclasses__()), 0
     while stack and seen < MAX_PATCHED_SUBCLASSES:  # subclasses defined before the patch
         cls = stack.pop()
@@ -123,7 +127,8 @@ def _patch_iter(cls, opts: dict) -> None:
     def __iter__(self):
         if type(self).__iter__ is not __iter__:  # reached through super() from a subclass's own __iter__
             return orig(self)
-        w = self.__dict__.get("_shardfeed_watch")
+        owned = self.__dict__.get("_shardfeed_watch")  # (pid, watch): a forked child watches its own passes
+        w = owned[1] if isinstance(owned, tuple) and owned[0] == os.getpid() else None
         if w is None:
             with _lock:
                 if len(_watches) >= MAX_WATCHED_LOADERS:
@@ -133,12 +138,45 @@ def _patch_iter(cls, opts: dict) -> None:
                 label = f"{type(self).__name__} #{len(_watches) + 1} ({type(ds).__name__})"
                 w = Watch(Original(self, orig), label=label, **opts)
                 _watches.append(w)
-            object.__setattr__(self, "_shardfeed_watch", w)
+            object.__setattr__(self, "_shardfeed_watch", (os.getpid(), w))
         return iter(w)
 
     __iter__.__wrapped__ = orig
     __iter__._shardfeed_watched = True
     cls.__iter__ = __iter__
+
+
+class _AfterFork:
+    """The token :func:`multiprocessing.util.register_after_fork` holds (weakly; this module keeps it)."""
+
+
+_AFTER_FORK = _AfterFork()
+
+
+def _forked_child() -> None:
+    """In a process forked from a watched one (``os.fork``, ``multiprocessing`` with fork, a
+    ``DataLoader`` worker): the loaders it iterates are its own to report, at its exit, in a report
+    of its own; the parent's are the parent's."""
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _watches.clear()
+    _state["report_pid"] = os.getpid()
+    _state["skipped"] = 0
+
+
+def _report_at_multiprocessing_exit(_token: object = None) -> None:
+    """Write this process's report also where it ends through ``multiprocessing`` (a ``Process``
+    child ends with ``os._exit()``, after ``multiprocessing``'s own exit callbacks, not the
+    interpreter's): in each child it forks from now on, and in this one if it is such a child."""
+    import multiprocessing.util as mp_util
+
+    if _token is None:
+        mp_util.register_after_fork(_AFTER_FORK, _report_at_multiprocessing_exit)
+        if os.getpid() == _state["pid"]:
+            return
+    if _state["multiprocessing_exit_pid"] != os.getpid():
+        _state["multiprocessing_exit_pid"] = os.getpid()
+        mp_util.Finalize(None, _write_reports_now, exitpriority=0)
 
 
 def watched_reports() -> list:
@@ -173,7 +211,7 @@ def _ignore_sigterm_once_reported() -> None:
 
 def _write_reports_now() -> None:
     out_dir = os.environ.get(ENV_DIR)
-    if not out_dir or os.getpid() != _state["pid"] or not _watches:
+    if not out_dir or os.getpid() != _state["report_pid"] or not _watches:
         return
     reports = []
     for w in list(_watches):
@@ -224,7 +262,9 @@ def install() -> bool:
     if _state["installed"] or not os.environ.get(ENV_DIR):
         return False
     _state["installed"] = True
-    _state["pid"] = os.getpid()
+    _state["pid"] = _state["report_pid"] = os.getpid()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forked_child)
     if "torch.utils.data.dataloader" in sys.modules:
         patch_dataloader(sys.modules["torch.utils.data.dataloader"].DataLoader)
     else:

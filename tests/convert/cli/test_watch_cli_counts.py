@@ -46,3 +46,41 @@ def test_watch_counts_the_samples_a_make_loader_loop_receives(tmp_path, tiny_ima
     assert lo["batches"] == len(sizes)
     assert lo["num_samples"] == sum(sizes) == 120
     assert lo["per_batch"]["num_samples"] == sizes
+
+
+FORKS = textwrap.dedent('''
+    import json, multiprocessing, os, sys
+    from torch.utils.data import DataLoader
+
+    def iterate(n):
+        for x in DataLoader(list(range(n)), batch_size=4):
+            pass
+
+    if __name__ == "__main__":
+        pid = os.fork()
+        if pid == 0:  # a child of os.fork that ends through sys.exit
+            iterate(12)
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        p = multiprocessing.get_context("fork").Process(target=iterate, args=(20,))
+        p.start()
+        p.join()
+        json.dump({"fork": pid, "process": p.pid}, open(sys.argv[1], "w"))
+''')
+
+
+def test_watch_reports_the_loaders_iterated_in_forked_children(tmp_path):
+    script, own, report_path = tmp_path / "forks.py", tmp_path / "own.json", tmp_path / "watch.json"
+    script.write_text(FORKS)
+    r = subprocess.run([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--json", str(report_path), "--",
+                        sys.executable, str(script), str(own)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    pids = json.loads(own.read_text())
+    rep = json.loads(report_path.read_text())
+    assert len(rep["loaders"]) == len(rep["processes"]) == 2  # one loader in each process
+    by_pid = {p["pid"]: i for i, p in enumerate(rep["processes"])}
+    assert set(by_pid) == {pids["fork"], pids["process"]}  # the parent iterated nothing
+    # 12 and 20 samples in batches of 4: 3 and 5 batches, the first of each reported apart
+    batches = {pid: rep["loaders"][i]["batches"] for pid, i in by_pid.items()}
+    assert batches == {pids["fork"]: 3 - 1, pids["process"]: 5 - 1}
+    assert f"[pid {pids['fork']}]" in r.stdout and f"[pid {pids['process']}]" in r.stdout
