@@ -468,12 +468,10 @@ def _writes_to_store(fmt: str) -> bool:
 
 
 def _has_class_folders(src: Path) -> bool:
-    """Whether SRC holds a non-hidden sub-folder (the class-folder layout)."""
-    try:
-        with os.scandir(src) as it:
-            return any(not e.name.startswith(".") and e.is_dir() for e in it)
-    except NotADirectoryError:
-        return True  # the scan names the problem
+    """Whether SRC holds a non-hidden sub-folder (the class-folder layout; the readers' rule)."""
+    from shardfeed.readers.imagefolder import has_class_folders
+
+    return has_class_folders(src)
 
 
 def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | None = None, *,

@@ -330,6 +330,16 @@ def display_name(name: str) -> str:
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
+def has_class_folders(root: str | os.PathLike) -> bool:
+    """Whether ``root`` holds a non-hidden sub-folder (the class-folder layout); without one it is a
+    flat, unlabelled folder of images. True where ``root`` is no folder (the scan names the problem)."""
+    try:
+        with os.scandir(root) as it:
+            return any(not _is_hidden(e.name) and e.is_dir() for e in it)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+
+
 def find_classes(root: str | os.PathLike) -> list[str]:
     """Class names of an ImageFolder root: its sorted, non-hidden sub-folders (links followed).
 
