@@ -136,11 +136,13 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
 
         def samples(csv_path):
             with open(csv_path, newline="") as f:
-                for row in csv.DictReader(f):                  # columns: path,caption
+                for row in csv.DictReader(f):  # columns: path,caption
                     p = pathlib.Path(row["path"])
-                    yield {"image": p.read_bytes(), "ext": p.suffix, "path": p.name, "txt": row["caption"]}
+                    yield {"image": p.read_bytes(), "ext": p.suffix,
+                           "path": p.name, "txt": row["caption"]}
 
-        manifest = write_dataset(samples("captions.csv"), "out/captions", max_count=1000)
+        manifest = write_dataset(samples("captions.csv"), "out/captions",
+                                 max_count=1000)
         # open_dataset("out/captions", fields=("txt",)) yields (image, -1, caption)
 
     Args:

@@ -1272,7 +1272,8 @@ def watch(loader: Iterable, *, device: Any = None, sample_interval_s: float = DE
         w = watch(loader)
         for epoch in range(3):
             for images, labels in w:
-                train_step(images.cuda(non_blocking=True), labels.cuda(non_blocking=True))
+                train_step(images.cuda(non_blocking=True),
+                           labels.cuda(non_blocking=True))
         print(w.report().summary())
     """
     return Watch(loader, device=device, sample_interval_s=sample_interval_s, sample_gpu=sample_gpu,
