@@ -13,14 +13,15 @@ index and Hugging Face card as ``pack``.
   (a packed dataset's manifest, or a classes file: one name per line, index = line number);
 * **sidecar files** (``--sidecars txt,json,mask.png``): each image's same-stem files
   (``x.jpg`` + ``x.txt``, ``x.json``, ``x.mask.png``, the img2dataset layout) stored as extra
-  fields of its sample; a sidecar file is never scanned as an image itself, nor is a file named
-  like an image's stem plus a suffix (``x.mask.png`` beside ``x.jpg`` when ``mask.png`` was not
-  asked for: ignored and listed);
+  fields of its sample; an image's sidecar file is never scanned as an image itself, and an
+  image is an image whatever its stem (``x.v2.jpg`` beside ``x.jpg``, ``f.0001.png``);
 * **no labels** (``--no-labels``, or a folder with no class sub-folders): an unlabelled dataset
   (no ``.cls`` members, ``classes`` empty; readers give label -1).
 
-Rules (binding for these layouts): images are found recursively below SRC, directories and names
-in sorted order, hidden names skipped, symbolic links never followed out of SRC; the packing
+Rules (binding for these layouts): images and sidecar files are found by
+:mod:`shardfeed.convert.layout_scan` (the one naming rule: an image is an image whatever its
+stem; a sidecar file is an image's stem plus a requested suffix; symbolic links followed as a
+class-folder pack follows them), recursively below SRC, in sorted order; the packing
 order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``), keys are the
 zero-padded positions. An image missing from the labels file and a row naming a missing image
 are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
@@ -76,7 +77,9 @@ from .readahead import read_ahead
 from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_state_folder,
                          write_shard_record)
 from .reencode import reencode_payload
-from .samples import skip_reason
+from .samples import refuse_unpackable, skip_reason
+from .layout_scan import Found as _Found
+from .layout_scan import scan_layout_folder
 from .scan import parse_extensions
 
 __all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_classes_file", "LayoutOptions",
@@ -628,100 +631,8 @@ def parse_sidecars(text: str | Iterable[str] | None) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------------------------
 # scanning a folder of images (+ sidecars)
 
-@dataclasses.dataclass
-class _Found:
-    images: list[tuple[str, str, int, int]]   # (rel, canonical ext, size, mtime ns), sorted by rel
-    sidecars: dict[str, dict[str, str]]       # image rel -> {field: sidecar rel}
-    ignored: list[dict]
-
-
-def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], max_files: int) -> _Found:
-    """Images below ``root`` (sorted walk, hidden names and links out of ``root`` skipped) and
-    each one's sidecar files (same stem + ``.{field}``); a file ending in a sidecar suffix is a
-    sidecar, never an image."""
-    root_real = os.path.realpath(root)
-    ext_set = {e.lower() for e in exts}
-    by_len = sorted(sidecars, key=len, reverse=True)  # "mask.png" before "png"-like shorter ones
-    images: list[tuple[str, str, int, int]] = []
-    side_files: dict[str, dict[str, str]] = {}  # stem rel -> {field: rel}
-    ignored: list[dict] = []
-    count = 0
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        d = root / rel_dir if rel_dir else root
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except PermissionError as exc:
-            raise PermissionError(f"{d}: cannot list folder ({exc.strerror}); fix its permissions") from None
-        subdirs = []
-        for e in entries:
-            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-            count += 1
-            if count > max_files:
-                raise ValueError(f"{root}: more than {max_files} entries; pack a smaller folder")
-            if e.name.startswith("."):
-                ignored.append({"path": rel, "reason": "hidden"})
-                continue
-            if e.is_symlink():
-                real = os.path.realpath(e.path)
-                if not (real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)):
-                    ignored.append({"path": rel, "reason": "symbolic link out of the source folder: not followed"})
-                    continue
-                if os.path.isdir(real):
-                    ignored.append({"path": rel, "reason": "symbolic link to a folder: not followed"})
-                    continue
-            if e.is_dir(follow_symlinks=False):
-                subdirs.append(rel)
-                continue
-            if not e.is_file():
-                ignored.append({"path": rel, "reason": "not a regular file"})
-                continue
-            field = next((f for f in by_len if e.name.lower().endswith("." + f) and len(e.name) > len(f) + 1), None)
-            if field is not None:
-                stem = rel[:-len(field) - 1]
-                side_files.setdefault(stem, {})[field] = rel
-                continue
-            dot = e.name.rfind(".")
-            ext = e.name[dot + 1:].lower() if dot > 0 else ""
-            if ext not in ext_set:
-                ignored.append({"path": rel, "reason": "extension not packed"})
-                continue
-            problem = stored_path_problem(rel)
-            if problem is not None:
-                ignored.append({"path": rel, "reason": problem})
-                continue
-            st = e.stat()
-            images.append((rel, normalize_ext(ext), st.st_size, st.st_mtime_ns))
-        stack.extend(reversed(subdirs))
-    images.sort(key=lambda t: t[0])
-    # x.mask.png beside x.jpg is x's side file (asked for or not), never an image of its own
-    stems = {rel.rsplit(".", 1)[0] for rel, *_ in images}
-    kept = []
-    for t in images:
-        stem = t[0].rsplit(".", 1)[0]
-        base = stem.rfind("/") + 1  # a dot of a folder name ("v1.0/cat") never makes a side file
-        owner = next((stem[:k] for k in range(base + 1, len(stem)) if stem[k] == "." and stem[:k] in stems), None)
-        if owner is not None:
-            ignored.append({"path": t[0], "reason": f"a side file of {owner}.* (not in --sidecars), not an image"})
-        else:
-            kept.append(t)
-    images = kept
-    sidecar_map: dict[str, dict[str, str]] = {}
-    used = set()
-    for rel, *_ in images:
-        stem = rel.rsplit(".", 1)[0]
-        if stem in side_files:
-            if stem in used:
-                raise ValueError(f"{root / rel}: two images share the stem {stem!r}; their sidecar files would be "
-                                 "ambiguous: rename one")
-            used.add(stem)
-            sidecar_map[rel] = side_files[stem]
-    for stem, found in side_files.items():
-        if stem not in used:
-            for rel in found.values():
-                ignored.append({"path": rel, "reason": "sidecar file without an image of the same stem"})
-    return _Found(images, sidecar_map, ignored)
+# the scan: :mod:`shardfeed.convert.layout_scan` (called through this name, which tests replace)
+_scan_images = scan_layout_folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -839,10 +750,12 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     packing order (:func:`pack_layout` before OUT is touched)."""
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
-    # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
-    # no image are skipped entries too, but not files found)
-    n_found = len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
-    skipped: list[dict] = []
+    refuse_unpackable(src, found.unpackable, options.on_error)
+    # every file seen: images, their sidecar files, the ignored and the unpackable ones (the labels file's rows
+    # that name no image are skipped entries too, but not files found)
+    n_found = (len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
+               + len(found.unpackable))
+    skipped: list[dict] = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in found.unpackable]
     labels = _resolve_labels(src, options, layout, found, skipped)
     if not labels.images:
         raise ValueError(f"{src}: no images with extensions {','.join(exts)} to pack")
@@ -1084,12 +997,11 @@ def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: in
     whatever the read-ahead. ``pos["at"]`` follows the plan position; a file that fails with
     ``on_error="skip"`` goes to ``plan.skipped`` and ``read_skips`` (with its position)."""
     src, planned, found, labels = plan.src, plan.planned, plan.found, plan.labels
-    src_real = os.path.realpath(src)
 
     def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
-        rel = planned[j][0]
-        return _read(_inside(src_real, src, rel)), {
-            f: _read(_inside(src_real, src, srel), MAX_SIDECAR_BYTES)
+        rel, _, size, mtime = planned[j]
+        return _read(src / rel, (size, mtime)), {
+            f: _read(src / srel, found.side_stats[srel], MAX_SIDECAR_BYTES)
             for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
 
     for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
@@ -1238,27 +1150,30 @@ def _finished_records(out: Path, num_samples: int) -> list[dict]:
     return done
 
 
-def _inside(root_real: str, src: Path, rel: str) -> Path:
-    """The real path of ``src / rel``, checked again at read time to be inside SRC: a file or
-    folder replaced by a link out of SRC after the scan is an error, never read."""
-    real = os.path.realpath(src / rel)
-    if not real.startswith(root_real.rstrip(os.sep) + os.sep):
-        raise ValueError(f"{src / rel}: leads out of the source folder {src} (a symbolic link made after the scan); "
-                         "not read")
-    return Path(real)
-
-
-def _read(path: Path, limit: int | None = None) -> bytes:
+def _read(path: Path, scanned: tuple[int, int], limit: int | None = None) -> bytes:
     """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too).
 
     The file is checked again as it is opened: a file replaced after the scan by a FIFO or a
-    device is an error, never read (a FIFO would block the pack), and at most ``limit`` bytes are
-    read whatever the size said at the scan."""
+    device is an error, never read (a FIFO would block the pack); so is a file whose size or
+    modification time is no longer ``scanned`` (``(bytes, ns)``: replaced, by a link or another
+    file, or changed); at most ``limit`` bytes are read whatever the size said at the scan.
+
+    Raises:
+        ValueError: not a regular file any more; a sidecar over ``limit``; an empty image.
+        shardfeed.readers.errors.SourceChangedError: size or modification time changed (an OSError).
+        OSError: cannot be opened or read.
+    """
+    from shardfeed.readers.errors import SourceChangedError
+
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path}: not a regular file (a FIFO, device or socket) any more; not read")
+        if (st.st_size, st.st_mtime_ns) != tuple(scanned):
+            raise SourceChangedError(f"{path}: changed since the scan (size {scanned[0]} -> {st.st_size} bytes, or "
+                                     "its modification time; replaced by another file or a link?); not read: rerun "
+                                     "the pack once the folder is stable")
         if limit is not None and st.st_size > limit:
             raise ValueError(f"{path}: {st.st_size} bytes, over the {limit} bytes a sidecar file may have")
         data = f.read() if limit is None else f.read(limit + 1)

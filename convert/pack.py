@@ -68,7 +68,7 @@ from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
 from .report import PackReport, finished_report, plural
 from .reencode import ReencodeOptions
-from .samples import load_sample_payload, read_file_checked, read_source_bytes
+from .samples import load_sample_payload, read_file_checked, read_source_bytes, refuse_unpackable
 from .scan import ScanResult, ScannedFiles, scan_image_folder
 
 if TYPE_CHECKING:
@@ -507,11 +507,7 @@ def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOpti
     t0 = time.perf_counter()
     if scan is None:
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
-    if scan.unpackable and options.on_error != "skip":
-        first = scan.unpackable[0]
-        more = f" (and {len(scan.unpackable) - 1} more such file(s))" if len(scan.unpackable) > 1 else ""
-        raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
-                         "pack the rest and list these in the manifest's skipped")
+    refuse_unpackable(scan.root, scan.unpackable, options.on_error)
     with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
         return _pack_locked(src, out, options, scan, context, t0)
 
