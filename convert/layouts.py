@@ -64,6 +64,7 @@ from shardfeed.readers.format import (
     encode_field,
     field_name_problem,
     key_width,
+    member_clash,
     normalize_ext,
     stored_path_problem,
 )
@@ -228,6 +229,9 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         problem = field_name_problem(name)
         if problem is not None:
             raise ValueError(problem)
+    problem = member_clash((), declared)
+    if problem is not None:  # before anything is written
+        raise ValueError(f"fields: {problem}")
     width = None
     try:
         width = key_width(len(samples))  # type: ignore[arg-type]
@@ -256,19 +260,11 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
     idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
     max_label = -1
     n = 0
+    exts_seen: set[str] = set()  # image extensions checked against the fields' members
     with writer:
         for i, item in enumerate(_chain(first, it) if first is not None else ()):
             sample, extra = _sample_from_dict(item, i, width, bool(labels), class_to_idx, idx_to_class)
-            for name in extra:
-                if name not in writer.field_counts:
-                    problem = field_name_problem(name)
-                    if problem is not None:
-                        raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): {problem}")
-                    if len(writer.field_counts) >= MAX_FIELDS:  # a manifest lists at most MAX_FIELDS
-                        raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): field {name!r} would "
-                                         f"be extra field number {len(writer.field_counts) + 1}, more than the "
-                                         f"{MAX_FIELDS} a dataset may have; store the others in one JSON field")
-                    writer.field_counts[name] = 0
+            _add_new_fields(writer, sample, extra, i, exts_seen)
             if labels:
                 max_label = max(max_label, sample.label)
             writer.write(sample, extra)
@@ -289,6 +285,31 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         except OSError:
             pass
     return manifest
+
+
+def _add_new_fields(writer, sample: Sample, extra: dict[str, bytes], i: int, exts_seen: set[str]) -> None:
+    """Add the fields of sample ``i`` that ``writer`` does not have yet to its fields, once
+    checked (a field name, at most :data:`MAX_FIELDS`, no member name taken twice with the image
+    extensions seen so far, :func:`~shardfeed.readers.format.member_clash`).
+
+    Raises:
+        ValueError: naming the sample and the problem.
+    """
+    where = f"sample {i} ({sample.meta.get('path', sample.key)})"
+    new = [name for name in extra if name not in writer.field_counts]
+    if sample.ext not in exts_seen or new:
+        exts_seen.add(sample.ext)
+        problem = member_clash(exts_seen, [*writer.field_counts, *new])
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
+    for name in new:
+        problem = field_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
+        if len(writer.field_counts) >= MAX_FIELDS:  # a manifest lists at most MAX_FIELDS
+            raise ValueError(f"{where}: field {name!r} would be extra field number {len(writer.field_counts) + 1}, "
+                             f"more than the {MAX_FIELDS} a dataset may have; store the others in one JSON field")
+        writer.field_counts[name] = 0
 
 
 def _chain(first, rest):
@@ -703,6 +724,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if options.executor != "local":
         raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
                          "drop --executor")
+    problem = member_clash(parse_extensions(options.extensions), layout.sidecars)
+    if problem is not None:  # before the scan, before OUT is touched
+        raise ValueError(f"--extensions/--sidecars: {problem}")
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")

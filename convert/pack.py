@@ -45,6 +45,7 @@ from shardfeed.readers.format import (
     MANIFEST_NAME,
     Manifest,
     load_manifest,
+    member_clash,
     merge_extension_counts,
     normalize_ext,
     read_small_file,
@@ -69,7 +70,7 @@ from .readahead import DEFAULT_READ_AHEAD
 from .report import PackReport, finished_report, plural
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes, refuse_unpackable
-from .scan import ScanResult, ScannedFiles, scan_image_folder
+from .scan import ScanResult, ScannedFiles, parse_extensions, scan_image_folder
 
 if TYPE_CHECKING:
     from .layouts import LayoutOptions
@@ -344,6 +345,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
             shards stay and ``resume`` continues.
     """
     options = options or PackOptions()
+    problem = member_clash(parse_extensions(options.extensions), getattr(layout, "sidecars", ()))
+    if problem is not None:  # before anything is read or written
+        raise ValueError(f"--extensions{'/--sidecars' if getattr(layout, 'sidecars', ()) else ''}: {problem}")
     out, to_store = _checked_out(out, options)
     with PackContext.for_options(options, progress=progress, output_progress=output_progress,
                                  storage_options=storage_options) as context:

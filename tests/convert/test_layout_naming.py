@@ -136,3 +136,71 @@ def test_sidecars_whose_suffixes_differ_only_in_case_are_refused_naming_both(tmp
         pack_layout(src, tmp_path / "out", PackOptions(workers=1), LayoutOptions(no_labels=True, sidecars=("txt",)))
     assert "rename or remove one" in str(err.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# member names: two things under one member name are refused before anything is written
+
+
+def _nothing_written(out: Path) -> bool:
+    return not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+
+
+def test_an_image_extension_that_is_a_reserved_member_is_refused_by_pack(tmp_path):
+    src = tmp_path / "src"
+    _write(src, {"cat/a.jpg": _img(1), "cat/b.json": _img(2)})  # an image named .json: member b.json twice
+    with pytest.raises(ValueError, match=r"--extensions: image extension 'json' is the member 'json'"):
+        pack(src, tmp_path / "out", PackOptions(workers=1, extensions=("jpg", "json")))
+    assert _nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize("exts, sidecars, both", [
+    (("jpg",), ("json", "sidecar.json"), "field 'sidecar.json' and field 'json'"),
+    (("jpg", "dat"), ("dat",), "field 'dat' and image extension 'dat'"),
+    (("jpg", "txt"), ("caption",), "image extension 'txt' is the member 'txt'"),
+])
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_a_sidecar_suffix_or_extension_that_names_a_taken_member_is_refused(tmp_path, exts, sidecars, both, fmt):
+    src = tmp_path / "src"
+    _write(src, {"x.jpg": _img(1), "x.json": b"{}", "x.sidecar.json": b"[1]", "x.dat": _img(2), "x.caption": b"c"})
+    with pytest.raises(ValueError, match=rf"--extensions/--sidecars: {both}"):
+        pack(src, tmp_path / "out", PackOptions(workers=1, format=fmt, extensions=exts),
+             layout=LayoutOptions(no_labels=True, sidecars=sidecars))
+    with pytest.raises(ValueError, match=both):
+        pack_layout(src, tmp_path / "out", PackOptions(workers=1, format=fmt, extensions=exts),
+                    LayoutOptions(no_labels=True, sidecars=sidecars))
+    assert _nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_write_dataset_refuses_fields_named_into_one_member(tmp_path, fmt):
+    from shardfeed.convert import write_dataset
+
+    with pytest.raises(ValueError, match=r"field 'sidecar.json' and field 'json' would both be stored as member "
+                                         r"'sidecar.json'"):
+        write_dataset([{"image": _img(1), "ext": "jpg"}], tmp_path / "a", format=fmt, fields=("json", "sidecar.json"))
+    assert _nothing_written(tmp_path / "a")
+    with pytest.raises(ValueError, match=r"sample 0 \(x.jpg\): field 'sidecar.json' and field 'json'"):
+        write_dataset([{"image": _img(1), "ext": "jpg", "path": "x.jpg", "json": {"a": 1}, "sidecar.json": [1]}],
+                      tmp_path / "b", format=fmt)
+    assert not list((tmp_path / "b").glob("*.tar")) and not (tmp_path / "b" / "manifest.json").exists()
+    with pytest.raises(ValueError, match=r"sample 1 \(y.dat\): field 'dat' and image extension 'dat'"):
+        write_dataset([{"image": _img(1), "ext": "jpg", "path": "x.jpg", "dat": b"1"},
+                       {"image": _img(2), "ext": "dat", "path": "y.dat"}], tmp_path / "c", format=fmt)
+    assert not (tmp_path / "c" / "manifest.json").exists()
+
+
+def test_convert_and_check_refuse_a_dataset_whose_fields_share_a_member(tmp_path):
+    from shardfeed.convert import check_dataset, convert_dataset, write_dataset
+    from shardfeed.readers.errors import ManifestError
+
+    src = tmp_path / "src"
+    write_dataset([{"image": _img(1), "ext": "jpg", "json": {"a": 1}}], src)
+    data = json.loads((src / "manifest.json").read_text())
+    data["fields"]["sidecar.json"] = dict(data["fields"]["json"])  # as an older writer accepted it
+    (src / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match=r"field 'sidecar.json' and field 'json' would both be stored"):
+        convert_dataset(src, tmp_path / "out", format="lmdb")
+    assert _nothing_written(tmp_path / "out")
+    with pytest.raises(ManifestError, match="would both be stored"):
+        check_dataset(src)
