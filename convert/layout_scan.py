@@ -79,7 +79,7 @@ def scan_layout_folder(root: Path, exts: tuple[str, ...], sidecars: tuple[str, .
             raise ValueError(f"{root}: more than {max_files} entries; pack a smaller folder")
 
     walked = walk_folder(root, hidden_dirs, listed)
-    found = Found([], {}, [{"path": _rel(root_str, d), "reason": "hidden"} for d in sorted(hidden_dirs)])
+    found = Found([], {}, [{"path": _rel(root_str, d), "reason": "hidden folder"} for d in sorted(hidden_dirs)])
     side_files: dict[str, dict[str, list[str]]] = {}  # image stem rel -> {suffix: [sidecar rels]}
     for dirpath, names in walked:
         rel_dir = _rel(root_str, dirpath)
@@ -102,7 +102,7 @@ def _scan_one_folder(dirpath: str, rel_dir: str, names: list[str], ext_set: set[
     for name in names:
         rel = rel_dir + name
         if name.startswith("."):
-            found.ignored.append({"path": display_name(rel), "reason": "hidden"})
+            found.ignored.append({"path": display_name(rel), "reason": "hidden file"})
             continue
         try:
             st = os.stat(os.path.join(dirpath, name))

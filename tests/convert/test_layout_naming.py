@@ -204,3 +204,31 @@ def test_convert_and_check_refuse_a_dataset_whose_fields_share_a_member(tmp_path
     assert _nothing_written(tmp_path / "out")
     with pytest.raises(ManifestError, match="would both be stored"):
         check_dataset(src)
+
+
+# ---------------------------------------------------------------------------------------------
+# what is left out is counted under its real reason
+
+
+def test_what_a_layout_pack_leaves_out_is_counted_under_its_real_reason(tmp_path):
+    src = tmp_path / "src"
+    _write(src, {"img.jpg": _img(1), "img.v2.jpg": _img(2), "img.txt": b"cap", "lone.txt": b"no image",
+                 "notes.md": b"# notes", ".DS_Store": b"x", "unlisted.jpg": _img(3)})
+    os.symlink(tmp_path / "gone.jpg", src / "broken.jpg")
+    (tmp_path / "labels.csv").write_text("img.jpg,a\nimg.v2.jpg,b\nmissing.jpg,a\n")
+    report = pack_layout(src, tmp_path / "out", PackOptions(workers=1, on_error="skip"),
+                         LayoutOptions(labels_file=tmp_path / "labels.csv", sidecars=("txt",)))
+    assert sorted(_members(tmp_path / "out")) == ["img.jpg", "img.v2.jpg"]
+    assert sorted((d["path"], d["reason"]) for d in report.ignored) == [
+        (".DS_Store", "hidden file"), ("lone.txt", "sidecar file without an image of the same stem"),
+        ("notes.md", "extension not packed")]
+    skipped = {d["path"]: d["reason"] for d in report.skipped}
+    assert skipped["unlisted.jpg"] == "no row in the labels file"
+    assert skipped["missing.jpg"] == "listed in the labels file, no such image"
+    assert skipped["broken.jpg"].startswith("broken symbolic link (points to ")
+    assert len(skipped) == 3
+    summary = report.summary()
+    assert ("3 files skipped (1 broken symbolic link, 1 no row in the labels file, 1 listed in the labels file, "
+            "no such image; listed in the manifest)") in summary
+    assert "3 files ignored (1 hidden file, 1 sidecar file without an image of the same stem, " \
+           "1 extension not packed)" in summary
