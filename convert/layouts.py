@@ -79,11 +79,12 @@ from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_reco
                          write_shard_record)
 from .reencode import reencode_payload
 from .samples import refuse_unpackable, skip_reason
+from .label_rules import resolve_labels
 from .layout_scan import Found as _Found
 from .layout_scan import scan_layout_folder
 from .scan import parse_extensions
 
-__all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_classes_file", "LayoutOptions",
+__all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_label_rows", "read_classes_file", "LayoutOptions",
            "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS", "parse_sidecars"]
 
 log = logging.getLogger(__name__)
@@ -449,7 +450,8 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
     Formats, by content: JSON Lines (every non-empty line an object with ``"path"`` and
     ``"label"``) when the first non-space character is ``{``; else CSV, or TSV when the first
     line holds a tab (``path,label``; a first row whose label column reads ``label``/``class``
-    is a header). Labels that are all decimal integers are class indices, else class names.
+    is a header). Lines end at LF, CRLF or CR alike (a spreadsheet's "CSV (Macintosh)").
+    Labels that are all decimal integers are class indices, else class names.
 
     Bounds: at most :data:`MAX_LABELS_FILE_BYTES` bytes, :data:`MAX_LABEL_ROWS` rows and
     :data:`MAX_LABEL_FIELD_CHARS` characters a path or label; paths relative to SRC without
@@ -459,6 +461,17 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         FileNotFoundError: no such file.
         ValueError: over a bound, a malformed row, a bad or repeated path; the message names
             the file and the line.
+    """
+    return {rel: v[0] for rel, v in read_label_rows(path).items()}
+
+
+def read_label_rows(path: str | os.PathLike) -> dict[str, tuple[str | int, int, bool]]:
+    """:func:`read_labels_file` with where each label comes from: ``{relative path: (label,
+    line number, whether an integer label was written as text)}`` (a JSON number is an index;
+    digits in a CSV cell or a JSON string could also be a class name).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`read_labels_file`.
     """
     p = Path(path)
     raw = _read_bounded(p, MAX_LABELS_FILE_BYTES, "a labels file")
@@ -484,6 +497,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
             if len(rows) > MAX_LABEL_ROWS:
                 raise ValueError(f"{p}: more than {MAX_LABEL_ROWS} rows")
     else:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")  # LF, CRLF and CR read alike
         first = text.split("\n", 1)[0]
         delimiter = "\t" if "\t" in first else ","
         reader = csv.reader(io.StringIO(text), delimiter=delimiter)
@@ -501,6 +515,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
     if not rows:
         raise ValueError(f"{p}: no rows; a labels file has one row per image (path,label)")
     out: dict[str, Any] = {}
+    lines: dict[str, tuple[int, bool]] = {}
     for n, rel, label in rows:
         where = f"{p} line {n}"
         if isinstance(rel, str) and len(rel) > MAX_LABEL_FIELD_CHARS:
@@ -519,6 +534,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         if rel in out:
             raise ValueError(f"{where}: {rel!r} is listed twice; each image has one label")
         out[rel] = label
+        lines[rel] = (n, isinstance(label, str))
     values = list(out.values())
     if all(isinstance(v, int) or (isinstance(v, str) and v.isdigit() and v.isascii()) for v in values):
         out = {k: int(v) for k, v in out.items()}
@@ -527,7 +543,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         if ints:
             raise ValueError(f"{p}: labels mix class names and integer indices (e.g. {ints[0]}); use one kind")
         out = {k: str(v) for k, v in out.items()}
-    return out
+    return {k: (v, *lines[k]) for k, v in out.items()}
 
 
 _EXT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -671,6 +687,11 @@ class LayoutOptions:
         require_sidecars: a missing sidecar is an error naming the image (``on_error="skip"``:
             the image is skipped and listed) instead of a count in the manifest.
         max_files: most entries scanned below SRC.
+        num_classes: with ``labels_file``, the number of classes integer labels index (classes
+            ``"0" .. "K-1"``; ``--num-classes``); None: from ``--classes-from`` or the labels.
+        label_kind: with ``labels_file``, what a label written as digits is: ``"name"``,
+            ``"index"``, or None (a label that could be both is refused;
+            :mod:`shardfeed.convert.label_rules`).
     """
 
     labels_file: str | os.PathLike | None = None
@@ -678,6 +699,8 @@ class LayoutOptions:
     sidecars: tuple[str, ...] = ()
     require_sidecars: bool = False
     max_files: int = 100_000_000
+    num_classes: int | None = None
+    label_kind: str | None = None
 
 
 def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout: LayoutOptions, *,
@@ -727,6 +750,8 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     problem = member_clash(parse_extensions(options.extensions), layout.sidecars)
     if problem is not None:  # before the scan, before OUT is touched
         raise ValueError(f"--extensions/--sidecars: {problem}")
+    if (layout.num_classes is not None or layout.label_kind is not None) and layout.labels_file is None:
+        raise ValueError("--num-classes and --label-kind say what the labels of a labels file mean; pass --labels FILE")
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")
@@ -793,6 +818,9 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     recorded = {**fp, "source": str(src.absolute()), "layout": labels.kind}
     if layout.labels_file is not None:
         recorded["labels_file"] = str(layout.labels_file)
+        for name in ("num_classes", "label_kind"):
+            if getattr(layout, name) is not None:
+                recorded[name] = getattr(layout, name)
     if layout.sidecars:
         recorded["sidecars"] = list(layout.sidecars)
         recorded["require_sidecars"] = layout.require_sidecars
@@ -836,7 +864,8 @@ def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, 
     an error (``on_error="raise"``) or skipped; the class map is ``options.class_to_idx``, else
     ``"0" .. "K-1"`` for integer labels, else the sorted label names."""
     images = found.images
-    rows = _match_unicode_spelling(read_labels_file(layout.labels_file), [rel for rel, *_ in images])
+    rows_read = _match_unicode_spelling(read_label_rows(layout.labels_file), [rel for rel, *_ in images])
+    rows = {rel: v[0] for rel, v in rows_read.items()}
     on_disk = {rel for rel, *_ in images}
     unlisted = [rel for rel, *_ in images if rel not in rows]
     absent = [rel for rel in rows if rel not in on_disk]
@@ -854,56 +883,10 @@ def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, 
     skipped += [{"path": rel, "key": None, "reason": "listed in the labels file, no such image"}
                 for rel in absent]
     images = [t for t in images if t[0] in rows]
-    class_to_idx = options.class_to_idx
-    if class_to_idx is None:
-        class_to_idx = _class_map_of_labels(layout, images, rows)
-    labels_of = _label_indices(layout, images, rows, class_to_idx)
+    class_to_idx, labels_of = resolve_labels(layout.labels_file, {rel: rows_read[rel] for rel, *_ in images},
+                                             options.class_to_idx, num_classes=layout.num_classes,
+                                             label_kind=layout.label_kind, max_classes=MAX_CLASSES)
     return _Labels(images, class_to_idx, labels_of, True, "labels-file")
-
-
-def _class_map_of_labels(layout: LayoutOptions, images: list, rows: dict[str, Any]) -> dict[str, int]:
-    """The class map of a labels file without ``--classes-from``: ``"0" .. "K-1"`` when every
-    label is an integer (at most :data:`MAX_CLASSES`), else the label names sorted as
-    ImageFolder sorts folders."""
-    values = [rows[rel] for rel, *_ in images]
-    if all(isinstance(v, int) for v in values):
-        k = max(values, default=-1) + 1
-        if k > MAX_CLASSES:  # the classes "0" .. "K-1" are made: bounded
-            top = max(images, key=lambda t: rows[t[0]])[0]
-            raise ValueError(f"{layout.labels_file}: label {k - 1} (of {top}) would make {k:,} classes "
-                             f"(\"0\" .. \"{k - 1}\"), more than {MAX_CLASSES:,}; pass --classes-from "
-                             "naming the classes, or fix the label")
-        return {str(i): i for i in range(k)}
-    return {c: i for i, c in enumerate(sorted(set(values)))}  # as ImageFolder sorts folders
-
-
-def _label_indices(layout: LayoutOptions, images: list, rows: dict[str, Any],
-                   class_to_idx: dict[str, int]) -> dict[str, int]:
-    """``{image: class index}`` of the labels file's rows (a name in another Unicode
-    normalisation is that class); a label that is not a class of the map is an error."""
-    idx_to_class = {i: c for c, i in class_to_idx.items()}
-    labels_of = {}
-    bad = []
-    nfc_names: dict[str, str] | None = None
-    for rel, *_ in images:
-        v = rows[rel]
-        if isinstance(v, int):
-            if v not in idx_to_class:
-                bad.append((rel, v))
-            labels_of[rel] = v
-        else:
-            if v not in class_to_idx:  # the same name in another Unicode normalisation is that class
-                if nfc_names is None:
-                    nfc_names = _nfc_names(class_to_idx)
-                v = nfc_names.get(unicodedata.normalize("NFC", v), v)
-            if v not in class_to_idx:
-                bad.append((rel, v))
-            labels_of[rel] = class_to_idx.get(v, -1)
-    if bad:
-        raise ValueError(f"{layout.labels_file}: {len(bad)} label(s) are not classes of the class map "
-                         f"({len(class_to_idx)} classes), e.g. {bad[0][0]}: {bad[0][1]!r}; pass the right "
-                         "--classes-from or fix the labels")
-    return labels_of
 
 
 def _drop_missing_sidecars(src: Path, options, layout: LayoutOptions, found: _Found, images: list,
@@ -1110,15 +1093,6 @@ def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:
     if reason is None and (src / rel).is_dir() and not (src / rel).is_symlink():
         reason = "a folder"
     return f"{rel} ({reason})" if reason else rel
-
-
-def _nfc_names(class_to_idx: dict[str, int]) -> dict[str, str]:
-    """``{NFC form: class name}`` of the class names whose NFC form is their own (no two classes
-    that differ only in normalisation: such a name matches neither)."""
-    by: dict[str, list[str]] = {}
-    for c in class_to_idx:
-        by.setdefault(unicodedata.normalize("NFC", c), []).append(c)
-    return {k: v[0] for k, v in by.items() if len(v) == 1}
 
 
 def _match_unicode_spelling(rows: dict[str, Any], on_disk: list[str]) -> dict[str, Any]:
