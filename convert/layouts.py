@@ -112,7 +112,7 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
                   classes: list[str] | None = None, class_to_idx: dict[str, int] | None = None,
                   labels: bool | None = None, fields: Iterable[str] = (), options: dict | None = None,
                   skipped: list[dict] | None = None, files: dict | None = None, map_size: int | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> Manifest:
+                  progress: Callable[[int, int], None] | None = None, num_classes: int | None = None) -> Manifest:
     """Write an iterable of sample dicts as a shardfeed dataset (WebDataset shards or LMDB).
 
     Each sample is a dict:
@@ -156,7 +156,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         format: ``"webdataset"`` (``"wds"``) or ``"lmdb"``.
         max_count, max_bytes, prefix: WebDataset shard limits and file prefix.
         classes: class names in index order (needed for ``str`` labels; default for ``int``
-            labels: ``"0" .. "K-1"`` for the largest label K-1).
+            labels: ``"0" .. "K-1"`` for the largest label K-1, which must then be below the number
+            of samples: one mistyped label never makes millions of empty classes).
         class_to_idx: name -> index (default: from ``classes``).
         labels: True (every sample has a label), False (none has one), None (decided by the
             first sample; a later sample that disagrees is an error).
@@ -167,6 +168,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
             ``files`` gets ``packed`` and ``skipped`` filled in).
         map_size: LMDB initial map size (grows as needed).
         progress: ``callback(num_samples, num_bytes)`` after each sample.
+        num_classes: integer labels index the classes ``"0" .. "K-1"`` (instead of ``classes``);
+            a label of K or more is an error naming the sample.
 
     Returns:
         The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically). Until
@@ -175,7 +178,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
 
     Raises:
         ValueError: a sample without image bytes or extension, a bad field name, a label not in
-            the classes, labelled and unlabelled samples mixed, no sample at all; the message
+            the classes (or, without classes, a largest label not below the number of samples),
+            labelled and unlabelled samples mixed, no sample at all; the message
             names the sample (its position and path). The shard in progress is dropped and no
             manifest is written.
         TypeError: a field value that is neither bytes, str nor JSON.
@@ -194,10 +198,25 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
                                   f"`shardfeed convert DIR {out} --format wds` uploads it")
     out = local_path(out)
 
+    if num_classes is not None:
+        classes = _numbered_classes(num_classes, classes, class_to_idx)
     with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
         return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                       classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
                       skipped=skipped, files=files, map_size=map_size, progress=progress, mark_unfinished=True)
+
+
+def _numbered_classes(num_classes, classes, class_to_idx) -> list[str]:
+    """The classes ``"0" .. "K-1"`` of ``write_dataset(num_classes=K)``.
+
+    Raises:
+        ValueError: ``classes`` or ``class_to_idx`` given too; K not an integer 1 .. MAX_CLASSES.
+    """
+    if classes is not None or class_to_idx is not None:
+        raise ValueError("num_classes and classes/class_to_idx both give the classes; pass one")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_CLASSES:
+        raise ValueError(f"num_classes={num_classes!r}: give the number of classes, 1 .. {MAX_CLASSES:,}")
+    return [str(k) for k in range(num_classes)]
 
 
 def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
@@ -259,7 +278,7 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         marker.parent.mkdir(exist_ok=True)
         write_bytes_atomic(marker, json.dumps({"writer": "write_dataset", "unfinished": True}).encode())
     idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
-    max_label = -1
+    max_label, top = -1, ""
     n = 0
     exts_seen: set[str] = set()  # image extensions checked against the fields' members
     with writer:
@@ -267,12 +286,17 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
             sample, extra = _sample_from_dict(item, i, width, bool(labels), class_to_idx, idx_to_class)
             _add_new_fields(writer, sample, extra, i, exts_seen)
             if labels:
-                max_label = max(max_label, sample.label)
+                if sample.label > max_label:
+                    max_label, top = sample.label, f"sample {i} ({sample.meta.get('path', sample.key)})"
             writer.write(sample, extra)
             n += 1
             if progress is not None:
                 progress(1, len(sample.data))
         if labels and classes is None:  # integer labels without names: classes "0" .. "K-1"
+            if max_label >= n:  # more classes than samples: a mistyped label, refused before the manifest
+                raise ValueError(f"{top}: label {max_label} would make {max_label + 1:,} classes (\"0\" .. "
+                                 f"\"{max_label}\") for {n:,} samples; a mistyped label? Fix it, or pass "
+                                 "num_classes=K (labels 0 .. K-1) or classes=[...] naming the classes")
             writer.classes = [str(k) for k in range(max_label + 1)]
             writer.class_to_idx = {str(k): k for k in range(max_label + 1)}
         writer.skipped = list(skipped or [])  # read now: a generator may have added to it

@@ -120,3 +120,19 @@ def test_cli_num_classes_and_label_kind(tmp_path):
     assert len(load_manifest(tmp_path / "o").classes) == 6
     r = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "o2"), "--label-kind", "name"])
     assert r.exit_code != 0 and "pass --labels" in r.output
+
+
+def test_write_dataset_bounds_integer_labels_by_the_samples_or_num_classes(tmp_path):
+    from shardfeed.convert import write_dataset
+
+    samples = [{"image": _img(i), "ext": "jpg", "path": f"{i}.jpg", "label": lab} for i, lab in enumerate([0, 5000, 1])]
+    with pytest.raises(ValueError, match=r"sample 1 \(1\.jpg\): label 5000 would make 5,001 classes .* for 3 samples"
+                                         r".*num_classes=K"):
+        write_dataset(samples, tmp_path / "a")
+    assert not (tmp_path / "a" / "manifest.json").exists()
+    with pytest.raises(ValueError, match=r"sample 1 \(1\.jpg\): label 5000 is not a class index of the 10 classes"):
+        write_dataset(samples, tmp_path / "b", num_classes=10)
+    m = write_dataset(samples, tmp_path / "c", num_classes=5001)
+    assert len(m.classes) == 5001 and m.classes[5000] == "5000"
+    m = write_dataset([dict(s, label=lab) for s, lab in zip(samples, [0, 2, 2])], tmp_path / "d")
+    assert m.classes == ["0", "1", "2"]
