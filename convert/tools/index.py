@@ -141,7 +141,8 @@ class IndexReport:
     def summary(self) -> str:
         shards = "shard" if self.num_shards == 1 else "shards"
         s = (f"indexed {self.num_samples:,} samples in {self.num_shards} {shards} ({self.num_bytes / 1e6:,.1f} MB, "
-             f"{len(self.classes)} classes); manifest and offset indexes in {self.output} ({self.seconds:.1f} s)")
+             f"{f'{len(self.classes)} classes' if self.classes else 'no labels'}); manifest and offset indexes in "
+             f"{self.output} ({self.seconds:.1f} s)")
         if self.problems:
             s += f"; {len(self.problems)} sample(s) left out (members that do not form a sample)"
         return s

@@ -69,6 +69,7 @@ def test_index_cli_no_labels_and_inspect_of_an_unlabelled_dataset(tmp_path):
     _img2dataset_shards(d)
     r = CliRunner().invoke(main, ["index", str(d), "--no-labels"])
     assert r.exit_code == 0, r.output
+    assert "indexed 6 samples in 2 shards" in r.output and "no labels" in r.output
     text = format_inspect_report(inspect_dataset(d, count_classes_from_data=True))
     assert "samples: 6 (no labels)" in text and "labels: none" in text
     assert "warning" not in text and "add up to" not in text
