@@ -934,7 +934,7 @@ def _parse_fields(raw: Any, source: str) -> dict[str, dict[str, Any]]:
         raise ManifestError(f"{source}: 'fields' must be an object of field name -> description")
     if len(raw) > MAX_FIELDS:
         raise ManifestError(f"{source}: {len(raw)} extra fields, more than the {MAX_FIELDS} a dataset may have")
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, desc in raw.items():
         problem = field_name_problem(name)
         if problem is not None:
