@@ -361,13 +361,55 @@ def verbosity_options(f: Callable) -> Callable:
                         help="No progress bar and no warnings; same as before the command name.")(f)
 
 
-def command(*args, **kwargs) -> Callable:
+#: The parameters that name a report a command writes (``--json``, ``--html``, ``--plot``).
+REPORT_PARAMS = ("json_path", "html_path", "plot")
+
+
+def _param_label(param: click.Parameter) -> str:
+    """How a message names a parameter: ``--json`` for an option, ``SRC`` for an argument."""
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return (param.metavar or param.name or "").upper()
+
+
+def _refusing_outputs_on_inputs(f: Callable, reads: tuple[str, ...], writes: tuple[str, ...]) -> Callable:
+    """``f`` that first refuses, before any work, an output path landing on an input
+    (:func:`shardfeed.convert.overlap.refuse_outputs_on_inputs`): the reports of
+    :data:`REPORT_PARAMS` and the folders named in ``writes`` against the paths named in ``reads``
+    (and ``--storage-option-file``); a report inside a folder of ``writes`` is refused too."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        from ..overlap import refuse_outputs_on_inputs
+
+        ctx = click.get_current_context()
+        labels = {p.name: _param_label(p) for p in ctx.command.params}
+        outputs = {labels[n]: kwargs.get(n) for n in (*writes, *REPORT_PARAMS) if n in labels}
+        inputs = {labels[n]: kwargs.get(n) for n in reads if n in labels}
+        inputs["--storage-option-file"] = ctx.meta.get("shardfeed_storage_options", {}).get("file_path")
+        try:
+            refuse_outputs_on_inputs(outputs, inputs, written={labels[n]: kwargs.get(n) for n in writes})
+        except ValueError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+def command(*args, reads: tuple[str, ...] = (), writes: tuple[str, ...] = (), **kwargs) -> Callable:
     """``click.command`` with clean error handling (see :func:`fail_cleanly`); its ``click.Path``
     parameters refuse URLs (:class:`LocalPath`); ``-q``/``-v`` are accepted after the command name
-    too (:func:`verbosity_options`)."""
+    too (:func:`verbosity_options`).
+
+    ``reads`` names the parameters holding paths the command reads (SRC, a labels file), ``writes``
+    those holding folders it writes (OUT): before the command runs, no report (``--json``,
+    ``--html``, ``--plot``) and no folder of ``writes`` may land on or inside what ``reads`` names,
+    and no report inside a folder of ``writes`` (:mod:`shardfeed.convert.overlap`; usage error, status 2).
+    """
 
     def deco(f):
-        cmd = click.command(*args, **kwargs)(verbosity_options(fail_cleanly(f)))
+        checked = _refusing_outputs_on_inputs(f, tuple(reads), tuple(writes))
+        cmd = click.command(*args, **kwargs)(verbosity_options(fail_cleanly(checked)))
         for param in cmd.params:
             if isinstance(param.type, click.Path):
                 param.type = LocalPath(param.type, cmd.name)
@@ -450,6 +492,7 @@ def _merge_storage_options(ctx: click.Context, param: click.Parameter, value, wh
     given = ctx.meta.setdefault("shardfeed_storage_options", {})
     try:
         if which == "file":
+            given["file_path"] = value  # an input: no report may be written over it
             given["file"] = parse_storage_options(read_storage_option_file(value)) if value else {}
         else:
             given["pairs"] = parse_storage_options(value or ())
