@@ -73,8 +73,8 @@ from shardfeed.readers.format import read_small_file, write_bytes_atomic
 from . import writers  # noqa: F401  (registers every format's writer)
 from .context import PackContext
 from .readahead import read_ahead
-from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_state_folder,
-                         write_shard_record)
+from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_shard_temp_files,
+                         remove_state_folder, write_shard_record)
 from .reencode import reencode_payload
 from .samples import skip_reason
 from .scan import parse_extensions
@@ -1070,8 +1070,7 @@ def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, 
             map_size=options.map_size, progress=context.progress, writer_extra=writer_extra, resuming=bool(done),
             writer_box=writer_box)
     except BaseException:
-        for tmp in out.glob(".*.tmp"):  # a partial shard; complete ones stay for --resume
-            tmp.unlink(missing_ok=True)
+        remove_shard_temp_files(out, options.prefix)  # a partial shard; complete ones stay for --resume
         raise
     remove_state_folder(out)
     return manifest
