@@ -33,7 +33,8 @@ from shardfeed.readers.redact import shown_source
 from shardfeed.readers.registry import describe
 
 from ..outlock import output_lock
-from ..pack_state import PLAN_NAME, refuse_unfinished_pack
+from ..ownership import refuse_unfinished_pack
+from ..pack_state import PLAN_NAME
 from ..staged import ReplacedTogether
 from .common import (
     HashingReader,
