@@ -387,9 +387,11 @@ def _refusing_outputs_on_inputs(f: Callable, reads: tuple[str, ...], writes: tup
         outputs = {labels[n]: kwargs.get(n) for n in (*writes, *REPORT_PARAMS) if n in labels}
         inputs = {labels[n]: kwargs.get(n) for n in reads if n in labels}
         inputs["--storage-option-file"] = ctx.meta.get("shardfeed_storage_options", {}).get("file_path")
+        written = {labels[n]: kwargs.get(n) for n in writes if n in labels}
+        refuse_outputs_on_inputs(written, inputs)  # an OUT in SRC: one error line, as the library says it
         try:
-            refuse_outputs_on_inputs(outputs, inputs, written={labels[n]: kwargs.get(n) for n in writes})
-        except ValueError as exc:
+            refuse_outputs_on_inputs(outputs, inputs, written=written)
+        except ValueError as exc:  # a report path: a bad option value
             raise click.UsageError(str(exc), ctx) from None
         return f(*args, **kwargs)
 
@@ -404,7 +406,8 @@ def command(*args, reads: tuple[str, ...] = (), writes: tuple[str, ...] = (), **
     ``reads`` names the parameters holding paths the command reads (SRC, a labels file), ``writes``
     those holding folders it writes (OUT): before the command runs, no report (``--json``,
     ``--html``, ``--plot``) and no folder of ``writes`` may land on or inside what ``reads`` names,
-    and no report inside a folder of ``writes`` (:mod:`shardfeed.convert.overlap`; usage error, status 2).
+    and no report inside a folder of ``writes`` (:mod:`shardfeed.convert.overlap`): a report is a
+    usage error (status 2), a folder one error line (status 1).
     """
 
     def deco(f):
