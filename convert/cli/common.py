@@ -361,43 +361,6 @@ def verbosity_options(f: Callable) -> Callable:
                         help="No progress bar and no warnings; same as before the command name.")(f)
 
 
-#: The parameters that name a report a command writes (``--json``, ``--html``, ``--plot``).
-REPORT_PARAMS = ("json_path", "html_path", "plot")
-
-
-def _param_label(param: click.Parameter) -> str:
-    """How a message names a parameter: ``--json`` for an option, ``SRC`` for an argument."""
-    if isinstance(param, click.Option):
-        return max(param.opts, key=len)
-    return (param.metavar or param.name or "").upper()
-
-
-def _refusing_outputs_on_inputs(f: Callable, reads: tuple[str, ...], writes: tuple[str, ...]) -> Callable:
-    """``f`` that first refuses, before any work, an output path landing on an input
-    (:func:`shardfeed.convert.overlap.refuse_outputs_on_inputs`): the reports of
-    :data:`REPORT_PARAMS` and the folders named in ``writes`` against the paths named in ``reads``
-    (and ``--storage-option-file``); a report inside a folder of ``writes`` is refused too."""
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        from ..overlap import refuse_outputs_on_inputs
-
-        ctx = click.get_current_context()
-        labels = {p.name: _param_label(p) for p in ctx.command.params}
-        outputs = {labels[n]: kwargs.get(n) for n in (*writes, *REPORT_PARAMS) if n in labels}
-        inputs = {labels[n]: kwargs.get(n) for n in reads if n in labels}
-        inputs["--storage-option-file"] = ctx.meta.get("shardfeed_storage_options", {}).get("file_path")
-        written = {labels[n]: kwargs.get(n) for n in writes if n in labels}
-        refuse_outputs_on_inputs(written, inputs)  # an OUT in SRC: one error line, as the library says it
-        try:
-            refuse_outputs_on_inputs(outputs, inputs, written=written)
-        except ValueError as exc:  # a report path: a bad option value
-            raise click.UsageError(str(exc), ctx) from None
-        return f(*args, **kwargs)
-
-    return wrapper
-
-
 def command(*args, reads: tuple[str, ...] = (), writes: tuple[str, ...] = (), **kwargs) -> Callable:
     """``click.command`` with clean error handling (see :func:`fail_cleanly`); its ``click.Path``
     parameters refuse URLs (:class:`LocalPath`); ``-q``/``-v`` are accepted after the command name
@@ -411,7 +374,9 @@ def command(*args, reads: tuple[str, ...] = (), writes: tuple[str, ...] = (), **
     """
 
     def deco(f):
-        checked = _refusing_outputs_on_inputs(f, tuple(reads), tuple(writes))
+        from .outputs import refusing_outputs_on_inputs
+
+        checked = refusing_outputs_on_inputs(f, tuple(reads), tuple(writes))
         cmd = click.command(*args, **kwargs)(verbosity_options(fail_cleanly(checked)))
         for param in cmd.params:
             if isinstance(param.type, click.Path):
