@@ -75,8 +75,9 @@ from shardfeed.readers.format import read_small_file, write_bytes_atomic
 from . import writers  # noqa: F401  (registers every format's writer)
 from .context import PackContext
 from .readahead import read_ahead
-from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_state_folder,
-                         write_shard_record)
+from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_shard_temp_files,
+                         remove_state_folder, write_shard_record)
+from .recorded import check_meta_class, check_recorded, check_skipped
 from .reencode import reencode_payload
 from .samples import refuse_unpackable, skip_reason
 from .label_rules import resolve_labels
@@ -180,8 +181,10 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
 
     Raises:
         ValueError: a sample without image bytes or extension, a bad field name, a label not in
-            the classes (or, without classes, a largest label not below the number of samples),
-            labelled and unlabelled samples mixed, no sample at all; the message
+            the classes (or, without classes, a largest label not below the number of samples) or
+            not the class its ``meta["class"]`` names, labelled and unlabelled samples mixed, no
+            sample at all; ``options``, ``files`` or ``skipped`` not strict JSON or a ``skipped``
+            entry not ``{"path": str, "reason": str}`` (:mod:`.recorded`); the message
             names the sample (its position and path). The shard in progress is dropped and no
             manifest is written.
         TypeError: a field value that is neither bytes, str nor JSON.
@@ -231,6 +234,7 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
     is written, so the finished shards of a write that stopped (an exception, Ctrl-C) read as an
     unfinished dataset, never as shards to index into a dataset of their own."""
     fmt = canonical_format(format)
+    check_recorded(options=options, skipped=skipped, files=files)  # before anything is written
     if classes is not None and class_to_idx is None:
         classes = list(classes)
         bad = next((c for c in classes if not isinstance(c, str)), None)
@@ -301,7 +305,7 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
                                  "num_classes=K (labels 0 .. K-1) or classes=[...] naming the classes")
             writer.classes = [str(k) for k in range(max_label + 1)]
             writer.class_to_idx = {str(k): k for k in range(max_label + 1)}
-        writer.skipped = list(skipped or [])  # read now: a generator may have added to it
+        writer.skipped = check_skipped(skipped)  # read now: a generator may have added to it
         if files is not None:
             writer.files = {**files, "packed": writer.num_samples, "skipped": len(writer.skipped)}
         manifest = writer.close()
@@ -405,6 +409,7 @@ def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labell
                 raise ValueError(f"{where}: label {label} would make {label + 1:,} classes (\"0\" .. \"{label}\"), "
                                  f"more than {MAX_CLASSES:,}; pass classes=[...] or class_to_idx naming the classes")
         name = idx_to_class.get(label)
+        check_meta_class(meta, name, label, where)
         if name is not None:
             meta.setdefault("class", name)
     key = item.get("key")
@@ -1016,8 +1021,7 @@ def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, 
             map_size=options.map_size, progress=context.progress, writer_extra=writer_extra, resuming=bool(done),
             writer_box=writer_box)
     except BaseException:
-        for tmp in out.glob(".*.tmp"):  # a partial shard; complete ones stay for --resume
-            tmp.unlink(missing_ok=True)
+        remove_shard_temp_files(out, options.prefix)  # a partial shard; complete ones stay for --resume
         raise
     remove_state_folder(out)
     return manifest

@@ -7,10 +7,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from shardfeed.readers.format import MANIFEST_NAME
+from shardfeed.readers.format import DEFAULT_PREFIX, MANIFEST_NAME
 
 from .outlock import check_not_busy
-from .pack_state import STATE_DIR, remove_state_folder
+from .pack_state import STATE_DIR, remove_shard_temp_files, remove_state_folder
 from .ownership import decide, local_entries, survey
 
 __all__ = ["prepare_output", "remove_recorded"]
@@ -31,6 +31,9 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
         check_only: check only.
         api: messages spell the flags as ``PackOptions`` fields; False: as CLI flags; None: as
             :func:`shardfeed.convert.ownership.cli_flags` says.
+
+    A ``"resume"`` first removes the temporary files the stopped pack left for its own shards
+    (:func:`~shardfeed.convert.pack_state.remove_shard_temp_files`), nothing else.
 
     Returns:
         ``"start"``, ``"resume"``, ``"overwrite"`` or ``"finished"`` (``resume`` on a finished
@@ -61,6 +64,10 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
         return action
     if action in ("start", "overwrite"):
         remove_recorded(out, contents)
+    if action == "resume":  # a kill -9 leaves the temporary files of the shard and index being written
+        options = contents.plan.get("options") if isinstance(contents.plan.get("options"), dict) else {}
+        prefix = options.get("prefix") if isinstance(options.get("prefix"), str) else DEFAULT_PREFIX
+        remove_shard_temp_files(out, prefix)
     out.mkdir(parents=True, exist_ok=True)
     return action
 

@@ -44,10 +44,10 @@ from shardfeed.readers.registry import describe
 
 from .consumers import CARD_MARKER, CARD_NAME, WIDS_INDEX_NAME
 from .outlock import LOCK_NAME
-from .pack_state import PLAN_NAME, STATE_DIR
+from .pack_state import PLAN_NAME, STATE_DIR, WRITING_NAME
 
 __all__ = ["OutContents", "survey", "decide", "local_entries", "store_entries", "flag", "cli_flags",
-           "MAX_RECORD_BYTES", "LMDB_LOCK_NAME", "STORE_STATE_KEY"]
+           "refuse_unfinished_pack", "MAX_RECORD_BYTES", "LMDB_LOCK_NAME", "STORE_STATE_KEY"]
 
 #: Records (manifest, plan, consumer files) larger than this are not read and name nothing.
 MAX_RECORD_BYTES = 256 << 20
@@ -351,3 +351,53 @@ def decide(contents: OutContents, *, resume: bool, overwrite: bool, api: bool | 
                          f"--on-error), start again with {ow}")
     raise ValueError(f"{where}: output location is not empty (it holds a dataset shardfeed packed); use {ow} to "
                      f"replace it, {rs} to finish an interrupted pack, or choose an empty one")
+
+
+def refuse_unfinished_pack(out: str | Path, command: str) -> None:
+    """Only the command that made a pack can finish it: refuse another command (``index``) on a
+    local folder that holds a pack's state (``.shardfeed-pack/``) and no finished manifest.
+
+    The shards there may be only some of the pack's (a stopped pack, ``write_dataset`` or
+    ``convert``), so no other command may describe them as a dataset; the message names the state
+    found and the command that finishes it.
+
+    Args:
+        out: the folder.
+        command: the command refused, for the message (``"shardfeed index"``).
+
+    Raises:
+        shardfeed.readers.errors.IncompleteDatasetError: the folder holds such a state.
+    """
+    from shardfeed.readers.errors import IncompleteDatasetError
+
+    out = Path(out)
+    if not os.path.lexists(out / STATE_DIR):
+        return
+    contents = survey(str(out), *local_entries(out))
+    if contents.finished:
+        return  # the manifest, written last, says the pack finished (its state folder was kept)
+    plan = contents.plan or {}
+    state = f"{out / STATE_DIR}"
+    if plan.get("command") == "convert":
+        found, fix = f"an unfinished `shardfeed convert` ({state}/{PLAN_NAME})", \
+            f"run the same `shardfeed convert SRC {out} --overwrite` again (a convert is not resumed)"
+    elif plan:
+        done = sum(1 for n in _state_names(out / STATE_DIR) if re.fullmatch(r"[0-9]{6,}\.json", n))
+        found = f"an unfinished pack ({state}/{PLAN_NAME}, {done} finished shard record(s))"
+        fix = f"finish it with `shardfeed pack SRC {out} --resume` (the same source and options), or rebuild it " \
+              "with --overwrite"
+    elif os.path.isfile(out / STATE_DIR / WRITING_NAME):
+        found = f"a write_dataset that stopped ({state}/{WRITING_NAME})"
+        fix = "call write_dataset again into an empty folder (its shards are not all there)"
+    else:
+        found = f"a pack's state folder {state}/ without a plan (stopped as it started)"
+        fix = f"run the pack again (`shardfeed pack SRC {out}`)"
+    raise IncompleteDatasetError(f"{out}: holds {found} and no {MANIFEST_NAME}; only the command that made a pack "
+                                 f"can finish it, so {command} does not describe its shards as a dataset: {fix}")
+
+
+def _state_names(state: Path) -> list[str]:
+    try:
+        return os.listdir(state)
+    except OSError:
+        return []

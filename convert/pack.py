@@ -63,7 +63,8 @@ from .executors import ProgressSink, check_executor, run_tasks, signals_held
 from .faults import FaultHooks
 from .outdir import prepare_output
 from .outlock import output_lock
-from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, remove_state_folder, write_plan_files
+from .pack_state import (PLAN_NAME, STATE_DIR, describe_plan_change, remove_shard_temp_files, remove_state_folder,
+                         write_plan_files)
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
@@ -531,9 +532,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
         result: PackResult = format_packer(options.format)(scan, samples, out, options, context)
     except BaseException:
         # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
-        for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
-            if tmp.is_file() or tmp.is_symlink():
-                tmp.unlink(missing_ok=True)
+        remove_shard_temp_files(out, options.prefix)  # this pack's own temporary shards and indexes only
         raise
     shards, extra = result.shards, result.extra
     skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + result.skipped

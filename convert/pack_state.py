@@ -23,7 +23,8 @@ from pathlib import Path
 from shardfeed.readers.format import read_small_file, write_bytes_atomic
 
 __all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record",
-           "write_plan_files", "describe_plan_change", "remove_state_folder", "is_state_file"]
+           "write_plan_files", "describe_plan_change", "remove_state_folder", "is_state_file",
+           "remove_shard_temp_files"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,28 @@ def remove_state_folder(out_dir: str | Path, *, warn: bool = True) -> list[str]:
     log.warning("%s: kept, as it holds files no pack writes (%s%s); remove them and the folder if they are "
                 "not needed", state, ", ".join(shown), more)
     return kept
+
+
+def remove_shard_temp_files(out: str | Path, prefix: str) -> list[str]:
+    """Remove the temporary files a stopped pack left for its own shards in ``out``, and nothing
+    else: ``.{prefix}-NNNNNN.tar.tmp`` (a shard being written) and ``.{prefix}-NNNNNN.sfidx.tmp`` /
+    ``.{prefix}-NNNNNN.sfidx.XXXXXXXX.tmp`` (its offset index being written atomically), plain files
+    only (a link or folder of that name is left). Returns the names removed."""
+    shard = re.escape(prefix) + r"-[0-9]{6,}"
+    own = re.compile(rf"\.{shard}\.tar\.tmp|\.{shard}\.sfidx(\.[A-Za-z0-9_]{{1,16}})?\.tmp")
+    removed = []
+    try:
+        entries = list(os.scandir(out))
+    except OSError:
+        return removed
+    for entry in entries:
+        if own.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            removed.append(entry.name)
+    return sorted(removed)
 
 
 def write_shard_record(out_dir: str | Path, shard_idx: int, record: dict) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "SourceChangedError",
     "DataSourceError",
     "StorageAccessError",
+    "DatasetChangedError",
     "ResumeStateError",
     "UnsupportedURLError",
     "ON_ERROR",
@@ -69,6 +70,14 @@ class StorageAccessError(DataSourceError):
     endpoint. Retrying or skipping cannot help, so it is raised at once, and also under
     ``on_error="skip"`` (which is for damaged *data*); the message names the URL and what to set
     or renew."""
+
+
+class DatasetChangedError(DataSourceError):
+    """A dataset was replaced while it was read: a shard opened now has another size or
+    modification time than when the dataset was opened (a ``pack --overwrite`` of the same
+    folder). A reader reads one version of a dataset, so it stops, also under
+    ``on_error="skip"`` (the rest would mix two versions); the message names the shard and what
+    changed. Open the dataset again once the new version is complete."""
 
 
 class ResumeStateError(ShardfeedError, ValueError):

@@ -570,8 +570,9 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, rename."""
+def write_temp_beside(path: str | os.PathLike[str], data: bytes) -> str:
+    """Write ``data`` to a new temporary file beside ``path`` (``.NAME.XXXXXXXX.tmp``, fsynced,
+    the usual mode) and return its path; the caller renames it over ``path`` or removes it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -580,6 +581,19 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return tmp
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, rename."""
+    tmp = write_temp_beside(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -186,6 +186,8 @@ class LocalLocation(LocationBase):
             self.root, self.manifest_name = p, MANIFEST_NAME
         self.readahead = bool(readahead)
         self._lock = threading.Lock()
+        #: ``{name: (size, mtime_ns)}`` of the files as the dataset was opened (:meth:`record_versions`)
+        self._versions: dict[str, tuple[int, int]] | None = None
 
     def __str__(self) -> str:
         return str(self.root)
@@ -232,9 +234,49 @@ class LocalLocation(LocationBase):
 
         return read_small_file(path, max_bytes=max_bytes, what=what, error=DataSourceError)
 
+    def record_versions(self, names) -> None:
+        """Record the size and modification time (ns) of each file ``names`` lists, as the dataset
+        is opened; every later open of one of them (in this process or a worker it is pickled to)
+        is checked against them (:meth:`check_version`). A file missing now is not recorded."""
+        versions = {}
+        for name in names:
+            try:
+                st = os.stat(self.root / name)
+            except OSError:
+                continue
+            versions[name] = (st.st_size, st.st_mtime_ns)
+        self._versions = versions
+
+    def check_version(self, name: str, st: os.stat_result) -> None:
+        """A reader reads one version of a dataset: refuse file ``name`` opened with status ``st``
+        when its size or modification time differs from the one :meth:`record_versions` recorded.
+
+        Raises:
+            DatasetChangedError: the file was replaced or rewritten since the dataset was opened
+                (names the file, and its size or time then and now).
+        """
+        was = (getattr(self, "_versions", None) or {}).get(name)
+        if was is None or was == (st.st_size, st.st_mtime_ns):
+            return
+        from .errors import DatasetChangedError
+
+        if was[0] != st.st_size:
+            what = f"{was[0]:,} bytes then, {st.st_size:,} now"
+        else:
+            what = f"same size, modified {(st.st_mtime_ns - was[1]) / 1e9:+.3f} s from then"
+        raise DatasetChangedError(f"{self.root / name}: changed since the dataset was opened ({what}): the dataset "
+                                  "was replaced while being read (a `shardfeed pack --overwrite` of this folder?); "
+                                  "stopped so that no epoch mixes two versions: open it again once it is complete")
+
     def read_index(self, name: str) -> list[int]:
-        """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.read_index`)."""
-        return read_index(self.root / name)
+        """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.read_index`),
+        checked by :meth:`check_version` before and after the read."""
+        if getattr(self, "_versions", None):
+            self.check_version(name, os.stat(self.root / name))
+        offsets = read_index(self.root / name)
+        if getattr(self, "_versions", None):
+            self.check_version(name, os.stat(self.root / name))
+        return offsets
 
     def read_indexed(self, name: str, offsets, start: int, end: int, where: str):
         """Samples ``[start, end)`` of an indexed local shard by :func:`~shardfeed.readers.tario.iter_indexed_samples`
@@ -244,8 +286,10 @@ class LocalLocation(LocationBase):
             fd = os.open(self.root / name, os.O_RDONLY)
         pread = os.pread
         try:
+            st = os.fstat(fd)
+            self.check_version(name, st)
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
-                                                    os.fstat(fd).st_size, source=where, tag_source=True,
+                                                    st.st_size, source=where, tag_source=True,
                                                     chunk_reader=functools.partial(read_shard_ahead, fd=fd)
                                                     if self.readahead else None))
         finally:
@@ -264,10 +308,12 @@ class LocalLocation(LocationBase):
         Raises:
             FileNotFoundError: no such file.
             ValueError: a bad range (:func:`check_byte_range`; TypeError for a non-integer bound).
+            DatasetChangedError: the file changed since :meth:`record_versions` (:meth:`check_version`).
         """
         check_byte_range(self.where(name), start, end)
         f = open(self.root / name, "rb", buffering=0)
         try:
+            self.check_version(name, os.fstat(f.fileno()))
             f.seek(start)
         except BaseException:
             f.close()

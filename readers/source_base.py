@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, worker_batches
-from .errors import StorageAccessError
+from .errors import DatasetChangedError, StorageAccessError
 from .permutation import CHUNK
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
 from .options import ReadOptions
@@ -430,7 +430,7 @@ class SourceBase:
             where: the file, shard or ``"shard S key K"`` it concerns.
             count: samples lost with it (a damaged shard loses the rest of its range).
         """
-        if self.on_error == "raise" or isinstance(exc, StorageAccessError):  # skip is for damaged data only
+        if self.on_error == "raise" or isinstance(exc, (StorageAccessError, DatasetChangedError)):  # data only
             raise exc
         if self._skips == 0:
             log.warning("on_error='skip': skipping %s: %s (further skips this epoch are counted)", where, exc)

@@ -361,13 +361,23 @@ def verbosity_options(f: Callable) -> Callable:
                         help="No progress bar and no warnings; same as before the command name.")(f)
 
 
-def command(*args, **kwargs) -> Callable:
+def command(*args, reads: tuple[str, ...] = (), writes: tuple[str, ...] = (), **kwargs) -> Callable:
     """``click.command`` with clean error handling (see :func:`fail_cleanly`); its ``click.Path``
     parameters refuse URLs (:class:`LocalPath`); ``-q``/``-v`` are accepted after the command name
-    too (:func:`verbosity_options`)."""
+    too (:func:`verbosity_options`).
+
+    ``reads`` names the parameters holding paths the command reads (SRC, a labels file), ``writes``
+    those holding folders it writes (OUT): before the command runs, no report (``--json``,
+    ``--html``, ``--plot``) and no folder of ``writes`` may land on or inside what ``reads`` names,
+    and no report inside a folder of ``writes`` (:mod:`shardfeed.convert.overlap`): a report is a
+    usage error (status 2), a folder one error line (status 1).
+    """
 
     def deco(f):
-        cmd = click.command(*args, **kwargs)(verbosity_options(fail_cleanly(f)))
+        from .outputs import refusing_outputs_on_inputs
+
+        checked = refusing_outputs_on_inputs(f, tuple(reads), tuple(writes))
+        cmd = click.command(*args, **kwargs)(verbosity_options(fail_cleanly(checked)))
         for param in cmd.params:
             if isinstance(param.type, click.Path):
                 param.type = LocalPath(param.type, cmd.name)
@@ -457,6 +467,7 @@ def _merge_storage_options(ctx: click.Context, param: click.Parameter, value, wh
     given = ctx.meta.setdefault("shardfeed_storage_options", {})
     try:
         if which == "file":
+            given["file_path"] = value  # an input: no report may be written over it
             given["file"] = parse_storage_options(read_storage_option_file(value)) if value else {}
         else:
             given["pairs"] = parse_storage_options(value or ())

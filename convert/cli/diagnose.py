@@ -214,7 +214,8 @@ def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path
                    draw=lambda p: plot_delivery(series, p), json_path=json_path)
 
 
-@command("doctor", short_help="Probe where a dataset lives and predict the loader ceiling, folder vs packed.")
+@command("doctor", reads=("path",),
+         short_help="Probe where a dataset lives and predict the loader ceiling, folder vs packed.")
 @storage_option
 @click.argument("path")
 @click.option("--num-workers", type=click.IntRange(min=0), default=None,

@@ -8,7 +8,6 @@ heavy modules (torch, the readers) are imported inside the commands.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -129,20 +128,6 @@ def check_plot(plot: str | None) -> None:
                                "(or pip install matplotlib)") from None
 
 
-def _check_distinct_outputs(**paths: str | None) -> None:
-    """Refuse, before any measuring, two reports (``--plot``, ``--html``, ``--json``) given the
-    same file: one would overwrite the other."""
-    seen: dict[str, str] = {}
-    for opt, path in paths.items():
-        if not path or path == "-":
-            continue
-        real = os.path.realpath(path)
-        if real in seen:
-            raise click.UsageError(f"--{seen[real]} and --{opt} name the same file ({path}): one would overwrite the "
-                                   "other; give each report its own path")
-        seen[real] = opt
-
-
 def _check_plot_path(ctx, param, value):
     """Refuse a ``--plot`` path whose folder is missing (or a folder, a URL) before any measuring."""
     return None if value is None else check_report_path(value, ctx, param, example="figure.png", allow_stdout=False)
@@ -188,7 +173,7 @@ def _progress(json_path: str | None) -> Callable[[str], None]:
     return lambda line: click.echo(f"shardfeed: {line}", err=True)
 
 
-@command("bench", short_help="Measure one loader on a dataset: images/s, data stall.")
+@command("bench", reads=("source",), short_help="Measure one loader on a dataset: images/s, data stall.")
 @storage_option
 @click.argument("source")
 @harness_options
@@ -217,7 +202,6 @@ def bench(source: str, cold: bool, plot: str | None, details: bool, html_path: s
     from shardfeed.readers.measure import HtmlTable, bench_source, format_report, plot_runs, report_rows
 
     check_plot(plot)
-    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     report = bench_source(source, cold=cold, **_split_kwargs(kwargs))
     report.label = report.label or "bench"
     echo(format_report(report, details=details), json_path)
@@ -251,7 +235,8 @@ def _same_dataset(before: str, after: str) -> str | None:
     return str(a) if a == b else None
 
 
-@command("verify", short_help="The same training loop before and after packing, side by side.")
+@command("verify", reads=("before", "after"),
+         short_help="The same training loop before and after packing, side by side.")
 @storage_option
 @click.argument("before")
 @click.argument("after")
@@ -295,7 +280,6 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     from shardfeed.readers.measure.html_report import banner_tone
 
     check_plot(plot)
-    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     opts = _split_kwargs(kwargs)
     same = _same_dataset(before, after)
     if same is not None:
@@ -329,7 +313,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
         sys.exit(1)
 
 
-@command("tune", short_help="Sweep num_workers, pin_memory, prefetch_factor, persistent_workers.")
+@command("tune", reads=("source",), short_help="Sweep num_workers, pin_memory, prefetch_factor, persistent_workers.")
 @storage_option
 @click.argument("source")
 @harness_options
@@ -366,7 +350,6 @@ def tune(source: str, cold: bool, budget_s: float, max_workers: int | None, max_
     from shardfeed.readers.measure import TUNE_HEADER, HtmlTable, plot_tune, tune_loader, tune_rows
 
     check_plot(plot)
-    _check_distinct_outputs(plot=plot, html=html_path, json=json_path)
     opts = _split_kwargs(kwargs)
     opts.setdefault("warmup", 5)
     max_workers = max_workers_old if max_workers is None else max_workers

@@ -54,7 +54,8 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
                                    f"{(owners[0].aliases or (owners[0].name,))[0]})")
 
 
-@command("pack", short_help="Pack an image folder into WebDataset shards or one LMDB.")
+@command("pack", reads=("src", "labels_file", "classes_from"), writes=("out",),
+         short_help="Pack an image folder into WebDataset shards or one LMDB.")
 @click.argument("src", metavar="SRC")
 @click.argument("out", metavar="OUT")
 @click.option("--extensions", default=None, metavar="LIST",

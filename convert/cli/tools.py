@@ -63,7 +63,7 @@ def _print_problems(problems: list, err: bool, limit: int = 30) -> None:
         click.echo(f"  ... and {len(problems) - limit} more (see --json)", err=err)
 
 
-@command("inspect", short_help="Describe a dataset: format, classes with counts, shards.")
+@command("inspect", reads=("source",), short_help="Describe a dataset: format, classes with counts, shards.")
 @storage_option
 @click.argument("source", metavar="PATH_OR_URL")
 @click.option("--class-counts/--no-class-counts", default=None,
@@ -121,7 +121,7 @@ def inspect_cmd(ctx, source: str, class_counts, examples: int, max_shards: int, 
         sys.exit(EXIT_ERROR)  # the report is out; the status says the dataset is not readable as it is
 
 
-@command("check", short_help="Verify sha256, sizes and samples against the manifest.")
+@command("check", reads=("source",), short_help="Verify sha256, sizes and samples against the manifest.")
 @storage_option
 @click.argument("source", metavar="PATH")
 @click.option("--decode", is_flag=True, help="Also decode every image (catches damage the sha256 cannot place, "
@@ -166,7 +166,8 @@ def check_cmd(ctx, source: str, decode: bool, max_decode_bytes: int, json_path) 
         sys.exit(EXIT_ERROR)
 
 
-@command("unpack", short_help="Write a packed dataset back as an image folder, byte-identical.")
+@command("unpack", reads=("source",), writes=("out",),
+         short_help="Write a packed dataset back as an image folder, byte-identical.")
 @storage_option
 @click.argument("source", metavar="PATH")
 @click.argument("out", type=click.Path(path_type=Path))
@@ -199,7 +200,8 @@ def unpack_cmd(ctx, source: str, out: Path, overwrite: bool, json_path) -> None:
     write_json_report(json_path, report.to_json())
 
 
-@command("convert", short_help="Convert between wds and lmdb, or re-shard; bytes unchanged.")
+@command("convert", reads=("src",), writes=("out",),
+         short_help="Convert between wds and lmdb, or re-shard; bytes unchanged.")
 @storage_option
 @click.argument("src", metavar="SRC")
 @click.argument("out", metavar="OUT")
@@ -244,7 +246,8 @@ def convert_cmd(ctx, src: str, out: str, fmt: str, max_count: int, max_bytes: in
     write_json_report(json_path, report.to_json())
 
 
-@command("stage", short_help="Copy a dataset to fast local storage: verified, resumable.")
+@command("stage", reads=("src",), writes=("dest",),
+         short_help="Copy a dataset to fast local storage: verified, resumable.")
 @storage_option
 @click.argument("src", metavar="SRC")
 @click.argument("dest", type=click.Path(path_type=Path))
@@ -297,7 +300,8 @@ def stage_cmd(ctx, src: str, dest: Path, min_free_bytes, retries: int, overwrite
         click.echo(report.path)
 
 
-@command("index", short_help="Write manifest + .sfidx files for shards made by other tools.")
+@command("index", reads=("pattern", "classes_file"),
+         short_help="Write manifest + .sfidx files for shards made by other tools.")
 @storage_option
 @click.argument("pattern", metavar="DIR_OR_URL_PATTERN")
 @click.option("--out", type=click.Path(path_type=Path), default=None,

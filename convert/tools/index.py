@@ -20,6 +20,7 @@ from shardfeed.readers.format import (
     LABELS_NONE,
     MANIFEST_NAME,
     MAX_FIELDS,
+    PACK_STATE_DIR,
     TAR_BLOCK,
     Manifest,
     ShardEntry,
@@ -30,12 +31,16 @@ from shardfeed.readers.format import (
     is_dali_index,
     plain_file_name_problem,
     read_small_file,
+    unfinished_pack_error,
     write_bytes_atomic,
 )
 from shardfeed.readers.redact import shown_source
 from shardfeed.readers.registry import describe
 
 from ..outlock import output_lock
+from ..ownership import refuse_unfinished_pack
+from ..pack_state import PLAN_NAME
+from ..staged import ReplacedTogether
 from .common import (
     HashingReader,
     Progress,
@@ -234,6 +239,8 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     Raises:
         ValueError: no samples at all, shards in different folders without ``out``, local shards
             outside ``out``, a URL without ``out``, a manifest already there, compressed shards, duplicate shard names.
+        IncompleteDatasetError: the folder holds a pack that did not finish (``.shardfeed-pack/``,
+            no manifest): only that pack's ``--resume`` finishes it; nothing is written.
         CorruptDataError: a shard is not a readable tar (bad header, truncated), or a key's
             members are not contiguous.
         FileNotFoundError, DataSourceError: a shard cannot be read.
@@ -253,14 +260,26 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
 def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url: bool, classes_file,
                   overwrite: bool, progress: Progress, t0: float, *,
                   storage_options: dict | None = None, labelled: bool = True) -> IndexReport:
-    """:func:`index_shards` once the folder's lock is held."""
+    """:func:`index_shards` once the folder's lock is held: every offset index is written beside
+    the old one and all replace theirs only after every shard was read (:class:`ReplacedTogether`),
+    so a failed ``--overwrite`` leaves the dataset as it was."""
+    refuse_unfinished_pack(root, "`shardfeed index`")
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
     classes = _read_classes_file(classes_file) if classes_file else None
-    if overwrite and not url:
-        rebuilt = _rebuild_indexes(root, names, sources, classes, progress, t0, pattern)
-        if rebuilt is not None:
-            return rebuilt
+    with ReplacedTogether() as indexes:
+        if overwrite and not url:
+            rebuilt = _rebuild_indexes(root, names, sources, classes, progress, t0, pattern, indexes)
+            if rebuilt is not None:
+                return rebuilt
+        return _index_afresh(pattern, root, names, sources, url, classes, classes_file, overwrite, progress, t0,
+                             indexes, storage_options=storage_options, labelled=labelled)
+
+
+def _index_afresh(pattern, root: Path, names: list[str], sources: list[str], url: bool, classes, classes_file,
+                  overwrite: bool, progress: Progress, t0: float, indexes: ReplacedTogether, *,
+                  storage_options: dict | None = None, labelled: bool = True) -> IndexReport:
+    """Read every shard, then put the offset indexes in place and write the manifest."""
     replaced = _version_1_indexes(root) if overwrite else []
     class_to_idx = {c: i for i, c in enumerate(classes)} if classes else None
     report = IndexReport(source=shown_source(pattern), output=str(root))
@@ -278,7 +297,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
         shard = _index_one_shard(source, name, root / f"{stem}{INDEX_SUFFIX}", url=url, classes=classes,
                                  class_to_idx=class_to_idx, classes_file=classes_file, report=report,
                                  label_names=label_names, progress=progress, storage_options=storage_options,
-                                 field_counts=field_counts)
+                                 field_counts=field_counts, indexes=indexes)
         shards.append(shard)
         report.num_bytes += shard.num_bytes
         log.info("%s: %d samples", source, shard.num_samples)
@@ -301,6 +320,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
                         files={"indexed": n, "left_out": len(skipped)},
                         labels=LABELS_CLASS if labelled else LABELS_NONE,
                         fields=_manifest_fields(field_counts or {}, n))
+    indexes.commit()
     manifest.write(root)
     for old in replaced:  # a version-1 dataset's own .idx files: superseded by .sfidx; DALI's are kept
         _remove_if_shardfeeds_index(old)
@@ -314,7 +334,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
 
 
 def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: list[str] | None,
-                     progress: Progress, t0: float, pattern) -> IndexReport | None:
+                     progress: Progress, t0: float, pattern, indexes: ReplacedTogether) -> IndexReport | None:
     """Rebuild the offset indexes of the dataset whose manifest is in ``root``, keeping that manifest.
 
     Applies when ``manifest.json`` is a readable shardfeed WebDataset manifest of version 2 or later
@@ -368,11 +388,12 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: 
         stem = stem[:-4] if stem.endswith(".tar") else stem
         rebuilt.append((i, root / f"{stem}{INDEX_SUFFIX}", encode_index(offsets)))
     for i, idx_path, index_bytes in rebuilt:
-        write_bytes_atomic(idx_path, index_bytes)
+        indexes.write(idx_path, index_bytes)
         doc["shards"][i]["index"] = idx_path.name
         doc["shards"][i]["index_sha256"] = hashlib.sha256(index_bytes).hexdigest()
     data = (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
     manifest = Manifest.from_json(data, str(path))  # still a valid manifest before it replaces the old one
+    indexes.commit()
     if data != raw:
         write_bytes_atomic(path, data)
     from ..consumers import write_consumer_files
@@ -423,7 +444,10 @@ def _list_store_shards(pattern: str, storage_options: dict | None = None) -> lis
             continue
         head = item if item.endswith("/") or not any(c in item for c in "*?[") else item[:item.rfind("/") + 1]
         loc = open_location(head, storage_options=storage_options)
-        names = sorted(n for n in loc.list_sizes() if n.endswith(".tar") and "/" not in n)
+        listing = loc.list_sizes()
+        if f"{PACK_STATE_DIR}/{PLAN_NAME}" in listing and MANIFEST_NAME not in listing:
+            raise unfinished_pack_error(head.rstrip("/"))  # only the pack that made it can finish it
+        names = sorted(n for n in listing if n.endswith(".tar") and "/" not in n)
         urls = [loc.url(n) for n in names]
         if head != item:
             urls = [u for u in urls if fnmatch.fnmatchcase(u, item)]
@@ -474,7 +498,8 @@ def _sample_problem(s, classes, classes_file) -> str | None:
 
 def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, classes, class_to_idx, classes_file,
                      report: IndexReport, label_names: dict, progress: Progress,
-                     storage_options: dict | None = None, field_counts: dict[str, int] | None = None) -> ShardEntry:
+                     storage_options: dict | None = None, field_counts: dict[str, int] | None = None,
+                     indexes: ReplacedTogether) -> ShardEntry:
     """Read one shard once (sha256, size, samples), write its ``.sfidx`` and return its manifest entry.
 
     Samples that do not group by the one rule (:func:`~.common.parts_to_sample`) are added to
@@ -523,7 +548,7 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
             progress(1, len(s.data))
         reader.drain()
     index_bytes = encode_index(offsets)
-    write_bytes_atomic(idx_path, index_bytes)
+    indexes.write(idx_path, index_bytes)  # in place once every shard was read
     return ShardEntry(name, len(offsets), reader.num_bytes, reader.hexdigest(), idx_path.name,
                       hashlib.sha256(index_bytes).hexdigest(), dict(sorted(exts.items())))
 

@@ -2,7 +2,8 @@
 shardfeed's own previous dataset in place (manifest version 2: shards, ``.sfidx``,
 ``shardindex.json``, ``README.md``) and refuses, naming them, objects no record names;
 ``--resume`` on the same finished dataset is done; an unfinished pack reads as an incomplete
-dataset, as on disk. Right values: a local pack of the same folder, the objects planted here."""
+dataset, as on disk (and ``index`` refuses it). Right values: a local pack of the same folder, the
+objects planted here."""
 
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ def test_an_unfinished_pack_reads_as_incomplete_in_a_bucket_as_on_disk(tiny_imag
             open_dataset(str(out))
         r = _cli("inspect", out, env=env)
         assert r.returncode != 0 and "did not finish" in r.stderr and "--resume" in r.stderr, r.stderr
+        # only the pack that made it can finish it: index writes no manifest over its shards
+        r = _cli("index", out, "--out", tmp_path / "ix", env=env) if isinstance(out, str) else _cli("index", out)
+        assert r.returncode == 1 and "--resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "ix" / "manifest.json").exists() and not (tmp_path / "local" / "manifest.json").exists()
 
 
 def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, s3_client, s3_bucket, tmp_path,

@@ -8,6 +8,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from shardfeed.readers import shard_readahead
 from shardfeed.readers.shard_readahead import SpansAhead
 
@@ -110,8 +112,9 @@ def test_a_closed_reader_stops_a_stalled_stream_and_its_thread_ends(monkeypatch)
 
 def test_a_shard_changed_between_epochs_is_read_as_it_is_now(tmp_path, monkeypatch):
     """Local shards read ahead for the next epoch (the storage taken for slow); one image's bytes
-    in each shard rewritten in place after the first epoch: the next epoch delivers the files'
-    bytes as they are now, never those read ahead before."""
+    in each shard rewritten in place after the first epoch: the next epoch delivers neither the
+    bytes read ahead before nor a mix of versions: it stops, naming the changed shard (a reader
+    reads one version of a dataset)."""
     import io
 
     import numpy as np
@@ -162,7 +165,11 @@ def test_a_shard_changed_between_epochs_is_read_as_it_is_now(tmp_path, monkeypat
         st = os.stat(shard)
         os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a coarse clock's later write
     assert changed
-    second = sorted(bytes(s.data) for batch in loader for s in batch)
-    now = sorted(changed.get(image, image) for image in planted)  # the files' bytes after the change
-    assert second == now  # the changed images as they are now, never as read ahead before
+    from shardfeed.readers.errors import DatasetChangedError
+
+    second = []
+    with pytest.raises(DatasetChangedError, match=r"shard-00000[0-2]\.tar: changed since the dataset was opened"):
+        for batch in loader:
+            second.extend(bytes(s.data) for s in batch)
+    assert second == []  # nothing of either version
     assert taken and not any(taken)  # each span read ahead was refused: its file changed
