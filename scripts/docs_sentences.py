@@ -9,8 +9,8 @@ How it counts:
 * List items count. Each list item starts a new paragraph; its continuation lines belong to it.
   The ``-``, ``*``, ``+`` or ``1.`` marker is not a word.
 * Sentences never cross a paragraph. Inside one, a sentence ends at ``.``, ``!`` or ``?`` followed
-  by white space and then a capital letter, a backtick, an opening parenthesis, a quote or the
-  word "shardfeed" (the product's name is written in lower case).
+  by white space and then a capital letter, a digit, a backtick, an opening parenthesis, a quote
+  or the word "shardfeed" (the product's name is written in lower case).
 * Inline code counts as one word, whatever it holds. A link counts as its text, not its address.
   Emphasis marks are dropped.
 * A word is a run of non-space characters with at least one letter or digit; a lone dash or
@@ -48,7 +48,7 @@ _IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")
 _LINK = re.compile(r"\[([^\]]*)\](?:\([^)]*\)|\[[^\]]*\])")
 _AUTOLINK = re.compile(r"<(?:https?://|mailto:)[^>]+>")
 _EMPHASIS = re.compile(r"(\*\*|__|\*|(?<!\w)_(?=\w)|(?<=\w)_(?!\w))")
-_SPLIT = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z`(\"']|shardfeed\b)")
+_SPLIT = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9`(\"']|shardfeed\b)")
 _WORD = re.compile(r"\w")
 #: Inline code becomes this single token; it starts with a backtick so a sentence may begin with it.
 _CODE_TOKEN = "`code`"
