@@ -16,6 +16,8 @@ How it counts:
 * A word is a run of non-space characters with at least one letter or digit; a lone dash or
   arrow is not a word.
 * Sentences under 3 words are ignored: they are labels, not sentences.
+* ``--tables`` also counts table cells, each cell a paragraph (the rule rows left out). The test
+  and ``--max-average`` use the default, prose only.
 
 The average is words divided by sentences. The overall average pools every sentence of every
 page, so a long page weighs more than a short one.
@@ -25,6 +27,7 @@ Usage::
     python scripts/docs_sentences.py                     # docs/*.md
     python scripts/docs_sentences.py --max-average 25    # exit 1 above 25 words a sentence
     python scripts/docs_sentences.py --long 40 docs/reading.md   # list sentences over 40 words
+    python scripts/docs_sentences.py --tables            # table cells counted too
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ _AUTOLINK = re.compile(r"<(?:https?://|mailto:)[^>]+>")
 _EMPHASIS = re.compile(r"(\*\*|__|\*|(?<!\w)_(?=\w)|(?<=\w)_(?!\w))")
 _SPLIT = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9`(\"']|shardfeed\b)")
 _WORD = re.compile(r"\w")
+_TABLE_RULE = re.compile(r"^\|?[\s:|-]+$")
 #: Inline code becomes this single token; it starts with a backtick so a sentence may begin with it.
 _CODE_TOKEN = "`code`"
 
@@ -63,12 +67,16 @@ class Sentence:
     text: str
 
 
-def paragraphs(text: str) -> list[str]:
-    """The prose paragraphs of a Markdown text, each joined into one line (see the module docstring)."""
+def paragraphs(text: str, tables: bool = False) -> list[str]:
+    """The prose paragraphs of a Markdown text, each joined into one line (see the module docstring).
+
+    With ``tables``, each cell of a table row is a paragraph too (``--tables``).
+    """
     paras: list[list[str]] = []
     current: list[str] = []
     fence = ""
     in_list = False
+    in_indented_code = False
     blank_before = True
 
     def close() -> None:
@@ -93,13 +101,22 @@ def paragraphs(text: str) -> list[str]:
             blank_before = True
             continue
         indent = len(line) - len(line.lstrip(" "))
+        if tables and stripped.startswith("|") and not _TABLE_RULE.match(stripped):
+            close()
+            paras.extend([cell.strip()] for cell in re.split(r"(?<!\\)\|", stripped.strip("|")))
+            blank_before = False
+            continue
         item = _LIST_ITEM.match(line)
+        if in_indented_code and indent >= 4:
+            continue  # the indented code block goes on
+        in_indented_code = False
         if item:
             close()
             in_list = True
             current.append(line[item.end():].strip())
         elif indent >= 4 and blank_before and not in_list:
-            close()  # an indented code block
+            close()  # an indented code block starts
+            in_indented_code = True
         elif indent == 0 and blank_before:
             in_list = False
             if stripped.startswith(("|", "#", "<", "--8<--")):
@@ -130,10 +147,11 @@ def word_count(sentence: str) -> int:
     return sum(1 for token in sentence.split() if token == _CODE_TOKEN or _WORD.search(token))
 
 
-def page_sentences(text: str, page: str = "") -> list[Sentence]:
-    """Every counted sentence (``MIN_WORDS`` words or more) of a Markdown text."""
+def page_sentences(text: str, page: str = "", tables: bool = False) -> list[Sentence]:
+    """Every counted sentence (``MIN_WORDS`` words or more) of a Markdown text; table cells too with
+    ``tables``."""
     out = []
-    for para in paragraphs(text):
+    for para in paragraphs(text, tables):
         for sentence in split_sentences(para):
             words = word_count(sentence)
             if words >= MIN_WORDS:
@@ -141,9 +159,9 @@ def page_sentences(text: str, page: str = "") -> list[Sentence]:
     return out
 
 
-def measure(pages: list[Path]) -> dict[str, list[Sentence]]:
-    """The counted sentences of each page, by the page's file name."""
-    return {page.name: page_sentences(page.read_text(encoding="utf-8"), page.name) for page in pages}
+def measure(pages: list[Path], tables: bool = False) -> dict[str, list[Sentence]]:
+    """The counted sentences of each page, by the page's file name; table cells too with ``tables``."""
+    return {page.name: page_sentences(page.read_text(encoding="utf-8"), page.name, tables) for page in pages}
 
 
 def average(sentences: list[Sentence]) -> float:
@@ -156,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pages", nargs="*", type=Path, help="Markdown files (default: docs/*.md)")
     parser.add_argument("--max-average", type=float, help="exit 1 when the overall average is above this")
     parser.add_argument("--long", type=int, metavar="N", help="also list every sentence over N words")
+    parser.add_argument("--tables", action="store_true", help="count the text of table cells too")
     args = parser.parse_args(argv)
     pages = args.pages or sorted((ROOT / "docs").glob("*.md"))
-    by_page = measure(pages)
+    by_page = measure(pages, args.tables)
     print(f"{'page':24s} {'sentences':>9s} {'avg words':>9s} {'>40 words':>9s}")
     every: list[Sentence] = []
     for name, sentences in by_page.items():

@@ -266,11 +266,13 @@ def test_sentence_counter_counts_prose_only():
             "  continued here. Then a second one\n\n"
             "| a table | row of words that do not count |\n\n"
             "```sh\ncode that does not count at all\n```\n\n"
-            "    indented code that does not count\n\n"
+            "    indented code that does not count\n        --nor its next line\n\n"
             "Too short. Ok.\n\nIt ends here. 8 ranks read it.\n")
     sentences = counter.page_sentences(text)
     assert [s.words for s in sentences] == [4, 4, 3, 8, 4, 3, 4]
     assert counter.average(sentences) == 30 / 7
+    # --tables: each cell is a paragraph; "a table" is under 3 words
+    assert [s.words for s in counter.page_sentences(text, tables=True)] == [4, 4, 3, 8, 4, 7, 3, 4]
 
 
 #: The most words a documentation page may average per sentence, and the most one sentence may have.
