@@ -104,6 +104,7 @@ def paragraphs(text: str, tables: bool = False) -> list[str]:
         if tables and stripped.startswith("|") and not _TABLE_RULE.match(stripped):
             close()
             paras.extend([cell.strip()] for cell in re.split(r"(?<!\\)\|", stripped.strip("|")))
+            in_list = in_list and indent > 0
             blank_before = False
             continue
         item = _LIST_ITEM.match(line)
