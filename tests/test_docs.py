@@ -246,3 +246,44 @@ def test_site_pages_fit_a_desktop_screen_and_their_links_resolve(built_site, sta
     assert len(checked) > 3
     print(f"external links, not fetched ({len(external)}):", *sorted(external), sep="\n  ")
     assert not problems, "\n".join(problems)
+
+
+def _docs_sentences():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_sentences", ROOT / "scripts" / "docs_sentences.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("docs_sentences", module)  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sentence_counter_counts_prose_only():
+    counter = _docs_sentences()
+    text = ("# A heading of many words that is not prose at all\n\n"
+            "One two three four. Five six `a b c d` seven. shardfeed packs it.\n\n"
+            "- An item of [five words](x.md#y) here\n"
+            "  continued here. Then a second one\n\n"
+            "| a table | row of words that do not count |\n\n"
+            "```sh\ncode that does not count at all\n```\n\n"
+            "    indented code that does not count\n        --nor its next line\n\n"
+            "Too short. Ok.\n\nIt ends here. 8 ranks read it.\n")
+    sentences = counter.page_sentences(text)
+    assert [s.words for s in sentences] == [4, 4, 3, 8, 4, 3, 4]
+    assert counter.average(sentences) == 30 / 7
+    # --tables: each cell is a paragraph; "a table" is under 3 words
+    assert [s.words for s in counter.page_sentences(text, tables=True)] == [4, 4, 3, 8, 4, 7, 3, 4]
+
+
+#: The most words a documentation page may average per sentence, and the most one sentence may have.
+MAX_AVERAGE_WORDS, MAX_SENTENCE_WORDS = 25, 60
+
+
+def test_docs_are_written_in_short_sentences():
+    """Counted by ``scripts/docs_sentences.py`` over ``docs/*.md`` (its docstring says how)."""
+    counter = _docs_sentences()
+    every = [s for sentences in counter.measure(sorted((ROOT / "docs").glob("*.md"))).values() for s in sentences]
+    assert len(every) > 500  # the counter found the prose
+    assert counter.average(every) <= MAX_AVERAGE_WORDS
+    too_long = [f"{s.page}: {s.words} words: {s.text}" for s in every if s.words > MAX_SENTENCE_WORDS]
+    assert not too_long, f"sentences over {MAX_SENTENCE_WORDS} words; split them:\n" + "\n".join(too_long)
