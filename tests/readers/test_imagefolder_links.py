@@ -99,3 +99,24 @@ def test_page_cache_files_follow_the_same_rule(linked, tmp_path):
     followed = dataset_files(linked, follow_external_links=True)
     assert sorted(str(f) for f in followed if str(f).startswith(store)) == sorted(
         os.path.join(store, p) for p in ("birds/b.png", "k1", "more/m.png"))
+
+
+def test_verify_check_reads_the_folder_by_the_rule_and_a_packed_dataset_ignores_it(linked, tmp_path):
+    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.readers.measure import check_same_samples
+
+    out = tmp_path / "out"
+    pack(linked, out, PackOptions(workers=1, follow_external_links=True))
+    with pytest.raises(ValueError, match=r"bird: link out of SRC"):
+        check_same_samples(linked, out)
+    assert check_same_samples(linked, out, deep=True, follow_external_links=True)["num_samples"] == 7
+
+
+@pytest.mark.parametrize("command", ["bench", "verify", "tune"])
+def test_measuring_commands_take_the_link_flag(command):
+    from click.testing import CliRunner
+
+    from shardfeed.convert.cli import main
+
+    r = CliRunner().invoke(main, [command, "--help"])
+    assert r.exit_code == 0 and "--follow-external-links" in r.output, r.output
