@@ -129,10 +129,8 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             WebDataset shards: reads ahead once reads prove slow, True) and ``verify`` (LMDB:
             check each record's CRC-32; True),
             ``cache_dir`` and ``cache_limit`` (a shard cache on a local disk: :mod:`~shardfeed.readers.shard_cache`),
-            ``class_to_idx``, ``extensions`` and ``follow_external_links`` (folder: follow symbolic
-            links whose target lies outside it; False refuses them, naming the link; a packed
-            dataset ignores it), ``fields`` (extra fields of a version-3
-            dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
+            ``class_to_idx``, ``extensions``, ``follow_external_links`` (folder), ``fields`` (extra fields of a
+            version-3 dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
             ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
             ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads

@@ -179,7 +179,7 @@ def walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
     folder or file, not hidden) whose target ``rule`` puts out of bounds is appended to ``outside``
     and not followed (a broken link stays a name: the scan names it).
     """
-    root_real = os.path.realpath(root)
+    root_real = rule.root_real
     st = os.stat(root)
     claimed: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): str(root)}
     per_class: list[list[tuple[str, list[str]]]] = [[] for _ in range(1 if walk_root else len(class_dirs))]
@@ -245,26 +245,36 @@ def walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
         walk(top, code)
     while links:
         path, code = heapq.heappop(links)
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        ident = (st.st_dev, st.st_ino)
-        real = os.path.realpath(path)
-        if ident in claimed:
-            log.warning("%s: a link to %s, which is walked already; skipped (no image is packed twice or under "
-                        "another class)", display_name(path), display_name(claimed[ident]))
-            continue
-        if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):
-            log.warning("%s: a link to %s, which holds the image folder itself (a loop); skipped",
-                        display_name(path), display_name(real))
-            continue
-        target = rule.outside(path)
-        if target is not None:
-            outside.append(OutsideLink(path, target, True))
-            continue
-        claimed[ident] = path
-        walk(path, code)
+        ident = _folder_link_to_walk(path, claimed, root_real, rule, outside)
+        if ident is not None:
+            claimed[ident] = path
+            walk(path, code)
     for walked in per_class:
         walked.sort(key=lambda t: t[0])
     return per_class
+
+
+def _folder_link_to_walk(path: str, claimed: dict[tuple[int, int], str], root_real: str, rule: LinkRule,
+                         outside: list[OutsideLink]) -> tuple[int, int] | None:
+    """The identity of the folder the link ``path`` leads to, when it is to be walked; None for a
+    broken link, a folder walked already, a folder holding the root (a loop; both logged) or a
+    folder out of bounds (appended to ``outside``)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ident = (st.st_dev, st.st_ino)
+    real = os.path.realpath(path)
+    if ident in claimed:
+        log.warning("%s: a link to %s, which is walked already; skipped (no image is packed twice or under "
+                    "another class)", display_name(path), display_name(claimed[ident]))
+        return None
+    if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):
+        log.warning("%s: a link to %s, which holds the image folder itself (a loop); skipped",
+                    display_name(path), display_name(real))
+        return None
+    target = rule.outside(path)
+    if target is not None:
+        outside.append(OutsideLink(path, target, True))
+        return None
+    return ident

@@ -404,7 +404,8 @@ def test_json_report_and_extensions_option(tricky, tmp_path):
 
 def test_pack_does_not_import_torch_or_webdataset(tricky, tmp_path):
     code = ("import sys\nfrom shardfeed.convert.cli import main\n"
-            "try:\n    main(['-q', 'pack', sys.argv[1], sys.argv[2], '-j', '2', '--follow-external-links'])\nexcept SystemExit as e:\n"
+            "try:\n    main(['-q', 'pack', sys.argv[1], sys.argv[2], '-j', '2', '--follow-external-links'])\n"
+            "except SystemExit as e:\n"
             "    assert not e.code, e.code\n"
             "bad = [m for m in ('torch', 'webdataset') if m in sys.modules]\nprint('IMPORTED', bad)\n")
     r = subprocess.run([sys.executable, "-c", code, str(tricky), str(tmp_path / "o")],
