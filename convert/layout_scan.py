@@ -3,10 +3,13 @@ sidecar files below SRC.
 
 Rules (the one naming rule of every layout):
 
-* Folders are walked by :func:`~shardfeed.readers.imagefolder.walk_folder`, the class-folder
-  walk: symbolic links to folders and to files are followed wherever they lead (a git-annex or
-  DVC store), each real folder is walked once, a link to SRC or a folder above it is never
-  followed; hidden names (``.x``) are skipped and listed.
+* Folders are walked by :func:`~shardfeed.readers.folder_walk.walk_folder`, the class-folder
+  walk: symbolic links to folders and to files are followed when their target lies inside SRC,
+  each real folder is walked once, a link to SRC or a folder above it is never followed; hidden
+  names (``.x``) are skipped and listed. A link out of SRC (to a folder, an image or a sidecar
+  file) is listed in :attr:`Found.unpackable` (reason ``link out of SRC``) unless
+  ``follow_external_links`` (a git-annex or DVC store); a link out of SRC to another file is
+  listed as ignored.
 * An image is a file whose extension is packed (``--extensions``), whatever its stem:
   ``img.v2.jpg`` beside ``img.jpg``, ``f.0001.png`` and ``f.0002.png`` are images.
 * A file is a sidecar of image X only when its name is X's stem plus ``.`` plus one of the
@@ -29,7 +32,8 @@ import stat
 from pathlib import Path
 
 from shardfeed.readers.format import normalize_ext, stored_path_problem
-from shardfeed.readers.imagefolder import display_name, unstatable_reason, walk_folder
+from shardfeed.readers.folder_walk import OutsideLink, walk_folder
+from shardfeed.readers.imagefolder import display_name, outside_link_entries, unstatable_reason
 
 __all__ = ["Found", "scan_layout_folder"]
 
@@ -55,7 +59,8 @@ class Found:
     unpackable: list[dict] = dataclasses.field(default_factory=list)
 
 
-def scan_layout_folder(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], max_files: int) -> Found:
+def scan_layout_folder(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], max_files: int, *,
+                       follow_external_links: bool = False) -> Found:
     """Images below ``root`` and each one's sidecar files, by the rules of the module docstring.
 
     Args:
@@ -63,6 +68,7 @@ def scan_layout_folder(root: Path, exts: tuple[str, ...], sidecars: tuple[str, .
         exts: the packed extensions (lower case, no dot).
         sidecars: the requested sidecar suffixes (lower case, no leading dot).
         max_files: most names listed below ``root``.
+        follow_external_links: follow symbolic links whose target lies outside ``root`` too.
 
     Raises:
         ValueError: more than ``max_files`` names; two sidecar files of one image for one suffix
@@ -78,8 +84,12 @@ def scan_layout_folder(root: Path, exts: tuple[str, ...], sidecars: tuple[str, .
         if seen[0] > max_files:
             raise ValueError(f"{root}: more than {max_files} entries; pack a smaller folder")
 
-    walked = walk_folder(root, hidden_dirs, listed)
+    outside: list[OutsideLink] = []
+    walked = walk_folder(root, hidden_dirs, listed, follow_external_links=follow_external_links, outside=outside)
     found = Found([], {}, [{"path": _rel(root_str, d), "reason": "hidden folder"} for d in sorted(hidden_dirs)])
+    ext_set = {e.lower() for e in exts}
+    outside_link_entries(root_str, outside, lambda name: _ext(name) in ext_set or any(
+        _ends_with(name, f) for f in sidecars), found.unpackable, found.ignored)
     side_files: dict[str, dict[str, list[str]]] = {}  # image stem rel -> {suffix: [sidecar rels]}
     for dirpath, names in walked:
         rel_dir = _rel(root_str, dirpath)

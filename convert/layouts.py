@@ -20,8 +20,8 @@ index and Hugging Face card as ``pack``.
 
 Rules (binding for these layouts): images and sidecar files are found by
 :mod:`shardfeed.convert.layout_scan` (the one naming rule: an image is an image whatever its
-stem; a sidecar file is an image's stem plus a requested suffix; symbolic links followed as a
-class-folder pack follows them), recursively below SRC, in sorted order; the packing
+stem; a sidecar file is an image's stem plus a requested suffix; symbolic links followed inside
+SRC and refused out of it, as a class-folder pack does), recursively below SRC, in sorted order; the packing
 order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``), keys are the
 zero-padded positions. An image missing from the labels file and a row naming a missing image
 are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
@@ -829,7 +829,8 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     """Scan SRC, label its images, drop those without their required sidecars and fix the
     packing order (:func:`pack_layout` before OUT is touched)."""
     exts = parse_extensions(options.extensions)
-    found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
+    found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files,
+                         follow_external_links=options.follow_external_links)
     refuse_unpackable(src, found.unpackable, options.on_error)
     # every file seen: images, their sidecar files, the ignored and the unpackable ones (the labels file's rows
     # that name no image are skipped entries too, but not files found)

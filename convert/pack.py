@@ -149,6 +149,9 @@ class PackOptions:
             cluster, :mod:`shardfeed.convert.executors`); the output bytes are the same.
         ray_address: the Ray cluster (``auto``, ``HOST:PORT``); None: ``RAY_ADDRESS`` when set,
             else a local Ray instance.
+        follow_external_links: follow symbolic links whose target lies outside SRC (a git-annex or
+            DVC store); False (default): such a link stops the pack naming it (``on_error="skip"``:
+            it is skipped and listed under ``link out of SRC``). Links inside SRC are always followed.
         faults: test-only fault injection (:class:`~shardfeed.convert.faults.FaultHooks`); None
             (production): none. Given explicitly, never taken from elsewhere; never changes the
             output bytes.
@@ -180,6 +183,8 @@ class PackOptions:
     ray_address: str | None = None
     #: not part of fingerprint_fields(): test faults do not change the output bytes
     faults: FaultHooks | None = None
+    #: not part of fingerprint_fields(): which files are packed is in the plan's paths
+    follow_external_links: bool = False
 
     def __post_init__(self):
         self.executor = str(self.executor).lower()
@@ -363,7 +368,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
             return _pack_layout_locally(src, out, options, layout, context, to_store=to_store)
         if scan is None:
             scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
-                                     progress=scan_progress)
+                                     progress=scan_progress, follow_external_links=options.follow_external_links)
         if start_progress is not None:
             start_progress(len(scan.files), scan.num_bytes)
         if to_store:
@@ -509,7 +514,8 @@ def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOpti
     src, out = Path(src), Path(out)
     t0 = time.perf_counter()
     if scan is None:
-        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
+        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
+                                 follow_external_links=options.follow_external_links)
     refuse_unpackable(scan.root, scan.unpackable, options.on_error)
     with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
         return _pack_locked(src, out, options, scan, context, t0)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from shardfeed.readers.errors import CorruptDataError, ShardfeedError, SourceChangedError
+from shardfeed.readers.folder_walk import LINK_OUT_OF_SRC
 
 from .plan import PlannedSample
 from .reencode import reencode_payload
@@ -121,13 +122,15 @@ def payload_from_bytes(s: PlannedSample, data: bytes, options) -> tuple[bytes, s
 def refuse_unpackable(root: str | os.PathLike, unpackable: list[dict], on_error: str) -> None:
     """Stop a pack (``on_error="raise"``) whose scan found files with a packed extension that
     cannot be packed (``[{"path": rel, "reason": ...}]``: a broken link, a name failing the name
-    policy); under ``on_error="skip"`` they are listed in the manifest's ``skipped``.
+    policy, a symbolic link out of SRC); under ``on_error="skip"`` they are listed in the
+    manifest's ``skipped``.
 
     Raises:
-        ValueError: naming the first file, its reason, how many more, and ``--on-error skip``.
+        ValueError: naming the first file (a link out of SRC first: its fix differs), its reason,
+            how many more, and ``--on-error skip``.
     """
     if unpackable and on_error != "skip":
-        first = unpackable[0]
+        first = next((u for u in unpackable if u["reason"].startswith(LINK_OUT_OF_SRC)), unpackable[0])
         more = f" (and {len(unpackable) - 1} more such file(s))" if len(unpackable) > 1 else ""
         raise ValueError(f"{Path(root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
                          "pack the rest and list these in the manifest's skipped")

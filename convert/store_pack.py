@@ -288,7 +288,8 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackC
     if scan is None:
         from .scan import scan_image_folder
 
-        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
+        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
+                                 follow_external_links=options.follow_external_links)
     from .outlock import check_not_busy
 
     check_not_busy(staging_dir(str(loc)))  # another pack to this prefix from this host: named before the prefix

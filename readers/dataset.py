@@ -129,8 +129,8 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             WebDataset shards: reads ahead once reads prove slow, True) and ``verify`` (LMDB:
             check each record's CRC-32; True),
             ``cache_dir`` and ``cache_limit`` (a shard cache on a local disk: :mod:`~shardfeed.readers.shard_cache`),
-            ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
-            dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
+            ``class_to_idx``, ``extensions``, ``follow_external_links`` (folder), ``fields`` (extra fields of a
+            version-3 dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
             ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
             ``check_files`` (True: refuse a dataset
             whose files are missing or of another size than the manifest says; False reads
@@ -296,7 +296,8 @@ def _open_packed(location: Any, manifest: Manifest, chosen: _SortedOptions) -> A
     from .source_base import SourceBase
 
     cls = source_factory(manifest.format)
-    ignored = ("shuffle_buffer",) if getattr(cls, "map_style", False) else ()  # shuffled by index instead
+    # shuffled by index instead; a packed dataset has no links to follow
+    ignored = ("follow_external_links",) + (("shuffle_buffer",) if getattr(cls, "map_style", False) else ())
     takes_read_options = isinstance(cls, type) and issubclass(cls, SourceBase)
     if takes_read_options:  # a source class: (location, manifest, read, **its own keywords)
         return cls(location, manifest, chosen.read, **chosen.own_keywords(cls, ignored=ignored))

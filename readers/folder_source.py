@@ -2,7 +2,8 @@
 
 Classes and files are found as ``torchvision.datasets.ImageFolder`` finds them (and as
 ``shardfeed pack`` does): sorted non-hidden sub-folders are the classes; images are found
-recursively (symlinked folders followed, each real folder once), directories in sorted path
+recursively (symbolic links followed inside the folder, each real folder once; a link out of it
+is refused unless ``follow_external_links``, :mod:`~shardfeed.readers.folder_walk`), directories in sorted path
 order and names sorted within each; extensions match case-insensitively
 (:data:`~shardfeed.readers.format.DEFAULT_EXTENSIONS` by default); hidden files and folders are
 skipped. ``class_to_idx`` may be a dict or a packed dataset (directory or manifest path) whose
@@ -25,6 +26,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch.utils.data
 
+from .folder_walk import LinkRule, link_out_reason, refuse_outside_links
 from .format import UNLABELLED, format_key, key_width, load_manifest, normalize_ext, stored_path_problem
 from .imagefolder import has_class_folders, parse_extensions, scan_image_folder, scan_listing
 from .options import ReadOptions
@@ -35,7 +37,7 @@ __all__ = ["FolderSource", "scan_folder"]
 
 def scan_folder(
     root: str | os.PathLike, *, extensions: Iterable[str] | None = None,
-    class_to_idx: Mapping[str, int] | None = None,
+    class_to_idx: Mapping[str, int] | None = None, follow_external_links: bool = False,
 ) -> tuple[list[str], dict[str, int], list[tuple[str, int]]]:
     """Find the classes and images of an ImageFolder root (the packer's scan: the same rules).
 
@@ -43,17 +45,22 @@ def scan_folder(
     ``shardfeed pack`` takes it: its images, sorted by name, each with label
     :data:`~shardfeed.readers.format.UNLABELLED` (-1), and no classes.
 
+    A symbolic link (to a folder or an image) whose target lies outside ``root`` is refused
+    unless ``follow_external_links`` (the pack's rule and wording).
+
     Returns:
         ``(classes, class_to_idx, [(relative_path, label), ...])`` in ImageFolder order.
 
     Raises:
         FileNotFoundError, NotADirectoryError: ``root`` missing or a file.
-        ValueError: no images, a class folder missing from ``class_to_idx``, or a ``class_to_idx``
-            for a flat folder.
+        ValueError: no images, a class folder missing from ``class_to_idx``, a ``class_to_idx``
+            for a flat folder, or a link out of ``root`` (naming it, its target and the fix).
     """
     if not has_class_folders(root):
-        return [], {}, _flat_images(root, extensions, class_to_idx)
-    scan = scan_image_folder(root, extensions=extensions, class_to_idx=class_to_idx)
+        return [], {}, _flat_images(root, extensions, class_to_idx, follow_external_links)
+    scan = scan_image_folder(root, extensions=extensions, class_to_idx=class_to_idx,
+                             follow_external_links=follow_external_links)
+    refuse_outside_links(scan.root, scan.unpackable)
     files = scan.files
     labels = [files.class_labels[c] for c in files.class_codes]
     return list(scan.classes), dict(scan.class_to_idx), list(zip(files.rels, labels))
@@ -64,13 +71,18 @@ MAX_FLAT_ENTRIES = 50_000_000
 
 
 def _flat_images(root: str | os.PathLike, extensions: Iterable[str] | None,
-                 class_to_idx: Mapping[str, int] | None) -> list[tuple[str, int]]:
-    """The images directly in a flat folder: non-hidden regular files (links followed) with one of
-    the extensions whose names can be stored, sorted by name; each labelled ``UNLABELLED``."""
+                 class_to_idx: Mapping[str, int] | None, follow_external_links: bool) -> list[tuple[str, int]]:
+    """The images directly in a flat folder: non-hidden regular files (links followed by the link
+    rule) with one of the extensions whose names can be stored, sorted by name; each labelled
+    ``UNLABELLED``.
+
+    Raises:
+        ValueError: a link to an image out of ``root`` without ``follow_external_links``."""
     if class_to_idx:
         raise ValueError(f"{root}: a class map is given, but the folder has no class folders (an unlabelled "
                          "dataset); sort the images into ROOT/CLASS/ folders, or read it without a class map")
     exts = set(parse_extensions(extensions))
+    rule = LinkRule(root, follow_external_links)
     names = []
     with os.scandir(root) as it:
         for n, e in enumerate(it):
@@ -80,6 +92,9 @@ def _flat_images(root: str | os.PathLike, extensions: Iterable[str] | None,
             if (e.name.startswith(".") or dot <= 0 or e.name[dot + 1:].lower() not in exts
                     or stored_path_problem(e.name) is not None or not e.is_file()):
                 continue
+            target = rule.outside(e.path) if e.is_symlink() else None
+            if target is not None:
+                raise ValueError(f"{e.path}: {link_out_reason(target)}")
             names.append(e.name)
     if not names:
         raise ValueError(f"{root}: no images with extensions {','.join(sorted(exts))} in this folder and no class "
@@ -104,6 +119,9 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
             default ``ReadOptions()``).
         class_to_idx: a class map (dict) or a packed dataset (path) whose map to use.
         extensions: extensions to read (default: the packer's defaults).
+        follow_external_links: read images through symbolic links whose target lies outside
+            ``root`` too (a git-annex or DVC store); without it such a link is refused, naming it
+            (a local folder only).
 
     ``ds[i]`` is ``(image uint8 [3, H, W], label int)``, a raw
     :class:`~shardfeed.readers.format.Sample` with ``decode=False`` (key: the zero-padded index
@@ -118,7 +136,7 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
 
     def __init__(self, root: Any, read: ReadOptions | None = None, *,
                  class_to_idx: Mapping[str, int] | str | os.PathLike[str] | None = None,
-                 extensions: Iterable[str] | None = None) -> None:
+                 extensions: Iterable[str] | None = None, follow_external_links: bool = False) -> None:
         self.store = None if isinstance(root, (str, os.PathLike)) else root  # a listable Location
         if self.store is not None:
             self.root = str(self.store)
@@ -131,7 +149,8 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
         else:
             self.root = Path(root)
             classes, mapping, files = scan_folder(self.root, extensions=extensions,
-                                                  class_to_idx=_class_map_from(class_to_idx))
+                                                  class_to_idx=_class_map_from(class_to_idx),
+                                                  follow_external_links=follow_external_links)
         self._classes, self._class_to_idx = classes, mapping
         self._num_samples = len(files)
         self._paths = np.array([f.encode("utf-8", "surrogateescape") for f, _ in files])

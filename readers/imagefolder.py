@@ -30,21 +30,21 @@ Rules (docs/format.md, "Samples and keys"):
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import logging
 import operator
 import os
-import re
 import stat as stat_mod
 from array import array
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence, overload
 
+from shardfeed.readers.folder_walk import (LINK_OUT_OF_SRC, LinkRule, OutsideLink, display_name,
+                                           outside_link_entries, walk_classes, walk_folder)
 from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext, stored_path_problem
 
 __all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
            "parse_extensions", "scan_listing", "display_name", "is_utf8_name", "resolve_class_map", "walk_folder",
-           "unstatable_reason"]
+           "unstatable_reason", "outside_link_entries", "LINK_OUT_OF_SRC"]
 
 log = logging.getLogger(__name__)
 
@@ -309,26 +309,6 @@ def is_utf8_name(name: str) -> bool:
     return True
 
 
-def display_name(name: str) -> str:
-    """``name`` safe to print and to store: bytes that are not valid UTF-8 and backslashes are shown
-    as ``%XX`` (``b"caf\\xe9.jpg"`` → ``caf%E9.jpg``, ``a\\b`` → ``a%5Cb``), and a leading drive
-    (``C:``) as ``C%3A``, so the result passes :func:`~shardfeed.readers.format.stored_path_problem`
-    as a folder name; other names are returned unchanged."""
-    if name.isascii() and "\\" not in name and not _DRIVE_RE.match(name):
-        return name
-    out = []
-    for ch in name:
-        if "\udc80" <= ch <= "\udcff":  # an undecodable byte kept by PEP 383
-            out.append(f"%{ord(ch) - 0xDC00:02X}")
-        elif ch == "\\":
-            out.append("%5C")
-        else:
-            out.append(ch)
-    text = "".join(out)
-    return text[0] + "%3A" + text[2:] if _DRIVE_RE.match(text) else text
-
-
-_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
 def has_class_folders(root: str | os.PathLike) -> bool:
@@ -394,6 +374,7 @@ def scan_image_folder(
     extensions: Iterable[str] | str | None = None,
     class_to_idx: Mapping[str, int] | None = None,
     progress: Callable[[str, int], None] | None = None,
+    follow_external_links: bool = False,
 ) -> ScanResult:
     """Scan ``root`` as torchvision's ImageFolder would, recording size and mtime of each image.
 
@@ -407,6 +388,8 @@ def scan_image_folder(
             minutes): ``("listed", n)`` after each folder is listed (``n`` names found in it),
             then ``("checked", n)`` as the listed files are checked and stat'ed (every folder,
             and every 4096 files of a large one). Called from this thread.
+        follow_external_links: follow symbolic links whose target lies outside ``root`` too;
+            without it they are not followed and are listed (:func:`outside_link_entries`).
 
     Returns:
         A :class:`ScanResult`.
@@ -434,8 +417,10 @@ def scan_image_folder(
     sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
     stat, s_isreg = os.stat, stat_mod.S_ISREG
     slash = os.sep == "/"
-    walks = _walk_classes(root_path, [str(root_path / c) for c in raw_classes], hidden_dirs,
-                          listed=(lambda n: progress("listed", n)) if progress is not None else None)
+    outside: list[OutsideLink] = []
+    walks = walk_classes(root_path, [str(root_path / c) for c in raw_classes], hidden_dirs,
+                         listed=(lambda n: progress("listed", n)) if progress is not None else None,
+                         rule=LinkRule(root_path, follow_external_links), outside=outside)
     for code, class_name in enumerate(folder_classes):
         before = len(rels)
         for dirpath, names in walks[code]:
@@ -474,6 +459,7 @@ def scan_image_folder(
             empty.append(class_name)
     files = ScannedFiles(root_str, rels, sizes, mtimes, codes, folder_classes,
                          [mapping[c] for c in folder_classes], ecodes, canonical)
+    outside_link_entries(root_str, outside, set(exts), unpackable, ignored)
     ignored += _hidden_folder_files(hidden_dirs, root_path)
     _warn_about_scan(root_path, ignored, unpackable, empty)
     if not files and not unpackable:
@@ -632,120 +618,3 @@ def _reported(names: list[str], progress: Callable[[str, int], None], step: int 
         part = names[a:a + step]
         yield from part
         progress("checked", len(part))
-
-
-def walk_folder(root: str | os.PathLike, hidden_dirs: list[str],
-                listed: Callable[[int], None] | None = None) -> list[tuple[str, list[str]]]:
-    """Every folder below ``root`` (``root`` included) as ``[(dirpath, sorted names)]``, in sorted
-    dirpath order, by the class walk's rules (:func:`_walk_classes`): hidden folders pruned
-    (appended to ``hidden_dirs``), symbolic links to files kept as names, symbolic links to
-    folders followed wherever they lead, each real folder walked once, a link to ``root`` or a
-    folder above it never followed. The layout packs (labels files, sidecars, unlabelled
-    folders) walk their source with it, so every layout follows links as a class-folder pack does.
-
-    Raises:
-        PermissionError: a folder cannot be listed (named).
-    """
-    return _walk_classes(Path(root), [], hidden_dirs, listed, walk_root=True)[0]
-
-
-def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
-                  listed: Callable[[int], None] | None = None,
-                  walk_root: bool = False) -> list[list[tuple[str, list[str]]]]:
-    """Per class folder, ``[(dirpath, sorted file names)]`` in sorted dirpath order
-    (``listed(n)`` is called after each folder is listed, with its number of file names).
-
-    The order within a class is that of ``sorted(os.walk(top, followlinks=True))``
-    (torchvision's make_dataset), without hidden folders (appended to ``hidden_dirs``). Each real
-    folder is walked once, by one path, whatever order the folders are met in:
-
-    1. the root, every class folder and every folder reached from them without a symbolic link
-       are claimed first, class folders that are folders before class folders that are links (a
-       class folder that is the same folder as one claimed already is skipped with a warning);
-    2. then the symbolic links to folders, in sorted path order: a link to a claimed folder (a
-       loop such as ``cat/loop -> ..``, or ``cat/x -> ../dog``), or to a folder holding the root,
-       is skipped with a warning; any other is walked under the class where the link lies, and
-       claims what it reaches.
-
-    So a link never moves an image to another class, nor adds it twice. ``walk_root``: no class
-    folders; the root itself is walked, as the one entry of the result.
-    """
-    root_real = os.path.realpath(root)
-    st = os.stat(root)
-    claimed: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): str(root)}
-    per_class: list[list[tuple[str, list[str]]]] = [[] for _ in range(1 if walk_root else len(class_dirs))]
-    links: list[tuple[str, int]] = []  # heap of (link path, class code)
-
-    def walk(top: str, code: int) -> None:
-        stack = [top]
-        while stack:
-            d = stack.pop()
-            names: list[str] = []
-            try:
-                with os.scandir(d) as it:
-                    for e in it:
-                        try:
-                            if e.is_symlink():
-                                if e.is_dir(follow_symlinks=True):
-                                    if _is_hidden(e.name):
-                                        hidden_dirs.append(e.path)
-                                    else:
-                                        heapq.heappush(links, (e.path, code))
-                                else:
-                                    names.append(e.name)  # a link to a file, or a broken link
-                            elif e.is_dir(follow_symlinks=False):
-                                if _is_hidden(e.name):
-                                    hidden_dirs.append(e.path)  # pruned: neither classes nor samples
-                                    continue
-                                sst = e.stat(follow_symlinks=False)
-                                ident = (sst.st_dev, sst.st_ino)
-                                if ident not in claimed:  # (a bind mount of a claimed folder is not)
-                                    claimed[ident] = e.path
-                                    stack.append(e.path)
-                            else:
-                                names.append(e.name)
-                        except OSError:
-                            names.append(e.name)  # stat'ed again by the caller, which names the error
-            except PermissionError as exc:
-                raise PermissionError(f"{display_name(d)}: cannot list folder ({exc.strerror}); fix its "
-                                      "permissions") from None
-            per_class[code].append((d, sorted(names)))
-            if listed is not None:
-                listed(len(names))
-
-    # class folders that are folders first, then those that are links (a link to a folder reached
-    # without one adds nothing: ``alias -> cat/sub`` leaves cat/sub's images in cat)
-    if walk_root:
-        walk(str(root), 0)
-    order = sorted(range(len(class_dirs)), key=lambda c: (os.path.islink(class_dirs[c]), c))
-    for code in order:
-        top = class_dirs[code]
-        st = os.stat(top)
-        ident = (st.st_dev, st.st_ino)
-        if ident in claimed:
-            log.warning("%s: the same folder as %s; its images are packed once, under the class of the folder "
-                        "reached without a link", display_name(top), display_name(claimed[ident]))
-            continue
-        claimed[ident] = top
-        walk(top, code)
-    while links:
-        path, code = heapq.heappop(links)
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        ident = (st.st_dev, st.st_ino)
-        real = os.path.realpath(path)
-        if ident in claimed:
-            log.warning("%s: a link to %s, which is walked already; skipped (no image is packed twice or under "
-                        "another class)", display_name(path), display_name(claimed[ident]))
-            continue
-        if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):
-            log.warning("%s: a link to %s, which holds the image folder itself (a loop); skipped",
-                        display_name(path), display_name(real))
-            continue
-        claimed[ident] = path
-        walk(path, code)
-    for walked in per_class:
-        walked.sort(key=lambda t: t[0])
-    return per_class

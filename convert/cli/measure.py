@@ -75,6 +75,9 @@ def loader_options(f: Callable, *, sweep: bool = False) -> Callable:
                      show_default=True, help="Image decoder of the readers (auto: simplejpeg where installed)."),
         click.option("--on-error", type=OnErrorChoice(), default="raise", show_default=True,
                      help="An unreadable or undecodable sample stops the run, or is skipped and counted."),
+        click.option("--follow-external-links", is_flag=True,
+                     help="An image folder: read images through symbolic links whose target lies outside it "
+                          "(a git-annex or DVC store). Without it such a link is refused, naming it."),
         click.option("--cache", type=click.Choice(["memory"]), default=None,
                      help="memory: the reader loads every sample's bytes into RAM once [default: no cache]."),
         click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
@@ -98,7 +101,8 @@ def _sweep_loader_options(f: Callable) -> Callable:
 _HARNESS_KEYS = ("batch_size", "image_size", "model", "compute_ms", "device", "warmup", "batches", "channels_last",
                  "num_threads")
 _LOADER_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "shuffle", "seed", "drop_last",
-                "train", "decoder", "on_error", "cache", "shuffle_buffer", "cache_dir", "cache_limit")
+                "train", "decoder", "on_error", "cache", "shuffle_buffer", "cache_dir", "cache_limit",
+                "follow_external_links")
 
 
 def _split_kwargs(kwargs: dict) -> dict:
@@ -112,7 +116,8 @@ def _split_kwargs(kwargs: dict) -> dict:
     if out.get("image_size") == 0:
         out["image_size"] = None
     for k in _LOADER_KEYS:
-        if k in kwargs and not (k in ("cache", "shuffle_buffer", "cache_dir", "cache_limit") and kwargs[k] is None):
+        if k in kwargs and not (k in ("cache", "shuffle_buffer", "cache_dir", "cache_limit") and kwargs[k] is None) \
+                and not (k == "follow_external_links" and not kwargs[k]):  # given only when asked
             out[k] = kwargs[k]
     return out
 

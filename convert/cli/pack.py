@@ -85,13 +85,17 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
               "--on-error skip: the image is skipped and listed).")
 @click.option("--no-labels", is_flag=True, help="Pack without labels (self-supervised corpora): no .cls "
               "members, no classes; readers give label -1. A SRC without sub-folders packs so by default.")
+@click.option("--follow-external-links", is_flag=True,
+              help="Follow symbolic links whose target lies outside SRC (a git-annex or DVC store keeps its "
+                   "objects elsewhere). Without it such a link stops the pack, naming it (with --on-error skip: "
+                   "skipped and listed as 'link out of SRC'). Links inside SRC are always followed.")
 @json_option
 @pack_options()
 @reencode_options
 @storage_option
 @click.pass_context
 def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, num_classes, label_kind, sidecars,
-             require_sidecars, no_labels,
+             require_sidecars, no_labels, follow_external_links,
              fmt, max_count, max_bytes, prefix, workers, read_ahead, seed, no_shuffle, on_error, decode_check,
              max_decode_bytes, resume, overwrite, executor, ray_address, json_path, reencode) -> None:
     """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
@@ -137,7 +141,8 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, n
                           on_error=on_error, decode_check=decode_check, max_decode_bytes=max_decode_bytes,
                           class_to_idx=class_to_idx,
                           resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
-                          ray_address=ray_address, faults=_fault_hooks(ctx))
+                          ray_address=ray_address, faults=_fault_hooks(ctx),
+                          follow_external_links=follow_external_links)
     layout = None
     if labels_file is not None or sidecars or require_sidecars or no_labels:
         layout = LayoutOptions(labels_file=labels_file, no_labels=no_labels, sidecars=parse_sidecars(sidecars),

@@ -54,11 +54,13 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
 
     dev = select_device(device)
     opts = {k: v for k, v in loader_options.items()}
+    follow = bool(opts.get("follow_external_links", False))
     if dev.type != "cuda" and opts.get("pin_memory") is None:
         opts["pin_memory"] = False
     cache = None
     if cold:
-        files = list(evict_files) if evict_files is not None else dataset_files(source)
+        files = list(evict_files) if evict_files is not None else dataset_files(source,
+                                                                                 follow_external_links=follow)
         close_lmdb_envs(files)
         if not files:
             cache = {"files": 0, "bytes": 0, "ignored": None,

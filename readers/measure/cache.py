@@ -67,10 +67,12 @@ def detect_source_format(source: str | os.PathLike) -> str:
     raise ValueError(f"{p}: not an image folder or a packed dataset (no {MANIFEST_NAME})")
 
 
-def dataset_files(source: str | os.PathLike) -> list[Path]:
+def dataset_files(source: str | os.PathLike, *, follow_external_links: bool = False) -> list[Path]:
     """Every regular file of a local dataset (a folder, a packed dataset or its manifest); [] for URLs.
 
-    Hidden files and folders are skipped for image folders (they are not samples).
+    Hidden files and folders are skipped for image folders (they are not samples). Symbolic links
+    of a folder are followed by the readers' link rule (:mod:`~shardfeed.readers.folder_walk`):
+    inside it, and outside it only with ``follow_external_links``.
     """
     text = str(source)
     if "://" in text:
@@ -84,10 +86,13 @@ def dataset_files(source: str | os.PathLike) -> list[Path]:
         try:  # an image folder: exactly its samples, through symlinked class folders too
             from ..imagefolder import scan_image_folder
 
-            scanned = scan_image_folder(p).files
+            scanned = scan_image_folder(p, follow_external_links=follow_external_links).files
             return [Path(os.path.realpath(scanned.path_of(i))) for i in range(len(scanned))]
         except ValueError:
             pass  # not an ImageFolder: every file below it
+    from ..folder_walk import LinkRule
+
+    rule = LinkRule(p, follow_external_links)
     files: list[Path] = []
     seen: set[str] = set()
     for root, dirs, names in os.walk(p, followlinks=True):
@@ -96,11 +101,14 @@ def dataset_files(source: str | os.PathLike) -> list[Path]:
             dirs[:] = []
             continue
         seen.add(real)
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (
+            os.path.islink(os.path.join(root, d)) and rule.outside(os.path.join(root, d))))
         for name in sorted(names):
             if name.startswith("."):
                 continue
             f = Path(root) / name
+            if f.is_symlink() and rule.outside(str(f)):
+                continue
             if f.is_file():
                 files.append(f.resolve() if f.is_symlink() else f)
     return files

@@ -113,8 +113,9 @@ def check_same_samples(before: str | os.PathLike, after: str | os.PathLike, *, d
 
     Always compares the sample counts and the class maps. ``deep`` also reads every raw sample
     of both (``open_dataset(..., decode=False)``), matches them by ``meta["path"]`` and compares
-    their bytes (SHA-256) and labels. ``open_options``: ``extensions`` and ``storage_options``
-    (for remote sources) are passed to ``open_dataset``; the others are ignored.
+    their bytes (SHA-256) and labels. ``open_options``: ``extensions``, ``storage_options``
+    (for remote sources) and ``follow_external_links`` (an image folder) are passed to
+    ``open_dataset``; the others are ignored.
 
     Returns:
         ``{"num_samples", "num_classes", "deep", "num_compared"}``.
@@ -123,7 +124,7 @@ def check_same_samples(before: str | os.PathLike, after: str | os.PathLike, *, d
         DatasetMismatchError: counts, class maps, paths, bytes or labels differ (the message names
             the first differences).
     """
-    opts = {k: v for k, v in open_options.items() if k in ("extensions", "storage_options")}
+    opts = {k: v for k, v in open_options.items() if k in ("extensions", "storage_options", "follow_external_links")}
     # the whole dataset in this process: one rank, no shuffle
     opts.update(rank=0, world_size=1, shuffle=False)
     ds_b = _open_info(before, decode=False, **opts)

@@ -142,9 +142,12 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         # with cold runs, check in a child process: readers that map files (LMDB) keep what they
         # mapped while the process lives, and mapped pages cannot be evicted from the page cache
         so = {"storage_options": bench_options["storage_options"]} if bench_options.get("storage_options") else {}
+        if bench_options.get("follow_external_links"):
+            so["follow_external_links"] = True
         checked = _run_in_child(check_same_samples, before, after, deep=deep, **so) if cold else \
             check_same_samples(before, after, deep=deep, **so)
-    files = dataset_files(before) + dataset_files(after)
+    follow = bool(bench_options.get("follow_external_links", False))
+    files = dataset_files(before, follow_external_links=follow) + dataset_files(after, follow_external_links=follow)
     settled = settle_disk() if settle else None
     warmed = None
     if warm_cache and not cold:

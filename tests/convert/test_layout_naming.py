@@ -104,10 +104,14 @@ def _annex_tree(tmp_path: Path) -> Path:
     return src
 
 
+#: links out of SRC are followed only when asked (a git-annex or DVC store)
+_FOLLOW = PackOptions(workers=1, follow_external_links=True)
+
+
 def test_symlinked_class_folders_and_files_are_packed_as_a_plain_pack_packs_them(tmp_path):
     src = _annex_tree(tmp_path)
-    pack(src, tmp_path / "plain", PackOptions(workers=1))
-    pack_layout(src, tmp_path / "side", PackOptions(workers=1), LayoutOptions(sidecars=("txt",)))
+    pack(src, tmp_path / "plain", _FOLLOW)
+    pack_layout(src, tmp_path / "side", _FOLLOW, LayoutOptions(sidecars=("txt",)))
     plain, side = _members(tmp_path / "plain"), _members(tmp_path / "side")
     expected = {"bird/b1.jpg": (_img(13), 0, b"bird"), "cat/a.jpg": (_img(11), 1, None),
                 "cat/c.jpg": (_img(14), 1, b"cat"), "cat/d.jpg": (_img(12), 1, b"dee")}
@@ -117,10 +121,10 @@ def test_symlinked_class_folders_and_files_are_packed_as_a_plain_pack_packs_them
 
 def test_symlinked_files_are_packed_unlabelled_and_with_a_labels_file(tmp_path):
     src = _annex_tree(tmp_path)
-    pack_layout(src, tmp_path / "none", PackOptions(workers=1), LayoutOptions(no_labels=True))
+    pack_layout(src, tmp_path / "none", _FOLLOW, LayoutOptions(no_labels=True))
     assert sorted(_members(tmp_path / "none")) == ["bird/b1.jpg", "cat/a.jpg", "cat/c.jpg", "cat/d.jpg"]
     (tmp_path / "labels.csv").write_text("bird/b1.jpg,1\ncat/a.jpg,0\ncat/c.jpg,0\ncat/d.jpg,1\n")
-    pack_layout(src, tmp_path / "lab", PackOptions(workers=1), LayoutOptions(labels_file=tmp_path / "labels.csv"))
+    pack_layout(src, tmp_path / "lab", _FOLLOW, LayoutOptions(labels_file=tmp_path / "labels.csv"))
     got = _members(tmp_path / "lab")
     assert {p: (m["jpg"], int(m["cls"])) for p, m in got.items()} == {
         "bird/b1.jpg": (_img(13), 1), "cat/a.jpg": (_img(11), 0), "cat/c.jpg": (_img(14), 0),
@@ -136,6 +140,63 @@ def test_sidecars_whose_suffixes_differ_only_in_case_are_refused_naming_both(tmp
         pack_layout(src, tmp_path / "out", PackOptions(workers=1), LayoutOptions(no_labels=True, sidecars=("txt",)))
     assert "rename or remove one" in str(err.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+_LAYOUTS = {
+    "class folders": None,
+    "sidecars": LayoutOptions(sidecars=("txt",)),
+    "no labels": LayoutOptions(no_labels=True),
+    "labels file": "labels",
+}
+
+
+def _layout(name: str, tmp_path: Path):
+    if _LAYOUTS[name] == "labels":
+        (tmp_path / "labels.csv").write_text("bird/b1.jpg,1\ncat/a.jpg,0\ncat/c.jpg,0\ncat/d.jpg,1\n")
+        return LayoutOptions(labels_file=tmp_path / "labels.csv")
+    return _LAYOUTS[name]
+
+
+@pytest.mark.parametrize("name", list(_LAYOUTS))
+def test_a_link_out_of_src_stops_every_layout_naming_link_target_and_fix(tmp_path, name):
+    src = _annex_tree(tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError) as err:
+        pack(src, out, PackOptions(workers=1), layout=_layout(name, tmp_path))
+    msg = str(err.value)
+    # the first link out of SRC: the class folder "bird" -> store/birds (sorted before cat/a.jpg)
+    assert msg.startswith(f"{src / 'bird'}: link out of SRC (points to {tmp_path / 'store' / 'birds'})"), msg
+    assert "give the folder that holds both as SRC" in msg and "--follow-external-links" in msg
+    assert "--on-error skip" in msg and "2 more" in msg
+    assert _nothing_written(out)
+
+
+@pytest.mark.parametrize("name", list(_LAYOUTS))
+def test_links_out_of_src_are_skipped_and_counted_under_their_own_reason(tmp_path, name):
+    src = _annex_tree(tmp_path)
+    report = pack(src, tmp_path / "out", PackOptions(workers=1, on_error="skip"), layout=_layout(name, tmp_path))
+    got = _members(tmp_path / "out")
+    assert {p: m["jpg"] for p, m in got.items()} == {"cat/c.jpg": _img(14)}
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    links = [s for s in manifest["skipped"] if s["reason"].startswith("link out of SRC (points to ")]
+    assert sorted(s["path"] for s in links) == ["bird", "cat/a.jpg", "cat/d.jpg"]
+    assert not any(_img(11) in p.read_bytes() or _img(13) in p.read_bytes() for p in (tmp_path / "out").iterdir()
+                   if p.is_file())
+    assert "3 link out of SRC" in report.summary()
+
+
+def test_links_inside_src_are_followed_in_every_layout(tmp_path):
+    src = tmp_path / "src"
+    _write(src, {"cat/c.jpg": _img(1), "store/k1": _img(2), "store/birds/b.jpg": _img(3)})
+    os.symlink(src / "store" / "k1", src / "cat" / "a.jpg")          # a file link inside SRC
+    os.symlink(src / "store" / "birds", src / "cat" / "birds")       # a folder link inside SRC
+    os.symlink("../cat", src / "cat" / "loop")                       # a loop: walked once
+    pack(src, tmp_path / "plain", PackOptions(workers=1, extensions=("jpg",)))
+    assert {p: m["jpg"] for p, m in _members(tmp_path / "plain").items()} == {
+        "cat/a.jpg": _img(2), "cat/c.jpg": _img(1), "store/birds/b.jpg": _img(3)}
+    pack_layout(src, tmp_path / "none", PackOptions(workers=1), LayoutOptions(no_labels=True))
+    assert {p: m["jpg"] for p, m in _members(tmp_path / "none").items()} == {
+        "cat/a.jpg": _img(2), "cat/c.jpg": _img(1), "store/birds/b.jpg": _img(3)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -698,12 +698,12 @@ def test_layout_scan_follows_links_as_a_class_folder_pack_and_skips_hidden_files
     src.mkdir()
     (src / "ok.jpg").write_bytes(_jpeg(3))
     (src / "inside.jpg").symlink_to(src / "ok.jpg")  # a link inside SRC: packed
-    (src / "out.jpg").symlink_to(outside / "secret.jpg")  # a store out of SRC (git-annex, DVC): packed
+    (src / "out.jpg").symlink_to(outside / "secret.jpg")  # a store out of SRC (git-annex, DVC): packed when asked
     (src / "dir").symlink_to(outside / "d", target_is_directory=True)
     (src / "again").symlink_to(src / "dir", target_is_directory=True)  # the same folder: walked once
     (src / "up").symlink_to(tmp_path, target_is_directory=True)  # a folder holding SRC: never followed
     (src / ".hidden.jpg").write_bytes(_jpeg(4))
-    _pack(src, tmp_path / "o", no_labels=True)
+    _pack(src, tmp_path / "o", no_labels=True, follow_external_links=True)
     assert _raw(tmp_path / "o") == {"inside.jpg": (_jpeg(3), -1), "ok.jpg": (_jpeg(3), -1),
                                     "out.jpg": (_jpeg(1), -1), "again/x.jpg": (_jpeg(2), -1)}
     m = load_manifest(tmp_path / "o")

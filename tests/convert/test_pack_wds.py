@@ -29,6 +29,8 @@ from shardfeed.convert.pack import PackOptions, pack
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
+#: the tricky folder links a class to a folder beside SRC: its packs follow that link
+FOLLOW = "--follow-external-links"
 
 
 def _jpeg(seed: int, size=(24, 16)) -> bytes:
@@ -75,8 +77,9 @@ def build_tricky_folder(root: Path) -> None:
     (root / "empty_class").mkdir()
     for i in range(14):  # enough samples for several shards
         (root / "dog" / f"many_{i:02d}.jpg").write_bytes(_jpeg(100 + i, size=(16 + i, 16)))
-    # a symlinked folder inside a class (followed when outside the image folder; a link to another
-    # class folder adds nothing) and a loop back to its class (not followed twice)
+    # a symlinked folder inside a class (a link out of the image folder is followed with
+    # --follow-external-links, as the tests here pass it; a link to another class folder adds
+    # nothing) and a loop back to its class (not followed twice)
     (root / "linked_src").mkdir()
     (root / "linked_src" / "via_link.png").write_bytes(_png(20))
     (root.parent / "outside_src").mkdir(exist_ok=True)
@@ -132,7 +135,7 @@ def tricky(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def packed(tricky, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("packed") / "wds"
-    pack(tricky, out, PackOptions(format="wds", max_count=4, workers=1))
+    pack(tricky, out, PackOptions(follow_external_links=True, format="wds", max_count=4, workers=1))
     return out
 
 
@@ -215,7 +218,7 @@ def test_manifest_hashes_sizes_and_offset_index(packed):
 
 def test_empty_class_keeps_index_and_warns(tricky, tmp_path, caplog):
     with caplog.at_level("WARNING"):
-        pack(tricky, tmp_path / "o", PackOptions(workers=1))
+        pack(tricky, tmp_path / "o", PackOptions(follow_external_links=True, workers=1))
     assert "empty_class" in caplog.text
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["class_to_idx"]["empty_class"] == 2
@@ -224,7 +227,7 @@ def test_empty_class_keeps_index_and_warns(tricky, tmp_path, caplog):
 @pytest.mark.parametrize("max_count,max_bytes", [(3, 10**9), (1000, 12 * 1024), (5, 9000)])
 def test_shard_limits(tricky, tmp_path, max_count, max_bytes):
     out = tmp_path / "o"
-    pack(tricky, out, PackOptions(max_count=max_count, max_bytes=max_bytes, workers=1))
+    pack(tricky, out, PackOptions(follow_external_links=True, max_count=max_count, max_bytes=max_bytes, workers=1))
     shards = sorted(out.glob("*.tar"))
     samples = read_shards_stdlib(out)
     per_shard = {}
@@ -247,16 +250,16 @@ def test_workers_give_byte_identical_output(tricky, tmp_path):
     outs = []
     for w in (1, 2):
         out = tmp_path / f"w{w}"
-        pack(tricky, out, PackOptions(max_count=3, workers=w))
+        pack(tricky, out, PackOptions(follow_external_links=True, max_count=3, workers=w))
         outs.append({p.name: p.read_bytes() for p in out.iterdir()})
     assert outs[0] == outs[1]
 
 
 def test_no_shuffle_keeps_sorted_order_and_seed_changes_order(tricky, tmp_path):
-    pack(tricky, tmp_path / "a", PackOptions(shuffle=False, workers=1))
+    pack(tricky, tmp_path / "a", PackOptions(follow_external_links=True, shuffle=False, workers=1))
     paths = [json.loads(s["members"]["json"])["path"] for s in read_shards_stdlib(tmp_path / "a")]
     assert [p.split("/")[0] for p in paths] == sorted(p.split("/")[0] for p in paths)
-    pack(tricky, tmp_path / "b", PackOptions(seed=1, workers=1))
+    pack(tricky, tmp_path / "b", PackOptions(follow_external_links=True, seed=1, workers=1))
     paths_b = [json.loads(s["members"]["json"])["path"] for s in read_shards_stdlib(tmp_path / "b")]
     assert sorted(paths_b) == sorted(paths) and paths_b != paths
 
@@ -299,10 +302,10 @@ def _run_cli(*args, env=None, **kw):
 @pytest.mark.multiprocess
 def test_resume_after_kill_9_is_byte_identical(hooked_cli, tricky, tmp_path):
     ref = tmp_path / "ref"
-    pack(tricky, ref, PackOptions(max_count=2, workers=1))
+    pack(tricky, ref, PackOptions(follow_external_links=True, max_count=2, workers=1))
     out = tmp_path / "killed"
     proc = subprocess.Popen([*hooked_cli({"sample_delay_s": 0.06}), "-q", "pack", str(tricky), str(out),
-                             "--max-count", "2", "-j", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--max-count", "2", "-j", "1", FOLLOW], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(out.glob("*.tar"))) < 3:
         time.sleep(0.02)
@@ -310,7 +313,7 @@ def test_resume_after_kill_9_is_byte_identical(hooked_cli, tricky, tmp_path):
     proc.wait()
     assert len(list(out.glob("*.tar"))) >= 3
     assert not (out / "manifest.json").exists(), "a killed pack must not look complete"
-    r = _run_cli("pack", tricky, out, "--max-count", 2, "-j", 2, "--resume")
+    r = _run_cli("pack", tricky, out, "--max-count", 2, "-j", 2, "--resume", FOLLOW)
     assert r.returncode == 0, r.stderr
     assert "kept from the interrupted run" in r.stdout
     files = lambda d: {p.name: p.read_bytes() for p in d.iterdir()}  # noqa: E731
@@ -321,7 +324,7 @@ def test_resume_refuses_other_options(tricky, tmp_path):
     out = tmp_path / "o"
     (out / ".shardfeed-pack").mkdir(parents=True)
     (out / ".shardfeed-pack" / "plan.json").write_text('{"fingerprint": "other"}')
-    r = _run_cli("pack", tricky, out, "--resume")
+    r = _run_cli("pack", tricky, out, "--resume", FOLLOW)
     assert r.returncode != 0 and "other options" in r.stderr
 
 
@@ -342,7 +345,7 @@ def test_cli_errors_one_line_no_traceback(tricky, tmp_path, case):
         out = tricky
     elif case == "out_file":
         out.write_text("x")
-    r = _run_cli("pack", src, out)
+    r = _run_cli("pack", src, out, FOLLOW)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("shardfeed: error:")]
@@ -350,6 +353,30 @@ def test_cli_errors_one_line_no_traceback(tricky, tmp_path, case):
     if case != "missing":  # every check runs before the scan: nothing but the error line
         assert "WARNING" not in r.stderr and "img/s" not in r.stderr, r.stderr
     assert not (tricky / "cat" / "out").exists()
+
+
+def test_a_link_out_of_src_stops_the_pack_naming_it_unless_followed_or_skipped(tricky, tmp_path):
+    out = tmp_path / "out"
+    r = _run_cli("pack", tricky, out, "-j", 1)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    error = r.stderr.rstrip().splitlines()[-1]
+    assert error.startswith(f"shardfeed: error: {tricky / 'cat' / 'outside'}: link out of SRC (points to "
+                            f"{os.path.realpath(tricky.parent / 'outside_src')})"), error
+    assert "--follow-external-links" in error and "give the folder that holds both as SRC" in error
+    assert not out.exists() or not any(out.iterdir())
+    r = _run_cli("-q", "pack", tricky, out, "-j", 1, "--on-error", "skip", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    expected = {p for p in expected_samples(tricky) if not p.startswith("cat/outside/")}
+    got = {json.loads(s["members"]["json"])["path"] for s in read_shards_stdlib(out)}
+    assert got == expected
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(s["path"], s["reason"].split(" (")[0]) for s in manifest["skipped"]] == [
+        ("cat/outside", "link out of SRC")]
+
+
+def test_pack_help_names_the_link_flag():
+    r = _run_cli("pack", "--help")
+    assert "--follow-external-links" in r.stdout and "outside SRC" in r.stdout
 
 
 def test_no_images_is_a_clear_error_and_no_class_folders_packs_unlabelled(tmp_path):
@@ -366,7 +393,7 @@ def test_no_images_is_a_clear_error_and_no_class_folders_packs_unlabelled(tmp_pa
 
 
 def test_json_report_and_extensions_option(tricky, tmp_path):
-    r = _run_cli("-q", "pack", tricky, tmp_path / "o", "--extensions", "png", "-j", "1", "--json", "-")
+    r = _run_cli("-q", "pack", tricky, tmp_path / "o", "--extensions", "png", "-j", "1", "--json", "-", FOLLOW)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     expected_png = [p for p in expected_samples(tricky) if p.lower().endswith(".png")]
@@ -377,7 +404,8 @@ def test_json_report_and_extensions_option(tricky, tmp_path):
 
 def test_pack_does_not_import_torch_or_webdataset(tricky, tmp_path):
     code = ("import sys\nfrom shardfeed.convert.cli import main\n"
-            "try:\n    main(['-q', 'pack', sys.argv[1], sys.argv[2], '-j', '2'])\nexcept SystemExit as e:\n"
+            "try:\n    main(['-q', 'pack', sys.argv[1], sys.argv[2], '-j', '2', '--follow-external-links'])\n"
+            "except SystemExit as e:\n"
             "    assert not e.code, e.code\n"
             "bad = [m for m in ('torch', 'webdataset') if m in sys.modules]\nprint('IMPORTED', bad)\n")
     r = subprocess.run([sys.executable, "-c", code, str(tricky), str(tmp_path / "o")],

@@ -103,14 +103,14 @@ def test_class_folder_linked_into_another_class_adds_nothing(tmp_path):
 
 
 def test_link_to_a_folder_outside_is_followed_once(tmp_path):
-    """A folder outside the image folder reached by two links is packed once, under the link whose
-    path sorts first (``cat/x`` before ``dog/y``)."""
+    """A folder outside the image folder reached by two links is packed once (links out of SRC
+    followed on request), under the link whose path sorts first (``cat/x`` before ``dog/y``)."""
     root, outside = tmp_path / "src", tmp_path / "outside"
     _write(root, {"cat/c.png": _img(1), "dog/d.png": _img(2)})
     _write(outside, {"o.png": _img(3)})
     os.symlink(outside, root / "dog" / "y")
     os.symlink(outside, root / "cat" / "x")
-    pack(root, tmp_path / "out", PackOptions(workers=1))
+    pack(root, tmp_path / "out", PackOptions(workers=1, follow_external_links=True))
     got = {s["meta"]["path"]: (s["data"], s["cls"]) for s in _shard_samples(tmp_path / "out")}
     assert got == {"cat/c.png": (_img(1), 0), "dog/d.png": (_img(2), 1), "cat/x/o.png": (_img(3), 0)}
 

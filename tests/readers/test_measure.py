@@ -504,7 +504,8 @@ def test_cuda_compute_ms(data):
 
 
 def test_cold_eviction_covers_symlinked_class_folders(tmp_path, tiny_image_folder):
-    """--cold must evict the real files behind symlinked class folders (a common layout)."""
+    """--cold must evict the real files behind symlinked class folders (a common layout; links out
+    of the folder are read with follow_external_links)."""
     from shardfeed.readers.measure import dataset_files
 
     linked = tmp_path / "linked"
@@ -512,7 +513,7 @@ def test_cold_eviction_covers_symlinked_class_folders(tmp_path, tiny_image_folde
     for class_dir in sorted(p for p in tiny_image_folder.iterdir() if p.is_dir()):
         (linked / class_dir.name).symlink_to(class_dir)
     expected = sorted(p.resolve() for p in tiny_image_folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-    assert sorted(dataset_files(linked)) == expected
+    assert sorted(dataset_files(linked, follow_external_links=True)) == expected
 
 
 def test_the_warm_up_is_timed_and_counted_apart_from_the_window():
