@@ -37,7 +37,8 @@ from typing import Any, BinaryIO, Iterator
 from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
 from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest, unfinished_pack_error
 from .location import LocationBase, check_byte_range
-from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
+from .ranged_stream import ResumableRangeStream, backoff_s
+from .http_io import (DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, redact, register_secret
 from .registry import describe
@@ -508,7 +509,7 @@ class StoreLocation(LocationBase):
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+                time.sleep(backoff_s(attempt))
             try:
                 return fn()
             except _Permanent as exc:  # fn's own verdict (a body too large, past the deadline)
@@ -764,8 +765,9 @@ class StoreLocation(LocationBase):
                 yield chunk
 
 
-class StoreRangeStream:
-    """A read-only stream of one object from byte ``start`` (to ``end``), resuming after failures.
+class StoreRangeStream(ResumableRangeStream):
+    """A read-only stream of one object from byte ``start`` (to ``end``), resuming after failures
+    (the rules of :class:`~shardfeed.readers.ranged_stream.ResumableRangeStream`).
 
     The interface of :class:`~shardfeed.readers.http_io.HttpRangeStream`: ``read``, ``close``,
     ``offset`` (the file offset of the next byte), ``total_bytes`` (the object's size), ``ranged``.
@@ -774,22 +776,29 @@ class StoreRangeStream:
         FileNotFoundError: no such object. DataSourceError: the GET failed after the retries.
     """
 
+    _fatal = (DataSourceError, FileNotFoundError)
+    _log = log
+
     def __init__(self, location: StoreLocation, name: str, start: int = 0, end: int | None = None):
         self.location = location
         self.name = name
         self.url = location.url(name)
-        self.end = end
+        self._init_stream(end, location.retries)
         self.ranged = True
-        self.total_bytes: int | None = None
         self.offset = start
-        self._body = None
-        self._closed = False
+        self._transient = location._retry_errors()
         self._open(start)
 
+    @property
+    def _where(self) -> str:
+        return self.url
+
     def _open(self, start: int) -> None:
-        self._close_body()
+        if self._resp is not None:
+            self._drop()
         self._closed = False
         self.offset = start
+        self._expect_end = None
         if self.end is not None and start >= self.end:
             return
         loc, key = self.location, self.location.key(self.name)
@@ -820,61 +829,30 @@ class StoreRangeStream:
             span, _, total = cr.partition(" ")[2].partition("/")
             if total and total != "*":
                 self.total_bytes = int(total)
-            if int(span.split("-")[0]) != start:
+            first, _, last = span.partition("-")
+            if int(first) != start:
                 resp["Body"].close()
                 raise DataSourceError(f"{self.url}: asked for bytes from {start}, the store sent from {span}")
+            if last.strip().isdigit():
+                self._expect_end = int(last) + 1
         elif start == 0:
             self.total_bytes = int(resp.get("ContentLength", 0))
-        self._body = resp["Body"]
+            self._expect_end = self.total_bytes
+        self._resp = resp["Body"]
 
-    def readable(self) -> bool:
-        return True
+    def _read_some(self, want: int | None) -> bytes:
+        return self._resp.read(want)
 
-    def seekable(self) -> bool:
-        return False
+    def _log_reason(self, exc: BaseException) -> str:
+        return type(exc).__name__
 
-    def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (fewer only at the end); a failed read is retried from the same byte.
+    def _read_error(self, attempts: int, exc: BaseException) -> DataSourceError:
+        return DataSourceError(self.location._scrub(
+            f"{self.url}: reading at byte {self.offset} failed after {attempts} attempts "
+            f"({type(exc).__name__}); the store closed or stalled the connection"))
 
-        Raises:
-            DataSourceError: the read still fails after the retries (names the URL).
-        """
-        errors = self.location._retry_errors()
-        attempts = 0
-        while True:
-            if self._body is None:
-                return b""
-            try:
-                data = self._body.read(n if n is not None and n >= 0 else None)
-                self.offset += len(data)
-                return data
-            except errors as exc:
-                if isinstance(exc, (DataSourceError, FileNotFoundError)):
-                    raise
-                if self._closed:
-                    raise DataSourceError(f"{self.url}: stream closed while reading at byte {self.offset}") from None
-                attempts += 1
-                if attempts > self.location.retries:
-                    raise DataSourceError(self.location._scrub(
-                        f"{self.url}: reading at byte {self.offset} failed after {attempts} attempts "
-                        f"({type(exc).__name__}); the store closed or stalled the connection")) from None
-                log.debug("read of %s at byte %d failed (%s); retrying", self.url, self.offset, type(exc).__name__)
-                time.sleep(BACKOFF_S * 2 ** (attempts - 1))
-                self._open(self.offset)
-
-    def _close_body(self) -> None:
-        if self._body is not None:
-            try:
-                self._body.close()
-            finally:
-                self._body = None
-
-    def close(self) -> None:
-        self._closed = True
-        self._close_body()
-
-    def __enter__(self) -> "StoreRangeStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _drop(self) -> None:
+        try:
+            self._resp.close()
+        finally:
+            self._resp = None
