@@ -61,9 +61,9 @@ from .background import before_join
 from .errors import DataSourceError, ManifestError
 from .format import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .http_transport import (DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DRAIN_MAX_BYTES, DRAIN_S,
-                             MAX_REDIRECTS, POOL_CONNECTIONS, _content_coding, _finish, _header, _Permanent, _read,
-                             _read_within, _request, _with_retries)
-from .http_transport import _WATCHDOG  # noqa: F401  (the watchdog, named here as before)
+                             MAX_REDIRECTS, POOL_CONNECTIONS, Permanent, content_coding, finish_answer, header,
+                             read_body, read_body_within, send_request, with_retries)
+from .http_transport import WATCHDOG as _WATCHDOG  # noqa: F401  (the process's deadline watchdog, named here too)
 from .location import LocationBase, check_byte_range
 from .ranged_stream import ResumableRangeStream
 from .redact import guard_client_logs, redact
@@ -183,18 +183,18 @@ def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = D
             deadline or in an unknown coding (names the URL).
     """
     def once():
-        reply = _request(url, "GET", {}, timeout_s, deadline_s, keep_deadline=True)
+        reply = send_request(url, "GET", {}, timeout_s, deadline_s, keep_deadline=True)
         resp = reply.resp
         got = 0
         try:
             length = reply.length  # Content-Length (None: chunked, absent or unreadable)
             if length is not None and length > max_bytes:
-                raise _Permanent(DataSourceError(f"{url}: {what} is {length:,} bytes (Content-Length), more than the "
+                raise Permanent(DataSourceError(f"{url}: {what} is {length:,} bytes (Content-Length), more than the "
                                                  f"{max_bytes:,} accepted; refused (is this the right URL?)"))
             parts = []
             while True:
                 try:
-                    chunk = _read(resp, 1 << 16)
+                    chunk = read_body(resp, 1 << 16)
                 except (OSError, http.client.HTTPException):
                     if reply.late:
                         raise reply.deadline_error(got) from None
@@ -203,7 +203,7 @@ def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = D
                     break
                 got += len(chunk)
                 if got > max_bytes:
-                    raise _Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; refused "
+                    raise Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; refused "
                                                      "(is this the right URL?)"))
                 parts.append(chunk)
             if reply.late:
@@ -211,13 +211,13 @@ def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = D
             if length is not None and got != length:
                 raise http.client.IncompleteRead(b"", length - got)
             try:
-                return decode_content(url, b"".join(parts), _content_coding(resp), max_bytes, what)
+                return decode_content(url, b"".join(parts), content_coding(resp), max_bytes, what)
             except DataSourceError as exc:
-                raise _Permanent(exc) from None
+                raise Permanent(exc) from None
         finally:
             reply.close()
 
-    return _with_retries(url, "GET", once, retries)
+    return with_retries(url, "GET", once, retries)
 
 
 def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float = DEFAULT_DEADLINE_S) -> int | None:
@@ -226,9 +226,9 @@ def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float 
     encoded body's), a ``GET`` of byte 0 (``Range: bytes=0-0``) whose ``Content-Range`` (or
     ``Content-Length`` of an unencoded 200) gives it. None: the server does not say."""
     def head():
-        reply = _request(url, "HEAD", {}, timeout_s, deadline_s)
+        reply = send_request(url, "HEAD", {}, timeout_s, deadline_s)
         try:
-            if _content_coding(reply.resp):  # the encoded body's length, not the file's size
+            if content_coding(reply.resp):  # the encoded body's length, not the file's size
                 log.debug("HEAD %s answered with a content coding; asking a GET of byte 0 for the size", url)
                 return ranged()
             return _size_of(reply.resp)
@@ -236,7 +236,7 @@ def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float 
             reply.close()
 
     def ranged():
-        reply = _request(url, "GET", {"Range": "bytes=0-0"}, timeout_s, deadline_s)
+        reply = send_request(url, "GET", {"Range": "bytes=0-0"}, timeout_s, deadline_s)
         try:  # the body is not read: closing the connection drops it
             return _size_of(reply.resp)
         finally:
@@ -245,21 +245,21 @@ def _http_head_size(url: str, timeout_s: float, retries: int, deadline_s: float 
     def once():
         try:
             return head()
-        except _Permanent as exc:
+        except Permanent as exc:
             if exc.status not in _HEAD_REFUSED:
                 raise
             log.debug("HEAD %s refused (HTTP %d); asking a GET of byte 0 for the size", url, exc.status)
             return ranged()
 
-    return _with_retries(url, "HEAD", once, retries)
+    return with_retries(url, "HEAD", once, retries)
 
 
 def _size_of(resp) -> int | None:
     if resp.status == 206:
-        total = (_header(resp, "Content-Range") or "").rpartition("/")[2].strip()
+        total = (header(resp, "Content-Range") or "").rpartition("/")[2].strip()
         return int(total) if total.isdigit() else None
-    length = _header(resp, "Content-Length")
-    if not _content_coding(resp):
+    length = header(resp, "Content-Length")
+    if not content_coding(resp):
         return int(length) if length is not None and length.strip().isdigit() else None
     return None  # an encoded body's length: not the file's size
 
@@ -301,28 +301,28 @@ class HttpRangeStream(ResumableRangeStream):
             headers = {}
             if want_range:
                 headers["Range"] = f"bytes={start}-" + ("" if self.end is None else str(self.end - 1))
-            reply = _request(self.url, "GET", headers, self.timeout_s, self.deadline_s)
-            codings = _content_coding(reply.resp)
+            reply = send_request(self.url, "GET", headers, self.timeout_s, self.deadline_s)
+            codings = content_coding(reply.resp)
             if codings and not want_range:  # some servers encode whole files and send ranges as they are
                 reply.close()
                 log.debug("GET %s answered with Content-Encoding: %s; asking for the bytes as a range", self.url,
                           ", ".join(codings))
-                reply = _request(self.url, "GET", {"Range": f"bytes={start}-"}, self.timeout_s, self.deadline_s)
-                codings = _content_coding(reply.resp)
+                reply = send_request(self.url, "GET", {"Range": f"bytes={start}-"}, self.timeout_s, self.deadline_s)
+                codings = content_coding(reply.resp)
             if codings:  # the bytes of an encoded body are not the file's: never hand them out
                 reply.close()
-                raise _Permanent(DataSourceError(
+                raise Permanent(DataSourceError(
                     f"{self._where}: the server sent {'a byte range' if reply.resp.status == 206 else 'the file'} with "
                     f"Content-Encoding: {', '.join(codings)} although shardfeed asked for identity: those are not "
                     "the file's bytes; serve shards without a content coding (nginx: no gzip for .tar; S3: upload "
                     "without Content-Encoding)"))
             return reply
 
-        reply = _with_retries(self.url, "GET", once, self.retries)
+        reply = with_retries(self.url, "GET", once, self.retries)
         resp = reply.resp
         length = reply.length  # Content-Length (None: chunked, absent or unreadable)
         if resp.status == 206:
-            cr = _header(resp, "Content-Range", "")
+            cr = header(resp, "Content-Range", "")
             try:
                 span, _, total = cr.partition(" ")[2].partition("/")
                 first_text, _, last_text = span.partition("-")
@@ -354,10 +354,10 @@ class HttpRangeStream(ResumableRangeStream):
         return redact(self.url)
 
     def _read_some(self, want: int | None) -> bytes:
-        return _read_within(self._resp, want, self.deadline_s)
+        return read_body_within(self._resp, want, self.deadline_s)
 
     def _skip_some(self, n: int) -> bytes:
-        return _read(self._resp, n)
+        return read_body(self._resp, n)
 
     def _cut(self, missing: int) -> BaseException:
         return http.client.IncompleteRead(b"", missing)
@@ -371,7 +371,7 @@ class HttpRangeStream(ResumableRangeStream):
 
     def _drop(self) -> None:
         try:
-            _finish(self._resp)
+            finish_answer(self._resp)
         finally:
             self._resp = None
 

@@ -71,7 +71,7 @@ DRAIN_S = 1.0
 DEFAULT_DEADLINE_S = 120.0
 
 
-class _Permanent(Exception):
+class Permanent(Exception):
     """An answer that retrying will not change (4xx); ``status`` is the HTTP status (0: none)."""
 
     def __init__(self, exc: BaseException, status: int = 0):
@@ -170,12 +170,12 @@ class _Watchdog:
                 self._thread = None
 
 
-_WATCHDOG = _Watchdog()
+WATCHDOG = _Watchdog()
 
-before_join(_WATCHDOG.shut_down_all)
+before_join(WATCHDOG.shut_down_all)
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_WATCHDOG._reset)
+    os.register_at_fork(after_in_child=WATCHDOG._reset)
 
 
 class _Reply:
@@ -192,22 +192,22 @@ class _Reply:
     def late(self) -> bool:
         return bool(self.guard is not None and self.guard[3])
 
-    def deadline_error(self, got: int | None = None) -> _Permanent:
+    def deadline_error(self, got: int | None = None) -> Permanent:
         what = "" if got is None else f" ({got:,} bytes received)"
-        return _Permanent(DataSourceError(
+        return Permanent(DataSourceError(
             f"{self.url}: no complete answer within {self.deadline_s:g} s{what}; the server is too slow or sends "
             "the body a trickle at a time: check the server (or raise deadline_s)"))
 
     def disarm(self) -> None:
-        _WATCHDOG.disarm(self.guard)
+        WATCHDOG.disarm(self.guard)
         self.guard = None
 
     def close(self) -> None:
         self.disarm()
-        _finish(self.resp)
+        finish_answer(self.resp)
 
 
-def _finish(resp) -> None:
+def finish_answer(resp) -> None:
     """Done with ``resp``: a body read to its end has already given its connection back to the
     pool (``urllib3`` does it at the last byte). A rest of at most :data:`DRAIN_MAX_BYTES` (a
     shard's end-of-archive padding, a redirect's note) is read and dropped, within
@@ -218,13 +218,13 @@ def _finish(resp) -> None:
     try:
         left = resp.length_remaining
         if not resp.closed and left is not None and 0 <= left <= DRAIN_MAX_BYTES and resp.connection is not None:
-            guard = _WATCHDOG.arm(time.monotonic() + DRAIN_S, resp.connection.sock)
+            guard = WATCHDOG.arm(time.monotonic() + DRAIN_S, resp.connection.sock)
             try:  # (a HEAD's or a read-out body's end is seen by reading it: a read of 0 bytes does not)
-                _read(resp, left or 1)  # the connection goes back to the pool at the last byte
+                read_body(resp, left or 1)  # the connection goes back to the pool at the last byte
             except (OSError, http.client.HTTPException):
                 pass
             finally:
-                _WATCHDOG.disarm(guard)
+                WATCHDOG.disarm(guard)
         if not resp.closed:
             resp.close()
     finally:
@@ -252,7 +252,7 @@ def _plain(exc: BaseException) -> BaseException:
     return OSError(f"{type(exc).__name__}: {exc}")
 
 
-def _read(resp, n: int | None) -> bytes:
+def read_body(resp, n: int | None) -> bytes:
     """Up to ``n`` raw bytes of ``resp``'s body (no content decoding), urllib3's errors as the
     standard library's (:func:`_plain`)."""
     try:
@@ -261,17 +261,17 @@ def _read(resp, n: int | None) -> bytes:
         raise _plain(exc) from None
 
 
-def _read_within(resp, n: int | None, deadline_s: float) -> bytes:
-    """:func:`_read`, ended by a ``TimeoutError`` once it has taken ``deadline_s`` seconds.
+def read_body_within(resp, n: int | None, deadline_s: float) -> bytes:
+    """:func:`read_body`, ended by a ``TimeoutError`` once it has taken ``deadline_s`` seconds.
 
     The socket timeout bounds each wait for bytes, not a read: a server sending a byte every few
     seconds would hold ``read(n)`` for ever. Read piece by piece (``read1``) and give up when the
     pieces take longer than the request deadline (the caller retries from the same byte). Without
-    ``read1`` (urllib3 1.x) or for a read to the end, :func:`_read`.
+    ``read1`` (urllib3 1.x) or for a read to the end, :func:`read_body`.
     """
     read1 = getattr(resp, "read1", None)
     if read1 is None or n is None:
-        return _read(resp, n)
+        return read_body(resp, n)
     started = time.monotonic()
     parts: list[bytes] = []
     got = 0
@@ -292,7 +292,7 @@ def _read_within(resp, n: int | None, deadline_s: float) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _header(resp, name: str, default: str | None = None) -> str | None:
+def header(resp, name: str, default: str | None = None) -> str | None:
     return resp.headers.get(name, default)
 
 
@@ -325,7 +325,7 @@ def _proxy_for(u: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
         return None
     p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
     if p.scheme != "http" or not p.hostname:
-        raise _Permanent(StorageAccessError(redact(
+        raise Permanent(StorageAccessError(redact(
             f"{u.scheme.upper()}_PROXY={proxy}: only http:// proxies are supported (an https:// URL goes through "
             "them with CONNECT); set it to http://HOST:PORT")))
     return p
@@ -428,7 +428,7 @@ class _DeadlineConnection:
         _ARMING.sock = self.sock  # the answer's socket (http.client drops it from a connection that closes after)
         when = getattr(_ARMING, "when", None)
         if when is not None and self.sock is not None:
-            _ARMING.guard = _WATCHDOG.arm(when, self.sock)
+            _ARMING.guard = WATCHDOG.arm(when, self.sock)
         return super().getresponse(*args, **kwargs)
 
 
@@ -530,7 +530,7 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, dict, urllib.parse.Spli
     return u, auth, proxy
 
 
-def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s: float = DEFAULT_DEADLINE_S,
+def send_request(url: str, method: str, headers: dict, timeout_s: float, deadline_s: float = DEFAULT_DEADLINE_S,
              *, keep_deadline: bool = False) -> _Reply:
     """Send one request, following redirects; returns the final hop's :class:`_Reply`.
 
@@ -538,7 +538,7 @@ def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s:
     ``keep_deadline`` the guard stays armed for the body (the caller disarms it).
 
     Raises:
-        _Permanent: a 4xx answer, a redirect that cannot be followed, the deadline passed.
+        Permanent: a 4xx answer, a redirect that cannot be followed, the deadline passed.
         DataSourceError: a 5xx answer (retried by the caller).
     """
     hops: list[str] = []
@@ -552,19 +552,19 @@ def _request(url: str, method: str, headers: dict, timeout_s: float, deadline_s:
             if not keep_deadline:
                 reply.disarm()
             return reply
-        location = _header(resp, "Location")
+        location = header(resp, "Location")
         status = f"HTTP {resp.status} {resp.reason}"
         reply.close()
         via = f" (redirected from {hops[0]})" if hops else ""
         if resp.status not in _REDIRECTS:
-            raise _Permanent(DataSourceError(f"{url}: {status}{via}: not a redirect that can be followed; "
+            raise Permanent(DataSourceError(f"{url}: {status}{via}: not a redirect that can be followed; "
                                              "point shardfeed at the dataset's final URL"), resp.status)
         if not location:
-            raise _Permanent(DataSourceError(f"{url}: {status} without a Location header{via}; point shardfeed "
+            raise Permanent(DataSourceError(f"{url}: {status} without a Location header{via}; point shardfeed "
                                              "at the dataset's final URL"), resp.status)
         hops.append(url)
         if len(hops) > MAX_REDIRECTS:
-            raise _Permanent(DataSourceError(f"{hops[0]}: more than {MAX_REDIRECTS} redirects ({status} from "
+            raise Permanent(DataSourceError(f"{hops[0]}: more than {MAX_REDIRECTS} redirects ({status} from "
                                              f"{url} to {location}); a redirect loop? point shardfeed at the "
                                              "dataset's final URL"), resp.status)
         new = urllib.parse.urljoin(url, location)
@@ -594,12 +594,12 @@ def _request_once(url: str, method: str, headers: dict, timeout_s: float, starte
                       timeout=urllib3.Timeout(connect=min(timeout_s, left), read=timeout_s))
     except (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError) as exc:
         guard = _ARMING.guard
-        _WATCHDOG.disarm(guard)
+        WATCHDOG.disarm(guard)
         if guard is not None and guard[3]:
             raise _Reply(None, None, url, started, deadline_s).deadline_error() from None
         raise _plain(exc) from None
     except BaseException:
-        _WATCHDOG.disarm(_ARMING.guard)
+        WATCHDOG.disarm(_ARMING.guard)
         raise
     finally:
         guard, sock, _ARMING.when, _ARMING.guard, _ARMING.sock = _ARMING.guard, _ARMING.sock, None, None, None
@@ -608,32 +608,32 @@ def _request_once(url: str, method: str, headers: dict, timeout_s: float, starte
     if resp.status >= 400:
         body = b""
         try:
-            body = _read(resp, 200)
+            body = read_body(resp, 200)
         except Exception:
             pass
         reply.close()
         msg = f"HTTP {resp.status} {resp.reason}"
         if resp.status == 404:
-            raise _Permanent(FileNotFoundError(f"{url}: {msg} (file not found on the server)"), 404)
+            raise Permanent(FileNotFoundError(f"{url}: {msg} (file not found on the server)"), 404)
         if resp.status in (401, 403, 407):
-            raise _Permanent(StorageAccessError(redact(
+            raise Permanent(StorageAccessError(redact(
                 f"{url}: {msg}: the server refuses access; renew or fix the credentials it expects (a pre-signed "
                 "URL expires: sign it again; a token or cookie: renew it; a proxy: HTTP(S)_PROXY credentials), "
                 "or check that the dataset is published at this URL")), resp.status)
         if resp.status < 500 and resp.status != 408 and resp.status != 429:
-            raise _Permanent(DataSourceError(redact(f"{url}: {msg} {body[:80]!r}")), resp.status)
+            raise Permanent(DataSourceError(redact(f"{url}: {msg} {body[:80]!r}")), resp.status)
         raise DataSourceError(f"{url}: {msg}")
     return reply
 
 
-def _with_retries(url: str, what: str, fn, retries: int):
+def with_retries(url: str, what: str, fn, retries: int):
     last = None
     for attempt in range(retries + 1):
         if attempt:
             time.sleep(backoff_s(attempt))
         try:
             return fn()
-        except _Permanent as exc:
+        except Permanent as exc:
             inner = exc.args[0]
             raise type(inner)(redact(str(inner))) from None
         except ssl.SSLCertVerificationError as exc:  # retrying will not make the certificate trusted
@@ -652,7 +652,7 @@ def _with_retries(url: str, what: str, fn, retries: int):
                      "and that the server is up")) from None
 
 
-def _content_coding(resp) -> list[str]:
+def content_coding(resp) -> list[str]:
     """The content codings of ``resp`` in the order they were applied (``identity`` dropped)."""
-    value = _header(resp, "Content-Encoding") or ""
+    value = header(resp, "Content-Encoding") or ""
     return [c.strip().lower() for c in value.split(",") if c.strip() and c.strip().lower() != "identity"]
