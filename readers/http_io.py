@@ -280,6 +280,7 @@ class HttpRangeStream(ResumableRangeStream):
     """
 
     _transient = (OSError, http.client.HTTPException)
+    _read_answer = staticmethod(read_body_within)  # (answer, want, deadline_s)
     _log = log
 
     def __init__(self, url: str, start: int = 0, end: int | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -288,6 +289,7 @@ class HttpRangeStream(ResumableRangeStream):
         self.timeout_s = timeout_s
         self.deadline_s = deadline_s
         self._init_stream(end, retries)
+        self._read_arg = deadline_s
         self._sock = None
         self._pid = os.getpid()
         self._open(start)
@@ -352,9 +354,6 @@ class HttpRangeStream(ResumableRangeStream):
     def _where(self) -> str:
         """The URL for messages: no ``user:password@``."""
         return redact(self.url)
-
-    def _read_some(self, want: int | None) -> bytes:
-        return read_body_within(self._resp, want, self.deadline_s)
 
     def _skip_some(self, n: int) -> bytes:
         return read_body(self._resp, n)

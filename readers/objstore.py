@@ -840,8 +840,9 @@ class StoreRangeStream(ResumableRangeStream):
             self._expect_end = self.total_bytes
         self._resp = resp["Body"]
 
-    def _read_some(self, want: int | None) -> bytes:
-        return self._resp.read(want)
+    @staticmethod
+    def _read_answer(body, want: int | None, arg) -> bytes:
+        return body.read(want)
 
     def _log_reason(self, exc: BaseException) -> str:
         return type(exc).__name__

@@ -14,7 +14,7 @@
   later read reopens the stream.
 
 A transport supplies how to open an answer for ``[start, end)`` (:meth:`_open`), how to read
-from it (:meth:`_read_some`), and how its errors map to the messages (:meth:`_read_error`).
+from it (:meth:`_read_answer`), and how its errors map to the messages (:meth:`_read_error`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ResumableRangeStream:
     """A read-only stream of bytes ``[start, end)`` of one remote file, resuming after failures.
 
     Subclasses set ``self._resp`` (the open answer, or None when nothing is left to read),
-    ``self.offset`` and ``self._expect_end`` in :meth:`_open`, and give :meth:`_read_some`,
+    ``self.offset`` and ``self._expect_end`` in :meth:`_open`, and give :meth:`_read_answer`,
     :meth:`_read_error` and :attr:`_transient`.
 
     Attributes:
@@ -66,6 +66,8 @@ class ResumableRangeStream:
     _transient: tuple = (OSError,)
     #: exception classes among them a read never retries
     _fatal: tuple = (DataSourceError,)
+    #: the last argument of :meth:`_read_answer` (a transport's read setting, e.g. a deadline)
+    _read_arg = None
     #: the logger of the transport's module
     _log = logging.getLogger(__name__)
 
@@ -88,8 +90,11 @@ class ResumableRangeStream:
         less when the server sends from an earlier byte) and ``_expect_end``."""
         raise NotImplementedError
 
-    def _read_some(self, want: int | None) -> bytes:
-        """Up to ``want`` bytes (None: to the end) of ``_resp``; raises a transient error on a failure."""
+    @staticmethod
+    def _read_answer(answer, want: int | None, arg) -> bytes:
+        """Up to ``want`` bytes (None: to the end) of ``answer`` (``_resp``); raises a transient
+        error on a failure. ``arg`` is the stream's ``_read_arg``. A plain function, not a method:
+        the read of every chunk calls it without one more frame."""
         raise NotImplementedError
 
     def _read_error(self, attempts: int, exc: BaseException) -> DataSourceError:
@@ -98,7 +103,7 @@ class ResumableRangeStream:
 
     def _skip_some(self, n: int) -> bytes:
         """Up to ``n`` bytes of ``_resp`` read to be dropped (skipping to a resume point)."""
-        return self._read_some(n)
+        return self._read_answer(self._resp, n, self._read_arg)
 
     def _partial(self, exc: BaseException) -> bytes:
         """The bytes that arrived before the cut ``exc`` (none unless the transport keeps them)."""
@@ -147,7 +152,7 @@ class ResumableRangeStream:
                     if due <= 0:  # the span is complete: what follows (a chunked body's end) is not needed
                         return b""
                     want = due if want is None else min(want, due)
-                data = self._read_some(want)
+                data = self._read_answer(self._resp, want, self._read_arg)
                 if not data and self._expect_end is not None and self.offset < self._expect_end:
                     raise self._cut(self._expect_end - self.offset)
                 if self._expect_end is not None and self.offset + len(data) > self._expect_end:
