@@ -68,6 +68,7 @@ from .location import LocationBase, check_byte_range
 from .ranged_stream import ResumableRangeStream
 from .redact import guard_client_logs, redact
 from .registry import describe
+from .runtime import after_fork_in_child
 
 __all__ = [
     "check_remote_files", "HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS",
@@ -122,8 +123,7 @@ def _forget_live_streams() -> None:
 
 before_join(_abort_live_streams)
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_live_streams)
+after_fork_in_child(_forget_live_streams)
 
 
 def decode_content(url: str, data: bytes, codings: list[str], max_bytes: int, what: str = "the file") -> bytes:

@@ -41,6 +41,7 @@ from .background import before_join, start_thread
 from .errors import DataSourceError, StorageAccessError
 from .ranged_stream import backoff_s
 from .redact import guard_client_logs, redact, register_secret
+from .runtime import after_fork_in_child
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "DEFAULT_DEADLINE_S", "MAX_REDIRECTS", "POOL_CONNECTIONS",
            "DRAIN_MAX_BYTES", "DRAIN_S"]
@@ -174,8 +175,7 @@ WATCHDOG = _Watchdog()
 
 before_join(WATCHDOG.shut_down_all)
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=WATCHDOG._reset)
+after_fork_in_child(WATCHDOG._reset)
 
 
 class _Reply:
@@ -360,8 +360,7 @@ def _forget_connecting() -> None:
 
 
 before_join(_shut_down_connecting)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_connecting)
+after_fork_in_child(_forget_connecting)
 
 
 def _create_connection(address: tuple[str, int], timeout, source_address, socket_options) -> socket.socket:
@@ -459,8 +458,7 @@ def _forget_pools() -> None:
     _MANAGERS, _MANAGERS_LOCK, _DIRECT = {}, threading.Lock(), {}
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pools)
+after_fork_in_child(_forget_pools)
 
 
 def _manager(proxy: urllib.parse.SplitResult) -> urllib3.ProxyManager:

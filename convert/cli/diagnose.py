@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from shardfeed.readers.runtime import set_signal
+
 from .common import (FiniteFloat, command, echo, json_option, quiet, storage_option, storage_options_of,
                      write_json_report)
 from .measure import check_plot, html_option, write_html
@@ -128,7 +130,7 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
         except OSError as exc:
             raise click.ClickException(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
         # Ctrl-C reaches the script (same process group); this process waits for it to write its report
-        previous = signal.signal(signal.SIGINT, lambda *a: None)
+        previous = set_signal(signal.SIGINT, lambda *a: None)
         try:
             try:
                 rc = proc.wait()
@@ -136,7 +138,7 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
                 proc.send_signal(signal.SIGTERM)
                 rc = proc.wait()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            set_signal(signal.SIGINT, previous)
         docs = _read_reports(out_dir)
     lines = _summaries(docs)
     if not lines:
