@@ -43,7 +43,7 @@ install-demo: $(DEMO_STAMP)  ## create .venv with what make demo runs: shardfeed
 install: $(STAMP)  ## install-demo plus the test and docs tools, Ray, Lightning, transformers and the interop readers (DALI, wids, datasets)
 
 # nginx (HTTP Range requests), openssl (TLS test certificate), fuse3 + libfuse2 (the storage
-# emulator), chromium (the HTML report tests): scripts/system_deps.sh installs them with apt-get
+# emulator), chromium (the HTML report and docs site tests): scripts/system_deps.sh installs them with apt-get
 # when we are root on Debian; under CI it fails when it cannot. The demo needs only fuse3 + libfuse2.
 system-deps:  ## the Debian packages the tests use (apt-get, only when root): nginx, openssl, fuse3, libfuse2, chromium
 	@sh scripts/system_deps.sh

@@ -13,14 +13,15 @@ index and Hugging Face card as ``pack``.
   (a packed dataset's manifest, or a classes file: one name per line, index = line number);
 * **sidecar files** (``--sidecars txt,json,mask.png``): each image's same-stem files
   (``x.jpg`` + ``x.txt``, ``x.json``, ``x.mask.png``, the img2dataset layout) stored as extra
-  fields of its sample; a sidecar file is never scanned as an image itself, nor is a file named
-  like an image's stem plus a suffix (``x.mask.png`` beside ``x.jpg`` when ``mask.png`` was not
-  asked for: ignored and listed);
+  fields of its sample; an image's sidecar file is never scanned as an image itself, and an
+  image is an image whatever its stem (``x.v2.jpg`` beside ``x.jpg``, ``f.0001.png``);
 * **no labels** (``--no-labels``, or a folder with no class sub-folders): an unlabelled dataset
   (no ``.cls`` members, ``classes`` empty; readers give label -1).
 
-Rules (binding for these layouts): images are found recursively below SRC, directories and names
-in sorted order, hidden names skipped, symbolic links never followed out of SRC; the packing
+Rules (binding for these layouts): images and sidecar files are found by
+:mod:`shardfeed.convert.layout_scan` (the one naming rule: an image is an image whatever its
+stem; a sidecar file is an image's stem plus a requested suffix; symbolic links followed as a
+class-folder pack follows them), recursively below SRC, in sorted order; the packing
 order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``), keys are the
 zero-padded positions. An image missing from the labels file and a row naming a missing image
 are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
@@ -63,6 +64,7 @@ from shardfeed.readers.format import (
     encode_field,
     field_name_problem,
     key_width,
+    member_clash,
     normalize_ext,
     stored_path_problem,
 )
@@ -76,10 +78,13 @@ from .readahead import read_ahead
 from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_state_folder,
                          write_shard_record)
 from .reencode import reencode_payload
-from .samples import skip_reason
+from .samples import refuse_unpackable, skip_reason
+from .label_rules import resolve_labels
+from .layout_scan import Found as _Found
+from .layout_scan import scan_layout_folder
 from .scan import parse_extensions
 
-__all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_classes_file", "LayoutOptions",
+__all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_label_rows", "read_classes_file", "LayoutOptions",
            "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS", "parse_sidecars"]
 
 log = logging.getLogger(__name__)
@@ -107,7 +112,7 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
                   classes: list[str] | None = None, class_to_idx: dict[str, int] | None = None,
                   labels: bool | None = None, fields: Iterable[str] = (), options: dict | None = None,
                   skipped: list[dict] | None = None, files: dict | None = None, map_size: int | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> Manifest:
+                  progress: Callable[[int, int], None] | None = None, num_classes: int | None = None) -> Manifest:
     """Write an iterable of sample dicts as a shardfeed dataset (WebDataset shards or LMDB).
 
     Each sample is a dict:
@@ -136,11 +141,13 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
 
         def samples(csv_path):
             with open(csv_path, newline="") as f:
-                for row in csv.DictReader(f):                  # columns: path,caption
+                for row in csv.DictReader(f):  # columns: path,caption
                     p = pathlib.Path(row["path"])
-                    yield {"image": p.read_bytes(), "ext": p.suffix, "path": p.name, "txt": row["caption"]}
+                    yield {"image": p.read_bytes(), "ext": p.suffix,
+                           "path": p.name, "txt": row["caption"]}
 
-        manifest = write_dataset(samples("captions.csv"), "out/captions", max_count=1000)
+        manifest = write_dataset(samples("captions.csv"), "out/captions",
+                                 max_count=1000)
         # open_dataset("out/captions", fields=("txt",)) yields (image, -1, caption)
 
     Args:
@@ -151,7 +158,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         format: ``"webdataset"`` (``"wds"``) or ``"lmdb"``.
         max_count, max_bytes, prefix: WebDataset shard limits and file prefix.
         classes: class names in index order (needed for ``str`` labels; default for ``int``
-            labels: ``"0" .. "K-1"`` for the largest label K-1).
+            labels: ``"0" .. "K-1"`` for the largest label K-1, which must then be below the number
+            of samples: one mistyped label never makes millions of empty classes).
         class_to_idx: name -> index (default: from ``classes``).
         labels: True (every sample has a label), False (none has one), None (decided by the
             first sample; a later sample that disagrees is an error).
@@ -162,6 +170,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
             ``files`` gets ``packed`` and ``skipped`` filled in).
         map_size: LMDB initial map size (grows as needed).
         progress: ``callback(num_samples, num_bytes)`` after each sample.
+        num_classes: integer labels index the classes ``"0" .. "K-1"`` (instead of ``classes``);
+            a label of K or more is an error naming the sample.
 
     Returns:
         The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically). Until
@@ -170,7 +180,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
 
     Raises:
         ValueError: a sample without image bytes or extension, a bad field name, a label not in
-            the classes, labelled and unlabelled samples mixed, no sample at all; the message
+            the classes (or, without classes, a largest label not below the number of samples),
+            labelled and unlabelled samples mixed, no sample at all; the message
             names the sample (its position and path). The shard in progress is dropped and no
             manifest is written.
         TypeError: a field value that is neither bytes, str nor JSON.
@@ -189,10 +200,25 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
                                   f"`shardfeed convert DIR {out} --format wds` uploads it")
     out = local_path(out)
 
+    if num_classes is not None:
+        classes = _numbered_classes(num_classes, classes, class_to_idx)
     with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
         return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                       classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
                       skipped=skipped, files=files, map_size=map_size, progress=progress, mark_unfinished=True)
+
+
+def _numbered_classes(num_classes, classes, class_to_idx) -> list[str]:
+    """The classes ``"0" .. "K-1"`` of ``write_dataset(num_classes=K)``.
+
+    Raises:
+        ValueError: ``classes`` or ``class_to_idx`` given too; K not an integer 1 .. MAX_CLASSES.
+    """
+    if classes is not None or class_to_idx is not None:
+        raise ValueError("num_classes and classes/class_to_idx both give the classes; pass one")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_CLASSES:
+        raise ValueError(f"num_classes={num_classes!r}: give the number of classes, 1 .. {MAX_CLASSES:,}")
+    return [str(k) for k in range(num_classes)]
 
 
 def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
@@ -225,6 +251,9 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         problem = field_name_problem(name)
         if problem is not None:
             raise ValueError(problem)
+    problem = member_clash((), declared)
+    if problem is not None:  # before anything is written
+        raise ValueError(f"fields: {problem}")
     width = None
     try:
         width = key_width(len(samples))  # type: ignore[arg-type]
@@ -251,28 +280,25 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         marker.parent.mkdir(exist_ok=True)
         write_bytes_atomic(marker, json.dumps({"writer": "write_dataset", "unfinished": True}).encode())
     idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
-    max_label = -1
+    max_label, top = -1, ""
     n = 0
+    exts_seen: set[str] = set()  # image extensions checked against the fields' members
     with writer:
         for i, item in enumerate(_chain(first, it) if first is not None else ()):
             sample, extra = _sample_from_dict(item, i, width, bool(labels), class_to_idx, idx_to_class)
-            for name in extra:
-                if name not in writer.field_counts:
-                    problem = field_name_problem(name)
-                    if problem is not None:
-                        raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): {problem}")
-                    if len(writer.field_counts) >= MAX_FIELDS:  # a manifest lists at most MAX_FIELDS
-                        raise ValueError(f"sample {i} ({sample.meta.get('path', sample.key)}): field {name!r} would "
-                                         f"be extra field number {len(writer.field_counts) + 1}, more than the "
-                                         f"{MAX_FIELDS} a dataset may have; store the others in one JSON field")
-                    writer.field_counts[name] = 0
+            _add_new_fields(writer, sample, extra, i, exts_seen)
             if labels:
-                max_label = max(max_label, sample.label)
+                if sample.label > max_label:
+                    max_label, top = sample.label, f"sample {i} ({sample.meta.get('path', sample.key)})"
             writer.write(sample, extra)
             n += 1
             if progress is not None:
                 progress(1, len(sample.data))
         if labels and classes is None:  # integer labels without names: classes "0" .. "K-1"
+            if max_label >= n:  # more classes than samples: a mistyped label, refused before the manifest
+                raise ValueError(f"{top}: label {max_label} would make {max_label + 1:,} classes (\"0\" .. "
+                                 f"\"{max_label}\") for {n:,} samples; a mistyped label? Fix it, or pass "
+                                 "num_classes=K (labels 0 .. K-1) or classes=[...] naming the classes")
             writer.classes = [str(k) for k in range(max_label + 1)]
             writer.class_to_idx = {str(k): k for k in range(max_label + 1)}
         writer.skipped = list(skipped or [])  # read now: a generator may have added to it
@@ -286,6 +312,31 @@ def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class
         except OSError:
             pass
     return manifest
+
+
+def _add_new_fields(writer, sample: Sample, extra: dict[str, bytes], i: int, exts_seen: set[str]) -> None:
+    """Add the fields of sample ``i`` that ``writer`` does not have yet to its fields, once
+    checked (a field name, at most :data:`MAX_FIELDS`, no member name taken twice with the image
+    extensions seen so far, :func:`~shardfeed.readers.format.member_clash`).
+
+    Raises:
+        ValueError: naming the sample and the problem.
+    """
+    where = f"sample {i} ({sample.meta.get('path', sample.key)})"
+    new = [name for name in extra if name not in writer.field_counts]
+    if sample.ext not in exts_seen or new:
+        exts_seen.add(sample.ext)
+        problem = member_clash(exts_seen, [*writer.field_counts, *new])
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
+    for name in new:
+        problem = field_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
+        if len(writer.field_counts) >= MAX_FIELDS:  # a manifest lists at most MAX_FIELDS
+            raise ValueError(f"{where}: field {name!r} would be extra field number {len(writer.field_counts) + 1}, "
+                             f"more than the {MAX_FIELDS} a dataset may have; store the others in one JSON field")
+        writer.field_counts[name] = 0
 
 
 def _chain(first, rest):
@@ -425,7 +476,8 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
     Formats, by content: JSON Lines (every non-empty line an object with ``"path"`` and
     ``"label"``) when the first non-space character is ``{``; else CSV, or TSV when the first
     line holds a tab (``path,label``; a first row whose label column reads ``label``/``class``
-    is a header). Labels that are all decimal integers are class indices, else class names.
+    is a header). Lines end at LF, CRLF or CR alike (a spreadsheet's "CSV (Macintosh)").
+    Labels that are all decimal integers are class indices, else class names.
 
     Bounds: at most :data:`MAX_LABELS_FILE_BYTES` bytes, :data:`MAX_LABEL_ROWS` rows and
     :data:`MAX_LABEL_FIELD_CHARS` characters a path or label; paths relative to SRC without
@@ -435,6 +487,17 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         FileNotFoundError: no such file.
         ValueError: over a bound, a malformed row, a bad or repeated path; the message names
             the file and the line.
+    """
+    return {rel: v[0] for rel, v in read_label_rows(path).items()}
+
+
+def read_label_rows(path: str | os.PathLike) -> dict[str, tuple[str | int, int, bool]]:
+    """:func:`read_labels_file` with where each label comes from: ``{relative path: (label,
+    line number, whether an integer label was written as text)}`` (a JSON number is an index;
+    digits in a CSV cell or a JSON string could also be a class name).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`read_labels_file`.
     """
     p = Path(path)
     raw = _read_bounded(p, MAX_LABELS_FILE_BYTES, "a labels file")
@@ -460,6 +523,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
             if len(rows) > MAX_LABEL_ROWS:
                 raise ValueError(f"{p}: more than {MAX_LABEL_ROWS} rows")
     else:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")  # LF, CRLF and CR read alike
         first = text.split("\n", 1)[0]
         delimiter = "\t" if "\t" in first else ","
         reader = csv.reader(io.StringIO(text), delimiter=delimiter)
@@ -477,6 +541,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
     if not rows:
         raise ValueError(f"{p}: no rows; a labels file has one row per image (path,label)")
     out: dict[str, Any] = {}
+    lines: dict[str, tuple[int, bool]] = {}
     for n, rel, label in rows:
         where = f"{p} line {n}"
         if isinstance(rel, str) and len(rel) > MAX_LABEL_FIELD_CHARS:
@@ -495,6 +560,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         if rel in out:
             raise ValueError(f"{where}: {rel!r} is listed twice; each image has one label")
         out[rel] = label
+        lines[rel] = (n, isinstance(label, str))
     values = list(out.values())
     if all(isinstance(v, int) or (isinstance(v, str) and v.isdigit() and v.isascii()) for v in values):
         out = {k: int(v) for k, v in out.items()}
@@ -503,7 +569,7 @@ def read_labels_file(path: str | os.PathLike) -> dict[str, str | int]:
         if ints:
             raise ValueError(f"{p}: labels mix class names and integer indices (e.g. {ints[0]}); use one kind")
         out = {k: str(v) for k, v in out.items()}
-    return out
+    return {k: (v, *lines[k]) for k, v in out.items()}
 
 
 _EXT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -628,100 +694,8 @@ def parse_sidecars(text: str | Iterable[str] | None) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------------------------
 # scanning a folder of images (+ sidecars)
 
-@dataclasses.dataclass
-class _Found:
-    images: list[tuple[str, str, int, int]]   # (rel, canonical ext, size, mtime ns), sorted by rel
-    sidecars: dict[str, dict[str, str]]       # image rel -> {field: sidecar rel}
-    ignored: list[dict]
-
-
-def _scan_images(root: Path, exts: tuple[str, ...], sidecars: tuple[str, ...], max_files: int) -> _Found:
-    """Images below ``root`` (sorted walk, hidden names and links out of ``root`` skipped) and
-    each one's sidecar files (same stem + ``.{field}``); a file ending in a sidecar suffix is a
-    sidecar, never an image."""
-    root_real = os.path.realpath(root)
-    ext_set = {e.lower() for e in exts}
-    by_len = sorted(sidecars, key=len, reverse=True)  # "mask.png" before "png"-like shorter ones
-    images: list[tuple[str, str, int, int]] = []
-    side_files: dict[str, dict[str, str]] = {}  # stem rel -> {field: rel}
-    ignored: list[dict] = []
-    count = 0
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        d = root / rel_dir if rel_dir else root
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except PermissionError as exc:
-            raise PermissionError(f"{d}: cannot list folder ({exc.strerror}); fix its permissions") from None
-        subdirs = []
-        for e in entries:
-            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-            count += 1
-            if count > max_files:
-                raise ValueError(f"{root}: more than {max_files} entries; pack a smaller folder")
-            if e.name.startswith("."):
-                ignored.append({"path": rel, "reason": "hidden"})
-                continue
-            if e.is_symlink():
-                real = os.path.realpath(e.path)
-                if not (real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)):
-                    ignored.append({"path": rel, "reason": "symbolic link out of the source folder: not followed"})
-                    continue
-                if os.path.isdir(real):
-                    ignored.append({"path": rel, "reason": "symbolic link to a folder: not followed"})
-                    continue
-            if e.is_dir(follow_symlinks=False):
-                subdirs.append(rel)
-                continue
-            if not e.is_file():
-                ignored.append({"path": rel, "reason": "not a regular file"})
-                continue
-            field = next((f for f in by_len if e.name.lower().endswith("." + f) and len(e.name) > len(f) + 1), None)
-            if field is not None:
-                stem = rel[:-len(field) - 1]
-                side_files.setdefault(stem, {})[field] = rel
-                continue
-            dot = e.name.rfind(".")
-            ext = e.name[dot + 1:].lower() if dot > 0 else ""
-            if ext not in ext_set:
-                ignored.append({"path": rel, "reason": "extension not packed"})
-                continue
-            problem = stored_path_problem(rel)
-            if problem is not None:
-                ignored.append({"path": rel, "reason": problem})
-                continue
-            st = e.stat()
-            images.append((rel, normalize_ext(ext), st.st_size, st.st_mtime_ns))
-        stack.extend(reversed(subdirs))
-    images.sort(key=lambda t: t[0])
-    # x.mask.png beside x.jpg is x's side file (asked for or not), never an image of its own
-    stems = {rel.rsplit(".", 1)[0] for rel, *_ in images}
-    kept = []
-    for t in images:
-        stem = t[0].rsplit(".", 1)[0]
-        base = stem.rfind("/") + 1  # a dot of a folder name ("v1.0/cat") never makes a side file
-        owner = next((stem[:k] for k in range(base + 1, len(stem)) if stem[k] == "." and stem[:k] in stems), None)
-        if owner is not None:
-            ignored.append({"path": t[0], "reason": f"a side file of {owner}.* (not in --sidecars), not an image"})
-        else:
-            kept.append(t)
-    images = kept
-    sidecar_map: dict[str, dict[str, str]] = {}
-    used = set()
-    for rel, *_ in images:
-        stem = rel.rsplit(".", 1)[0]
-        if stem in side_files:
-            if stem in used:
-                raise ValueError(f"{root / rel}: two images share the stem {stem!r}; their sidecar files would be "
-                                 "ambiguous: rename one")
-            used.add(stem)
-            sidecar_map[rel] = side_files[stem]
-    for stem, found in side_files.items():
-        if stem not in used:
-            for rel in found.values():
-                ignored.append({"path": rel, "reason": "sidecar file without an image of the same stem"})
-    return _Found(images, sidecar_map, ignored)
+# the scan: :mod:`shardfeed.convert.layout_scan` (called through this name, which tests replace)
+_scan_images = scan_layout_folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -739,6 +713,11 @@ class LayoutOptions:
         require_sidecars: a missing sidecar is an error naming the image (``on_error="skip"``:
             the image is skipped and listed) instead of a count in the manifest.
         max_files: most entries scanned below SRC.
+        num_classes: with ``labels_file``, the number of classes integer labels index (classes
+            ``"0" .. "K-1"``; ``--num-classes``); None: from ``--classes-from`` or the labels.
+        label_kind: with ``labels_file``, what a label written as digits is: ``"name"``,
+            ``"index"``, or None (a label that could be both is refused;
+            :mod:`shardfeed.convert.label_rules`).
     """
 
     labels_file: str | os.PathLike | None = None
@@ -746,6 +725,8 @@ class LayoutOptions:
     sidecars: tuple[str, ...] = ()
     require_sidecars: bool = False
     max_files: int = 100_000_000
+    num_classes: int | None = None
+    label_kind: str | None = None
 
 
 def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout: LayoutOptions, *,
@@ -792,6 +773,11 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if options.executor != "local":
         raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
                          "drop --executor")
+    problem = member_clash(parse_extensions(options.extensions), layout.sidecars)
+    if problem is not None:  # before the scan, before OUT is touched
+        raise ValueError(f"--extensions/--sidecars: {problem}")
+    if (layout.num_classes is not None or layout.label_kind is not None) and layout.labels_file is None:
+        raise ValueError("--num-classes and --label-kind say what the labels of a labels file mean; pass --labels FILE")
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")
@@ -839,10 +825,12 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     packing order (:func:`pack_layout` before OUT is touched)."""
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files)
-    # every file seen: images, their sidecar files and the ignored ones (the labels file's rows that name
-    # no image are skipped entries too, but not files found)
-    n_found = len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
-    skipped: list[dict] = []
+    refuse_unpackable(src, found.unpackable, options.on_error)
+    # every file seen: images, their sidecar files, the ignored and the unpackable ones (the labels file's rows
+    # that name no image are skipped entries too, but not files found)
+    n_found = (len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
+               + len(found.unpackable))
+    skipped: list[dict] = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in found.unpackable]
     labels = _resolve_labels(src, options, layout, found, skipped)
     if not labels.images:
         raise ValueError(f"{src}: no images with extensions {','.join(exts)} to pack")
@@ -856,6 +844,9 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     recorded = {**fp, "source": str(src.absolute()), "layout": labels.kind}
     if layout.labels_file is not None:
         recorded["labels_file"] = str(layout.labels_file)
+        for name in ("num_classes", "label_kind"):
+            if getattr(layout, name) is not None:
+                recorded[name] = getattr(layout, name)
     if layout.sidecars:
         recorded["sidecars"] = list(layout.sidecars)
         recorded["require_sidecars"] = layout.require_sidecars
@@ -899,7 +890,8 @@ def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, 
     an error (``on_error="raise"``) or skipped; the class map is ``options.class_to_idx``, else
     ``"0" .. "K-1"`` for integer labels, else the sorted label names."""
     images = found.images
-    rows = _match_unicode_spelling(read_labels_file(layout.labels_file), [rel for rel, *_ in images])
+    rows_read = _match_unicode_spelling(read_label_rows(layout.labels_file), [rel for rel, *_ in images])
+    rows = {rel: v[0] for rel, v in rows_read.items()}
     on_disk = {rel for rel, *_ in images}
     unlisted = [rel for rel, *_ in images if rel not in rows]
     absent = [rel for rel in rows if rel not in on_disk]
@@ -917,56 +909,10 @@ def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, 
     skipped += [{"path": rel, "key": None, "reason": "listed in the labels file, no such image"}
                 for rel in absent]
     images = [t for t in images if t[0] in rows]
-    class_to_idx = options.class_to_idx
-    if class_to_idx is None:
-        class_to_idx = _class_map_of_labels(layout, images, rows)
-    labels_of = _label_indices(layout, images, rows, class_to_idx)
+    class_to_idx, labels_of = resolve_labels(layout.labels_file, {rel: rows_read[rel] for rel, *_ in images},
+                                             options.class_to_idx, num_classes=layout.num_classes,
+                                             label_kind=layout.label_kind, max_classes=MAX_CLASSES)
     return _Labels(images, class_to_idx, labels_of, True, "labels-file")
-
-
-def _class_map_of_labels(layout: LayoutOptions, images: list, rows: dict[str, Any]) -> dict[str, int]:
-    """The class map of a labels file without ``--classes-from``: ``"0" .. "K-1"`` when every
-    label is an integer (at most :data:`MAX_CLASSES`), else the label names sorted as
-    ImageFolder sorts folders."""
-    values = [rows[rel] for rel, *_ in images]
-    if all(isinstance(v, int) for v in values):
-        k = max(values, default=-1) + 1
-        if k > MAX_CLASSES:  # the classes "0" .. "K-1" are made: bounded
-            top = max(images, key=lambda t: rows[t[0]])[0]
-            raise ValueError(f"{layout.labels_file}: label {k - 1} (of {top}) would make {k:,} classes "
-                             f"(\"0\" .. \"{k - 1}\"), more than {MAX_CLASSES:,}; pass --classes-from "
-                             "naming the classes, or fix the label")
-        return {str(i): i for i in range(k)}
-    return {c: i for i, c in enumerate(sorted(set(values)))}  # as ImageFolder sorts folders
-
-
-def _label_indices(layout: LayoutOptions, images: list, rows: dict[str, Any],
-                   class_to_idx: dict[str, int]) -> dict[str, int]:
-    """``{image: class index}`` of the labels file's rows (a name in another Unicode
-    normalisation is that class); a label that is not a class of the map is an error."""
-    idx_to_class = {i: c for c, i in class_to_idx.items()}
-    labels_of = {}
-    bad = []
-    nfc_names: dict[str, str] | None = None
-    for rel, *_ in images:
-        v = rows[rel]
-        if isinstance(v, int):
-            if v not in idx_to_class:
-                bad.append((rel, v))
-            labels_of[rel] = v
-        else:
-            if v not in class_to_idx:  # the same name in another Unicode normalisation is that class
-                if nfc_names is None:
-                    nfc_names = _nfc_names(class_to_idx)
-                v = nfc_names.get(unicodedata.normalize("NFC", v), v)
-            if v not in class_to_idx:
-                bad.append((rel, v))
-            labels_of[rel] = class_to_idx.get(v, -1)
-    if bad:
-        raise ValueError(f"{layout.labels_file}: {len(bad)} label(s) are not classes of the class map "
-                         f"({len(class_to_idx)} classes), e.g. {bad[0][0]}: {bad[0][1]!r}; pass the right "
-                         "--classes-from or fix the labels")
-    return labels_of
 
 
 def _drop_missing_sidecars(src: Path, options, layout: LayoutOptions, found: _Found, images: list,
@@ -1084,12 +1030,11 @@ def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: in
     whatever the read-ahead. ``pos["at"]`` follows the plan position; a file that fails with
     ``on_error="skip"`` goes to ``plan.skipped`` and ``read_skips`` (with its position)."""
     src, planned, found, labels = plan.src, plan.planned, plan.found, plan.labels
-    src_real = os.path.realpath(src)
 
     def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
-        rel = planned[j][0]
-        return _read(_inside(src_real, src, rel)), {
-            f: _read(_inside(src_real, src, srel), MAX_SIDECAR_BYTES)
+        rel, _, size, mtime = planned[j]
+        return _read(src / rel, (size, mtime)), {
+            f: _read(src / srel, found.side_stats[srel], MAX_SIDECAR_BYTES)
             for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
 
     for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
@@ -1176,15 +1121,6 @@ def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:
     return f"{rel} ({reason})" if reason else rel
 
 
-def _nfc_names(class_to_idx: dict[str, int]) -> dict[str, str]:
-    """``{NFC form: class name}`` of the class names whose NFC form is their own (no two classes
-    that differ only in normalisation: such a name matches neither)."""
-    by: dict[str, list[str]] = {}
-    for c in class_to_idx:
-        by.setdefault(unicodedata.normalize("NFC", c), []).append(c)
-    return {k: v[0] for k, v in by.items() if len(v) == 1}
-
-
 def _match_unicode_spelling(rows: dict[str, Any], on_disk: list[str]) -> dict[str, Any]:
     """``rows`` keyed by the names on disk: a row whose path names an image only in another Unicode
     normalisation (a labels file in NFC, the file written NFD by macOS, or the reverse) is that
@@ -1238,27 +1174,30 @@ def _finished_records(out: Path, num_samples: int) -> list[dict]:
     return done
 
 
-def _inside(root_real: str, src: Path, rel: str) -> Path:
-    """The real path of ``src / rel``, checked again at read time to be inside SRC: a file or
-    folder replaced by a link out of SRC after the scan is an error, never read."""
-    real = os.path.realpath(src / rel)
-    if not real.startswith(root_real.rstrip(os.sep) + os.sep):
-        raise ValueError(f"{src / rel}: leads out of the source folder {src} (a symbolic link made after the scan); "
-                         "not read")
-    return Path(real)
-
-
-def _read(path: Path, limit: int | None = None) -> bytes:
+def _read(path: Path, scanned: tuple[int, int], limit: int | None = None) -> bytes:
     """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too).
 
     The file is checked again as it is opened: a file replaced after the scan by a FIFO or a
-    device is an error, never read (a FIFO would block the pack), and at most ``limit`` bytes are
-    read whatever the size said at the scan."""
+    device is an error, never read (a FIFO would block the pack); so is a file whose size or
+    modification time is no longer ``scanned`` (``(bytes, ns)``: replaced, by a link or another
+    file, or changed); at most ``limit`` bytes are read whatever the size said at the scan.
+
+    Raises:
+        ValueError: not a regular file any more; a sidecar over ``limit``; an empty image.
+        shardfeed.readers.errors.SourceChangedError: size or modification time changed (an OSError).
+        OSError: cannot be opened or read.
+    """
+    from shardfeed.readers.errors import SourceChangedError
+
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path}: not a regular file (a FIFO, device or socket) any more; not read")
+        if (st.st_size, st.st_mtime_ns) != tuple(scanned):
+            raise SourceChangedError(f"{path}: changed since the scan (size {scanned[0]} -> {st.st_size} bytes, or "
+                                     "its modification time; replaced by another file or a link?); not read: rerun "
+                                     "the pack once the folder is stable")
         if limit is not None and st.st_size > limit:
             raise ValueError(f"{path}: {st.st_size} bytes, over the {limit} bytes a sidecar file may have")
         data = f.read() if limit is None else f.read(limit + 1)

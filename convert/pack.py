@@ -45,6 +45,7 @@ from shardfeed.readers.format import (
     MANIFEST_NAME,
     Manifest,
     load_manifest,
+    member_clash,
     merge_extension_counts,
     normalize_ext,
     read_small_file,
@@ -68,8 +69,8 @@ from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
 from .report import PackReport, finished_report, plural
 from .reencode import ReencodeOptions
-from .samples import load_sample_payload, read_file_checked, read_source_bytes
-from .scan import ScanResult, ScannedFiles, scan_image_folder
+from .samples import load_sample_payload, read_file_checked, read_source_bytes, refuse_unpackable
+from .scan import ScanResult, ScannedFiles, parse_extensions, scan_image_folder
 
 if TYPE_CHECKING:
     from .layouts import LayoutOptions
@@ -344,6 +345,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
             shards stay and ``resume`` continues.
     """
     options = options or PackOptions()
+    problem = member_clash(parse_extensions(options.extensions), getattr(layout, "sidecars", ()))
+    if problem is not None:  # before anything is read or written
+        raise ValueError(f"--extensions{'/--sidecars' if getattr(layout, 'sidecars', ()) else ''}: {problem}")
     out, to_store = _checked_out(out, options)
     with PackContext.for_options(options, progress=progress, output_progress=output_progress,
                                  storage_options=storage_options) as context:
@@ -468,12 +472,10 @@ def _writes_to_store(fmt: str) -> bool:
 
 
 def _has_class_folders(src: Path) -> bool:
-    """Whether SRC holds a non-hidden sub-folder (the class-folder layout)."""
-    try:
-        with os.scandir(src) as it:
-            return any(not e.name.startswith(".") and e.is_dir() for e in it)
-    except NotADirectoryError:
-        return True  # the scan names the problem
+    """Whether SRC holds a non-hidden sub-folder (the class-folder layout; the readers' rule)."""
+    from shardfeed.readers.imagefolder import has_class_folders
+
+    return has_class_folders(src)
 
 
 def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | None = None, *,
@@ -507,11 +509,7 @@ def pack_local(src: str | os.PathLike, out: str | os.PathLike, options: PackOpti
     t0 = time.perf_counter()
     if scan is None:
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx)
-    if scan.unpackable and options.on_error != "skip":
-        first = scan.unpackable[0]
-        more = f" (and {len(scan.unpackable) - 1} more such file(s))" if len(scan.unpackable) > 1 else ""
-        raise ValueError(f"{Path(scan.root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
-                         "pack the rest and list these in the manifest's skipped")
+    refuse_unpackable(scan.root, scan.unpackable, options.on_error)
     with output_lock(out, "pack"):  # one writer per OUT: a second pack fails at once, naming this one
         return _pack_locked(src, out, options, scan, context, t0)
 

@@ -3,15 +3,17 @@ writes), and the report of ``resume`` on a dataset that is finished already."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
+import re
 import time
 
 from shardfeed.readers.format import MANIFEST_NAME, Manifest
 from shardfeed.readers.registry import describe
 
-__all__ = ["PackReport", "finished_report", "plural"]
+__all__ = ["PackReport", "finished_report", "plural", "reason_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +69,10 @@ class PackReport:
             s += (f", after {self.extra['download_seconds']:.2f} s listing and downloading SRC from the bucket "
                   f"({self.extra['download_seconds'] + self.seconds:.2f} s in all)")
         if self.skipped:
-            s += f"; {plural(len(self.skipped), 'file')} skipped (listed in the manifest)"
+            s += (f"; {plural(len(self.skipped), 'file')} skipped ({reason_counts(self.skipped)}; listed in the "
+                  "manifest)")
         if self.ignored:
-            s += f"; {plural(len(self.ignored), 'file')} ignored (hidden, other extensions, outside class folders)"
+            s += f"; {plural(len(self.ignored), 'file')} ignored ({reason_counts(self.ignored)})"
         if self.shards_resumed:
             spec = describe(self.format)
             done = spec.summary_noun if not spec.sharded else spec.noun(self.shards_resumed)
@@ -81,6 +84,16 @@ class PackReport:
             if self.extra.get("task_retries"):
                 s += f", {self.extra['task_retries']} retried"
         return s
+
+
+def reason_counts(items: list[dict], most: int = 4) -> str:
+    """``"2 hidden file, 1 extension not packed"``: how many of ``items`` (``{"reason": ...}``)
+    were left out for each reason (the reason's words before any detail in parentheses or after
+    a colon), the most frequent first, at most ``most`` reasons then ``"..."``."""
+    counts = collections.Counter(re.split(r" \(|: ", str(item.get("reason", "?")), maxsplit=1)[0]
+                                 for item in items)
+    parts = [f"{n:,} {reason}" for reason, n in counts.most_common(most)]
+    return ", ".join(parts) + (", ..." if len(counts) > most else "")
 
 
 def plural(n: int, word: str, plural: str | None = None) -> str:

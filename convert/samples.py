@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from shardfeed.readers.errors import CorruptDataError, ShardfeedError, SourceChangedError
@@ -21,8 +22,8 @@ from .plan import PlannedSample
 from .reencode import reencode_payload
 from .scan import ScannedFile
 
-__all__ = ["read_source_bytes", "read_file_checked", "load_sample_payload", "payload_from_bytes", "skip_reason",
-           "ChunkTask", "load_chunk", "skip_record"]
+__all__ = ["read_source_bytes", "read_file_checked", "refuse_unpackable", "load_sample_payload", "payload_from_bytes",
+           "skip_reason", "ChunkTask", "load_chunk", "skip_record"]
 
 
 def read_source_bytes(f: ScannedFile) -> bytes:
@@ -115,6 +116,21 @@ def payload_from_bytes(s: PlannedSample, data: bytes, options) -> tuple[bytes, s
 
         decode_image(data, ext, source=s.file.path, max_decode_bytes=options.max_decode_bytes)
     return data, ext, meta
+
+
+def refuse_unpackable(root: str | os.PathLike, unpackable: list[dict], on_error: str) -> None:
+    """Stop a pack (``on_error="raise"``) whose scan found files with a packed extension that
+    cannot be packed (``[{"path": rel, "reason": ...}]``: a broken link, a name failing the name
+    policy); under ``on_error="skip"`` they are listed in the manifest's ``skipped``.
+
+    Raises:
+        ValueError: naming the first file, its reason, how many more, and ``--on-error skip``.
+    """
+    if unpackable and on_error != "skip":
+        first = unpackable[0]
+        more = f" (and {len(unpackable) - 1} more such file(s))" if len(unpackable) > 1 else ""
+        raise ValueError(f"{Path(root) / first['path']}: {first['reason']}{more}; or pass --on-error skip to "
+                         "pack the rest and list these in the manifest's skipped")
 
 
 def skip_reason(exc: BaseException) -> str:

@@ -128,6 +128,7 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             :mod:`~shardfeed.readers.objstore`), ``readahead`` (LMDB: kernel read-around; local
             WebDataset shards: reads ahead once reads prove slow, True) and ``verify`` (LMDB:
             check each record's CRC-32; True),
+            ``cache_dir`` and ``cache_limit`` (a shard cache on a local disk: :mod:`~shardfeed.readers.shard_cache`),
             ``class_to_idx`` and ``extensions`` (folder), ``fields`` (extra fields of a version-3
             dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
             ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
@@ -220,7 +221,8 @@ class _SortedOptions:
         """Every keyword as the caller gave it (a registered source that is no :class:`SourceBase`
         is called ``factory(location, manifest, **options)``), less the opening options."""
         return {**self.common, **{k: v for k, v in self.given.items()
-                                  if k not in ignored and k not in ("storage_options", "check_files")}}
+                                  if k not in ignored and k not in ("storage_options", "check_files", "cache_dir",
+                                                                "cache_limit")}}
 
 
 #: Parameters of a source's constructor that are no options.
@@ -259,12 +261,30 @@ def _open_remote(source: str, chosen: _SortedOptions) -> Any:
             raise
         from .folder_source import FolderSource
 
+        if opened.cache_dir is not None:
+            log.info("%s: an image folder (one read per image): cache_dir keeps the shards of a packed dataset "
+                     "and is not used", source)
         return FolderSource(loc, chosen.read, **chosen.own_keywords(FolderSource, ignored=("shuffle_buffer",)))
     if loc.listable and not describe(manifest.format).remote_readable:
         raise UnsupportedURLError(f"{source}: an LMDB dataset is read from a local disk only (LMDB maps its file "
                                   f"into memory); copy it first: `shardfeed stage {source} /local/dir`, then open "
                                   "/local/dir (or pack the bucket's data as --format wds to read it from the bucket)")
+    if opened.cache_dir is not None:
+        loc = _cached(source, loc, manifest, opened)
     return _open_packed(loc, manifest, chosen)
+
+
+def _cached(source: str, loc: Any, manifest: Manifest, opened: OpenOptions) -> Any:
+    """``loc`` read through the shard cache in ``opened.cache_dir`` (:mod:`~shardfeed.readers.shard_cache`);
+    ``loc`` itself for a format whose files are not read through the location (LMDB: logged)."""
+    from .cached_location import CachedLocation
+    from .shard_cache import ShardCache
+
+    if not describe(manifest.format).remote_readable:
+        log.info("%s: cache_dir keeps the shards of a WebDataset, not a %s dataset, and is not used", source,
+                 manifest.format)
+        return loc
+    return CachedLocation(loc, manifest, ShardCache(opened.cache_dir, opened.cache_limit))
 
 
 def _open_packed(location: Any, manifest: Manifest, chosen: _SortedOptions) -> Any:

@@ -10,8 +10,9 @@ loader (:mod:`~shardfeed.readers.loader`). The format specification (docs/format
 
 1. shards (WebDataset): the shard order is shuffled with ``random.Random(seed + epoch)``
    (``shuffle=False`` keeps the manifest order) and the shards are laid end to end; random-access
-   sources (LMDB, folder, ``cache="memory"``) use a ``random.Random(seed + epoch)`` permutation of
-   the N sample indices instead (:func:`epoch_positions`);
+   sources (LMDB, folder, ``cache="memory"``) use a seeded permutation of the N sample indices
+   instead, computed per position (:func:`positions_to_indices`,
+   :func:`~shardfeed.readers.permutation.permute`), so a process computes only the positions it reads;
 2. ``G`` is cut into ``world_size`` equal contiguous ranges of ``N // world_size`` positions: the
    remainder ``N % world_size`` (the end of ``G``) is dropped, or, with ``pad=True``, every rank
    gets ``ceil(N / world_size)`` positions and the missing ones repeat ``G`` from its start
@@ -53,11 +54,12 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .errors import ON_ERROR  # accepted values of ``on_error`` (defined with their one check)
+from .permutation import CHUNK, EPOCH_ORDER_VERSION, permute, unpermute
 
 __all__ = [
     "ON_ERROR",
@@ -80,6 +82,8 @@ __all__ = [
     "worker_batches",
     "worker_batch_counts_before",
     "positions_to_indices",
+    "RankOrder",
+    "EPOCH_ORDER_VERSION",
     "SEGMENT_KEYS",
     "validate_resume_state",
     "MAX_RESUME_WORKERS",
@@ -333,17 +337,15 @@ def epoch_positions(num_samples: int, *, seed: int, epoch: int, shuffle: bool, r
                     pad: bool = False, batch_size: int = 1, drop_last: bool = False) -> list[int]:
     """Sample indices one rank reads in a fresh epoch, for random-access sources.
 
-    The epoch's global sequence is a ``random.Random(seed + epoch)`` permutation of
-    ``range(num_samples)`` (identity without ``shuffle``); the rank takes its contiguous range
-    of it (:func:`rank_span`), wrapping with ``pad``.
+    The epoch's global sequence is the seeded permutation of ``range(num_samples)`` of
+    :func:`positions_to_indices` (identity without ``shuffle``); the rank takes its contiguous range
+    of it (:func:`rank_span`), wrapping with ``pad``. Only the rank's own positions are computed.
     """
-    order = list(range(num_samples))
-    if shuffle:
-        random.Random(seed + epoch).shuffle(order)
     start, stop = rank_span(num_samples, rank, world_size, pad=pad, batch_size=batch_size, drop_last=drop_last)
     if num_samples == 0:
         return []
-    return [order[p % num_samples] for p in range(start, stop)]
+    return positions_to_indices(num_samples, np.arange(start, stop, dtype=np.int64), seed=seed, epoch=epoch,
+                                shuffle=shuffle).tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,17 +530,151 @@ def worker_batch_counts_before(num_batches_consumed: int, num_workers: int) -> l
 
 def positions_to_indices(num_samples: int, positions: np.ndarray, *, seed: int, epoch: int,
                          shuffle: bool) -> np.ndarray:
-    """Sample indices of positions in ``G`` for random-access sources (``G`` is the
-    ``random.Random(seed + epoch)`` permutation of :func:`epoch_positions`; ``p >= N`` wraps).
+    """Sample indices of positions in ``G`` for random-access sources (``p >= N`` wraps to ``p % N``).
+
+    ``G`` is the seeded permutation of ``range(num_samples)`` keyed by ``(seed, epoch)``
+    (:func:`~shardfeed.readers.permutation.permute`, epoch order version :data:`EPOCH_ORDER_VERSION`),
+    or the identity without ``shuffle``. Costs ``O(len(positions))`` time and memory whatever N is.
 
     Returns:
         ``int64`` array of sample indices, same shape as ``positions``.
     """
     if num_samples == 0 or len(positions) == 0:
         return np.empty(0, dtype=np.int64)
-    phys = np.asarray(positions, dtype=np.int64) % num_samples
+    phys = np.asarray(positions, dtype=np.int64)
+    if int(phys.min()) < 0 or int(phys.max()) >= num_samples:  # padded positions: wrap (a copy)
+        phys = phys % num_samples
     if not shuffle:
-        return phys
-    order = list(range(num_samples))
-    random.Random(seed + epoch).shuffle(order)
-    return np.asarray(order, dtype=np.int64)[phys]
+        return phys.copy() if phys is positions else phys
+    return permute(phys, num_samples, seed=seed, epoch=epoch)
+
+
+#: A resumed order held as more runs of consecutive positions than this is held as an array instead.
+_MAX_RUNS = 1 << 16
+
+
+def _take_runs(runs: Sequence[tuple[int, int]], total: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """Places ``[start, stop)`` of the concatenation of ``runs`` (``(first position, length)`` each,
+    ``total`` places in all; places ``>= total`` wrap around), as runs."""
+    out: list[tuple[int, int]] = []
+    q = start
+    while q < stop and total > 0:  # a rank's share is at most the whole: at most three pieces
+        base = q % total
+        take = min(stop - q, total - base)
+        place = 0
+        for first, length in runs:
+            lo, hi = max(base, place), min(base + take, place + length)
+            if lo < hi:
+                out.append((first + lo - place, hi - lo))
+            place += length
+            if place >= base + take:
+                break
+        q += take
+    return out
+
+
+def _resumed_runs(num_samples: int, segments: Sequence[Mapping], *, rank: int, world_size: int, batch_size: int,
+                  shuffle: bool, pad: bool, drop_last: bool) -> list[tuple[int, int]] | None:
+    """The rank's positions after ``segments`` as runs of consecutive positions, by the rule of
+    :func:`remaining_sequence` (None: a segment had a shuffle buffer, or the runs are too many)."""
+    runs: list[tuple[int, int]] | None = None
+    total = int(num_samples)
+    for seg in segments:
+        ws, _, bs, win, k = _check_segment(seg, num_samples)
+        if shuffle and win > 1:
+            return None
+        per_rank = []
+        for r in range(ws):
+            a, b = rank_span(total, r, ws, pad=pad, batch_size=bs, drop_last=drop_last)
+            if runs is None:
+                per_rank.append([(a, b - a)] if b > a and total else [])
+            else:
+                per_rank.append(_take_runs(runs, total, a, b))
+        have = sum(length for _, length in per_rank[0]) if per_rank else 0
+        if per_rank and k > have:
+            raise ValueError(f"a resume segment consumed {k} samples per rank but its ranks had {have}")
+        runs = []
+        for mine in per_rank:
+            mine_total = sum(length for _, length in mine)
+            runs += _take_runs(mine, mine_total, k, mine_total)
+        total = sum(length for _, length in runs)
+        if len(runs) > _MAX_RUNS:
+            return None
+    a, b = rank_span(total, rank, world_size, pad=pad, batch_size=batch_size, drop_last=drop_last)
+    if runs is None:  # a fresh epoch: the rank's range
+        return [(a, b - a)] if b > a and total else []
+    return _take_runs(runs, total, a, b)
+
+
+class RankOrder:
+    """One rank's sample indices of one epoch of a random-access source, in the order its sampler
+    hands them out, computed a slice at a time.
+
+    The rank's positions in ``G`` are held as runs of consecutive positions: one run, the rank's
+    range (:func:`rank_span`), in a fresh epoch; a few per earlier run in a resumed one (``segments``,
+    the rank's part of :func:`remaining_sequence`). So a slice costs its own length, whatever N is.
+    (Segments with a shuffle buffer, which random-access sources do not write, are computed as one array.)
+
+    Raises:
+        ValueError: a malformed segment, or one that consumed more than its ranks had.
+    """
+
+    def __init__(self, num_samples: int, segments: Sequence[Mapping] = (), *, rank: int, world_size: int,
+                 batch_size: int, seed: int, epoch: int, shuffle: bool, pad: bool = False,
+                 drop_last: bool = False) -> None:
+        self.num_samples, self.seed, self.epoch, self.shuffle = int(num_samples), int(seed), int(epoch), bool(shuffle)
+        self._held: np.ndarray | None = None
+        runs = _resumed_runs(self.num_samples, segments, rank=rank, world_size=world_size, batch_size=batch_size,
+                             shuffle=self.shuffle, pad=pad, drop_last=drop_last)
+        if runs is None:
+            seq = resumed_rank_sequence(self.num_samples, segments, rank=rank, world_size=world_size,
+                                        batch_size=batch_size, num_workers=1, buffer=0, seed=seed, epoch=epoch,
+                                        shuffle=shuffle, pad=pad, drop_last=drop_last)
+            self._held = positions_to_indices(self.num_samples, seq, seed=seed, epoch=epoch, shuffle=shuffle)
+            runs = [(0, len(seq))]
+        self._firsts = np.array([first for first, _ in runs], dtype=np.int64)
+        self._lengths = np.array([length for _, length in runs], dtype=np.int64)
+        self._places = np.concatenate([[0], np.cumsum(self._lengths)]).astype(np.int64)
+        self._len = int(self._places[-1])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _positions(self, a: int, b: int) -> np.ndarray:
+        i = int(np.searchsorted(self._places, a, side="right")) - 1
+        parts = []
+        while a < b:
+            first, place, length = int(self._firsts[i]), int(self._places[i]), int(self._lengths[i])
+            hi = min(b, place + length)
+            parts.append(np.arange(first + a - place, first + hi - place, dtype=np.int64))
+            a, i = hi, i + 1
+        return np.concatenate(parts)
+
+    def slice(self, a: int, b: int) -> np.ndarray:
+        """The sample indices at places ``[a, b)`` (clipped to the order; ``int64``)."""
+        a, b = max(0, int(a)), min(self._len, int(b))
+        if b <= a:
+            return np.empty(0, dtype=np.int64)
+        if self._held is not None:
+            return self._held[a:b]
+        return positions_to_indices(self.num_samples, self._positions(a, b), seed=self.seed, epoch=self.epoch,
+                                    shuffle=self.shuffle)
+
+    def chunks(self, size: int = CHUNK) -> Iterator[np.ndarray]:
+        """The whole order, ``size`` indices at a time (each computed when it is asked for)."""
+        for a in range(0, self._len, max(1, int(size))):
+            yield self.slice(a, a + size)
+
+    def places_of(self, index: int) -> np.ndarray:
+        """The places holding sample ``index``, ascending (more than one only with ``pad``; ``int64``)."""
+        n, index = self.num_samples, int(index)
+        if not 0 <= index < n or self._len == 0:
+            return np.empty(0, dtype=np.int64)
+        if self._held is not None:
+            return np.flatnonzero(self._held == index).astype(np.int64)
+        g = int(unpermute(np.array([index]), n, seed=self.seed, epoch=self.epoch)[0]) if self.shuffle else index
+        ends = self._firsts + self._lengths
+        firsts = g + n * np.maximum(0, -((g - self._firsts) // n))  # each run's first position holding it
+        out = [np.arange(f, e, n, dtype=np.int64) - s + p
+               for f, e, s, p in zip(firsts, ends, self._firsts, self._places) if f < e]
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)

@@ -25,8 +25,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch.utils.data
 
-from .format import format_key, key_width, load_manifest, normalize_ext
-from .imagefolder import scan_image_folder, scan_listing
+from .format import UNLABELLED, format_key, key_width, load_manifest, normalize_ext, stored_path_problem
+from .imagefolder import has_class_folders, parse_extensions, scan_image_folder, scan_listing
 from .options import ReadOptions
 from .source_base import SourceBase
 
@@ -39,17 +39,52 @@ def scan_folder(
 ) -> tuple[list[str], dict[str, int], list[tuple[str, int]]]:
     """Find the classes and images of an ImageFolder root (the packer's scan: the same rules).
 
+    A folder without class folders (no non-hidden sub-folder) is a flat, unlabelled folder, as
+    ``shardfeed pack`` takes it: its images, sorted by name, each with label
+    :data:`~shardfeed.readers.format.UNLABELLED` (-1), and no classes.
+
     Returns:
         ``(classes, class_to_idx, [(relative_path, label), ...])`` in ImageFolder order.
 
     Raises:
         FileNotFoundError, NotADirectoryError: ``root`` missing or a file.
-        ValueError: no class folders, no images, or a class folder missing from ``class_to_idx``.
+        ValueError: no images, a class folder missing from ``class_to_idx``, or a ``class_to_idx``
+            for a flat folder.
     """
+    if not has_class_folders(root):
+        return [], {}, _flat_images(root, extensions, class_to_idx)
     scan = scan_image_folder(root, extensions=extensions, class_to_idx=class_to_idx)
     files = scan.files
     labels = [files.class_labels[c] for c in files.class_codes]
     return list(scan.classes), dict(scan.class_to_idx), list(zip(files.rels, labels))
+
+
+#: Entries of a flat folder listed at most (a larger folder is refused, naming the limit).
+MAX_FLAT_ENTRIES = 50_000_000
+
+
+def _flat_images(root: str | os.PathLike, extensions: Iterable[str] | None,
+                 class_to_idx: Mapping[str, int] | None) -> list[tuple[str, int]]:
+    """The images directly in a flat folder: non-hidden regular files (links followed) with one of
+    the extensions whose names can be stored, sorted by name; each labelled ``UNLABELLED``."""
+    if class_to_idx:
+        raise ValueError(f"{root}: a class map is given, but the folder has no class folders (an unlabelled "
+                         "dataset); sort the images into ROOT/CLASS/ folders, or read it without a class map")
+    exts = set(parse_extensions(extensions))
+    names = []
+    with os.scandir(root) as it:
+        for n, e in enumerate(it):
+            if n >= MAX_FLAT_ENTRIES:
+                raise ValueError(f"{root}: more than {MAX_FLAT_ENTRIES} entries; split the folder")
+            dot = e.name.rfind(".")
+            if (e.name.startswith(".") or dot <= 0 or e.name[dot + 1:].lower() not in exts
+                    or stored_path_problem(e.name) is not None or not e.is_file()):
+                continue
+            names.append(e.name)
+    if not names:
+        raise ValueError(f"{root}: no images with extensions {','.join(sorted(exts))} in this folder and no class "
+                         "folders; check the path, or pass --extensions")
+    return [(name, UNLABELLED) for name in sorted(names)]
 
 
 def _class_map_from(value) -> dict[str, int] | None:
@@ -72,8 +107,9 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
 
     ``ds[i]`` is ``(image uint8 [3, H, W], label int)``, a raw
     :class:`~shardfeed.readers.format.Sample` with ``decode=False`` (key: the zero-padded index
-    in ImageFolder order; meta: ``{"path", "class"}``), or None when the sample was skipped
-    (``on_error="skip"``).
+    in ImageFolder order; meta: ``{"path", "class"}``, ``{"path"}`` in a flat folder), or None
+    when the sample was skipped (``on_error="skip"``). A local folder without class folders is
+    read as an unlabelled dataset (label -1; see :func:`scan_folder`).
     """
 
     map_style = True
@@ -110,6 +146,11 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
         return self._num_samples
 
     @property
+    def labelled(self) -> bool:
+        """False for a flat folder (no class folders: every label is -1)."""
+        return bool(self._classes)
+
+    @property
     def fingerprint(self) -> str:
         """SHA-256 of the file list (relative paths and labels, in ImageFolder order)."""
         import hashlib
@@ -133,7 +174,8 @@ class FolderSource(SourceBase, torch.utils.data.Dataset):
                 data = f.read()
         label = int(self._labels[i])
         ext = normalize_ext(os.path.splitext(rel)[1])
-        return format_key(i, self._width), data, ext, label, {"path": rel, "class": rel.split("/", 1)[0]}
+        meta = {"path": rel, "class": rel.split("/", 1)[0]} if self._classes else {"path": rel}
+        return format_key(i, self._width), data, ext, label, meta
 
     def __getitem__(self, i: int):
         if not 0 <= i < self._num_samples:

@@ -38,7 +38,7 @@ import re
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from .errors import CorruptDataError, IncompleteDatasetError, ManifestError, UnsupportedURLError
 from .lmdb_record import LMDB_RECORD_VERSION, encode_record
@@ -101,6 +101,7 @@ __all__ = [
     "LABELS_NONE",
     "UNLABELLED",
     "field_member",
+    "member_clash",
     "field_name_problem",
     "decode_field",
     "encode_field",
@@ -324,6 +325,33 @@ def field_member(name: str) -> str:
     """The member extension that stores field ``name``: ``name`` itself, or ``sidecar.json`` /
     ``sidecar.cls`` for the two extensions the sample uses for its metadata and label."""
     return f"sidecar.{name}" if name in _RESERVED_MEMBERS else name
+
+
+def member_clash(image_exts: Iterable[str], fields: Iterable[str]) -> str | None:
+    """Why a sample with images of ``image_exts`` and the extra ``fields`` would store two things
+    under one member name (a tar member, or an LMDB record's field), or None.
+
+    Taken member names: each image extension (canonical, :func:`normalize_ext`), the label
+    (``cls``), the metadata (``json``), the other :data:`SIDE_EXTENSIONS`, and each field's
+    :func:`field_member` (``json`` -> ``sidecar.json``). An image extension that is a reserved
+    member (``--extensions json``), a field stored under an image extension (``--extensions dat
+    --sidecars dat``) and two fields stored under one member (``json`` and ``sidecar.json``) clash.
+    The message names both and the fix.
+    """
+    taken: dict[str, str] = {}
+    for ext in image_exts:
+        canonical = normalize_ext(ext)
+        if canonical in SIDE_EXTENSIONS:
+            return (f"image extension {ext!r} is the member {canonical!r} every sample already holds "
+                    f"({', '.join(sorted(SIDE_EXTENSIONS))}): drop it from the image extensions")
+        taken.setdefault(canonical, f"image extension {ext!r}")
+    for name in fields:
+        member = field_member(name)
+        if member in taken:
+            return (f"field {name!r} and {taken[member]} would both be stored as member {member!r}; "
+                    "rename one (a sidecar suffix names its field)")
+        taken[member] = f"field {name!r}"
+    return None
 
 
 def encode_field(name: str, value: Any) -> bytes:
@@ -906,13 +934,16 @@ def _parse_fields(raw: Any, source: str) -> dict[str, dict[str, Any]]:
         raise ManifestError(f"{source}: 'fields' must be an object of field name -> description")
     if len(raw) > MAX_FIELDS:
         raise ManifestError(f"{source}: {len(raw)} extra fields, more than the {MAX_FIELDS} a dataset may have")
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, desc in raw.items():
         problem = field_name_problem(name)
         if problem is not None:
             raise ManifestError(f"{source}: {problem}")
         if not isinstance(desc, dict) or desc.get("member", field_member(name)) != field_member(name):
             raise ManifestError(f"{source}: field {name!r}: its member must be {field_member(name)!r}")
+        clash = member_clash((), [*out, name])
+        if clash is not None:  # two fields in one member: a reader would give one's bytes for both
+            raise ManifestError(f"{source}: {clash}")
         counts = {k: desc.get(k, 0) for k in ("count", "missing")}
         if any(type(v) is not int or v < 0 for v in counts.values()):  # not "5", 1.7, true or -3
             raise ManifestError(f"{source}: field {name!r}: count and missing must be integers >= 0, got "

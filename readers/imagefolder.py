@@ -43,7 +43,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, overload
 from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext, stored_path_problem
 
 __all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
-           "parse_extensions", "scan_listing", "display_name", "is_utf8_name", "resolve_class_map"]
+           "parse_extensions", "scan_listing", "display_name", "is_utf8_name", "resolve_class_map", "walk_folder",
+           "unstatable_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +331,16 @@ def display_name(name: str) -> str:
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
+def has_class_folders(root: str | os.PathLike) -> bool:
+    """Whether ``root`` holds a non-hidden sub-folder (the class-folder layout); without one it is a
+    flat, unlabelled folder of images. True where ``root`` is no folder (the scan names the problem)."""
+    try:
+        with os.scandir(root) as it:
+            return any(not _is_hidden(e.name) and e.is_dir() for e in it)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+
+
 def find_classes(root: str | os.PathLike) -> list[str]:
     """Class names of an ImageFolder root: its sorted, non-hidden sub-folders (links followed).
 
@@ -449,12 +460,7 @@ def scan_image_folder(
                 try:
                     st = stat(dir_prefix + name)
                 except OSError as exc:
-                    if os.path.islink(dir_prefix + name):
-                        reason = (f"broken symbolic link (points to {display_name(os.readlink(dir_prefix + name))}):"
-                                  " restore its target or remove the link")
-                    else:
-                        reason = f"cannot stat ({exc.strerror}): fix its permissions or remove it"
-                    unpackable.append({"path": rel_dir + name, "reason": reason})
+                    unpackable.append({"path": rel_dir + name, "reason": unstatable_reason(dir_prefix + name, exc)})
                     continue
                 if not s_isreg(st.st_mode):
                     ignored.append({"path": rel_dir + name, "reason": "not a regular file"})
@@ -474,6 +480,18 @@ def scan_image_folder(
         raise ValueError(f"{root_path}: no images with extensions {','.join(exts)} below its {len(folder_classes)} "
                          "class folder(s); check the path, or pass --extensions")
     return ScanResult(str(root_path), classes, mapping, files, ignored, empty, exts, unpackable)
+
+
+def unstatable_reason(path: str, exc: OSError) -> str:
+    """Why the file at ``path`` cannot be packed, when ``os.stat`` failed with ``exc``: a broken
+    symbolic link (naming its target), or a file that cannot be stat'ed; with the fix."""
+    if os.path.islink(path):
+        try:
+            target = display_name(os.readlink(path))
+        except OSError:
+            target = "?"
+        return f"broken symbolic link (points to {target}): restore its target or remove the link"
+    return f"cannot stat ({exc.strerror}): fix its permissions or remove it"
 
 
 def _top_level_entries(root_path: Path, exts) -> tuple[list[dict], list[str]]:
@@ -616,8 +634,24 @@ def _reported(names: list[str], progress: Callable[[str, int], None], step: int 
         progress("checked", len(part))
 
 
+def walk_folder(root: str | os.PathLike, hidden_dirs: list[str],
+                listed: Callable[[int], None] | None = None) -> list[tuple[str, list[str]]]:
+    """Every folder below ``root`` (``root`` included) as ``[(dirpath, sorted names)]``, in sorted
+    dirpath order, by the class walk's rules (:func:`_walk_classes`): hidden folders pruned
+    (appended to ``hidden_dirs``), symbolic links to files kept as names, symbolic links to
+    folders followed wherever they lead, each real folder walked once, a link to ``root`` or a
+    folder above it never followed. The layout packs (labels files, sidecars, unlabelled
+    folders) walk their source with it, so every layout follows links as a class-folder pack does.
+
+    Raises:
+        PermissionError: a folder cannot be listed (named).
+    """
+    return _walk_classes(Path(root), [], hidden_dirs, listed, walk_root=True)[0]
+
+
 def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
-                  listed: Callable[[int], None] | None = None) -> list[list[tuple[str, list[str]]]]:
+                  listed: Callable[[int], None] | None = None,
+                  walk_root: bool = False) -> list[list[tuple[str, list[str]]]]:
     """Per class folder, ``[(dirpath, sorted file names)]`` in sorted dirpath order
     (``listed(n)`` is called after each folder is listed, with its number of file names).
 
@@ -633,12 +667,13 @@ def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
        is skipped with a warning; any other is walked under the class where the link lies, and
        claims what it reaches.
 
-    So a link never moves an image to another class, nor adds it twice.
+    So a link never moves an image to another class, nor adds it twice. ``walk_root``: no class
+    folders; the root itself is walked, as the one entry of the result.
     """
     root_real = os.path.realpath(root)
     st = os.stat(root)
     claimed: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): str(root)}
-    per_class: list[list[tuple[str, list[str]]]] = [[] for _ in class_dirs]
+    per_class: list[list[tuple[str, list[str]]]] = [[] for _ in range(1 if walk_root else len(class_dirs))]
     links: list[tuple[str, int]] = []  # heap of (link path, class code)
 
     def walk(top: str, code: int) -> None:
@@ -680,6 +715,8 @@ def _walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
 
     # class folders that are folders first, then those that are links (a link to a folder reached
     # without one adds nothing: ``alias -> cat/sub`` leaves cat/sub's images in cat)
+    if walk_root:
+        walk(str(root), 0)
     order = sorted(range(len(class_dirs)), key=lambda c: (os.path.islink(class_dirs[c]), c))
     for code in order:
         top = class_dirs[code]

@@ -64,7 +64,7 @@ import torch.utils.data
 
 from .errors import CorruptDataError, ManifestError
 from .lmdb_io import process_env
-from .epoch import positions_to_indices
+from .epoch import RankOrder
 from .lmdb_readahead import MAX_BYTES, ValueReader, ValueStream
 from .options import ReadOptions
 from .shard_readahead import SLOW_READ_S, read_pool
@@ -104,18 +104,18 @@ class _Unreadable:
 _MAX_GUESS_MISSES = 3
 
 
-def _locate(order: np.ndarray, batch: list, size: int, hints: list) -> int | None:
+def _locate(order: RankOrder, batch: list, size: int, hints: list) -> int | None:
     """Where ``batch`` starts in ``order`` on a batch boundary (a multiple of ``size``): at one of
-    ``hints`` (positions, or None) or found by its first index; None when it is not there."""
+    ``hints`` (places, or None) or found by its first index; None when it is not there."""
     n = len(batch)
     if n == 0 or n > len(order):
         return None
     want = np.asarray(batch, dtype=np.int64)
     for p in hints:
-        if p is not None and 0 <= p <= len(order) - n and np.array_equal(order[p:p + n], want):
+        if p is not None and 0 <= p <= len(order) - n and np.array_equal(order.slice(p, p + n), want):
             return int(p)
-    for p in np.flatnonzero(order == want[0])[:8]:  # a padded epoch repeats an index at most a few times
-        if p % size == 0 and p + n <= len(order) and np.array_equal(order[p:p + n], want):
+    for p in order.places_of(int(want[0]))[:8]:  # a padded epoch repeats an index at most a few times
+        if p % size == 0 and p + n <= len(order) and np.array_equal(order.slice(p, p + n), want):
             return int(p)
     return None
 
@@ -522,11 +522,12 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
             epoch, q = epoch + 1, worker * size
             order = self._epoch_order(epoch)
         self._guess_at = (epoch, q)
-        return order[q:q + size].tolist() or None
+        return order.slice(q, q + size).tolist() or None
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
+    def _epoch_order(self, epoch: int) -> RankOrder:
         """This rank's sample indices of ``epoch`` in the order :class:`~shardfeed.readers.loader.EpochSampler`
-        yields them (its resume plan included), kept for the latest two epochs asked for."""
+        yields them (its resume plan included), computed a slice at a time; kept for the latest two epochs
+        asked for."""
         segments = self.resume_segments(epoch)
         key = (epoch, repr(segments), self.seed, self.shuffle, self.pad, self.drop_last, self.rank,
                self.world_size, self.batch_size, self._num_samples)
@@ -534,12 +535,9 @@ class LMDBSource(SourceBase, torch.utils.data.Dataset):
         order = orders.get(key)
         if order is None:
             try:
-                seq = self.rank_sequence(epoch, num_workers=1)
-                order = positions_to_indices(self._num_samples, seq, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+                order = self.rank_order(epoch)
             except ValueError:  # a resume plan that does not fit: nothing to guess from
-                order = np.empty(0, dtype=np.int64)
-            if self._num_samples < 2 ** 31:
-                order = order.astype(np.int32)
+                order = RankOrder(0, rank=0, world_size=1, batch_size=1, seed=0, epoch=0, shuffle=False)
             while len(orders) >= 2:
                 orders.pop(next(iter(orders)))
             orders[key] = order

@@ -52,9 +52,9 @@ import torch.utils.data
 
 from .batch_ring import BatchRing, RingBatch
 from .dataset import is_url, open_dataset, open_dataset_keywords
-from .epoch import (epoch_positions, positions_to_indices, resolve_rank, resumed_rank_sequence,
-                    resumed_samples_per_rank, validate_resume_state)
+from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, validate_resume_state
 from .errors import ResumeStateError
+from .permutation import EPOCH_ORDER_VERSION, check_state_epoch_order
 from .keywords import check_keywords, signature_keywords
 from .options import check_seed
 from .source_base import SourceBase
@@ -66,8 +66,8 @@ __all__ = ["make_loader", "LoaderOptions", "LOADER_OPTION_NAMES", "to_device", "
            "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
            "collate_raw", "worker_init", "STATE_VERSION"]
 
-#: Version of the dict :meth:`ShardfeedLoader.state_dict` returns.
-STATE_VERSION = 1
+#: Version of the dict :meth:`ShardfeedLoader.state_dict` returns (2: it records ``epoch_order``).
+STATE_VERSION = 2
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,11 @@ def default_num_workers() -> int:
 class EpochSampler(torch.utils.data.Sampler[int]):
     """Indices of one rank for random-access datasets, by the sample-range rule.
 
-    Each epoch the N indices are permuted with ``random.Random(seed + epoch)`` (identity without
-    ``shuffle``) and the rank takes its contiguous range of that sequence (remainder dropped,
-    or filled from the start with ``pad``), cut to whole batches with ``drop_last``. After
+    Each epoch the N indices are permuted by the seeded per-position permutation of
+    :func:`~shardfeed.readers.epoch.positions_to_indices` (identity without ``shuffle``) and the rank
+    takes its contiguous range of that sequence (remainder dropped, or filled from the start with
+    ``pad``), cut to whole batches with ``drop_last``. Only the rank's positions are computed, one chunk
+    at a time as the indices are drawn (:class:`~shardfeed.readers.epoch.RankOrder`). After
     :meth:`set_resume`, the resumed epoch yields the rank's part of what is left of it
     (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`).
     """
@@ -112,16 +114,10 @@ class EpochSampler(torch.utils.data.Sampler[int]):
         return list(plan["segments"]) if plan and int(plan["epoch"]) == self.epoch else []
 
     def __iter__(self) -> Iterator[int]:
-        segments = self._segments()
-        if not segments:
-            return iter(epoch_positions(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                                        rank=self.rank, world_size=self.world_size, pad=self.pad,
-                                        batch_size=self.batch_size, drop_last=self.drop_last))
-        seq = resumed_rank_sequence(self.num_samples, segments, rank=self.rank, world_size=self.world_size,
-                                    batch_size=self.batch_size, num_workers=1, buffer=0, seed=self.seed,
-                                    epoch=self.epoch, shuffle=self.shuffle, pad=self.pad, drop_last=self.drop_last)
-        return iter(positions_to_indices(self.num_samples, seq, seed=self.seed, epoch=self.epoch,
-                                         shuffle=self.shuffle).tolist())
+        order = RankOrder(self.num_samples, self._segments(), rank=self.rank, world_size=self.world_size,
+                          batch_size=self.batch_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                          pad=self.pad, drop_last=self.drop_last)
+        return (i for chunk in order.chunks() for i in chunk.tolist())
 
     def __len__(self) -> int:
         return resumed_samples_per_rank(self.num_samples, self._segments(), world_size=self.world_size,
@@ -384,8 +380,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         consumed by this run: ``batches_consumed * batch_size``, skipped samples included),
         ``batches_consumed``, ``seed``, ``shuffle``, ``pad``, ``drop_last``, ``num_samples``,
         ``world_size``, ``batch_size``, ``num_workers``, ``shuffle_buffer`` (WebDataset, samples; 0
-        for random-access sources) and ``segments`` (earlier runs of this epoch when it
-        was itself resumed). Call it between batches (after a step): a batch the loop has
+        for random-access sources), ``epoch_order`` (the version of the random-access epoch order,
+        :data:`~shardfeed.readers.permutation.EPOCH_ORDER_VERSION`) and ``segments`` (earlier runs of
+        this epoch when it was itself resumed). Call it between batches (after a step): a batch the loop has
         received counts as consumed. Under DDP every rank returns the same values (save rank 0's).
 
         The state describes the latest ``iter(loader)`` (torchdata's ``StatefulDataLoader``
@@ -413,7 +410,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         state = {"version": STATE_VERSION, "fingerprint": ds.fingerprint, "epoch": epoch,
                  "samples_consumed": min(batches * ds.batch_size, length), "batches_consumed": batches,
                  **self._rules(), "world_size": ds.world_size, "batch_size": ds.batch_size,
-                 "num_workers": self.num_workers, "shuffle_buffer": ds.buffer_size, "segments": segments}
+                 "num_workers": self.num_workers, "shuffle_buffer": ds.buffer_size, "epoch_order": EPOCH_ORDER_VERSION,
+                 "segments": segments}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -424,17 +422,19 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
 
         Raises:
             ResumeStateError: another format version, another dataset (fingerprint or sample
-                count), another seed, shuffle, ``pad`` or ``drop_last``, or a field of the wrong type
-                or range, or inconsistent with the epoch
+                count), another seed, shuffle, ``pad`` or ``drop_last``, a mid-epoch position in another
+                epoch order (:func:`~shardfeed.readers.permutation.check_state_epoch_order`), or a field
+                of the wrong type or range, or inconsistent with the epoch
                 (:func:`~shardfeed.readers.epoch.validate_resume_state`; the message names it).
             TypeError: the loader's dataset is not a shardfeed source.
         """
         ds = self._source()
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise ResumeStateError(f"loader state version {got!r} is not {STATE_VERSION}: it was saved by another "
                                    "shardfeed; start the epoch afresh (loader.set_epoch(epoch))")
         validate_resume_state(state, num_samples=ds.num_samples)
+        check_state_epoch_order(state, random_access=getattr(ds, "map_style", False), shuffle=ds.shuffle)
         if state.get("fingerprint") != ds.fingerprint:
             raise ResumeStateError(f"the loader state was saved for another dataset (fingerprint "
                                    f"{str(state.get('fingerprint'))[:12]}..., this one {ds.fingerprint[:12]}...): "
@@ -539,7 +539,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
         **open_dataset_options: passed to :func:`open_dataset` (``image_size``, ``train``,
             ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
-            ``decoder``, ``decode``, ``on_error``, ``cache``, ...); besides,
+            ``decoder``, ``decode``, ``on_error``, ``cache``, ``cache_dir``, ``cache_limit``, ...); besides,
             ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"``),
             ``worker_init_fn`` (called after ours), ``collate_fn``, ``timeout`` and ``generator`` go
             to the ``DataLoader`` (:class:`LoaderOptions`), and ``decode_device="cuda"`` makes the

@@ -213,6 +213,10 @@ class LocalLocation(LocationBase):
 
     url = where
 
+    def file_path(self, name: str) -> str:
+        """The local file that holds ``name`` (read ahead by path)."""
+        return str(self.root / name)
+
     def read_bytes(self, name: str, *, max_bytes: int | None = None, what: str = "the file") -> bytes:
         """The whole content of ``name``; ``max_bytes``: refuse a larger file (None: no bound).
 

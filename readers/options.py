@@ -7,7 +7,7 @@
   shuffle and split, extra fields); a source built on
   :class:`~shardfeed.readers.source_base.SourceBase` takes it whole;
 * :class:`OpenOptions`: how the dataset is opened (``storage_options``, ``timeout_s``,
-  ``retries``, ``check_files``, ``cache``), used before any source exists;
+  ``retries``, ``check_files``, ``cache``, ``cache_dir``, ``cache_limit``), used before any source exists;
 * the chosen source's own keywords, the explicit parameters of its constructor
   (``shuffle_buffer`` and ``readahead`` of the WebDataset source, ``readahead`` and ``verify``
   of LMDB, ``class_to_idx`` and ``extensions`` of an image folder).
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -173,11 +174,17 @@ class OpenOptions:
             the manifest says (False reads anyway; damage is then named while reading). An
             image folder has no manifest and ignores it.
         cache: None, or ``"memory"``: every sample's raw bytes loaded once into one buffer.
+        cache_dir: a local folder where the shards and offset indexes of a remote WebDataset are
+            kept once downloaded (:mod:`~shardfeed.readers.shard_cache`); None: read from the remote
+            every epoch. A local dataset, an image folder and LMDB ignore it.
+        cache_limit: bytes the files in ``cache_dir`` may take (an int, or a size such as
+            ``"50GB"``; stored as an int); the least recently used are evicted. None: no limit.
 
     Raises:
         ValueError: ``cache`` is not None or ``"memory"``; ``retries`` is negative or not an
-            integer.
-        TypeError: ``check_files`` is not True/False (:func:`check_flag`).
+            integer; ``cache_dir`` is a URL; ``cache_limit`` without ``cache_dir``, or below 1 byte.
+        TypeError: ``check_files`` is not True/False (:func:`check_flag`); ``cache_dir`` is not a
+            path; ``cache_limit`` is not an integer or a size string.
     """
 
     storage_options: dict[str, Any] | None = None
@@ -185,15 +192,32 @@ class OpenOptions:
     retries: int | None = None
     check_files: bool = True
     cache: str | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | str | None = None
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_CHOICES:
             raise ValueError(f"cache must be None or 'memory', got {self.cache!r}")
+        self._check_cache_dir()
         object.__setattr__(self, "check_files", check_flag("check_files", self.check_files))
         retries = self.retries
         if retries is not None and (isinstance(retries, bool) or not isinstance(retries, numbers.Integral)
                                     or retries < 0):
             raise ValueError(f"retries must be an integer >= 0 (or None: the default), got {self.retries!r}")
+
+
+    def _check_cache_dir(self) -> None:
+        from .opener import is_remote
+        from .shard_cache import check_cache_limit
+
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)):
+                raise TypeError(f"cache_dir must be a local folder (str or path), got {type(self.cache_dir).__name__}")
+            if is_remote(str(self.cache_dir)):
+                raise ValueError(f"cache_dir must be a local folder, not a URL: {self.cache_dir}")
+        elif self.cache_limit is not None:
+            raise ValueError("cache_limit bounds the shard cache: give cache_dir (a local folder) too")
+        object.__setattr__(self, "cache_limit", check_cache_limit(self.cache_limit))
 
 
 #: The keywords that make a :class:`ReadOptions`.

@@ -54,9 +54,9 @@ from typing import Any
 
 import numpy as np
 
-from .epoch import (positions_to_indices, resolve_rank, resumed_rank_sequence,
-                    resumed_samples_per_rank, worker_batches)
+from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, worker_batches
 from .errors import StorageAccessError
+from .permutation import CHUNK
 from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
 from .options import ReadOptions
 
@@ -296,13 +296,16 @@ class SourceBase:
                                         world_size=self.world_size, batch_size=self.batch_size, pad=self.pad,
                                         drop_last=self.drop_last)
 
-    def rank_sequence(self, epoch: int, num_workers: int = 1) -> np.ndarray:
-        """This rank's positions of the epoch's global sequence, in delivery order
-        (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`; ``int64 [L]``)."""
-        return resumed_rank_sequence(self._num_samples, self.resume_segments(epoch), rank=self.rank,
-                                     world_size=self.world_size, batch_size=self.batch_size,
-                                     num_workers=num_workers, buffer=self.buffer_size, seed=self.seed, epoch=epoch,
-                                     shuffle=self.shuffle, pad=self.pad, drop_last=self.drop_last)
+    def rank_order(self, epoch: int) -> RankOrder:
+        """This rank's sample indices of ``epoch`` in the order a random-access source delivers them,
+        computed a slice at a time (:class:`~shardfeed.readers.epoch.RankOrder`, the resume plan included).
+
+        Raises:
+            ValueError: the resume plan does not fit the epoch.
+        """
+        return RankOrder(self._num_samples, self.resume_segments(epoch), rank=self.rank, world_size=self.world_size,
+                         batch_size=self.batch_size, seed=self.seed, epoch=epoch, shuffle=self.shuffle, pad=self.pad,
+                         drop_last=self.drop_last)
 
     def needs_sample_rng(self) -> bool:
         """Whether decoding draws random numbers (built-in train transform)."""
@@ -327,13 +330,15 @@ class SourceBase:
         info = torch.utils.data.get_worker_info()
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         epoch = self.begin_epoch(worker)
-        seq = self.rank_sequence(epoch)
-        if num_workers > 1:
-            seq = worker_batches(seq, batch_size=self.batch_size, num_workers=num_workers, worker=worker)
-        for i in positions_to_indices(self._num_samples, seq, seed=self.seed, epoch=epoch, shuffle=self.shuffle):
-            item = self[int(i)]
-            if item is not None or self.holes:
-                yield item
+        order = self.rank_order(epoch)
+        round_size = max(1, num_workers) * self.batch_size  # one batch of each worker
+        for chunk in order.chunks(round_size * max(1, CHUNK // round_size)):
+            if num_workers > 1:
+                chunk = worker_batches(chunk, batch_size=self.batch_size, num_workers=num_workers, worker=worker)
+            for i in chunk.tolist():
+                item = self[i]
+                if item is not None or self.holes:
+                    yield item
         self.end_epoch()
 
     @property

@@ -58,7 +58,7 @@ import math
 import os
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch.utils.data
@@ -71,6 +71,7 @@ from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .location import LocalLocation
+from .offset_cache import DEFAULT_OFFSET_CACHE_BYTES, OffsetCache
 from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
@@ -124,6 +125,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     ``len(ds)`` is the number of samples this rank reads per epoch (all its workers together).
 
+    Each process keeps the shards' sample offsets it read in a cache of at most
+    ``offset_cache_bytes`` (class attribute, 64 MiB: 8 bytes a sample); the shards used least
+    recently leave first (:class:`~shardfeed.readers.offset_cache.OffsetCache`).
+
     Attribute ``next_epoch_ahead`` (default False; :func:`~shardfeed.readers.loader.make_loader`
     sets it when the next epoch is read by the same processes: no workers, or persistent ones):
     once a worker's reads of an epoch are done, it reads (just in time, :data:`AHEAD_MARGIN`) the
@@ -139,6 +144,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     #: read the next epoch's first samples ahead (see the class docstring)
     next_epoch_ahead = False
+    #: bytes of shard offsets one process keeps (8 per sample, least recently used shards leave first)
+    offset_cache_bytes = DEFAULT_OFFSET_CACHE_BYTES
 
     def __init__(self, location: Any, manifest: Manifest, read: ReadOptions | None = None, *,
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, readahead: bool = True) -> None:
@@ -156,7 +163,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._counts = [s.num_samples for s in manifest.shards]
         #: packing-order index of each shard's first sample
         self._starts = [0, *itertools.accumulate(self._counts)][:-1]
-        self._offsets: dict[int, list[int] | None] = {}
+        self._offsets = OffsetCache(self.offset_cache_bytes)
         #: the next epoch's first samples, read ahead in this process (:meth:`_start_ahead`)
         self._ahead: SpansAhead | None = None
         #: a range of this epoch ended slow, or the epoch started on samples read ahead
@@ -179,14 +186,15 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state["_offsets"] = {}
         state["_ahead"] = state["_last_ahead"] = None
         return state
 
     # ---- reading
-    def _index(self, i: int) -> list[int] | None:
-        if i in self._offsets:
-            return self._offsets[i]
+    def _index(self, i: int) -> Sequence[int] | None:
+        """Shard ``i``'s sample offsets (None: the shard has no index), from this process's bounded cache."""
+        return self._offsets.get(i, self._load_index)
+
+    def _load_index(self, i: int) -> list[int] | None:
         entry = self.manifest.shards[i]
         offsets = None
         if entry.index:
@@ -204,7 +212,6 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 raise CorruptDataError(f"{self.location.where(entry.index)}: offset {offsets[-1]} lies past the end "
                                        f"of {entry.name} ({entry.num_bytes} bytes); the index is damaged: rebuild "
                                        "it with `shardfeed index`")
-        self._offsets[i] = offsets
         return offsets
 
     def _open_shard(self, entry, first: int, stop: int | None, where: str):
@@ -488,13 +495,22 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     def _ahead_plan(self, ranges, want: int, local: bool) -> list[tuple]:
         """``((shard, start, end), source, first byte, end byte)`` of the first ``want`` samples of
         ``ranges`` (indexed shards only; stops at the first without an index), whole samples,
-        within :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`."""
+        within :data:`~shardfeed.readers.shard_readahead.EPOCH_AHEAD_BYTES`. A whole shard that
+        fits is planned without its offset index: the next epoch may never come, and an index
+        fetched for it would be a request for nothing."""
         out, left, budget = [], want, EPOCH_AHEAD_BYTES
         for shard, start, end in ranges:
-            offsets = self._index(shard)
-            if offsets is None or left <= 0 or budget <= 0:
-                break
             entry = self.manifest.shards[shard]
+            if not entry.index or left <= 0 or budget <= 0:
+                break
+            if start == 0 and end == entry.num_samples and end <= left and entry.num_bytes <= budget:
+                out.append(((shard, 0, end), self._ahead_source(entry, 0, None, local), 0, entry.num_bytes))
+                left -= end
+                budget -= entry.num_bytes
+                continue
+            offsets = self._index(shard)
+            if offsets is None:
+                break
             first = offsets[start]
             # whole samples within the budget: [start, k) with offsets[k] (or the shard's end) <= first + budget
             k = bisect.bisect_right(offsets, first + budget, start) - 1
@@ -504,17 +520,20 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             if stop <= start:
                 break
             last = offsets[stop] if stop < len(offsets) else entry.num_bytes
-            if local:
-                source = self.location.where(entry.name)
-            else:
-                source = (lambda e=entry, f=first, s=(offsets[stop] if stop < len(offsets) else None):
-                          self._open_shard(e, f, s, self.location.where(e.name)))
+            source = self._ahead_source(entry, first, offsets[stop] if stop < len(offsets) else None, local)
             out.append(((shard, start, stop), source, first, last))
             left -= stop - start
             budget -= last - first
             if stop < end:
                 break
         return out
+
+    def _ahead_source(self, entry, first: int, stop: int | None, local: bool):
+        """What :class:`~shardfeed.readers.shard_readahead.SpansAhead` reads bytes ``[first, stop)``
+        of shard ``entry`` from: its path (local) or a function opening the remote stream."""
+        if local:
+            return self.location.file_path(entry.name)
+        return lambda: self._open_shard(entry, first, stop, self.location.where(entry.name))
 
     def _take_ahead(self, ranges) -> dict:
         """``{(shard, start): (stop, SpansAhead, key)}``: the spans read ahead (samples ``[start,

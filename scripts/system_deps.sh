@@ -4,7 +4,7 @@
 #   nginx (nginx-light where the release has it): an HTTP server that answers Range requests;
 #   openssl: makes the TLS test certificate;
 #   fuse3 + libfuse2: FUSE for the storage emulator (scripts/storage_emulator.py) and its test;
-#   chromium: the headless browser that loads the --html report pages in their tests.
+#   chromium: the headless browser that loads the --html report pages and the docs site in their tests.
 # Without them their tests skip locally; under CI (CI=true, as .ci/run sets it) a skip is a
 # failure, so a CI machine that cannot install them stops here with the list.
 # `system_deps.sh demo` (make demo): fuse3 + libfuse2 only, and a missing one is a note, never a

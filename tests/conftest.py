@@ -25,10 +25,14 @@ Fixtures (all session-scoped; treat their files as read-only):
 ``start_http_server``
     Factory: ``start_http_server(directory, handler_class=None) -> base URL`` for a threaded
     ``http.server`` on 127.0.0.1 (stopped at the end of the session).
+``launch_chromium``
+    ``with launch_chromium() as browser``: Debian's headless Chromium driven by Playwright;
+    skips with a reason when Playwright or Chromium is missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import http.server
@@ -177,6 +181,34 @@ def start_http_server():
     for thread, srv in zip(stopping, servers):
         thread.join()
         srv.server_close()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: Flags for a quiet, offline headless Chromium (Playwright adds ``--headless`` itself).
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync")
+
+
+@contextlib.contextmanager
+def _launch_chromium():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra has it)")
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium; make system-deps installs it)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="session")
+def launch_chromium():
+    """``launch_chromium()``: a context manager giving a Playwright ``Browser`` (headless Chromium).
+
+    Skips the test with a reason when Playwright or Chromium is missing (under CI a skip fails).
+    """
+    return _launch_chromium
 
 
 @pytest.fixture(scope="session")

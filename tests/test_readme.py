@@ -71,7 +71,7 @@ def test_readme_quick_start_runs(tmp_path):
     sh, py = _quick_start_blocks()
     shardfeed = Path(sys.executable).with_name("shardfeed")
     env = {**os.environ, "PATH": f"{shardfeed.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for line in sh.strip().splitlines():
+    for line in sh.replace("\\\n", " ").strip().splitlines():  # a trailing \ continues the line
         cmd = line.split("#", 1)[0].strip()
         if not cmd or cmd.startswith("pip "):
             continue

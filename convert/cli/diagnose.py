@@ -97,8 +97,9 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
     The script is not edited: a start-up hook (sitecustomize on PYTHONPATH) wraps
     torch.utils.data.DataLoader.__iter__ in the script's process(es) with shardfeed.readers.watch,
     which times each batch's wait against the step and samples CPU, I/O, memory and GPU. The
-    report prints when the script ends (also on Ctrl-C, and on SIGTERM, which is passed on to the
-    script); the script's exit status is kept.
+    report prints when the script ends (also on Ctrl-C and on SIGTERM). SIGINT, SIGTERM, SIGHUP
+    and SIGQUIT sent to watch are passed on to the script; the script's exit status is kept.
+    With --json - the script's own output goes to stderr.
 
     \b
     Examples:
@@ -125,20 +126,14 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
         if status_every_s:
             opts["status_every_s"] = status_every_s
         env[ENV_OPTIONS] = json.dumps(opts)
+        # with --json -, stdout holds the JSON alone: the script's own output goes to stderr
+        stdout = sys.stderr.fileno() if json_path == "-" else None
         try:
-            proc = subprocess.Popen(list(cmd), env=env)
+            proc = subprocess.Popen(list(cmd), env=env, stdout=stdout)
         except OSError as exc:
             raise click.ClickException(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
-        # Ctrl-C reaches the script (same process group); this process waits for it to write its report
-        previous = set_signal(signal.SIGINT, lambda *a: None)
-        try:
-            try:
-                rc = proc.wait()
-            except KeyboardInterrupt:  # SIGTERM to this process (stop_on_sigterm): pass it on, then report
-                proc.send_signal(signal.SIGTERM)
-                rc = proc.wait()
-        finally:
-            set_signal(signal.SIGINT, previous)
+        rc = _wait_passing_signals_on(proc)
+        rc = rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's status for that death
         docs = _read_reports(out_dir)
     lines = _summaries(docs)
     if not lines:
@@ -152,7 +147,39 @@ def watch_cmd(device: str | None, sample_interval_s: float, status_every_s: floa
                             for d in docs]}
     _draw_watch(report, plot, html_path, json_path)
     write_json_report(json_path, report)
-    sys.exit(rc if rc >= 0 else 128 - rc)
+    sys.exit(rc)
+
+
+#: The signals ``watch`` passes on to the script (each would otherwise end ``watch`` alone, or be lost).
+PASSED_ON_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                          if hasattr(signal, name))
+
+
+def _wait_passing_signals_on(proc: subprocess.Popen) -> int:
+    """Wait for the script; every terminating signal this process receives meanwhile is sent on to it.
+
+    A signal to the whole process group (Ctrl-C in a terminal) reaches the script twice: the
+    start-up hook takes a second SIGINT (or SIGTERM) soon after the first for the same stop. The
+    script's exit status is returned (negative: killed by that signal).
+    """
+    def pass_on(signum, frame):
+        if proc.returncode is None:
+            try:
+                os.kill(proc.pid, signum)
+            except OSError:  # already gone
+                pass
+
+    previous = {}
+    for sig in PASSED_ON_SIGNALS:
+        try:
+            previous[sig] = set_signal(sig, pass_on)
+        except (OSError, ValueError):  # not settable here (not the main thread)
+            continue
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            set_signal(sig, handler)
 
 
 def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path: str | None) -> None:

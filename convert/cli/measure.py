@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import click
 
-from .common import (FiniteFloat, OnErrorChoice, check_report_path, command, deprecated_option, echo, json_option,
-                     num_workers_options, storage_option, storage_options_of, write_json_report)
+from .common import (FiniteFloat, OnErrorChoice, SizeParam, check_report_path, command, deprecated_option, echo,
+                     json_option, num_workers_options, storage_option, storage_options_of, write_json_report)
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options", "html_option", "write_html",
            "check_plot"]
@@ -80,6 +80,12 @@ def loader_options(f: Callable, *, sweep: bool = False) -> Callable:
                      help="memory: the reader loads every sample's bytes into RAM once [default: no cache]."),
         click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
                      help="WebDataset: samples in each worker's shuffle buffer [default: the reader's]."),
+        click.option("--cache-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+                     help="A remote WebDataset (http(s)://, s3://): keep each shard and index in DIR once "
+                          "downloaded, and read it from there [default: read from the remote]."),
+        click.option("--cache-limit", type=SizeParam(), default=None, metavar="SIZE",
+                     help="With --cache-dir: the most DIR may hold (e.g. 50GB); least recently used shards go "
+                          "first [default: no limit]."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -93,7 +99,7 @@ def _sweep_loader_options(f: Callable) -> Callable:
 _HARNESS_KEYS = ("batch_size", "image_size", "model", "compute_ms", "device", "warmup", "batches", "channels_last",
                  "num_threads")
 _LOADER_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "shuffle", "seed", "drop_last",
-                "train", "decoder", "on_error", "cache", "shuffle_buffer")
+                "train", "decoder", "on_error", "cache", "shuffle_buffer", "cache_dir", "cache_limit")
 
 
 def _split_kwargs(kwargs: dict) -> dict:
@@ -107,7 +113,7 @@ def _split_kwargs(kwargs: dict) -> dict:
     if out.get("image_size") == 0:
         out["image_size"] = None
     for k in _LOADER_KEYS:
-        if k in kwargs and not (k in ("cache", "shuffle_buffer") and kwargs[k] is None):
+        if k in kwargs and not (k in ("cache", "shuffle_buffer", "cache_dir", "cache_limit") and kwargs[k] is None):
             out[k] = kwargs[k]
     return out
 

@@ -69,6 +69,13 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
                    "optional) or JSON Lines {\"path\": ..., \"label\": ...}; paths relative to SRC, labels class "
                    "names or integer indices. Images without a row and rows without an image stop the pack "
                    "(or are skipped and listed under --on-error skip).")
+@click.option("--num-classes", type=click.IntRange(min=1), default=None, metavar="K",
+              help="With --labels: integer labels index the classes 0 .. K-1 (a label of K or more is an error "
+                   "naming its line). Without it (and without --classes-from) the largest label must be below "
+                   "the number of labelled images.")
+@click.option("--label-kind", type=click.Choice(["name", "index"]), default=None,
+              help="With --labels: a label written as digits is a class name or a class index. Needed only when "
+                   "a label is both (class names that are digits, with --classes-from).")
 @click.option("--sidecars", default=None, metavar="LIST",
               help="Store each image's same-stem files as extra fields of its sample, e.g. txt,json,mask.png "
                    "(x.jpg + x.txt, x.json, x.mask.png); off unless given. Missing ones are counted in the "
@@ -82,7 +89,8 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
 @reencode_options
 @storage_option
 @click.pass_context
-def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, sidecars, require_sidecars, no_labels,
+def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, num_classes, label_kind, sidecars,
+             require_sidecars, no_labels,
              fmt, max_count, max_bytes, prefix, workers, read_ahead, seed, no_shuffle, on_error, decode_check,
              max_decode_bytes, resume, overwrite, executor, ray_address, json_path, reencode) -> None:
     """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
@@ -117,6 +125,11 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
     _check_flag_format(fmt.lower(), ctx)
     if labels_file is not None and no_labels:
         raise click.UsageError("--labels and --no-labels exclude each other")
+    if (num_classes is not None or label_kind is not None) and labels_file is None:
+        raise click.UsageError("--num-classes and --label-kind say what the labels of --labels FILE mean; "
+                               "pass --labels")
+    if num_classes is not None and classes_from is not None:
+        raise click.UsageError("--num-classes and --classes-from both give the classes; pass one")
     class_to_idx = read_classes_file(classes_from) if classes_from else None
     options = PackOptions(format=fmt, max_count=max_count, max_bytes=max_bytes, prefix=prefix, workers=workers,
                           read_ahead=read_ahead, seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
@@ -127,7 +140,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, s
     layout = None
     if labels_file is not None or sidecars or require_sidecars or no_labels:
         layout = LayoutOptions(labels_file=labels_file, no_labels=no_labels, sidecars=parse_sidecars(sidecars),
-                               require_sidecars=require_sidecars)
+                               require_sidecars=require_sidecars, num_classes=num_classes, label_kind=label_kind)
     bars = _Bars(f"pack {options.format}", f"scan {src}")
     try:
         report = pack(src, out, options, layout=layout, progress=bars.update, output_progress=bars.output,

@@ -307,9 +307,11 @@ def stage_cmd(ctx, src: str, dest: Path, min_free_bytes, retries: int, overwrite
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Text file with one class name per line (line i names class index i).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing manifest.json.")
+@click.option("--no-labels", is_flag=True, help="Unlabelled shards (img2dataset's jpg + txt + json, no .cls): a "
+              "sample needs one image; its other members (txt, ...) become extra fields; readers give label -1.")
 @json_option
 @click.pass_context
-def index_cmd(ctx, pattern: str, out, classes_file, overwrite: bool, json_path) -> None:
+def index_cmd(ctx, pattern: str, out, classes_file, overwrite: bool, no_labels: bool, json_path) -> None:
     """Make WebDataset shards written by other tools readable by shardfeed, without rewriting them.
 
     DIR_OR_URL_PATTERN is a folder (its *.tar), a path with globs or braces
@@ -323,13 +325,14 @@ def index_cmd(ctx, pattern: str, out, classes_file, overwrite: bool, json_path) 
     Examples:
       shardfeed index /data/wds-shards
       shardfeed index 'http://host/shards/train-{000000..000146}.tar' --out manifests/ --classes classes.txt
+      shardfeed index /data/laion-part --no-labels           # img2dataset output: jpg + txt + json
     """
     from shardfeed.convert.tools.index import index_shards
 
     bar, update = progress_bar(0, 0, "index", quiet())
     try:
         report = index_shards(pattern, out=out, classes_file=classes_file, overwrite=overwrite, progress=update,
-                              storage_options=storage_options_of(ctx))
+                              storage_options=storage_options_of(ctx), labels=not no_labels)
     finally:
         bar.close()
     err = _out(json_path)

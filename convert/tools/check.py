@@ -36,6 +36,7 @@ from .common import (
     parts_to_sample,
     make_problem,
 )
+from .check_keys import KeyLedger
 
 log = logging.getLogger(__name__)
 
@@ -152,16 +153,40 @@ def check_tar_shards(loc: DatasetLocation, manifest: Manifest, report: CheckRepo
     """The checker of a tar-sharded format (the registry's ``checker`` of WebDataset): every shard of
     ``manifest`` read, its members grouped, labels, keys and offset index checked, each shard's sha256
     recorded, problems added to ``report`` (at most ``limit`` per shard)."""
-    seen: dict[str, str] = {}
+    seen = KeyLedger(lambda i: _shard_keys(loc, manifest, manifest.shards[i]))
     for shard in manifest.shards:
         _check_wds_shard(loc, manifest, shard, report, decode, progress, seen, limit, max_decode_bytes)
 
 
+def _left_out(manifest: Manifest, shard: ShardEntry) -> set:
+    """Keys of groups `shardfeed index` reported and left out of the shard's index."""
+    return {item.get("key") for item in manifest.skipped if item.get("shard") == shard.name}
+
+
+def _shard_keys(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry):
+    """The keys of ``shard`` as its check counted them (read again; a damaged shard's up to the damage)."""
+    from shardfeed.readers.tario import iter_members, iter_samples
+
+    where, left_out = loc.where(shard.name), _left_out(manifest, shard)
+    try:
+        stream, _ = loc.open(shard.name)
+    except FileNotFoundError:
+        return
+    with stream:
+        try:
+            for key, _, _ in iter_samples(iter_members(stream, source=where), source=where):
+                if key not in left_out:
+                    yield key
+        except (CorruptDataError, OSError):
+            return
+
+
 def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry, report: CheckReport,
-                     decode: bool, progress: Progress, seen: dict[str, str], limit: int,
+                     decode: bool, progress: Progress, seen: KeyLedger, limit: int,
                      max_decode_bytes: int | None = 512 << 20) -> None:
     from shardfeed.readers.tario import iter_members, iter_samples
 
+    seen.start_shard(shard.name)
     where = loc.where(shard.name)
     probs = ProblemList(report, shard.name, limit)
     report.num_shards += 1
@@ -174,7 +199,7 @@ def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry
         return
     offsets: list[int] = []
     n_classes = len(manifest.classes)
-    left_out = {item.get("key") for item in manifest.skipped if item.get("shard") == shard.name}
+    left_out = _left_out(manifest, shard)
     with stream:
         reader = HashingReader(stream)
         try:
@@ -184,9 +209,9 @@ def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry
                 offsets.append(offset)
                 status["num_samples"] += 1
                 report.num_samples_found += 1
-                if key in seen:
-                    probs.add(key, f"key {key!r} also in {seen[key]}; keys must be unique")
-                seen.setdefault(key, shard.name)
+                other = seen.add(key)
+                if other is not None:
+                    probs.add(key, f"key {key!r} also in {other}; keys must be unique")
                 try:
                     s = parts_to_sample(key, parts, source=where, class_to_idx=manifest.class_to_idx,
                                         labelled=manifest.labelled)

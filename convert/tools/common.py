@@ -27,6 +27,7 @@ from shardfeed.readers.format import (
     sample_from_members,
     stored_path_problem,
 )
+from shardfeed.readers import shard_cache
 from shardfeed.readers.http_io import MAX_MANIFEST_BYTES
 from shardfeed.readers.registry import describe, resolve
 
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int], None]
-COPY_CHUNK_BYTES = 4 << 20
+COPY_CHUNK_BYTES = shard_cache.COPY_CHUNK_BYTES  # one size for every verified copy
 
 
 def noop_progress(n: int, b: int) -> None:

@@ -16,12 +16,17 @@ from pathlib import Path, PurePosixPath
 from shardfeed.readers.errors import CorruptDataError
 from shardfeed.readers.format import (
     INDEX_SUFFIX,
+    LABELS_CLASS,
+    LABELS_NONE,
     MANIFEST_NAME,
+    MAX_FIELDS,
     TAR_BLOCK,
     Manifest,
     ShardEntry,
     created_by,
     encode_index,
+    field_member,
+    field_name_problem,
     is_dali_index,
     plain_file_name_problem,
     read_small_file,
@@ -136,7 +141,8 @@ class IndexReport:
     def summary(self) -> str:
         shards = "shard" if self.num_shards == 1 else "shards"
         s = (f"indexed {self.num_samples:,} samples in {self.num_shards} {shards} ({self.num_bytes / 1e6:,.1f} MB, "
-             f"{len(self.classes)} classes); manifest and offset indexes in {self.output} ({self.seconds:.1f} s)")
+             f"{f'{len(self.classes)} classes' if self.classes else 'no labels'}); manifest and offset indexes in "
+             f"{self.output} ({self.seconds:.1f} s)")
         if self.problems:
             s += f"; {len(self.problems)} sample(s) left out (members that do not form a sample)"
         return s
@@ -186,7 +192,8 @@ def _read_classes_file(path: str | os.PathLike) -> list[str]:
 
 def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = None,
                  classes_file: str | os.PathLike | None = None, overwrite: bool = False,
-                 progress: Progress | None = None, storage_options: dict | None = None) -> IndexReport:
+                 progress: Progress | None = None, storage_options: dict | None = None,
+                 labels: bool = True) -> IndexReport:
     """Make existing WebDataset shards readable by shardfeed: write ``manifest.json`` and ``.sfidx`` files.
 
     Each shard is read once: its sha256 and size, and every sample (members grouped by key,
@@ -216,6 +223,10 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
         progress: ``callback(num_samples, num_bytes)``.
         storage_options: storage client options for a remote location (``s3://``: see
             :mod:`shardfeed.readers.objstore`).
+        labels: False (``--no-labels``): the shards are unlabelled (img2dataset's ``jpg`` + ``txt``
+            + ``json``, no ``.cls``): a sample needs one image member only, the manifest says
+            ``"labels": "none"`` (readers give label -1), and each other member (``txt``, ...)
+            is an extra field with its count. Not with ``classes_file``.
 
     Returns:
         An :class:`IndexReport`.
@@ -229,17 +240,19 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
     """
     t0 = time.perf_counter()
     progress = progress or noop_progress
+    if not labels and classes_file is not None:
+        raise ValueError("--classes names the classes of labelled shards; drop it with --no-labels")
     sources = _list_shards(str(pattern), storage_options)
     url = is_url(str(pattern))
     root, names = _index_root(pattern, sources, out, url)
     with output_lock(root, "index"):  # one writer per folder: a second command fails at once, naming this one
         return _index_locked(pattern, root, names, sources, url, classes_file, overwrite, progress, t0,
-                             storage_options=storage_options)
+                             storage_options=storage_options, labelled=labels)
 
 
 def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url: bool, classes_file,
                   overwrite: bool, progress: Progress, t0: float, *,
-                  storage_options: dict | None = None) -> IndexReport:
+                  storage_options: dict | None = None, labelled: bool = True) -> IndexReport:
     """:func:`index_shards` once the folder's lock is held."""
     if (root / MANIFEST_NAME).exists() and not overwrite:
         raise ValueError(f"{root / MANIFEST_NAME}: exists already; pass --overwrite to replace it")
@@ -253,6 +266,7 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
     report = IndexReport(source=shown_source(pattern), output=str(root))
     shards: list[ShardEntry] = []
     label_names: dict[int, str | None] = {}
+    field_counts: dict[str, int] | None = None if labelled else {}
     stems: set[str] = set()
     for source, name in zip(sources, names):
         stem = PurePosixPath(name).name
@@ -263,15 +277,20 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
         # not .idx: NVIDIA DALI's wds2idx names its own index of the shard so, and it is never overwritten
         shard = _index_one_shard(source, name, root / f"{stem}{INDEX_SUFFIX}", url=url, classes=classes,
                                  class_to_idx=class_to_idx, classes_file=classes_file, report=report,
-                                 label_names=label_names, progress=progress, storage_options=storage_options)
+                                 label_names=label_names, progress=progress, storage_options=storage_options,
+                                 field_counts=field_counts)
         shards.append(shard)
         report.num_bytes += shard.num_bytes
         log.info("%s: %d samples", source, shard.num_samples)
     n = sum(s.num_samples for s in shards)
     if n == 0:
-        raise ValueError(f"{pattern}: no sample with an image and a class found in {len(shards)} shard(s)"
-                         + (f"; first problem: {report.problems[0]['problem']}" if report.problems else ""))
-    if classes is None:
+        what = "an image and a class" if labelled else "an image"
+        raise ValueError(f"{pattern}: no sample with {what} found in {len(shards)} shard(s)"
+                         + (f"; first problem: {report.problems[0]['problem']}" if report.problems else "")
+                         + ("; for unlabelled shards (no .cls members), pass --no-labels" if labelled else ""))
+    if not labelled:
+        classes, class_to_idx = [], {}
+    elif classes is None:
         classes = _classes_from_labels(label_names)
         class_to_idx = {c: i for i, c in enumerate(classes)}
     skipped = [{"path": f"{p['shard']}:{p['key']}", "shard": p["shard"], "key": p["key"], "reason": p["problem"]}
@@ -279,7 +298,9 @@ def _index_locked(pattern, root: Path, names: list[str], sources: list[str], url
     manifest = Manifest(format="webdataset", num_samples=n, classes=classes, class_to_idx=class_to_idx,
                         shards=shards, skipped=skipped,
                         options={"indexed_from": shown_source(pattern), "indexed_by": created_by()},
-                        files={"indexed": n, "left_out": len(skipped)})
+                        files={"indexed": n, "left_out": len(skipped)},
+                        labels=LABELS_CLASS if labelled else LABELS_NONE,
+                        fields=_manifest_fields(field_counts or {}, n))
     manifest.write(root)
     for old in replaced:  # a version-1 dataset's own .idx files: superseded by .sfidx; DALI's are kept
         _remove_if_shardfeeds_index(old)
@@ -453,11 +474,13 @@ def _sample_problem(s, classes, classes_file) -> str | None:
 
 def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, classes, class_to_idx, classes_file,
                      report: IndexReport, label_names: dict, progress: Progress,
-                     storage_options: dict | None = None) -> ShardEntry:
+                     storage_options: dict | None = None, field_counts: dict[str, int] | None = None) -> ShardEntry:
     """Read one shard once (sha256, size, samples), write its ``.sfidx`` and return its manifest entry.
 
     Samples that do not group by the one rule (:func:`~.common.parts_to_sample`) are added to
     ``report.problems``; ``label_names`` collects the class names the samples' metadata gives.
+    ``field_counts``: None, labelled shards; else unlabelled ones, and it counts the samples
+    holding each extra member (:func:`_extra_members`).
     """
     from shardfeed.readers.tario import iter_members, iter_samples
 
@@ -480,11 +503,15 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
         members = iter_members(_Prepended(head, reader), source=source)
         for key, parts, offset in iter_samples(members, source=source):
             try:
-                s = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx)
+                s = parts_to_sample(key, parts, source=source, class_to_idx=class_to_idx,
+                                    labelled=field_counts is None)
             except CorruptDataError as exc:
                 report.problems.append(make_problem(name, key, str(exc).split(": ", 1)[-1]))
                 continue
-            why = _sample_problem(s, classes, classes_file)
+            if field_counts is not None:
+                for f in _extra_members(parts, s.ext):
+                    field_counts[f] = field_counts.get(f, 0) + 1
+            why = None if field_counts is not None else _sample_problem(s, classes, classes_file)
             if why:
                 report.problems.append(make_problem(name, key, why))
                 continue
@@ -499,6 +526,26 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
     write_bytes_atomic(idx_path, index_bytes)
     return ShardEntry(name, len(offsets), reader.num_bytes, reader.hexdigest(), idx_path.name,
                       hashlib.sha256(index_bytes).hexdigest(), dict(sorted(exts.items())))
+
+
+def _extra_members(parts: dict, image_ext: str) -> list[str]:
+    """The member extensions of an unlabelled sample that are extra fields: not its image, its
+    metadata (``json``), a label (``cls``), a ``__name__`` nor a name that is not a field name."""
+    return [e for e in parts if e != image_ext and e not in ("json", "cls") and field_name_problem(e) is None
+            and field_member(e) == e]
+
+
+def _manifest_fields(field_counts: dict[str, int], num_samples: int) -> dict[str, dict]:
+    """The manifest's ``fields`` of an unlabelled index: per member, how many samples hold it.
+
+    Raises:
+        ValueError: more than :data:`~shardfeed.readers.format.MAX_FIELDS` kinds of member.
+    """
+    if len(field_counts) > MAX_FIELDS:
+        raise ValueError(f"{len(field_counts)} kinds of extra member (e.g. {', '.join(sorted(field_counts)[:5])}), "
+                         f"more than the {MAX_FIELDS} fields a dataset may have")
+    return {f: {"member": field_member(f), "count": c, "missing": num_samples - c}
+            for f, c in sorted(field_counts.items())}
 
 
 #: The most classes ``index`` infers from the samples' class indexes (one name per index up to the

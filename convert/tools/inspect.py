@@ -297,27 +297,8 @@ def _first_samples(loc: DatasetLocation, manifest: Manifest, n: int) -> Iterator
         it.close()
 
 
-def format_inspect_report(report: dict) -> str:
-    """The human-readable summary of an :func:`inspect_dataset` report (several lines)."""
-    files = "file" if not describe(report["format"]).sharded else ("shard" if report["num_shards"] == 1 else "shards")
-    lines = [
-        f"{report['source']}: {report['format']} dataset, manifest version {report['version']}, "
-        f"created by {report['created_by']}",
-        f"samples: {report['num_samples']:,} in {report['num_classes']} classes, "
-        f"{report['num_shards']} "
-        f"{files}, "
-        f"{report['shard_summary']['total_bytes'] / 1e6:,.1f} MB",
-    ]
-    exts = report.get("extensions")
-    lines.append("image extensions: " + (", ".join(f"{e} ({n:,})" for e, n in exts.items()) if exts else
-                                         "not recorded (manifest version 1: `shardfeed index DIR --overwrite` "
-                                         "upgrades it)"))
-    if report.get("labels") == "none":
-        lines.append("labels: none (an unlabelled dataset: readers give label -1)")
-    if report.get("fields"):
-        lines.append("extra fields: " + ", ".join(
-            f"{f} (member .{d['member']}, {d['count']:,} samples, {d['missing']:,} without)"
-            for f, d in report["fields"].items()))
+def _class_lines(report: dict, lines: list[str]) -> None:
+    """The classes of a labelled dataset's report, with their counts when read from the data."""
     counted = report["class_counts_from"] == "data"
     lines.append("classes" + (" (counts read from the data):" if counted else
                               " (not counted: pass --class-counts to read every label):"))
@@ -333,6 +314,33 @@ def format_inspect_report(report: dict) -> str:
         total = sum(c["count"] for c in classes)
         if total != report["num_samples"]:
             lines.append(f"  warning: labels add up to {total}, the manifest says {report['num_samples']}")
+
+
+def format_inspect_report(report: dict) -> str:
+    """The human-readable summary of an :func:`inspect_dataset` report (several lines)."""
+    files = "file" if not describe(report["format"]).sharded else ("shard" if report["num_shards"] == 1 else "shards")
+    unlabelled = report.get("labels") == "none"
+    lines = [
+        f"{report['source']}: {report['format']} dataset, manifest version {report['version']}, "
+        f"created by {report['created_by']}",
+        f"samples: {report['num_samples']:,} "
+        f"{'(no labels)' if unlabelled else 'in ' + str(report['num_classes']) + ' classes'}, "
+        f"{report['num_shards']} "
+        f"{files}, "
+        f"{report['shard_summary']['total_bytes'] / 1e6:,.1f} MB",
+    ]
+    exts = report.get("extensions")
+    lines.append("image extensions: " + (", ".join(f"{e} ({n:,})" for e, n in exts.items()) if exts else
+                                         "not recorded (manifest version 1: `shardfeed index DIR --overwrite` "
+                                         "upgrades it)"))
+    if report.get("labels") == "none":
+        lines.append("labels: none (an unlabelled dataset: readers give label -1)")
+    if report.get("fields"):
+        lines.append("extra fields: " + ", ".join(
+            f"{f} (member .{d['member']}, {d['count']:,} samples, {d['missing']:,} without)"
+            for f, d in report["fields"].items()))
+    if not unlabelled:  # an unlabelled dataset has no classes to list or count
+        _class_lines(report, lines)
     shards = report["shards"]
     limit = report.get("max_shards_listed", 10)
     sharded = describe(report["format"]).sharded

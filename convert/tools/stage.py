@@ -20,6 +20,7 @@ from shardfeed.readers.format import (
     write_bytes_atomic,
 )
 from shardfeed.readers.registry import describe, resolve
+from shardfeed.readers.shard_cache import TooLongError, copy_stream
 
 from ..outlock import output_lock
 from .common import (
@@ -415,7 +416,7 @@ def _stage_one(loc: DatasetLocation, dest: Path, f: _StageFile, progress: Progre
             resumed = True
         try:
             transferred += _copy_stream(loc, f, tmp, start, h, progress)
-        except _TooLong:
+        except TooLongError:
             tmp.unlink(missing_ok=True)
             raise
         size = tmp.stat().st_size
@@ -437,46 +438,24 @@ def _stage_one(loc: DatasetLocation, dest: Path, f: _StageFile, progress: Progre
 
 
 def _copy_stream(loc: DatasetLocation, f: _StageFile, tmp: Path, start: int, h, progress: Progress) -> int:
-    """Write the source file from byte ``start`` into ``tmp`` (kept up to ``start``), hashing.
-
-    Over HTTP the stream itself retries and resumes mid-file (``HttpLocation``); a server that
-    ignores ``Range`` sends the file from byte 0 and the bytes before ``start`` are skipped.
+    """Write the source file from byte ``start`` into ``tmp`` (kept up to ``start``), hashing
+    (:func:`~shardfeed.readers.shard_cache.copy_stream`: the location's stream retries and resumes
+    mid-file; at most the manifest's size is written).
 
     Returns:
         Bytes written.
-    """
-    from shardfeed.readers.tario import skip_stream
 
-    written = 0
-    # at most the manifest's size is read and written: one byte more proves the source too long
-    limit = None if f.num_bytes is None else max(f.num_bytes - start, 0)
+    Raises:
+        TooLongError: the source sends more than the manifest lists.
+    """
     with os.fdopen(open_private_file(tmp), "r+b") as out:
         out.seek(start)
         out.truncate()
-        stream, offset = loc.open(f.name, start)
-        with stream:
-            if offset < start:
-                skip_stream(stream, start - offset, source=loc.where(f.name))
-            while True:
-                want = COPY_CHUNK_BYTES if limit is None else min(COPY_CHUNK_BYTES, limit - written + 1)
-                chunk = stream.read(want)
-                if not chunk:
-                    break
-                if limit is not None and written + len(chunk) > limit:
-                    raise _TooLong(f"{loc.where(f.name)}: the source sends more than the {f.num_bytes:,} bytes the "
-                                   "manifest lists for it; stopped at that size and not staged (the source is "
-                                   "damaged or is not this dataset: run `shardfeed check` on it)")
-                out.write(chunk)
-                h.update(chunk)
-                written += len(chunk)
-                progress(0, len(chunk))
+        written = copy_stream(loc.location, f.name, out, start=start, hasher=h, num_bytes=f.num_bytes,
+                              progress=progress)
         out.flush()
         os.fsync(out.fileno())
     return written
-
-
-class _TooLong(DataSourceError):
-    """A source file longer than its manifest entry (the copy stopped at the listed size)."""
 
 
 def open_private_file(path: Path) -> int:

@@ -65,6 +65,7 @@ from shardfeed.readers.format import (
     ShardEntry,
     encode_record,
     field_name_problem,
+    member_clash,
     normalize_ext,
 )
 
@@ -350,6 +351,9 @@ class LmdbWriter:
             problem = field_name_problem(name)
             if problem is not None:
                 raise ValueError(problem)
+        problem = member_clash((), fields)
+        if problem is not None:  # two fields in one member: written twice, or one read for both
+            raise ValueError(problem)
         self.labels = labels
         self.field_counts: dict[str, int] = {name: 0 for name in fields}
         #: the manifest's input accounting when set (default: ``{"packed", "skipped"}`` of the records)

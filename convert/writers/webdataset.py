@@ -42,6 +42,7 @@ from shardfeed.readers.format import (
     class_bytes,
     field_member,
     field_name_problem,
+    member_clash,
     meta_bytes,
 )
 
@@ -124,6 +125,9 @@ class WebDatasetWriter:
             problem = field_name_problem(name)
             if problem is not None:
                 raise ValueError(problem)
+        problem = member_clash((), fields)
+        if problem is not None:  # two fields in one member: written twice, or one read for both
+            raise ValueError(problem)
         if not prefix or "/" in prefix or "." in prefix:
             raise ValueError(f"prefix {prefix!r} must be a plain name without '/' or '.'")
         self.out = Path(out)

@@ -4,11 +4,15 @@
 calls :func:`install` at interpreter start-up, in every Python process of the command (a
 ``torchrun`` launcher's ranks included). :func:`install` adds an import hook that waits for
 ``torch.utils.data.dataloader`` to be imported (torch is not imported early) and then replaces
-``DataLoader.__iter__``: each ``iter(loader)`` returns the iterator of one
+``DataLoader.__iter__`` (and the ``__iter__`` of every subclass that has one of its own):
+each ``iter(loader)`` returns the iterator of one
 :class:`~shardfeed.readers.measure.watch.Watch` per loader (one pass = one epoch), which forwards every
-attribute to torch's own iterator. At exit (also on Ctrl-C, and on SIGTERM where the script sets
+attribute to the loader's own iterator. The watch sees what the script's loop receives.
+At exit (also on Ctrl-C, and on SIGTERM where the script sets
 no handler of its own: it then exits with status 143) each process that iterated a loader writes
-``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``.
+``{"pid", "loaders": [WatchReport JSON, ...]}`` to ``$SHARDFEED_WATCH_DIR/<pid>.json``. A process
+forked from the script (``os.fork``, ``multiprocessing`` with fork) reports the loaders it iterates
+itself, at its exit (a ``multiprocessing`` child's or ``sys.exit``; not ``os._exit()``).
 
 Environment (set by ``shardfeed watch``): ``SHARDFEED_WATCH_DIR`` (the report folder; without it
 :func:`install` does nothing) and ``SHARDFEED_WATCH_OPTIONS`` (JSON: keyword arguments of
@@ -29,6 +33,7 @@ import time
 
 from ..background import expect_children_to_end, signal_main_thread_again
 from ..runtime import after_fork_in_child, set_signal, set_unraisablehook
+from ._common import Original
 
 __all__ = ["install", "patch_dataloader", "watched_reports", "MAX_WATCHED_LOADERS", "ENV_DIR", "ENV_OPTIONS"]
 
@@ -41,10 +46,13 @@ _OPTION_KEYS = ("device", "sample_interval_s", "status_every_s", "warmup", "samp
 _watches: list = []
 _lock = threading.Lock()
 _state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "sigterm_exit": False,
-          "sigterm_at": 0.0, "repeat_exit": False, "exit_mark_registered": False, "exit_begun": False,
-          "exits_raised_again": 0, "transfer_deferrals": 0}
+          "sigterm_at": 0.0, "sigint_at": -1e9, "repeat_exit": False, "exit_mark_registered": False,
+          "exit_begun": False, "exits_raised_again": 0, "transfer_deferrals": 0, "report_pid": None,
+          "multiprocessing_exit_pid": None}
 #: Seconds after a SIGTERM in which another one is the same stop (ignored while its exit is under way).
 SAME_STOP_S = 5.0
+#: Seconds after a SIGINT in which another one is the same stop (the terminal's and the one watch passed on).
+SAME_INTERRUPT_S = 1.0
 #: Times a SIGTERM exit that Python swallowed is raised again, at most (then the process dies of the signal).
 MAX_EXITS_RAISED_AGAIN = 20
 #: Times a SIGTERM is put off while the main thread takes a file descriptor from another process, at most
@@ -52,23 +60,6 @@ MAX_EXITS_RAISED_AGAIN = 20
 MAX_TRANSFER_DEFERRALS = 20
 #: Frames a SIGTERM handler looks through for a file-descriptor transfer under way, at most.
 MAX_FRAMES_SEARCHED = 256
-
-
-class _Original:
-    """The loader seen through its original ``__iter__`` (attributes forwarded to it)."""
-
-    def __init__(self, loader, orig_iter):
-        self.__dict__["_loader"] = loader
-        self.__dict__["_orig_iter"] = orig_iter
-
-    def __iter__(self):
-        return self._orig_iter(self._loader)
-
-    def __len__(self):
-        return len(self._loader)
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["_loader"], name)
 
 
 def _options() -> dict:
@@ -80,14 +71,18 @@ def _options() -> dict:
 
 
 def patch_dataloader(dataloader_cls=None) -> None:
-    """Replace ``DataLoader.__iter__`` so every loader is watched (idempotent)."""
+    """Replace ``DataLoader.__iter__`` so every loader is watched (idempotent).
+
+    A subclass with an ``__iter__`` of its own (shardfeed's ``make_loader``, which hands the loop
+    its own batches built from the ``DataLoader``'s) is watched through that ``__iter__``: the watch
+    counts what the loop receives. Subclasses defined later are patched as they are defined
+    (``__init_subclass__``); the ``DataLoader.__iter__`` such a subclass reaches through ``super()``
+    is not watched a second time.
+    """
     if _state["patched"]:
         return
     if dataloader_cls is None:
         from torch.utils.data import DataLoader as dataloader_cls
-    from ..measure.watch import Watch
-
-    orig = dataloader_cls.__iter__
     opts = _options()
     if opts.get("status_every_s"):  # the status lines go to stderr, whatever logging the script configures
         import logging
@@ -98,24 +93,91 @@ def patch_dataloader(dataloader_cls=None) -> None:
         handler.setFormatter(logging.Formatter("shardfeed watch: %(message)s"))
         log.addHandler(handler)
         log.propagate = False
+    _patch_iter(dataloader_cls, opts)
+    _report_at_multiprocessing_exit()
+    stack, seen = list(dataloader_cls.__subclasses__()), 0
+    while stack and seen < MAX_PATCHED_SUBCLASSES:  # subclasses defined before the patch
+        cls = stack.pop()
+        seen += 1
+        _patch_iter(cls, opts)
+        stack.extend(cls.__subclasses__())
+    previous = dataloader_cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls, **kwargs):
+        if previous is not None:
+            previous.__get__(None, cls)(**kwargs)
+        else:
+            super(dataloader_cls, cls).__init_subclass__(**kwargs)
+        _patch_iter(cls, opts)
+
+    dataloader_cls.__init_subclass__ = classmethod(__init_subclass__)
+    _state["patched"] = True
+
+
+#: Subclasses of ``DataLoader`` defined before the patch that are looked at, at most.
+MAX_PATCHED_SUBCLASSES = 4096
+
+
+def _patch_iter(cls, opts: dict) -> None:
+    """Watch ``iter(loader)`` for the loaders whose ``__iter__`` is ``cls``'s own (none: nothing to do)."""
+    orig = cls.__dict__.get("__iter__")
+    if orig is None or getattr(orig, "_shardfeed_watched", False):
+        return
+    from ..measure.watch import Watch
 
     def __iter__(self):
-        w = self.__dict__.get("_shardfeed_watch")
+        if type(self).__iter__ is not __iter__:  # reached through super() from a subclass's own __iter__
+            return orig(self)
+        owned = self.__dict__.get("_shardfeed_watch")  # (pid, watch): a forked child watches its own passes
+        w = owned[1] if isinstance(owned, tuple) and owned[0] == os.getpid() else None
         if w is None:
             with _lock:
                 if len(_watches) >= MAX_WATCHED_LOADERS:
                     _state["skipped"] += 1
                     return orig(self)
                 ds = getattr(self, "dataset", None)
-                label = f"DataLoader #{len(_watches) + 1} ({type(ds).__name__})"
-                w = Watch(_Original(self, orig), label=label, **opts)
+                label = f"{type(self).__name__} #{len(_watches) + 1} ({type(ds).__name__})"
+                w = Watch(Original(self, orig), label=label, **opts)
                 _watches.append(w)
-            object.__setattr__(self, "_shardfeed_watch", w)
+            object.__setattr__(self, "_shardfeed_watch", (os.getpid(), w))
         return iter(w)
 
     __iter__.__wrapped__ = orig
-    dataloader_cls.__iter__ = __iter__
-    _state["patched"] = True
+    __iter__._shardfeed_watched = True
+    cls.__iter__ = __iter__
+
+
+class _AfterFork:
+    """The token :func:`multiprocessing.util.register_after_fork` holds (weakly; this module keeps it)."""
+
+
+_AFTER_FORK = _AfterFork()
+
+
+def _forked_child() -> None:
+    """In a process forked from a watched one (``os.fork``, ``multiprocessing`` with fork, a
+    ``DataLoader`` worker): the loaders it iterates are its own to report, at its exit, in a report
+    of its own; the parent's are the parent's."""
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    _watches.clear()
+    _state["report_pid"] = os.getpid()
+    _state["skipped"] = 0
+
+
+def _report_at_multiprocessing_exit(_token: object = None) -> None:
+    """Write this process's report also where it ends through ``multiprocessing`` (a ``Process``
+    child ends with ``os._exit()``, after ``multiprocessing``'s own exit callbacks, not the
+    interpreter's): in each child it forks from now on, and in this one if it is such a child."""
+    import multiprocessing.util as mp_util
+
+    if _token is None:
+        mp_util.register_after_fork(_AFTER_FORK, _report_at_multiprocessing_exit)
+        if os.getpid() == _state["pid"]:
+            return
+    if _state["multiprocessing_exit_pid"] != os.getpid():
+        _state["multiprocessing_exit_pid"] = os.getpid()
+        mp_util.Finalize(None, _write_reports_now, exitpriority=0)
 
 
 def watched_reports() -> list:
@@ -150,7 +212,7 @@ def _ignore_sigterm_once_reported() -> None:
 
 def _write_reports_now() -> None:
     out_dir = os.environ.get(ENV_DIR)
-    if not out_dir or os.getpid() != _state["pid"] or not _watches:
+    if not out_dir or os.getpid() != _state["report_pid"] or not _watches:
         return
     reports = []
     for w in list(_watches):
@@ -201,14 +263,39 @@ def install() -> bool:
     if _state["installed"] or not os.environ.get(ENV_DIR):
         return False
     _state["installed"] = True
-    _state["pid"] = os.getpid()
+    _state["pid"] = _state["report_pid"] = os.getpid()
+    after_fork_in_child(_forked_child)
     if "torch.utils.data.dataloader" in sys.modules:
         patch_dataloader(sys.modules["torch.utils.data.dataloader"].DataLoader)
     else:
         sys.meta_path.insert(0, _Finder())
     atexit.register(_write_reports)
     _exit_on_sigterm()
+    _one_interrupt_per_stop()
     return True
+
+
+def _one_interrupt_per_stop() -> None:
+    """Ctrl-C to the process group reaches the script twice: from the terminal, and passed on by
+    ``shardfeed watch`` (which passes on every SIGINT it receives, also one sent to it alone). Where
+    the script keeps Python's own SIGINT handler, a SIGINT within :data:`SAME_INTERRUPT_S` of the
+    last one is that same stop and is ignored (a second ``KeyboardInterrupt`` would cut the script's
+    clean-up and the report short); any other raises ``KeyboardInterrupt`` as Python's handler does."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        set_signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(signum, frame) -> None:
+    """The SIGINT handler of :func:`_one_interrupt_per_stop`."""
+    if os.getpid() == _state["pid"]:
+        now = time.monotonic()
+        if now - _state["sigint_at"] < SAME_INTERRUPT_S:
+            return
+        _state["sigint_at"] = now
+    raise KeyboardInterrupt
 
 
 def _exit_on_sigterm() -> None:

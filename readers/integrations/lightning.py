@@ -9,17 +9,21 @@ Example::
     Trainer(callbacks=[cb]).fit(model, train_dataloaders=loader)
     print(cb.report.summary())
 
-Each training step is timed by the hooks ``on_train_batch_start`` / ``on_train_batch_end``
-(:meth:`~shardfeed.readers.measure.watch.Watch.batch_started`, ``batch_ended``): ``t_wait`` is the time
-from the end of one step to the start of the next (Lightning fetches the next batch there), so it
-holds the loader's wait and Lightning's own work between steps. Every ``log_every_n_steps`` steps
-the data stall share so far is logged to the trainer's logger as ``shardfeed/stall_share``; at the
-end of fitting the :class:`~shardfeed.readers.measure.watch.WatchReport` is in :attr:`WatchCallback.report`
-and its summary is logged (logger ``shardfeed.watch``).
+The data wait is the time Lightning is blocked fetching the next train batch: the callback stands
+in for the trainer's profiler while fitting and times the fetches Lightning profiles as
+``train_dataloader_next`` (the profiler in use still sees every action). Each training step is
+timed by the hooks ``on_train_batch_start`` / ``on_train_batch_end``; the time between two steps
+that is not a fetch (validation, checkpointing, logging) is reported apart (``t_other_s``,
+``other_share``), never as data wait. The samples are counted from the batch each step receives.
+The first fetch and the first step (worker start-up) are left out (``warmup``). Every
+``log_every_n_steps`` steps the data stall share so far is logged to the trainer's logger as
+``shardfeed/stall_share``; at the end of fitting the :class:`~shardfeed.readers.measure.watch.WatchReport`
+is in :attr:`WatchCallback.report` and its summary is logged (logger ``shardfeed.watch``).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
@@ -27,6 +31,36 @@ from lightning.pytorch.callbacks import Callback
 from ._common import log_report, make_watch
 
 __all__ = ["WatchCallback"]
+
+#: The end of the name of the profiler action Lightning wraps around each fetch of a train batch.
+_FETCH_ACTION = "train_dataloader_next"
+
+
+class _FetchTimer:
+    """The trainer's profiler, with each train-batch fetch timed for a watch; everything else forwarded."""
+
+    def __init__(self, inner: Any, watch: Any):
+        self.__dict__.update(_inner=inner, _watch=watch, _t0=None)
+
+    def start(self, action_name: str) -> None:
+        self._inner.start(action_name)
+        if action_name.endswith(_FETCH_ACTION):
+            self.__dict__["_t0"] = time.perf_counter()
+
+    def stop(self, action_name: str) -> None:
+        t0 = self._t0
+        if action_name.endswith(_FETCH_ACTION) and t0 is not None:
+            self.__dict__["_t0"] = None
+            self._watch.record_fetch(time.perf_counter() - t0)
+        self._inner.stop(action_name)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["_inner"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
 
 
 class WatchCallback(Callback):
@@ -58,7 +92,9 @@ class WatchCallback(Callback):
         if isinstance(loader, (list, tuple)) and len(loader) == 1:
             loader = loader[0]
         self.watch_options.setdefault("device", pl_module.device)
-        self.watch = make_watch(loader, self.watch_options, label=f"Lightning train ({type(loader).__name__})")
+        self.watch = make_watch(loader, self.watch_options, label=f"Lightning train ({type(loader).__name__})",
+                                fetches_reported=True)
+        trainer.profiler = _FetchTimer(trainer.profiler, self.watch)
         self._steps = 0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -81,7 +117,18 @@ class WatchCallback(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if self.watch is None:
             return
+        self.watch.train_ended()
+        self._restore_profiler(trainer)
         self.report = log_report(self.watch)
         if trainer.logger is not None:
             trainer.logger.log_metrics({"shardfeed/stall_share": self.report.stall_share}, step=trainer.global_step)
         self.watch = None
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore_profiler(trainer)
+
+    @staticmethod
+    def _restore_profiler(trainer) -> None:
+        profiler = trainer.profiler
+        if isinstance(profiler, _FetchTimer):
+            trainer.profiler = profiler.__dict__["_inner"]

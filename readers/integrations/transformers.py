@@ -9,10 +9,13 @@ Example::
     Trainer(model=model, args=args, train_dataset=ds, callbacks=[cb]).train()
     print(cb.report.summary())
 
-Each optimizer step is timed by ``on_step_begin`` / ``on_step_end``
-(:meth:`~shardfeed.readers.measure.watch.Watch.batch_started`, ``batch_ended``): ``t_wait`` is the time
-from the end of one step to the start of the next (the Trainer fetches the next batch, or the
-batches of a gradient-accumulation step, there). Every ``log_every_n_steps`` steps the data stall
+The data wait is the time the Trainer is blocked in the train dataloader's ``next()``: while
+training, ``iter(train_dataloader)`` goes through the watch
+(:func:`~shardfeed.readers.integrations._common.time_fetches`), which times each fetch (each batch of
+a gradient-accumulation step) and counts its samples. Each optimizer step is timed by
+``on_step_begin`` / ``on_step_end``; the time between two steps that is not a fetch (evaluation,
+checkpointing, logging) is reported apart (``t_other_s``, ``other_share``), never as data wait.
+Every ``log_every_n_steps`` steps the data stall
 share so far is appended to the trainer's log (``state.log_history``, key ``shardfeed/stall_share``)
 and added to the next ``on_log`` record the reporting integrations see; at the end of training the
 :class:`~shardfeed.readers.measure.watch.WatchReport` is in :attr:`WatchTrainerCallback.report` and its
@@ -25,7 +28,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ._common import log_report, make_watch
+from ._common import log_report, make_watch, stop_timing_fetches
 
 __all__ = ["WatchTrainerCallback"]
 
@@ -51,11 +54,13 @@ class WatchTrainerCallback(TrainerCallback):
         self.watch = None
         self.report = None
         self._epoch = None
+        self._loader = None
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         self.watch_options.setdefault("device", getattr(args, "device", None))
         self.watch = make_watch(train_dataloader, self.watch_options,
-                                label=f"transformers train ({type(train_dataloader).__name__})")
+                                label=f"transformers train ({type(train_dataloader).__name__})", iterate=True)
+        self._loader = train_dataloader
         self._epoch = None
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -83,6 +88,9 @@ class WatchTrainerCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.watch is None:
             return
+        self.watch.train_ended()
+        stop_timing_fetches(self._loader)
+        self._loader = None
         self.report = log_report(self.watch)
         state.log_history.append({_KEY: self.report.stall_share, "step": state.global_step})
         self.watch = None

@@ -92,6 +92,12 @@ def _num_classes_of(loader: Any) -> int | None:
     return None
 
 
+def _unlabelled(loader: Any) -> bool:
+    """Whether the loader's dataset is unlabelled (a flat folder, a pack without labels: label -1)."""
+    ds = getattr(loader, "dataset", loader)
+    return getattr(ds, "labelled", None) is False or getattr(getattr(ds, "manifest", None), "labelled", None) is False
+
+
 def _set_epoch(loader: Any, epoch: int) -> None:
     for obj in (loader, getattr(loader, "dataset", None), getattr(loader, "sampler", None)):
         fn = getattr(obj, "set_epoch", None)
@@ -113,10 +119,11 @@ class _Step:
     """One training step on a batch already on the device; returns its compute time, s."""
 
     def __init__(self, device: "torch.device", model: Any, compute_ms: float | None, lr: float,
-                 channels_last: bool):
+                 channels_last: bool, unlabelled: bool = False):
         import torch
 
         self.device = device
+        self.unlabelled = unlabelled  # label -1: every sample trained as class 0
         self.cuda = device.type == "cuda"
         self.compute_ms = compute_ms
         self.model = None
@@ -134,6 +141,8 @@ class _Step:
             self._ev1 = torch.cuda.Event(enable_timing=True)
 
     def _train(self, x, y) -> None:
+        if self.unlabelled:
+            y = y.clamp(min=0)
         logits = self.model(x)
         loss = self.loss_fn(logits, y)
         self.optimizer.zero_grad(set_to_none=True)
@@ -234,7 +243,7 @@ def _model_object(model: Any, compute_ms: float | None, num_classes: int | None,
     if compute_ms is not None:
         return None
     if isinstance(model, str):
-        n = num_classes or _num_classes_of(loader)
+        n = num_classes or _num_classes_of(loader) or (1 if _unlabelled(loader) else None)
         if n is None and model.strip().lower() != "none":
             raise ValueError(f"model {model!r} needs num_classes (the loader's dataset does not say how many)")
         return build_model(model, n or 1)
@@ -368,7 +377,8 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     model_name = model if isinstance(model, str) else (None if model is None else type(model).__name__)
-    step = _Step(dev, _model_object(model, compute_ms, num_classes, loader), compute_ms, lr, channels_last)
+    step = _Step(dev, _model_object(model, compute_ms, num_classes, loader), compute_ms, lr, channels_last,
+                 unlabelled=_unlabelled(loader))
     warnings: list[str] = []
     src = _Batches(loader, dev, mean, std, channels_last)
     try:

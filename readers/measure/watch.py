@@ -2,7 +2,8 @@
 
 ``for batch in watch(loader): step(batch)`` yields exactly what ``loader`` yields (any iterable of
 batches: a plain ``torch.utils.data.DataLoader`` over the user's own ``Dataset``, a shardfeed
-loader, a generator). Each pass over the :class:`Watch` is one epoch. Per batch it times
+loader, a generator). Each pass over the :class:`Watch` is one epoch. Every other attribute is the
+loader's (``w.sampler.set_epoch(e)``, ``w.state_dict()``, ``w.batch_size``). Per batch it times
 
 * ``t_wait_s``: blocked in the loader, from the request (``next()``) to the batch;
 * ``t_step_s``: the step, from the yield to the next request.
@@ -51,6 +52,7 @@ from typing import Any, Iterable, Iterator
 from ..background import start_thread
 from ..redact import shown_source
 from .report import fmt_bytes, percentile
+from .watch_hooks import HookMode
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
            "WORKER_CPU_SATURATED", "BATCH_READY_HANDOFF", "DEFAULT_SAMPLE_INTERVAL_S", "data_facts", "batch_length",
@@ -329,8 +331,8 @@ class WatchReport:
         epochs: passes started over the loader.
         t_wait_s, t_step_s: per-batch ``{"mean", "p50", "p95", "total"}``, seconds.
         t_first_batch_s: the wait for the very first batch (worker start-up), s; None before it.
-        stall_share: ``Σ t_wait / Σ (t_wait + t_step)`` in [0, 1] (0 with no batch).
-        samples_per_s: samples over ``Σ (t_wait + t_step)`` when batches have a length, else None.
+        stall_share: ``Σ t_wait / Σ (t_wait + t_step + t_other)`` in [0, 1] (0 with no batch).
+        samples_per_s: samples over ``Σ (t_wait + t_step + t_other)`` when batches have a length, else None.
         num_samples: samples in the timed batches (None when batches have no length).
         device: ``"cpu"`` or ``"cuda:N"``; ``timing``: ``"cuda_synchronize"`` or ``"perf_counter"``.
         loader: the loader's knobs as found (``num_workers``, ``pin_memory``, ``prefetch_factor``,
@@ -351,6 +353,13 @@ class WatchReport:
         per_batch: the timed batches in order, for the figure: ``t_wait_s`` and ``t_step_s``
             (seconds) and ``num_samples`` (None when batches have no length), at most
             :data:`MAX_PER_BATCH` of them (``truncated`` says whether more were timed).
+        t_other_s: ``{"mean", "p50", "p95", "total"}`` of the times between two steps that were not
+            a fetch from the loader (a trainer's validation, evaluation, checkpointing, logging),
+            seconds; all 0 where the loop itself is timed (the step is everything between two requests).
+        other_share: ``Σ t_other / Σ (t_wait + t_step + t_other)`` in [0, 1].
+
+    The stall share is ``Σ t_wait / Σ (t_wait + t_step + t_other)``; ``batches`` counts the fetches
+    timed (each batch of a gradient-accumulation step) where a trainer's fetches are timed.
     """
 
     label: str
@@ -374,6 +383,8 @@ class WatchReport:
     diagnosis: dict
     warnings: list = dataclasses.field(default_factory=list)
     per_batch: dict = dataclasses.field(default_factory=dict)
+    t_other_s: dict = dataclasses.field(default_factory=lambda: _stats([]))
+    other_share: float = 0.0
 
     def to_json(self) -> dict:
         """Every figure as a JSON-able dict."""
@@ -388,6 +399,9 @@ class WatchReport:
         lines = [f"{self.label}: {self.batches} batches timed over {self.epochs} epoch(s){first}{rate}",
                  f"  data stall {self.stall_share:.0%}: wait mean {w['mean'] * 1e3:.1f} ms (p95 {w['p95'] * 1e3:.1f}),"
                  f" step mean {s['mean'] * 1e3:.1f} ms (p95 {s['p95'] * 1e3:.1f}) [{self.timing}]"]
+        if self.t_other_s.get("total"):
+            lines.append(f"  other {self.other_share:.0%}: between steps, not waiting for data (validation, "
+                         f"evaluation, checkpointing, logging), {self.t_other_s['total']:.1f} s in all")
         if self.workers:
             busy, demand = self.workers.get("cpu_busy_share"), self.workers.get("cpu_demand_share")
             ready = self.workers.get("batch_ready_share")
@@ -860,6 +874,7 @@ def batch_ready(it: Any) -> bool | None:
     Returns:
         True or False; None for any other iterable, or when torch's internals are not as expected.
     """
+    it = _torch_iterator(it)
     try:
         info, idx, data_queue = it.__dict__.get("_task_info"), it.__dict__.get("_rcvd_idx"), \
             it.__dict__.get("_data_queue")
@@ -876,8 +891,20 @@ def batch_ready(it: Any) -> bool | None:
         return None
 
 
+def _torch_iterator(it: Any, max_depth: int = 4) -> Any:
+    """The ``DataLoader`` iterator inside ``it``: a wrapper that hands the loop batches of its own
+    (shardfeed's loader, this module's epoch) holds the one it wraps as ``_it``."""
+    for _ in range(max_depth):
+        d = getattr(it, "__dict__", None)
+        if not isinstance(d, dict) or "_task_info" in d or d.get("_it") is None:
+            return it
+        it = d["_it"]
+    return it
+
+
 def _held_out_of_order(it: Any) -> int | None:
     """Batches a ``DataLoader`` iterator holds that came back before their turn (None: not known)."""
+    it = _torch_iterator(it)
     try:
         info = it.__dict__.get("_task_info")
         return sum(1 for v in list(info.values()) if isinstance(v, tuple) and len(v) == 2) \
@@ -910,9 +937,9 @@ class _Epoch:
 
             torch.cuda.synchronize(w._device)
         t0 = time.perf_counter()
-        if self._yielded_at is not None:
+        if self._yielded_at is not None and not w._fetch_hooked:
             w._record_step(t0 - self._yielded_at)
-            self._yielded_at = None
+        self._yielded_at = None
         ready = batch_ready(self._it)
         held = _held_out_of_order(self._it) if ready else None
         try:
@@ -928,7 +955,7 @@ class _Epoch:
         return batch
 
 
-class Watch:
+class Watch(HookMode):
     """Wraps an iterable of batches and times the loop over it (see the module docstring).
 
     Args:
@@ -972,6 +999,7 @@ class Watch:
         self.ready: list[bool | None] = []  # per timed wait: a batch had arrived from a worker when asked for
         self.batch_tensors: int | None = None  # tensors in a batch from the workers (the first one timed)
         self.steps: list[float] = []
+        self.others: list[float] = []  # hook mode with the fetches timed: between steps, not fetching
         self.sizes: list[int | None] = []
         self.first_batch_s: float | None = None
         self.num_samples: int | None = 0
@@ -982,6 +1010,10 @@ class Watch:
         self._warnings: list[str] = []
         self._closed_snapshot: dict | None = None
         self._hook_mark: float | None = None
+        self._fetch_hooked = False  # hook mode, the trainer's fetches timed (start(time_fetches=True))
+        self._fetch_in_window = 0.0  # seconds fetching since the last step began or ended
+        self._steps_warmup_left = warmup
+        self._after_step = False
         self._last_len: int | None = None
         self._facts: dict | None = None
 
@@ -1037,8 +1069,9 @@ class Watch:
             # interpreter's record of an unhandled Ctrl-C, and the script would exit 1, not 130
             self._data_facts()
             self._start_sampling()
-        self._drop_unfinished()
-        self.epochs += 1
+        if not self._fetch_hooked:  # the trainer's epoch hooks count its passes
+            self._drop_unfinished()
+            self.epochs += 1
         self._current = _Epoch(self, iter(self.loader))
         return self._current
 
@@ -1055,7 +1088,18 @@ class Watch:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _record_wait(self, dt: float, batch: Any, ready: bool | None = None) -> None:
+    def __getattr__(self, name: str) -> Any:
+        """Every attribute the watch has not of its own is the loader's (``sampler``, ``batch_sampler``,
+        ``dataset``, ``batch_size``, ``set_epoch``, ``state_dict``, ``load_state_dict``, ...), so a loop
+        written for the loader runs unchanged on the watch."""
+        loader = self.__dict__.get("loader")
+        if loader is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(loader, name)
+
+    def _record_wait(self, dt: float, batch: Any, ready: bool | None = None, count: bool = True) -> None:
+        if self._fetch_hooked:
+            self._fetch_in_window += dt
         if self._warmup_left > 0:
             self._warmup_left -= 1
             if self.first_batch_s is None:
@@ -1067,21 +1111,28 @@ class Watch:
         if self.batch_tensors is None and ready is not None:
             self.batch_tensors = count_tensors(batch)
         self._pending_step = True
-        n = batch_length(batch)
-        self.sizes.append(n)
-        if self.num_samples is not None:
-            self._last_len = n
-            self.num_samples = None if n is None else self.num_samples + n
+        if count:
+            self._count(batch)
         if self._status_every_s is not None:
             now = time.perf_counter()
             if now - self._last_status >= self._status_every_s:
                 self._last_status = now
                 if self._status_bar is not None:
-                    tw, ts = sum(self.waits), sum(self.steps)
-                    self._status_bar.set_postfix_str(f"data stall {tw / (tw + ts) if tw + ts > 0 else 0.0:.0%}",
-                                                     refresh=False)
+                    self._status_bar.set_postfix_str(f"data stall {self._stall_so_far():.0%}", refresh=False)
                 else:
                     logger.info("%s", self.status_line())
+
+    def _count(self, batch: Any) -> None:
+        """Count ``batch``'s samples (:func:`batch_length`: the one rule for every mode)."""
+        n = batch_length(batch)
+        self.sizes.append(n)
+        if self.num_samples is not None:
+            self._last_len = n
+            self.num_samples = None if n is None else self.num_samples + n
+
+    def _stall_so_far(self) -> float:
+        tw, ts, to = sum(self.waits), sum(self.steps), sum(self.others)
+        return tw / (tw + ts + to) if tw + ts + to > 0 else 0.0
 
     def _record_step(self, dt: float) -> None:
         if self._pending_step:
@@ -1092,51 +1143,10 @@ class Watch:
         if self._current is epoch:
             self._current = None
 
-    # -- hook mode: for trainers that iterate the loader themselves (Lightning, transformers.Trainer)
-    def start(self) -> None:
-        """Start watching without iterating: the trainer iterates ``loader`` and calls
-        :meth:`batch_started` / :meth:`batch_ended` around each step (then ``t_wait`` is the time
-        from the end of one step to the start of the next: the loader's wait plus the trainer's
-        own work between steps). Worker processes are the main process's children."""
-        if self._sampler is None and self.epochs == 0:
-            self._resolve_device()
-            self._start_sampling()
-            self.epochs = 1
-        self._hook_mark = time.perf_counter()
-
-    def batch_started(self, batch: Any = None) -> None:
-        """A step begins on ``batch`` (hook mode): records the wait since the last step ended."""
-        now = time.perf_counter()
-        if self._hook_mark is None:
-            self.start()
-            now = time.perf_counter()
-        self._record_wait(now - self._hook_mark, batch)
-        self._hook_mark = time.perf_counter()
-
-    def batch_ended(self) -> None:
-        """The step ends (hook mode): on CUDA after synchronising, so the GPU work counts in it."""
-        if self._cuda_sync:
-            import torch
-
-            torch.cuda.synchronize(self._device)
-        now = time.perf_counter()
-        mark = self._hook_mark
-        if mark is not None:
-            self._record_step(now - mark)
-        self._hook_mark = time.perf_counter()
-
-    def epoch_started(self) -> None:
-        """A new pass over the loader begins (hook mode)."""
-        if self.epochs == 0:
-            self.start()
-        else:
-            self.epochs += 1
-        self._hook_mark = time.perf_counter()
-
     def status_line(self) -> str:
         """One line: batches, data stall so far, mean wait and step."""
         tw, ts = sum(self.waits), sum(self.steps)
-        stall = tw / (tw + ts) if tw + ts > 0 else 0.0
+        stall = self._stall_so_far()
         n = max(len(self.waits), 1)
         return (f"{self.label}: {len(self.waits)} batches, data stall {stall:.0%}, wait {tw / n * 1e3:.1f} ms, "
                 f"step {ts / max(len(self.steps), 1) * 1e3:.1f} ms")
@@ -1165,13 +1175,15 @@ class Watch:
 
     def report(self) -> WatchReport:
         """The :class:`WatchReport` so far (callable during the loop and after it)."""
-        waits, steps = list(self.waits), list(self.steps)
-        if len(steps) < len(waits):  # the last batch's step has not ended: count it by its start
+        waits, steps, others = list(self.waits), list(self.steps), list(self.others)
+        if len(steps) < len(waits) and not self._fetch_hooked:  # the last batch's step has not ended
             waits_for_share = waits[:len(steps)]
         else:
             waits_for_share = waits
-        tw, ts = sum(waits_for_share), sum(steps)
-        stall = tw / (tw + ts) if tw + ts > 0 else 0.0
+        tw, ts, to = sum(waits_for_share), sum(steps), sum(others)
+        wall = tw + ts + to
+        stall = tw / wall if wall > 0 else 0.0
+        batches = len(waits) if self._fetch_hooked else len(steps)
         snap = self._sampler.snapshot() if self._sampler is not None else self._closed_snapshot
         warnings = list(self._warnings)
         knobs = _loader_knobs(self.loader)
@@ -1212,25 +1224,25 @@ class Watch:
             if snap["gpu"]:
                 gpu_util = snap["gpu"]["util_mean"]
         cpu_count = (system or {}).get("cpu_count") or os.cpu_count() or 1
-        wall = tw + ts
         num_samples = self.num_samples
-        if num_samples is not None and len(waits) > len(steps):  # the last batch's step has not ended
+        if num_samples is not None and len(waits) > len(steps) and not self._fetch_hooked:  # its step has not ended
             num_samples -= self._last_len or 0
         samples_per_s = (num_samples / wall) if (num_samples is not None and wall > 0 and waits) else None
         t_wait, t_step = _stats(waits), _stats(steps)
         dev = str(self._device) if self._device is not None else "cpu"
-        diagnosis = diagnose(stall_share=stall, batches=len(steps), num_workers=nw, workers=workers, main=main,
+        diagnosis = diagnose(stall_share=stall, batches=batches, num_workers=nw, workers=workers, main=main,
                              loader=knobs, cpu_count=cpu_count, cuda=self._cuda_sync, epochs=self.epochs,
                              t_wait_s=t_wait, io=io, data=_data_root(self.loader), t_step_s=t_step,
                              facts=self._data_facts())
-        if len(steps) < 10:
-            warnings.append(f"only {len(steps)} batches timed: the figures are rough")
-        return WatchReport(label=self.label, batches=len(steps), epochs=self.epochs, t_wait_s=t_wait, t_step_s=t_step,
+        if batches < 10:
+            warnings.append(f"only {batches} batches timed: the figures are rough")
+        return WatchReport(label=self.label, batches=batches, epochs=self.epochs, t_wait_s=t_wait, t_step_s=t_step,
                            t_first_batch_s=self.first_batch_s, stall_share=stall, samples_per_s=samples_per_s,
                            num_samples=num_samples if waits else None, device=dev,
                            timing="cuda_synchronize" if self._cuda_sync else "perf_counter", loader=knobs,
                            workers=workers, main=main, io=io, memory=memory, system=system, gpu_util=gpu_util,
-                           diagnosis=diagnosis, warnings=warnings, per_batch=_per_batch(waits, steps, self.sizes))
+                           diagnosis=diagnosis, warnings=warnings, per_batch=_per_batch(waits, steps, self.sizes),
+                           t_other_s=_stats(others), other_share=to / wall if wall > 0 else 0.0)
 
 
 #: The most batches a report lists one by one (``WatchReport.per_batch``; the figure's points).
@@ -1260,7 +1272,8 @@ def watch(loader: Iterable, *, device: Any = None, sample_interval_s: float = DE
         w = watch(loader)
         for epoch in range(3):
             for images, labels in w:
-                train_step(images.cuda(non_blocking=True), labels.cuda(non_blocking=True))
+                train_step(images.cuda(non_blocking=True),
+                           labels.cuda(non_blocking=True))
         print(w.report().summary())
     """
     return Watch(loader, device=device, sample_interval_s=sample_interval_s, sample_gpu=sample_gpu,

@@ -545,11 +545,11 @@ def test_an_interrupted_layout_pack_resumes_to_the_same_bytes(sidecar_folder, tm
     out = tmp_path / "cut"
     real_read, calls = layouts._read, {"n": 0}
 
-    def read_then_stop(path, limit=None):
+    def read_then_stop(*args):
         calls["n"] += 1
         if calls["n"] == 9:
             raise KeyboardInterrupt
-        return real_read(path, limit)
+        return real_read(*args)
 
     monkeypatch.setattr(layouts, "_read", read_then_stop)
     with pytest.raises(KeyboardInterrupt):
@@ -658,8 +658,10 @@ def test_a_manifest_with_a_bad_field_is_refused(packed_train):
 
 def test_cli_sidecars_option(sidecar_folder, tmp_path):
     out = tmp_path / "o"
+    # the masks are not asked for: with png packed they would be images of their own (x.mask.png is an image)
     r = CliRunner().invoke(_cli(), ["pack", str(sidecar_folder), str(out), "--sidecars", ".TXT,json", "--no-labels",
-                                    "--require-sidecars", "-j", "1", "--json", str(tmp_path / "r.json")])
+                                    "--extensions", "jpg", "--require-sidecars", "-j", "1",
+                                    "--json", str(tmp_path / "r.json")])
     assert r.exit_code == 0, r.output
     assert sorted(load_manifest(out).fields) == ["json", "txt"]
     assert json.loads((tmp_path / "r.json").read_text())["extra"]["layout"] == "unlabelled"
@@ -686,7 +688,7 @@ def test_layout_pack_reencodes_and_decode_checks_the_images_only(sidecar_folder,
         assert fields["mask.png"] == (mask.read_bytes() if mask.exists() else None)  # stored as it is
 
 
-def test_layout_scan_never_follows_a_link_out_of_src_and_skips_hidden_files(tmp_path):
+def test_layout_scan_follows_links_as_a_class_folder_pack_and_skips_hidden_files(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.jpg").write_bytes(_jpeg(1))
@@ -696,13 +698,16 @@ def test_layout_scan_never_follows_a_link_out_of_src_and_skips_hidden_files(tmp_
     src.mkdir()
     (src / "ok.jpg").write_bytes(_jpeg(3))
     (src / "inside.jpg").symlink_to(src / "ok.jpg")  # a link inside SRC: packed
-    (src / "out.jpg").symlink_to(outside / "secret.jpg")
+    (src / "out.jpg").symlink_to(outside / "secret.jpg")  # a store out of SRC (git-annex, DVC): packed
     (src / "dir").symlink_to(outside / "d", target_is_directory=True)
+    (src / "again").symlink_to(src / "dir", target_is_directory=True)  # the same folder: walked once
+    (src / "up").symlink_to(tmp_path, target_is_directory=True)  # a folder holding SRC: never followed
     (src / ".hidden.jpg").write_bytes(_jpeg(4))
     _pack(src, tmp_path / "o", no_labels=True)
-    assert _raw(tmp_path / "o") == {"inside.jpg": (_jpeg(3), -1), "ok.jpg": (_jpeg(3), -1)}
+    assert _raw(tmp_path / "o") == {"inside.jpg": (_jpeg(3), -1), "ok.jpg": (_jpeg(3), -1),
+                                    "out.jpg": (_jpeg(1), -1), "again/x.jpg": (_jpeg(2), -1)}
     m = load_manifest(tmp_path / "o")
-    assert m.files["ignored"] == 3 and m.files["found"] == 5
+    assert m.files["ignored"] == 1 and m.files["found"] == 5
 
 
 @pytest.mark.network

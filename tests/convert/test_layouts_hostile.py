@@ -425,7 +425,7 @@ def test_an_lmdb_record_with_a_field_name_that_is_not_a_field_is_damaged(name):
 
 
 @pytest.mark.parametrize("swap", ["image", "sidecar", "folder"])
-def test_a_link_out_of_src_made_after_the_scan_is_never_read(tmp_path, monkeypatch, swap):
+def test_a_file_replaced_by_a_link_after_the_scan_is_never_read(tmp_path, monkeypatch, swap):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     for rel in ("0.jpg", "sub/1.jpg"):
@@ -456,7 +456,7 @@ def test_a_link_out_of_src_made_after_the_scan_is_never_read(tmp_path, monkeypat
     pack_layout(src, out, PackOptions(on_error="skip"), LayoutOptions(no_labels=True, sidecars=("txt",)))
     assert _by_path(out, ("txt",)) == {"0.jpg": (_jpeg(5), -1, b"caption of 0.jpg")}
     skipped = load_manifest(out).skipped
-    assert [s["path"] for s in skipped] == ["sub/1.jpg"] and "leads out of the source folder" in skipped[0]["reason"]
+    assert [s["path"] for s in skipped] == ["sub/1.jpg"] and "changed since the scan" in skipped[0]["reason"]
     assert not any(secret in p.read_bytes() for p in out.iterdir() if p.is_file())
 
 

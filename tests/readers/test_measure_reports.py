@@ -14,7 +14,6 @@ import html
 import io
 import json
 import re
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -32,7 +31,6 @@ NUM_IMAGES = NUM_CLASSES * PER_CLASS
 COMMON = ["--image-size", "16", "--warmup", "0", "--threads", "1", "--device", "cpu", "--model", "tiny",
           "--num-workers", "0"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: The banner's left border per tone, as a browser reports it: green, grey, red.
 BANNER_RGB = {"win": "rgb(44, 160, 44)", "neutral": "rgb(127, 127, 127)", "loss": "rgb(214, 39, 40)"}
 
@@ -66,43 +64,34 @@ def _run(args: list) -> "object":
     return CliRunner().invoke(cli_main, [str(a) for a in args], catch_exceptions=False)
 
 
-def _open_in_chromium(page_path: Path) -> dict:
+def _open_in_chromium(launch_chromium, page_path: Path) -> dict:
     """Load the page in headless Chromium; what it logged as errors and where the figure is."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra has it)")
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium; make system-deps installs it)")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            errors: list[str] = []
-            requests: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(page_path.as_uri(), wait_until="load")
-            figure = page.evaluate("""() => {
-                const img = document.getElementById('figure');
-                if (!img) return null;
-                const r = img.getBoundingClientRect();
-                return {complete: img.complete, naturalWidth: img.naturalWidth, naturalHeight: img.naturalHeight,
-                        top: r.top, bottom: r.bottom, width: r.width, height: r.height,
-                        viewportHeight: window.innerHeight};
-            }""")
-            info = {
-                "errors": errors,
-                "requests": requests,
-                "figure": figure,
-                "headline": page.inner_text("#headline"),
-                "banner": page.eval_on_selector("#headline", "e => getComputedStyle(e).borderLeftColor"),
-                "report": page.eval_on_selector("#report-json", "e => e.textContent"),
-                "scripts": page.eval_on_selector_all("script", "es => es.length"),
-                "table_rows": page.eval_on_selector_all("table tbody tr", "rs => rs.map(r => r.innerText)"),
-            }
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors: list[str] = []
+        requests: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(page_path.as_uri(), wait_until="load")
+        figure = page.evaluate("""() => {
+            const img = document.getElementById('figure');
+            if (!img) return null;
+            const r = img.getBoundingClientRect();
+            return {complete: img.complete, naturalWidth: img.naturalWidth, naturalHeight: img.naturalHeight,
+                    top: r.top, bottom: r.bottom, width: r.width, height: r.height,
+                    viewportHeight: window.innerHeight};
+        }""")
+        info = {
+            "errors": errors,
+            "requests": requests,
+            "figure": figure,
+            "headline": page.inner_text("#headline"),
+            "banner": page.eval_on_selector("#headline", "e => getComputedStyle(e).borderLeftColor"),
+            "report": page.eval_on_selector("#report-json", "e => e.textContent"),
+            "scripts": page.eval_on_selector_all("script", "es => es.length"),
+            "table_rows": page.eval_on_selector_all("table tbody tr", "rs => rs.map(r => r.innerText)"),
+        }
     return info
 
 
@@ -117,14 +106,14 @@ def _assert_page_ok(info: dict, page_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
-def test_verify_plot_and_html_page_load_in_a_browser(data, tmp_path):
+def test_verify_plot_and_html_page_load_in_a_browser(data, tmp_path, launch_chromium):
     png, page, out = tmp_path / "verify.png", tmp_path / "verify.html", tmp_path / "verify.json"
     r = _run(["verify", data["folder"], data["wds"], *COMMON, "--batch-size", "8", "--batches", "2",
               "--repeats", "1", "--plot", png, "--html", page, "--json", out])
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     report = json.loads(out.read_text())
-    info = _open_in_chromium(page)
+    info = _open_in_chromium(launch_chromium, page)
     _assert_page_ok(info, page)
     assert info["headline"] == report["headline"]
     assert json.loads(info["report"]) == report
@@ -137,14 +126,14 @@ def test_verify_plot_and_html_page_load_in_a_browser(data, tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_tune_plot_and_html_list_every_trial(data, tmp_path):
+def test_tune_plot_and_html_list_every_trial(data, tmp_path, launch_chromium):
     png, page, out = tmp_path / "tune.png", tmp_path / "tune.html", tmp_path / "tune.json"
     r = _run(["tune", data["wds"], *COMMON[:-2], "--batch-size", "8", "--batches", "2", "--max-num-workers", "1",
               "--budget-s", "60", "--plot", png, "--html", page, "--json", out])
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     report = json.loads(out.read_text())
-    info = _open_in_chromium(page)
+    info = _open_in_chromium(launch_chromium, page)
     _assert_page_ok(info, page)
     assert len(info["table_rows"]) == len(report["trials"]) >= 2
     for row, trial in zip(info["table_rows"], report["trials"]):
@@ -293,7 +282,7 @@ for epoch in range(2):
 
 
 @pytest.mark.multiprocess
-def test_watch_plot_and_html_show_every_timed_batch(tmp_path):
+def test_watch_plot_and_html_show_every_timed_batch(tmp_path, launch_chromium):
     import subprocess
     import sys
 
@@ -311,7 +300,7 @@ def test_watch_plot_and_html_show_every_timed_batch(tmp_path):
     assert len(report["loaders"]) == 2
     for rep in report["loaders"]:
         assert rep["per_batch"]["num_samples"] == [4] * 5 and len(rep["per_batch"]["t_step_s"]) == 5
-    info = _open_in_chromium(page)
+    info = _open_in_chromium(launch_chromium, page)
     _assert_page_ok(info, page)
     assert json.loads(info["report"]) == report
     assert len(info["table_rows"]) == 2

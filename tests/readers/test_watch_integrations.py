@@ -4,10 +4,27 @@
 from __future__ import annotations
 
 import csv
+import time
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class _Counted(Dataset):
+    """A dataset that counts the samples read from it (in the main process: ``num_workers=0``)."""
+
+    def __init__(self, inner, sleep_s: float = 0.0):
+        self.inner, self.sleep_s, self.calls = inner, sleep_s, 0
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        self.calls += 1
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self.inner[i]
 
 
 class _Pairs(Dataset):
@@ -42,7 +59,7 @@ def test_lightning_callback_watches_the_train_dataloader_and_logs_the_stall(tmp_
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g))
+    data = _Counted(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)))
     loader = DataLoader(data, batch_size=4)
     cb = WatchCallback(log_every_n_steps=1)
     trainer = pl.Trainer(max_steps=3, accelerator="cpu", callbacks=[cb], logger=CSVLogger(tmp_path),
@@ -50,8 +67,10 @@ def test_lightning_callback_watches_the_train_dataloader_and_logs_the_stall(tmp_
     trainer.fit(Tiny(), train_dataloaders=loader)
     rep = cb.report
     assert rep is not None
-    assert rep.batches == 3 - 1  # 3 steps, the first is the warm-up
-    assert rep.num_samples == 2 * 4
+    # every fetch after the first (worker start-up, before the callback starts) is timed: Lightning
+    # fetches one batch ahead of the step
+    assert rep.batches == data.calls // 4 - 1
+    assert rep.num_samples == 2 * 4  # the batches of the 3 steps, the first (warm-up) left out
     assert rep.loader["batch_size"] == 4 and rep.loader["num_workers"] == 0
     assert 0.0 <= rep.stall_share <= 1.0
     assert rep.diagnosis["kind"] in ("compute-bound", "main-process-bound")
@@ -90,3 +109,108 @@ def test_transformers_callback_watches_the_train_dataloader_and_logs_the_stall(t
     logged = [e for e in trainer.state.log_history if "shardfeed/stall_share" in e]
     assert len(logged) >= 2
     assert logged[-1]["shardfeed/stall_share"] == pytest.approx(rep.stall_share)
+
+
+#: Seconds each validation or evaluation batch sleeps: time between two steps that is no data wait.
+_EVAL_SLEEP_S = 0.25
+#: Seconds each training sample takes to read: the data wait that must still be seen.
+_READ_SLEEP_S = 0.005
+
+
+def test_lightning_validation_during_the_epoch_is_other_time_not_data_wait(tmp_path):
+    import lightning.pytorch as pl
+
+    from shardfeed.readers.integrations.lightning import WatchCallback
+
+    class SlowValidation(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+            self.validated = 0
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.lin(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            time.sleep(_EVAL_SLEEP_S)
+            self.validated += 1
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(0)
+    train = _Counted(TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g)),
+                     sleep_s=_READ_SLEEP_S)
+    val = TensorDataset(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g))
+    model = SlowValidation()
+    cb = WatchCallback(log_every_n_steps=0)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", callbacks=[cb], logger=False, val_check_interval=4,
+                         limit_val_batches=2, num_sanity_val_steps=0, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, train_dataloaders=DataLoader(train, batch_size=4),
+                val_dataloaders=DataLoader(val, batch_size=4))
+    rep = cb.report
+    planted = model.validated * _EVAL_SLEEP_S
+    assert model.validated == 4 * 2  # every 4 of the 16 steps, 2 batches each
+    assert rep.num_samples == 64 - 4  # the batches of the steps, the first (warm-up) left out
+    # each timed fetch read 4 samples of 5 ms: the wait is seen ...
+    assert rep.t_wait_s["total"] >= rep.batches * 4 * _READ_SLEEP_S
+    # ... and the validation is not part of it: it is the time between steps that is not a fetch
+    assert rep.t_other_s["total"] >= planted
+    assert rep.t_wait_s["total"] < planted / 2, rep.summary()
+    assert rep.stall_share < rep.other_share
+    assert "other" in rep.summary()
+
+
+def _slow_eval_model():
+    class SlowEval(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+            self.evaluated = 0
+
+        def forward(self, x, labels=None):
+            if not self.training:
+                time.sleep(_EVAL_SLEEP_S)
+                self.evaluated += 1
+            logits = self.lin(x)
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    return SlowEval()
+
+
+def test_transformers_evaluation_is_other_time_and_each_accumulated_fetch_counts(tmp_path):
+    import transformers
+
+    from shardfeed.readers.integrations.transformers import WatchTrainerCallback
+
+    model = _slow_eval_model()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6,
+                                          per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                                          gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2,
+                                          report_to=[], use_cpu=True, logging_steps=1, save_strategy="no",
+                                          dataloader_num_workers=0, disable_tqdm=True)
+    train = _Counted(_Pairs(64), sleep_s=_READ_SLEEP_S)
+
+    class Keeping(WatchTrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            self.given = (train_dataloader, type(train_dataloader))
+            super().on_train_begin(args, state, control, train_dataloader=train_dataloader, **kwargs)
+
+    cb = Keeping(log_every_n_steps=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=train, eval_dataset=_Pairs(8),
+                                   callbacks=[cb])
+    trainer.train()
+    rep = cb.report
+    planted = model.evaluated * _EVAL_SLEEP_S
+    assert model.evaluated == 3 * 2  # at steps 2, 4 and 6, 2 batches each
+    # 6 optimizer steps of 2 fetches each: every fetch is timed and counted, the first (warm-up) left out
+    assert rep.batches == 6 * 2 - 1
+    assert rep.num_samples == (6 * 2 - 1) * 4
+    assert rep.t_wait_s["total"] >= rep.batches * 4 * _READ_SLEEP_S
+    assert rep.t_other_s["total"] >= planted
+    assert rep.t_wait_s["total"] < planted / 2, rep.summary()
+    # the trainer's loader is given back as it was
+    loader, cls = cb.given
+    assert type(loader) is cls
