@@ -59,6 +59,7 @@ import time
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from shardfeed.readers.errors import ShardfeedError
+from shardfeed.readers.runtime import set_signal
 
 from .faults import fail_once
 
@@ -153,10 +154,10 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _init_worker(q) -> None:
     global _worker_progress
     _worker_progress = ProgressSink(q)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: a SIGTERM ends us quietly
+    set_signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and cleans up
+    set_signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: a SIGTERM ends us quietly
     if hasattr(signal, "SIGXFSZ"):
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
+        set_signal(signal.SIGXFSZ, signal.SIG_IGN)  # file-size limit: get EFBIG, not death
     # forked (or spawned) with both blocked (see signals_held): only now, with our own handlers, take them
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
@@ -184,14 +185,14 @@ def signals_held() -> Iterator[None]:
     def hold(signum, frame):
         caught.append(signum)
 
-    previous = {s: signal.signal(s, hold) for s in _STOP_SIGNALS}
+    previous = {s: set_signal(s, hold) for s in _STOP_SIGNALS}
     masking = hasattr(signal, "pthread_sigmask")  # (not on Windows, where workers are spawned anyway)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if masking else None
     try:
         yield
     finally:
         for s, handler in previous.items():  # first the handlers, then the mask: a pending signal reaches them
-            signal.signal(s, handler)
+            set_signal(s, handler)
         if masking:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if caught:

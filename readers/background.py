@@ -20,12 +20,13 @@ ended by then is left to the interpreter, as before. A forked child starts with 
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
 import weakref
 from typing import Callable
+
+from .runtime import after_fork_in_child, at_exit, set_signal
 
 __all__ = ["start_thread", "before_join", "stop_all", "expect_children_to_end", "signal_main_thread_again",
            "EXIT_JOIN_S", "SIGNAL_AGAIN_DELAY_S"]
@@ -109,9 +110,8 @@ def _after_fork_in_child() -> None:
     _threads = weakref.WeakKeyDictionary()
 
 
-atexit.register(stop_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_exit(stop_all)
+after_fork_in_child(_after_fork_in_child)
 
 
 def expect_children_to_end() -> None:
@@ -128,7 +128,7 @@ def expect_children_to_end() -> None:
     import signal
 
     if hasattr(signal, "SIGCHLD") and callable(signal.getsignal(signal.SIGCHLD)):
-        signal.signal(signal.SIGCHLD, _child_ended)
+        set_signal(signal.SIGCHLD, _child_ended)
 
 
 def _child_ended(signum, frame) -> None:

@@ -69,6 +69,7 @@ from .lmdb_readahead import MAX_BYTES, ValueReader, ValueStream
 from .options import ReadOptions
 from .shard_readahead import SLOW_READ_S, read_pool
 from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
+from .runtime import after_fork_in_child
 from .source_base import SourceBase, name_original_file
 
 __all__ = ["LMDBSource", "DEFAULT_READAHEAD", "READ_AHEAD_RECORDS", "READ_AHEAD_BYTES", "PREAD_LATENCY_S"]
@@ -137,8 +138,7 @@ def _after_fork_in_child() -> None:
     _FORK_GENERATION[0] += 1
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)
 
 
 class LMDBSource(SourceBase, torch.utils.data.Dataset):

@@ -29,18 +29,21 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
-from typing import Any, BinaryIO, Iterator
+from typing import BinaryIO, Iterator
 
 from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
 from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest, unfinished_pack_error
 from .location import LocationBase, check_byte_range
-from .http_io import (BACKOFF_S, DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
+from .ranged_stream import ResumableRangeStream, backoff_s
+from .http_io import (DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
-from .redact import guard_client_logs, redact, register_secret
+from .redact import guard_client_logs, register_secret
 from .registry import describe
+from .store_urls import (STORAGE_OPTION_KEYS, STORE_SCHEMES, is_s3_url, is_store_url, looks_like_option_key,
+                         option_hint, parse_storage_options, scrub, split_store_url, unreadable_option_message,
+                         use_cli_spelling)
 
 __all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
            "StoreLocation", "StoreRangeStream", "is_store_url", "is_s3_url", "split_store_url", "scrub",
@@ -49,9 +52,6 @@ __all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
 
 log = logging.getLogger(__name__)
 
-#: URL schemes recognised as object stores (only ``s3`` is read and written; the others are
-#: refused with a message naming what to use).
-STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
 #: Keys one listing returns at most (ImageNet-21k's 14 million images fit; about 150 bytes of
 #: memory a key).
 MAX_LIST_KEYS = 20_000_000
@@ -60,17 +60,6 @@ MAX_LIST_PAGES = 100_000
 #: Uploads at least this large go up in parts of this size (S3 multipart upload).
 MULTIPART_THRESHOLD_BYTES = 64 << 20
 _INSTALL = "pip install 'shardfeed[s3]'"
-_STORAGE_OPTION_KEYS = {
-    "endpoint_url": "endpoint_url", "endpoint": "endpoint_url",
-    "region_name": "region_name", "region": "region_name",
-    "profile": "profile", "profile_name": "profile",
-    "anon": "anon",
-    "key": "key", "aws_access_key_id": "key",
-    "secret": "secret", "aws_secret_access_key": "secret",
-    "token": "token", "aws_session_token": "token",
-    "addressing_style": "addressing_style",
-    "max_pool_connections": "max_pool_connections",
-}
 _RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
                 "RequestTimeout", "InternalError", "ServiceUnavailable", "503", "500", "502",
                 "504"}
@@ -91,156 +80,6 @@ _CONFIG_ERRORS = {"PartialCredentialsError", "NoCredentialsError", "NoRegionErro
                   "EndpointResolutionError", "InvalidHostLabelError", "UnsupportedS3ArnError",
                   "ParamValidationError", "InvalidExpressionError", "UnknownClientMethodError"}
 _REGION_CODES = {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException", "301"}
-
-
-def is_store_url(text: Any) -> bool:
-    """Whether ``text`` is an object-store URL (``s3://``, ``gs://``, ``az://``, ``abfs://`` ...)."""
-    if not isinstance(text, str):
-        return False
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.lower() in STORE_SCHEMES
-
-
-def is_s3_url(text: Any) -> bool:
-    """Whether ``text`` is an ``s3://`` URL (the object-store scheme shardfeed reads and writes)."""
-    return isinstance(text, str) and text.partition("://")[0].lower() == "s3" and "://" in text
-
-
-def split_store_url(url: str) -> tuple[str, str, str]:
-    """``"s3://bucket/a/b"`` -> ``("s3", "bucket", "a/b")``.
-
-    Raises:
-        UnsupportedURLError: not an object-store URL, or no bucket.
-    """
-    scheme, sep, rest = url.partition("://")
-    bucket, _, key = rest.partition("/")
-    if not sep or scheme.lower() not in STORE_SCHEMES or not bucket:
-        raise UnsupportedURLError(f"{scrub(url)}: not an object-store URL of the form s3://BUCKET/PREFIX/")
-    if "@" in bucket:
-        raise UnsupportedURLError(f"{scrub(url)}: credentials do not go in an s3:// URL; set AWS_ACCESS_KEY_ID / "
-                                  "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (or "
-                                  f"{option_hint(('key', ...), ('secret', ...))}) "
-                                  "and give s3://BUCKET/PREFIX/")
-    if not _BUCKET_NAME.match(bucket):
-        raise UnsupportedURLError(f"{url}: {bucket!r} is not a bucket name (letters, digits, '.', '-', '_'); "
-                                  "give s3://BUCKET/PREFIX/")
-    return scheme.lower(), bucket, key
-
-
-#: The bucket names botocore accepts (its own check, done here so the message is ours and one line).
-_BUCKET_NAME = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
-
-
-def _secrets(options: dict | None) -> list[str]:
-    return [v for k, v in (options or {}).items()
-            if _STORAGE_OPTION_KEYS.get(k) in ("secret", "token") and isinstance(v, str)]
-
-
-def scrub(text: str, options: dict | None = None) -> str:
-    """``text`` with every credential (from the environment, ``options``, or the credentials a
-    client of this process resolved) replaced by ``***``, and any ``user:password@`` of a URL
-    removed (:func:`shardfeed.readers.redact.redact`)."""
-    return redact(text, _secrets(options))
-
-
-#: What a storage-option key looks like (every accepted key does): an error names an unknown key
-#: only when it matches, so a secret typed where a key belongs (``KEY:SECRET``, a pasted token)
-#: is never shown.
-_KEY_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-
-
-def looks_like_option_key(text: str) -> bool:
-    """Whether ``text`` can be named in a message as a storage option's key: letters, digits and
-    ``_``, a letter or ``_`` first, 32 characters at most. Anything else may be a secret typed
-    where the key belongs (``aws_session_token:FwoG...``) and is never echoed."""
-    return bool(_KEY_LIKE.fullmatch(text))
-
-
-def unreadable_option_message(text: str) -> str:
-    """The message for a storage option whose text may hold a secret: the text is not shown, only
-    a known key it starts with (``aws_session_token:...``, ``token ...``)."""
-    lead = _KEY_LIKE.match(text.lstrip())
-    if lead and lead.group() in _STORAGE_OPTION_KEYS:
-        return (f"storage option {lead.group()!r} is followed by something other than '='; expected "
-                f"KEY=VALUE ({lead.group()}=...); its text is not shown")
-    return ("an unreadable storage option (its text is not shown); expected KEY=VALUE with KEY one of: "
-            f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
-
-
-def parse_storage_options(pairs: Any) -> dict[str, Any]:
-    """Storage options from ``KEY=VALUE`` strings (the CLI's ``--storage-option``) or a dict.
-
-    ``true``/``false`` become booleans and digits integers. Unknown keys are refused. An error
-    never shows a value; it names an unknown key only when the key looks like one (up to 32
-    letters, digits and ``_``): other text (a ``KEY:SECRET`` typo, a pasted token) is reported as
-    an unreadable storage option, its text not shown.
-
-    Raises:
-        ValueError: a malformed pair, an unknown key (names the accepted keys), or a value of the
-            wrong kind (``anon``, ``max_pool_connections``).
-    """
-    if pairs is None:
-        return {}
-    items = pairs.items() if isinstance(pairs, dict) else []
-    out: dict[str, Any] = {}
-    if not isinstance(pairs, dict):
-        parsed = []
-        for p in pairs:
-            k, sep, v = str(p).partition("=")
-            if not sep or not k.strip():
-                text = str(p).strip()
-                if looks_like_option_key(text):  # a bare key, no value: safe to name
-                    raise ValueError(f"--storage-option {text}: expected KEY=VALUE")
-                raise ValueError(f"--storage-option: {unreadable_option_message(text)}")
-            parsed.append((k.strip(), v))
-        items = parsed
-    for k, v in items:
-        if not isinstance(k, str) or k not in _STORAGE_OPTION_KEYS:
-            if isinstance(k, str) and looks_like_option_key(k):
-                raise ValueError(f"storage option {k!r} is not one shardfeed knows; accepted: "
-                                 f"{', '.join(sorted(set(_STORAGE_OPTION_KEYS)))}")
-            raise ValueError(unreadable_option_message(k if isinstance(k, str) else ""))
-        if isinstance(v, str):
-            low = v.strip().lower()
-            if _STORAGE_OPTION_KEYS[k] == "anon":
-                if low not in ("true", "yes", "1", "false", "no", "0"):
-                    raise ValueError(f"storage option {k}=...: expected true or false (anon=true: unsigned "
-                                     "requests, for a public bucket); the value given is not shown")
-                v = low in ("true", "yes", "1")
-            elif _STORAGE_OPTION_KEYS[k] == "max_pool_connections":
-                if not low.isdigit() or int(low) < 1:
-                    raise ValueError(f"storage option {k}=...: expected a positive integer (connections "
-                                     "per client); the value given is not shown")
-                v = int(low)
-        out[k] = v
-    return out
-
-
-#: how messages spell a storage option: the Python API's ``storage_options={...}`` unless the
-#: command line asked for its ``--storage-option KEY=VALUE`` (:func:`use_cli_spelling`)
-_SPELLING = {"cli": False}
-
-
-def use_cli_spelling(cli: bool = True) -> None:
-    """Make this process's error messages spell storage options as the CLI does
-    (``--storage-option anon=true``) rather than as the Python API does
-    (``storage_options={'anon': True}``). The ``shardfeed`` command calls it."""
-    _SPELLING["cli"] = bool(cli)
-
-
-def option_hint(*pairs: tuple[str, Any]) -> str:
-    """``storage_options={'key': value}`` (API) or ``--storage-option key=value`` (CLI) for a message.
-
-    Args:
-        *pairs: ``(key, value)``; a value of ``...`` prints as ``...`` (a placeholder).
-    """
-    if _SPELLING["cli"]:
-        def cli_value(v: Any) -> str:
-            return "..." if v is ... else (str(v).lower() if isinstance(v, bool) else str(v))
-
-        return " ".join(f"--storage-option {k}={cli_value(v)}" for k, v in pairs)
-    inner = ", ".join(f"{k!r}: {'...' if v is ... else repr(v)}" for k, v in pairs)
-    return f"storage_options={{{inner}}}"
 
 
 def _import_boto3():
@@ -306,7 +145,7 @@ class StoreLocation(LocationBase):
         self.deadline_s = float(DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
         if self.deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
-        self.storage_options = {_STORAGE_OPTION_KEYS[k]: v for k, v in parse_storage_options(storage_options).items()}
+        self.storage_options = {STORAGE_OPTION_KEYS[k]: v for k, v in parse_storage_options(storage_options).items()}
         register_secret(*(self.storage_options.get(k) for k in ("secret", "token")))  # the key id is no secret
         _import_boto3()
         self.bucket = bucket
@@ -508,7 +347,7 @@ class StoreLocation(LocationBase):
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+                time.sleep(backoff_s(attempt))
             try:
                 return fn()
             except _Permanent as exc:  # fn's own verdict (a body too large, past the deadline)
@@ -764,8 +603,9 @@ class StoreLocation(LocationBase):
                 yield chunk
 
 
-class StoreRangeStream:
-    """A read-only stream of one object from byte ``start`` (to ``end``), resuming after failures.
+class StoreRangeStream(ResumableRangeStream):
+    """A read-only stream of one object from byte ``start`` (to ``end``), resuming after failures
+    (the rules of :class:`~shardfeed.readers.ranged_stream.ResumableRangeStream`).
 
     The interface of :class:`~shardfeed.readers.http_io.HttpRangeStream`: ``read``, ``close``,
     ``offset`` (the file offset of the next byte), ``total_bytes`` (the object's size), ``ranged``.
@@ -774,22 +614,29 @@ class StoreRangeStream:
         FileNotFoundError: no such object. DataSourceError: the GET failed after the retries.
     """
 
+    _fatal = (DataSourceError, FileNotFoundError)
+    _log = log
+
     def __init__(self, location: StoreLocation, name: str, start: int = 0, end: int | None = None):
         self.location = location
         self.name = name
         self.url = location.url(name)
-        self.end = end
+        self._init_stream(end, location.retries)
         self.ranged = True
-        self.total_bytes: int | None = None
         self.offset = start
-        self._body = None
-        self._closed = False
+        self._transient = location._retry_errors()
         self._open(start)
 
+    @property
+    def _where(self) -> str:
+        return self.url
+
     def _open(self, start: int) -> None:
-        self._close_body()
+        if self._resp is not None:
+            self._drop()
         self._closed = False
         self.offset = start
+        self._expect_end = None
         if self.end is not None and start >= self.end:
             return
         loc, key = self.location, self.location.key(self.name)
@@ -820,61 +667,31 @@ class StoreRangeStream:
             span, _, total = cr.partition(" ")[2].partition("/")
             if total and total != "*":
                 self.total_bytes = int(total)
-            if int(span.split("-")[0]) != start:
+            first, _, last = span.partition("-")
+            if int(first) != start:
                 resp["Body"].close()
                 raise DataSourceError(f"{self.url}: asked for bytes from {start}, the store sent from {span}")
+            if last.strip().isdigit():
+                self._expect_end = int(last) + 1
         elif start == 0:
             self.total_bytes = int(resp.get("ContentLength", 0))
-        self._body = resp["Body"]
+            self._expect_end = self.total_bytes
+        self._resp = resp["Body"]
 
-    def readable(self) -> bool:
-        return True
+    @staticmethod
+    def _read_answer(body, want: int | None, arg) -> bytes:
+        return body.read(want)
 
-    def seekable(self) -> bool:
-        return False
+    def _log_reason(self, exc: BaseException) -> str:
+        return type(exc).__name__
 
-    def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (fewer only at the end); a failed read is retried from the same byte.
+    def _read_error(self, attempts: int, exc: BaseException) -> DataSourceError:
+        return DataSourceError(self.location._scrub(
+            f"{self.url}: reading at byte {self.offset} failed after {attempts} attempts "
+            f"({type(exc).__name__}); the store closed or stalled the connection"))
 
-        Raises:
-            DataSourceError: the read still fails after the retries (names the URL).
-        """
-        errors = self.location._retry_errors()
-        attempts = 0
-        while True:
-            if self._body is None:
-                return b""
-            try:
-                data = self._body.read(n if n is not None and n >= 0 else None)
-                self.offset += len(data)
-                return data
-            except errors as exc:
-                if isinstance(exc, (DataSourceError, FileNotFoundError)):
-                    raise
-                if self._closed:
-                    raise DataSourceError(f"{self.url}: stream closed while reading at byte {self.offset}") from None
-                attempts += 1
-                if attempts > self.location.retries:
-                    raise DataSourceError(self.location._scrub(
-                        f"{self.url}: reading at byte {self.offset} failed after {attempts} attempts "
-                        f"({type(exc).__name__}); the store closed or stalled the connection")) from None
-                log.debug("read of %s at byte %d failed (%s); retrying", self.url, self.offset, type(exc).__name__)
-                time.sleep(BACKOFF_S * 2 ** (attempts - 1))
-                self._open(self.offset)
-
-    def _close_body(self) -> None:
-        if self._body is not None:
-            try:
-                self._body.close()
-            finally:
-                self._body = None
-
-    def close(self) -> None:
-        self._closed = True
-        self._close_body()
-
-    def __enter__(self) -> "StoreRangeStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _drop(self) -> None:
+        try:
+            self._resp.close()
+        finally:
+            self._resp = None

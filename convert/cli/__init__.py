@@ -23,6 +23,8 @@ import warnings
 
 import click
 
+from shardfeed.readers.runtime import set_signal
+
 from .common import interrupts_end_in_one_line, set_log_level, stop_on_sigterm
 
 __all__ = ["main"]
@@ -58,7 +60,7 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     Every command explains its options with --help; every report has a --json form.
     """
     if hasattr(signal, "SIGXFSZ"):
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
+        set_signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
     from shardfeed.readers.objstore import use_cli_spelling
 
     use_cli_spelling()  # messages name --storage-option KEY=VALUE, not the API's storage_options={...}

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import click
 
 from shardfeed.readers.background import expect_children_to_end, signal_main_thread_again
+from shardfeed.readers.runtime import set_signal, set_unraisablehook
 
 __all__ = ["SizeParam", "FiniteFloat", "write_json_report", "json_option", "fail_cleanly", "one_line", "command",
            "progress_bar", "EXIT_ERROR", "EXIT_INTERRUPTED", "quiet", "echo", "deprecated", "OnErrorChoice",
@@ -59,7 +60,7 @@ def _raise_terminated(signum, frame):
     if os.getpid() != _sigterm_owner_pid:
         # a child forked before it could reset SIGTERM (a DataLoader worker starting up when the
         # process group is signalled): die of the signal, silently, as an unhandled SIGTERM does
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        set_signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
     _sigterm_received = True
@@ -140,10 +141,9 @@ def stop_on_sigterm() -> None:
     global _sigterm_owner_pid, _previous_unraisablehook
     if threading.current_thread() is threading.main_thread():
         _sigterm_owner_pid = os.getpid()
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        set_signal(signal.SIGTERM, _raise_terminated)
         if sys.unraisablehook is not _unraisable_rearms_interrupt:
-            _previous_unraisablehook = sys.unraisablehook
-            sys.unraisablehook = _unraisable_rearms_interrupt
+            _previous_unraisablehook = set_unraisablehook(_unraisable_rearms_interrupt)
 
 
 class SizeParam(click.ParamType):
@@ -252,7 +252,7 @@ def interrupts_end_in_one_line():
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
         if not os.environ.get("SHARDFEED_DEBUG"):
-            sys.unraisablehook = _unraisable_after_interrupt
+            set_unraisablehook(_unraisable_after_interrupt)
         click.echo(f"shardfeed: {'terminated' if terminated else 'interrupted'}", err=True)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from shardfeed.readers.runtime import set_signal
+
 from .common import (FiniteFloat, command, echo, json_option, quiet, storage_option, storage_options_of,
                      write_json_report)
 from .measure import check_plot, html_option, write_html
@@ -170,14 +172,14 @@ def _wait_passing_signals_on(proc: subprocess.Popen) -> int:
     previous = {}
     for sig in PASSED_ON_SIGNALS:
         try:
-            previous[sig] = signal.signal(sig, pass_on)
+            previous[sig] = set_signal(sig, pass_on)
         except (OSError, ValueError):  # not settable here (not the main thread)
             continue
     try:
         return proc.wait()
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            set_signal(sig, handler)
 
 
 def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path: str | None) -> None:

@@ -32,6 +32,7 @@ import threading
 import time
 
 from ..background import expect_children_to_end, signal_main_thread_again
+from ..runtime import after_fork_in_child, set_signal, set_unraisablehook
 from ._common import Original
 
 __all__ = ["install", "patch_dataloader", "watched_reports", "MAX_WATCHED_LOADERS", "ENV_DIR", "ENV_OPTIONS"]
@@ -206,7 +207,7 @@ def _ignore_sigterm_once_reported() -> None:
 
     if _state["sigterm_exit"] and os.getpid() == _state["pid"] \
             and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        set_signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _write_reports_now() -> None:
@@ -263,8 +264,7 @@ def install() -> bool:
         return False
     _state["installed"] = True
     _state["pid"] = _state["report_pid"] = os.getpid()
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_forked_child)
+    after_fork_in_child(_forked_child)
     if "torch.utils.data.dataloader" in sys.modules:
         patch_dataloader(sys.modules["torch.utils.data.dataloader"].DataLoader)
     else:
@@ -285,7 +285,7 @@ def _one_interrupt_per_stop() -> None:
 
     if threading.current_thread() is threading.main_thread() \
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupted)
+        set_signal(signal.SIGINT, _interrupted)
 
 
 def _interrupted(signum, frame) -> None:
@@ -307,11 +307,9 @@ def _exit_on_sigterm() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _exit_terminated)
-        _state["previous_unraisablehook"] = sys.unraisablehook
-        sys.unraisablehook = _exit_swallowed
-        if hasattr(os, "register_at_fork"):  # once: install() runs this once per process
-            os.register_at_fork(after_in_child=_default_sigterm_in_child)
+        set_signal(signal.SIGTERM, _exit_terminated)
+        _state["previous_unraisablehook"] = set_unraisablehook(_exit_swallowed)
+        after_fork_in_child(_default_sigterm_in_child)  # once: install() runs this once per process
 
 
 def _default_sigterm_in_child() -> None:
@@ -328,7 +326,7 @@ def _default_sigterm_in_child() -> None:
 
     try:
         if signal.getsignal(signal.SIGTERM) is _exit_terminated:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            set_signal(signal.SIGTERM, signal.SIG_DFL)
     except (ValueError, OSError):  # not the child's main thread: the handler's own check still applies
         pass
 
@@ -353,7 +351,7 @@ def _exit_terminated(signum, frame) -> None:
     if os.getpid() != _state["pid"] or not _watches:
         # no report to write (nothing iterated yet, as while torch is imported; or a forked worker):
         # end as the script would unwatched, of the signal, rather than unwind a half-done import
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        set_signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
     now = time.monotonic()
@@ -422,7 +420,7 @@ def _exit_swallowed(unraisable) -> None:
     _state["sigterm_exit"] = False
     _state["exits_raised_again"] += 1
     if _state["exits_raised_again"] > MAX_EXITS_RAISED_AGAIN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        set_signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
     signal_main_thread_again(signal.SIGTERM)

@@ -187,7 +187,7 @@ def test_a_cut_stream_resumes_at_the_failed_byte(s3_packed, packed_wds):
     want = (packed_wds / "shard-000000.tar").read_bytes()
     stream, start = loc.open("shard-000000.tar", 1000)
     got = stream.read(3000)
-    stream._body._raw_stream.close()  # the connection dies mid-body
+    stream._resp._raw_stream.close()  # the connection dies mid-body
     got += stream.read(-1)
     assert start == 1000 and got == want[1000:]
 

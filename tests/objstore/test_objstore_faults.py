@@ -344,16 +344,16 @@ def test_a_listing_error_names_the_endpoint_option_in_the_callers_spelling(mode,
                                                                            monkeypatch):
     """Through the API the fix is ``storage_options={'endpoint_url': ...}``; on the command line it is
     ``--storage-option endpoint_url=...``: each caller is told the spelling it can type."""
-    from shardfeed.readers import objstore
+    from shardfeed.readers import objstore, store_urls
     from shardfeed.readers.errors import DataSourceError
 
     endpoint = endless_listing(mode)
-    monkeypatch.setitem(objstore._SPELLING, "cli", False)
+    monkeypatch.setitem(store_urls._SPELLING, "cli", False)
     with pytest.raises(DataSourceError) as api:
         objstore.StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint}).list_objects()
     assert "storage_options={'endpoint_url': ...}" in str(api.value)
     assert "--storage-option" not in str(api.value)
-    monkeypatch.setitem(objstore._SPELLING, "cli", True)
+    monkeypatch.setitem(store_urls._SPELLING, "cli", True)
     with pytest.raises(DataSourceError) as cli:
         objstore.StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint}).list_objects()
     assert "--storage-option endpoint_url=..." in str(cli.value)
@@ -370,14 +370,14 @@ def test_a_listing_error_names_the_endpoint_option_in_the_callers_spelling(mode,
 ])
 def test_a_set_up_error_names_the_option_in_the_callers_spelling(error_name, api_hint, cli_hint, monkeypatch):
     """Credentials, profile, region and endpoint faults: the fix is spelled as the caller types it."""
-    from shardfeed.readers import objstore
+    from shardfeed.readers import objstore, store_urls
 
     # botocore's exception classes are matched by name; a class of that name stands in for each
     fault = type(error_name, (Exception,), {})("could not connect to the endpoint URL")
     loc = objstore.StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": "http://127.0.0.1:9"})
-    monkeypatch.setitem(objstore._SPELLING, "cli", False)
+    monkeypatch.setitem(store_urls._SPELLING, "cli", False)
     api = str(loc._config_error(fault, "s3://bkt/x/"))
     assert api_hint in api and "--storage-option" not in api
-    monkeypatch.setitem(objstore._SPELLING, "cli", True)
+    monkeypatch.setitem(store_urls._SPELLING, "cli", True)
     cli = str(loc._config_error(fault, "s3://bkt/x/"))
     assert cli_hint in cli and "storage_options=" not in cli

@@ -84,10 +84,10 @@ def test_a_stream_aborted_while_waiting_to_retry_a_cut_read_does_not_reopen(cut_
     # the wait before a retry made long, so that the exit lands in it (with the default 0.2 s
     # it lands there only sometimes)
     child = (f"""
-        from shardfeed.readers import http_io
+        from shardfeed.readers import ranged_stream
         from shardfeed.readers.http_io import HttpRangeStream
         from shardfeed.readers.shard_readahead import SpansAhead
-        http_io.BACKOFF_S = 1.0
+        ranged_stream.BACKOFF_S = 1.0
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
         marker_seen = wait_for({str(srv.marker)!r})  # the first answer was cut: the thread waits to retry
         time.sleep(0.2)
