@@ -518,13 +518,14 @@ LOADER_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(LoaderOptions
 def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | None = None,
                 pin_memory: bool | None = None, prefetch_factor: int | None = 2, persistent_workers: bool = True,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = False,
-                rank: int | None = None, world_size: int | None = None,
-                **open_dataset_options: Any) -> ShardfeedLoader:
+                rank: int | None = None, world_size: int | None = None, samples_per_epoch: int | None = None,
+                weights: Sequence[float] | None = None, **open_dataset_options: Any) -> ShardfeedLoader:
     """A ``DataLoader`` over a source (path/URL) or a dataset from :func:`open_dataset`.
 
     Args:
         source_or_dataset: what :func:`~shardfeed.readers.dataset.open_dataset` accepts, or a
-            dataset (ours, or any map-style / iterable torch dataset).
+            dataset (ours, or any map-style / iterable torch dataset); or a list of sources to mix
+            (with ``samples_per_epoch``; :mod:`~shardfeed.readers.mixing`).
         batch_size: samples per batch.
         num_workers: worker processes (default ``min(4, CPUs)``; 0 reads in the main process).
         pin_memory: page-locked batches for fast ``non_blocking`` copies (default: CUDA available).
@@ -537,6 +538,11 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         pad: give every rank ``ceil(N / world_size)`` samples by repeating samples from the start
             of the epoch instead of dropping the remainder ``N % world_size``.
         rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
+        samples_per_epoch: N: every epoch holds exactly N samples (all ranks together), drawn from the
+            source(s) pass after pass (:mod:`~shardfeed.readers.mixing`); None: one pass of one source.
+        weights: with a list of sources, one positive weight each (None: equal); each epoch takes
+            ``round(N * w / sum(w))`` samples from each (largest remainder). ``fields=("source",)``
+            adds each item's source index.
         **open_dataset_options: passed to :func:`open_dataset` (``image_size``, ``train``,
             ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
             ``decoder``, ``decode``, ``on_error``, ``cache``, ``cache_dir``, ``cache_limit``, ...); besides,
@@ -559,14 +565,21 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         ``len(loader)`` is exact (see the module docstring).
 
     Raises:
-        ValueError: bad sizes or options (a negative ``shuffle_buffer``); what :func:`open_dataset` raises.
-        TypeError: ``batch_size``, ``seed`` (or ``shuffle_buffer``) is not an integer (a bool,
-            string or float).
+        ValueError: bad sizes or options (a negative ``shuffle_buffer``); what :func:`open_dataset` raises;
+            a weight that is not positive and finite, a weight count other than the source count, a
+            ``samples_per_epoch`` below 1 or missing with a list of sources.
+        TypeError: ``batch_size``, ``seed``, ``samples_per_epoch`` (or ``shuffle_buffer``) is not an
+            integer (a bool, string or float).
     """
     seed = _check_loader_arguments(source_or_dataset, batch_size, seed, open_dataset_options)
     given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}
     extras = LoaderOptions(**given)
     decode_device = extras.decode_device
+    mixed = isinstance(source_or_dataset, (list, tuple)) or samples_per_epoch is not None
+    if mixed and decode_device is not None:
+        raise ValueError("decode_device (GPU decoding) reads one source; mix sources with CPU decoding")
+    if weights is not None and not mixed:
+        raise ValueError("weights apply to a list of sources: make_loader([a, b], weights=[...], samples_per_epoch=N)")
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # the GPU decoding hook
         if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
             raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
@@ -581,8 +594,14 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
             **open_dataset_options, **{k: v for k, v in given.items() if k != "decode_device"}))
-    ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
-                        world_size=world_size)
+    if mixed:
+        from .mixing import open_mix
+
+        ds = open_mix(source_or_dataset, weights, samples_per_epoch, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
+                      world_size=world_size, options=open_dataset_options)
+    else:
+        ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad,
+                            rank=rank, world_size=world_size)
     num_workers = default_num_workers() if num_workers is None else int(num_workers)
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -625,7 +644,8 @@ def _check_loader_arguments(source_or_dataset: Any, batch_size: Any, seed: Any, 
         TypeError: a misspelt keyword ("did you mean"), a ``batch_size`` or ``seed`` that is not an integer.
         ValueError: ``batch_size`` below 1.
     """
-    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
+    listed = source_or_dataset if isinstance(source_or_dataset, (list, tuple)) else [source_or_dataset]
+    if any(isinstance(s, (str, os.PathLike)) or is_url(s) for s in listed):
         check_keywords("make_loader", options,
                        open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
