@@ -575,17 +575,10 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
     given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}
     extras = LoaderOptions(**given)
     decode_device = extras.decode_device
-    mixed = isinstance(source_or_dataset, (list, tuple)) or samples_per_epoch is not None
-    if mixed and decode_device is not None:
-        raise ValueError("decode_device (GPU decoding) reads one source; mix sources with CPU decoding")
-    if weights is not None and not mixed:
-        raise ValueError("weights apply to a list of sources: make_loader([a, b], weights=[...], samples_per_epoch=N)")
+    mix = (samples_per_epoch, weights) if (isinstance(source_or_dataset, (list, tuple)) or samples_per_epoch
+                                           is not None or weights is not None) else None
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # the GPU decoding hook
-        if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
-            raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
-        if open_dataset_options.get("fields"):
-            raise ValueError("decode_device (GPU decoding) yields images and labels only; read extra fields "
-                             "(fields=...) with CPU decoding")
+        _check_gpu_decoding(source_or_dataset, open_dataset_options, mixed=mix is not None)
         from .gpu_decode import wrap_gpu_decoding
 
         # a GpuDecodingLoader stands in for the ShardfeedLoader it wraps (or the CPU loader, without CUDA)
@@ -594,14 +587,8 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, shuffle=shuffle, seed=seed,
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
             **open_dataset_options, **{k: v for k, v in given.items() if k != "decode_device"}))
-    if mixed:
-        from .mixing import open_mix
-
-        ds = open_mix(source_or_dataset, weights, samples_per_epoch, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
-                      world_size=world_size, options=open_dataset_options)
-    else:
-        ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad,
-                            rank=rank, world_size=world_size)
+    ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
+                        world_size=world_size, mix=mix)
     num_workers = default_num_workers() if num_workers is None else int(num_workers)
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -609,13 +596,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         pin_memory = torch.cuda.is_available()
     kwargs: dict[str, Any] = dict(batch_size=int(batch_size), num_workers=num_workers, pin_memory=bool(pin_memory))
     kwargs.update(_worker_options(num_workers, persistent_workers, prefetch_factor, extras))
-    decode = getattr(ds, "decode", True)
-    if extras.collate_fn is not None:
-        kwargs["collate_fn"] = extras.collate_fn
-    elif isinstance(ds, SourceBase):
-        kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
-                                                  num_fields=len(getattr(ds, "fields", ()) or ())) if decode
-                                else collate_raw)
+    kwargs.update(_collate_option(ds, extras))
     kwargs.update(timeout=extras.timeout, generator=extras.generator)
     if isinstance(ds, SourceBase):
         ds.configure_batching(batch_size, drop_last)
@@ -655,14 +636,32 @@ def _check_loader_arguments(source_or_dataset: Any, batch_size: Any, seed: Any, 
     return check_seed(seed)
 
 
+def _check_gpu_decoding(source_or_dataset: Any, options: dict[str, Any], *, mixed: bool) -> None:
+    """Refuse what GPU decoding (``decode_device="cuda"``) cannot read (``ValueError``): a dataset
+    already opened, extra fields, a mix of sources."""
+    if mixed:
+        raise ValueError("decode_device (GPU decoding) reads one source; mix sources with CPU decoding")
+    if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
+        raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
+    if options.get("fields"):
+        raise ValueError("decode_device (GPU decoding) yields images and labels only; read extra fields "
+                         "(fields=...) with CPU decoding")
+
+
 def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any], *, shuffle: bool, seed: int,
-                   pad: bool, rank: int | None, world_size: int | None) -> Any:
+                   pad: bool, rank: int | None, world_size: int | None, mix: tuple[Any, Any] | None = None) -> Any:
     """:func:`make_loader`'s dataset: a source (path/URL) opened with :func:`open_dataset`, or a
-    dataset given (ours gets the loader's shuffle, seed, padding and rank).
+    dataset given (ours gets the loader's shuffle, seed, padding and rank), or with ``mix``
+    (``(samples_per_epoch, weights)``) a :class:`~shardfeed.readers.mixing.MixedSource` of the source(s).
 
     Raises:
         TypeError: ``open_dataset_options`` given with a dataset already opened.
     """
+    if mix is not None:
+        from .mixing import open_mix
+
+        return open_mix(source_or_dataset, mix[1], mix[0], shuffle=shuffle, seed=seed, pad=pad, rank=rank,
+                        world_size=world_size, options=open_dataset_options)
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
         return open_dataset(source_or_dataset, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
                             world_size=world_size, **open_dataset_options)
@@ -675,6 +674,19 @@ def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any],
         ds.sample_decoder.seed = int(seed)
         ds.set_distributed(rank if rank is not None else None, world_size if world_size is not None else None)
     return ds
+
+
+def _collate_option(ds: Any, extras: LoaderOptions) -> dict[str, Any]:
+    """The ``DataLoader``'s ``collate_fn``: the user's, else ours for a shardfeed source (decoded or
+    raw), else none (the ``DataLoader``'s default)."""
+    if extras.collate_fn is not None:
+        return {"collate_fn": extras.collate_fn}
+    if not isinstance(ds, SourceBase):
+        return {}
+    if not getattr(ds, "decode", True):
+        return {"collate_fn": collate_raw}
+    return {"collate_fn": functools.partial(_collate_decoded, image_size=ds.image_size,
+                                            num_fields=len(getattr(ds, "fields", ()) or ()))}
 
 
 def _worker_options(num_workers: int, persistent_workers: bool, prefetch_factor: int | None,

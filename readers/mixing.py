@@ -320,12 +320,12 @@ def open_mix(sources: Any, weights: Any, samples_per_epoch: Any, *, shuffle: boo
 
     many = isinstance(sources, (list, tuple))
     listed = list(sources) if many else [sources]
-    if samples_per_epoch is None:
-        raise ValueError("a list of sources is mixed into epochs of a fixed size: pass samples_per_epoch=N "
-                         "(and weights=[...], one per source)")
     if weights is not None and not many:
         raise ValueError("weights apply to a list of sources: make_loader([a, b], weights=[...], "
                          "samples_per_epoch=N)")
+    if samples_per_epoch is None:
+        raise ValueError("a list of sources is mixed into epochs of a fixed size: pass samples_per_epoch=N "
+                         "(and weights=[...], one per source)")
     check_mix(len(listed), weights, samples_per_epoch)
     fields = ReadOptions(fields=options.get("fields") or ()).fields
     own = {**options, "fields": tuple(f for f in fields if f != SOURCE_FIELD)}
