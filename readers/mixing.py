@@ -33,6 +33,7 @@ of the list) to the item, after the other fields. Labels stay each source's own 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -135,18 +136,19 @@ class SourceDraws:
         #: draws that share one order: whole passes and whole epochs
         self.cycle = math.lcm(self.num_samples, self.per_epoch)
 
-    def indices(self, epoch: int, draws: np.ndarray) -> np.ndarray:
-        """Sample indices (packing order, ``int64``) of draws ``draws`` (``[0, k)``, ``int64``) of ``epoch``."""
+    def indices(self, epoch: int, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(sample index, pass)`` of draws ``draws`` (``[0, k)``) of ``epoch``: the samples' packing-order
+        indices and the pass over the source each draw belongs to (both ``int64``, shaped like ``draws``)."""
         g = int(epoch) * self.per_epoch + np.asarray(draws, dtype=np.int64)
-        within = g % self.num_samples
+        within, passes = g % self.num_samples, g // self.num_samples
         if not self.shuffle or self.num_samples <= 1 or within.size == 0:
-            return within
+            return within, passes
         cycles = g // self.cycle
         out = np.empty_like(within)
         for c in np.unique(cycles).tolist():  # one epoch lies in one cycle: one pass of this loop
             sel = cycles == c
             out[sel] = permute(within[sel], self.num_samples, seed=_cycle_seed(self.seed, self.source, c), epoch=0)
-        return out
+        return out, passes
 
 
 class MixedSource(SourceBase, torch.utils.data.Dataset):
@@ -191,6 +193,8 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
         for s in self.sources:
             s.sample_decoder = self.sample_decoder
             s.set_distributed(self.rank, self.world_size)
+            s._mix_draw = (0, 0)
+            s.sample_rng = functools.partial(_draw_generator, s)
         self._classes = []
         self._class_to_idx = {}
 
@@ -244,8 +248,9 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
             s._ctx_epoch = e  # the sources then see no change of epoch mid-batch
 
     # ---- reading
-    def locate(self, epoch: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(source index, sample index)`` of each slot of ``epoch`` (``int64`` arrays shaped like ``slots``).
+    def locate(self, epoch: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(source index, sample index, pass)`` of each slot of ``epoch`` (``int64`` arrays shaped like
+        ``slots``; ``pass``: the pass over that source the draw belongs to).
 
         Raises:
             IndexError: a slot outside ``[0, N)``.
@@ -255,11 +260,11 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
             raise IndexError(f"slot {int(q.min()) if int(q.min()) < 0 else int(q.max())} is outside "
                              f"[0, {self._num_samples})")
         which = np.searchsorted(self._starts, q, side="right") - 1
-        index = np.empty_like(q)
+        index, passes = np.empty_like(q), np.empty_like(q)
         for s in np.unique(which).tolist():
             sel = which == s
-            index[sel] = self.draws[s].indices(epoch, q[sel] - self._starts[s])
-        return which, index
+            index[sel], passes[sel] = self.draws[s].indices(epoch, q[sel] - self._starts[s])
+        return which, index, passes
 
     def __getitem__(self, q: int):
         return self.__getitems__([q])[0]
@@ -267,27 +272,50 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
     def __getitems__(self, slots) -> list:
         """The items of ``slots`` of the current epoch, in that order (None for a skipped one).
 
-        Each source reads its samples of the batch together (its own ``__getitems__`` where it has one).
+        Each source reads its samples of the batch together (its own ``__getitems__`` where it has one),
+        one read per pass over it. A sample's random crop and flip are keyed by the pass and the
+        sample (:func:`_draw_generator`), so a sample drawn again is cropped anew.
         """
         self._map_epoch_check()
         epoch = self._ctx_epoch if self._ctx_epoch is not None else 0
-        which, index = self.locate(epoch, np.asarray(list(slots), dtype=np.int64))
+        which, index, passes = self.locate(epoch, np.asarray(list(slots), dtype=np.int64))
         out: list[Any] = [None] * len(which)
-        for s in np.unique(which).tolist():
-            places = np.flatnonzero(which == s).tolist()
+        for s, p in sorted(set(zip(which.tolist(), passes.tolist()))):
+            places = np.flatnonzero((which == s) & (passes == p)).tolist()
             src = self.sources[s]
+            src._mix_draw = (len(self.sources) * p, s)  # read by _draw_generator while these samples decode
             wanted = index[places].tolist()
             items = src.__getitems__(wanted) if hasattr(src, "__getitems__") else [src[i] for i in wanted]
-            for p, item in zip(places, items):
-                out[p] = item
+            for place, item in zip(places, items):
+                out[place] = item
         if self._source_field:
             out = [None if item is None else _with_source(item, int(s), self.decode)
                    for item, s in zip(out, which.tolist())]
         return out
 
+    # ---- skipped samples are counted by the sources
+    def skipped_in_epoch(self, epoch: int) -> int:
+        """Samples skipped in ``epoch`` in every source of the mix, by every process."""
+        return super().skipped_in_epoch(epoch) + sum(s.skipped_in_epoch(epoch) for s in self.sources)
+
+    @property
+    def skipped_total(self) -> int:
+        """Samples skipped in all epochs so far in every source of the mix, all processes together."""
+        return int(self._skip_table[:, 2].sum()) + sum(s.skipped_total for s in self.sources)
+
     def __iter__(self):
         """Direct iteration: this rank's items of the epoch (see :class:`SourceBase`)."""
         return super().__iter__()
+
+
+def _draw_generator(source: Any, index: int) -> np.random.Generator:
+    """A mixed source's ``sample_rng``: the generator of sample ``index`` keyed by ``(seed, S * pass + s,
+    index)`` (``S`` sources, this one ``s``; :func:`~shardfeed.readers.transforms.sample_generator`), so
+    each draw of a sample is cropped and flipped anew, and two sources' samples of one index differently."""
+    from .transforms import sample_generator
+
+    key, s = source._mix_draw
+    return sample_generator(source.seed, key + s, index)
 
 
 def _with_source(item: Any, source: int, decode: bool) -> Any:

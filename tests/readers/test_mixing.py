@@ -199,3 +199,29 @@ def test_webdataset_without_offset_index_is_refused(tmp_path, planted):
     (b / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="shardfeed index"):
         make_loader([planted[0], str(b)], 4, samples_per_epoch=10, num_workers=0)
+
+
+def test_workers_give_the_same_batches_as_the_main_process(tiny_image_folder, packed_wds):
+    # two sources' images decode into one batch buffer (the shared-memory batch ring with workers)
+    opts = dict(weights=[1, 2], samples_per_epoch=24, image_size=24, train=True, seed=5)
+    here = [(x.clone(), y.clone()) for x, y in make_loader([str(tiny_image_folder), str(packed_wds)], 8,
+                                                           num_workers=0, **opts)]
+    loader = make_loader([str(tiny_image_folder), str(packed_wds)], 8, num_workers=2, persistent_workers=False,
+                         **opts)
+    there = [(x.clone(), y.clone()) for x, y in loader]
+    assert len(here) == len(there) == 3
+    for (xa, ya), (xb, yb) in zip(here, there):
+        assert xa.equal(xb) and ya.equal(yb)
+
+
+def test_a_sample_drawn_again_is_cropped_anew(tiny_image_folder):
+    # unshuffled, an epoch of four passes over the folder: each image four times, each time cropped anew
+    from shardfeed.readers import open_dataset
+
+    n = open_dataset(str(tiny_image_folder)).num_samples
+    loader = make_loader([str(tiny_image_folder)], 4, samples_per_epoch=4 * n, image_size=16, train=True,
+                         num_workers=0, shuffle=False)
+    images = [x for batch, _ in loader for x in batch]
+    copies = images[0::n]  # sample 0 of every pass
+    assert len(copies) == 4
+    assert len({c.numpy().tobytes() for c in copies}) == 4
