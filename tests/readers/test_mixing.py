@@ -225,3 +225,20 @@ def test_a_sample_drawn_again_is_cropped_anew(tiny_image_folder):
     copies = images[0::n]  # sample 0 of every pass
     assert len(copies) == 4
     assert len({c.numpy().tobytes() for c in copies}) == 4
+
+
+def test_a_state_of_another_mix_is_refused(planted):
+    from shardfeed.readers.errors import ResumeStateError
+
+    loader = _loader(planted)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    a, b = planted
+    with pytest.raises(ResumeStateError, match="another dataset"):
+        make_loader([a, a], 5, weights=[1, 2], samples_per_epoch=25, decode=False, num_workers=0,
+                    fields=("source",), seed=3).load_state_dict(state)
+    with pytest.raises(ResumeStateError, match="another dataset"):  # other counts per source
+        _loader(planted, weights=[1, 1]).load_state_dict(state)
+    with pytest.raises(ResumeStateError, match="num_samples"):
+        _loader(planted, samples_per_epoch=30).load_state_dict(state)
