@@ -303,10 +303,6 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
         """Samples skipped in all epochs so far in every source of the mix, all processes together."""
         return int(self._skip_table[:, 2].sum()) + sum(s.skipped_total for s in self.sources)
 
-    def __iter__(self):
-        """Direct iteration: this rank's items of the epoch (see :class:`SourceBase`)."""
-        return super().__iter__()
-
 
 def _draw_generator(source: Any, index: int) -> np.random.Generator:
     """A mixed source's ``sample_rng``: the generator of sample ``index`` keyed by ``(seed, S * pass + s,

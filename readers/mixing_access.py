@@ -2,7 +2,7 @@
 
 Map-style sources (LMDB, image folders, ``cache="memory"``) are read as they are. A WebDataset is
 read by index through its offset index: the samples a batch asks for are sorted by shard and read
-by their byte offsets (nearby ones in one read), the same reads a resumed epoch makes. Over HTTP or
+by their byte offsets (consecutive ones in one read). Over HTTP or
 from a bucket each such read is one ranged request; with ``cache_dir`` each shard is fetched once
 and read from the local disk after that.
 """
@@ -53,10 +53,13 @@ class IndexedWebDataset:
                              "index, so its samples cannot be read by position; build the indexes with "
                              f"`shardfeed index {source.location}` (or read it with cache='memory')")
         object.__setattr__(self, "_src", source)
+        counts = np.asarray([s.num_samples for s in source.manifest.shards], dtype=np.int64)
+        object.__setattr__(self, "_counts", counts)
+        object.__setattr__(self, "_ends", np.cumsum(counts))
         source.holes = True  # a damaged sample stands as None: the items stay in step with the indices
 
     def __getattr__(self, name: str) -> Any:
-        if name == "_src":  # not yet set (unpickling)
+        if name in ("_src", "_counts", "_ends"):  # not yet set (unpickling)
             raise AttributeError(name)
         return getattr(self._src, name)
 
@@ -85,5 +88,15 @@ class IndexedWebDataset:
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
             raise IndexError(f"sample index {int(idx.min()) if int(idx.min()) < 0 else int(idx.max())} is outside "
                              f"[0, {n})")
-        raw = src._read_positions(list(range(len(src.manifest.shards))), idx)
+        shard = np.searchsorted(self._ends, idx, side="right")
+        local = idx - (self._ends[shard] - self._counts[shard])
+        wanted = sorted(set(zip(shard.tolist(), local.tolist())))
+        runs: list[list[int]] = []  # (shard, start, end) of consecutive samples: nothing is read and dropped
+        for sh, i in wanted:
+            if runs and runs[-1][0] == sh and runs[-1][2] == i:
+                runs[-1][2] = i + 1
+            else:
+                runs.append([sh, i, i + 1])
+        got = {item[0]: item for item in src._iter_ranges([tuple(r) for r in runs])}
+        raw = (got.get(i, (i, None, None)) for i in idx.tolist())  # (i, None, None): lost to damage, skipped
         return list(src._emit_general(raw))
