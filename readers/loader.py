@@ -94,8 +94,11 @@ class EpochSampler(torch.utils.data.Sampler[int]):
     """
 
     def __init__(self, num_samples: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False) -> None:
+                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False,
+                 locate: Callable[[int, Any], list[Any]] | None = None) -> None:
         self.num_samples = int(num_samples)
+        #: ``locate(epoch, chunk of indices) -> items to hand out instead`` (a mix: where each slot reads)
+        self.locate = locate
         self.shuffle, self.seed, self.pad = bool(shuffle), int(seed), bool(pad)
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.drop_last = int(batch_size), bool(drop_last)
@@ -117,6 +120,8 @@ class EpochSampler(torch.utils.data.Sampler[int]):
         order = RankOrder(self.num_samples, self._segments(), rank=self.rank, world_size=self.world_size,
                           batch_size=self.batch_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
                           pad=self.pad, drop_last=self.drop_last)
+        if self.locate is not None:
+            return (item for chunk in order.chunks() for item in self.locate(self.epoch, chunk))
         return (i for chunk in order.chunks() for i in chunk.tolist())
 
     def __len__(self) -> int:
@@ -715,7 +720,7 @@ def _epoch_sampler(ds: Any, batch_size: int, *, shuffle: bool, seed: int, pad: b
     r, w = (ds.rank, ds.world_size) if isinstance(ds, SourceBase) else resolve_rank(rank, world_size)
     n = ds.num_samples if isinstance(ds, SourceBase) else len(ds)
     return EpochSampler(n, shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
-                        batch_size=batch_size, drop_last=drop_last)
+                        batch_size=batch_size, drop_last=drop_last, locate=getattr(ds, "locate_items", None))
 
 
 #: Largest shared memory the reused batch slots may take (bytes); above it batches are made per batch.

@@ -266,11 +266,17 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
             index[sel], passes[sel] = self.draws[s].indices(epoch, q[sel] - self._starts[s])
         return which, index, passes
 
+    def locate_items(self, epoch: int, slots: np.ndarray) -> list[tuple[int, int, int]]:
+        """``(source, sample index, pass)`` of each slot of ``epoch``: what the loader's sampler hands
+        to :meth:`__getitems__` (computed a chunk at a time there, not a batch at a time in the workers)."""
+        return list(zip(*(a.tolist() for a in self.locate(epoch, slots))))
+
     def __getitem__(self, q: int):
         return self.__getitems__([q])[0]
 
     def __getitems__(self, slots) -> list:
-        """The items of ``slots`` of the current epoch, in that order (None for a skipped one).
+        """The items of ``slots`` of the current epoch, in that order (None for a skipped one); each slot
+        an ``int`` in ``[0, N)`` or, from the loader's sampler, its ``(source, sample index, pass)``.
 
         Each source reads its samples of the batch together (its own ``__getitems__`` where it has one),
         one read per pass over it. A sample's random crop and flip are keyed by the pass and the
@@ -278,7 +284,11 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
         """
         self._map_epoch_check()
         epoch = self._ctx_epoch if self._ctx_epoch is not None else 0
-        which, index, passes = self.locate(epoch, np.asarray(list(slots), dtype=np.int64))
+        slots = list(slots)
+        if slots and isinstance(slots[0], tuple):  # located by the loader's sampler (locate_items)
+            which, index, passes = (np.asarray(a, dtype=np.int64) for a in zip(*slots))
+        else:
+            which, index, passes = self.locate(epoch, np.asarray(slots, dtype=np.int64))
         out: list[Any] = [None] * len(which)
         for s, p in sorted(set(zip(which.tolist(), passes.tolist()))):
             places = np.flatnonzero((which == s) & (passes == p)).tolist()
