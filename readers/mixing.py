@@ -21,7 +21,9 @@ of sources, or ``samples_per_epoch=N`` (one source is a mix of one). The rule (d
   after all of its samples were drawn.
 
 Everything is computed per position, so a resumed epoch only needs the epoch and the positions
-consumed (the loader's state; :mod:`~shardfeed.readers.loader`).
+consumed (the loader's state; :mod:`~shardfeed.readers.loader`). Under a loader, the sampler works
+out ``(source, sample index, pass)`` for a chunk of slots at once (:meth:`MixedSource.locate_items`);
+the workers only read and decode.
 
 Sources are read by index: LMDB, image folders, ``cache="memory"``, and WebDataset through its offset
 index (each sample one read of its bytes; give remote ones a ``cache_dir`` so each shard is fetched

@@ -242,3 +242,17 @@ def test_a_state_of_another_mix_is_refused(planted):
         _loader(planted, weights=[1, 1]).load_state_dict(state)
     with pytest.raises(ResumeStateError, match="num_samples"):
         _loader(planted, samples_per_epoch=30).load_state_dict(state)
+
+
+def test_pad_gives_every_rank_the_same_share(planted):
+    # 25 samples on 2 ranks: 13 each with pad=True, the 26th repeats the epoch's first
+    whole = [(n, i) for _, n, i, _ in _epoch(_loader(planted, batch_size=4))]
+    parts = [[(n, i) for _, n, i, _ in _epoch(_loader(planted, batch_size=4, rank=r, world_size=2, pad=True))]
+             for r in range(2)]
+    assert [len(p) for p in parts] == [13, 13]
+    assert Counter(parts[0] + parts[1]) == Counter(whole + whole[:1])
+
+
+def test_gpu_decoding_of_a_mix_is_refused(planted):
+    with pytest.raises(ValueError, match="mix sources with CPU decoding"):
+        make_loader(list(planted), 4, samples_per_epoch=10, num_workers=0, decode_device="cuda")
