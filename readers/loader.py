@@ -94,8 +94,11 @@ class EpochSampler(torch.utils.data.Sampler[int]):
     """
 
     def __init__(self, num_samples: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False) -> None:
+                 world_size: int = 1, pad: bool = False, batch_size: int = 1, drop_last: bool = False,
+                 locate: Callable[[int, Any], list[Any]] | None = None) -> None:
         self.num_samples = int(num_samples)
+        #: ``locate(epoch, chunk of indices) -> items to hand out instead`` (a mix: where each slot reads)
+        self.locate = locate
         self.shuffle, self.seed, self.pad = bool(shuffle), int(seed), bool(pad)
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.drop_last = int(batch_size), bool(drop_last)
@@ -117,6 +120,8 @@ class EpochSampler(torch.utils.data.Sampler[int]):
         order = RankOrder(self.num_samples, self._segments(), rank=self.rank, world_size=self.world_size,
                           batch_size=self.batch_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
                           pad=self.pad, drop_last=self.drop_last)
+        if self.locate is not None:
+            return (item for chunk in order.chunks() for item in self.locate(self.epoch, chunk))
         return (i for chunk in order.chunks() for i in chunk.tolist())
 
     def __len__(self) -> int:
@@ -518,13 +523,14 @@ LOADER_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(LoaderOptions
 def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | None = None,
                 pin_memory: bool | None = None, prefetch_factor: int | None = 2, persistent_workers: bool = True,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, pad: bool = False,
-                rank: int | None = None, world_size: int | None = None,
-                **open_dataset_options: Any) -> ShardfeedLoader:
+                rank: int | None = None, world_size: int | None = None, samples_per_epoch: int | None = None,
+                weights: Sequence[float] | None = None, **open_dataset_options: Any) -> ShardfeedLoader:
     """A ``DataLoader`` over a source (path/URL) or a dataset from :func:`open_dataset`.
 
     Args:
         source_or_dataset: what :func:`~shardfeed.readers.dataset.open_dataset` accepts, or a
-            dataset (ours, or any map-style / iterable torch dataset).
+            dataset (ours, or any map-style / iterable torch dataset); or a list of sources to mix
+            (with ``samples_per_epoch``; :mod:`~shardfeed.readers.mixing`).
         batch_size: samples per batch.
         num_workers: worker processes (default ``min(4, CPUs)``; 0 reads in the main process).
         pin_memory: page-locked batches for fast ``non_blocking`` copies (default: CUDA available).
@@ -537,6 +543,11 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         pad: give every rank ``ceil(N / world_size)`` samples by repeating samples from the start
             of the epoch instead of dropping the remainder ``N % world_size``.
         rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
+        samples_per_epoch: N: every epoch holds exactly N samples (all ranks together), drawn from the
+            source(s) pass after pass (:mod:`~shardfeed.readers.mixing`); None: one pass of one source.
+        weights: with a list of sources, one positive weight each (None: equal); each epoch takes
+            ``round(N * w / sum(w))`` samples from each (largest remainder). ``fields=("source",)``
+            adds each item's source index.
         **open_dataset_options: passed to :func:`open_dataset` (``image_size``, ``train``,
             ``resize_size`` or ``crop_pct`` (evaluation: e.g. ``image_size=224, resize_size=256``),
             ``decoder``, ``decode``, ``on_error``, ``cache``, ``cache_dir``, ``cache_limit``, ...); besides,
@@ -559,20 +570,20 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         ``len(loader)`` is exact (see the module docstring).
 
     Raises:
-        ValueError: bad sizes or options (a negative ``shuffle_buffer``); what :func:`open_dataset` raises.
-        TypeError: ``batch_size``, ``seed`` (or ``shuffle_buffer``) is not an integer (a bool,
-            string or float).
+        ValueError: bad sizes or options (a negative ``shuffle_buffer``); what :func:`open_dataset` raises;
+            a weight that is not positive and finite, a weight count other than the source count, a
+            ``samples_per_epoch`` below 1 or missing with a list of sources.
+        TypeError: ``batch_size``, ``seed``, ``samples_per_epoch`` (or ``shuffle_buffer``) is not an
+            integer (a bool, string or float).
     """
     seed = _check_loader_arguments(source_or_dataset, batch_size, seed, open_dataset_options)
     given = {k: open_dataset_options.pop(k) for k in LOADER_OPTION_NAMES if k in open_dataset_options}
     extras = LoaderOptions(**given)
     decode_device = extras.decode_device
+    mix = (samples_per_epoch, weights) if (isinstance(source_or_dataset, (list, tuple)) or samples_per_epoch
+                                           is not None or weights is not None) else None
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # the GPU decoding hook
-        if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
-            raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
-        if open_dataset_options.get("fields"):
-            raise ValueError("decode_device (GPU decoding) yields images and labels only; read extra fields "
-                             "(fields=...) with CPU decoding")
+        _check_gpu_decoding(source_or_dataset, open_dataset_options, mixed=mix is not None)
         from .gpu_decode import wrap_gpu_decoding
 
         # a GpuDecodingLoader stands in for the ShardfeedLoader it wraps (or the CPU loader, without CUDA)
@@ -582,7 +593,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
             drop_last=drop_last, pad=pad, rank=rank, world_size=world_size), decode_device, seed=seed, rank=rank,
             **open_dataset_options, **{k: v for k, v in given.items() if k != "decode_device"}))
     ds = _open_or_adopt(source_or_dataset, open_dataset_options, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
-                        world_size=world_size)
+                        world_size=world_size, mix=mix)
     num_workers = default_num_workers() if num_workers is None else int(num_workers)
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -590,13 +601,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         pin_memory = torch.cuda.is_available()
     kwargs: dict[str, Any] = dict(batch_size=int(batch_size), num_workers=num_workers, pin_memory=bool(pin_memory))
     kwargs.update(_worker_options(num_workers, persistent_workers, prefetch_factor, extras))
-    decode = getattr(ds, "decode", True)
-    if extras.collate_fn is not None:
-        kwargs["collate_fn"] = extras.collate_fn
-    elif isinstance(ds, SourceBase):
-        kwargs["collate_fn"] = (functools.partial(_collate_decoded, image_size=ds.image_size,
-                                                  num_fields=len(getattr(ds, "fields", ()) or ())) if decode
-                                else collate_raw)
+    kwargs.update(_collate_option(ds, extras))
     kwargs.update(timeout=extras.timeout, generator=extras.generator)
     if isinstance(ds, SourceBase):
         ds.configure_batching(batch_size, drop_last)
@@ -625,7 +630,8 @@ def _check_loader_arguments(source_or_dataset: Any, batch_size: Any, seed: Any, 
         TypeError: a misspelt keyword ("did you mean"), a ``batch_size`` or ``seed`` that is not an integer.
         ValueError: ``batch_size`` below 1.
     """
-    if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
+    listed = source_or_dataset if isinstance(source_or_dataset, (list, tuple)) else [source_or_dataset]
+    if any(isinstance(s, (str, os.PathLike)) or is_url(s) for s in listed):
         check_keywords("make_loader", options,
                        open_dataset_keywords() | signature_keywords(make_loader) | LOADER_OPTION_NAMES)
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
@@ -635,14 +641,32 @@ def _check_loader_arguments(source_or_dataset: Any, batch_size: Any, seed: Any, 
     return check_seed(seed)
 
 
+def _check_gpu_decoding(source_or_dataset: Any, options: dict[str, Any], *, mixed: bool) -> None:
+    """Refuse what GPU decoding (``decode_device="cuda"``) cannot read (``ValueError``): a dataset
+    already opened, extra fields, a mix of sources."""
+    if mixed:
+        raise ValueError("decode_device (GPU decoding) reads one source; mix sources with CPU decoding")
+    if not (isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset)):
+        raise ValueError("decode_device needs a source path or URL (the loader opens it with decode=False)")
+    if options.get("fields"):
+        raise ValueError("decode_device (GPU decoding) yields images and labels only; read extra fields "
+                         "(fields=...) with CPU decoding")
+
+
 def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any], *, shuffle: bool, seed: int,
-                   pad: bool, rank: int | None, world_size: int | None) -> Any:
+                   pad: bool, rank: int | None, world_size: int | None, mix: tuple[Any, Any] | None = None) -> Any:
     """:func:`make_loader`'s dataset: a source (path/URL) opened with :func:`open_dataset`, or a
-    dataset given (ours gets the loader's shuffle, seed, padding and rank).
+    dataset given (ours gets the loader's shuffle, seed, padding and rank), or with ``mix``
+    (``(samples_per_epoch, weights)``) a :class:`~shardfeed.readers.mixing.MixedSource` of the source(s).
 
     Raises:
         TypeError: ``open_dataset_options`` given with a dataset already opened.
     """
+    if mix is not None:
+        from .mixing import open_mix
+
+        return open_mix(source_or_dataset, mix[1], mix[0], shuffle=shuffle, seed=seed, pad=pad, rank=rank,
+                        world_size=world_size, options=open_dataset_options)
     if isinstance(source_or_dataset, (str, os.PathLike)) or is_url(source_or_dataset):
         return open_dataset(source_or_dataset, shuffle=shuffle, seed=seed, pad=pad, rank=rank,
                             world_size=world_size, **open_dataset_options)
@@ -655,6 +679,19 @@ def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any],
         ds.sample_decoder.seed = int(seed)
         ds.set_distributed(rank if rank is not None else None, world_size if world_size is not None else None)
     return ds
+
+
+def _collate_option(ds: Any, extras: LoaderOptions) -> dict[str, Any]:
+    """The ``DataLoader``'s ``collate_fn``: the user's, else ours for a shardfeed source (decoded or
+    raw), else none (the ``DataLoader``'s default)."""
+    if extras.collate_fn is not None:
+        return {"collate_fn": extras.collate_fn}
+    if not isinstance(ds, SourceBase):
+        return {}
+    if not getattr(ds, "decode", True):
+        return {"collate_fn": collate_raw}
+    return {"collate_fn": functools.partial(_collate_decoded, image_size=ds.image_size,
+                                            num_fields=len(getattr(ds, "fields", ()) or ()))}
 
 
 def _worker_options(num_workers: int, persistent_workers: bool, prefetch_factor: int | None,
@@ -683,7 +720,7 @@ def _epoch_sampler(ds: Any, batch_size: int, *, shuffle: bool, seed: int, pad: b
     r, w = (ds.rank, ds.world_size) if isinstance(ds, SourceBase) else resolve_rank(rank, world_size)
     n = ds.num_samples if isinstance(ds, SourceBase) else len(ds)
     return EpochSampler(n, shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
-                        batch_size=batch_size, drop_last=drop_last)
+                        batch_size=batch_size, drop_last=drop_last, locate=getattr(ds, "locate_items", None))
 
 
 #: Largest shared memory the reused batch slots may take (bytes); above it batches are made per batch.

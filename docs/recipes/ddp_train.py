@@ -5,6 +5,9 @@
     # one process per GPU (nccl), here 8 GPUs:
     torchrun --standalone --nproc_per_node=8 docs/recipes/ddp_train.py out/train --image-size 224 \
         --batch-size 256 --model resnet50 --checkpoint ckpt.pt
+    # a weighted mix of two remote datasets, through one shard cache per machine:
+    torchrun --standalone --nproc_per_node=8 docs/recipes/ddp_train.py s3://bucket/a/ https://host/b/ \
+        --weights 3 1 --samples-per-epoch 1000000 --cache-dir /local/nvme/cache --cache-limit 500GB
 
 What it shows:
 
@@ -16,7 +19,12 @@ What it shows:
   (``non_blocking`` from pinned memory on CUDA) and normalises on the device;
 * ``--checkpoint PATH`` saves the model, the optimizer and the loader's position every
   ``--save-every`` steps and at the end of each epoch; rerunning the same command resumes
-  mid-epoch at the next batch (``loader.load_state_dict``).
+  mid-epoch at the next batch (``loader.load_state_dict``);
+* several datasets (or ``--samples-per-epoch``) make a mix: each epoch takes a fixed number of samples
+  from each dataset by weight; each batch says which dataset each sample came from, and the model
+  sees one class space: each dataset's classes after those of the datasets before it;
+* ``--cache-dir`` keeps the shards of remote datasets on a local disk, shared by every process of
+  the machine: each shard is downloaded once.
 
 At the end of each epoch rank 0 prints one JSON line: the epoch, the batches and samples every rank
 read, the label counts over all ranks and the mean loss. ``--max-steps N`` stops after N steps of
@@ -54,7 +62,12 @@ def build_model(name: str, num_classes: int) -> nn.Module:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("data", help="a packed dataset: local folder, http(s):// or s3:// URL")
+    ap.add_argument("data", nargs="+", help="packed datasets: local folders, http(s):// or s3:// URLs")
+    ap.add_argument("--weights", type=float, nargs="+", default=None, help="one per dataset (default: equal)")
+    ap.add_argument("--samples-per-epoch", type=int, default=None,
+                    help="samples per epoch, all ranks together (default: one pass over one dataset)")
+    ap.add_argument("--cache-dir", default=None, help="keep remote shards here (a local disk)")
+    ap.add_argument("--cache-limit", default=None, help="bytes, or a size such as 500GB")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32, help="per rank")
     ap.add_argument("--image-size", type=int, default=64)
@@ -81,9 +94,20 @@ def main() -> None:
         torch.set_num_threads(1)  # leave the cores to the loader workers
 
     # rank and world size come from torch.distributed: each rank gets its own share of every epoch
-    loader = make_loader(args.data, batch_size=args.batch_size, image_size=args.image_size, train=True,
-                         num_workers=args.num_workers, seed=args.seed)
-    num_classes = len(loader.dataset.classes)  # the class map of the manifest
+    options = dict(image_size=args.image_size, train=True, num_workers=args.num_workers, seed=args.seed)
+    if args.cache_dir:
+        options.update(cache_dir=args.cache_dir, cache_limit=args.cache_limit)
+    mixing = len(args.data) > 1 or args.samples_per_epoch is not None
+    if mixing:  # epochs of samples_per_epoch samples, drawn from the datasets by weight
+        loader = make_loader(args.data, args.batch_size, weights=args.weights,
+                             samples_per_epoch=args.samples_per_epoch, fields=("source",), **options)
+        class_lists = loader.dataset.classes  # one list of class names per dataset
+        sizes = [len(c) for c in class_lists]
+        offsets = torch.tensor([sum(sizes[:i]) for i in range(len(sizes))])  # dataset i's first class
+        num_classes = sum(sizes)
+    else:
+        loader = make_loader(args.data[0], args.batch_size, **options)
+        num_classes = len(loader.dataset.classes)  # the class map of the manifest
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = build_model(args.model, num_classes).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -120,7 +144,10 @@ def main() -> None:
     steps = 0
     for epoch in range(loader.epoch, args.epochs):  # loader.epoch: the epoch the next iteration reads
         stats = torch.zeros(3 + num_classes, dtype=torch.float64, device=device)  # batches, samples, loss, labels
-        for images, labels in loader:
+        for batch in loader:
+            images, labels = batch[0], batch[1]
+            if mixing:  # batch[2]: the dataset of each sample; its labels follow the classes of the datasets before
+                labels = labels + offsets[torch.as_tensor(batch[2])]
             x, y = to_device((images, labels), device, mean=MEAN, std=STD)
             loss = F.cross_entropy(ddp(x), y)
             optimizer.zero_grad(set_to_none=True)
