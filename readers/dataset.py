@@ -280,6 +280,7 @@ def _cached(source: str, loc: Any, manifest: Manifest, opened: OpenOptions) -> A
     from .cached_location import CachedLocation
     from .shard_cache import ShardCache
 
+    assert opened.cache_dir is not None  # the caller's condition
     if not describe(manifest.format).remote_readable:
         log.info("%s: cache_dir keeps the shards of a WebDataset, not a %s dataset, and is not used", source,
                  manifest.format)
