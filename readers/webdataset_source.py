@@ -9,11 +9,11 @@ tools) are read from their start, skipping the samples before the range. Members
 :mod:`shardfeed.readers.tario` (no ``webdataset`` import, no per-member ``read`` call).
 
 A seeded shuffle buffer (``shuffle_buffer`` samples, default 1000; seed, epoch, rank, worker)
-mixes the samples of a worker (:func:`~shardfeed.readers.epoch.shuffled`); samples are decoded
-only when they leave the buffer. Its generator draws no number from the data, so the order it
-emits is a function of positions only (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`
-replays it on indices): a resumed worker finds which samples its buffer held and which come next
-without reading anything, then reads those by offset (``.sfidx``; local ``seek`` or HTTP ``Range``).
+mixes the samples of a worker: it reads a window of that many samples, emits them in a permuted
+order, then reads the next (:mod:`~shardfeed.readers.buffer_order`); samples are decoded only when
+they leave the buffer. The order is a function of positions only, computed per place: a resumed
+worker seeks to the first sample of the window it stopped in (``.sfidx``; local ``seek`` or HTTP
+``Range``) and reads at most one window again.
 
 The buffer yields nothing before it is full, so each epoch starts by reading a worker's first
 ``shuffle_buffer`` samples while nothing decodes; on slow storage (a network mount, HTTP, s3) that
@@ -28,11 +28,11 @@ the next epoch parses them from memory with the same parser. Bytes it does not s
 dropped; a span that failed to read is read again as usual (and its error raised there).
 
 Resuming (:mod:`~shardfeed.readers.epoch`): with the state's world size, batch size and worker
-count a worker continues exactly where one worker of the interrupted run stopped (same buffer,
-same order); otherwise each worker reads its batches of the rest of the epoch by position. Both
-read in chunks of ``shuffle_buffer`` samples: the samples a chunk needs are sorted, grouped into runs of
-each shard (small gaps read through) and read by offset, and a sample read early for a later
-chunk is kept until then.
+count a worker continues exactly where one worker of the interrupted run stopped (same windows,
+same order), after a seek; otherwise each worker reads its batches of the rest of the epoch by
+position, in chunks of ``shuffle_buffer`` samples: the samples a chunk needs are sorted, grouped
+into runs of each shard (small gaps read through) and read by offset, and a sample read early for
+a later chunk is kept until then.
 
 Every sample of a range is checked against the manifest: a shard that yields fewer samples than
 the manifest says raises :class:`~shardfeed.readers.errors.CorruptDataError` naming it.
@@ -63,8 +63,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch.utils.data
 
-from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, shuffle_buffer_order, shuffled,
-                    spans_to_ranges, worker_batch_counts_before, worker_batches, worker_span)
+from .buffer_order import shuffled_windows
+from .epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, worker_batch_counts_before,
+                    worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
 from .http_io import index_size_cap
@@ -415,27 +416,21 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         """``(index, key, parts)`` of ``worker``'s sub-range of this rank through its shuffle buffer,
         from its ``done``-th emitted sample on.
 
-        ``done == 0``: the sub-range is streamed front to back into the buffer. Else the buffer is
-        replayed on indices (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`) and the
-        samples still to come are read by position: first those the buffer held, then on.
+        The sub-range is streamed front to back into the buffer's windows
+        (:func:`~shardfeed.readers.buffer_order.shuffled_windows`). ``done > 0`` (a resumed worker):
+        the stream starts at the first sample of the window holding emission place ``done`` (by
+        offset: ``.sfidx``, local ``seek`` or HTTP ``Range``), so at most one window is read again.
         """
         start, stop = rank_span(self._num_samples, self.rank, self.world_size, pad=self.pad,
                                 batch_size=self.batch_size, drop_last=self.drop_last)
         a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
         buffer = self.buffer_size
-        if done == 0:
-            ranges = spans_to_ranges(self._counts, order, a, b)
-            reads = _Reads(self._iter_ranges(ranges, self._take_ahead(ranges)))
-            yield from self._then_read_ahead(shuffled(reads, buffer, buffer_rng(self.seed, epoch, self.rank, worker)),
-                                             reads, epoch, a, b)
-            return
-        if buffer:
-            rest = a + shuffle_buffer_order(b - a, buffer=buffer, seed=self.seed, epoch=epoch, rank=self.rank,
-                                            worker=worker)[done:]
-        else:
-            rest = np.arange(a + done, b, dtype=np.int64)
-        reads = _Reads(self._read_positions(order, rest))
-        yield from self._then_read_ahead(reads, reads, epoch, a, b)
+        first = done - done % buffer if buffer > 1 else done  # the stream place the read starts at
+        ranges = spans_to_ranges(self._counts, order, a + first, b)
+        reads = _Reads(self._iter_ranges(ranges, self._take_ahead(ranges) if done == 0 else {}))
+        items = shuffled_windows(reads, buffer, num_items=b - a, seed=self.seed, epoch=epoch, rank=self.rank,
+                                 worker=worker, first=done)
+        yield from self._then_read_ahead(items, reads, epoch, a, b)
 
     # ---- the next epoch's first samples, read while this epoch's last ones decode
     def _then_read_ahead(self, items, reads: _Reads, epoch: int, a: int, b: int):
