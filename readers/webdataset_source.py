@@ -67,11 +67,11 @@ from .buffer_order import shuffled_windows
 from .epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, worker_batch_counts_before,
                     worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
-from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
+from .format import MANIFEST_NAME, TAR_BLOCK, Manifest, Sample, decode_index, label_problem
 from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
-from .location import LocalLocation
+from .location import LocalLocation, check_shard_size
 from .offset_cache import DEFAULT_OFFSET_CACHE_BYTES, OffsetCache
 from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
@@ -139,10 +139,21 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     local shards once a read of the epoch proved slow (with ``readahead``), remote ones always.
     The samples and their order are the same; what the next epoch does not start with is dropped.
 
+    Attribute ``check_files`` (default True; :func:`~shardfeed.readers.dataset.open_dataset` sets
+    it from its ``check_files``): a local shard's size is compared with the manifest's when the
+    shard is opened for reading (one ``fstat`` of the open file), so opening a dataset stats no
+    shard; a shard of another size raises :class:`~shardfeed.readers.errors.CorruptDataError`
+    and a missing one :class:`~shardfeed.readers.errors.DataSourceError` at its first read
+    (skipped under ``on_error="skip"``). Over HTTP and ``s3://`` the server's size is always compared.
+
     Raises:
         TypeError: ``shuffle_buffer`` is not an integer. ValueError: it is negative.
     """
 
+    #: the shards' files are checked as each is opened for reading, not when the dataset is opened
+    checks_files_on_read = True
+    #: compare a local shard's size with the manifest's as it is opened (see the class docstring)
+    check_files = True
     #: read the next epoch's first samples ahead (see the class docstring)
     next_epoch_ahead = False
     #: bytes of shard offsets one process keeps (8 per sample, least recently used shards leave first)
@@ -217,8 +228,18 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     def _open_shard(self, entry, first: int, stop: int | None, where: str):
         """``location.open`` of the shard's bytes ``[first, stop)``, refusing a server copy whose
-        size differs from the manifest's. Returns ``(stream, stream_offset)``."""
+        size differs from the manifest's (a local file's too, with :attr:`check_files`). Returns
+        ``(stream, stream_offset)``."""
         stream, stream_offset = self.location.open(entry.name, first, stop)
+        if isinstance(self.location, LocalLocation):
+            if self.check_files:
+                try:
+                    check_shard_size(self.location.root, entry.name, os.fstat(stream.fileno()).st_size,
+                                     entry.num_bytes)
+                except BaseException:
+                    stream.close()
+                    raise
+            return stream, stream_offset
         total = getattr(stream, "total_bytes", None)
         if total is not None and total != entry.num_bytes:
             stream.close()
@@ -251,7 +272,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             # fast path: whole samples per read, parsed inline; it stops before anything unusual,
             # and the general reader below takes over from there (and raises the precise error)
             if isinstance(self.location, LocalLocation):
-                fast = yield from self.location.read_indexed(entry.name, offsets, start, end, where)
+                fast = yield from self.location.read_indexed(
+                    entry.name, offsets, start, end, where, num_bytes=entry.num_bytes if self.check_files else None)
             else:
                 stream, stream_offset = self._open_shard(entry, first, stop, where)
                 try:
@@ -616,11 +638,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     for key, parts, _ in self._range_samples(shard, start, end, held.pop((shard, start), None)):
                         yield base + got, key, parts
                         got += 1
-                except FileNotFoundError as exc:  # a shard or its index gone since the manifest was read
-                    entry = self.manifest.shards[shard]
-                    raise DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing "
-                                          f"({exc}); restore it (or rebuild the index with `shardfeed index`)"
-                                          ) from None
+                except FileNotFoundError as exc:  # a shard or its index gone (or never there)
+                    raise self._missing_file_error(self.manifest.shards[shard], exc) from None
             except (CorruptDataError, DataSourceError) as exc:
                 if self.on_error == "raise":
                     raise
@@ -629,6 +648,20 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 if self.holes:
                     for i in range(got, end - start):
                         yield base + i, None, None
+
+    def _missing_file_error(self, entry, exc: FileNotFoundError) -> DataSourceError:
+        """The error for a shard (or its offset index) not found when it was opened for reading."""
+        if isinstance(self.location, LocalLocation):
+            root = self.location.root
+            if exc.filename is not None and os.fspath(exc.filename) == os.fspath(root / entry.name):
+                return DataSourceError(f"{root / entry.name}: listed in {MANIFEST_NAME} but missing; restore it, or "
+                                       f"run `shardfeed check {root}` and repack (to read the other shards meanwhile, "
+                                       "open it with on_error=\"skip\")")
+            if entry.index and exc.filename is not None and os.fspath(exc.filename) == os.fspath(root / entry.index):
+                return DataSourceError(f"{root / entry.index}: offset index missing; rebuild it with "
+                                       f"`shardfeed index {root}`")
+        return DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing ({exc}); restore "
+                               "it (or rebuild the index with `shardfeed index`)")
 
     def _range_samples(self, shard: int, start: int, end: int, held: tuple | None):
         """:meth:`iter_range` of ``[start, end)``, its first samples parsed from ``held``
