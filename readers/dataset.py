@@ -172,14 +172,7 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
         if p.is_file() or _looks_packed(p):
-            manifest = load_manifest(p, check_files=False)
-            root = p.parent if p.is_file() else p
-            on_read = _checks_files_on_read(manifest)
-            if opened.check_files and not on_read:
-                check_files_present(manifest, root)
-            ds = _open_packed(root, manifest, chosen)
-            if on_read:
-                ds.check_files = opened.check_files
+            ds = _open_local_packed(p, chosen)
         else:
             from .folder_source import FolderSource
 
@@ -291,6 +284,21 @@ def _cached(source: str, loc: Any, manifest: Manifest, opened: OpenOptions) -> A
                  manifest.format)
         return loc
     return CachedLocation(loc, manifest, ShardCache(opened.cache_dir, opened.cache_limit))
+
+
+def _open_local_packed(p: Path, chosen: _SortedOptions) -> Any:
+    """A local packed dataset (``p``: its folder or manifest file). Its files are checked at open,
+    or, for a source that checks each file as it opens it for reading (:func:`_checks_files_on_read`),
+    then; ``check_files=False``: not at all."""
+    manifest = load_manifest(p, check_files=False)
+    root = p.parent if p.is_file() else p
+    on_read = _checks_files_on_read(manifest)
+    if chosen.opened.check_files and not on_read:
+        check_files_present(manifest, root)
+    ds = _open_packed(root, manifest, chosen)
+    if on_read:
+        ds.check_files = chosen.opened.check_files
+    return ds
 
 
 def _checks_files_on_read(manifest: Manifest) -> bool:
