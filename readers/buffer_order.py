@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .permutation import ROUNDS, mix64, permute_keyed
+from .permutation import CHUNK, ROUNDS, mix64, permute_keyed
 
 __all__ = ["window_keys", "shuffle_buffer_order", "shuffled_windows"]
 
@@ -49,7 +49,8 @@ def shuffle_buffer_order(num_items: int, *, buffer: int, seed: int, epoch: int, 
                          start: int = 0, stop: int | None = None) -> np.ndarray:
     """The stream places a worker's shuffle buffer emits at emission places ``[start, stop)``.
 
-    Costs ``O(stop - start)`` time and memory, whatever ``num_items`` is (the module's rule).
+    Costs ``O(stop - start)`` time, whatever ``num_items`` is (the module's rule), and temporaries
+    of a few MiB (:data:`~shardfeed.readers.permutation.CHUNK` places at a time) besides the result.
 
     Args:
         num_items: n, the samples in the worker's stream.
@@ -64,20 +65,21 @@ def shuffle_buffer_order(num_items: int, *, buffer: int, seed: int, epoch: int, 
     a, b = max(0, int(start)), n if stop is None else min(n, int(stop))
     if b <= a:
         return np.empty(0, dtype=np.int64)
-    k = np.arange(a, b, dtype=np.int64)
     if buffer <= 1:
-        return k
+        return np.arange(a, b, dtype=np.int64)
     size = int(buffer)
-    out = np.empty_like(k)
-    window, slot = k // size, k % size
     last = (n - 1) // size  # the last window, the only one that may be short
-    for short in (False, True):
-        pick = np.flatnonzero((window == last) == short)
-        if pick.size == 0:
-            continue
-        m = n - last * size if short else size
-        keys = window_keys(window[pick], seed=seed, epoch=epoch, rank=rank, worker=worker)
-        out[pick] = window[pick] * size + permute_keyed(slot[pick], m, keys)
+    out = np.empty(b - a, dtype=np.int64)
+    for c in range(a, b, CHUNK):  # the keys of a chunk's places at a time: bounded temporaries
+        k = np.arange(c, min(b, c + CHUNK), dtype=np.int64)
+        window, slot = k // size, k % size
+        for short in (False, True):
+            pick = np.flatnonzero((window == last) == short)
+            if pick.size == 0:
+                continue
+            m = n - last * size if short else size
+            keys = window_keys(window[pick], seed=seed, epoch=epoch, rank=rank, worker=worker)
+            out[c - a + pick] = window[pick] * size + permute_keyed(slot[pick], m, keys)
     return out
 
 

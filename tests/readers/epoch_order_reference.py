@@ -50,12 +50,14 @@ def permutation(n: int, seed: int, epoch: int) -> list[int]:
 def buffer_order(n: int, size: int, seed: int, epoch: int, rank: int, worker: int) -> list[int]:
     """Stream places in the order a worker's shuffle buffer of ``size`` emits its ``n`` samples:
     windows of ``size``, window ``w`` permuted with keys ``mix64(base + (w + 1) * golden)``."""
+    return [buffer_place(k, n, size, seed, epoch, rank, worker) for k in range(n)]
+
+
+def buffer_place(k: int, n: int, size: int, seed: int, epoch: int, rank: int, worker: int) -> int:
+    """The stream place emitted at emission place ``k``: slot ``k % size`` of window ``k // size``."""
     if size <= 1:
-        return list(range(n))
+        return k
     base = _words(f"shardfeed-shuffle-buffer:{seed}:{epoch}:{rank}:{worker}")
-    out = []
-    for w in range(-(-n // size)):
-        m = min(size, n - w * size)
-        keys = [_mix64((b + (w + 1) * 0x9E3779B97F4A7C15) & _MASK64) for b in base]
-        out += [w * size + _walk(s, m, keys) for s in range(m)]
-    return out
+    w, slot = divmod(k, size)
+    keys = [_mix64((b + (w + 1) * 0x9E3779B97F4A7C15) & _MASK64) for b in base]
+    return w * size + _walk(slot, min(size, n - w * size), keys)

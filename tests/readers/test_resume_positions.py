@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from .epoch_order_reference import buffer_order
+from .epoch_order_reference import buffer_order, buffer_place
 
 from shardfeed.readers.epoch import (fresh_rank_sequence, remaining_sequence, resumed_rank_sequence,
                                      resumed_samples_per_rank, shuffle_buffer_order, worker_batches)
@@ -33,6 +33,16 @@ def test_shuffle_buffer_order_at_any_place_is_that_of_the_whole():
     for a, b in ((0, 1), (5, 70), (64, 128), (990, 1003), (1000, 2000), (500, 400)):
         got = shuffle_buffer_order(n, buffer=size, seed=7, epoch=1, rank=0, worker=2, start=a, stop=b).tolist()
         assert got == whole[a:b]
+
+
+def test_shuffle_buffer_order_of_a_long_stream_in_constant_time_per_place():
+    n, size = 10_000_003, 1000  # places across the computation's chunks of 65,536, and the short last window
+    for a, b in ((65_000, 66_500), (131_000, 131_100), (9_999_990, 10_000_003)):
+        got = shuffle_buffer_order(n, buffer=size, seed=1, epoch=4, rank=2, worker=3, start=a, stop=b).tolist()
+        assert got == [buffer_place(k, n, size, 1, 4, 2, 3) for k in range(a, b)]
+    whole = shuffle_buffer_order(200_000, buffer=size, seed=1, epoch=4, rank=2, worker=3)
+    assert sorted(whole.tolist()) == list(range(200_000))
+    assert whole[:3000].tolist() == [buffer_place(k, 200_000, size, 1, 4, 2, 3) for k in range(3000)]
 
 
 def test_shuffle_buffer_order_differs_across_epochs_workers_and_windows():
