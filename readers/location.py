@@ -38,7 +38,7 @@ from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 from .tario import iter_indexed_samples
 
 __all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "check_byte_range", "check_shard_size",
-           "MAX_LOCAL_LIST_ENTRIES"]
+           "missing_file_error", "MAX_LOCAL_LIST_ENTRIES"]
 
 #: Entries one listing of a local folder returns at most (the bound of an object store's listing).
 MAX_LOCAL_LIST_ENTRIES = 20_000_000
@@ -177,6 +177,22 @@ def check_shard_size(root: str | os.PathLike, name: str, size: int, num_bytes: i
 
         raise CorruptDataError(f"{Path(root) / name}: {size} bytes on disk but {num_bytes} in {MANIFEST_NAME}; the "
                                f"file was changed or truncated: run `shardfeed check {root}` and repack")
+
+
+def missing_file_error(root: str | os.PathLike, entry, exc: FileNotFoundError):
+    """The :class:`~shardfeed.readers.errors.DataSourceError` naming a local shard (manifest entry
+    ``entry``) or its offset index that ``exc`` found missing as it was opened for reading; None
+    when ``exc`` names neither."""
+    from .errors import DataSourceError
+
+    root, gone = Path(root), None if exc.filename is None else os.fspath(exc.filename)
+    if gone == os.fspath(root / entry.name):
+        return DataSourceError(f"{root / entry.name}: listed in {MANIFEST_NAME} but missing; restore it, or run "
+                               f"`shardfeed check {root}` and repack (to read the other shards meanwhile, open it "
+                               "with on_error=\"skip\")")
+    if entry.index and gone == os.fspath(root / entry.index):
+        return DataSourceError(f"{root / entry.index}: offset index missing; rebuild it with `shardfeed index {root}`")
+    return None
 
 
 class LocalLocation(LocationBase):

@@ -67,11 +67,11 @@ from .buffer_order import shuffled_windows
 from .epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, worker_batch_counts_before,
                     worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
-from .format import MANIFEST_NAME, TAR_BLOCK, Manifest, Sample, decode_index, label_problem
+from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
 from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
-from .location import LocalLocation, check_shard_size
+from .location import LocalLocation, check_shard_size, missing_file_error
 from .offset_cache import DEFAULT_OFFSET_CACHE_BYTES, OffsetCache
 from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
@@ -139,12 +139,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     local shards once a read of the epoch proved slow (with ``readahead``), remote ones always.
     The samples and their order are the same; what the next epoch does not start with is dropped.
 
-    Attribute ``check_files`` (default True; :func:`~shardfeed.readers.dataset.open_dataset` sets
-    it from its ``check_files``): a local shard's size is compared with the manifest's when the
-    shard is opened for reading (one ``fstat`` of the open file), so opening a dataset stats no
-    shard; a shard of another size raises :class:`~shardfeed.readers.errors.CorruptDataError`
-    and a missing one :class:`~shardfeed.readers.errors.DataSourceError` at its first read
-    (skipped under ``on_error="skip"``). Over HTTP and ``s3://`` the server's size is always compared.
+    Attribute ``check_files`` (default True; ``open_dataset`` sets it from its ``check_files``): a
+    local shard's size is compared with the manifest's as the shard is opened for reading (one
+    ``fstat``; :func:`~shardfeed.readers.location.check_shard_size`), so opening stats no shard.
 
     Raises:
         TypeError: ``shuffle_buffer`` is not an integer. ValueError: it is negative.
@@ -651,17 +648,9 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     def _missing_file_error(self, entry, exc: FileNotFoundError) -> DataSourceError:
         """The error for a shard (or its offset index) not found when it was opened for reading."""
-        if isinstance(self.location, LocalLocation):
-            root = self.location.root
-            if exc.filename is not None and os.fspath(exc.filename) == os.fspath(root / entry.name):
-                return DataSourceError(f"{root / entry.name}: listed in {MANIFEST_NAME} but missing; restore it, or "
-                                       f"run `shardfeed check {root}` and repack (to read the other shards meanwhile, "
-                                       "open it with on_error=\"skip\")")
-            if entry.index and exc.filename is not None and os.fspath(exc.filename) == os.fspath(root / entry.index):
-                return DataSourceError(f"{root / entry.index}: offset index missing; rebuild it with "
-                                       f"`shardfeed index {root}`")
-        return DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing ({exc}); restore "
-                               "it (or rebuild the index with `shardfeed index`)")
+        local = isinstance(self.location, LocalLocation) and missing_file_error(self.location.root, entry, exc)
+        return local or DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing ({exc}); "
+                                        "restore it (or rebuild the index with `shardfeed index`)")
 
     def _range_samples(self, shard: int, start: int, end: int, held: tuple | None):
         """:meth:`iter_range` of ``[start, end)``, its first samples parsed from ``held``

@@ -74,3 +74,19 @@ def test_a_shard_of_another_size_is_named_at_its_first_read(many_shards, tmp_pat
                                                r"manifest\.json.*shardfeed check"):
         next(iter(ds))
     assert len(list(open_dataset(copy, decode=False, shuffle=False, check_files=False))) == NUM_SHARDS
+
+
+def test_a_missing_offset_index_is_named_at_its_shards_first_read(many_shards, tmp_path):
+    import shutil
+
+    from shardfeed.readers import open_dataset
+    from shardfeed.readers.errors import DataSourceError
+
+    root, _ = many_shards
+    copy = tmp_path / "wds"
+    shutil.copytree(root, copy)
+    index = next(p for p in sorted(copy.iterdir()) if p.suffix == ".sfidx")
+    index.unlink()
+    ds = open_dataset(copy, decode=False, shuffle=False)
+    with pytest.raises(DataSourceError, match=rf"{index.name}: offset index missing; rebuild it with `shardfeed index"):
+        list(ds)
