@@ -85,6 +85,7 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_reencode.py --out out/bench/reencode
 	$(PY) scripts/bench_pack_scaling.py --json out/bench/pack_scaling.json
 	$(PY) scripts/bench_resume.py --out out/bench/resume
+	$(PY) scripts/bench_scale.py --json out/bench/scale.json
 	$(PY) scripts/make_sample_data.py $(DEMO_DATA)
 	$(PY) scripts/bench_ray.py --src $(DEMO_DATA) --json out/bench/ray.json
 	$(PY) scripts/bench_s3.py --src $(DEMO_DATA) --out out/bench

@@ -136,9 +136,10 @@ class CachedLocation(LocalLocation):
         """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.decode_index`)."""
         return decode_index(self.read_bytes(name, what="the offset index"), self.where(name))
 
-    def read_indexed(self, name: str, offsets, start: int, end: int, where: str):
+    def read_indexed(self, name: str, offsets, start: int, end: int, where: str, *, num_bytes: int | None = None):
         """Samples ``[start, end)`` of the cached copy of shard ``name`` (see
-        :meth:`LocalLocation.read_indexed`); the copy is not evicted while they are read."""
+        :meth:`LocalLocation.read_indexed`); the copy is not evicted while they are read.
+        ``num_bytes`` is not compared again: a copy was checked against the manifest when it was fetched."""
         from .tario import iter_indexed_samples
 
         fd = self._open_fd(name)

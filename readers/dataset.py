@@ -32,7 +32,7 @@ from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_s
                     samples_per_rank, shard_order, spans_to_ranges, worker_span)
 from .errors import ManifestError, UnsupportedURLError
 from .keywords import check_keywords, signature_keywords
-from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, load_manifest
+from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, check_files_present, load_manifest
 from .opener import is_remote, local_path
 from .registry import FORMATS, describe, register_format, source_factory
 
@@ -133,7 +133,8 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
             version-3 dataset, e.g. ``("txt", "json")``: items become ``(image, label, *values)``, raw ones
             ``(Sample, {name: value})``; see :class:`~shardfeed.readers.source_base.SourceBase`),
             ``check_files`` (True: refuse a dataset
-            whose files are missing or of another size than the manifest says; False reads
+            whose files are missing or of another size than the manifest says; a local WebDataset's
+            shards when each is opened for reading, one ``fstat``, so opening stats none; False reads
             anyway, and damage is then found, and named, while reading).
 
     Returns:
@@ -171,9 +172,7 @@ def open_dataset(source: str | os.PathLike[str], *, image_size: int | None = Non
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
         if p.is_file() or _looks_packed(p):
-            manifest = load_manifest(p, check_files=opened.check_files)
-            root = p.parent if p.is_file() else p
-            ds = _open_packed(root, manifest, chosen)
+            ds = _open_local_packed(p, chosen)
         else:
             from .folder_source import FolderSource
 
@@ -286,6 +285,30 @@ def _cached(source: str, loc: Any, manifest: Manifest, opened: OpenOptions) -> A
                  manifest.format)
         return loc
     return CachedLocation(loc, manifest, ShardCache(opened.cache_dir, opened.cache_limit))
+
+
+def _open_local_packed(p: Path, chosen: _SortedOptions) -> Any:
+    """A local packed dataset (``p``: its folder or manifest file). Its files are checked at open,
+    or, for a source that checks each file as it opens it for reading (:func:`_checks_files_on_read`),
+    then; ``check_files=False``: not at all."""
+    manifest = load_manifest(p, check_files=False)
+    root = p.parent if p.is_file() else p
+    on_read = _checks_files_on_read(manifest)
+    if chosen.opened.check_files and not on_read:
+        check_files_present(manifest, root)
+    ds = _open_packed(root, manifest, chosen)
+    if on_read:
+        ds.check_files = chosen.opened.check_files
+    return ds
+
+
+def _checks_files_on_read(manifest: Manifest) -> bool:
+    """Whether the format's source checks each file as it opens it for reading (WebDataset: one
+    ``fstat`` per shard read), so that opening a local dataset stats none of its shards."""
+    spec = FORMATS.get(manifest.format)
+    if spec is None or spec.source is None:
+        return False
+    return bool(getattr(source_factory(manifest.format), "checks_files_on_read", False))
 
 
 def _open_packed(location: Any, manifest: Manifest, chosen: _SortedOptions) -> Any:

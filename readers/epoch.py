@@ -25,8 +25,9 @@ loader (:mod:`~shardfeed.readers.loader`). The format specification (docs/format
    * WebDataset (a stream per worker): the rank's range is cut into ``num_workers`` contiguous
      sub-ranges of whole batches (the first ``nb % W`` workers get one batch more,
      :func:`worker_span`); each worker reads its sub-range front to back and mixes it
-     with a seeded shuffle buffer (:func:`shuffled`, ``shuffle_buffer`` samples; the order it emits
-     is a function of positions, :func:`shuffle_buffer_order`); the ``DataLoader`` takes one batch from each
+     with a seeded shuffle buffer (``shuffle_buffer`` samples: windows of that many samples, each
+     emitted in a permuted order; :mod:`~shardfeed.readers.buffer_order`, whose order at any place
+     is computed in constant time, :func:`shuffle_buffer_order`); the ``DataLoader`` takes one batch from each
      worker in turn, so batch ``j`` of the rank is batch ``j // W`` of worker ``j % W``
      (:func:`fresh_rank_sequence`).
 
@@ -59,6 +60,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .errors import ON_ERROR  # accepted values of ``on_error`` (defined with their one check)
+from .buffer_order import shuffle_buffer_order
 from .permutation import CHUNK, EPOCH_ORDER_VERSION, permute, unpermute
 
 __all__ = [
@@ -73,8 +75,6 @@ __all__ = [
     "epoch_ranges",
     "epoch_positions",
     "shuffle_buffer_order",
-    "buffer_rng",
-    "shuffled",
     "fresh_rank_sequence",
     "remaining_sequence",
     "resumed_rank_sequence",
@@ -350,48 +350,6 @@ def epoch_positions(num_samples: int, *, seed: int, epoch: int, shuffle: bool, r
 
 # ---------------------------------------------------------------------------------------------
 # sequences (numpy int64 arrays of positions in G) and resuming
-
-def shuffle_buffer_order(num_items: int, *, buffer: int, seed: int, epoch: int, rank: int,
-                         worker: int) -> np.ndarray:
-    """The order in which a worker's shuffle buffer emits the ``num_items`` samples it reads.
-
-    The buffer (:func:`shuffled`) holds up to ``buffer`` samples; once full, each new sample
-    takes the place of a random one, which is emitted; at the end the rest is emitted in a
-    random order. Its generator is ``random.Random(f"shuffle-buffer:{seed}:{epoch}:{rank}:{worker}")``,
-    so the order is a function of positions only: this replays the buffer on indices (no I/O,
-    about 0.3 s per million samples) to find where a resumed worker continues.
-
-    Returns:
-        ``int64 [num_items]``: indices into the worker's stream, in emission order.
-    """
-    return np.fromiter(shuffled(range(int(num_items)), buffer, buffer_rng(seed, epoch, rank, worker)),
-                       dtype=np.int64, count=int(num_items))
-
-
-def buffer_rng(seed: int, epoch: int, rank: int, worker: int) -> random.Random:
-    """The shuffle buffer's generator for one worker of one rank in one epoch."""
-    return random.Random(f"shuffle-buffer:{seed}:{epoch}:{rank}:{worker}")
-
-
-def shuffled(items: Iterable, size: int, rng: random.Random):
-    """Reservoir-style shuffle buffer: holds up to ``size`` items, yields a random one per input
-    once full, and the rest in a random order at the end (``size <= 1``: unchanged order)."""
-    if size <= 1:
-        yield from items
-        return
-    buf = []
-    rand = rng.random
-    for item in items:
-        if len(buf) < size:
-            buf.append(item)
-            continue
-        j = int(rand() * size)
-        out = buf[j]
-        buf[j] = item
-        yield out
-    rng.shuffle(buf)
-    yield from buf
-
 
 def _worker_order(a: int, b: int, *, shuffle: bool, buffer: int, seed: int, epoch: int, rank: int,
                   worker: int) -> np.ndarray:

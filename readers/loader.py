@@ -20,8 +20,8 @@ unless :meth:`ShardfeedLoader.set_epoch` was called.
 worker count, ...); :meth:`ShardfeedLoader.load_state_dict` on a new loader over the same dataset,
 before iterating, continues that epoch from the next batch, then the following epochs. It costs a
 seek, not a replay: positions are computed (:mod:`~shardfeed.readers.epoch`), a WebDataset worker
-reads the samples its shuffle buffer held and the next ones by their ``.sfidx`` offsets, LMDB and folder
-sources index directly.
+seeks to the first sample of the shuffle buffer's window it stopped in (``.sfidx`` offsets), LMDB and
+folder sources index directly.
 
 * Same world size, batch size, number of workers and seed: the same batches as an uninterrupted
   run (samples, order, labels, random crops and flips).
@@ -385,7 +385,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         consumed by this run: ``batches_consumed * batch_size``, skipped samples included),
         ``batches_consumed``, ``seed``, ``shuffle``, ``pad``, ``drop_last``, ``num_samples``,
         ``world_size``, ``batch_size``, ``num_workers``, ``shuffle_buffer`` (WebDataset, samples; 0
-        for random-access sources), ``epoch_order`` (the version of the random-access epoch order,
+        for random-access sources), ``epoch_order`` (the version of the epoch order,
         :data:`~shardfeed.readers.permutation.EPOCH_ORDER_VERSION`) and ``segments`` (earlier runs of
         this epoch when it was itself resumed). Call it between batches (after a step): a batch the loop has
         received counts as consumed. Under DDP every rank returns the same values (save rank 0's).

@@ -37,7 +37,8 @@ from .format import (LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest, fi
 from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 from .tario import iter_indexed_samples
 
-__all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "check_byte_range", "MAX_LOCAL_LIST_ENTRIES"]
+__all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "check_byte_range", "check_shard_size",
+           "missing_file_error", "MAX_LOCAL_LIST_ENTRIES"]
 
 #: Entries one listing of a local folder returns at most (the bound of an object store's listing).
 MAX_LOCAL_LIST_ENTRIES = 20_000_000
@@ -164,6 +165,36 @@ class LocationBase:
         raise self._cannot("record file metadata")
 
 
+def check_shard_size(root: str | os.PathLike, name: str, size: int, num_bytes: int) -> None:
+    """Refuse a local shard opened for reading whose size (``size``, from ``fstat`` of the open
+    file) is not the manifest's ``num_bytes``.
+
+    Raises:
+        CorruptDataError: the sizes differ; the message names the file and the fix.
+    """
+    if size != num_bytes:
+        from .errors import CorruptDataError
+
+        raise CorruptDataError(f"{Path(root) / name}: {size} bytes on disk but {num_bytes} in {MANIFEST_NAME}; the "
+                               f"file was changed or truncated: run `shardfeed check {root}` and repack")
+
+
+def missing_file_error(root: str | os.PathLike, entry, exc: FileNotFoundError):
+    """The :class:`~shardfeed.readers.errors.DataSourceError` naming a local shard (manifest entry
+    ``entry``) or its offset index that ``exc`` found missing as it was opened for reading; None
+    when ``exc`` names neither."""
+    from .errors import DataSourceError
+
+    root, gone = Path(root), None if exc.filename is None else os.fspath(exc.filename)
+    if gone == os.fspath(root / entry.name):
+        return DataSourceError(f"{root / entry.name}: listed in {MANIFEST_NAME} but missing; restore it, or run "
+                               f"`shardfeed check {root}` and repack (to read the other shards meanwhile, open it "
+                               "with on_error=\"skip\")")
+    if entry.index and gone == os.fspath(root / entry.index):
+        return DataSourceError(f"{root / entry.index}: offset index missing; rebuild it with `shardfeed index {root}`")
+    return None
+
+
 class LocalLocation(LocationBase):
     """A dataset directory (or an image folder) on a local or mounted file system.
 
@@ -278,9 +309,15 @@ class LocalLocation(LocationBase):
             self.check_version(name, os.stat(self.root / name))
         return offsets
 
-    def read_indexed(self, name: str, offsets, start: int, end: int, where: str):
+    def read_indexed(self, name: str, offsets, start: int, end: int, where: str, *, num_bytes: int | None = None):
         """Samples ``[start, end)`` of an indexed local shard by :func:`~shardfeed.readers.tario.iter_indexed_samples`
-        (``__url__`` tagged); returns how many it yielded (it stops before anything unusual)."""
+        (``__url__`` tagged); returns how many it yielded (it stops before anything unusual).
+
+        Raises:
+            FileNotFoundError: no such file.
+            CorruptDataError: ``num_bytes`` given and the open file (one ``fstat``) has another size
+                (:func:`check_shard_size`).
+        """
         fd = take_opened(self.root / name) if self.readahead else None
         if fd is None:
             fd = os.open(self.root / name, os.O_RDONLY)
@@ -288,6 +325,8 @@ class LocalLocation(LocationBase):
         try:
             st = os.fstat(fd)
             self.check_version(name, st)
+            if num_bytes is not None:
+                check_shard_size(self.root, name, st.st_size, num_bytes)
             return (yield from iter_indexed_samples(lambda offset, n: pread(fd, n, offset), offsets, start, end,
                                                     st.st_size, source=where, tag_source=True,
                                                     chunk_reader=functools.partial(read_shard_ahead, fd=fd)

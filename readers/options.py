@@ -171,8 +171,9 @@ class OpenOptions:
         timeout_s: HTTP and object stores: seconds a read may wait (None: the default).
         retries: HTTP and object stores: attempts after a failed read (None: the default).
         check_files: refuse a packed dataset whose files are missing or of another size than
-            the manifest says (False reads anyway; damage is then named while reading). An
-            image folder has no manifest and ignores it.
+            the manifest says (False reads anyway; damage is then named while reading). A local
+            WebDataset's shards are checked as each is opened for reading (one ``fstat``), not at
+            open. An image folder has no manifest and ignores it.
         cache: None, or ``"memory"``: every sample's raw bytes loaded once into one buffer.
         cache_dir: a local folder where the shards and offset indexes of a remote WebDataset are
             kept once downloaded (:mod:`~shardfeed.readers.shard_cache`); None: read from the remote

@@ -28,10 +28,16 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["EPOCH_ORDER_VERSION", "ROUNDS", "round_keys", "permute", "unpermute", "CHUNK", "check_state_epoch_order"]
+__all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "BUFFER_ORDER_SINCE", "ROUNDS", "round_keys", "mix64",
+           "permute", "permute_keyed", "unpermute", "CHUNK", "check_state_epoch_order"]
 
-#: The version of the random-access epoch order (1: a shuffled list of ``range(N)``; 2: this module).
-EPOCH_ORDER_VERSION = 2
+#: The version of the epoch order (1: random-access sources shuffle a list of ``range(N)``, WebDataset
+#: workers mix through a reservoir buffer; 2: random-access sources use this module; 3: WebDataset
+#: workers mix through windows, :mod:`~shardfeed.readers.buffer_order`).
+EPOCH_ORDER_VERSION = 3
+#: The first version of the current random-access order, and of the current shuffle buffer order.
+RANDOM_ACCESS_ORDER_SINCE = 2
+BUFFER_ORDER_SINCE = 3
 #: Feistel rounds per pass.
 ROUNDS = 6
 #: Positions computed at once (bounds the temporary arrays to a few MiB).
@@ -52,7 +58,8 @@ def _half_bits(num_samples: int) -> int:
     return ((int(num_samples) - 1).bit_length() + 1) // 2
 
 
-def _mix64(z: np.ndarray) -> np.ndarray:
+def mix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser of ``uint64`` values (same shape), modulo ``2**64``."""
     z = (z ^ (z >> _S30)) * _M1
     z = (z ^ (z >> _S27)) * _M2
     return z ^ (z >> _S31)
@@ -63,7 +70,7 @@ def _feistel(x: np.ndarray, keys: np.ndarray, half: int) -> np.ndarray:
     mask = np.uint64((1 << half) - 1)
     left, right = x >> h, x & mask
     for k in keys:
-        left, right = right, left ^ (_mix64(right ^ k) & mask)
+        left, right = right, left ^ (mix64(right ^ k) & mask)
     return (left << h) | right
 
 
@@ -72,7 +79,7 @@ def _feistel_inverse(y: np.ndarray, keys: np.ndarray, half: int) -> np.ndarray:
     mask = np.uint64((1 << half) - 1)
     left, right = y >> h, y & mask
     for k in keys[::-1]:
-        left, right = right ^ (_mix64(left ^ k) & mask), left
+        left, right = right ^ (mix64(left ^ k) & mask), left
     return (left << h) | right
 
 
@@ -84,7 +91,7 @@ def _permute_chunk(x: np.ndarray, n: int, keys: np.ndarray, half: int, inverse: 
     for _ in range(1 << (2 * half)):  # a walk never passes the domain's size; in practice it ends in tens
         if todo.size == 0:
             break
-        z = step(y[todo], keys, half)
+        z = step(y[todo], keys if keys.ndim == 1 else keys[:, todo], half)
         y[todo] = z
         todo = todo[z >= limit]
     return y
@@ -107,17 +114,35 @@ def permute(positions: np.ndarray, num_samples: int, *, seed: int, epoch: int, i
     Raises:
         ValueError: a position outside ``[0, num_samples)``.
     """
+    return permute_keyed(positions, num_samples, round_keys(seed, epoch), inverse=inverse)
+
+
+def permute_keyed(positions: np.ndarray, num_samples: int, keys: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+    """:func:`permute` with its round keys given: ``uint64 [ROUNDS]`` for every position, or
+    ``uint64 [ROUNDS, positions.size]``, one column per position (several permutations of ``[0, N)``
+    at once, as the shuffle buffer's windows use them).
+
+    Returns:
+        ``int64`` array, the shape of ``positions``.
+
+    Raises:
+        ValueError: a position outside ``[0, num_samples)``, or keys of another shape.
+    """
     pos = np.asarray(positions, dtype=np.int64)
     n = int(num_samples)
     if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= n):
         raise ValueError(f"positions must lie in [0, {n}), got {int(pos.min())}..{int(pos.max())}")
+    keys = np.asarray(keys, dtype=np.uint64)
+    if keys.shape not in ((ROUNDS,), (ROUNDS, pos.size)):
+        raise ValueError(f"round keys have shape {keys.shape}, not ({ROUNDS},) or ({ROUNDS}, {pos.size})")
     if n <= 1 or pos.size == 0:
         return pos.copy()
-    keys, half = round_keys(seed, epoch), _half_bits(n)
+    half = _half_bits(n)
     flat = pos.reshape(-1)
     out = np.empty(flat.shape, dtype=np.int64)
     for a in range(0, flat.size, CHUNK):
-        out[a:a + CHUNK] = _permute_chunk(flat[a:a + CHUNK].astype(np.uint64), n, keys, half, inverse)
+        k = keys if keys.ndim == 1 else keys[:, a:a + CHUNK]
+        out[a:a + CHUNK] = _permute_chunk(flat[a:a + CHUNK].astype(np.uint64), n, k, half, inverse)
     return out.reshape(pos.shape)
 
 
@@ -132,11 +157,12 @@ def unpermute(indices: np.ndarray, num_samples: int, *, seed: int, epoch: int) -
 def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: bool) -> None:
     """Refuse a loader state whose positions mean other samples under this epoch order.
 
-    A state of version 1 has no ``epoch_order``: it was saved under epoch order 1 (a shuffled list).
-    Its positions still hold where that order did not change: a source that is not random-access
-    (WebDataset's shard order and shuffle buffers are unchanged), ``shuffle=False`` (the identity), or
-    a state at an epoch's start (nothing consumed). A mid-epoch position of a shuffled random-access
-    source is refused.
+    A state of version 1 has no ``epoch_order``: it was saved under epoch order 1. A state's positions
+    still hold where the order it was saved under did not change: ``shuffle=False`` (the identity), a
+    state at an epoch's start (nothing consumed), a random-access source's state of order 2 or later
+    (:data:`RANDOM_ACCESS_ORDER_SINCE`), a WebDataset state whose runs had no shuffle buffer (0 or 1
+    sample), or one of order 3 or later (:data:`BUFFER_ORDER_SINCE`). Any other mid-epoch state of an
+    older order is refused, and so is a mid-epoch state of a newer order than this shardfeed's.
 
     Args:
         state: a loader state (``ShardfeedLoader.state_dict()``), its other fields already checked.
@@ -153,9 +179,19 @@ def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: boo
         raise ResumeStateError(f"loader state field epoch_order is {order!r}, not an integer: pass what "
                                "loader.state_dict() returned, or start the epoch afresh with loader.set_epoch(epoch)")
     mid_epoch = state.get("samples_consumed", 0) > 0 or bool(state.get("segments"))
-    if order != EPOCH_ORDER_VERSION and random_access and shuffle and mid_epoch:
-        raise ResumeStateError(f"the loader state was saved mid-epoch under epoch order {order}, and this "
-                               f"shardfeed shuffles random-access datasets by epoch order {EPOCH_ORDER_VERSION}: "
-                               "its positions would name other samples. Start the epoch afresh with "
-                               f"loader.set_epoch({state.get('epoch')}), or finish the epoch with the shardfeed "
-                               "that saved the state")
+    if not (shuffle and mid_epoch) or order == EPOCH_ORDER_VERSION:
+        return
+    runs = [state, *state.get("segments", [])]
+    buffered = not random_access and any(int(run.get("shuffle_buffer", 0)) > 1 for run in runs)
+    if order > EPOCH_ORDER_VERSION:
+        what = f"an epoch order newer than this shardfeed's ({EPOCH_ORDER_VERSION})"
+    elif random_access and order < RANDOM_ACCESS_ORDER_SINCE:
+        what = f"random-access datasets by epoch order {EPOCH_ORDER_VERSION}"
+    elif buffered and order < BUFFER_ORDER_SINCE:
+        what = f"WebDataset shuffle buffers by epoch order {EPOCH_ORDER_VERSION} (windows)"
+    else:
+        return
+    raise ResumeStateError(f"the loader state was saved mid-epoch under epoch order {order}, and this "
+                           f"shardfeed shuffles {what}: its positions would name other samples. Start the epoch "
+                           f"afresh with loader.set_epoch({state.get('epoch')}), or finish the epoch with the "
+                           "shardfeed that saved the state")

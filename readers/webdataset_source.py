@@ -9,11 +9,11 @@ tools) are read from their start, skipping the samples before the range. Members
 :mod:`shardfeed.readers.tario` (no ``webdataset`` import, no per-member ``read`` call).
 
 A seeded shuffle buffer (``shuffle_buffer`` samples, default 1000; seed, epoch, rank, worker)
-mixes the samples of a worker (:func:`~shardfeed.readers.epoch.shuffled`); samples are decoded
-only when they leave the buffer. Its generator draws no number from the data, so the order it
-emits is a function of positions only (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`
-replays it on indices): a resumed worker finds which samples its buffer held and which come next
-without reading anything, then reads those by offset (``.sfidx``; local ``seek`` or HTTP ``Range``).
+mixes the samples of a worker: it reads a window of that many samples, emits them in a permuted
+order, then reads the next (:mod:`~shardfeed.readers.buffer_order`); samples are decoded only when
+they leave the buffer. The order is a function of positions only, computed per place: a resumed
+worker seeks to the first sample of the window it stopped in (``.sfidx``; local ``seek`` or HTTP
+``Range``) and reads at most one window again.
 
 The buffer yields nothing before it is full, so each epoch starts by reading a worker's first
 ``shuffle_buffer`` samples while nothing decodes; on slow storage (a network mount, HTTP, s3) that
@@ -28,11 +28,11 @@ the next epoch parses them from memory with the same parser. Bytes it does not s
 dropped; a span that failed to read is read again as usual (and its error raised there).
 
 Resuming (:mod:`~shardfeed.readers.epoch`): with the state's world size, batch size and worker
-count a worker continues exactly where one worker of the interrupted run stopped (same buffer,
-same order); otherwise each worker reads its batches of the rest of the epoch by position. Both
-read in chunks of ``shuffle_buffer`` samples: the samples a chunk needs are sorted, grouped into runs of
-each shard (small gaps read through) and read by offset, and a sample read early for a later
-chunk is kept until then.
+count a worker continues exactly where one worker of the interrupted run stopped (same windows,
+same order), after a seek; otherwise each worker reads its batches of the rest of the epoch by
+position, in chunks of ``shuffle_buffer`` samples: the samples a chunk needs are sorted, grouped
+into runs of each shard (small gaps read through) and read by offset, and a sample read early for
+a later chunk is kept until then.
 
 Every sample of a range is checked against the manifest: a shard that yields fewer samples than
 the manifest says raises :class:`~shardfeed.readers.errors.CorruptDataError` naming it.
@@ -63,14 +63,15 @@ from typing import Any, Sequence
 import numpy as np
 import torch.utils.data
 
-from .epoch import (buffer_rng, rank_span, resumed_rank_sequence, shard_order, shuffle_buffer_order, shuffled,
-                    spans_to_ranges, worker_batch_counts_before, worker_batches, worker_span)
+from .buffer_order import shuffled_windows
+from .epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, worker_batch_counts_before,
+                    worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
 from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
 from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
-from .location import LocalLocation
+from .location import LocalLocation, check_shard_size, missing_file_error
 from .offset_cache import DEFAULT_OFFSET_CACHE_BYTES, OffsetCache
 from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
 from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
@@ -138,10 +139,18 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
     local shards once a read of the epoch proved slow (with ``readahead``), remote ones always.
     The samples and their order are the same; what the next epoch does not start with is dropped.
 
+    Attribute ``check_files`` (default True; ``open_dataset`` sets it from its ``check_files``): a
+    local shard's size is compared with the manifest's as the shard is opened for reading (one
+    ``fstat``; :func:`~shardfeed.readers.location.check_shard_size`), so opening stats no shard.
+
     Raises:
         TypeError: ``shuffle_buffer`` is not an integer. ValueError: it is negative.
     """
 
+    #: the shards' files are checked as each is opened for reading, not when the dataset is opened
+    checks_files_on_read = True
+    #: compare a local shard's size with the manifest's as it is opened (see the class docstring)
+    check_files = True
     #: read the next epoch's first samples ahead (see the class docstring)
     next_epoch_ahead = False
     #: bytes of shard offsets one process keeps (8 per sample, least recently used shards leave first)
@@ -218,8 +227,18 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
 
     def _open_shard(self, entry, first: int, stop: int | None, where: str):
         """``location.open`` of the shard's bytes ``[first, stop)``, refusing a server copy whose
-        size differs from the manifest's. Returns ``(stream, stream_offset)``."""
+        size differs from the manifest's (a local file's too, with :attr:`check_files`). Returns
+        ``(stream, stream_offset)``."""
         stream, stream_offset = self.location.open(entry.name, first, stop)
+        if isinstance(self.location, LocalLocation):
+            if self.check_files:
+                try:
+                    check_shard_size(self.location.root, entry.name, os.fstat(stream.fileno()).st_size,
+                                     entry.num_bytes)
+                except BaseException:
+                    stream.close()
+                    raise
+            return stream, stream_offset
         total = getattr(stream, "total_bytes", None)
         if total is not None and total != entry.num_bytes:
             stream.close()
@@ -252,7 +271,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             # fast path: whole samples per read, parsed inline; it stops before anything unusual,
             # and the general reader below takes over from there (and raises the precise error)
             if isinstance(self.location, LocalLocation):
-                fast = yield from self.location.read_indexed(entry.name, offsets, start, end, where)
+                fast = yield from self.location.read_indexed(
+                    entry.name, offsets, start, end, where, num_bytes=entry.num_bytes if self.check_files else None)
             else:
                 stream, stream_offset = self._open_shard(entry, first, stop, where)
                 try:
@@ -417,27 +437,21 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         """``(index, key, parts)`` of ``worker``'s sub-range of this rank through its shuffle buffer,
         from its ``done``-th emitted sample on.
 
-        ``done == 0``: the sub-range is streamed front to back into the buffer. Else the buffer is
-        replayed on indices (:func:`~shardfeed.readers.epoch.shuffle_buffer_order`) and the
-        samples still to come are read by position: first those the buffer held, then on.
+        The sub-range is streamed front to back into the buffer's windows
+        (:func:`~shardfeed.readers.buffer_order.shuffled_windows`). ``done > 0`` (a resumed worker):
+        the stream starts at the first sample of the window holding emission place ``done`` (by
+        offset: ``.sfidx``, local ``seek`` or HTTP ``Range``), so at most one window is read again.
         """
         start, stop = rank_span(self._num_samples, self.rank, self.world_size, pad=self.pad,
                                 batch_size=self.batch_size, drop_last=self.drop_last)
         a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
         buffer = self.buffer_size
-        if done == 0:
-            ranges = spans_to_ranges(self._counts, order, a, b)
-            reads = _Reads(self._iter_ranges(ranges, self._take_ahead(ranges)))
-            yield from self._then_read_ahead(shuffled(reads, buffer, buffer_rng(self.seed, epoch, self.rank, worker)),
-                                             reads, epoch, a, b)
-            return
-        if buffer:
-            rest = a + shuffle_buffer_order(b - a, buffer=buffer, seed=self.seed, epoch=epoch, rank=self.rank,
-                                            worker=worker)[done:]
-        else:
-            rest = np.arange(a + done, b, dtype=np.int64)
-        reads = _Reads(self._read_positions(order, rest))
-        yield from self._then_read_ahead(reads, reads, epoch, a, b)
+        first = done - done % buffer if buffer > 1 else done  # the stream place the read starts at
+        ranges = spans_to_ranges(self._counts, order, a + first, b)
+        reads = _Reads(self._iter_ranges(ranges, self._take_ahead(ranges) if done == 0 else {}))
+        items = shuffled_windows(reads, buffer, num_items=b - a, seed=self.seed, epoch=epoch, rank=self.rank,
+                                 worker=worker, first=done)
+        yield from self._then_read_ahead(items, reads, epoch, a, b)
 
     # ---- the next epoch's first samples, read while this epoch's last ones decode
     def _then_read_ahead(self, items, reads: _Reads, epoch: int, a: int, b: int):
@@ -623,11 +637,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                     for key, parts, _ in self._range_samples(shard, start, end, held.pop((shard, start), None)):
                         yield base + got, key, parts
                         got += 1
-                except FileNotFoundError as exc:  # a shard or its index gone since the manifest was read
-                    entry = self.manifest.shards[shard]
-                    raise DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing "
-                                          f"({exc}); restore it (or rebuild the index with `shardfeed index`)"
-                                          ) from None
+                except FileNotFoundError as exc:  # a shard or its index gone (or never there)
+                    raise self._missing_file_error(self.manifest.shards[shard], exc) from None
             except (CorruptDataError, DataSourceError) as exc:
                 if self.on_error == "raise":
                     raise
@@ -636,6 +647,12 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 if self.holes:
                     for i in range(got, end - start):
                         yield base + i, None, None
+
+    def _missing_file_error(self, entry, exc: FileNotFoundError) -> DataSourceError:
+        """The error for a shard (or its offset index) not found when it was opened for reading."""
+        local = isinstance(self.location, LocalLocation) and missing_file_error(self.location.root, entry, exc)
+        return local or DataSourceError(f"{self.location.where(entry.name)}: a file of this shard is missing ({exc}); "
+                                        "restore it (or rebuild the index with `shardfeed index`)")
 
     def _range_samples(self, shard: int, start: int, end: int, held: tuple | None):
         """:meth:`iter_range` of ``[start, end)``, its first samples parsed from ``held``

@@ -9,8 +9,8 @@ restart). Both cases of a source run side by side, round by round, rotating thei
 The state at 90 % is a real ``loader.state_dict()``, taken once, untimed, after reading 90 % of an
 epoch's batches.
 
-The shuffle is unchanged by resuming (the same reservoir buffer, replayed on indices to find
-where a worker continues), so there is no mixing figure to compare.
+The shuffle is unchanged by resuming (the same windows of the shuffle buffer, whose order is
+computed per place), so there is no mixing figure to compare.
 
 Usage::
 

@@ -131,10 +131,10 @@ def test_a_state_saved_mid_epoch_under_the_list_order_is_refused_for_a_shuffled_
 def test_a_state_of_the_list_order_is_kept_where_its_positions_still_hold(packed_lmdb, packed_wds):
     from shardfeed.readers import make_loader
 
-    for path, shuffle in ((packed_wds, True), (packed_lmdb, False)):
-        state = _saved_state(make_loader(path, 4, num_workers=0, decode=False, seed=3, shuffle=shuffle))
+    for path, kw in ((packed_wds, {"shuffle_buffer": 0}), (packed_lmdb, {"shuffle": False})):
+        state = _saved_state(make_loader(path, 4, num_workers=0, decode=False, seed=3, **kw))
         old = {k: v for k, v in state.items() if k != "epoch_order"} | {"version": 1}
-        loader = make_loader(path, 4, num_workers=0, decode=False, seed=3, shuffle=shuffle)
+        loader = make_loader(path, 4, num_workers=0, decode=False, seed=3, **kw)
         loader.load_state_dict(old)
         assert loader.state_dict()["segments"][0]["samples_consumed"] == 8
         assert len(list(loader)) == (60 - 8) // 4
@@ -142,6 +142,27 @@ def test_a_state_of_the_list_order_is_kept_where_its_positions_still_hold(packed
                     version=1, samples_consumed=0, batches_consumed=0)
     del at_start["epoch_order"]
     make_loader(packed_lmdb, 4, num_workers=0, decode=False, seed=3).load_state_dict(at_start)
+
+
+def test_a_webdataset_state_saved_mid_epoch_under_the_reservoir_buffer_is_refused(packed_wds):
+    from shardfeed.readers import make_loader
+    from shardfeed.readers.errors import ResumeStateError
+
+    state = _saved_state(make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16))
+    assert state["epoch_order"] == 3
+    for old in ({k: v for k, v in state.items() if k != "epoch_order"} | {"version": 1}, dict(state, epoch_order=2),
+                dict(state, samples_consumed=0, batches_consumed=0, epoch_order=2,
+                     segments=[{"world_size": 1, "num_workers": 0, "batch_size": 4, "shuffle_buffer": 16,
+                                "samples_consumed": 8}])):
+        fresh = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16)
+        with pytest.raises(ResumeStateError, match=r"epoch order [12].*WebDataset shuffle buffers.*set_epoch\(0\)"):
+            fresh.load_state_dict(old)
+    newer = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16)
+    with pytest.raises(ResumeStateError, match="newer"):
+        newer.load_state_dict(dict(state, epoch_order=4))
+    at_start = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16)
+    at_start.load_state_dict(dict(state, epoch_order=2, samples_consumed=0, batches_consumed=0))
+    assert len(list(at_start)) == 60 // 4
 
 
 def test_unpermute_gives_back_the_positions():

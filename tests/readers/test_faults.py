@@ -33,7 +33,7 @@ from PIL import Image
 
 from shardfeed.readers import make_loader, open_dataset
 from shardfeed.readers.decode import ImageTooLargeError
-from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError, ManifestError
+from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
 SOURCES = ("wds", "lmdb", "folder")
@@ -285,7 +285,7 @@ def _check_kept(samples, expected: dict, kept_paths: set[str]) -> None:
         assert (s.data, s.label) == expected[s.meta["path"]]
 
 
-def test_truncated_shard_refused_at_open_then_read_up_to_the_cut(packed_wds, tiny_folder_expected, tmp_path):
+def test_truncated_shard_refused_at_its_first_read_then_read_up_to_the_cut(packed_wds, tiny_folder_expected, tmp_path):
     d = _copy(packed_wds, tmp_path / "d")
     shard = d / "shard-000001.tar"
     samples = _tar_samples(shard)
@@ -299,9 +299,10 @@ def test_truncated_shard_refused_at_open_then_read_up_to_the_cut(packed_wds, tin
     cut_sample, cut_member = hit
     shard.write_bytes(shard.read_bytes()[:cut])
 
-    # (a) the cheap check on open: the manifest's size disagrees
-    with pytest.raises(ManifestError, match=r"shard-000001\.tar"):
-        open_dataset(d)
+    # (a) the cheap check as the shard is opened for reading: the manifest's size disagrees
+    ds = open_dataset(d, decode=False, shuffle=False)
+    with pytest.raises(CorruptDataError, match=rf"shard-000001\.tar: {cut} bytes on disk but {size} in manifest.json"):
+        list(ds)
     # (b) read anyway: the error names the shard and the member's byte offset
     with pytest.raises(CorruptDataError, match=rf"shard-000001\.tar.* byte offset {cut_member.offset}\b"):
         list(open_dataset(d, decode=False, shuffle=False, check_files=False))

@@ -230,14 +230,20 @@ def test_load_manifest_of_a_url_names_a_missing_shard(packed_wds, tmp_path, star
     assert load_manifest(f"{base}/", check_files=False).num_samples == len(tiny_folder_expected)
 
 
-def test_a_missing_shard_is_refused_at_open_unless_check_files_is_false(packed_wds, tmp_path, tiny_folder_expected):
+def test_a_missing_shard_is_refused_at_its_first_read_and_skipped_under_skip(packed_wds, tmp_path,
+                                                                            tiny_folder_expected):
+    from shardfeed.readers.errors import DataSourceError
+
     d = _copy(packed_wds, tmp_path)
     manifest = json.loads((d / "manifest.json").read_text())
     gone = manifest["shards"][0]
     (d / gone["name"]).unlink()
-    with pytest.raises(ManifestError, match=r"listed in manifest.json but missing.*check_files=False"):
-        open_dataset(str(d), decode=False)
-    ds = open_dataset(str(d), decode=False, check_files=False, on_error="skip")
-    got = {s.meta["path"]: (bytes(s.data), s.label) for s in ds}
-    assert len(got) == len(tiny_folder_expected) - gone["num_samples"]
-    assert all(tiny_folder_expected[p] == v for p, v in got.items())
+    ds = open_dataset(str(d), decode=False, shuffle=False)  # opening stats no shard
+    with pytest.raises(DataSourceError, match=rf"{gone['name']}: listed in manifest.json but missing.*on_error"):
+        list(ds)
+    for kw in ({}, {"check_files": False}):
+        ds = open_dataset(str(d), decode=False, on_error="skip", **kw)
+        got = {s.meta["path"]: (bytes(s.data), s.label) for s in ds}
+        assert len(got) == len(tiny_folder_expected) - gone["num_samples"]
+        assert all(tiny_folder_expected[p] == v for p, v in got.items())
+        assert ds.skipped == gone["num_samples"]

@@ -11,30 +11,48 @@ from collections import Counter
 
 import pytest
 
+from .epoch_order_reference import buffer_order, buffer_place
+
 from shardfeed.readers.epoch import (fresh_rank_sequence, remaining_sequence, resumed_rank_sequence,
                                      resumed_samples_per_rank, shuffle_buffer_order, worker_batches)
 
 
-def _reference_buffer(items, size, rng):
-    """The reservoir buffer the WebDataset source used before resuming existed (kept as is)."""
-    buf, out = [], []
-    for item in items:
-        if len(buf) < size:
-            buf.append(item)
-            continue
-        j = int(rng.random() * size)
-        out.append(buf[j])
-        buf[j] = item
-    rng.shuffle(buf)
-    return out + buf
-
-
-@pytest.mark.parametrize("n,size", [(0, 4), (3, 10), (50, 10), (257, 16), (1000, 1)])
-def test_shuffle_buffer_order_is_the_buffer_replayed(n, size):
-    rng = random.Random("shuffle-buffer:3:2:1:0")
-    expected = _reference_buffer(list(range(n)), size, rng) if size > 1 else list(range(n))
+@pytest.mark.parametrize("n,size", [(0, 4), (1, 4), (3, 10), (50, 10), (257, 16), (1000, 1), (1000, 1000)])
+def test_shuffle_buffer_order_is_the_windows_of_the_specification(n, size):
+    expected = buffer_order(n, size, 3, 2, 1, 0)
     got = shuffle_buffer_order(n, buffer=size, seed=3, epoch=2, rank=1, worker=0).tolist()
     assert got == expected
+    assert sorted(got) == list(range(n))  # each place once
+    for w in range(0, n, max(size, 1)):  # a window emits its own places only
+        assert sorted(got[w:w + size]) == list(range(w, min(n, w + size)))
+
+
+def test_shuffle_buffer_order_at_any_place_is_that_of_the_whole():
+    n, size = 1003, 64
+    whole = buffer_order(n, size, 7, 1, 0, 2)
+    for a, b in ((0, 1), (5, 70), (64, 128), (990, 1003), (1000, 2000), (500, 400)):
+        got = shuffle_buffer_order(n, buffer=size, seed=7, epoch=1, rank=0, worker=2, start=a, stop=b).tolist()
+        assert got == whole[a:b]
+
+
+def test_shuffle_buffer_order_of_a_long_stream_in_constant_time_per_place():
+    n, size = 10_000_003, 1000  # places across the computation's chunks of 65,536, and the short last window
+    for a, b in ((65_000, 66_500), (131_000, 131_100), (9_999_990, 10_000_003)):
+        got = shuffle_buffer_order(n, buffer=size, seed=1, epoch=4, rank=2, worker=3, start=a, stop=b).tolist()
+        assert got == [buffer_place(k, n, size, 1, 4, 2, 3) for k in range(a, b)]
+    whole = shuffle_buffer_order(200_000, buffer=size, seed=1, epoch=4, rank=2, worker=3)
+    assert sorted(whole.tolist()) == list(range(200_000))
+    assert whole[:3000].tolist() == [buffer_place(k, 200_000, size, 1, 4, 2, 3) for k in range(3000)]
+
+
+def test_shuffle_buffer_order_differs_across_epochs_workers_and_windows():
+    n, size = 256, 64
+    orders = {(e, w): buffer_order(n, size, 0, e, 0, w) for e in range(3) for w in range(2)}
+    assert len({tuple(o) for o in orders.values()}) == 6
+    first = orders[(0, 0)]
+    rel = [[p - w for p in first[w:w + size]] for w in range(0, n, size)]
+    assert len({tuple(r) for r in rel}) == n // size  # each window its own permutation
+    assert first != list(range(n))
 
 
 def test_fresh_sequence_is_the_rank_range_and_batches_go_round_robin():

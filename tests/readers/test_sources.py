@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from shardfeed.readers import make_loader, open_dataset, to_device
-from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError, ManifestError
+from shardfeed.readers.errors import CorruptDataError, DataSourceError, IncompleteDatasetError, ManifestError
 from shardfeed.readers.format import Sample
 
 
@@ -156,14 +156,15 @@ def test_refusals(packed_wds, tmp_path):
     d = tmp_path / "missing"
     shutil.copytree(packed_wds, d)
     (d / "shard-000001.tar").unlink()
-    with pytest.raises(ManifestError, match=r"shard-000001\.tar.*missing"):
-        open_dataset(d)
+    ds = open_dataset(d, decode=False)  # opening stats no shard: each is checked as it is opened for reading
+    with pytest.raises(DataSourceError, match=r"shard-000001\.tar: listed in manifest\.json but missing"):
+        list(ds)
     d = tmp_path / "truncated"
     shutil.copytree(packed_wds, d)
     with open(d / "shard-000002.tar", "r+b") as f:
         f.truncate(1024)
-    with pytest.raises(ManifestError, match=r"shard-000002\.tar: 1024 bytes"):
-        open_dataset(d)
+    with pytest.raises(CorruptDataError, match=r"shard-000002\.tar: 1024 bytes on disk"):
+        list(open_dataset(d, decode=False))
     with pytest.raises(FileNotFoundError):
         open_dataset(tmp_path / "nope")
 
