@@ -28,6 +28,7 @@ import functools
 import numbers
 import os
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
@@ -195,6 +196,11 @@ def missing_file_error(root: str | os.PathLike, entry, exc: FileNotFoundError):
     return None
 
 
+#: Seconds a dataset file's modification time may lie after the dataset was opened before it
+#: counts as rewritten (file systems whose clock runs ahead of this machine's).
+VERSION_CLOCK_SLACK_S = 2.0
+
+
 class LocalLocation(LocationBase):
     """A dataset directory (or an image folder) on a local or mounted file system.
 
@@ -217,8 +223,11 @@ class LocalLocation(LocationBase):
             self.root, self.manifest_name = p, MANIFEST_NAME
         self.readahead = bool(readahead)
         self._lock = threading.Lock()
-        #: ``{name: (size, mtime_ns)}`` of the files as the dataset was opened (:meth:`record_versions`)
+        #: ``{name: (size, mtime_ns)}`` of the files at their first open (None: no version recorded;
+        #: :meth:`record_versions`), the manifest's ``(size, mtime_ns, inode)`` and the time of opening
         self._versions: dict[str, tuple[int, int]] | None = None
+        self._manifest_version: tuple[int, int, int] | None = None
+        self._opened_ns = 0
 
     def __str__(self) -> str:
         return str(self.root)
@@ -265,47 +274,73 @@ class LocalLocation(LocationBase):
 
         return read_small_file(path, max_bytes=max_bytes, what=what, error=DataSourceError)
 
-    def record_versions(self, names) -> None:
-        """Record the size and modification time (ns) of each file ``names`` lists, as the dataset
-        is opened; every later open of one of them (in this process or a worker it is pickled to)
-        is checked against them (:meth:`check_version`). A file missing now is not recorded."""
-        versions = {}
-        for name in names:
-            try:
-                st = os.stat(self.root / name)
-            except OSError:
-                continue
-            versions[name] = (st.st_size, st.st_mtime_ns)
-        self._versions = versions
+    def record_versions(self, names=()) -> None:
+        """Record the dataset's version as it is opened: the manifest's size, modification time
+        and inode, and the time of opening. No shard is looked at (opening costs one ``stat``
+        whatever the number of shards). Every later open of a dataset file (in this process or a
+        worker it is pickled to) is checked by :meth:`check_version`. ``names`` is accepted for
+        callers that list the files; they are recorded as they are first opened."""
+        try:
+            st = os.stat(self.manifest_path)
+            manifest = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            manifest = None
+        self._versions = {}
+        self._manifest_version = manifest
+        self._opened_ns = time.time_ns()
 
     def check_version(self, name: str, st: os.stat_result) -> None:
-        """A reader reads one version of a dataset: refuse file ``name`` opened with status ``st``
-        when its size or modification time differs from the one :meth:`record_versions` recorded.
+        """A reader reads one version of a dataset: refuse file ``name``, opened with status
+        ``st``, when the manifest changed since the dataset was opened (a rebuild replaces it),
+        when the file was modified more than :data:`VERSION_CLOCK_SLACK_S` after the dataset was
+        opened, or when its size or modification time differs from its first open in this process.
 
         Raises:
-            DatasetChangedError: the file was replaced or rewritten since the dataset was opened
-                (names the file, and its size or time then and now).
+            DatasetChangedError: the dataset was replaced or rewritten since it was opened (names
+                the file, and what changed).
         """
-        was = (getattr(self, "_versions", None) or {}).get(name)
-        if was is None or was == (st.st_size, st.st_mtime_ns):
+        versions = getattr(self, "_versions", None)
+        if versions is None:
+            return
+        what = self._manifest_change()
+        if what is None:
+            was = versions.get(name)
+            now = (st.st_size, st.st_mtime_ns)
+            if was is None:
+                versions[name] = now
+                if st.st_mtime_ns > self._opened_ns + VERSION_CLOCK_SLACK_S * 1e9:
+                    what = f"modified {(st.st_mtime_ns - self._opened_ns) / 1e9:.3f} s after the dataset was opened"
+            elif was != now:
+                what = (f"{was[0]:,} bytes then, {now[0]:,} now" if was[0] != now[0] else
+                        f"same size, modified {(now[1] - was[1]) / 1e9:+.3f} s from then")
+        if what is None:
             return
         from .errors import DatasetChangedError
 
-        if was[0] != st.st_size:
-            what = f"{was[0]:,} bytes then, {st.st_size:,} now"
-        else:
-            what = f"same size, modified {(st.st_mtime_ns - was[1]) / 1e9:+.3f} s from then"
         raise DatasetChangedError(f"{self.root / name}: changed since the dataset was opened ({what}): the dataset "
                                   "was replaced while being read (a `shardfeed pack --overwrite` of this folder?); "
                                   "stopped so that no epoch mixes two versions: open it again once it is complete")
 
+    def _manifest_change(self) -> str | None:
+        """How the manifest differs from the one the dataset was opened with (None: the same)."""
+        was = getattr(self, "_manifest_version", None)
+        if was is None:
+            return None
+        try:
+            st = os.stat(self.manifest_path)
+        except OSError:
+            return f"{self.manifest_name} removed"
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != was:
+            return f"{self.manifest_name} replaced"
+        return None
+
     def read_index(self, name: str) -> list[int]:
         """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.read_index`),
         checked by :meth:`check_version` before and after the read."""
-        if getattr(self, "_versions", None):
+        if getattr(self, "_versions", None) is not None:
             self.check_version(name, os.stat(self.root / name))
         offsets = read_index(self.root / name)
-        if getattr(self, "_versions", None):
+        if getattr(self, "_versions", None) is not None:
             self.check_version(name, os.stat(self.root / name))
         return offsets
 

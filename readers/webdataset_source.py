@@ -164,8 +164,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             location.readahead = bool(readahead)
         self.location = location
         self.manifest = manifest
-        if isinstance(location, LocalLocation):  # one version: every later open is checked against these
-            location.record_versions([n for s in manifest.shards for n in (s.name, s.index) if n])
+        if isinstance(location, LocalLocation):  # one version: every later open is checked against it
+            location.record_versions()
         self.shuffle_buffer = check_shuffle_buffer(shuffle_buffer)
         self._classes = list(manifest.classes)
         self._class_to_idx = dict(manifest.class_to_idx)
