@@ -202,7 +202,6 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         raise UnsupportedURLError(f"{out}: write_dataset writes a local folder; write it to a local folder, then "
                                   f"`shardfeed convert DIR {out} --format wds` uploads it")
     out = local_path(out)
-
     if num_classes is not None:
         classes = _numbered_classes(num_classes, classes, class_to_idx)
     with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
