@@ -75,7 +75,7 @@ def test_report_json_has_the_documented_keys():
         assert key in d
     for key in ("t_wait_s", "t_step_s"):
         assert set(d[key]) >= {"mean", "p50", "p95", "total"}
-    assert set(d["diagnosis"]) == {"kind", "text", "advice"}
+    assert set(d["diagnosis"]) == {"kind", "text", "advice", "between", "evidence", "decided_by"}
     assert d["diagnosis"]["kind"] in DIAGNOSIS_KINDS
     assert watch_from_package is watch
 
@@ -99,7 +99,10 @@ def test_cpu_heavy_transform_is_cpu_bound(jpegs):
     assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
     assert rep.stall_share > 0.10
     assert rep.workers["num"] == 2
-    assert rep.diagnosis["kind"] == "cpu-bound", rep.summary()
+    # the CPU is the limit: the workers' own decoding, or cores that other processes on a busy machine hold
+    cpu_kinds = {"cpu-bound", "cpu-contended"}
+    d = rep.diagnosis
+    assert d["kind"] in cpu_kinds or (d["kind"] == "borderline" and set(d["between"]) <= cpu_kinds), rep.summary()
     # the planted images are 48 x 48: no pack-time resize would shrink them
     assert not any("--resize" in a for a in rep.diagnosis["advice"]), rep.summary()
     assert any(a.startswith("make_loader(OUT, image_size=SIZE)") for a in rep.diagnosis["advice"])
