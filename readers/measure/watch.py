@@ -264,7 +264,7 @@ class _Sampler:
         self.main.sample(now, full)
         pids = self.worker_pids()
         if pids is None:  # the workers are not known: the main process's children, looked up now and then
-            if slow or self._children is None:
+            if slow or (not self._children and self._ticks <= _SLOW_EVERY):  # each tick in the first second
                 try:
                     self._children = [c.pid for c in self.main.proc.children()]
                 except psutil.Error:

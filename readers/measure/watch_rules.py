@@ -142,7 +142,8 @@ def judge(ev: dict) -> dict:
     runnable but not running ≥ :data:`WORKER_RUNQUEUE_STARVED` → ``cpu-contended`` when other
     processes took :data:`OTHERS_CPU_CONTENDED` of the machine, else ``cpu-bound``; else the workers
     sleep → ``storage-bound``. A figure inside its band (:data:`THRESHOLDS`) whose two sides lead to
-    different kinds makes the verdict ``borderline``.
+    different kinds makes the verdict ``borderline``; so do sleeping workers over the page cache when
+    whether the batches had come back is not known (``storage-bound`` or ``handoff-bound``).
 
     Returns:
         ``{"kind", "between", "decided_by"}``: ``between`` the two kinds of a ``borderline`` verdict
@@ -169,7 +170,9 @@ def judge(ev: dict) -> dict:
 
     kind = _chain(ev, over)
     between = None
-    if band:
+    if kind == "storage-bound" and ev["page_cache"] and ev["ready_wait_share"] is None:
+        between = ["storage-bound", "handoff-bound"]  # idle workers over the page cache: the hand-off is not ruled out
+    elif band:
         key = band[0]
         other = _chain(ev, lambda k: over(k, {key: not ev[key] >= THRESHOLDS[key][0]}))
         if other != kind:
@@ -263,6 +266,8 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     if between:
         text = (f"borderline: {between[0]} or {between[1]}: {_kind_text(between[0], ev, wait_mean)}; "
                 f"or else {between[1]}")
+        if not any(d["side"] == "band" for d in verdict["decided_by"]):
+            text += " (whether each batch had already come back from a worker is not known here)"
     else:
         text = _kind_text(kind, ev, wait_mean)
     text += f" [decided by: {_decided_text(verdict['decided_by'])}]"

@@ -77,7 +77,8 @@ def test_sleeping_workers_with_block_reads_are_storage_bound_with_storage_advice
 
 
 def test_sleeping_workers_over_the_page_cache_get_more_workers_but_no_storage_advice():
-    figures = {"workers": {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.06, "runqueue_share": 0.01},
+    figures = {"workers": {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.06, "runqueue_share": 0.01,
+                           "ready_wait_share": 0.1},
                "io": {"read_chars_per_s": 40e6, "read_bytes_per_s": 0.0, "iowait_share": 0.0},
                "system": {"cpu_busy_share": 0.1, "others_cpu_share": 0.0}}
     d = _diag(cpu_count=8, **figures)
@@ -177,3 +178,16 @@ def test_the_run_queue_wait_is_read_from_schedstat():
     got = _runqueue_wait_s(os.getpid())
     assert got is not None and got >= before
     assert _runqueue_wait_s(2 ** 22 + 12345) is None  # no such process
+
+
+def test_sleeping_workers_over_the_page_cache_without_ready_figures_do_not_rule_out_the_hand_off():
+    # a trainer's fetch timed through its profiler: whether each batch had come back is not known
+    figures = {"workers": {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.06, "runqueue_share": 0.01},
+               "io": {"read_chars_per_s": 1e6, "read_bytes_per_s": 0.0, "iowait_share": 0.0}}
+    d = _diag(cpu_count=8, **figures)
+    assert d["kind"] == "borderline" and d["between"] == ["storage-bound", "handoff-bound"]
+    assert "not known here" in d["text"]
+    assert _storage_advice(d) == [], d["advice"]
+    # block reads seen: storage, whatever the hand-off
+    figures["io"]["read_bytes_per_s"] = 20e6
+    assert _diag(cpu_count=8, **figures)["kind"] == "storage-bound"
