@@ -8,7 +8,7 @@ Each scenario plants one bottleneck in a short loop (a few seconds) over a plain
 * ``cpu-decode``: large JPEGs (1600 x 1200) decoded and resized by one worker;
 * ``cpu-others``: the same decoding by two workers while CPU-burning processes (two per core) hold the cores;
 * ``handoff``: batches of 64 tensors (one per sample) handed from one worker to the main process;
-* ``compute``: a long step (80 ms) over small local files;
+* ``compute``: a long step (150 ms) over small local files;
 * ``validation``: a Lightning trainer whose validation takes about as long as training (a fast
   train loader: the data wait is small, the validation is "other" time).
 
@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -59,7 +60,7 @@ SCENARIOS = {
     "handoff": ("handoff-bound", {"handoff-bound"}, ("inproc", "cli", "lightning"),
                 dict(data="tensors", batch_size=64, workers=1, step_ms=8)),
     "compute": ("compute-bound", {"compute-bound"}, ("inproc", "cli", "lightning", "hf"),
-                dict(data="small", batch_size=8, workers=2, step_ms=80, max_batches=20)),
+                dict(data="small", batch_size=8, workers=2, step_ms=150, max_batches=16)),
     "validation": ("compute-bound", {"compute-bound"}, ("lightning",),
                    dict(data="tensors-fast", batch_size=4, workers=0, step_ms=10, max_batches=40)),
 }
@@ -351,6 +352,7 @@ def one_run(name: str, mode: str, dirs: dict, work: Path) -> dict:
             rep, own = run_hf(spec, dirs, work)
     finally:
         stop_burners(burners)
+        gc.collect()  # a trainer's loader iterators, and so their workers, go now, not during the next run
     d = rep["diagnosis"]
     return {"scenario": name, "mode": mode, "planted": SCENARIOS[name][0], "named": d["kind"],
             "between": d.get("between"), "ok": _accepted(d, SCENARIOS[name][1]), "stall": rep["stall_share"],

@@ -252,6 +252,7 @@ class _Sampler:
                 self.gpu = None
         self._ticks = 0
         self._children: list[int] | None = None
+        self.children_mode = False  # the workers are the main process's children, whichever they are
         self._thread = start_thread(self._loop, name="shardfeed-watch", stop=self._stop.set)
 
     def _tick(self) -> None:
@@ -269,7 +270,7 @@ class _Sampler:
                     self._children = [c.pid for c in self.main.proc.children()]
                 except psutil.Error:
                     self._children = []
-            pids = self._children
+            pids, self.children_mode = self._children, True
         with self._lock:
             for pid in pids:
                 track = self.workers.get(pid)
@@ -312,6 +313,8 @@ class _Sampler:
                   "memory_total_bytes": psutil.virtual_memory().total,
                   "swap_growth_bytes": max(0, self.swap_max - self.swap0)}
         gpu = self.gpu.stats() if self.gpu is not None else None
+        if self.children_mode:  # a child that used no CPU while watched is no worker of this loader (another
+            workers = [w for w in workers if w["cpu_s"] > 0] or workers  # loader's idle workers, a leftover)
         return {"main": self.main.figures(), "workers": workers, "system": system, "gpu": gpu}
 
     def stop(self) -> None:

@@ -21,9 +21,9 @@ from __future__ import annotations
 from .report import fmt_bytes
 
 __all__ = ["DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND", "WORKER_CPU_SATURATED", "BATCH_READY_HANDOFF",
-           "MAIN_CPU_SATURATED", "WORKER_RUNQUEUE_STARVED", "OTHERS_CPU_CONTENDED", "THRESHOLDS",
+           "MAIN_CPU_SATURATED", "WORKER_RUNQUEUE_STARVED", "OTHERS_CPU_CONTENDED", "WORKER_SLEEP_STORAGE",
            "PAGE_CACHE_MAX_BLOCK_READ_PER_S", "STORAGE_IOWAIT_SHARE", "gather_evidence", "judge", "diagnose",
-           "predict_batch_interval"]
+           "THRESHOLDS", "kind_label", "predict_batch_interval"]
 
 #: The diagnosis kinds, in the order :func:`judge` tries them (``borderline``: two kinds, the evidence split).
 DIAGNOSIS_KINDS = ("compute-bound", "main-process-bound", "handoff-bound", "cpu-bound", "cpu-contended",
@@ -39,13 +39,16 @@ BATCH_READY_HANDOFF = 0.8
 MAIN_CPU_SATURATED = 0.9
 #: Workers runnable but not running this share of the time or more are starved of CPU.
 WORKER_RUNQUEUE_STARVED = 0.15
+#: Workers asleep this share of the time or more, with signs of storage waits, wait on storage even
+#: when they also queue for a core on a busy machine.
+WORKER_SLEEP_STORAGE = 0.5
 #: Starved workers while other processes take this share of the machine's CPU or more: ``cpu-contended``.
 OTHERS_CPU_CONTENDED = 0.25
 #: ``{figure: (threshold, margin)}``: the rules' thresholds and the band around each one.
 THRESHOLDS = {"stall_share": (STALL_COMPUTE_BOUND, 0.03), "ready_wait_share": (BATCH_READY_HANDOFF, 0.10),
               "workers_cpu_busy_share": (WORKER_CPU_SATURATED, 0.10), "main_cpu_share": (MAIN_CPU_SATURATED, 0.05),
               "workers_runqueue_share": (WORKER_RUNQUEUE_STARVED, 0.05),
-              "others_cpu_share": (OTHERS_CPU_CONTENDED, 0.08)}
+              "others_cpu_share": (OTHERS_CPU_CONTENDED, 0.08), "workers_sleep_share": (WORKER_SLEEP_STORAGE, 0.10)}
 #: Reads from block devices below this, bytes/s, with I/O wait under :data:`STORAGE_IOWAIT_SHARE`
 #: and no network or user-space mount: the data came from the page cache.
 PAGE_CACHE_MAX_BLOCK_READ_PER_S = 1024 * 1024
@@ -59,7 +62,15 @@ HANDOFF_MANY_TENSORS = 8
 
 _NAMES = {"stall_share": "data stall", "ready_wait_share": "waiting on batches already back",
           "workers_cpu_busy_share": "workers CPU busy", "main_cpu_share": "main process CPU",
-          "workers_runqueue_share": "workers runnable but not running", "others_cpu_share": "other processes' CPU"}
+          "workers_runqueue_share": "workers runnable but not running", "others_cpu_share": "other processes' CPU",
+          "workers_sleep_share": "workers asleep"}
+
+
+def kind_label(diagnosis: dict) -> str:
+    """A diagnosis's kind for a headline: ``"borderline (A or B)"`` for a borderline one."""
+    between = diagnosis.get("between")
+    return f"borderline ({' or '.join(between)})" if diagnosis.get("kind") == "borderline" and between \
+        else str(diagnosis.get("kind"))
 
 
 def _pct(x: float | None) -> str:
@@ -74,7 +85,7 @@ def gather_evidence(*, stall_share: float, num_workers: int | None, workers: dic
     Returns:
         ``{"stall_share", "num_workers", "ready_wait_share", "workers_cpu_busy_share",
         "workers_cpu_demand_share", "workers_runqueue_share", "runqueue_source", "workers_disk_sleep_share",
-        "main_cpu_share", "others_cpu_share", "machine_cpu_busy_share", "read_bytes_per_s",
+        "main_cpu_share", "others_cpu_share", "machine_cpu_busy_share", "read_bytes_per_s", "workers_sleep_share",
         "read_chars_per_s", "iowait_share", "slow_storage", "remote", "storage_signs", "page_cache"}``:
         shares in [0, 1], rates in bytes/s; ``runqueue_source`` ``"schedstat"`` (the scheduler's
         run-queue wait) or ``"states"`` (running-or-runnable share less the CPU busy share);
@@ -108,6 +119,7 @@ def gather_evidence(*, stall_share: float, num_workers: int | None, workers: dic
     if ev["slow_storage"] or ev["remote"]:
         signs.append("remote data" if ev["remote"] else "data on a network or user-space mount")
     ev["storage_signs"] = signs
+    ev["workers_sleep_share"] = max(0.0, 1.0 - (busy or 0.0) - runq) if runq is not None else None
     ev["page_cache"] = None if ev["read_bytes_per_s"] is None else not signs
     return ev
 
@@ -126,6 +138,8 @@ def _chain(ev: dict, over) -> str:
         return "cpu-bound"
     if over("main_cpu_share"):
         return "main-process-bound"
+    if ev["storage_signs"] and over("workers_sleep_share"):
+        return "storage-bound"
     if over("workers_runqueue_share"):
         return "cpu-contended" if over("others_cpu_share") else "cpu-bound"
     return "storage-bound"
@@ -139,7 +153,8 @@ def judge(ev: dict) -> dict:
     spent on batches already back from a worker → ``handoff-bound``; no worker figures →
     ``unknown``; workers CPU busy ≥ :data:`WORKER_CPU_SATURATED` → ``cpu-bound`` (decoding and
     transforms); main process busy ≥ :data:`MAIN_CPU_SATURATED` → ``main-process-bound``; workers
-    runnable but not running ≥ :data:`WORKER_RUNQUEUE_STARVED` → ``cpu-contended`` when other
+    asleep ≥ :data:`WORKER_SLEEP_STORAGE` with signs of storage waits (``storage_signs``) →
+    ``storage-bound``; workers runnable but not running ≥ :data:`WORKER_RUNQUEUE_STARVED` → ``cpu-contended`` when other
     processes took :data:`OTHERS_CPU_CONTENDED` of the machine, else ``cpu-bound``; else the workers
     sleep → ``storage-bound``. A figure inside its band (:data:`THRESHOLDS`) whose two sides lead to
     different kinds makes the verdict ``borderline``; so do sleeping workers over the page cache when

@@ -16,7 +16,8 @@ import os
 import pytest
 
 from shardfeed.readers.measure.watch import watch
-from shardfeed.readers.measure.watch_rules import BATCH_READY_HANDOFF, THRESHOLDS, diagnose, gather_evidence, judge
+from shardfeed.readers.measure.watch_rules import (BATCH_READY_HANDOFF, THRESHOLDS, diagnose, gather_evidence, judge,
+                                                   kind_label)
 
 STORAGE_WORDS = ("--format wds", "shardfeed stage", 'cache="memory"')  # pack (not --resize), stage, cache
 
@@ -102,6 +103,7 @@ def test_a_hand_off_share_near_its_threshold_is_borderline_on_both_sides(share):
     lead = "handoff-bound" if share >= 0.8 else "storage-bound"
     assert d["between"] == [lead, ({"handoff-bound", "storage-bound"} - {lead}).pop()]
     assert d["text"].startswith(f"borderline: {lead} or ")
+    assert kind_label(d) == f"borderline ({d['between'][0]} or {d['between'][1]})"
     assert f"waiting on batches already back {share:.0%} near 80% ± 10 points" in d["text"]
     # the advice of both kinds, the leading kind's first
     assert d["advice"][0].startswith("batch_size=32 → 64" if lead == "handoff-bound" else "num_workers=2 → 4")
@@ -191,3 +193,17 @@ def test_sleeping_workers_over_the_page_cache_without_ready_figures_do_not_rule_
     # block reads seen: storage, whatever the hand-off
     figures["io"]["read_bytes_per_s"] = 20e6
     assert _diag(cpu_count=8, **figures)["kind"] == "storage-bound"
+
+
+def test_workers_that_mostly_sleep_on_slow_storage_are_storage_bound_though_they_also_queue_for_a_core():
+    # a busy machine: the workers queue for a core 20 % of the time after each read, and sleep 70 %
+    figures = {"workers": {"num": 2, "cpu_busy_share": 0.1, "cpu_demand_share": 0.3, "runqueue_share": 0.2,
+                           "ready_wait_share": 0.05},
+               "io": {"read_chars_per_s": 1e6, "read_bytes_per_s": 0.0, "iowait_share": 0.0},
+               "system": {"cpu_busy_share": 1.0, "others_cpu_share": 0.6}}
+    d = _diag(facts={"slow_storage": True}, **figures)
+    assert d["kind"] == "storage-bound", d["text"]
+    assert d["evidence"]["workers_sleep_share"] == pytest.approx(0.7)
+    assert "workers asleep 70% ≥ 50%" in d["text"]
+    # the same figures over the page cache: nothing says storage, the run queue decides
+    assert _diag(**figures)["kind"] == "cpu-contended"
