@@ -412,7 +412,8 @@ def _row_line(r: dict) -> str:
     named = r["named"] + (f" ({' or '.join(r['between'])})" if r.get("between") else "")
     return (f"| {r['scenario']} | {r['mode']} | {r['planted']} | {named} | {'yes' if r['ok'] else 'NO'} | "
             f"{_pct(r.get('stall'))} | {_pct(r.get('own_stall'))} | "
-            f"{'n/a' if delta is None else f'{delta:.1f}'} |" + (f" {r['error']}" if r.get("error") else ""))
+            f"{'n/a' if delta is None else f'{delta:.1f}'} | {_pct(r.get('other_share'))} |"
+            + (f" {r['error']}" if r.get("error") else ""))
 
 
 def summarise(rows: list) -> dict:
@@ -430,8 +431,8 @@ def summarise(rows: list) -> dict:
 
 
 def print_report(rows: list, summary: dict) -> None:
-    print("\n| scenario | mode | planted | named | right | stall (watch) | stall (own clock) | Δ points |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| scenario | mode | planted | named | right | stall (watch) | stall (own clock) | Δ points | other |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(_row_line(r))
     kinds = sorted({k for cell in summary["matrix"].values() for k in cell})
