@@ -41,7 +41,7 @@ MAIN_CPU_SATURATED = 0.9
 WORKER_RUNQUEUE_STARVED = 0.15
 #: Workers asleep this share of the time or more, with signs of storage waits, wait on storage even
 #: when they also queue for a core on a busy machine.
-WORKER_SLEEP_STORAGE = 0.5
+WORKER_SLEEP_STORAGE = 0.35
 #: Starved workers while other processes take this share of the machine's CPU or more: ``cpu-contended``.
 OTHERS_CPU_CONTENDED = 0.25
 #: ``{figure: (threshold, margin)}``: the rules' thresholds and the band around each one.
