@@ -893,7 +893,7 @@ class Watch(HookMode):
             return
         self.waits.append(dt)
         self.ready.append(ready)
-        if self.batch_tensors is None and ready is not None:
+        if self.batch_tensors is None and ready is not None and batch is not None:
             self.batch_tensors = count_tensors(batch)
         self._pending_step = True
         if count:
