@@ -99,6 +99,10 @@ bench: install system-deps  ## side-by-side benchmarks; prints ratios and writes
 	$(PY) scripts/bench_overhead.py --imagenet data/bench-imagenet-wds --small data/bench-small-wds --json out/bench/overhead.json
 	$(PY) scripts/bench_enlarge.py --json out/bench/enlarge.json
 	$(PY) scripts/bench_readahead.py --wds data/bench-imagenet-wds --json out/bench/readahead.json
+	# does watch name the planted bottleneck? confusion matrix and stall against the loop's own clock,
+	# alone and with two CPU burners beside it
+	$(PY) scripts/validate_watch.py --runs 5 --json out/bench/validate_watch.json
+	$(PY) scripts/validate_watch.py --runs 5 --burners 2 --json out/bench/validate_watch_burners.json
 	# other loaders on the same tasks, on local disk and on the storage emulator at 2 ms: webdataset and
 	# DALI from .venv, the rest from $(PEERS_VENV); a peer that did not install is a row saying so
 	$(MAKE) --no-print-directory $(PEERS_VENV)/.installed || echo "bench: $(PEERS_VENV) incomplete (reported in the peers table)"

@@ -195,7 +195,9 @@ def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path
     series = [series_of_watch(rep, f"{rep.get('label')} #{i + 1}" if len(loaders) > 1 else None)
               for i, rep in enumerate(loaders)]
     diag = [rep["diagnosis"] for rep in loaders]
-    headline = "; ".join(f"{d['kind']}: data stall {rep['stall_share']:.0%}" for d, rep in zip(diag, loaders))
+    from shardfeed.readers.measure.watch_rules import kind_label
+
+    headline = "; ".join(f"{kind_label(d)}: data stall {rep['stall_share']:.0%}" for d, rep in zip(diag, loaders))
     if plot:
         echo(f"plot: {plot_delivery(series, plot, title=headline)}", json_path)
     if html_path:
@@ -206,7 +208,7 @@ def _draw_watch(report: dict, plot: str | None, html_path: str | None, json_path
                          f"{w['mean'] * 1e3:.1f} / {w['p95'] * 1e3:.1f}",
                          f"{st['mean'] * 1e3:.1f} / {st['p95'] * 1e3:.1f}",
                          f"{rep['samples_per_s']:.1f}" if rep.get("samples_per_s") else "n/a",
-                         rep["diagnosis"]["kind"]))
+                         kind_label(rep["diagnosis"])))
         notes = [f"{rep.get('label')}: {rep['diagnosis']['text']}" for rep in loaders]
         notes += [f"advice: {a}" for rep in loaders for a in rep["diagnosis"].get("advice", [])]
         notes += [f"warning: {x}" for rep in loaders for x in rep.get("warnings", [])]

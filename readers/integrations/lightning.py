@@ -15,10 +15,12 @@ in for the trainer's profiler while fitting and times the fetches Lightning prof
 timed by the hooks ``on_train_batch_start`` / ``on_train_batch_end``; the time between two steps
 that is not a fetch (validation, checkpointing, logging) is reported apart (``t_other_s``,
 ``other_share``), never as data wait. The samples are counted from the batch each step receives.
-The first fetch and the first step (worker start-up) are left out (``warmup``). Every
-``log_every_n_steps`` steps the data stall share so far is logged to the trainer's logger as
-``shardfeed/stall_share``; at the end of fitting the :class:`~shardfeed.readers.measure.watch.WatchReport`
-is in :attr:`WatchCallback.report` and its summary is logged (logger ``shardfeed.watch``).
+At each fetch it also looks whether the batch due had already come back from a worker (one train
+``DataLoader``), which tells a hand-off from idle workers. The first fetch and the first step
+(worker start-up) are left out (``warmup``). Every ``log_every_n_steps`` steps the data stall
+share so far is logged to the trainer's logger as ``shardfeed/stall_share``; at the end of fitting
+the :class:`~shardfeed.readers.measure.watch.WatchReport` is in :attr:`WatchCallback.report` and its
+summary is logged (logger ``shardfeed.watch``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from ..measure.watch import _held_out_of_order, batch_ready
 from ._common import log_report, make_watch
 
 __all__ = ["WatchCallback"]
@@ -36,22 +39,41 @@ __all__ = ["WatchCallback"]
 _FETCH_ACTION = "train_dataloader_next"
 
 
+def _train_iterator(trainer: Any) -> Any:
+    """The iterator of the one train ``DataLoader`` Lightning is fetching from (its fetcher's
+    ``CombinedLoader``); None where there are several, or Lightning's internals differ."""
+    try:
+        it = trainer.fit_loop._data_fetcher.iterator
+        its = getattr(getattr(it, "_iterator", it), "iterators", None)
+    except AttributeError:
+        return None
+    return its[0] if isinstance(its, list) and len(its) == 1 else None
+
+
 class _FetchTimer:
     """The trainer's profiler, with each train-batch fetch timed for a watch; everything else forwarded."""
 
-    def __init__(self, inner: Any, watch: Any):
-        self.__dict__.update(_inner=inner, _watch=watch, _t0=None)
+    def __init__(self, inner: Any, watch: Any, trainer: Any = None):
+        self.__dict__.update(_inner=inner, _watch=watch, _trainer=trainer, _t0=None, _it=None, _ready=None,
+                             _held=None)
 
     def start(self, action_name: str) -> None:
         self._inner.start(action_name)
         if action_name.endswith(_FETCH_ACTION):
-            self.__dict__["_t0"] = time.perf_counter()
+            it = _train_iterator(self._trainer)
+            ready = batch_ready(it) if it is not None else None
+            held = _held_out_of_order(it) if ready else None
+            self.__dict__.update(_it=it, _ready=ready, _held=held, _t0=time.perf_counter())
 
     def stop(self, action_name: str) -> None:
         t0 = self._t0
         if action_name.endswith(_FETCH_ACTION) and t0 is not None:
-            self.__dict__["_t0"] = None
-            self._watch.record_fetch(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            ready, held = self._ready, self._held
+            if held is not None and (_held_out_of_order(self._it) or 0) > held:
+                ready = False  # a later batch came back and was held while the due one was awaited
+            self.__dict__.update(_t0=None, _it=None)
+            self._watch.record_fetch(dt, ready=ready)
         self._inner.stop(action_name)
 
     def __getattr__(self, name: str) -> Any:
@@ -94,7 +116,7 @@ class WatchCallback(Callback):
         self.watch_options.setdefault("device", pl_module.device)
         self.watch = make_watch(loader, self.watch_options, label=f"Lightning train ({type(loader).__name__})",
                                 fetches_reported=True)
-        trainer.profiler = _FetchTimer(trainer.profiler, self.watch)
+        trainer.profiler = _FetchTimer(trainer.profiler, self.watch, trainer)
         self._steps = 0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

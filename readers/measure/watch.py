@@ -53,6 +53,8 @@ from ..background import start_thread
 from ..redact import shown_source
 from .report import fmt_bytes, percentile
 from .watch_hooks import HookMode
+from .watch_rules import (BATCH_READY_HANDOFF, DIAGNOSIS_KINDS, STALL_COMPUTE_BOUND, WORKER_CPU_SATURATED,
+                          _pct, diagnose, predict_batch_interval)
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
            "WORKER_CPU_SATURATED", "BATCH_READY_HANDOFF", "DEFAULT_SAMPLE_INTERVAL_S", "data_facts", "batch_length",
@@ -60,19 +62,6 @@ __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STAL
 
 logger = logging.getLogger("shardfeed.watch")
 
-#: The diagnosis kinds, in the order :func:`diagnose` tries them.
-DIAGNOSIS_KINDS = ("compute-bound", "main-process-bound", "handoff-bound", "cpu-bound", "storage-bound", "unknown")
-#: A data stall share below this is ``compute-bound``: the loader keeps up.
-STALL_COMPUTE_BOUND = 0.10
-#: Workers whose CPU demand (running or runnable) or busy share reaches this are CPU-saturated.
-WORKER_CPU_SATURATED = 0.6
-#: A stalled loop that spends this share of its waiting time or more on batches that had already
-#: come back from a worker when it asked for them is ``handoff-bound``: it waits on the hand-off,
-#: not on the workers.
-BATCH_READY_HANDOFF = 0.8
-#: More tensors than this in one batch are named in the ``handoff-bound`` advice (about 0.3 ms of
-#: hand-off each, against about 2 ms for a whole batch of two stacked tensors).
-HANDOFF_MANY_TENSORS = 8
 #: Seconds between two background samples of CPU time and scheduler state.
 DEFAULT_SAMPLE_INTERVAL_S = 0.05
 #: Memory, context switches and I/O counters are read every this many samples; the list of child
@@ -159,19 +148,28 @@ def _stats(values: list[float]) -> dict:
 # background sampling
 
 
+def _runqueue_wait_s(pid: int) -> float | None:
+    """Seconds ``pid`` has been runnable but waiting for a core (``/proc/PID/schedstat``); None off Linux."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read(256).split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class _ProcTrack:
     """What the sampler saw of one process: first/last CPU time and I/O, state counts."""
 
     __slots__ = ("proc", "t0", "t1", "cpu0", "cpu1", "rchar0", "rchar1", "rbytes0", "rbytes1", "states",
-                 "running", "vol0", "vol1", "rss")
+                 "running", "vol0", "vol1", "rss", "runq0", "runq1", "disk_sleep")
 
     def __init__(self, proc, now: float):
         self.proc = proc
         self.t0 = self.t1 = now
         self.cpu0 = self.cpu1 = None
         self.rchar0 = self.rchar1 = self.rbytes0 = self.rbytes1 = None
-        self.vol0 = self.vol1 = None
-        self.states = 0
+        self.vol0 = self.vol1 = self.runq0 = self.runq1 = None
+        self.states = self.disk_sleep = 0
         self.running = 0
         self.rss = 0
 
@@ -195,18 +193,21 @@ class _ProcTrack:
         except (psutil.Error, OSError):
             return False
         cpu = ct.user + ct.system
+        runq = _runqueue_wait_s(self.proc.pid) if full else None
         if self.cpu0 is None:
+            self.runq0 = runq
             self.cpu0, self.t0 = cpu, now
             self.vol0 = vol
             if ioc is not None:
                 self.rchar0, self.rbytes0 = ioc.read_chars, ioc.read_bytes
         self.cpu1, self.t1 = cpu, now
         if full:
-            self.vol1, self.rss = vol, rss
+            self.vol1, self.rss, self.runq1 = vol, rss, runq if runq is not None else self.runq1
             if ioc is not None:
                 self.rchar1, self.rbytes1 = ioc.read_chars, ioc.read_bytes
         self.states += 1
         self.running += status == psutil.STATUS_RUNNING
+        self.disk_sleep += status == psutil.STATUS_DISK_SLEEP
         return True
 
     def figures(self) -> dict:
@@ -215,6 +216,9 @@ class _ProcTrack:
         return {"pid": self.proc.pid, "watched_s": span, "cpu_s": cpu,
                 "cpu_busy_share": min(1.0, cpu / span) if span > 0 else None,
                 "cpu_demand_share": self.running / self.states if self.states else None,
+                "runqueue_share": (min(1.0, (self.runq1 - self.runq0) / span) if span > 0 and None not in
+                                   (self.runq0, self.runq1) else None),
+                "disk_sleep_share": self.disk_sleep / self.states if self.states else None,
                 "read_chars": (self.rchar1 - self.rchar0) if self.rchar0 is not None else None,
                 "read_bytes": (self.rbytes1 - self.rbytes0) if self.rbytes0 is not None else None,
                 "voluntary_ctx_switches": (self.vol1 - self.vol0) if self.vol0 is not None else None,
@@ -248,6 +252,7 @@ class _Sampler:
                 self.gpu = None
         self._ticks = 0
         self._children: list[int] | None = None
+        self.children_mode = False  # the workers are the main process's children, whichever they are
         self._thread = start_thread(self._loop, name="shardfeed-watch", stop=self._stop.set)
 
     def _tick(self) -> None:
@@ -260,12 +265,12 @@ class _Sampler:
         self.main.sample(now, full)
         pids = self.worker_pids()
         if pids is None:  # the workers are not known: the main process's children, looked up now and then
-            if slow or self._children is None:
+            if slow or (not self._children and self._ticks <= _SLOW_EVERY):  # each tick in the first second
                 try:
                     self._children = [c.pid for c in self.main.proc.children()]
                 except psutil.Error:
                     self._children = []
-            pids = self._children
+            pids, self.children_mode = self._children, True
         with self._lock:
             for pid in pids:
                 track = self.workers.get(pid)
@@ -303,10 +308,13 @@ class _Sampler:
         system = {"cpu_count": psutil.cpu_count() or 1,
                   "cpu_busy_share": (1 - (d.get("idle", 0) + d.get("iowait", 0)) / total) if total > 0 else None,
                   "iowait_share": d.get("iowait", 0.0) / total if total > 0 else None,
+                  "busy_s": total - d.get("idle", 0.0) - d.get("iowait", 0.0),
                   "memory_available_min_bytes": self.vm_min_available,
                   "memory_total_bytes": psutil.virtual_memory().total,
                   "swap_growth_bytes": max(0, self.swap_max - self.swap0)}
         gpu = self.gpu.stats() if self.gpu is not None else None
+        if self.children_mode:  # a child that used no CPU while watched is no worker of this loader (another
+            workers = [w for w in workers if w["cpu_s"] > 0] or workers  # loader's idle workers, a leftover)
         return {"main": self.main.figures(), "workers": workers, "system": system, "gpu": gpu}
 
     def stop(self) -> None:
@@ -416,245 +424,15 @@ class WatchReport:
                          f"I/O wait {_pct(self.io.get('iowait_share'))} of the machine")
         if self.gpu_util is not None:
             lines.append(f"  GPU utilisation {self.gpu_util:.0%}")
-        lines.append(f"  diagnosis: {self.diagnosis['kind']}: {self.diagnosis['text']}")
-        lines += [f"  advice: {a}" for a in self.diagnosis["advice"]]
+        d = self.diagnosis
+        lines.append(f"  diagnosis: {'' if d['kind'] == 'borderline' else d['kind'] + ': '}{d['text']}")
+        lines += [f"  {'do first' if i == 0 else 'also worth trying'}: {a}" for i, a in enumerate(d["advice"])]
         lines += [f"  warning: {x}" for x in self.warnings]
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.summary()
 
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
-
-
-def diagnose(*, stall_share: float, batches: int, num_workers: int | None, workers: dict | None,
-             main: dict | None, loader: dict, cpu_count: int, cuda: bool, epochs: int,
-             t_wait_s: dict | None = None, io: dict | None = None, data: str | None = None,
-             t_step_s: dict | None = None, facts: dict | None = None) -> dict:
-    """The diagnosis of a watched loop: ``{"kind", "text", "advice"}``.
-
-    Rules, in order: stall under :data:`STALL_COMPUTE_BOUND` → ``compute-bound``; stalled with
-    ``num_workers=0`` (loading in the main process) → ``main-process-bound``; stalled, with
-    :data:`BATCH_READY_HANDOFF` or more of the waiting time spent on batches that had already come
-    back from a worker (``workers["ready_wait_share"]``, from :func:`batch_ready`) →
-    ``handoff-bound`` (the wait is the main process receiving each batch; advice: fewer tensors
-    per batch, larger batches, not more workers); stalled with idle workers while the main
-    process is CPU-saturated (collate, pinning) → ``main-process-bound``; stalled while the
-    workers are CPU-saturated (busy or demand share ≥ :data:`WORKER_CPU_SATURATED`: decoding and
-    transforms) → ``cpu-bound``; stalled while the workers wait (both shares below it: storage,
-    the network or another wait in the dataset's code) → ``storage-bound``; otherwise (no batch,
-    no worker figures) ``unknown``.
-
-    ``advice`` follows one order: workers, ``pin_memory`` + ``non_blocking``, ``prefetch_factor``,
-    ``persistent_workers``, then the storage format (``shardfeed pack``, ``stage`` to NVMe or
-    ``/dev/shm``, ``cache="memory"``), then decode cost (``--resize`` at pack time, scaled
-    decoding); each item names concrete values. ``data``: the dataset's folder when known (a
-    torchvision-style ``dataset.root``), named in the ``shardfeed pack`` advice (else ``DATA``).
-
-    ``facts`` (:func:`data_facts`) says what the loader reads, and the storage and decode advice
-    follows it: ``shardfeed pack`` only for an image folder or a dataset of unknown kind (not for
-    a packed dataset read by shardfeed); ``stage`` only for a packed dataset that is remote or on
-    slow (network, user-space) storage, or, conditionally, after packing a dataset of unknown
-    kind; ``--resize N`` with a number only when the stored images' shorter side is known to
-    exceed ``N`` (without a number when their size is unknown, never when they are smaller); no
-    decoder advice for the decoder in use, and no reduced-scale decoding advice for a shardfeed
-    loader (it already decodes so), whose ``image_size`` is kept.
-    Without ``facts`` the dataset is taken as unknown.
-
-    The worker shares behind a ``cpu-bound`` verdict are named by which of them reached
-    :data:`WORKER_CPU_SATURATED`: ``CPU busy`` (the workers compute), or only ``running or
-    runnable`` (they wait for a core: the cores are shared with other work).
-    """
-    facts = facts or {}
-    data = data or "DATA"
-    advice: list[str] = []
-    nw = num_workers
-    if batches < 1:
-        return {"kind": "unknown", "text": "no batch was timed", "advice": []}
-    pf = loader.get("prefetch_factor")
-    busy = (workers or {}).get("cpu_busy_share")
-    demand = (workers or {}).get("cpu_demand_share")
-    if stall_share < STALL_COMPUTE_BOUND:
-        text = f"the loop waits for data {stall_share:.0%} of the time: the loader keeps up; a faster loader would " \
-               "not speed this loop up"
-        return {"kind": "compute-bound", "text": text, "advice": []}
-    ready = (workers or {}).get("ready_wait_share")
-    kind, text = _verdict(stall_share, nw, busy, demand, main, io, ready, (t_wait_s or {}).get("mean"))
-    # 1. workers
-    if kind == "main-process-bound" and nw == 0:
-        advice.append(f"num_workers=0 → {max(2, min(cpu_count, 8))}: load in worker processes "
-                      f"(this machine has {cpu_count} cores)")
-    elif kind == "cpu-bound" and nw is not None and nw < cpu_count:
-        gain = _gain_text(nw, cpu_count, stall_share, t_step_s, t_wait_s, workers, cpu_count)
-        why = ("the workers are CPU-saturated" if (busy or 0.0) >= WORKER_CPU_SATURATED
-               else f"the workers are running or runnable {_pct(demand)} of the time")
-        advice.append(f"num_workers={nw} → {cpu_count}: {why} and this machine has {cpu_count} cores{gain}")
-    elif kind == "storage-bound" and nw is not None:
-        more = min(max(2 * nw, nw + 2), max(4 * cpu_count, nw + 2), 64)
-        advice.append(f"num_workers={nw} → {more}: the workers wait on storage rather than compute, so more of "
-                      f"them keep more reads in flight (this machine has {cpu_count} cores)"
-                      f"{_gain_text(nw, more, stall_share, t_step_s, t_wait_s, workers, cpu_count)}")
-    elif kind == "handoff-bound":
-        advice += _handoff_advice(nw, loader, (workers or {}).get("batch_tensors"), t_wait_s)
-    # 2. pinned memory
-    if cuda and loader.get("pin_memory") is False:
-        advice.append("pin_memory=False → True, with batch.to(device, non_blocking=True): the copy to the GPU "
-                      "overlaps the step")
-    # 3. prefetch
-    if nw and pf is not None and t_wait_s and t_wait_s.get("p95", 0) > 3 * max(t_wait_s.get("p50", 0), 1e-4):
-        advice.append(f"prefetch_factor={pf} → {2 * pf}: the waits are uneven (p95 {t_wait_s['p95'] * 1e3:.0f} ms, "
-                      f"median {t_wait_s['p50'] * 1e3:.0f} ms); more batches ready per worker absorb the slow ones")
-    # 4. persistent workers
-    if nw and loader.get("persistent_workers") is False and epochs > 1:
-        advice.append("persistent_workers=False → True: the workers start again every epoch")
-    # 5. storage format, 6. decode cost
-    if kind in ("storage-bound", "main-process-bound"):
-        advice += _storage_advice(facts, data)
-    if kind in ("cpu-bound", "main-process-bound"):
-        advice += _decode_advice(facts, data)
-    return {"kind": kind, "text": text, "advice": advice}
-
-
-def _verdict(stall_share: float, nw: int | None, busy: float | None, demand: float | None, main: dict | None,
-             io: dict | None, ready: float | None = None, wait_mean_s: float | None = None) -> tuple[str, str]:
-    """:func:`diagnose`'s ``(kind, text)`` of a stalled loop, by the rules its docstring lists."""
-    saturated = None if busy is None and demand is None else max(busy or 0.0, demand or 0.0) >= WORKER_CPU_SATURATED
-    main_busy = max((main or {}).get("cpu_busy_share") or 0.0, (main or {}).get("cpu_demand_share") or 0.0)
-    stall_txt = f"the loop waits for data {stall_share:.0%} of the time"
-    if nw == 0:
-        return ("main-process-bound",
-                f"{stall_txt}, and the samples are loaded in the main process (num_workers=0), between the steps")
-    if ready is not None and ready >= BATCH_READY_HANDOFF:
-        per = f"; {wait_mean_s * 1e3:.1f} ms per batch" if wait_mean_s is not None else ""
-        return ("handoff-bound",
-                f"{stall_txt}, {ready:.0%} of that time for batches that had already come back from a worker: "
-                f"the wait is the hand-off of each batch to the main process (receiving and "
-                f"unpickling it, mapping its shared memory{per}), not the {nw} workers (CPU busy {_pct(busy)}, "
-                f"running or runnable {_pct(demand)})")
-    if saturated is None:
-        return ("unknown",
-                f"{stall_txt}; the worker processes could not be watched (psutil), so the cause is not known")
-    if not saturated and main_busy >= 0.9:
-        return ("main-process-bound",
-                f"{stall_txt} while the workers idle (CPU {_pct(busy)}) and the main process is CPU-saturated "
-                f"({main_busy:.0%}): collate, pinning or the step's own CPU work")
-    if saturated and (busy or 0.0) >= WORKER_CPU_SATURATED:
-        return ("cpu-bound", f"{stall_txt} while the {nw} workers are CPU-saturated (CPU busy {_pct(busy)}, "
-                             f"running or runnable {_pct(demand)}): decoding and transforms")
-    if saturated:
-        return ("cpu-bound", f"{stall_txt} while the {nw} workers want the CPU (running or runnable {_pct(demand)}) "
-                             f"but get it only part of the time (CPU busy {_pct(busy)}): they wait for a core "
-                             "shared with other processes; decoding and transforms")
-    io_txt = ""
-    if io and io.get("read_chars_per_s") is not None:
-        io_txt = f"; reading {fmt_bytes(io['read_chars_per_s'])}/s"
-        if io.get("read_bytes_per_s") is not None:
-            io_txt += f" (from block devices {fmt_bytes(io['read_bytes_per_s'])}/s; page-cache hits and network " \
-                      f"or FUSE reads count only in the first)"
-    ready_txt = (f", {ready:.0%} of that waiting for batches that had already come back"
-                 if ready is not None else "")
-    return ("storage-bound", f"{stall_txt} while the {nw} workers mostly wait (CPU busy {_pct(busy)}, running or "
-                             f"runnable {_pct(demand)}){ready_txt}: on storage or the network (opens and reads), "
-                             f"or on another wait in the dataset's code{io_txt}")
-
-
-def _handoff_advice(nw: int | None, loader: dict, tensors: int | None, t_wait_s: dict | None) -> list[str]:
-    """:func:`diagnose`'s advice for a ``handoff-bound`` loop: fewer tensors and fewer batches to hand over."""
-    advice: list[str] = []
-    many = tensors is not None and tensors > HANDOFF_MANY_TENSORS
-    if many:  # each one a handle of its own
-        advice.append(f"a batch holds {tensors} tensors, each handed over through a shared-memory handle of its "
-                      "own: collate each field into one tensor (torch.stack in collate_fn, not a list per sample)")
-    bs = loader.get("batch_size")
-    per = f" ({t_wait_s['mean'] * 1e3:.1f} ms now)" if t_wait_s and t_wait_s.get("mean") is not None else ""
-    if isinstance(bs, int) and bs > 0 and not many:  # a batch of per-sample tensors costs more when larger
-        advice.append(f"batch_size={bs} → {2 * bs} where the step allows it: a hand-off costs about the same per "
-                      f"batch{per} whatever its size, so half as many batches wait half as often")
-    if nw:
-        advice.append(f"keep num_workers={nw}: the batches are ready before they are asked for, more workers "
-                      "would not shorten the wait")
-    return advice
-
-
-def _storage_advice(facts: dict, data: str) -> list[str]:
-    """:func:`diagnose`'s storage advice (pack, stage, ``cache="memory"``), as ``facts`` allow."""
-    advice: list[str] = []
-    fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
-    packed = ours and fmt is not None and fmt != "folder"
-    if not packed:
-        advice.append(f"shardfeed pack {data} OUT --format wds: a few large shards read sequentially instead of "
-                      f"one open and read per sample (then shardfeed verify {data} OUT shows the change)")
-        if not ours:  # where the data and OUT lie is not known here
-            advice.append("shardfeed stage OUT /local/nvme (or /dev/shm when it fits) when OUT lies on remote "
-                          "or network storage: read the shards from local storage")
-    elif facts.get("remote") or facts.get("slow_storage"):
-        where = "remote" if facts.get("remote") else "on slow (network or user-space) storage"
-        advice.append(f"shardfeed stage {data if data != 'DATA' else 'SRC'} /local/nvme (or /dev/shm when it "
-                      f"fits): the packed dataset is {where}; read its shards from local storage")
-    out = (repr(data) if data != "DATA" else "SRC") if packed else "OUT"
-    if not facts.get("in_memory"):
-        advice.append(f'make_loader({out}, cache="memory") when the dataset fits in RAM: every sample read '
-                      'once')
-    return advice
-
-
-def _decode_advice(facts: dict, data: str) -> list[str]:
-    """:func:`diagnose`'s decode-cost advice (``--resize``, scaled decoding, the decoder), as ``facts`` allow."""
-    advice: list[str] = []
-    fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
-    packed = ours and fmt is not None and fmt != "folder"
-    image_size = facts.get("image_size") if ours else None
-    side = facts.get("image_side")
-    target = max(256, -(-image_size * 8 // 7)) if image_size else 256
-    src = "the original images" if packed else data
-    if side is None:
-        advice.append(f"shardfeed pack {src} OUT --resize N, N a little above the training image size, when "
-                      "the stored images are larger than that: decode smaller images (the decode cost grows "
-                      "with the pixels)")
-    elif side > target:
-        advice.append(f"shardfeed pack {src} OUT --resize {target}: decode smaller images (the stored images' "
-                      f"shorter side is about {side} px; the decode cost grows with the pixels)")
-    decoder = facts.get("decoder")
-    if not ours:
-        advice.append("make_loader(OUT, image_size=SIZE), SIZE the training size, decodes JPEGs at a reduced "
-                      "scale (1/2, 1/4, 1/8) when that keeps the shorter side ≥ image_size, with "
-                      "simplejpeg (a dependency of shardfeed) by default")
-    elif decoder is not None and decoder != "simplejpeg":
-        advice.append(f"decoder='{decoder}' → 'simplejpeg' (pip install simplejpeg): faster JPEG decoding, "
-                      f"at a reduced scale when that keeps the shorter side ≥ image_size")
-    return advice
-
-
-def predict_batch_interval(num_workers: int, new_workers: int, wait_s: float, step_s: float,
-                           worker_cpu_s_per_batch: float | None, cores: int) -> float:
-    """The time per batch, s, with ``new_workers`` instead of ``num_workers`` (a stalled loop).
-
-    While the loop is stalled the workers together deliver one batch per ``wait_s + step_s``
-    (means per batch); ``k`` times as many workers deliver ``k`` times as fast, but never faster
-    than the step nor than the cores can do the workers' CPU work per batch
-    (``worker_cpu_s_per_batch / cores``).
-    """
-    now = wait_s + step_s
-    interval = max(step_s, now * num_workers / max(new_workers, 1))
-    if worker_cpu_s_per_batch:
-        interval = max(interval, worker_cpu_s_per_batch / max(cores, 1))
-    return interval
-
-
-def _gain_text(nw: int, new: int, stall: float, t_step_s: dict | None, t_wait_s: dict | None, workers: dict | None,
-               cores: int) -> str:
-    if not nw or not t_step_s or not t_wait_s or not t_step_s.get("total"):
-        return ""
-    per = (workers or {}).get("per_worker") or []
-    n_batches = t_step_s["total"] / t_step_s["mean"] if t_step_s["mean"] > 0 else 0
-    cpu_per_batch = sum(w["cpu_s"] for w in per) / n_batches if per and n_batches else None
-    wait, step = t_wait_s["mean"], t_step_s["mean"]
-    interval = predict_batch_interval(nw, new, wait, step, cpu_per_batch, cores)
-    gain = (wait + step) / interval
-    new_stall = max(0.0, 1 - step / interval)
-    return f"; expected about {gain:.1f}x the batches per second (data stall {stall:.0%} → {new_stall:.0%})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -804,7 +582,8 @@ def data_facts(loader: Any) -> dict:
         ``reader`` ``"shardfeed"`` (one of our sources) or ``"other"`` (None without a dataset);
         ``format`` ``"webdataset"``, ``"lmdb"``, ``"folder"``, ``"memory"`` (``cache="memory"``, then
         also ``"in_memory": True``) or None (unknown); ``remote``: the
-        location's ``remote`` capability (None when unknown); ``slow_storage``: a local dataset on a
+        location's ``remote`` capability (None when unknown); ``slow_storage``: a local dataset (ours, or a
+        user's with a ``root`` or a list of files) on a
         network or user-space file system; ``decoder``: the JPEG decoder in use (``"simplejpeg"``,
         ``"pil"``, ``"cv2"``; None when unknown); ``image_size``: the loader's output size, px;
         ``image_side``: the median shorter side of a few stored images, px (from their headers,
@@ -848,6 +627,12 @@ def data_facts(loader: Any) -> dict:
 
             decoder = "simplejpeg" if simplejpeg_available() else "pil"
         facts["decoder"] = decoder if isinstance(decoder, str) else None
+    if not ours:  # a user's dataset: the mount of its root or of its first file
+        first = next((x for x in (getattr(ds, a, None) for a in ("samples", "imgs", "paths", "files"))
+                      if isinstance(x, (list, tuple)) and x), [None])[0]
+        first = first[0] if isinstance(first, (list, tuple)) and first else first
+        where = getattr(ds, "root", None) or first
+        facts["slow_storage"] = isinstance(where, (str, os.PathLike)) and _slow_mount(where)
     sides = _probe_sides(ds, facts["format"], facts["remote"])
     if sides:
         facts["image_side"] = int(statistics.median(sides))
@@ -1108,7 +893,7 @@ class Watch(HookMode):
             return
         self.waits.append(dt)
         self.ready.append(ready)
-        if self.batch_tensors is None and ready is not None:
+        if self.batch_tensors is None and ready is not None and batch is not None:
             self.batch_tensors = count_tensors(batch)
         self._pending_step = True
         if count:
@@ -1196,11 +981,15 @@ class Watch(HookMode):
                 nw = 0
             busy = [w["cpu_busy_share"] for w in per if w["cpu_busy_share"] is not None]
             demand = [w["cpu_demand_share"] for w in per if w["cpu_demand_share"] is not None]
+            runq = [w["runqueue_share"] for w in per if w["runqueue_share"] is not None]
+            dsleep = [w["disk_sleep_share"] for w in per if w["disk_sleep_share"] is not None]
             flagged = [(r, t) for r, t in zip(self.ready[:len(waits_for_share)], waits_for_share) if r is not None]
             flagged_wait = sum(t for _, t in flagged)
             workers = {"num": nw if nw is not None else len(per),
                        "cpu_busy_share": statistics.fmean(busy) if busy else None,
                        "cpu_demand_share": statistics.fmean(demand) if demand else None,
+                       "runqueue_share": statistics.fmean(runq) if runq else None,
+                       "disk_sleep_share": statistics.fmean(dsleep) if dsleep else None,
                        "batch_ready_share": (sum(r for r, _ in flagged) / len(flagged)) if flagged else None,
                        "ready_wait_share": (sum(t for r, t in flagged if r) / flagged_wait) if flagged_wait > 0
                        else None,
@@ -1211,7 +1000,9 @@ class Watch(HookMode):
             span = max(m["watched_s"], 1e-9)
             chars = [x["read_chars"] for x in [m, *snap["workers"]] if x["read_chars"] is not None]
             rbytes = [x["read_bytes"] for x in [m, *snap["workers"]] if x["read_bytes"] is not None]
-            system = snap["system"]
+            system = dict(snap["system"])
+            ours = m["cpu_s"] + sum(x["cpu_s"] for x in snap["workers"])
+            system["others_cpu_share"] = min(1.0, max(0.0, system.pop("busy_s") - ours) / (span * system["cpu_count"]))
             io = {"read_chars": sum(chars) if chars else None, "read_bytes": sum(rbytes) if rbytes else None,
                   "read_chars_per_s": sum(chars) / span if chars else None,
                   "read_bytes_per_s": sum(rbytes) / span if rbytes else None,
@@ -1233,7 +1024,7 @@ class Watch(HookMode):
         diagnosis = diagnose(stall_share=stall, batches=batches, num_workers=nw, workers=workers, main=main,
                              loader=knobs, cpu_count=cpu_count, cuda=self._cuda_sync, epochs=self.epochs,
                              t_wait_s=t_wait, io=io, data=_data_root(self.loader), t_step_s=t_step,
-                             facts=self._data_facts())
+                             facts=self._data_facts(), system=system)
         if batches < 10:
             warnings.append(f"only {batches} batches timed: the figures are rough")
         return WatchReport(label=self.label, batches=batches, epochs=self.epochs, t_wait_s=t_wait, t_step_s=t_step,

@@ -44,10 +44,11 @@ class HookMode:
             self._fetch_hooked = True
         self._hook_mark = time.perf_counter()
 
-    def record_fetch(self, dt: float, batch: Any = None) -> None:
+    def record_fetch(self, dt: float, batch: Any = None, ready: bool | None = None) -> None:
         """A fetch from the train loader took ``dt`` seconds (hook mode with ``time_fetches``); ``batch``
-        the batch fetched (None: its samples are counted at :meth:`batch_started`)."""
-        self._record_wait(float(dt), batch, None, count=batch is not None)
+        the batch fetched (None: its samples are counted at :meth:`batch_started`); ``ready`` whether
+        the batch due had already come back from a worker when it was asked for (None: not known)."""
+        self._record_wait(float(dt), batch, ready, count=batch is not None)
 
     def batch_started(self, batch: Any = None) -> None:
         """A step begins on ``batch`` (hook mode): records the wait since the last step ended
@@ -61,6 +62,10 @@ class HookMode:
                 self.others.append(max(0.0, now - self._hook_mark - self._fetch_in_window))
             if batch is not None and self._steps_warmup_left == 0:
                 self._count(batch)
+                if self.batch_tensors is None and self.ready and self.ready[-1] is not None:
+                    from .watch import count_tensors
+
+                    self.batch_tensors = count_tensors(batch)  # the hand-off's tensors, as in the loop mode
             self._fetch_in_window = 0.0
             self._hook_mark = now
             return

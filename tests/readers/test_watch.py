@@ -75,7 +75,7 @@ def test_report_json_has_the_documented_keys():
         assert key in d
     for key in ("t_wait_s", "t_step_s"):
         assert set(d[key]) >= {"mean", "p50", "p95", "total"}
-    assert set(d["diagnosis"]) == {"kind", "text", "advice"}
+    assert set(d["diagnosis"]) == {"kind", "text", "advice", "between", "evidence", "decided_by"}
     assert d["diagnosis"]["kind"] in DIAGNOSIS_KINDS
     assert watch_from_package is watch
 
@@ -99,7 +99,10 @@ def test_cpu_heavy_transform_is_cpu_bound(jpegs):
     assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
     assert rep.stall_share > 0.10
     assert rep.workers["num"] == 2
-    assert rep.diagnosis["kind"] == "cpu-bound", rep.summary()
+    # the CPU is the limit: the workers' own decoding, or cores that other processes on a busy machine hold
+    cpu_kinds = {"cpu-bound", "cpu-contended"}
+    d = rep.diagnosis
+    assert d["kind"] in cpu_kinds or (d["kind"] == "borderline" and set(d["between"]) <= cpu_kinds), rep.summary()
     # the planted images are 48 x 48: no pack-time resize would shrink them
     assert not any("--resize" in a for a in rep.diagnosis["advice"]), rep.summary()
     assert any(a.startswith("make_loader(OUT, image_size=SIZE)") for a in rep.diagnosis["advice"])
@@ -246,26 +249,53 @@ def _per_sample_list(samples):
     return list(samples)
 
 
+def _loop_asking_only_for_ready_batches(w, step_s: float, batches: int):
+    """Like :func:`timed_loop`, but each step ends only once the batch due has come back from the
+    worker (a bounded poll of the loader's queue, not a guess of how long the worker takes): every
+    request finds its batch ready, however busy the machine."""
+    from shardfeed.readers.measure.watch import batch_ready
+
+    waits, steps = [], []
+    it = iter(w)
+    for i in range(batches):
+        t0 = time.perf_counter()
+        next(it)
+        t1 = time.perf_counter()
+        time.sleep(step_s)
+        deadline = time.monotonic() + 30
+        while i + 1 < batches and not batch_ready(it) and time.monotonic() < deadline:
+            time.sleep(0.0002)
+        assert i + 1 == batches or batch_ready(it), "the worker sent no batch in 30 s"
+        waits.append(t1 - t0)
+        steps.append(time.perf_counter() - t1)
+    assert next(it, None) is None
+    return waits, steps
+
+
 @pytest.mark.multiprocess
 def test_batches_ready_before_they_are_asked_for_stall_on_the_hand_off_not_the_workers():
     # 16 tensors per batch handed over one by one cost the main process several ms per batch; the
-    # workers build a batch in well under the 2 ms step, so the batch due has always come back
-    loader = DataLoader(_SmallTensors(), batch_size=16, num_workers=2, collate_fn=_per_sample_list)
+    # loop asks for a batch only once it has come back from the (one, so in-order) worker, so the
+    # wait is the hand-off alone. The kind's rule is checked on planted figures in test_watch_rules.
+    loader = DataLoader(_SmallTensors(), batch_size=16, num_workers=1, collate_fn=_per_sample_list)
     w = watch(loader)
-    waits, steps, _ = timed_loop(w, 0.002)
+    waits, steps = _loop_asking_only_for_ready_batches(w, 0.002, 40)
     rep = w.report()
     w.close()
     assert rep.stall_share == pytest.approx(stall_of(waits, steps), abs=0.05)
-    assert rep.stall_share > 0.10, rep.summary()
-    assert rep.workers["ready_wait_share"] >= 0.8, rep.summary()
+    # every timed request found its batch ready: the count, not a share near a threshold
+    assert rep.workers["batch_ready_share"] == 1.0 and rep.workers["ready_wait_share"] == 1.0, rep.summary()
     assert rep.workers["batch_tensors"] == 16
+    assert rep.num_samples == 16 * 39  # a list of 16 per-sample tensors is 16 samples, not 3 channels
+    # the hand-off of 16 tensors against the 2 ms step: a stall of 52-66 % measured over 5 runs each,
+    # alone and with two CPU burners beside the test on 2 busy cores; 13 % leaves the compute-bound band
+    assert rep.stall_share > 0.13, rep.summary()
     assert rep.diagnosis["kind"] == "handoff-bound", rep.summary()
     advice = rep.diagnosis["advice"]
     assert advice[0].startswith("a batch holds 16 tensors"), advice
     # a larger batch of per-sample tensors hands over more of them: no batch-size advice then
     assert not any(a.startswith("batch_size=") for a in advice), advice
-    assert rep.num_samples == 16 * 39  # a list of 16 per-sample tensors is 16 samples, not 3 channels
-    assert not any(a.startswith("num_workers=2 →") for a in advice), advice
+    assert not any(a.startswith("num_workers=1 →") for a in advice), advice
     assert not any("shardfeed pack" in a for a in advice), advice
 
 

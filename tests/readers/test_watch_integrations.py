@@ -214,3 +214,53 @@ def test_transformers_evaluation_is_other_time_and_each_accumulated_fetch_counts
     # the trainer's loader is given back as it was
     loader, cls = cb.given
     assert type(loader) is cls
+
+
+class _SmallTensors(Dataset):
+    def __len__(self):
+        return 16 * 12
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 8, 8)
+
+
+def _per_sample_list(samples):
+    return list(samples)
+
+
+@pytest.mark.multiprocess
+def test_lightning_callback_tells_whether_each_batch_had_come_back_from_the_worker():
+    import lightning.pytorch as pl
+
+    from shardfeed.readers.integrations.lightning import WatchCallback, _train_iterator
+    from shardfeed.readers.measure.watch import batch_ready
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            # the step ends only once the next batch has come back from the (one, in-order) worker:
+            # every later fetch finds its batch ready (the last two have none left to wait for)
+            it = _train_iterator(self.trainer)
+            deadline = time.monotonic() + 30
+            while batch_idx < 10 and not batch_ready(it) and time.monotonic() < deadline:
+                time.sleep(0.0002)
+            return self.w.sum() * 0.0
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    loader = DataLoader(_SmallTensors(), batch_size=16, num_workers=1, collate_fn=_per_sample_list)
+    cb = WatchCallback(log_every_n_steps=0)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", callbacks=[cb], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Tiny(), train_dataloaders=loader)
+    rep = cb.report
+    assert rep.workers["batch_tensors"] == 16
+    # 12 batches: the first fetch is the warm-up; of the rest, only the one that ends the epoch
+    # (no batch left to come back) may find none ready
+    n = rep.batches
+    assert n >= 11
+    assert rep.workers["batch_ready_share"] >= (n - 1) / n, rep.summary()
