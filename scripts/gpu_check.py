@@ -227,7 +227,7 @@ def summarise_verify(result: dict) -> dict:
     return out
 
 
-def _pct(x) -> str:
+def pct(x) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
@@ -246,8 +246,8 @@ def format_rows(comparisons: list[dict]) -> tuple[list[tuple[str, ...]], tuple[s
             mem = side["gpu_memory_max_bytes"]
             verdict = "" if label == "before" else (s["verdict"] or "")
             rows.append((c["cache"], side["format"] or "?", f"{side['images_per_s_median']:.0f}",
-                         f"{min(rounds):.0f}-{max(rounds):.0f}", _pct(side["stall_share"]),
-                         _pct(side["gpu_util_median_run"]), "n/a" if not mem else f"{mem / 2**30:.1f} GiB", verdict))
+                         f"{min(rounds):.0f}-{max(rounds):.0f}", pct(side["stall_share"]),
+                         pct(side["gpu_util_median_run"]), "n/a" if not mem else f"{mem / 2**30:.1f} GiB", verdict))
     return rows, header
 
 

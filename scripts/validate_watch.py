@@ -402,7 +402,7 @@ def run_matrix(names: list, modes: set, runs: int, data_root: Path, work: Path) 
     return rows
 
 
-def _pct(x) -> str:
+def pct(x) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
@@ -411,8 +411,8 @@ def _row_line(r: dict) -> str:
         else None
     named = r["named"] + (f" ({' or '.join(r['between'])})" if r.get("between") else "")
     return (f"| {r['scenario']} | {r['mode']} | {r['planted']} | {named} | {'yes' if r['ok'] else 'NO'} | "
-            f"{_pct(r.get('stall'))} | {_pct(r.get('own_stall'))} | "
-            f"{'n/a' if delta is None else f'{delta:.1f}'} | {_pct(r.get('other_share'))} |"
+            f"{pct(r.get('stall'))} | {pct(r.get('own_stall'))} | "
+            f"{'n/a' if delta is None else f'{delta:.1f}'} | {pct(r.get('other_share'))} |"
             + (f" {r['error']}" if r.get("error") else ""))
 
 
@@ -440,7 +440,7 @@ def print_report(rows: list, summary: dict) -> None:
     print("| --- |" + " --- |" * len(kinds))
     for planted, cell in sorted(summary["matrix"].items()):
         print(f"| {planted} | " + " | ".join(str(cell.get(k, "")) for k in kinds) + " |")
-    print(f"\nnamed the planted kind: {_pct(summary['named_planted_share'])} of {summary['runs']} runs (target ≥ 95%); "
+    print(f"\nnamed the planted kind: {pct(summary['named_planted_share'])} of {summary['runs']} runs (target ≥ 95%); "
           f"page-cache runs called storage-bound: {summary['page_cache_called_storage']} (target 0); "
           f"largest stall difference: {summary['stall_delta_max_points']:.1f} points (target ≤ 5)"
           if summary["stall_delta_max_points"] is not None else "")

@@ -30,7 +30,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from ..measure.watch import _held_out_of_order, batch_ready
+from ..measure.watch import held_out_of_order, batch_ready
 from ._common import log_report, make_watch
 
 __all__ = ["WatchCallback"]
@@ -62,7 +62,7 @@ class _FetchTimer:
         if action_name.endswith(_FETCH_ACTION):
             it = _train_iterator(self._trainer)
             ready = batch_ready(it) if it is not None else None
-            held = _held_out_of_order(it) if ready else None
+            held = held_out_of_order(it) if ready else None
             self.__dict__.update(_it=it, _ready=ready, _held=held, _t0=time.perf_counter())
 
     def stop(self, action_name: str) -> None:
@@ -70,7 +70,7 @@ class _FetchTimer:
         if action_name.endswith(_FETCH_ACTION) and t0 is not None:
             dt = time.perf_counter() - t0
             ready, held = self._ready, self._held
-            if held is not None and (_held_out_of_order(self._it) or 0) > held:
+            if held is not None and (held_out_of_order(self._it) or 0) > held:
                 ready = False  # a later batch came back and was held while the due one was awaited
             self.__dict__.update(_t0=None, _it=None)
             self._watch.record_fetch(dt, ready=ready)

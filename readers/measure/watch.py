@@ -52,9 +52,9 @@ from typing import Any, Iterable, Iterator
 from ..background import start_thread
 from ..redact import shown_source
 from .report import fmt_bytes, percentile
-from .watch_hooks import HookMode
+from .watch_hooks import HookMode, count_tensors
 from .watch_rules import (BATCH_READY_HANDOFF, DIAGNOSIS_KINDS, STALL_COMPUTE_BOUND, WORKER_CPU_SATURATED,
-                          _pct, diagnose, predict_batch_interval)
+                          pct, diagnose, predict_batch_interval)
 
 __all__ = ["watch", "Watch", "WatchReport", "diagnose", "DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND",
            "WORKER_CPU_SATURATED", "BATCH_READY_HANDOFF", "DEFAULT_SAMPLE_INTERVAL_S", "data_facts", "batch_length",
@@ -116,25 +116,6 @@ def _per_sample_list(seq: Any) -> bool:
         return all(type(x) is kind for x in seq)
     shape = getattr(first, "shape", None)
     return shape is not None and all(getattr(x, "shape", None) == shape for x in seq)
-
-
-def count_tensors(batch: Any, limit: int = 100_000) -> int:
-    """Tensors in ``batch`` (nested tuples, lists and dicts, at most 8 levels and ``limit`` items
-    walked): each one crosses from a DataLoader worker to the main process through a
-    shared-memory handle of its own."""
-    import torch
-
-    count, seen, stack = 0, 0, [(batch, 0)]
-    while stack and seen < limit:
-        obj, depth = stack.pop()
-        seen += 1
-        if isinstance(obj, torch.Tensor):
-            count += 1
-        elif depth < 8 and isinstance(obj, (tuple, list)):
-            stack.extend((x, depth + 1) for x in obj[:limit])
-        elif depth < 8 and isinstance(obj, dict):
-            stack.extend((x, depth + 1) for x in list(obj.values())[:limit])
-    return count
 
 
 def _stats(values: list[float]) -> dict:
@@ -414,14 +395,14 @@ class WatchReport:
             busy, demand = self.workers.get("cpu_busy_share"), self.workers.get("cpu_demand_share")
             ready = self.workers.get("batch_ready_share")
             ready_txt = f", the batch due ready at {ready:.0%} of the requests" if ready is not None else ""
-            lines.append(f"  workers: {self.workers['num']}, CPU busy {_pct(busy)}, running or runnable {_pct(demand)}"
+            lines.append(f"  workers: {self.workers['num']}, CPU busy {pct(busy)}, running or runnable {pct(demand)}"
                          f"{ready_txt}")
         if self.io:
             rate = fmt_bytes(self.io.get('read_chars_per_s'))
             disk = (f"; from block devices {fmt_bytes(self.io.get('read_bytes'))}"
                     if self.io.get("read_bytes") is not None else "")
             lines.append(f"  read {fmt_bytes(self.io.get('read_chars'))} ({rate}/s, page-cache hits included{disk}), "
-                         f"I/O wait {_pct(self.io.get('iowait_share'))} of the machine")
+                         f"I/O wait {pct(self.io.get('iowait_share'))} of the machine")
         if self.gpu_util is not None:
             lines.append(f"  GPU utilisation {self.gpu_util:.0%}")
         d = self.diagnosis
@@ -687,7 +668,7 @@ def _torch_iterator(it: Any, max_depth: int = 4) -> Any:
     return it
 
 
-def _held_out_of_order(it: Any) -> int | None:
+def held_out_of_order(it: Any) -> int | None:
     """Batches a ``DataLoader`` iterator holds that came back before their turn (None: not known)."""
     it = _torch_iterator(it)
     try:
@@ -726,14 +707,14 @@ class _Epoch:
             w._record_step(t0 - self._yielded_at)
         self._yielded_at = None
         ready = batch_ready(self._it)
-        held = _held_out_of_order(self._it) if ready else None
+        held = held_out_of_order(self._it) if ready else None
         try:
             batch = next(self._it)
         except StopIteration:
             w._end_epoch(self)
             raise
         t1 = time.perf_counter()
-        if held is not None and (_held_out_of_order(self._it) or 0) > held:
+        if held is not None and (held_out_of_order(self._it) or 0) > held:
             ready = False  # what had come back was a later batch, held while the due one was awaited
         w._record_wait(t1 - t0, batch, ready)
         self._yielded_at = time.perf_counter()

@@ -63,8 +63,6 @@ class HookMode:
             if batch is not None and self._steps_warmup_left == 0:
                 self._count(batch)
                 if self.batch_tensors is None and self.ready and self.ready[-1] is not None:
-                    from .watch import count_tensors
-
                     self.batch_tensors = count_tensors(batch)  # the hand-off's tensors, as in the loop mode
             self._fetch_in_window = 0.0
             self._hook_mark = now
@@ -109,3 +107,22 @@ class HookMode:
             self.epochs += 1
         if not self._fetch_hooked:  # with the fetches timed, the time between epochs is no wait
             self._hook_mark = time.perf_counter()
+
+
+def count_tensors(batch: Any, limit: int = 100_000) -> int:
+    """Tensors in ``batch`` (nested tuples, lists and dicts, at most 8 levels and ``limit`` items
+    walked): each one crosses from a DataLoader worker to the main process through a
+    shared-memory handle of its own."""
+    import torch
+
+    count, seen, stack = 0, 0, [(batch, 0)]
+    while stack and seen < limit:
+        obj, depth = stack.pop()
+        seen += 1
+        if isinstance(obj, torch.Tensor):
+            count += 1
+        elif depth < 8 and isinstance(obj, (tuple, list)):
+            stack.extend((x, depth + 1) for x in obj[:limit])
+        elif depth < 8 and isinstance(obj, dict):
+            stack.extend((x, depth + 1) for x in list(obj.values())[:limit])
+    return count

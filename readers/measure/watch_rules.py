@@ -73,7 +73,7 @@ def kind_label(diagnosis: dict) -> str:
         else str(diagnosis.get("kind"))
 
 
-def _pct(x: float | None) -> str:
+def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
@@ -113,9 +113,9 @@ def gather_evidence(*, stall_share: float, num_workers: int | None, workers: dic
     if (ev["read_bytes_per_s"] or 0.0) >= PAGE_CACHE_MAX_BLOCK_READ_PER_S:
         signs.append(f"read from block devices {fmt_bytes(ev['read_bytes_per_s'])}/s")
     if (ev["iowait_share"] or 0.0) >= STORAGE_IOWAIT_SHARE:
-        signs.append(f"I/O wait {_pct(ev['iowait_share'])} of the machine")
+        signs.append(f"I/O wait {pct(ev['iowait_share'])} of the machine")
     if (ev["workers_disk_sleep_share"] or 0.0) >= STORAGE_DISK_SLEEP_SHARE:
-        signs.append(f"workers in disk sleep {_pct(ev['workers_disk_sleep_share'])} of the time")
+        signs.append(f"workers in disk sleep {pct(ev['workers_disk_sleep_share'])} of the time")
     if ev["slow_storage"] or ev["remote"]:
         signs.append("remote data" if ev["remote"] else "data on a network or user-space mount")
     ev["storage_signs"] = signs
@@ -209,7 +209,7 @@ def _kind_text(kind: str, ev: dict, wait_mean_s: float | None) -> str:
     nw, busy, demand = ev["num_workers"], ev["workers_cpu_busy_share"], ev["workers_cpu_demand_share"]
     runq, ready, others = ev["workers_runqueue_share"], ev["ready_wait_share"], ev["others_cpu_share"]
     stall_txt = f"the loop waits for data {ev['stall_share']:.0%} of the time"
-    shares = f"CPU busy {_pct(busy)}, running or runnable {_pct(demand)}, runnable but not running {_pct(runq)}"
+    shares = f"CPU busy {pct(busy)}, running or runnable {pct(demand)}, runnable but not running {pct(runq)}"
     if kind == "compute-bound":
         return f"{stall_txt}: the loader keeps up; a faster loader would not speed this loop up"
     if kind == "unknown":
@@ -217,32 +217,32 @@ def _kind_text(kind: str, ev: dict, wait_mean_s: float | None) -> str:
     if kind == "main-process-bound" and nw == 0:
         return f"{stall_txt}, and the samples are loaded in the main process (num_workers=0), between the steps"
     if kind == "main-process-bound":
-        return (f"{stall_txt} while the workers idle (CPU {_pct(busy)}) and the main process is CPU-saturated "
-                f"({_pct(ev['main_cpu_share'])}): collate, pinning or the step's own CPU work")
+        return (f"{stall_txt} while the workers idle (CPU {pct(busy)}) and the main process is CPU-saturated "
+                f"({pct(ev['main_cpu_share'])}): collate, pinning or the step's own CPU work")
     if kind == "handoff-bound":
         per = f"; {wait_mean_s * 1e3:.1f} ms per batch" if wait_mean_s is not None else ""
-        return (f"{stall_txt}, {_pct(ready)} of that time for batches that had already come back from a worker: "
+        return (f"{stall_txt}, {pct(ready)} of that time for batches that had already come back from a worker: "
                 f"the wait is the hand-off of each batch to the main process (receiving and unpickling it, mapping "
                 f"its shared memory{per}), not the {nw} workers ({shares})")
     if kind == "cpu-bound" and (busy or 0.0) >= WORKER_CPU_SATURATED:
-        return (f"{stall_txt} while the {nw} workers are CPU-saturated (CPU busy {_pct(busy)}, running or runnable "
-                f"{_pct(demand)}): decoding and transforms")
+        return (f"{stall_txt} while the {nw} workers are CPU-saturated (CPU busy {pct(busy)}, running or runnable "
+                f"{pct(demand)}): decoding and transforms")
     if kind in ("cpu-bound", "cpu-contended"):
-        whose = (f"other processes took {_pct(others)} of the machine's CPU" if kind == "cpu-contended" else
-                 f"the cores are shared with this loop's own processes (other processes took {_pct(others)} of "
+        whose = (f"other processes took {pct(others)} of the machine's CPU" if kind == "cpu-contended" else
+                 f"the cores are shared with this loop's own processes (other processes took {pct(others)} of "
                  "the machine)")
-        return (f"{stall_txt} while the {nw} workers want the CPU (running or runnable {_pct(demand)}) but get it "
-                f"only part of the time (CPU busy {_pct(busy)}; runnable but not running {_pct(runq)}): they wait "
+        return (f"{stall_txt} while the {nw} workers want the CPU (running or runnable {pct(demand)}) but get it "
+                f"only part of the time (CPU busy {pct(busy)}; runnable but not running {pct(runq)}): they wait "
                 f"for a core; {whose}; decoding and transforms")
     # storage-bound: the workers sleep
-    ready_txt = f", {_pct(ready)} of that waiting for batches that had already come back" if ready is not None else ""
+    ready_txt = f", {pct(ready)} of that waiting for batches that had already come back" if ready is not None else ""
     reads = ""
     if ev["read_chars_per_s"] is not None:
         reads = f"; reading {fmt_bytes(ev['read_chars_per_s'])}/s"
     if ev["storage_signs"]:
         where = "on storage (opens and reads): " + ", ".join(ev["storage_signs"])
     elif ev["page_cache"]:
-        where = (f"not on the local disk: no block device was read and I/O wait is {_pct(ev['iowait_share'])}, "
+        where = (f"not on the local disk: no block device was read and I/O wait is {pct(ev['iowait_share'])}, "
                  "so the data came from the page cache; the wait is elsewhere in the dataset's code "
                  "(the network, a lock, a sleep)")
     else:
@@ -311,14 +311,14 @@ def _advice(kind: str, ev: dict, loader: dict, cpu_count: int, cuda: bool, epoch
     elif kind == "cpu-bound" and nw is not None and nw < cpu_count and not machine_full:
         gain = _gain_text(nw, cpu_count, stall, t_step_s, t_wait_s, workers, cpu_count)
         why = ("the workers are CPU-saturated" if (busy or 0.0) >= WORKER_CPU_SATURATED
-               else f"the workers are running or runnable {_pct(ev['workers_cpu_demand_share'])} of the time")
+               else f"the workers are running or runnable {pct(ev['workers_cpu_demand_share'])} of the time")
         advice.append(f"num_workers={nw} → {cpu_count}: {why} and this machine has {cpu_count} cores{gain}")
     elif kind in ("cpu-bound", "cpu-contended") and machine_full:
-        advice.append(f"keep num_workers={nw}: the machine's cores are busy {_pct(ev['machine_cpu_busy_share'])} of "
-                      f"the time (other processes {_pct(ev['others_cpu_share'])}), so more workers would only "
+        advice.append(f"keep num_workers={nw}: the machine's cores are busy {pct(ev['machine_cpu_busy_share'])} of "
+                      f"the time (other processes {pct(ev['others_cpu_share'])}), so more workers would only "
                       "wait longer for a core; free cores or decode less (below)")
     elif kind == "cpu-contended":
-        advice.append(f"free cores for the workers: other processes took {_pct(ev['others_cpu_share'])} of the "
+        advice.append(f"free cores for the workers: other processes took {pct(ev['others_cpu_share'])} of the "
                       "machine's CPU while the loop ran (see top); more workers would wait for a core as well")
     elif kind == "storage-bound" and nw is not None:
         more = min(max(2 * nw, nw + 2), max(4 * cpu_count, nw + 2), 64)
