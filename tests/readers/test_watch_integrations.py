@@ -73,7 +73,9 @@ def test_lightning_callback_watches_the_train_dataloader_and_logs_the_stall(tmp_
     assert rep.num_samples == 2 * 4  # the batches of the 3 steps, the first (warm-up) left out
     assert rep.loader["batch_size"] == 4 and rep.loader["num_workers"] == 0
     assert 0.0 <= rep.stall_share <= 1.0
-    assert rep.diagnosis["kind"] in ("compute-bound", "main-process-bound")
+    # a 3-step loop of 4-sample batches: the step or the main process, or a borderline between them
+    kinds = {rep.diagnosis["kind"]} if rep.diagnosis["kind"] != "borderline" else set(rep.diagnosis["between"])
+    assert kinds and kinds <= {"compute-bound", "main-process-bound"}, rep.diagnosis
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
     logged = [r for r in rows if r.get("shardfeed/stall_share")]
     assert len(logged) >= 2  # per N steps, and at the end
