@@ -44,7 +44,7 @@ from shardfeed.readers.registry import describe
 
 from .consumers import CARD_MARKER, CARD_NAME, WIDS_INDEX_NAME
 from .outlock import LOCK_NAME
-from .pack_state import PLAN_NAME, STATE_DIR, WRITING_NAME
+from .pack_state import PLAN_NAME, STATE_DIR
 
 __all__ = ["OutContents", "survey", "decide", "local_entries", "store_entries", "flag", "cli_flags",
            "refuse_unfinished_pack", "MAX_RECORD_BYTES", "LMDB_LOCK_NAME", "STORE_STATE_KEY"]
@@ -369,6 +369,7 @@ def refuse_unfinished_pack(out: str | Path, command: str) -> None:
         shardfeed.readers.errors.IncompleteDatasetError: the folder holds such a state.
     """
     from shardfeed.readers.errors import IncompleteDatasetError
+    from shardfeed.readers.format import describe_unfinished
 
     out = Path(out)
     if not os.path.lexists(out / STATE_DIR):
@@ -376,28 +377,7 @@ def refuse_unfinished_pack(out: str | Path, command: str) -> None:
     contents = survey(str(out), *local_entries(out))
     if contents.finished:
         return  # the manifest, written last, says the pack finished (its state folder was kept)
-    plan = contents.plan or {}
-    state = f"{out / STATE_DIR}"
-    if plan.get("command") == "convert":
-        found, fix = f"an unfinished `shardfeed convert` ({state}/{PLAN_NAME})", \
-            f"run the same `shardfeed convert SRC {out} --overwrite` again (a convert is not resumed)"
-    elif plan:
-        done = sum(1 for n in _state_names(out / STATE_DIR) if re.fullmatch(r"[0-9]{6,}\.json", n))
-        found = f"an unfinished pack ({state}/{PLAN_NAME}, {done} finished shard record(s))"
-        fix = f"finish it with `shardfeed pack SRC {out} --resume` (the same source and options), or rebuild it " \
-              "with --overwrite"
-    elif os.path.isfile(out / STATE_DIR / WRITING_NAME):
-        found = f"a write_dataset that stopped ({state}/{WRITING_NAME})"
-        fix = "call write_dataset again into an empty folder (its shards are not all there)"
-    else:
-        found = f"a pack's state folder {state}/ without a plan (stopped as it started)"
-        fix = f"run the pack again (`shardfeed pack SRC {out}`)"
+    found, fix = describe_unfinished(out)
     raise IncompleteDatasetError(f"{out}: holds {found} and no {MANIFEST_NAME}; only the command that made a pack "
                                  f"can finish it, so {command} does not describe its shards as a dataset: {fix}")
 
-
-def _state_names(state: Path) -> list[str]:
-    try:
-        return os.listdir(state)
-    except OSError:
-        return []

@@ -20,7 +20,8 @@ import re
 import zlib
 from pathlib import Path
 
-from shardfeed.readers.format import read_small_file, write_bytes_atomic
+from shardfeed.readers.format import (PACK_PLAN_NAME, PACK_STATE_DIR, WRITE_DATASET_MARK, read_small_file,
+                                      write_bytes_atomic)
 
 __all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record",
            "write_plan_files", "describe_plan_change", "remove_state_folder", "is_state_file",
@@ -29,13 +30,13 @@ __all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finish
 log = logging.getLogger(__name__)
 
 #: The state folder's name inside OUT.
-STATE_DIR = ".shardfeed-pack"
+STATE_DIR = PACK_STATE_DIR
 #: The plan record's name inside :data:`STATE_DIR`.
-PLAN_NAME = "plan.json"
+PLAN_NAME = PACK_PLAN_NAME
 #: The scanned files' list inside :data:`STATE_DIR` (for the message of a refused ``--resume``).
 FILES_NAME = "files.jsonl.z"
 #: The marker of a ``write_dataset`` in progress inside :data:`STATE_DIR`.
-WRITING_NAME = "write_dataset.json"
+WRITING_NAME = WRITE_DATASET_MARK
 #: The names a pack writes inside :data:`STATE_DIR`: the plan, the file list, the ``write_dataset``
 #: marker and the shard records (``NNNNNN.json``).
 _STATE_FILE = re.compile("|".join([re.escape(PLAN_NAME), re.escape(FILES_NAME), re.escape(WRITING_NAME),

@@ -54,6 +54,7 @@ __all__ = [
     "is_dali_index",
     "PACK_STATE_DIR",
     "unfinished_pack_error",
+    "describe_unfinished",
     "stored_path_problem",
     "merge_extension_counts",
     "MANIFEST_NAME",
@@ -969,9 +970,54 @@ def _parse_fields(raw: Any, source: str) -> dict[str, dict[str, Any]]:
 PACK_STATE_DIR = ".shardfeed-pack"
 
 
+#: In :data:`PACK_STATE_DIR`: the plan of a pack or a ``convert``, and the mark of a ``write_dataset``.
+PACK_PLAN_NAME, WRITE_DATASET_MARK = "plan.json", "write_dataset.json"
+
+
+def describe_unfinished(root: str | os.PathLike[str]) -> tuple[str, str]:
+    """What an unfinished pack left in local folder ``root`` and what finishes it, as
+    ``(found, fix)`` phrases: a stopped ``convert``, a stopped pack (its plan), a stopped
+    ``write_dataset`` (its mark) or a state folder without a plan. The one description of every
+    command that meets such a folder (readers and ``index`` alike)."""
+    root = Path(root)
+    state = root / PACK_STATE_DIR
+    try:
+        plan = json.loads(read_small_file(state / PACK_PLAN_NAME, max_bytes=1 << 20, what="the pack plan"))
+    except (OSError, ValueError, RecursionError):
+        plan = None
+    plan = plan if isinstance(plan, dict) else {}
+    if plan.get("command") == "convert":
+        return (f"an unfinished `shardfeed convert` ({state}/{PACK_PLAN_NAME})",
+                f"run the same `shardfeed convert SRC {root} --overwrite` again (a convert is not resumed)")
+    if plan:
+        done = sum(1 for n in _names_in(state) if re.fullmatch(r"[0-9]{6,}\.json", n))
+        return (f"an unfinished pack ({state}/{PACK_PLAN_NAME}, {done} finished shard record(s))",
+                f"finish it with `shardfeed pack SRC {root} --resume` (the same source and options), or rebuild it "
+                "with --overwrite")
+    if (state / WRITE_DATASET_MARK).is_file():
+        return (f"a write_dataset that stopped ({state}/{WRITE_DATASET_MARK})",
+                "call write_dataset again into an empty folder (its shards are not all there)")
+    return (f"a pack's state folder {state}/ without a plan (stopped as it started)",
+            f"run the pack again (`shardfeed pack SRC {root}`)")
+
+
+def _names_in(folder: Path, limit: int = 1_000_000) -> list[str]:
+    """The names in ``folder`` (at most ``limit``; none when it cannot be listed)."""
+    try:
+        with os.scandir(folder) as it:
+            return [e.name for _, e in zip(range(limit), it)]
+    except OSError:
+        return []
+
+
 def unfinished_pack_error(root: str) -> IncompleteDatasetError:
-    """The error for a dataset location whose pack did not finish (its state, no manifest): the
-    same words for a local folder and a bucket prefix, with the fix (``--resume``)."""
+    """The error for a dataset location whose pack did not finish (its state, no manifest): for a
+    local folder, what was found there and what finishes it (:func:`describe_unfinished`); for a
+    bucket prefix, the pack's fix (``--resume``)."""
+    if "://" not in str(root) and os.path.isdir(Path(root) / PACK_STATE_DIR):
+        found, fix = describe_unfinished(root)
+        return IncompleteDatasetError(f"{root}: no {MANIFEST_NAME}; the command that wrote it did not finish: it "
+                                      f"holds {found}: {fix}")
     return IncompleteDatasetError(f"{root}: no {MANIFEST_NAME}; the pack that wrote it did not finish. Finish it "
                                   f"with `shardfeed pack SRC {root} --resume`, or rebuild it")
 

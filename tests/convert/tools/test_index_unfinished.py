@@ -125,3 +125,31 @@ def test_resume_removes_the_stopped_packs_temporary_files_only(tiny_image_folder
     assert not any(name in files for name in own)
     assert {n: files.pop(n) for n in others} == others
     assert files == _files(ref)
+
+
+def test_inspect_of_a_stopped_write_dataset_says_to_write_it_again_not_to_resume_a_pack(tmp_path):
+    import io
+    import subprocess
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    from shardfeed.convert import write_dataset
+
+    def samples():
+        for i in range(30):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(buf, "PNG")
+            yield {"image": buf.getvalue(), "ext": "png", "label": 0}
+            if i == 25:
+                raise RuntimeError("the source failed")
+
+    out = tmp_path / "stopped"
+    with pytest.raises(RuntimeError):
+        write_dataset(samples(), out, max_count=4, classes=["a"])
+    r = subprocess.run([sys.executable, "-P", "-m", "shardfeed.convert.cli", "inspect", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "a write_dataset that stopped" in r.stderr and "call write_dataset again into an empty folder" in r.stderr
+    assert "--resume" not in r.stderr, r.stderr
