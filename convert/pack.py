@@ -138,6 +138,9 @@ class PackOptions:
             pack stopped before writing its plan, is packed from the start; an OUT holding the
             finished dataset of the same options and source is reported complete: scripts may
             always pass it).
+        append: add SRC's images to the finished WebDataset dataset in OUT as new shards
+            (:mod:`shardfeed.convert.append`): its shards stay as they are, its class indices
+            keep their values, images whose path it holds already are skipped and counted.
         overwrite: replace the shardfeed dataset in OUT: only what its records name (manifest,
             plan, the files they list) is deleted; anything else is refused by name
             (:mod:`shardfeed.convert.ownership`).
@@ -170,6 +173,8 @@ class PackOptions:
     max_decode_bytes: int | None = 512 << 20
     class_to_idx: dict | None = None
     resume: bool = False
+    #: not part of fingerprint_fields(): an append keeps the dataset's recorded options
+    append: bool = False
     overwrite: bool = False
     #: LMDB: initial map size in bytes (None: payload + headroom). Tests use a tiny one.
     map_size: int | None = None
@@ -196,6 +201,9 @@ class PackOptions:
                           stacklevel=3)
             self.on_error = "raise"
         check_on_error(self.on_error)
+        if self.append and (self.overwrite or self.format != "webdataset"):
+            raise ValueError("append adds WebDataset shards to a dataset: it takes neither overwrite nor "
+                             "format='lmdb' (pack the new images into a dataset of their own instead)")
         if self.workers is None:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:
@@ -349,12 +357,19 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     if problem is not None:  # before anything is read or written
         raise ValueError(f"--extensions{'/--sidecars' if getattr(layout, 'sidecars', ()) else ''}: {problem}")
     out, to_store = _checked_out(out, options)
+    if options.append and (to_store or layout is not None):
+        raise ValueError(f"{out}: append adds class-folder images to a local dataset; "
+                         + ("append to a local copy of the dataset, then upload it" if to_store else
+                            "--labels, --sidecars and --no-labels are not appended: repack the union with --overwrite"))
     with PackContext.for_options(options, progress=progress, output_progress=output_progress,
                                  storage_options=storage_options) as context:
         t_source = time.perf_counter()
         src, scan, src_url = _local_source(src, options, context, layout=layout, scan=scan, notice=notice,
                                            download_progress=download_progress)
         download_s = time.perf_counter() - t_source
+        if options.append:
+            return _append(src, out, options, context, layout=layout, scan=scan, src_url=src_url,
+                           download_s=download_s, scan_progress=scan_progress, start_progress=start_progress)
         if not to_store:
             prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
         layout = _layout_of(src, layout, src_url=src_url, notice=notice)
@@ -371,6 +386,20 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
             report = pack_to_store(src, out, options, pack_local, context=context, scan=scan)
         else:
             report = pack_local(src, out, options, scan=scan, context=context)
+    if src_url is not None:
+        _finish_bucket_source(report, src, src_url, download_s)
+    return report
+
+
+def _append(src: Path, out: Path, options: PackOptions, context: PackContext, *, layout, scan: ScanResult | None,
+            src_url: str | None, download_s: float, scan_progress, start_progress) -> PackReport:
+    """:func:`pack` with ``append`` (:func:`shardfeed.convert.append.pack_append`; class folders only)."""
+    from .append import pack_append
+
+    if _layout_of(src, layout, src_url=src_url, notice=lambda text: None) is not None:
+        raise ValueError(f"{src}: no class folders; append adds class-folder images (SRC/CLASS/IMAGE)")
+    report = pack_append(src, out, options, context, scan=scan, scan_progress=scan_progress,
+                         start_progress=start_progress)
     if src_url is not None:
         _finish_bucket_source(report, src, src_url, download_s)
     return report
@@ -530,10 +559,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     try:
         result: PackResult = format_packer(options.format)(scan, samples, out, options, context)
     except BaseException:
-        # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
-        for tmp in out.glob(f".{options.prefix}-*.tmp"):  # this pack's own temporary shards only
-            if tmp.is_file() or tmp.is_symlink():
-                tmp.unlink(missing_ok=True)
+        drop_partial_shards(out, options.prefix)  # Ctrl-C, disk full, a bad file: complete shards stay
         raise
     shards, extra = result.shards, result.extra
     skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + result.skipped
@@ -567,9 +593,18 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     )
 
 
-def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fingerprint: str) -> None:
+def drop_partial_shards(out: Path, prefix: str) -> None:
+    """After a pack stopped: delete its temporary shards (``.{prefix}-*.tmp``), keeping the complete
+    ones for ``resume``."""
+    for tmp in out.glob(f".{prefix}-*.tmp"):  # this pack's own temporary shards only
+        if tmp.is_file() or tmp.is_symlink():
+            tmp.unlink(missing_ok=True)
+
+
+def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fingerprint: str, *,
+                         extra: dict | None = None) -> None:
     """A resumed pack: check that OUT's plan is this one; a new pack: write the plan (the state
-    folder, the plan's files and ``plan.json``, together).
+    folder, the plan's files and ``plan.json``, together, with ``extra``'s keys).
 
     Raises:
         ValueError: ``resume`` of a pack with other options or another version of the source.
@@ -592,7 +627,7 @@ def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fing
         with signals_held():  # Ctrl-C or SIGTERM cannot leave a state folder without its plan
             state.mkdir(exist_ok=True)
             write_plan_files(state, scan.files)  # what --resume names when the source changed
-            write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
+            write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint, **(extra or {}),
                                                       "options": options.fingerprint_fields()}).encode())
 
 

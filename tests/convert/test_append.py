@@ -1,0 +1,170 @@
+"""`shardfeed pack SRC OUT --append`: new shards after the old ones, the old ones untouched.
+
+Expectations come from the planted files (their bytes, their folders) and from hashes of the
+shard files taken before the append, never from the append's own output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardfeed.convert.cli import main
+from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.readers import open_dataset
+
+
+def _jpeg(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, size=(8, 12, 3), dtype=np.uint8)).save(buf, "JPEG", quality=80)
+    return buf.getvalue()
+
+
+def _plant(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def _read(out: Path) -> dict[str, tuple[bytes, int]]:
+    got = {}
+    for s in open_dataset(out, decode=False, shuffle=False):
+        assert s.meta["path"] not in got
+        got[s.meta["path"]] = (s.data, s.label)
+    return got
+
+
+def _digests(out: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.iterdir()) if p.suffix in (".tar", ".sfidx")}
+
+
+def _options(**kw) -> PackOptions:
+    return PackOptions(workers=1, max_count=3, **kw)
+
+
+@pytest.fixture()
+def first_pack(tmp_path):
+    """A dataset of classes ``cat`` and ``dog`` (5 images), and the planted bytes."""
+    planted = {f"cat/c{i}.jpg": _jpeg(i) for i in range(3)} | {f"dog/d{i}.jpg": _jpeg(10 + i) for i in range(2)}
+    _plant(tmp_path / "src1", planted)
+    out = tmp_path / "out"
+    pack(tmp_path / "src1", out, _options())
+    return out, planted
+
+
+def test_append_keeps_old_shards_and_classes_and_reads_the_union(tmp_path, first_pack):
+    out, planted = first_pack
+    before = _digests(out)
+    old_names = sorted(json.loads((out / "manifest.json").read_text())["shards"], key=lambda s: s["name"])
+    # a new class (sorted before the old ones: it still comes after them) and new images of an old one
+    new = {"ant/a0.jpg": _jpeg(20), "ant/a1.jpg": _jpeg(21), "dog/d7.jpg": _jpeg(22)}
+    _plant(tmp_path / "src2", new)
+    report = pack(tmp_path / "src2", out, _options(append=True))
+    assert report.num_samples == 3 and report.extra["duplicates"] == 0
+    after = _digests(out)
+    assert {n: after[n] for n in before} == before  # every old shard and index byte-identical
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["class_to_idx"] == {"cat": 0, "dog": 1, "ant": 2}
+    assert m["classes"] == ["cat", "dog", "ant"]
+    assert m["shards"][:len(old_names)] == old_names
+    assert [s["name"] for s in m["shards"][len(old_names):]] == ["shard-000002.tar"]
+    index = {"cat": 0, "dog": 1, "ant": 2}
+    want = {rel: (data, index[rel.split("/")[0]]) for rel, data in {**planted, **new}.items()}
+    assert _read(out) == want
+    keys = [s.key for s in open_dataset(out, decode=False, shuffle=False)]
+    assert keys == [str(i).zfill(9) for i in range(8)]  # the key sequence continues, unique
+    wids = json.loads((out / "shardindex.json").read_text())
+    assert [s["url"] for s in wids["shardlist"]] == [s["name"] for s in m["shards"]]
+    assert "\"2\": \"ant\"" in (out / "README.md").read_text()
+    r = CliRunner().invoke(main, ["check", str(out)])
+    assert r.exit_code == 0, r.output
+
+
+def test_append_skips_and_counts_images_already_in_the_dataset(tmp_path, first_pack):
+    out, planted = first_pack
+    src = tmp_path / "src1"  # the first source again, plus one new image
+    _plant(src, {"dog/d9.jpg": _jpeg(30)})
+    report = pack(src, out, _options(append=True))
+    assert report.num_samples == 1 and report.extra["duplicates"] == 5
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["num_samples"] == 6 and m["files"]["duplicates"] == 5
+    assert _read(out) == {**{r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()},
+                          "dog/d9.jpg": (_jpeg(30), 1)}
+    again = pack(src, out, _options(append=True))  # nothing new: the dataset stays
+    assert again.num_samples == 0 and again.extra["duplicates"] == 6
+    assert json.loads((out / "manifest.json").read_text()) == m
+
+
+def test_append_refuses_a_conflicting_class_map_before_writing(tmp_path, first_pack):
+    out, _ = first_pack
+    before = sorted(p.name for p in out.iterdir())
+    manifest = (out / "manifest.json").read_bytes()
+    _plant(tmp_path / "src2", {"dog/d5.jpg": _jpeg(40)})
+    with pytest.raises(ValueError, match="puts class 'dog' at index 0"):
+        pack(tmp_path / "src2", out, _options(append=True, class_to_idx={"dog": 0, "cat": 1}))
+    with pytest.raises(ValueError, match="new class 'emu' at index 1"):
+        _plant(tmp_path / "src3", {"emu/e.jpg": _jpeg(41)})
+        pack(tmp_path / "src3", out, _options(append=True, class_to_idx={"cat": 0, "dog": 1, "emu": 1}))
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert (out / "manifest.json").read_bytes() == manifest
+
+
+def test_append_needs_a_finished_dataset(tmp_path):
+    _plant(tmp_path / "src", {"cat/c.jpg": _jpeg(1)})
+    with pytest.raises(ValueError, match="holds none"):
+        pack(tmp_path / "src", tmp_path / "empty", _options(append=True))
+    lm = tmp_path / "lmdb"
+    pack(tmp_path / "src", lm, PackOptions(format="lmdb", workers=1))
+    with pytest.raises(ValueError, match="WebDataset shards only"):
+        pack(tmp_path / "src", lm, _options(append=True))
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_an_interrupted_append_leaves_the_old_dataset_and_a_rerun_finishes(tmp_path, first_pack):
+    out, planted = first_pack
+    manifest = (out / "manifest.json").read_bytes()
+    new = {f"eel/e{i}.jpg": _jpeg(50 + i) for i in range(7)}  # 3 shards of at most 3
+    _plant(tmp_path / "src2", new)
+    seen = []
+
+    def stop_after_first_shard(n, b):
+        seen.append(n)
+        if sum(seen) >= 4:
+            raise _Stop()
+
+    with pytest.raises(_Stop):
+        pack(tmp_path / "src2", out, _options(append=True), progress=stop_after_first_shard)
+    assert (out / "manifest.json").read_bytes() == manifest  # the previous dataset, readable as it was
+    assert _read(out) == {r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()}
+    assert (out / "shard-000002.tar").is_file()  # a complete new shard, kept for the rerun
+    kept = hashlib.sha256((out / "shard-000002.tar").read_bytes()).hexdigest()
+    report = pack(tmp_path / "src2", out, _options(append=True))
+    assert report.shards_resumed == 1 and report.num_samples == 7
+    assert hashlib.sha256((out / "shard-000002.tar").read_bytes()).hexdigest() == kept
+    want = {r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()} | {r: (d, 2) for r, d in new.items()}
+    assert _read(out) == want
+    assert not (out / ".shardfeed-pack").exists()
+    r = CliRunner().invoke(main, ["check", str(out)])
+    assert r.exit_code == 0, r.output
+
+
+def test_cli_append(tmp_path, first_pack):
+    out, _ = first_pack
+    _plant(tmp_path / "src2", {"cat/c9.jpg": _jpeg(60)})
+    r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(out), "--append", "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    assert _read(out)["cat/c9.jpg"] == (_jpeg(60), 0)
+    r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(tmp_path / "none"), "--append"])
+    assert r.exit_code == 1 and "pack SRC into it without --append first" in r.output
