@@ -356,28 +356,22 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     problem = member_clash(parse_extensions(options.extensions), getattr(layout, "sidecars", ()))
     if problem is not None:  # before anything is read or written
         raise ValueError(f"--extensions{'/--sidecars' if getattr(layout, 'sidecars', ()) else ''}: {problem}")
-    out, to_store = _checked_out(out, options)
-    if options.append and (to_store or layout is not None):
-        raise ValueError(f"{out}: append adds class-folder images to a local dataset; "
-                         + ("append to a local copy of the dataset, then upload it" if to_store else
-                            "--labels, --sidecars and --no-labels are not appended: repack the union with --overwrite"))
+    out, to_store = _checked_out(out, options, layout)
     with PackContext.for_options(options, progress=progress, output_progress=output_progress,
                                  storage_options=storage_options) as context:
         t_source = time.perf_counter()
         src, scan, src_url = _local_source(src, options, context, layout=layout, scan=scan, notice=notice,
                                            download_progress=download_progress)
         download_s = time.perf_counter() - t_source
-        if options.append:
-            return _append(src, out, options, context, layout=layout, scan=scan, src_url=src_url,
-                           download_s=download_s, scan_progress=scan_progress, start_progress=start_progress)
+        if options.append:  # class folders into a local dataset
+            return _append(src, out, options, context, layout, scan, src_url, download_s, scan_progress, start_progress)
         if not to_store:
             prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
         layout = _layout_of(src, layout, src_url=src_url, notice=notice)
         if layout is not None:
             return _pack_layout_locally(src, out, options, layout, context, to_store=to_store)
-        if scan is None:
-            scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
-                                     progress=scan_progress)
+        scan = scan if scan is not None else scan_image_folder(
+            src, extensions=options.extensions, class_to_idx=options.class_to_idx, progress=scan_progress)
         if start_progress is not None:
             start_progress(len(scan.files), scan.num_bytes)
         if to_store:
@@ -391,7 +385,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     return report
 
 
-def _append(src: Path, out: Path, options: PackOptions, context: PackContext, *, layout, scan: ScanResult | None,
+def _append(src: Path, out: Path, options: PackOptions, context: PackContext, layout, scan: ScanResult | None,
             src_url: str | None, download_s: float, scan_progress, start_progress) -> PackReport:
     """:func:`pack` with ``append`` (:func:`shardfeed.convert.append.pack_append`; class folders only)."""
     from .append import pack_append
@@ -428,17 +422,22 @@ def _finish_bucket_source(report: PackReport, mirror: Path, src_url: str, downlo
     report.extra["download_seconds"] = round(download_s, 3)
 
 
-def _checked_out(out: str | os.PathLike[str], options: PackOptions) -> tuple[str | Path, bool]:
+def _checked_out(out: str | os.PathLike[str], options: PackOptions, layout=None) -> tuple[str | Path, bool]:
     """:func:`pack`'s OUT: ``(the URL of a bucket OUT or the local path, whether it is a bucket)``.
 
     Raises:
         shardfeed.readers.errors.UnsupportedURLError: an unsupported scheme, or a format that is
             written to a local disk only (LMDB) with a bucket OUT.
+        ValueError: ``append`` to a bucket OUT, or with a ``layout``.
     """
     from shardfeed.readers.opener import check_supported, is_remote, local_path
 
     check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
     to_store = is_remote(out)  # any writable remote location (store_pack refuses a read-only one)
+    if options.append and (to_store or layout is not None):
+        raise ValueError(f"{out}: append adds class-folder images to a local dataset; " + (
+            "append to a local copy of the dataset (`shardfeed stage`), then upload it" if to_store else
+            "--labels, --sidecars and --no-labels are not appended: repack the union with --overwrite"))
     if to_store and not _writes_to_store(options.format):
         raise UnsupportedURLError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
                                   "memory); use --format wds to pack to a bucket, or pack to a local folder")
