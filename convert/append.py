@@ -47,6 +47,8 @@ from shardfeed.readers.format import (
     read_small_file,
 )
 
+from shardfeed.readers.registry import describe
+
 from .consumers import write_consumer_files
 from .context import PackContext
 from .executors import signals_held
@@ -227,7 +229,7 @@ def _existing_dataset(out: Path) -> tuple[Manifest, dict | None]:
         raise ValueError(f"{out}: holds an unfinished pack ({STATE_DIR}/) that is not an append; finish it with "
                          "--resume first")
     manifest = load_manifest(out)
-    if manifest.format != "webdataset":
+    if not describe(manifest.format).sharded:
         raise ValueError(f"{out}: an {manifest.format} dataset; append adds WebDataset shards only. Pack SRC into "
                          "a dataset of its own and read both (make_loader takes several sources), or repack the "
                          "union with --overwrite")
@@ -356,7 +358,7 @@ def pack_append(src: Path, out: Path, options, context: PackContext, *, scan: Sc
                               extra={"duplicates": duplicates, "dataset_samples": manifest.num_samples}, **report)
         samples = _plan_of_append(out, scan, options, manifest, existing, first)
         try:
-            result = format_packer("webdataset")(scan, samples, out, dataclasses.replace(options, resume=True),
+            result = format_packer(manifest.format)(scan, samples, out, dataclasses.replace(options, resume=True),
                                                  context.replace(first_shard=first))
         except BaseException:
             drop_partial_shards(out, options.prefix)  # complete shards stay for the next run

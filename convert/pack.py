@@ -201,7 +201,7 @@ class PackOptions:
                           stacklevel=3)
             self.on_error = "raise"
         check_on_error(self.on_error)
-        if self.append and (self.overwrite or self.format != "webdataset"):
+        if self.append and (self.overwrite or not describe(self.format).sharded):
             raise ValueError("append adds WebDataset shards to a dataset: it takes neither overwrite nor "
                              "format='lmdb' (pack the new images into a dataset of their own instead)")
         if self.workers is None:
