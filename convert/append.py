@@ -54,6 +54,7 @@ from .context import PackContext
 from .executors import signals_held
 from .outlock import output_lock
 from .ownership import local_entries, survey
+from .path_index import path_hash, read_path_index, write_path_index
 from .pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
 from .plan import SamplePlan, input_bytes, plan_samples
 from .report import PackReport
@@ -87,11 +88,6 @@ class DatasetPaths:
         h = path_hash(rel)
         i = bisect_left(self.hashes, h)
         return i < len(self.hashes) and self.hashes[i] == h
-
-
-def path_hash(rel: str) -> int:
-    """A 64-bit hash of a relative path (two paths sharing one: about 1 in 2**64 per pair)."""
-    return int.from_bytes(hashlib.blake2b(rel.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "little")
 
 
 def _header(f, offset: int, where: str) -> tuple[str, int]:
@@ -140,8 +136,9 @@ def _sample_path(f, offset: int, end: int, where: str) -> tuple[str, str]:
 def read_dataset_paths(root: str | Path, manifest: Manifest) -> DatasetPaths:
     """Read every sample's metadata path and key of the local WebDataset dataset at ``root``.
 
-    Each sample's headers are found through the shard's offset index, so only the headers and
-    the ``.json`` members are read (never the images). Memory: 8 bytes a sample.
+    The dataset's path index (:mod:`shardfeed.convert.path_index`) answers when it describes this
+    manifest. Otherwise each sample's headers are found through the shard's offset index, so only
+    the headers and the ``.json`` members are read (never the images). Memory: 8 bytes a sample.
 
     Returns:
         A :class:`DatasetPaths`.
@@ -152,6 +149,9 @@ def read_dataset_paths(root: str | Path, manifest: Manifest) -> DatasetPaths:
         shardfeed.readers.errors.CorruptDataError: a damaged offset index.
     """
     root = Path(root)
+    cached = read_path_index(root, manifest)
+    if cached is not None:
+        return DatasetPaths(*cached)
     hashes = array("Q")
     last, width = -1, 0
     for entry in manifest.shards:
@@ -373,6 +373,10 @@ def pack_append(src: Path, out: Path, options, context: PackContext, *, scan: Sc
         with signals_held():  # the new manifest last: until then the previous dataset is the one read
             union.write(out)
             write_consumer_files(out, union)
+            gone = {item["path"] for item in result.skipped}
+            write_path_index(out, union, existing.hashes + array("Q", (path_hash(r) for r in files.rels
+                                                                       if r not in gone)),
+                             samples.start + len(samples), samples.width)
             remove_state_folder(out)
     return PackReport(num_samples=added, num_shards=len(result.shards),
                       num_bytes=sum(s.num_bytes for s in result.shards), input_bytes=input_bytes(samples),

@@ -63,6 +63,7 @@ from .executors import ProgressSink, check_executor, run_tasks, signals_held
 from .faults import FaultHooks
 from .outdir import prepare_output
 from .outlock import output_lock
+from .path_index import write_path_index
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, remove_state_folder, write_plan_files
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .shard_cut import ShardLimits
@@ -581,6 +582,10 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     with signals_held():  # a finished manifest means a finished dataset: its consumer files, no pack state
         manifest.write(out)
         write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
+        if describe(options.format).sharded and isinstance(samples, SamplePlan):  # for a later append
+            gone = {item["path"] for item in result.skipped}
+            write_path_index(out, manifest, (r for r in samples.files.rels if r not in gone), len(samples),
+                             samples.width)
         remove_state_folder(out)
     seconds = time.perf_counter() - t0
     return PackReport(

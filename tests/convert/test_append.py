@@ -168,3 +168,35 @@ def test_cli_append(tmp_path, first_pack):
     assert _read(out)["cat/c9.jpg"] == (_jpeg(60), 0)
     r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(tmp_path / "none"), "--append"])
     assert r.exit_code == 1 and "pack SRC into it without --append first" in r.output
+
+
+def test_the_path_index_answers_and_a_missing_or_stale_one_falls_back_to_the_shards(tmp_path, first_pack, monkeypatch):
+    import shardfeed.convert.append as append_mod
+
+    out, planted = first_pack
+    index = out / ".shardfeed-paths"
+    assert index.is_file()
+    _plant(tmp_path / "src1", {"dog/d8.jpg": _jpeg(70)})
+
+    def no_shard_reads(*a, **k):
+        raise AssertionError("the path index was not used")
+
+    with monkeypatch.context() as m:  # the index written by pack answers: no shard is read
+        m.setattr(append_mod, "_sample_path", no_shard_reads)
+        assert pack(tmp_path / "src1", out, _options(append=True)).extra["duplicates"] == 5
+    _plant(tmp_path / "src1", {"dog/d9.jpg": _jpeg(71)})
+    index.write_bytes(index.read_bytes()[:-8])  # damaged: the shards are read instead
+    report = pack(tmp_path / "src1", out, _options(append=True))
+    assert report.num_samples == 1 and report.extra["duplicates"] == 6
+    index.unlink()
+    report = pack(tmp_path / "src1", out, _options(append=True))
+    assert report.num_samples == 0 and report.extra["duplicates"] == 7
+    want = {r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()}
+    assert _read(out) == want | {"dog/d8.jpg": (_jpeg(70), 1), "dog/d9.jpg": (_jpeg(71), 1)}
+
+
+def test_overwrite_removes_the_path_index_as_the_datasets_own(tmp_path, first_pack):
+    out, _ = first_pack
+    assert (out / ".shardfeed-paths").is_file()
+    pack(tmp_path / "src1", out, _options(overwrite=True))  # not refused as a file shardfeed did not write
+    assert (out / ".shardfeed-paths").is_file()
