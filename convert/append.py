@@ -294,6 +294,10 @@ def _plan_of_append(out: Path, scan: ScanResult, options, manifest: Manifest, ex
     resume = (out / STATE_DIR / PLAN_NAME).is_file()
     if not resume:
         remove_state_folder(out, warn=False)  # records of a stop before the plan was written
+        taken = out / f"{options.prefix}-{first:06d}.tar"
+        if taken.exists() or taken.is_symlink():
+            raise ValueError(f"{taken}: is in the way of the first new shard, and the manifest does not name it; "
+                             "move it away, then append")
     _check_or_write_plan(out, dataclasses.replace(options, resume=resume), scan, fingerprint,
                          extra={"append": {"first_shard": first, "manifest_sha256": identity}})
     return samples

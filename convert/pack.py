@@ -648,6 +648,9 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     if is_remote(out):
         return f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
     out = Path(out)
+    if (out / MANIFEST_NAME).is_file() and (out / STATE_DIR / PLAN_NAME).is_file():
+        return (f"{out} still reads as the dataset it was ({MANIFEST_NAME} unchanged); the complete new shards "
+                "are kept: the same command writes the rest")
     if (out / MANIFEST_NAME).is_file():
         return f"{out} holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
     if (out / LMDB_DATA_NAME).is_file():

@@ -14,7 +14,7 @@ median over the rounds. Target: append / full <= 0.02.
 
 Usage::
 
-    python scripts/bench_append.py [--images 10000] [--rounds 3] [--workers 2] [--json PATH]
+    python scripts/bench_append.py [--images 20000] [--rounds 3] [--workers 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _link_copy(src: Path, dst: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--images", type=int, default=10000, help="images in the base dataset")
+    ap.add_argument("--images", type=int, default=20000, help="images in the base dataset")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the figures here")
@@ -70,7 +70,7 @@ def main() -> None:
     new_names = ([f"class00/new{i:06d}.jpg" for i in range(n_new // 2)]
                  + [f"class99/new{i:06d}.jpg" for i in range(n_new - n_new // 2)])
     pool = _jpegs(64)
-    opts = dict(workers=args.workers, max_count=1000)
+    opts = dict(workers=args.workers)  # the default shard limits
     with tempfile.TemporaryDirectory(prefix="bench_append_") as tmp:
         tmp = Path(tmp)
         _plant(tmp / "base", base_names, pool)

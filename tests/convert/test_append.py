@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.pack import PackOptions, describe_interrupted, pack
 from shardfeed.readers import open_dataset
 
 
@@ -147,6 +147,7 @@ def test_an_interrupted_append_leaves_the_old_dataset_and_a_rerun_finishes(tmp_p
     with pytest.raises(_Stop):
         pack(tmp_path / "src2", out, _options(append=True), progress=stop_after_first_shard)
     assert (out / "manifest.json").read_bytes() == manifest  # the previous dataset, readable as it was
+    assert "still reads as the dataset it was" in describe_interrupted(out)
     assert _read(out) == {r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()}
     assert (out / "shard-000002.tar").is_file()  # a complete new shard, kept for the rerun
     kept = hashlib.sha256((out / "shard-000002.tar").read_bytes()).hexdigest()
@@ -200,3 +201,12 @@ def test_overwrite_removes_the_path_index_as_the_datasets_own(tmp_path, first_pa
     assert (out / ".shardfeed-paths").is_file()
     pack(tmp_path / "src1", out, _options(overwrite=True))  # not refused as a file shardfeed did not write
     assert (out / ".shardfeed-paths").is_file()
+
+
+def test_append_refuses_a_file_in_the_way_of_its_first_shard(tmp_path, first_pack):
+    out, _ = first_pack
+    (out / "shard-000002.tar").write_bytes(b"someone else's")
+    _plant(tmp_path / "src2", {"cat/c9.jpg": _jpeg(80)})
+    with pytest.raises(ValueError, match="in the way of the first new shard"):
+        pack(tmp_path / "src2", out, _options(append=True))
+    assert (out / "shard-000002.tar").read_bytes() == b"someone else's"
