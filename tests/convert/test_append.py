@@ -87,6 +87,10 @@ def test_append_keeps_old_shards_and_classes_and_reads_the_union(tmp_path, first
     assert "\"2\": \"ant\"" in (out / "README.md").read_text()
     r = CliRunner().invoke(main, ["check", str(out)])
     assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["inspect", str(out), "--json", str(tmp_path / "inspect.json")])
+    assert r.exit_code == 0, r.output
+    shown = json.loads((tmp_path / "inspect.json").read_text())
+    assert shown["num_samples"] == 8
 
 
 def test_append_skips_and_counts_images_already_in_the_dataset(tmp_path, first_pack):
