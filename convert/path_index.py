@@ -15,6 +15,7 @@ It is a cache. An append trusts it only when its identity matches the manifest; 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import struct
 import sys
@@ -89,6 +90,8 @@ def read_path_index(out: str | os.PathLike, manifest: Manifest) -> tuple[array, 
     hashes.frombytes(data)
     if sys.byteorder != "little":
         hashes.byteswap()
+    if any(a > b for a, b in zip(hashes, itertools.islice(hashes, 1, None))):
+        return None  # not sorted: a search would miss paths it holds
     return hashes, next_key, width
 
 

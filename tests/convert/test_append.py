@@ -214,3 +214,25 @@ def test_append_refuses_a_file_in_the_way_of_its_first_shard(tmp_path, first_pac
     with pytest.raises(ValueError, match="in the way of the first new shard"):
         pack(tmp_path / "src2", out, _options(append=True))
     assert (out / "shard-000002.tar").read_bytes() == b"someone else's"
+
+
+def test_append_refuses_a_bucket_out_and_overwrite(tmp_path):
+    _plant(tmp_path / "src", {"cat/c.jpg": _jpeg(1)})
+    with pytest.raises(ValueError, match="append to a local copy of the dataset"):
+        pack(tmp_path / "src", "s3://bucket/train", _options(append=True))
+    with pytest.raises(ValueError, match="neither overwrite"):
+        _options(append=True, overwrite=True)
+
+
+def test_an_unsorted_path_index_is_not_trusted(tmp_path, first_pack):
+    from array import array
+
+    out, _ = first_pack
+    index = out / ".shardfeed-paths"
+    raw = index.read_bytes()
+    head, hashes = raw[:64], array("Q", raw[64:])
+    assert len(hashes) == 5
+    index.write_bytes(head + array("Q", reversed(hashes)).tobytes())  # the same hashes, out of order
+    _plant(tmp_path / "src1", {"dog/d8.jpg": _jpeg(90)})
+    report = pack(tmp_path / "src1", out, _options(append=True))  # read from the shards instead
+    assert report.num_samples == 1 and report.extra["duplicates"] == 5
