@@ -168,8 +168,9 @@ def test_an_interrupted_append_leaves_the_old_dataset_and_a_rerun_finishes(tmp_p
 def test_cli_append(tmp_path, first_pack):
     out, _ = first_pack
     _plant(tmp_path / "src2", {"cat/c9.jpg": _jpeg(60)})
-    r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(out), "--append", "--workers", "1"])
+    r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(out), "--append", "--resume", "--workers", "1"])
     assert r.exit_code == 0, r.output
+    assert "the dataset holds 6 samples; 0 images already in it skipped" in r.output
     assert _read(out)["cat/c9.jpg"] == (_jpeg(60), 0)
     r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(tmp_path / "none"), "--append"])
     assert r.exit_code == 1 and "pack SRC into it without --append first" in r.output
