@@ -230,9 +230,9 @@ def _existing_dataset(out: Path) -> tuple[Manifest, dict | None]:
                          "--resume first")
     manifest = load_manifest(out)
     if not describe(manifest.format).sharded:
-        raise ValueError(f"{out}: an {manifest.format} dataset; append adds WebDataset shards only. Pack SRC into "
-                         "a dataset of its own and read both (make_loader takes several sources), or repack the "
-                         "union with --overwrite")
+        raise ValueError(f"{out}: an {manifest.format} dataset; append adds WebDataset shards only (an LMDB file is "
+                         "not extended in place). Pack SRC into a dataset of its own, or repack the union with "
+                         "--overwrite")
     if manifest.version < 2:
         raise ValueError(f"{out}: a version-1 dataset; rewrite its indexes with `shardfeed index`, then append")
     if manifest.labels != LABELS_CLASS or manifest.fields:
