@@ -52,6 +52,7 @@ from shardfeed.readers.registry import describe
 from .consumers import write_consumer_files
 from .context import PackContext
 from .executors import signals_held
+from .outdir import check_out_outside_src
 from .outlock import output_lock
 from .ownership import local_entries, survey
 from .path_index import path_hash, read_path_index, write_path_index
@@ -333,6 +334,7 @@ def pack_append(src: Path, out: Path, options, context: PackContext, *, scan: Sc
     from .samples import refuse_unpackable
 
     t0 = time.perf_counter()
+    check_out_outside_src(src, out)
     if not (out / MANIFEST_NAME).is_file():
         raise ValueError(f"{out}: append adds to a finished shardfeed dataset, and {out} holds none (no "
                          f"{MANIFEST_NAME}); pack SRC into it without --append first")

@@ -390,7 +390,9 @@ def _append(src: Path, out: Path, options: PackOptions, context: PackContext, la
             src_url: str | None, download_s: float, scan_progress, start_progress) -> PackReport:
     """:func:`pack` with ``append`` (:func:`shardfeed.convert.append.pack_append`; class folders only)."""
     from .append import pack_append
+    from .outdir import check_out_outside_src
 
+    check_out_outside_src(src, out)
     if _layout_of(src, layout, src_url=src_url, notice=lambda text: None) is not None:
         raise ValueError(f"{src}: no class folders; append adds class-folder images (SRC/CLASS/IMAGE)")
     report = pack_append(src, out, options, context, scan=scan, scan_progress=scan_progress,

@@ -237,3 +237,11 @@ def test_an_unsorted_path_index_is_not_trusted(tmp_path, first_pack):
     _plant(tmp_path / "src1", {"dog/d8.jpg": _jpeg(90)})
     report = pack(tmp_path / "src1", out, _options(append=True))  # read from the shards instead
     assert report.num_samples == 1 and report.extra["duplicates"] == 5
+
+
+def test_append_refuses_an_out_inside_src(tmp_path, first_pack):
+    out, _ = first_pack
+    with pytest.raises(ValueError, match="OUT is the source folder itself"):
+        pack(out, out, _options(append=True))
+    with pytest.raises(ValueError, match="lies inside the source folder"):
+        pack(tmp_path, out, _options(append=True))
