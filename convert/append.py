@@ -274,8 +274,12 @@ def _new_files(scan: ScanResult, merged: dict[str, int], existing: DatasetPaths)
 
 def _union_files(old: dict, scan: ScanResult, packed: int, skipped: int, duplicates: int) -> dict:
     """The manifest's ``files`` of the union: each count summed (``found`` includes the duplicates)."""
-    add = {"found": scan.num_found, "packed": packed, "skipped": skipped, "ignored": len(scan.ignored),
-           "duplicates": duplicates}
+    return _union_counts(old, {"found": scan.num_found, "packed": packed, "skipped": skipped,
+                               "ignored": len(scan.ignored), "duplicates": duplicates})
+
+
+def _union_counts(old: dict, add: dict[str, int]) -> dict:
+    """``old`` with each count of ``add`` added (a count ``old`` lacks starts at 0)."""
     return {**old, **{k: int(old.get(k, 0) or 0) + v for k, v in add.items()}}
 
 
@@ -390,3 +394,124 @@ def pack_append(src: Path, out: Path, options, context: PackContext, *, scan: Sc
                       shards_resumed=result.resumed,
                       extra={**result.extra, "duplicates": duplicates, "dataset_samples": union.num_samples,
                              "first_shard": first}, **report)
+
+
+def _drop_unfinished_write(out: Path, prefix: str, first: int) -> None:
+    """Before ``write_dataset(append=True)``: delete the new shards of an earlier one that stopped,
+    as its marker (``.shardfeed-pack/write_dataset.json``) names them (from ``first_shard`` on)."""
+    from .pack_state import WRITING_NAME
+
+    try:
+        marker = json.loads(read_small_file(out / STATE_DIR / WRITING_NAME, what="the write_dataset marker"))
+    except (FileNotFoundError, ValueError, RecursionError):
+        return
+    start = marker.get("append", {}).get("first_shard") if isinstance(marker, dict) else None
+    if not isinstance(start, int) or start != first:
+        return
+    pattern = re.compile(rf"{re.escape(prefix)}-([0-9]{{6,}})\.(tar|sfidx)")
+    for p in out.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m and int(m.group(1)) >= first and p.is_file() and not p.is_symlink():
+            p.unlink()
+
+
+def append_samples(samples, out: Path, *, classes: list[str] | None = None,
+                   class_to_idx: dict[str, int] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> Manifest:
+    """``write_dataset(samples, out, append=True)``: add sample dicts to the finished WebDataset
+    dataset in ``out`` as new shards, the manifest replaced last.
+
+    Samples are dicts as :func:`~shardfeed.convert.layouts.write_dataset` takes them, with a label
+    and without extra fields; their keys continue the dataset's (a ``"key"`` is refused). A sample
+    whose ``path`` the dataset holds is skipped and counted (``files["duplicates"]``). A write that
+    stops leaves the previous manifest; writing the same samples again replaces its new shards.
+
+    Args:
+        samples: the sample dicts, in order.
+        out: the local folder of a finished WebDataset dataset.
+        classes, class_to_idx: the class map: the dataset's classes, new ones after them (None:
+            the dataset's own).
+        progress: ``callback(num_samples, num_bytes)`` after each sample written.
+
+    Returns:
+        The union's :class:`~shardfeed.readers.format.Manifest`.
+
+    Raises:
+        ValueError: no finished dataset in ``out``; one an append cannot extend; a conflicting
+            class map; a sample with a ``key``, extra fields, no label or a label outside the map.
+    """
+    from shardfeed.readers.format import DEFAULT_PREFIX, class_bytes, meta_bytes, write_bytes_atomic
+
+    from .layouts import _sample_from_dict
+    from .pack_state import WRITING_NAME
+    from .writers.shard import ShardLimits, ShardWriter
+
+    if class_to_idx is None and classes is not None:
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+    with output_lock(out, "write_dataset"):
+        manifest, plan = _existing_dataset(out)
+        if plan is not None:
+            raise ValueError(f"{out}: holds an unfinished `pack --append`; finish it first (the same command again)")
+        merged = merge_class_maps(manifest.class_to_idx, [], class_to_idx, str(out))
+        recorded = manifest.options or {}
+        prefix = recorded.get("prefix", DEFAULT_PREFIX)
+        first = _next_shard(manifest, prefix)
+        _drop_unfinished_write(out, prefix, first)
+        existing = read_dataset_paths(out, manifest)
+        (out / STATE_DIR).mkdir(exist_ok=True)
+        write_bytes_atomic(out / STATE_DIR / WRITING_NAME,
+                           json.dumps({"writer": "write_dataset", "append": {"first_shard": first}}).encode())
+        idx_to_class = {i: c for c, i in merged.items()}
+        limits = ShardLimits(recorded.get("max_count", 10000), recorded.get("max_bytes", 256_000_000))
+        writer = ShardWriter(out, prefix=prefix, first_index=first, limits=limits)
+        next_key, added, duplicates, hashes = existing.next_key, [], 0, array("Q", existing.hashes)
+        with writer:
+            for i, item in enumerate(samples):
+                if isinstance(item, dict) and item.get("key") is not None:
+                    raise ValueError(f"sample {i}: an append continues the dataset's keys; leave 'key' out")
+                sample, extra = _sample_from_dict(item, i, existing.width, True, merged, idx_to_class)
+                if extra:
+                    raise ValueError(f"sample {i}: extra fields ({', '.join(extra)}); the dataset has none")
+                path = sample.meta.get("path")
+                if isinstance(path, str) and path in existing:
+                    duplicates += 1
+                    continue
+                key = str(next_key).zfill(existing.width)
+                writer.add(key, sample.ext, sample.data, class_bytes(sample.label), meta_bytes(sample.meta),
+                           describe=f"sample {i} ({path or key})")
+                next_key += 1
+                added.append(path)
+                if progress is not None:
+                    progress(1, len(sample.data))
+        return _finish_sample_append(out, manifest, writer.shards, merged, added, duplicates, hashes,
+                                     next_key, existing.width)
+
+
+def _finish_sample_append(out: Path, manifest: Manifest, new_shards, merged: dict[str, int], added: list,
+                          duplicates: int, hashes: array, next_key: int, width: int) -> Manifest:
+    """Write the union's manifest (last-but-one: then its consumer files and path index) and drop
+    the ``write_dataset`` marker."""
+    from .pack_state import WRITING_NAME
+    from .path_index import PATHS_NAME
+
+    if not added:
+        (out / STATE_DIR / WRITING_NAME).unlink(missing_ok=True)
+        remove_state_folder(out)
+        return manifest
+    old_files = manifest.files or {}
+    union = dataclasses.replace(
+        manifest, num_samples=manifest.num_samples + len(added), classes=sorted(merged, key=merged.__getitem__),
+        class_to_idx=merged, shards=[*manifest.shards, *new_shards],
+        extensions=merge_extension_counts([manifest.extensions, *(s.extensions for s in new_shards)]),
+        files=_union_counts(old_files, {"found": len(added) + duplicates, "packed": len(added),
+                                        "duplicates": duplicates}))
+    with signals_held():
+        union.write(out)
+        write_consumer_files(out, union)
+        if all(isinstance(p, str) for p in added):
+            write_path_index(out, union, hashes + array("Q", (path_hash(p) for p in added)), next_key, width)
+        else:  # a sample without a path: no index (an append reads the shards, and refuses them)
+            (out / PATHS_NAME).unlink(missing_ok=True)
+        (out / STATE_DIR / WRITING_NAME).unlink(missing_ok=True)
+        remove_state_folder(out)
+    return union

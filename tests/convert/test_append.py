@@ -245,3 +245,47 @@ def test_append_refuses_an_out_inside_src(tmp_path, first_pack):
         pack(out, out, _options(append=True))
     with pytest.raises(ValueError, match="lies inside the source folder"):
         pack(tmp_path, out, _options(append=True))
+
+
+def test_write_dataset_append_adds_samples_after_the_dataset(tmp_path, first_pack):
+    from shardfeed.convert import write_dataset
+
+    out, planted = first_pack
+    before = _digests(out)
+    new = [{"image": _jpeg(100), "ext": "jpg", "path": "emu/e0.jpg", "label": "emu"},
+           {"image": _jpeg(101), "ext": "jpg", "path": "dog/d5.jpg", "label": 1},
+           {"image": _jpeg(0), "ext": "jpg", "path": "cat/c0.jpg", "label": "cat"}]  # held already
+    m = write_dataset(new, out, append=True, classes=["cat", "dog", "emu"])
+    assert m.num_samples == 7 and m.files["duplicates"] == 1
+    after = _digests(out)
+    assert {n: after[n] for n in before} == before
+    want = {r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()}
+    assert _read(out) == want | {"emu/e0.jpg": (_jpeg(100), 2), "dog/d5.jpg": (_jpeg(101), 1)}
+    assert [s.key for s in open_dataset(out, decode=False, shuffle=False)][-2:] == ["000000005", "000000006"]
+    with pytest.raises(ValueError, match="puts class 'dog' at index 0"):
+        write_dataset(new, out, append=True, classes=["dog", "cat"])
+    r = CliRunner().invoke(main, ["check", str(out)])
+    assert r.exit_code == 0, r.output
+
+
+def test_write_dataset_append_stopped_leaves_the_dataset_and_a_rerun_finishes(tmp_path, first_pack):
+    from shardfeed.convert import write_dataset
+
+    out, planted = first_pack
+    manifest = (out / "manifest.json").read_bytes()
+    new = [{"image": _jpeg(110 + i), "ext": "jpg", "path": f"dog/n{i}.jpg", "label": 1} for i in range(5)]
+
+    def stopping():
+        yield from new[:4]  # a complete new shard (3) and one sample of the next
+        raise _Stop()
+
+    with pytest.raises(_Stop):
+        write_dataset(stopping(), out, append=True)
+    assert (out / "manifest.json").read_bytes() == manifest
+    want = {r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()}
+    assert _read(out) == want
+    m = write_dataset(new, out, append=True)
+    assert m.num_samples == 10
+    assert _read(out) == want | {s["path"]: (s["image"], 1) for s in new}
+    r = CliRunner().invoke(main, ["check", str(out)])
+    assert r.exit_code == 0, r.output
