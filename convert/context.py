@@ -63,6 +63,8 @@ class PackContext:
         storage_options: object-store client options (:mod:`shardfeed.readers.objstore`) for a
             SRC or OUT in a bucket; None: the client's defaults.
         owns_executor: :meth:`close` closes the executor (True when :meth:`for_options` made it).
+        first_shard: the file index of the first shard this pack writes, and of its resume
+            record: 0, or the index after the existing shards for an append.
     """
 
     executor: Executor
@@ -72,6 +74,7 @@ class PackContext:
     on_shard_end: ShardEndHook | None = None
     storage_options: dict | None = None
     owns_executor: bool = False
+    first_shard: int = 0
 
     @classmethod
     def for_options(cls, options: Any, *, progress: Progress | None = None,

@@ -113,7 +113,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
                   classes: list[str] | None = None, class_to_idx: dict[str, int] | None = None,
                   labels: bool | None = None, fields: Iterable[str] = (), options: dict | None = None,
                   skipped: list[dict] | None = None, files: dict | None = None, map_size: int | None = None,
-                  progress: Callable[[int, int], None] | None = None, num_classes: int | None = None) -> Manifest:
+                  progress: Callable[[int, int], None] | None = None, num_classes: int | None = None,
+                  append: bool = False) -> Manifest:
     """Write an iterable of sample dicts as a shardfeed dataset (WebDataset shards or LMDB).
 
     Each sample is a dict:
@@ -173,6 +174,10 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         progress: ``callback(num_samples, num_bytes)`` after each sample.
         num_classes: integer labels index the classes ``"0" .. "K-1"`` (instead of ``classes``);
             a label of K or more is an error naming the sample.
+        append: add the samples to the finished WebDataset dataset in ``out`` as new shards
+            (:func:`shardfeed.convert.append.append_samples`: labelled samples without a
+            ``key`` or extra fields; a ``path`` the dataset holds is skipped; the dataset's shard
+            limits and prefix; ``classes``/``class_to_idx`` keep the dataset's indices).
 
     Returns:
         The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically). Until
@@ -193,21 +198,46 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
         shardfeed.convert.outlock.OutputBusyError: another command is writing ``out``.
         OSError: writing failed.
     """
-    from shardfeed.readers.errors import UnsupportedURLError
-    from shardfeed.readers.opener import is_remote, local_path
-
     from .outlock import output_lock
 
-    if is_remote(out):  # never a local folder called "s3:"
-        raise UnsupportedURLError(f"{out}: write_dataset writes a local folder; write it to a local folder, then "
-                                  f"`shardfeed convert DIR {out} --format wds` uploads it")
-    out = local_path(out)
+    out = _local_out(out)
+    if append:
+        return _append_samples(samples, out, format, classes, class_to_idx, num_classes, progress)
     if num_classes is not None:
         classes = _numbered_classes(num_classes, classes, class_to_idx)
     with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
         return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
                       classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
                       skipped=skipped, files=files, map_size=map_size, progress=progress, mark_unfinished=True)
+
+
+def _local_out(out) -> Path:
+    """:func:`write_dataset`'s OUT as a local path.
+
+    Raises:
+        shardfeed.readers.errors.UnsupportedURLError: a remote URL (nothing is written).
+    """
+    from shardfeed.readers.errors import UnsupportedURLError
+    from shardfeed.readers.opener import is_remote, local_path
+
+    if is_remote(out):  # never a local folder called "s3:"
+        raise UnsupportedURLError(f"{out}: write_dataset writes a local folder; write it to a local folder, then "
+                                  f"`shardfeed convert DIR {out} --format wds` uploads it")
+    return local_path(out)
+
+
+def _append_samples(samples, out: Path, format, classes, class_to_idx, num_classes, progress) -> Manifest:
+    """``write_dataset(..., append=True)`` (:func:`shardfeed.convert.append.append_samples`).
+
+    Raises:
+        ValueError: a format other than WebDataset, or ``num_classes``.
+    """
+    from .append import append_samples
+
+    if not describe(canonical_format(format)).sharded or num_classes is not None:
+        raise ValueError(f"{out}: append adds WebDataset shards with the dataset's class map; pass "
+                         "format='webdataset' and classes/class_to_idx (not num_classes)")
+    return append_samples(samples, out, classes=classes, class_to_idx=class_to_idx, progress=progress)
 
 
 def _numbered_classes(num_classes, classes, class_to_idx) -> list[str]:

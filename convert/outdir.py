@@ -13,7 +13,7 @@ from .outlock import check_not_busy
 from .pack_state import STATE_DIR, remove_shard_temp_files, remove_state_folder
 from .ownership import decide, local_entries, survey
 
-__all__ = ["prepare_output", "remove_recorded"]
+__all__ = ["prepare_output", "remove_recorded", "check_out_outside_src"]
 
 
 def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check_only: bool = False,
@@ -47,12 +47,7 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
         NotADirectoryError: OUT is a file.
         shardfeed.convert.outlock.OutputBusyError: (``check_only``) another command is writing OUT.
     """
-    src_r, out_r = src.resolve(), out.resolve()
-    if out_r == src_r:
-        raise ValueError(f"{out}: OUT is the source folder itself; choose another output folder")
-    if src_r in out_r.parents:
-        raise ValueError(f"{out}: OUT lies inside the source folder {src} (it would be scanned as a class); "
-                         "choose an output folder outside it")
+    check_out_outside_src(src, out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is a file; choose a folder for the output")
     if check_only:
@@ -70,6 +65,20 @@ def prepare_output(src: Path, out: Path, *, resume: bool, overwrite: bool, check
         remove_shard_temp_files(out, prefix)
     out.mkdir(parents=True, exist_ok=True)
     return action
+
+
+def check_out_outside_src(src: Path, out: Path) -> None:
+    """Refuse an OUT that is SRC itself or lies inside it (it would be scanned as a class).
+
+    Raises:
+        ValueError: naming OUT and the fix.
+    """
+    src_r, out_r = src.resolve(), out.resolve()
+    if out_r == src_r:
+        raise ValueError(f"{out}: OUT is the source folder itself; choose another output folder")
+    if src_r in out_r.parents:
+        raise ValueError(f"{out}: OUT lies inside the source folder {src} (it would be scanned as a class); "
+                         "choose an output folder outside it")
 
 
 def remove_recorded(out: Path, contents, keep: frozenset[str] | set[str] = frozenset()) -> list[str]:

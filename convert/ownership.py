@@ -7,7 +7,8 @@ its name:
 * a finished dataset's ``manifest.json`` (any readable version) names its shards and offset indexes
   (``.sfidx``; ``.idx`` in version 1) or its LMDB ``data.mdb`` (with ``lock.mdb``); beside a
   WebDataset manifest, ``shardindex.json`` and ``README.md`` are ours when their content says so
-  (:func:`shardfeed.convert.consumers.is_ours`);
+  (:func:`shardfeed.convert.consumers.is_ours`), and so is the path index ``.shardfeed-paths``
+  when it starts with its magic (:mod:`shardfeed.convert.path_index`);
 * an unfinished pack's state folder ``.shardfeed-pack/`` is ours (in a local folder, the files a
   pack writes in it: :func:`~shardfeed.convert.pack_state.remove_state_folder` leaves anything
   else there, and the folder with it), and its ``plan.json`` names the
@@ -44,6 +45,7 @@ from shardfeed.readers.registry import describe
 
 from .consumers import CARD_MARKER, CARD_NAME, WIDS_INDEX_NAME
 from .outlock import LOCK_NAME
+from .path_index import PATHS_NAME, is_path_index
 from .pack_state import PLAN_NAME, STATE_DIR
 
 __all__ = ["OutContents", "survey", "decide", "local_entries", "store_entries", "flag", "cli_flags",
@@ -172,7 +174,7 @@ def survey(where: str, entries: Mapping[str, str], read: Callable[[str], bytes |
         if describe(manifest.format).files:
             named.update(describe(manifest.format).files)
         else:
-            for name in (WIDS_INDEX_NAME, CARD_NAME):
+            for name in (WIDS_INDEX_NAME, CARD_NAME, PATHS_NAME):
                 if entries.get(name) == "file" and _consumer_is_ours(name, read(name)):
                     named.add(name)
     if entries.get(STATE_DIR) == "dir":
@@ -227,6 +229,8 @@ def _consumer_is_ours(name: str, head: bytes | None) -> bool:
         return False
     if name == CARD_NAME:
         return CARD_MARKER.encode() in head[:1 << 16]
+    if name == PATHS_NAME:
+        return is_path_index(head)
     try:
         data = json.loads(head)
     except (ValueError, RecursionError):

@@ -65,6 +65,7 @@ from .outdir import prepare_output
 from .outlock import output_lock
 from .pack_state import (PLAN_NAME, STATE_DIR, describe_plan_change, remove_shard_temp_files, remove_state_folder,
                          write_plan_files)
+from .path_index import write_path_index
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
@@ -139,6 +140,9 @@ class PackOptions:
             pack stopped before writing its plan, is packed from the start; an OUT holding the
             finished dataset of the same options and source is reported complete: scripts may
             always pass it).
+        append: add SRC's images to the finished WebDataset dataset in OUT as new shards
+            (:mod:`shardfeed.convert.append`): its shards stay as they are, its class indices
+            keep their values, images whose path it holds already are skipped and counted.
         overwrite: replace the shardfeed dataset in OUT: only what its records name (manifest,
             plan, the files they list) is deleted; anything else is refused by name
             (:mod:`shardfeed.convert.ownership`).
@@ -174,6 +178,8 @@ class PackOptions:
     max_decode_bytes: int | None = 512 << 20
     class_to_idx: dict | None = None
     resume: bool = False
+    #: not part of fingerprint_fields(): an append keeps the dataset's recorded options
+    append: bool = False
     overwrite: bool = False
     #: LMDB: initial map size in bytes (None: payload + headroom). Tests use a tiny one.
     map_size: int | None = None
@@ -202,6 +208,9 @@ class PackOptions:
                           stacklevel=3)
             self.on_error = "raise"
         check_on_error(self.on_error)
+        if self.append and (self.overwrite or not describe(self.format).sharded):
+            raise ValueError("append adds WebDataset shards to a dataset: it takes neither overwrite nor "
+                             "format='lmdb' (pack the new images into a dataset of their own instead)")
         if self.workers is None:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:
@@ -354,13 +363,15 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     problem = member_clash(parse_extensions(options.extensions), getattr(layout, "sidecars", ()))
     if problem is not None:  # before anything is read or written
         raise ValueError(f"--extensions{'/--sidecars' if getattr(layout, 'sidecars', ()) else ''}: {problem}")
-    out, to_store = _checked_out(out, options)
+    out, to_store = _checked_out(out, options, layout)
     with PackContext.for_options(options, progress=progress, output_progress=output_progress,
                                  storage_options=storage_options) as context:
         t_source = time.perf_counter()
         src, scan, src_url = _local_source(src, options, context, layout=layout, scan=scan, notice=notice,
                                            download_progress=download_progress)
         download_s = time.perf_counter() - t_source
+        if options.append:  # class folders into a local dataset
+            return _append(src, out, options, context, layout, scan, src_url, download_s, scan_progress, start_progress)
         if not to_store:
             prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
         layout = _layout_of(src, layout, src_url=src_url, notice=notice)
@@ -377,6 +388,22 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
             report = pack_to_store(src, out, options, pack_local, context=context, scan=scan)
         else:
             report = pack_local(src, out, options, scan=scan, context=context)
+    if src_url is not None:
+        _finish_bucket_source(report, src, src_url, download_s)
+    return report
+
+
+def _append(src: Path, out: Path, options: PackOptions, context: PackContext, layout, scan: ScanResult | None,
+            src_url: str | None, download_s: float, scan_progress, start_progress) -> PackReport:
+    """:func:`pack` with ``append`` (:func:`shardfeed.convert.append.pack_append`; class folders only)."""
+    from .append import pack_append
+    from .outdir import check_out_outside_src
+
+    check_out_outside_src(src, out)
+    if _layout_of(src, layout, src_url=src_url, notice=lambda text: None) is not None:
+        raise ValueError(f"{src}: no class folders; append adds class-folder images (SRC/CLASS/IMAGE)")
+    report = pack_append(src, out, options, context, scan=scan, scan_progress=scan_progress,
+                         start_progress=start_progress)
     if src_url is not None:
         _finish_bucket_source(report, src, src_url, download_s)
     return report
@@ -405,17 +432,22 @@ def _finish_bucket_source(report: PackReport, mirror: Path, src_url: str, downlo
     report.extra["download_seconds"] = round(download_s, 3)
 
 
-def _checked_out(out: str | os.PathLike[str], options: PackOptions) -> tuple[str | Path, bool]:
+def _checked_out(out: str | os.PathLike[str], options: PackOptions, layout=None) -> tuple[str | Path, bool]:
     """:func:`pack`'s OUT: ``(the URL of a bucket OUT or the local path, whether it is a bucket)``.
 
     Raises:
         shardfeed.readers.errors.UnsupportedURLError: an unsupported scheme, or a format that is
             written to a local disk only (LMDB) with a bucket OUT.
+        ValueError: ``append`` to a bucket OUT, or with a ``layout``.
     """
     from shardfeed.readers.opener import check_supported, is_remote, local_path
 
     check_supported(out, what="`shardfeed pack`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
     to_store = is_remote(out)  # any writable remote location (store_pack refuses a read-only one)
+    if options.append and (to_store or layout is not None):
+        raise ValueError(f"{out}: append adds class-folder images to a local dataset; " + (
+            "append to a local copy of the dataset (`shardfeed stage`), then upload it" if to_store else
+            "--labels, --sidecars and --no-labels are not appended: repack the union with --overwrite"))
     if to_store and not _writes_to_store(options.format):
         raise UnsupportedURLError(f"{out}: an LMDB dataset is written to a local disk only (LMDB maps its file into "
                                   "memory); use --format wds to pack to a bucket, or pack to a local folder")
@@ -537,8 +569,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     try:
         result: PackResult = format_packer(options.format)(scan, samples, out, options, context)
     except BaseException:
-        # Ctrl-C, disk full, a bad file: keep complete shards for --resume, drop partial ones
-        remove_shard_temp_files(out, options.prefix)  # this pack's own temporary shards and indexes only
+        drop_partial_shards(out, options.prefix)  # Ctrl-C, disk full, a bad file: complete shards stay
         raise
     shards, extra = result.shards, result.extra
     skipped = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in scan.unpackable] + result.skipped
@@ -561,6 +592,10 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     with signals_held():  # a finished manifest means a finished dataset: its consumer files, no pack state
         manifest.write(out)
         write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
+        if describe(options.format).sharded and isinstance(samples, SamplePlan):  # for a later append
+            gone = {item["path"] for item in result.skipped}
+            write_path_index(out, manifest, (r for r in samples.files.rels if r not in gone), len(samples),
+                             samples.width)
         remove_state_folder(out)
     seconds = time.perf_counter() - t0
     return PackReport(
@@ -572,9 +607,17 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
     )
 
 
-def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fingerprint: str) -> None:
+def drop_partial_shards(out: Path, prefix: str) -> None:
+    """After a pack stopped: delete its own temporary shards and offset indexes
+    (:func:`~shardfeed.convert.pack_state.remove_shard_temp_files`), keeping the complete ones for
+    ``resume``."""
+    remove_shard_temp_files(out, prefix)
+
+
+def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fingerprint: str, *,
+                         extra: dict | None = None) -> None:
     """A resumed pack: check that OUT's plan is this one; a new pack: write the plan (the state
-    folder, the plan's files and ``plan.json``, together).
+    folder, the plan's files and ``plan.json``, together, with ``extra``'s keys).
 
     Raises:
         ValueError: ``resume`` of a pack with other options or another version of the source.
@@ -597,7 +640,7 @@ def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fing
         with signals_held():  # Ctrl-C or SIGTERM cannot leave a state folder without its plan
             state.mkdir(exist_ok=True)
             write_plan_files(state, scan.files)  # what --resume names when the source changed
-            write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint,
+            write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint, **(extra or {}),
                                                       "options": options.fingerprint_fields()}).encode())
 
 
@@ -614,6 +657,9 @@ def describe_interrupted(out: str | os.PathLike) -> str:
     if is_remote(out):
         return f"the shards uploaded to {out} are kept: the same command plus --resume uploads the rest"
     out = Path(out)
+    if (out / MANIFEST_NAME).is_file() and (out / STATE_DIR / PLAN_NAME).is_file():
+        return (f"{out} still reads as the dataset it was ({MANIFEST_NAME} unchanged); the complete new shards "
+                "are kept: the same command writes the rest")
     if (out / MANIFEST_NAME).is_file():
         return f"{out} holds a finished dataset ({MANIFEST_NAME}); nothing to resume"
     if (out / LMDB_DATA_NAME).is_file():

@@ -68,6 +68,9 @@ class PackReport:
         if "download_seconds" in self.extra:
             s += (f", after {self.extra['download_seconds']:.2f} s listing and downloading SRC from the bucket "
                   f"({self.extra['download_seconds'] + self.seconds:.2f} s in all)")
+        if "duplicates" in self.extra:  # an append
+            s += (f"; appended: the dataset holds {plural(self.extra.get('dataset_samples', 0), 'sample')}; "
+                  f"{plural(self.extra['duplicates'], 'image')} already in it skipped")
         if self.skipped:
             s += (f"; {plural(len(self.skipped), 'file')} skipped ({reason_counts(self.skipped)}; listed in the "
                   "manifest)")

@@ -44,6 +44,7 @@ from shardfeed.readers.errors import UnsupportedURLError
 from shardfeed.readers.format import MANIFEST_NAME, load_manifest
 from shardfeed.readers.registry import describe
 from .consumers import CARD_NAME, META_SAMPLE_SHARDS, WIDS_INDEX_NAME
+from .path_index import PATHS_NAME
 from .context import PackContext
 from .pack_state import PLAN_NAME, STATE_DIR
 from .tarwriter import create_new_file
@@ -317,7 +318,8 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackC
     for entry in manifest.shards:  # anything the background uploads did not reach yet
         uploader.upload(entry.name, entry.num_bytes, entry.sha256, entry.index, entry.index_sha256)
     uploader.drain()
-    for name in (WIDS_INDEX_NAME, CARD_NAME):  # wids' shard index and the Hugging Face card, when written
+    # wids' shard index, the Hugging Face card and the path index, when written
+    for name in (WIDS_INDEX_NAME, CARD_NAME, PATHS_NAME):
         if (stage / name).exists():
             loc.put_bytes(name, (stage / name).read_bytes())
     loc.put_bytes(MANIFEST_NAME, (stage / MANIFEST_NAME).read_bytes())  # last: the dataset is finished

@@ -89,13 +89,17 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
               help="Follow symbolic links whose target lies outside SRC (a git-annex or DVC store keeps its "
                    "objects elsewhere). Without it such a link stops the pack, naming it (with --on-error skip: "
                    "skipped and listed as 'link out of SRC'). Links inside SRC are always followed.")
+@click.option("--append", is_flag=True, help="Add SRC's images to the finished WebDataset dataset in OUT as new "
+              "shards: its shards and class indices stay; new classes get the next indices; images whose path "
+              "it holds are skipped and counted. An append that stops leaves the dataset as it was; run it "
+              "again to finish it.")
 @json_option
 @pack_options()
 @reencode_options
 @storage_option
 @click.pass_context
 def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, num_classes, label_kind, sidecars,
-             require_sidecars, no_labels, follow_external_links,
+             require_sidecars, no_labels, follow_external_links, append,
              fmt, max_count, max_bytes, prefix, workers, read_ahead, seed, no_shuffle, on_error, decode_check,
              max_decode_bytes, resume, overwrite, executor, ray_address, json_path, reencode) -> None:
     """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
@@ -119,6 +123,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, n
       shardfeed pack ~/data/train out/train --format wds --max-bytes 512MB
       shardfeed pack ~/data/val out/val --classes-from out/train/manifest.json
       shardfeed pack ~/data/train out/train --resume        # after a crash or kill -9
+      shardfeed pack ~/data/new_day out/train --append      # add images as new shards
       shardfeed pack ~/data/train out/train-256 --resize 256   # shorter side 256 px, JPEG q90
       shardfeed pack ~/data/train s3://bucket/train --format wds
       shardfeed pack ~/data/val_flat out/val --labels val_labels.csv --classes-from out/train
@@ -140,7 +145,7 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, n
                           read_ahead=read_ahead, seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
                           on_error=on_error, decode_check=decode_check, max_decode_bytes=max_decode_bytes,
                           class_to_idx=class_to_idx,
-                          resume=resume, overwrite=overwrite, reencode=reencode, executor=executor,
+                          resume=resume, append=append, overwrite=overwrite, reencode=reencode, executor=executor,
                           ray_address=ray_address, faults=_fault_hooks(ctx),
                           follow_external_links=follow_external_links)
     layout = None

@@ -442,15 +442,17 @@ def pack_webdataset(scan, samples, out: Path, options, context: PackContext) -> 
         return pack_webdataset_reencoded(scan, samples, out, options, context)
     progress, on_shard_end = context.progress, context.on_shard_end
     ranges = plan_shards(samples, max_count=options.max_count, max_bytes=options.max_bytes)
+    first = context.first_shard  # shard i of the plan is file (and record) first + i
     done: dict[int, dict] = {}
     if options.resume:
-        for i in range(len(ranges)):
+        for i in range(first, first + len(ranges)):
             rec = finished_shard_record(out, i)
             if rec is not None:
                 done[i] = rec
-                a, b = ranges[i]
+                a, b = ranges[i - first]
                 progress(b - a, input_bytes(samples[a:b]))
-    tasks = [(str(out.absolute()), i, samples[a:b], options) for i, (a, b) in enumerate(ranges) if i not in done]
+    tasks = [(str(out.absolute()), first + i, samples[a:b], options) for i, (a, b) in enumerate(ranges)
+             if first + i not in done]
     results: dict[int, tuple] = {i: (rec["entry"], rec["skipped"]) for i, rec in done.items()}
     shared = (scan.root, str(out.absolute() / STATE_DIR / "plan.json"))  # what every Ray node must see
     # the generator first: zip then runs it to its end (a clean pool shutdown), not tasks first
@@ -460,7 +462,7 @@ def pack_webdataset(scan, samples, out: Path, options, context: PackContext) -> 
         if on_shard_end is not None and res[0] is not None:
             on_shard_end(ShardEntry(**res[0]), task[1])
     shards, skipped = [], []
-    for i in range(len(ranges)):
+    for i in range(first, first + len(ranges)):
         entry, sk = results[i]
         skipped.extend(sk)
         if entry is not None:

@@ -47,6 +47,12 @@ def _image(seed: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def _staged_files(root: Path) -> dict[str, bytes]:
+    """What `stage` copies of the dataset at ``root``: every file but the path index, a cache for
+    `pack --append` that an append rebuilds from the shards."""
+    return {k: v for k, v in _folder_files(root).items() if k != ".shardfeed-paths"}
+
+
 def _folder_files(root: Path) -> dict[str, bytes]:
     """Every regular file below ``root``, by ``/``-separated relative path."""
     out = {}
@@ -321,7 +327,7 @@ def test_stage_copies_verifies_and_resumes(wds, tmp_path):
     res = _run("stage", wds, dest, "--min-free", "1KB", "--json", str(tmp_path / "s1.json"))
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() == str(dest.resolve())
-    assert _folder_files(dest) == _folder_files(wds)
+    assert _folder_files(dest) == _staged_files(wds)
 
     # an interruption: one shard gone, one left half-copied under its temporary name, one damaged,
     # and no manifest (stage writes it last)
@@ -347,7 +353,7 @@ def test_stage_copies_verifies_and_resumes(wds, tmp_path):
     assert report.resumed == ["shard-000001.tar"]
     assert "shard-000003.tar" in report.skipped and "shard-000000.sfidx" in report.skipped
     assert report.bytes_copied == sum((wds / n).stat().st_size for n in report.copied) + len(part) - 5000
-    assert _folder_files(dest) == _folder_files(wds)
+    assert _folder_files(dest) == _staged_files(wds)
     assert not list(dest.glob(".*.tmp"))
 
     again = stage(wds, dest, min_free_bytes=1000)
@@ -389,7 +395,7 @@ def test_stage_refuses_to_replace_a_different_dataset(src, wds, tmp_path):
     assert stage(other, dest, min_free_bytes=1000).ok
     res = _run("stage", wds, dest, "--min-free", "1KB", "--overwrite")
     assert res.exit_code == 0, res.output
-    assert {k: v for k, v in _folder_files(dest).items() if k in _folder_files(wds)} == _folder_files(wds)
+    assert {k: v for k, v in _folder_files(dest).items() if k in _staged_files(wds)} == _staged_files(wds)
     assert check_dataset(dest).ok
 
 
@@ -427,7 +433,7 @@ def test_stage_over_http_resumes_partial_file(wds, lmdb_ds, tmp_path, ranges):
             report = stage(url, dest, min_free_bytes=1000)
         assert report.ok, report.problems
         assert report.resumed == [first]
-        want = {k: v for k, v in _folder_files(ds).items() if k != "lock.mdb"}
+        want = {k: v for k, v in _staged_files(ds).items() if k != "lock.mdb"}
         assert _folder_files(dest) == want
     assert check_dataset(tmp_path / lmdb_ds.name).ok
 
@@ -730,7 +736,7 @@ def test_stage_overwrite_deletes_the_older_datasets_extra_shards_only(src, wds, 
 
     res = _run("stage", small, dest, "--min-free", "1KB", "--overwrite")
     assert res.exit_code == 0, res.output
-    assert _folder_files(dest) == _folder_files(small)
+    assert _folder_files(dest) == _staged_files(small)
     assert sorted(p.name for p in dest.glob("shard-*.tar")) == ["shard-000000.tar", "shard-000001.tar"]
 
     # a file shardfeed did not write: refused by name as pack --overwrite refuses, nothing deleted
