@@ -286,7 +286,7 @@ def _union_counts(old: dict, add: dict[str, int]) -> dict:
 def _plan_of_append(out: Path, scan: ScanResult, options, manifest: Manifest, existing: DatasetPaths,
                     first: int) -> SamplePlan:
     """The new samples in packing order, their keys after the dataset's; the plan written or checked."""
-    from .pack import _check_or_write_plan, _fingerprint
+    from .plan_record import check_or_write_plan, plan_fingerprint
 
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
     samples = SamplePlan(samples.files, existing.next_key, existing.width)
@@ -295,7 +295,7 @@ def _plan_of_append(out: Path, scan: ScanResult, options, manifest: Manifest, ex
                          f"{existing.width} digits (keys must sort in packing order); repack the union with "
                          "--overwrite")
     identity = hashlib.sha256(read_small_file(out / MANIFEST_NAME, what="the manifest")).hexdigest()
-    fingerprint = hashlib.sha256(f"{_fingerprint(scan, samples, options)}:{first}:{identity}".encode()).hexdigest()
+    fingerprint = hashlib.sha256(f"{plan_fingerprint(scan, samples, options)}:{first}:{identity}".encode()).hexdigest()
     resume = (out / STATE_DIR / PLAN_NAME).is_file()
     if not resume:
         remove_state_folder(out, warn=False)  # records of a stop before the plan was written
@@ -303,7 +303,7 @@ def _plan_of_append(out: Path, scan: ScanResult, options, manifest: Manifest, ex
         if taken.exists() or taken.is_symlink():
             raise ValueError(f"{taken}: is in the way of the first new shard, and the manifest does not name it; "
                              "move it away, then append")
-    _check_or_write_plan(out, dataclasses.replace(options, resume=resume), scan, fingerprint,
+    check_or_write_plan(out, dataclasses.replace(options, resume=resume), scan, fingerprint,
                          extra={"append": {"first_shard": first, "manifest_sha256": identity}})
     return samples
 
@@ -334,7 +334,7 @@ def pack_append(src: Path, out: Path, options, context: PackContext, *, scan: Sc
     """
     from shardfeed.readers.registry import packer as format_packer
 
-    from .pack import drop_partial_shards
+    from .plan_record import drop_partial_shards
     from .samples import refuse_unpackable
 
     t0 = time.perf_counter()
@@ -415,7 +415,7 @@ def _drop_unfinished_write(out: Path, prefix: str, first: int) -> None:
             p.unlink()
 
 
-def append_samples(samples, out: Path, *, classes: list[str] | None = None,
+def append_samples(samples, out: Path, *, to_sample: Callable, classes: list[str] | None = None,
                    class_to_idx: dict[str, int] | None = None,
                    progress: Callable[[int, int], None] | None = None) -> Manifest:
     """``write_dataset(samples, out, append=True)``: add sample dicts to the finished WebDataset
@@ -428,6 +428,8 @@ def append_samples(samples, out: Path, *, classes: list[str] | None = None,
 
     Args:
         samples: the sample dicts, in order.
+        to_sample: ``write_dataset``'s reading of one sample dict,
+            ``to_sample(item, i, width, labelled, class_to_idx, idx_to_class) -> (Sample, fields)``.
         out: the local folder of a finished WebDataset dataset.
         classes, class_to_idx: the class map: the dataset's classes, new ones after them (None:
             the dataset's own).
@@ -442,7 +444,6 @@ def append_samples(samples, out: Path, *, classes: list[str] | None = None,
     """
     from shardfeed.readers.format import DEFAULT_PREFIX, class_bytes, meta_bytes, write_bytes_atomic
 
-    from .layouts import _sample_from_dict
     from .pack_state import WRITING_NAME
     from .writers.shard import ShardLimits, ShardWriter
 
@@ -469,7 +470,7 @@ def append_samples(samples, out: Path, *, classes: list[str] | None = None,
             for i, item in enumerate(samples):
                 if isinstance(item, dict) and item.get("key") is not None:
                     raise ValueError(f"sample {i}: an append continues the dataset's keys; leave 'key' out")
-                sample, extra = _sample_from_dict(item, i, existing.width, True, merged, idx_to_class)
+                sample, extra = to_sample(item, i, existing.width, True, merged, idx_to_class)
                 if extra:
                     raise ValueError(f"sample {i}: extra fields ({', '.join(extra)}); the dataset has none")
                 path = sample.meta.get("path")

@@ -133,8 +133,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
       for ``json``) or a field of the LMDB record; the manifest lists each field and how many
       samples lack it.
 
-    Shards are cut by the one rollover rule (:class:`~shardfeed.convert.writers.shard.ShardLimits`):
-    a shard closes before it would hold more than ``max_count`` samples or pass ``max_bytes``.
+    Shards close before they would hold more than ``max_count`` samples or pass ``max_bytes``
+    (:class:`~shardfeed.convert.writers.shard.ShardLimits`).
 
     Example (a CSV of image paths and captions)::
 
@@ -237,7 +237,8 @@ def _append_samples(samples, out: Path, format, classes, class_to_idx, num_class
     if not describe(canonical_format(format)).sharded or num_classes is not None:
         raise ValueError(f"{out}: append adds WebDataset shards with the dataset's class map; pass "
                          "format='webdataset' and classes/class_to_idx (not num_classes)")
-    return append_samples(samples, out, classes=classes, class_to_idx=class_to_idx, progress=progress)
+    return append_samples(samples, out, to_sample=_sample_from_dict, classes=classes, class_to_idx=class_to_idx,
+                          progress=progress)
 
 
 def _numbered_classes(num_classes, classes, class_to_idx) -> list[str]:

@@ -26,18 +26,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import hashlib
-import itertools
 import json
 import logging
 import os
 import shutil
-import sys
 import time
 import warnings
-from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 from shardfeed.readers.format import (
     DEFAULT_PREFIX,
@@ -49,7 +45,6 @@ from shardfeed.readers.format import (
     merge_extension_counts,
     normalize_ext,
     read_small_file,
-    write_bytes_atomic,
 )
 from shardfeed.readers.errors import UnsupportedURLError, check_on_error
 from shardfeed.readers.keywords import check_keywords
@@ -63,10 +58,10 @@ from .executors import ProgressSink, check_executor, run_tasks, signals_held
 from .faults import FaultHooks
 from .outdir import prepare_output
 from .outlock import output_lock
-from .pack_state import (PLAN_NAME, STATE_DIR, describe_plan_change, remove_shard_temp_files, remove_state_folder,
-                         write_plan_files)
+from .pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
 from .path_index import write_path_index
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
+from .plan_record import check_or_write_plan, drop_partial_shards, plan_fingerprint
 from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
 from .report import PackReport, finished_report, plural
@@ -253,37 +248,6 @@ _check_option_names(ReencodeOptions)
 # ---------------------------------------------------------------------------------------------
 # planning (PlannedSample, plan_samples, plan_shards: shardfeed.convert.plan)
 
-def _fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options: PackOptions) -> str:
-    """The plan's identity (options, classes, and every sample's key, path, size and mtime).
-
-    Hashed column by column (keys, paths, sizes and mtimes as little-endian int64) rather than
-    line by line: the same information, a few milliseconds for 20,000 files instead of ~20.
-    """
-    h = hashlib.sha256()
-    h.update(json.dumps(options.fingerprint_fields(), sort_keys=True).encode())
-    h.update(json.dumps(scan.class_to_idx, sort_keys=True).encode())
-    if isinstance(samples, SamplePlan):
-        files, start, width = samples.files, samples.start, samples.width
-        keys = (str(i).zfill(width) for i in range(start, start + len(files)))
-    else:
-        files = ScannedFiles.from_files(scan.root, [s.file for s in samples])
-        keys = (s.key for s in samples)
-    # in chunks: a bounded temporary string whatever the number of files
-    h.update(b"keys\0")
-    for chunk in iter(lambda: list(itertools.islice(keys, 4096)), []):
-        h.update("".join([k + "\n" for k in chunk]).encode())
-    h.update(b"\0paths\0")
-    rels = files.rels
-    for a in range(0, len(rels), 4096):
-        h.update("".join([r + "\0" for r in rels[a:a + 4096]]).encode("utf-8", "surrogateescape"))
-    for column in (files.sizes, files.mtimes_ns):
-        col = array("q", column)
-        if sys.byteorder != "little":
-            col.byteswap()
-        h.update(b"\0" + col.tobytes())
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------------------------------------
 # output folder
 
@@ -312,8 +276,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
       missing), the report's ``source`` and the manifest's ``options.source`` are the URL (no
       credentials), and ``extra["download_seconds"]`` is the listing and download time (the
       report's ``seconds`` and images/s are the pack's, after it);
-    * a local OUT is checked (:func:`prepare_output`) before the scan, so a refused OUT costs no
-      scan of a million files;
+    * a local OUT is checked (:func:`prepare_output`) before the scan (a refused OUT costs no scan);
     * labels from a file, sidecar files, no labels (``layout``:
       :class:`~shardfeed.convert.layouts.LayoutOptions`), and a SRC without class folders (packed
       unlabelled, with a ``notice``) go to :func:`shardfeed.convert.layouts.pack_layout` (local
@@ -565,7 +528,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
         log.info("%s: nothing to resume yet; starting the pack", out)
         options = dataclasses.replace(options, resume=False)
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
-    _check_or_write_plan(out, options, scan, _fingerprint(scan, samples, options))
+    check_or_write_plan(out, options, scan, plan_fingerprint(scan, samples, options))
     try:
         result: PackResult = format_packer(options.format)(scan, samples, out, options, context)
     except BaseException:
@@ -605,43 +568,6 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
         files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
         num_classes=len(scan.classes), shards_resumed=result.resumed, extra=extra,
     )
-
-
-def drop_partial_shards(out: Path, prefix: str) -> None:
-    """After a pack stopped: delete its own temporary shards and offset indexes
-    (:func:`~shardfeed.convert.pack_state.remove_shard_temp_files`), keeping the complete ones for
-    ``resume``."""
-    remove_shard_temp_files(out, prefix)
-
-
-def _check_or_write_plan(out: Path, options: PackOptions, scan: ScanResult, fingerprint: str, *,
-                         extra: dict | None = None) -> None:
-    """A resumed pack: check that OUT's plan is this one; a new pack: write the plan (the state
-    folder, the plan's files and ``plan.json``, together, with ``extra``'s keys).
-
-    Raises:
-        ValueError: ``resume`` of a pack with other options or another version of the source.
-    """
-    state = out / STATE_DIR
-    plan_path = state / PLAN_NAME
-    if options.resume:
-        try:
-            old = json.loads(read_small_file(plan_path, what="the pack plan"))
-        except (FileNotFoundError, ValueError, RecursionError):
-            old = {}
-        if not isinstance(old, dict):  # the plan comes from OUT: anything else is unreadable
-            old = {}
-        if old.get("fingerprint") != fingerprint:
-            what = describe_plan_change(state, old, options.fingerprint_fields(), scan.files)
-            raise ValueError(f"{out}: the interrupted pack used other options or another version of the source "
-                             f"folder ({what}); rerun with the same options and files, or start again with "
-                             "--overwrite")
-    else:
-        with signals_held():  # Ctrl-C or SIGTERM cannot leave a state folder without its plan
-            state.mkdir(exist_ok=True)
-            write_plan_files(state, scan.files)  # what --resume names when the source changed
-            write_bytes_atomic(plan_path, json.dumps({"fingerprint": fingerprint, **(extra or {}),
-                                                      "options": options.fingerprint_fields()}).encode())
 
 
 def describe_interrupted(out: str | os.PathLike) -> str:
