@@ -189,9 +189,8 @@ def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, 
             the classes (or, without classes, a largest label not below the number of samples) or
             not the class its ``meta["class"]`` names, labelled and unlabelled samples mixed, no
             sample at all; ``options``, ``files`` or ``skipped`` not strict JSON or a ``skipped``
-            entry not ``{"path": str, "reason": str}`` (:mod:`.recorded`); the message
-            names the sample (its position and path). The shard in progress is dropped and no
-            manifest is written.
+            entry not ``{"path": str, "reason": str}`` (:mod:`.recorded`); the message names the
+            sample (its position and path). The shard in progress is dropped; no manifest is written.
         TypeError: a field value that is neither bytes, str nor JSON.
         shardfeed.readers.errors.UnsupportedURLError: ``out`` is a remote URL (``s3://``,
             ``http://`` ...): nothing is written.
