@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 
 from .errors import DataSourceError
 from .format import decode_index
-from .location import LocalLocation, check_byte_range
+from .location import LocalLocation, LocationBase, check_byte_range
 from .shard_cache import ShardCache, copy_stream, dataset_identity
 from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 
@@ -212,17 +212,11 @@ class CachedLocation(LocalLocation):
         """The remote manifest (:meth:`Location.load_manifest`)."""
         return self.remote_location.load_manifest(check_files=check_files)
 
-    def put_bytes(self, name: str, data: bytes) -> None:
-        raise self._cannot("be written to")
-
-    def put_file(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
-        raise self._cannot("be written to")
-
-    def delete(self, name: str) -> None:
-        raise self._cannot("be written to")
-
-    def head(self, name: str) -> dict[str, str]:
-        raise self._cannot("record file metadata")
+    # read-only, as every remote location: the base class's refusals, not the local folder's writes
+    put_bytes = LocationBase.put_bytes
+    put_file = LocationBase.put_file
+    delete = LocationBase.delete
+    head = LocationBase.head
 
 
 def _fetch_into(location: Any, name: str, num_bytes: int, out: BinaryIO, hasher: Any) -> int:

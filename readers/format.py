@@ -583,12 +583,17 @@ def write_temp_beside(path: str | os.PathLike[str], data: bytes) -> str:
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink_missing_ok(tmp)
         raise
     return tmp
+
+
+def _unlink_missing_ok(path: str | os.PathLike[str]) -> None:
+    """Remove ``path``; one already gone is fine (the clean-up of a failed write)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
@@ -597,10 +602,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink_missing_ok(tmp)
         raise
 
 
