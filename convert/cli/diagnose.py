@@ -34,7 +34,11 @@ try:
     from shardfeed.readers.integrations.autowatch import install as _shardfeed_install
     _shardfeed_install()
 except Exception as _exc:  # never stop the user's script
-    print(f"shardfeed watch: not watching this process: {type(_exc).__name__}: {_exc}", file=sys.stderr)
+    _hint = ""
+    if isinstance(_exc, ModuleNotFoundError) and (_exc.name or "").split(".")[0] == "shardfeed":
+        _hint = (f"; this Python ({sys.executable}) cannot import shardfeed: run the script with the Python "
+                 "shardfeed is installed in (activate its environment, or give its .venv/bin/python)")
+    print(f"shardfeed watch: not watching this process: {type(_exc).__name__}: {_exc}{_hint}", file=sys.stderr)
 _here = os.path.dirname(os.path.abspath(__file__))
 _rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 import importlib.machinery as _m

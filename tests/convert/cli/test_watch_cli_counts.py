@@ -84,3 +84,18 @@ def test_watch_reports_the_loaders_iterated_in_forked_children(tmp_path):
     batches = {pid: rep["loaders"][i]["batches"] for pid, i in by_pid.items()}
     assert batches == {pids["fork"]: 3 - 1, pids["process"]: 5 - 1}
     assert f"[pid {pids['fork']}]" in r.stdout and f"[pid {pids['process']}]" in r.stdout
+
+
+def test_a_script_run_by_a_python_without_shardfeed_is_told_which_python_to_use(tmp_path):
+    import subprocess
+    import sys
+    import venv
+
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False).create(bare)  # a Python that cannot import shardfeed
+    python = bare / "bin" / "python"
+    r = subprocess.run([sys.executable, "-P", "-m", "shardfeed.convert.cli", "watch", "--", str(python), "-c",
+                        "print('ran')"], capture_output=True, text=True, timeout=120)
+    assert "ran" in r.stdout, r.stdout + r.stderr
+    assert f"this Python ({python}) cannot import shardfeed" in r.stderr, r.stderr
+    assert "activate its environment" in r.stderr, r.stderr
