@@ -23,13 +23,13 @@ from array import array
 from pathlib import Path
 from typing import Iterable
 
-from shardfeed.readers.format import Manifest, write_bytes_atomic
+from shardfeed.readers.format import PATH_INDEX_NAME, Manifest, write_bytes_atomic
 
 __all__ = ["PATHS_NAME", "MAGIC", "path_hash", "dataset_identity", "write_path_index", "read_path_index",
            "is_path_index"]
 
 #: The path index's file name inside OUT.
-PATHS_NAME = ".shardfeed-paths"
+PATHS_NAME = PATH_INDEX_NAME
 #: The first bytes of a path index.
 MAGIC = b"SFPATHS1"
 _HEAD = struct.Struct("<8s32sQQQ")

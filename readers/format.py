@@ -972,6 +972,8 @@ def _parse_fields(raw: Any, source: str) -> dict[str, dict[str, Any]]:
 PACK_STATE_DIR = ".shardfeed-pack"
 
 
+#: A WebDataset pack's path index (``--append`` reads it; readers never open it).
+PATH_INDEX_NAME = ".shardfeed-paths"
 #: In :data:`PACK_STATE_DIR`: the plan of a pack or a ``convert``, and the mark of a ``write_dataset``.
 PACK_PLAN_NAME, WRITE_DATASET_MARK = "plan.json", "write_dataset.json"
 
@@ -1000,7 +1002,7 @@ def describe_unfinished(root: str | os.PathLike[str]) -> tuple[str, str]:
         return (f"a write_dataset that stopped ({state}/{WRITE_DATASET_MARK})",
                 "call write_dataset again into an empty folder (its shards are not all there)")
     return (f"a pack's state folder {state}/ without a plan (stopped as it started)",
-            f"run the pack again (`shardfeed pack SRC {root}`)")
+            f"run the pack again (`shardfeed pack SRC {root} --resume` starts it afresh)")
 
 
 def _names_in(folder: Path, limit: int = 1_000_000) -> list[str]:
@@ -1106,13 +1108,14 @@ def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> 
     mpath = find_manifest_path(p)
     if not mpath.exists():
         root = mpath.parent
-        if any(root.glob("*.tar")) and not (root / LMDB_DATA_NAME).exists() and not any(root.glob(".shardfeed-*")):
+        state_left = any(p.name != PATH_INDEX_NAME for p in root.glob(".shardfeed-*"))  # a pack's, not its path index
+        if any(root.glob("*.tar")) and not (root / LMDB_DATA_NAME).exists() and not state_left:
             # no pack state: not an interrupted shardfeed pack (--resume would refuse it)
             raise ManifestError(
                 f"{root}: .tar shards but no {MANIFEST_NAME} (and no unfinished shardfeed pack): shards written by "
                 f"another tool, or a dataset whose manifest was lost. Make them readable with "
                 f"`shardfeed index {root}` (writes the manifest and offset indexes beside them)")
-        if (root / LMDB_DATA_NAME).exists() or any(root.glob(".shardfeed-*")):
+        if (root / LMDB_DATA_NAME).exists() or state_left:
             raise unfinished_pack_error(str(root))
         if any(d.is_dir() and not d.name.startswith(".") for d in root.iterdir()):
             raise ManifestError(f"{root}: an image folder (or other folder), not a packed dataset: pack it first "
