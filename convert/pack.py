@@ -187,7 +187,7 @@ class PackOptions:
     #: not part of fingerprint_fields(): which files are packed is in the plan's paths
     follow_external_links: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.executor = str(self.executor).lower()
         check_executor(self.executor)
         if self.ray_address and self.executor != "ray":
@@ -356,17 +356,20 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     return report
 
 
-def _append(src: Path, out: Path, options: PackOptions, context: PackContext, layout, scan: ScanResult | None,
-            src_url: str | None, download_s: float, scan_progress, start_progress) -> PackReport:
+def _append(src: Path, out: str | Path, options: PackOptions, context: PackContext, layout: LayoutOptions | None,
+            scan: ScanResult | None, src_url: str | None, download_s: float,
+            scan_progress: Callable[[str, int], None] | None,
+            start_progress: Callable[[int, int], None] | None) -> PackReport:
     """:func:`pack` with ``append`` (:func:`shardfeed.convert.append.pack_append`; class folders only)."""
     from .append import pack_append
     from .outdir import check_out_outside_src
 
+    out = Path(out)
     check_out_outside_src(src, out)
     if _layout_of(src, layout, src_url=src_url, notice=lambda text: None) is not None:
         raise ValueError(f"{src}: no class folders; append adds class-folder images (SRC/CLASS/IMAGE)")
-    report = pack_append(src, out, options, context, scan=scan, scan_progress=scan_progress,
-                         start_progress=start_progress)
+    report: PackReport = pack_append(src, out, options, context, scan=scan, scan_progress=scan_progress,
+                                     start_progress=start_progress)
     if src_url is not None:
         _finish_bucket_source(report, src, src_url, download_s)
     return report
@@ -384,7 +387,8 @@ def _pack_layout_locally(src: Path, out, options: PackOptions, layout, context: 
                          "local folder into a local OUT")
     from .layouts import pack_layout
 
-    return pack_layout(src, out, options, layout, context=context)
+    report: PackReport = pack_layout(src, out, options, layout, context=context)
+    return report
 
 
 def _finish_bucket_source(report: PackReport, mirror: Path, src_url: str, download_s: float) -> None:
