@@ -87,6 +87,7 @@ def test_watch_reports_the_loaders_iterated_in_forked_children(tmp_path):
 
 
 def test_a_script_run_by_a_python_without_shardfeed_is_told_which_python_to_use(tmp_path):
+    import os
     import subprocess
     import sys
     import venv
@@ -94,8 +95,10 @@ def test_a_script_run_by_a_python_without_shardfeed_is_told_which_python_to_use(
     bare = tmp_path / "bare"
     venv.EnvBuilder(with_pip=False).create(bare)  # a Python that cannot import shardfeed
     python = bare / "bin" / "python"
+    # no PYTHONPATH of the caller's: through it, the bare Python could import shardfeed after all
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-P", "-m", "shardfeed.convert.cli", "watch", "--", str(python), "-c",
-                        "print('ran')"], capture_output=True, text=True, timeout=120)
+                        "print('ran')"], capture_output=True, text=True, timeout=120, env=env)
     assert "ran" in r.stdout, r.stdout + r.stderr
     assert f"this Python ({python}) cannot import shardfeed" in r.stderr, r.stderr
     assert "activate its environment" in r.stderr, r.stderr
