@@ -47,7 +47,7 @@ _watches: list = []
 _lock = threading.Lock()
 _state = {"installed": False, "patched": False, "pid": None, "skipped": 0, "sigterm_exit": False,
           "sigterm_at": 0.0, "sigint_at": -1e9, "repeat_exit": False, "exit_mark_registered": False,
-          "exit_begun": False, "exits_raised_again": 0, "transfer_deferrals": 0, "report_pid": None,
+          "exit_begun": False, "exits_raised_again": 0, "report_pid": None,
           "multiprocessing_exit_pid": None}
 #: Seconds after a SIGTERM in which another one is the same stop (ignored while its exit is under way).
 SAME_STOP_S = 5.0
@@ -55,11 +55,6 @@ SAME_STOP_S = 5.0
 SAME_INTERRUPT_S = 1.0
 #: Times a SIGTERM exit that Python swallowed is raised again, at most (then the process dies of the signal).
 MAX_EXITS_RAISED_AGAIN = 20
-#: Times a SIGTERM is put off while the main thread takes a file descriptor from another process, at most
-#: (each time by :data:`~shardfeed.readers.background.SIGNAL_AGAIN_DELAY_S`).
-MAX_TRANSFER_DEFERRALS = 20
-#: Frames a SIGTERM handler looks through for a file-descriptor transfer under way, at most.
-MAX_FRAMES_SEARCHED = 256
 
 
 def _options() -> dict:
@@ -357,10 +352,6 @@ def _exit_terminated(signum, frame) -> None:
     now = time.monotonic()
     if _state["sigterm_exit"] and now - _state["sigterm_at"] < SAME_STOP_S:
         return  # the same stop, its exit under way: a process group's SIGTERM and the one watch passed on
-    if _in_a_descriptor_transfer(frame) and _state["transfer_deferrals"] < MAX_TRANSFER_DEFERRALS:
-        _state["transfer_deferrals"] += 1
-        signal_main_thread_again(signal.SIGTERM)
-        return
     _state["sigterm_at"] = now
     expect_children_to_end()
     if not _state["exit_mark_registered"]:
@@ -369,26 +360,6 @@ def _exit_terminated(signum, frame) -> None:
     _state["repeat_exit"] = _state["sigterm_exit"]  # an earlier SIGTERM's exit still under way
     _state["sigterm_exit"] = True
     sys.exit(128 + signal.SIGTERM)
-
-
-def _in_a_descriptor_transfer(frame) -> bool:
-    """Whether the main thread, at ``frame``, is taking a file descriptor from another process: a
-    DataLoader worker's batch shared through ``multiprocessing.resource_sharer``.
-
-    An exit raised there closes the connection half-way, and the worker's ``resource_sharer`` thread
-    prints the broken connection's traceback if it runs before the worker's own SIGTERM ends it. The
-    exit is put off (:data:`MAX_TRANSFER_DEFERRALS` times at most) until the transfer is done.
-    """
-    sharer = sys.modules.get("multiprocessing.resource_sharer")
-    if sharer is None:
-        return False  # no descriptor was ever shared in this process
-    for _ in range(MAX_FRAMES_SEARCHED):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename == sharer.__file__:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _mark_exit_begun() -> None:

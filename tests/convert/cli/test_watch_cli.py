@@ -194,66 +194,6 @@ def test_sigterm_to_the_process_group_ends_watch_and_the_script_with_status_143(
     assert rep["exit_status"] == 128 + signal.SIGTERM
 
 
-_SIGTERM_DURING_A_DESCRIPTOR_TRANSFER = textwrap.dedent("""
-    import os, signal, sys, time, pathlib
-    import torch
-    import torch.multiprocessing as mp
-    from torch.utils.data import DataLoader
-
-    for _ in DataLoader(list(range(4)), batch_size=2):  # a watched loader: the exit has a report to write
-        pass
-
-    def child(q):
-        q.put(torch.arange(1000))  # shared through a descriptor the child's resource sharer hands out
-        time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGSTOP)
-        time.sleep(2.0)  # once continued: hands the descriptor over, then ends
-
-    mp.set_sharing_strategy("file_descriptor")
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=child, args=(q,))
-    p.start()
-    time.sleep(2.0)  # the child is stopped, its descriptor not yet handed over
-    pathlib.Path(sys.argv[1]).write_text(str(p.pid))
-    q.get()  # blocks inside the transfer until the child is continued
-    time.sleep(60)
-""")
-
-
-def test_sigterm_while_a_batch_descriptor_is_fetched_waits_for_the_transfer(tmp_path):
-    import os
-    import signal
-    import time
-
-    # a DataLoader worker's batch comes as a file descriptor from the worker's resource_sharer
-    # thread; an exit raised half-way through the transfer breaks that connection and the worker
-    # prints the broken pipe's traceback: the exit must wait until the descriptor is taken
-    script, marker = tmp_path / "transfer.py", tmp_path / "child_pid"
-    script.write_text(_SIGTERM_DURING_A_DESCRIPTOR_TRANSFER)
-    proc = subprocess.Popen([sys.executable, "-m", "shardfeed.convert.cli", "watch", "--", sys.executable,
-                             str(script), str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert marker.exists(), proc.communicate()[1] if proc.poll() is not None else "script not ready"
-        child = int(marker.read_text())
-        time.sleep(0.5)  # the script is inside q.get(), connected to the stopped child
-        script_pid = int(subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split()[0])
-        os.kill(script_pid, signal.SIGTERM)
-        time.sleep(0.3)
-        os.kill(child, signal.SIGCONT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, out + err
-    assert "Traceback" not in err and "BrokenPipeError" not in err, err
-
-
 _SIGTERM_INSIDE_A_FORK_CALLBACK = textwrap.dedent('''
     import os, signal, sys, time
     import torch
