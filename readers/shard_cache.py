@@ -353,14 +353,10 @@ class ShardCache:
                     quiet: bool = False) -> int | None:
         """The copy at ``path`` opened and share-locked, or None when it is missing, was just
         replaced, or does not match the manifest (then it is fetched again; logged unless ``quiet``)."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
+        fd, link = _open_copy(path)
+        if link:
             log.warning("%s: a link, not a cached copy; replacing it", path)
+        if fd is None:
             return None
         return fd if self.adopt(fd, path, num_bytes, sha256, where, quiet=quiet) else None
 
@@ -526,14 +522,10 @@ class ShardCache:
         if lock is None:
             return False  # being downloaded (or evicted by another process)
         try:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return True
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
-                path.unlink(missing_ok=True)
+            fd, link = _open_copy(path)
+            if fd is None:
+                if link:
+                    path.unlink(missing_ok=True)
                 return True
             try:
                 try:
@@ -548,3 +540,17 @@ class ShardCache:
             return True
         finally:
             os.close(lock)
+
+
+def _open_copy(path: Path) -> tuple[int | None, bool]:
+    """Open a cached copy for reading without following a link: ``(fd, False)``; ``(None, False)``
+    when there is no such file; ``(None, True)`` when a symbolic link stands there (never a copy
+    of ours: the caller replaces it). Other errors are raised."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), False
+    except FileNotFoundError:
+        return None, False
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        return None, True
