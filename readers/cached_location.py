@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 
 from .errors import DataSourceError
 from .format import decode_index
-from .location import LocalLocation, LocationBase, check_byte_range
+from .location import LocalLocation, LocationBase
 from .shard_cache import ShardCache, copy_stream, dataset_identity
 from .shard_readahead import open_ahead, read_shard_ahead, take_opened
 
@@ -184,22 +184,6 @@ class CachedLocation(LocalLocation):
         state = super().__getstate__()
         state["_ahead"] = None
         return state
-
-    def open(self, name: str, start: int = 0, end: int | None = None) -> tuple[BinaryIO, int]:
-        """The cached copy of ``name`` opened at byte ``start`` (not evicted until closed).
-        Returns ``(file, start)``.
-
-        Raises:
-            ValueError, TypeError: a bad range (:func:`~shardfeed.readers.location.check_byte_range`).
-        """
-        check_byte_range(self.where(name), start, end)
-        f = os.fdopen(self._open_fd(name), "rb", buffering=0)
-        try:
-            f.seek(start)
-        except BaseException:
-            f.close()
-            raise
-        return f, start
 
     def head_size(self, name: str) -> int:
         """The size of ``name`` in bytes (the manifest's for a shard or index, else the remote's)."""

@@ -385,14 +385,23 @@ class LocalLocation(LocationBase):
             DatasetChangedError: the file changed since :meth:`record_versions` (:meth:`check_version`).
         """
         check_byte_range(self.where(name), start, end)
-        f = open(self.root / name, "rb", buffering=0)
+        f = os.fdopen(self._open_fd(name), "rb", buffering=0)
         try:
-            self.check_version(name, os.fstat(f.fileno()))
             f.seek(start)
         except BaseException:
             f.close()
             raise
         return f, start
+
+    def _open_fd(self, name: str) -> int:
+        """A read-only descriptor of ``name``, checked by :meth:`check_version` (close it)."""
+        fd = os.open(self.root / name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.check_version(name, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def head_size(self, name: str) -> int:
         """The size of ``name`` in bytes. Raises FileNotFoundError: no such file."""
