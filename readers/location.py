@@ -24,9 +24,11 @@ image folder is decided once, by :func:`folder_kind`.
 
 from __future__ import annotations
 
+import errno
 import functools
 import numbers
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -395,9 +397,13 @@ class LocalLocation(LocationBase):
 
     def _open_fd(self, name: str) -> int:
         """A read-only descriptor of ``name``, checked by :meth:`check_version` (close it)."""
-        fd = os.open(self.root / name, os.O_RDONLY | os.O_CLOEXEC)
+        path = self.root / name
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self.check_version(name, os.fstat(fd))
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):  # named as open() names it
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+            self.check_version(name, st)
         except BaseException:
             os.close(fd)
             raise
