@@ -218,18 +218,18 @@ def test_a_bad_labels_file_is_refused_naming_the_line(tmp_path, row, problem):
 
 
 def test_labels_file_rows_and_field_lengths_are_bounded(tmp_path, monkeypatch):
-    from shardfeed.convert import layouts
+    from shardfeed.convert import label_files  # where the limits live
 
     lf = tmp_path / "l.csv"
     lf.write_text("".join(f"x{i}.jpg,{i % 2}\n" for i in range(20)))
-    monkeypatch.setattr(layouts, "MAX_LABEL_ROWS", 10)
+    monkeypatch.setattr(label_files, "MAX_LABEL_ROWS", 10)
     with pytest.raises(ValueError, match="more than 10 rows"):
         read_labels_file(lf)
-    monkeypatch.setattr(layouts, "MAX_LABEL_ROWS", 100)
+    monkeypatch.setattr(label_files, "MAX_LABEL_ROWS", 100)
     lf.write_text("a" * 5000 + ".jpg,cat\n")
     with pytest.raises(ValueError, match="longer than 4096"):
         read_labels_file(lf)
-    monkeypatch.setattr(layouts, "MAX_LABELS_FILE_BYTES", 100)
+    monkeypatch.setattr(label_files, "MAX_LABELS_FILE_BYTES", 100)
     with pytest.raises(ValueError, match="over the 100 bytes"):
         read_labels_file(lf)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardfeed.convert import layouts, write_dataset
+from shardfeed.convert import label_files, layouts, write_dataset
 from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_classes_file, read_labels_file
 from shardfeed.convert.pack import PackOptions
 from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
@@ -159,7 +159,7 @@ def test_a_negative_integer_label_is_refused_naming_the_line(tmp_path, text):
 
 
 def test_a_labels_file_is_read_bounded_whatever_its_size_says(tmp_path, monkeypatch):
-    monkeypatch.setattr(layouts, "MAX_LABELS_FILE_BYTES", 1000)
+    monkeypatch.setattr(label_files, "MAX_LABELS_FILE_BYTES", 1000)  # where the limit lives
     fifo = tmp_path / "labels.csv"  # as `--labels <(...)`: a pipe, whose size reads 0
     os.mkfifo(fifo)
     row = b"a.jpg,cat\n" * 1000
