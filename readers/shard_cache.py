@@ -340,7 +340,7 @@ class ShardCache:
         stem = self.stem(dataset_id, name)
         path = self.directory / (stem + DATA_SUFFIX)
         for _ in range(MAX_OPEN_ATTEMPTS):
-            fd = self._open_valid(path, num_bytes, sha256, where)
+            fd = self._open_valid(path, num_bytes, sha256, where, quiet=True)
             if fd is None:
                 fd = self._fetch(stem, path, num_bytes, sha256, fetch, where)
             if fd is not None:
@@ -352,10 +352,12 @@ class ShardCache:
     def _open_valid(self, path: Path, num_bytes: int, sha256: str | None, where: str,
                     quiet: bool = False) -> int | None:
         """The copy at ``path`` opened and share-locked, or None when it is missing, was just
-        replaced, or does not match the manifest (then it is fetched again; logged unless ``quiet``)."""
+        replaced, or does not match the manifest (then it is fetched again; logged unless ``quiet``:
+        the first look is quiet and the look under the download lock logs, so a damaged copy seen by
+        several threads or processes is reported once, by the one that fetches it again)."""
         fd, link = _open_copy(path)
         if link:
-            log.warning("%s: a link, not a cached copy; replacing it", path)
+            (log.debug if quiet else log.warning)("%s: a link, not a cached copy; replacing it", path)
         if fd is None:
             return None
         return fd if self.adopt(fd, path, num_bytes, sha256, where, quiet=quiet) else None
@@ -409,7 +411,7 @@ class ShardCache:
                                   f"download of {where} into the cache; it is still running (a slow remote) or "
                                   "stuck: retry, or use another cache_dir")
         try:
-            fd = self._open_valid(path, num_bytes, sha256, where, quiet=True)
+            fd = self._open_valid(path, num_bytes, sha256, where)
             if fd is not None:
                 return fd  # fetched by another process while this one waited
             tmp, tmp_fd = self._reserve(stem, num_bytes)
