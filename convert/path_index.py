@@ -23,7 +23,8 @@ from array import array
 from pathlib import Path
 from typing import Iterable
 
-from shardfeed.readers.format import PATH_INDEX_NAME, Manifest, write_bytes_atomic
+from shardfeed.readers.format import PATH_INDEX_NAME, Manifest
+from shardfeed.readers.file_io import write_bytes_atomic
 
 __all__ = ["PATHS_NAME", "MAGIC", "path_hash", "dataset_identity", "write_path_index", "read_path_index",
            "is_path_index"]

@@ -57,7 +57,8 @@ import numpy as np
 from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, worker_batches
 from .errors import DatasetChangedError, StorageAccessError
 from .permutation import CHUNK
-from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
+from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, field_member
+from .sample_members import decode_field, sample_from_members
 from .options import ReadOptions
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
@@ -116,7 +117,7 @@ def name_original_file(exc: BaseException, meta: Any) -> BaseException:
 
 
 #: ``(data, ext, label, meta_json_bytes)`` of a WebDataset sample's members: the one grouping rule
-#: of :func:`shardfeed.readers.format.sample_from_members`, shared with every dataset tool.
+#: of :func:`shardfeed.readers.sample_members.sample_from_members`, shared with every dataset tool.
 parts_to_raw = sample_from_members
 
 
@@ -199,7 +200,7 @@ class SourceBase:
 
     def field_values(self, stored: dict, where: str) -> tuple:
         """The requested fields' values from the stored ``{member extension or name: bytes}``
-        (:func:`~shardfeed.readers.format.decode_field`; None where a sample lacks one)."""
+        (:func:`~shardfeed.readers.sample_members.decode_field`; None where a sample lacks one)."""
         out = []
         for name, member in self._field_members:
             data = stored.get(member)

@@ -67,7 +67,9 @@ from .buffer_order import shuffled_windows
 from .epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, worker_batch_counts_before,
                     worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
-from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
+from .format import TAR_BLOCK, Manifest, Sample
+from .offset_index import decode_index
+from .sample_members import label_problem
 from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw

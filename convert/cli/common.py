@@ -152,7 +152,7 @@ class SizeParam(click.ParamType):
     name = "size"
 
     def convert(self, value, param, ctx):
-        from shardfeed.readers.format import parse_size
+        from shardfeed.readers.sizes import parse_size
 
         if isinstance(value, int):
             return value
@@ -183,7 +183,7 @@ def write_json_report(path: str | None, report: Any) -> None:
     if path == "-":
         click.echo(text, nl=False)
     else:
-        from shardfeed.readers.format import write_bytes_atomic
+        from shardfeed.readers.file_io import write_bytes_atomic
 
         write_bytes_atomic(path, text.encode("utf-8"))
 

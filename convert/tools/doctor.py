@@ -502,7 +502,7 @@ def _local_manifest(root: Path):
     ``(None, "folder")`` for an image folder."""
     if not (root / MANIFEST_NAME).is_file():
         return None, "folder"
-    from shardfeed.readers.format import load_manifest
+    from shardfeed.readers.local_manifest import load_manifest
 
     manifest = load_manifest(root / MANIFEST_NAME, check_files=False)
     return manifest, manifest.format

@@ -474,7 +474,8 @@ def uneven(tmp_path_factory) -> dict:
     first = _tar_samples(shard)[7]["members"][0]
     raw[first.offset_data:first.offset_data + first.size] = bytes(first.size)
     shard.write_bytes(bytes(raw))
-    from shardfeed.readers.format import Manifest, load_manifest
+    from shardfeed.readers.format import Manifest
+    from shardfeed.readers.local_manifest import load_manifest
 
     m = load_manifest(bad, check_files=False)
     m.shards[0].sha256 = hashlib.sha256(raw).hexdigest()

@@ -11,7 +11,7 @@ import pytest
 
 from shardfeed.convert.tarwriter import TarShardFile
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.format import read_index
+from shardfeed.readers.offset_index import read_index
 from shardfeed.readers.tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
 
 
