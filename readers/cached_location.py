@@ -140,7 +140,7 @@ class CachedLocation(LocalLocation):
         """Samples ``[start, end)`` of the cached copy of shard ``name`` (see
         :meth:`LocalLocation.read_indexed`); the copy is not evicted while they are read.
         ``num_bytes`` is not compared again: a copy was checked against the manifest when it was fetched."""
-        from .tario import iter_indexed_samples
+        from .tario_indexed import iter_indexed_samples
 
         fd = self._open_fd(name)
         pread = os.pread

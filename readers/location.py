@@ -39,7 +39,7 @@ from .format import LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest
 from .local_manifest import find_manifest_path, load_manifest
 from .offset_index import read_index
 from .shard_readahead import open_ahead, read_shard_ahead, take_opened
-from .tario import iter_indexed_samples
+from .tario_indexed import iter_indexed_samples
 
 __all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "check_byte_range", "check_shard_size",
            "missing_file_error", "MAX_LOCAL_LIST_ENTRIES"]
@@ -348,8 +348,9 @@ class LocalLocation(LocationBase):
         return offsets
 
     def read_indexed(self, name: str, offsets, start: int, end: int, where: str, *, num_bytes: int | None = None):
-        """Samples ``[start, end)`` of an indexed local shard by :func:`~shardfeed.readers.tario.iter_indexed_samples`
-        (``__url__`` tagged); returns how many it yielded (it stops before anything unusual).
+        """Samples ``[start, end)`` of an indexed local shard by
+        :func:`~shardfeed.readers.tario_indexed.iter_indexed_samples` (``__url__`` tagged); returns
+        how many it yielded (it stops before anything unusual).
 
         Raises:
             FileNotFoundError: no such file.

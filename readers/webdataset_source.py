@@ -76,7 +76,8 @@ from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_ra
 from .location import LocalLocation, check_shard_size, missing_file_error
 from .offset_cache import DEFAULT_OFFSET_CACHE_BYTES, OffsetCache
 from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
-from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
+from .tario import iter_members, iter_samples
+from .tario_indexed import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
 
