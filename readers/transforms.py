@@ -32,7 +32,8 @@ import numpy as np
 
 from .batch_ring import row_planes
 from .decode import (DECODERS, DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, decode_crop_unchecked, decode_image,
-                     import_cv2, resolve_decoder)
+                     resolve_decoder)
+from .decode_backends import import_cv2
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from shardfeed.readers import make_loader, open_dataset
-from shardfeed.readers.decode import ImageTooLargeError
+from shardfeed.readers.errors import ImageTooLargeError
 from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
