@@ -20,8 +20,8 @@ import click
 
 from shardfeed.readers.runtime import set_signal
 
-from .common import (FiniteFloat, command, echo, json_option, quiet, storage_option, storage_options_of,
-                     write_json_report)
+from .common import FiniteFloat, command, echo, json_option, quiet, write_json_report
+from .storage_options import storage_option, storage_options_of
 from .measure import check_plot, html_option, write_html
 
 __all__ = ["COMMANDS", "watch_cmd", "doctor_cmd", "SITECUSTOMIZE"]
