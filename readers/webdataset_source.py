@@ -346,7 +346,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             self.end_epoch()
             return
         if self.decode:
-            decoder = self.sample_decoder
+            decoder = self.decode_sample
             rng_for = self.sample_rng if self.needs_sample_rng() else None
             for index, key, parts in raw:
                 if key is None:  # samples of a damaged shard, counted as skipped
