@@ -131,3 +131,42 @@ def test_torch_private_storage_calls_live_in_the_batching_module_only():
     users = sorted(p.relative_to(ROOT).as_posix() for top in ("readers", "convert")
                    for p in (ROOT / top).rglob("*.py") if private.search(p.read_text()))
     assert users == ["readers/batching.py"]
+
+
+def _pack(tmp_path: Path, damaged_key: str) -> Path:
+    from shardfeed.convert.pack import PackOptions, pack
+
+    folder = tmp_path / "folder"
+    rng = np.random.default_rng(4)
+    for i in range(12):
+        d = folder / f"c{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+        (d / f"{i:03d}.jpg").write_bytes(buf.getvalue())
+    out = tmp_path / "wds"
+    pack(folder, out, PackOptions(format="wds", overwrite=True))
+    shard = next(out.glob("*.tar"))
+    raw = bytearray(shard.read_bytes())
+    at = raw.find(b"\xff\xd8\xff", raw.find(damaged_key.encode()))  # that sample's JPEG bytes
+    raw[at : at + 300] = b"\x00" * 300
+    shard.write_bytes(bytes(raw))
+    return out
+
+
+@pytest.mark.multiprocess
+def test_a_sample_that_fails_to_decode_leaves_the_ring_batches_whole(tmp_path):
+    from shardfeed.readers import make_loader, open_dataset
+
+    wds = _pack(tmp_path, "005")
+    loader = make_loader(wds, 4, num_workers=2, shuffle=False, image_size=32, on_error="skip", pin_memory=False,
+                         prefetch_factor=1)
+    batches = [(images.clone(), labels.clone(), loader._batch_ring.buffers.data_ptr() <= images.data_ptr()
+                < loader._batch_ring.buffers.data_ptr() + loader._batch_ring.buffers.numel())
+               for images, labels in loader]
+    direct = open_dataset(wds, shuffle=False, image_size=32, on_error="skip")
+    direct.set_epoch(0)
+    want = sorted((int(lbl), img.sum().item()) for img, lbl in direct)
+    got = sorted((int(lbl), img.sum().item()) for images, labels, _ in batches for img, lbl in zip(images, labels))
+    assert len(want) == 11 and got == want
+    assert all(in_ring for _, _, in_ring in batches)  # the failed sample took no row: every batch went as a handle
