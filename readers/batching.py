@@ -69,8 +69,6 @@ __all__ = ["BatchRing", "RingBatch", "BatchRows", "row_planes", "populate_pages"
 
 logger = logging.getLogger(__name__)
 
-_active: "BatchRing | None" = None
-
 def row_planes(buf: "torch.Tensor") -> "list[list[np.ndarray]]":
     """Each row's three planes of a batch buffer, as numpy views for OpenCV to write into.
 
@@ -164,9 +162,7 @@ class BatchRing:
     # ---- worker side
     def reset_worker(self, worker: int) -> None:
         """Start an epoch in worker ``worker``: the next image starts a new slot."""
-        global _active
         self._worker, self._slot, self._next_row, self._fallback_rows = worker, -1, 0, 0
-        _active = self
         if 0 <= worker < self.num_workers and worker not in self._populated:
             # this process's first epoch in the worker's slots: map their pages now, in one call,
             # rather than by a page fault on each page's first write (see populate_pages)
@@ -190,7 +186,6 @@ class BatchRing:
             ``(row, planes)``: the ``torch.uint8`` ``[3, S, S]`` row and its planes ``[R, G, B]``;
             or None (as :meth:`next_row`).
         """
-        global _active
         if not 0 <= worker < self.num_workers:
             return None
         if self._worker != worker:
@@ -215,7 +210,6 @@ class BatchRing:
                 self._slot, self._fallback_rows = -1, self.batch_size - 1
                 return None
             self._slot, self._next_row, self._published = slot, 0, False
-        _active = self
         key = (worker, self._slot)
         rows = self._slot_rows.get(key)
         if rows is None:  # views made once per slot and process (indexing a tensor costs ~6 us)
@@ -621,13 +615,21 @@ def collate_uint8(
     return out, torch.tensor(labels, dtype=torch.int64)
 
 
+def _worker_ring() -> "BatchRing | None":
+    """The ring this ``DataLoader`` worker's dataset writes into (its ``batch_rows``), else None."""
+    if _worker_id() < 0:
+        return None
+    rows = getattr(_get_worker_info().dataset, "batch_rows", None)
+    return rows.ring if isinstance(rows, BatchRows) else None
+
+
 def collate_decoded(batch: "Sequence[Any]", image_size: int | None = None, num_fields: int = 0) -> tuple[Any, ...]:
     """The loader's collate for decoded samples: ``(uint8 [B, 3, H, W], int64 [B])``, plus one list
     of B values per extra field (``fields=``); the holes of skipped samples (None) are dropped.
 
-    In a worker with a batch ring, when the images are the rows of its current slot, the pair is
-    ``(RingBatch, None)`` instead: a handle the main process turns into the batch
-    (:meth:`BatchRing.take_batch`).
+    In a worker whose dataset writes into a batch ring (its :class:`BatchRows`), when the images are
+    the rows of its current slot, the pair is ``(RingBatch, None)`` instead: a handle the main
+    process turns into the batch (:meth:`BatchRing.take_batch`).
     """
     import torch
 
@@ -639,8 +641,8 @@ def collate_decoded(batch: "Sequence[Any]", image_size: int | None = None, num_f
     if num_fields:
         images, labels = collate_uint8([s[:2] for s in items])
         return (images, labels, *[[s[2 + j] for s in items] for j in range(num_fields)])
-    ring = _active
-    if ring is not None and _worker_id() >= 0:
+    ring = _worker_ring()
+    if ring is not None:
         handle = ring.publish([image for image, _ in items], [int(label) for _, label in items])
         if handle is not None:  # rows of one reused slot, labels beside it: send a handle
             return handle, None
