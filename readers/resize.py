@@ -104,7 +104,7 @@ def window_to_chw(window: np.ndarray, size: int, *, resample: str, flip: bool = 
         flip: Flip left-right after resizing.
         out: Optional contiguous ``torch.uint8`` ``[3, size, size]`` to write into.
         out_planes: ``out``'s three planes as numpy ``(size, size)`` views, where the caller has
-            them (:func:`~shardfeed.readers.batch_ring.row_planes`); default ``out.numpy()``.
+            them (:func:`~shardfeed.readers.batching.row_planes`); default ``out.numpy()``.
 
     Returns:
         ``out`` (or a new tensor): contiguous ``torch.uint8`` ``[3, size, size]``.
