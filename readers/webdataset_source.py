@@ -349,7 +349,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             self.end_epoch()
             return
         if self.decode:
-            decoder = self.sample_decoder
+            decoder = self.decode_sample
             rng_for = self.sample_rng if self.needs_sample_rng() else None
             for index, key, parts in raw:
                 if key is None:  # samples of a damaged shard, counted as skipped
@@ -358,10 +358,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 try:
                     data, ext, label, _ = parts_to_raw(key, parts, c2i, parts["__url__"], labels)
                     where = f"{parts['__url__']} key {key}"
-                    if rng_for is None:
-                        out = decoder(data, ext, label, where)
-                    else:
-                        out = decoder(data, ext, label, where, rng=rng_for(index))
+                    out = decoder(data, ext, label, where, rng=None if rng_for is None else rng_for(index))
                 except (CorruptDataError, ValueError) as exc:
                     self.handle_error(name_original_file(exc, parts.get("json")), f"{parts['__url__']} key {key}")
                     if hole:

@@ -1,7 +1,7 @@
 """``shardfeed watch -- CMD`` and ``shardfeed doctor PATH``: diagnosing the user's own loop and storage.
 
 Thin layers over :mod:`shardfeed.readers.integrations.autowatch` (the start-up hook that watches
-every ``DataLoader`` of an unmodified script) and :func:`shardfeed.convert.tools.doctor.doctor`.
+every ``DataLoader`` of an unmodified script) and :func:`shardfeed.readers.measure.doctor.doctor`.
 Neither command imports torch in this process.
 """
 
@@ -269,7 +269,7 @@ def doctor_cmd(ctx: click.Context, path: str, num_workers: int | None, max_files
       shardfeed doctor https://data.example.com/train-wds --num-workers 16
       shardfeed doctor s3://bucket/train --storage-option endpoint_url=http://127.0.0.1:9000
     """
-    from shardfeed.convert.tools.doctor import doctor
+    from shardfeed.readers.measure.doctor import doctor
 
     report = doctor(path, num_workers=num_workers, max_files=max_files, max_list=max_list, budget_s=budget_s,
                     decoder=decoder, cold=cold, seed=seed, image_size=image_size,

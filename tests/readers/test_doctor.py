@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.tools.doctor import doctor, fs_class, predict_images_per_s
+from shardfeed.readers.measure.doctor import doctor, fs_class, predict_images_per_s
 
 
 @pytest.mark.parametrize("fixture", ["packed_wds", "packed_lmdb"])
