@@ -42,7 +42,6 @@ import logging
 import numbers
 import os
 import random
-import stat
 import time
 import unicodedata
 from pathlib import Path
@@ -78,6 +77,8 @@ from .recorded import check_meta_class, check_recorded, check_skipped
 from .reencode import reencode_payload
 from .samples import refuse_unpackable, skip_reason
 from .label_rules import resolve_labels
+from .layout_shards import MAX_SIDECAR_BYTES, uses_tasks, write_layout_shards
+from .layout_shards import read_checked as _read
 from .layout_scan import Found as _Found
 from .layout_scan import scan_layout_folder
 from .label_files import (MAX_CLASSES, MAX_LABEL_FIELD_CHARS, MAX_LABEL_ROWS, MAX_LABELS_FILE_BYTES,
@@ -90,8 +91,6 @@ __all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_label_rows"
 
 log = logging.getLogger(__name__)
 
-#: Largest sidecar file stored, bytes.
-MAX_SIDECAR_BYTES = 1 << 30
 #: Sample dict keys that are not extra fields.
 _SAMPLE_KEYS = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
 
@@ -553,9 +552,9 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         raise FileNotFoundError(f"{src}: no such directory")
     if not src.is_dir():
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
-    if options.executor != "local":
-        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
-                         "drop --executor")
+    if options.executor != "local" and not uses_tasks(options):
+        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack LMDB and "
+                         "re-encoded WebDataset in this process; drop --executor")
     problem = member_clash(parse_extensions(options.extensions), layout.sidecars)
     if problem is not None:  # before the scan, before OUT is touched
         raise ValueError(f"--extensions/--sidecars: {problem}")
@@ -569,9 +568,30 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
         if action == "finished":  # --resume on a finished dataset: done when it is this command's
             return _finished_layout_report(out, plan, t0)
-        done = _layout_resume_records(out, options, plan, resume=action == "resume")
-        manifest = _write_layout(out, options, layout, plan, done, context)
-    return _layout_report(out, options, plan, manifest, time.perf_counter() - t0)
+        resume = action == "resume"
+        done = _layout_resume_records(out, options, plan, resume=resume)
+        if uses_tasks(options):
+            manifest = _write_layout_tasks(out, options, layout, plan, context, resume=resume)
+        else:
+            manifest = _write_layout(out, options, layout, plan, done, context)
+    report = _layout_report(out, options, plan, manifest, time.perf_counter() - t0)
+    if uses_tasks(options):
+        report.workers = options.workers
+        report.extra.update(context.executor.describe())  # executor, num_tasks, nodes, task_retries
+    return report
+
+
+def _write_layout_tasks(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, context: PackContext, *,
+                        resume: bool) -> Manifest:
+    """:func:`~shardfeed.convert.layout_shards.write_layout_shards`; the state folder goes once the
+    manifest is written, a partial shard when the write stops."""
+    try:
+        manifest = write_layout_shards(out, options, layout, plan, context, resume=resume)
+    except BaseException:
+        remove_shard_temp_files(out, options.prefix)  # a partial shard; complete ones stay for --resume
+        raise
+    remove_state_folder(out)
+    return manifest
 
 
 @dataclasses.dataclass
@@ -955,37 +975,3 @@ def _finished_records(out: Path, num_samples: int) -> list[dict]:
         done.append(rec)
         end = rec["end"]
     return done
-
-
-def _read(path: Path, scanned: tuple[int, int], limit: int | None = None) -> bytes:
-    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too).
-
-    The file is checked again as it is opened: a file replaced after the scan by a FIFO or a
-    device is an error, never read (a FIFO would block the pack); so is a file whose size or
-    modification time is no longer ``scanned`` (``(bytes, ns)``: replaced, by a link or another
-    file, or changed); at most ``limit`` bytes are read whatever the size said at the scan.
-
-    Raises:
-        ValueError: not a regular file any more; a sidecar over ``limit``; an empty image.
-        shardfeed.readers.errors.SourceChangedError: size or modification time changed (an OSError).
-        OSError: cannot be opened or read.
-    """
-    from shardfeed.readers.errors import SourceChangedError
-
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket) any more; not read")
-        if (st.st_size, st.st_mtime_ns) != tuple(scanned):
-            raise SourceChangedError(f"{path}: changed since the scan (size {scanned[0]} -> {st.st_size} bytes, or "
-                                     "its modification time; replaced by another file or a link?); not read: rerun "
-                                     "the pack once the folder is stable")
-        if limit is not None and st.st_size > limit:
-            raise ValueError(f"{path}: {st.st_size} bytes, over the {limit} bytes a sidecar file may have")
-        data = f.read() if limit is None else f.read(limit + 1)
-    if limit is not None and len(data) > limit:
-        raise ValueError(f"{path}: over the {limit} bytes a sidecar file may have (it grew while read)")
-    if limit is None and not data:
-        raise ValueError(f"{path}: empty file (0 bytes), not an image; delete it, or pass --on-error skip")
-    return data

@@ -63,7 +63,8 @@ from ..samples import (
 )
 from .shard import ShardLimits, ShardWriter
 
-__all__ = ["WebDatasetWriter", "field_summary", "pack_webdataset", "pack_webdataset_reencoded", "CHUNK_SAMPLES"]
+__all__ = ["WebDatasetWriter", "field_summary", "write_sample_manifest", "pack_webdataset", "pack_webdataset_reencoded",
+           "CHUNK_SAMPLES"]
 
 log = logging.getLogger(__name__)
 
@@ -245,20 +246,10 @@ class WebDatasetWriter:
             return self.manifest
         self._writer.close()
         self._closed = True
-        n = sum(s.num_samples for s in self.shards)
-        if n == 0:
-            raise ValueError(f"{self.out}: no sample was written; nothing to describe")
-        options = {**self.options, "format": self.format, "max_count": self.max_count,
-                   "max_bytes": self.max_bytes, "prefix": self.prefix}
-        self.manifest = Manifest(format=self.format, num_samples=n, classes=self.classes,
-                                 class_to_idx=self.class_to_idx, shards=list(self.shards),
-                                 skipped=self.skipped, options=options,
-                                 files=self.files if self.files is not None else {"packed": n},
-                                 labels=self.labels, fields=field_summary(self.field_counts, n))
-        self.manifest.write(self.out)
-        from ..consumers import write_consumer_files
-
-        write_consumer_files(self.out, self.manifest)  # wids' shardindex.json, the Hugging Face dataset card
+        self.manifest = write_sample_manifest(
+            self.out, self.shards, classes=self.classes, class_to_idx=self.class_to_idx, skipped=self.skipped,
+            options=self.options, limits=(self.max_count, self.max_bytes, self.prefix), files=self.files,
+            labels=self.labels, field_counts=self.field_counts)
         return self.manifest
 
     def abort(self) -> None:
@@ -274,6 +265,38 @@ class WebDatasetWriter:
             self.abort()
         elif not self._closed:
             self.close()
+
+
+def write_sample_manifest(out: Path, shards: list[ShardEntry], *, classes: list[str], class_to_idx: dict[str, int],
+                          skipped: list[dict], options: dict, limits: tuple[int, int, str], files: dict | None,
+                          labels: str, field_counts: dict[str, int]) -> Manifest:
+    """Write the manifest of WebDataset ``shards`` (atomically, last) and its consumer files.
+
+    The one manifest builder of the streaming writer and the layout packs: ``options`` are
+    recorded with ``format`` and ``limits`` (``(max_count, max_bytes, prefix)``) set;
+    ``files`` default to ``{"packed": N}``; ``field_counts`` give the manifest's ``fields``.
+
+    Returns:
+        The written :class:`~shardfeed.readers.format.Manifest`.
+
+    Raises:
+        ValueError: no sample in ``shards`` (an empty dataset has no manifest).
+    """
+    n = sum(s.num_samples for s in shards)
+    if n == 0:
+        raise ValueError(f"{out}: no sample was written; nothing to describe")
+    max_count, max_bytes, prefix = limits
+    options = {**options, "format": WebDatasetWriter.format, "max_count": max_count, "max_bytes": max_bytes,
+               "prefix": prefix}
+    manifest = Manifest(format=WebDatasetWriter.format, num_samples=n, classes=classes, class_to_idx=class_to_idx,
+                        shards=list(shards), skipped=skipped, options=options,
+                        files=files if files is not None else {"packed": n}, labels=labels,
+                        fields=field_summary(field_counts, n))
+    manifest.write(out)
+    from ..consumers import write_consumer_files
+
+    write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
+    return manifest
 
 
 def field_summary(counts: dict[str, int], num_samples: int) -> dict[str, dict]:

@@ -1,0 +1,244 @@
+"""WebDataset shards of a layout pack (labels file, sidecars, unlabelled folders) as planned tasks
+on the pack's executor, as :func:`~shardfeed.convert.writers.webdataset.pack_webdataset` writes a
+class-folder pack.
+
+Every member of a planned sample has a size known before a byte is read (the image and its
+sidecar files from the scan, ``.cls`` and ``.json`` from the label and the path), so the shard
+boundaries are cut up front by :func:`~shardfeed.convert.shard_cut.cut_shards`, the rule the
+streaming writer applies as samples come; each shard is then an independent task (local
+processes, ``--workers``, or Ray). The shards are byte-identical whatever the executor and the
+number of workers, and identical to the streaming writer's when no file is skipped. A file
+skipped with ``on_error="skip"`` leaves its shard one sample short (the cut stays the plan's).
+
+Each finished shard writes its resume record (``OUT/.shardfeed-pack/NNNNNN.json``: its entry,
+its sample range, its samples per field, the files skipped in it); ``resume`` keeps every shard
+whose record matches its planned range and writes the others.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Sequence
+
+from shardfeed.readers.format import (
+    LABELS_CLASS,
+    LABELS_NONE,
+    Manifest,
+    ShardEntry,
+    class_bytes,
+    decode_field,
+    field_member,
+    meta_bytes,
+)
+
+from .context import PackContext
+from .executors import task_progress
+from .pack_state import STATE_DIR, finished_shard_record, write_shard_record
+from .readahead import read_ahead
+from .samples import skip_reason
+from .shard_cut import ShardLimits, cut_shards, sample_bytes
+from .writers.shard import ShardWriter
+from .writers.webdataset import write_sample_manifest
+
+__all__ = ["MAX_SIDECAR_BYTES", "LayoutRow", "layout_rows", "write_layout_shards", "read_checked", "uses_tasks"]
+
+#: Largest sidecar file stored, bytes.
+MAX_SIDECAR_BYTES = 1 << 30
+
+#: One planned sample of a layout pack (picklable): ``(key, rel, ext, size, mtime_ns, label or
+#: None, meta bytes, ((field, sidecar rel, size, mtime_ns), ...) sorted by field)``.
+LayoutRow = tuple
+
+
+def uses_tasks(options) -> bool:
+    """Whether a layout pack with ``options`` writes planned shard tasks on the executor
+    (WebDataset storing the original bytes); else it streams through the format's writer."""
+    from shardfeed.readers.registry import describe
+
+    return describe(options.format).sharded and options.reencode is None
+
+
+def layout_rows(plan, layout) -> list[LayoutRow]:
+    """The planned samples of a layout plan (``layouts._LayoutPlan``), in packing order."""
+    labels, found = plan.labels, plan.found
+    idx_to_class = {i: c for c, i in labels.class_to_idx.items()}
+    rows = []
+    for j, (rel, ext, size, mtime) in enumerate(plan.planned):
+        label = labels.labels_of[rel] if labels.labelled else None
+        meta = {"path": rel} if label is None else {"path": rel, "class": idx_to_class[label]}
+        sides = tuple((f, srel, *found.side_stats[srel]) for f, srel in sorted(found.sidecars.get(rel, {}).items())
+                      if f in layout.sidecars)
+        rows.append((str(j).zfill(plan.width), rel, ext, size, mtime, label, meta_bytes(meta), sides))
+    return rows
+
+
+def _members_bytes(row: LayoutRow) -> int:
+    """Bytes the sample of ``row`` takes in a tar shard (every member with its header and padding)."""
+    _, _, _, size, _, label, meta, sides = row
+    lengths = [size, len(meta), *(s[2] for s in sides)]
+    if label is not None:
+        lengths.append(len(class_bytes(label)))
+    return sample_bytes(lengths)
+
+
+def _shard_ranges(src: Path, rows: Sequence[LayoutRow], options) -> list[tuple[int, int]]:
+    return cut_shards((_members_bytes(r) for r in rows), ShardLimits(options.max_count, options.max_bytes),
+                      describe=lambda i: f"{src / rows[i][1]}: this image with its sidecar files")
+
+
+def read_checked(path: Path, scanned: tuple[int, int], limit: int | None = None) -> bytes:
+    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too).
+
+    The file is checked again as it is opened: a file replaced after the scan by a FIFO or a
+    device is an error, never read (a FIFO would block the pack); so is a file whose size or
+    modification time is no longer ``scanned`` (``(bytes, ns)``: replaced, by a link or another
+    file, or changed); at most ``limit`` bytes are read whatever the size said at the scan.
+
+    Raises:
+        ValueError: not a regular file any more; a sidecar over ``limit``; an empty image.
+        shardfeed.readers.errors.SourceChangedError: size or modification time changed (an OSError).
+        OSError: cannot be opened or read.
+    """
+    from shardfeed.readers.errors import SourceChangedError
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket) any more; not read")
+        if (st.st_size, st.st_mtime_ns) != tuple(scanned):
+            raise SourceChangedError(f"{path}: changed since the scan (size {scanned[0]} -> {st.st_size} bytes, or "
+                                     "its modification time; replaced by another file or a link?); not read: rerun "
+                                     "the pack once the folder is stable")
+        if limit is not None and st.st_size > limit:
+            raise ValueError(f"{path}: {st.st_size} bytes, over the {limit} bytes a sidecar file may have")
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise ValueError(f"{path}: over the {limit} bytes a sidecar file may have (it grew while read)")
+    if limit is None and not data:
+        raise ValueError(f"{path}: empty file (0 bytes), not an image; delete it, or pass --on-error skip")
+    return data
+
+
+def _read_row(src: Path, row: LayoutRow) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The image's bytes and its sidecar fields' ``[(field, bytes)]`` (in a read-ahead thread)."""
+    _, rel, _, size, mtime, _, _, sides = row
+    return read_checked(src / rel, (size, mtime)), [
+        (f, read_checked(src / srel, (n, t), MAX_SIDECAR_BYTES)) for f, srel, n, t in sides]
+
+
+def _write_layout_shard(task) -> tuple[dict | None, list, dict]:
+    """Task: write planned shard ``index`` and its resume record; ``(entry json, skipped, fields)``."""
+    out_dir, index, start, src, rows, options = task
+    src = Path(src)
+    progress = task_progress()
+    skipped: list[dict] = []
+    fields: dict[str, int] = {}
+    writer = ShardWriter(out_dir, prefix=options.prefix, limits=ShardLimits(options.max_count, options.max_bytes),
+                         first_index=index, max_shards=1)
+    with writer:
+        for r in read_ahead(rows, lambda row: _read_row(src, row), max_in_flight=options.read_ahead,
+                            size_of=lambda row: row[3], adaptive=True):
+            key, rel, ext, size, _, label, meta, sides = r.item
+            try:
+                if r.error is not None:
+                    raise r.error
+                data, extra = r.value
+                for (f, value), side in zip(extra, sides):  # a .txt that is not UTF-8, a .json that does
+                    decode_field(f, value, str(src / side[1]))  # not parse: named now, not in training
+                if options.decode_check:
+                    from shardfeed.readers.decode import decode_image
+
+                    decode_image(data, ext, source=str(src / rel))
+            except (OSError, ValueError) as exc:
+                if options.on_error != "skip":
+                    raise
+                skipped.append({"path": rel, "key": key, "reason": skip_reason(exc)})
+                progress.add(1, 0)
+                continue
+            where = f"sample {key!r} ({rel})"
+            if not extra and label is not None:  # the class-folder members: the streaming writer's exact call
+                writer.add(key, ext, data, class_bytes(label), meta, describe=where)
+            else:
+                members = [(ext, data)] + ([("cls", class_bytes(label))] if label is not None else [])
+                members += [("json", meta)] + [(field_member(f), value) for f, value in extra]
+                writer.add_members(key, members, describe=where)
+                for f, _ in extra:
+                    fields[f] = fields.get(f, 0) + 1
+            progress.add(1, size)
+    progress.flush()
+    entry = writer.shards[0].to_json() if writer.shards else None
+    write_shard_record(out_dir, index, {"shard": index, "entry": entry, "skipped": skipped, "fields": fields,
+                                        "start": start, "end": start + len(rows)})
+    return entry, skipped, fields
+
+
+def _finished(out: Path, index: int, a: int, b: int) -> dict | None:
+    """Shard ``index``'s resume record when it is finished and holds the planned range ``a..b``."""
+    rec = finished_shard_record(out, index)
+    if rec is None or rec.get("start") != a or rec.get("end") != b or not isinstance(rec.get("fields"), dict):
+        return None
+    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in rec["fields"].items()):
+        return None
+    return rec
+
+
+def write_layout_shards(out: Path, options, layout, plan, context: PackContext, *, resume: bool) -> Manifest:
+    """Write a layout plan's WebDataset shards on ``context.executor`` and the manifest (last).
+
+    Args:
+        out: OUT, prepared, its plan written.
+        options: the :class:`~shardfeed.convert.pack.PackOptions` (``reencode`` None).
+        layout: the :class:`~shardfeed.convert.layouts.LayoutOptions`.
+        plan: the layout plan (``layouts._LayoutPlan``): its planned images, labels, sidecars,
+            recorded options and file counts; ``plan.skipped`` gets the files skipped while read.
+        context: the pack's context: its executor runs the tasks, its ``progress`` hears of the
+            samples written, its ``on_shard_end(entry, index)`` of each shard this run writes.
+        resume: keep the shards whose resume records match the plan.
+
+    Returns:
+        The written :class:`~shardfeed.readers.format.Manifest`.
+
+    Raises:
+        ValueError: one sample alone larger than ``max_bytes``; every image skipped.
+        OSError, SourceChangedError: reading a file failed (``on_error="raise"``); finished shards stay.
+    """
+    src = plan.src.absolute()
+    rows = layout_rows(plan, layout)
+    ranges = _shard_ranges(src, rows, options)
+    first = context.first_shard
+    results: dict[int, tuple] = {}
+    if resume:
+        for i, (a, b) in enumerate(ranges):
+            rec = _finished(out, first + i, a, b)
+            if rec is not None:
+                results[first + i] = (rec["entry"], rec["skipped"], rec["fields"])
+                context.progress(b - a, sum(r[3] for r in rows[a:b]))
+    tasks = [(str(out.absolute()), first + i, a, str(src), rows[a:b], options) for i, (a, b) in enumerate(ranges)
+             if first + i not in results]
+    shared = (str(src), str(out.absolute() / STATE_DIR / "plan.json"))  # what every Ray node must see
+    for res, task in zip(context.executor.map_ordered(_write_layout_shard, tasks, context.progress,
+                                                      required_paths=shared), tasks):
+        results[task[1]] = res
+        if context.on_shard_end is not None and res[0] is not None:
+            context.on_shard_end(ShardEntry(**res[0]), task[1])
+    shards: list[ShardEntry] = []
+    counts = {f: 0 for f in layout.sidecars}
+    for i in range(first, first + len(ranges)):
+        entry, skipped, fields = results[i]
+        plan.skipped.extend(skipped)
+        for f, n in fields.items():
+            counts[f] = counts.get(f, 0) + n
+        if entry is not None:
+            shards.append(ShardEntry(**entry))
+    labelled = plan.labels.labelled
+    if not shards:
+        raise ValueError(f"{plan.src}: every image was skipped ({len(plan.skipped)}); nothing to pack")
+    files = {**plan.files, "packed": sum(s.num_samples for s in shards), "skipped": len(plan.skipped)}
+    return write_sample_manifest(
+        out, shards, classes=plan.classes if labelled else [],
+        class_to_idx=plan.labels.class_to_idx if labelled else {},
+        skipped=plan.skipped, options=plan.recorded, limits=(options.max_count, options.max_bytes, options.prefix),
+        files=files, labels=LABELS_CLASS if labelled else LABELS_NONE, field_counts=counts)
