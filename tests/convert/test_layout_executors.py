@@ -1,0 +1,132 @@
+"""Layout packs (a labels file with sidecar files) on every executor: ``--workers 2`` and
+``--executor ray`` write the bytes of the one-process pack, and those bytes hold the planted
+images, labels and sidecar files (read back with ``tarfile``).
+
+Expectations are the planted files: each image's bytes, its label row (classes sorted by name),
+and its ``.txt``/``.json`` sidecar bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardfeed.convert.layouts import LayoutOptions
+from shardfeed.convert.pack import PackOptions, pack
+
+LABELS = ("cat", "dog", "emu")
+
+
+def _jpeg(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, size=(8 + seed % 5, 9, 3), dtype=np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> tuple[Path, Path, dict[str, dict]]:
+    """``(SRC, labels file, {rel: {"image", "label", "txt"?, "json"?}})``: 17 images, some in a
+    sub-folder, some named ``x.v2.jpg``; every other one has a ``.txt``, every fifth a ``.json``."""
+    root = tmp_path_factory.mktemp("layout_exec")
+    src = root / "src"
+    (src / "sub").mkdir(parents=True)
+    want: dict[str, dict] = {}
+    rows = ["path,label"]
+    for i in range(17):
+        rel = f"{'sub/' if i % 3 == 0 else ''}img{i:02d}.{'v2.' if i % 7 == 0 else ''}jpg"
+        item = {"image": _jpeg(i), "label": LABELS[i % 3]}
+        (src / rel).write_bytes(item["image"])
+        stem = rel[:-len(".jpg")]
+        if i % 2 == 0:
+            item["txt"] = f"caption {i} ".encode() * (i % 4 + 1)
+            (src / f"{stem}.txt").write_bytes(item["txt"])
+        if i % 5 == 0:
+            item["json"] = json.dumps({"i": i}).encode()
+            (src / f"{stem}.json").write_bytes(item["json"])
+        rows.append(f"{rel},{item['label']}")
+        want[rel] = item
+    (root / "labels.csv").write_text("\n".join(rows) + "\n")
+    return src, root / "labels.csv", want
+
+
+def _options(**kw) -> PackOptions:
+    return PackOptions(format="wds", max_count=3, **kw)
+
+
+def _layout(labels: Path) -> LayoutOptions:
+    return LayoutOptions(labels_file=labels, sidecars=("txt", "json"))
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def _read_back(out: Path) -> dict[str, dict]:
+    """``{path: {"image", "label", "txt"?, "json"?}}`` from the shards' members."""
+    got: dict[str, dict] = {}
+    for tar in sorted(out.glob("*.tar")):
+        with tarfile.open(tar) as tf:
+            members = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+        for name, data in members.items():
+            key, ext = name.split(".", 1)
+            if ext != "json":
+                continue
+            meta = json.loads(data)
+            item = {"image": members[f"{key}.jpg"], "label": LABELS[int(members[f"{key}.cls"])]}
+            for field, member in (("txt", "txt"), ("json", "sidecar.json")):
+                if f"{key}.{member}" in members:
+                    item[field] = members[f"{key}.{member}"]
+            got[meta["path"]] = item
+    return got
+
+
+@pytest.fixture(scope="module")
+def one_process(planted, tmp_path_factory) -> Path:
+    src, labels, _ = planted
+    out = tmp_path_factory.mktemp("j1") / "out"
+    pack(src, out, _options(workers=1), layout=_layout(labels))
+    return out
+
+
+def test_a_labels_file_and_sidecars_pack_holds_the_planted_files(planted, one_process):
+    _, _, want = planted
+    assert _read_back(one_process) == want
+    assert len(list(one_process.glob("*.tar"))) == 6  # 17 samples, 3 a shard
+
+
+@pytest.mark.multiprocess
+def test_two_workers_write_the_bytes_of_one(planted, one_process, tmp_path):
+    src, labels, _ = planted
+    report = pack(src, tmp_path / "j2", _options(workers=2), layout=_layout(labels))
+    assert _files(tmp_path / "j2") == _files(one_process)
+    assert report.workers == 2 and report.extra["num_tasks"] == 6
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray instance for the module."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ray_writes_the_bytes_of_one_process(ray_cluster, planted, one_process, tmp_path):
+    src, labels, _ = planted
+    report = pack(src, tmp_path / "ray", _options(workers=2, executor="ray"), layout=_layout(labels))
+    assert _files(tmp_path / "ray") == _files(one_process)
+    assert _read_back(tmp_path / "ray") == planted[2]
+    assert report.extra["executor"] == "ray" and report.extra["num_tasks"] == 6
