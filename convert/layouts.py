@@ -538,9 +538,6 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
             (options, labels or files changed) or of an LMDB pack.
     """
-    from .outlock import output_lock
-    from .outdir import prepare_output
-
     if context is None:
         with PackContext.for_options(options, progress=progress) as context:
             return pack_layout(src, out, options, layout, context=context)
@@ -548,6 +545,45 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         raise TypeError("pack_layout(context=...): pass progress in the context")
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
+    plan = _checked_plan(src, options, layout)
+    return _pack_planned(src, out, options, layout, plan, context, t0)
+
+
+def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: LayoutOptions, *,
+                         context: PackContext):
+    """:func:`pack_layout` into an object-store prefix (``s3://bucket/prefix/``): built in a local
+    staging folder and uploaded shard by shard, the manifest last
+    (:func:`~shardfeed.convert.store_pack.pack_to_store`); the same objects as the local pack's files.
+
+    Returns:
+        A :class:`~shardfeed.convert.pack.PackReport` (``output`` is ``out_url``).
+
+    Raises:
+        As :func:`pack_layout` and :func:`~shardfeed.convert.store_pack.pack_to_store`.
+    """
+    from .store_pack import pack_to_store
+
+    src = Path(src)
+    plan = _checked_plan(src, options, layout)
+
+    def build(src, stage, local_options, *, scan, context):
+        return _pack_planned(Path(src), Path(stage), local_options, layout, plan, context, time.perf_counter())
+
+    def finished(manifest: Manifest, where: str, t0: float):
+        return _finished_layout_report(manifest, where, plan, t0)
+
+    return pack_to_store(src, out_url, options, build, context=context, finished=finished)
+
+
+def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
+    """The options checked, then SRC scanned and planned (:func:`_plan_layout`); OUT untouched.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: SRC missing or a file.
+        ValueError: an executor other than local for LMDB or re-encoding; an extension that is a
+            sidecar suffix; label options without a labels file; ``require_sidecars`` without
+            sidecars; what :func:`_plan_layout` raises.
+    """
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such directory")
     if not src.is_dir():
@@ -563,11 +599,22 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")
-    plan = _plan_layout(src, options, layout)
+    return _plan_layout(src, options, layout)
+
+
+def _pack_planned(src: Path, out: Path, options, layout: LayoutOptions, plan: "_LayoutPlan", context: PackContext,
+                  t0: float):
+    """:func:`pack_layout` once planned: OUT locked and prepared, the plan written or checked, the
+    samples written (planned shard tasks, or the format's streaming writer), the report."""
+    from shardfeed.readers.format import load_manifest
+
+    from .outdir import prepare_output
+    from .outlock import output_lock
+
     with output_lock(out, "pack"):
         action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
         if action == "finished":  # --resume on a finished dataset: done when it is this command's
-            return _finished_layout_report(out, plan, t0)
+            return _finished_layout_report(load_manifest(out, check_files=False), str(out), plan, t0)
         resume = action == "resume"
         done = _layout_resume_records(out, options, plan, resume=resume)
         if uses_tasks(options):
@@ -742,25 +789,22 @@ def _drop_missing_sidecars(src: Path, options, layout: LayoutOptions, found: _Fo
     return [t for t in images if t[0] not in drop]
 
 
-def _finished_layout_report(out: Path, plan: _LayoutPlan, t0: float):
+def _finished_layout_report(manifest: Manifest, where: str, plan: _LayoutPlan, t0: float):
     """The report of ``--resume`` on OUT's finished dataset, when it is this very pack's.
 
     Raises:
         ValueError: the finished dataset was packed with other options, labels or files.
     """
-    from shardfeed.readers.format import load_manifest
-
     from .ownership import flag
     from .report import PackReport
 
-    manifest = load_manifest(out, check_files=False)
     if (json.loads(json.dumps(manifest.options)) != json.loads(json.dumps(plan.recorded))
             or (manifest.files or {}).get("found") != plan.n_found):
-        raise ValueError(f"{out}: already holds a finished dataset packed with other options, labels or "
+        raise ValueError(f"{where}: already holds a finished dataset packed with other options, labels or "
                          f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
                          "output folder")
     return PackReport(
-        source=str(plan.src.absolute()), output=str(out), format=manifest.format,
+        source=str(plan.src.absolute()), output=where, format=manifest.format,
         num_samples=manifest.num_samples, num_shards=len(manifest.shards),
         num_bytes=sum(sh.num_bytes for sh in manifest.shards), input_bytes=0,
         seconds=time.perf_counter() - t0, workers=1, files=dict(manifest.files or {}),
