@@ -77,8 +77,8 @@ from .recorded import check_meta_class, check_recorded, check_skipped
 from .reencode import reencode_payload
 from .samples import refuse_unpackable, skip_reason
 from .label_rules import resolve_labels
+from . import layout_shards
 from .layout_shards import MAX_SIDECAR_BYTES, uses_tasks, write_layout_shards
-from .layout_shards import read_checked as _read
 from .layout_scan import Found as _Found
 from .layout_scan import scan_layout_folder
 from .label_files import (MAX_CLASSES, MAX_LABEL_FIELD_CHARS, MAX_LABEL_ROWS, MAX_LABELS_FILE_BYTES,
@@ -817,8 +817,12 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
     """A resumed pack: the records of the shards it finished (after checking OUT's plan is this
     one); a new pack: none, once the plan is written to OUT's state folder.
 
+    An LMDB pack's one record is ``{"end": samples done, "skipped": [...], "lmdb": True}``, from the
+    state its writer committed last.
+
     Raises:
-        ValueError: ``resume`` of an LMDB pack, or of a pack with other options, labels or files.
+        ValueError: ``resume`` of a pack with other options, labels or files, or of an LMDB
+            database whose state is not a layout pack's.
     """
     state = out / STATE_DIR
     if not resume:  # "start": missing, empty, or stopped before its plan
@@ -827,9 +831,6 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
         write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": plan.fingerprint,
                                                           "options": plan.fp}).encode())
         return []
-    if not describe(options.format).sharded:
-        raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
-                         "--format wds; rerun the LMDB pack with --overwrite")
     try:
         old = json.loads(read_small_file(state / PLAN_NAME, what="the pack plan"))
     except (OSError, ValueError, RecursionError):
@@ -837,7 +838,23 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
     if not isinstance(old, dict) or old.get("fingerprint") != plan.fingerprint:
         raise ValueError(f"{out}: the interrupted pack used other options, labels or files; rerun with the "
                          "same ones, or start again with --overwrite")
+    if not describe(options.format).sharded:
+        return [_lmdb_resume_record(out, len(plan.planned))]
     return _finished_records(out, len(plan.planned))
+
+
+def _lmdb_resume_record(out: Path, num_samples: int) -> dict:
+    """Where an interrupted LMDB layout pack stopped (its writer's last committed state; checked)."""
+    from .writers.lmdb import committed_state
+
+    state = committed_state(out) or {"next_index": 0, "skipped": []}
+    end, skipped = state.get("next_index"), state.get("skipped")
+    flat = (str, int, float, type(None))
+    if (type(end) is not int or not 0 <= end <= num_samples or not isinstance(skipped, list)
+            or not all(isinstance(s, dict) and all(isinstance(v, flat) for v in s.values()) for s in skipped)):
+        raise ValueError(f"{out}: the interrupted LMDB pack's state is not a layout pack's; start again with "
+                         "--overwrite")
+    return {"end": end, "skipped": skipped, "lmdb": True}
 
 
 def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, done: list[dict],
@@ -854,6 +871,14 @@ def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, 
     writer_box: dict = {}
     if describe(options.format).sharded:
         writer_extra = _resume_writer_extra(out, done, pos, read_skips, writer_box)
+    else:  # LMDB: each commit stores where the pack is, so --resume continues after the last one
+
+        def state() -> dict:
+            at = pos["at"]
+            return {"next_index": at + 1, "skipped": [{k: v for k, v in sk.items() if k != "_pos"}
+                                                      for sk in read_skips if sk.get("_pos", -1) <= at]}
+
+        writer_extra = {"state": state, "resume": bool(done)}
     labelled = plan.labels.labelled
     try:
         manifest = _write(
@@ -880,8 +905,8 @@ def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: in
 
     def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
         rel, _, size, mtime = planned[j]
-        return _read(src / rel, (size, mtime)), {
-            f: _read(src / srel, found.side_stats[srel], MAX_SIDECAR_BYTES)
+        return layout_shards.read_checked(src / rel, (size, mtime)), {
+            f: layout_shards.read_checked(src / srel, found.side_stats[srel], MAX_SIDECAR_BYTES)
             for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
 
     for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,

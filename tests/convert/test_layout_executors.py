@@ -130,3 +130,52 @@ def test_ray_writes_the_bytes_of_one_process(ray_cluster, planted, one_process, 
     assert _files(tmp_path / "ray") == _files(one_process)
     assert _read_back(tmp_path / "ray") == planted[2]
     assert report.extra["executor"] == "ray" and report.extra["num_tasks"] == 6
+
+
+def _lmdb_samples(out: Path) -> dict[str, dict]:
+    """``{path: {"image", "label", "txt"?, "json"?}}`` read back through the readers."""
+    from shardfeed.readers import open_dataset
+
+    got = {}
+    for s, fields in open_dataset(out, decode=False, shuffle=False, fields=("txt", "json")):
+        item = {"image": bytes(s.data), "label": LABELS[s.label]}
+        item.update({f: v.encode() if isinstance(v, str) else v for f, v in fields.items() if v is not None})
+        got[s.meta["path"]] = item
+    return got
+
+
+def test_an_interrupted_lmdb_layout_pack_resumes_after_its_last_commit(planted, tmp_path, monkeypatch):
+    """Stopped at its 12th file read with a commit every 2 records, ``--resume`` keeps the
+    committed records (it reads fewer files than a whole pack) and ends holding every planted sample."""
+    from shardfeed.convert import layout_shards
+    from shardfeed.convert.writers.lmdb import LmdbWriter
+
+    src, labels, want = planted
+    monkeypatch.setitem(LmdbWriter.__init__.__kwdefaults__, "commit_count", 2)
+    real_read, calls = layout_shards.read_checked, {"n": 0}
+
+    def counted(*args):
+        calls["n"] += 1
+        if calls["n"] == 12 and calls.get("stop"):
+            raise KeyboardInterrupt
+        return real_read(*args)
+
+    monkeypatch.setattr(layout_shards, "read_checked", counted)
+    out = tmp_path / "lmdb"
+    options = dict(format="lmdb", workers=1)
+    calls["stop"] = True
+    with pytest.raises(KeyboardInterrupt):
+        pack(src, out, PackOptions(**options), layout=_layout(labels))
+    assert (out / "data.mdb").exists() and not (out / "manifest.json").exists()
+    calls.update(n=0, stop=False)
+    report = pack(src, out, PackOptions(**options, resume=True), layout=_layout(labels))
+    total_reads = len(want) + sum(("txt" in v) + ("json" in v) for v in want.values())
+    assert 0 < calls["n"] < total_reads - 4  # the committed samples were not read again
+    assert report.num_samples == len(want)
+    got = _lmdb_samples(out)
+    assert {p: {k: v for k, v in item.items() if k != "json"} for p, item in got.items()} == {
+        p: {k: v for k, v in item.items() if k != "json"} for p, item in want.items()}
+    assert {p: item["json"] for p, item in got.items() if "json" in item} == {
+        p: json.loads(item["json"]) for p, item in want.items() if "json" in item}
+    fields = json.loads((out / "manifest.json").read_text())["fields"]
+    assert fields["txt"]["count"] == sum("txt" in v for v in want.values())
