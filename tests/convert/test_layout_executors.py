@@ -179,3 +179,22 @@ def test_an_interrupted_lmdb_layout_pack_resumes_after_its_last_commit(planted, 
         p: json.loads(item["json"]) for p, item in want.items() if "json" in item}
     fields = json.loads((out / "manifest.json").read_text())["fields"]
     assert fields["txt"]["count"] == sum("txt" in v for v in want.values())
+
+
+@pytest.mark.multiprocess
+def test_a_skipped_image_leaves_the_same_shards_for_one_and_two_workers(planted, tmp_path):
+    """A broken image (``on_error="skip"``) is listed with its key and leaves its planned shard one
+    sample short; the other samples are the planted ones, the same bytes for any worker count."""
+    import shutil
+
+    src, labels, want = planted
+    broken = tmp_path / "src"
+    shutil.copytree(src, broken)
+    (broken / "img04.jpg").write_bytes(b"")  # empty: not an image
+    outs = {}
+    for j in (1, 2):
+        outs[j] = tmp_path / f"j{j}"
+        report = pack(broken, outs[j], _options(workers=j, on_error="skip"), layout=_layout(labels))
+        assert [s["path"] for s in report.skipped] == ["img04.jpg"] and report.skipped[0]["key"] is not None
+    assert _files(outs[2]) == _files(outs[1])
+    assert _read_back(outs[1]) == {rel: item for rel, item in want.items() if rel != "img04.jpg"}
