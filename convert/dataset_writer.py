@@ -194,12 +194,12 @@ def _numbered_classes(num_classes, classes, class_to_idx) -> list[str]:
     return [str(k) for k in range(num_classes)]
 
 
-def write_samples(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
-           skipped, files, map_size, progress, writer_extra: dict | None = None, resuming: bool = False,
-           writer_box: dict | None = None, mark_unfinished: bool = False) -> Manifest:
-    """:func:`write_dataset`, plus what a resumed layout pack needs: ``writer_extra`` (the
-    WebDataset writer's ``resume_shards``, ``field_counts``, ``on_shard_end``) and ``resuming``
-    (the samples left may be none); ``writer_box["w"]`` gets the writer. ``mark_unfinished``:
+def write_samples(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields,
+                  options, skipped, files, map_size, progress, writer_extra: dict | None = None,
+                  resuming: bool = False, mark_unfinished: bool = False) -> Manifest:
+    """:func:`write_dataset`, plus what a resumed layout pack needs: ``writer_extra`` (the writer's
+    resume keywords: the LMDB writer's ``state`` and ``resume``) and ``resuming`` (the samples
+    left may be none). ``mark_unfinished``:
     OUT holds ``.shardfeed-pack/write_dataset.json`` from the writer's creation until the manifest
     is written, so the finished shards of a write that stopped (an exception, Ctrl-C) read as an
     unfinished dataset, never as shards to index into a dataset of their own."""
@@ -247,8 +247,6 @@ def write_samples(samples, out, *, format, max_count, max_bytes, prefix, classes
         max_count=max_count, max_bytes=max_bytes, prefix=prefix, skipped=skipped,
         options={**(options or {}), "layout": (options or {}).get("layout", "samples")}, files=files,
         map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared, **(writer_extra or {}))
-    if writer_box is not None:
-        writer_box["w"] = writer
     marker = Path(out) / STATE_DIR / WRITING_NAME
     if mark_unfinished:
         marker.parent.mkdir(exist_ok=True)

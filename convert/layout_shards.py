@@ -17,6 +17,7 @@ whose record matches its planned range and writes the others.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -37,12 +38,14 @@ from .context import PackContext
 from .executors import task_progress
 from .pack_state import STATE_DIR, finished_shard_record, write_shard_record
 from .readahead import read_ahead
+from .reencode import reencode_payload
 from .samples import skip_reason
 from .shard_cut import ShardLimits, cut_shards, sample_bytes
 from .writers.shard import ShardWriter
 from .writers.webdataset import write_sample_manifest
 
-__all__ = ["MAX_SIDECAR_BYTES", "LayoutRow", "layout_rows", "write_layout_shards", "read_checked", "uses_tasks"]
+__all__ = ["MAX_SIDECAR_BYTES", "LayoutRow", "layout_rows", "load_row", "read_row", "write_layout_shards",
+           "read_checked", "uses_tasks"]
 
 #: Largest sidecar file stored, bytes.
 MAX_SIDECAR_BYTES = 1 << 30
@@ -53,11 +56,11 @@ LayoutRow = tuple
 
 
 def uses_tasks(options) -> bool:
-    """Whether a layout pack with ``options`` writes planned shard tasks on the executor
-    (WebDataset storing the original bytes); else it streams through the format's writer."""
+    """Whether a layout pack with ``options`` writes its shards through tasks on the executor
+    (WebDataset); else it streams through the format's writer in this process (LMDB)."""
     from shardfeed.readers.registry import describe
 
-    return describe(options.format).sharded and options.reencode is None
+    return bool(describe(options.format).sharded)
 
 
 def layout_rows(plan, layout) -> list[LayoutRow]:
@@ -122,11 +125,51 @@ def read_checked(path: Path, scanned: tuple[int, int], limit: int | None = None)
     return data
 
 
-def _read_row(src: Path, row: LayoutRow) -> tuple[bytes, list[tuple[str, bytes]]]:
+def read_row(src: Path, row: LayoutRow) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The image's bytes and its sidecar fields' ``[(field, bytes)]`` (in a read-ahead thread)."""
     _, rel, _, size, mtime, _, _, sides = row
     return read_checked(src / rel, (size, mtime)), [
         (f, read_checked(src / srel, (n, t), MAX_SIDECAR_BYTES)) for f, srel, n, t in sides]
+
+
+def load_row(src: Path, row: LayoutRow, options, value=None) -> tuple[bytes, str, dict, list[tuple[str, bytes]]]:
+    """A planned sample's payload: ``(image bytes, ext, new meta, [(field, bytes)])``, read (or
+    ``value``, read ahead by :func:`read_row`), its sidecars checked to read back, the image
+    re-encoded (``new meta``: its ``orig_*``; {} otherwise) and decode-checked as ``options`` ask.
+
+    Raises:
+        OSError, ValueError: as :func:`read_checked`; a sidecar that does not read back; an image
+            that fails re-encoding or the decode check (CorruptDataError is a ValueError).
+    """
+    rel, ext, sides = row[1], row[2], row[7]
+    data, extra = value if value is not None else read_row(src, row)
+    for (f, field_value), side in zip(extra, sides):  # a .txt that is not UTF-8, a .json that does not
+        decode_field(f, field_value, str(src / side[1]))  # parse: named now, not in training
+    new_meta: dict = {}
+    if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
+        data, ext, new_meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
+    if options.decode_check:
+        from shardfeed.readers.decode import decode_image
+
+        decode_image(data, ext, source=str(src / rel))
+    return data, ext, new_meta, extra
+
+
+def _add_row(writer: ShardWriter, row: LayoutRow, payload, fields: dict[str, int], hint: str = "") -> None:
+    """Append a loaded sample to ``writer`` (the streaming writer's members) and count its fields."""
+    key, rel, label, meta = row[0], row[1], row[5], row[6]
+    data, ext, new_meta, extra = payload
+    if new_meta:  # orig_* of a re-encoded image
+        meta = meta_bytes({**new_meta, **json.loads(meta)})
+    where = f"sample {key!r} ({rel})"
+    if not extra and label is not None:  # the class-folder members: the streaming writer's exact call
+        writer.add(key, ext, data, class_bytes(label), meta, describe=where, hint=hint)
+        return
+    members = [(ext, data)] + ([("cls", class_bytes(label))] if label is not None else [])
+    members += [("json", meta)] + [(field_member(f), value) for f, value in extra]
+    writer.add_members(key, members, describe=where, hint=hint)
+    for f, _ in extra:
+        fields[f] = fields.get(f, 0) + 1
 
 
 def _write_layout_shard(task) -> tuple[dict | None, list, dict]:
@@ -139,40 +182,42 @@ def _write_layout_shard(task) -> tuple[dict | None, list, dict]:
     writer = ShardWriter(out_dir, prefix=options.prefix, limits=ShardLimits(options.max_count, options.max_bytes),
                          first_index=index, max_shards=1)
     with writer:
-        for r in read_ahead(rows, lambda row: _read_row(src, row), max_in_flight=options.read_ahead,
+        for r in read_ahead(rows, lambda row: read_row(src, row), max_in_flight=options.read_ahead,
                             size_of=lambda row: row[3], adaptive=True):
-            key, rel, ext, size, _, label, meta, sides = r.item
+            key, rel, size = r.item[0], r.item[1], r.item[3]
             try:
                 if r.error is not None:
                     raise r.error
-                data, extra = r.value
-                for (f, value), side in zip(extra, sides):  # a .txt that is not UTF-8, a .json that does
-                    decode_field(f, value, str(src / side[1]))  # not parse: named now, not in training
-                if options.decode_check:
-                    from shardfeed.readers.decode import decode_image
-
-                    decode_image(data, ext, source=str(src / rel))
+                payload = load_row(src, r.item, options, r.value)
             except (OSError, ValueError) as exc:
                 if options.on_error != "skip":
                     raise
                 skipped.append({"path": rel, "key": key, "reason": skip_reason(exc)})
                 progress.add(1, 0)
                 continue
-            where = f"sample {key!r} ({rel})"
-            if not extra and label is not None:  # the class-folder members: the streaming writer's exact call
-                writer.add(key, ext, data, class_bytes(label), meta, describe=where)
-            else:
-                members = [(ext, data)] + ([("cls", class_bytes(label))] if label is not None else [])
-                members += [("json", meta)] + [(field_member(f), value) for f, value in extra]
-                writer.add_members(key, members, describe=where)
-                for f, _ in extra:
-                    fields[f] = fields.get(f, 0) + 1
+            _add_row(writer, r.item, payload, fields)
             progress.add(1, size)
     progress.flush()
     entry = writer.shards[0].to_json() if writer.shards else None
     write_shard_record(out_dir, index, {"shard": index, "entry": entry, "skipped": skipped, "fields": fields,
                                         "start": start, "end": start + len(rows)})
     return entry, skipped, fields
+
+
+def _load_layout_chunk(task) -> list[tuple]:
+    """Task: load (and re-encode) a chunk of planned samples, in order:
+    ``[(position, payload or None, skip or None)]`` (:func:`load_row`'s payload)."""
+    src, start, rows, options = task
+    src = Path(src)
+    out = []
+    for j, row in enumerate(rows, start):
+        try:
+            out.append((j, load_row(src, row, options), None))
+        except (OSError, ValueError) as exc:
+            if options.on_error != "skip":
+                raise
+            out.append((j, None, {"path": row[1], "key": row[0], "reason": skip_reason(exc)}))
+    return out
 
 
 def _finished(out: Path, index: int, a: int, b: int) -> dict | None:
@@ -185,28 +230,23 @@ def _finished(out: Path, index: int, a: int, b: int) -> dict | None:
     return rec
 
 
-def write_layout_shards(out: Path, options, layout, plan, context: PackContext, *, resume: bool) -> Manifest:
-    """Write a layout plan's WebDataset shards on ``context.executor`` and the manifest (last).
+def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
+    """The resume records of the shards a re-encoding layout pack finished, in order (a prefix)."""
+    done: list[dict] = []
+    end = 0
+    while end < num_samples:
+        rec = finished_shard_record(out, len(done))
+        if (rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end
+                or not isinstance(rec.get("fields"), dict)):
+            break
+        done.append(rec)
+        end = rec["end"]
+    return done
 
-    Args:
-        out: OUT, prepared, its plan written.
-        options: the :class:`~shardfeed.convert.pack.PackOptions` (``reencode`` None).
-        layout: the :class:`~shardfeed.convert.layouts.LayoutOptions`.
-        plan: the layout plan (``layouts._LayoutPlan``): its planned images, labels, sidecars,
-            recorded options and file counts; ``plan.skipped`` gets the files skipped while read.
-        context: the pack's context: its executor runs the tasks, its ``progress`` hears of the
-            samples written, its ``on_shard_end(entry, index)`` of each shard this run writes.
-        resume: keep the shards whose resume records match the plan.
 
-    Returns:
-        The written :class:`~shardfeed.readers.format.Manifest`.
-
-    Raises:
-        ValueError: one sample alone larger than ``max_bytes``; every image skipped.
-        OSError, SourceChangedError: reading a file failed (``on_error="raise"``); finished shards stay.
-    """
-    src = plan.src.absolute()
-    rows = layout_rows(plan, layout)
+def _planned_shards(out: Path, src: Path, rows: list[LayoutRow], options, context: PackContext,
+                    resume: bool) -> list[tuple]:
+    """Each planned shard a task on the executor: ``[(entry json, skipped, fields)]`` in shard order."""
     ranges = _shard_ranges(src, rows, options)
     first = context.first_shard
     results: dict[int, tuple] = {}
@@ -224,10 +264,84 @@ def write_layout_shards(out: Path, options, layout, plan, context: PackContext, 
         results[task[1]] = res
         if context.on_shard_end is not None and res[0] is not None:
             context.on_shard_end(ShardEntry(**res[0]), task[1])
+    return [results[i] for i in range(first, first + len(ranges))]
+
+
+def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, context: PackContext,
+                      resume: bool) -> list[tuple]:
+    """Re-encoded samples: the stored sizes are known only after encoding, so tasks load and
+    re-encode fixed chunks in packing order and this process cuts the shards as the samples come
+    back, in order (the cut depends on the encoded sizes only: the same shards for any executor);
+    a resume keeps the finished shards (a prefix) and restarts after them.
+    Returns ``[(entry json, skipped, fields)]`` in shard order."""
+    from .writers.webdataset import CHUNK_SAMPLES
+
+    done = _finished_prefix(out, len(rows)) if resume else []
+    results = [(rec["entry"], rec["skipped"], rec["fields"]) for rec in done]
+    start = done[-1]["end"] if done else 0
+    context.progress(start, sum(r[3] for r in rows[:start]))
+    cur: dict = {"start": start, "next": start, "skipped": [], "fields": {}}
+
+    def record(entry: ShardEntry | None, index: int) -> None:
+        entry_json = entry.to_json() if entry else None
+        write_shard_record(out, index, {"shard": index, "entry": entry_json, "skipped": cur["skipped"],
+                                        "fields": cur["fields"], "start": cur["start"], "end": cur["next"]})
+        results.append((entry_json, cur["skipped"], cur["fields"]))
+        cur.update(start=cur["next"], skipped=[], fields={})
+        if entry is not None and context.on_shard_end is not None:
+            context.on_shard_end(entry, index)
+
+    writer = ShardWriter(out, prefix=options.prefix, limits=ShardLimits(options.max_count, options.max_bytes),
+                         first_index=len(done), on_shard_end=record)
+    tasks = [(str(src), a, rows[a:a + CHUNK_SAMPLES], options) for a in range(start, len(rows), CHUNK_SAMPLES)]
+    with writer:
+        for chunk in context.executor.map_ordered(_load_layout_chunk, tasks, lambda n, b: None,
+                                                  max_in_flight=2 * options.workers + 2, required_paths=(str(src),)):
+            for j, payload, skip in chunk:
+                if payload is None:
+                    cur["skipped"].append(skip)
+                    continue
+                cur["next"] = j  # a roll closes the shard before this sample
+                _add_row(writer, rows[j], payload, cur["fields"], hint=" (or lower --resize/--quality)")
+            context.progress(len(chunk), sum(rows[j][3] for j, _, _ in chunk))
+        cur["next"] = len(rows)
+        if writer.is_open:
+            writer.close()
+        elif cur["skipped"]:  # the last samples were all skipped: a record without a shard
+            record(None, writer.next_index)
+    return results
+
+
+def write_layout_shards(out: Path, options, layout, plan, context: PackContext, *, resume: bool) -> Manifest:
+    """Write a layout plan's WebDataset shards on ``context.executor`` and the manifest (last).
+
+    Args:
+        out: OUT, prepared, its plan written.
+        options: the :class:`~shardfeed.convert.pack.PackOptions`.
+        layout: the :class:`~shardfeed.convert.layouts.LayoutOptions`.
+        plan: the layout plan (``layouts._LayoutPlan``): its planned images, labels, sidecars,
+            recorded options and file counts; ``plan.skipped`` gets the files skipped while read.
+        context: the pack's context: its executor runs the tasks, its ``progress`` hears of the
+            samples written, its ``on_shard_end(entry, index)`` of each shard this run writes.
+        resume: keep the shards whose resume records match the plan.
+
+    Returns:
+        The written :class:`~shardfeed.readers.format.Manifest`.
+
+    Raises:
+        ValueError: one sample alone larger than ``max_bytes``; every image skipped.
+        OSError, SourceChangedError, CorruptDataError: reading, re-encoding or checking a file
+            failed (``on_error="raise"``); finished shards stay.
+    """
+    src = plan.src.absolute()
+    rows = layout_rows(plan, layout)
+    if options.reencode is None:
+        results = _planned_shards(out, src, rows, options, context, resume)
+    else:
+        results = _reencoded_shards(out, src, rows, options, context, resume)
     shards: list[ShardEntry] = []
     counts = {f: 0 for f in layout.sidecars}
-    for i in range(first, first + len(ranges)):
-        entry, skipped, fields = results[i]
+    for entry, skipped, fields in results:
         plan.skipped.extend(skipped)
         for f, n in fields.items():
             counts[f] = counts.get(f, 0) + n

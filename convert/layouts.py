@@ -48,7 +48,6 @@ from typing import Any, Callable, Iterator
 
 from shardfeed.readers.format import (
     Manifest,
-    decode_field,
     key_width,
     member_clash,
 )
@@ -59,14 +58,13 @@ from shardfeed.readers.format import read_small_file, write_bytes_atomic
 from . import writers  # noqa: F401  (registers every format's writer)
 from .context import PackContext
 from .readahead import read_ahead
-from .pack_state import (PLAN_NAME, STATE_DIR, finished_shard_record, remove_shard_temp_files,
-                         remove_state_folder, write_shard_record)
-from .reencode import reencode_payload
+from .pack_state import (PLAN_NAME, STATE_DIR, remove_shard_temp_files,
+                         remove_state_folder)
 from .samples import refuse_unpackable, skip_reason
 from .dataset_writer import write_dataset, write_samples
 from .label_rules import resolve_labels
 from . import layout_shards
-from .layout_shards import MAX_SIDECAR_BYTES, uses_tasks, write_layout_shards
+from .layout_shards import uses_tasks, write_layout_shards
 from .layout_scan import Found as _Found
 from .layout_scan import scan_layout_folder
 from .label_files import (MAX_CLASSES, MAX_LABEL_FIELD_CHARS, MAX_LABEL_ROWS, MAX_LABELS_FILE_BYTES,
@@ -186,7 +184,7 @@ def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file.
-        ValueError: an executor other than local for LMDB or re-encoding; an extension that is a
+        ValueError: an executor other than local for LMDB; an extension that is a
             sidecar suffix; label options without a labels file; ``require_sidecars`` without
             sidecars; what :func:`_plan_layout` raises.
     """
@@ -195,8 +193,8 @@ def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
     if not src.is_dir():
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
     if options.executor != "local" and not uses_tasks(options):
-        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack LMDB and "
-                         "re-encoded WebDataset in this process; drop --executor")
+        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack LMDB in this "
+                         "process; drop --executor")
     problem = member_clash(parse_extensions(options.extensions), layout.sidecars)
     if problem is not None:  # before the scan, before OUT is touched
         raise ValueError(f"--extensions/--sidecars: {problem}")
@@ -420,8 +418,9 @@ def _finished_layout_report(manifest: Manifest, where: str, plan: _LayoutPlan, t
 
 
 def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: bool) -> list[dict]:
-    """A resumed pack: the records of the shards it finished (after checking OUT's plan is this
-    one); a new pack: none, once the plan is written to OUT's state folder.
+    """A new pack: none, once the plan is written to OUT's state folder; a resumed pack (after
+    checking OUT's plan is this one): none for WebDataset (each shard's record is read by
+    :mod:`shardfeed.convert.layout_shards`).
 
     An LMDB pack's one record is ``{"end": samples done, "skipped": [...], "lmdb": True}``, from the
     state its writer committed last.
@@ -446,7 +445,7 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
                          "same ones, or start again with --overwrite")
     if not describe(options.format).sharded:
         return [_lmdb_resume_record(out, len(plan.planned))]
-    return _finished_records(out, len(plan.planned))
+    return []  # WebDataset: layout_shards reads each shard's record
 
 
 def _lmdb_resume_record(out: Path, num_samples: int) -> dict:
@@ -463,117 +462,70 @@ def _lmdb_resume_record(out: Path, num_samples: int) -> dict:
     return {"end": end, "skipped": skipped, "lmdb": True}
 
 
+class _Cursor:
+    """Where a streamed LMDB layout pack is: the plan position of the sample being written, and
+    the files skipped so far with theirs (restored ones: -1)."""
+
+    def __init__(self, at: int, restored: list[dict]):
+        self.at = at
+        self.skips: list[tuple[int, dict]] = [(-1, item) for item in restored]
+
+    def state(self) -> dict:
+        """The writer's state at a commit: the position after the last sample written, the skips before it."""
+        return {"next_index": self.at + 1, "skipped": [item for j, item in self.skips if j <= self.at]}
+
+
 def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, done: list[dict],
                   context: PackContext) -> Manifest:
-    """Write the planned samples after the ``done`` shards through the format's writer, with a
-    resume record per finished shard (sharded formats); the state folder goes once the manifest
-    is written. A partial shard is removed when the write stops."""
+    """Stream the planned samples into the format's (LMDB's) writer after ``done`` (an interrupted
+    pack's last commit, :func:`_lmdb_resume_record`); each commit stores where the pack is, so
+    ``--resume`` continues after the last one. The state folder goes once the manifest is written."""
     start = done[-1]["end"] if done else 0
-    read_skips: list[dict] = [sk for rec in done for sk in rec["skipped"]]
-    plan.skipped += read_skips
-    pos = {"at": start, "shard_start": start, "counts": {}}
-    samples = _layout_samples(options, layout, plan, start, pos, read_skips)
-    writer_extra = None
-    writer_box: dict = {}
-    if describe(options.format).sharded:
-        writer_extra = _resume_writer_extra(out, done, pos, read_skips, writer_box)
-    else:  # LMDB: each commit stores where the pack is, so --resume continues after the last one
-
-        def state() -> dict:
-            at = pos["at"]
-            return {"next_index": at + 1, "skipped": [{k: v for k, v in sk.items() if k != "_pos"}
-                                                      for sk in read_skips if sk.get("_pos", -1) <= at]}
-
-        writer_extra = {"state": state, "resume": bool(done)}
+    cursor = _Cursor(start, done[-1]["skipped"] if done else [])
+    plan.skipped += [item for _, item in cursor.skips]
+    samples = _layout_samples(options, layout, plan, start, cursor)
     labelled = plan.labels.labelled
-    try:
-        manifest = write_samples(
-            samples, out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
-            prefix=options.prefix, classes=plan.classes if labelled else None,
-            class_to_idx=plan.labels.class_to_idx if labelled else None, labels=labelled,
-            fields=tuple(layout.sidecars), options=plan.recorded, skipped=plan.skipped, files=plan.files,
-            map_size=options.map_size, progress=context.progress, writer_extra=writer_extra, resuming=bool(done),
-            writer_box=writer_box)
-    except BaseException:
-        remove_shard_temp_files(out, options.prefix)  # a partial shard; complete ones stay for --resume
-        raise
+    manifest = write_samples(
+        samples, out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
+        prefix=options.prefix, classes=plan.classes if labelled else None,
+        class_to_idx=plan.labels.class_to_idx if labelled else None, labels=labelled,
+        fields=tuple(layout.sidecars), options=plan.recorded, skipped=plan.skipped, files=plan.files,
+        map_size=options.map_size, progress=context.progress, resuming=bool(done),
+        writer_extra={"state": cursor.state, "resume": bool(done)})
     remove_state_folder(out)
     return manifest
 
 
-def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: int, pos: dict,
-                    read_skips: list[dict]) -> Iterator[dict]:
+def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: int, cursor: _Cursor) -> Iterator[dict]:
     """The sample dicts of the planned images from ``start`` on, read ahead (``--read-ahead``;
-    adaptive: threads only once reads wait on storage) and yielded in plan order: the same bytes
-    whatever the read-ahead. ``pos["at"]`` follows the plan position; a file that fails with
-    ``on_error="skip"`` goes to ``plan.skipped`` and ``read_skips`` (with its position)."""
-    src, planned, found, labels = plan.src, plan.planned, plan.found, plan.labels
-
-    def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
-        rel, _, size, mtime = planned[j]
-        return layout_shards.read_checked(src / rel, (size, mtime)), {
-            f: layout_shards.read_checked(src / srel, found.side_stats[srel], MAX_SIDECAR_BYTES)
-            for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
-
-    for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
-                        size_of=lambda j: planned[j][2], adaptive=True):
+    adaptive: threads only once reads wait on storage), loaded by
+    :func:`~shardfeed.convert.layout_shards.load_row` and yielded in plan order: the same bytes
+    whatever the read-ahead. ``cursor.at`` follows the plan position; a file that fails with
+    ``on_error="skip"`` goes to ``plan.skipped`` and ``cursor.skips``."""
+    src, rows = plan.src, layout_shards.layout_rows(plan, layout)
+    for r in read_ahead(range(start, len(rows)), lambda j: layout_shards.read_row(src, rows[j]),
+                        max_in_flight=options.read_ahead, size_of=lambda j: rows[j][3], adaptive=True):
         j = r.item
-        pos["at"] = j
-        rel, ext, _, _ = planned[j]
-        key = str(j).zfill(plan.width)
-        meta: dict = {}
+        cursor.at = j
+        key, rel, label = rows[j][0], rows[j][1], rows[j][5]
         try:
             if r.error is not None:
                 raise r.error
-            data, extra = r.value
-            for f, value in extra.items():  # a .txt that is not UTF-8, a .json that does not parse:
-                decode_field(f, value, str(src / found.sidecars[rel][f]))  # named now, not in training
-            if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
-                data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
-            if options.decode_check:
-                from shardfeed.readers.decode import decode_image
-
-                decode_image(data, ext, source=str(src / rel))
+            data, ext, meta, extra = layout_shards.load_row(src, rows[j], options, r.value)
         except (OSError, ValueError) as exc:
             if options.on_error != "skip":
                 raise
             item = {"path": rel, "key": key, "reason": skip_reason(exc)}
             plan.skipped.append(item)
-            read_skips.append({**item, "_pos": j})
+            cursor.skips.append((j, item))
             continue
-        item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
+        sample = {"image": data, "ext": ext, "path": rel, "key": key, **dict(extra)}
         if meta:
-            item["meta"] = meta  # orig_* of a re-encoded image
-        if labels.labelled:
-            item["label"] = labels.labels_of[rel]
-        yield item
-    pos["at"] = len(planned)
-
-
-def _resume_writer_extra(out: Path, done: list[dict], pos: dict, read_skips: list[dict], writer_box: dict) -> dict:
-    """The WebDataset writer's ``resume_shards``, ``field_counts`` and ``on_shard_end``, which
-    writes each finished shard's resume record (its sample range, its samples per field, the
-    files skipped in it)."""
-    from shardfeed.readers.format import ShardEntry
-
-    counts: dict[str, int] = {}
-    for rec in done:
-        for f, n in rec["fields"].items():
-            counts[f] = counts.get(f, 0) + n
-    pos["counts"] = dict(counts)
-
-    def on_shard_end(entry, index: int) -> None:
-        now = dict(writer_box["w"].field_counts) if "w" in writer_box else {}
-        a, b = pos["shard_start"], pos["at"]
-        write_shard_record(out, index, {
-            "shard": index, "entry": entry.to_json(), "start": a, "end": b,
-            "fields": {f: now.get(f, 0) - pos["counts"].get(f, 0) for f in now},
-            "skipped": [{k: v for k, v in sk.items() if k != "_pos"} for sk in read_skips
-                        if a <= sk.get("_pos", -1) < b]})
-        pos["shard_start"], pos["counts"] = b, now
-
-    return {"resume_shards": [ShardEntry(**rec["entry"]) for rec in done], "field_counts": counts,
-            "on_shard_end": on_shard_end}
+            sample["meta"] = meta  # orig_* of a re-encoded image
+        if label is not None:
+            sample["label"] = label
+        yield sample
+    cursor.at = len(rows)
 
 
 def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, seconds: float):
@@ -637,16 +589,3 @@ def _layout_fingerprint(src: Path, recorded: dict, layout: LayoutOptions, class_
                 except OSError:
                     h.update(f"{f}\0{srel}\0?\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
-
-
-def _finished_records(out: Path, num_samples: int) -> list[dict]:
-    """The resume records of the shards an interrupted layout pack finished, in order (a prefix)."""
-    done, end = [], 0
-    while end < num_samples:
-        rec = finished_shard_record(out, len(done))
-        if (rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end
-                or not isinstance(rec.get("entry"), dict)):
-            break
-        done.append(rec)
-        end = rec["end"]
-    return done

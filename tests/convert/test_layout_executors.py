@@ -198,3 +198,19 @@ def test_a_skipped_image_leaves_the_same_shards_for_one_and_two_workers(planted,
         assert [s["path"] for s in report.skipped] == ["img04.jpg"] and report.skipped[0]["key"] is not None
     assert _files(outs[2]) == _files(outs[1])
     assert _read_back(outs[1]) == {rel: item for rel, item in want.items() if rel != "img04.jpg"}
+
+
+@pytest.mark.multiprocess
+def test_a_reencoded_layout_pack_writes_the_same_bytes_for_one_and_two_workers(planted, tmp_path):
+    """Re-encoded images (cut from their encoded sizes): the same shards for any worker count; the
+    sidecar files are stored as they are and every image is the resized one."""
+    src, labels, want = planted
+    outs = {}
+    for j in (1, 2):
+        outs[j] = tmp_path / f"j{j}"
+        pack(src, outs[j], _options(workers=j, reencode={"resize": 6}, max_bytes=8192), layout=_layout(labels))
+    assert _files(outs[2]) == _files(outs[1])
+    got = _read_back(outs[1])
+    assert {p: {k: v for k, v in item.items() if k != "image"} for p, item in got.items()} == {
+        p: {k: v for k, v in item.items() if k != "image"} for p, item in want.items()}
+    assert all(min(Image.open(io.BytesIO(item["image"])).size) == 6 for item in got.values())
