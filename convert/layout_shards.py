@@ -155,8 +155,11 @@ def load_row(src: Path, row: LayoutRow, options, value=None) -> tuple[bytes, str
     return data, ext, new_meta, extra
 
 
-def _add_row(writer: ShardWriter, row: LayoutRow, payload, fields: dict[str, int], hint: str = "") -> None:
-    """Append a loaded sample to ``writer`` (the streaming writer's members) and count its fields."""
+def _add_row(writer: ShardWriter, row: LayoutRow, payload, hint: str = "") -> list[str]:
+    """Append a loaded sample to ``writer`` (the streaming writer's members); its fields' names.
+
+    The names are counted by the caller after this call: the sample may have opened a new shard
+    (the writer's shard-end hook runs inside it), and its fields are that shard's."""
     key, rel, label, meta = row[0], row[1], row[5], row[6]
     data, ext, new_meta, extra = payload
     if new_meta:  # orig_* of a re-encoded image
@@ -164,11 +167,15 @@ def _add_row(writer: ShardWriter, row: LayoutRow, payload, fields: dict[str, int
     where = f"sample {key!r} ({rel})"
     if not extra and label is not None:  # the class-folder members: the streaming writer's exact call
         writer.add(key, ext, data, class_bytes(label), meta, describe=where, hint=hint)
-        return
+        return []
     members = [(ext, data)] + ([("cls", class_bytes(label))] if label is not None else [])
     members += [("json", meta)] + [(field_member(f), value) for f, value in extra]
     writer.add_members(key, members, describe=where, hint=hint)
-    for f, _ in extra:
+    return [f for f, _ in extra]
+
+
+def _count(fields: dict[str, int], names: list[str]) -> None:
+    for f in names:
         fields[f] = fields.get(f, 0) + 1
 
 
@@ -195,7 +202,7 @@ def _write_layout_shard(task) -> tuple[dict | None, list, dict]:
                 skipped.append({"path": rel, "key": key, "reason": skip_reason(exc)})
                 progress.add(1, 0)
                 continue
-            _add_row(writer, r.item, payload, fields)
+            _count(fields, _add_row(writer, r.item, payload))
             progress.add(1, size)
     progress.flush()
     entry = writer.shards[0].to_json() if writer.shards else None
@@ -302,7 +309,8 @@ def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, cont
                     cur["skipped"].append(skip)
                     continue
                 cur["next"] = j  # a roll closes the shard before this sample
-                _add_row(writer, rows[j], payload, cur["fields"], hint=" (or lower --resize/--quality)")
+                names = _add_row(writer, rows[j], payload, hint=" (or lower --resize/--quality)")
+                _count(cur["fields"], names)  # after the add: a roll inside it starts the sample's shard
             context.progress(len(chunk), sum(rows[j][3] for j, _, _ in chunk))
         cur["next"] = len(rows)
         if writer.is_open:

@@ -214,3 +214,39 @@ def test_a_reencoded_layout_pack_writes_the_same_bytes_for_one_and_two_workers(p
     assert {p: {k: v for k, v in item.items() if k != "image"} for p, item in got.items()} == {
         p: {k: v for k, v in item.items() if k != "image"} for p, item in want.items()}
     assert all(min(Image.open(io.BytesIO(item["image"])).size) == 6 for item in got.values())
+
+
+def test_an_interrupted_reencoded_layout_pack_resumes_to_the_same_bytes(planted, tmp_path, monkeypatch):
+    """Stopped at its 30th file read (chunks of 2 samples: some 3-sample shards finished),
+    ``--resume`` keeps the finished shards (it reads fewer files than a whole pack) and ends with
+    the bytes of an uninterrupted pack."""
+    from shardfeed.convert import layout_shards
+    from shardfeed.convert.writers import webdataset
+
+    monkeypatch.setattr(webdataset, "CHUNK_SAMPLES", 2)
+
+    src, labels, want = planted
+    options = dict(workers=1, reencode={"resize": 6})
+    pack(src, tmp_path / "whole", _options(**options), layout=_layout(labels))
+    real_read, calls = layout_shards.read_checked, {"n": 0, "stop": True}
+
+    def counted(*args):
+        calls["n"] += 1
+        if calls["n"] == 30 and calls["stop"]:
+            raise KeyboardInterrupt
+        return real_read(*args)
+
+    monkeypatch.setattr(layout_shards, "read_checked", counted)
+    out = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        pack(src, out, _options(**options), layout=_layout(labels))
+    assert (out / "shard-000000.tar").exists() and not (out / "manifest.json").exists()
+    calls.update(n=0, stop=False)
+    pack(src, out, _options(**options, resume=True), layout=_layout(labels))
+    total_reads = len(want) + sum(("txt" in v) + ("json" in v) for v in want.values())
+    assert 0 < calls["n"] < total_reads
+    whole = _files(tmp_path / "whole")
+    assert sorted(_files(out)) == sorted(whole)
+    # the dataset card names its folder; the shards, indexes and manifest are the same
+    assert {n: b for n, b in _files(out).items() if n != "README.md"} == {
+        n: b for n, b in whole.items() if n != "README.md"}
