@@ -1,18 +1,21 @@
-"""WebDataset shards of a layout pack (labels file, sidecars, unlabelled folders) as planned tasks
-on the pack's executor, as :func:`~shardfeed.convert.writers.webdataset.pack_webdataset` writes a
-class-folder pack.
+"""WebDataset shards of a layout pack (labels file, sidecars, unlabelled folders) as tasks on
+the pack's executor, as :mod:`shardfeed.convert.writers.webdataset` writes a class-folder pack.
 
-Every member of a planned sample has a size known before a byte is read (the image and its
-sidecar files from the scan, ``.cls`` and ``.json`` from the label and the path), so the shard
-boundaries are cut up front by :func:`~shardfeed.convert.shard_cut.cut_shards`, the rule the
-streaming writer applies as samples come; each shard is then an independent task (local
-processes, ``--workers``, or Ray). The shards are byte-identical whatever the executor and the
-number of workers, and identical to the streaming writer's when no file is skipped. A file
-skipped with ``on_error="skip"`` leaves its shard one sample short (the cut stays the plan's).
+* Original bytes: every member of a planned sample has a size known before a byte is read (the
+  image and its sidecar files from the scan, ``.cls`` and ``.json`` from the label and the path),
+  so the shard boundaries are cut up front by :func:`~shardfeed.convert.shard_cut.cut_shards`,
+  the rule the streaming writer applies as samples come; each shard is then an independent task
+  (local processes, ``--workers``, or Ray). Identical to the streaming writer's shards when no
+  file is skipped; a file skipped with ``on_error="skip"`` leaves its shard one sample short.
+  ``resume`` keeps every shard whose record matches its planned range and writes the others.
+* Re-encoded: the stored sizes are known only after encoding, so tasks load and re-encode fixed
+  chunks in packing order and this process cuts the shards as they come back, in order; ``resume``
+  keeps the finished shards (a prefix) and restarts after them.
 
-Each finished shard writes its resume record (``OUT/.shardfeed-pack/NNNNNN.json``: its entry,
-its sample range, its samples per field, the files skipped in it); ``resume`` keeps every shard
-whose record matches its planned range and writes the others.
+Either way the shards are byte-identical whatever the executor and the number of workers. Each
+finished shard writes its resume record (``OUT/.shardfeed-pack/NNNNNN.json``: its entry, its
+sample range, its samples per field, the files skipped in it). :func:`load_row` loads a planned
+sample for both, and for the LMDB stream of :mod:`shardfeed.convert.layouts`.
 """
 
 from __future__ import annotations
