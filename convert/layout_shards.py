@@ -24,7 +24,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from shardfeed.readers.format import (
     LABELS_CLASS,
@@ -59,8 +59,8 @@ LayoutRow = tuple
 
 
 def uses_tasks(options) -> bool:
-    """Whether a layout pack with ``options`` writes its shards through tasks on the executor
-    (WebDataset); else it streams through the format's writer in this process (LMDB)."""
+    """Whether a layout pack with ``options`` writes WebDataset shards here (:func:`write_layout_shards`);
+    else (LMDB) its samples, loaded by tasks (:func:`loaded_rows`), stream into the format's writer."""
     from shardfeed.readers.registry import describe
 
     return bool(describe(options.format).sharded)
@@ -277,6 +277,19 @@ def _planned_shards(out: Path, src: Path, rows: list[LayoutRow], options, contex
     return [results[i] for i in range(first, first + len(ranges))]
 
 
+def loaded_rows(src: Path, rows: list[LayoutRow], start: int, options, context: PackContext
+                ) -> Iterator[tuple[int, tuple | None, dict | None]]:
+    """The planned samples from ``start`` on, loaded (and re-encoded) by tasks on the executor in
+    fixed chunks, in packing order: ``(position, payload or None, skip entry or None)``
+    (:func:`load_row`'s payload; a skip with ``on_error="skip"``)."""
+    from .writers.webdataset import CHUNK_SAMPLES
+
+    tasks = [(str(src), a, rows[a:a + CHUNK_SAMPLES], options) for a in range(start, len(rows), CHUNK_SAMPLES)]
+    for chunk in context.executor.map_ordered(_load_layout_chunk, tasks, lambda n, b: None,
+                                              max_in_flight=2 * options.workers + 2, required_paths=(str(src),)):
+        yield from chunk
+
+
 def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, context: PackContext,
                       resume: bool) -> list[tuple]:
     """Re-encoded samples: the stored sizes are known only after encoding, so tasks load and
@@ -284,8 +297,6 @@ def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, cont
     back, in order (the cut depends on the encoded sizes only: the same shards for any executor);
     a resume keeps the finished shards (a prefix) and restarts after them.
     Returns ``[(entry json, skipped, fields)]`` in shard order."""
-    from .writers.webdataset import CHUNK_SAMPLES
-
     done = _finished_prefix(out, len(rows)) if resume else []
     results = [(rec["entry"], rec["skipped"], rec["fields"]) for rec in done]
     start = done[-1]["end"] if done else 0
@@ -303,18 +314,15 @@ def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, cont
 
     writer = ShardWriter(out, prefix=options.prefix, limits=ShardLimits(options.max_count, options.max_bytes),
                          first_index=len(done), on_shard_end=record)
-    tasks = [(str(src), a, rows[a:a + CHUNK_SAMPLES], options) for a in range(start, len(rows), CHUNK_SAMPLES)]
     with writer:
-        for chunk in context.executor.map_ordered(_load_layout_chunk, tasks, lambda n, b: None,
-                                                  max_in_flight=2 * options.workers + 2, required_paths=(str(src),)):
-            for j, payload, skip in chunk:
-                if payload is None:
-                    cur["skipped"].append(skip)
-                    continue
+        for j, payload, skip in loaded_rows(src, rows, start, options, context):
+            if payload is None:
+                cur["skipped"].append(skip)
+            else:
                 cur["next"] = j  # a roll closes the shard before this sample
                 names = _add_row(writer, rows[j], payload, hint=" (or lower --resize/--quality)")
                 _count(cur["fields"], names)  # after the add: a roll inside it starts the sample's shard
-            context.progress(len(chunk), sum(rows[j][3] for j, _, _ in chunk))
+            context.progress(1, rows[j][3])
         cur["next"] = len(rows)
         if writer.is_open:
             writer.close()

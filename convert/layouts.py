@@ -184,7 +184,7 @@ def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file.
-        ValueError: an executor other than local for LMDB; an extension that is a
+        ValueError: an extension that is a
             sidecar suffix; label options without a labels file; ``require_sidecars`` without
             sidecars; what :func:`_plan_layout` raises.
     """
@@ -192,9 +192,6 @@ def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
         raise FileNotFoundError(f"{src}: no such directory")
     if not src.is_dir():
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
-    if options.executor != "local" and not uses_tasks(options):
-        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack LMDB in this "
-                         "process; drop --executor")
     problem = member_clash(parse_extensions(options.extensions), layout.sidecars)
     if problem is not None:  # before the scan, before OUT is touched
         raise ValueError(f"--extensions/--sidecars: {problem}")
@@ -226,9 +223,8 @@ def _pack_planned(src: Path, out: Path, options, layout: LayoutOptions, plan: "_
         else:
             manifest = _write_layout(out, options, layout, plan, done, context)
     report = _layout_report(out, options, plan, manifest, time.perf_counter() - t0)
-    if uses_tasks(options):
-        report.workers = options.workers
-        report.extra.update(context.executor.describe())  # executor, num_tasks, nodes, task_retries
+    report.workers = options.workers
+    report.extra.update(context.executor.describe())  # executor, num_tasks, nodes, task_retries
     return report
 
 
@@ -483,7 +479,7 @@ def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, 
     start = done[-1]["end"] if done else 0
     cursor = _Cursor(start, done[-1]["skipped"] if done else [])
     plan.skipped += [item for _, item in cursor.skips]
-    samples = _layout_samples(options, layout, plan, start, cursor)
+    samples = _layout_samples(options, layout, plan, start, cursor, context)
     labelled = plan.labels.labelled
     manifest = write_samples(
         samples, out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
@@ -496,29 +492,25 @@ def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, 
     return manifest
 
 
-def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: int, cursor: _Cursor) -> Iterator[dict]:
-    """The sample dicts of the planned images from ``start`` on, read ahead (``--read-ahead``;
-    adaptive: threads only once reads wait on storage), loaded by
-    :func:`~shardfeed.convert.layout_shards.load_row` and yielded in plan order: the same bytes
-    whatever the read-ahead. ``cursor.at`` follows the plan position; a file that fails with
-    ``on_error="skip"`` goes to ``plan.skipped`` and ``cursor.skips``."""
-    src, rows = plan.src, layout_shards.layout_rows(plan, layout)
-    for r in read_ahead(range(start, len(rows)), lambda j: layout_shards.read_row(src, rows[j]),
-                        max_in_flight=options.read_ahead, size_of=lambda j: rows[j][3], adaptive=True):
-        j = r.item
+def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: int, cursor: _Cursor,
+                    context: PackContext) -> Iterator[dict]:
+    """The sample dicts of the planned images from ``start`` on, in plan order, loaded by
+    :func:`~shardfeed.convert.layout_shards.load_row`: by tasks on the executor
+    (:func:`~shardfeed.convert.layout_shards.loaded_rows`), or in this process with reads ahead
+    (``--read-ahead``; adaptive) for one local worker; the same bytes either way.
+    ``cursor.at`` follows the plan position; a file that fails with ``on_error="skip"`` goes to
+    ``plan.skipped`` and ``cursor.skips``."""
+    src, rows = plan.src.absolute(), layout_shards.layout_rows(plan, layout)
+    loaded = (_read_here(src, rows, start, options) if options.executor == "local" and options.workers == 1
+              else layout_shards.loaded_rows(src, rows, start, options, context))
+    for j, payload, skip in loaded:
         cursor.at = j
-        key, rel, label = rows[j][0], rows[j][1], rows[j][5]
-        try:
-            if r.error is not None:
-                raise r.error
-            data, ext, meta, extra = layout_shards.load_row(src, rows[j], options, r.value)
-        except (OSError, ValueError) as exc:
-            if options.on_error != "skip":
-                raise
-            item = {"path": rel, "key": key, "reason": skip_reason(exc)}
-            plan.skipped.append(item)
-            cursor.skips.append((j, item))
+        if payload is None:
+            plan.skipped.append(skip)
+            cursor.skips.append((j, skip))
             continue
+        data, ext, meta, extra = payload
+        key, rel, label = rows[j][0], rows[j][1], rows[j][5]
         sample = {"image": data, "ext": ext, "path": rel, "key": key, **dict(extra)}
         if meta:
             sample["meta"] = meta  # orig_* of a re-encoded image
@@ -526,6 +518,21 @@ def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: in
             sample["label"] = label
         yield sample
     cursor.at = len(rows)
+
+
+def _read_here(src: Path, rows: list, start: int, options) -> Iterator[tuple]:
+    """:func:`~shardfeed.convert.layout_shards.loaded_rows` in this process, reads ahead in threads."""
+    for r in read_ahead(range(start, len(rows)), lambda j: layout_shards.read_row(src, rows[j]),
+                        max_in_flight=options.read_ahead, size_of=lambda j: rows[j][3], adaptive=True):
+        j = r.item
+        try:
+            if r.error is not None:
+                raise r.error
+            yield j, layout_shards.load_row(src, rows[j], options, r.value), None
+        except (OSError, ValueError) as exc:
+            if options.on_error != "skip":
+                raise
+            yield j, None, {"path": rows[j][1], "key": rows[j][0], "reason": skip_reason(exc)}
 
 
 def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, seconds: float):

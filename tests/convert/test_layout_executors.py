@@ -250,3 +250,20 @@ def test_an_interrupted_reencoded_layout_pack_resumes_to_the_same_bytes(planted,
     # the dataset card names its folder; the shards, indexes and manifest are the same
     assert {n: b for n, b in _files(out).items() if n != "README.md"} == {
         n: b for n, b in whole.items() if n != "README.md"}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_an_lmdb_layout_pack_is_the_same_for_one_worker_two_and_ray(ray_cluster, planted, tmp_path):
+    src, labels, want = planted
+    outs = {}
+    for name, kw in {"j1": dict(workers=1), "j2": dict(workers=2), "ray": dict(workers=2, executor="ray")}.items():
+        outs[name] = tmp_path / name
+        report = pack(src, outs[name], PackOptions(format="lmdb", **kw), layout=_layout(labels))
+        assert report.extra["executor"] == kw.get("executor", "local")
+    assert _lmdb_samples(outs["j1"]) == {
+        p: {**item, "json": json.loads(item["json"])} if "json" in item else item for p, item in want.items()}
+    for name in ("j2", "ray"):
+        assert (outs[name] / "data.mdb").read_bytes() == (outs["j1"] / "data.mdb").read_bytes()
+        assert (outs[name] / "manifest.json").read_bytes() == (outs["j1"] / "manifest.json").read_bytes()
