@@ -39,7 +39,7 @@ from shardfeed.readers.format import (
 
 from .context import PackContext
 from .executors import task_progress
-from .pack_state import STATE_DIR, finished_shard_record, write_shard_record
+from .pack_state import STATE_DIR, field_counts, finished_prefix, finished_shard_record, write_shard_record
 from .readahead import read_ahead
 from .reencode import reencode_payload
 from .samples import skip_reason
@@ -233,25 +233,9 @@ def _load_layout_chunk(task) -> list[tuple]:
 def _finished(out: Path, index: int, a: int, b: int) -> dict | None:
     """Shard ``index``'s resume record when it is finished and holds the planned range ``a..b``."""
     rec = finished_shard_record(out, index)
-    if rec is None or rec.get("start") != a or rec.get("end") != b or not isinstance(rec.get("fields"), dict):
-        return None
-    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in rec["fields"].items()):
+    if rec is None or rec.get("start") != a or rec.get("end") != b or not field_counts(rec.get("fields")):
         return None
     return rec
-
-
-def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
-    """The resume records of the shards a re-encoding layout pack finished, in order (a prefix)."""
-    done: list[dict] = []
-    end = 0
-    while end < num_samples:
-        rec = finished_shard_record(out, len(done))
-        if (rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end
-                or not isinstance(rec.get("fields"), dict)):
-            break
-        done.append(rec)
-        end = rec["end"]
-    return done
 
 
 def _planned_shards(out: Path, src: Path, rows: list[LayoutRow], options, context: PackContext,
@@ -297,7 +281,7 @@ def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, cont
     back, in order (the cut depends on the encoded sizes only: the same shards for any executor);
     a resume keeps the finished shards (a prefix) and restarts after them.
     Returns ``[(entry json, skipped, fields)]`` in shard order."""
-    done = _finished_prefix(out, len(rows)) if resume else []
+    done = finished_prefix(out, len(rows), with_fields=True) if resume else []
     results = [(rec["entry"], rec["skipped"], rec["fields"]) for rec in done]
     start = done[-1]["end"] if done else 0
     context.progress(start, sum(r[3] for r in rows[:start]))

@@ -48,7 +48,7 @@ from shardfeed.readers.format import (
 
 from ..context import PackContext, PackResult
 from ..executors import ProgressSink, task_progress
-from ..pack_state import STATE_DIR, finished_shard_record, write_shard_record
+from ..pack_state import STATE_DIR, finished_prefix, finished_shard_record, write_shard_record
 from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
 from ..readahead import DEFAULT_READ_AHEAD, read_ahead
 from ..samples import (
@@ -497,18 +497,6 @@ def pack_webdataset(scan, samples, out: Path, options, context: PackContext) -> 
 # pack with re-encoding: shards cut from the encoded sizes
 
 
-def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
-    """The state records of the shards a previous run finished, in order (a prefix of the shards)."""
-    done, end = [], 0
-    while end < num_samples:
-        rec = finished_shard_record(out, len(done))
-        if rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end:
-            break
-        done.append(rec)
-        end = rec["end"]
-    return done
-
-
 def pack_webdataset_reencoded(scan, samples, out: Path, options, context: PackContext) -> PackResult:
     """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
 
@@ -541,7 +529,7 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, context: PackCo
             output_progress(b_out)
         progress(n, b_in)
 
-    done = _finished_prefix(out, len(samples)) if options.resume else []
+    done = finished_prefix(out, len(samples)) if options.resume else []
     start = done[-1]["end"] if done else 0
     shards: list[ShardEntry] = []
     skipped: list[dict] = []
