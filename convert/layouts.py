@@ -223,7 +223,6 @@ def _pack_planned(src: Path, out: Path, options, layout: LayoutOptions, plan: "_
         else:
             manifest = _write_layout(out, options, layout, plan, done, context)
     report = _layout_report(out, options, plan, manifest, time.perf_counter() - t0)
-    report.workers = options.workers
     report.extra.update(context.executor.describe())  # executor, num_tasks, nodes, task_retries
     return report
 
@@ -396,21 +395,16 @@ def _finished_layout_report(manifest: Manifest, where: str, plan: _LayoutPlan, t
         ValueError: the finished dataset was packed with other options, labels or files.
     """
     from .ownership import flag
-    from .report import PackReport
+    from .report import finished_manifest_report
 
     if (json.loads(json.dumps(manifest.options)) != json.loads(json.dumps(plan.recorded))
             or (manifest.files or {}).get("found") != plan.n_found):
         raise ValueError(f"{where}: already holds a finished dataset packed with other options, labels or "
                          f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
                          "output folder")
-    return PackReport(
-        source=str(plan.src.absolute()), output=where, format=manifest.format,
-        num_samples=manifest.num_samples, num_shards=len(manifest.shards),
-        num_bytes=sum(sh.num_bytes for sh in manifest.shards), input_bytes=0,
-        seconds=time.perf_counter() - t0, workers=1, files=dict(manifest.files or {}),
-        skipped=list(manifest.skipped), ignored=plan.found.ignored, empty_classes=[],
-        num_classes=len(manifest.classes), shards_resumed=len(manifest.shards),
-        extra={"layout": plan.labels.kind, "fields": manifest.fields, "already_complete": True})
+    return finished_manifest_report(manifest, source=str(plan.src.absolute()), output=where, t0=t0, workers=1,
+                                    ignored=plan.found.ignored, empty_classes=[],
+                                    extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
 
 def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: bool) -> list[dict]:
@@ -537,14 +531,12 @@ def _read_here(src: Path, rows: list, start: int, options) -> Iterator[tuple]:
 
 def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, seconds: float):
     """The :class:`~shardfeed.convert.report.PackReport` of a finished layout pack."""
-    from .report import PackReport
+    from .report import manifest_report
 
-    return PackReport(
-        source=str(plan.src.absolute()), output=str(out), format=options.format, num_samples=manifest.num_samples,
-        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards),
-        input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=1,
-        files=manifest.files, skipped=list(manifest.skipped), ignored=plan.found.ignored, empty_classes=[],
-        num_classes=len(manifest.classes), extra={"layout": plan.labels.kind, "fields": manifest.fields})
+    return manifest_report(manifest, source=str(plan.src.absolute()), output=str(out),
+                           input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=options.workers,
+                           ignored=plan.found.ignored, empty_classes=[],
+                           extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
 
 def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:

@@ -64,7 +64,7 @@ from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_sha
 from .plan_record import check_or_write_plan, drop_partial_shards, plan_fingerprint
 from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
-from .report import PackReport, finished_report, plural
+from .report import PackReport, finished_report, manifest_report, plural
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes, refuse_unpackable
 from .scan import ScanResult, ScannedFiles, parse_extensions, scan_image_folder
@@ -561,14 +561,9 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
             write_path_index(out, manifest, (r for r in samples.files.rels if r not in gone), len(samples),
                              samples.width)
         remove_state_folder(out)
-    seconds = time.perf_counter() - t0
-    return PackReport(
-        source=scan.root, output=str(out), format=options.format, num_samples=num_samples,
-        num_shards=len(shards), num_bytes=sum(s.num_bytes for s in shards),
-        input_bytes=input_bytes(samples), seconds=seconds, workers=options.workers,
-        files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
-        num_classes=len(scan.classes), shards_resumed=result.resumed, extra=extra,
-    )
+    return manifest_report(manifest, source=scan.root, output=str(out), input_bytes=input_bytes(samples),
+                           seconds=time.perf_counter() - t0, workers=options.workers, ignored=scan.ignored,
+                           empty_classes=scan.empty_classes, shards_resumed=result.resumed, extra=extra)
 
 
 def describe_interrupted(out: str | os.PathLike) -> str:
