@@ -438,8 +438,8 @@ def _local_source(src: str | os.PathLike[str], options: PackOptions, context: Pa
     src_url = str(src) if is_remote(src) else None
     if src_url is not None:
         if layout is not None:
-            raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder: mirror the bucket "
-                             "to a local folder first (`shardfeed stage`), then pack it")
+            raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder: copy the bucket's "
+                             "folder to a local disk first (e.g. `aws s3 sync`), then pack it")
         from .store_pack import mirror_store_folder
 
         (notice or log.info)(f"listing and downloading the image folder {src_url} ...")
