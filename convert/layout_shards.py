@@ -47,7 +47,7 @@ from .shard_cut import ShardLimits, cut_shards, sample_bytes
 from .writers.shard import ShardWriter
 from .writers.webdataset import write_sample_manifest
 
-__all__ = ["MAX_SIDECAR_BYTES", "LayoutRow", "layout_rows", "load_row", "read_row", "write_layout_shards",
+__all__ = ["MAX_SIDECAR_BYTES", "LayoutRow", "LayoutRows", "layout_rows", "load_row", "read_row", "write_layout_shards",
            "read_checked", "uses_tasks"]
 
 #: Largest sidecar file stored, bytes.
@@ -66,18 +66,38 @@ def uses_tasks(options) -> bool:
     return bool(describe(options.format).sharded)
 
 
-def layout_rows(plan, layout) -> list[LayoutRow]:
-    """The planned samples of a layout plan (``layouts._LayoutPlan``), in packing order."""
-    labels, found = plan.labels, plan.found
-    idx_to_class = {i: c for c, i in labels.class_to_idx.items()}
-    rows = []
-    for j, (rel, ext, size, mtime) in enumerate(plan.planned):
+class LayoutRows(Sequence):
+    """The planned samples of a layout plan (``layouts._LayoutPlan``) as :data:`LayoutRow`, in
+    packing order, built on demand (the plan is not copied; a slice is a list of rows)."""
+
+    def __init__(self, plan, layout):
+        self._plan = plan
+        self._sidecars = frozenset(layout.sidecars)
+        self._idx_to_class = {i: c for c, i in plan.labels.class_to_idx.items()}
+
+    def __len__(self) -> int:
+        return len(self._plan.planned)
+
+    def size(self, j: int) -> int:
+        """The image's size of row ``j`` (bytes, at the scan), without building the row."""
+        return self._plan.planned[j][2]
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        plan = self._plan
+        labels, found = plan.labels, plan.found
+        rel, ext, size, mtime = plan.planned[j]
         label = labels.labels_of[rel] if labels.labelled else None
-        meta = {"path": rel} if label is None else {"path": rel, "class": idx_to_class[label]}
+        meta = {"path": rel} if label is None else {"path": rel, "class": self._idx_to_class[label]}
         sides = tuple((f, srel, *found.side_stats[srel]) for f, srel in sorted(found.sidecars.get(rel, {}).items())
-                      if f in layout.sidecars)
-        rows.append((str(j).zfill(plan.width), rel, ext, size, mtime, label, meta_bytes(meta), sides))
-    return rows
+                      if f in self._sidecars)
+        return (str(j).zfill(plan.width), rel, ext, size, mtime, label, meta_bytes(meta), sides)
+
+
+def layout_rows(plan, layout) -> LayoutRows:
+    """The planned samples of a layout plan (``layouts._LayoutPlan``), in packing order (:class:`LayoutRows`)."""
+    return LayoutRows(plan, layout)
 
 
 def _members_bytes(row: LayoutRow) -> int:
@@ -238,7 +258,7 @@ def _finished(out: Path, index: int, a: int, b: int) -> dict | None:
     return rec
 
 
-def _planned_shards(out: Path, src: Path, rows: list[LayoutRow], options, context: PackContext,
+def _planned_shards(out: Path, src: Path, rows: LayoutRows, options, context: PackContext,
                     resume: bool) -> list[tuple]:
     """Each planned shard a task on the executor: ``[(entry json, skipped, fields)]`` in shard order."""
     ranges = _shard_ranges(src, rows, options)
@@ -249,7 +269,7 @@ def _planned_shards(out: Path, src: Path, rows: list[LayoutRow], options, contex
             rec = _finished(out, first + i, a, b)
             if rec is not None:
                 results[first + i] = (rec["entry"], rec["skipped"], rec["fields"])
-                context.progress(b - a, sum(r[3] for r in rows[a:b]))
+                context.progress(b - a, sum(rows.size(j) for j in range(a, b)))
     tasks = [(str(out.absolute()), first + i, a, str(src), rows[a:b], options) for i, (a, b) in enumerate(ranges)
              if first + i not in results]
     shared = (str(src), str(out.absolute() / STATE_DIR / "plan.json"))  # what every Ray node must see
@@ -261,7 +281,7 @@ def _planned_shards(out: Path, src: Path, rows: list[LayoutRow], options, contex
     return [results[i] for i in range(first, first + len(ranges))]
 
 
-def loaded_rows(src: Path, rows: list[LayoutRow], start: int, options, context: PackContext
+def loaded_rows(src: Path, rows: LayoutRows, start: int, options, context: PackContext
                 ) -> Iterator[tuple[int, tuple | None, dict | None]]:
     """The planned samples from ``start`` on, loaded (and re-encoded) by tasks on the executor in
     fixed chunks, in packing order: ``(position, payload or None, skip entry or None)``
@@ -274,7 +294,7 @@ def loaded_rows(src: Path, rows: list[LayoutRow], start: int, options, context: 
         yield from chunk
 
 
-def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, context: PackContext,
+def _reencoded_shards(out: Path, src: Path, rows: LayoutRows, options, context: PackContext,
                       resume: bool) -> list[tuple]:
     """Re-encoded samples: the stored sizes are known only after encoding, so tasks load and
     re-encode fixed chunks in packing order and this process cuts the shards as the samples come
@@ -284,7 +304,7 @@ def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, cont
     done = finished_prefix(out, len(rows), with_fields=True) if resume else []
     results = [(rec["entry"], rec["skipped"], rec["fields"]) for rec in done]
     start = done[-1]["end"] if done else 0
-    context.progress(start, sum(r[3] for r in rows[:start]))
+    context.progress(start, sum(rows.size(j) for j in range(start)))
     cur: dict = {"start": start, "next": start, "skipped": [], "fields": {}}
 
     def record(entry: ShardEntry | None, index: int) -> None:
@@ -306,7 +326,7 @@ def _reencoded_shards(out: Path, src: Path, rows: list[LayoutRow], options, cont
                 cur["next"] = j  # a roll closes the shard before this sample
                 names = _add_row(writer, rows[j], payload, hint=" (or lower --resize/--quality)")
                 _count(cur["fields"], names)  # after the add: a roll inside it starts the sample's shard
-            context.progress(1, rows[j][3])
+            context.progress(1, rows.size(j))
         cur["next"] = len(rows)
         if writer.is_open:
             writer.close()

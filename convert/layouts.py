@@ -514,10 +514,10 @@ def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: in
     cursor.at = len(rows)
 
 
-def _read_here(src: Path, rows: list, start: int, options) -> Iterator[tuple]:
+def _read_here(src: Path, rows: layout_shards.LayoutRows, start: int, options) -> Iterator[tuple]:
     """:func:`~shardfeed.convert.layout_shards.loaded_rows` in this process, reads ahead in threads."""
     for r in read_ahead(range(start, len(rows)), lambda j: layout_shards.read_row(src, rows[j]),
-                        max_in_flight=options.read_ahead, size_of=lambda j: rows[j][3], adaptive=True):
+                        max_in_flight=options.read_ahead, size_of=rows.size, adaptive=True):
         j = r.item
         try:
             if r.error is not None:
