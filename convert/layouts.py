@@ -36,7 +36,6 @@ resumes (``resume=True``, the plan's fingerprint checked): WebDataset keeps each
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -63,6 +62,7 @@ from .pack_state import (PLAN_NAME, STATE_DIR, remove_shard_temp_files,
 from .samples import refuse_unpackable, skip_reason
 from .dataset_writer import write_dataset, write_samples
 from .label_rules import resolve_labels
+from .plan_record import layout_fingerprint
 from . import layout_shards
 from .layout_shards import uses_tasks, write_layout_shards
 from .layout_scan import Found as _Found
@@ -304,11 +304,11 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     if layout.sidecars:
         files["sidecars"] = sum(len(v) for v in found.sidecars.values())
     planned = [images[i] for i in order]
-    fingerprint = _layout_fingerprint(src, recorded, layout, labels.class_to_idx, labels.labels_of, planned,
-                                      found.sidecars)
-    return _LayoutPlan(src=src, found=found, n_found=n_found, labels=labels, skipped=skipped, planned=planned,
+    plan = _LayoutPlan(src=src, found=found, n_found=n_found, labels=labels, skipped=skipped, planned=planned,
                        width=key_width(len(images)), classes=classes, fp=fp, recorded=recorded, files=files,
-                       fingerprint=fingerprint)
+                       fingerprint="")
+    plan.fingerprint = layout_fingerprint(recorded, labels.class_to_idx, layout_shards.layout_rows(plan, layout))
+    return plan
 
 
 def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
@@ -569,22 +569,3 @@ def _match_unicode_spelling(rows: dict[str, Any], on_disk: list[str]) -> dict[st
                 rel = found[0]
         out[rel] = label
     return out
-
-
-def _layout_fingerprint(src: Path, recorded: dict, layout: LayoutOptions, class_to_idx: dict, labels_of: dict,
-                        planned: list, sidecars: dict) -> str:
-    """The identity of a layout pack's plan (options, class map, and per planned image: path,
-    size, mtime, label and its sidecars' paths, sizes and mtimes), checked by ``--resume``."""
-    h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in recorded.items() if k != "source"}, sort_keys=True).encode())
-    h.update(json.dumps(class_to_idx, sort_keys=True).encode())
-    for rel, _, size, mtime in planned:
-        h.update(f"{rel}\0{size}\0{mtime}\0{labels_of.get(rel, -1)}\0".encode("utf-8", "surrogateescape"))
-        for f, srel in sorted(sidecars.get(rel, {}).items()):
-            if f in layout.sidecars:
-                try:
-                    st = (src / srel).stat()
-                    h.update(f"{f}\0{srel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
-                except OSError:
-                    h.update(f"{f}\0{srel}\0?\0".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
