@@ -72,8 +72,9 @@ from .label_files import (MAX_CLASSES, MAX_LABEL_FIELD_CHARS, MAX_LABEL_ROWS, MA
                           read_labels_file)
 from .scan import parse_extensions
 
-__all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_label_rows", "read_classes_file", "LayoutOptions",
-           "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS", "parse_sidecars"]
+__all__ = ["write_dataset", "pack_layout", "pack_layout_to_store", "read_labels_file", "read_label_rows",
+           "read_classes_file", "LayoutOptions", "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS",
+           "parse_sidecars"]
 
 log = logging.getLogger(__name__)
 
