@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .tools.inspect import inspect_dataset
     from .tools.serve import serve_directory
     from .tools.stage import stage
-    from .layouts import write_dataset
+    from .dataset_writer import write_dataset
     from .tools.unpack import unpack
     from .writers.lmdb import LmdbWriter
     from .writers.webdataset import WebDatasetWriter
@@ -61,7 +61,7 @@ _LAZY = {
     "stage": "shardfeed.convert.tools.stage",
     "index_shards": "shardfeed.convert.tools.index",
     "serve_directory": "shardfeed.convert.tools.serve",
-    "write_dataset": "shardfeed.convert.layouts",
+    "write_dataset": "shardfeed.convert.dataset_writer",
 }
 
 __all__ = ["__version__", "pack", "PackOptions", "PackReport", "PackContext", "PackResult", "Packer",

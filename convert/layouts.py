@@ -1,11 +1,6 @@
-"""Layouts beyond the class folder, and the writer API for any iterable of samples.
+"""Layouts beyond the class folder: labels files, sidecar files, unlabelled folders.
 
-:func:`write_dataset` writes any iterable of sample dicts (image bytes and extension, an optional
-label, optional extra fields) through the format's streaming writer (the registry's, the same
-as ``shardfeed convert``): the same shards, rollover rule, ``.sfidx`` indexes, manifest, wids
-index and Hugging Face card as ``pack``.
-
-:func:`pack_layout` packs the folder layouts that are not one folder per class, with that writer:
+:func:`pack_layout` packs the folder layouts that are not one folder per class:
 
 * **labels from a file** (``--labels FILE``): a flat (or nested) folder of images plus a CSV/TSV
   (``path,label``, a header optional) or JSON Lines (``{"path": ..., "label": ...}``) file; labels
@@ -21,457 +16,67 @@ index and Hugging Face card as ``pack``.
 Rules (binding for these layouts): images and sidecar files are found by
 :mod:`shardfeed.convert.layout_scan` (the one naming rule: an image is an image whatever its
 stem; a sidecar file is an image's stem plus a requested suffix; symbolic links followed inside
-SRC and refused out of it, as a class-folder pack does), recursively below SRC, in sorted order; the packing
-order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``), keys are the
-zero-padded positions. An image missing from the labels file and a row naming a missing image
-are counted and named: an error, or (``on_error="skip"``) listed in the manifest's ``skipped``;
-never guessed. These layouts pack in one process (re-encoding and ``--decode-check`` apply to
-the image; sidecar files are stored as they are, once checked to read back: a ``.txt`` is UTF-8,
-a ``.json`` parses); an interrupted WebDataset
-pack resumes (``resume=True``: a record per finished shard in ``OUT/.shardfeed-pack/``, the plan's
-fingerprint checked) to the same bytes as an uninterrupted one; an LMDB one is rerun with
-``--overwrite``.
+SRC and refused out of it, as a class-folder pack does), recursively below SRC, in sorted order;
+the packing order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``),
+keys are the zero-padded positions. An image missing from the labels file and a row naming a
+missing image are counted and named: an error, or (``on_error="skip"``) listed in the manifest's
+``skipped``; never guessed. Sidecar files are stored as they are, once checked to read back (a
+``.txt`` is UTF-8, a ``.json`` parses); re-encoding and ``--decode-check`` apply to the image.
+
+Writing: WebDataset shards are planned tasks on the pack's executor
+(:mod:`shardfeed.convert.layout_shards`: ``--workers``, ``--executor ray``, a bucket OUT; the same
+bytes for any executor); re-encoded WebDataset and LMDB stream through the format's writer
+(:func:`shardfeed.convert.dataset_writer.write_samples`) in this process. An interrupted pack
+resumes (``resume=True``, the plan's fingerprint checked): WebDataset keeps each finished shard
+(a record per shard in ``OUT/.shardfeed-pack/``), LMDB continues after the writer's last commit.
+:func:`write_dataset` (any iterable of sample dicts) lives in
+:mod:`shardfeed.convert.dataset_writer` and stays importable from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
-import numbers
 import os
 import random
-import stat
 import time
 import unicodedata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 from shardfeed.readers.format import (
-    DEFAULT_PREFIX,
-    IMAGE_EXTENSIONS,
-    LABELS_CLASS,
-    LABELS_NONE,
-    MAX_FIELDS,
-    SIDE_EXTENSIONS,
     Manifest,
-    Sample,
-    field_name_problem,
     key_width,
     member_clash,
-    normalize_ext,
-    stored_path_problem,
 )
-from shardfeed.readers.sample_members import decode_field, encode_field
-from shardfeed.readers.registry import canonical_format, describe, writer_class
+from shardfeed.readers.registry import describe
 
 from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
 
 from . import writers  # noqa: F401  (registers every format's writer)
 from .context import PackContext
 from .readahead import read_ahead
-from .pack_state import (PLAN_NAME, STATE_DIR, WRITING_NAME, finished_shard_record, remove_shard_temp_files,
-                         remove_state_folder, write_shard_record)
-from .recorded import check_meta_class, check_recorded, check_skipped
-from .reencode import reencode_payload
+from .pack_state import (PLAN_NAME, STATE_DIR, remove_shard_temp_files,
+                         remove_state_folder)
 from .samples import refuse_unpackable, skip_reason
+from .dataset_writer import write_dataset, write_samples
 from .label_rules import resolve_labels
+from .plan_record import layout_fingerprint
+from . import layout_shards
+from .layout_shards import uses_tasks, write_layout_shards
 from .layout_scan import Found as _Found
 from .layout_scan import scan_layout_folder
 from .label_files import (MAX_CLASSES, MAX_LABEL_FIELD_CHARS, MAX_LABEL_ROWS, MAX_LABELS_FILE_BYTES,
-                          MEMBER_EXT_RE, checked_class_map, parse_sidecars, read_classes_file, read_label_rows,
+                          parse_sidecars, read_classes_file, read_label_rows,
                           read_labels_file)
 from .scan import parse_extensions
 
-__all__ = ["write_dataset", "pack_layout", "read_labels_file", "read_label_rows", "read_classes_file", "LayoutOptions",
-           "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS", "parse_sidecars"]
+__all__ = ["write_dataset", "pack_layout", "pack_layout_to_store", "read_labels_file", "read_label_rows",
+           "read_classes_file", "LayoutOptions", "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS",
+           "parse_sidecars"]
 
 log = logging.getLogger(__name__)
-
-#: Largest sidecar file stored, bytes.
-MAX_SIDECAR_BYTES = 1 << 30
-#: Sample dict keys that are not extra fields.
-_SAMPLE_KEYS = frozenset({"image", "ext", "label", "key", "meta", "path", "class"})
-
-
-# ---------------------------------------------------------------------------------------------
-# write_dataset: any iterable of samples
-
-def write_dataset(samples: Iterable[Mapping[str, Any]], out: str | os.PathLike, *, format: str = "webdataset",
-                  max_count: int = 10000, max_bytes: int = 256_000_000, prefix: str = DEFAULT_PREFIX,
-                  classes: list[str] | None = None, class_to_idx: dict[str, int] | None = None,
-                  labels: bool | None = None, fields: Iterable[str] = (), options: dict | None = None,
-                  skipped: list[dict] | None = None, files: dict | None = None, map_size: int | None = None,
-                  progress: Callable[[int, int], None] | None = None, num_classes: int | None = None,
-                  append: bool = False) -> Manifest:
-    """Write an iterable of sample dicts as a shardfeed dataset (WebDataset shards or LMDB).
-
-    Each sample is a dict:
-
-    * ``"image"``: the encoded image bytes (stored unchanged), and ``"ext"``: its extension
-      (``"jpg"``, ``".PNG"``; normalised as :func:`~shardfeed.readers.format.normalize_ext`);
-    * ``"label"`` (optional): a class index (``int``) or a class name (``str``, looked up in
-      ``classes``/``class_to_idx``); leave it out (or None) in every sample for an unlabelled
-      dataset (``labels: "none"``, readers give -1);
-    * ``"path"`` (optional): the original path, stored as ``meta["path"]`` (``unpack`` writes the
-      image back there); ``"meta"`` (optional): more JSON metadata; ``"key"`` (optional): the sample
-      key (default: the zero-padded position, 9 digits at least);
-    * any other key is an **extra field** (``"txt"``, ``"json"``, ``"mask.png"``; names as
-      :func:`~shardfeed.readers.format.field_name_problem`): ``bytes`` stored as they are, ``str``
-      as UTF-8, anything else as JSON. It becomes the member ``{key}.{name}`` (``{key}.sidecar.json``
-      for ``json``) or a field of the LMDB record; the manifest lists each field and how many
-      samples lack it.
-
-    Shards close before they would hold more than ``max_count`` samples or pass ``max_bytes``
-    (:class:`~shardfeed.convert.writers.shard.ShardLimits`).
-
-    Example (a CSV of image paths and captions)::
-
-        import csv, pathlib
-        from shardfeed.convert import write_dataset
-
-        def samples(csv_path):
-            with open(csv_path, newline="") as f:
-                for row in csv.DictReader(f):  # columns: path,caption
-                    p = pathlib.Path(row["path"])
-                    yield {"image": p.read_bytes(), "ext": p.suffix,
-                           "path": p.name, "txt": row["caption"]}
-
-        manifest = write_dataset(samples("captions.csv"), "out/captions",
-                                 max_count=1000)
-        # open_dataset("out/captions", fields=("txt",)) yields (image, -1, caption)
-
-    Args:
-        samples: the samples, in packing order.
-        out: the output folder, local (a path or ``file://`` URL; created; must not hold a
-            dataset). For a bucket, write it locally, then ``shardfeed convert OUT
-            s3://BUCKET/PREFIX --format wds`` (or :func:`~shardfeed.convert.convert_dataset`).
-        format: ``"webdataset"`` (``"wds"``) or ``"lmdb"``.
-        max_count, max_bytes, prefix: WebDataset shard limits and file prefix.
-        classes: class names in index order (needed for ``str`` labels; default for ``int``
-            labels: ``"0" .. "K-1"`` for the largest label K-1, which must then be below the number
-            of samples: one mistyped label never makes millions of empty classes).
-        class_to_idx: name -> index (default: from ``classes``).
-        labels: True (every sample has a label), False (none has one), None (decided by the
-            first sample; a later sample that disagrees is an error).
-        fields: extra fields expected (others found in samples are added as they come); listed
-            in the manifest even when no sample has them.
-        options, skipped, files: recorded in the manifest (provenance, skipped inputs, input counts;
-            ``skipped`` is read after the last sample, so the generator may append to it, and
-            ``files`` gets ``packed`` and ``skipped`` filled in).
-        map_size: LMDB initial map size (grows as needed).
-        progress: ``callback(num_samples, num_bytes)`` after each sample.
-        num_classes: integer labels index the classes ``"0" .. "K-1"`` (instead of ``classes``);
-            a label of K or more is an error naming the sample.
-        append: add the samples to the finished WebDataset dataset in ``out`` as new shards
-            (:func:`shardfeed.convert.append.append_samples`: labelled samples without a
-            ``key`` or extra fields; a ``path`` the dataset holds is skipped; the dataset's shard
-            limits and prefix; ``classes``/``class_to_idx`` keep the dataset's indices).
-
-    Returns:
-        The dataset's :class:`~shardfeed.readers.format.Manifest` (written last, atomically). Until
-        then OUT holds ``.shardfeed-pack/``: a write that stops (an error, Ctrl-C) leaves a folder
-        that readers refuse as unfinished; write it again into an empty folder.
-
-    Raises:
-        ValueError: a sample without image bytes or extension, a bad field name, a label not in
-            the classes (or, without classes, a largest label not below the number of samples) or
-            not the class its ``meta["class"]`` names, labelled and unlabelled samples mixed, no
-            sample at all; ``options``, ``files`` or ``skipped`` not strict JSON or a ``skipped``
-            entry not ``{"path": str, "reason": str}`` (:mod:`.recorded`); the message names the
-            sample (its position and path). The shard in progress is dropped; no manifest is written.
-        TypeError: a field value that is neither bytes, str nor JSON.
-        shardfeed.readers.errors.UnsupportedURLError: ``out`` is a remote URL (``s3://``,
-            ``http://`` ...): nothing is written.
-        shardfeed.convert.outlock.OutputBusyError: another command is writing ``out``.
-        OSError: writing failed.
-    """
-    from .outlock import output_lock
-
-    out = _local_out(out)
-    if append:
-        return _append_samples(samples, out, format, classes, class_to_idx, num_classes, progress)
-    if num_classes is not None:
-        classes = _numbered_classes(num_classes, classes, class_to_idx)
-    with output_lock(out, "write_dataset"):  # one writer per OUT: a second one fails at once, naming this one
-        return _write(samples, out, format=format, max_count=max_count, max_bytes=max_bytes, prefix=prefix,
-                      classes=classes, class_to_idx=class_to_idx, labels=labels, fields=fields, options=options,
-                      skipped=skipped, files=files, map_size=map_size, progress=progress, mark_unfinished=True)
-
-
-def _local_out(out) -> Path:
-    """:func:`write_dataset`'s OUT as a local path.
-
-    Raises:
-        shardfeed.readers.errors.UnsupportedURLError: a remote URL (nothing is written).
-    """
-    from shardfeed.readers.errors import UnsupportedURLError
-    from shardfeed.readers.opener import is_remote, local_path
-
-    if is_remote(out):  # never a local folder called "s3:"
-        raise UnsupportedURLError(f"{out}: write_dataset writes a local folder; write it to a local folder, then "
-                                  f"`shardfeed convert DIR {out} --format wds` uploads it")
-    return local_path(out)
-
-
-def _append_samples(samples, out: Path, format, classes, class_to_idx, num_classes, progress) -> Manifest:
-    """``write_dataset(..., append=True)`` (:func:`shardfeed.convert.append.append_samples`).
-
-    Raises:
-        ValueError: a format other than WebDataset, or ``num_classes``.
-    """
-    from .append import append_samples
-
-    if not describe(canonical_format(format)).sharded or num_classes is not None:
-        raise ValueError(f"{out}: append adds WebDataset shards with the dataset's class map; pass "
-                         "format='webdataset' and classes/class_to_idx (not num_classes)")
-    return append_samples(samples, out, to_sample=_sample_from_dict, classes=classes, class_to_idx=class_to_idx,
-                          progress=progress)
-
-
-def _numbered_classes(num_classes, classes, class_to_idx) -> list[str]:
-    """The classes ``"0" .. "K-1"`` of ``write_dataset(num_classes=K)``.
-
-    Raises:
-        ValueError: ``classes`` or ``class_to_idx`` given too; K not an integer 1 .. MAX_CLASSES.
-    """
-    if classes is not None or class_to_idx is not None:
-        raise ValueError("num_classes and classes/class_to_idx both give the classes; pass one")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_CLASSES:
-        raise ValueError(f"num_classes={num_classes!r}: give the number of classes, 1 .. {MAX_CLASSES:,}")
-    return [str(k) for k in range(num_classes)]
-
-
-def _write(samples, out, *, format, max_count, max_bytes, prefix, classes, class_to_idx, labels, fields, options,
-           skipped, files, map_size, progress, writer_extra: dict | None = None, resuming: bool = False,
-           writer_box: dict | None = None, mark_unfinished: bool = False) -> Manifest:
-    """:func:`write_dataset`, plus what a resumed layout pack needs: ``writer_extra`` (the
-    WebDataset writer's ``resume_shards``, ``field_counts``, ``on_shard_end``) and ``resuming``
-    (the samples left may be none); ``writer_box["w"]`` gets the writer. ``mark_unfinished``:
-    OUT holds ``.shardfeed-pack/write_dataset.json`` from the writer's creation until the manifest
-    is written, so the finished shards of a write that stopped (an exception, Ctrl-C) read as an
-    unfinished dataset, never as shards to index into a dataset of their own."""
-    fmt = canonical_format(format)
-    check_recorded(options=options, skipped=skipped, files=files)  # before anything is written
-    if classes is not None and class_to_idx is None:
-        classes = list(classes)
-        bad = next((c for c in classes if not isinstance(c, str)), None)
-        if bad is not None or len(set(classes)) != len(classes):
-            what = f"class name {bad!r} is not a string" if bad is not None else "a class name is listed twice"
-            raise ValueError(f"classes: {what}; classes=[...] lists each class name once, in index order")
-        class_to_idx = {c: i for i, c in enumerate(classes)}
-    if class_to_idx is not None:
-        class_to_idx = checked_class_map(dict(class_to_idx), "class_to_idx")
-        ordered = [c for c, _ in sorted(class_to_idx.items(), key=lambda kv: kv[1])]
-        if classes is not None and list(classes) != ordered:
-            raise ValueError("classes and class_to_idx disagree (classes[i] must be the class of index i); pass one")
-        classes = ordered
-    declared = list(dict.fromkeys(fields))
-    if len(declared) > MAX_FIELDS:
-        raise ValueError(f"{len(declared)} extra fields, more than the {MAX_FIELDS} a dataset may have")
-    for name in declared:
-        problem = field_name_problem(name)
-        if problem is not None:
-            raise ValueError(problem)
-    problem = member_clash((), declared)
-    if problem is not None:  # before anything is written
-        raise ValueError(f"fields: {problem}")
-    width = None
-    try:
-        width = key_width(len(samples))  # type: ignore[arg-type]
-    except TypeError:
-        pass
-    it = iter(samples)
-    first = next(it, None)
-    if first is None and not resuming:
-        raise ValueError(f"{out}: no sample to write; a dataset holds at least one")
-    if first is not None and not isinstance(first, Mapping):
-        raise ValueError(f"sample 0: a sample is a dict ({{'image': bytes, 'ext': 'jpg', ...}}), got "
-                         f"{type(first).__name__}")
-    if labels is None:
-        labels = first.get("label") is not None
-    writer = writer_class(fmt).create(
-        out, classes=list(classes or []) if labels else [], class_to_idx=dict(class_to_idx or {}) if labels else {},
-        max_count=max_count, max_bytes=max_bytes, prefix=prefix, skipped=skipped,
-        options={**(options or {}), "layout": (options or {}).get("layout", "samples")}, files=files,
-        map_size=map_size, labels=LABELS_CLASS if labels else LABELS_NONE, fields=declared, **(writer_extra or {}))
-    if writer_box is not None:
-        writer_box["w"] = writer
-    marker = Path(out) / STATE_DIR / WRITING_NAME
-    if mark_unfinished:
-        marker.parent.mkdir(exist_ok=True)
-        write_bytes_atomic(marker, json.dumps({"writer": "write_dataset", "unfinished": True}).encode())
-    idx_to_class = {i: c for c, i in (class_to_idx or {}).items()}
-    max_label, top = -1, ""
-    n = 0
-    exts_seen: set[str] = set()  # image extensions checked against the fields' members
-    with writer:
-        for i, item in enumerate(_chain(first, it) if first is not None else ()):
-            sample, extra = _sample_from_dict(item, i, width, bool(labels), class_to_idx, idx_to_class)
-            _add_new_fields(writer, sample, extra, i, exts_seen)
-            if labels:
-                if sample.label > max_label:
-                    max_label, top = sample.label, f"sample {i} ({sample.meta.get('path', sample.key)})"
-            writer.write(sample, extra)
-            n += 1
-            if progress is not None:
-                progress(1, len(sample.data))
-        if labels and classes is None:  # integer labels without names: classes "0" .. "K-1"
-            if max_label >= n:  # more classes than samples: a mistyped label, refused before the manifest
-                raise ValueError(f"{top}: label {max_label} would make {max_label + 1:,} classes (\"0\" .. "
-                                 f"\"{max_label}\") for {n:,} samples; a mistyped label? Fix it, or pass "
-                                 "num_classes=K (labels 0 .. K-1) or classes=[...] naming the classes")
-            writer.classes = [str(k) for k in range(max_label + 1)]
-            writer.class_to_idx = {str(k): k for k in range(max_label + 1)}
-        writer.skipped = check_skipped(skipped)  # read now: a generator may have added to it
-        if files is not None:
-            writer.files = {**files, "packed": writer.num_samples, "skipped": len(writer.skipped)}
-        manifest = writer.close()
-    if mark_unfinished:
-        marker.unlink(missing_ok=True)
-        try:
-            marker.parent.rmdir()
-        except OSError:
-            pass
-    return manifest
-
-
-def _add_new_fields(writer, sample: Sample, extra: dict[str, bytes], i: int, exts_seen: set[str]) -> None:
-    """Add the fields of sample ``i`` that ``writer`` does not have yet to its fields, once
-    checked (a field name, at most :data:`MAX_FIELDS`, no member name taken twice with the image
-    extensions seen so far, :func:`~shardfeed.readers.format.member_clash`).
-
-    Raises:
-        ValueError: naming the sample and the problem.
-    """
-    where = f"sample {i} ({sample.meta.get('path', sample.key)})"
-    new = [name for name in extra if name not in writer.field_counts]
-    if sample.ext not in exts_seen or new:
-        exts_seen.add(sample.ext)
-        problem = member_clash(exts_seen, [*writer.field_counts, *new])
-        if problem is not None:
-            raise ValueError(f"{where}: {problem}")
-    for name in new:
-        problem = field_name_problem(name)
-        if problem is not None:
-            raise ValueError(f"{where}: {problem}")
-        if len(writer.field_counts) >= MAX_FIELDS:  # a manifest lists at most MAX_FIELDS
-            raise ValueError(f"{where}: field {name!r} would be extra field number {len(writer.field_counts) + 1}, "
-                             f"more than the {MAX_FIELDS} a dataset may have; store the others in one JSON field")
-        writer.field_counts[name] = 0
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
-def _sample_from_dict(item: Mapping[str, Any], i: int, width: int | None, labelled: bool,
-                      class_to_idx: dict[str, int] | None, idx_to_class: dict[int, str]
-                      ) -> tuple[Sample, dict[str, bytes]]:
-    """One sample dict as ``(Sample, {field: bytes})`` (see :func:`write_dataset`)."""
-    if not isinstance(item, Mapping):
-        raise ValueError(f"sample {i}: a sample is a dict ({{'image': bytes, 'ext': 'jpg', ...}}), got "
-                         f"{type(item).__name__}")
-    path = item.get("path")
-    where = f"sample {i}" + (f" ({path})" if path else "")
-    data = item.get("image")
-    if not isinstance(data, (bytes, bytearray, memoryview)) or not len(data):
-        raise ValueError(f"{where}: 'image' must be the encoded image bytes (non-empty), got "
-                         f"{type(data).__name__}")
-    ext = item.get("ext")
-    if not isinstance(ext, str) or not ext.strip("."):
-        raise ValueError(f"{where}: 'ext' must be the image's extension ('jpg', 'png', ...), got {ext!r}")
-    ext = normalize_ext(ext)
-    if not MEMBER_EXT_RE.match(ext) or ext in SIDE_EXTENSIONS:
-        raise ValueError(f"{where}: extension {ext!r} cannot name an image member (ASCII letters, digits, '_' "
-                         f"and '-'; no dots, spaces or control characters; not {', '.join(sorted(SIDE_EXTENSIONS))})")
-    if ext not in IMAGE_EXTENSIONS:
-        log.debug("%s: extension %s is not one of the known image extensions", where, ext)
-    raw_meta = item.get("meta")
-    if raw_meta is not None and not isinstance(raw_meta, Mapping):
-        raise ValueError(f"{where}: 'meta' is a dict of JSON metadata, got {type(raw_meta).__name__}")
-    meta = dict(raw_meta or {})
-    if raw_meta:  # stored as strict JSON (no NaN/Infinity, which JSON readers refuse)
-        try:
-            json.dumps(meta, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: 'meta' is not strict JSON ({exc})") from None
-        if "path" in meta and path is None:
-            path = meta["path"]  # checked as a "path" is: unpack writes the image there
-    if path is not None:
-        if not isinstance(path, str) or stored_path_problem(path) is not None:
-            raise ValueError(f"{where}: path {path!r}: {stored_path_problem(str(path)) or 'not a string'}")
-        meta["path"] = path
-    raw_label = item.get("label")
-    if labelled != (raw_label is not None):
-        raise ValueError(f"{where}: {'has no label' if labelled else 'has a label'}, unlike the first sample; "
-                         "every sample of a dataset has a label, or none has (labels=False: unlabelled)")
-    label = -1
-    if labelled:
-        if isinstance(raw_label, numbers.Integral) and not isinstance(raw_label, (bool, int)):
-            raw_label = int(raw_label)  # numpy.int64, torch's item(): an integer all the same
-        if isinstance(raw_label, bool) or not isinstance(raw_label, (int, str)):
-            raise ValueError(f"{where}: label {raw_label!r} is neither a class index (int) nor a class name (str)")
-        if isinstance(raw_label, str):
-            if class_to_idx is None or raw_label not in class_to_idx:
-                raise ValueError(f"{where}: class {raw_label!r} is not in the given classes; pass classes=[...] "
-                                 "naming every class (or integer labels)")
-            label = class_to_idx[raw_label]
-        else:
-            label = int(raw_label)
-            if label < 0 or (class_to_idx is not None and label not in idx_to_class):
-                raise ValueError(f"{where}: label {label} is not a class index of the "
-                                 f"{len(class_to_idx or {})} classes")
-            if class_to_idx is None and label >= MAX_CLASSES:  # the classes "0" .. str(label) would be made
-                raise ValueError(f"{where}: label {label} would make {label + 1:,} classes (\"0\" .. \"{label}\"), "
-                                 f"more than {MAX_CLASSES:,}; pass classes=[...] or class_to_idx naming the classes")
-        name = idx_to_class.get(label)
-        check_meta_class(meta, name, label, where)
-        if name is not None:
-            meta.setdefault("class", name)
-    key = item.get("key")
-    if key is None:
-        key = str(i).zfill(width or 9)
-    elif not isinstance(key, str):
-        raise ValueError(f"{where}: key must be a string, got {type(key).__name__}")
-    else:
-        problem = _key_problem(key)
-        if problem is not None:
-            raise ValueError(f"{where}: key {key!r}: {problem}")
-    extra = {}
-    for name, value in item.items():
-        if name in _SAMPLE_KEYS or value is None:
-            continue
-        extra[name] = encode_field(name, value)
-        if isinstance(value, (bytes, bytearray, memoryview)):  # as readers will decode it: checked now
-            try:
-                decode_field(name, extra[name], where)
-            except ValueError as exc:
-                raise ValueError(str(exc)) from None
-    return Sample(key, bytes(data), ext, label, meta), extra
-
-
-def _key_problem(key: str) -> str | None:
-    """Why ``key`` cannot be a sample key of :func:`write_dataset`, or None.
-
-    A key becomes the member names ``{key}.{ext}`` of a tar shard (which ``tar -x`` writes as
-    files) and an LMDB key: the stored-path policy applies to it (no ``..``, ``.`` or empty
-    components, not absolute, no backslash or NUL), it has no control character and no ``.`` in
-    its last component (WebDataset splits key from extension at the first dot of the name).
-    """
-    if not key:
-        return "keys are non-empty"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
-        return "a key holds no control character (newline, tab, NUL)"
-    problem = stored_path_problem(key)
-    if problem is not None:
-        return f"a key is a relative name: {problem}"
-    if "." in key.rsplit("/", 1)[-1]:
-        return "a key holds no '.' (WebDataset splits the key from the extension at the first dot)"
-    return None
-
 
 # ---------------------------------------------------------------------------------------------
 # scanning a folder of images (+ sidecars)
@@ -538,9 +143,6 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             a missing sidecar with ``require_sidecars``; OUT not empty; ``resume`` of another plan
             (options, labels or files changed) or of an LMDB pack.
     """
-    from .outlock import output_lock
-    from .outdir import prepare_output
-
     if context is None:
         with PackContext.for_options(options, progress=progress) as context:
             return pack_layout(src, out, options, layout, context=context)
@@ -548,13 +150,49 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
         raise TypeError("pack_layout(context=...): pass progress in the context")
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
+    plan = _checked_plan(src, options, layout)
+    return _pack_planned(src, out, options, layout, plan, context, t0)
+
+
+def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: LayoutOptions, *,
+                         context: PackContext):
+    """:func:`pack_layout` into an object-store prefix (``s3://bucket/prefix/``): built in a local
+    staging folder and uploaded shard by shard, the manifest last
+    (:func:`~shardfeed.convert.store_pack.pack_to_store`); the same objects as the local pack's files.
+
+    Returns:
+        A :class:`~shardfeed.convert.pack.PackReport` (``output`` is ``out_url``).
+
+    Raises:
+        As :func:`pack_layout` and :func:`~shardfeed.convert.store_pack.pack_to_store`.
+    """
+    from .store_pack import pack_to_store
+
+    src = Path(src)
+    plan = _checked_plan(src, options, layout)
+
+    def build(src, stage, local_options, *, scan, context):
+        return _pack_planned(Path(src), Path(stage), local_options, layout, plan, context, time.perf_counter())
+
+    def finished(manifest: Manifest, where: str, t0: float):
+        return _finished_layout_report(manifest, where, plan, t0)
+
+    return pack_to_store(src, out_url, options, build, context=context, finished=finished)
+
+
+def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
+    """The options checked, then SRC scanned and planned (:func:`_plan_layout`); OUT untouched.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: SRC missing or a file.
+        ValueError: an extension that is a
+            sidecar suffix; label options without a labels file; ``require_sidecars`` without
+            sidecars; what :func:`_plan_layout` raises.
+    """
     if not src.exists():
         raise FileNotFoundError(f"{src}: no such directory")
     if not src.is_dir():
         raise NotADirectoryError(f"{src}: is a file, not an image folder")
-    if options.executor != "local":
-        raise ValueError(f"--executor {options.executor}: --labels, --sidecars and --no-labels pack in this process; "
-                         "drop --executor")
     problem = member_clash(parse_extensions(options.extensions), layout.sidecars)
     if problem is not None:  # before the scan, before OUT is touched
         raise ValueError(f"--extensions/--sidecars: {problem}")
@@ -563,14 +201,44 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")
-    plan = _plan_layout(src, options, layout)
+    return _plan_layout(src, options, layout)
+
+
+def _pack_planned(src: Path, out: Path, options, layout: LayoutOptions, plan: "_LayoutPlan", context: PackContext,
+                  t0: float):
+    """:func:`pack_layout` once planned: OUT locked and prepared, the plan written or checked, the
+    samples written (planned shard tasks, or the format's streaming writer), the report."""
+    from shardfeed.readers.local_manifest import load_manifest
+
+    from .outdir import prepare_output
+    from .outlock import output_lock
+
     with output_lock(out, "pack"):
         action = prepare_output(src, out, resume=options.resume, overwrite=options.overwrite)
         if action == "finished":  # --resume on a finished dataset: done when it is this command's
-            return _finished_layout_report(out, plan, t0)
-        done = _layout_resume_records(out, options, plan, resume=action == "resume")
-        manifest = _write_layout(out, options, layout, plan, done, context)
-    return _layout_report(out, options, plan, manifest, time.perf_counter() - t0)
+            return _finished_layout_report(load_manifest(out, check_files=False), str(out), plan, t0)
+        resume = action == "resume"
+        done = _layout_resume_records(out, options, plan, resume=resume)
+        if uses_tasks(options):
+            manifest = _write_layout_tasks(out, options, layout, plan, context, resume=resume)
+        else:
+            manifest = _write_layout(out, options, layout, plan, done, context)
+    report = _layout_report(out, options, plan, manifest, time.perf_counter() - t0)
+    report.extra.update(context.executor.describe())  # executor, num_tasks, nodes, task_retries
+    return report
+
+
+def _write_layout_tasks(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, context: PackContext, *,
+                        resume: bool) -> Manifest:
+    """:func:`~shardfeed.convert.layout_shards.write_layout_shards`; the state folder goes once the
+    manifest is written, a partial shard when the write stops."""
+    try:
+        manifest = write_layout_shards(out, options, layout, plan, context, resume=resume)
+    except BaseException:
+        remove_shard_temp_files(out, options.prefix)  # a partial shard; complete ones stay for --resume
+        raise
+    remove_state_folder(out)
+    return manifest
 
 
 @dataclasses.dataclass
@@ -637,11 +305,11 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     if layout.sidecars:
         files["sidecars"] = sum(len(v) for v in found.sidecars.values())
     planned = [images[i] for i in order]
-    fingerprint = _layout_fingerprint(src, recorded, layout, labels.class_to_idx, labels.labels_of, planned,
-                                      found.sidecars)
-    return _LayoutPlan(src=src, found=found, n_found=n_found, labels=labels, skipped=skipped, planned=planned,
+    plan = _LayoutPlan(src=src, found=found, n_found=n_found, labels=labels, skipped=skipped, planned=planned,
                        width=key_width(len(images)), classes=classes, fp=fp, recorded=recorded, files=files,
-                       fingerprint=fingerprint)
+                       fingerprint="")
+    plan.fingerprint = layout_fingerprint(recorded, labels.class_to_idx, layout_shards.layout_rows(plan, layout))
+    return plan
 
 
 def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
@@ -721,39 +389,36 @@ def _drop_missing_sidecars(src: Path, options, layout: LayoutOptions, found: _Fo
     return [t for t in images if t[0] not in drop]
 
 
-def _finished_layout_report(out: Path, plan: _LayoutPlan, t0: float):
+def _finished_layout_report(manifest: Manifest, where: str, plan: _LayoutPlan, t0: float):
     """The report of ``--resume`` on OUT's finished dataset, when it is this very pack's.
 
     Raises:
         ValueError: the finished dataset was packed with other options, labels or files.
     """
-    from shardfeed.readers.local_manifest import load_manifest
-
     from .ownership import flag
-    from .report import PackReport
+    from .report import finished_manifest_report
 
-    manifest = load_manifest(out, check_files=False)
     if (json.loads(json.dumps(manifest.options)) != json.loads(json.dumps(plan.recorded))
             or (manifest.files or {}).get("found") != plan.n_found):
-        raise ValueError(f"{out}: already holds a finished dataset packed with other options, labels or "
+        raise ValueError(f"{where}: already holds a finished dataset packed with other options, labels or "
                          f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
                          "output folder")
-    return PackReport(
-        source=str(plan.src.absolute()), output=str(out), format=manifest.format,
-        num_samples=manifest.num_samples, num_shards=len(manifest.shards),
-        num_bytes=sum(sh.num_bytes for sh in manifest.shards), input_bytes=0,
-        seconds=time.perf_counter() - t0, workers=1, files=dict(manifest.files or {}),
-        skipped=list(manifest.skipped), ignored=plan.found.ignored, empty_classes=[],
-        num_classes=len(manifest.classes), shards_resumed=len(manifest.shards),
-        extra={"layout": plan.labels.kind, "fields": manifest.fields, "already_complete": True})
+    return finished_manifest_report(manifest, source=str(plan.src.absolute()), output=where, t0=t0, workers=1,
+                                    ignored=plan.found.ignored, empty_classes=[],
+                                    extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
 
 def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: bool) -> list[dict]:
-    """A resumed pack: the records of the shards it finished (after checking OUT's plan is this
-    one); a new pack: none, once the plan is written to OUT's state folder.
+    """A new pack: none, once the plan is written to OUT's state folder; a resumed pack (after
+    checking OUT's plan is this one): none for WebDataset (each shard's record is read by
+    :mod:`shardfeed.convert.layout_shards`).
+
+    An LMDB pack's one record is ``{"end": samples done, "skipped": [...], "lmdb": True}``, from the
+    state its writer committed last.
 
     Raises:
-        ValueError: ``resume`` of an LMDB pack, or of a pack with other options, labels or files.
+        ValueError: ``resume`` of a pack with other options, labels or files, or of an LMDB
+            database whose state is not a layout pack's.
     """
     state = out / STATE_DIR
     if not resume:  # "start": missing, empty, or stopped before its plan
@@ -762,9 +427,6 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
         write_bytes_atomic(state / PLAN_NAME, json.dumps({"fingerprint": plan.fingerprint,
                                                           "options": plan.fp}).encode())
         return []
-    if not describe(options.format).sharded:
-        raise ValueError(f"{out}: --resume of a --labels/--sidecars/--no-labels pack is available for "
-                         "--format wds; rerun the LMDB pack with --overwrite")
     try:
         old = json.loads(read_small_file(state / PLAN_NAME, what="the pack plan"))
     except (OSError, ValueError, RecursionError):
@@ -772,124 +434,110 @@ def _layout_resume_records(out: Path, options, plan: _LayoutPlan, *, resume: boo
     if not isinstance(old, dict) or old.get("fingerprint") != plan.fingerprint:
         raise ValueError(f"{out}: the interrupted pack used other options, labels or files; rerun with the "
                          "same ones, or start again with --overwrite")
-    return _finished_records(out, len(plan.planned))
+    if not describe(options.format).sharded:
+        return [_lmdb_resume_record(out, len(plan.planned))]
+    return []  # WebDataset: layout_shards reads each shard's record
+
+
+def _lmdb_resume_record(out: Path, num_samples: int) -> dict:
+    """Where an interrupted LMDB layout pack stopped (its writer's last committed state; checked)."""
+    from .writers.lmdb import committed_state
+
+    state = committed_state(out) or {"next_index": 0, "skipped": []}
+    end, skipped = state.get("next_index"), state.get("skipped")
+    flat = (str, int, float, type(None))
+    if (type(end) is not int or not 0 <= end <= num_samples or not isinstance(skipped, list)
+            or not all(isinstance(s, dict) and all(isinstance(v, flat) for v in s.values()) for s in skipped)):
+        raise ValueError(f"{out}: the interrupted LMDB pack's state is not a layout pack's; start again with "
+                         "--overwrite")
+    return {"end": end, "skipped": skipped, "lmdb": True}
+
+
+class _Cursor:
+    """Where a streamed LMDB layout pack is: the plan position of the sample being written, and
+    the files skipped so far with theirs (restored ones: -1)."""
+
+    def __init__(self, at: int, restored: list[dict]):
+        self.at = at
+        self.skips: list[tuple[int, dict]] = [(-1, item) for item in restored]
+
+    def state(self) -> dict:
+        """The writer's state at a commit: the position after the last sample written, the skips before it."""
+        return {"next_index": self.at + 1, "skipped": [item for j, item in self.skips if j <= self.at]}
 
 
 def _write_layout(out: Path, options, layout: LayoutOptions, plan: _LayoutPlan, done: list[dict],
                   context: PackContext) -> Manifest:
-    """Write the planned samples after the ``done`` shards through the format's writer, with a
-    resume record per finished shard (sharded formats); the state folder goes once the manifest
-    is written. A partial shard is removed when the write stops."""
+    """Stream the planned samples into the format's (LMDB's) writer after ``done`` (an interrupted
+    pack's last commit, :func:`_lmdb_resume_record`); each commit stores where the pack is, so
+    ``--resume`` continues after the last one. The state folder goes once the manifest is written."""
     start = done[-1]["end"] if done else 0
-    read_skips: list[dict] = [sk for rec in done for sk in rec["skipped"]]
-    plan.skipped += read_skips
-    pos = {"at": start, "shard_start": start, "counts": {}}
-    samples = _layout_samples(options, layout, plan, start, pos, read_skips)
-    writer_extra = None
-    writer_box: dict = {}
-    if describe(options.format).sharded:
-        writer_extra = _resume_writer_extra(out, done, pos, read_skips, writer_box)
+    cursor = _Cursor(start, done[-1]["skipped"] if done else [])
+    plan.skipped += [item for _, item in cursor.skips]
+    samples = _layout_samples(options, layout, plan, start, cursor, context)
     labelled = plan.labels.labelled
-    try:
-        manifest = _write(
-            samples, out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
-            prefix=options.prefix, classes=plan.classes if labelled else None,
-            class_to_idx=plan.labels.class_to_idx if labelled else None, labels=labelled,
-            fields=tuple(layout.sidecars), options=plan.recorded, skipped=plan.skipped, files=plan.files,
-            map_size=options.map_size, progress=context.progress, writer_extra=writer_extra, resuming=bool(done),
-            writer_box=writer_box)
-    except BaseException:
-        remove_shard_temp_files(out, options.prefix)  # a partial shard; complete ones stay for --resume
-        raise
+    manifest = write_samples(
+        samples, out, format=options.format, max_count=options.max_count, max_bytes=options.max_bytes,
+        prefix=options.prefix, classes=plan.classes if labelled else None,
+        class_to_idx=plan.labels.class_to_idx if labelled else None, labels=labelled,
+        fields=tuple(layout.sidecars), options=plan.recorded, skipped=plan.skipped, files=plan.files,
+        map_size=options.map_size, progress=context.progress, resuming=bool(done),
+        writer_extra={"state": cursor.state, "resume": bool(done)})
     remove_state_folder(out)
     return manifest
 
 
-def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: int, pos: dict,
-                    read_skips: list[dict]) -> Iterator[dict]:
-    """The sample dicts of the planned images from ``start`` on, read ahead (``--read-ahead``;
-    adaptive: threads only once reads wait on storage) and yielded in plan order: the same bytes
-    whatever the read-ahead. ``pos["at"]`` follows the plan position; a file that fails with
-    ``on_error="skip"`` goes to ``plan.skipped`` and ``read_skips`` (with its position)."""
-    src, planned, found, labels = plan.src, plan.planned, plan.found, plan.labels
+def _layout_samples(options, layout: LayoutOptions, plan: _LayoutPlan, start: int, cursor: _Cursor,
+                    context: PackContext) -> Iterator[dict]:
+    """The sample dicts of the planned images from ``start`` on, in plan order, loaded by
+    :func:`~shardfeed.convert.layout_shards.load_row`: by tasks on the executor
+    (:func:`~shardfeed.convert.layout_shards.loaded_rows`), or in this process with reads ahead
+    (``--read-ahead``; adaptive) for one local worker; the same bytes either way.
+    ``cursor.at`` follows the plan position; a file that fails with ``on_error="skip"`` goes to
+    ``plan.skipped`` and ``cursor.skips``."""
+    src, rows = plan.src.absolute(), layout_shards.layout_rows(plan, layout)
+    loaded = (_read_here(src, rows, start, options) if options.executor == "local" and options.workers == 1
+              else layout_shards.loaded_rows(src, rows, start, options, context))
+    for j, payload, skip in loaded:
+        cursor.at = j
+        if payload is None:
+            plan.skipped.append(skip)
+            cursor.skips.append((j, skip))
+            continue
+        data, ext, meta, extra = payload
+        key, rel, label = rows[j][0], rows[j][1], rows[j][5]
+        sample = {"image": data, "ext": ext, "path": rel, "key": key, **dict(extra)}
+        if meta:
+            sample["meta"] = meta  # orig_* of a re-encoded image
+        if label is not None:
+            sample["label"] = label
+        yield sample
+    cursor.at = len(rows)
 
-    def read_files(j: int) -> tuple[bytes, dict[str, bytes]]:  # in a read-ahead thread
-        rel, _, size, mtime = planned[j]
-        return _read(src / rel, (size, mtime)), {
-            f: _read(src / srel, found.side_stats[srel], MAX_SIDECAR_BYTES)
-            for f, srel in sorted(found.sidecars.get(rel, {}).items()) if f in layout.sidecars}
 
-    for r in read_ahead(range(start, len(planned)), read_files, max_in_flight=options.read_ahead,
-                        size_of=lambda j: planned[j][2], adaptive=True):
+def _read_here(src: Path, rows: layout_shards.LayoutRows, start: int, options) -> Iterator[tuple]:
+    """:func:`~shardfeed.convert.layout_shards.loaded_rows` in this process, reads ahead in threads."""
+    for r in read_ahead(range(start, len(rows)), lambda j: layout_shards.read_row(src, rows[j]),
+                        max_in_flight=options.read_ahead, size_of=rows.size, adaptive=True):
         j = r.item
-        pos["at"] = j
-        rel, ext, _, _ = planned[j]
-        key = str(j).zfill(plan.width)
-        meta: dict = {}
         try:
             if r.error is not None:
                 raise r.error
-            data, extra = r.value
-            for f, value in extra.items():  # a .txt that is not UTF-8, a .json that does not parse:
-                decode_field(f, value, str(src / found.sidecars[rel][f]))  # named now, not in training
-            if options.reencode is not None:  # the image only; sidecars (masks too) stay as they are
-                data, ext, meta = reencode_payload(data, ext, {}, options.reencode, source=str(src / rel))
-            if options.decode_check:
-                from shardfeed.readers.decode import decode_image
-
-                decode_image(data, ext, source=str(src / rel))
+            yield j, layout_shards.load_row(src, rows[j], options, r.value), None
         except (OSError, ValueError) as exc:
             if options.on_error != "skip":
                 raise
-            item = {"path": rel, "key": key, "reason": skip_reason(exc)}
-            plan.skipped.append(item)
-            read_skips.append({**item, "_pos": j})
-            continue
-        item = {"image": data, "ext": ext, "path": rel, "key": key, **extra}
-        if meta:
-            item["meta"] = meta  # orig_* of a re-encoded image
-        if labels.labelled:
-            item["label"] = labels.labels_of[rel]
-        yield item
-    pos["at"] = len(planned)
-
-
-def _resume_writer_extra(out: Path, done: list[dict], pos: dict, read_skips: list[dict], writer_box: dict) -> dict:
-    """The WebDataset writer's ``resume_shards``, ``field_counts`` and ``on_shard_end``, which
-    writes each finished shard's resume record (its sample range, its samples per field, the
-    files skipped in it)."""
-    from shardfeed.readers.format import ShardEntry
-
-    counts: dict[str, int] = {}
-    for rec in done:
-        for f, n in rec["fields"].items():
-            counts[f] = counts.get(f, 0) + n
-    pos["counts"] = dict(counts)
-
-    def on_shard_end(entry, index: int) -> None:
-        now = dict(writer_box["w"].field_counts) if "w" in writer_box else {}
-        a, b = pos["shard_start"], pos["at"]
-        write_shard_record(out, index, {
-            "shard": index, "entry": entry.to_json(), "start": a, "end": b,
-            "fields": {f: now.get(f, 0) - pos["counts"].get(f, 0) for f in now},
-            "skipped": [{k: v for k, v in sk.items() if k != "_pos"} for sk in read_skips
-                        if a <= sk.get("_pos", -1) < b]})
-        pos["shard_start"], pos["counts"] = b, now
-
-    return {"resume_shards": [ShardEntry(**rec["entry"]) for rec in done], "field_counts": counts,
-            "on_shard_end": on_shard_end}
+            yield j, None, {"path": rows[j][1], "key": rows[j][0], "reason": skip_reason(exc)}
 
 
 def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, seconds: float):
     """The :class:`~shardfeed.convert.report.PackReport` of a finished layout pack."""
-    from .report import PackReport
+    from .report import manifest_report
 
-    return PackReport(
-        source=str(plan.src.absolute()), output=str(out), format=options.format, num_samples=manifest.num_samples,
-        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards),
-        input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=1,
-        files=manifest.files, skipped=list(manifest.skipped), ignored=plan.found.ignored, empty_classes=[],
-        num_classes=len(manifest.classes), extra={"layout": plan.labels.kind, "fields": manifest.fields})
+    return manifest_report(manifest, source=str(plan.src.absolute()), output=str(out),
+                           input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=options.workers,
+                           ignored=plan.found.ignored, empty_classes=[],
+                           extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
 
 def _why_not_an_image(src: Path, rel: str, found: "_Found") -> str:
@@ -922,69 +570,3 @@ def _match_unicode_spelling(rows: dict[str, Any], on_disk: list[str]) -> dict[st
                 rel = found[0]
         out[rel] = label
     return out
-
-
-def _layout_fingerprint(src: Path, recorded: dict, layout: LayoutOptions, class_to_idx: dict, labels_of: dict,
-                        planned: list, sidecars: dict) -> str:
-    """The identity of a layout pack's plan (options, class map, and per planned image: path,
-    size, mtime, label and its sidecars' paths, sizes and mtimes), checked by ``--resume``."""
-    h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in recorded.items() if k != "source"}, sort_keys=True).encode())
-    h.update(json.dumps(class_to_idx, sort_keys=True).encode())
-    for rel, _, size, mtime in planned:
-        h.update(f"{rel}\0{size}\0{mtime}\0{labels_of.get(rel, -1)}\0".encode("utf-8", "surrogateescape"))
-        for f, srel in sorted(sidecars.get(rel, {}).items()):
-            if f in layout.sidecars:
-                try:
-                    st = (src / srel).stat()
-                    h.update(f"{f}\0{srel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
-                except OSError:
-                    h.update(f"{f}\0{srel}\0?\0".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
-
-
-def _finished_records(out: Path, num_samples: int) -> list[dict]:
-    """The resume records of the shards an interrupted layout pack finished, in order (a prefix)."""
-    done, end = [], 0
-    while end < num_samples:
-        rec = finished_shard_record(out, len(done))
-        if (rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end
-                or not isinstance(rec.get("entry"), dict)):
-            break
-        done.append(rec)
-        end = rec["end"]
-    return done
-
-
-def _read(path: Path, scanned: tuple[int, int], limit: int | None = None) -> bytes:
-    """A source file's bytes (an empty image is an error; a sidecar over ``limit`` bytes too).
-
-    The file is checked again as it is opened: a file replaced after the scan by a FIFO or a
-    device is an error, never read (a FIFO would block the pack); so is a file whose size or
-    modification time is no longer ``scanned`` (``(bytes, ns)``: replaced, by a link or another
-    file, or changed); at most ``limit`` bytes are read whatever the size said at the scan.
-
-    Raises:
-        ValueError: not a regular file any more; a sidecar over ``limit``; an empty image.
-        shardfeed.readers.errors.SourceChangedError: size or modification time changed (an OSError).
-        OSError: cannot be opened or read.
-    """
-    from shardfeed.readers.errors import SourceChangedError
-
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket) any more; not read")
-        if (st.st_size, st.st_mtime_ns) != tuple(scanned):
-            raise SourceChangedError(f"{path}: changed since the scan (size {scanned[0]} -> {st.st_size} bytes, or "
-                                     "its modification time; replaced by another file or a link?); not read: rerun "
-                                     "the pack once the folder is stable")
-        if limit is not None and st.st_size > limit:
-            raise ValueError(f"{path}: {st.st_size} bytes, over the {limit} bytes a sidecar file may have")
-        data = f.read() if limit is None else f.read(limit + 1)
-    if limit is not None and len(data) > limit:
-        raise ValueError(f"{path}: over the {limit} bytes a sidecar file may have (it grew while read)")
-    if limit is None and not data:
-        raise ValueError(f"{path}: empty file (0 bytes), not an image; delete it, or pass --on-error skip")
-    return data

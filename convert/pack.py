@@ -64,7 +64,7 @@ from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_sha
 from .plan_record import check_or_write_plan, drop_partial_shards, plan_fingerprint
 from .shard_cut import ShardLimits
 from .readahead import DEFAULT_READ_AHEAD
-from .report import PackReport, finished_report, plural
+from .report import PackReport, finished_report, manifest_report, plural
 from .reencode import ReencodeOptions
 from .samples import load_sample_payload, read_file_checked, read_source_bytes, refuse_unpackable
 from .scan import ScanResult, ScannedFiles, parse_extensions, scan_image_folder
@@ -279,8 +279,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     * a local OUT is checked (:func:`prepare_output`) before the scan (a refused OUT costs no scan);
     * labels from a file, sidecar files, no labels (``layout``:
       :class:`~shardfeed.convert.layouts.LayoutOptions`), and a SRC without class folders (packed
-      unlabelled, with a ``notice``) go to :func:`shardfeed.convert.layouts.pack_layout` (local
-      SRC and OUT only).
+      unlabelled, with a ``notice``) go to :func:`shardfeed.convert.layouts.pack_layout` (a local
+      SRC; OUT local or in a bucket).
 
     Args:
         src: an ImageFolder root (``SRC/CLASS/IMAGE``): a local path or an ``s3://`` prefix.
@@ -311,7 +311,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file; OUT a file.
         ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``;
-            a layout with a bucket SRC or OUT.
+            a layout with a bucket SRC.
         shardfeed.readers.errors.UnsupportedURLError: a scheme other than ``file``/``s3`` (named,
             nothing written: never a local folder called ``gs:``), LMDB to a bucket, or the
             object-store client not installed.
@@ -377,16 +377,12 @@ def _append(src: Path, out: str | Path, options: PackOptions, context: PackConte
 
 def _pack_layout_locally(src: Path, out, options: PackOptions, layout, context: PackContext, *,
                          to_store: bool) -> PackReport:
-    """:func:`pack` of a layout beyond the class folder (:func:`shardfeed.convert.layouts.pack_layout`).
+    """:func:`pack` of a layout beyond the class folder (:func:`shardfeed.convert.layouts.pack_layout`),
+    into a local OUT or a bucket (:func:`shardfeed.convert.layouts.pack_layout_to_store`)."""
+    from .layouts import pack_layout, pack_layout_to_store
 
-    Raises:
-        ValueError: OUT in a bucket (a layout packs a local folder into a local OUT).
-    """
     if to_store:
-        raise ValueError("--labels, --sidecars and --no-labels (and a SRC without class folders) pack a "
-                         "local folder into a local OUT")
-    from .layouts import pack_layout
-
+        return pack_layout_to_store(src, out, options, layout, context=context)
     report: PackReport = pack_layout(src, out, options, layout, context=context)
     return report
 
@@ -442,7 +438,8 @@ def _local_source(src: str | os.PathLike[str], options: PackOptions, context: Pa
     src_url = str(src) if is_remote(src) else None
     if src_url is not None:
         if layout is not None:
-            raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder into a local OUT")
+            raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder: copy the bucket's "
+                             "folder to a local disk first (e.g. `aws s3 sync`), then pack it")
         from .store_pack import mirror_store_folder
 
         (notice or log.info)(f"listing and downloading the image folder {src_url} ...")
@@ -564,14 +561,9 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
             write_path_index(out, manifest, (r for r in samples.files.rels if r not in gone), len(samples),
                              samples.width)
         remove_state_folder(out)
-    seconds = time.perf_counter() - t0
-    return PackReport(
-        source=scan.root, output=str(out), format=options.format, num_samples=num_samples,
-        num_shards=len(shards), num_bytes=sum(s.num_bytes for s in shards),
-        input_bytes=input_bytes(samples), seconds=seconds, workers=options.workers,
-        files=manifest.files, skipped=skipped, ignored=scan.ignored, empty_classes=scan.empty_classes,
-        num_classes=len(scan.classes), shards_resumed=result.resumed, extra=extra,
-    )
+    return manifest_report(manifest, source=scan.root, output=str(out), input_bytes=input_bytes(samples),
+                           seconds=time.perf_counter() - t0, workers=options.workers, ignored=scan.ignored,
+                           empty_classes=scan.empty_classes, shards_resumed=result.resumed, extra=extra)
 
 
 def describe_interrupted(out: str | os.PathLike) -> str:

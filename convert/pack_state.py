@@ -23,7 +23,8 @@ from pathlib import Path
 from shardfeed.readers.format import PACK_PLAN_NAME, PACK_STATE_DIR, WRITE_DATASET_MARK
 from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
 
-__all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record",
+__all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record", "finished_prefix",
+           "field_counts",
            "write_plan_files", "describe_plan_change", "remove_state_folder", "is_state_file",
            "remove_shard_temp_files"]
 
@@ -163,6 +164,29 @@ def finished_shard_record(out_dir: Path, shard_idx: int) -> dict | None:
     if tar.exists() and idx.exists() and tar.stat().st_size == entry["num_bytes"]:
         return record
     return None
+
+
+def finished_prefix(out_dir: Path, num_samples: int, *, with_fields: bool = False) -> list[dict]:
+    """The records of the shards a pack cut as it went (re-encoding) finished, in order: shard 0,
+    1, ... while each record's ``start`` is the previous ``end`` (a prefix of the shards).
+
+    ``with_fields``: a record must also count its samples per field (a layout pack's).
+    """
+    done: list[dict] = []
+    end = 0
+    while end < num_samples:
+        rec = finished_shard_record(out_dir, len(done))
+        if (rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end
+                or (with_fields and not field_counts(rec.get("fields")))):
+            break
+        done.append(rec)
+        end = rec["end"]
+    return done
+
+
+def field_counts(fields) -> bool:
+    """Whether ``fields`` (from a record in OUT) is ``{field name: sample count}``."""
+    return isinstance(fields, dict) and all(isinstance(k, str) and _is_count(v) for k, v in fields.items())
 
 
 _ENTRY_KEYS = frozenset({"name", "num_samples", "num_bytes", "sha256", "index", "index_sha256", "extensions"})

@@ -10,7 +10,7 @@ import json
 import sys
 from array import array
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
 
@@ -19,7 +19,7 @@ from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, remove_shard
 from .plan import PlannedSample, SamplePlan
 from .scan import ScannedFiles, ScanResult
 
-__all__ = ["plan_fingerprint", "check_or_write_plan", "drop_partial_shards"]
+__all__ = ["plan_fingerprint", "layout_fingerprint", "check_or_write_plan", "drop_partial_shards"]
 
 
 def plan_fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options: Any) -> str:
@@ -51,6 +51,21 @@ def plan_fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options
         if sys.byteorder != "little":
             col.byteswap()
         h.update(b"\0" + col.tobytes())
+    return h.hexdigest()
+
+
+def layout_fingerprint(recorded: dict, class_to_idx: dict, rows: Iterable[tuple]) -> str:
+    """The identity of a layout pack's plan, checked by its ``--resume`` as :func:`plan_fingerprint`
+    is for class folders: its recorded options (less the source), the class map, and per planned
+    sample (a :data:`~shardfeed.convert.layout_shards.LayoutRow`, in packing order) its path, size,
+    mtime, label (-1: none) and its sidecar files' fields, paths, sizes and mtimes."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in recorded.items() if k != "source"}, sort_keys=True).encode())
+    h.update(json.dumps(class_to_idx, sort_keys=True).encode())
+    for _, rel, _, size, mtime, label, _, sides in rows:
+        h.update(f"{rel}\0{size}\0{mtime}\0{-1 if label is None else label}\0".encode("utf-8", "surrogateescape"))
+        for f, srel, n, t in sides:
+            h.update(f"{f}\0{srel}\0{n}\0{t}\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 

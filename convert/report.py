@@ -13,7 +13,7 @@ import time
 from shardfeed.readers.format import MANIFEST_NAME, Manifest
 from shardfeed.readers.registry import describe
 
-__all__ = ["PackReport", "finished_report", "plural", "reason_counts"]
+__all__ = ["PackReport", "finished_report", "finished_manifest_report", "manifest_report", "plural", "reason_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,27 @@ class PackReport:
         return s
 
 
+def manifest_report(manifest: Manifest, *, source: str, output: str, input_bytes: int, seconds: float,
+                    workers: int, ignored: list, empty_classes: list, shards_resumed: int = 0,
+                    extra: dict | None = None) -> PackReport:
+    """The report of a pack from the manifest it wrote (samples, shards and their bytes, files,
+    skipped files, classes, as recorded) and what the manifest does not hold: every pack's report.
+
+    Args:
+        manifest: the dataset's manifest.
+        source, output: SRC and OUT as the report names them.
+        input_bytes: the source bytes read (bytes); ``seconds``: the pack's time (s).
+        workers: the pack's workers; ``ignored``, ``empty_classes``: from the scan.
+        shards_resumed: shards kept from an interrupted run; ``extra``: more figures.
+    """
+    return PackReport(
+        source=source, output=output, format=manifest.format, num_samples=manifest.num_samples,
+        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards), input_bytes=input_bytes,
+        seconds=seconds, workers=workers, files=dict(manifest.files or {}), skipped=list(manifest.skipped),
+        ignored=ignored, empty_classes=empty_classes, num_classes=len(manifest.classes), shards_resumed=shards_resumed,
+        extra=extra if extra is not None else {})
+
+
 def reason_counts(items: list[dict], most: int = 4) -> str:
     """``"2 hidden file, 1 extension not packed"``: how many of ``items`` (``{"reason": ...}``)
     were left out for each reason (the reason's words before any detail in parentheses or after
@@ -135,9 +156,14 @@ def finished_report(manifest: Manifest, where: str, scan, options,
                          f"from another source ({why}); nothing to resume: rebuild it with {flag('overwrite')}, or "
                          "choose another output location")
     log.info("%s: already holds this finished dataset; nothing to resume", where)
-    return PackReport(
-        source=scan.root, output=where, format=manifest.format, num_samples=manifest.num_samples,
-        num_shards=len(manifest.shards), num_bytes=sum(s.num_bytes for s in manifest.shards), input_bytes=0,
-        seconds=time.perf_counter() - t0, workers=options.workers, files=dict(manifest.files or {}),
-        skipped=list(manifest.skipped), ignored=scan.ignored, empty_classes=scan.empty_classes,
-        num_classes=len(manifest.classes), shards_resumed=len(manifest.shards), extra={"already_complete": True})
+    return finished_manifest_report(manifest, source=scan.root, output=where, t0=t0, workers=options.workers,
+                                    ignored=scan.ignored, empty_classes=scan.empty_classes)
+
+
+def finished_manifest_report(manifest: Manifest, *, source: str, output: str, t0: float, workers: int,
+                             ignored: list, empty_classes: list, extra: dict | None = None) -> PackReport:
+    """The report of ``resume`` on a dataset finished already (this very pack's: checked by the caller)."""
+    return manifest_report(
+        manifest, source=source, output=output, input_bytes=0, seconds=time.perf_counter() - t0, workers=workers,
+        ignored=ignored, empty_classes=empty_classes, shards_resumed=len(manifest.shards),
+        extra={**(extra or {}), "already_complete": True})

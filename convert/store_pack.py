@@ -211,7 +211,7 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
     return dest, dataclasses.replace(scan, root=str(dest), files=local, source=str(loc))
 
 
-def _check_out(loc, options, *, scan=None, t0: float = 0.0):
+def _check_out(loc, options, *, scan=None, t0: float = 0.0, finished: Callable | None = None):
     """Check OUT by one listing, with the rule of a local OUT (:mod:`shardfeed.convert.ownership`:
     shardfeed's are the objects the previous dataset's manifest or plan name, directly under the
     prefix, and the plan ``.shardfeed-pack/plan.json``; any other key under ``.shardfeed-pack/`` is
@@ -219,7 +219,8 @@ def _check_out(loc, options, *, scan=None, t0: float = 0.0):
 
     Returns:
         ``(listing, report)``: the listing to resume against (``{}`` after a delete), and the
-        report of a ``resume`` on this very finished dataset (nothing to do), else None.
+        report of a ``resume`` on this very finished dataset (nothing to do), else None; that
+        report is ``finished(manifest, where, t0)`` when given, else the class-folder one.
     """
     from .ownership import decide, store_entries, survey
 
@@ -228,6 +229,8 @@ def _check_out(loc, options, *, scan=None, t0: float = 0.0):
     contents = survey(str(loc), entries, read)
     action = decide(contents, resume=options.resume, overwrite=options.overwrite)
     if action == "finished":
+        if finished is not None:
+            return listing, finished(contents.manifest, str(loc), t0)
         from .report import finished_report
 
         return listing, finished_report(contents.manifest, str(loc), scan, options, t0)
@@ -254,7 +257,8 @@ def _sha256_file(path: Path) -> str:
             h.update(chunk)
 
 
-def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackContext, scan=None):
+def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackContext, scan=None,
+                  finished: Callable | None = None):
     """Pack the image folder ``src`` into the object-store prefix ``out_url``.
 
     Args:
@@ -269,6 +273,10 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackC
             progress sinks go to the local build, its ``storage_options`` (object-store client
             options) to the uploads, its ``faults`` may slow the uploads (tests).
         scan: a scan of ``src`` done already.
+        finished: ``finished(manifest, where, t0) -> PackReport``: the report (or the refusal) of
+            ``resume`` on a finished dataset at ``out_url``, for a build that is not a class-folder
+            pack (a layout plan); None: the class-folder rule, on ``scan`` (``src`` is scanned
+            when no ``scan`` is given).
 
     Returns:
         The :class:`~shardfeed.convert.pack.PackReport`, with ``output`` = ``out_url`` and
@@ -287,7 +295,7 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackC
                                   "into memory); pack with --format wds to write to a bucket, or pack to a local "
                                   "folder")
     loc = _open(out_url, storage_options, writable=True)
-    if scan is None:
+    if scan is None and finished is None:
         from .scan import scan_image_folder
 
         scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
@@ -295,9 +303,9 @@ def pack_to_store(src, out_url: str, options, build: Callable, *, context: PackC
     from .outlock import check_not_busy
 
     check_not_busy(staging_dir(str(loc)))  # another pack to this prefix from this host: named before the prefix
-    listing, finished = _check_out(loc, options, scan=scan, t0=t0)
-    if finished is not None:
-        return finished
+    listing, done = _check_out(loc, options, scan=scan, t0=t0, finished=finished)
+    if done is not None:
+        return done
     stage = staging_dir(str(loc))
     local_resume = options.resume and bool(listing) and (stage / STATE_DIR).is_dir()
     if stage.exists() and not local_resume:

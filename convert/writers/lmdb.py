@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import msgpack
 
@@ -174,6 +174,37 @@ def committed_progress(out: str | os.PathLike) -> tuple[int, int] | None:
         except Exception:  # noqa: BLE001 - a damaged record: count the records alone
             pass
     return records, done
+
+
+def committed_state(out: str | os.PathLike) -> dict | None:
+    """The state an interrupted :class:`LmdbWriter` write (with a ``state``) committed last in
+    ``out/data.mdb``, without the writer's counts (read-only, no lock); None when there is none.
+
+    Raises:
+        ValueError: the state cannot be decoded (not a shardfeed write).
+    """
+    import lmdb
+
+    path = Path(out)
+    if not (path / LMDB_DATA_NAME).is_file():
+        return None
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=1)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(PACK_STATE_KEY)
+            raw = bytes(raw) if raw is not None else None
+    finally:
+        env.close()
+    if raw is None:
+        return None
+    try:
+        state = msgpack.unpackb(raw, raw=False)
+    except Exception as exc:  # noqa: BLE001 - any decoding failure: a state that is not ours
+        raise ValueError(f"{path / LMDB_DATA_NAME}: its pack state cannot be read ({exc}); start again with "
+                         "--overwrite") from None
+    if not isinstance(state, dict) or not isinstance(state.get("writer"), dict):
+        return None
+    return {k: v for k, v in state.items() if k != "writer"}
 
 
 def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw: dict, progress
@@ -335,16 +366,22 @@ class LmdbWriter:
         labels: ``"class"`` or ``"none"`` (unlabelled: every label is -1, ``classes`` empty).
         fields: the extra fields records may carry (stored in version-2 records,
             :func:`~shardfeed.readers.lmdb_record.encode_record`); the manifest counts them.
+        state: ``state() -> dict`` (msgpack-able; ``next_index``: the caller's position after the
+            last sample written), stored with the writer's counts under :data:`PACK_STATE_KEY` in
+            every commit, so an interrupted write can continue (``resume``); None: no state.
+        resume: continue the interrupted write in ``out`` (its ``data.mdb``, written with a
+            ``state``): the counts come back, :attr:`resumed` is the caller's last committed state.
 
     Raises:
-        FileExistsError: ``out`` already holds a database or a manifest.
-        ValueError: a bad ``labels`` or field name.
+        FileExistsError: ``out`` already holds a database (without ``resume``) or a manifest.
+        ValueError: a bad ``labels`` or field name; ``resume`` of a database that is not an
+            interrupted write with a state.
     """
 
     def __init__(self, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
                  options: dict | None = None, map_size: int | None = None, expected_bytes: int | None = None,
                  commit_count: int = COMMIT_COUNT, commit_bytes: int = COMMIT_BYTES, labels: str = LABELS_CLASS,
-                 fields: Sequence[str] = ()):
+                 fields: Sequence[str] = (), state: Callable[[], dict] | None = None, resume: bool = False):
         if labels not in (LABELS_CLASS, LABELS_NONE):
             raise ValueError(f"labels must be {LABELS_CLASS!r} or {LABELS_NONE!r}, got {labels!r}")
         for name in fields:
@@ -360,7 +397,7 @@ class LmdbWriter:
         self.files: dict | None = None
         self.out = Path(out)
         for name in (LMDB_DATA_NAME, MANIFEST_NAME):
-            if (self.out / name).exists():
+            if (self.out / name).exists() and not (resume and name == LMDB_DATA_NAME):
                 raise FileExistsError(f"{self.out / name}: exists already; choose an empty output folder")
         self.classes = list(classes)
         self.class_to_idx = dict(class_to_idx) if class_to_idx is not None else {c: i for i, c in
@@ -376,13 +413,50 @@ class LmdbWriter:
         self.stats: dict = {}
         #: samples per image extension, recorded in the manifest
         self.extensions: dict[str, int] = {}
+        self._state = state
+        #: the caller's state at the interrupted write's last commit (``resume``); {} otherwise
+        self.resumed: dict = {}
+        if resume:
+            try:
+                self._restore()
+            except BaseException:
+                self.abort()
+                raise
+
+    def _restore(self) -> None:
+        """The counts of the interrupted write in ``out`` (its state key, checked as untrusted).
+
+        Raises:
+            ValueError: the database is finished, or holds records without a writer's state.
+        """
+        records, _, finished, state = self._store.existing()  # also the last key, for add()'s order check
+        counts = state.get("writer") if isinstance(state, dict) else None
+        ok = (isinstance(counts, dict) and all(isinstance(counts.get(k), dict) for k in ("extensions", "fields"))
+              and counts.get("num_samples") == records and type(counts.get("payload_bytes")) is int)
+        if finished or (records and not ok):
+            raise ValueError(f"{self.out / LMDB_DATA_NAME}: not an interrupted write that can continue; start again "
+                             "with --overwrite")
+        if not ok:
+            return
+        self.num_samples, self.payload_bytes = records, counts["payload_bytes"]
+        self.extensions = {str(k): int(v) for k, v in counts["extensions"].items()}
+        self.field_counts.update((str(k), int(v)) for k, v in counts["fields"].items())
+        self.resumed = {k: v for k, v in state.items() if k != "writer"}
+
+    def _state_puts(self) -> list[tuple[bytes, bytes]]:
+        """The state key to commit with the records (none without a ``state``)."""
+        if self._state is None:
+            return []
+        counts = {"num_samples": self.num_samples, "payload_bytes": self.payload_bytes,
+                  "extensions": self.extensions, "fields": self.field_counts}
+        return [(PACK_STATE_KEY, msgpack.packb({"v": 1, **self._state(), "writer": counts}, use_bin_type=True))]
 
     @classmethod
     def create(cls, out: str | os.PathLike, *, classes: Sequence[str], class_to_idx: dict | None = None,
                max_count: int | None = None, max_bytes: int | None = None, prefix: str | None = None,
                skipped: Sequence[dict] | None = None, options: dict | None = None, files: dict | None = None,
                map_size: int | None = None, expected_bytes: int | None = None, labels: str = LABELS_CLASS,
-               fields: Sequence[str] = ()) -> "LmdbWriter":
+               fields: Sequence[str] = (), **resume) -> "LmdbWriter":
         """The registry's uniform writer factory (same keywords for every format's writer).
 
         Args:
@@ -391,6 +465,7 @@ class LmdbWriter:
             max_count, max_bytes, prefix: WebDataset shard limits; unused (one ``data.mdb``).
             skipped: ``[{"path", "reason"[, "key"]}]`` carried into the manifest's ``skipped``.
             files: the manifest's input accounting; unused (the LMDB manifest counts its records).
+            resume: ``state``, ``resume``, as the constructor.
 
         Returns:
             An open :class:`LmdbWriter`.
@@ -399,7 +474,7 @@ class LmdbWriter:
             FileExistsError: as the constructor.
         """
         writer = cls(out, classes=classes, class_to_idx=class_to_idx, options=options, map_size=map_size,
-                     expected_bytes=expected_bytes, labels=labels, fields=fields)
+                     expected_bytes=expected_bytes, labels=labels, fields=fields, **resume)
         for item in skipped or []:
             writer.add_skipped(item.get("path", "?"), item.get("key"), item.get("reason", "?"))
         return writer
@@ -430,7 +505,7 @@ class LmdbWriter:
         self.num_samples += 1
         self.payload_bytes += len(sample.data)
         if self._store.batch_full:
-            self._store.commit()
+            self._store.commit(extra_puts=self._state_puts())
 
     def add_skipped(self, path: str, key: str | None, reason: str) -> None:
         """List a sample that was not written in the manifest's ``skipped``."""
@@ -464,7 +539,7 @@ class LmdbWriter:
                             {"packed": self.num_samples, "skipped": len(self.skipped)},
                             labels=self.labels, fields=field_summary(self.field_counts, self.num_samples))
         try:
-            size = self._store.finalize(manifest, entry)
+            size = self._store.finalize(manifest, entry, deletes=[PACK_STATE_KEY] if self._state else [])
         finally:
             self._store.close()
             self._store = None

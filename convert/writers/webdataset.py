@@ -47,7 +47,7 @@ from shardfeed.readers.sample_members import class_bytes, meta_bytes
 
 from ..context import PackContext, PackResult
 from ..executors import ProgressSink, task_progress
-from ..pack_state import STATE_DIR, finished_shard_record, write_shard_record
+from ..pack_state import STATE_DIR, finished_prefix, finished_shard_record, write_shard_record
 from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
 from ..readahead import DEFAULT_READ_AHEAD, read_ahead
 from ..samples import (
@@ -62,7 +62,8 @@ from ..samples import (
 )
 from .shard import ShardLimits, ShardWriter
 
-__all__ = ["WebDatasetWriter", "field_summary", "pack_webdataset", "pack_webdataset_reencoded", "CHUNK_SAMPLES"]
+__all__ = ["WebDatasetWriter", "field_summary", "write_sample_manifest", "pack_webdataset", "pack_webdataset_reencoded",
+           "CHUNK_SAMPLES"]
 
 log = logging.getLogger(__name__)
 
@@ -244,20 +245,10 @@ class WebDatasetWriter:
             return self.manifest
         self._writer.close()
         self._closed = True
-        n = sum(s.num_samples for s in self.shards)
-        if n == 0:
-            raise ValueError(f"{self.out}: no sample was written; nothing to describe")
-        options = {**self.options, "format": self.format, "max_count": self.max_count,
-                   "max_bytes": self.max_bytes, "prefix": self.prefix}
-        self.manifest = Manifest(format=self.format, num_samples=n, classes=self.classes,
-                                 class_to_idx=self.class_to_idx, shards=list(self.shards),
-                                 skipped=self.skipped, options=options,
-                                 files=self.files if self.files is not None else {"packed": n},
-                                 labels=self.labels, fields=field_summary(self.field_counts, n))
-        self.manifest.write(self.out)
-        from ..consumers import write_consumer_files
-
-        write_consumer_files(self.out, self.manifest)  # wids' shardindex.json, the Hugging Face dataset card
+        self.manifest = write_sample_manifest(
+            self.out, self.shards, classes=self.classes, class_to_idx=self.class_to_idx, skipped=self.skipped,
+            options=self.options, limits=(self.max_count, self.max_bytes, self.prefix), files=self.files,
+            labels=self.labels, field_counts=self.field_counts)
         return self.manifest
 
     def abort(self) -> None:
@@ -273,6 +264,38 @@ class WebDatasetWriter:
             self.abort()
         elif not self._closed:
             self.close()
+
+
+def write_sample_manifest(out: Path, shards: list[ShardEntry], *, classes: list[str], class_to_idx: dict[str, int],
+                          skipped: list[dict], options: dict, limits: tuple[int, int, str], files: dict | None,
+                          labels: str, field_counts: dict[str, int]) -> Manifest:
+    """Write the manifest of WebDataset ``shards`` (atomically, last) and its consumer files.
+
+    The one manifest builder of the streaming writer and the layout packs: ``options`` are
+    recorded with ``format`` and ``limits`` (``(max_count, max_bytes, prefix)``) set;
+    ``files`` default to ``{"packed": N}``; ``field_counts`` give the manifest's ``fields``.
+
+    Returns:
+        The written :class:`~shardfeed.readers.format.Manifest`.
+
+    Raises:
+        ValueError: no sample in ``shards`` (an empty dataset has no manifest).
+    """
+    n = sum(s.num_samples for s in shards)
+    if n == 0:
+        raise ValueError(f"{out}: no sample was written; nothing to describe")
+    max_count, max_bytes, prefix = limits
+    options = {**options, "format": WebDatasetWriter.format, "max_count": max_count, "max_bytes": max_bytes,
+               "prefix": prefix}
+    manifest = Manifest(format=WebDatasetWriter.format, num_samples=n, classes=classes, class_to_idx=class_to_idx,
+                        shards=list(shards), skipped=skipped, options=options,
+                        files=files if files is not None else {"packed": n}, labels=labels,
+                        fields=field_summary(field_counts, n))
+    manifest.write(out)
+    from ..consumers import write_consumer_files
+
+    write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
+    return manifest
 
 
 def field_summary(counts: dict[str, int], num_samples: int) -> dict[str, dict]:
@@ -473,18 +496,6 @@ def pack_webdataset(scan, samples, out: Path, options, context: PackContext) -> 
 # pack with re-encoding: shards cut from the encoded sizes
 
 
-def _finished_prefix(out: Path, num_samples: int) -> list[dict]:
-    """The state records of the shards a previous run finished, in order (a prefix of the shards)."""
-    done, end = [], 0
-    while end < num_samples:
-        rec = finished_shard_record(out, len(done))
-        if rec is None or rec.get("start") != end or not isinstance(rec.get("end"), int) or rec["end"] <= end:
-            break
-        done.append(rec)
-        end = rec["end"]
-    return done
-
-
 def pack_webdataset_reencoded(scan, samples, out: Path, options, context: PackContext) -> PackResult:
     """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
 
@@ -517,7 +528,7 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, context: PackCo
             output_progress(b_out)
         progress(n, b_in)
 
-    done = _finished_prefix(out, len(samples)) if options.resume else []
+    done = finished_prefix(out, len(samples)) if options.resume else []
     start = done[-1]["end"] if done else 0
     shards: list[ShardEntry] = []
     skipped: list[dict] = []

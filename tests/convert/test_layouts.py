@@ -539,12 +539,12 @@ def test_dali_reads_the_sidecars_by_extension(sidecar_wds, sidecar_folder):
 def test_an_interrupted_layout_pack_resumes_to_the_same_bytes(sidecar_folder, tmp_path, monkeypatch):
     """Interrupted at its 9th file read (shard 0 of the 2-sample shards complete, shard 1 not: the
     asserts below hold it), ``--resume`` writes exactly what an uninterrupted pack writes."""
-    from shardfeed.convert import layouts
+    from shardfeed.convert import layout_shards
 
     whole = tmp_path / "whole"
     _pack(sidecar_folder, whole, no_labels=True, sidecars=("txt", "mask.png"), max_count=2)
     out = tmp_path / "cut"
-    real_read, calls = layouts._read, {"n": 0}
+    real_read, calls = layout_shards.read_checked, {"n": 0}
 
     def read_then_stop(*args):
         calls["n"] += 1
@@ -552,12 +552,12 @@ def test_an_interrupted_layout_pack_resumes_to_the_same_bytes(sidecar_folder, tm
             raise KeyboardInterrupt
         return real_read(*args)
 
-    monkeypatch.setattr(layouts, "_read", read_then_stop)
+    monkeypatch.setattr(layout_shards, "read_checked", read_then_stop)
     with pytest.raises(KeyboardInterrupt):
         _pack(sidecar_folder, out, no_labels=True, sidecars=("txt", "mask.png"), max_count=2)
     assert not (out / "manifest.json").exists() and (out / "shard-000000.tar").exists()
     assert not (out / "shard-000001.tar").exists() and not list(out.glob(".*.tmp"))
-    monkeypatch.setattr(layouts, "_read", real_read)
+    monkeypatch.setattr(layout_shards, "read_checked", real_read)
     with pytest.raises(ValueError, match="other options"):  # another max_count: refused, not mixed
         _pack(sidecar_folder, out, no_labels=True, sidecars=("txt", "mask.png"), max_count=3, resume=True)
     _pack(sidecar_folder, out, no_labels=True, sidecars=("txt", "mask.png"), max_count=2, resume=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardfeed.convert import label_files, layouts, write_dataset
+from shardfeed.convert import dataset_writer, label_files, layouts, write_dataset
 from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_classes_file, read_labels_file
 from shardfeed.convert.pack import PackOptions
 from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
@@ -181,6 +181,7 @@ def test_a_labels_file_is_read_bounded_whatever_its_size_says(tmp_path, monkeypa
 
 def test_integer_labels_beyond_the_class_bound_are_refused_before_any_class_is_made(tmp_path, monkeypatch):
     monkeypatch.setattr(layouts, "MAX_CLASSES", 100)
+    monkeypatch.setattr(dataset_writer, "MAX_CLASSES", 100)
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jpg").write_bytes(_jpeg(1))

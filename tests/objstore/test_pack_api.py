@@ -177,8 +177,9 @@ def test_write_dataset_refuses_a_url_writing_nothing(url, tmp_path, monkeypatch)
     assert not any(tmp_path.iterdir()), "nothing may be written locally (no folder named 's3:')"
 
 
-def test_a_layout_pack_reaches_a_bucket_by_a_local_pack_and_convert(s3_client, s3_bucket, tmp_path, monkeypatch):
-    """--no-labels / --sidecars pack a local folder into a local OUT; `shardfeed convert` uploads it."""
+def test_a_layout_pack_to_a_bucket_writes_the_bytes_of_a_local_pack(s3_client, s3_bucket, tmp_path, monkeypatch):
+    """--labels with --sidecars packed straight to a bucket gives the objects of the local pack's files,
+    resumed or not; --no-labels / --sidecars packed locally reach a bucket by `shardfeed convert`."""
     import numpy as np
     from PIL import Image
 
@@ -194,8 +195,17 @@ def test_a_layout_pack_reaches_a_bucket_by_a_local_pack_and_convert(s3_client, s
         (src / f"x{i}.txt").write_text(f"caption {i}")
         planted[f"x{i}.png"] = ((src / f"x{i}.png").read_bytes(), f"caption {i}")
     bucket = s3_bucket("layout-convert")
-    r = _cli("pack", src, f"s3://{bucket}/direct", "--no-labels", "--sidecars", "txt")
-    assert r.returncode != 0 and "local folder into a local OUT" in r.stderr
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\n" + "".join(f"x{i}.png,{'ab'[i % 2]}\n" for i in range(5)))
+    flags = ("--labels", labels, "--sidecars", "txt", "--max-count", 2, "-j", 2)
+    assert _cli("pack", src, tmp_path / "local", *flags).returncode == 0
+    r = _cli("pack", src, f"s3://{bucket}/direct", *flags)
+    assert r.returncode == 0, r.stderr
+    assert _download(s3_client, bucket, "direct/") == _files(tmp_path / "local")
+    assert len(list((tmp_path / "local").glob("*.tar"))) == 3
+    r = _cli("pack", src, f"s3://{bucket}/direct", *flags, "--resume")  # this very dataset: nothing to do
+    assert r.returncode == 0, r.stderr
+    assert _download(s3_client, bucket, "direct/") == _files(tmp_path / "local")
     assert _cli("pack", src, tmp_path / "out", "--no-labels", "--sidecars", "txt").returncode == 0
     r = _cli("convert", tmp_path / "out", f"s3://{bucket}/captions", "--format", "wds")
     assert r.returncode == 0, r.stderr
