@@ -210,6 +210,8 @@ class PackOptions:
         if self.append and (self.overwrite or not describe(self.format).sharded):
             raise ValueError("append adds WebDataset shards to a dataset: it takes neither overwrite nor "
                              "format='lmdb' (pack the new images into a dataset of their own instead)")
+        if self.skip_changed and not self.append:
+            raise ValueError("skip_changed (--skip-changed) applies to an append only; add --append")
         if self.workers is None:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:

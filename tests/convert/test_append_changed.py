@@ -132,3 +132,8 @@ def test_the_summary_counts_the_classes_of_the_new_images(tmp_path):
     report = pack(more, out, _options(append=True))
     assert report.num_classes == 3 and report.extra["new_classes"] == 2
     assert "appended: 2 new classes; the dataset holds 30 samples in 13 classes" in report.summary()
+
+
+def test_skip_changed_without_append_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="applies to an append only"):
+        PackOptions(skip_changed=True)
