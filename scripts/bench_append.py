@@ -12,13 +12,9 @@ The images are JPEGs of about 60 to 160 KB (ImageNet's average is about 110 KB; 
 them, it does not decode them); the union folder hard-links the base's files. A figure is the
 median over the rounds. Target: append / full <= 0.02.
 
-With ``--sync`` each timed step starts after ``os.sync()``: neither then pays for the pages the
-step before it left unwritten (the full pack leaves about 2 GB; writing them back slows the
-next writes).
-
 Usage::
 
-    python scripts/bench_append.py [--images 20000] [--rounds 3] [--workers 2] [--sync] [--json PATH]
+    python scripts/bench_append.py [--images 20000] [--rounds 3] [--workers 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -68,7 +64,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the figures here")
-    ap.add_argument("--sync", action="store_true", help="os.sync() before each timed step")
     args = ap.parse_args()
     n_new = max(2, args.images // 100)
     base_names = [f"class{c:02d}/img{i:06d}.jpg" for i in range(args.images) for c in (i % 20,)]
@@ -84,14 +79,11 @@ def main() -> None:
         _plant(tmp / "union", new_names, pool[::-1])
         pack(tmp / "base", tmp / "base_out", PackOptions(**opts))
         full, append = [], []
-        settle = os.sync if args.sync else (lambda: None)
         for r in range(args.rounds):
-            settle()
             t = time.perf_counter()
             pack(tmp / "union", tmp / f"full{r}", PackOptions(**opts))
             full.append(time.perf_counter() - t)
             _link_copy(tmp / "base_out", tmp / f"app{r}")
-            settle()
             t = time.perf_counter()
             report = pack(tmp / "new", tmp / f"app{r}", PackOptions(append=True, **opts))
             append.append(time.perf_counter() - t)
@@ -99,7 +91,6 @@ def main() -> None:
             shutil.rmtree(tmp / f"full{r}")
             shutil.rmtree(tmp / f"app{r}")
     result = {"images": args.images, "new_images": n_new, "workers": args.workers, "rounds": args.rounds,
-              "sync": args.sync,
               "full_s": round(statistics.median(full), 3), "append_s": round(statistics.median(append), 4),
               "ratio": round(statistics.median(a / f for a, f in zip(append, full)), 4), "target": 0.02}
     print(f"full pack of {args.images + n_new} images: {result['full_s']:.3f} s; append of {n_new}: "
