@@ -40,16 +40,10 @@ from typing import Callable
 
 import numpy as np
 
-from shardfeed.readers.format import (
-    LABELS_CLASS,
-    MANIFEST_NAME,
-    TAR_BLOCK,
-    Manifest,
-    load_manifest,
-    merge_extension_counts,
-    read_index,
-    read_small_file,
-)
+from shardfeed.readers.format import LABELS_CLASS, MANIFEST_NAME, TAR_BLOCK, Manifest, merge_extension_counts
+from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.readers.offset_index import read_index
+from shardfeed.readers.file_io import read_small_file
 
 from shardfeed.readers.registry import describe
 
@@ -513,7 +507,9 @@ def append_samples(samples, out: Path, *, to_sample: Callable, classes: list[str
         ValueError: no finished dataset in ``out``; one an append cannot extend; a conflicting
             class map; a sample with a ``key``, extra fields, no label or a label outside the map.
     """
-    from shardfeed.readers.format import DEFAULT_PREFIX, class_bytes, meta_bytes, write_bytes_atomic
+    from shardfeed.readers.format import DEFAULT_PREFIX
+    from shardfeed.readers.sample_members import class_bytes, meta_bytes
+    from shardfeed.readers.file_io import write_bytes_atomic
 
     from .pack_state import WRITING_NAME
     from .writers.shard import ShardLimits, ShardWriter

@@ -28,7 +28,8 @@ import re
 import tarfile
 from pathlib import Path
 
-from shardfeed.readers.format import Manifest, created_by, split_member_name, write_bytes_atomic
+from shardfeed.readers.format import Manifest, created_by, split_member_name
+from shardfeed.readers.file_io import write_bytes_atomic
 from shardfeed.readers.registry import describe
 
 __all__ = ["WIDS_INDEX_NAME", "CARD_NAME", "CARD_MARKER", "write_consumer_files", "wids_shard_index",

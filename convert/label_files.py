@@ -199,7 +199,7 @@ def read_classes_file(path: str | os.PathLike) -> dict[str, int]:
     """
     p = Path(path)
     if p.is_dir() or p.name == "manifest.json":
-        from shardfeed.readers.format import load_manifest
+        from shardfeed.readers.local_manifest import load_manifest
 
         m = load_manifest(p, check_files=False)
         if not m.labelled:

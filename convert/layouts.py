@@ -57,17 +57,16 @@ from shardfeed.readers.format import (
     SIDE_EXTENSIONS,
     Manifest,
     Sample,
-    decode_field,
-    encode_field,
     field_name_problem,
     key_width,
     member_clash,
     normalize_ext,
     stored_path_problem,
 )
+from shardfeed.readers.sample_members import decode_field, encode_field
 from shardfeed.readers.registry import canonical_format, describe, writer_class
 
-from shardfeed.readers.format import read_small_file, write_bytes_atomic
+from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
 
 from . import writers  # noqa: F401  (registers every format's writer)
 from .context import PackContext
@@ -728,7 +727,7 @@ def _finished_layout_report(out: Path, plan: _LayoutPlan, t0: float):
     Raises:
         ValueError: the finished dataset was packed with other options, labels or files.
     """
-    from shardfeed.readers.format import load_manifest
+    from shardfeed.readers.local_manifest import load_manifest
 
     from .ownership import flag
     from .report import PackReport

@@ -17,7 +17,7 @@ its name:
   ``.shardfeed-pack/plan.json`` there, so that key alone is ours: any other key under
   ``.shardfeed-pack/`` is the user's;
 * a hidden temporary file of one of those names (``.NAME.tmp``, ``.NAME.XXXX.tmp``: what the
-  writers and :func:`~shardfeed.readers.format.write_bytes_atomic` leave after ``kill -9``).
+  writers and :func:`~shardfeed.readers.file_io.write_bytes_atomic` leave after ``kill -9``).
 
 Anything else (``family-photos.tar``, a folder ``backup.tar/``, a link, a key one prefix deeper)
 is the user's: ``--overwrite`` refuses, naming it, and deletes nothing. A manifest that does not
@@ -373,7 +373,7 @@ def refuse_unfinished_pack(out: str | Path, command: str) -> None:
         shardfeed.readers.errors.IncompleteDatasetError: the folder holds such a state.
     """
     from shardfeed.readers.errors import IncompleteDatasetError
-    from shardfeed.readers.format import describe_unfinished
+    from shardfeed.readers.local_manifest import describe_unfinished
 
     out = Path(out)
     if not os.path.lexists(out / STATE_DIR):

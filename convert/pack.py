@@ -40,12 +40,12 @@ from shardfeed.readers.format import (
     LMDB_DATA_NAME,
     MANIFEST_NAME,
     Manifest,
-    load_manifest,
     member_clash,
     merge_extension_counts,
     normalize_ext,
-    read_small_file,
 )
+from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.readers.file_io import read_small_file
 from shardfeed.readers.errors import UnsupportedURLError, check_on_error
 from shardfeed.readers.keywords import check_keywords
 from shardfeed.readers.registry import FORMATS, canonical_format, describe

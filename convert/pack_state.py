@@ -20,8 +20,8 @@ import re
 import zlib
 from pathlib import Path
 
-from shardfeed.readers.format import (PACK_PLAN_NAME, PACK_STATE_DIR, WRITE_DATASET_MARK, read_small_file,
-                                      write_bytes_atomic)
+from shardfeed.readers.format import PACK_PLAN_NAME, PACK_STATE_DIR, WRITE_DATASET_MARK
+from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
 
 __all__ = ["STATE_DIR", "PLAN_NAME", "FILES_NAME", "write_shard_record", "finished_shard_record",
            "write_plan_files", "describe_plan_change", "remove_state_folder", "is_state_file",

@@ -30,7 +30,8 @@ from typing import Iterable
 
 import numpy as np
 
-from shardfeed.readers.format import PATH_INDEX_NAME, Manifest, write_bytes_atomic
+from shardfeed.readers.format import PATH_INDEX_NAME, Manifest
+from shardfeed.readers.file_io import write_bytes_atomic
 
 __all__ = ["PATHS_NAME", "MAGIC", "UNKNOWN_SIZE", "UNKNOWN_MTIME", "PathRecords", "path_hash", "path_hashes",
            "dataset_identity", "write_path_index", "read_path_index", "is_path_index"]

@@ -9,7 +9,7 @@ of files (peak memory of a 20,000-file pack within 20 % of a 2,000-file one) and
 shard's slice of the plan pickles in a few bytes per sample for the worker processes.
 
 Everything here produces exactly what the straightforward code would: :func:`sample_meta_bytes`
-is byte-identical to :func:`shardfeed.readers.format.meta_bytes` of ``{"path", "class"}``.
+is byte-identical to :func:`shardfeed.readers.sample_members.meta_bytes` of ``{"path", "class"}``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import random
 from array import array
 from typing import Iterator, Sequence, overload
 
-from shardfeed.readers.format import class_bytes, key_width, meta_bytes
+from shardfeed.readers.format import key_width
+from shardfeed.readers.sample_members import class_bytes, meta_bytes
 
 from .scan import ScannedFile, ScannedFiles, ScanResult, new_scanned_file
 from .shard_cut import ShardLimits, cut_shards, wds_sample_bytes
@@ -38,7 +39,7 @@ def sample_meta_bytes(class_name: str, rel: str) -> bytes:
 
 
 def fast_meta_bytes(meta: dict) -> bytes:
-    """:func:`~shardfeed.readers.format.meta_bytes`, with a fast path for the plain ``{"path", "class"}``."""
+    """:func:`~shardfeed.readers.sample_members.meta_bytes`, with a fast path for the plain ``{"path", "class"}``."""
     if type(meta) is dict and len(meta) == 2:
         rel, cname = meta.get("path"), meta.get("class")
         if type(rel) is str and type(cname) is str:

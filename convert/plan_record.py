@@ -12,7 +12,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Sequence
 
-from shardfeed.readers.format import read_small_file, write_bytes_atomic
+from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
 
 from .executors import signals_held
 from .pack_state import PLAN_NAME, STATE_DIR, describe_plan_change, remove_shard_temp_files, write_plan_files

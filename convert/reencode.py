@@ -361,12 +361,13 @@ def reencode_image(data: bytes, options: ReencodeOptions, *, source: str = "<byt
     Raises:
         shardfeed.readers.errors.CorruptDataError: the bytes are not a readable image, or are
             truncated; the message names ``source``.
-        shardfeed.readers.decode.ImageTooLargeError: more than
+        shardfeed.readers.errors.ImageTooLargeError: more than
             :data:`~shardfeed.readers.decode.DEFAULT_MAX_PIXELS` pixels (decompression bomb).
     """
     from PIL import Image
 
-    from shardfeed.readers.decode import DEFAULT_MAX_PIXELS, ImageTooLargeError, image_size_of
+    from shardfeed.readers.decode import DEFAULT_MAX_PIXELS, image_size_of
+    from shardfeed.readers.errors import ImageTooLargeError
 
     # Header only: maps unreadable bytes to CorruptDataError and hands Pillow's pixel limit to ours.
     stored_w, stored_h = image_size_of(data, source=source)

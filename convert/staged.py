@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shardfeed.readers.format import write_temp_beside
+from shardfeed.readers.file_io import write_temp_beside
 
 __all__ = ["ReplacedTogether"]
 

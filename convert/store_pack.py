@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Callable
 
 from shardfeed.readers.errors import UnsupportedURLError
-from shardfeed.readers.format import MANIFEST_NAME, load_manifest
+from shardfeed.readers.format import MANIFEST_NAME
+from shardfeed.readers.local_manifest import load_manifest
 from shardfeed.readers.registry import describe
 from .consumers import CARD_NAME, META_SAMPLE_SHARDS, WIDS_INDEX_NAME
 from .path_index import PATHS_NAME

@@ -25,14 +25,9 @@ import threading
 from array import array
 from pathlib import Path
 
-from shardfeed.readers.format import (
-    TAR_BLOCK,
-    TAR_MODE,
-    TAR_MTIME,
-    ShardEntry,
-    encode_index,
-    write_bytes_atomic,
-)
+from shardfeed.readers.format import TAR_BLOCK, TAR_MODE, TAR_MTIME, ShardEntry
+from shardfeed.readers.offset_index import encode_index
+from shardfeed.readers.file_io import write_bytes_atomic
 
 __all__ = ["tar_header", "TarShardFile", "END_OF_ARCHIVE_BYTES", "MAX_MEMBER_BYTES", "create_new_file",
            "open_own_file"]
@@ -203,7 +198,7 @@ def _sync_file_range():
 
 
 def _encode_offsets(offsets) -> bytes:
-    """:func:`~shardfeed.readers.format.encode_index`'s bytes (little-endian uint64), without
+    """:func:`~shardfeed.readers.offset_index.encode_index`'s bytes (little-endian uint64), without
     passing every offset as an argument to ``struct.pack`` (6 % of a small-file pack)."""
     if sys.byteorder == "little":
         return (offsets if isinstance(offsets, array) and offsets.typecode == "Q" else array("Q", offsets)).tobytes()

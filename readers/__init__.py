@@ -44,7 +44,8 @@ if TYPE_CHECKING:
         UnsupportedURLError,
     )
     from .format import Manifest, Sample
-    from .loader import LoaderOptions, ShardfeedLoader, make_loader, to_device
+    from .device import to_device
+    from .loader import LoaderOptions, ShardfeedLoader, make_loader
     from .location import LocalLocation, Location, LocationBase
     from .measure.bench import bench_source
     from .measure.tune import tune_loader
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "open_dataset": "shardfeed.readers.dataset",
     "make_loader": "shardfeed.readers.loader",
-    "to_device": "shardfeed.readers.loader",
+    "to_device": "shardfeed.readers.device",
     "watch": "shardfeed.readers.measure.watch",
     "ShardfeedLoader": "shardfeed.readers.loader",
     "LoaderOptions": "shardfeed.readers.loader",

@@ -12,7 +12,7 @@ import threading
 from typing import Any, BinaryIO
 
 from .errors import DataSourceError
-from .format import decode_index
+from .offset_index import decode_index
 from .location import LocalLocation, LocationBase
 from .shard_cache import ShardCache, copy_stream, dataset_identity
 from .shard_readahead import open_ahead, read_shard_ahead, take_opened
@@ -133,14 +133,14 @@ class CachedLocation(LocalLocation):
             os.close(fd)
 
     def read_index(self, name: str) -> list[int]:
-        """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.decode_index`)."""
+        """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.offset_index.decode_index`)."""
         return decode_index(self.read_bytes(name, what="the offset index"), self.where(name))
 
     def read_indexed(self, name: str, offsets, start: int, end: int, where: str, *, num_bytes: int | None = None):
         """Samples ``[start, end)`` of the cached copy of shard ``name`` (see
         :meth:`LocalLocation.read_indexed`); the copy is not evicted while they are read.
         ``num_bytes`` is not compared again: a copy was checked against the manifest when it was fetched."""
-        from .tario import iter_indexed_samples
+        from .tario_indexed import iter_indexed_samples
 
         fd = self._open_fd(name)
         pread = os.pread

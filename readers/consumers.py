@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from .format import sample_from_members
+from .sample_members import sample_from_members
 
 __all__ = ["webdataset_row"]
 
@@ -33,7 +33,7 @@ def webdataset_row(sample: dict) -> dict:
     """One raw WebDataset sample (a dict of member bytes) as fixed columns.
 
     The members are grouped by shardfeed's one rule
-    (:func:`~shardfeed.readers.format.sample_from_members`), as in its own readers and tools.
+    (:func:`~shardfeed.readers.sample_members.sample_from_members`), as in its own readers and tools.
 
     Args:
         sample: ``{"__key__": str, "<image ext>": bytes, "cls": bytes, "json": bytes, ...}``;

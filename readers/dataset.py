@@ -32,7 +32,8 @@ from .epoch import (ON_ERROR, epoch_positions, epoch_ranges, num_batches, rank_s
                     samples_per_rank, shard_order, spans_to_ranges, worker_span)
 from .errors import ManifestError, UnsupportedURLError
 from .keywords import check_keywords, signature_keywords
-from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest, check_files_present, load_manifest
+from .format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest
+from .local_manifest import check_files_present, load_manifest
 from .opener import is_remote, local_path
 from .registry import FORMATS, describe, register_format, source_factory
 

@@ -24,14 +24,16 @@ measures storage and I/O only. Two backends produce the same result by one rule:
 Both backends read the header with Pillow first (lazy: no pixel is decoded), which gives the size
 for the pixel limit, the mode that decides how cv2 must load the image, and the EXIF orientation.
 
-Conversion rule (identical in both backends; the arithmetic is done in numpy, not by a library):
+Conversion rule (identical in both backends; the arithmetic is done in numpy, not by a library; the
+backends and the rule live in :mod:`shardfeed.readers.decode_backends`):
 
 * **Colour**: L, 1, P, CMYK, YCbCr, LAB, HSV → RGB. L is replicated into three channels; P is
   looked up in its palette; CMYK JPEGs use Pillow's ``convert("RGB")`` (naive, no ICC; cv2 converts
   Adobe CMYK JPEGs itself — the two agree within a few levels). ICC profiles are ignored, as in
   torchvision.
 * **Alpha** (LA, RGBA, PA, La/RGBa after un-premultiplying, palette transparency ``tRNS``, and
-  colour-key transparency of 8-bit L/RGB) is composited over :data:`BACKGROUND` (white, 255)::
+  colour-key transparency of 8-bit L/RGB) is composited over
+  :data:`~shardfeed.readers.decode_backends.BACKGROUND` (white, 255)::
 
       out = (rgb * a + 255 * (255 - a) + 127) // 255      # in uint16, exact rounding
 
@@ -71,7 +73,7 @@ Conversion rule (identical in both backends; the arithmetic is done in numpy, no
 Memory limit: :data:`DEFAULT_MAX_DECODE_BYTES` (512 MiB) bounds what one decode may allocate,
 :func:`decode_bytes_estimate` of the header's size, mode and bit depth (a float TIFF takes twice
 an RGB image's memory per pixel, an RGBA one more for compositing), checked before any pixel is
-decoded: :class:`ImageTooLargeError` (``max_decode_bytes=None`` disables it).
+decoded: :class:`~shardfeed.readers.errors.ImageTooLargeError` (``max_decode_bytes=None`` disables it).
 
 Pixel limit: :data:`DEFAULT_MAX_PIXELS` (100 million, e.g. 10000 x 10000) is checked on the header
 size before any pixel is decoded, raising :class:`ImageTooLargeError`. Pillow's own
@@ -89,27 +91,23 @@ from __future__ import annotations
 import io
 import logging
 import re
-import struct
 import threading
-import zlib
 from typing import Callable
 
 import numpy as np
 from PIL import Image
 
-from .errors import CorruptDataError, ShardfeedError
-from .jpeg import (ORIENTATION_TAG, is_truncation_warning, jpeg_is_complete, read_jpeg_header, simplejpeg_available,
-                   simplejpeg_decode, simplejpeg_module)
+from .decode_backends import BACKENDS, CV2_FORMATS, JPEG_FORMATS, ORIENT, PIL_LOAD_ERRORS, decode_pil, log_once
+from .errors import CorruptDataError, ImageTooLargeError
+from .jpeg import (ORIENTATION_TAG, jpeg_is_complete, read_jpeg_header, simplejpeg_available,
+                   simplejpeg_decode)
 
 __all__ = [
     "backend_for_format",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MAX_DECODE_BYTES",
     "decode_bytes_estimate",
-    "import_cv2",
-    "BACKGROUND",
     "DECODERS",
-    "ImageTooLargeError",
     "decode_crop",
     "decode_image",
     "decode_jpeg_as_stored",
@@ -142,38 +140,18 @@ _DECODE_BYTES_MAX = 25
 #: simplejpeg's decode: its RGB output and one copy (orientation, contiguity).
 _SIMPLEJPEG_BYTES_PER_PIXEL = 6
 
-#: Background grey level (0..255) that transparent pixels are composited over: white.
-BACKGROUND: int = 255
-
 #: Names accepted by ``decode_image(decoder=...)``.
 DECODERS: tuple[str, ...] = ("pil", "cv2", "simplejpeg", "auto")
 
-_JPEG_FORMATS = frozenset({"JPEG", "MPO"})
-#: Formats the cv2 backend decodes itself; anything else goes through Pillow.
-_CV2_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP"})
-#: Pillow modes whose alpha/transparency or bit depth needs ``IMREAD_UNCHANGED`` in cv2.
-_CV2_UNCHANGED_MODES = frozenset(
-    {"LA", "La", "RGBA", "RGBa", "PA", "I;16", "I;16B", "I;16L", "I;16N", "I"}
-)
 _REDUCTION_FACTORS = (8, 4, 2)
-#: Pillow modes of a JPEG that simplejpeg decodes (colour and greyscale); CMYK goes to Pillow.
-_SIMPLEJPEG_MODES = frozenset({"RGB", "L"})
 #: For each EXIF orientation: whether the upright frame's (y, x) axes run backwards in the
-#: stored image (after the transpose of 5-8). See :data:`_ORIENT`.
+#: stored image (after the transpose of 5-8). See :data:`~shardfeed.readers.decode_backends.ORIENT`.
 _REVERSED_AXES = {1: (False, False), 2: (False, True), 3: (True, True), 4: (True, False),
                   5: (False, False), 6: (False, True), 7: (True, True), 8: (True, False)}
-_PIL_LOAD_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error)
 _PILLOW_DEFAULT_MAX_IMAGE_PIXELS = int(1024 * 1024 * 1024 // 4 // 3)
 
 _pillow_limit_lock = threading.Lock()
 _pillow_limit_done = False
-_logged_once: set[str] = set()
-
-
-class ImageTooLargeError(ShardfeedError, ValueError):
-    """An image's header declares more pixels than ``max_pixels`` allows, or a decode that would
-    allocate more than ``max_decode_bytes``; nothing was decoded. Under ``on_error="skip"`` the
-    sample is skipped like a damaged one."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +247,7 @@ def decode_image(
             forged end-of-image marker), or fail to decode.
     """
     name = resolve_decoder(decoder)
-    backend = _BACKENDS[name]
+    backend = BACKENDS[name]
     _check_positive_int("target_size", target_size)
     _check_positive_int("max_pixels", max_pixels)
     _check_positive_int("max_decode_bytes", max_decode_bytes)
@@ -284,17 +262,17 @@ def decode_image(
             _check_decode_bytes(width, height, "simplejpeg", factor, max_decode_bytes, source, ext)
             rgb = simplejpeg_decode(data, width, height, factor, source=_where(source, ext))
             if rgb is not None:
-                return _finish(_ORIENT[orientation](rgb))
-            backend = _decode_pil  # simplejpeg refused it: Pillow decides
+                return _finish(ORIENT[orientation](rgb))
+            backend = decode_pil  # simplejpeg refused it: Pillow decides
 
     with _open_header(data, source, ext) as img:
         orientation = _check_header(data, img, max_pixels, source, ext)
         factor = 1
-        if img.format in _JPEG_FORMATS:
+        if img.format in JPEG_FORMATS:
             factor = _reduction_factor(*img.size, target_size)
         _check_decode_bytes(*img.size, img.mode, factor, max_decode_bytes, source, ext)
         rgb = backend(data, img, factor, _where(source, ext))
-    return _finish(_ORIENT[orientation](rgb))
+    return _finish(ORIENT[orientation](rgb))
 
 
 def decode_crop(
@@ -383,9 +361,9 @@ def decode_crop_unchecked(data: bytes, ext: str | None, crop: Callable[[int, int
         # None: simplejpeg refused the file; Pillow decodes it with the box already drawn
     if rgb is not None:
         if orientation > 1:
-            rgb = _ORIENT[orientation](rgb)
+            rgb = ORIENT[orientation](rgb)
     else:
-        backend = _BACKENDS[name]
+        backend = BACKENDS[name]
         with _open_header(data, source, ext) as img:
             orientation = _check_header(data, img, max_pixels, source, ext)
             width, height = img.size
@@ -393,12 +371,12 @@ def decode_crop_unchecked(data: bytes, ext: str | None, crop: Callable[[int, int
             if header is None:
                 top, left, box_h, box_w = _check_box(crop(up_h, up_w), up_h, up_w, source, ext)
             else:
-                backend = _decode_pil  # simplejpeg refused it: Pillow decides
+                backend = decode_pil  # simplejpeg refused it: Pillow decides
             factor = 1
-            if img.format in _JPEG_FORMATS:
+            if img.format in JPEG_FORMATS:
                 factor = _reduction_factor(box_w, box_h, min_side)
             _check_decode_bytes(width, height, img.mode, factor, max_decode_bytes, source, ext)
-            rgb = _ORIENT[orientation](backend(data, img, factor, _where(source, ext)))
+            rgb = ORIENT[orientation](backend(data, img, factor, _where(source, ext)))
     if factor > 1:
         rev_y, rev_x = _REVERSED_AXES[orientation]
         top, box_h = _scale_span(top, box_h, up_h, rgb.shape[0], factor, rev_y)
@@ -475,7 +453,7 @@ def resolve_decoder(decoder: str) -> str:
     if decoder == "auto":
         if simplejpeg_available():
             return "simplejpeg"
-        _log_once("auto-pil", "decoder='auto': simplejpeg is not installed (pip install simplejpeg); "
+        log_once("auto-pil", "decoder='auto': simplejpeg is not installed (pip install simplejpeg); "
                   "decoding with Pillow")
         return "pil"
     if decoder == "simplejpeg":
@@ -485,7 +463,7 @@ def resolve_decoder(decoder: str) -> str:
                 "here: pip install simplejpeg; decoder='auto' falls back to Pillow without it"
             )
         return decoder
-    if decoder not in _BACKENDS:
+    if decoder not in BACKENDS:
         raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
     return decoder
 
@@ -503,9 +481,9 @@ def backend_for_format(decoder: str, image_format: str) -> str:
         with transparency under cv2) still fall back to Pillow.
     """
     fmt = image_format.upper()
-    if decoder == "simplejpeg" and fmt in _JPEG_FORMATS:
+    if decoder == "simplejpeg" and fmt in JPEG_FORMATS:
         return "simplejpeg"
-    if decoder == "cv2" and fmt in _CV2_FORMATS:
+    if decoder == "cv2" and fmt in CV2_FORMATS:
         return "OpenCV"
     return "Pillow"
 
@@ -565,7 +543,7 @@ def _check_header(data: bytes, img: Image.Image, max_pixels: int | None, source:
     """Pixel limit and JPEG completeness on the lazily opened header; returns the orientation."""
     _check_pixels(*img.size, max_pixels, source, ext)
     orientation = _read_orientation(img, source)
-    if img.format in _JPEG_FORMATS and not jpeg_is_complete(data):
+    if img.format in JPEG_FORMATS and not jpeg_is_complete(data):
         raise CorruptDataError(
             f"cannot decode image from {_where(source, ext)}: truncated JPEG "
             "(no end-of-image marker after the scan data)"
@@ -606,12 +584,6 @@ def _where(source: str, ext: str | None) -> str:
     return f"{source} (ext {ext!r})" if ext else source
 
 
-def _log_once(key: str, msg: str, *args: object) -> None:
-    if key not in _logged_once:
-        _logged_once.add(key)
-        logger.debug(msg, *args)
-
-
 def _replace_pillow_pixel_limit() -> None:
     """Hand the pixel limit to ``max_pixels``: see the module docstring for why it is global."""
     global _pillow_limit_done
@@ -646,7 +618,7 @@ def _open_header(data: bytes, source: str, ext: str | None) -> Image.Image:
             f"image from {_where(source, ext)} is too large for PIL.Image.MAX_IMAGE_PIXELS="
             f"{Image.MAX_IMAGE_PIXELS} set by the application: {exc}"
         ) from exc
-    except _PIL_LOAD_ERRORS as exc:
+    except PIL_LOAD_ERRORS as exc:
         # no memory addresses or in-memory file objects (stable, readable messages)
         detail = re.sub(r" ?<_io\.\w+ object(?: at 0x[0-9a-fA-F]+)?>", "", str(exc))
         detail = re.sub(r" at 0x[0-9a-fA-F]+", "", detail)
@@ -677,278 +649,3 @@ def _reduction_factor(width: int, height: int, target_size: int | None) -> int:
         if factor * target_size <= shorter:
             return factor
     return 1
-
-
-# ---------------------------------------------------------------------------------------------
-# The shared conversion rule (numpy)
-
-
-def _to_8bit(arr: np.ndarray) -> np.ndarray:
-    """Bit-depth rule: uint16 → high byte; int → clip 0..65535, high byte; float → round, clip."""
-    if arr.dtype == np.uint8:
-        return arr
-    if arr.dtype.kind == "u" and arr.dtype.itemsize == 2:
-        return (arr >> 8).astype(np.uint8)
-    if arr.dtype.kind in "iu":
-        return (np.clip(arr, 0, 65535) >> 8).astype(np.uint8)
-    if arr.dtype.kind == "f":
-        return np.clip(np.rint(np.nan_to_num(arr)), 0, 255).astype(np.uint8)
-    raise TypeError(f"unsupported sample type {arr.dtype}")
-
-
-def _composite(color: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """Composite ``color`` (H, W, C) uint8 over :data:`BACKGROUND` with ``alpha`` (H, W) uint8."""
-    if alpha.min() == 255:
-        return color
-    a = alpha[..., None].astype(np.uint16)
-    # color * a + 255 * (255 - a) <= 255 * 255, so uint16 cannot overflow.
-    out = (color.astype(np.uint16) * a + BACKGROUND * (255 - a) + 127) // 255
-    return out.astype(np.uint8)
-
-
-def _gray_to_rgb(gray: np.ndarray) -> np.ndarray:
-    return np.repeat(gray[..., None], 3, axis=2)
-
-
-_ORIENT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
-    1: lambda a: a,
-    2: lambda a: a[:, ::-1],  # mirror left-right
-    3: lambda a: a[::-1, ::-1],  # rotate 180
-    4: lambda a: a[::-1],  # mirror top-bottom
-    5: lambda a: a.swapaxes(0, 1),  # transpose
-    6: lambda a: a.swapaxes(0, 1)[:, ::-1],  # rotate 90 clockwise
-    7: lambda a: a[::-1, ::-1].swapaxes(0, 1),  # transverse
-    8: lambda a: a.swapaxes(0, 1)[::-1],  # rotate 90 counter-clockwise
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Backends: (data, lazily opened image, reduction factor, where) -> (H, W, 3) uint8 RGB array
-
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
-
-
-def _png_missing_data(data: bytes) -> tuple[int, int] | None:
-    """``(bytes the IDAT stream inflates to, bytes IHDR promises)`` when a PNG's image data holds
-    fewer rows than its header declares (libpng: "Not enough image data"; Pillow pads with black),
-    else None (complete, not a PNG, or damaged in a way Pillow reports itself).
-
-    Inflates the IDAT chunks once, counting the output in 1 MiB pieces without keeping it.
-    """
-    if not data.startswith(_PNG_SIGNATURE):
-        return None
-    view = memoryview(data)
-    pos, n = 8, len(data)
-    expected = None
-    inflate = zlib.decompressobj()
-    got = 0
-    try:
-        while pos + 8 <= n:
-            length = int.from_bytes(data[pos:pos + 4], "big")
-            kind = data[pos + 4:pos + 8]
-            body = pos + 8
-            if kind == b"IHDR" and length >= 13:
-                w, h, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[body:body + 13])
-                bpp = _PNG_CHANNELS.get(colour, 4) * depth
-                passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
-                expected = 0
-                for x0, y0, dx, dy in passes:
-                    pw, ph = -(-(w - x0) // dx) if w > x0 else 0, -(-(h - y0) // dy) if h > y0 else 0
-                    if pw and ph:
-                        expected += ph * (1 + -(-pw * bpp // 8))
-            elif kind == b"IDAT" and expected is not None:
-                chunk = view[body:body + length]
-                while chunk:
-                    got += len(inflate.decompress(chunk, 1 << 20))
-                    chunk = inflate.unconsumed_tail
-                    if got >= expected or inflate.eof:
-                        return None if got >= expected else (got, expected)
-            elif kind == b"IEND":
-                break
-            pos = body + length + 4
-    except zlib.error:
-        return None  # damaged deflate data: Pillow's decode reports it
-    if expected is None or got >= expected:
-        return None
-    return got, expected
-
-
-def _check_png_rows(data: bytes, img: Image.Image, where: str) -> None:
-    if img.format != "PNG":
-        return
-    short = _png_missing_data(data)
-    if short is not None:
-        got, expected = short
-        raise CorruptDataError(f"cannot decode image from {where}: truncated PNG (its image data holds {got:,} of "
-                               f"the {expected:,} bytes its {img.size[0]}x{img.size[1]} header promises; the rows "
-                               "after them are missing)")
-
-
-def _png_tail_blank(img: Image.Image) -> bool:
-    """Whether the last two rows of a loaded PNG are all zero bytes: where a PNG whose data ends
-    early leaves Pillow's zeroed buffer untouched (the last row for a plain PNG, the last odd row,
-    of Adam7's final pass, for an interlaced one). Only then is the data counted exactly."""
-    w, h = img.size
-    if not w or not h:
-        return False
-    return not np.asarray(img.crop((0, max(h - 2, 0), w, h))).any()
-
-
-def _jpeg_tail_flat(rgb: np.ndarray, factor: int) -> bool:
-    """Whether the bottom-right block of a decoded JPEG is flat (every channel within 2 levels):
-    what libjpeg leaves where the scan data ran out (its last MCU is always among the missing
-    ones: zero coefficients, grey, or flat at the last DC value). Only then is the scan checked."""
-    if rgb.ndim != 3 or not rgb.size:
-        return False
-    b = max(1, 8 // factor)
-    corner = rgb[-b:, -b:].reshape(-1, rgb.shape[2])
-    return int((corner.max(axis=0).astype(np.int16) - corner.min(axis=0)).max()) <= 2
-
-
-def _check_jpeg_scan(data: bytes, img: Image.Image, where: str) -> None:
-    """Refuse a JPEG whose scan data ends before the image (libjpeg's "premature end of data
-    segment", which Pillow and OpenCV pass over, filling grey). libjpeg reports it only while
-    decoding, so simplejpeg (strict) decodes the scans at the smallest scale to hear it; the
-    Pillow and OpenCV backends call it only when the decoded image's last block is flat
-    (:func:`_jpeg_tail_flat`). Without simplejpeg installed, only a missing end-of-image marker is
-    caught (:func:`_check_header`)."""
-    if img.format not in _JPEG_FORMATS or not simplejpeg_available():
-        return
-    try:
-        simplejpeg_module().decode_jpeg(data, "GRAY", True, True, 1, 1)
-    except ValueError as exc:
-        if is_truncation_warning(str(exc)):
-            raise CorruptDataError(f"cannot decode image from {where}: truncated JPEG (libjpeg: {exc}); the image "
-                                   "data ends before the image does") from None
-        # other warnings (extraneous bytes, an unsupported colour space): the backend decides
-
-
-def _decode_pil(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
-    try:
-        if factor > 1:
-            target = (img.size[0] // factor, img.size[1] // factor)  # draft picks this factor
-            img.draft("RGB", target)
-        img.load()
-        if img.format == "PNG" and _png_tail_blank(img):
-            _check_png_rows(data, img, where)
-        rgb = _pil_to_rgb(img)
-        if img.format in _JPEG_FORMATS and _jpeg_tail_flat(rgb, factor):
-            _check_jpeg_scan(data, img, where)
-        return rgb
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"image from {where} is too large for Pillow: {exc}") from exc
-    except _PIL_LOAD_ERRORS as exc:
-        raise CorruptDataError(
-            f"cannot decode image from {where}: {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _pil_to_rgb(img: Image.Image) -> np.ndarray:
-    mode = img.mode
-    keyed = "transparency" in img.info and mode in ("L", "RGB", "P")
-    if mode == "RGB" and not keyed:
-        return np.asarray(img)
-    if mode == "L" and not keyed:
-        return _gray_to_rgb(np.asarray(img))
-    if mode.startswith("I") or mode == "F":  # I, I;16, I;16B, I;16L, I;16N, F
-        return _gray_to_rgb(_to_8bit(np.asarray(img)))
-    if mode == "LA":
-        arr = np.asarray(img)
-        return _gray_to_rgb(_composite(arr[..., :1], arr[..., 1])[..., 0])
-    if mode == "La":
-        return _pil_to_rgb(img.convert("LA"))
-    if mode == "RGBA":
-        arr = np.asarray(img)
-        return _composite(arr[..., :3], arr[..., 3])
-    if keyed or mode in ("PA", "RGBa"):
-        return _pil_to_rgb(img.convert("RGBA"))
-    # P without transparency, 1, CMYK, YCbCr, LAB, HSV, RGBX: Pillow's own conversion.
-    return np.asarray(img.convert("RGB"))
-
-
-def import_cv2(purpose: str):
-    """``cv2``, or an ImportError saying what needs it and how to install it.
-
-    OpenCV is not a dependency of ``pip install shardfeed`` (it comes in two distributions,
-    ``opencv-python`` and ``opencv-python-headless``, that replace each other's ``cv2``): any one
-    of them works.
-
-    Args:
-        purpose: what needs OpenCV, for the message (``'decoder="cv2"'``).
-    """
-    try:
-        import cv2
-    except ImportError as exc:
-        raise ImportError(f"{purpose} needs OpenCV, which is not installed: pip install 'shardfeed[opencv]' "
-                          "(opencv-python-headless) or any OpenCV distribution (opencv-python ...); or use "
-                          "decoder='auto' (simplejpeg + torch resizing, no OpenCV)") from exc
-    return cv2
-
-
-def _decode_cv2(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
-    cv2 = import_cv2('decoder="cv2"')
-
-    mode = img.mode
-    if img.format not in _CV2_FORMATS or ("transparency" in img.info and mode not in ("RGB", "P")):
-        _log_once(
-            f"cv2-fallback-{img.format}-{mode}",
-            "cv2 decoder: %s images in mode %s (transparency=%s) are decoded with Pillow",
-            img.format,
-            mode,
-            "transparency" in img.info,
-        )
-        return _decode_pil(data, img, factor, where)
-
-    if mode in _CV2_UNCHANGED_MODES or "transparency" in img.info:
-        flags = cv2.IMREAD_UNCHANGED  # keeps alpha and 16 bits, ignores EXIF orientation
-    elif factor > 1:
-        flags = _cv2_reduced_flag(cv2, factor) | cv2.IMREAD_IGNORE_ORIENTATION
-    else:
-        flags = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
-    try:
-        arr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
-    except cv2.error as exc:
-        raise CorruptDataError(f"cannot decode image from {where}: OpenCV: {exc}") from exc
-    if arr is None:
-        _check_png_rows(data, img, where)  # libpng's "Not enough image data": name it precisely
-        raise CorruptDataError(f"cannot decode image from {where}: OpenCV could not decode it")
-
-    arr = _to_8bit(arr)
-    if img.format in _JPEG_FORMATS and _jpeg_tail_flat(arr if arr.ndim == 3 else arr[..., None], factor):
-        _check_jpeg_scan(data, img, where)
-    if arr.ndim == 2:
-        return _gray_to_rgb(arr)
-    channels = arr.shape[2]
-    if channels == 3:
-        return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
-    if channels == 4:
-        return _composite(arr[..., 2::-1], arr[..., 3])
-    if channels == 1:
-        return _gray_to_rgb(arr[..., 0])
-    raise CorruptDataError(f"cannot decode image from {where}: OpenCV gave {channels} channels")
-
-
-def _cv2_reduced_flag(cv2: object, factor: int) -> int:
-    return {
-        2: cv2.IMREAD_REDUCED_COLOR_2,  # type: ignore[attr-defined]
-        4: cv2.IMREAD_REDUCED_COLOR_4,  # type: ignore[attr-defined]
-        8: cv2.IMREAD_REDUCED_COLOR_8,  # type: ignore[attr-defined]
-    }[factor]
-
-
-def _decode_simplejpeg(data: bytes, img: Image.Image, factor: int, where: str) -> np.ndarray:
-    if img.format in _JPEG_FORMATS and img.mode in _SIMPLEJPEG_MODES:
-        rgb = simplejpeg_decode(data, *img.size, factor, source=where)
-        if rgb is not None:
-            return rgb
-    return _decode_pil(data, img, factor, where)
-
-
-_BACKENDS: dict[str, Callable[[bytes, Image.Image, int, str], np.ndarray]] = {
-    "pil": _decode_pil,
-    "cv2": _decode_cv2,
-    "simplejpeg": _decode_simplejpeg,
-}

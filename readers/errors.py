@@ -13,6 +13,7 @@ __all__ = [
     "ManifestError",
     "IncompleteDatasetError",
     "CorruptDataError",
+    "ImageTooLargeError",
     "SourceChangedError",
     "DataSourceError",
     "StorageAccessError",
@@ -54,6 +55,12 @@ class IncompleteDatasetError(ManifestError):
 
 class CorruptDataError(ShardfeedError, ValueError):
     """Stored bytes are damaged: a truncated tar member, a bad header, a checksum mismatch."""
+
+
+class ImageTooLargeError(ShardfeedError, ValueError):
+    """An image's header declares more pixels than ``max_pixels`` allows, or a decode that would
+    allocate more than ``max_decode_bytes``; nothing was decoded. Under ``on_error="skip"`` the
+    sample is skipped like a damaged one."""
 
 
 class SourceChangedError(ShardfeedError, OSError):

@@ -27,7 +27,8 @@ import numpy as np
 import torch.utils.data
 
 from .folder_walk import LinkRule, link_out_reason, refuse_outside_links
-from .format import UNLABELLED, format_key, key_width, load_manifest, normalize_ext, stored_path_problem
+from .format import UNLABELLED, format_key, key_width, normalize_ext, stored_path_problem
+from .local_manifest import load_manifest
 from .imagefolder import has_class_folders, parse_extensions, scan_image_folder, scan_listing
 from .options import ReadOptions
 from .source_base import SourceBase

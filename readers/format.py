@@ -1,4 +1,4 @@
-"""The on-disk format: manifest schema, key and member naming, offset index, LMDB record codec.
+"""The on-disk format: manifest schema and validation, key, file and member naming rules.
 
 This module is the single definition of what shardfeed writes and reads. Writers
 (``shardfeed.convert``) import it; readers never import the writers. Binding names (the
@@ -27,6 +27,10 @@ LMDB
 manifest.json
     Written last and atomically; a finished manifest means a finished dataset. See
     :class:`Manifest`.
+
+Beside it: the bytes of a sample's members (:mod:`shardfeed.readers.sample_members`), the offset
+index codec (:mod:`shardfeed.readers.offset_index`) and a local folder's manifest loading
+(:mod:`shardfeed.readers.local_manifest`).
 """
 
 from __future__ import annotations
@@ -35,77 +39,23 @@ import dataclasses
 import json
 import os
 import re
-import struct
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Sequence
 
-from .errors import CorruptDataError, IncompleteDatasetError, ManifestError, UnsupportedURLError
+from .errors import ManifestError
+from .file_io import MAX_CONTROL_FILE_BYTES, write_bytes_atomic
 from .lmdb_record import LMDB_RECORD_VERSION, encode_record
 from .lmdb_record import decode_record as _decode_record
-from .registry import describe
 
 __all__ = [
-    "FORMAT_VERSION",
-    "MAX_MANIFEST_BYTES",
-    "read_small_file",
-    "READABLE_VERSIONS",
-    "INDEX_SUFFIX",
-    "is_dali_index",
-    "PACK_STATE_DIR",
-    "unfinished_pack_error",
-    "describe_unfinished",
-    "stored_path_problem",
-    "merge_extension_counts",
-    "MANIFEST_NAME",
-    "LMDB_DATA_NAME",
-    "LMDB_MANIFEST_KEY",
-    "LMDB_RECORD_VERSION",
-    "DEFAULT_PREFIX",
-    "DEFAULT_EXTENSIONS",
-    "IMAGE_EXTENSIONS",
-    "SIDE_EXTENSIONS",
-    "RESERVED_KEY_PREFIXES",
-    "sample_from_members",
-    "label_problem",
-    "TAR_MTIME",
-    "TAR_MODE",
-    "TAR_BLOCK",
-    "KEY_MIN_DIGITS",
-    "Manifest",
-    "ShardEntry",
-    "Sample",
-    "normalize_ext",
-    "format_key",
-    "key_width",
-    "shard_name",
-    "index_name",
-    "split_member_name",
-    "class_bytes",
-    "meta_bytes",
-    "tar_member_bytes",
-    "encode_index",
-    "decode_index",
-    "read_index",
-    "encode_record",
-    "decode_record",
-    "parse_size",
-    "write_bytes_atomic",
-    "load_manifest",
-    "validate_manifest",
-    "plain_file_name_problem",
-    "MAX_MANIFEST_COUNT",
-    "find_manifest_path",
-    "check_files_present",
-    "created_by",
-    "LABELS_CLASS",
-    "LABELS_NONE",
-    "UNLABELLED",
-    "field_member",
-    "member_clash",
-    "field_name_problem",
-    "decode_field",
-    "encode_field",
+    "FORMAT_VERSION", "MAX_MANIFEST_BYTES", "READABLE_VERSIONS", "INDEX_SUFFIX", "PACK_STATE_DIR",
+    "stored_path_problem", "merge_extension_counts", "MANIFEST_NAME", "LMDB_DATA_NAME", "LMDB_MANIFEST_KEY",
+    "LMDB_RECORD_VERSION", "DEFAULT_PREFIX", "DEFAULT_EXTENSIONS", "IMAGE_EXTENSIONS", "SIDE_EXTENSIONS",
+    "RESERVED_KEY_PREFIXES", "TAR_MTIME", "TAR_MODE", "TAR_BLOCK", "KEY_MIN_DIGITS", "Manifest", "ShardEntry",
+    "Sample", "normalize_ext", "format_key", "key_width", "shard_name", "index_name", "split_member_name",
+    "tar_member_bytes", "encode_record", "decode_record", "validate_manifest", "plain_file_name_problem",
+    "MAX_MANIFEST_COUNT", "created_by", "LABELS_CLASS", "LABELS_NONE", "UNLABELLED", "field_member", "member_clash",
+    "field_name_problem", "PATH_INDEX_NAME", "PACK_PLAN_NAME", "WRITE_DATASET_MARK",
 ]
 
 #: Version of the manifest schema and of the on-disk layout it describes. 2: the offset index is
@@ -160,13 +110,6 @@ class Sample(NamedTuple):
 
 
 _EXT_ALIASES = {"jpeg": "jpg", "tiff": "tif"}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    None: 1, "b": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
-
 
 def created_by() -> str:
     """The ``created_by`` string written into manifests, e.g. ``"shardfeed 0.1.0"``."""
@@ -187,91 +130,6 @@ def normalize_ext(ext: str) -> str:
     ext = ext.lower().lstrip(".")
     return _EXT_ALIASES.get(ext, ext)
 
-
-def label_problem(label: int, labels: "frozenset[int]") -> str:
-    """The message for a class index that is not one of the dataset's (``labels``: its class indexes)."""
-    span = f"0..{max(labels)}" if labels else "none"
-    return (f"class index {label} is not one of the manifest's {len(labels)} classes ({span}); the shard is "
-            "damaged or does not belong to this manifest (run `shardfeed check`)")
-
-
-def sample_from_members(key: str, parts: dict[str, Any], class_to_idx: dict[str, int] | None,
-                        source: str, labels: "frozenset[int] | None" = None, *,
-                        labelled: bool = True) -> tuple[bytes, str, int, bytes | None]:
-    """Group one WebDataset sample's members into ``(data, ext, label, meta_json_bytes)``.
-
-    The one rule, used by the training readers and by every tool (``check``, ``convert``,
-    ``unpack``, ``index``, ``inspect``), so they never disagree about a shard:
-
-    * the image is the one member whose extension is in :data:`IMAGE_EXTENSIONS` (any case);
-      with none, the one member that is not a side member (:data:`SIDE_EXTENSIONS`, ``__*__``),
-      so a dataset packed with ``--extensions heic`` reads back; zero or several candidates is an
-      error, never a silent pick; extra-field members (``{key}.txt``, ``{key}.mask.png``,
-      ``{key}.sidecar.json``: their extension has a dot or is a side extension) are never it;
-    * the label is ``{key}.cls`` (ASCII decimal integer, surrounding white space allowed), else the
-      ``"class"`` of ``{key}.json`` looked up in ``class_to_idx``; in an unlabelled dataset
-      (``labelled=False``, manifest ``labels: "none"``) a sample without ``.cls`` has label
-      :data:`UNLABELLED` (-1);
-    * the metadata is the ``{key}.json`` member's bytes (None without one), not parsed here.
-
-    Args:
-        key: the sample key.
-        parts: member extension -> bytes (``{"jpg": b"...", "cls": b"3", "json": b"{...}"}``).
-        class_to_idx: class name -> index, for samples without ``.cls`` (None: none known).
-        source: the shard's path or URL, named in errors.
-        labels: the dataset's class indexes (``frozenset(manifest.class_to_idx.values())``); a
-            label outside them is an error. None: not checked.
-
-    Returns:
-        ``(data, ext, label, meta)``: image bytes, canonical extension (:func:`normalize_ext`),
-        class index, JSON metadata bytes or None.
-
-    Raises:
-        CorruptDataError: no image member or several, an unreadable ``.cls``, no label, or a
-            label not in ``labels`` (the message names ``source`` and ``key``).
-    """
-    image = None
-    images: list[str] = []
-    others: list[str] = []
-    for e in parts:
-        if e in IMAGE_EXTENSIONS or (e not in SIDE_EXTENSIONS and e.lower() in IMAGE_EXTENSIONS):
-            images.append(e)
-        elif e not in SIDE_EXTENSIONS and not e.startswith("__"):
-            others.append(e)
-    # an extra field's member has a dot (``mask.png``): the image only when nothing else can be
-    candidates = images or [e for e in others if "." not in e] or others
-    if len(candidates) != 1:
-        members = ", ".join(sorted(e for e in parts if not e.startswith("__"))) or "none"
-        what = ("no image member" if not candidates else
-                f"{len(candidates)} {'image ' if images else ''}members that could be its image "
-                f"({', '.join(candidates)}), not one")
-        raise CorruptDataError(f"{source} key {key}: sample has {what} (members: {members})")
-    image = candidates[0]
-    meta = parts.get("json")
-    cls = parts.get("cls")
-    if cls is not None:
-        try:
-            label = int(cls)
-        except ValueError:
-            raise CorruptDataError(f"{source} key {key}: {key}.cls holds {cls[:20]!r}, not a class "
-                                   "index") from None
-    elif not labelled:
-        label = UNLABELLED
-    else:
-        try:
-            if meta is None or class_to_idx is None:
-                raise KeyError("class")
-            label = class_to_idx[json.loads(meta)["class"]]
-        except Exception:
-            raise CorruptDataError(f"{source} key {key}: no {key}.cls member and no known class in "
-                                   f"{key}.json") from None
-    if labels is not None and label not in labels and (labelled or label != UNLABELLED):
-        raise CorruptDataError(f"{source} key {key}: {label_problem(label, labels)}")
-    ext = image if image in _CANONICAL_EXTS else normalize_ext(image)
-    return parts[image], ext, label, meta
-
-
-_CANONICAL_EXTS = frozenset(e for e in IMAGE_EXTENSIONS if e not in _EXT_ALIASES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,42 +213,6 @@ def member_clash(image_exts: Iterable[str], fields: Iterable[str]) -> str | None
     return None
 
 
-def encode_field(name: str, value: Any) -> bytes:
-    """A field's value as stored: bytes unchanged, ``str`` as UTF-8, anything else as JSON
-    (:func:`meta_bytes`' encoding). Raises TypeError for a value JSON cannot hold (NaN and
-    infinities included: strict JSON)."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    try:
-        # strict JSON: NaN and Infinity are not JSON, and JSON readers other than Python's refuse them
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"field {name!r}: {type(value).__name__} is neither bytes, str nor JSON ({exc})") from None
-
-
-def decode_field(name: str, data: bytes, source: str = "<sample>") -> Any:
-    """A stored field as readers yield it: ``str`` for a ``.txt`` suffix (UTF-8), the parsed
-    value for ``.json``, ``bytes`` otherwise (``mask.png``: the file's bytes).
-
-    Raises:
-        CorruptDataError: a ``.txt`` field that is not UTF-8 or a ``.json`` one that does not
-            parse, nested arrays and objects too deep included (names ``source``).
-    """
-    last = name.rsplit(".", 1)[-1]
-    try:
-        if last == "txt":
-            return bytes(data).decode("utf-8")
-        if last == "json":
-            return json.loads(bytes(data))
-    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested deeper than Python parses
-        what = exc if isinstance(exc, ValueError) else "nested too deeply to parse"
-        raise CorruptDataError(f"{source}: field {name!r} is not valid {last.upper()} ({what})") from None
-    return bytes(data)
-
-
 def key_width(num_samples: int) -> int:
     """Digits of the zero-padded keys of a dataset of ``num_samples`` samples (at least 9)."""
     return max(KEY_MIN_DIGITS, len(str(max(num_samples - 1, 0))))
@@ -455,13 +277,6 @@ def stored_path_problem(rel: str) -> str | None:
     return None
 
 
-def is_dali_index(head: bytes) -> bool:
-    """Whether a file starting with ``head`` is an NVIDIA DALI WebDataset index (text: a version
-    line ``v1.0``/``v1.1``/``v1.2 N``, then one line per sample), not shardfeed's binary index."""
-    # shardfeed's index starts with the first sample's offset, 0: eight zero bytes
-    return re.match(rb"v\d+\.\d+ \d+\s", head) is not None
-
-
 def merge_extension_counts(counts: "Sequence[dict[str, int] | None]") -> dict[str, int] | None:
     """Sum per-shard ``{ext: num_samples}`` counts (None if any shard's is unknown), sorted by ext."""
     total: dict[str, int] = {}
@@ -486,124 +301,9 @@ def split_member_name(name: str) -> tuple[str, str]:
     return name[:dot], name[dot + 1:]
 
 
-def class_bytes(label: int) -> bytes:
-    """Content of the ``{key}.cls`` member: the class index as ASCII decimal, no newline."""
-    return str(int(label)).encode("ascii")
-
-
-def meta_bytes(meta: dict[str, Any]) -> bytes:
-    """Content of the ``{key}.json`` member: compact UTF-8 JSON with sorted keys."""
-    return json.dumps(meta, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
 def tar_member_bytes(size: int) -> int:
     """Bytes one tar member of ``size`` data bytes takes on disk: a 512-byte header + padded data."""
     return TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
-
-
-def encode_index(offsets: Sequence[int]) -> bytes:
-    """Encode sample offsets (bytes from the start of the shard) as little-endian uint64."""
-    return struct.pack(f"<{len(offsets)}Q", *offsets)
-
-
-def decode_index(data: bytes, source: str = "<index>") -> list[int]:
-    """Decode an offset index written by :func:`encode_index`.
-
-    Raises:
-        CorruptDataError: the length is not a multiple of 8 bytes, or the offsets are not strictly
-            increasing multiples of the tar block (512 bytes): a damaged index, which would
-            otherwise send a reader to the wrong bytes.
-    """
-    if is_dali_index(data[:64]):
-        raise CorruptDataError(f"{source}: holds an NVIDIA DALI index (text, as DALI's wds2idx writes it), not "
-                               "shardfeed's binary offset index: a version-1 dataset names its index .idx, DALI's "
-                               "name; upgrade the dataset with `shardfeed index DIR --overwrite` (it writes .sfidx "
-                               "beside DALI's .idx, manifest version 2), or repack")
-    if len(data) % 8:
-        raise CorruptDataError(f"{source}: offset index of {len(data)} bytes is not a multiple of 8")
-    offsets = list(struct.unpack(f"<{len(data) // 8}Q", data))
-    previous = -1
-    for i, offset in enumerate(offsets):
-        if offset <= previous or offset % TAR_BLOCK:
-            raise CorruptDataError(f"{source}: damaged offset index (entry {i}: {offset} is not a tar block boundary "
-                                   f"after {previous}); rebuild it with `shardfeed index`, then `shardfeed check`")
-        previous = offset
-    return offsets
-
-
-def read_index(path: str | os.PathLike[str]) -> list[int]:
-    """Read a local ``.sfidx`` file (``.idx`` in version-1 datasets): the byte offset of every sample's first header."""
-    with open(path, "rb") as f:
-        return decode_index(f.read(), str(path))
-
-
-# ---------------------------------------------------------------------------------------------
-# sizes and atomic files
-
-def parse_size(text: str | int) -> int:
-    """Parse a size: ``"512MB"`` (powers of 1000), ``"1GiB"`` (powers of 1024), or a plain int.
-
-    Returns:
-        The size in bytes.
-
-    Raises:
-        ValueError: unparseable or not positive.
-    """
-    if isinstance(text, int):
-        value = text
-    else:
-        m = _SIZE_RE.match(str(text))
-        if not m:
-            raise ValueError(f"cannot parse size {text!r}: use e.g. 256MB, 1GiB, 500KB or a byte count")
-        unit = m.group(2).lower() if m.group(2) else None
-        value = int(float(m.group(1)) * _SIZE_UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
-    return value
-
-
-def _read_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()
-
-
-def write_temp_beside(path: str | os.PathLike[str], data: bytes) -> str:
-    """Write ``data`` to a new temporary file beside ``path`` (``.NAME.XXXXXXXX.tmp``, fsynced,
-    the usual mode) and return its path; the caller renames it over ``path`` or removes it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file its usual mode
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        _unlink_missing_ok(tmp)
-        raise
-    return tmp
-
-
-def _unlink_missing_ok(path: str | os.PathLike[str]) -> None:
-    """Remove ``path``; one already gone is fine (the clean-up of a failed write)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file in the same folder, fsync, rename."""
-    tmp = write_temp_beside(path, data)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_missing_ok(tmp)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -967,186 +667,18 @@ def _parse_fields(raw: Any, source: str) -> dict[str, dict[str, Any]]:
                                 f"{counts['count']!r} and {counts['missing']!r}")
         out[name] = {"member": field_member(name), **counts}
     return out
+
+
 #: The state folder an unfinished pack keeps in its output (``OUT/.shardfeed-pack/``, in a bucket
 #: the keys under ``PREFIX/.shardfeed-pack/``).
 PACK_STATE_DIR = ".shardfeed-pack"
-
-
 #: A WebDataset pack's path index (``--append`` reads it; readers never open it).
 PATH_INDEX_NAME = ".shardfeed-paths"
 #: In :data:`PACK_STATE_DIR`: the plan of a pack or a ``convert``, and the mark of a ``write_dataset``.
 PACK_PLAN_NAME, WRITE_DATASET_MARK = "plan.json", "write_dataset.json"
 
 
-def describe_unfinished(root: str | os.PathLike[str]) -> tuple[str, str]:
-    """What an unfinished pack left in local folder ``root`` and what finishes it, as
-    ``(found, fix)`` phrases: a stopped ``convert``, a stopped pack (its plan), a stopped
-    ``write_dataset`` (its mark) or a state folder without a plan. The one description of every
-    command that meets such a folder (readers and ``index`` alike)."""
-    root = Path(root)
-    state = root / PACK_STATE_DIR
-    try:
-        plan = json.loads(read_small_file(state / PACK_PLAN_NAME, max_bytes=1 << 20, what="the pack plan"))
-    except (OSError, ValueError, RecursionError):
-        plan = None
-    plan = plan if isinstance(plan, dict) else {}
-    if plan.get("command") == "convert":
-        return (f"an unfinished `shardfeed convert` ({state}/{PACK_PLAN_NAME})",
-                f"run the same `shardfeed convert SRC {root} --overwrite` again (a convert is not resumed)")
-    if plan:
-        done = sum(1 for n in _names_in(state) if re.fullmatch(r"[0-9]{6,}\.json", n))
-        return (f"an unfinished pack ({state}/{PACK_PLAN_NAME}, {done} finished shard record(s))",
-                f"finish it with `shardfeed pack SRC {root} --resume` (the same source and options), or rebuild it "
-                "with --overwrite")
-    if (state / WRITE_DATASET_MARK).is_file():
-        return (f"a write_dataset that stopped ({state}/{WRITE_DATASET_MARK})",
-                "call write_dataset again into an empty folder (its shards are not all there)")
-    return (f"a pack's state folder {state}/ without a plan (stopped as it started)",
-            f"run the pack again (`shardfeed pack SRC {root} --resume` starts it afresh)")
-
-
-def _names_in(folder: Path, limit: int = 1_000_000) -> list[str]:
-    """The names in ``folder`` (at most ``limit``; none when it cannot be listed)."""
-    try:
-        with os.scandir(folder) as it:
-            return [e.name for _, e in zip(range(limit), it)]
-    except OSError:
-        return []
-
-
-def unfinished_pack_error(root: str) -> IncompleteDatasetError:
-    """The error for a dataset location whose pack did not finish (its state, no manifest): for a
-    local folder, what was found there and what finishes it (:func:`describe_unfinished`); for a
-    bucket prefix, the pack's fix (``--resume``)."""
-    if "://" not in str(root) and os.path.isdir(Path(root) / PACK_STATE_DIR):
-        found, fix = describe_unfinished(root)
-        return IncompleteDatasetError(f"{root}: no {MANIFEST_NAME}; the command that wrote it did not finish: it "
-                                      f"holds {found}: {fix}")
-    return IncompleteDatasetError(f"{root}: no {MANIFEST_NAME}; the pack that wrote it did not finish. Finish it "
-                                  f"with `shardfeed pack SRC {root} --resume`, or rebuild it")
-
-
-def find_manifest_path(path: str | os.PathLike[str]) -> Path:
-    """Resolve a dataset directory or a manifest file path to the manifest file path."""
-    p = Path(path)
-    return p / MANIFEST_NAME if p.is_dir() else p
-
-
 #: A manifest larger than this is refused (a manifest of 10 million samples' shards is a few MiB).
-MAX_MANIFEST_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = MAX_CONTROL_FILE_BYTES
 
-
-def read_small_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_MANIFEST_BYTES,
-                    what: str = "the file", error: type[Exception] = ManifestError) -> bytes:
-    """The content of a local control file (a manifest, a pack plan, a shard record), bounded.
-
-    The file is opened non-blocking (a FIFO does not wait for a writer) and must be a regular
-    file (a link to ``/dev/zero``, a FIFO or a device is refused before anything is read); at most
-    ``max_bytes + 1`` bytes are read.
-
-    Args:
-        path: the file (a link is followed).
-        max_bytes: the largest size accepted, in bytes.
-        what: how a message names the file (``"the manifest"``).
-        error: the exception class raised for a file that is not regular or too large.
-
-    Raises:
-        FileNotFoundError, OSError: the file cannot be opened or read.
-        error: not a regular file, or larger than ``max_bytes`` (the message names the file).
-    """
-    import stat
-
-    fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not regular:
-        os.close(fd)
-        raise error(f"{path}: {what} is not a regular file (a folder, a FIFO, a device or a link to one); refused")
-    with os.fdopen(fd, "rb") as f:
-        chunks, got = [], 0
-        while got <= max_bytes:
-            chunk = f.read(min(max_bytes + 1 - got, 16 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-    if got > max_bytes:
-        raise error(f"{path}: {what} is more than {max_bytes:,} bytes; refused (is this the right file?)")
-    return b"".join(chunks)
-
-
-def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> Manifest:
-    """Load and validate a local manifest (a dataset directory or its ``manifest.json``).
-
-    Args:
-        path: the dataset directory or the manifest file: a local path or a ``file://`` URL
-            (any storage, URLs included: :func:`shardfeed.readers.load_manifest`, which is
-            :func:`~shardfeed.readers.opener.load_manifest`).
-        check_files: also check that every listed file exists with the listed size (cheap; hashes
-            are for ``shardfeed check``).
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        IncompleteDatasetError: the directory holds shards but no manifest (interrupted pack).
-        ManifestError: bad manifest, a local manifest that is not a regular file or is larger than
-            :data:`MAX_MANIFEST_BYTES`, or files missing / of the wrong size.
-        UnsupportedURLError: a URL other than ``file://``.
-    """
-    if isinstance(path, str) and "://" in path:
-        if not path.lower().startswith("file://"):
-            raise UnsupportedURLError(f"{path}: this function reads a local manifest; for a URL use "
-                                      "shardfeed.readers.load_manifest (or open_location(url).load_manifest())")
-        path = path[len("file://"):]
-    p = Path(path)
-    if not p.exists() and p.name == MANIFEST_NAME and p.parent.is_dir():
-        p = p.parent  # "DIR/manifest.json" that is not there: say what DIR is
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file or directory")
-    mpath = find_manifest_path(p)
-    if not mpath.exists():
-        root = mpath.parent
-        state_left = any(p.name != PATH_INDEX_NAME for p in root.glob(".shardfeed-*"))  # a pack's, not its path index
-        if any(root.glob("*.tar")) and not (root / LMDB_DATA_NAME).exists() and not state_left:
-            # no pack state: not an interrupted shardfeed pack (--resume would refuse it)
-            raise ManifestError(
-                f"{root}: .tar shards but no {MANIFEST_NAME} (and no unfinished shardfeed pack): shards written by "
-                f"another tool, or a dataset whose manifest was lost. Make them readable with "
-                f"`shardfeed index {root}` (writes the manifest and offset indexes beside them)")
-        if (root / LMDB_DATA_NAME).exists() or state_left:
-            raise unfinished_pack_error(str(root))
-        if any(d.is_dir() and not d.name.startswith(".") for d in root.iterdir()):
-            raise ManifestError(f"{root}: an image folder (or other folder), not a packed dataset: pack it first "
-                                f"with `shardfeed pack {root} OUT`")
-        raise ManifestError(f"{root}: no {MANIFEST_NAME}: not a packed dataset (pack it with `shardfeed pack`, "
-                            "or write a manifest for existing shards with `shardfeed index`)")
-    manifest = Manifest.from_json(read_small_file(mpath, max_bytes=MAX_MANIFEST_BYTES, what="the manifest"), str(mpath))
-    if check_files:
-        check_files_present(manifest, mpath.parent)
-    return manifest
-
-
-def check_files_present(manifest: Manifest, root: str | os.PathLike[str]) -> None:
-    """Check that each shard (and offset index) exists; shards must have the listed size.
-
-    Raises:
-        ManifestError: a file is missing or has another size; the message says how to fix it.
-    """
-    root = Path(root)
-    for s in manifest.shards:
-        f = root / s.name
-        try:
-            size = f.stat().st_size
-        except FileNotFoundError:
-            raise ManifestError(f"{f}: listed in {MANIFEST_NAME} but missing; restore it, or run "
-                                f"`shardfeed check {root}` and repack (to read the other shards meanwhile, open "
-                                f"it with check_files=False and on_error=\"skip\")") from None
-        if size != s.num_bytes and describe(manifest.format).exact_sizes:
-            raise ManifestError(f"{f}: {size} bytes on disk but {s.num_bytes} in {MANIFEST_NAME}; the file was "
-                                f"changed or truncated: run `shardfeed check {root}` and repack")
-        if s.index and not (root / s.index).exists():
-            raise ManifestError(f"{root / s.index}: offset index missing; rebuild it with "
-                                f"`shardfeed index {root}`")
 

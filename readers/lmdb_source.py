@@ -68,7 +68,8 @@ from .epoch import RankOrder
 from .lmdb_readahead import MAX_BYTES, ValueReader, ValueStream
 from .options import ReadOptions
 from .shard_readahead import SLOW_READ_S, read_pool
-from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width, label_problem
+from .format import UNLABELLED, Manifest, decode_record, field_member, format_key, key_width
+from .sample_members import label_problem
 from .runtime import after_fork_in_child
 from .source_base import SourceBase, name_original_file
 

@@ -1,4 +1,4 @@
-"""The ``DataLoader`` factory and the host-to-device step.
+"""The ``DataLoader`` factory (the host-to-device step is :mod:`~shardfeed.readers.device`'s :func:`to_device`).
 
 :func:`make_loader` applies the knobs the field tunes (docs/reading.md, "Loader options"):
 
@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 import torch
 import torch.utils.data
 
-from .batch_ring import BatchRing, RingBatch
+from .batching import BATCH_RING_MAX_BYTES, BatchRing, RingBatch, batch_ring_for, collate_decoded
+from .device import to_device
 from .dataset import is_url, open_dataset, open_dataset_keywords
 from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, validate_resume_state
 from .errors import ResumeStateError
@@ -174,30 +175,6 @@ def collate_raw(batch: Sequence[Any]) -> list[Any]:
     return [s for s in batch if s is not None]
 
 
-def _collate_decoded(batch: Sequence[Any], image_size: int | None = None, num_fields: int = 0) -> tuple[Any, ...]:
-    """``(uint8 [B, 3, H, W], int64 [B])``, plus one list of B values per extra field (``fields=``).
-
-    In a worker with a batch ring (:mod:`~shardfeed.readers.batch_ring`) the images are written
-    into a reused shared-memory slot and a handle to it travels instead of a new tensor."""
-    from .batch_ring import active_ring
-    from .transforms import collate_uint8
-
-    items = [s for s in batch if s is not None]
-    if not items:  # every sample of the batch was skipped (on_error="skip")
-        side = image_size or 0
-        return (torch.empty((0, 3, side, side), dtype=torch.uint8), torch.empty((0,), dtype=torch.int64),
-                *([] for _ in range(num_fields)))
-    if num_fields:
-        images, labels = collate_uint8([s[:2] for s in items])
-        return (images, labels, *[[s[2 + j] for s in items] for j in range(num_fields)])
-    ring = active_ring()
-    if ring is not None and torch.utils.data.get_worker_info() is not None:
-        handle = ring.publish([image for image, _ in items], [int(label) for _, label in items])
-        if handle is not None:  # rows of one reused slot, labels beside it: send a handle
-            return handle, None
-    return collate_uint8(items)
-
-
 class _EpochProgress:
     """What the training loop received from the latest ``iter(loader)``: its epoch, the batches
     delivered, whether it ran to its end, and the earlier runs of that epoch (``segments``) when it
@@ -272,18 +249,21 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
 
     Several iterations may be live at once (``zip(loader, loader)``): without persistent
     workers, each one's workers keep the epoch and resume plan it started with, only the first
-    of them moves batches through the batch ring (:mod:`~shardfeed.readers.batch_ring`), and
+    of them moves batches through the batch ring (:mod:`~shardfeed.readers.batching`), and
     one started while that one is alive and unfinished makes its batches the ordinary way. With
     ``num_workers=0`` the iterations share the one dataset in this process: each takes the epoch
     set last when it asks for its first batch, and random crops follow the epoch that began last;
     give each iteration its own loader when they must read different epochs.
     """
 
-    def __init__(self, *args: Any, epoch_sampler: EpochSampler | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, epoch_sampler: EpochSampler | None = None, batch_ring: BatchRing | None = None,
+                 pin_ring: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
-        self._batch_ring: BatchRing | None = None  # see make_loader
-        self._pin_ring = False
+        #: reused shared-memory batch slots of the workers (:func:`~shardfeed.readers.batching.batch_ring_for`);
+        #: each iteration hands it, or None, to the source (``SourceBase.use_batch_ring``) before its workers start
+        self._batch_ring = batch_ring if isinstance(self.dataset, SourceBase) else None
+        self._pin_ring = bool(pin_ring)  # batches taken from the ring are copied into page-locked memory
         self._ring_user: "weakref.ref[_EpochIterator] | None" = None  # the iteration whose workers use the ring
         self._latest: "weakref.ref[_EpochIterator] | None" = None  # the latest iteration started
         self._next_epoch = 0
@@ -337,13 +317,14 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             # another iteration's workers write into the slots: this one's make their batches the
             # ordinary way, never touching the slots or the other iteration's handles
             log.debug("batch ring in use by a live iteration of this loader: this one makes its batches one by one")
-            it = _EpochIterator(self._iter_without_ring(), self, progress)
-        else:
-            if ring is not None:
-                ring.reclaim()  # slots of batches an earlier iteration never took
-            it = _EpochIterator(super().__iter__(), self, progress)
-            if ring is not None:
-                self._ring_user = weakref.ref(it)
+            ring = None
+        elif ring is not None:
+            ring.reclaim()  # slots of batches an earlier iteration never took
+        if self._batch_ring is not None:
+            cast(SourceBase, ds).use_batch_ring(ring)  # the workers started below copy it
+        it = _EpochIterator(super().__iter__(), self, progress)
+        if ring is not None:
+            self._ring_user = weakref.ref(it)
         self._latest = weakref.ref(it)
         self._progress = progress
         return it
@@ -352,17 +333,6 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         """Whether an iteration whose workers write into the batch ring is still alive and unfinished."""
         user = self._ring_user() if self._ring_user is not None else None
         return user is not None and not user.finished
-
-    def _iter_without_ring(self) -> _BaseDataLoaderIter:
-        """``DataLoader.__iter__`` with workers started from a decoder that has no batch ring."""
-        dataset = self.dataset
-        assert isinstance(dataset, SourceBase)  # a batch ring is made only for a source (_batch_ring_for)
-        decoder = dataset.sample_decoder
-        decoder.ring = None  # the workers start (and copy the decoder) inside DataLoader.__iter__
-        try:
-            return super().__iter__()
-        finally:
-            decoder.ring = self._batch_ring
 
     # ---- resuming
     def _source(self) -> SourceBase:
@@ -559,7 +529,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
             :mod:`~shardfeed.readers.gpu_decode`.
 
     With workers and the built-in transforms, batches cross from the workers through reused
-    shared-memory slots (:mod:`~shardfeed.readers.batch_ring`: ``num_workers * (prefetch_factor
+    shared-memory slots (:mod:`~shardfeed.readers.batching`: ``num_workers * (prefetch_factor
     + 4)`` batches of shared memory, at most :data:`BATCH_RING_MAX_BYTES`); a slot is written
     again only after every tensor of the batch the loop received from it is freed.
 
@@ -612,11 +582,11 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
     if epoch_sampler is not None:
         kwargs["sampler"] = epoch_sampler
     kwargs["drop_last"] = bool(drop_last)
-    ring = _batch_ring_for(ds, num_workers, batch_size, prefetch_factor,
-                           custom_collate=extras.collate_fn is not None)
-    loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, **kwargs)
-    if ring is not None:
-        loader._batch_ring, loader._pin_ring = ring, bool(pin_memory) and torch.cuda.is_available()
+    ring = None
+    if isinstance(ds, SourceBase) and extras.collate_fn is None:  # the loader's collate sends ring handles
+        ring = batch_ring_for(ds.batch_rows, num_workers, prefetch_factor)
+    loader = ShardfeedLoader(ds, epoch_sampler=epoch_sampler, batch_ring=ring,
+                             pin_ring=bool(pin_memory) and torch.cuda.is_available(), **kwargs)
     log.debug("make_loader: %r batch_size=%d num_workers=%d pin_memory=%s -> %d batches per epoch",
               ds, batch_size, num_workers, pin_memory, len(loader))
     return loader
@@ -690,7 +660,7 @@ def _collate_option(ds: Any, extras: LoaderOptions) -> dict[str, Any]:
         return {}
     if not getattr(ds, "decode", True):
         return {"collate_fn": collate_raw}
-    return {"collate_fn": functools.partial(_collate_decoded, image_size=ds.image_size,
+    return {"collate_fn": functools.partial(collate_decoded, image_size=ds.image_size,
                                             num_fields=len(getattr(ds, "fields", ()) or ()))}
 
 
@@ -721,93 +691,3 @@ def _epoch_sampler(ds: Any, batch_size: int, *, shuffle: bool, seed: int, pad: b
     n = ds.num_samples if isinstance(ds, SourceBase) else len(ds)
     return EpochSampler(n, shuffle=shuffle, seed=seed, rank=r, world_size=w, pad=pad,
                         batch_size=batch_size, drop_last=drop_last, locate=getattr(ds, "locate_items", None))
-
-
-#: Largest shared memory the reused batch slots may take (bytes); above it batches are made per batch.
-BATCH_RING_MAX_BYTES = 1 << 30
-
-
-def _batch_ring_for(ds: Any, num_workers: int, batch_size: int, prefetch_factor: int | None,
-                    custom_collate: bool) -> BatchRing | None:
-    """Reused shared-memory batch slots for the workers of a decoding source with a fixed output
-    size (:mod:`~shardfeed.readers.batch_ring`), or None where they do not apply."""
-    if num_workers < 1 or custom_collate or not isinstance(ds, SourceBase) or not ds.decode:
-        return None
-    decoder = ds.sample_decoder
-    if decoder.image_size is None or decoder.transform is not None:
-        return None
-    slots = (prefetch_factor or 2) + 4  # in flight, plus batches the training loop holds
-    nbytes = num_workers * slots * int(batch_size) * 3 * decoder.image_size ** 2
-    if nbytes > BATCH_RING_MAX_BYTES:
-        log.debug("batch ring of %.0f MB over the %.0f MB cap: batches are made one by one", nbytes / 1e6,
-                  BATCH_RING_MAX_BYTES / 1e6)
-        return None
-    try:
-        ring = BatchRing(num_workers, slots, int(batch_size), decoder.image_size)
-    except (OSError, RuntimeError) as exc:  # shared memory refused: the ordinary path
-        log.debug("batch ring unavailable (%s): batches are made one by one", exc)
-        return None
-    decoder.ring = ring
-    return ring
-
-
-_NORM_CACHE: dict[tuple[Any, ...], torch.Tensor] = {}
-
-
-def _norm_tensor(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    key = (tuple(float(v) for v in values), str(device), dtype)
-    t = _NORM_CACHE.get(key)
-    if t is None:
-        t = torch.tensor(key[0], dtype=dtype, device=device).view(1, -1, 1, 1)
-        if len(_NORM_CACHE) < 64:
-            _NORM_CACHE[key] = t
-    return t
-
-
-def to_device(batch: tuple[torch.Tensor, torch.Tensor], device: str | torch.device, *,
-              mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-              dtype: torch.dtype = torch.float32, channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move a batch to ``device`` and convert it there: uint8 → ``dtype`` in [0, 1], normalised.
-
-    The copy is ``non_blocking`` (asynchronous from pinned memory, see ``pin_memory``); the
-    conversion ``x / 255`` and ``(x - mean) / std`` run on the device.
-
-    Args:
-        batch: ``(images, labels)``: ``torch.uint8`` ``[B, 3, H, W]`` and ``torch.int64`` ``[B]``.
-        device: target device (``"cuda"``, ``torch.device("cuda:0")``, ``"cpu"``).
-        mean, std: per-channel values on the [0, 1] scale (e.g. ImageNet's
-            ``(0.485, 0.456, 0.406)``, ``(0.229, 0.224, 0.225)``); None skips that step.
-        dtype: floating dtype of the result (``torch.float32``, ``torch.float16``,
-            ``torch.bfloat16``).
-        channels_last: return images in ``torch.channels_last`` memory format.
-
-    Returns:
-        ``(images, labels)`` on ``device``: ``dtype`` ``[B, 3, H, W]`` and ``torch.int64`` ``[B]``.
-
-    Raises:
-        TypeError: images are not a uint8 tensor, or ``dtype`` is not floating.
-        ValueError: images are not ``[B, C, H, W]``, or mean/std do not have C values.
-    """
-    images, labels = batch
-    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
-        raise TypeError(f"expected a torch.uint8 image batch, got "
-                        f"{images.dtype if isinstance(images, torch.Tensor) else type(images).__name__}")
-    if images.dim() != 4:
-        raise ValueError(f"expected images [B, C, H, W], got shape {tuple(images.shape)}")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
-    device = torch.device(device)
-    x = images.to(device, non_blocking=True)
-    y = labels.to(device, non_blocking=True)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    x = x.to(dtype).div_(255.0)
-    channels = x.shape[1]
-    for name, values in (("mean", mean), ("std", std)):
-        if values is not None and len(values) != channels:
-            raise ValueError(f"{name} has {len(values)} values but the images have {channels} channels")
-    if mean is not None:
-        x.sub_(_norm_tensor(mean, device, dtype))
-    if std is not None:
-        x.div_(_norm_tensor(std, device, dtype))
-    return x, y

@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
 from .errors import UnsupportedURLError
-from .format import (LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest, find_manifest_path, load_manifest,
-                     read_index)
+from .format import LMDB_DATA_NAME, MANIFEST_NAME, PACK_STATE_DIR, Manifest
+from .local_manifest import find_manifest_path, load_manifest
+from .offset_index import read_index
 from .shard_readahead import open_ahead, read_shard_ahead, take_opened
-from .tario import iter_indexed_samples
+from .tario_indexed import iter_indexed_samples
 
 __all__ = ["Location", "LocationBase", "LocalLocation", "folder_kind", "check_byte_range", "check_shard_size",
            "missing_file_error", "MAX_LOCAL_LIST_ENTRIES"]
@@ -272,7 +273,7 @@ class LocalLocation(LocationBase):
         if max_bytes is None:
             return path.read_bytes()
         from .errors import DataSourceError
-        from .format import read_small_file
+        from .file_io import read_small_file
 
         return read_small_file(path, max_bytes=max_bytes, what=what, error=DataSourceError)
 
@@ -337,7 +338,7 @@ class LocalLocation(LocationBase):
         return None
 
     def read_index(self, name: str) -> list[int]:
-        """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.format.read_index`),
+        """The offsets of the ``.sfidx`` file ``name`` (:func:`~shardfeed.readers.offset_index.read_index`),
         checked by :meth:`check_version` before and after the read."""
         if getattr(self, "_versions", None) is not None:
             self.check_version(name, os.stat(self.root / name))
@@ -347,8 +348,9 @@ class LocalLocation(LocationBase):
         return offsets
 
     def read_indexed(self, name: str, offsets, start: int, end: int, where: str, *, num_bytes: int | None = None):
-        """Samples ``[start, end)`` of an indexed local shard by :func:`~shardfeed.readers.tario.iter_indexed_samples`
-        (``__url__`` tagged); returns how many it yielded (it stops before anything unusual).
+        """Samples ``[start, end)`` of an indexed local shard by
+        :func:`~shardfeed.readers.tario_indexed.iter_indexed_samples` (``__url__`` tagged); returns
+        how many it yielded (it stops before anything unusual).
 
         Raises:
             FileNotFoundError: no such file.
@@ -442,7 +444,7 @@ class LocalLocation(LocationBase):
         return out
 
     def load_manifest(self, *, check_files: bool = True) -> Manifest:
-        """The validated manifest (:func:`~shardfeed.readers.format.load_manifest`).
+        """The validated manifest (:func:`~shardfeed.readers.local_manifest.load_manifest`).
 
         Raises:
             FileNotFoundError, ManifestError, IncompleteDatasetError: as ``load_manifest``.
@@ -501,7 +503,7 @@ class LocalLocation(LocationBase):
         if not meta.is_file():
             return {}
         from .errors import DataSourceError
-        from .format import read_small_file
+        from .file_io import read_small_file
 
         digest = read_small_file(meta, max_bytes=1024, what="the recorded sha256", error=DataSourceError)
         return {"sha256": digest.decode("utf-8", "replace").strip()}

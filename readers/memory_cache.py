@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .format import meta_bytes
+from .sample_members import meta_bytes
 from .options import ReadOptions
 from .source_base import SourceBase, name_original_file, parts_to_raw
 

@@ -191,7 +191,7 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
         self._starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self.draws = [SourceDraws(s.num_samples, k, seed=self.seed, source=i, shuffle=self.shuffle)
                       for i, (s, k) in enumerate(zip(self.sources, self.counts))]
-        self.sample_decoder = self.sources[0].sample_decoder  # one decoder: a batch's rows fill one buffer
+        self.sample_decoder = self.sources[0].sample_decoder  # one decoder for every source
         for s in self.sources:
             s.sample_decoder = self.sample_decoder
             s.set_distributed(self.rank, self.world_size)
@@ -228,6 +228,7 @@ class MixedSource(SourceBase, torch.utils.data.Dataset):
         super().configure_batching(batch_size, drop_last)
         for s in self.sources:
             s.configure_batching(batch_size, drop_last)
+            s.batch_rows = self.batch_rows  # one decoder, one set of rows: a batch's rows fill one buffer
 
     def separate_shared_state(self) -> None:
         super().separate_shared_state()

@@ -34,7 +34,8 @@ import time
 from typing import BinaryIO, Iterator
 
 from .errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
-from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest, unfinished_pack_error
+from .format import MANIFEST_NAME, PACK_STATE_DIR, Manifest
+from .local_manifest import unfinished_pack_error
 from .location import LocationBase, check_byte_range
 from .ranged_stream import ResumableRangeStream, backoff_s
 from .http_io import (DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HEAD_CHECK_MAX_SHARDS,

@@ -23,7 +23,7 @@ import os
 from typing import Any, Iterator
 
 from .location import LocalLocation, check_shard_size
-from .tario import iter_indexed_samples
+from .tario_indexed import iter_indexed_samples
 
 __all__ = ["ShardFiles", "read_runs", "sample_runs", "MAX_OPEN_SHARDS", "COALESCE_GAP_BYTES", "MAX_SPAN_BYTES"]
 

@@ -242,7 +242,7 @@ def load_manifest(source: str | os.PathLike, *, check_files: bool = True, storag
     """Load and validate the manifest of a dataset wherever it is stored.
 
     ``shardfeed.readers.load_manifest`` is this function: a local path goes to
-    :func:`shardfeed.readers.format.load_manifest`, a URL (``http(s)://``, ``s3://`` or a scheme
+    :func:`shardfeed.readers.local_manifest.load_manifest`, a URL (``http(s)://``, ``s3://`` or a scheme
     added with :func:`register_location`) to its location's ``load_manifest``.
 
     Args:
@@ -263,7 +263,7 @@ def load_manifest(source: str | os.PathLike, *, check_files: bool = True, storag
         UnsupportedURLError: a scheme that is not registered.
         DataSourceError: a remote manifest could not be fetched (names the URL, no credentials).
     """
-    from .format import load_manifest as load_local_manifest
+    from .local_manifest import load_manifest as load_local_manifest
 
     if is_remote(source):
         return open_location(source, storage_options=storage_options, timeout_s=timeout_s,

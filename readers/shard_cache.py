@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from .errors import CorruptDataError, DataSourceError
-from .format import parse_size
+from .sizes import parse_size
 
 __all__ = ["ShardCache", "CacheLockTimeout", "TooLongError", "copy_stream", "dataset_identity",
            "check_cache_limit", "VERIFIED_MTIME_NS", "DEFAULT_LOCK_TIMEOUT_S", "COPY_CHUNK_BYTES"]

@@ -437,7 +437,7 @@ def _read_hinted(fd: int, read_at: Callable[[int, int], bytes], plan: Sequence[t
 def read_shard_ahead(read_at: Callable[[int, int], bytes], plan: Sequence[tuple[int, int, int, int]], *,
                      fd: int | None = None) -> Iterator[bytes]:
     """:func:`read_ahead` of a shard's chunks, read ahead in aligned requests of
-    :data:`REQUEST_BYTES` (the ``chunk_reader`` of :func:`~shardfeed.readers.tario.iter_indexed_samples`).
+    :data:`REQUEST_BYTES` (the ``chunk_reader`` of :func:`~shardfeed.readers.tario_indexed.iter_indexed_samples`).
 
     Args and yields: as :func:`read_ahead` (``fd``: the shard's descriptor, which ``read_at``
     reads: the requests go out as kernel read-ahead hints).

@@ -57,7 +57,9 @@ import numpy as np
 from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, worker_batches
 from .errors import DatasetChangedError, StorageAccessError
 from .permutation import CHUNK
-from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, decode_field, field_member, sample_from_members
+from .batching import BatchRing, BatchRows
+from .format import IMAGE_EXTENSIONS, SIDE_EXTENSIONS, Sample, field_member
+from .sample_members import decode_field, sample_from_members
 from .options import ReadOptions
 
 __all__ = ["SourceBase", "IMAGE_EXTS", "SIDE_EXTS", "parts_to_raw", "name_original_file", "SKIP_SLOTS",
@@ -116,7 +118,7 @@ def name_original_file(exc: BaseException, meta: Any) -> BaseException:
 
 
 #: ``(data, ext, label, meta_json_bytes)`` of a WebDataset sample's members: the one grouping rule
-#: of :func:`shardfeed.readers.format.sample_from_members`, shared with every dataset tool.
+#: of :func:`shardfeed.readers.sample_members.sample_from_members`, shared with every dataset tool.
 parts_to_raw = sample_from_members
 
 
@@ -168,6 +170,9 @@ class SourceBase:
         self.drop_last = False
         # always built: validates the options even in raw mode
         self.sample_decoder = SampleDecoder(**read.decoder_options())
+        #: the rows decoded images are written into once a loader batches the source
+        #: (:meth:`configure_batching`; None: each image is a tensor of its own)
+        self.batch_rows: BatchRows | None = None
         # epoch shared with workers: -1 = never set (then each process counts its own iterations)
         self._epoch_state = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         # resume plan shared with workers: [length, JSON bytes...] (length 0: none)
@@ -199,7 +204,7 @@ class SourceBase:
 
     def field_values(self, stored: dict, where: str) -> tuple:
         """The requested fields' values from the stored ``{member extension or name: bytes}``
-        (:func:`~shardfeed.readers.format.decode_field`; None where a sample lacks one)."""
+        (:func:`~shardfeed.readers.sample_members.decode_field`; None where a sample lacks one)."""
         out = []
         for name, member in self._field_members:
             data = stored.get(member)
@@ -232,16 +237,46 @@ class SourceBase:
         """Called by the loader's ``worker_init_fn`` in each worker: remember the worker id."""
         self._worker_id = int(worker_id)
         self.sample_decoder.set_context(max(self.epoch_in_use(), 0), self.rank, int(worker_id))
+        if self.batch_rows is not None:
+            self.batch_rows.start_epoch()
 
     def configure_batching(self, batch_size: int, drop_last: bool = False) -> None:
-        """Tell the source the loader's batch size, so workers split on batch boundaries."""
+        """Tell the source the loader's batch size, so workers split on batch boundaries.
+
+        With the built-in transforms (``image_size`` set, no ``transform``) decoded images are then
+        written into rows of batch buffers (:attr:`batch_rows`, :class:`~shardfeed.readers.batching.BatchRows`).
+        """
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.holes = True
-        if self.decode:
-            self.sample_decoder.set_batch_rows(self.batch_size)  # images written into batch buffers
+        sd = self.sample_decoder
+        self.batch_rows = BatchRows(self.batch_size, sd.image_size) if self.decode and sd.writes_rows else None
+
+    def use_batch_ring(self, ring: BatchRing | None) -> None:
+        """The batch ring the workers of the next loader iteration write into (None: none).
+
+        The loader calls it before each iteration starts its workers; the workers copy the source,
+        and with it the ring, as they start (workers already running keep theirs).
+        """
+        if self.batch_rows is not None:
+            self.batch_rows.use_ring(ring)
+
+    def decode_sample(self, data: bytes, ext: str, label: int, where: str,
+                      rng: np.random.Generator | None = None) -> tuple:
+        """:attr:`sample_decoder`'s ``(image, label)`` for one sample, written into the next row of
+        :attr:`batch_rows` when a loader batches the source (the row is given back when the sample
+        fails to decode, so a batch's images stay consecutive rows). Raises what the decoder raises."""
+        rows = self.batch_rows
+        if rows is None:
+            return self.sample_decoder(data, ext, label, where, rng=rng)
+        out = rows.next_row()
+        try:
+            return self.sample_decoder(data, ext, label, where, rng=rng, out=out)
+        except BaseException:
+            rows.put_back()
+            raise
 
     # ---- resuming and the epoch's sequence
     def set_resume(self, plan: dict | None) -> None:
@@ -373,6 +408,8 @@ class SourceBase:
             self._report_skips()
         self._ctx_epoch = e
         self.sample_decoder.set_context(e, self.rank, worker)
+        if self.batch_rows is not None:
+            self.batch_rows.start_epoch()
 
     def end_epoch(self) -> None:
         """Called when an iteration ends: logs the epoch's skip count."""
@@ -414,8 +451,8 @@ class SourceBase:
             return (out, dict(zip(self.fields, extra)))
         if self.decode:
             if index is not None and self.needs_sample_rng():
-                return self.sample_decoder(data, ext, label, where, rng=self.sample_rng(index))
-            return self.sample_decoder(data, ext, label, where)
+                return self.decode_sample(data, ext, label, where, rng=self.sample_rng(index))
+            return self.decode_sample(data, ext, label, where)
         if meta is None:
             meta = {}
         elif not isinstance(meta, dict):

@@ -67,7 +67,9 @@ from .buffer_order import shuffled_windows
 from .epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, worker_batch_counts_before,
                     worker_batches, worker_span)
 from .errors import CorruptDataError, DataSourceError
-from .format import TAR_BLOCK, Manifest, Sample, decode_index, label_problem
+from .format import TAR_BLOCK, Manifest, Sample
+from .offset_index import decode_index
+from .sample_members import label_problem
 from .http_io import index_size_cap
 from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
@@ -75,7 +77,8 @@ from .location import LocalLocation, check_shard_size, missing_file_error
 from .offset_cache import DEFAULT_OFFSET_CACHE_BYTES, OffsetCache
 from .offset_reads import sample_runs
 from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
-from .tario import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples, iter_members, iter_samples
+from .tario import iter_members, iter_samples
+from .tario_indexed import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples
 
 __all__ = ["WebDatasetSource", "LocalLocation", "DEFAULT_SHUFFLE_BUFFER"]
 
@@ -347,7 +350,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             self.end_epoch()
             return
         if self.decode:
-            decoder = self.sample_decoder
+            decoder = self.decode_sample
             rng_for = self.sample_rng if self.needs_sample_rng() else None
             for index, key, parts in raw:
                 if key is None:  # samples of a damaged shard, counted as skipped
@@ -356,10 +359,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 try:
                     data, ext, label, _ = parts_to_raw(key, parts, c2i, parts["__url__"], labels)
                     where = f"{parts['__url__']} key {key}"
-                    if rng_for is None:
-                        out = decoder(data, ext, label, where)
-                    else:
-                        out = decoder(data, ext, label, where, rng=rng_for(index))
+                    out = decoder(data, ext, label, where, rng=None if rng_for is None else rng_for(index))
                 except (CorruptDataError, ValueError) as exc:
                     self.handle_error(name_original_file(exc, parts.get("json")), f"{parts['__url__']} key {key}")
                     if hole:

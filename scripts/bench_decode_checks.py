@@ -1,4 +1,4 @@
-"""What the truncated-data checks of ``readers/decode.py`` cost next to a decode.
+"""What the truncated-data checks of ``readers/decode_backends.py`` cost next to a decode.
 
 Times, on a 500x375 photo-like image (best of 5 rounds, microseconds a call): the cheap tail
 tests that run on every decode (``_png_tail_blank``: are the last two rows blank;
@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from shardfeed.readers import decode as D
+from shardfeed.readers import decode_backends as B
 
 __all__ = ["main"]
 
@@ -49,12 +50,12 @@ def main() -> None:
     rgb = D.decode_image(encoded["JPEG"])
     rows = [
         ("PNG  decode (pil)", _best_us(lambda: D.decode_image(encoded["PNG"], decoder="pil"), 100)),
-        ("PNG  tail test (every decode)", _best_us(lambda: D._png_tail_blank(png_img), 2000)),
-        ("PNG  exact count (blank tail only)", _best_us(lambda: D._png_missing_data(encoded["PNG"]), 100)),
+        ("PNG  tail test (every decode)", _best_us(lambda: B._png_tail_blank(png_img), 2000)),
+        ("PNG  exact count (blank tail only)", _best_us(lambda: B._png_missing_data(encoded["PNG"]), 100)),
         ("JPEG decode (pil)", _best_us(lambda: D.decode_image(encoded["JPEG"], decoder="pil"), 100)),
-        ("JPEG tail test (every pil/cv2 decode)", _best_us(lambda: D._jpeg_tail_flat(rgb, 1), 2000)),
+        ("JPEG tail test (every pil/cv2 decode)", _best_us(lambda: B._jpeg_tail_flat(rgb, 1), 2000)),
         ("JPEG exact scan check (flat tail only)",
-         _best_us(lambda: D._check_jpeg_scan(encoded["JPEG"], jpg_img, "x"), 100)),
+         _best_us(lambda: B._check_jpeg_scan(encoded["JPEG"], jpg_img, "x"), 100)),
     ]
     for name, us in rows:
         print(f"{name:42s} {us:9.1f} us")

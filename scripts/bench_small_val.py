@@ -142,25 +142,26 @@ def shardfeed_parts(folder: Path, wds: Path, epochs: int, rounds: int) -> dict:
     import simplejpeg
     import torch
 
+    from shardfeed.readers.batching import BatchRows
     from shardfeed.readers.transforms import SampleDecoder
 
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
     blobs = [f.read_bytes() for f in _files(folder)]
     decoder = SampleDecoder(image_size=SIZE, train=False, resize_size=RESIZE)
-    decoder.set_batch_rows(64)
+    rows = BatchRows(64, SIZE)
     out = {"files": len(blobs),
            "decode_ms": _best_ms(lambda: [simplejpeg.decode_jpeg(b, "RGB") for b in blobs], len(blobs)),
-           "sample_decoder_ms": _best_ms(lambda: [decoder(b, "jpg", 0, "bench")[1] for b in blobs], len(blobs))}
+           "sample_decoder_ms": _best_ms(lambda: [decoder(b, "jpg", 0, "bench", out=rows.next_row())[1]
+                                                  for b in blobs], len(blobs))}
     for workers in (0, 2):
         out[f"loader_w{workers}_cpu_ms"], main = _loader_cpu_ms(wds, workers, epochs, rounds)
         if workers:
             out["loader_w2_main_ms_per_batch"] = main
     real_call = SampleDecoder.__call__
 
-    def take_row_only(self, data, ext, label, source, rng=None):
-        row = self._out_row()[0]
-        return (row if row is not None else torch.zeros((3, SIZE, SIZE), dtype=torch.uint8)), int(label)
+    def take_row_only(self, data, ext, label, source, rng=None, out=None):
+        return (out[0] if out is not None else torch.zeros((3, SIZE, SIZE), dtype=torch.uint8)), int(label)
 
     SampleDecoder.__call__ = take_row_only  # forked workers inherit it
     try:

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The tar reader of this checkout against the one at another git revision, side by side in one run.
 
-Both versions of ``readers/tario.py`` read the same shards in memory (no disk, no page cache in
+Both versions of the tar reader (``readers/tario.py`` and, where a revision has it,
+``readers/tario_indexed.py``) read the same shards in memory (no disk, no page cache in
 the figures), in rounds that alternate their order (``bench_util.run_rounds``); each figure is the
 median over the rounds of the CPU time of the reading thread, the ratio the median of the per-round
 ratios (``baseline / current``: above 1 means this checkout is faster). Three readers are timed:
 
-- ``indexed``: :func:`~shardfeed.readers.tario.iter_indexed_samples`, the local reader's fast path
+- ``indexed``: :func:`~shardfeed.readers.tario_indexed.iter_indexed_samples`, the local reader's fast path
   (one ``read_at`` per ~96 KiB of whole samples, from the ``.sfidx`` offsets);
 - ``members``: :func:`~shardfeed.readers.tario.iter_members` + ``iter_samples`` over a stream
   (the general path: an unindexed shard, a stream, a shard in a bucket);
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_util import median, paired_ratio, run_rounds  # noqa: E402
 
-__all__ = ["load_baseline", "make_shard", "main"]
+__all__ = ["load_baseline", "load_current", "make_shard", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,19 +53,46 @@ class _CPUTimer:
         self.s = time.thread_time() - self.t0
 
 
-def load_baseline(rev: str):
-    """``readers/tario.py`` at git revision ``rev``, imported as a module of ``shardfeed.readers``
-    (so its relative imports resolve to this checkout's ``errors``)."""
-    source = subprocess.run(["git", "show", f"{rev}:readers/tario.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
-    import shardfeed.readers  # noqa: F401  (the package the module's relative imports need)
+def _git_source(rev: str, path: str) -> str | None:
+    """The text of ``path`` at git revision ``rev`` (None when the revision has no such file)."""
+    r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
 
-    module = types.ModuleType("shardfeed.readers._tario_baseline")
+
+def _exec_module(name: str, source: str, file: str) -> types.ModuleType:
+    module = types.ModuleType(f"shardfeed.readers.{name}")
     module.__package__ = "shardfeed.readers"
-    module.__file__ = f"{rev}:readers/tario.py"
+    module.__file__ = file
     sys.modules[module.__name__] = module
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
+
+
+def load_baseline(rev: str):
+    """The tar reader at git revision ``rev``: ``readers/tario.py`` imported as a module of
+    ``shardfeed.readers`` (so its relative imports resolve to this checkout's ``errors``), with the
+    indexed path of ``readers/tario_indexed.py`` at ``rev`` (read against that ``tario``) where the
+    revision keeps it in its own module."""
+    source = _git_source(rev, "readers/tario.py")
+    if source is None:
+        raise SystemExit(f"git revision {rev!r} has no readers/tario.py")
+    import shardfeed.readers  # noqa: F401  (the package the module's relative imports need)
+
+    module = _exec_module("_tario_baseline", source, f"{rev}:readers/tario.py")
+    indexed = _git_source(rev, "readers/tario_indexed.py")
+    if indexed is not None:
+        indexed = indexed.replace("from .tario import", "from ._tario_baseline import")
+        part = _exec_module("_tario_indexed_baseline", indexed, f"{rev}:readers/tario_indexed.py")
+        module.iter_indexed_samples = part.iter_indexed_samples
+    return module
+
+
+def load_current():
+    """This checkout's tar reader, both paths: ``iter_members``, ``iter_samples`` and ``iter_indexed_samples``."""
+    from shardfeed.readers import tario, tario_indexed
+
+    return types.SimpleNamespace(iter_members=tario.iter_members, iter_samples=tario.iter_samples,
+                                 iter_indexed_samples=tario_indexed.iter_indexed_samples)
 
 
 def make_shard(num_samples: int, *, pax: bool = False, seed: int = 0,
@@ -124,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args(argv)
 
-    from shardfeed.readers import tario as current
-
+    current = load_current()
     baseline = load_baseline(args.baseline)
     image_bytes = (int(args.image_kib[0] * 1024), int(args.image_kib[1] * 1024) + 1)
     plain, offsets = make_shard(args.samples, image_bytes=image_bytes)

@@ -8,10 +8,10 @@ the files and most of the decode time) in class folders, then runs, for each rou
 ceiling: no step) with the same workers, one after the other. It prints per round:
 
 * doctor's prediction for a quiet machine, and for the cores other processes left free while
-  ``bench`` ran (``min(W, free cores) / (decode + file CPU per image)``, capped by the quiet
-  figure), against bench's images/s, and the ratios;
-* the CPU seconds per image: doctor's decode and file system calls, bench's workers and main
-  process (collate and the conversion included), a figure other processes change much less.
+  ``bench`` ran (doctor's CPU ceiling, :func:`shardfeed.readers.measure.doctor_model.cpu_ceiling`,
+  on the free cores, capped by the quiet figure), against bench's images/s, and the ratios;
+* the CPU seconds per image: doctor's decode, file system calls, collate, hand-off and conversion
+  to float, bench's workers and main process, a figure other processes change much less.
 
 On a machine other processes keep busy, the quiet prediction is a ceiling the measurement does
 not reach; compare the "now" column.
@@ -75,11 +75,18 @@ def run_round(data: Path, args: argparse.Namespace, out: Path, i: int) -> dict:
     ben = _run_json([*_cli(), "bench", str(data), "--model", "none", "--num-workers", w, "--image-size",
                      str(args.image_size), "--batch-size", str(args.batch_size), "--batches", str(args.batches),
                      "--warmup", str(args.warmup), "--threads", "1"], out / f"bench-{i}.json")
+    from shardfeed.readers.measure.doctor_model import cpu_ceiling
+
     p, cpus = doc["predicted"], doc["cpus"]
-    cpu_per_image = 1 / doc["decode"]["images_per_cpu_s"] + (doc["storage"].get("file_cpu_ms") or 0) / 1e3
+    batch = doc["decode"].get("batch") or {}
+    t_worker = (1 / doc["decode"]["images_per_cpu_s"] + (doc["storage"].get("file_cpu_ms") or 0) / 1e3
+                + (batch.get("collate_ms_per_image") or 0) / 1e3)
+    t_main = ((batch.get("handoff_ms_per_image") or 0) + (batch.get("to_float_ms_per_image") or 0)) / 1e3
+    cpu_per_image = t_worker + t_main
     others = (ben.get("cpu") or {}).get("others_share") or 0.0
     free = max(0.1, cpus * (1 - others))
-    now = min(p["folder_images_per_s"], min(args.num_workers or 1, free) / cpu_per_image)
+    now = min(p["folder_images_per_s"], cpu_ceiling(num_workers=args.num_workers, cpus=free, t_worker_s=t_worker,
+                                                     t_main_s=t_main))
     bench_cpu = (ben.get("cpu") or {}).get("total_s")
     return {"round": i + 1, "predicted": p["folder_images_per_s"], "predicted_now": now,
             "error_share": p.get("error_share"), "sampled": doc["files"]["sampled"],

@@ -8,9 +8,10 @@ on the mounted folder (which predicts the folder's and the packed form's images/
 no compute step) with the same worker count, and prints a Markdown table, predicted vs measured.
 
 The figures are emulations (a fixed added latency), not measurements of NFS or a bucket. The doctor
-counts the loader's decode, resize and crop (``--image-size``) but not collate, the main process,
-the FUSE daemon's CPU or other processes', so where the CPU is the limit the measured rate is
-expected below the prediction (the table shows the CPU other processes took meanwhile).
+counts the loader's decode, resize and crop (``--image-size``), the collate, the hand-off and the
+conversion to float, but not the FUSE daemon's CPU or other processes', so where the CPU is the
+limit the measured rate is expected below the prediction (the table shows the CPU other processes
+took meanwhile).
 
 Examples::
 
@@ -65,6 +66,8 @@ def run_latency(data: Path, latency_ms: float, args, out: Path) -> dict:
             "busy_machine": p.get("busy_machine"),
             "doctor_decode_ms_per_image": 1e3 / doc["decode"]["images_per_cpu_s"],
             "doctor_file_cpu_ms": doc["storage"].get("file_cpu_ms") or 0.0,
+            "doctor_batch_ms_per_image": sum((doc["decode"].get("batch") or {}).get(k) or 0.0 for k in (
+                "collate_ms_per_image", "handoff_ms_per_image", "to_float_ms_per_image")),
             "verify_cpu_ms_per_image": {k: v * 1e3 for k, v in ver["cpu_s_per_image"].items()},
             "doctor_others_cpu_share": doc.get("others_cpu_share") or 0.0,
             "others_cpu_share": max((r.get("cpu") or {}).get("others_share") or 0.0 for r in ver["runs"])}
@@ -84,8 +87,8 @@ def format_markdown(rows: list[dict], args) -> str:
                      f"{r['predicted_packed']:.0f} / {busy.get('packed_images_per_s') or 0:.0f} | "
                      f"{r['measured_packed']:.0f} | "
                      f"{'yes' if r['doctor_advises_pack'] else 'no'} | "
-                     f"{r['doctor_decode_ms_per_image'] + r['doctor_file_cpu_ms']:.2f}, "
-                     f"{r['doctor_decode_ms_per_image']:.2f} / "
+                     f"{r['doctor_decode_ms_per_image'] + r['doctor_file_cpu_ms'] + r['doctor_batch_ms_per_image']:.2f}, "
+                     f"{r['doctor_decode_ms_per_image'] + r['doctor_batch_ms_per_image']:.2f} / "
                      f"{r['verify_cpu_ms_per_image']['before']:.2f}, {r['verify_cpu_ms_per_image']['after']:.2f} | "
                      f"{r['doctor_others_cpu_share']:.0%}, {r['others_cpu_share']:.0%} |")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """``shardfeed watch -- CMD`` and ``shardfeed doctor PATH``: diagnosing the user's own loop and storage.
 
 Thin layers over :mod:`shardfeed.readers.integrations.autowatch` (the start-up hook that watches
-every ``DataLoader`` of an unmodified script) and :func:`shardfeed.convert.tools.doctor.doctor`.
+every ``DataLoader`` of an unmodified script) and :func:`shardfeed.readers.measure.doctor.doctor`.
 Neither command imports torch in this process.
 """
 
@@ -20,8 +20,8 @@ import click
 
 from shardfeed.readers.runtime import set_signal
 
-from .common import (FiniteFloat, command, echo, json_option, quiet, storage_option, storage_options_of,
-                     write_json_report)
+from .common import FiniteFloat, command, echo, json_option, quiet, write_json_report
+from .storage_options import storage_option, storage_options_of
 from .measure import check_plot, html_option, write_html
 
 __all__ = ["COMMANDS", "watch_cmd", "doctor_cmd", "SITECUSTOMIZE"]
@@ -269,7 +269,7 @@ def doctor_cmd(ctx: click.Context, path: str, num_workers: int | None, max_files
       shardfeed doctor https://data.example.com/train-wds --num-workers 16
       shardfeed doctor s3://bucket/train --storage-option endpoint_url=http://127.0.0.1:9000
     """
-    from shardfeed.convert.tools.doctor import doctor
+    from shardfeed.readers.measure.doctor import doctor
 
     report = doctor(path, num_workers=num_workers, max_files=max_files, max_list=max_list, budget_s=budget_s,
                     decoder=decoder, cold=cold, seed=seed, image_size=image_size,

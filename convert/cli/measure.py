@@ -15,7 +15,8 @@ from typing import Any, Callable
 import click
 
 from .common import (FiniteFloat, OnErrorChoice, SizeParam, check_report_path, command, deprecated_option, echo,
-                     json_option, num_workers_options, storage_option, storage_options_of, write_json_report)
+                     json_option, num_workers_options, write_json_report)
+from .storage_options import storage_option, storage_options_of
 
 __all__ = ["COMMANDS", "bench", "verify", "tune", "harness_options", "loader_options", "html_option", "write_html",
            "check_plot"]

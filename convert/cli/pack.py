@@ -15,16 +15,14 @@ from .common import (
     EXIT_TERMINATED,
     Terminated,
     command,
-    storage_option,
-    storage_options_of,
     json_option,
     pack_options,
-    progress_bar,
     quiet,
     reencode_options,
-    scan_progress,
     write_json_report,
 )
+from .storage_options import storage_option, storage_options_of
+from .progress import progress_bar, scan_progress
 
 __all__ = ["COMMANDS", "pack_cmd"]
 

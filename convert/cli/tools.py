@@ -14,8 +14,9 @@ from pathlib import Path
 
 import click
 
-from .common import (EXIT_ERROR, SizeParam, command, json_option, pack_options, progress_bar, quiet, storage_option,
-                     storage_options_of, write_json_report)
+from .common import EXIT_ERROR, SizeParam, command, json_option, pack_options, quiet, write_json_report
+from .progress import progress_bar
+from .storage_options import storage_option, storage_options_of
 
 __all__ = ["COMMANDS", "inspect_cmd", "check_cmd", "unpack_cmd", "convert_cmd", "stage_cmd", "index_cmd", "serve_cmd"]
 

@@ -16,14 +16,8 @@ import time
 from pathlib import Path
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError, ShardfeedError
-from shardfeed.readers.format import (
-    LMDB_DATA_NAME,
-    LMDB_MANIFEST_KEY,
-    MANIFEST_NAME,
-    Manifest,
-    ShardEntry,
-    decode_index,
-)
+from shardfeed.readers.format import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, MANIFEST_NAME, Manifest, ShardEntry
+from shardfeed.readers.offset_index import decode_index
 from shardfeed.readers.registry import describe, resolve
 
 from .common import (

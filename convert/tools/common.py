@@ -22,11 +22,11 @@ from shardfeed.readers.format import (
     MANIFEST_NAME,
     Manifest,
     Sample,
-    decode_index,
     decode_record,
-    sample_from_members,
     stored_path_problem,
 )
+from shardfeed.readers.offset_index import decode_index
+from shardfeed.readers.sample_members import sample_from_members
 from shardfeed.readers import shard_cache
 from shardfeed.readers.http_io import MAX_MANIFEST_BYTES
 from shardfeed.readers.registry import describe, resolve
@@ -209,7 +209,7 @@ class DatasetLocation:
 
         Raises:
             ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: as
-                :func:`~shardfeed.readers.format.load_manifest`, or the download failed.
+                :func:`~shardfeed.readers.local_manifest.load_manifest`, or the download failed.
         """
         return self.location.load_manifest(check_files=check_files)
 
@@ -254,7 +254,7 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
     """Build a :class:`Sample` from one WebDataset sample's members.
 
     Image, label and metadata are chosen by the readers' one rule,
-    :func:`shardfeed.readers.format.sample_from_members`, so a tool and the training reader
+    :func:`shardfeed.readers.sample_members.sample_from_members`, so a tool and the training reader
     never disagree about a shard; the metadata is then parsed (``{}`` without a ``.json``
     member; a JSON value that is not an object becomes ``{"value": ...}``).
 

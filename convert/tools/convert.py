@@ -70,7 +70,7 @@ def _write_state(out: Path, fmt: str, prefix: str) -> None:
     convert may delete (:mod:`shardfeed.convert.ownership`)."""
     import json
 
-    from shardfeed.readers.format import write_bytes_atomic
+    from shardfeed.readers.file_io import write_bytes_atomic
 
     state = out / STATE_DIR
     state.mkdir(exist_ok=True)

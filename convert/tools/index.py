@@ -25,15 +25,13 @@ from shardfeed.readers.format import (
     Manifest,
     ShardEntry,
     created_by,
-    encode_index,
     field_member,
     field_name_problem,
-    is_dali_index,
     plain_file_name_problem,
-    read_small_file,
-    unfinished_pack_error,
-    write_bytes_atomic,
 )
+from shardfeed.readers.offset_index import encode_index, is_dali_index
+from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
+from shardfeed.readers.local_manifest import unfinished_pack_error
 from shardfeed.readers.redact import shown_source
 from shardfeed.readers.registry import describe
 

@@ -20,12 +20,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
-from shardfeed.readers.format import (
-    TAR_BLOCK,
-    Manifest,
-    Sample,
-    decode_index,
-)
+from shardfeed.readers.format import TAR_BLOCK, Manifest, Sample
+from shardfeed.readers.offset_index import decode_index
 from shardfeed.readers.registry import describe, resolve
 
 from .common import (
@@ -187,7 +183,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
     problems = []
     if not loc.remote:
         try:
-            from shardfeed.readers.format import check_files_present
+            from shardfeed.readers.local_manifest import check_files_present
 
             check_files_present(manifest, loc.root)
         except ManifestError as exc:

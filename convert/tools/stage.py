@@ -12,13 +12,8 @@ import time
 from pathlib import Path
 
 from shardfeed.readers.errors import DataSourceError
-from shardfeed.readers.format import (
-    LMDB_DATA_NAME,
-    MANIFEST_NAME,
-    Manifest,
-    read_small_file,
-    write_bytes_atomic,
-)
+from shardfeed.readers.format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest
+from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
 from shardfeed.readers.registry import describe, resolve
 from shardfeed.readers.shard_cache import TooLongError, copy_stream
 

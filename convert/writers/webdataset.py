@@ -39,12 +39,11 @@ from shardfeed.readers.format import (
     Manifest,
     Sample,
     ShardEntry,
-    class_bytes,
     field_member,
     field_name_problem,
     member_clash,
-    meta_bytes,
 )
+from shardfeed.readers.sample_members import class_bytes, meta_bytes
 
 from ..context import PackContext, PackResult
 from ..executors import ProgressSink, task_progress

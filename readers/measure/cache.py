@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from ..format import LMDB_DATA_NAME, MANIFEST_NAME, load_manifest
+from ..format import LMDB_DATA_NAME, MANIFEST_NAME
+from ..local_manifest import load_manifest
 from .report import fmt_bytes
 from .sampling import meminfo
 

@@ -101,7 +101,7 @@ def _finite(x) -> float | None:
 def _save(fig, path: str | os.PathLike, **kwargs) -> Path:
     """Save ``fig`` as PNG at ``path`` atomically (a temporary file beside it, renamed): a link at
     ``path`` is replaced, never written through, and an interrupted save leaves no half PNG."""
-    from ..format import write_bytes_atomic
+    from ..file_io import write_bytes_atomic
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", **kwargs)

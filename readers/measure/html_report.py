@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..format import write_bytes_atomic
+from ..file_io import write_bytes_atomic
 
 __all__ = ["HtmlTable", "render_html_report", "write_html_report", "banner_tone", "BANNER_TONES"]
 

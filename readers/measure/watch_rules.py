@@ -23,7 +23,8 @@ from .report import fmt_bytes
 __all__ = ["DIAGNOSIS_KINDS", "STALL_COMPUTE_BOUND", "WORKER_CPU_SATURATED", "BATCH_READY_HANDOFF",
            "MAIN_CPU_SATURATED", "WORKER_RUNQUEUE_STARVED", "OTHERS_CPU_CONTENDED", "WORKER_SLEEP_STORAGE",
            "PAGE_CACHE_MAX_BLOCK_READ_PER_S", "STORAGE_IOWAIT_SHARE", "gather_evidence", "judge", "diagnose",
-           "THRESHOLDS", "kind_label", "predict_batch_interval"]
+           "THRESHOLDS", "kind_label", "predict_batch_interval", "storage_workers", "resize_target",
+           "loader_verdict"]
 
 #: The diagnosis kinds, in the order :func:`judge` tries them (``borderline``: two kinds, the evidence split).
 DIAGNOSIS_KINDS = ("compute-bound", "main-process-bound", "handoff-bound", "cpu-bound", "cpu-contended",
@@ -321,7 +322,7 @@ def _advice(kind: str, ev: dict, loader: dict, cpu_count: int, cuda: bool, epoch
         advice.append(f"free cores for the workers: other processes took {pct(ev['others_cpu_share'])} of the "
                       "machine's CPU while the loop ran (see top); more workers would wait for a core as well")
     elif kind == "storage-bound" and nw is not None:
-        more = min(max(2 * nw, nw + 2), max(4 * cpu_count, nw + 2), 64)
+        more = storage_workers(nw, cpu_count)
         advice.append(f"num_workers={nw} → {more}: the workers sleep rather than compute, so more of "
                       f"them keep more reads in flight (this machine has {cpu_count} cores)"
                       f"{_gain_text(nw, more, stall, t_step_s, t_wait_s, workers, cpu_count)}")
@@ -394,7 +395,7 @@ def _decode_advice(facts: dict, data: str) -> list[str]:
     packed = ours and fmt is not None and fmt != "folder"
     image_size = facts.get("image_size") if ours else None
     side = facts.get("image_side")
-    target = max(256, -(-image_size * 8 // 7)) if image_size else 256
+    target = resize_target(image_size)
     src = "the original images" if packed else data
     if side is None:
         advice.append(f"shardfeed pack {src} OUT --resize N, N a little above the training image size, when "
@@ -442,3 +443,36 @@ def _gain_text(nw: int, new: int, stall: float, t_step_s: dict | None, t_wait_s:
     gain = (wait + step) / interval
     new_stall = max(0.0, 1 - step / interval)
     return f"; expected about {gain:.1f}x the batches per second (data stall {stall:.0%} → {new_stall:.0%})"
+
+
+def storage_workers(num_workers: int, cpu_count: int) -> int:
+    """The workers to try when they wait on storage: twice as many (at least 2 more), at most
+    ``4 * cpu_count`` (no fewer than 2 more) and 64; sleeping workers keep more reads in flight."""
+    return min(max(2 * num_workers, num_workers + 2), max(4 * cpu_count, num_workers + 2), 64)
+
+
+def resize_target(image_size: int | None) -> int:
+    """The shorter side, px, to re-encode stored images to: a little above the training size
+    (``ceil(image_size * 8 / 7)``, 256 for 224), at least 256; 256 when the training size is not known."""
+    return max(256, -(-image_size * 8 // 7)) if image_size else 256
+
+
+def loader_verdict(*, num_workers: int, workers_cpu_busy_share: float | None, slow_storage: bool = False,
+                   remote: bool | None = None) -> dict:
+    """:func:`judge` for a loader with no training loop behind it (the loop taken to wait for data,
+    a data stall of 1): ``cpu-bound`` when the workers are CPU-saturated
+    (:data:`WORKER_CPU_SATURATED`), ``storage-bound`` when they mostly wait, ``borderline`` between
+    the two inside the band; ``main-process-bound`` with ``num_workers=0``.
+
+    Args:
+        num_workers: the loader's workers.
+        workers_cpu_busy_share: the share of the workers' time spent on the CPU, in [0, 1] (measured
+            or predicted); None: not known.
+        slow_storage, remote: the data lies on a network or user-space mount, or behind a URL.
+
+    Returns:
+        :func:`judge`'s ``{"kind", "between", "decided_by"}``.
+    """
+    ev = gather_evidence(stall_share=1.0, num_workers=num_workers, workers={"cpu_busy_share": workers_cpu_busy_share},
+                         facts={"slow_storage": slow_storage, "remote": remote})
+    return judge(ev)

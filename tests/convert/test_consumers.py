@@ -237,7 +237,7 @@ def test_metadata_fields_skips_a_json_member_with_a_damaged_size(packed_wds, tmp
     import tracemalloc
 
     from shardfeed.convert.consumers import metadata_fields
-    from shardfeed.readers.format import load_manifest
+    from shardfeed.readers.local_manifest import load_manifest
 
     d = tmp_path / "d"
     shutil.copytree(packed_wds, d)

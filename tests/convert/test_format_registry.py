@@ -19,7 +19,8 @@ from click.testing import CliRunner
 
 from shardfeed.convert.cli import main
 from shardfeed.convert.context import PackContext, PackResult
-from shardfeed.readers.format import Manifest, Sample, ShardEntry, load_manifest
+from shardfeed.readers.format import Manifest, Sample, ShardEntry
+from shardfeed.readers.local_manifest import load_manifest
 from shardfeed.readers.registry import FORMATS, describe, format_choices, register_format
 
 TOY_FILE = "toy.jsonl"

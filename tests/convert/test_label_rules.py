@@ -14,7 +14,7 @@ from PIL import Image
 
 from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_labels_file
 from shardfeed.convert.pack import PackOptions
-from shardfeed.readers.format import load_manifest
+from shardfeed.readers.local_manifest import load_manifest
 
 
 def _img(seed: int) -> bytes:

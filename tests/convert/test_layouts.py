@@ -20,7 +20,8 @@ from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_labels_fi
 from shardfeed.convert.pack import PackOptions, pack
 from shardfeed.convert.tools.unpack import unpack
 from shardfeed.readers import open_dataset
-from shardfeed.readers.format import Manifest, load_manifest
+from shardfeed.readers.format import Manifest
+from shardfeed.readers.local_manifest import load_manifest
 
 CLASSES = ["n01440764", "n01443537", "n01484850"]  # synset ids, as ImageNet names its classes
 

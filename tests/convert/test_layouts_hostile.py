@@ -23,7 +23,8 @@ from shardfeed.convert import label_files, layouts, write_dataset
 from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_classes_file, read_labels_file
 from shardfeed.convert.pack import PackOptions
 from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
-from shardfeed.readers.format import MAX_FIELDS, load_manifest
+from shardfeed.readers.format import MAX_FIELDS
+from shardfeed.readers.local_manifest import load_manifest
 
 
 def _jpeg(seed: int) -> bytes:
@@ -107,7 +108,7 @@ def test_a_sidecar_that_would_not_read_back_is_refused_at_pack_naming_it(tmp_pat
 
 
 def test_a_json_field_nested_too_deep_reads_as_a_corrupt_field_not_a_crash():
-    from shardfeed.readers.format import decode_field
+    from shardfeed.readers.sample_members import decode_field
 
     with pytest.raises(CorruptDataError, match=r"shard-000000\.tar key 7: field 'json' .*too deep"):
         decode_field("json", b"[" * 200_000 + b"]" * 200_000, "shard-000000.tar key 7")

@@ -34,7 +34,8 @@ from shardfeed.convert.writers.lmdb_store import PACK_STATE_KEY
 from shardfeed.convert.faults import FaultHooks
 from shardfeed.convert.pack import PackOptions, pack
 from shardfeed.readers.errors import IncompleteDatasetError
-from shardfeed.readers.format import LMDB_MANIFEST_KEY, Sample, decode_record, load_manifest
+from shardfeed.readers.format import LMDB_MANIFEST_KEY, Sample, decode_record
+from shardfeed.readers.local_manifest import load_manifest
 from shardfeed.readers.lmdb_io import open_lmdb_readonly, read_lmdb_manifest
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from shardfeed.convert.tarwriter import TarShardFile
-from shardfeed.readers.format import read_index
+from shardfeed.readers.offset_index import read_index
 
 
 def _samples(n: int, seed: int, sizes) -> list[tuple[str, bytes, int]]:

@@ -114,11 +114,11 @@ def test_a_secret_on_the_command_line_is_warned_about_never_echoed(s3_packed, tm
 
 
 def test_a_fifo_given_as_the_storage_option_file_is_refused_without_waiting(tmp_path):
-    from shardfeed.convert.cli.common import read_storage_option_file
+    from shardfeed.convert.cli.storage_options import read_storage_option_file
 
     fifo = tmp_path / "s3.conf"
     os.mkfifo(fifo, 0o600)
-    script = ("import sys\nfrom shardfeed.convert.cli.common import read_storage_option_file\n"
+    script = ("import sys\nfrom shardfeed.convert.cli.storage_options import read_storage_option_file\n"
               "try:\n    read_storage_option_file(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n")
     # In a child process with a deadline: a blocking open of a FIFO would hang the test run itself.
     r = subprocess.run([sys.executable, "-P", "-c", script, str(fifo)], capture_output=True, text=True, timeout=60)
@@ -141,7 +141,7 @@ def test_a_deeply_nested_json_storage_option_file_is_a_clear_error_not_a_traceba
 
 
 def test_a_nested_value_in_a_json_storage_option_file_is_refused_by_name(tmp_path):
-    from shardfeed.convert.cli.common import read_storage_option_file
+    from shardfeed.convert.cli.storage_options import read_storage_option_file
 
     nested = tmp_path / "nested.json"
     nested.write_text(json.dumps({"endpoint_url": "http://127.0.0.1:9", "config": {"retries": 3}}))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from shardfeed.convert.cli.common import read_storage_option_file
+from shardfeed.convert.cli.storage_options import read_storage_option_file
 from shardfeed.readers.objstore import parse_storage_options
 
 SHARDFEED = [sys.executable, "-P", "-m", "shardfeed.convert.cli"]

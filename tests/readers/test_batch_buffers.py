@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from shardfeed.readers import make_loader, open_dataset
-from shardfeed.readers.transforms import TrainTransform, _window_to_chw, collate_uint8, sample_generator
+from shardfeed.readers.resize import window_to_chw
+from shardfeed.readers.transforms import TrainTransform, collate_uint8, sample_generator
 
 
 def _draws(g: np.random.Generator) -> list[float]:
@@ -77,7 +78,7 @@ def test_enlarging_resize_is_plain_bilinear(shape, flip):
     if flip:
         ref = ref.flip(2)
     for resample in ("antialias", "area"):
-        out = _window_to_chw(window, 224, resample=resample, flip=flip)
+        out = window_to_chw(window, 224, resample=resample, flip=flip)
         assert out.dtype == torch.uint8 and tuple(out.shape) == (3, 224, 224) and out.is_contiguous()
         assert int((out.int() - ref.int()).abs().max()) <= 1
 
@@ -87,12 +88,12 @@ def test_shrinking_resize_stays_antialiased():
     ref = F.interpolate(torch.from_numpy(window).permute(2, 0, 1)[None], size=(224, 224), mode="bilinear",
                         antialias=True, align_corners=False)[0]
     out = torch.empty((3, 224, 224), dtype=torch.uint8)
-    assert _window_to_chw(window, 224, resample="antialias", out=out) is out
+    assert window_to_chw(window, 224, resample="antialias", out=out) is out
     assert torch.equal(out, ref)
 
 
 def test_collate_rows_of_one_buffer_is_a_view_and_other_batches_are_stacked():
-    from shardfeed.readers.transforms import _new_batch_buffer
+    from shardfeed.readers.batching import _new_batch_buffer
 
     buf = _new_batch_buffer((5, 3, 4, 4))
     buf.copy_(torch.arange(5 * 3 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).view(5, 3, 4, 4))
@@ -111,7 +112,7 @@ def test_collate_rows_of_one_buffer_is_a_view_and_other_batches_are_stacked():
 
 
 def test_batch_ring_is_switched_off_when_rows_leave_without_a_handle():
-    from shardfeed.readers.batch_ring import BatchRing
+    from shardfeed.readers.batching import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=2, image_size=2)
     ring.reset_worker(0)
@@ -198,7 +199,7 @@ def test_train_transform_finish_writes_into_the_given_row():
 def test_batch_ring_slot_is_written_again_only_after_its_batch_is_freed():
     import gc
 
-    from shardfeed.readers.batch_ring import BatchRing
+    from shardfeed.readers.batching import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=4)
     ring.reset_worker(0)
@@ -231,13 +232,13 @@ def test_batch_ring_slot_is_written_again_only_after_its_batch_is_freed():
 
 
 def RingBatch_like(ring, worker, slot, seq):
-    from shardfeed.readers.batch_ring import RingBatch
+    from shardfeed.readers.batching import RingBatch
 
     return RingBatch(ring.ring_id, worker, slot, 1, seq)
 
 
 def test_batch_ring_reclaims_batches_never_taken():
-    from shardfeed.readers.batch_ring import BatchRing
+    from shardfeed.readers.batching import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=1, image_size=2)
     ring.reset_worker(0)
@@ -250,7 +251,7 @@ def test_batch_ring_reclaims_batches_never_taken():
 
 
 def test_batch_ring_never_waits_when_every_slot_is_held():
-    from shardfeed.readers.batch_ring import BatchRing
+    from shardfeed.readers.batching import BatchRing
 
     ring = BatchRing(num_workers=2, slots=2, batch_size=2, image_size=2)
     ring.reset_worker(1)
@@ -270,7 +271,7 @@ def test_batch_ring_never_waits_when_every_slot_is_held():
 def test_batch_ring_labels_travel_beside_the_slot():
     import gc
 
-    from shardfeed.readers.batch_ring import BatchRing
+    from shardfeed.readers.batching import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=2)
     ring.reset_worker(0)
@@ -375,7 +376,8 @@ def test_main_process_buffers_are_written_again_only_once_nothing_holds_them(tmp
 @pytest.mark.multiprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
 def test_a_worker_maps_its_slots_once_and_writes_them_without_page_faults():
-    from shardfeed.readers.batch_ring import BatchRing, populate_pages
+    from shardfeed.readers.batching import BatchRing
+    from shardfeed.readers.pages import populate_pages
 
     ring = BatchRing(num_workers=2, slots=3, batch_size=4, image_size=256)  # 3 x 786,432 bytes per worker
     part = ring.buffers[1].numpy()
@@ -404,7 +406,7 @@ def test_a_worker_maps_its_slots_once_and_writes_them_without_page_faults():
 
 
 def test_row_planes_are_the_rows_of_the_buffer_and_the_ring_hands_out_a_row_with_its_own_planes():
-    from shardfeed.readers.batch_ring import BatchRing, row_planes
+    from shardfeed.readers.batching import BatchRing, row_planes
 
     buf = torch.zeros((2, 3, 4, 4), dtype=torch.uint8)
     planes = row_planes(buf)

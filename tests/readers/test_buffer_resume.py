@@ -18,7 +18,7 @@ BATCH = 4
 
 def _global_keys(wds, seed: int, epoch: int) -> list[str]:
     """The epoch's sequence of sample keys: the shards in their seeded order, each shard's keys in file order."""
-    from shardfeed.readers.format import load_manifest
+    from shardfeed.readers.local_manifest import load_manifest
 
     shards = load_manifest(wds).shards
     order = list(range(len(shards)))

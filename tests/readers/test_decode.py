@@ -18,13 +18,8 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from shardfeed.readers.decode import (
-    DECODERS,
-    DEFAULT_MAX_PIXELS,
-    ImageTooLargeError,
-    decode_image,
-    image_size_of,
-)
+from shardfeed.readers.decode import DECODERS, DEFAULT_MAX_PIXELS, decode_image, image_size_of
+from shardfeed.readers.errors import ImageTooLargeError
 from shardfeed.readers.errors import CorruptDataError, ShardfeedError
 from shardfeed.readers.transforms import (
     EvalTransform,

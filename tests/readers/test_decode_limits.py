@@ -23,8 +23,8 @@ from PIL import Image
 
 from shardfeed.convert.cli import main as cli
 from shardfeed.readers import open_dataset
-from shardfeed.readers.decode import (DECODERS, DEFAULT_MAX_DECODE_BYTES, ImageTooLargeError, decode_crop,
-                                      decode_image)
+from shardfeed.readers.decode import DECODERS, DEFAULT_MAX_DECODE_BYTES, decode_crop, decode_image
+from shardfeed.readers.errors import ImageTooLargeError
 from shardfeed.readers.errors import CorruptDataError
 
 ROWS, COLS = 40, 30

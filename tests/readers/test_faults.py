@@ -32,7 +32,7 @@ import torch
 from PIL import Image
 
 from shardfeed.readers import make_loader, open_dataset
-from shardfeed.readers.decode import ImageTooLargeError
+from shardfeed.readers.errors import ImageTooLargeError
 from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
@@ -474,7 +474,8 @@ def uneven(tmp_path_factory) -> dict:
     first = _tar_samples(shard)[7]["members"][0]
     raw[first.offset_data:first.offset_data + first.size] = bytes(first.size)
     shard.write_bytes(bytes(raw))
-    from shardfeed.readers.format import Manifest, load_manifest
+    from shardfeed.readers.format import Manifest
+    from shardfeed.readers.local_manifest import load_manifest
 
     m = load_manifest(bad, check_files=False)
     m.shards[0].sha256 = hashlib.sha256(raw).hexdigest()

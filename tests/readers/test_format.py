@@ -10,9 +10,10 @@ import msgpack
 import pytest
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
-from shardfeed.readers.format import (Manifest, decode_record, encode_record, meta_bytes, parse_size,
-                                      sample_from_members, split_member_name, tar_member_bytes,
-                                      write_bytes_atomic)
+from shardfeed.readers.format import Manifest, decode_record, encode_record, split_member_name, tar_member_bytes
+from shardfeed.readers.sample_members import meta_bytes, sample_from_members
+from shardfeed.readers.sizes import parse_size
+from shardfeed.readers.file_io import write_bytes_atomic
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -110,7 +111,7 @@ def test_decode_index_refuses_offsets_that_cannot_be_sample_starts(offsets):
     import struct
 
     from shardfeed.readers.errors import CorruptDataError
-    from shardfeed.readers.format import decode_index
+    from shardfeed.readers.offset_index import decode_index
 
     with pytest.raises(CorruptDataError, match="x.sfidx: damaged offset index"):
         decode_index(struct.pack(f"<{len(offsets)}Q", *offsets), "x.sfidx")

@@ -12,7 +12,7 @@ import pytest
 
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import DataSourceError, ManifestError
-from shardfeed.readers.format import read_index
+from shardfeed.readers.offset_index import read_index
 from shardfeed.readers.http_io import HttpLocation
 
 pytestmark = pytest.mark.network

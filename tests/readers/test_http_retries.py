@@ -20,7 +20,7 @@ import pytest
 
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import DataSourceError
-from shardfeed.readers.format import read_index
+from shardfeed.readers.offset_index import read_index
 from shardfeed.readers.http_io import HttpLocation, HttpRangeStream, http_get
 
 pytestmark = pytest.mark.network

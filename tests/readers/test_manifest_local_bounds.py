@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from shardfeed.readers import format as fmt
+from shardfeed.readers import local_manifest
 from shardfeed.readers.errors import DataSourceError, ManifestError
-from shardfeed.readers.format import load_manifest, read_small_file
+from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.readers.file_io import read_small_file
 from shardfeed.readers.location import LocalLocation
 
 SHARDFEED = [sys.executable, "-P", "-m", "shardfeed.convert.cli"]
@@ -43,7 +44,7 @@ def test_a_manifest_linked_to_dev_zero_is_refused(zero_manifest):
 
 
 def test_a_fifo_manifest_is_refused_without_blocking(fifo_manifest):
-    code = ("from shardfeed.readers.format import load_manifest\n"
+    code = ("from shardfeed.readers.local_manifest import load_manifest\n"
             f"try:\n    load_manifest({str(fifo_manifest)!r})\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n")
     r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
@@ -63,9 +64,9 @@ def test_a_manifest_over_the_cap_is_refused(tmp_path, monkeypatch, packed_wds):
     shutil.copytree(packed_wds, d)
     size = (d / "manifest.json").stat().st_size
     num_samples = json.loads((packed_wds / "manifest.json").read_bytes())["num_samples"]
-    monkeypatch.setattr(fmt, "MAX_MANIFEST_BYTES", size)  # exactly the cap: read
+    monkeypatch.setattr(local_manifest, "MAX_MANIFEST_BYTES", size)  # exactly the cap: read
     assert load_manifest(d).num_samples == num_samples
-    monkeypatch.setattr(fmt, "MAX_MANIFEST_BYTES", size - 1)
+    monkeypatch.setattr(local_manifest, "MAX_MANIFEST_BYTES", size - 1)
     with pytest.raises(ManifestError) as e:
         load_manifest(d)
     assert str(d / "manifest.json") in str(e.value) and f"more than {size - 1:,} bytes" in str(e.value)

@@ -11,7 +11,7 @@ import pytest
 
 from shardfeed.readers import LoaderOptions, OpenOptions, ReadOptions, make_loader, open_dataset
 from shardfeed.readers.folder_source import FolderSource
-from shardfeed.readers.format import load_manifest
+from shardfeed.readers.local_manifest import load_manifest
 from shardfeed.readers.lmdb_source import LMDBSource
 from shardfeed.readers.webdataset_source import WebDatasetSource
 

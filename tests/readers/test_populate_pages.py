@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from shardfeed.readers import batch_ring
-from shardfeed.readers.batch_ring import BatchRing, populate_pages
+from shardfeed.readers import pages as pages_module
+from shardfeed.readers.batching import BatchRing
+from shardfeed.readers.pages import populate_pages
 
 PAGE = mmap.PAGESIZE
 
@@ -23,8 +24,8 @@ def _recorder(monkeypatch):
         calls.append((start, length, advice))
         return 0
 
-    monkeypatch.setattr(batch_ring, "_madvise", madvise)
-    monkeypatch.setattr(batch_ring.sys, "platform", "linux")
+    monkeypatch.setattr(pages_module, "_madvise", madvise)
+    monkeypatch.setattr(pages_module.sys, "platform", "linux")
     return calls
 
 
@@ -59,8 +60,8 @@ def test_a_failing_madvise_is_harmless_and_the_rows_keep_their_bytes(monkeypatch
             raise TypeError("wrong argument types")
         return -1
 
-    monkeypatch.setattr(batch_ring, "_madvise", madvise)
-    monkeypatch.setattr(batch_ring.sys, "platform", "linux")
+    monkeypatch.setattr(pages_module, "_madvise", madvise)
+    monkeypatch.setattr(pages_module.sys, "platform", "linux")
     ring = BatchRing(num_workers=2, slots=2, batch_size=2, image_size=64)
     ring.reset_worker(1)  # must not raise
     assert populate_pages(ring.buffers[1].data_ptr(), ring.buffers[1].numel()) is False
@@ -74,7 +75,7 @@ def test_a_failing_madvise_is_harmless_and_the_rows_keep_their_bytes(monkeypatch
 
 def test_off_linux_it_is_not_called(monkeypatch):
     calls = _recorder(monkeypatch)
-    monkeypatch.setattr(batch_ring.sys, "platform", "darwin")
+    monkeypatch.setattr(pages_module.sys, "platform", "darwin")
     assert populate_pages(1000 * PAGE, 4 * PAGE) is False
     assert calls == []
 

@@ -173,7 +173,7 @@ def _corrupt_copy(packed_wds, tmp_path):
     """A copy whose shard 0 has the image bytes of its second sample garbled (same size)."""
     import shutil
 
-    from shardfeed.readers.format import read_index
+    from shardfeed.readers.offset_index import read_index
 
     d = tmp_path / "corrupt"
     shutil.copytree(packed_wds, d)

@@ -11,8 +11,9 @@ import pytest
 
 from shardfeed.convert.tarwriter import TarShardFile
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.format import read_index
-from shardfeed.readers.tario import SequentialReader, iter_indexed_samples, iter_members, iter_samples
+from shardfeed.readers.offset_index import read_index
+from shardfeed.readers.tario import iter_members, iter_samples
+from shardfeed.readers.tario_indexed import SequentialReader, iter_indexed_samples
 
 
 class NoSeek(io.RawIOBase):
@@ -349,7 +350,7 @@ def test_checksum_fields_hold_the_checksum_python_tarfile_writes():
     it wrote is among those a header with that byte sum can hold (the digit sum by arithmetic)."""
     import zlib
 
-    from shardfeed.readers import tario
+    from shardfeed.readers import tario_indexed
 
     rng = random.Random(7)
     for _ in range(400):
@@ -359,6 +360,6 @@ def test_checksum_fields_hold_the_checksum_python_tarfile_writes():
         header = info.tobuf(format=tarfile.USTAR_FORMAT)[:512]
         field = header[148:156]
         assert int(field[:6], 8) == sum(header) - sum(field) + 256  # tarfile's own rule
-        assert field in tario._checksum_fields(zlib.adler32(header) & 0xFFFF)
+        assert field in tario_indexed._checksum_fields(zlib.adler32(header) & 0xFFFF)
     for c in range(0, 8 ** 6, 97):
-        assert tario._octal_digit_sum(c) == sum(int(d) for d in "%o" % c)
+        assert tario_indexed._octal_digit_sum(c) == sum(int(d) for d in "%o" % c)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import DataLoader
 
-from shardfeed.convert.tools.doctor import doctor
+from shardfeed.readers.measure.doctor import doctor
 from shardfeed.readers.measure.watch import watch
 
 from .watch_helpers import FilesDataset, load_emulator, make_jpeg_folder, require_fuse, stall_of, timed_loop

@@ -34,7 +34,8 @@ from shardfeed.convert.tools.serve import serve_directory
 from shardfeed.convert.tools.stage import stage
 from shardfeed.convert.tools.unpack import unpack
 from shardfeed.convert.writers.webdataset import WebDatasetWriter
-from shardfeed.readers.format import Sample, read_index
+from shardfeed.readers.format import Sample
+from shardfeed.readers.offset_index import read_index
 
 CLASSES = ["bird", "cat", "dog", "empty"]  # sorted, as ImageFolder finds them; "empty" holds nothing
 

@@ -1,24 +1,36 @@
 """``doctor``'s advice: one line per action, most helpful first, each with its predicted effect.
 
 An action is named by the start of its line (``pack:``, ``stage:``, ``cache:``, ``more workers:``,
-``re-encode smaller:``, ``nothing to gain``); each appears at most once. ``more workers`` says
-either that the workers wait on storage (more of them keep more reads in flight) or that decoding
-is the limit (up to one worker per core), never both.
+``re-encode smaller:``, ``nothing to gain``); each appears at most once. Whether decoding is the limit
+or the workers wait on storage is ``watch``'s rule (:func:`~shardfeed.readers.measure.watch_rules.loader_verdict`)
+on the predicted share of the workers' time spent on the CPU (the predicted rate over the decode-only
+ceiling); ``more workers`` says one of the two, never both, with ``watch``'s worker counts
+(:func:`~shardfeed.readers.measure.watch_rules.storage_workers`, or one per core) and its resize
+target (:func:`~shardfeed.readers.measure.watch_rules.resize_target`).
 """
 
 from __future__ import annotations
 
-from shardfeed.readers.measure.report import fmt_bytes
+from .report import fmt_bytes
+from .watch_rules import loader_verdict, resize_target
 
-__all__ = ["PACK_ADVICE_MIN_GAIN", "ADVICE_MIN_GAIN", "DECODE_BOUND_SHARE", "advice_lines", "advice_action"]
+__all__ = ["PACK_ADVICE_MIN_GAIN", "ADVICE_MIN_GAIN", "advice_lines", "advice_action", "decode_bound"]
 
 #: Packing is advised when the packed prediction is at least this many times the folder's (a pack
 #: costs a copy of the dataset and a change of reader: worth it for a clear gain).
 PACK_ADVICE_MIN_GAIN = 1.5
 #: Staging, caching and more workers are advised from this gain on.
 ADVICE_MIN_GAIN = 1.25
-#: Decoding is the limit when the prediction is at least this share of the decode-only ceiling.
-DECODE_BOUND_SHARE = 0.8
+
+
+def decode_bound(base: float, local: float, nw: int, remote: bool = False) -> bool:
+    """Whether decoding is the limit of a loader predicted at ``base`` images/s whose decode-only
+    ceiling is ``local``: ``watch``'s ``cpu-bound`` on the workers' CPU busy share ``base / local``
+    (the first kind of a borderline verdict)."""
+    verdict = loader_verdict(num_workers=max(1, nw), workers_cpu_busy_share=min(1.0, base / local) if local else None,
+                             remote=remote)
+    kind = verdict["between"][0] if verdict["between"] else verdict["kind"]
+    return kind == "cpu-bound"
 
 
 def advice_action(line: str) -> str:
@@ -26,10 +38,10 @@ def advice_action(line: str) -> str:
     return line.split(":", 1)[0]
 
 
-def _more_workers(kind: str, pred: dict, base: float, local: float, nw: int, cpus: int) -> str | None:
+def _more_workers(kind: str, pred: dict, base: float, local: float, nw: int, cpus: int, decoding: bool) -> str | None:
     """The one ``more workers`` line: decoding is the limit and cores are free, or the workers wait
     on storage and more of them are predicted to help; None when neither."""
-    if base >= DECODE_BOUND_SHARE * local:
+    if decoding:
         if nw >= cpus:
             return None
         at_cores = local * cpus / max(1, nw)
@@ -46,7 +58,7 @@ def _more_workers(kind: str, pred: dict, base: float, local: float, nw: int, cpu
 
 def advice_lines(kind: str, root: str, storage: dict, files: dict, dec: dict, pred: dict, nw: int, cpus: int,
                  ram: int, shm: int | None) -> list[str]:
-    """The advice of a :class:`~shardfeed.convert.tools.doctor.DoctorReport` (module docstring).
+    """The advice of a :class:`~shardfeed.readers.measure.doctor.DoctorReport` (module docstring).
 
     Args:
         kind: ``folder`` or a packed format; ``root``: the dataset as shown in commands.
@@ -71,13 +83,15 @@ def advice_lines(kind: str, root: str, storage: dict, files: dict, dec: dict, pr
     if local >= ADVICE_MIN_GAIN * base and total < 0.5 * ram:
         out.append(f'cache: make_loader(OUT, cache="memory") (about {fmt_bytes(total)} of '
                    f"{fmt_bytes(ram)} RAM available) → about {local:,.0f} images/s after the first epoch")
-    workers = _more_workers(kind, pred, base, local, nw, cpus)
+    decoding = decode_bound(base, local, nw, remote)
+    workers = _more_workers(kind, pred, base, local, nw, cpus, decoding)
     if workers:
         out.append(workers)
     px = dec.get("median_pixels")
-    if base >= DECODE_BOUND_SHARE * local and px and px > 1.5 * 256 * 256:
-        gain = px / (256 * 256 * 1.33)
-        out.append(f"re-encode smaller: shardfeed pack {root} OUT --resize 256 → decode about {gain:.1f}x cheaper "
+    side = resize_target(dec.get("image_size"))
+    if decoding and px and px > 1.5 * side * side:
+        gain = px / (side * side * 1.33)
+        out.append(f"re-encode smaller: shardfeed pack {root} OUT --resize {side} → decode about {gain:.1f}x cheaper "
                    f"(median {px:,.0f} pixels per image now); or decode at a reduced scale with "
                    "make_loader(image_size=...)")
     if not out:

@@ -1,6 +1,6 @@
 """``doctor``'s reads and decodes: the listing, page-cache eviction, a file's timed reads, the decode
 cost of images, and the probe of a local image folder through a stratified sample
-(:mod:`shardfeed.convert.tools.doctor_sample`).
+(:mod:`shardfeed.readers.measure.doctor_sample`).
 
 The folder probe measures each sampled file alone: evicted from the page cache (``cold``), opened,
 read whole (the open, the first 64 KiB and the rest timed apart, and the CPU time of those system
@@ -17,16 +17,29 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from shardfeed.readers.format import IMAGE_EXTENSIONS
+from ..format import IMAGE_EXTENSIONS
+from .doctor_model import FIRST_READ_BYTES, batch_cost_terms, batch_costs
+from .report import percentile
 
 from .doctor_sample import (TARGET_RELATIVE_ERROR, StratifiedSample, bucket_text, decoders_by_format, image_format,
                             stratified_mean)
 
-__all__ = ["FIRST_READ_BYTES", "READ_REQUEST_BYTES", "CHUNK_BYTES", "MAX_DECODE_BYTES", "list_images", "evict",
-           "timed_read", "decode_one", "decode_cost", "read_throughput", "probe_folder", "error_text"]
+__all__ = ["FIRST_READ_BYTES", "READ_REQUEST_BYTES", "CHUNK_BYTES", "MAX_DECODE_BYTES", "SEQ_READ_BYTES",
+           "DEFAULT_MAX_FILES", "FOLDER_MAX_FILES", "KEEP_DECODED", "list_images", "evict", "timed_read",
+           "decode_one", "decode_cost", "decode_with_batch", "read_throughput", "probe_folder", "error_text",
+           "tar_images", "folder_facts"]
 
-#: The first read of each file, bytes (most images fit in it).
-FIRST_READ_BYTES = 64 * 1024
+#: Files or shards sampled at most by default (an image folder's stratified sample: FOLDER_MAX_FILES).
+DEFAULT_MAX_FILES = 64
+#: The most files a local image folder's stratified sample grows to by default.
+FOLDER_MAX_FILES = 512
+#: The most bytes of a shard read sequentially for the throughput figure.
+SEQ_READ_BYTES = 64 * 1024 * 1024
+#: Decoded images kept for the batch costs (:func:`~shardfeed.readers.measure.doctor_model.batch_costs`).
+KEEP_DECODED = 32
+#: A decoded image larger than this, bytes, is not kept (without ``image_size`` images keep their size).
+KEEP_DECODED_MAX_BYTES = 2 * 1024 * 1024
+
 #: One read request of the kernel's default readahead window, bytes (the throughput estimate).
 READ_REQUEST_BYTES = 128 * 1024
 #: The read size past the first read, bytes; reads of at least this much past it measure throughput.
@@ -114,13 +127,16 @@ def timed_read(path: str, keep: bool, max_rest: int | None = None, keep_max: int
             "cpu_s": time.thread_time() - c0, "data": b"".join(parts) if keep else None}
 
 
-def decode_one(name: str, data: bytes, decoder: str, image_size: int | None) -> tuple[float, int] | None:
+def decode_one(name: str, data: bytes, decoder: str, image_size: int | None,
+               keep: list | None = None) -> tuple[float, int] | None:
     """Decode one image as the loader does: ``(cpu_s, pixels)``, this thread's CPU seconds and the
     decoded ``height * width``, or None when it cannot be decoded (an undecodable sample is not a
     cost figure). With ``image_size``: reduced-scale JPEG decoding, the shorter side resized to
-    ``image_size``, the centre crop (what ``make_loader(image_size=N)`` does on the CPU)."""
-    from shardfeed.readers.decode import decode_image
-    from shardfeed.readers.transforms import center_crop, resize_shorter
+    ``image_size``, the centre crop (what ``make_loader(image_size=N)`` does on the CPU). ``keep``: a
+    list the decoded (resized and cropped) ``uint8`` ``[H, W, 3]`` array is appended to while it
+    holds fewer than :data:`KEEP_DECODED`."""
+    from ..decode import decode_image
+    from ..transforms import center_crop, resize_shorter
 
     t0 = time.thread_time()
     try:
@@ -128,14 +144,17 @@ def decode_one(name: str, data: bytes, decoder: str, image_size: int | None) -> 
                            target_size=image_size)
         pixels = int(arr.shape[0]) * int(arr.shape[1])
         if image_size:
-            center_crop(resize_shorter(arr, image_size), image_size)
+            arr = center_crop(resize_shorter(arr, image_size), image_size)
     except Exception:  # noqa: BLE001  (a probe: any decode failure means no figure for this file)
         return None
-    return time.thread_time() - t0, pixels
+    spent = time.thread_time() - t0
+    if keep is not None and len(keep) < KEEP_DECODED and arr.nbytes <= KEEP_DECODED_MAX_BYTES:
+        keep.append(arr)
+    return spent, pixels
 
 
 def _resolved(decoder: str) -> str:
-    from shardfeed.readers.decode import resolve_decoder
+    from ..decode import resolve_decoder
 
     try:
         return resolve_decoder(decoder)
@@ -144,17 +163,18 @@ def _resolved(decoder: str) -> str:
 
 
 def decode_cost(samples: list[tuple[str, bytes]], decoder: str, deadline: float,
-                image_size: int | None = None) -> dict:
+                image_size: int | None = None, keep: list | None = None) -> dict:
     """The decode cost of ``(name, bytes)`` images (the first decoded once untimed first), until
     ``deadline`` (``time.monotonic``, at least 3): ``{"images_per_cpu_s", "median_pixels",
-    "sampled", "decoder", "image_size"}`` (None figures when none decodes)."""
+    "sampled", "decoder", "image_size"}`` (None figures when none decodes); the decoded arrays
+    appended to ``keep`` as :func:`decode_one` does."""
     for name, data in samples[:1]:  # warm-up, not timed: the decoder's and cv2's first-call set-up
         decode_one(name, data, decoder, image_size)
     cpu, n, pixels = 0.0, 0, []
     for name, data in samples:
         if time.monotonic() > deadline and n >= 3:
             break
-        got = decode_one(name, data, decoder, image_size)
+        got = decode_one(name, data, decoder, image_size, keep)
         if got is None:
             continue
         cpu += got[0]
@@ -162,6 +182,18 @@ def decode_cost(samples: list[tuple[str, bytes]], decoder: str, deadline: float,
         pixels.append(got[1])
     return {"images_per_cpu_s": n / cpu if n and cpu > 0 else None, "median_pixels": statistics.median(pixels)
             if pixels else None, "sampled": n, "decoder": _resolved(decoder), "image_size": image_size}
+
+
+def decode_with_batch(samples: list[tuple[str, bytes]], decoder: str, deadline: float,
+                      image_size: int | None = None) -> tuple[dict, dict]:
+    """:func:`decode_cost` of ``(name, bytes)`` images with the batch costs of the decoded ones:
+    ``(decode, terms)``, ``decode["batch"]`` from
+    :func:`~shardfeed.readers.measure.doctor_model.batch_costs` and ``terms`` its keyword arguments
+    of :func:`~shardfeed.readers.measure.doctor_model.predict_images_per_s`."""
+    kept: list = []
+    dec = decode_cost(samples, decoder, deadline, image_size, kept)
+    dec["batch"] = batch_costs(kept)
+    return dec, batch_cost_terms(dec["batch"])
 
 
 def read_throughput(reads: list[dict], firsts: list[float]) -> tuple[float, bool]:
@@ -185,9 +217,10 @@ def _local_read(cold: bool, counters: dict) -> Callable[[str], dict | None]:
     return read
 
 
-def _file_measure(read: Callable[[str], dict | None], decoder: str,
-                  image_size: int | None) -> Callable[[str], dict | None]:
-    """The per-file measurement of :func:`probe_folder`: the timed ``read``, then the decode."""
+def _file_measure(read: Callable[[str], dict | None], decoder: str, image_size: int | None,
+                  keep: list) -> Callable[[str], dict | None]:
+    """The per-file measurement of :func:`probe_folder`: the timed ``read``, then the decode (the
+    decoded arrays appended to ``keep``)."""
     warmed: set[str] = set()
 
     def measure(path: str) -> dict | None:
@@ -201,7 +234,7 @@ def _file_measure(read: Callable[[str], dict | None], decoder: str,
             if fmt not in warmed:  # the decoder's first-call set-up, not timed
                 warmed.add(fmt)
                 decode_one(path, data, decoder, image_size)
-            got = decode_one(path, data, decoder, image_size)
+            got = decode_one(path, data, decoder, image_size, keep)
         r["decode_s"], r["pixels"] = got if got else (None, None)
         r["path"] = path
         return r
@@ -258,7 +291,7 @@ def probe_folder(files: list[tuple[str, int]], *, rng: random.Random, max_files:
     """Measure a stratified sample of an image folder's ``(path, size)`` files until the expected
     error of the predicted rate is at most ``TARGET_RELATIVE_ERROR`` (or ``max_files`` files, or
     ``deadline``), and return the costs per image for
-    :func:`~shardfeed.convert.tools.doctor.predict_images_per_s`. ``read(path)`` reads one file
+    :func:`~shardfeed.readers.measure.doctor_model.predict_images_per_s`. ``read(path)`` reads one file
     whole and times it (:func:`timed_read`'s dict, the bytes in ``data``; None when unreadable);
     default: a local file, evicted first where ``cold``.
 
@@ -267,12 +300,15 @@ def probe_folder(files: list[tuple[str, int]], *, rng: random.Random, max_files:
         "error_term", "strata", "stopped_by", "evicted", "evict_tried", "unmeasured_share"}``:
         ``costs`` holds ``t_decode_s``, ``t_file_cpu_s``, ``folder_io_s`` (s per image, the strata's
         means weighted by their files), ``t_open_s``, ``t_first_read_s`` (weighted means),
-        ``median_bytes`` (the mean bytes per image: what a packed stream reads) and
-        ``read_bytes_per_s``; ``decode`` the report's decode section, ``by_format`` included.
+        ``median_bytes`` (the mean bytes per image: what a packed stream reads),
+        ``read_bytes_per_s`` and the batch costs (``t_collate_s``, ``t_handoff_s``, ``t_to_float_s``,
+        measured on the first :data:`KEEP_DECODED` decoded images); ``decode`` the report's decode
+        section, ``by_format`` and ``batch`` (:func:`~shardfeed.readers.measure.doctor_model.batch_costs`) included.
     """
     counters = {"evicted": 0, "evict_tried": 0}
-    sample = StratifiedSample(files, rng, _file_measure(read or _local_read(cold, counters), decoder, image_size),
-                              clock)
+    decoded: list = []
+    sample = StratifiedSample(files, rng, _file_measure(read or _local_read(cold, counters), decoder, image_size,
+                                                        decoded), clock)
     terms = _Terms(num_workers, cpus)
     say(f"reading and decoding a sample of {len(files)} files in {len(sample.counts)} strata (format, size) ...")
     sample.run(max_files, deadline, terms.judge)
@@ -286,10 +322,12 @@ def probe_folder(files: list[tuple[str, int]], *, rng: random.Random, max_files:
              "folder_io_s": sample.mean(terms.io)[0], "t_open_s": sample.mean(lambda r: r["open_s"])[0],
              "t_first_read_s": sample.mean(lambda r: r["first_s"])[0],
              "median_bytes": statistics.fmean(s for _, s in files), "read_bytes_per_s": thr}
+    dec = _decode_section(sample, decoder, image_size, t_dec)
+    dec["batch"] = batch_costs(decoded)
+    costs.update(batch_cost_terms(dec["batch"]))
     return {"costs": costs, "records": recs, "read_bytes_per_s": thr, "throughput_measured": measured,
-            "decode": _decode_section(sample, decoder, image_size, t_dec), "error_share": error, "error_term": term,
-            "strata": _strata_rows(sample), "stopped_by": sample.stopped_by, "unmeasured_share":
-                sample.unmeasured_share(), **counters}
+            "decode": dec, "error_share": error, "error_term": term, "strata": _strata_rows(sample),
+            "stopped_by": sample.stopped_by, "unmeasured_share": sample.unmeasured_share(), **counters}
 
 
 def _decode_section(sample: StratifiedSample, decoder: str, image_size: int | None, t_dec: float | None) -> dict:
@@ -320,3 +358,55 @@ def error_text(error_share: float | None) -> str:
     if error_share is None:
         return "error unknown"
     return f"±{error_share:.0%}" + ("" if error_share <= TARGET_RELATIVE_ERROR else " (above the 10 % target)")
+
+
+def tar_images(data: bytes, limit: int) -> list[tuple[str, bytes]]:
+    """The first ``limit`` image members ``(name, bytes)`` of tar bytes (those of a truncated read
+    up to where it stops)."""
+    import io
+    import tarfile
+
+    out = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+            for m in tf:
+                if len(out) >= limit:
+                    break
+                ext = m.name.rsplit(".", 1)[-1].lower()
+                if m.isfile() and ext in IMAGE_EXTENSIONS:
+                    f = tf.extractfile(m)
+                    if f is not None:
+                        out.append((m.name, f.read()))
+    except (tarfile.TarError, EOFError):
+        pass  # a truncated read of a large shard: the members read so far
+    return out
+
+
+
+def folder_facts(shown: str, listed: list[tuple[str, int]], complete: bool, got: dict, cold: bool,
+                  warnings: list[str]) -> tuple[dict, list, dict, dict, dict]:
+    """An image folder's ``(files, reads, decode, costs, predicted_extra)`` from its listing and
+    :func:`probe_folder`'s result, warnings added (eviction, budget, strata left unsampled).
+
+    Raises:
+        ValueError: none of the sampled files could be read.
+    """
+    if not got["records"]:
+        raise ValueError(f"{shown}: none of the sampled files could be read")
+    if got["evicted"] < got["evict_tried"]:
+        warnings.append(f"{got['evict_tried'] - got['evicted']} of {got['evict_tried']} sampled files could not be "
+                        "evicted: their reads may come from RAM")
+    if got["stopped_by"] == "budget":
+        warnings.append(f"time budget: {len(got['records'])} files sampled; the expected error is "
+                        f"{error_text(got['error_share'])} (more with --budget-s)")
+    if got["unmeasured_share"] > 0:
+        warnings.append(f"{got['unmeasured_share']:.0%} of the files are in strata the budget left unsampled: "
+                        "the prediction leaves them out")
+    sizes = [size for _, size in listed]
+    files = {"count": len(listed), "count_complete": complete, "sampled": len(got["records"]),
+             "median_bytes": float(statistics.median(sizes)), "p95_bytes": percentile(sizes, 95),
+             "mean_bytes": float(statistics.fmean(sizes)), "estimated_total_bytes": float(sum(sizes)),
+             "strata": got["strata"], "sample_stopped_by": got["stopped_by"],
+             "throughput_measured": got["throughput_measured"], "cold": cold and got["evicted"] > 0}
+    extra = {"error_share": got["error_share"], "error_term": got["error_term"]}
+    return files, got["records"], got["decode"], got["costs"], extra

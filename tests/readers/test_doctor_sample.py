@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.tools import doctor_folder
-from shardfeed.convert.tools.doctor import doctor
-from shardfeed.convert.tools.doctor_advice import advice_action, advice_lines
-from shardfeed.convert.tools.doctor_sample import (FIRST_SAMPLE, TARGET_RELATIVE_ERROR, StratifiedSample, allocate,
+from shardfeed.readers.measure import doctor_folder
+from shardfeed.readers.measure.doctor import doctor
+from shardfeed.readers.measure.doctor_advice import advice_action, advice_lines
+from shardfeed.readers.measure.doctor_sample import (FIRST_SAMPLE, TARGET_RELATIVE_ERROR, StratifiedSample, allocate,
                                                    image_format, make_strata, size_bucket, stratified_mean)
 from shardfeed.readers.decode import backend_for_format
 
@@ -156,7 +156,7 @@ def _planted_read(path, keep, max_rest=None, keep_max=None):
             "cpu_s": _FILE_CPU_S, "data": data}
 
 
-def _planted_decode(name, data, decoder, image_size):
+def _planted_decode(name, data, decoder, image_size, keep=None):
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size
     return _DECODE_BASE_S + _S_PER_PIXEL * w * h, w * h

@@ -31,7 +31,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from shardfeed.readers.decode import backend_for_format
+from ..decode import backend_for_format
 
 __all__ = ["TARGET_RELATIVE_ERROR", "FIRST_SAMPLE", "image_format", "size_bucket", "make_strata", "allocate",
            "StratifiedSample", "stratified_mean", "decoders_by_format"]

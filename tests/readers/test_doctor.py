@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.tools.doctor import doctor, fs_class, predict_images_per_s
+from shardfeed.readers.measure.doctor import doctor, fs_class, predict_images_per_s
 
 
 @pytest.mark.parametrize("fixture", ["packed_wds", "packed_lmdb"])
@@ -53,7 +53,7 @@ def test_doctor_cli_json_and_bad_input(tiny_image_folder, tmp_path):
 
 @pytest.mark.network
 def test_doctor_on_a_url_reads_the_shards_over_http(simple_http_server, packed_wds, tiny_folder_expected):
-    from shardfeed.readers.format import load_manifest
+    from shardfeed.readers.local_manifest import load_manifest
 
     url = f"{simple_http_server}/wds"
     rep = doctor(url, num_workers=2, max_files=4, budget_s=20)
