@@ -10,7 +10,11 @@ manifest, atomically and last:
 * an image whose path (relative to SRC, as each sample's metadata ``path`` records it) the dataset
   holds already is skipped and counted (``files["duplicates"]`` of the manifest,
   ``extra["duplicates"]`` of the report); the paths are read once from the shards' ``.json``
-  members through the offset indexes, and kept as sorted 64-bit hashes (8 bytes a sample);
+  members through the offset indexes, and kept as sorted 64-bit hashes with each source file's
+  size and modification time (24 bytes a sample, :mod:`shardfeed.convert.path_index`);
+* a file at a path the dataset holds whose size or modification time differs from the packed
+  one is refused, naming it (:class:`ChangedFilesError`): an append never replaces a packed
+  image. ``skip_changed`` skips such files too, counted (``extra["changed"]``);
 * the new shards continue the numbering (``shard-000012.tar`` after ``shard-000011.tar``) and the
   keys continue the key sequence, with the dataset's key width;
 * the shards go through the pack's resume machinery (:mod:`shardfeed.convert.pack_state`): an
@@ -31,10 +35,10 @@ import json
 import logging
 import re
 import time
-from array import array
-from bisect import bisect_left
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from shardfeed.readers.format import LABELS_CLASS, MANIFEST_NAME, TAR_BLOCK, Manifest, merge_extension_counts
 from shardfeed.readers.local_manifest import load_manifest
@@ -49,13 +53,14 @@ from .executors import signals_held
 from .outdir import check_out_outside_src
 from .outlock import output_lock
 from .ownership import local_entries, survey
-from .path_index import path_hash, read_path_index, write_path_index
+from .path_index import UNKNOWN_MTIME, UNKNOWN_SIZE, PathRecords, path_hashes, read_path_index, write_path_index
 from .pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
 from .plan import SamplePlan, input_bytes, plan_samples
 from .report import PackReport
 from .scan import ScannedFiles, ScanResult, scan_image_folder
 
-__all__ = ["DatasetPaths", "read_dataset_paths", "merge_class_maps", "pack_append", "MAX_META_BYTES"]
+__all__ = ["DatasetPaths", "ChangedFilesError", "read_dataset_paths", "merge_class_maps", "pack_append",
+           "MAX_META_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,8 @@ log = logging.getLogger(__name__)
 MAX_META_BYTES = 1 << 20
 #: Most members of one sample walked to find its ``.json`` (image, label, metadata, fields).
 _MAX_MEMBERS = 80
+#: Changed files named in a :class:`ChangedFilesError` (the rest are counted).
+_MAX_NAMED = 5
 
 
 @dataclasses.dataclass
@@ -70,19 +77,29 @@ class DatasetPaths:
     """What an append needs to know of the samples a dataset holds.
 
     Attributes:
-        hashes: the sorted 64-bit hashes of every sample's metadata ``path`` (:func:`path_hash`).
+        records: every sample's metadata ``path`` hash, source size and time (:class:`PathRecords`).
         next_key: the first unused sample index (after every key and every skipped key).
         width: the digits of the dataset's keys.
     """
 
-    hashes: array
+    records: PathRecords
     next_key: int
     width: int
 
     def __contains__(self, rel: str) -> bool:
-        h = path_hash(rel)
-        i = bisect_left(self.hashes, h)
-        return i < len(self.hashes) and self.hashes[i] == h
+        return rel in self.records
+
+
+class ChangedFilesError(ValueError):
+    """Files of SRC at paths the dataset holds differ from the packed ones (size or modification time).
+
+    Attributes:
+        paths: the changed files (full paths).
+    """
+
+    def __init__(self, message: str, paths: list[str]):
+        super().__init__(message)
+        self.paths = paths
 
 
 def _header(f, offset: int, where: str) -> tuple[str, int]:
@@ -103,11 +120,16 @@ def _header(f, offset: int, where: str) -> tuple[str, int]:
     return name, size
 
 
-def _sample_path(f, offset: int, end: int, where: str) -> tuple[str, str]:
-    """``(key, metadata path)`` of the sample whose first header is at ``offset`` (members up to ``end``)."""
+def _sample_path(f, offset: int, end: int, where: str) -> tuple[str, str, int]:
+    """``(key, metadata path, image size)`` of the sample whose first header is at ``offset``
+    (members up to ``end``); the image size is its first member's other than ``.cls`` and
+    ``.json`` (:data:`UNKNOWN_SIZE` when it has none)."""
     name, size = _header(f, offset, where)
     key = name.rsplit("/", 1)[-1].split(".", 1)[0]
+    image_size = UNKNOWN_SIZE
     for _ in range(_MAX_MEMBERS):
+        if image_size == UNKNOWN_SIZE and not name.endswith((".cls", ".json")):
+            image_size = size
         if name == key + ".json" or name.endswith("/" + key + ".json"):
             if size > MAX_META_BYTES:
                 raise ValueError(f"{where}: sample {key!r} has a {size}-byte metadata member (most "
@@ -120,7 +142,7 @@ def _sample_path(f, offset: int, end: int, where: str) -> tuple[str, str]:
             if not isinstance(meta, dict) or not isinstance(meta.get("path"), str):
                 raise ValueError(f"{where}: sample {key!r} has no metadata path; an append cannot tell which "
                                  "images it holds; run `shardfeed check` on the dataset")
-            return key, meta["path"]
+            return key, meta["path"], image_size
         offset += TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
         if offset >= end:
             break
@@ -133,7 +155,8 @@ def read_dataset_paths(root: str | Path, manifest: Manifest) -> DatasetPaths:
 
     The dataset's path index (:mod:`shardfeed.convert.path_index`) answers when it describes this
     manifest. Otherwise each sample's headers are found through the shard's offset index, so only
-    the headers and the ``.json`` members are read (never the images). Memory: 8 bytes a sample.
+    the headers and the ``.json`` members are read (never the images); the records then hold the
+    image sizes, and no modification times. Memory: 24 bytes a sample.
 
     Returns:
         A :class:`DatasetPaths`.
@@ -147,7 +170,8 @@ def read_dataset_paths(root: str | Path, manifest: Manifest) -> DatasetPaths:
     cached = read_path_index(root, manifest)
     if cached is not None:
         return DatasetPaths(*cached)
-    hashes = array("Q")
+    rels: list[str] = []
+    sizes: list[int] = []
     last, width = -1, 0
     for entry in manifest.shards:
         where = str(root / entry.name)
@@ -157,8 +181,9 @@ def read_dataset_paths(root: str | Path, manifest: Manifest) -> DatasetPaths:
         with open(root / entry.name, "rb") as f:
             for i, offset in enumerate(offsets):
                 end = offsets[i + 1] if i + 1 < len(offsets) else entry.num_bytes
-                key, rel = _sample_path(f, offset, end, where)
-                hashes.append(path_hash(rel))
+                key, rel, image_size = _sample_path(f, offset, end, where)
+                rels.append(rel)
+                sizes.append(image_size)
                 width = width or len(key)
                 if key.isdigit():
                     last = max(last, int(key))
@@ -166,8 +191,7 @@ def read_dataset_paths(root: str | Path, manifest: Manifest) -> DatasetPaths:
         key = item.get("key") if isinstance(item, dict) else None
         if isinstance(key, str) and key.isdigit():
             last = max(last, int(key))
-    hashes = array("Q", sorted(hashes))
-    return DatasetPaths(hashes, last + 1, width or 9)
+    return DatasetPaths(PathRecords.build(path_hashes(rels), np.array(sizes, np.uint64)), last + 1, width or 9)
 
 
 def merge_class_maps(old: dict[str, int], folder_classes: list[str], given: dict[str, int] | None,
@@ -253,17 +277,62 @@ def _next_shard(manifest: Manifest, prefix: str) -> int:
     return max(numbers, default=len(manifest.shards) - 1) + 1
 
 
-def _new_files(scan: ScanResult, merged: dict[str, int], existing: DatasetPaths) -> tuple[ScannedFiles, int]:
-    """SRC's files the dataset lacks, labelled by the union's class map; and how many it holds already."""
+def _new_files(scan: ScanResult, merged: dict[str, int], existing: DatasetPaths,
+               skip_changed: bool) -> tuple[ScannedFiles, int, int]:
+    """SRC's files the dataset lacks, labelled by the union's class map; how many it holds already;
+    and how many of those differ from the packed ones (skipped only with ``skip_changed``).
+
+    Raises:
+        ChangedFilesError: without ``skip_changed``, a file at a packed path whose size or
+            modification time differs from the recorded one (nothing is written).
+    """
     files = scan.files
     if not isinstance(files, ScannedFiles):
         files = ScannedFiles.from_files(scan.root, files)
-    keep = [j for j, rel in enumerate(files.rels) if rel not in existing]
+    pos = existing.records.positions(path_hashes(files.rels))
+    held = np.flatnonzero(pos >= 0)
+    changed = held[_differs(existing.records, pos[held], files, held)]
+    if len(changed) and not skip_changed:
+        raise _changed_error(files, existing.records, pos, changed)
+    if len(changed):
+        log.warning("%s: %d files at paths the dataset holds changed since they were packed; skipped "
+                    "(--skip-changed), the first: %s", scan.root, len(changed), files.path_of(int(changed[0])))
+    keep = np.flatnonzero(pos < 0).tolist()
     kept = files.take(keep) if len(keep) != len(files) else files
     labels = tuple(merged[name] for name in kept.class_names)
     kept = ScannedFiles(kept.root, kept.rels, kept.sizes, kept.mtimes_ns, kept.class_codes, kept.class_names,
                         labels, kept.ext_codes, kept.exts)
-    return kept, len(files) - len(keep)
+    return kept, len(held), len(changed)
+
+
+def _differs(records: PathRecords, at: np.ndarray, files: ScannedFiles, rows: np.ndarray) -> np.ndarray:
+    """``bool`` (len(rows),): whether file ``rows[i]`` differs from record ``at[i]`` in size or
+    modification time (a value the record does not know is not compared)."""
+    size = np.asarray(files.sizes, np.int64)[rows].astype(np.uint64)
+    mtime = np.asarray(files.mtimes_ns, np.int64)[rows]
+    known_size, known_mtime = records.sizes[at], records.mtimes_ns[at]
+    return (((known_size != UNKNOWN_SIZE) & (known_size != size))
+            | ((known_mtime != UNKNOWN_MTIME) & (known_mtime != mtime)))
+
+
+def _changed_error(files: ScannedFiles, records: PathRecords, pos: np.ndarray,
+                   changed: np.ndarray) -> ChangedFilesError:
+    """The error naming the changed files (the first :data:`_MAX_NAMED`) and the ways on."""
+    first = int(changed[0])
+    was = int(records.sizes[pos[first]])
+    if was != UNKNOWN_SIZE and was != files.sizes[first]:
+        how = f"its size is {files.sizes[first]:,} bytes, the packed image's {was:,}"
+    else:
+        how = ("its modification time differs from the packed file's (the size is the same; if the bytes are "
+               "too, as after a copy that did not keep times, --skip-changed loses nothing)")
+    named = [files.path_of(int(j)) for j in changed[:_MAX_NAMED]]
+    more = (f"; {len(changed) - 1:,} more changed files, among them {', '.join(named[1:])}"
+            if len(changed) > 1 else "")
+    return ChangedFilesError(
+        f"{named[0]}: the dataset holds an image packed from this path, and the file changed since: {how}{more}. "
+        "An append never replaces a packed image. Repack the union with --overwrite to take the new bytes, move "
+        "the changed files to new paths to add them as new images, or pass --skip-changed to leave them out",
+        named)
 
 
 def _union_files(old: dict, scan: ScanResult, packed: int, skipped: int, duplicates: int) -> dict:
@@ -348,18 +417,20 @@ def pack_append(src: Path, out: Path, options, context: PackContext, *, scan: Sc
             remove_state_folder(out)  # the manifest names that append's shards: it finished before this
         refuse_unpackable(scan.root, scan.unpackable, options.on_error)
         existing = read_dataset_paths(out, manifest)
-        files, duplicates = _new_files(scan, merged, existing)
+        files, duplicates, changed = _new_files(scan, merged, existing, options.skip_changed)
         scan = dataclasses.replace(scan, files=files, classes=sorted(merged, key=merged.__getitem__),
                                    class_to_idx=merged)
         if start_progress is not None:
             start_progress(len(files), sum(files.sizes))
         report = dict(source=scan.root, output=str(out), format=manifest.format, workers=options.workers,
-                      ignored=scan.ignored, empty_classes=scan.empty_classes, num_classes=len(merged))
+                      ignored=scan.ignored, empty_classes=scan.empty_classes)
+        counts = {"duplicates": duplicates, "changed": changed, "dataset_classes": len(merged),
+                  "new_classes": len(merged) - len(manifest.class_to_idx)}
         if not len(files):
             log.info("%s: every image of %s is in the dataset already; nothing to append", out, src)
-            return PackReport(num_samples=0, num_shards=0, num_bytes=0, input_bytes=0,
+            return PackReport(num_samples=0, num_shards=0, num_bytes=0, input_bytes=0, num_classes=0,
                               seconds=time.perf_counter() - t0, files=manifest.files, skipped=[],
-                              extra={"duplicates": duplicates, "dataset_samples": manifest.num_samples}, **report)
+                              extra={**counts, "dataset_samples": manifest.num_samples}, **report)
         samples = _plan_of_append(out, scan, options, manifest, existing, first)
         try:
             result = format_packer(manifest.format)(scan, samples, out, dataclasses.replace(options, resume=True),
@@ -378,16 +449,16 @@ def pack_append(src: Path, out: Path, options, context: PackContext, *, scan: Sc
             union.write(out)
             write_consumer_files(out, union)
             gone = {item["path"] for item in result.skipped}
-            write_path_index(out, union, existing.hashes + array("Q", (path_hash(r) for r in files.rels
-                                                                       if r not in gone)),
+            write_path_index(out, union, existing.records + PathRecords.of_files(files, gone),
                              samples.start + len(samples), samples.width)
             remove_state_folder(out)
+    in_classes = len({files.class_codes[j] for j, rel in enumerate(files.rels) if rel not in gone})
     return PackReport(num_samples=added, num_shards=len(result.shards),
                       num_bytes=sum(s.num_bytes for s in result.shards), input_bytes=input_bytes(samples),
                       seconds=time.perf_counter() - t0, files=union.files, skipped=skipped,
-                      shards_resumed=result.resumed,
-                      extra={**result.extra, "duplicates": duplicates, "dataset_samples": union.num_samples,
-                             "first_shard": first}, **report)
+                      shards_resumed=result.resumed, num_classes=in_classes,
+                      extra={**result.extra, **counts, "dataset_samples": union.num_samples, "first_shard": first},
+                      **report)
 
 
 def _drop_unfinished_write(out: Path, prefix: str, first: int) -> None:
@@ -461,7 +532,7 @@ def append_samples(samples, out: Path, *, to_sample: Callable, classes: list[str
         idx_to_class = {i: c for c, i in merged.items()}
         limits = ShardLimits(recorded.get("max_count", 10000), recorded.get("max_bytes", 256_000_000))
         writer = ShardWriter(out, prefix=prefix, first_index=first, limits=limits)
-        next_key, added, duplicates, hashes = existing.next_key, [], 0, array("Q", existing.hashes)
+        next_key, added, sizes, duplicates = existing.next_key, [], [], 0
         with writer:
             for i, item in enumerate(samples):
                 if isinstance(item, dict) and item.get("key") is not None:
@@ -478,19 +549,22 @@ def append_samples(samples, out: Path, *, to_sample: Callable, classes: list[str
                            describe=f"sample {i} ({path or key})")
                 next_key += 1
                 added.append(path)
+                sizes.append(len(sample.data))
                 if progress is not None:
                     progress(1, len(sample.data))
-        return _finish_sample_append(out, manifest, writer.shards, merged, added, duplicates, hashes,
-                                     next_key, existing.width)
+        return _finish_sample_append(out, manifest, writer.shards, merged, (added, sizes), duplicates,
+                                     existing.records, next_key, existing.width)
 
 
-def _finish_sample_append(out: Path, manifest: Manifest, new_shards, merged: dict[str, int], added: list,
-                          duplicates: int, hashes: array, next_key: int, width: int) -> Manifest:
+def _finish_sample_append(out: Path, manifest: Manifest, new_shards, merged: dict[str, int],
+                          added_sizes: tuple[list, list], duplicates: int, records: PathRecords, next_key: int,
+                          width: int) -> Manifest:
     """Write the union's manifest (last-but-one: then its consumer files and path index) and drop
     the ``write_dataset`` marker."""
     from .pack_state import WRITING_NAME
     from .path_index import PATHS_NAME
 
+    added, sizes = added_sizes
     if not added:
         (out / STATE_DIR / WRITING_NAME).unlink(missing_ok=True)
         remove_state_folder(out)
@@ -506,7 +580,8 @@ def _finish_sample_append(out: Path, manifest: Manifest, new_shards, merged: dic
         union.write(out)
         write_consumer_files(out, union)
         if all(isinstance(p, str) for p in added):
-            write_path_index(out, union, hashes + array("Q", (path_hash(p) for p in added)), next_key, width)
+            write_path_index(out, union, records + PathRecords.build(path_hashes(added), np.array(sizes, np.uint64)),
+                             next_key, width)
         else:  # a sample without a path: no index (an append reads the shards, and refuses them)
             (out / PATHS_NAME).unlink(missing_ok=True)
         (out / STATE_DIR / WRITING_NAME).unlink(missing_ok=True)

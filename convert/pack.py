@@ -59,7 +59,7 @@ from .faults import FaultHooks
 from .outdir import prepare_output
 from .outlock import output_lock
 from .pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
-from .path_index import write_path_index
+from .path_index import PathRecords, write_path_index
 from .plan import PlannedSample, SamplePlan, input_bytes, plan_samples, plan_shards
 from .plan_record import check_or_write_plan, drop_partial_shards, plan_fingerprint
 from .shard_cut import ShardLimits
@@ -138,6 +138,9 @@ class PackOptions:
         append: add SRC's images to the finished WebDataset dataset in OUT as new shards
             (:mod:`shardfeed.convert.append`): its shards stay as they are, its class indices
             keep their values, images whose path it holds already are skipped and counted.
+        skip_changed: with ``append``, skip (and count) a file at a path the dataset holds whose
+            size or modification time changed since it was packed; False: refuse the append,
+            naming it (:class:`~shardfeed.convert.append.ChangedFilesError`).
         overwrite: replace the shardfeed dataset in OUT: only what its records name (manifest,
             plan, the files they list) is deleted; anything else is refused by name
             (:mod:`shardfeed.convert.ownership`).
@@ -175,6 +178,7 @@ class PackOptions:
     resume: bool = False
     #: not part of fingerprint_fields(): an append keeps the dataset's recorded options
     append: bool = False
+    skip_changed: bool = False
     overwrite: bool = False
     #: LMDB: initial map size in bytes (None: payload + headroom). Tests use a tiny one.
     map_size: int | None = None
@@ -206,6 +210,8 @@ class PackOptions:
         if self.append and (self.overwrite or not describe(self.format).sharded):
             raise ValueError("append adds WebDataset shards to a dataset: it takes neither overwrite nor "
                              "format='lmdb' (pack the new images into a dataset of their own instead)")
+        if self.skip_changed and not self.append:
+            raise ValueError("skip_changed (--skip-changed) applies to an append only; add --append")
         if self.workers is None:
             self.workers = os.cpu_count() or 1
         if self.workers < 1:
@@ -558,7 +564,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
         write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
         if describe(options.format).sharded and isinstance(samples, SamplePlan):  # for a later append
             gone = {item["path"] for item in result.skipped}
-            write_path_index(out, manifest, (r for r in samples.files.rels if r not in gone), len(samples),
+            write_path_index(out, manifest, PathRecords.of_files(samples.files, gone), len(samples),
                              samples.width)
         remove_state_folder(out)
     return manifest_report(manifest, source=scan.root, output=str(out), input_bytes=input_bytes(samples),

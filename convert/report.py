@@ -68,9 +68,14 @@ class PackReport:
         if "download_seconds" in self.extra:
             s += (f", after {self.extra['download_seconds']:.2f} s listing and downloading SRC from the bucket "
                   f"({self.extra['download_seconds'] + self.seconds:.2f} s in all)")
-        if "duplicates" in self.extra:  # an append
-            s += (f"; appended: the dataset holds {plural(self.extra.get('dataset_samples', 0), 'sample')}; "
-                  f"{plural(self.extra['duplicates'], 'image')} already in it skipped")
+        if "duplicates" in self.extra:  # an append: num_classes counts the classes of the new samples
+            s += f"; appended: {plural(self.extra.get('new_classes', 0), 'new class', 'new classes')}"
+            s += f"; the dataset holds {plural(self.extra.get('dataset_samples', 0), 'sample')}"
+            if "dataset_classes" in self.extra:
+                s += f" in {plural(self.extra['dataset_classes'], 'class', 'classes')}"
+            s += f"; {plural(self.extra['duplicates'], 'image')} already in it skipped"
+            if self.extra.get("changed"):
+                s += f" ({self.extra['changed']:,} of them changed since they were packed: --skip-changed)"
         if self.skipped:
             s += (f"; {plural(len(self.skipped), 'file')} skipped ({reason_counts(self.skipped)}; listed in the "
                   "manifest)")

@@ -2,9 +2,10 @@
 
 Map-style sources (LMDB, image folders, ``cache="memory"``) are read as they are. A WebDataset is
 read by index through its offset index: the samples a batch asks for are sorted by shard and read
-by their byte offsets (consecutive ones in one read). Over HTTP or
-from a bucket each such read is one ranged request; with ``cache_dir`` each shard is fetched once
-and read from the local disk after that.
+by their byte offsets (consecutive ones in one read). A local dataset's shards stay open from
+batch to batch, and nearby samples of one shard are read with one ``pread``
+(:mod:`~shardfeed.readers.offset_reads`). Over HTTP or from a bucket each such read is one ranged
+request; with ``cache_dir`` each shard is fetched once and read from the local disk after that.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from .location import LocalLocation
+from .offset_reads import ShardFiles, read_runs, sample_runs
 
 __all__ = ["by_index", "IndexedWebDataset"]
 
@@ -56,10 +60,12 @@ class IndexedWebDataset:
         counts = np.asarray([s.num_samples for s in source.manifest.shards], dtype=np.int64)
         object.__setattr__(self, "_counts", counts)
         object.__setattr__(self, "_ends", np.cumsum(counts))
+        local = type(source.location) is LocalLocation  # a shard cache's copies are opened as it says
+        object.__setattr__(self, "_files", ShardFiles(source.location) if local else None)
         source.holes = True  # a damaged sample stands as None: the items stay in step with the indices
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("_src", "_counts", "_ends"):  # not yet set (unpickling)
+        if name in ("_src", "_counts", "_ends", "_files"):  # not yet set (unpickling)
             raise AttributeError(name)
         return getattr(self._src, name)
 
@@ -90,13 +96,9 @@ class IndexedWebDataset:
                              f"[0, {n})")
         shard = np.searchsorted(self._ends, idx, side="right")
         local = idx - (self._ends[shard] - self._counts[shard])
-        wanted = sorted(set(zip(shard.tolist(), local.tolist())))
-        runs: list[list[int]] = []  # (shard, start, end) of consecutive samples: nothing is read and dropped
-        for sh, i in wanted:
-            if runs and runs[-1][0] == sh and runs[-1][2] == i:
-                runs[-1][2] = i + 1
-            else:
-                runs.append([sh, i, i + 1])
-        got = {item[0]: item for item in src._iter_ranges([tuple(r) for r in runs])}
+        # (shard, start, end) of consecutive samples: nothing is read and dropped
+        runs = sample_runs(sorted(set(zip(shard.tolist(), local.tolist()))))
+        reads = read_runs(src, runs, self._files) if self._files is not None else src._iter_ranges(runs)
+        got = {item[0]: item for item in reads}
         raw = (got.get(i, (i, None, None)) for i in idx.tolist())  # (i, None, None): lost to damage, skipped
         return list(src._emit_general(raw))

@@ -75,6 +75,7 @@ from .options import ReadOptions, check_shuffle_buffer
 from .source_base import IMAGE_EXTS, SourceBase, name_original_file, parts_to_raw
 from .location import LocalLocation, check_shard_size, missing_file_error
 from .offset_cache import DEFAULT_OFFSET_CACHE_BYTES, OffsetCache
+from .offset_reads import sample_runs
 from .shard_readahead import EPOCH_AHEAD_BYTES, SpansAhead, storage_is_slow
 from .tario import iter_members, iter_samples
 from .tario_indexed import INDEXED_READ_BYTES, SequentialReader, iter_indexed_samples
@@ -597,7 +598,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             missing = sorted({t for t in wanted if t not in cache})
             if missing:
                 ahead = set(zip(shard[c0:c0 + 4 * chunk].tolist(), local[c0:c0 + 4 * chunk].tolist()))
-                for sh, lo, hi in _runs(missing):
+                for sh, lo, hi in sample_runs(missing, MERGE_GAP_SAMPLES):
                     for item in self._iter_ranges([(sh, lo, hi)]):
                         t = (sh, item[0] - self._starts[sh])
                         if t in ahead:
@@ -688,14 +689,3 @@ class _Reads:
             yield item
         self.ended_at = time.perf_counter()
 
-
-def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """``(shard, start, end)`` runs covering sorted ``(shard, sample)`` pairs, read through gaps of
-    up to :data:`MERGE_GAP_SAMPLES`."""
-    out: list[list[int]] = []
-    for sh, i in pairs:
-        if out and out[-1][0] == sh and i - out[-1][2] <= MERGE_GAP_SAMPLES:
-            out[-1][2] = i + 1
-        else:
-            out.append([sh, i, i + 1])
-    return [(a, b, c) for a, b, c in out]

@@ -91,13 +91,16 @@ def _check_flag_format(fmt: str, ctx: click.Context) -> None:
               "shards: its shards and class indices stay; new classes get the next indices; images whose path "
               "it holds are skipped and counted. An append that stops leaves the dataset as it was; run it "
               "again to finish it.")
+@click.option("--skip-changed", is_flag=True, help="With --append: skip a file at a path the dataset holds "
+              "whose size or modification time changed since it was packed. Without it such a file stops the "
+              "append, naming it (repack with --overwrite, or give the file a new path).")
 @json_option
 @pack_options()
 @reencode_options
 @storage_option
 @click.pass_context
 def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, num_classes, label_kind, sidecars,
-             require_sidecars, no_labels, follow_external_links, append,
+             require_sidecars, no_labels, follow_external_links, append, skip_changed,
              fmt, max_count, max_bytes, prefix, workers, read_ahead, seed, no_shuffle, on_error, decode_check,
              max_decode_bytes, resume, overwrite, executor, ray_address, json_path, reencode) -> None:
     """Pack the image folder SRC (ImageFolder layout: SRC/CLASS/IMAGE) into OUT.
@@ -143,7 +146,8 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, n
                           read_ahead=read_ahead, seed=seed, shuffle=not no_shuffle, extensions=_split_ext(extensions),
                           on_error=on_error, decode_check=decode_check, max_decode_bytes=max_decode_bytes,
                           class_to_idx=class_to_idx,
-                          resume=resume, append=append, overwrite=overwrite, reencode=reencode, executor=executor,
+                          resume=resume, append=append, skip_changed=skip_changed, overwrite=overwrite,
+                          reencode=reencode, executor=executor,
                           ray_address=ray_address, faults=_fault_hooks(ctx),
                           follow_external_links=follow_external_links)
     layout = None

@@ -170,7 +170,8 @@ def test_cli_append(tmp_path, first_pack):
     _plant(tmp_path / "src2", {"cat/c9.jpg": _jpeg(60)})
     r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(out), "--append", "--resume", "--workers", "1"])
     assert r.exit_code == 0, r.output
-    assert "the dataset holds 6 samples; 0 images already in it skipped" in r.output
+    assert "appended: 0 new classes; the dataset holds 6 samples in 2 classes; 0 images already in it skipped" \
+        in r.output
     assert _read(out)["cat/c9.jpg"] == (_jpeg(60), 0)
     r = CliRunner().invoke(main, ["pack", str(tmp_path / "src2"), str(tmp_path / "none"), "--append"])
     assert r.exit_code == 1 and "pack SRC into it without --append first" in r.output
@@ -231,9 +232,10 @@ def test_an_unsorted_path_index_is_not_trusted(tmp_path, first_pack):
     out, _ = first_pack
     index = out / ".shardfeed-paths"
     raw = index.read_bytes()
-    head, hashes = raw[:64], array("Q", raw[64:])
-    assert len(hashes) == 5
-    index.write_bytes(head + array("Q", reversed(hashes)).tobytes())  # the same hashes, out of order
+    head, body = raw[:64], array("Q", raw[64:])
+    assert len(body) == 3 * 5  # hashes, sizes, modification times
+    hashes = body[:5]
+    index.write_bytes(head + array("Q", reversed(hashes)).tobytes() + body[5:].tobytes())  # hashes out of order
     _plant(tmp_path / "src1", {"dog/d8.jpg": _jpeg(90)})
     report = pack(tmp_path / "src1", out, _options(append=True))  # read from the shards instead
     assert report.num_samples == 1 and report.extra["duplicates"] == 5
