@@ -561,8 +561,9 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
         write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
         if describe(options.format).sharded and isinstance(samples, SamplePlan):  # for a later append
             gone = {item["path"] for item in result.skipped}
-            rels = (r for part in samples.column_chunks() for r in part.rels)  # in packing order, bounded copies
-            write_path_index(out, manifest, (r for r in rels if r not in gone), len(samples), samples.width)
+            rels = samples.paths_unordered()  # the index is sorted by hash: any order
+            write_path_index(out, manifest, (r for r in rels if r not in gone) if gone else rels, len(samples),
+                             samples.width)
         remove_state_folder(out)
     seconds = time.perf_counter() - t0
     return PackReport(

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import random
 from array import array
 from typing import Iterator, Sequence, overload
 
 from shardfeed.readers.format import class_bytes, key_width, meta_bytes
+from shardfeed.readers.path_column import PathColumn
 
 from .scan import ScannedFile, ScannedFiles, ScanResult, new_scanned_file
 from .shard_cut import ShardLimits, cut_shards, wds_sample_bytes
@@ -129,8 +131,27 @@ class SamplePlan(Sequence[PlannedSample]):
         column = getattr(self._files, name)
         for a in range(0, len(self), size):
             rows = self._rows(a, min(a + size, len(self)))
-            yield column[rows.start:rows.stop] if isinstance(rows, range) else array(
-                column.typecode, map(column.__getitem__, rows))
+            if isinstance(rows, range):
+                yield column[rows.start:rows.stop]
+            else:
+                yield array(column.typecode, operator.itemgetter(*rows)(column) if len(rows) > 1 else
+                            [column[i] for i in rows])
+
+    def utf8_path_chunks(self, size: int = 4096) -> Iterator[list[bytes]]:
+        """The plan's relative paths in packing order, UTF-8 encoded (``surrogateescape``), in
+        lists of at most ``size`` (straight from a plain :class:`PathColumn`'s bytes)."""
+        rels = self._files.rels
+        fast = isinstance(rels, PathColumn) and rels.plain()  # its bytes are the paths' UTF-8
+        for a in range(0, len(self), size):
+            rows = self._rows(a, min(a + size, len(self)))
+            yield rels.utf8_paths(rows) if fast else [rels[i].encode("utf-8", "surrogateescape") for i in rows]
+
+    def paths_unordered(self) -> Iterator[str]:
+        """The plan's relative paths, in no particular order (the scan's, without gathering them)."""
+        rels = self._files.rels
+        if self._lo == 0 and self._hi == len(rels):  # every row of the columns
+            return iter(rels)
+        return (rels[i] for i in self._rows(0, len(self)))
 
     def rekeyed(self, start: int, width: int) -> "SamplePlan":
         """The same samples in the same order, keyed from ``start`` with ``width`` digits (no copy)."""
@@ -186,6 +207,14 @@ class SamplePlan(Sequence[PlannedSample]):
         # len(sample_meta_bytes(c, rel)) == base[c] + len(_encode_str(rel)) for an ASCII path
         base = [len(sample_meta_bytes(c, "")) - 2 for c in files.class_names]
         names, enc = files.class_names, _encode_str
+        rels = files.rels
+        if isinstance(rels, PathColumn) and rels.plain():  # JSON adds only its quotes: no path is built
+            meta = [b + 2 for b in base]
+            sizes, codes = files.sizes, files.class_codes
+            for i, n in zip(self._rows(0, len(self)), rels.utf8_lengths(self._rows(0, len(self)))):
+                code = codes[i]
+                yield wds_sample_bytes(sizes[i], cls_lens[code], meta[code] + n)
+            return
         for chunk in self.column_chunks():
             sizes, codes = chunk.sizes, chunk.class_codes
             for j, rel in enumerate(chunk.rels):

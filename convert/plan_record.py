@@ -35,11 +35,12 @@ def plan_fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options
     if isinstance(samples, SamplePlan):
         start, width = samples.start, samples.width
         keys = (str(i).zfill(width) for i in range(start, start + len(samples)))
-        chunks = samples.column_chunks()  # the plan's columns in order, a bounded copy at a time
+        paths = samples.utf8_path_chunks()  # in packing order, a bounded list at a time
         values = samples.column_values
     else:
         files = ScannedFiles.from_files(scan.root, [s.file for s in samples])
-        chunks = iter([files])
+        paths = ([r.encode("utf-8", "surrogateescape") for r in files.rels[a:a + 4096]]
+                 for a in range(0, len(files), 4096))
         values = lambda name: iter([getattr(files, name)])  # noqa: E731
         keys = (s.key for s in samples)
     # in chunks: a bounded temporary string whatever the number of files
@@ -47,10 +48,8 @@ def plan_fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options
     for chunk in iter(lambda: list(itertools.islice(keys, 4096)), []):
         h.update("".join([k + "\n" for k in chunk]).encode())
     h.update(b"\0paths\0")
-    for part in chunks:
-        rels = part.rels
-        for a in range(0, len(rels), 4096):
-            h.update("".join([r + "\0" for r in rels[a:a + 4096]]).encode("utf-8", "surrogateescape"))
+    for part in paths:
+        h.update(b"".join([p + b"\0" for p in part]))
     for name in ("sizes", "mtimes_ns"):
         h.update(b"\0")
         for column in values(name):

@@ -9,6 +9,7 @@ number of rows (:meth:`PathColumn.take`) is a plain list of strings, fast for a 
 
 from __future__ import annotations
 
+import re
 from array import array
 from typing import Iterable, Iterator, Sequence, overload
 
@@ -20,6 +21,8 @@ MAX_LISTED_TAKE = 65536
 
 # file names round-trip exactly, lone surrogates (PEP 383 names) included
 _ERRORS = "surrogatepass"
+# what JSON escapes (json.encoder.ESCAPE) and a lone surrogate, in UTF-8 (surrogatepass) bytes
+_NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]|\xed[\xa0-\xbf]')
 
 
 class PathColumn(Sequence[str]):
@@ -105,14 +108,12 @@ class PathColumn(Sequence[str]):
         :data:`MAX_LISTED_TAKE` rows, else a compact :class:`PathColumn` (sharing the folder parts)."""
         ends, names, codes = self.ends, self.names, self.folder_codes
         if len(indices) <= MAX_LISTED_TAKE:  # the hot path (a shard's rows): inline, no call per row
-            folders, n = self.folders, len(ends)
-            listed = []
-            add = listed.append
-            for i in indices:
-                if not 0 <= i < n:
-                    i = range(n)[i]  # a negative index counts from the end; a bad one raises IndexError
-                add(folders[codes[i]] + names[ends[i - 1] if i else 0:ends[i]].decode("utf-8", _ERRORS))
-            return listed
+            if len(indices) and min(indices) < 0:
+                indices = [range(len(ends))[i] for i in indices]  # from the end
+            self._check_rows(indices)
+            folders = self.folders
+            return [folders[codes[i]] + names[ends[i - 1] if i else 0:ends[i]].decode("utf-8", _ERRORS)
+                    for i in indices]
         out = PathColumn(self.folders)
         for i in indices:
             start = ends[i - 1] if i > 0 else 0
@@ -124,6 +125,33 @@ class PathColumn(Sequence[str]):
                 out.ends.append(len(out.names))
             out.folder_codes.append(codes[i])
         return out
+
+    def plain(self) -> bool:
+        """Whether every path is "plain": JSON stores it as it is (no ``"``, ``\\`` or control
+        character) and it holds no lone surrogate, so its UTF-8 bytes are its folder part's plus its
+        name's (what :meth:`utf8_lengths` and :meth:`utf8_paths` rely on)."""
+        return _NOT_PLAIN.search(self.names) is None and not any(
+            _NOT_PLAIN.search(d.encode("utf-8", _ERRORS)) for d in self.folders)
+
+    def utf8_lengths(self, rows: Sequence[int]) -> Iterator[int]:
+        """The UTF-8 byte length of each path at ``rows``, without building the paths."""
+        flen = [len(d.encode("utf-8", _ERRORS)) for d in self.folders]
+        ends, codes = self.ends, self.folder_codes
+        for i in rows:
+            yield flen[codes[i]] + ends[i] - (ends[i - 1] if i else 0)
+
+    def utf8_paths(self, rows: Sequence[int]) -> list[bytes]:
+        """The UTF-8 bytes of each path at ``rows`` (``surrogatepass`` for lone surrogates), without
+        building the paths as ``str``."""
+        self._check_rows(rows)
+        fbytes = [d.encode("utf-8", _ERRORS) for d in self.folders]
+        ends, codes, names = self.ends, self.folder_codes, self.names
+        return [fbytes[codes[i]] + names[ends[i - 1] if i else 0:ends[i]] for i in rows]
+
+    def _check_rows(self, rows: Sequence[int]) -> None:
+        """Raise IndexError unless every row is in ``0..len-1``."""
+        if len(rows) and (min(rows) < 0 or max(rows) >= len(self.ends)):
+            raise IndexError("path index out of range")
 
     def __reduce__(self):
         return (PathColumn, (self.folders, self.folder_codes, bytes(self.names), self.ends))

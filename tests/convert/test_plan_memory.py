@@ -60,3 +60,44 @@ def test_scan_and_plan_take_at_most_60_bytes_a_file(tmp_path):
     assert scan_peak / n <= 70, scan_peak / n
     # cutting the shards reads the plan in bounded chunks: a few MB whatever the number of files
     assert plan_peak - held <= 4_000_000, plan_peak - held
+
+
+def _columns(rels, compact):
+    from array import array
+
+    from shardfeed.readers.imagefolder import ScannedFiles
+    from shardfeed.readers.path_column import PathColumn
+
+    n = len(rels)
+    return ScannedFiles("/src", PathColumn.from_paths(rels) if compact else list(rels), array("q", range(100, 100 + n)),
+                        array("q", range(n)), array("i", [i % 2 for i in range(n)]), ["cat", "dög"], [0, 1],
+                        array("H", [0] * n), ["jpg"])
+
+
+def test_compact_paths_give_the_same_tar_sizes_and_fingerprint():
+    from types import SimpleNamespace
+
+    from shardfeed.convert.pack import PackOptions
+    from shardfeed.convert.plan_record import plan_fingerprint
+    from shardfeed.convert.shard_cut import wds_sample_bytes
+    from shardfeed.readers.format import class_bytes, meta_bytes
+
+    plain = [f"cat/sub/{i}.jpg" for i in range(30)] + ["dög/é.jpg", "cat/ü ß.jpg"]
+    odd = plain + ['cat/quote"d.jpg', "cat/tab\t.jpg"]  # escaped by JSON: the general path
+    for rels in (plain, odd):
+        expected_sizes = {}
+        for i, rel in enumerate(rels):
+            cname, label = ("cat", 0) if i % 2 == 0 else ("dög", 1)
+            expected_sizes[rel] = wds_sample_bytes(100 + i, len(class_bytes(label)),
+                                                   len(meta_bytes({"path": rel, "class": cname})))
+        prints = set()
+        for compact in (False, True):
+            scan = SimpleNamespace(root="/src", files=_columns(rels, compact), class_to_idx={"cat": 0, "dög": 1})
+            plan = plan_samples(scan, seed=5)
+            order = [s.file.rel for s in plan]
+            assert sorted(order) == sorted(rels)
+            assert list(plan.wds_sizes()) == [expected_sizes[r] for r in order]
+            assert list(plan[3:9].wds_sizes()) == [expected_sizes[r] for r in order[3:9]]
+            assert [p for part in plan.utf8_path_chunks(7) for p in part] == [r.encode() for r in order]
+            prints.add(plan_fingerprint(scan, plan, PackOptions()))
+        assert len(prints) == 1  # compact or not, one plan, one fingerprint
