@@ -100,6 +100,8 @@ class SamplePlan(Sequence[PlannedSample]):
         """Column rows of the plan's samples ``a..b-1`` (view positions)."""
         if self._order is None:
             return range(self._lo + a, self._lo + b)
+        if self._lo + a == 0 and self._lo + b == len(self._order):
+            return self._order  # the whole order: no copy (read-only here)
         return self._order[self._lo + a:self._lo + b]
 
     @property
@@ -211,7 +213,8 @@ class SamplePlan(Sequence[PlannedSample]):
         if isinstance(rels, PathColumn) and rels.plain():  # JSON adds only its quotes: no path is built
             meta = [b + 2 for b in base]
             sizes, codes = files.sizes, files.class_codes
-            for i, n in zip(self._rows(0, len(self)), rels.utf8_lengths(self._rows(0, len(self)))):
+            rows = self._rows(0, len(self))
+            for i, n in zip(rows, rels.utf8_lengths(rows)):
                 code = codes[i]
                 yield wds_sample_bytes(sizes[i], cls_lens[code], meta[code] + n)
             return
