@@ -352,7 +352,7 @@ def _plan_of_append(out: Path, scan: ScanResult, options, manifest: Manifest, ex
     from .plan_record import check_or_write_plan, plan_fingerprint
 
     samples = plan_samples(scan, seed=options.seed, shuffle=options.shuffle)
-    samples = SamplePlan(samples.files, existing.next_key, existing.width)
+    samples = samples.rekeyed(existing.next_key, existing.width)
     if len(str(existing.next_key + len(samples) - 1)) > existing.width:
         raise ValueError(f"{out}: {len(samples)} more samples would need keys longer than the dataset's "
                          f"{existing.width} digits (keys must sort in packing order); repack the union with "

@@ -564,7 +564,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
         write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
         if describe(options.format).sharded and isinstance(samples, SamplePlan):  # for a later append
             gone = {item["path"] for item in result.skipped}
-            write_path_index(out, manifest, PathRecords.of_files(samples.files, gone), len(samples),
+            write_path_index(out, manifest, PathRecords.of_files(samples.files_unordered(), gone), len(samples),
                              samples.width)
         remove_state_folder(out)
     return manifest_report(manifest, source=scan.root, output=str(out), input_bytes=input_bytes(samples),

@@ -239,8 +239,9 @@ def write_plan_files(state_dir: Path, files) -> None:
     parts = []
     rels, sizes, mtimes = files.rels, files.sizes, files.mtimes_ns
     for a in range(0, len(rels), 4096):
-        chunk = "".join(json.dumps([rels[i], sizes[i], mtimes[i]], ensure_ascii=False) + "\n"
-                        for i in range(a, min(a + 4096, len(rels))))
+        b = min(a + 4096, len(rels))
+        chunk = "".join(json.dumps([rel, sizes[i], mtimes[i]], ensure_ascii=False) + "\n"
+                        for i, rel in zip(range(a, b), rels[a:b]))  # a slice: one gather of a compact column
         parts.append(comp.compress(chunk.encode("utf-8")))
     parts.append(comp.flush())
     write_bytes_atomic(Path(state_dir) / FILES_NAME, b"".join(parts))

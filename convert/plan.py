@@ -6,7 +6,9 @@ the file sizes alone. The plan is a :class:`SamplePlan`: a read-only sequence of
 :class:`PlannedSample` built on demand from the scan's compact columns
 (:class:`~shardfeed.convert.scan.ScannedFiles`), so a pack's memory hardly grows with the number
 of files (peak memory of a 20,000-file pack within 20 % of a 2,000-file one) and a
-shard's slice of the plan pickles in a few bytes per sample for the worker processes.
+shard's slice of the plan pickles in a few bytes per sample for the worker processes. A shuffled
+plan keeps its order as 4-byte row numbers of the scan's columns, not a reordered copy of them:
+the scan and the plan together hold ~55 bytes a file.
 
 Everything here produces exactly what the straightforward code would: :func:`sample_meta_bytes`
 is byte-identical to :func:`shardfeed.readers.sample_members.meta_bytes` of ``{"path", "class"}``.
@@ -16,11 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import random
 from array import array
 from typing import Iterator, Sequence, overload
 
 from shardfeed.readers.format import key_width
+from shardfeed.readers.path_column import PathColumn
 from shardfeed.readers.sample_members import class_bytes, meta_bytes
 
 from .scan import ScannedFile, ScannedFiles, ScanResult, new_scanned_file
@@ -72,34 +76,89 @@ class SamplePlan(Sequence[PlannedSample]):
     """The packing order: a read-only sequence of :class:`PlannedSample`, built on demand.
 
     Args:
-        files: the files in packing order (compact columns).
+        files: the scanned files (compact columns).
         start: global index of the plan's first sample (a slice keeps its samples' indexes/keys).
         width: digits of the keys (:func:`~shardfeed.readers.format.key_width` of the whole plan).
+        order: the packing order as row numbers of ``files`` (an ``array`` of 4 bytes an entry,
+            not a reordered copy of the columns); None: the columns' own order.
 
     Slicing (step 1) gives a view in O(1); a view pickles as the columns of its own range only.
     """
 
-    __slots__ = ("_files", "_lo", "_hi", "start", "width")
+    __slots__ = ("_files", "_order", "_lo", "_hi", "start", "width")
 
-    def __init__(self, files: ScannedFiles, start: int = 0, width: int | None = None, *, _lo: int = 0,
-                 _hi: int | None = None):
+    def __init__(self, files: ScannedFiles, start: int = 0, width: int | None = None, *,
+                 order: Sequence[int] | None = None, _lo: int = 0, _hi: int | None = None):
         self._files = files
+        self._order = order
+        total = len(files) if order is None else len(order)
         self._lo = _lo
-        self._hi = len(files) if _hi is None else _hi
+        self._hi = total if _hi is None else _hi
         self.start = start
-        self.width = key_width(len(files)) if width is None else width
+        self.width = key_width(total) if width is None else width
+
+    def _rows(self, a: int, b: int) -> Sequence[int]:
+        """Column rows of the plan's samples ``a..b-1`` (view positions)."""
+        if self._order is None:
+            return range(self._lo + a, self._lo + b)
+        if self._lo + a == 0 and self._lo + b == len(self._order):
+            return self._order  # the whole order: no copy (read-only here)
+        return self._order[self._lo + a:self._lo + b]
 
     @property
     def column_range(self) -> tuple[ScannedFiles, int, int]:
-        """``(columns, lo, hi)``: the plan's samples are rows ``lo..hi-1`` of ``columns`` (no copy)."""
-        return self._files, self._lo, self._hi
+        """``(columns, lo, hi)``: the plan's samples are rows ``lo..hi-1`` of ``columns`` (no copy in
+        the columns' own order; in a shuffled order, the view's rows gathered once: call it on a
+        shard's slice)."""
+        if self._order is None:
+            return self._files, self._lo, self._hi
+        return self.files, 0, len(self)
 
     @property
     def files(self) -> ScannedFiles:
-        """The plan's files, in packing order, as compact columns (copied once for a view)."""
+        """The plan's files, in packing order, as compact columns (copied once for a view or a
+        shuffled order; :meth:`column_chunks` bounds the copy)."""
+        if self._order is None and self._lo == 0 and self._hi == len(self._files):
+            return self._files
+        return self._files.take(self._rows(0, len(self)))
+
+    def column_chunks(self, size: int = 8192) -> Iterator[ScannedFiles]:
+        """The plan's files in packing order as consecutive compact columns of at most ``size`` rows
+        each (a bounded copy at a time, whatever the plan's length)."""
+        for a in range(0, len(self), size):
+            yield self._files.take(self._rows(a, min(a + size, len(self))))
+
+    def column_values(self, name: str, size: int = 65536) -> Iterator[array]:
+        """A numeric column of the plan's files (``"sizes"``, ``"mtimes_ns"``...) in packing order,
+        as consecutive arrays of at most ``size`` entries (the paths are not read)."""
+        column = getattr(self._files, name)
+        for a in range(0, len(self), size):
+            rows = self._rows(a, min(a + size, len(self)))
+            if isinstance(rows, range):
+                yield column[rows.start:rows.stop]
+            else:
+                yield array(column.typecode, operator.itemgetter(*rows)(column) if len(rows) > 1 else
+                            [column[i] for i in rows])
+
+    def utf8_path_chunks(self, size: int = 4096) -> Iterator[list[bytes]]:
+        """The plan's relative paths in packing order, UTF-8 encoded (``surrogateescape``), in
+        lists of at most ``size`` (straight from a plain :class:`PathColumn`'s bytes)."""
+        rels = self._files.rels
+        fast = isinstance(rels, PathColumn) and rels.plain()  # its bytes are the paths' UTF-8
+        for a in range(0, len(self), size):
+            rows = self._rows(a, min(a + size, len(self)))
+            yield rels.utf8_paths(rows) if fast else [rels[i].encode("utf-8", "surrogateescape") for i in rows]
+
+    def files_unordered(self) -> ScannedFiles:
+        """The plan's files in no particular order: the scan's columns themselves when the plan
+        spans all of them (no copy), else :attr:`files`."""
         if self._lo == 0 and self._hi == len(self._files):
             return self._files
-        return self._files.take(range(self._lo, self._hi))
+        return self.files
+
+    def rekeyed(self, start: int, width: int) -> "SamplePlan":
+        """The same samples in the same order, keyed from ``start`` with ``width`` digits (no copy)."""
+        return SamplePlan(self._files, start, width, order=self._order, _lo=self._lo, _hi=self._hi)
 
     def __len__(self) -> int:
         return self._hi - self._lo
@@ -121,39 +180,51 @@ class SamplePlan(Sequence[PlannedSample]):
             if step != 1:
                 return [self[i] for i in range(a, b, step)]
             b = max(a, b)
-            return SamplePlan(self._files, self.start + a, self.width, _lo=self._lo + a, _hi=self._lo + b)
+            return SamplePlan(self._files, self.start + a, self.width, order=self._order, _lo=self._lo + a,
+                              _hi=self._lo + b)
         if j < 0:
             j += n
         if not 0 <= j < n:
             raise IndexError("sample index out of range")
-        f = self._files[self._lo + j]
+        f = self._files[self._lo + j if self._order is None else self._order[self._lo + j]]
         return PlannedSample(self.start + j, self.key_of(j), f, {"path": f.rel, "class": f.class_name})
 
     def __iter__(self) -> Iterator[PlannedSample]:
-        files, width, lo = self._files, self.width, self._lo
-        base = self.start - lo  # global index of files[i] is base + i
-        rels, sizes, mtimes = files.rels, files.sizes, files.mtimes_ns
-        codes, ecodes = files.class_codes, files.ext_codes
-        names, labels, exts = files.class_names, files.class_labels, files.exts
-        path_of = files.path_of
-        for i in range(lo, self._hi):
-            rel, code = rels[i], codes[i]
-            cname = names[code]
-            f = new_scanned_file(path_of(i), rel, cname, labels[code], exts[ecodes[i]], sizes[i], mtimes[i])
-            yield PlannedSample(base + i, str(base + i).zfill(width), f, {"path": rel, "class": cname})
+        width, base = self.width, self.start
+        for files in self.column_chunks():
+            rels, sizes, mtimes = files.rels, files.sizes, files.mtimes_ns
+            codes, ecodes = files.class_codes, files.ext_codes
+            names, labels, exts = files.class_names, files.class_labels, files.exts
+            path_of = files.path_of
+            for i in range(len(files)):
+                rel, code = rels[i], codes[i]
+                cname = names[code]
+                f = new_scanned_file(path_of(i), rel, cname, labels[code], exts[ecodes[i]], sizes[i], mtimes[i])
+                yield PlannedSample(base + i, str(base + i).zfill(width), f, {"path": rel, "class": cname})
+            base += len(files)
 
     def wds_sizes(self) -> Iterator[int]:
         """Bytes each sample takes in a tar shard (as :meth:`PlannedSample.wds_bytes`), in order."""
-        files = self.files
+        files = self._files
         cls_lens = [len(class_bytes(label)) for label in files.class_labels]
         # len(sample_meta_bytes(c, rel)) == base[c] + len(_encode_str(rel)) for an ASCII path
         base = [len(sample_meta_bytes(c, "")) - 2 for c in files.class_names]
-        names, sizes, codes = files.class_names, files.sizes, files.class_codes
-        enc = _encode_str
-        for j, rel in enumerate(files.rels):
-            code = codes[j]
-            m = base[code] + len(enc(rel)) if rel.isascii() else len(sample_meta_bytes(names[code], rel))
-            yield wds_sample_bytes(sizes[j], cls_lens[code], m)
+        names, enc = files.class_names, _encode_str
+        rels = files.rels
+        if isinstance(rels, PathColumn) and rels.plain():  # JSON adds only its quotes: no path is built
+            meta = [b + 2 for b in base]
+            sizes, codes = files.sizes, files.class_codes
+            rows = self._rows(0, len(self))
+            for i, n in zip(rows, rels.utf8_lengths(rows)):
+                code = codes[i]
+                yield wds_sample_bytes(sizes[i], cls_lens[code], meta[code] + n)
+            return
+        for chunk in self.column_chunks():
+            sizes, codes = chunk.sizes, chunk.class_codes
+            for j, rel in enumerate(chunk.rels):
+                code = codes[j]
+                m = base[code] + len(enc(rel)) if rel.isascii() else len(sample_meta_bytes(names[code], rel))
+                yield wds_sample_bytes(sizes[j], cls_lens[code], m)
 
     def __reduce__(self):
         return (SamplePlan, (self.files, self.start, self.width))
@@ -166,7 +237,10 @@ def file_sizes(samples: Sequence[PlannedSample]) -> Sequence[int]:
     """The samples' source file sizes, bytes, in order (a column slice for a :class:`SamplePlan`,
     no :class:`PlannedSample` built)."""
     if isinstance(samples, SamplePlan):
-        return samples._files.sizes[samples._lo:samples._hi]
+        sizes = samples._files.sizes
+        if samples._order is None:
+            return sizes[samples._lo:samples._hi]
+        return array("q", (v for part in samples.column_values("sizes") for v in part))
     return [s.file.size for s in samples]
 
 
@@ -190,11 +264,12 @@ def plan_samples(scan: ScanResult, *, seed: int = 0, shuffle: bool = True) -> Sa
     files = scan.files
     if not isinstance(files, ScannedFiles):
         files = ScannedFiles.from_files(scan.root, files)
-    if shuffle:
-        order = array("l", range(len(files)))  # 8 bytes an entry (a list of ints takes ~36)
-        random.Random(seed).shuffle(order)  # the same permutation as shuffling the files themselves
-        files = files.take(order)
-    return SamplePlan(files, 0, key_width(len(files)))
+    if not shuffle:
+        return SamplePlan(files, 0, key_width(len(files)))
+    # 4 bytes an entry ("L" past 2**32 files), kept as the plan's order: no reordered copy of the columns
+    order = array("I" if len(files) < 2 ** 32 else "L", range(len(files)))
+    random.Random(seed).shuffle(order)  # the same permutation as shuffling the files themselves
+    return SamplePlan(files, 0, key_width(len(files)), order=order)
 
 
 def plan_shards(samples: Sequence[PlannedSample], *, max_count: int, max_bytes: int) -> list[tuple[int, int]]:

@@ -33,24 +33,30 @@ def plan_fingerprint(scan: ScanResult, samples: Sequence[PlannedSample], options
     h.update(json.dumps(options.fingerprint_fields(), sort_keys=True).encode())
     h.update(json.dumps(scan.class_to_idx, sort_keys=True).encode())
     if isinstance(samples, SamplePlan):
-        files, start, width = samples.files, samples.start, samples.width
-        keys = (str(i).zfill(width) for i in range(start, start + len(files)))
+        start, width = samples.start, samples.width
+        keys = (str(i).zfill(width) for i in range(start, start + len(samples)))
+        paths = samples.utf8_path_chunks()  # in packing order, a bounded list at a time
+        values = samples.column_values
     else:
         files = ScannedFiles.from_files(scan.root, [s.file for s in samples])
+        paths = ([r.encode("utf-8", "surrogateescape") for r in files.rels[a:a + 4096]]
+                 for a in range(0, len(files), 4096))
+        values = lambda name: iter([getattr(files, name)])  # noqa: E731
         keys = (s.key for s in samples)
     # in chunks: a bounded temporary string whatever the number of files
     h.update(b"keys\0")
     for chunk in iter(lambda: list(itertools.islice(keys, 4096)), []):
         h.update("".join([k + "\n" for k in chunk]).encode())
     h.update(b"\0paths\0")
-    rels = files.rels
-    for a in range(0, len(rels), 4096):
-        h.update("".join([r + "\0" for r in rels[a:a + 4096]]).encode("utf-8", "surrogateescape"))
-    for column in (files.sizes, files.mtimes_ns):
-        col = array("q", column)
-        if sys.byteorder != "little":
-            col.byteswap()
-        h.update(b"\0" + col.tobytes())
+    for part in paths:
+        h.update(b"".join([p + b"\0" for p in part]))
+    for name in ("sizes", "mtimes_ns"):
+        h.update(b"\0")
+        for column in values(name):
+            col = array("q", column)
+            if sys.byteorder != "little":
+                col.byteswap()
+            h.update(col.tobytes())
     return h.hexdigest()
 
 

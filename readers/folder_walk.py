@@ -22,10 +22,10 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Sequence, overload
 
 __all__ = ["LINK_OUT_OF_SRC", "OutsideLink", "LinkRule", "link_out_reason", "refuse_outside_links",
-           "outside_link_entries", "display_name", "walk_folder", "walk_classes"]
+           "outside_link_entries", "display_name", "walk_folder", "walk_classes", "FolderListing"]
 
 log = logging.getLogger("shardfeed.readers.imagefolder")
 
@@ -126,10 +126,62 @@ def display_name(name: str) -> str:
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
+class FolderListing(Sequence[tuple[str, list[str]]]):
+    """The folders a walk listed, as ``(dirpath, sorted file names)`` read on demand.
+
+    Each folder's names are kept as one string (joined by NUL, a character no file name holds),
+    about one byte a character instead of ~60 bytes a name as a list of ``str``; a folder's list is
+    built when it is read. Folders come in sorted ``dirpath`` order once :meth:`sort` ran.
+    """
+
+    __slots__ = ("_folders",)
+
+    def __init__(self) -> None:
+        self._folders: list[tuple[str, str]] = []
+
+    def add(self, dirpath: str, names: list[str]) -> None:
+        """Record a folder and its file names (any order: they are sorted here)."""
+        names.sort()
+        self._folders.append((dirpath, "\0".join(names)))
+
+    def sort(self) -> None:
+        """Put the folders in sorted ``dirpath`` order."""
+        self._folders.sort(key=lambda t: t[0])
+
+    def __len__(self) -> int:
+        return len(self._folders)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, list[str]]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[str, list[str]]]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._folders)))]
+        d, joined = self._folders[i]
+        return d, (joined.split("\0") if joined else [])
+
+    def __iter__(self) -> Iterator[tuple[str, list[str]]]:
+        for d, joined in self._folders:
+            yield d, (joined.split("\0") if joined else [])
+
+    def drain(self) -> Iterator[tuple[str, list[str]]]:
+        """Iterate as ``iter()`` does, letting go of each folder's names once read (the listing is
+        empty afterwards): the names of a large walk need not all stay in memory at once."""
+        folders = self._folders
+        folders.reverse()
+        while folders:
+            d, joined = folders.pop()
+            yield d, (joined.split("\0") if joined else [])
+
+
 def walk_folder(root: str | os.PathLike, hidden_dirs: list[str],
                 listed: Callable[[int], None] | None = None, *, follow_external_links: bool = False,
-                outside: list[OutsideLink] | None = None) -> list[tuple[str, list[str]]]:
-    """Every folder below ``root`` (``root`` included) as ``[(dirpath, sorted names)]``, in sorted
+                outside: list[OutsideLink] | None = None) -> FolderListing:
+    """Every folder below ``root`` (``root`` included) as ``(dirpath, sorted names)`` pairs
+    (a :class:`FolderListing`), in sorted
     dirpath order, by the class walk's rules (:func:`walk_classes`): hidden folders pruned
     (appended to ``hidden_dirs``), symbolic links to files kept as names, symbolic links to
     folders followed by the link rule of the module docstring, each real folder walked once, a
@@ -158,8 +210,9 @@ def walk_folder(root: str | os.PathLike, hidden_dirs: list[str],
 
 def walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
                  listed: Callable[[int], None] | None = None, walk_root: bool = False, *,
-                 rule: LinkRule, outside: list[OutsideLink]) -> list[list[tuple[str, list[str]]]]:
-    """Per class folder, ``[(dirpath, sorted file names)]`` in sorted dirpath order
+                 rule: LinkRule, outside: list[OutsideLink]) -> list[FolderListing]:
+    """Per class folder, its ``(dirpath, sorted file names)`` pairs (a :class:`FolderListing`, the
+    names kept compact until read) in sorted dirpath order
     (``listed(n)`` is called after each folder is listed, with its number of file names).
 
     The order within a class is that of ``sorted(os.walk(top, followlinks=True))``
@@ -182,7 +235,7 @@ def walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
     root_real = rule.root_real
     st = os.stat(root)
     claimed: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): str(root)}
-    per_class: list[list[tuple[str, list[str]]]] = [[] for _ in range(1 if walk_root else len(class_dirs))]
+    per_class = [FolderListing() for _ in range(1 if walk_root else len(class_dirs))]
     links: list[tuple[str, int]] = []  # heap of (link path, class code)
 
     def walk(top: str, code: int) -> None:
@@ -221,9 +274,9 @@ def walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
             except PermissionError as exc:
                 raise PermissionError(f"{display_name(d)}: cannot list folder ({exc.strerror}); fix its "
                                       "permissions") from None
-            per_class[code].append((d, sorted(names)))
             if listed is not None:
                 listed(len(names))
+            per_class[code].add(d, names)
 
     # class folders that are folders first, then those that are links (a link to a folder reached
     # without one adds nothing: ``alias -> cat/sub`` leaves cat/sub's images in cat)
@@ -250,7 +303,7 @@ def walk_classes(root: Path, class_dirs: list[str], hidden_dirs: list[str],
             claimed[ident] = path
             walk(path, code)
     for walked in per_class:
-        walked.sort(key=lambda t: t[0])
+        walked.sort()
     return per_class
 
 

@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence, overload
 from shardfeed.readers.folder_walk import (LINK_OUT_OF_SRC, LinkRule, OutsideLink, display_name,
                                            outside_link_entries, walk_classes, walk_folder)
 from shardfeed.readers.format import DEFAULT_EXTENSIONS, normalize_ext, stored_path_problem
+from shardfeed.readers.path_column import PathColumn
 
 __all__ = ["ScannedFile", "ScannedFiles", "new_scanned_file", "ScanResult", "scan_image_folder", "find_classes",
            "parse_extensions", "scan_listing", "display_name", "is_utf8_name", "resolve_class_map", "walk_folder",
@@ -90,8 +91,9 @@ class ScannedFiles(Sequence[ScannedFile]):
     """The scanned images as compact columns; a read-only sequence of :class:`ScannedFile`.
 
     A million-file folder would take ~1 KB per file as Python objects; columns (the relative
-    paths as strings, sizes and mtimes as ``array('q')``, class and extension as small codes)
-    take ~100 bytes, so the pack's memory barely grows with the dataset. Indexing
+    paths as a :class:`~shardfeed.readers.path_column.PathColumn` or a list of strings, sizes and
+    mtimes as ``array('q')``, class and extension as small codes) take ~50 bytes with a
+    ``PathColumn``, so the pack's memory barely grows with the dataset. Indexing
     builds a :class:`ScannedFile` on demand; slicing gives another compact :class:`ScannedFiles`
     (it pickles compactly, for worker processes). The hot paths read the columns directly:
     :meth:`path_of`, :attr:`rels`, :attr:`sizes`, :attr:`mtimes_ns`, :meth:`label_of`,
@@ -99,7 +101,8 @@ class ScannedFiles(Sequence[ScannedFile]):
 
     Args:
         root: the source folder (absolute); ``path = root + os.sep + rel``.
-        rels: paths relative to ``root`` with ``/`` separators.
+        rels: paths relative to ``root`` with ``/`` separators (a list of ``str``, or a compact
+            :class:`~shardfeed.readers.path_column.PathColumn`, as the scan makes).
         sizes: sizes in bytes.
         mtimes_ns: modification times (ns).
         class_codes: per file, an index into ``class_names``/``class_labels``.
@@ -112,7 +115,7 @@ class ScannedFiles(Sequence[ScannedFile]):
     __slots__ = ("root", "rels", "sizes", "mtimes_ns", "class_codes", "class_names", "class_labels",
                  "ext_codes", "exts", "path_prefix")
 
-    def __init__(self, root: str, rels: list[str], sizes: array, mtimes_ns: array, class_codes: array,
+    def __init__(self, root: str, rels: Sequence[str], sizes: array, mtimes_ns: array, class_codes: array,
                  class_names: Sequence[str], class_labels: Sequence[int], ext_codes: array, exts: Sequence[str]):
         self.root = root
         self.rels = rels
@@ -187,20 +190,23 @@ class ScannedFiles(Sequence[ScannedFile]):
                                 self.class_codes[a:b], self.class_names, self.class_labels, self.ext_codes[a:b],
                                 self.exts)
         rels, sizes, mtimes, codes, ecodes = self.rels, self.sizes, self.mtimes_ns, self.class_codes, self.ext_codes
+        compact = isinstance(rels, PathColumn)  # gathers its paths itself (a list of str for a shard's rows)
         if len(indices) >= 2:
             # a C-level gather per column and chunk (operator.itemgetter): ~6x faster than a Python
             # loop over the indices (20,000 files: 9 ms instead of 50); chunks bound the temporary
             # tuples (65,536 entries, ~2.5 MB)
             out = ([], array("q"), array("q"), array("i"), array("H"))
+            pairs = list(zip(out, (rels, sizes, mtimes, codes, ecodes)))[1 if compact else 0:]
             for a in range(0, len(indices), 65536):
                 chunk = indices[a:a + 65536]
                 get = operator.itemgetter(*chunk) if len(chunk) >= 2 else (lambda col, i=chunk[0]: (col[i],))
-                for dst, col in zip(out, (rels, sizes, mtimes, codes, ecodes)):
+                for dst, col in pairs:
                     dst.extend(get(col))
-            return ScannedFiles(self.root, out[0], out[1], out[2], out[3], self.class_names, self.class_labels,
-                                out[4], self.exts)
+            return ScannedFiles(self.root, rels.take(indices) if compact else out[0], out[1], out[2], out[3],
+                                self.class_names, self.class_labels, out[4], self.exts)
         # arrays filled from generators: no temporary list of int objects (peak memory)
-        return ScannedFiles(self.root, [rels[i] for i in indices], array("q", (sizes[i] for i in indices)),
+        return ScannedFiles(self.root, rels.take(indices) if compact else [rels[i] for i in indices],
+                            array("q", (sizes[i] for i in indices)),
                             array("q", (mtimes[i] for i in indices)), array("i", (codes[i] for i in indices)),
                             self.class_names, self.class_labels, array("H", (ecodes[i] for i in indices)),
                             self.exts)
@@ -413,7 +419,8 @@ def scan_image_folder(
     ext_code = {e: canonical.index(normalize_ext(e)) for e in exts}
     root_str = str(root_path)
     prefix_len = len(root_str.rstrip(os.sep)) + 1
-    rels: list[str] = []
+    rels = PathColumn()  # ~30 bytes a path (a list of str: ~90)
+    add_path = rels.append
     sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
     stat, s_isreg = os.stat, stat_mod.S_ISREG
     slash = os.sep == "/"
@@ -423,11 +430,12 @@ def scan_image_folder(
                          rule=LinkRule(root_path, follow_external_links), outside=outside)
     for code, class_name in enumerate(folder_classes):
         before = len(rels)
-        for dirpath, names in walks[code]:
+        for dirpath, names in walks[code].drain():  # each folder's names let go once read
             rel_dir = dirpath[prefix_len:] if slash else dirpath[prefix_len:].replace(os.sep, "/")
             rel_dir += "/"
             dir_ok = stored_path_problem(rel_dir + "_") is None  # the one name policy, once per folder
             dir_prefix = dirpath + os.sep
+            dir_code = rels.folder(rel_dir)  # the folder part stored once
             for name in (names if progress is None else _reported(names, progress)):
                 if name[0] == ".":
                     ignored.append({"path": display_name(rel_dir + name), "reason": "hidden file"})
@@ -450,7 +458,7 @@ def scan_image_folder(
                 if not s_isreg(st.st_mode):
                     ignored.append({"path": rel_dir + name, "reason": "not a regular file"})
                     continue
-                rels.append(rel_dir + name)
+                add_path(dir_code, name)
                 sizes.append(st.st_size)
                 mtimes.append(st.st_mtime_ns)
                 codes.append(code)
@@ -572,7 +580,7 @@ def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensio
     classes, mapping = resolve_class_map(folder_classes, class_to_idx, root)
     canonical = list(dict.fromkeys(normalize_ext(e) for e in exts))
     ext_code = {e: canonical.index(normalize_ext(e)) for e in exts}
-    rels: list[str] = []
+    rels = PathColumn()
     sizes, mtimes, codes, ecodes = array("q"), array("q"), array("i"), array("H")
     empty: list[str] = []
     unpackable: list[dict] = []
@@ -594,7 +602,7 @@ def scan_listing(root: str, listing: Iterable[tuple[str, int, int]], *, extensio
                 if problem is not None:
                     unpackable.append({"path": display_name(rel), "reason": problem})
                     continue
-                rels.append(rel)
+                rels.append(rels.folder(d + "/"), name)
                 sizes.append(size)
                 mtimes.append(mtime)
                 codes.append(code)
