@@ -30,7 +30,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from ..measure.watch import held_out_of_order, batch_ready
+from ..measure.probes import batch_ready, held_out_of_order
 from ._common import log_report, make_watch
 
 __all__ = ["WatchCallback"]

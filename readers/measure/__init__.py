@@ -16,17 +16,16 @@ a real training loop, and for every batch time
 
 From these a :class:`RunReport` gives images/s (samples / measured wall time), mean/p50/p95 of
 both times and the data-stall share Σ t_wait / Σ (t_wait + t_compute), together with what the
-machine did meanwhile, read from ``/proc`` (Linux; None elsewhere):
+machine did meanwhile, read through psutil (None where a figure is not readable):
 
-* CPU time of the main process and of the ``DataLoader`` worker processes (the main process's
-  children: live ones are read from ``/proc/PID/stat``, finished ones through the parent's
-  ``cutime``/``cstime``), as cores busy;
-* bytes read, from ``/proc/PID/io`` of the same processes: ``read_bytes`` (fetched from the
-  storage device: page-cache misses) and ``rchar`` (every ``read()``, cache hits included);
+* CPU time of the main process and of the ``DataLoader`` worker processes (live ones read
+  directly, finished ones through the parent's reaped-children CPU time), as cores busy;
+* bytes read by the same processes: ``read_bytes`` (fetched from the storage device: page-cache
+  misses) and ``rchar`` (every ``read()``, cache hits included; Linux);
 * resident memory (RSS) of the main process and the workers at the start and end of the measured
   window, with growth of more than :data:`MEMORY_GROWTH_FLAG_BYTES` and
-  :data:`MEMORY_GROWTH_FLAG_SHARE` flagged; swap in use (``/proc/meminfo``); the machine's share
-  of CPU time in I/O wait (``/proc/stat``);
+  :data:`MEMORY_GROWTH_FLAG_SHARE` flagged; swap in use; the machine's share of CPU time in I/O
+  wait, and the CPU time other processes took;
 * on CUDA, GPU utilisation and memory sampled from NVML (``nvidia-ml-py``, the ``gpu`` extra) by
   a background thread every :data:`GPU_SAMPLE_INTERVAL_S`.
 
@@ -41,7 +40,9 @@ measurable (FUSE drops pages on open; the server keeps its own cache) and the re
 The package, by concern:
 
 * :mod:`.report`: :class:`RunReport`, :class:`TimingStats` (what a run produced);
-* :mod:`.sampling`: ``/proc`` and NVML sampling (:class:`ProcessSampler`, :class:`GpuSampler`);
+* :mod:`.sampling`: process (psutil) and NVML sampling for ``bench``, ``verify`` and ``watch``
+  (:class:`ProcessSampler`, :class:`GpuSampler`);
+* :mod:`.probes`: mounts, memory, stored images and torch's ``DataLoader`` internals;
 * :mod:`.cache`: the dataset's files, page-cache residency and eviction;
 * :mod:`.harness`: the training loop (:func:`run_training_loop`, :func:`select_device`);
 * :mod:`.bench`: one loader on one dataset (:func:`bench_source`);

@@ -25,6 +25,29 @@ MAKE_LOADER_DEFAULTS = {"shuffle": True, "seed": 0, "drop_last": False, "pad": F
                         "decoder": "auto", "decode": True, "on_error": "raise", "cache": None}
 
 
+def _evict(source: str | os.PathLike, evict_files: Sequence[str | os.PathLike] | None, follow: bool) -> dict:
+    """Evict ``source``'s files and the rest of ``evict_files``; the figures of ``source``'s own files."""
+    own = dataset_files(source, follow_external_links=follow)
+    files = list(evict_files) if evict_files is not None else own
+    close_lmdb_envs(files)
+    if not files:
+        cache = {"files": 0, "bytes": 0, "ignored": None,
+                 "message": f"{shown_source(source)}: no local files to evict (a URL?): --cold has no effect"}
+    else:
+        mine = {os.path.abspath(f) for f in own}
+        ours = [f for f in files if os.path.abspath(f) in mine]
+        rest = [f for f in files if os.path.abspath(f) not in mine] if ours else []
+        cache = evict_page_cache(ours or files)
+        if rest:  # the other side's files leave the page cache too; its own run reports them
+            other = evict_page_cache(rest)
+            if other.get("message"):
+                logger.warning("%s", other["message"])
+        cache["also_evicted_files"] = len(rest)
+    if cache.get("message"):
+        logger.warning("%s", cache["message"])
+    return cache
+
+
 def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size: int | None = 224,
                  model: str = "tiny", device: str = "auto", compute_ms: float | None = None, warmup: int = 10,
                  batches: int = 100, cold: bool = False, evict_files: Sequence[str | os.PathLike] | None = None,
@@ -43,6 +66,9 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
             see :func:`run_training_loop`.
         cold: evict the dataset's files (or ``evict_files``) from the page cache first.
         evict_files: the files to evict with ``cold`` (default: :func:`dataset_files` of ``source``).
+            The report's page-cache figures (``RunReport.cache``) cover those of ``source``'s own
+            files; the others (another dataset's) are evicted too and counted in its
+            ``also_evicted_files``.
         **loader_options: any other ``make_loader`` / ``open_dataset`` option.
 
     Returns:
@@ -57,18 +83,7 @@ def bench_source(source: str | os.PathLike, *, batch_size: int = 64, image_size:
     follow = bool(opts.get("follow_external_links", False))
     if dev.type != "cuda" and opts.get("pin_memory") is None:
         opts["pin_memory"] = False
-    cache = None
-    if cold:
-        files = list(evict_files) if evict_files is not None else dataset_files(source,
-                                                                                 follow_external_links=follow)
-        close_lmdb_envs(files)
-        if not files:
-            cache = {"files": 0, "bytes": 0, "ignored": None,
-                     "message": f"{shown_source(source)}: no local files to evict (a URL?): --cold has no effect"}
-        else:
-            cache = evict_page_cache(files)
-        if cache.get("message"):
-            logger.warning("%s", cache["message"])
+    cache = _evict(source, evict_files, follow) if cold else None
     loader = make_loader(source, batch_size, image_size=image_size, **opts)
     shown = {k: v for k, v in opts.items() if k != "storage_options"}  # credentials stay out of the report
     try:

@@ -31,7 +31,7 @@ from typing import Sequence
 from ..format import LMDB_DATA_NAME, MANIFEST_NAME
 from ..local_manifest import load_manifest
 from .report import fmt_bytes
-from .sampling import meminfo
+from .probes import meminfo
 
 __all__ = ["EVICTION_IGNORED_SHARE", "detect_source_format", "dataset_files", "page_cache_residency",
            "evict_page_cache", "close_lmdb_envs", "settle_disk",

@@ -24,6 +24,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from .probes import loader_worker_pids
 from .report import RunReport, TimingStats, fmt_bytes
 from .sampling import MEMORY_GROWTH_FLAG_BYTES, GpuSampler, ProcessSampler
 
@@ -180,10 +181,8 @@ class _Batches:
         """PIDs of the loader's live worker processes (None: unknown, every child counts)."""
         if self.it is None:  # before the first iter(loader): no worker yet
             return set()
-        workers = getattr(self.it, "_workers", None)  # torch's multiprocessing iterator
-        if workers is None:
-            return None if getattr(self.loader, "num_workers", 0) else set()
-        return {w.pid for w in workers if w.pid}
+        pids = loader_worker_pids(self.it, self.loader)
+        return None if pids is None else set(pids)
 
     def start(self) -> None:
         """Start the first epoch (and the loader's workers)."""

@@ -13,7 +13,7 @@ from .bench import LOADER_KNOBS, MAKE_LOADER_DEFAULTS, bench_source
 from .cache import dataset_files, detect_source_format
 from .harness import select_device
 from .report import fmt_bytes
-from .sampling import meminfo, read_text
+from .probes import meminfo, read_text
 from .tables import TUNE_HEADER, format_table, tune_rows
 from .verdict import judge_rounds, others_cpu_shares
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any, Callable, Sequence
 
 from ..redact import shown_source
@@ -14,7 +15,7 @@ from .report import RunReport
 from .tables import format_comparison, limit_note, verify_headline
 from .verdict import judge_rounds, others_cpu_shares
 
-__all__ = ["compare_sources", "VerifyReport"]
+__all__ = ["compare_sources", "VerifyReport", "time_left_text"]
 
 
 @dataclasses.dataclass
@@ -98,6 +99,17 @@ def _median_run(runs: Sequence[RunReport]) -> RunReport:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def time_left_text(durations: Sequence[float], runs_left: int) -> str | None:
+    """``"about 4 min 30 s left"``: the runs left times the mean of the runs so far (seconds each);
+    None before the first run has ended or when none is left."""
+    if not durations or runs_left <= 0:
+        return None
+    left = round(sum(durations) / len(durations) * runs_left)
+    minutes, seconds = divmod(left, 60)
+    text = f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+    return f"about {text} left"
+
+
 def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repeats: int = 1, cold: bool = False,
                     deep: bool = False, check: bool = True, settle: bool = True, warm_cache: bool = True,
                     progress: Callable[[str], None] | None = None, **bench_options: Any) -> VerifyReport:
@@ -122,7 +134,9 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         warm_cache: without ``cold``, read both datasets' files once before the first run
             (:func:`~shardfeed.readers.measure.cache.warm_page_cache`) so that neither side's first
             warm run reads from the disk.
-        progress: called with a line of text before the page-cache warm-up and before each run.
+        progress: called with a line of text before the page-cache warm-up, before the first run
+            (how many runs), and before each run (from the second on, the time left estimated by
+            :func:`time_left_text`).
         **bench_options: :func:`bench_source` options (model, device, batch size, loader knobs).
 
     Returns:
@@ -156,12 +170,19 @@ def compare_sources(before: str | os.PathLike, after: str | os.PathLike, *, repe
         warmed = warm_page_cache(files)
     evict = files if cold else None
     runs: list[RunReport] = []
+    durations: list[float] = []
+    if progress:
+        progress(f"{2 * repeats} runs to measure ({repeats} round(s) of both sides); the time left is "
+                 "estimated from the first run")
     for r in range(repeats):
         order = (("before", before), ("after", after)) if r % 2 == 0 else (("after", after), ("before", before))
         for side, src in order:
             if progress:
-                progress(f"round {r + 1}/{repeats}: {side} ({shown_source(src)})")
+                left = time_left_text(durations, 2 * repeats - len(runs))
+                progress(f"round {r + 1}/{repeats}: {side} ({shown_source(src)})" + (f"; {left}" if left else ""))
+            t0 = time.monotonic()
             rep = bench_source(src, cold=cold, evict_files=evict, label=side, **bench_options)
+            durations.append(time.monotonic() - t0)
             rep.config["round"] = r
             runs.append(rep)
     best_b = _median_run([x for x in runs if x.label == "before"])

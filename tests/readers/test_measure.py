@@ -222,12 +222,14 @@ def test_verify_cold_runs(data, tmp_path):
     res = _json(out)
     _check_run(res["before"])
     _check_run(res["after"])
-    files = [p for p in data["folder"].rglob("*") if p.is_file()] + [p for p in data["lmdb"].iterdir() if p.is_file()]
+    own = {"before": [p for p in data["folder"].rglob("*") if p.is_file()],
+           "after": [p for p in data["lmdb"].iterdir() if p.is_file()]}
     honoured = _fs_honours_dontneed(data["root"])
-    for side in ("before", "after"):
+    for side, other in (("before", "after"), ("after", "before")):
         cache = res[side]["cache"]
-        assert cache["files"] == len(files)  # both datasets are evicted before each run
-        assert cache["bytes"] == sum(p.stat().st_size for p in files)
+        assert cache["files"] == len(own[side])  # each side's row shows its own dataset
+        assert cache["bytes"] == sum(p.stat().st_size for p in own[side])
+        assert cache["also_evicted_files"] == len(own[other])  # both datasets are evicted before each run
         # measured (never None), and as this file system behaves: where it drops pages on DONTNEED,
         # the --deep check read every LMDB record yet left nothing mapped that eviction could not drop
         assert cache["ignored"] is (not honoured), cache

@@ -7,7 +7,6 @@ of 5 % or more, non-overlapping ranges and an effect above the spread).
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -116,13 +115,14 @@ def test_verdict_headline_adds_the_stall():
     assert verdict_headline(None, 2.0, 0.5, 0.1) == "2.0x faster; data stall 50% -> 10%"
 
 
-def test_others_cpu_from_proc_stat_ticks():
-    hz = os.sysconf("SC_CLK_TCK")
-    # user nice system idle iowait irq softirq steal: 3 s busy (2 user + 1 system), idle and iowait left out
-    start = [0, 0, 0, 0, 0, 0, 0, 0]
-    end = [2 * hz, 0, 1 * hz, 5 * hz, 1 * hz, 0, 0, 0]
-    out = others_cpu(start, end, ours_s=1.0, wall_s=2.0, cpu_count=2)
+def test_others_cpu_from_the_machines_cpu_times():
+    import psutil
+
+    zero = psutil.cpu_times()._replace(**{f: 0.0 for f in psutil.cpu_times()._fields})
+    # 3 s busy (2 user + 1 system); idle and iowait left out
+    end = zero._replace(user=2.0, system=1.0, idle=5.0, **({"iowait": 1.0} if "iowait" in zero._fields else {}))
+    out = others_cpu(zero, end, ours_s=1.0, wall_s=2.0, cpu_count=2)
     assert out["others_s"] == pytest.approx(2.0)
     assert out["others_share"] == pytest.approx(2.0 / (2.0 * 2))
     assert others_cpu(None, end, 1.0, 2.0, 2) == {"others_s": None, "others_share": None}
-    assert others_cpu(start, end, ours_s=5.0, wall_s=2.0, cpu_count=2)["others_s"] == 0.0  # never negative
+    assert others_cpu(zero, end, ours_s=5.0, wall_s=2.0, cpu_count=2)["others_s"] == 0.0  # never negative

@@ -49,3 +49,27 @@ def test_workers_cpu_and_reads_count_live_and_reaped_children(tmp_path):
     assert cpu["num_worker_processes"] >= 1
     assert io["rchar"] >= 2 * data.stat().st_size
     assert memory["main_rss_end_bytes"] > 0
+
+
+def test_the_background_sampler_follows_each_worker_and_the_same_window_gives_the_harness_figures(tmp_path):
+    data = tmp_path / "blob.bin"
+    data.write_bytes(os.urandom(2 * 1024 * 1024))
+    ctx = mp.get_context("fork")
+    done, stay = ctx.Queue(), ctx.Event()
+    sampler = ProcessSampler(interval_s=0.01)  # workers unknown: every child of this process
+    sampler.start()
+    worker = ctx.Process(target=_work, args=(str(data), 0.3, done, stay))
+    worker.start()
+    burned = done.get(timeout=60)
+    time.sleep(0.3)  # a few background samples after the burn (the worker waits on ``stay``)
+    snap = sampler.snapshot()
+    cpu, io, _memory, _system = sampler.stop()
+    stay.set()
+    worker.join(timeout=60)
+    assert sampler.children_mode
+    mine = [w for w in snap["workers"] if w["pid"] == worker.pid]
+    assert len(mine) == 1
+    # first seen within a sample or two of its start: nearly all the CPU it burned is in the window
+    assert mine[0]["cpu_s"] >= 0.8 * burned - 0.05
+    assert cpu["workers_s"] >= 0.9 * burned - 0.05  # started inside the window: counted from zero
+    assert io["rchar"] >= data.stat().st_size  # its reads before its first background sample too

@@ -173,7 +173,7 @@ def test_the_summary_gives_one_first_action_then_what_is_also_worth_trying():
 
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/schedstat"), reason="no /proc/PID/schedstat")
 def test_the_run_queue_wait_is_read_from_schedstat():
-    from shardfeed.readers.measure.watch import _runqueue_wait_s
+    from shardfeed.readers.measure.sampling import _runqueue_wait_s
 
     with open(f"/proc/{os.getpid()}/schedstat") as f:
         before = int(f.read().split()[1]) / 1e9
