@@ -127,7 +127,7 @@ $(PEERS_VENV)/.installed: scripts/install_peers.sh
 
 # Mutation testing of the modules that carry the README's promises (scripts/mutants.toml lists them
 # with their fast tests); not part of `make test` (it runs the tests once per mutant: long).
-# MUTANTS_ARGS="--sample 40" tries a seeded sample per module; "--only readers/http_io.py" one module.
+# MUTANTS_ARGS="--sample 40" tries a seeded sample per module; "--only readers/storage/http_io.py" one module.
 MUTANTS_ARGS ?=
 mutants: install  ## mutation testing (cosmic-ray); survivors in out/mutants/report.txt
 	$(PY) -m pip install -q -e ".[mutants]"

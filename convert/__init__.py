@@ -24,34 +24,34 @@ from typing import TYPE_CHECKING, Any
 
 from shardfeed.readers.version import __version__
 
-# Imported now, not on first use: ``pack`` is also the name of the submodule ``convert/pack.py``,
+# Imported now, not on first use: ``pack`` is also the name of the submodule ``convert/write/pack.py``,
 # and importing a submodule sets the package attribute of that name to the module, so a lazy
-# ``pack`` would read as the module once anything had imported ``shardfeed.convert.pack``.
+# ``pack`` would read as the module once anything had imported ``shardfeed.convert.write.pack``.
 # (It imports neither torch nor webdataset.)
-from .pack import PackOptions, PackReport, pack
+from .write.pack import PackOptions, PackReport, pack
 
 if TYPE_CHECKING:
-    from .context import PackContext, Packer, PackResult
-    from .reencode import ReencodeOptions
-    from .scan import scan_image_folder
+    from .write.context import PackContext, Packer, PackResult
+    from .write.reencode import ReencodeOptions
+    from .write.scan import scan_image_folder
     from .tools.check import check_dataset
     from .tools.convert import convert_dataset
     from .tools.index import index_shards
     from .tools.inspect import inspect_dataset
     from .tools.serve import serve_directory
     from .tools.stage import stage
-    from .dataset_writer import write_dataset
+    from .write.dataset_writer import write_dataset
     from .tools.unpack import unpack
     from .writers.lmdb import LmdbWriter
     from .writers.webdataset import WebDatasetWriter
 
 #: public name -> the module that defines it (imported on first use)
 _LAZY = {
-    "PackContext": "shardfeed.convert.context",
-    "PackResult": "shardfeed.convert.context",
-    "Packer": "shardfeed.convert.context",
-    "ReencodeOptions": "shardfeed.convert.reencode",
-    "scan_image_folder": "shardfeed.convert.scan",
+    "PackContext": "shardfeed.convert.write.context",
+    "PackResult": "shardfeed.convert.write.context",
+    "Packer": "shardfeed.convert.write.context",
+    "ReencodeOptions": "shardfeed.convert.write.reencode",
+    "scan_image_folder": "shardfeed.convert.write.scan",
     "WebDatasetWriter": "shardfeed.convert.writers.webdataset",
     "LmdbWriter": "shardfeed.convert.writers.lmdb",
     "inspect_dataset": "shardfeed.convert.tools.inspect",
@@ -61,7 +61,7 @@ _LAZY = {
     "stage": "shardfeed.convert.tools.stage",
     "index_shards": "shardfeed.convert.tools.index",
     "serve_directory": "shardfeed.convert.tools.serve",
-    "write_dataset": "shardfeed.convert.dataset_writer",
+    "write_dataset": "shardfeed.convert.write.dataset_writer",
 }
 
 __all__ = ["__version__", "pack", "PackOptions", "PackReport", "PackContext", "PackResult", "Packer",

@@ -10,7 +10,7 @@ imports ``shardfeed.convert``):
   :class:`OpenOptions` (how a dataset is opened) and :class:`LoaderOptions` (the ``DataLoader``'s
   own keywords).
 * :class:`Manifest`, :func:`load_manifest` and :class:`Sample`: the binding on-disk format
-  (:mod:`shardfeed.readers.format`; specification: docs/format.md).
+  (:mod:`shardfeed.readers.format.manifest`; specification: docs/format.md).
 * The errors (:class:`ShardfeedError` and its family, :mod:`shardfeed.readers.errors`).
 * Storage: :class:`Location` (the one interface of local folders, HTTP and object stores),
   :func:`open_location` and :func:`register_location` / :func:`unregister_location` (a storage
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .version import __version__
 
 if TYPE_CHECKING:
-    from .dataset import open_dataset
+    from .sources.dataset import open_dataset
     from .errors import (
         CorruptDataError,
         DataSourceError,
@@ -43,30 +43,30 @@ if TYPE_CHECKING:
         SourceChangedError,
         UnsupportedURLError,
     )
-    from .format import Manifest, Sample
+    from .format.manifest import Manifest, Sample
     from .device import to_device
     from .loader import LoaderOptions, ShardfeedLoader, make_loader
-    from .location import LocalLocation, Location, LocationBase
+    from .storage.location import LocalLocation, Location, LocationBase
     from .measure.bench import bench_source
     from .measure.tune import tune_loader
     from .measure.verify import compare_sources
     from .measure.watch import watch
-    from .opener import load_manifest, open_location, register_location, unregister_location
-    from .options import OpenOptions, ReadOptions
+    from .storage.opener import load_manifest, open_location, register_location, unregister_location
+    from .sources.options import OpenOptions, ReadOptions
 
 #: public name -> the module that defines it (imported on first use)
 _LAZY = {
-    "open_dataset": "shardfeed.readers.dataset",
+    "open_dataset": "shardfeed.readers.sources.dataset",
     "make_loader": "shardfeed.readers.loader",
     "to_device": "shardfeed.readers.device",
     "watch": "shardfeed.readers.measure.watch",
     "ShardfeedLoader": "shardfeed.readers.loader",
     "LoaderOptions": "shardfeed.readers.loader",
-    "ReadOptions": "shardfeed.readers.options",
-    "OpenOptions": "shardfeed.readers.options",
-    "Manifest": "shardfeed.readers.format",
-    "Sample": "shardfeed.readers.format",
-    "load_manifest": "shardfeed.readers.opener",
+    "ReadOptions": "shardfeed.readers.sources.options",
+    "OpenOptions": "shardfeed.readers.sources.options",
+    "Manifest": "shardfeed.readers.format.manifest",
+    "Sample": "shardfeed.readers.format.manifest",
+    "load_manifest": "shardfeed.readers.storage.opener",
     "ShardfeedError": "shardfeed.readers.errors",
     "ManifestError": "shardfeed.readers.errors",
     "IncompleteDatasetError": "shardfeed.readers.errors",
@@ -78,12 +78,12 @@ _LAZY = {
     "bench_source": "shardfeed.readers.measure.bench",
     "compare_sources": "shardfeed.readers.measure.verify",
     "tune_loader": "shardfeed.readers.measure.tune",
-    "Location": "shardfeed.readers.location",
-    "LocationBase": "shardfeed.readers.location",
-    "LocalLocation": "shardfeed.readers.location",
-    "open_location": "shardfeed.readers.opener",
-    "register_location": "shardfeed.readers.opener",
-    "unregister_location": "shardfeed.readers.opener",
+    "Location": "shardfeed.readers.storage.location",
+    "LocationBase": "shardfeed.readers.storage.location",
+    "LocalLocation": "shardfeed.readers.storage.location",
+    "open_location": "shardfeed.readers.storage.opener",
+    "register_location": "shardfeed.readers.storage.opener",
+    "unregister_location": "shardfeed.readers.storage.opener",
 }
 
 __all__ = ["__version__", "open_dataset", "make_loader", "to_device", "ShardfeedLoader", "ReadOptions", "OpenOptions",

@@ -15,7 +15,7 @@ into the same columns for every sample. Ray Data, for example::
 ``file_extensions=["tar"]`` skips the offset indexes, ``manifest.json`` and the other files beside
 the shards; ``decoder=webdataset_row`` replaces Ray's default decoder, which decodes images by
 extension into arrays of varying shapes. Decode ``image`` in a ``map`` step (e.g. with
-:func:`shardfeed.readers.decode.decode_image`, which gives every mode as RGB).
+:func:`shardfeed.readers.decode.image.decode_image`, which gives every mode as RGB).
 
 No import of torch, Ray or webdataset here.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from .sample_members import sample_from_members
+from .format.sample_members import sample_from_members
 
 __all__ = ["webdataset_row"]
 
@@ -33,7 +33,7 @@ def webdataset_row(sample: dict) -> dict:
     """One raw WebDataset sample (a dict of member bytes) as fixed columns.
 
     The members are grouped by shardfeed's one rule
-    (:func:`~shardfeed.readers.sample_members.sample_from_members`), as in its own readers and tools.
+    (:func:`~shardfeed.readers.format.sample_members.sample_from_members`), as in its own readers and tools.
 
     Args:
         sample: ``{"__key__": str, "<image ext>": bytes, "cls": bytes, "json": bytes, ...}``;

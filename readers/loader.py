@@ -9,7 +9,7 @@
 * every worker starts with ``cv2.setNumThreads(1)`` and ``torch.set_num_threads(1)`` (workers
   must not fight over cores) and tells the dataset its worker id.
 
-The epoch is split by sample ranges (:mod:`shardfeed.readers.dataset`), so ``len(loader)`` is
+The epoch is split by sample ranges (:mod:`shardfeed.readers.sources.dataset`), so ``len(loader)`` is
 exact: ``ceil(L / batch_size)`` (``L // batch_size`` with ``drop_last``) where ``L`` is
 ``N // world_size`` (``ceil(N / world_size)`` with ``pad=True``), and the same for any
 ``num_workers``. The loader counts epochs: each ``iter(loader)`` uses the next epoch (0, 1, ...)
@@ -19,7 +19,7 @@ unless :meth:`ShardfeedLoader.set_epoch` was called.
 (format version, the dataset's fingerprint, epoch, samples consumed, seed, world size, batch size,
 worker count, ...); :meth:`ShardfeedLoader.load_state_dict` on a new loader over the same dataset,
 before iterating, continues that epoch from the next batch, then the following epochs. It costs a
-seek, not a replay: positions are computed (:mod:`~shardfeed.readers.epoch`), a WebDataset worker
+seek, not a replay: positions are computed (:mod:`~shardfeed.readers.order.epoch`), a WebDataset worker
 seeks to the first sample of the shuffle buffer's window it stopped in (``.sfidx`` offsets), LMDB and
 folder sources index directly.
 
@@ -50,15 +50,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 import torch
 import torch.utils.data
 
-from .batching import BATCH_RING_MAX_BYTES, BatchRing, RingBatch, batch_ring_for, collate_decoded
+from .batching.buffers import BATCH_RING_MAX_BYTES, BatchRing, RingBatch, batch_ring_for, collate_decoded
 from .device import to_device
-from .dataset import is_url, open_dataset, open_dataset_keywords
-from .epoch import RankOrder, resolve_rank, resumed_samples_per_rank, validate_resume_state
+from .sources.dataset import is_url, open_dataset, open_dataset_keywords
+from .order.epoch import RankOrder, resolve_rank, resumed_samples_per_rank, validate_resume_state
 from .errors import ResumeStateError
-from .permutation import EPOCH_ORDER_VERSION, check_state_epoch_order
+from .order.permutation import EPOCH_ORDER_VERSION, check_state_epoch_order
 from .keywords import check_keywords, signature_keywords
-from .options import check_seed
-from .source_base import SourceBase
+from .sources.options import check_seed
+from .sources.source_base import SourceBase
 
 if TYPE_CHECKING:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -86,12 +86,12 @@ class EpochSampler(torch.utils.data.Sampler[int]):
     """Indices of one rank for random-access datasets, by the sample-range rule.
 
     Each epoch the N indices are permuted by the seeded per-position permutation of
-    :func:`~shardfeed.readers.epoch.positions_to_indices` (identity without ``shuffle``) and the rank
+    :func:`~shardfeed.readers.order.epoch.positions_to_indices` (identity without ``shuffle``) and the rank
     takes its contiguous range of that sequence (remainder dropped, or filled from the start with
     ``pad``), cut to whole batches with ``drop_last``. Only the rank's positions are computed, one chunk
-    at a time as the indices are drawn (:class:`~shardfeed.readers.epoch.RankOrder`). After
+    at a time as the indices are drawn (:class:`~shardfeed.readers.order.epoch.RankOrder`). After
     :meth:`set_resume`, the resumed epoch yields the rank's part of what is left of it
-    (:func:`~shardfeed.readers.epoch.resumed_rank_sequence`).
+    (:func:`~shardfeed.readers.order.epoch.resumed_rank_sequence`).
     """
 
     def __init__(self, num_samples: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
@@ -244,12 +244,12 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
     ``iter(loader)`` uses epoch 0, then 1, 2, ...; :meth:`set_epoch` chooses the next one.
     With ``on_error="skip"``, the epoch's skipped samples (all workers together) are logged once
     when the epoch ends (WARNING) and can be read as ``loader.dataset.skipped`` (see
-    :class:`~shardfeed.readers.source_base.SourceBase`). :meth:`state_dict` and
+    :class:`~shardfeed.readers.sources.source_base.SourceBase`). :meth:`state_dict` and
     :meth:`load_state_dict` resume mid-epoch (see the module docstring).
 
     Several iterations may be live at once (``zip(loader, loader)``): without persistent
     workers, each one's workers keep the epoch and resume plan it started with, only the first
-    of them moves batches through the batch ring (:mod:`~shardfeed.readers.batching`), and
+    of them moves batches through the batch ring (:mod:`~shardfeed.readers.batching.buffers`), and
     one started while that one is alive and unfinished makes its batches the ordinary way. With
     ``num_workers=0`` the iterations share the one dataset in this process: each takes the epoch
     set last when it asks for its first batch, and random crops follow the epoch that began last;
@@ -260,7 +260,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
                  pin_ring: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._epoch_sampler = epoch_sampler
-        #: reused shared-memory batch slots of the workers (:func:`~shardfeed.readers.batching.batch_ring_for`);
+        #: reused shared-memory batch slots of the workers (:func:`~shardfeed.readers.batching.buffers.batch_ring_for`);
         #: each iteration hands it, or None, to the source (``SourceBase.use_batch_ring``) before its workers start
         self._batch_ring = batch_ring if isinstance(self.dataset, SourceBase) else None
         self._pin_ring = bool(pin_ring)  # batches taken from the ring are copied into page-locked memory
@@ -356,7 +356,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         ``batches_consumed``, ``seed``, ``shuffle``, ``pad``, ``drop_last``, ``num_samples``,
         ``world_size``, ``batch_size``, ``num_workers``, ``shuffle_buffer`` (WebDataset, samples; 0
         for random-access sources), ``epoch_order`` (the version of the epoch order,
-        :data:`~shardfeed.readers.permutation.EPOCH_ORDER_VERSION`) and ``segments`` (earlier runs of
+        :data:`~shardfeed.readers.order.permutation.EPOCH_ORDER_VERSION`) and ``segments`` (earlier runs of
         this epoch when it was itself resumed). Call it between batches (after a step): a batch the loop has
         received counts as consumed. Under DDP every rank returns the same values (save rank 0's).
 
@@ -398,9 +398,9 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         Raises:
             ResumeStateError: another format version, another dataset (fingerprint or sample
                 count), another seed, shuffle, ``pad`` or ``drop_last``, a mid-epoch position in another
-                epoch order (:func:`~shardfeed.readers.permutation.check_state_epoch_order`), or a field
+                epoch order (:func:`~shardfeed.readers.order.permutation.check_state_epoch_order`), or a field
                 of the wrong type or range, or inconsistent with the epoch
-                (:func:`~shardfeed.readers.epoch.validate_resume_state`; the message names it).
+                (:func:`~shardfeed.readers.order.epoch.validate_resume_state`; the message names it).
             TypeError: the loader's dataset is not a shardfeed source.
         """
         ds = self._source()
@@ -462,7 +462,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
 @dataclass(frozen=True)
 class LoaderOptions:
     """The keywords :func:`make_loader` hands to the ``DataLoader`` rather than to
-    :func:`~shardfeed.readers.dataset.open_dataset`, and its GPU decoding hook (frozen).
+    :func:`~shardfeed.readers.sources.dataset.open_dataset`, and its GPU decoding hook (frozen).
 
     Args:
         multiprocessing_context: the workers' start method (``"fork"``, ``"spawn"``,
@@ -474,7 +474,7 @@ class LoaderOptions:
         timeout: seconds to wait for a batch from the workers (0: no limit), as ``DataLoader``'s.
         generator: the ``DataLoader``'s ``torch.Generator`` (None: its default).
         decode_device: ``"cuda"`` (or a CUDA device): the workers hand over encoded bytes and each
-            batch is decoded on that GPU (:mod:`~shardfeed.readers.gpu_decode`); None or a CPU
+            batch is decoded on that GPU (:mod:`~shardfeed.readers.decode.gpu_decode`); None or a CPU
             device: decoded in the workers.
     """
 
@@ -498,9 +498,9 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
     """A ``DataLoader`` over a source (path/URL) or a dataset from :func:`open_dataset`.
 
     Args:
-        source_or_dataset: what :func:`~shardfeed.readers.dataset.open_dataset` accepts, or a
+        source_or_dataset: what :func:`~shardfeed.readers.sources.dataset.open_dataset` accepts, or a
             dataset (ours, or any map-style / iterable torch dataset); or a list of sources to mix
-            (with ``samples_per_epoch``; :mod:`~shardfeed.readers.mixing`).
+            (with ``samples_per_epoch``; :mod:`~shardfeed.readers.sources.mixing`).
         batch_size: samples per batch.
         num_workers: worker processes (default ``min(4, CPUs)``; 0 reads in the main process).
         pin_memory: page-locked batches for fast ``non_blocking`` copies (default: CUDA available).
@@ -514,7 +514,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
             of the epoch instead of dropping the remainder ``N % world_size``.
         rank, world_size: override what ``torch.distributed`` / ``RANK``/``WORLD_SIZE`` say.
         samples_per_epoch: N: every epoch holds exactly N samples (all ranks together), drawn from the
-            source(s) pass after pass (:mod:`~shardfeed.readers.mixing`); None: one pass of one source.
+            source(s) pass after pass (:mod:`~shardfeed.readers.sources.mixing`); None: one pass of one source.
         weights: with a list of sources, one positive weight each (None: equal); each epoch takes
             ``round(N * w / sum(w))`` samples from each (largest remainder). ``fields=("source",)``
             adds each item's source index.
@@ -526,17 +526,17 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
             to the ``DataLoader`` (:class:`LoaderOptions`), and ``decode_device="cuda"`` makes the
             workers hand over encoded bytes and decodes each batch on that GPU (nvJPEG; images and
             labels come out on the device; the CPU loader where there is no CUDA): see
-            :mod:`~shardfeed.readers.gpu_decode`.
+            :mod:`~shardfeed.readers.decode.gpu_decode`.
 
     With workers and the built-in transforms, batches cross from the workers through reused
-    shared-memory slots (:mod:`~shardfeed.readers.batching`: ``num_workers * (prefetch_factor
+    shared-memory slots (:mod:`~shardfeed.readers.batching.buffers`: ``num_workers * (prefetch_factor
     + 4)`` batches of shared memory, at most :data:`BATCH_RING_MAX_BYTES`); a slot is written
     again only after every tensor of the batch the loop received from it is freed.
 
     Returns:
         A :class:`ShardfeedLoader`. Batches: ``(images, labels)``: ``torch.uint8``
         ``[B, 3, H, W]`` and ``torch.int64`` ``[B]`` (``B <= batch_size`` for the last one unless
-        ``drop_last``); with ``decode=False`` a list of :class:`~shardfeed.readers.format.Sample`.
+        ``drop_last``); with ``decode=False`` a list of :class:`~shardfeed.readers.format.manifest.Sample`.
         ``len(loader)`` is exact (see the module docstring).
 
     Raises:
@@ -554,7 +554,7 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
                                            is not None or weights is not None) else None
     if decode_device is not None and torch.device(decode_device).type != "cpu":  # the GPU decoding hook
         _check_gpu_decoding(source_or_dataset, open_dataset_options, mixed=mix is not None)
-        from .gpu_decode import wrap_gpu_decoding
+        from .decode.gpu_decode import wrap_gpu_decoding
 
         # a GpuDecodingLoader stands in for the ShardfeedLoader it wraps (or the CPU loader, without CUDA)
         return cast("ShardfeedLoader", wrap_gpu_decoding(functools.partial(
@@ -627,13 +627,13 @@ def _open_or_adopt(source_or_dataset: Any, open_dataset_options: dict[str, Any],
                    pad: bool, rank: int | None, world_size: int | None, mix: tuple[Any, Any] | None = None) -> Any:
     """:func:`make_loader`'s dataset: a source (path/URL) opened with :func:`open_dataset`, or a
     dataset given (ours gets the loader's shuffle, seed, padding and rank), or with ``mix``
-    (``(samples_per_epoch, weights)``) a :class:`~shardfeed.readers.mixing.MixedSource` of the source(s).
+    (``(samples_per_epoch, weights)``) a :class:`~shardfeed.readers.sources.mixing.MixedSource` of the source(s).
 
     Raises:
         TypeError: ``open_dataset_options`` given with a dataset already opened.
     """
     if mix is not None:
-        from .mixing import open_mix
+        from .sources.mixing import open_mix
 
         return open_mix(source_or_dataset, mix[1], mix[0], shuffle=shuffle, seed=seed, pad=pad, rank=rank,
                         world_size=world_size, options=open_dataset_options)

@@ -378,7 +378,7 @@ def _folder_plain_read(root: Path, files: list[str]) -> int:
 
 
 def _raw_reader(src, **kw):
-    from shardfeed.readers.dataset import open_dataset
+    from shardfeed.readers.sources.dataset import open_dataset
 
     def run() -> int:
         import torch.utils.data
@@ -517,7 +517,7 @@ def _loader_rate(src, num_batches: int, num_workers: int = 2) -> dict:
 
 
 def _decode_limit(src: Path, files: list[str]) -> dict:
-    from shardfeed.readers.transforms import SampleDecoder
+    from shardfeed.readers.decode.transforms import SampleDecoder
 
     dec = SampleDecoder(image_size=224)
     blobs = [(src / f).read_bytes() for f in files]
@@ -558,8 +558,8 @@ def bench_loader(res: Results, folders: dict, ds: dict, rounds: int, num_batches
 
 
 def bench_decode(res: Results, folders: dict, rounds: int) -> None:
-    from shardfeed.readers.decode import decode_image
-    from shardfeed.readers.transforms import EvalTransform
+    from shardfeed.readers.decode.image import decode_image
+    from shardfeed.readers.decode.transforms import EvalTransform
 
     src = folders["large"]
     files = folder_files(src)

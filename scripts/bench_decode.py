@@ -84,7 +84,7 @@ def _rate(fn, count: int) -> dict:
 
 
 def sample_decoder_case(blobs: list[bytes], decoder: str, train: bool):
-    from shardfeed.readers.transforms import SampleDecoder
+    from shardfeed.readers.decode.transforms import SampleDecoder
 
     dec = SampleDecoder(image_size=IMAGE_SIZE, train=train, decoder=decoder, seed=0)
     dec.set_context(0, 0, 0)
@@ -166,8 +166,8 @@ def pixel_difference(blobs: list[bytes], upscale: int = 1, boxes_per_image: int 
     import cv2
     from PIL import Image
 
-    from shardfeed.readers.decode import decode_crop
-    from shardfeed.readers.transforms import TrainTransform, make_rng
+    from shardfeed.readers.decode.image import decode_crop
+    from shardfeed.readers.decode.transforms import TrainTransform, make_rng
 
     transform = TrainTransform(IMAGE_SIZE, flip=False, resample="antialias")
     rng = make_rng(0, 0, 0, 0)
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
 
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
-    from shardfeed.readers.decode import simplejpeg_available
+    from shardfeed.readers.decode.image import simplejpeg_available
 
     if not simplejpeg_available():
         log("simplejpeg is not installed (pip install simplejpeg): decoder='auto' is Pillow, ratios ~1")

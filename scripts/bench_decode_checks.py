@@ -1,4 +1,4 @@
-"""What the truncated-data checks of ``readers/decode_backends.py`` cost next to a decode.
+"""What the truncated-data checks of ``readers/decode/decode_backends.py`` cost next to a decode.
 
 Times, on a 500x375 photo-like image (best of 5 rounds, microseconds a call): the cheap tail
 tests that run on every decode (``_png_tail_blank``: are the last two rows blank;
@@ -17,8 +17,8 @@ import time
 import numpy as np
 from PIL import Image
 
-from shardfeed.readers import decode as D
-from shardfeed.readers import decode_backends as B
+from shardfeed.readers.decode import image as D
+from shardfeed.readers.decode import decode_backends as B
 
 __all__ = ["main"]
 

@@ -8,7 +8,7 @@ side by side in this one run (one thread, best of 9 passes each, the two interle
 
 * **8-bit**: ``cv2.resize(window, INTER_LINEAR)`` then ``cv2.split``;
 * **16-bit**: the window widened to ``uint16``, resized, narrowed back, then split (what
-  ``shardfeed.readers.transforms`` does from ``_WIDE_BILINEAR_MIN_ROWS`` rows up).
+  ``shardfeed.readers.decode.transforms`` does from ``_WIDE_BILINEAR_MIN_ROWS`` rows up).
 
 Also printed: the share of output values that differ from the exact bilinear value (float64
 ``torch.nn.functional.interpolate(mode="bilinear", align_corners=False)``, rounded), each way.

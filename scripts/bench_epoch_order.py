@@ -4,10 +4,10 @@ per-position permutation, side by side.
 
 * ``list``: ``random.Random(seed + epoch).shuffle(list(range(N)))``, then the rank's range of it
   (the epoch order of version 1, written here as the baseline).
-* ``permutation``: :func:`shardfeed.readers.epoch.positions_to_indices` over the rank's positions
+* ``permutation``: :func:`shardfeed.readers.order.epoch.positions_to_indices` over the rank's positions
   only (an ``int64`` array of the rank's whole share, as a worker's read-ahead needs at most).
 * ``first chunk``: what a sampler computes before it hands out the first index
-  (:data:`~shardfeed.readers.permutation.CHUNK` positions).
+  (:data:`~shardfeed.readers.order.permutation.CHUNK` positions).
 
 Each case runs in a fresh process. Time is wall-clock seconds; memory is the growth of the process's
 peak resident set (``ru_maxrss``) over its size before the case.
@@ -28,8 +28,8 @@ import sys
 _CASE = r"""
 import json, random, resource, sys, time
 import numpy as np
-from shardfeed.readers.epoch import positions_to_indices, rank_span
-from shardfeed.readers.permutation import CHUNK
+from shardfeed.readers.order.epoch import positions_to_indices, rank_span
+from shardfeed.readers.order.permutation import CHUNK
 kind, n, ws = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 seed, epoch = 0, 1
 start, stop = rank_span(n, 0, ws)

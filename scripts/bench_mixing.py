@@ -48,7 +48,7 @@ def _epoch(loader) -> dict:
 
 def _make_data(work: Path, num_images: int) -> None:
     """The sample folder, packed as LMDB and WebDataset, each copied once (the second source)."""
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     make_image_folder(work / "images", num_images=num_images, min_size=64, max_size=128)
     for fmt in ("lmdb", "wds"):

@@ -80,7 +80,7 @@ def run_case(case: str, data: Path, epochs: int) -> dict:
     torch.set_num_threads(1)
     if case == "decode":
         from shardfeed.readers import open_dataset
-        from shardfeed.readers.jpeg import simplejpeg_module
+        from shardfeed.readers.decode.jpeg import simplejpeg_module
 
         sj = simplejpeg_module()
         blobs = []

@@ -42,8 +42,8 @@ def make_folder(root: str, n: int) -> None:
 
 def measure(src: str) -> dict:
     """Bytes a file held and at the peak, after each step (``{"files", "scan", "plan", ...}``)."""
-    from shardfeed.convert.plan import plan_samples, plan_shards
-    from shardfeed.convert.scan import scan_image_folder
+    from shardfeed.convert.write.plan import plan_samples, plan_shards
+    from shardfeed.convert.write.scan import scan_image_folder
 
     gc.collect()
     tracemalloc.start()

@@ -27,7 +27,7 @@ __all__ = ["main"]
 
 
 def _timed_pack(src: Path, out: Path, options) -> tuple[float, object]:
-    from shardfeed.convert.pack import pack
+    from shardfeed.convert.write.pack import pack
 
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     except ImportError:
         print("bench_ray: Ray is not installed: pip install 'shardfeed[ray]'", file=sys.stderr)
         return 2
-    from shardfeed.convert.pack import PackOptions
+    from shardfeed.convert.write.pack import PackOptions
 
     src = Path(args.src)
     if not src.is_dir():

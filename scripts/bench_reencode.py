@@ -67,7 +67,7 @@ def make_jpeg_folder(root: Path, num_images: int, width: int, height: int, *, nu
 
 
 def _pack_once(src: Path, out: Path, reencode: dict | None, workers: int = 1) -> dict:
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     shutil.rmtree(out, ignore_errors=True)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -114,7 +114,7 @@ def _decode_rate(samples: list[tuple[bytes, str]], image_size: int) -> dict:
     import cv2
     import torch
 
-    from shardfeed.readers.transforms import SampleDecoder
+    from shardfeed.readers.decode.transforms import SampleDecoder
 
     cv2.setNumThreads(1)  # as in every DataLoader worker (readers/loader.py): one core per worker
     torch.set_num_threads(1)

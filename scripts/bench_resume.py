@@ -36,7 +36,7 @@ def _dataset(root: Path, num_images: int) -> dict[str, str]:
     """Image folder + WebDataset (500 samples per shard) + LMDB under ``root`` (made once)."""
     from make_sample_data import make_image_folder
 
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     folder = root / f"folder-{num_images}"
     if not (folder / ".complete").exists():

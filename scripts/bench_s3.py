@@ -78,7 +78,7 @@ class _Presigned:
         self.urls = urls
 
     def open(self, name: str):
-        from shardfeed.readers.http_io import HttpRangeStream
+        from shardfeed.readers.storage.http_io import HttpRangeStream
 
         s = HttpRangeStream(self.urls[name])
         return s, 0
@@ -123,8 +123,8 @@ def main(argv=None) -> int:
     try:
         import boto3
 
-        from shardfeed.readers.http_io import HttpLocation
-        from shardfeed.readers.objstore import StoreLocation
+        from shardfeed.readers.storage.http_io import HttpLocation
+        from shardfeed.readers.storage.objstore import StoreLocation
 
         client = boto3.client("s3")
         client.create_bucket(Bucket="bench")

@@ -80,8 +80,8 @@ def stage_pack(fmt: str, n: int, path: str, max_count: int) -> dict:
 
 
 def stage_read(fmt: str, n: int, path: str, epoch: bool) -> dict:
-    import shardfeed.readers.lmdb_source  # noqa: F401  (imports, torch's included, are not the open's cost)
-    import shardfeed.readers.webdataset_source  # noqa: F401
+    import shardfeed.readers.sources.lmdb_source  # noqa: F401  (imports, torch's included, are not the open's cost)
+    import shardfeed.readers.sources.webdataset_source  # noqa: F401
     from shardfeed.readers import make_loader, open_dataset
 
     steps = _Steps()

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
     from shardfeed.convert.tools.stage import stage
     from shardfeed.readers import open_dataset
 

@@ -142,8 +142,8 @@ def shardfeed_parts(folder: Path, wds: Path, epochs: int, rounds: int) -> dict:
     import simplejpeg
     import torch
 
-    from shardfeed.readers.batching import BatchRows
-    from shardfeed.readers.transforms import SampleDecoder
+    from shardfeed.readers.batching.buffers import BatchRows
+    from shardfeed.readers.decode.transforms import SampleDecoder
 
     cv2.setNumThreads(1)
     torch.set_num_threads(1)

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """The tar reader of this checkout against the one at another git revision, side by side in one run.
 
-Both versions of the tar reader (``readers/tario.py`` and, where a revision has it,
-``readers/tario_indexed.py``) read the same shards in memory (no disk, no page cache in
+Both versions of the tar reader (``readers/format/tario.py`` and, where a revision has it,
+``readers/format/tario_indexed.py``) read the same shards in memory (no disk, no page cache in
 the figures), in rounds that alternate their order (``bench_util.run_rounds``); each figure is the
 median over the rounds of the CPU time of the reading thread, the ratio the median of the per-round
 ratios (``baseline / current``: above 1 means this checkout is faster). Three readers are timed:
 
-- ``indexed``: :func:`~shardfeed.readers.tario_indexed.iter_indexed_samples`, the local reader's fast path
+- ``indexed``: :func:`~shardfeed.readers.format.tario_indexed.iter_indexed_samples`, the local reader's fast path
   (one ``read_at`` per ~96 KiB of whole samples, from the ``.sfidx`` offsets);
-- ``members``: :func:`~shardfeed.readers.tario.iter_members` + ``iter_samples`` over a stream
+- ``members``: :func:`~shardfeed.readers.format.tario.iter_members` + ``iter_samples`` over a stream
   (the general path: an unindexed shard, a stream, a shard in a bucket);
 - ``pax``: the general path over a shard whose every member has a PAX header (``tarfile``'s
   ``PAX_FORMAT`` with long names), the exotic layout the general path exists for.
@@ -59,9 +59,9 @@ def _git_source(rev: str, path: str) -> str | None:
     return r.stdout if r.returncode == 0 else None
 
 
-def _exec_module(name: str, source: str, file: str) -> types.ModuleType:
-    module = types.ModuleType(f"shardfeed.readers.{name}")
-    module.__package__ = "shardfeed.readers"
+def _exec_module(name: str, source: str, file: str, package: str = "shardfeed.readers") -> types.ModuleType:
+    module = types.ModuleType(f"{package}.{name}")
+    module.__package__ = package
     module.__file__ = file
     sys.modules[module.__name__] = module
     exec(compile(source, module.__file__, "exec"), module.__dict__)
@@ -69,27 +69,36 @@ def _exec_module(name: str, source: str, file: str) -> types.ModuleType:
 
 
 def load_baseline(rev: str):
-    """The tar reader at git revision ``rev``: ``readers/tario.py`` imported as a module of
-    ``shardfeed.readers`` (so its relative imports resolve to this checkout's ``errors``), with the
-    indexed path of ``readers/tario_indexed.py`` at ``rev`` (read against that ``tario``) where the
-    revision keeps it in its own module."""
-    source = _git_source(rev, "readers/tario.py")
-    if source is None:
-        raise SystemExit(f"git revision {rev!r} has no readers/tario.py")
-    import shardfeed.readers  # noqa: F401  (the package the module's relative imports need)
+    """The tar reader at git revision ``rev``: ``readers/format/tario.py`` (``readers/tario.py`` in
+    revisions before the sub-packages) imported as a module of its package (so its relative imports
+    resolve to this checkout's ``errors``), with the indexed path of ``tario_indexed.py`` beside it at
+    ``rev`` (read against that ``tario``) where the revision keeps it in its own module."""
+    import importlib
 
-    module = _exec_module("_tario_baseline", source, f"{rev}:readers/tario.py")
-    indexed = _git_source(rev, "readers/tario_indexed.py")
+    for folder, package in (("readers/format", "shardfeed.readers.format"), ("readers", "shardfeed.readers")):
+        source = _git_source(rev, f"{folder}/tario.py")
+        if source is not None:
+            break
+    else:
+        raise SystemExit(f"git revision {rev!r} has no readers/format/tario.py or readers/tario.py")
+    importlib.import_module(package)  # the package the module's relative imports need
+
+    if folder == "readers":  # a revision before the sub-packages: its format module is format.manifest
+        source = source.replace("from .format import", "from .format.manifest import")
+    module = _exec_module("_tario_baseline", source, f"{rev}:{folder}/tario.py", package)
+    indexed = _git_source(rev, f"{folder}/tario_indexed.py")
     if indexed is not None:
         indexed = indexed.replace("from .tario import", "from ._tario_baseline import")
-        part = _exec_module("_tario_indexed_baseline", indexed, f"{rev}:readers/tario_indexed.py")
+        if folder == "readers":  # a revision before the sub-packages: its format module is format.manifest
+            indexed = indexed.replace("from .format import", "from .format.manifest import")
+        part = _exec_module("_tario_indexed_baseline", indexed, f"{rev}:{folder}/tario_indexed.py", package)
         module.iter_indexed_samples = part.iter_indexed_samples
     return module
 
 
 def load_current():
     """This checkout's tar reader, both paths: ``iter_members``, ``iter_samples`` and ``iter_indexed_samples``."""
-    from shardfeed.readers import tario, tario_indexed
+    from shardfeed.readers.format import tario, tario_indexed
 
     return types.SimpleNamespace(iter_members=tario.iter_members, iter_samples=tario.iter_samples,
                                  iter_indexed_samples=tario_indexed.iter_indexed_samples)

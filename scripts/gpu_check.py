@@ -4,7 +4,7 @@
 1. Checks that torch sees a CUDA device; without one it prints one line and exits 2.
 2. Installs what it needs beyond ``make install``: the torchvision release matching the installed
    torch (``--no-deps``; nvJPEG batch decoding and resnet50), the ``gpu`` extra (``nvidia-ml-py``, for GPU
-   utilisation from NVML). ResNet-50 needs no download: ``shardfeed.readers.models`` builds it
+   utilisation from NVML). ResNet-50 needs no download: ``shardfeed.readers.measure.models`` builds it
    with torchvision when a working torchvision is installed, else from torch alone, randomly
    initialised either way (no pretrained weights are fetched).
 3. Runs the ``gpu``-marked tests (``pytest -m gpu``).

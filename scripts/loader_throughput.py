@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def ensure_packed(folder: Path, out: Path) -> dict[str, Path]:
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     paths = {"folder": folder, "webdataset": out / "wds", "lmdb": out / "lmdb"}
     for fmt, key in (("wds", "webdataset"), ("lmdb", "lmdb")):

@@ -2,7 +2,7 @@
 """Measure LMDB ``readahead`` on/off for cold, map-style (random order) reads of a shardfeed DB.
 
 For each setting the database file is evicted from the page cache (``posix_fadvise(DONTNEED)``),
-then a fresh process opens it with :func:`shardfeed.readers.lmdb_io.open_lmdb_readonly`, lists the
+then a fresh process opens it with :func:`shardfeed.readers.storage.lmdb_io.open_lmdb_readonly`, lists the
 sample keys, and reads a seeded-shuffled share of the records (as one ``DataLoader`` worker of a
 shuffled epoch does), decoding each record with its CRC check. Reported per run: records/s, MB/s
 of image bytes, and the bytes the process really fetched from storage (``/proc/self/io``
@@ -49,8 +49,8 @@ def _io_read_bytes() -> int:
 
 def read_run(db: str, readahead: bool, fraction: float, order: str, seed: int) -> dict:
     """One measurement in this process (call it in a fresh process after :func:`evict`)."""
-    from shardfeed.readers.format import decode_record
-    from shardfeed.readers.lmdb_io import is_reserved_key, open_lmdb_readonly
+    from shardfeed.readers.format.manifest import decode_record
+    from shardfeed.readers.storage.lmdb_io import is_reserved_key, open_lmdb_readonly
 
     io0 = _io_read_bytes()
     t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def read_run(db: str, readahead: bool, fraction: float, order: str, seed: int) -
 def make_synthetic(out: str, num: int, size: int) -> None:
     """A shardfeed LMDB of ``num`` incompressible records of ~``size`` bytes (ImageNet-like JPEGs)."""
     from shardfeed.convert.writers.lmdb import LmdbWriter
-    from shardfeed.readers.format import Sample, format_key
+    from shardfeed.readers.format.manifest import Sample, format_key
 
     rng = random.Random(0)
     with LmdbWriter(out, classes=[f"c{i}" for i in range(10)], expected_bytes=num * size) as w:

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from storage_emulator import StorageEmulator
 
     from shardfeed.readers import open_dataset
-    from shardfeed.readers.lmdb_io import close_environments
+    from shardfeed.readers.storage.lmdb_io import close_environments
 
     cost = args.per_sample_ms / 1000
     rounds = []

@@ -20,7 +20,7 @@ survivors). Timeouts (a mutant that makes the tests hang) count as killed.
 
 Usage::
 
-    python scripts/mutants.py [--out out/mutants] [--only readers/http_io.py ...] [--deliberate-only]
+    python scripts/mutants.py [--out out/mutants] [--only readers/storage/http_io.py ...] [--deliberate-only]
                               [--sample N] [--seed S] [--no-deliberate]
 
 The deliberate bugs of ``scripts/mutants.toml`` (a retry one byte late, a 403 retried,
@@ -89,7 +89,7 @@ def _env(tree: Path) -> dict:
 
 
 def _check_imports_from_copy(tree: Path) -> None:
-    code = ("import shardfeed.readers.format as r, shardfeed.convert.tarwriter as c; "
+    code = ("import shardfeed.readers.format.manifest as r, shardfeed.convert.write.tarwriter as c; "
             "print(r.__file__); print(c.__file__)")
     out = subprocess.run([sys.executable, "-P", "-c", code], cwd=tree, env=_env(tree), capture_output=True,
                          text=True, check=True).stdout.split()

@@ -44,7 +44,7 @@ LAYOUT_CASES = {
 def make_outputs(src: Path, out: Path) -> None:
     """Every :data:`CASES` pack of ``src`` under ``out``, plus the two conversions (LMDB -> WebDataset
     through the streaming writer, WebDataset -> LMDB)."""
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     try:
         from shardfeed.convert.tools.convert import convert_dataset
@@ -60,7 +60,7 @@ def make_outputs(src: Path, out: Path) -> None:
     convert_dataset(out / "lmdb", out / "conv_wds", format="wds", max_count=29, max_bytes=100_000)
     convert_dataset(out / "wds_count", out / "conv_lmdb", format="lmdb")
     try:  # the layouts beyond the class folder (absent from older code: nothing to compare there)
-        from shardfeed.convert.layouts import LayoutOptions, pack_layout
+        from shardfeed.convert.write.layouts import LayoutOptions, pack_layout
     except ImportError:
         return
     with warnings.catch_warnings():

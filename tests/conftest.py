@@ -120,7 +120,7 @@ def tiny_folder_expected(tiny_image_folder) -> dict[str, tuple[bytes, int]]:
 
 @pytest.fixture(scope="session")
 def packed_root(tiny_image_folder, tmp_path_factory) -> Path:
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     root = tmp_path_factory.mktemp("packed")
     pack(tiny_image_folder, root / "wds", PackOptions(format="wds", max_count=16, workers=1, seed=0))
@@ -328,7 +328,7 @@ def lmdb_entries():
 def hooked_cli():
     """``hooked_cli(hooks) -> argv prefix``: the ``shardfeed`` CLI in a subprocess with test faults.
 
-    ``hooks`` is a dict of :class:`shardfeed.convert.faults.FaultHooks` fields (``sample_delay_s``,
+    ``hooks`` is a dict of :class:`shardfeed.convert.write.faults.FaultHooks` fields (``sample_delay_s``,
     ``lmdb_commit_count``, ``lmdb_commit_delay_s``...); see ``tests/hooked_cli.py``.
     """
     script = Path(__file__).with_name("hooked_cli.py")

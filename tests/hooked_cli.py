@@ -4,7 +4,7 @@ Usage (what the kill/Ctrl-C tests run in a subprocess)::
 
     python tests/hooked_cli.py '{"sample_delay_s": 0.06}' -q pack SRC OUT ...
 
-The first argument is the JSON of :class:`shardfeed.convert.faults.FaultHooks`; the rest are the
+The first argument is the JSON of :class:`shardfeed.convert.write.faults.FaultHooks`; the rest are the
 CLI's own arguments. Production code reads no environment variable for this: the hooks go to the
 Click group as its context object (``main(args, obj={"faults": hooks})``), and ``shardfeed pack``
 passes them on as ``PackOptions(faults=...)``.
@@ -16,7 +16,7 @@ import json
 import sys
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.faults import FaultHooks
+from shardfeed.convert.write.faults import FaultHooks
 
 __all__ = ["hooked_command"]
 

@@ -170,5 +170,40 @@ def test_the_checks_see_imports_inside_functions():
     """The graph holds function-level imports (the pack <-> executors cycle of old hid there)."""
     edges = _edges("shardfeed.readers")
     # the one opener imports http_io (and objstore) only inside functions
-    assert "shardfeed.readers.http_io" in edges["shardfeed.readers.opener"]
-    assert "shardfeed.readers.objstore" in edges["shardfeed.readers.opener"]
+    assert "shardfeed.readers.storage.http_io" in edges["shardfeed.readers.storage.opener"]
+    assert "shardfeed.readers.storage.objstore" in edges["shardfeed.readers.storage.opener"]
+
+
+#: the stages of each package, highest first (docs/architecture.md): a module imports modules of its own
+#: stage and of the stages below it, never above. A root module not listed is the package's base
+#: (errors, version, keywords, runtime, background, file_io, sizes), below every stage.
+STAGES = {
+    "shardfeed.convert": ["cli", "tools", "write|writers"],
+    "shardfeed.readers": ["integrations|consumers", "measure", "loader|device", "sources", "decode|batching",
+                          "storage", "order", "format"],
+}
+
+
+def _stage(package: str, module: str) -> int:
+    """The rank of ``module`` in ``package``'s stage list (its length for the base)."""
+    head = module[len(package) + 1:].split(".")[0] if module != package else ""
+    for rank, names in enumerate(STAGES[package]):
+        if head in names.split("|"):
+            return rank
+    return len(STAGES[package])
+
+
+@pytest.mark.parametrize("package", sorted(STAGES))
+def test_imports_follow_the_stage_order(package):
+    bad = []
+    for m in MODULES:
+        if not m.startswith(package + "."):
+            continue
+        for target, _, line in _targets(m):
+            parts = target.split(".")
+            while parts and ".".join(parts) not in MODULES:
+                parts.pop()
+            t = ".".join(parts)
+            if t.startswith(package + ".") and _stage(package, t) < _stage(package, m):
+                bad.append(f"{MODULES[m].relative_to(ROOT)}:{line} imports {t} (a higher stage)")
+    assert not bad, "\n".join(sorted(set(bad)))

@@ -31,7 +31,8 @@ def test_every_public_name_resolves(package):
 
 
 def test_pack_is_the_function_even_after_its_module_was_imported():
-    code = ("import shardfeed.convert.pack, shardfeed.convert.cli; from shardfeed.convert import pack, PackOptions;"
+    code = ("import shardfeed.convert.write.pack, shardfeed.convert.cli; from shardfeed.convert import pack, "
+            "PackOptions;"
             "assert callable(pack) and not hasattr(pack, '__path__') and pack.__name__ == 'pack', pack")
     subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd=ROOT)
 
@@ -39,7 +40,7 @@ def test_pack_is_the_function_even_after_its_module_was_imported():
 def test_version_is_single_sourced():
     import shardfeed.convert
     import shardfeed.readers
-    from shardfeed.readers.format import created_by
+    from shardfeed.readers.format.manifest import created_by
 
     installed = importlib.metadata.version("shardfeed")
     assert shardfeed.convert.__version__ == shardfeed.readers.__version__ == installed

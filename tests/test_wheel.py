@@ -120,5 +120,5 @@ def test_wheel_installs_alone_and_packs_and_reads(tmp_path):
     out = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--python-executable", str(py),
                           "--no-incremental", "snippet.py"], capture_output=True, text=True, cwd=work, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "-> shardfeed.convert.report.PackReport" in out.stdout, out.stdout
+    assert "-> shardfeed.convert.write.report.PackReport" in out.stdout, out.stdout
     assert "-> shardfeed.readers.loader.ShardfeedLoader" in out.stdout, out.stdout

@@ -61,7 +61,7 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     """
     if hasattr(signal, "SIGXFSZ"):
         set_signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit gives EFBIG (a clear error), not death
-    from shardfeed.readers.objstore import use_cli_spelling
+    from shardfeed.readers.storage.objstore import use_cli_spelling
 
     use_cli_spelling()  # messages name --storage-option KEY=VALUE, not the API's storage_options={...}
     stop_on_sigterm()  # SIGTERM stops a command as Ctrl-C does: workers ended, partial files removed, one line

@@ -196,7 +196,7 @@ def check_report_path(value: str, ctx, param, *, example: str = "report.json", a
     exists, ``file://`` stripped; a URL or a folder is refused naming the fix."""
     if value == "-" and allow_stdout:
         return value
-    from shardfeed.readers.opener import url_scheme
+    from shardfeed.readers.storage.opener import url_scheme
 
     scheme = url_scheme(value)
     if scheme == "file":
@@ -267,7 +267,7 @@ def fail_cleanly(f: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         from shardfeed.readers.errors import ShardfeedError
 
-        from ..ownership import cli_flags
+        from ..write.ownership import cli_flags
 
         try:
             # messages name options by their flags (--overwrite), not PackOptions fields
@@ -281,7 +281,7 @@ def fail_cleanly(f: Callable) -> Callable:
                 msg = f"{exc.filename}: is a folder where a file is expected; remove or rename it (or give the file)"
             elif isinstance(exc, OSError) and exc.filename and str(exc.filename) not in msg:
                 msg = f"{exc.filename}: {msg}"
-            from shardfeed.readers.objstore import scrub
+            from shardfeed.readers.storage.objstore import scrub
 
             click.echo(f"shardfeed: error: {scrub(msg)}", err=True)  # no user:password@ of a URL, no AWS secret
             if os.environ.get("SHARDFEED_DEBUG"):
@@ -314,11 +314,11 @@ class LocalPath(click.ParamType):
         return self.inner.shell_complete(ctx, param, incomplete)
 
     def convert(self, value, param, ctx):
-        from shardfeed.readers.opener import url_scheme
+        from shardfeed.readers.storage.opener import url_scheme
 
         scheme = url_scheme(value) if isinstance(value, str) else None
         if scheme is not None and scheme != "file":
-            from shardfeed.readers.objstore import is_s3_url
+            from shardfeed.readers.storage.objstore import is_s3_url
 
             what = (param.human_readable_name if param is not None else "this path").upper()
             hint = ""
@@ -372,7 +372,7 @@ def command(*args, reads: tuple[str, ...] = (), writes: tuple[str, ...] = (), **
     ``reads`` names the parameters holding paths the command reads (SRC, a labels file), ``writes``
     those holding folders it writes (OUT): before the command runs, no report (``--json``,
     ``--html``, ``--plot``) and no folder of ``writes`` may land on or inside what ``reads`` names,
-    and no report inside a folder of ``writes`` (:mod:`shardfeed.convert.overlap`): a report is a
+    and no report inside a folder of ``writes`` (:mod:`shardfeed.convert.write.overlap`): a report is a
     usage error (status 2), a folder one error line (status 1).
     """
 
@@ -422,7 +422,7 @@ class OnErrorChoice(click.Choice):
 
 class FormatChoice(click.Choice):
     """``--format``: every format of the registry and its aliases
-    (:func:`shardfeed.readers.registry.format_choices`), any case; read each time it is used, so a
+    (:func:`shardfeed.readers.format.registry.format_choices`), any case; read each time it is used, so a
     format registered after this module was imported is offered and listed by ``--help`` too."""
 
     def __init__(self) -> None:
@@ -430,7 +430,7 @@ class FormatChoice(click.Choice):
 
     @property
     def choices(self) -> tuple[str, ...]:
-        from shardfeed.readers.registry import format_choices
+        from shardfeed.readers.format.registry import format_choices
 
         return tuple(format_choices())
 
@@ -570,15 +570,15 @@ def reencode_options(f: Callable) -> Callable:
     """Add ``--resize``, ``--resize-mode``, ``--upscale``, ``--quality`` and ``--image-format``.
 
     The command receives them as one keyword argument ``reencode`` (a
-    :class:`~shardfeed.convert.reencode.ReencodeOptions`, or None when no re-encoding is asked,
-    from :func:`~shardfeed.convert.reencode.make_reencode_options`), to pass on as
+    :class:`~shardfeed.convert.write.reencode.ReencodeOptions`, or None when no re-encoding is asked,
+    from :func:`~shardfeed.convert.write.reencode.make_reencode_options`), to pass on as
     ``PackOptions(reencode=...)``.
     """
-    from shardfeed.convert.reencode import DEFAULT_QUALITY, IMAGE_FORMATS, RESIZE_MODES
+    from shardfeed.convert.write.reencode import DEFAULT_QUALITY, IMAGE_FORMATS, RESIZE_MODES
 
     @functools.wraps(f)
     def wrapper(*args, resize, resize_mode, upscale, quality, image_format, **kwargs):
-        from shardfeed.convert.reencode import make_reencode_options
+        from shardfeed.convert.write.reencode import make_reencode_options
 
         try:
             kwargs["reencode"] = make_reencode_options(resize=resize, resize_mode=resize_mode, upscale=upscale,

@@ -165,7 +165,7 @@ def write_html(path: str, command_name: str, *, headline: str, report_json: Any,
     colour, see :func:`~shardfeed.readers.measure.html_report.banner_tone`)."""
     import datetime
 
-    from shardfeed.readers.format import created_by
+    from shardfeed.readers.format.manifest import created_by
     from shardfeed.readers.measure import write_html_report
 
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -289,7 +289,7 @@ def verify(before: str, after: str, cold: bool, repeats: int, deep: bool, warm_c
     opts = _split_kwargs(kwargs)
     same = _same_dataset(before, after)
     if same is not None:
-        from shardfeed.readers.redact import shown_source
+        from shardfeed.readers.storage.redact import shown_source
 
         click.echo(f"shardfeed: warning: BEFORE and AFTER are the same dataset ({shown_source(same)}): the "
                    "comparison measures noise only", err=True)

@@ -1,6 +1,6 @@
 """The one check of a command's output paths against what it reads and writes, run before the
 command (:func:`~shardfeed.convert.cli.common.command` wraps every command in it); the rule
-itself is :mod:`shardfeed.convert.overlap`."""
+itself is :mod:`shardfeed.convert.write.overlap`."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ def _param_label(param: click.Parameter) -> str:
 
 def refusing_outputs_on_inputs(f: Callable, reads: tuple[str, ...], writes: tuple[str, ...]) -> Callable:
     """``f`` that first refuses, before any work, an output path landing on an input
-    (:func:`shardfeed.convert.overlap.refuse_outputs_on_inputs`): the reports of
+    (:func:`shardfeed.convert.write.overlap.refuse_outputs_on_inputs`): the reports of
     :data:`REPORT_PARAMS` and the folders named in ``writes`` against the paths named in ``reads``
     (and ``--storage-option-file``); a report inside a folder of ``writes`` is refused too."""
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        from ..overlap import refuse_outputs_on_inputs
+        from ..write.overlap import refuse_outputs_on_inputs
 
         ctx = click.get_current_context()
         labels = {p.name: _param_label(p) for p in ctx.command.params}

@@ -1,4 +1,5 @@
-"""``shardfeed pack``: an image folder into WebDataset shards or one LMDB (over :func:`shardfeed.convert.pack.pack`).
+"""``shardfeed pack``: an image folder into WebDataset shards or one LMDB (over
+:func:`shardfeed.convert.write.pack.pack`).
 
 Never imports torch or webdataset (a test holds it).
 """
@@ -37,7 +38,7 @@ def _fault_hooks(ctx: click.Context):
 def _check_flag_format(fmt: str, ctx: click.Context) -> None:
     """Refuse the options of other formats (the registry's ``FormatSpec.options``: ``--max-count``,
     ``--max-bytes`` and ``--prefix`` are WebDataset's) given with this ``--format``."""
-    from shardfeed.readers.registry import FORMATS, describe
+    from shardfeed.readers.format.registry import FORMATS, describe
 
     spec = describe(fmt)
     others = dict.fromkeys(o for s in FORMATS.values() for o in s.options if o not in spec.options)
@@ -130,8 +131,8 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, n
       shardfeed pack ~/data/val_flat out/val --labels val_labels.csv --classes-from out/train
       shardfeed pack ~/data/captions out/captions --sidecars txt,json --no-labels
     """
-    from shardfeed.convert.layouts import LayoutOptions, parse_sidecars, read_classes_file
-    from shardfeed.convert.pack import PackOptions, describe_interrupted, pack
+    from shardfeed.convert.write.layouts import LayoutOptions, parse_sidecars, read_classes_file
+    from shardfeed.convert.write.pack import PackOptions, describe_interrupted, pack
 
     _check_flag_format(fmt.lower(), ctx)
     if labels_file is not None and no_labels:
@@ -227,7 +228,7 @@ def _print_report(report, json_path) -> None:
 
 
 def _split_ext(text: str | None):
-    from shardfeed.convert.scan import parse_extensions
+    from shardfeed.convert.write.scan import parse_extensions
 
     return parse_extensions(text) if text else None
 

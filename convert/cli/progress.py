@@ -76,7 +76,7 @@ def progress_bar(total_samples: int | None, total_bytes: int | None, desc: str, 
 
 def scan_progress(desc: str, quiet: bool):
     """A tqdm bar for a folder scan (``progress`` of
-    :func:`~shardfeed.readers.imagefolder.scan_image_folder`); returns ``(bar, callback)``.
+    :func:`~shardfeed.readers.format.imagefolder.scan_image_folder`); returns ``(bar, callback)``.
 
     It counts the files found while the folders are listed (no total yet), then the files checked
     (stat'ed) of those listed, with a rate and an ETA; it is erased when closed (``leave=False``),

@@ -35,7 +35,7 @@ def read_storage_option_file(path: str | os.PathLike) -> dict:
     """
     import stat
 
-    from shardfeed.readers.objstore import looks_like_option_key, unreadable_option_message
+    from shardfeed.readers.storage.objstore import looks_like_option_key, unreadable_option_message
 
     path = os.fspath(path)
     # Non-blocking: opening a FIFO does not wait for a writer (it is then refused as not a plain file).
@@ -93,7 +93,7 @@ _CREDENTIAL_KEYS = frozenset({"key", "aws_access_key_id", "secret", "aws_secret_
 def _merge_storage_options(ctx: click.Context, param: click.Parameter, value, which: str) -> None:
     """Keep each storage-option parameter's parsed value in ``ctx.meta`` (whichever click
     processes first), for :func:`storage_options_of`."""
-    from shardfeed.readers.objstore import parse_storage_options
+    from shardfeed.readers.storage.objstore import parse_storage_options
 
     given = ctx.meta.setdefault("shardfeed_storage_options", {})
     try:
@@ -130,7 +130,7 @@ def storage_options_of(ctx: click.Context) -> dict:
 def storage_option(f: Callable) -> Callable:
     """``--storage-option KEY=VALUE`` (repeatable) and ``--storage-option-file PATH``: object-store
     client options for ``s3://`` paths (``endpoint_url``, ``region_name``, ``profile``,
-    ``anon=true`` ...; see :mod:`shardfeed.readers.objstore`). The values are not passed to the
+    ``anon=true`` ...; see :mod:`shardfeed.readers.storage.objstore`). The values are not passed to the
     command function as parameters: it reads them with :func:`storage_options_of` (the file's
     first, each ``--storage-option`` over them) and passes them to the library call it makes, as
     ``storage_options=``. Credentials belong in the

@@ -28,13 +28,13 @@ def _out(json_path: str | None) -> bool:
 
 def _is_remote_folder(source: str, storage_options: dict) -> bool:
     """A remote, listable location without a manifest that holds class folders (one listing;
-    :func:`~shardfeed.readers.location.folder_kind`)."""
-    from shardfeed.readers.opener import is_remote
+    :func:`~shardfeed.readers.storage.location.folder_kind`)."""
+    from shardfeed.readers.storage.opener import is_remote
 
     if not is_remote(source) or source.endswith(".json"):
         return False
-    from shardfeed.readers.location import folder_kind
-    from shardfeed.readers.opener import open_location
+    from shardfeed.readers.storage.location import folder_kind
+    from shardfeed.readers.storage.opener import open_location
 
     loc = open_location(source, storage_options=storage_options)
     if not loc.listable:

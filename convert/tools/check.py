@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError, ShardfeedError
-from shardfeed.readers.format import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, MANIFEST_NAME, Manifest, ShardEntry
-from shardfeed.readers.offset_index import decode_index
-from shardfeed.readers.registry import describe, resolve
+from shardfeed.readers.format.manifest import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, MANIFEST_NAME, Manifest, ShardEntry
+from shardfeed.readers.format.offset_index import decode_index
+from shardfeed.readers.format.registry import describe, resolve
 
 from .common import (
     DatasetLocation,
@@ -92,9 +92,9 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
     WebDataset: each shard's size, sha256 and sample count; its offset index's sha256 and that
     its offsets are the samples' header offsets; each sample's members (an image, a readable
     ``.cls`` in range, readable ``.json``); keys unique across shards. LMDB: every record's
-    CRC-32 (:func:`~shardfeed.readers.format.decode_record`), its key, label and the record
+    CRC-32 (:func:`~shardfeed.readers.format.manifest.decode_record`), its key, label and the record
     count; the DB's stored manifest against ``manifest.json``. With ``decode`` every image is
-    decoded (:func:`shardfeed.readers.decode.decode_image`).
+    decoded (:func:`shardfeed.readers.decode.image.decode_image`).
 
     Args:
         path_or_url: the dataset directory or manifest (WebDataset also over HTTP).
@@ -106,7 +106,7 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
         max_problems_per_shard: per-sample problems recorded per shard before the rest are
             summarised in one line.
         storage_options: storage client options for a remote location (``s3://``: see
-            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
+            :mod:`shardfeed.readers.storage.objstore`); None: the storage's defaults.
 
     Returns:
         A :class:`CheckReport`; ``report.ok`` is False when anything is wrong.
@@ -132,7 +132,7 @@ def check_dataset(path_or_url: str | os.PathLike, *, decode: bool = False, progr
 
 
 def _decode_problem(data: bytes, ext: str, source: str, max_decode_bytes: int | None = 512 << 20) -> str | None:
-    from shardfeed.readers.decode import decode_image
+    from shardfeed.readers.decode.image import decode_image
 
     try:
         decode_image(data, ext, source=source, max_decode_bytes=max_decode_bytes)
@@ -159,7 +159,7 @@ def _left_out(manifest: Manifest, shard: ShardEntry) -> set:
 
 def _shard_keys(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry):
     """The keys of ``shard`` as its check counted them (read again; a damaged shard's up to the damage)."""
-    from shardfeed.readers.tario import iter_members, iter_samples
+    from shardfeed.readers.format.tario import iter_members, iter_samples
 
     where, left_out = loc.where(shard.name), _left_out(manifest, shard)
     try:
@@ -178,7 +178,7 @@ def _shard_keys(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry):
 def _check_wds_shard(loc: DatasetLocation, manifest: Manifest, shard: ShardEntry, report: CheckReport,
                      decode: bool, progress: Progress, seen: KeyLedger, limit: int,
                      max_decode_bytes: int | None = 512 << 20) -> None:
-    from shardfeed.readers.tario import iter_members, iter_samples
+    from shardfeed.readers.format.tario import iter_members, iter_samples
 
     seen.start_shard(shard.name)
     where = loc.where(shard.name)
@@ -332,7 +332,7 @@ def check_lmdb_records(loc: DatasetLocation, manifest: Manifest, report: CheckRe
 
 
 def _lmdb_stored_manifest(root: Path) -> dict | None:
-    from shardfeed.readers.lmdb_io import process_env
+    from shardfeed.readers.storage.lmdb_io import process_env
 
     with process_env(root).begin() as txn:  # the process's shared environment (not to be closed)
         raw = txn.get(LMDB_MANIFEST_KEY)

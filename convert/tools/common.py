@@ -1,7 +1,8 @@
 """The pieces every dataset tool shares: where a dataset is, and reading it in storage order.
 
-:class:`DatasetLocation` (a dataset's :class:`~shardfeed.readers.location.Location`, any storage, and its manifest),
-:func:`parts_to_sample` (WebDataset members -> a :class:`~shardfeed.readers.format.Sample`, by the
+:class:`DatasetLocation` (a dataset's :class:`~shardfeed.readers.storage.location.Location`, any storage, and its
+manifest),
+:func:`parts_to_sample` (WebDataset members -> a :class:`~shardfeed.readers.format.manifest.Sample`, by the
 readers' one grouping rule), :func:`iter_raw_samples`, :class:`HashingReader`, the problem lists of
 the reports and :func:`safe_relative_path`. None of this imports torch.
 """
@@ -16,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterator
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
-from shardfeed.readers.format import (
+from shardfeed.readers.format.manifest import (
     LMDB_DATA_NAME,
     LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
@@ -25,11 +26,11 @@ from shardfeed.readers.format import (
     decode_record,
     stored_path_problem,
 )
-from shardfeed.readers.offset_index import decode_index
-from shardfeed.readers.sample_members import sample_from_members
-from shardfeed.readers import shard_cache
-from shardfeed.readers.http_io import MAX_MANIFEST_BYTES
-from shardfeed.readers.registry import describe, resolve
+from shardfeed.readers.format.offset_index import decode_index
+from shardfeed.readers.format.sample_members import sample_from_members
+from shardfeed.readers.storage import shard_cache
+from shardfeed.readers.storage.http_io import MAX_MANIFEST_BYTES
+from shardfeed.readers.format.registry import describe, resolve
 
 from .. import writers  # noqa: F401  (registers each format's checker and record reader)
 
@@ -127,7 +128,7 @@ class ProblemList:
 def safe_relative_path(rel: str, *, what: str) -> PurePosixPath:
     """Validate a stored relative path before writing it under an output folder.
 
-    The rule is the one name policy, :func:`~shardfeed.readers.format.stored_path_problem`, that
+    The rule is the one name policy, :func:`~shardfeed.readers.format.manifest.stored_path_problem`, that
     ``pack`` applies to every file it packs: what ``pack`` accepted is written back here, on every
     system; only a dataset written by another tool (or edited) can be refused.
 
@@ -157,16 +158,16 @@ def looks_like_image_folder(path: str | os.PathLike) -> bool:
 
 def is_url(text: str | os.PathLike) -> bool:
     """True for remote locations: ``http(s)://`` and object-store (``s3://``) strings
-    (:func:`shardfeed.readers.opener.is_remote`)."""
-    from shardfeed.readers.opener import is_remote
+    (:func:`shardfeed.readers.storage.opener.is_remote`)."""
+    from shardfeed.readers.storage.opener import is_remote
 
     return is_remote(text)
 
 
 class DatasetLocation:
     """Where a dataset lives, and how to open its files: a
-    :class:`~shardfeed.readers.location.Location` (from the one opener,
-    :func:`shardfeed.readers.opener.open_location`, whatever the storage) and its manifest.
+    :class:`~shardfeed.readers.storage.location.Location` (from the one opener,
+    :func:`shardfeed.readers.storage.opener.open_location`, whatever the storage) and its manifest.
 
     ``path_or_url`` may name the directory (``out/train``, ``http://host/train/``,
     ``s3://bucket/train/``, a registered ``scheme://`` URL) or its ``manifest.json`` directly.
@@ -180,7 +181,7 @@ class DatasetLocation:
         UnsupportedURLError: a scheme shardfeed does not read, or the client is not installed.
 
     Attributes:
-        location: the :class:`~shardfeed.readers.location.Location`.
+        location: the :class:`~shardfeed.readers.storage.location.Location`.
         remote: the location is not a local file system (``location.remote``).
         root: the local directory (``Path``) or the base URL ending in ``/`` (``str``, no credentials).
         manifest_source: the manifest's path or URL (``str``).
@@ -188,7 +189,7 @@ class DatasetLocation:
 
     def __init__(self, path_or_url: str | os.PathLike, *, timeout_s: float | None = None,
                  retries: int | None = None, storage_options: dict | None = None):
-        from shardfeed.readers.opener import open_location
+        from shardfeed.readers.storage.opener import open_location
 
         self.location = open_location(path_or_url if isinstance(path_or_url, str) else str(path_or_url),
                                       storage_options=storage_options, timeout_s=timeout_s, retries=retries)
@@ -209,7 +210,7 @@ class DatasetLocation:
 
         Raises:
             ManifestError, IncompleteDatasetError, FileNotFoundError, DataSourceError: as
-                :func:`~shardfeed.readers.local_manifest.load_manifest`, or the download failed.
+                :func:`~shardfeed.readers.storage.local_manifest.load_manifest`, or the download failed.
         """
         return self.location.load_manifest(check_files=check_files)
 
@@ -254,7 +255,7 @@ def parts_to_sample(key: str, parts: dict[str, bytes], *, source: str,
     """Build a :class:`Sample` from one WebDataset sample's members.
 
     Image, label and metadata are chosen by the readers' one rule,
-    :func:`shardfeed.readers.sample_members.sample_from_members`, so a tool and the training reader
+    :func:`shardfeed.readers.format.sample_members.sample_from_members`, so a tool and the training reader
     never disagree about a shard; the metadata is then parsed (``{}`` without a ``.json``
     member; a JSON value that is not an object becomes ``{"value": ...}``).
 
@@ -299,7 +300,7 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
             ``sha256``, after the last sample, a shard whose bytes differ from the manifest's.
         FileNotFoundError, DataSourceError: the shard cannot be opened.
     """
-    from shardfeed.readers.tario import iter_members, iter_samples
+    from shardfeed.readers.format.tario import iter_members, iter_samples
 
     source = location.where(name)
     labels = None if class_to_idx is None else frozenset(class_to_idx.values())
@@ -325,9 +326,9 @@ def iter_shard_samples(location: DatasetLocation, name: str, *, class_to_idx: di
 
 
 def _open_lmdb(root: Path):
-    """This process's shared read-only environment (:func:`~shardfeed.readers.lmdb_io.process_env`):
+    """This process's shared read-only environment (:func:`~shardfeed.readers.storage.lmdb_io.process_env`):
     a dataset object may have it open already, and LMDB allows one per process. Not to be closed."""
-    from shardfeed.readers.lmdb_io import process_env
+    from shardfeed.readers.storage.lmdb_io import process_env
 
     return process_env(root)
 

@@ -10,11 +10,11 @@ import os
 import time
 from pathlib import Path
 
-from shardfeed.readers.redact import shown_source
-from shardfeed.readers.registry import FORMATS, canonical_format, describe, writer_class
+from shardfeed.readers.storage.redact import shown_source
+from shardfeed.readers.format.registry import FORMATS, canonical_format, describe, writer_class
 
 from .. import writers  # noqa: F401  (registers every format's writer)
-from ..pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
+from ..write.pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
 from .common import (
     DatasetLocation,
     Progress,
@@ -38,7 +38,7 @@ class ConvertReport:
         source_format, format: their formats (``"imagefolder"`` for a folder source, which is packed).
         num_samples, num_shards, num_bytes: the output's samples, files and bytes.
         seconds: wall time.
-        pack: the :class:`~shardfeed.convert.pack.PackReport` as JSON for a folder source.
+        pack: the :class:`~shardfeed.convert.write.pack.PackReport` as JSON for a folder source.
     """
 
     source: str
@@ -67,7 +67,7 @@ class ConvertReport:
 def _write_state(out: Path, fmt: str, prefix: str) -> None:
     """The record of a convert in progress (``OUT/.shardfeed-pack/plan.json``: command, format and
     shard prefix), removed once the manifest is written; what ``--overwrite`` of an interrupted
-    convert may delete (:mod:`shardfeed.convert.ownership`)."""
+    convert may delete (:mod:`shardfeed.convert.write.ownership`)."""
     import json
 
     from shardfeed.readers.file_io import write_bytes_atomic
@@ -92,7 +92,7 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         src: a packed dataset (directory, manifest, or HTTP URL of a WebDataset) or an image folder.
         out: the output folder (missing or empty, unless ``overwrite``), or an ``s3://`` prefix
             (WebDataset only: built in a local staging folder and uploaded shard by shard, the
-            manifest last, as ``pack`` to a bucket; :func:`~shardfeed.convert.store_pack.convert_to_store`).
+            manifest last, as ``pack`` to a bucket; :func:`~shardfeed.convert.write.store_pack.convert_to_store`).
         format: ``"wds"``/``"webdataset"`` or ``"lmdb"``.
         max_count, max_bytes, prefix: WebDataset shard limits (samples, bytes on disk) and prefix.
         workers: processes for a folder source (pack); conversion itself is sequential.
@@ -110,11 +110,11 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
         ManifestError, CorruptDataError, DataSourceError: the source cannot be read (or an upload
             failed).
     """
-    from shardfeed.readers.opener import check_supported, is_remote, local_path
+    from shardfeed.readers.storage.opener import check_supported, is_remote, local_path
 
     check_supported(out, what="`shardfeed convert`", hint="OUT may be a local folder or s3://BUCKET/PREFIX")
     if is_remote(out):  # any writable remote location (convert_to_store refuses a read-only one)
-        from ..store_pack import convert_to_store
+        from ..write.store_pack import convert_to_store
 
         fmt = canonical_format(format)
         build = lambda stage: convert_dataset(src, stage, format=fmt, max_count=max_count,  # noqa: E731
@@ -125,8 +125,8 @@ def convert_dataset(src: str | os.PathLike, out: str | os.PathLike, *, format: s
                                                  storage_options=storage_options)
         return report
     out = local_path(out)
-    from ..outlock import output_lock
-    from ..pack import PackOptions, pack, prepare_output
+    from ..write.outlock import output_lock
+    from ..write.pack import PackOptions, pack, prepare_output
 
     t0 = time.perf_counter()
     fmt = canonical_format(format)

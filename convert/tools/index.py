@@ -14,7 +14,7 @@ import urllib.parse
 from pathlib import Path, PurePosixPath
 
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.format import (
+from shardfeed.readers.format.manifest import (
     INDEX_SUFFIX,
     LABELS_CLASS,
     LABELS_NONE,
@@ -29,16 +29,16 @@ from shardfeed.readers.format import (
     field_name_problem,
     plain_file_name_problem,
 )
-from shardfeed.readers.offset_index import encode_index, is_dali_index
+from shardfeed.readers.format.offset_index import encode_index, is_dali_index
 from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
-from shardfeed.readers.local_manifest import unfinished_pack_error
-from shardfeed.readers.redact import shown_source
-from shardfeed.readers.registry import describe
+from shardfeed.readers.storage.local_manifest import unfinished_pack_error
+from shardfeed.readers.storage.redact import shown_source
+from shardfeed.readers.format.registry import describe
 
-from ..outlock import output_lock
-from ..ownership import refuse_unfinished_pack
-from ..pack_state import PLAN_NAME
-from ..staged import ReplacedTogether
+from ..write.outlock import output_lock
+from ..write.ownership import refuse_unfinished_pack
+from ..write.pack_state import PLAN_NAME
+from ..write.staged import ReplacedTogether
 from .common import (
     HashingReader,
     Progress,
@@ -153,7 +153,7 @@ class IndexReport:
 
 def _list_shards(pattern: str, storage_options: dict | None = None) -> list[str]:
     if is_url(pattern):
-        from shardfeed.readers.opener import open_location
+        from shardfeed.readers.storage.opener import open_location
 
         first = expand_braces(pattern)[0]
         if open_location(first[:first.rfind("/") + 1], storage_options=storage_options).listable:
@@ -225,7 +225,7 @@ def index_shards(pattern: str | os.PathLike, *, out: str | os.PathLike | None = 
             ``index``/``index_sha256`` are updated.
         progress: ``callback(num_samples, num_bytes)``.
         storage_options: storage client options for a remote location (``s3://``: see
-            :mod:`shardfeed.readers.objstore`).
+            :mod:`shardfeed.readers.storage.objstore`).
         labels: False (``--no-labels``): the shards are unlabelled (img2dataset's ``jpg`` + ``txt``
             + ``json``, no ``.cls``): a sample needs one image member only, the manifest says
             ``"labels": "none"`` (readers give label -1), and each other member (``txt``, ...)
@@ -323,7 +323,7 @@ def _index_afresh(pattern, root: Path, names: list[str], sources: list[str], url
     for old in replaced:  # a version-1 dataset's own .idx files: superseded by .sfidx; DALI's are kept
         _remove_if_shardfeeds_index(old)
     if not url:  # beside local shards: wids' shardindex.json, the Hugging Face dataset card
-        from ..consumers import write_consumer_files
+        from ..write.consumers import write_consumer_files
 
         write_consumer_files(root, manifest)
     report.num_samples, report.num_shards, report.classes = n, len(shards), classes
@@ -348,7 +348,7 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: 
     """
     import json
 
-    from shardfeed.readers.tario import iter_members, iter_samples
+    from shardfeed.readers.format.tario import iter_members, iter_samples
 
     path = root / MANIFEST_NAME
     try:
@@ -394,7 +394,7 @@ def _rebuild_indexes(root: Path, names: list[str], sources: list[str], classes: 
     indexes.commit()
     if data != raw:
         write_bytes_atomic(path, data)
-    from ..consumers import write_consumer_files
+    from ..write.consumers import write_consumer_files
 
     write_consumer_files(root, manifest)
     report = IndexReport(source=shown_source(pattern), output=str(root), num_samples=manifest.num_samples,
@@ -433,7 +433,7 @@ def _list_store_shards(pattern: str, storage_options: dict | None = None) -> lis
     or brace / glob patterns of shard URLs matched against the listing of their prefix."""
     import fnmatch
 
-    from shardfeed.readers.opener import open_location
+    from shardfeed.readers.storage.opener import open_location
 
     out: list[str] = []
     for item in expand_braces(pattern):
@@ -505,10 +505,10 @@ def _index_one_shard(source: str, name: str, idx_path: Path, *, url: bool, class
     ``field_counts``: None, labelled shards; else unlabelled ones, and it counts the samples
     holding each extra member (:func:`_extra_members`).
     """
-    from shardfeed.readers.tario import iter_members, iter_samples
+    from shardfeed.readers.format.tario import iter_members, iter_samples
 
     if url:
-        from shardfeed.readers.opener import open_location
+        from shardfeed.readers.storage.opener import open_location
 
         base, _, name = source.rpartition("/")
         # any remote location: one opener and its fault policy
@@ -562,7 +562,7 @@ def _manifest_fields(field_counts: dict[str, int], num_samples: int) -> dict[str
     """The manifest's ``fields`` of an unlabelled index: per member, how many samples hold it.
 
     Raises:
-        ValueError: more than :data:`~shardfeed.readers.format.MAX_FIELDS` kinds of member.
+        ValueError: more than :data:`~shardfeed.readers.format.manifest.MAX_FIELDS` kinds of member.
     """
     if len(field_counts) > MAX_FIELDS:
         raise ValueError(f"{len(field_counts)} kinds of extra member (e.g. {', '.join(sorted(field_counts)[:5])}), "

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
-from shardfeed.readers.format import TAR_BLOCK, Manifest, Sample
-from shardfeed.readers.offset_index import decode_index
-from shardfeed.readers.registry import describe, resolve
+from shardfeed.readers.format.manifest import TAR_BLOCK, Manifest, Sample
+from shardfeed.readers.format.offset_index import decode_index
+from shardfeed.readers.format.registry import describe, resolve
 
 from .common import (
     DatasetLocation,
@@ -164,7 +164,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
             summarised (the JSON report lists them all).
         progress: ``callback(num_samples, num_bytes)`` while counting classes.
         storage_options: storage client options for a remote location (``s3://``: see
-            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
+            :mod:`shardfeed.readers.storage.objstore`); None: the storage's defaults.
 
     Returns:
         A JSON-able dict: ``source``, ``format``, ``version``, ``created_by``, ``num_samples``,
@@ -183,7 +183,7 @@ def inspect_dataset(path_or_url: str | os.PathLike, *, count_classes_from_data: 
     problems = []
     if not loc.remote:
         try:
-            from shardfeed.readers.local_manifest import check_files_present
+            from shardfeed.readers.storage.local_manifest import check_files_present
 
             check_files_present(manifest, loc.root)
         except ManifestError as exc:
@@ -377,7 +377,7 @@ def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3, *,
             rules).
         num_examples: files listed as examples (first in sorted order).
         storage_options: storage client options for a remote location (``s3://``: see
-            :mod:`shardfeed.readers.objstore`).
+            :mod:`shardfeed.readers.storage.objstore`).
 
     Returns:
         The report: ``format`` ``"imagefolder"``, ``num_samples``, ``num_classes``, ``num_bytes``,
@@ -385,15 +385,15 @@ def inspect_image_folder(source: str | os.PathLike, num_examples: int = 3, *,
         and ``examples``.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`~shardfeed.convert.scan.scan_image_folder`.
+        FileNotFoundError, ValueError: as :func:`~shardfeed.convert.write.scan.scan_image_folder`.
     """
-    from shardfeed.readers.opener import is_remote
+    from shardfeed.readers.storage.opener import is_remote
 
-    from ..scan import scan_image_folder
+    from ..write.scan import scan_image_folder
 
     if is_remote(source):
-        from shardfeed.readers.imagefolder import scan_listing
-        from shardfeed.readers.opener import open_location
+        from shardfeed.readers.format.imagefolder import scan_listing
+        from shardfeed.readers.storage.opener import open_location
 
         loc = open_location(str(source), storage_options=storage_options)
         listing = getattr(loc, "listing_cache", None) or loc.list_objects()

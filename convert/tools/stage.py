@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 from shardfeed.readers.errors import DataSourceError
-from shardfeed.readers.format import LMDB_DATA_NAME, MANIFEST_NAME, Manifest
+from shardfeed.readers.format.manifest import LMDB_DATA_NAME, MANIFEST_NAME, Manifest
 from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
-from shardfeed.readers.registry import describe, resolve
-from shardfeed.readers.shard_cache import TooLongError, copy_stream
+from shardfeed.readers.format.registry import describe, resolve
+from shardfeed.readers.storage.shard_cache import TooLongError, copy_stream
 
-from ..outlock import output_lock
+from ..write.outlock import output_lock
 from .common import (
     COPY_CHUNK_BYTES,
     DatasetLocation,
@@ -178,7 +178,7 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
             (``pack --overwrite``'s rule); without it such a DEST is refused. Re-staging the same dataset (a
             refresh, or resuming a partial stage) needs no flag.
         storage_options: storage client options for a remote location (``s3://``: see
-            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
+            :mod:`shardfeed.readers.storage.objstore`); None: the storage's defaults.
 
     Returns:
         A :class:`StageReport`; ``ok`` False on any mismatch (the manifest is then not written).
@@ -216,8 +216,8 @@ def stage(src: str | os.PathLike, dest: str | os.PathLike, *, min_free_bytes: in
 
 def _recorded_entries(dest: Path) -> set[str]:
     """The entries of DEST that a shardfeed dataset's own records there name (its manifest's files,
-    the consumer files it wrote: :func:`~shardfeed.convert.ownership.survey`); empty for a new DEST."""
-    from ..ownership import local_entries, survey
+    the consumer files it wrote: :func:`~shardfeed.convert.write.ownership.survey`); empty for a new DEST."""
+    from ..write.ownership import local_entries, survey
 
     if not dest.is_dir():
         return set()
@@ -263,7 +263,7 @@ def _clear_other_dataset(dest: Path, manifest: Manifest, files: list[_StageFile]
     the new one does not name.
 
     What is the previous dataset's is what its own records name (the rule ``pack --overwrite``
-    follows, :mod:`shardfeed.convert.ownership`): its manifest (deleted first, so DEST never looks
+    follows, :mod:`shardfeed.convert.write.ownership`): its manifest (deleted first, so DEST never looks
     finished with files missing), its shards and offset indexes, its ``data.mdb``/``lock.mdb``, the
     consumer files it wrote. Files the new dataset names stay (they are verified and reused when
     intact). Nothing else is deleted.
@@ -271,9 +271,9 @@ def _clear_other_dataset(dest: Path, manifest: Manifest, files: list[_StageFile]
     Raises:
         ValueError: DEST also holds entries shardfeed did not write (named; nothing is deleted).
     """
-    from ..consumers import CARD_NAME, WIDS_INDEX_NAME
-    from ..outdir import remove_recorded
-    from ..ownership import local_entries, survey
+    from ..write.consumers import CARD_NAME, WIDS_INDEX_NAME
+    from ..write.outdir import remove_recorded
+    from ..write.ownership import local_entries, survey
 
     if not dest.is_dir():
         return
@@ -333,7 +333,7 @@ def _stage_locked(loc, manifest: Manifest, manifest_bytes: bytes, dest: Path, fi
         (report.resumed if status == "resumed" else report.copied).append(f.name)
     if not report.problems:
         write_bytes_atomic(dest_manifest, manifest_bytes)
-        from ..consumers import write_consumer_files
+        from ..write.consumers import write_consumer_files
 
         write_consumer_files(dest, manifest)  # wids' shardindex.json, the Hugging Face card: made from the copy
         report.ok = True
@@ -434,7 +434,7 @@ def _stage_one(loc: DatasetLocation, dest: Path, f: _StageFile, progress: Progre
 
 def _copy_stream(loc: DatasetLocation, f: _StageFile, tmp: Path, start: int, h, progress: Progress) -> int:
     """Write the source file from byte ``start`` into ``tmp`` (kept up to ``start``), hashing
-    (:func:`~shardfeed.readers.shard_cache.copy_stream`: the location's stream retries and resumes
+    (:func:`~shardfeed.readers.storage.shard_cache.copy_stream`: the location's stream retries and resumes
     mid-file; at most the manifest's size is written).
 
     Returns:
@@ -463,7 +463,7 @@ def open_private_file(path: Path) -> int:
         OSError: ``path`` is a symbolic link, not a plain file, or has other hard links (named,
             with the fix).
     """
-    from ..tarwriter import open_own_file
+    from ..write.tarwriter import open_own_file
 
     fd = open_own_file(path, create=True, mode=0o666, where="the folder it stages into", fix="choose another DEST")
     assert fd is not None  # created when missing

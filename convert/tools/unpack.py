@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.format import (
+from shardfeed.readers.format.manifest import (
     normalize_ext,
 )
 
-from ..outlock import listing, output_lock
-from ..tarwriter import create_new_file
+from ..write.outlock import listing, output_lock
+from ..write.tarwriter import create_new_file
 from .common import (
     DatasetLocation,
     Progress,
@@ -93,7 +93,7 @@ def unpack(path_or_url: str | os.PathLike, out: str | os.PathLike, *, overwrite:
         overwrite: allow writing into a non-empty folder, replacing files of the same names.
         progress: ``callback(num_samples, num_bytes)``.
         storage_options: storage client options for a remote location (``s3://``: see
-            :mod:`shardfeed.readers.objstore`); None: the storage's defaults.
+            :mod:`shardfeed.readers.storage.objstore`); None: the storage's defaults.
 
     Returns:
         An :class:`UnpackReport`.

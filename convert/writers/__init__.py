@@ -8,10 +8,10 @@
   :class:`~.lmdb.LmdbWriter`.
 
 Importing this package registers each format's packer, writer, checker and record reader in the
-format registry (:mod:`shardfeed.readers.registry`) by dotted reference; the modules load on first use.
+format registry (:mod:`shardfeed.readers.format.registry`) by dotted reference; the modules load on first use.
 """
 
-from shardfeed.readers.registry import register_format
+from shardfeed.readers.format.registry import register_format
 
 __all__: list[str] = []
 

@@ -1,9 +1,9 @@
 """LMDB output: the packer of ``shardfeed pack --format lmdb`` and the :class:`LmdbWriter` for conversions.
 
 One database, ``OUT/data.mdb`` (+ ``lock.mdb``), one record per sample: key = the sample key
-(UTF-8 digits, so keys sort in packing order), value = :func:`shardfeed.readers.format.encode_record`
+(UTF-8 digits, so keys sort in packing order), value = :func:`shardfeed.readers.format.manifest.encode_record`
 (a versioned msgpack map with a CRC-32 of the image bytes; no pickle anywhere). The manifest is
-stored under :data:`~shardfeed.readers.format.LMDB_MANIFEST_KEY` in the final transaction, so a
+stored under :data:`~shardfeed.readers.format.manifest.LMDB_MANIFEST_KEY` in the final transaction, so a
 database without that key is an unfinished one, for every reader and for ``--resume``.
 
 How the classic ImageFolder→LMDB failures are avoided:
@@ -33,7 +33,7 @@ How the classic ImageFolder→LMDB failures are avoided:
   each chunk and deleted in the final one. ``--resume`` therefore writes exactly the records an
   uninterrupted pack writes.
 
-Files are read (and re-encoded, through :func:`shardfeed.convert.samples.load_sample_payload`) and
+Files are read (and re-encoded, through :func:`shardfeed.convert.write.samples.load_sample_payload`) and
 their records encoded in ``workers`` processes; results come back in packing order to the one
 writer, with a bounded number of chunks in flight (memory stays bounded when the disk is slower
 than the readers). Commit boundaries (each chunk, cut from the file sizes, and every
@@ -42,7 +42,7 @@ the plan, so the database is byte-identical whatever the worker count.
 
 Fault injection (tests): ``PackOptions(faults=FaultHooks(lmdb_commit_count=N, lmdb_commit_delay_s=S))``
 gives many commits out of a small folder and slows each, so a test can ``kill -9`` a pack mid-way
-(:mod:`shardfeed.convert.faults`).
+(:mod:`shardfeed.convert.write.faults`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Callable, Sequence
 
 import msgpack
 
-from shardfeed.readers.format import (
+from shardfeed.readers.format.manifest import (
     LABELS_CLASS,
     LABELS_NONE,
     LMDB_DATA_NAME,
@@ -69,10 +69,10 @@ from shardfeed.readers.format import (
     normalize_ext,
 )
 
-from ..context import PackContext, PackResult
-from ..plan import PlannedSample, file_sizes
-from ..samples import ChunkTask, load_chunk
-from ..shard_cut import ShardLimits, cut_shards
+from ..write.context import PackContext, PackResult
+from ..write.plan import PlannedSample, file_sizes
+from ..write.samples import ChunkTask, load_chunk
+from ..write.shard_cut import ShardLimits, cut_shards
 from .webdataset import field_summary
 from .lmdb_store import (
     COMMIT_BYTES,
@@ -96,7 +96,7 @@ def encode_sample_record(s: PlannedSample, data: bytes, ext: str, meta: dict) ->
 def _chunks(samples: Sequence[PlannedSample], max_count: int, max_bytes: int) -> list[Sequence[PlannedSample]]:
     """Consecutive slices of ``samples`` of at most ``max_count`` samples / ``max_bytes`` input bytes.
 
-    Cut from the file sizes alone; slices of a :class:`~shardfeed.convert.plan.SamplePlan` are O(1)
+    Cut from the file sizes alone; slices of a :class:`~shardfeed.convert.write.plan.SamplePlan` are O(1)
     views that pickle as their own columns, so no :class:`PlannedSample` of the whole dataset is
     ever held (the pack's memory stays flat in the number of files).
     """
@@ -223,35 +223,35 @@ def _resume(out: Path, samples: Sequence[PlannedSample], map_size: int, store_kw
 
 def pack_lmdb(scan, samples: Sequence[PlannedSample], out: Path, options, context: PackContext) -> PackResult:
     """Write the planned samples into ``out/data.mdb`` (the ``"lmdb"`` packer of the registry;
-    :class:`~shardfeed.convert.context.Packer`).
+    :class:`~shardfeed.convert.write.context.Packer`).
 
     Files are read and encoded in tasks on the pack's executor (``options.workers`` processes,
     at most ``2 * workers + 2`` chunks in flight); the records are appended in packing order by
     this process, each task's chunk committed as it arrives together with the resume bookkeeping
     (so an interrupted pack keeps every chunk it finished). The result's ``finalize(manifest)``
-    commits the manifest (:func:`shardfeed.convert.pack.pack` calls it just before writing
+    commits the manifest (:func:`shardfeed.convert.write.pack.pack` calls it just before writing
     ``manifest.json``), which then also fills the size figures of its ``extra``.
 
     Args:
         scan: the folder scan.
-        samples: the packing order (:func:`shardfeed.convert.plan.plan_samples`).
-        out: the dataset folder, prepared by :func:`shardfeed.convert.pack.prepare_output`.
+        samples: the packing order (:func:`shardfeed.convert.write.plan.plan_samples`).
+        out: the dataset folder, prepared by :func:`shardfeed.convert.write.pack.prepare_output`.
         options: the pack options (``workers``, ``on_error``, ``resume``, ``map_size``).
-        context: the :class:`~shardfeed.convert.context.PackContext`: the tasks run on its
+        context: the :class:`~shardfeed.convert.write.context.PackContext`: the tasks run on its
             executor, ``progress(num_samples, num_input_bytes)`` hears of them, its ``faults``
             set the commit size and delay (tests); ``output_progress`` is not called (the stored
             sizes are in ``extra`` once the pack is finalized), nor ``on_shard_end`` (the one
             database is complete only once finalized; LMDB is packed to a local disk only).
 
     Returns:
-        A :class:`~shardfeed.convert.context.PackResult`: one :class:`ShardEntry` for
+        A :class:`~shardfeed.convert.write.context.PackResult`: one :class:`ShardEntry` for
         ``data.mdb``; the skipped files (``{"path", "key", "reason"}``); ``resumed`` 1 when an
         interrupted database was continued, else 0; ``finalize``, which commits the manifest and
         then adds the ``lmdb_*`` figures of :func:`_finish` to ``extra``.
 
     Raises:
         ValueError: ``resume`` on a database written from another plan.
-        OSError, SourceChangedError, CorruptDataError: as :func:`shardfeed.convert.pack.pack`;
+        OSError, SourceChangedError, CorruptDataError: as :func:`shardfeed.convert.write.pack.pack`;
             committed batches stay and ``resume`` continues after them.
     """
     faults, progress = context.faults, context.progress
@@ -365,7 +365,7 @@ class LmdbWriter:
         commit_bytes: encoded bytes per transaction at most.
         labels: ``"class"`` or ``"none"`` (unlabelled: every label is -1, ``classes`` empty).
         fields: the extra fields records may carry (stored in version-2 records,
-            :func:`~shardfeed.readers.lmdb_record.encode_record`); the manifest counts them.
+            :func:`~shardfeed.readers.format.lmdb_record.encode_record`); the manifest counts them.
         state: ``state() -> dict`` (msgpack-able; ``next_index``: the caller's position after the
             last sample written), stored with the writer's counts under :data:`PACK_STATE_KEY` in
             every commit, so an interrupted write can continue (``resume``); None: no state.

@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 import lmdb
 import msgpack
 
-from shardfeed.readers.format import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, Manifest, ShardEntry, decode_record
-from shardfeed.readers.lmdb_io import is_reserved_key  # the one definition: format.RESERVED_KEY_PREFIXES
+from shardfeed.readers.format.manifest import LMDB_DATA_NAME, LMDB_MANIFEST_KEY, Manifest, ShardEntry, decode_record
+from shardfeed.readers.storage.lmdb_io import is_reserved_key  # the one definition: format.RESERVED_KEY_PREFIXES
 
 __all__ = [
     "LmdbStore",
@@ -106,7 +106,7 @@ class LmdbStore:
         commit_count: records per transaction at most.
         commit_bytes: encoded bytes per transaction at most.
         commit_delay_s: sleep this long after every commit (a test fault,
-            :class:`~shardfeed.convert.faults.FaultHooks`; 0 in production).
+            :class:`~shardfeed.convert.write.faults.FaultHooks`; 0 in production).
 
     Raises:
         OSError: the database cannot be created or opened (the message names it).

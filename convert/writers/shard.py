@@ -1,17 +1,17 @@
-"""The one WebDataset shard writer, applying the one rollover rule (:mod:`shardfeed.convert.shard_cut`).
+"""The one WebDataset shard writer, applying the one rollover rule (:mod:`shardfeed.convert.write.shard_cut`).
 
 Every WebDataset shard shardfeed writes goes through :class:`ShardWriter`: ``pack`` (one planned
 shard per task), ``pack`` with re-encoding (shards cut from the encoded sizes as they come), the
 streaming :class:`~shardfeed.convert.writers.webdataset.WebDatasetWriter` of ``shardfeed convert``
 and the Ray executor's tasks (which run pack's tasks). The rule,
-:meth:`~shardfeed.convert.shard_cut.ShardLimits.starts_new_shard`, is also what
-:func:`~shardfeed.convert.shard_cut.cut_shards` applies to the file sizes up front:
+:meth:`~shardfeed.convert.write.shard_cut.ShardLimits.starts_new_shard`, is also what
+:func:`~shardfeed.convert.write.shard_cut.cut_shards` applies to the file sizes up front:
 
     a shard closes *before* it would hold more than ``max_count`` samples or its file would pass
     ``max_bytes`` bytes on disk (tar headers, padding and the two end-of-archive blocks included).
 
 A sample that alone needs more than ``max_bytes`` is an error (it could never be written).
-Each shard is a :class:`~shardfeed.convert.tarwriter.TarShardFile` (temporary name, sha256 while
+Each shard is a :class:`~shardfeed.convert.write.tarwriter.TarShardFile` (temporary name, sha256 while
 writing, ``.sfidx`` offset index, atomic rename), named ``{prefix}-{index:06d}.tar``.
 """
 
@@ -22,10 +22,10 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from shardfeed.readers.format import ShardEntry, index_name, shard_name
+from shardfeed.readers.format.manifest import ShardEntry, index_name, shard_name
 
-from ..shard_cut import ShardLimits, sample_bytes, wds_sample_bytes
-from ..tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile
+from ..write.shard_cut import ShardLimits, sample_bytes, wds_sample_bytes
+from ..write.tarwriter import END_OF_ARCHIVE_BYTES, TarShardFile
 
 __all__ = ["ShardLimits", "ShardWriter", "PlanMismatchError", "wds_sample_bytes"]
 

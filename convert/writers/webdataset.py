@@ -9,7 +9,7 @@ rollover rule cuts every shard (a shard closes *before* it would pass ``max_coun
   manager) cuts as samples come, and writes the manifest last, atomically. Leaving the ``with``
   block on an exception drops the shard in progress and writes no manifest.
 * :func:`pack_webdataset` (``shardfeed pack``): the boundaries are computed up front by
-  :func:`~shardfeed.convert.plan.plan_shards` with the same rule from the file sizes (every
+  :func:`~shardfeed.convert.write.plan.plan_shards` with the same rule from the file sizes (every
   member's size is known before reading a byte), so each shard is an independent task on the
   pack's executor; shards are byte-identical whatever ``workers`` is, and a killed pack resumes by
   rewriting only the shards that were not complete.
@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from shardfeed.readers.format import (
+from shardfeed.readers.format.manifest import (
     DEFAULT_PREFIX,
     LABELS_CLASS,
     LABELS_NONE,
@@ -43,23 +43,23 @@ from shardfeed.readers.format import (
     field_name_problem,
     member_clash,
 )
-from shardfeed.readers.sample_members import class_bytes, meta_bytes
+from shardfeed.readers.format.sample_members import class_bytes, meta_bytes
 
-from ..context import PackContext, PackResult
-from ..executors import ProgressSink, task_progress
-from ..pack_state import STATE_DIR, finished_prefix, finished_shard_record, write_shard_record
-from ..plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
-from ..readahead import DEFAULT_READ_AHEAD, read_ahead
-from ..samples import (
-    ChunkTask,
-    load_chunk,
-    load_sample_payload,
-    payload_from_bytes,
-    read_file_checked,
-    read_source_bytes,
-    skip_reason,
-    skip_record,
-)
+from ..write.context import PackContext, PackResult
+from ..write.executors import ProgressSink, task_progress
+from ..write.pack_state import STATE_DIR, finished_prefix, finished_shard_record, write_shard_record
+from ..write.plan import SamplePlan, fast_meta_bytes, input_bytes, plan_shards, sample_meta_bytes
+from ..write.readahead import DEFAULT_READ_AHEAD, read_ahead
+from ..write.samples import (
+          ChunkTask,
+          load_chunk,
+          load_sample_payload,
+          payload_from_bytes,
+          read_file_checked,
+          read_source_bytes,
+          skip_reason,
+          skip_record,
+      )
 from .shard import ShardLimits, ShardWriter
 
 __all__ = ["WebDatasetWriter", "field_summary", "write_sample_manifest", "pack_webdataset", "pack_webdataset_reencoded",
@@ -105,7 +105,7 @@ class WebDatasetWriter:
     Example::
 
         with WebDatasetWriter("out/wds", classes=["cat", "dog"], max_count=1000) as w:
-            for sample in samples:          # shardfeed.readers.format.Sample
+            for sample in samples:          # shardfeed.readers.format.manifest.Sample
                 w.write(sample)
         manifest = w.manifest               # also returned by close()
     """
@@ -194,7 +194,7 @@ class WebDatasetWriter:
         """Append one sample, first closing the current shard if it would pass a limit.
 
         Args:
-            sample: a :class:`~shardfeed.readers.format.Sample`; its bytes are stored unchanged
+            sample: a :class:`~shardfeed.readers.format.manifest.Sample`; its bytes are stored unchanged
                 (its label is not stored in an unlabelled dataset).
             fields: its extra fields' stored bytes, ``{name: bytes}``; names must be among the
                 writer's ``fields``.
@@ -234,7 +234,7 @@ class WebDatasetWriter:
         """Close the last shard and write ``manifest.json`` (atomically, last).
 
         Returns:
-            The dataset's :class:`~shardfeed.readers.format.Manifest`.
+            The dataset's :class:`~shardfeed.readers.format.manifest.Manifest`.
 
         Raises:
             ValueError: no sample was written (an empty dataset has no manifest).
@@ -276,7 +276,7 @@ def write_sample_manifest(out: Path, shards: list[ShardEntry], *, classes: list[
     ``files`` default to ``{"packed": N}``; ``field_counts`` give the manifest's ``fields``.
 
     Returns:
-        The written :class:`~shardfeed.readers.format.Manifest`.
+        The written :class:`~shardfeed.readers.format.manifest.Manifest`.
 
     Raises:
         ValueError: no sample in ``shards`` (an empty dataset has no manifest).
@@ -292,7 +292,7 @@ def write_sample_manifest(out: Path, shards: list[ShardEntry], *, classes: list[
                         files=files if files is not None else {"packed": n}, labels=labels,
                         fields=field_summary(field_counts, n))
     manifest.write(out)
-    from ..consumers import write_consumer_files
+    from ..write.consumers import write_consumer_files
 
     write_consumer_files(out, manifest)  # wids' shardindex.json, the Hugging Face dataset card
     return manifest
@@ -356,7 +356,7 @@ def _add_plain_samples(writer: ShardWriter, plan: SamplePlan, on_error: str, ski
     :func:`load_sample_payload` and ``writer.add`` with ``meta_bytes``; none of those
     objects is built (a few microseconds per sample, as much as reading a small file). The files
     are read with up to ``read_ahead_n`` reads in flight once reads wait on storage
-    (:func:`~shardfeed.convert.readahead.read_ahead`, adaptive), appended in plan order.
+    (:func:`~shardfeed.convert.write.readahead.read_ahead`, adaptive), appended in plan order.
     """
     files, lo, hi = plan.column_range  # the plan's range of the columns, no copy
     rels, sizes, codes, ecodes = files.rels, files.sizes, files.class_codes, files.ext_codes
@@ -438,14 +438,14 @@ def _write_wds_shard(task) -> tuple[dict, list]:
 
 def pack_webdataset(scan, samples, out: Path, options, context: PackContext) -> PackResult:
     """Write the planned samples as WebDataset shards (the ``"webdataset"`` packer of the registry;
-    :class:`~shardfeed.convert.context.Packer`).
+    :class:`~shardfeed.convert.write.context.Packer`).
 
     Args:
-        scan: the :class:`~shardfeed.convert.scan.ScanResult` (its root must be seen by every task).
-        samples: the packing order (:func:`~shardfeed.convert.plan.plan_samples`).
-        out: the output folder, prepared by :func:`~shardfeed.convert.pack.prepare_output`.
-        options: the :class:`~shardfeed.convert.pack.PackOptions`.
-        context: the :class:`~shardfeed.convert.context.PackContext`: the tasks run on its
+        scan: the :class:`~shardfeed.convert.write.scan.ScanResult` (its root must be seen by every task).
+        samples: the packing order (:func:`~shardfeed.convert.write.plan.plan_samples`).
+        out: the output folder, prepared by :func:`~shardfeed.convert.write.pack.prepare_output`.
+        options: the :class:`~shardfeed.convert.write.pack.PackOptions`.
+        context: the :class:`~shardfeed.convert.write.context.PackContext`: the tasks run on its
             executor; ``progress(num_samples, num_input_bytes)``; ``output_progress`` (the stored
             image bytes) is called only when re-encoding (without it they are the input bytes);
             ``on_shard_end(entry, index)`` is called in this process, in shard order, as each
@@ -453,12 +453,12 @@ def pack_webdataset(scan, samples, out: Path, options, context: PackContext) -> 
             not for the shards a resumed pack keeps (a pack to a bucket uploads from it).
 
     Returns:
-        A :class:`~shardfeed.convert.context.PackResult` (``extra["num_planned_shards"]``).
+        A :class:`~shardfeed.convert.write.context.PackResult` (``extra["num_planned_shards"]``).
 
     Raises:
         ValueError: one sample alone is larger than ``max_bytes`` (names the file).
         OSError, SourceChangedError, CorruptDataError: as
-            :func:`~shardfeed.convert.samples.load_sample_payload`; finished shards stay.
+            :func:`~shardfeed.convert.write.samples.load_sample_payload`; finished shards stay.
     """
     if options.reencode is not None:  # sizes are known only after encoding: cut shards as they come
         return pack_webdataset_reencoded(scan, samples, out, options, context)
@@ -500,25 +500,25 @@ def pack_webdataset_reencoded(scan, samples, out: Path, options, context: PackCo
     """Write the planned samples, re-encoded, as WebDataset shards cut from the encoded sizes.
 
     Workers re-encode fixed chunks of :data:`CHUNK_SAMPLES` samples in packing order
-    (:func:`~shardfeed.convert.samples.load_chunk`); this process appends them to a
+    (:func:`~shardfeed.convert.write.samples.load_chunk`); this process appends them to a
     :class:`~shardfeed.convert.writers.shard.ShardWriter` in order (see the module docstring for
     why this keeps shards byte-identical for any ``workers`` and ``resume`` exact).
 
     Args:
-        scan: the :class:`~shardfeed.convert.scan.ScanResult` (unused; packer signature).
-        samples: the planned samples (:func:`~shardfeed.convert.plan.plan_samples`).
+        scan: the :class:`~shardfeed.convert.write.scan.ScanResult` (unused; packer signature).
+        samples: the planned samples (:func:`~shardfeed.convert.write.plan.plan_samples`).
         out: the output folder (prepared).
-        options: the :class:`~shardfeed.convert.pack.PackOptions`, with ``reencode`` set.
+        options: the :class:`~shardfeed.convert.write.pack.PackOptions`, with ``reencode`` set.
         context: as :func:`pack_webdataset`; its ``output_progress(output_bytes)`` hears of the
             re-encoded image bytes stored, before the matching ``progress`` call.
 
     Returns:
-        A :class:`~shardfeed.convert.context.PackResult` as every packer.
+        A :class:`~shardfeed.convert.write.context.PackResult` as every packer.
 
     Raises:
         ValueError: one re-encoded sample alone is larger than ``max_bytes`` (names the file).
         OSError, CorruptDataError, SourceChangedError: as
-            :func:`~shardfeed.convert.samples.load_sample_payload` (``on_error="raise"``); finished
+            :func:`~shardfeed.convert.write.samples.load_sample_payload` (``on_error="raise"``); finished
             shards stay and ``resume`` continues after them.
     """
     progress, output_progress, on_shard_end = context.progress, context.output_progress, context.on_shard_end

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import Any, Sequence
 
-from ..redact import shown_source
-from ..registry import FORMATS
+from ..storage.redact import shown_source
+from ..format.registry import FORMATS
 from .cache import close_lmdb_envs, dataset_files, detect_source_format, evict_page_cache
 from .harness import DEFAULT_MEAN, DEFAULT_STD, run_training_loop, select_device, shutdown_loader
 from .report import RunReport, fmt_bytes

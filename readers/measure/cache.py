@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from ..format import LMDB_DATA_NAME, MANIFEST_NAME
-from ..local_manifest import load_manifest
+from ..format.manifest import LMDB_DATA_NAME, MANIFEST_NAME
+from ..storage.local_manifest import load_manifest
 from .report import fmt_bytes
 from .probes import meminfo
 
@@ -72,7 +72,7 @@ def dataset_files(source: str | os.PathLike, *, follow_external_links: bool = Fa
     """Every regular file of a local dataset (a folder, a packed dataset or its manifest); [] for URLs.
 
     Hidden files and folders are skipped for image folders (they are not samples). Symbolic links
-    of a folder are followed by the readers' link rule (:mod:`~shardfeed.readers.folder_walk`):
+    of a folder are followed by the readers' link rule (:mod:`~shardfeed.readers.format.folder_walk`):
     inside it, and outside it only with ``follow_external_links``.
     """
     text = str(source)
@@ -85,13 +85,13 @@ def dataset_files(source: str | os.PathLike, *, follow_external_links: bool = Fa
             return [p]
     if p.is_dir() and not (p / MANIFEST_NAME).exists():
         try:  # an image folder: exactly its samples, through symlinked class folders too
-            from ..imagefolder import scan_image_folder
+            from ..format.imagefolder import scan_image_folder
 
             scanned = scan_image_folder(p, follow_external_links=follow_external_links).files
             return [Path(os.path.realpath(scanned.path_of(i))) for i in range(len(scanned))]
         except ValueError:
             pass  # not an ImageFolder: every file below it
-    from ..folder_walk import LinkRule
+    from ..format.folder_walk import LinkRule
 
     rule = LinkRule(p, follow_external_links)
     files: list[Path] = []
@@ -451,7 +451,7 @@ def close_lmdb_envs(files: Sequence[str | os.PathLike]) -> int:
     object still alive in this process on these files cannot be used afterwards (open it again);
     :func:`bench_source` builds its own and drops it after the run. Returns how many were closed.
     """
-    mod = sys.modules.get("shardfeed.readers.lmdb_io")
+    mod = sys.modules.get("shardfeed.readers.storage.lmdb_io")
     if mod is None:  # no LMDB reader in this process: nothing is open
         return 0
     return mod.close_environments({Path(f).parent for f in files if Path(f).name == LMDB_DATA_NAME})

@@ -8,7 +8,7 @@ import hashlib
 import os
 from typing import Any
 
-from ..redact import shown_source
+from ..storage.redact import shown_source
 from .bench import dataset_len
 from .report import DatasetMismatchError
 
@@ -18,7 +18,7 @@ _REPACK = ". Repack it from this folder (shardfeed pack) before comparing"
 
 
 def _open_info(source: str | os.PathLike, **options: Any):
-    from ..dataset import open_dataset
+    from ..sources.dataset import open_dataset
 
     return open_dataset(source, **options)
 

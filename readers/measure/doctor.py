@@ -13,7 +13,7 @@ a URL) within a bounded sample and time budget:
 * the files: how many (the listing stops at ``max_list``) and their sizes (a local folder: every
   file listed; elsewhere the sample's);
 * the decode cost on this CPU: the sampled images decoded with shardfeed's decoder
-  (:func:`shardfeed.readers.decode.decode_image`; with ``image_size`` also resized and cropped
+  (:func:`shardfeed.readers.decode.image.decode_image`; with ``image_size`` also resized and cropped
   as ``make_loader(image_size=N)`` does), CPU seconds per image of this thread, and the library
   that decodes each format with its share of the files;
 * the batch costs on this CPU: the collate, the hand-off to the main process and the conversion
@@ -50,8 +50,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..format import IMAGE_EXTENSIONS, MANIFEST_NAME
-from ..registry import describe, source_factory
+from ..format.manifest import IMAGE_EXTENSIONS, MANIFEST_NAME
+from ..format.registry import describe, source_factory
 from .doctor_advice import ADVICE_MIN_GAIN, PACK_ADVICE_MIN_GAIN, advice_lines
 from .doctor_folder import (DEFAULT_MAX_FILES, FIRST_READ_BYTES, FOLDER_MAX_FILES, READ_REQUEST_BYTES, SEQ_READ_BYTES,
                             CHUNK_BYTES, decode_with_batch, evict, folder_facts, list_images, probe_folder,
@@ -119,7 +119,7 @@ def doctor(path: str | os.PathLike, *, num_workers: int | None = None, max_files
             (None: decoding at full size only).
         progress: called with a line per phase.
         storage_options: object-store client options for an ``s3://`` URL (``endpoint_url``,
-            ``region_name``, ``profile``, ``anon`` ...; see :mod:`shardfeed.readers.objstore`);
+            ``region_name``, ``profile``, ``anon`` ...; see :mod:`shardfeed.readers.storage.objstore`);
             None: the defaults (the environment's).
 
     Raises:
@@ -256,7 +256,7 @@ def _local_manifest(root: Path):
     ``(None, "folder")`` for an image folder."""
     if not (root / MANIFEST_NAME).is_file():
         return None, "folder"
-    from ..local_manifest import load_manifest
+    from ..storage.local_manifest import load_manifest
 
     manifest = load_manifest(root / MANIFEST_NAME, check_files=False)
     return manifest, manifest.format

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..format import IMAGE_EXTENSIONS
+from ..format.manifest import IMAGE_EXTENSIONS
 from .doctor_model import FIRST_READ_BYTES, batch_cost_terms, batch_costs
 from .report import percentile
 
@@ -135,8 +135,8 @@ def decode_one(name: str, data: bytes, decoder: str, image_size: int | None,
     ``image_size``, the centre crop (what ``make_loader(image_size=N)`` does on the CPU). ``keep``: a
     list the decoded (resized and cropped) ``uint8`` ``[H, W, 3]`` array is appended to while it
     holds fewer than :data:`KEEP_DECODED`."""
-    from ..decode import decode_image
-    from ..transforms import center_crop, resize_shorter
+    from ..decode.image import decode_image
+    from ..decode.transforms import center_crop, resize_shorter
 
     t0 = time.thread_time()
     try:
@@ -154,7 +154,7 @@ def decode_one(name: str, data: bytes, decoder: str, image_size: int | None,
 
 
 def _resolved(decoder: str) -> str:
-    from ..decode import resolve_decoder
+    from ..decode.image import resolve_decoder
 
     try:
         return resolve_decoder(decoder)

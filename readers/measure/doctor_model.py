@@ -122,7 +122,7 @@ def batch_costs(images: list[Any]) -> dict:
 
     Returns:
         ``{"batch_size", "collate_ms_per_image", "copy_mb_per_s", "handoff_ms_per_image",
-        "to_float_ms_per_image"}``: the collate (:func:`~shardfeed.readers.transforms.collate_uint8`
+        "to_float_ms_per_image"}``: the collate (:func:`~shardfeed.readers.decode.transforms.collate_uint8`
         of ``[3, H, W]`` views), the copy rate of the batch into fresh memory (MB = 10^6 bytes per
         second), the hand-off (the batch's bytes at that rate), the conversion
         (:func:`~shardfeed.readers.loader.to_device` to the CPU with the ImageNet mean and std), CPU
@@ -138,7 +138,7 @@ def batch_costs(images: list[Any]) -> dict:
         import torch
 
         from ..loader import to_device
-        from ..transforms import collate_uint8
+        from ..decode.transforms import collate_uint8
         from .harness import DEFAULT_MEAN, DEFAULT_STD
     except ImportError:
         return none

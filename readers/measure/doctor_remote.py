@@ -13,9 +13,9 @@ import statistics
 import time
 from typing import Any
 
-from ..format import IMAGE_EXTENSIONS
-from ..redact import shown_source
-from ..registry import describe
+from ..format.manifest import IMAGE_EXTENSIONS
+from ..storage.redact import shown_source
+from ..format.registry import describe
 from .doctor_advice import advice_lines
 from .doctor_folder import (CHUNK_BYTES, DEFAULT_MAX_FILES, FIRST_READ_BYTES, FOLDER_MAX_FILES, MAX_DECODE_BYTES,
                             READ_REQUEST_BYTES, SEQ_READ_BYTES, decode_with_batch, folder_facts, probe_folder,
@@ -37,8 +37,8 @@ def doctor_url(url: str, *, storage_options, num_workers, max_files, max_list, b
     folder (:func:`_doctor_remote_folder`). Reports and progress name the URL without its
     ``user:password@``."""
     from ..errors import ManifestError
-    from ..location import folder_kind
-    from ..opener import open_location, url_scheme
+    from ..storage.location import folder_kind
+    from ..storage.opener import open_location, url_scheme
 
     shown = shown_source(url)
     loc = open_location(url, storage_options=storage_options)

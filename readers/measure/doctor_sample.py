@@ -31,7 +31,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from ..decode import backend_for_format
+from ..decode.image import backend_for_format
 
 __all__ = ["TARGET_RELATIVE_ERROR", "FIRST_SAMPLE", "image_format", "size_bucket", "make_strata", "allocate",
            "StratifiedSample", "stratified_mean", "decoders_by_format"]
@@ -189,7 +189,7 @@ def stratified_mean(values: dict[Any, list[float]], counts: dict[Any, int]) -> t
 
 def decoders_by_format(counts: dict[tuple[str, int], int], decoder: str) -> list[dict]:
     """``[{"format", "share", "decoder"}]``, the largest share first: the library that decodes each
-    format (:func:`~shardfeed.readers.decode.backend_for_format`) and its share of the files."""
+    format (:func:`~shardfeed.readers.decode.image.backend_for_format`) and its share of the files."""
     total = sum(counts.values()) or 1
     by_fmt: dict[str, int] = {}
     for (fmt, _), c in counts.items():

@@ -237,7 +237,7 @@ def _step_threads(loader: Any, dev: "torch.device", num_threads: int | None) -> 
 
 def _model_object(model: Any, compute_ms: float | None, num_classes: int | None, loader: Any) -> Any:
     """The ``torch.nn.Module`` to train (None: no model)."""
-    from ..models import build_model
+    from .models import build_model
 
     if compute_ms is not None:
         return None
@@ -340,7 +340,7 @@ def run_training_loop(loader: Iterable, *, model: "str | torch.nn.Module | None"
     Args:
         loader: yields ``(uint8 [B, 3, H, W], int64 [B])`` (e.g. from ``make_loader``).
         model: a built-in model name (``tiny``, ``resnet18``, ``resnet50``, ``none``,
-            ``module:callable``; see :mod:`shardfeed.readers.models`), a ``torch.nn.Module``, or
+            ``module:callable``; see :mod:`shardfeed.readers.measure.models`), a ``torch.nn.Module``, or
             None (no compute).
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or a ``torch.device``.
         compute_ms: replace the model by a step that sleeps this many ms (leaving the CPU free).

@@ -10,7 +10,7 @@ import os
 import statistics
 from typing import Any
 
-from ..redact import shown_source
+from ..storage.redact import shown_source
 
 __all__ = ["read_text", "meminfo", "loader_knobs", "data_root", "data_facts", "slow_mount", "SLOW_FS_TYPES",
            "SIZE_PROBE_IMAGES", "SIZE_PROBE_MAX_BYTES", "batch_ready", "held_out_of_order", "loader_worker_pids"]
@@ -52,7 +52,7 @@ def data_root(loader: Any) -> str | None:
     ds = getattr(loader, "dataset", None)
     root = getattr(ds, "root", None)
     if not isinstance(root, (str, os.PathLike)):  # a packed dataset of ours: its location
-        from ..source_base import SourceBase
+        from ..sources.source_base import SourceBase
 
         location = getattr(ds, "location", None) if isinstance(ds, SourceBase) else None
         root = str(location) if location is not None else None
@@ -98,13 +98,13 @@ def _probe_sides(ds: Any, fmt: str | None, remote: bool | None) -> list[int]:
     sides: list[int] = []
     if remote:
         return sides
-    from ..registry import describe
+    from ..format.registry import describe
 
     spec = describe(fmt) if fmt is not None and fmt != "folder" else None
     if spec is not None and spec.tar_shards:
         import tarfile
 
-        from ..format import IMAGE_EXTENSIONS
+        from ..format.manifest import IMAGE_EXTENSIONS
 
         shards = getattr(getattr(ds, "manifest", None), "shards", None) or []
         location = getattr(ds, "location", None)
@@ -195,8 +195,8 @@ def data_facts(loader: Any) -> dict:
              "image_size": None, "image_side": None}
     if ds is None:
         return facts
-    from ..registry import FORMATS
-    from ..source_base import SourceBase
+    from ..format.registry import FORMATS
+    from ..sources.source_base import SourceBase
 
     ours = isinstance(ds, SourceBase)
     facts["reader"] = "shardfeed" if ours else "other"
@@ -206,7 +206,7 @@ def data_facts(loader: Any) -> dict:
             value = getattr(obj, attr, None)
             if fmt is None and isinstance(value, str) and (value == "folder" or value in FORMATS):
                 fmt = value
-    from ..memory_cache import MemoryCachedSource
+    from ..sources.memory_cache import MemoryCachedSource
 
     if isinstance(ds, MemoryCachedSource):  # cache="memory": the samples are in RAM already
         fmt, facts["in_memory"] = "memory", True
@@ -224,7 +224,7 @@ def data_facts(loader: Any) -> dict:
         facts["image_size"] = int(size) if isinstance(size, int) and not isinstance(size, bool) else None
         decoder = getattr(getattr(ds, "sample_decoder", None), "decoder", None)
         if decoder == "auto":
-            from ..jpeg import simplejpeg_available
+            from ..decode.jpeg import simplejpeg_available
 
             decoder = "simplejpeg" if simplejpeg_available() else "pil"
         facts["decoder"] = decoder if isinstance(decoder, str) else None

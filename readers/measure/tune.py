@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..redact import shown_source
+from ..storage.redact import shown_source
 from .bench import LOADER_KNOBS, MAKE_LOADER_DEFAULTS, bench_source
 from .cache import dataset_files, detect_source_format
 from .harness import select_device

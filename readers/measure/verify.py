@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from ..redact import shown_source
+from ..storage.redact import shown_source
 from .bench import bench_source
 from .cache import dataset_files, settle_disk, warm_page_cache
 from .check import check_same_samples

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.pack import PackOptions, describe_interrupted, pack
+from shardfeed.convert.write.pack import PackOptions, describe_interrupted, pack
 from shardfeed.readers import open_dataset
 
 
@@ -178,7 +178,7 @@ def test_cli_append(tmp_path, first_pack):
 
 
 def test_the_path_index_answers_and_a_missing_or_stale_one_falls_back_to_the_shards(tmp_path, first_pack, monkeypatch):
-    import shardfeed.convert.append as append_mod
+    import shardfeed.convert.write.append as append_mod
 
     out, planted = first_pack
     index = out / ".shardfeed-paths"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from shardfeed.convert.append import ChangedFilesError
+from shardfeed.convert.write.append import ChangedFilesError
 from shardfeed.convert.cli import main
-from shardfeed.convert.pack import PackOptions, pack
-from shardfeed.convert.path_index import is_path_index
+from shardfeed.convert.write.pack import PackOptions, pack
+from shardfeed.convert.write.path_index import is_path_index
 from shardfeed.readers import open_dataset
 
 

@@ -71,7 +71,7 @@ def reference(folder, tmp_path_factory) -> Path:
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     # the reference holds every source file, byte for byte
-    from shardfeed.readers.format import decode_record
+    from shardfeed.readers.format.manifest import decode_record
 
     recs = [decode_record(v, source=str(k)) for k, v in _records(out).items() if k != MANIFEST_KEY]
     assert sorted((r["meta"]["path"], r["data"]) for r in recs) == sorted(

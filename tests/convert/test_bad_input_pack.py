@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
-from shardfeed.convert.scan import scan_image_folder
+from shardfeed.convert.write.pack import PackOptions, pack
+from shardfeed.convert.write.scan import scan_image_folder
 from shardfeed.readers.errors import SourceChangedError
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]

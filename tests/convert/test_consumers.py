@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 pytestmark = pytest.mark.interop
 
@@ -236,8 +236,8 @@ def test_metadata_fields_skips_a_json_member_with_a_damaged_size(packed_wds, tmp
     import tarfile
     import tracemalloc
 
-    from shardfeed.convert.consumers import metadata_fields
-    from shardfeed.readers.local_manifest import load_manifest
+    from shardfeed.convert.write.consumers import metadata_fields
+    from shardfeed.readers.storage.local_manifest import load_manifest
 
     d = tmp_path / "d"
     shutil.copytree(packed_wds, d)

@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.context import PackContext, PackResult
-from shardfeed.readers.format import Manifest, Sample, ShardEntry
-from shardfeed.readers.local_manifest import load_manifest
-from shardfeed.readers.registry import FORMATS, describe, format_choices, register_format
+from shardfeed.convert.write.context import PackContext, PackResult
+from shardfeed.readers.format.manifest import Manifest, Sample, ShardEntry
+from shardfeed.readers.storage.local_manifest import load_manifest
+from shardfeed.readers.format.registry import FORMATS, describe, format_choices, register_format
 
 TOY_FILE = "toy.jsonl"
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def _write_toy(out: Path, lines: list[str]) -> ShardEntry:
 
 
 def pack_toy(scan, samples, out, options, context: PackContext) -> PackResult:
-    """The toy packer: the registry's packer contract (:class:`~shardfeed.convert.context.Packer`)."""
+    """The toy packer: the registry's packer contract (:class:`~shardfeed.convert.write.context.Packer`)."""
     lines = []
     for s in samples:
         data = Path(s.file.path).read_bytes()
@@ -134,7 +134,7 @@ def test_pack_check_inspect_and_open_a_registered_format(toy_format, tiny_image_
                                                         tmp_path):
     from shardfeed.convert.tools.common import iter_raw_samples
     from shardfeed.convert.tools.inspect import inspect_dataset
-    from shardfeed.readers.dataset import open_dataset
+    from shardfeed.readers.sources.dataset import open_dataset
 
     out = tmp_path / "toy_out"
     r = CliRunner().invoke(main, ["pack", str(tiny_image_folder), str(out), "--format", "toy", "--workers", "1"])
@@ -181,8 +181,9 @@ def test_describe_an_unregistered_format_gives_the_defaults():
 
 #: the modules that may name a format: the registry and each format's own modules
 FORMAT_MODULES = {
-    "readers/registry.py", "readers/webdataset_source.py", "readers/lmdb_source.py", "readers/lmdb_io.py",
-    "readers/lmdb_record.py", "convert/writers/__init__.py", "convert/writers/webdataset.py",
+    "readers/format/registry.py", "readers/sources/webdataset_source.py", "readers/sources/lmdb_source.py",
+    "readers/storage/lmdb_io.py",
+    "readers/format/lmdb_record.py", "convert/writers/__init__.py", "convert/writers/webdataset.py",
     "convert/writers/lmdb.py", "convert/writers/lmdb_store.py",
 }
 
@@ -212,7 +213,8 @@ def test_no_format_name_test_outside_the_registry_and_the_format_modules():
             rel = path.relative_to(REPO).as_posix()
             if rel not in FORMAT_MODULES:
                 found += [f"{rel}:{n}" for n in _format_name_tests(ast.parse(path.read_text(), rel))]
-    assert not found, "format names tested outside the registry; ask readers.registry.describe(): " + ", ".join(found)
+    assert not found, ("format names tested outside the registry; ask "
+                       "readers.format.registry.describe(): ") + ", ".join(found)
 
 
 def test_register_format_refuses_a_field_it_does_not_have():

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_labels_file
-from shardfeed.convert.pack import PackOptions
-from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.convert.write.layouts import LayoutOptions, pack_layout, read_labels_file
+from shardfeed.convert.write.pack import PackOptions
+from shardfeed.readers.storage.local_manifest import load_manifest
 
 
 def _img(seed: int) -> bytes:

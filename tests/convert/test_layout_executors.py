@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.layouts import LayoutOptions
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.layouts import LayoutOptions
+from shardfeed.convert.write.pack import PackOptions, pack
 
 LABELS = ("cat", "dog", "emu")
 
@@ -147,7 +147,7 @@ def _lmdb_samples(out: Path) -> dict[str, dict]:
 def test_an_interrupted_lmdb_layout_pack_resumes_after_its_last_commit(planted, tmp_path, monkeypatch):
     """Stopped at its 12th file read with a commit every 2 records, ``--resume`` keeps the
     committed records (it reads fewer files than a whole pack) and ends holding every planted sample."""
-    from shardfeed.convert import layout_shards
+    from shardfeed.convert.write import layout_shards
     from shardfeed.convert.writers.lmdb import LmdbWriter
 
     src, labels, want = planted
@@ -220,7 +220,7 @@ def test_an_interrupted_reencoded_layout_pack_resumes_to_the_same_bytes(planted,
     """Stopped at its 30th file read (chunks of 2 samples: some 3-sample shards finished),
     ``--resume`` keeps the finished shards (it reads fewer files than a whole pack) and ends with
     the bytes of an uninterrupted pack."""
-    from shardfeed.convert import layout_shards
+    from shardfeed.convert.write import layout_shards
     from shardfeed.convert.writers import webdataset
 
     monkeypatch.setattr(webdataset, "CHUNK_SAMPLES", 2)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.layouts import LayoutOptions, pack_layout
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.layouts import LayoutOptions, pack_layout
+from shardfeed.convert.write.pack import PackOptions, pack
 
 
 def _img(seed: int, fmt: str = "JPEG") -> bytes:

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardfeed.convert import write_dataset
-from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_labels_file
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.layouts import LayoutOptions, pack_layout, read_labels_file
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.convert.tools.unpack import unpack
 from shardfeed.readers import open_dataset
-from shardfeed.readers.format import Manifest
-from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.readers.format.manifest import Manifest
+from shardfeed.readers.storage.local_manifest import load_manifest
 
 CLASSES = ["n01440764", "n01443537", "n01484850"]  # synset ids, as ImageNet names its classes
 
@@ -219,7 +219,7 @@ def test_a_bad_labels_file_is_refused_naming_the_line(tmp_path, row, problem):
 
 
 def test_labels_file_rows_and_field_lengths_are_bounded(tmp_path, monkeypatch):
-    from shardfeed.convert import label_files  # where the limits live
+    from shardfeed.convert.write import label_files  # where the limits live
 
     lf = tmp_path / "l.csv"
     lf.write_text("".join(f"x{i}.jpg,{i % 2}\n" for i in range(20)))
@@ -539,7 +539,7 @@ def test_dali_reads_the_sidecars_by_extension(sidecar_wds, sidecar_folder):
 def test_an_interrupted_layout_pack_resumes_to_the_same_bytes(sidecar_folder, tmp_path, monkeypatch):
     """Interrupted at its 9th file read (shard 0 of the 2-sample shards complete, shard 1 not: the
     asserts below hold it), ``--resume`` writes exactly what an uninterrupted pack writes."""
-    from shardfeed.convert import layout_shards
+    from shardfeed.convert.write import layout_shards
 
     whole = tmp_path / "whole"
     _pack(sidecar_folder, whole, no_labels=True, sidecars=("txt", "mask.png"), max_count=2)
@@ -634,7 +634,7 @@ def test_lmdb_record_with_fields_is_version_2_and_checks_their_crc():
     import msgpack
 
     from shardfeed.readers.errors import CorruptDataError
-    from shardfeed.readers.format import decode_record, encode_record
+    from shardfeed.readers.format.manifest import decode_record, encode_record
 
     plain = encode_record("000000001", b"img", "jpg", 3, {"path": "a.jpg"})
     assert msgpack.unpackb(plain)["v"] == 1 and "fields" not in msgpack.unpackb(plain)

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardfeed.convert import dataset_writer, label_files, layouts, write_dataset
-from shardfeed.convert.layouts import LayoutOptions, pack_layout, read_classes_file, read_labels_file
-from shardfeed.convert.pack import PackOptions
+from shardfeed.convert.write import dataset_writer, label_files, layouts
+from shardfeed.convert import write_dataset
+from shardfeed.convert.write.layouts import LayoutOptions, pack_layout, read_classes_file, read_labels_file
+from shardfeed.convert.write.pack import PackOptions
 from shardfeed.readers.errors import CorruptDataError, IncompleteDatasetError
-from shardfeed.readers.format import MAX_FIELDS
-from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.readers.format.manifest import MAX_FIELDS
+from shardfeed.readers.storage.local_manifest import load_manifest
 
 
 def _jpeg(seed: int) -> bytes:
@@ -108,14 +109,14 @@ def test_a_sidecar_that_would_not_read_back_is_refused_at_pack_naming_it(tmp_pat
 
 
 def test_a_json_field_nested_too_deep_reads_as_a_corrupt_field_not_a_crash():
-    from shardfeed.readers.sample_members import decode_field
+    from shardfeed.readers.format.sample_members import decode_field
 
     with pytest.raises(CorruptDataError, match=r"shard-000000\.tar key 7: field 'json' .*too deep"):
         decode_field("json", b"[" * 200_000 + b"]" * 200_000, "shard-000000.tar key 7")
 
 
 def test_the_card_of_a_json_field_too_deep_or_wide_declares_a_string(tmp_path):
-    from shardfeed.convert.consumers import dataset_card, field_examples
+    from shardfeed.convert.write.consumers import dataset_card, field_examples
 
     deep: dict = {}
     node = deep
@@ -417,7 +418,7 @@ def test_resume_into_a_new_folder_packs_from_the_start(tmp_path):
 
 @pytest.mark.parametrize("name", ["../../etc/x", "a/b", "", "X\n", "png"])
 def test_an_lmdb_record_with_a_field_name_that_is_not_a_field_is_damaged(name):
-    from shardfeed.readers.format import decode_record, encode_record
+    from shardfeed.readers.format.manifest import decode_record, encode_record
 
     good = decode_record(encode_record("000000000", b"img", "jpg", -1, {}, {"txt": b"caption"}))
     assert good["fields"] == {"txt": b"caption"} and good["data"] == b"img"

@@ -31,12 +31,12 @@ from PIL import Image
 
 from shardfeed.convert.writers.lmdb import LmdbWriter
 from shardfeed.convert.writers.lmdb_store import PACK_STATE_KEY
-from shardfeed.convert.faults import FaultHooks
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.faults import FaultHooks
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.readers.errors import IncompleteDatasetError
-from shardfeed.readers.format import LMDB_MANIFEST_KEY, Sample, decode_record
-from shardfeed.readers.local_manifest import load_manifest
-from shardfeed.readers.lmdb_io import open_lmdb_readonly, read_lmdb_manifest
+from shardfeed.readers.format.manifest import LMDB_MANIFEST_KEY, Sample, decode_record
+from shardfeed.readers.storage.local_manifest import load_manifest
+from shardfeed.readers.storage.lmdb_io import open_lmdb_readonly, read_lmdb_manifest
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
@@ -376,7 +376,7 @@ def test_resume_after_kill_9_gives_the_same_records(hooked_cli, kill_folder, tmp
 
 def test_resume_after_the_final_commit(folder, packed, tmp_path, monkeypatch):
     """Killed between the database's final transaction and manifest.json: resume just finishes."""
-    from shardfeed.readers import format as fmt
+    from shardfeed.readers.format import manifest as fmt
 
     out = tmp_path / "out"
     real_write = fmt.Manifest.write
@@ -422,7 +422,7 @@ def test_record_bytes_are_the_documented_msgpack_map(size):
 
     import msgpack
 
-    from shardfeed.readers.format import LMDB_RECORD_VERSION, encode_record
+    from shardfeed.readers.format.manifest import LMDB_RECORD_VERSION, encode_record
 
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
     meta = {"path": "ünï/cat 1.jpg", "class": "ünï"}

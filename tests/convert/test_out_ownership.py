@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
 
@@ -211,7 +211,7 @@ def test_a_resumed_pack_never_writes_through_a_link_at_a_shard_temp_name(src, tm
 
 
 def test_the_shard_writer_replaces_a_link_at_its_temp_name(tmp_path):
-    from shardfeed.convert.tarwriter import TarShardFile
+    from shardfeed.convert.write.tarwriter import TarShardFile
 
     victim = tmp_path / "victim.bin"
     victim.write_bytes(b"the victim's bytes")
@@ -273,7 +273,7 @@ def test_an_interrupted_convert_is_replaced_by_convert_overwrite(src, tmp_path):
 def test_a_layout_pack_follows_the_same_rules(tmp_path):
     """``--no-labels``/``--sidecars`` packs: --resume on the same finished pack is done, another
     command is refused; --overwrite of an interrupted one with another prefix deletes only its own."""
-    from shardfeed.convert.layouts import LayoutOptions, pack_layout
+    from shardfeed.convert.write.layouts import LayoutOptions, pack_layout
 
     src = tmp_path / "src"
     for i in range(6):
@@ -325,9 +325,9 @@ def test_files_in_the_state_folder_that_no_pack_writes_stay(how, src, fresh, tmp
             pack(bad, out, PackOptions(workers=1, max_count=2, shuffle=False))
         assert {p.name for p in (out / ".shardfeed-pack").iterdir()} >= {"plan.json", "000000.json"}
     _plant_in_state_folder(out)
-    with caplog.at_level("WARNING", logger="shardfeed.convert.pack_state"):
+    with caplog.at_level("WARNING", logger="shardfeed.convert.write.pack_state"):
         if how == "layout":
-            from shardfeed.convert.layouts import LayoutOptions, pack_layout
+            from shardfeed.convert.write.layouts import LayoutOptions, pack_layout
 
             pack_layout(src, out, PackOptions(workers=1, max_count=4), LayoutOptions(no_labels=True))
         else:
@@ -349,7 +349,7 @@ def test_the_state_folder_goes_once_it_holds_only_the_packs_files(src, tmp_path)
 
 
 def test_the_state_file_names_are_the_ones_a_pack_writes():
-    from shardfeed.convert.pack_state import is_state_file
+    from shardfeed.convert.write.pack_state import is_state_file
 
     for name in ("plan.json", "files.jsonl.z", "000000.json", "1234567.json", "write_dataset.json",
                  ".plan.json.tmp", ".plan.json.abc123_z.tmp", ".000004.json.tmp", ".files.jsonl.z.q1w2e3r4.tmp"):

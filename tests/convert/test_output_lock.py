@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.outlock import LOCK_NAME, OutputBusyError, output_lock
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.outlock import LOCK_NAME, OutputBusyError, output_lock
+from shardfeed.convert.write.pack import PackOptions, pack
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
 
@@ -85,7 +85,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     out.mkdir()
     (out / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "command": "pack",
                                              "since": time.time() - 60}))
-    with caplog.at_level("INFO", logger="shardfeed.convert.outlock"):
+    with caplog.at_level("INFO", logger="shardfeed.convert.write.outlock"):
         pack(src, out, PackOptions(workers=1))
     assert _packed_paths(out) == files
     assert any(f"PID {dead.pid}" in r.getMessage() and "stale" in r.getMessage() for r in caplog.records)

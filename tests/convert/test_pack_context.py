@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from shardfeed.convert import PackContext, PackResult
 from shardfeed.convert.cli import main
-from shardfeed.convert.executors import LocalExecutor
-from shardfeed.convert.faults import FaultHooks
-from shardfeed.convert.pack import PackOptions, pack_local
+from shardfeed.convert.write.executors import LocalExecutor
+from shardfeed.convert.write.faults import FaultHooks
+from shardfeed.convert.write.pack import PackOptions, pack_local
 
 
 class RecordingExecutor(LocalExecutor):
@@ -74,7 +74,7 @@ def test_lmdb_pack_runs_on_the_context_executor(tiny_image_folder, tiny_folder_e
 
 def test_a_context_closes_only_the_executor_it_made(monkeypatch):
     made = RecordingExecutor()
-    monkeypatch.setattr("shardfeed.convert.context.make_executor", lambda options: made)
+    monkeypatch.setattr("shardfeed.convert.write.context.make_executor", lambda options: made)
     with PackContext.for_options(PackOptions(workers=1)) as context:
         copy = context.replace(on_shard_end=lambda e, i: None)
         copy.close()
@@ -99,7 +99,7 @@ def test_pack_result_defaults():
 
 @pytest.mark.parametrize("obj", [None, {"faults": FaultHooks(lmdb_commit_count=3)}])
 def test_cli_pack_takes_fault_hooks_from_the_click_object_only(obj, tiny_image_folder, tmp_path, monkeypatch):
-    pack_module = sys.modules["shardfeed.convert.pack"]  # (the package's ``pack`` attribute is the function)
+    pack_module = sys.modules["shardfeed.convert.write.pack"]  # (the package's ``pack`` attribute is the function)
     real = pack_module.pack
     given: list = []
 

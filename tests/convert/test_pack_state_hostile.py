@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-from shardfeed.convert.pack_state import STATE_DIR, remove_state_folder
+from shardfeed.convert.write.pack_state import STATE_DIR, remove_state_folder
 
 
 def test_hostile_entries_stay_and_the_warning_has_one_line(tmp_path, caplog):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
 
@@ -305,7 +305,7 @@ def _sample_records(out: Path) -> dict[str, dict]:
     (read-only, safe while a pack writes; reserved keys left out)."""
     import lmdb
 
-    from shardfeed.readers.lmdb_record import decode_record
+    from shardfeed.readers.format.lmdb_record import decode_record
 
     if not (out / "data.mdb").exists():
         return {}
@@ -358,7 +358,7 @@ def test_ctrl_c_during_a_reencoding_lmdb_pack_keeps_the_committed_chunks(pool_sr
 
 def test_signals_held_acts_on_a_ctrl_c_at_the_end_of_the_block():
     """What starting and stopping a pool runs under: the block is not cut, the signal is not lost."""
-    from shardfeed.convert.executors import signals_held
+    from shardfeed.convert.write.executors import signals_held
 
     before = signal.getsignal(signal.SIGINT)
     done = []

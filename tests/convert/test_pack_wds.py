@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
@@ -414,7 +414,7 @@ def test_pack_does_not_import_torch_or_webdataset(tricky, tmp_path):
 
 
 def test_extensions_parse_case_and_leading_dots():
-    from shardfeed.readers.imagefolder import parse_extensions
+    from shardfeed.readers.format.imagefolder import parse_extensions
 
     assert parse_extensions(".PNG, jpg,.JPEG") == ("png", "jpg", "jpeg")
     with pytest.raises(ValueError, match="without dots"):

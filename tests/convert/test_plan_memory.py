@@ -5,8 +5,8 @@ import pickle
 import random
 import tracemalloc
 
-from shardfeed.convert.plan import plan_samples, plan_shards
-from shardfeed.convert.scan import scan_image_folder
+from shardfeed.convert.write.plan import plan_samples, plan_shards
+from shardfeed.convert.write.scan import scan_image_folder
 
 N_CLASSES, PER_CLASS = 20, 1000
 
@@ -65,8 +65,8 @@ def test_scan_and_plan_take_at_most_60_bytes_a_file(tmp_path):
 def _columns(rels, compact):
     from array import array
 
-    from shardfeed.readers.imagefolder import ScannedFiles
-    from shardfeed.readers.path_column import PathColumn
+    from shardfeed.readers.format.imagefolder import ScannedFiles
+    from shardfeed.readers.format.path_column import PathColumn
 
     n = len(rels)
     return ScannedFiles("/src", PathColumn.from_paths(rels) if compact else list(rels), array("q", range(100, 100 + n)),
@@ -77,10 +77,10 @@ def _columns(rels, compact):
 def test_compact_paths_give_the_same_tar_sizes_and_fingerprint():
     from types import SimpleNamespace
 
-    from shardfeed.convert.pack import PackOptions
-    from shardfeed.convert.plan_record import plan_fingerprint
-    from shardfeed.convert.shard_cut import wds_sample_bytes
-    from shardfeed.readers.sample_members import class_bytes, meta_bytes
+    from shardfeed.convert.write.pack import PackOptions
+    from shardfeed.convert.write.plan_record import plan_fingerprint
+    from shardfeed.convert.write.shard_cut import wds_sample_bytes
+    from shardfeed.readers.format.sample_members import class_bytes, meta_bytes
 
     plain = [f"cat/sub/{i}.jpg" for i in range(30)] + ["dög/é.jpg", "cat/ü ß.jpg"]
     odd = plain + ['cat/quote"d.jpg', "cat/tab\t.jpg"]  # escaped by JSON: the general path

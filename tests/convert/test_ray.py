@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.faults import FaultHooks
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.faults import FaultHooks
+from shardfeed.convert.write.pack import PackOptions, pack
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
 
@@ -177,7 +177,7 @@ def test_task_that_dies_once_is_retried_with_identical_output(ray_cluster, src, 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_retries_are_bounded(ray_cluster, tmp_path, monkeypatch):
-    from shardfeed.convert.executors import RayExecutor, TaskFailedError
+    from shardfeed.convert.write.executors import RayExecutor, TaskFailedError
 
     ex = RayExecutor(max_retries=0, fail_once_dir=str(tmp_path))
     with pytest.raises(TaskFailedError, match="failed 1 times"):
@@ -188,7 +188,7 @@ def test_retries_are_bounded(ray_cluster, tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_deterministic_errors_and_missing_shared_storage_fail_at_once(ray_cluster, tmp_path):
-    from shardfeed.convert.executors import RayExecutor, SharedStorageError
+    from shardfeed.convert.write.executors import RayExecutor, SharedStorageError
 
     ex = RayExecutor(max_retries=3)
     assert list(ex.map_ordered(abs, [-3, 2, -1])) == [3, 2, 1]
@@ -245,7 +245,7 @@ def test_without_ray_installed_the_error_says_how_to_install(src, tmp_path):
 
 
 def test_local_pack_never_imports_ray(src, tmp_path):
-    code = ("import sys; from shardfeed.convert.pack import pack, PackOptions\n"
+    code = ("import sys; from shardfeed.convert.write.pack import pack, PackOptions\n"
             f"pack({str(src)!r}, {str(tmp_path / 'o')!r}, PackOptions(workers=2))\n"
             "print('ray' in sys.modules)")
     r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)

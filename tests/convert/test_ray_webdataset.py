@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 pytestmark = [pytest.mark.ray, pytest.mark.interop]
 

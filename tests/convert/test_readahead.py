@@ -1,6 +1,6 @@
 """Read-ahead: bounded concurrent reads, results in input order, same bytes.
 
-Unit tests of :func:`shardfeed.convert.readahead.read_ahead` with real threads (reads made to
+Unit tests of :func:`shardfeed.convert.write.readahead.read_ahead` with real threads (reads made to
 finish out of order with events, memory and concurrency bounds checked from inside the reads),
 and packs with read-ahead on vs off compared byte for byte, and against the source files.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from shardfeed.convert.pack import PackOptions, pack
-from shardfeed.convert.readahead import read_ahead
-from shardfeed.convert.scan import scan_image_folder
+from shardfeed.convert.write.pack import PackOptions, pack
+from shardfeed.convert.write.readahead import read_ahead
+from shardfeed.convert.write.scan import scan_image_folder
 from shardfeed.readers.errors import SourceChangedError
 
 
@@ -108,7 +108,7 @@ def _tree_bytes(out: Path) -> dict[str, bytes]:
 def reads_count_as_slow(monkeypatch):
     """Every read counts as waiting on storage, so a pack (workers=1, in this process) goes to the
     reader threads after its first block: the threaded path runs on these small local files."""
-    from shardfeed.convert import readahead
+    from shardfeed.convert.write import readahead
 
     monkeypatch.setattr(readahead, "ADAPTIVE_BASE_S", -1.0)
 
@@ -217,7 +217,7 @@ def test_read_ahead_is_bounded(tmp_path):
     from click.testing import CliRunner
 
     from shardfeed.convert.cli import main
-    from shardfeed.convert.pack import MAX_READ_AHEAD, PackOptions
+    from shardfeed.convert.write.pack import MAX_READ_AHEAD, PackOptions
 
     assert MAX_READ_AHEAD == 1024
     PackOptions(read_ahead=1024)

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
-from shardfeed.convert.reencode import ReencodeOptions, make_reencode_options, reencode_image, resize_size
+from shardfeed.convert.write.pack import PackOptions, pack
+from shardfeed.convert.write.reencode import ReencodeOptions, make_reencode_options, reencode_image, resize_size
 from shardfeed.readers.errors import CorruptDataError
 
 ORIENTATION = 0x0112

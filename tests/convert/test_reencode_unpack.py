@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.convert.tools.unpack import unpack
 
 # source size (w, h) -> expected size after --resize 32 (shorter side), by hand

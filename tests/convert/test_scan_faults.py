@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 SHARDFEED = [sys.executable, "-m", "shardfeed.convert.cli"]
 

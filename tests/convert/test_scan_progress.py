@@ -35,7 +35,7 @@ def test_pack_quiet_shows_no_scan_progress(tiny_image_folder, tmp_path):
 
 
 def test_scan_reports_every_file_listed_then_checked(tiny_image_folder):
-    from shardfeed.convert.scan import scan_image_folder
+    from shardfeed.convert.write.scan import scan_image_folder
 
     n = _planted_files(tiny_image_folder)
     events = []

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from shardfeed.convert.shard_cut import cut_shards, sample_bytes, wds_sample_bytes
+from shardfeed.convert.write.shard_cut import cut_shards, sample_bytes, wds_sample_bytes
 from shardfeed.convert.writers.shard import PlanMismatchError, ShardLimits, ShardWriter
 
 BLOCK = 512
@@ -107,7 +107,7 @@ def test_cut_shards_by_hand():
 
 
 def test_pack_options_reject_the_limits_the_shard_cut_rejects():
-    from shardfeed.convert.pack import PackOptions
+    from shardfeed.convert.write.pack import PackOptions
 
     with pytest.raises(ValueError, match=r"--max-bytes \(max_bytes\) must be at least 4096"):
         PackOptions(max_bytes=4095)

@@ -13,8 +13,8 @@ import tarfile
 
 import pytest
 
-from shardfeed.convert.tarwriter import TarShardFile
-from shardfeed.readers.offset_index import read_index
+from shardfeed.convert.write.tarwriter import TarShardFile
+from shardfeed.readers.format.offset_index import read_index
 
 
 def _samples(n: int, seed: int, sizes) -> list[tuple[str, bytes, int]]:

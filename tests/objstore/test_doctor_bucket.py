@@ -44,7 +44,7 @@ def test_doctor_probes_an_image_folder_in_a_bucket_as_a_folder(s3_endpoint, s3_p
 
 def test_doctor_reads_a_packed_dataset_in_a_bucket_with_the_endpoint_option(s3_endpoint, s3_packed, packed_wds,
                                                                              tmp_path, monkeypatch):
-    from shardfeed.readers.local_manifest import load_manifest
+    from shardfeed.readers.storage.local_manifest import load_manifest
 
     wds_url, _ = s3_packed
     manifest = load_manifest(packed_wds / "manifest.json", check_files=False)

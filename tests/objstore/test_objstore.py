@@ -120,7 +120,7 @@ def _no_secret(text: str) -> None:
 def test_missing_object_and_missing_bucket(s3_packed):
     from shardfeed.readers import open_dataset
     from shardfeed.readers.errors import DataSourceError, ManifestError
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     with pytest.raises(ManifestError, match=r"s3://data/nothing-here/x.json: not found") as e1:
         open_dataset("s3://data/nothing-here/x.json")
@@ -138,7 +138,7 @@ def test_missing_object_and_missing_bucket(s3_packed):
     (403, "InvalidAccessKeyId", r"the store rejects the credentials"),
 ])
 def test_permanent_errors_are_immediate_and_named(error_server, status, code, expect):
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     endpoint = error_server(status, code)
     loc = StoreLocation("s3://bkt/data/", storage_options={"endpoint_url": endpoint}, retries=3, timeout_s=5)
@@ -151,7 +151,7 @@ def test_permanent_errors_are_immediate_and_named(error_server, status, code, ex
 
 def test_throttling_is_retried_then_named(error_server):
     from shardfeed.readers.errors import DataSourceError
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     endpoint = error_server(503, "SlowDown", "Please reduce your request rate.")
     loc = StoreLocation("s3://bkt/data/", storage_options={"endpoint_url": endpoint}, retries=2, timeout_s=5)
@@ -162,7 +162,7 @@ def test_throttling_is_retried_then_named(error_server):
 
 def test_stalled_server_ends_within_the_bounded_timeout(stalled_endpoint):
     from shardfeed.readers.errors import DataSourceError
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     loc = StoreLocation("s3://bkt/data/", storage_options={"endpoint_url": stalled_endpoint}, retries=1, timeout_s=0.5)
     with pytest.raises(DataSourceError, match=r"failed after 2 attempts .*did not answer within 0.5 s") as e:
@@ -181,7 +181,7 @@ def test_wrong_endpoint_names_it(closed_endpoint):
 def test_a_cut_stream_resumes_at_the_failed_byte(s3_packed, packed_wds):
     """Closing the connection under a stream (as a server that drops it does) is retried from the
     byte where it stopped: the bytes read equal the file's."""
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     loc = StoreLocation(s3_packed[0])
     want = (packed_wds / "shard-000000.tar").read_bytes()
@@ -372,7 +372,7 @@ def test_retries_log_no_credentials(error_server, caplog):
     import logging
 
     from shardfeed.readers.errors import DataSourceError
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     endpoint = error_server(503, "SlowDown", "reduce your rate " + SECRET)  # even a server echoing it
     loc = StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint, "key": ACCESS_KEY, "secret": SECRET},
@@ -436,7 +436,7 @@ def test_large_files_go_up_as_multipart_uploads(s3_client, s3_bucket, tmp_path, 
     import hashlib
     import os
 
-    from shardfeed.readers import objstore
+    from shardfeed.readers.storage import objstore
 
     monkeypatch.setattr(objstore, "MULTIPART_THRESHOLD_BYTES", 5 << 20)  # S3's smallest part size
     data = os.urandom(11 << 20)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.network
 
 SHARDFEED = [sys.executable, "-P", "-m", "shardfeed.convert.cli"]
 BAD_NAME = "cat/bad\\name.jpg"  # a backslash: refused by the name policy (a folder separator elsewhere)
-SHOWN = "cat/bad%5Cname.jpg"  # how messages and manifests name it (escaped, readers.imagefolder.display_name)
+SHOWN = "cat/bad%5Cname.jpg"  # how messages and manifests name it (escaped, readers.format.imagefolder.display_name)
 
 
 def _image(seed: int, fmt: str) -> bytes:

@@ -158,7 +158,7 @@ def test_a_damaged_shard_is_still_skipped(s3_endpoint, s3_files, packed_root, tm
 ])
 def test_setup_errors_fail_at_once_naming_what_to_set(options, env, expect, s3_endpoint, monkeypatch, caplog):
     from shardfeed.readers.errors import StorageAccessError
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     for k, v in env.items():
         monkeypatch.delenv(k) if v is None else monkeypatch.setenv(k, v)
@@ -246,7 +246,7 @@ def endless_listing():
 ])
 def test_a_listing_that_never_ends_is_stopped_naming_the_endpoint(mode, pages, expect, endless_listing, s3_endpoint,
                                                                   monkeypatch):
-    from shardfeed.readers import objstore
+    from shardfeed.readers.storage import objstore
     from shardfeed.readers.errors import DataSourceError
 
     monkeypatch.setattr(objstore, "MAX_LIST_PAGES", 7)
@@ -259,7 +259,7 @@ def test_a_listing_that_never_ends_is_stopped_naming_the_endpoint(mode, pages, e
 
 @pytest.mark.timeout(60)
 def test_a_listing_past_the_key_bound_is_stopped(endless_listing, s3_endpoint, monkeypatch):
-    from shardfeed.readers import objstore
+    from shardfeed.readers.storage import objstore
     from shardfeed.readers.errors import DataSourceError
 
     monkeypatch.setattr(objstore, "MAX_LIST_KEYS", 5)
@@ -304,7 +304,7 @@ def test_a_shard_stored_with_content_encoding_is_refused_naming_it(s3_client, s3
     import gzip
 
     from shardfeed.readers.errors import DataSourceError
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     bucket = s3_bucket("encoded-shard")
     data = (packed_wds / "shard-000000.tar").read_bytes()
@@ -315,7 +315,7 @@ def test_a_shard_stored_with_content_encoding_is_refused_naming_it(s3_client, s3
 
 
 def test_a_manifest_object_over_the_cap_is_refused(s3_client, s3_bucket, monkeypatch):
-    from shardfeed.readers import objstore
+    from shardfeed.readers.storage import objstore
     from shardfeed.readers.errors import DataSourceError
 
     monkeypatch.setattr(objstore, "MAX_MANIFEST_BYTES", 1000)  # the rule with a small cap
@@ -330,7 +330,7 @@ def test_a_manifest_object_over_the_cap_is_refused(s3_client, s3_bucket, monkeyp
 def test_a_trickling_manifest_ends_at_the_deadline(s3_endpoint, s3_files, packed_root):
     """A byte every 0.3 s never trips the per-read timeout; the deadline ends the read."""
     from shardfeed.readers.errors import DataSourceError
-    from shardfeed.readers.objstore import StoreLocation
+    from shardfeed.readers.storage.objstore import StoreLocation
 
     endpoint = s3_files(packed_root, 10 ** 6, (500, "InternalError"), trickle=("wds/manifest.json",))
     loc = StoreLocation("s3://bkt/wds/", storage_options={"endpoint_url": endpoint}, deadline_s=1.5, retries=2)
@@ -344,7 +344,7 @@ def test_a_listing_error_names_the_endpoint_option_in_the_callers_spelling(mode,
                                                                            monkeypatch):
     """Through the API the fix is ``storage_options={'endpoint_url': ...}``; on the command line it is
     ``--storage-option endpoint_url=...``: each caller is told the spelling it can type."""
-    from shardfeed.readers import objstore, store_urls
+    from shardfeed.readers.storage import objstore, store_urls
     from shardfeed.readers.errors import DataSourceError
 
     endpoint = endless_listing(mode)
@@ -370,7 +370,7 @@ def test_a_listing_error_names_the_endpoint_option_in_the_callers_spelling(mode,
 ])
 def test_a_set_up_error_names_the_option_in_the_callers_spelling(error_name, api_hint, cli_hint, monkeypatch):
     """Credentials, profile, region and endpoint faults: the fix is spelled as the caller types it."""
-    from shardfeed.readers import objstore, store_urls
+    from shardfeed.readers.storage import objstore, store_urls
 
     # botocore's exception classes are matched by name; a class of that name stands in for each
     fault = type(error_name, (Exception,), {})("could not connect to the endpoint URL")

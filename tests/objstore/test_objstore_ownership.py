@@ -87,8 +87,8 @@ def test_an_unfinished_pack_reads_as_incomplete_in_a_bucket_as_on_disk(tiny_imag
 
 def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, s3_client, s3_bucket, tmp_path,
                                                              monkeypatch):
-    from shardfeed.convert.outlock import output_lock
-    from shardfeed.convert.store_pack import staging_dir
+    from shardfeed.convert.write.outlock import output_lock
+    from shardfeed.convert.write.store_pack import staging_dir
 
     bucket = s3_bucket("own-busy")
     url = f"s3://{bucket}/b/"
@@ -108,7 +108,7 @@ def test_a_second_pack_to_the_same_prefix_is_told_it_is_busy(tiny_image_folder, 
 
 
 def test_store_survey_counts_only_the_plan_under_the_state_prefix_as_ours():
-    from shardfeed.convert.ownership import decide, store_entries, survey
+    from shardfeed.convert.write.ownership import decide, store_entries, survey
 
     plan = b'{"pack": "unfinished", "options": {"format": "wds", "prefix": "shard"}}'
     objects = {".shardfeed-pack/plan.json": plan, ".shardfeed-pack/mine.txt": b"mine",

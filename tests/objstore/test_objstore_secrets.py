@@ -70,7 +70,7 @@ def test_api_debug_logging_prints_no_credential(botocore_debug, s3_packed, tiny_
 
 def test_redact_masks_signed_request_parts_of_unknown_credentials():
     """Credentials resolved later (a refreshed role token) are masked by where they stand."""
-    from shardfeed.readers.redact import redact
+    from shardfeed.readers.storage.redact import redact
 
     text = ("Authorization: AWS4-HMAC-SHA256 Credential=AKIAUNKNOWN123/20260101/us-east-1/s3/aws4_request, "
             "x-amz-security-token:UnknownTok3n\n'X-Amz-Security-Token': b'UnknownTok3n' "

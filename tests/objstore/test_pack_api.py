@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.readers.errors import UnsupportedURLError
 
 pytestmark = pytest.mark.network
@@ -118,7 +118,7 @@ def test_uploads_start_from_the_build_as_each_shard_is_complete(reencode, tiny_i
     the build still runs (its manifest not yet written), never found by watching the folder."""
     import threading
 
-    from shardfeed.convert import store_pack
+    from shardfeed.convert.write import store_pack
 
     monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path))
     calls = []
@@ -144,7 +144,7 @@ def test_the_card_of_a_bucket_pack_does_not_depend_on_upload_timing(tiny_image_f
                                                                     tmp_path, monkeypatch):
     """Every upload finishes (and its local copy would go) before the build writes the dataset
     card, which reads the first shards' samples: the card still equals a local pack's."""
-    from shardfeed.convert import store_pack
+    from shardfeed.convert.write import store_pack
 
     monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path / "staging"))
     (tmp_path / "staging").mkdir()

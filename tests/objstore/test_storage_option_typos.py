@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from shardfeed.convert.cli.storage_options import read_storage_option_file
-from shardfeed.readers.objstore import parse_storage_options
+from shardfeed.readers.storage.objstore import parse_storage_options
 
 SHARDFEED = [sys.executable, "-P", "-m", "shardfeed.convert.cli"]
 

@@ -67,8 +67,8 @@ def test_no_reader_thread_is_alive_when_a_process_reading_ahead_over_http_finali
         url = f"{base}/shard-000000.tar"
         t0 = time.monotonic()
         r, end = run_child(f"""
-            from shardfeed.readers.http_io import HttpRangeStream
-            from shardfeed.readers.shard_readahead import SpansAhead
+            from shardfeed.readers.storage.http_io import HttpRangeStream
+            from shardfeed.readers.storage.shard_readahead import SpansAhead
             ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
             # the server has sent its first bytes: the thread is blocked receiving
             blocked = wait_for({str(srv.marker)!r})
@@ -87,7 +87,8 @@ def test_a_child_forked_while_a_thread_held_the_registries_locks_starts_and_stop
     # thread or a stream might): the child has fresh locks and none of the parent's threads
     out = _run_child("""
         import os, sys
-        from shardfeed.readers import background, http_io
+        from shardfeed.readers import background
+        from shardfeed.readers.storage import http_io
         held, release = threading.Event(), threading.Event()
         def hold():
             with background._lock, http_io._LIVE_LOCK:

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from shardfeed.readers import make_loader, open_dataset
-from shardfeed.readers.resize import window_to_chw
-from shardfeed.readers.transforms import TrainTransform, collate_uint8, sample_generator
+from shardfeed.readers.decode.resize import window_to_chw
+from shardfeed.readers.decode.transforms import TrainTransform, collate_uint8, sample_generator
 
 
 def _draws(g: np.random.Generator) -> list[float]:
@@ -93,7 +93,7 @@ def test_shrinking_resize_stays_antialiased():
 
 
 def test_collate_rows_of_one_buffer_is_a_view_and_other_batches_are_stacked():
-    from shardfeed.readers.batching import _new_batch_buffer
+    from shardfeed.readers.batching.buffers import _new_batch_buffer
 
     buf = _new_batch_buffer((5, 3, 4, 4))
     buf.copy_(torch.arange(5 * 3 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).view(5, 3, 4, 4))
@@ -112,7 +112,7 @@ def test_collate_rows_of_one_buffer_is_a_view_and_other_batches_are_stacked():
 
 
 def test_batch_ring_is_switched_off_when_rows_leave_without_a_handle():
-    from shardfeed.readers.batching import BatchRing
+    from shardfeed.readers.batching.buffers import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=2, image_size=2)
     ring.reset_worker(0)
@@ -123,7 +123,7 @@ def test_batch_ring_is_switched_off_when_rows_leave_without_a_handle():
 
 
 def _pack_jpegs(tmp_path, damaged: int | None = None):
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     folder = tmp_path / "folder"
     rng = np.random.default_rng(0)
@@ -199,7 +199,7 @@ def test_train_transform_finish_writes_into_the_given_row():
 def test_batch_ring_slot_is_written_again_only_after_its_batch_is_freed():
     import gc
 
-    from shardfeed.readers.batching import BatchRing
+    from shardfeed.readers.batching.buffers import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=4)
     ring.reset_worker(0)
@@ -232,13 +232,13 @@ def test_batch_ring_slot_is_written_again_only_after_its_batch_is_freed():
 
 
 def RingBatch_like(ring, worker, slot, seq):
-    from shardfeed.readers.batching import RingBatch
+    from shardfeed.readers.batching.buffers import RingBatch
 
     return RingBatch(ring.ring_id, worker, slot, 1, seq)
 
 
 def test_batch_ring_reclaims_batches_never_taken():
-    from shardfeed.readers.batching import BatchRing
+    from shardfeed.readers.batching.buffers import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=1, image_size=2)
     ring.reset_worker(0)
@@ -251,7 +251,7 @@ def test_batch_ring_reclaims_batches_never_taken():
 
 
 def test_batch_ring_never_waits_when_every_slot_is_held():
-    from shardfeed.readers.batching import BatchRing
+    from shardfeed.readers.batching.buffers import BatchRing
 
     ring = BatchRing(num_workers=2, slots=2, batch_size=2, image_size=2)
     ring.reset_worker(1)
@@ -271,7 +271,7 @@ def test_batch_ring_never_waits_when_every_slot_is_held():
 def test_batch_ring_labels_travel_beside_the_slot():
     import gc
 
-    from shardfeed.readers.batching import BatchRing
+    from shardfeed.readers.batching.buffers import BatchRing
 
     ring = BatchRing(num_workers=1, slots=2, batch_size=3, image_size=2)
     ring.reset_worker(0)
@@ -376,8 +376,8 @@ def test_main_process_buffers_are_written_again_only_once_nothing_holds_them(tmp
 @pytest.mark.multiprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
 def test_a_worker_maps_its_slots_once_and_writes_them_without_page_faults():
-    from shardfeed.readers.batching import BatchRing
-    from shardfeed.readers.pages import populate_pages
+    from shardfeed.readers.batching.buffers import BatchRing
+    from shardfeed.readers.batching.pages import populate_pages
 
     ring = BatchRing(num_workers=2, slots=3, batch_size=4, image_size=256)  # 3 x 786,432 bytes per worker
     part = ring.buffers[1].numpy()
@@ -406,7 +406,7 @@ def test_a_worker_maps_its_slots_once_and_writes_them_without_page_faults():
 
 
 def test_row_planes_are_the_rows_of_the_buffer_and_the_ring_hands_out_a_row_with_its_own_planes():
-    from shardfeed.readers.batching import BatchRing, row_planes
+    from shardfeed.readers.batching.buffers import BatchRing, row_planes
 
     buf = torch.zeros((2, 3, 4, 4), dtype=torch.uint8)
     planes = row_planes(buf)

@@ -1,6 +1,6 @@
 """Batching has one owner: the decoder writes into the row it is handed; ``BatchRows`` hands out the
 rows and never writes again into memory a caller still holds; torch's private storage calls live in
-``readers/batching.py`` only."""
+``readers/batching/buffers.py`` only."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 from PIL import Image
 
-from shardfeed.readers import batching
-from shardfeed.readers.batching import BatchRing, BatchRows, collate_uint8, row_planes
-from shardfeed.readers.transforms import SampleDecoder
+from shardfeed.readers.batching import buffers as batching
+from shardfeed.readers.batching.buffers import BatchRing, BatchRows, collate_uint8, row_planes
+from shardfeed.readers.decode.transforms import SampleDecoder
 
 ROOT = Path(__file__).resolve().parents[2]
 COLOUR = (200, 30, 90)
@@ -130,11 +130,11 @@ def test_torch_private_storage_calls_live_in_the_batching_module_only():
     private = re.compile(r"_new_shared|_storage_Use_Count|_use_count\b")
     users = sorted(p.relative_to(ROOT).as_posix() for top in ("readers", "convert")
                    for p in (ROOT / top).rglob("*.py") if private.search(p.read_text()))
-    assert users == ["readers/batching.py"]
+    assert users == ["readers/batching/buffers.py"]
 
 
 def _pack(tmp_path: Path, damaged_key: str) -> Path:
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     folder = tmp_path / "folder"
     rng = np.random.default_rng(4)

@@ -18,7 +18,7 @@ BATCH = 4
 
 def _global_keys(wds, seed: int, epoch: int) -> list[str]:
     """The epoch's sequence of sample keys: the shards in their seeded order, each shard's keys in file order."""
-    from shardfeed.readers.local_manifest import load_manifest
+    from shardfeed.readers.storage.local_manifest import load_manifest
 
     shards = load_manifest(wds).shards
     order = list(range(len(shards)))
@@ -110,7 +110,7 @@ def test_the_order_differs_across_epochs(packed_wds):
 
 
 def test_a_resumed_worker_reads_at_most_one_window_again(packed_wds, monkeypatch):
-    from shardfeed.readers.webdataset_source import WebDatasetSource
+    from shardfeed.readers.sources.webdataset_source import WebDatasetSource
 
     read = []
     original = WebDatasetSource._iter_ranges

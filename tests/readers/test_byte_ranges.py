@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardfeed.readers.http_io import HttpLocation
-from shardfeed.readers.location import LocalLocation, check_byte_range
-from shardfeed.readers.objstore import StoreLocation
+from shardfeed.readers.storage.http_io import HttpLocation
+from shardfeed.readers.storage.location import LocalLocation, check_byte_range
+from shardfeed.readers.storage.objstore import StoreLocation
 
 BAD = [(-5, None, ValueError), (10, 4, ValueError), (1.5, None, TypeError), (True, None, TypeError),
        (0, "9", TypeError)]

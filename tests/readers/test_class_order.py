@@ -45,7 +45,7 @@ def expected(mixed_case_folder) -> dict[str, tuple[bytes, int]]:
 
 
 def test_scan_gives_torchvisions_class_order(mixed_case_folder, expected):
-    from shardfeed.readers.imagefolder import find_classes, scan_image_folder
+    from shardfeed.readers.format.imagefolder import find_classes, scan_image_folder
 
     assert find_classes(mixed_case_folder) == EXPECTED
     scan = scan_image_folder(mixed_case_folder)
@@ -68,7 +68,7 @@ def test_folder_source_labels(mixed_case_folder, expected):
 def test_packed_class_order_and_labels(fmt, mixed_case_folder, expected, tmp_path):
     import json
 
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     out = tmp_path / fmt
     pack(mixed_case_folder, out, PackOptions(format=fmt, workers=1, seed=0, max_count=8))

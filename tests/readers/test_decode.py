@@ -1,4 +1,4 @@
-"""Tests for shardfeed.readers.decode and shardfeed.readers.transforms.
+"""Tests for shardfeed.readers.decode.image and shardfeed.readers.decode.transforms.
 
 Fixtures are tiny images built here with Pillow (or cv2 where Pillow cannot write the format);
 expected values come from Pillow/numpy directly, never from the code under test.
@@ -18,10 +18,10 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from shardfeed.readers.decode import DECODERS, DEFAULT_MAX_PIXELS, decode_image, image_size_of
+from shardfeed.readers.decode.image import DECODERS, DEFAULT_MAX_PIXELS, decode_image, image_size_of
 from shardfeed.readers.errors import ImageTooLargeError
 from shardfeed.readers.errors import CorruptDataError, ShardfeedError
-from shardfeed.readers.transforms import (
+from shardfeed.readers.decode.transforms import (
     EvalTransform,
     SampleDecoder,
     TrainTransform,

@@ -23,7 +23,7 @@ from PIL import Image
 
 from shardfeed.convert.cli import main as cli
 from shardfeed.readers import open_dataset
-from shardfeed.readers.decode import DECODERS, DEFAULT_MAX_DECODE_BYTES, decode_crop, decode_image
+from shardfeed.readers.decode.image import DECODERS, DEFAULT_MAX_DECODE_BYTES, decode_crop, decode_image
 from shardfeed.readers.errors import ImageTooLargeError
 from shardfeed.readers.errors import CorruptDataError
 
@@ -178,7 +178,7 @@ def test_a_bomb_is_refused_before_decoding(kind, decoder):
 
 _RSS_PROBE = """
 import resource, sys
-from shardfeed.readers.decode import decode_image
+from shardfeed.readers.decode.image import decode_image
 data = open(sys.argv[1], "rb").read()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:

@@ -31,7 +31,7 @@ def _folder(root: Path, n: int) -> Path:
 
 @pytest.fixture(scope="module")
 def dist_datasets(tmp_path_factory):
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     base = tmp_path_factory.mktemp("dist")
     three = base / "three"

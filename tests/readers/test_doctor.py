@@ -53,7 +53,7 @@ def test_doctor_cli_json_and_bad_input(tiny_image_folder, tmp_path):
 
 @pytest.mark.network
 def test_doctor_on_a_url_reads_the_shards_over_http(simple_http_server, packed_wds, tiny_folder_expected):
-    from shardfeed.readers.local_manifest import load_manifest
+    from shardfeed.readers.storage.local_manifest import load_manifest
 
     url = f"{simple_http_server}/wds"
     rep = doctor(url, num_workers=2, max_files=4, budget_s=20)

@@ -20,7 +20,7 @@ from shardfeed.readers.measure.doctor import doctor
 from shardfeed.readers.measure.doctor_advice import advice_action, advice_lines
 from shardfeed.readers.measure.doctor_sample import (FIRST_SAMPLE, TARGET_RELATIVE_ERROR, StratifiedSample, allocate,
                                                    image_format, make_strata, size_bucket, stratified_mean)
-from shardfeed.readers.decode import backend_for_format
+from shardfeed.readers.decode.image import backend_for_format
 
 N_SMALL, N_LARGE, N_CLASSES = 300, 6, 3
 

@@ -1,7 +1,7 @@
 """The next epoch's first samples read ahead while the current epoch's last ones decode.
 
-``SpansAhead`` (readers/shard_readahead.py) holds byte spans read in a background thread; the
-WebDataset reader (readers/webdataset_source.py) reads the next epoch's first shuffle buffer's
+``SpansAhead`` (readers/storage/shard_readahead.py) holds byte spans read in a background thread; the
+WebDataset reader (readers/sources/webdataset_source.py) reads the next epoch's first shuffle buffer's
 worth of samples with it on slow storage. The spans' bytes are compared with the file's own
 bytes; the samples read through the storage emulator (FUSE, a fixed latency per request) with the
 planted images' bytes and labels, and their order with the same loader's on the local folder
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.readers import shard_readahead
-from shardfeed.readers.shard_readahead import AHEAD_READ_BYTES, HeldBytes, SpansAhead
+from shardfeed.readers.storage import shard_readahead
+from shardfeed.readers.storage.shard_readahead import AHEAD_READ_BYTES, HeldBytes, SpansAhead
 
 from .watch_helpers import load_emulator, require_fuse
 
@@ -154,7 +154,7 @@ def test_another_process_sees_nothing_held(blob):
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory) -> tuple[Path, dict[str, tuple[bytes, int]]]:
     """A packed dataset of 90 JPEGs in 3 classes, 20 per shard: ``(folder, {key: (bytes, label)})``."""
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     tmp = tmp_path_factory.mktemp("ahead")
     folder = tmp / "folder"
@@ -278,7 +278,7 @@ def test_remote_next_epochs_are_read_ahead_in_order(packed_wds, tiny_folder_expe
 @pytest.mark.fuse
 def test_the_bytes_read_ahead_are_bounded(planted, monkeypatch):
     require_fuse()
-    from shardfeed.readers import webdataset_source
+    from shardfeed.readers.sources import webdataset_source
 
     wds, files = planted
     local = _epochs(wds, files, 3, num_workers=0, shuffle_buffer=50)
@@ -356,7 +356,7 @@ class _Clock:
 def test_the_next_epoch_is_read_just_in_time(monkeypatch, last_elapsed, fill_s, started_after):
     from types import SimpleNamespace
 
-    from shardfeed.readers import webdataset_source
+    from shardfeed.readers.sources import webdataset_source
 
     clock = _Clock()
     monkeypatch.setattr(webdataset_source, "time", clock)

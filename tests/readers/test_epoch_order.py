@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from shardfeed.readers.epoch import RankOrder, epoch_positions, positions_to_indices, resumed_rank_sequence
+from shardfeed.readers.order.epoch import RankOrder, epoch_positions, positions_to_indices, resumed_rank_sequence
 from shardfeed.readers.loader import EpochSampler
-from shardfeed.readers.permutation import CHUNK, permute, unpermute
+from shardfeed.readers.order.permutation import CHUNK, permute, unpermute
 
 from .epoch_order_reference import permutation, sample_at
 
@@ -199,7 +199,7 @@ def test_a_rank_order_of_a_huge_epoch_finds_a_sample_without_building_the_order(
 
 def _random_segments(rng, n):
     """A few earlier runs of an epoch of ``n`` samples, each consuming part of what its ranks had."""
-    from shardfeed.readers.epoch import resumed_samples_per_rank
+    from shardfeed.readers.order.epoch import resumed_samples_per_rank
 
     segments, pad, drop_last = [], rng.random() < 0.5, rng.random() < 0.3
     for _ in range(rng.randrange(1, 4)):

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from shardfeed.readers.dataset import epoch_positions, epoch_ranges, num_batches, resolve_rank, samples_per_rank
+from shardfeed.readers.sources.dataset import epoch_positions, epoch_ranges, num_batches, resolve_rank, samples_per_rank
 
 
 def _ids(counts, ranges):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from shardfeed.readers import make_loader, open_dataset
-from shardfeed.readers.transforms import EvalTransform, SampleDecoder, resize_size_for
+from shardfeed.readers.decode.transforms import EvalTransform, SampleDecoder, resize_size_for
 
 DECODERS = ("simplejpeg", "pil", "cv2")
 #: Grey levels (0..255) the crop-first output may differ from resize-then-crop: its box edges are
@@ -160,7 +160,7 @@ def test_source_box_asked_again_or_after_a_size_change_is_still_the_mapped_crop(
 
 @pytest.mark.multiprocess
 def test_loader_eval_resize_size_through_the_sources(tmp_path):
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     folder = tmp_path / "folder"
     planted = {}

@@ -34,8 +34,8 @@ def silent_server(tmp_path):
 def test_a_request_waiting_for_its_answer_at_exit_is_not_retried(silent_server):
     url, srv = silent_server
     child = (f"""
-        from shardfeed.readers.http_io import HttpRangeStream
-        from shardfeed.readers.shard_readahead import SpansAhead
+        from shardfeed.readers.storage.http_io import HttpRangeStream
+        from shardfeed.readers.storage.shard_readahead import SpansAhead
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
         marker_seen = wait_for({str(srv.marker)!r})  # the request arrived: the thread awaits the headers
         print("WAITING" if marker_seen else "NEVER", flush=True)
@@ -84,9 +84,9 @@ def test_a_stream_aborted_while_waiting_to_retry_a_cut_read_does_not_reopen(cut_
     # the wait before a retry made long, so that the exit lands in it (with the default 0.2 s
     # it lands there only sometimes)
     child = (f"""
-        from shardfeed.readers import ranged_stream
-        from shardfeed.readers.http_io import HttpRangeStream
-        from shardfeed.readers.shard_readahead import SpansAhead
+        from shardfeed.readers.storage import ranged_stream
+        from shardfeed.readers.storage.http_io import HttpRangeStream
+        from shardfeed.readers.storage.shard_readahead import SpansAhead
         ranged_stream.BACKOFF_S = 1.0
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({url!r}, 0), 0), 0, 1 << 20)])
         marker_seen = wait_for({str(srv.marker)!r})  # the first answer was cut: the thread waits to retry
@@ -109,7 +109,7 @@ def test_requests_made_after_the_exit_hook_ran_keep_their_deadline(silent_server
     child = (f"""
         import time
         from shardfeed.readers.background import stop_all
-        from shardfeed.readers.http_io import http_get
+        from shardfeed.readers.storage.http_io import http_get
         from shardfeed.readers.errors import DataSourceError
         for attempt in range(2):  # the second after the watchdog was stopped and joined
             t0 = time.monotonic()
@@ -195,8 +195,8 @@ def full_backlog():
 @pytest.mark.network
 def test_a_thread_waiting_to_connect_at_exit_does_not_hold_the_exit(full_backlog):
     child = (f"""
-        from shardfeed.readers.http_io import HttpRangeStream
-        from shardfeed.readers.shard_readahead import SpansAhead
+        from shardfeed.readers.storage.http_io import HttpRangeStream
+        from shardfeed.readers.storage.shard_readahead import SpansAhead
         ahead = SpansAhead(lambda: [("span", lambda: (HttpRangeStream({full_backlog!r}, 0), 0), 0, 1 << 20)])
         time.sleep(0.5)  # the thread waits in connect (10 s timeout)
         print("T", time.monotonic(), flush=True)
@@ -245,8 +245,8 @@ def test_a_forked_child_exiting_normally_leaves_the_parents_read_in_flight_whole
     (tmp_path / "want").write_bytes(body)
     child = (f"""
         import hashlib, os, sys, threading, time
-        from shardfeed.readers.http_io import HttpRangeStream
-        from shardfeed.readers.shard_readahead import SpansAhead
+        from shardfeed.readers.storage.http_io import HttpRangeStream
+        from shardfeed.readers.storage.shard_readahead import SpansAhead
         n = {len(body)}
         ahead = SpansAhead(lambda: [("f", lambda: (HttpRangeStream({url!r}, 0), 0), 0, n)])
         marker_seen = wait_for({str(srv.marker)!r})  # the thread is blocked receiving the rest
@@ -278,7 +278,7 @@ def test_a_request_armed_while_the_watchdog_is_stopping_still_gets_its_deadline(
     # request while the exit hook stops the watchdog): the entry still fires at its time
     child = ("""
         import socket, time
-        from shardfeed.readers.http_io import _WATCHDOG
+        from shardfeed.readers.storage.http_io import _WATCHDOG
         a, b = socket.socketpair()
         _WATCHDOG.disarm(_WATCHDOG.arm(time.monotonic() + 60, a))  # the thread runs
         with _WATCHDOG._cv:
@@ -301,8 +301,8 @@ def test_a_request_armed_while_the_watchdog_is_stopping_still_gets_its_deadline(
 def test_a_reader_thread_woken_by_the_exit_hook_does_not_start_its_next_read(tmp_path):
     with serving(StallingHandler, marker=tmp_path / "stalled") as (base, srv):
         r, end = run_child(f"""
-            from shardfeed.readers.http_io import HttpRangeStream
-            from shardfeed.readers.shard_readahead import SpansAhead
+            from shardfeed.readers.storage.http_io import HttpRangeStream
+            from shardfeed.readers.storage.shard_readahead import SpansAhead
             spans = [(i, (lambda i=i: (HttpRangeStream(f"{base}/shard-{{i:06d}}.tar", 0), 0)), 0, 1 << 20)
                      for i in range(3)]
             ahead = SpansAhead(lambda: spans)
@@ -319,7 +319,7 @@ def test_a_reader_thread_woken_by_the_exit_hook_does_not_start_its_next_read(tmp
 def test_the_watchdog_asked_to_stop_with_a_request_armed_ends_when_that_request_is_cut():
     child = ("""
         import socket, time
-        from shardfeed.readers.http_io import _WATCHDOG
+        from shardfeed.readers.storage.http_io import _WATCHDOG
         a, b = socket.socketpair()
         _WATCHDOG.arm(time.monotonic() + 60, a)
         thread = _WATCHDOG._thread

@@ -53,7 +53,7 @@ def _pixels_sha(data: bytes) -> str:
 
 
 def _pack(src: Path, out: Path, fmt: str, **kw) -> Path:
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     pack(src, out, PackOptions(format=fmt, workers=1, **kw))
     return out
@@ -405,7 +405,7 @@ def test_split_key_is_an_error_naming_key_and_shard(tmp_path):
     assert not (d / "manifest.json").exists()
 
     # a manifest without offset index (as another tool would list the shard): the reader refuses too
-    from shardfeed.readers.format import Manifest, ShardEntry
+    from shardfeed.readers.format.manifest import Manifest, ShardEntry
 
     raw = (d / "part-0.tar").read_bytes()
     Manifest("webdataset", 6, ["c0", "c1"], {"c0": 0, "c1": 1},
@@ -474,8 +474,8 @@ def uneven(tmp_path_factory) -> dict:
     first = _tar_samples(shard)[7]["members"][0]
     raw[first.offset_data:first.offset_data + first.size] = bytes(first.size)
     shard.write_bytes(bytes(raw))
-    from shardfeed.readers.format import Manifest
-    from shardfeed.readers.local_manifest import load_manifest
+    from shardfeed.readers.format.manifest import Manifest
+    from shardfeed.readers.storage.local_manifest import load_manifest
 
     m = load_manifest(bad, check_files=False)
     m.shards[0].sha256 = hashlib.sha256(raw).hexdigest()
@@ -574,7 +574,7 @@ def _mem_total_bytes() -> int:
 @pytest.mark.parametrize("share", [0.3, 0.7])
 def test_lmdb_readahead_off_for_a_database_larger_than_half_the_ram(share, packed_lmdb, tiny_folder_expected,
                                                                       tmp_path):
-    """README / readers/lmdb_io.py: automatic readahead is on for a ``data.mdb`` up to half the
+    """README / readers/storage/lmdb_io.py: automatic readahead is on for a ``data.mdb`` up to half the
     physical memory, off above (LMDB then maps it with ``MADV_RANDOM``, which the kernel shows as
     the ``rr`` flag of the mapping in ``/proc/self/smaps``). The big file is the packed database
     grown sparse (no disk blocks) to ``share`` of ``MemTotal``."""

@@ -1,4 +1,4 @@
-"""Small rules of the binding format (docs/format.md, readers/format.py), each against a value written
+"""Small rules of the binding format (docs/format.md, readers/format/manifest.py), each against a value written
 out here by hand or computed with the standard library (mutants of format.py survived these)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import msgpack
 import pytest
 
 from shardfeed.readers.errors import CorruptDataError, ManifestError
-from shardfeed.readers.format import Manifest, decode_record, encode_record, split_member_name, tar_member_bytes
-from shardfeed.readers.sample_members import meta_bytes, sample_from_members
+from shardfeed.readers.format.manifest import (Manifest, decode_record, encode_record, split_member_name,
+                                               tar_member_bytes)
+from shardfeed.readers.format.sample_members import meta_bytes, sample_from_members
 from shardfeed.readers.sizes import parse_size
 from shardfeed.readers.file_io import write_bytes_atomic
 
@@ -111,7 +112,7 @@ def test_decode_index_refuses_offsets_that_cannot_be_sample_starts(offsets):
     import struct
 
     from shardfeed.readers.errors import CorruptDataError
-    from shardfeed.readers.offset_index import decode_index
+    from shardfeed.readers.format.offset_index import decode_index
 
     with pytest.raises(CorruptDataError, match="x.sfidx: damaged offset index"):
         decode_index(struct.pack(f"<{len(offsets)}Q", *offsets), "x.sfidx")

@@ -11,8 +11,8 @@ import pytest
 
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.format import FORMAT_VERSION
-from shardfeed.readers.offset_index import read_index
+from shardfeed.readers.format.manifest import FORMAT_VERSION
+from shardfeed.readers.format.offset_index import read_index
 
 
 def _as_version_1(packed, d):

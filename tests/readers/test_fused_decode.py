@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from shardfeed.readers.decode import decode_crop, decode_image, resolve_decoder, simplejpeg_available
+from shardfeed.readers.decode.image import decode_crop, decode_image, resolve_decoder, simplejpeg_available
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.transforms import EvalTransform, SampleDecoder, TrainTransform, make_rng
+from shardfeed.readers.decode.transforms import EvalTransform, SampleDecoder, TrainTransform, make_rng
 
 pytestmark = pytest.mark.skipif(not simplejpeg_available(), reason="needs simplejpeg (pip install simplejpeg)")
 

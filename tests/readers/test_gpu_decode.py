@@ -1,4 +1,4 @@
-"""Tests for GPU batch decoding (readers/gpu_decode.py).
+"""Tests for GPU batch decoding (readers/decode/gpu_decode.py).
 
 On a CPU-only machine the batch decoder runs every step but nvJPEG (the CPU decode primitive
 stands in) and ``make_loader(decode_device="cuda")`` falls back to the CPU loader; the
@@ -16,11 +16,11 @@ import pytest
 import torch
 from PIL import Image
 
-from shardfeed.readers.decode import simplejpeg_available
-from shardfeed.readers.format import Sample
-from shardfeed.readers.gpu_decode import GpuBatchDecoder, GpuDecodingLoader, nvjpeg_available
+from shardfeed.readers.decode.image import simplejpeg_available
+from shardfeed.readers.format.manifest import Sample
+from shardfeed.readers.decode.gpu_decode import GpuBatchDecoder, GpuDecodingLoader, nvjpeg_available
 from shardfeed.readers.loader import ShardfeedLoader, make_loader
-from shardfeed.readers.transforms import SampleDecoder
+from shardfeed.readers.decode.transforms import SampleDecoder
 
 pytestmark = pytest.mark.skipif(not simplejpeg_available(), reason="needs simplejpeg (pip install simplejpeg)")
 

@@ -26,7 +26,7 @@ def _planted() -> set[tuple[int, int]]:
 
 def _pack(tmp_path, fmt: str):
     """A folder of solid-colour PNGs of assorted sizes packed as ``fmt``."""
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     folder = tmp_path / "folder"
     for i in range(NUM):

@@ -12,8 +12,8 @@ import pytest
 
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import DataSourceError, ManifestError
-from shardfeed.readers.offset_index import read_index
-from shardfeed.readers.http_io import HttpLocation
+from shardfeed.readers.format.offset_index import read_index
+from shardfeed.readers.storage.http_io import HttpLocation
 
 pytestmark = pytest.mark.network
 
@@ -199,7 +199,7 @@ def test_https_with_an_untrusted_certificate_says_so_without_retrying(https_serv
 def test_many_shards_open_with_bounded_head_checks(packed_wds, tmp_path, start_http_server, tiny_folder_expected):
     """Opening a URL checks at most HEAD_CHECK_MAX_SHARDS shards up front; a shard missing on the
     server that was not checked is a DataSourceError naming it when read (skippable)."""
-    from shardfeed.readers import http_io
+    from shardfeed.readers.storage import http_io
 
     d = tmp_path / "d"
     shutil.copytree(packed_wds, d)

@@ -20,7 +20,7 @@ import pytest
 
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import DataSourceError, StorageAccessError
-from shardfeed.readers.http_io import HttpLocation, HttpRangeStream, http_get, index_size_cap
+from shardfeed.readers.storage.http_io import HttpLocation, HttpRangeStream, http_get, index_size_cap
 
 pytestmark = pytest.mark.network
 
@@ -221,7 +221,7 @@ def test_a_cut_body_without_content_length_is_resumed_not_handed_out_short(frami
 
 @pytest.mark.timeout(60)
 def test_an_endless_manifest_is_refused_at_the_cap(serve, monkeypatch):
-    from shardfeed.readers import http_io
+    from shardfeed.readers.storage import http_io
 
     assert http_io.MAX_MANIFEST_BYTES == 256 << 20
     monkeypatch.setattr(http_io, "MAX_MANIFEST_BYTES", 4 << 20)  # the same rule, a smaller cap: a fast test
@@ -293,7 +293,7 @@ def test_an_encoded_range_is_refused_naming_the_encoding(framing, serve):
 
 
 def test_a_manifest_that_decodes_past_the_cap_is_refused(serve, packed_root, tmp_path, monkeypatch):
-    from shardfeed.readers import http_io
+    from shardfeed.readers.storage import http_io
 
     monkeypatch.setattr(http_io, "MAX_MANIFEST_BYTES", 1 << 20)
     (tmp_path / "wds").mkdir()
@@ -452,7 +452,7 @@ def test_cli_reports_of_a_url_with_a_password_never_show_it(serve, tmp_path):
 
 def test_the_index_cap_is_bounded_by_what_the_shard_can_hold():
     """A manifest claiming a trillion samples in a 1 MiB shard gets no terabyte cap."""
-    from shardfeed.readers.http_io import INDEX_SLACK_BYTES, MAX_WHOLE_READ_BYTES
+    from shardfeed.readers.storage.http_io import INDEX_SLACK_BYTES, MAX_WHOLE_READ_BYTES
 
     assert index_size_cap(16) == 8 * 16 + INDEX_SLACK_BYTES
     assert index_size_cap(10 ** 12, 1 << 20) == 8 * ((1 << 20) // 512) + INDEX_SLACK_BYTES
@@ -463,7 +463,7 @@ def test_the_deadline_watchdog_keeps_no_more_than_its_armed_requests():
     """Thousands of finished requests leave a bounded heap behind (disarmed entries are dropped)."""
     import socket
 
-    from shardfeed.readers.http_io import _WATCHDOG
+    from shardfeed.readers.storage.http_io import _WATCHDOG
 
     with socket.socket() as s:
         for _ in range(5000):
@@ -480,7 +480,7 @@ def test_the_deadline_watchdog_keeps_no_more_than_its_armed_requests():
 
 def test_a_host_name_with_an_empty_label_is_an_error_naming_the_url():
     from shardfeed.readers.errors import DataSourceError
-    from shardfeed.readers.http_io import http_get
+    from shardfeed.readers.storage.http_io import http_get
 
     with pytest.raises(DataSourceError, match=r"http://a\.\.b/blob: .*label empty or too long"):
         http_get("http://a..b/blob", retries=0)

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from shardfeed.readers import http_io
+from shardfeed.readers.storage import http_io
 from shardfeed.readers.errors import DataSourceError
-from shardfeed.readers.http_io import HttpLocation, http_get
+from shardfeed.readers.storage.http_io import HttpLocation, http_get
 
 pytestmark = pytest.mark.network
 

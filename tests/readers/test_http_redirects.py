@@ -11,8 +11,8 @@ import pytest
 
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import DataSourceError
-from shardfeed.readers.offset_index import read_index
-from shardfeed.readers.http_io import MAX_REDIRECTS, HttpLocation
+from shardfeed.readers.format.offset_index import read_index
+from shardfeed.readers.storage.http_io import MAX_REDIRECTS, HttpLocation
 
 pytestmark = pytest.mark.network
 

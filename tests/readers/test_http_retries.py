@@ -1,6 +1,6 @@
 """HTTP retries against real servers on 127.0.0.1 that fail once (or twice) and then answer.
 
-The README's promise (readers/http_io.py): connection errors, 5xx answers and bodies cut short
+The README's promise (readers/storage/http_io.py): connection errors, 5xx answers and bodies cut short
 are retried ``retries`` times, resuming at the byte where the failure happened; 4xx answers are
 not retried. Every test counts the requests the server saw and the ``Range`` header each one
 carried, and compares the bytes read with the file on disk; nothing is timed.
@@ -20,8 +20,8 @@ import pytest
 
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import DataSourceError
-from shardfeed.readers.offset_index import read_index
-from shardfeed.readers.http_io import HttpLocation, HttpRangeStream, http_get
+from shardfeed.readers.format.offset_index import read_index
+from shardfeed.readers.storage.http_io import HttpLocation, HttpRangeStream, http_get
 
 pytestmark = pytest.mark.network
 

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from shardfeed.readers import open_dataset
-from shardfeed.readers.imagefolder import scan_image_folder
+from shardfeed.readers.format.imagefolder import scan_image_folder
 from shardfeed.readers.measure import dataset_files
 
 
@@ -102,7 +102,7 @@ def test_page_cache_files_follow_the_same_rule(linked, tmp_path):
 
 
 def test_verify_check_reads_the_folder_by_the_rule_and_a_packed_dataset_ignores_it(linked, tmp_path):
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
     from shardfeed.readers.measure import check_same_samples
 
     out = tmp_path / "out"

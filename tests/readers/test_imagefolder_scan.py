@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from shardfeed.readers.imagefolder import parse_extensions, scan_image_folder
+from shardfeed.readers.format.imagefolder import parse_extensions, scan_image_folder
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from PIL import Image
 
 from shardfeed.readers import make_loader, open_dataset
 from shardfeed.readers.errors import UnsupportedURLError
-from shardfeed.readers.objstore import option_hint, split_store_url, use_cli_spelling
+from shardfeed.readers.storage.objstore import option_hint, split_store_url, use_cli_spelling
 
 
 @pytest.fixture()

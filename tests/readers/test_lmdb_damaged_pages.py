@@ -22,7 +22,7 @@ def damaged(tmp_path_factory):
     page number set past the end of ``data.mdb``."""
     from PIL import Image
 
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     root = tmp_path_factory.mktemp("damaged_lmdb")
     rng = np.random.default_rng(2)
@@ -72,7 +72,7 @@ def test_one_at_a_time_the_damaged_record_fails_alone(damaged):
 
 @pytest.mark.parametrize("pread_latency_s", [0.0, 1e9])  # by pread, through the map
 def test_in_batches_the_damaged_record_is_skipped_alone(damaged, monkeypatch, pread_latency_s):
-    from shardfeed.readers import lmdb_source
+    from shardfeed.readers.sources import lmdb_source
 
     folder, bad, planted = damaged
     monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", pread_latency_s)
@@ -92,7 +92,8 @@ def test_in_batches_the_damaged_record_is_skipped_alone(damaged, monkeypatch, pr
 def test_a_key_the_pread_reader_does_not_find_is_looked_up_by_lmdb(damaged, monkeypatch):
     """Where the pages parsed by ``pread`` disagree with LMDB (here: every lookup finds
     nothing), the batch is LMDB's own records, not "record missing" errors."""
-    from shardfeed.readers import lmdb_readahead, lmdb_source
+    from shardfeed.readers.storage import lmdb_readahead
+    from shardfeed.readers.sources import lmdb_source
 
     folder, bad, planted = damaged
     monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", 0.0)

@@ -22,7 +22,8 @@ from .watch_helpers import load_emulator, require_fuse
 def slow(monkeypatch):
     """Every read counts as slow and goes by pread (as on a network mount); counts the streams made
     and closed, and the most bytes and records any stream held ahead."""
-    from shardfeed.readers import lmdb_readahead, lmdb_source
+    from shardfeed.readers.storage import lmdb_readahead
+    from shardfeed.readers.sources import lmdb_source
 
     monkeypatch.setattr(lmdb_source, "SLOW_READ_S", -1.0)
     monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", 0.0)
@@ -126,7 +127,7 @@ def test_wrong_guesses_are_dropped_and_the_asked_samples_delivered(packed_lmdb, 
 
 
 def test_reads_ahead_stay_in_their_bounds(packed_lmdb, tiny_folder_expected, slow, monkeypatch):
-    from shardfeed.readers import lmdb_readahead
+    from shardfeed.readers.storage import lmdb_readahead
 
     ds = open_dataset(packed_lmdb, decode=False, seed=0)
     ds.configure_batching(12)
@@ -173,7 +174,7 @@ def _thread_count_settles(before: int, timeout_s: float = 5.0) -> int:
 @pytest.mark.parametrize("num_workers,persistent", [(0, True), (2, True), (2, False)])
 def test_a_loader_delivers_the_samplers_order_across_epochs_and_resume(packed_lmdb, tiny_folder_expected, slow,
                                                                        num_workers, persistent):
-    from shardfeed.readers.shard_readahead import MAX_DEPTH
+    from shardfeed.readers.storage.shard_readahead import MAX_DEPTH
 
     before = threading.active_count()
     opts = dict(num_workers=num_workers, decode=False, seed=4)
@@ -231,7 +232,7 @@ def test_on_emulated_slow_storage_workers_deliver_the_planted_samples(packed_lmd
 
 
 def test_the_next_batch_is_read_ahead_while_any_read_is_slow(packed_lmdb, tiny_folder_expected, slow, monkeypatch):
-    from shardfeed.readers import lmdb_source
+    from shardfeed.readers.sources import lmdb_source
 
     ds = open_dataset(packed_lmdb, decode=False, seed=1)
     ds.configure_batching(10)

@@ -22,7 +22,7 @@ def _expected(batch, tiny_folder_expected):
 @pytest.mark.parametrize("slow,pread_latency_s", [(False, 0.0), (True, 0.0), (True, 1e9)])
 def test_a_batch_equals_its_samples_one_by_one(packed_lmdb, tiny_folder_expected, slow, pread_latency_s,
                                                monkeypatch):
-    from shardfeed.readers import lmdb_source
+    from shardfeed.readers.sources import lmdb_source
 
     monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", pread_latency_s)  # 0: by pread, 1e9: through the map
     ds = open_dataset(packed_lmdb, decode=False)
@@ -38,7 +38,8 @@ def test_a_batch_equals_its_samples_one_by_one(packed_lmdb, tiny_folder_expected
 
 def test_slow_reads_go_to_the_pool_bounded_and_fast_ones_turn_it_off(packed_lmdb, tiny_folder_expected,
                                                                      monkeypatch):
-    from shardfeed.readers import lmdb_readahead, lmdb_source
+    from shardfeed.readers.storage import lmdb_readahead
+    from shardfeed.readers.sources import lmdb_source
 
     ds = open_dataset(packed_lmdb, decode=False)
     ds.read_ahead_records = 4
@@ -78,7 +79,8 @@ def test_slow_reads_go_to_the_pool_bounded_and_fast_ones_turn_it_off(packed_lmdb
 
 @pytest.mark.parametrize("pread_latency_s", [0.0, 1e9])  # reads ahead by pread, and through the map
 def test_errors_surface_at_their_sample(packed_lmdb, monkeypatch, pread_latency_s):
-    from shardfeed.readers import lmdb_readahead, lmdb_source
+    from shardfeed.readers.storage import lmdb_readahead
+    from shardfeed.readers.sources import lmdb_source
 
     monkeypatch.setattr(lmdb_source, "PREAD_LATENCY_S", pread_latency_s)
 

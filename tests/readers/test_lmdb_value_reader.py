@@ -1,5 +1,5 @@
 """LMDB records read ahead by ``os.pread`` of their ranges in ``data.mdb``
-(:mod:`shardfeed.readers.lmdb_readahead`): each read is the planted record's own range, inside
+(:mod:`shardfeed.readers.storage.lmdb_readahead`): each read is the planted record's own range, inside
 the file; the samples are the planted bytes and labels, shuffled, in workers; the window stays
 within its bounds in records and bytes."""
 
@@ -26,7 +26,7 @@ def planted(tmp_path_factory):
     """``(lmdb folder, {relative path: (file bytes, label)})`` of noise JPEGs in two classes."""
     from PIL import Image
 
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     root = tmp_path_factory.mktemp("planted")
     src = root / "images"
@@ -46,7 +46,7 @@ def planted(tmp_path_factory):
 def _record_reads(monkeypatch, log_path: Path | None = None):
     """Wrap ``ValueReader.read``: every call's ``(offset, length)`` in the returned list (and, for
     forked workers, appended to ``log_path``)."""
-    from shardfeed.readers import lmdb_readahead
+    from shardfeed.readers.storage import lmdb_readahead
 
     real = lmdb_readahead.ValueReader.read
     calls: list = []
@@ -79,7 +79,7 @@ def _check_ranges(calls, raw: bytes, expected) -> None:
 
 
 def test_reads_are_the_records_own_ranges_and_values_the_planted_bytes(planted, monkeypatch):
-    from shardfeed.readers import lmdb_source
+    from shardfeed.readers.sources import lmdb_source
 
     db, expected = planted
     raw = (db / "data.mdb").read_bytes()
@@ -99,7 +99,7 @@ def test_reads_are_the_records_own_ranges_and_values_the_planted_bytes(planted, 
 
 @pytest.mark.multiprocess
 def test_shuffled_epoch_in_workers_reads_the_planted_samples(planted, monkeypatch, tmp_path):
-    from shardfeed.readers import lmdb_source
+    from shardfeed.readers.sources import lmdb_source
 
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("needs the fork start method (the read log is patched in before the workers start)")
@@ -123,9 +123,9 @@ def test_shuffled_epoch_in_workers_reads_the_planted_samples(planted, monkeypatc
 
 @pytest.mark.parametrize("max_records,max_bytes", [(3, 250_000), (8, 120_000), (2, 1)])
 def test_the_window_stays_within_its_bounds(planted, monkeypatch, max_records, max_bytes):
-    from shardfeed.readers.lmdb_io import process_env
-    from shardfeed.readers.lmdb_readahead import ValueReader, read_values_ahead
-    from shardfeed.readers.shard_readahead import read_pool
+    from shardfeed.readers.storage.lmdb_io import process_env
+    from shardfeed.readers.storage.lmdb_readahead import ValueReader, read_values_ahead
+    from shardfeed.readers.storage.shard_readahead import read_pool
 
     db, expected = planted
     calls = _record_reads(monkeypatch)
@@ -152,10 +152,10 @@ def test_the_window_stays_within_its_bounds(planted, monkeypatch, max_records, m
 
 
 def test_a_key_that_is_not_there_is_none_and_a_failed_read_falls_back(planted, monkeypatch):
-    from shardfeed.readers import lmdb_readahead
-    from shardfeed.readers.lmdb_io import process_env
-    from shardfeed.readers.lmdb_readahead import ValueReader, read_values_ahead
-    from shardfeed.readers.shard_readahead import read_pool
+    from shardfeed.readers.storage import lmdb_readahead
+    from shardfeed.readers.storage.lmdb_io import process_env
+    from shardfeed.readers.storage.lmdb_readahead import ValueReader, read_values_ahead
+    from shardfeed.readers.storage.shard_readahead import read_pool
 
     db, expected = planted
     env = process_env(db)
@@ -189,7 +189,7 @@ def test_a_key_that_is_not_there_is_none_and_a_failed_read_falls_back(planted, m
 @pytest.mark.parametrize("first_read_s,by_pread", [(0.001, False), (0.01, True)])
 def test_reads_a_little_slow_stay_on_the_map_and_slower_ones_go_by_pread(planted, monkeypatch, first_read_s,
                                                                          by_pread):
-    from shardfeed.readers import lmdb_source
+    from shardfeed.readers.sources import lmdb_source
 
     db, expected = planted
     calls = _record_reads(monkeypatch)
@@ -209,8 +209,8 @@ def test_a_data_file_replaced_after_the_environment_opened_is_refused(planted, t
 
     import lmdb
 
-    from shardfeed.readers.lmdb_io import open_lmdb_readonly
-    from shardfeed.readers.lmdb_readahead import ValueReader
+    from shardfeed.readers.storage.lmdb_io import open_lmdb_readonly
+    from shardfeed.readers.storage.lmdb_readahead import ValueReader
 
     db, _ = planted
     opened, other = tmp_path / "opened", tmp_path / "other"

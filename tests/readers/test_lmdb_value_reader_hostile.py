@@ -15,8 +15,8 @@ import pytest
 
 lmdb = pytest.importorskip("lmdb")
 
-from shardfeed.readers import lmdb_readahead  # noqa: E402
-from shardfeed.readers.lmdb_readahead import ValueReader  # noqa: E402
+from shardfeed.readers.storage import lmdb_readahead  # noqa: E402
+from shardfeed.readers.storage.lmdb_readahead import ValueReader  # noqa: E402
 
 PS = 4096
 _MAIN_DB = 16 + 24 + 48  # the main database's record in a meta page
@@ -236,7 +236,7 @@ def test_random_damage_never_hangs_or_reads_outside(planted, tmp_path):
         files.append(str(path))
     script = textwrap.dedent(f"""
         import os, sys
-        from shardfeed.readers import lmdb_readahead as la
+        from shardfeed.readers.storage import lmdb_readahead as la
         keys = [b"%06d" % i for i in range(900)]
         stat = {dict(stat)!r}
         for path in sys.argv[1:]:

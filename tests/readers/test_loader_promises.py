@@ -150,7 +150,7 @@ if __name__ == "__main__":
     src, out = sys.argv[1], sys.argv[2]
     res = {"cpus": len(os.sched_getaffinity(0))}
     torch.set_num_threads(2)
-    # forked workers (the parent holds cv2: shardfeed.readers.transforms imports it)
+    # forked workers (the parent holds cv2: shardfeed.readers.decode.transforms imports it)
     res["fork"] = threads(src, out, "fork")
     # spawned workers of a parent running 2 torch threads and a 4-thread OpenCV pool
     import cv2

@@ -15,9 +15,9 @@ import pytest
 from PIL import Image
 
 from shardfeed.readers.errors import ManifestError, UnsupportedURLError
-from shardfeed.readers.format import MANIFEST_NAME, Manifest
-from shardfeed.readers.location import Location, LocationBase
-from shardfeed.readers.opener import check_supported, location_schemes, register_location, unregister_location
+from shardfeed.readers.format.manifest import MANIFEST_NAME, Manifest
+from shardfeed.readers.storage.location import Location, LocationBase
+from shardfeed.readers.storage.opener import check_supported, location_schemes, register_location, unregister_location
 
 CLASSES = ("ant", "bee", "cow")
 
@@ -138,7 +138,7 @@ def planted(tmp_path) -> tuple[Path, dict[str, tuple[np.ndarray, int]]]:
 def test_a_registered_scheme_is_accepted_and_unregistering_refuses_it_again(mem_store):
     assert "mem" in location_schemes()
     check_supported("mem://bucket/x")  # accepted: the allow list is the table
-    from shardfeed.readers.opener import open_location
+    from shardfeed.readers.storage.opener import open_location
 
     loc = open_location("mem://bucket/x/")
     assert isinstance(loc, Location) and loc.writable and loc.listable
@@ -151,7 +151,7 @@ def test_a_registered_scheme_is_accepted_and_unregistering_refuses_it_again(mem_
 
 
 def test_http_says_it_cannot_list():
-    from shardfeed.readers.opener import open_location
+    from shardfeed.readers.storage.opener import open_location
 
     loc = open_location("http://127.0.0.1:9/data/")
     assert not loc.listable and not loc.writable and loc.remote
@@ -238,7 +238,7 @@ def test_cli_storage_options_are_passed_to_the_location_and_nothing_keeps_them(m
 
     from shardfeed.convert import PackOptions, pack
     from shardfeed.convert.cli import main as cli_main
-    from shardfeed.readers.opener import open_location
+    from shardfeed.readers.storage.opener import open_location
 
     src, _ = planted
     pack(src, "mem://bucket/train", PackOptions(format="wds", max_count=8, workers=1))
@@ -265,7 +265,8 @@ def test_only_the_opener_table_and_the_s3_backend_name_the_s3_scheme():
     import re
 
     root = Path(__file__).resolve().parents[2]
-    allowed = {"readers/objstore.py", "readers/store_urls.py", "readers/opener.py"}  # the s3 backend, the table
+    allowed = {"readers/storage/objstore.py", "readers/storage/store_urls.py",
+               "readers/storage/opener.py"}  # the s3 backend, the table
     pattern = re.compile(r"""[=!]= ?["']s3["']|["']s3["'] ?[=!]=|StoreLocation\(|hasattr\([^)]*list_objects""")
     found = []
     for folder in ("convert", "readers"):
@@ -282,7 +283,7 @@ def test_only_the_opener_table_and_the_s3_backend_name_the_s3_scheme():
 @pytest.mark.parametrize("scheme", ["file", "FILE"])
 def test_the_file_scheme_cannot_be_replaced_or_unregistered(scheme, planted, tmp_path):
     from shardfeed.readers import open_dataset
-    from shardfeed.readers.opener import open_location
+    from shardfeed.readers.storage.opener import open_location
 
     called = []
     with pytest.raises(ValueError, match=r"file:// cannot be replaced or unregistered.*local files"):
@@ -293,7 +294,7 @@ def test_the_file_scheme_cannot_be_replaced_or_unregistered(scheme, planted, tmp
         unregister_location(scheme)
     assert "file" in location_schemes() and called == []
     # local paths still read as local files: the planted folder packed and read back
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     src, expected = planted
     out = tmp_path / "out"

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from shardfeed.readers import local_manifest
+from shardfeed.readers.storage import local_manifest
 from shardfeed.readers.errors import DataSourceError, ManifestError
-from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.readers.storage.local_manifest import load_manifest
 from shardfeed.readers.file_io import read_small_file
-from shardfeed.readers.location import LocalLocation
+from shardfeed.readers.storage.location import LocalLocation
 
 SHARDFEED = [sys.executable, "-P", "-m", "shardfeed.convert.cli"]
 
@@ -44,7 +44,7 @@ def test_a_manifest_linked_to_dev_zero_is_refused(zero_manifest):
 
 
 def test_a_fifo_manifest_is_refused_without_blocking(fifo_manifest):
-    code = ("from shardfeed.readers.local_manifest import load_manifest\n"
+    code = ("from shardfeed.readers.storage.local_manifest import load_manifest\n"
             f"try:\n    load_manifest({str(fifo_manifest)!r})\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n")
     r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
@@ -95,7 +95,7 @@ def test_fifo_pack_state_files_do_not_block(tmp_path):
     state.mkdir()
     os.mkfifo(state / "000000.json")
     os.mkfifo(state / "files.jsonl.z")
-    code = ("from shardfeed.convert.pack_state import finished_shard_record, describe_plan_change\n"
+    code = ("from shardfeed.convert.write.pack_state import finished_shard_record, describe_plan_change\n"
             f"print(finished_shard_record({str(tmp_path)!r}, 0))\n"
             f"print(describe_plan_change({str(state)!r}, {{'options': {{}}}}, {{}}, []))\n")
     r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from shardfeed.convert.cli import main as cli
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import CorruptDataError, ManifestError
-from shardfeed.readers.format import Manifest, validate_manifest
+from shardfeed.readers.format.manifest import Manifest, validate_manifest
 
 
 def _copy(packed: Path, tmp_path: Path) -> Path:

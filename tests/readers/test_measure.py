@@ -1,6 +1,6 @@
 """`shardfeed bench`, `verify`, `tune` and the measuring harness, on the CPU.
 
-Real components only: a small image folder written here, packed with `shardfeed.convert.pack`
+Real components only: a small image folder written here, packed with `shardfeed.convert.write.pack`
 into WebDataset shards and an LMDB, read back through the real `make_loader` with real
 `DataLoader` worker processes. Expectations come from the folder itself (file count, sorted class
 folders) or from arithmetic on the report's own raw per-batch figures, never from a second call
@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardfeed.convert.cli import main as cli_main
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 NUM_CLASSES = 3
 PER_CLASS = 16
@@ -420,7 +420,7 @@ def test_evict_reports_when_tmpfs_ignores_it():
 def test_models_shapes(tmp_path):
     import torch
 
-    from shardfeed.readers.models import build_model
+    from shardfeed.readers.measure.models import build_model
 
     x = torch.rand(2, 3, 32, 32)
     for name in ("tiny", "resnet18", "resnet50"):

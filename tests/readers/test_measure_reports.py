@@ -2,7 +2,7 @@
 a real headless Chromium), the verdict's note on re-encoded datasets, the real sample count of
 partial batches, and the source kind of an image folder in a bucket.
 
-Real components only: a small image folder written here, packed with `shardfeed.convert.pack`,
+Real components only: a small image folder written here, packed with `shardfeed.convert.write.pack`,
 measured through the real CLI; the page is opened by Debian's Chromium through Playwright.
 Expected values come from the folder (image count, batch arithmetic), from the pack options the
 test chose, or from the command's own `--json` file compared with what the page shows.
@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardfeed.convert.cli import main as cli_main
-from shardfeed.convert.pack import PackOptions, pack
-from shardfeed.convert.reencode import ReencodeOptions
+from shardfeed.convert.write.pack import PackOptions, pack
+from shardfeed.convert.write.reencode import ReencodeOptions
 
 NUM_CLASSES, PER_CLASS = 2, 12
 NUM_IMAGES = NUM_CLASSES * PER_CLASS

@@ -7,8 +7,8 @@ from array import array
 import pytest
 
 from shardfeed.readers import open_dataset
-from shardfeed.readers.offset_cache import ENTRY_OVERHEAD_BYTES, OffsetCache
-from shardfeed.readers.webdataset_source import WebDatasetSource
+from shardfeed.readers.sources.offset_cache import ENTRY_OVERHEAD_BYTES, OffsetCache
+from shardfeed.readers.sources.webdataset_source import WebDatasetSource
 
 
 def _loader(calls):

@@ -15,8 +15,8 @@ import pytest
 from shardfeed.convert import write_dataset
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import CorruptDataError, DatasetChangedError
-from shardfeed.readers.mixing_access import by_index
-from shardfeed.readers.offset_reads import ShardFiles
+from shardfeed.readers.sources.mixing_access import by_index
+from shardfeed.readers.storage.offset_reads import ShardFiles
 
 
 def _data(i: int) -> bytes:

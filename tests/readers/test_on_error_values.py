@@ -11,9 +11,9 @@ BAD = ["ignore", "Skip", "", None]
 
 @pytest.mark.parametrize("value", BAD)
 def test_every_entry_refuses_a_bad_on_error_with_the_same_message(value, packed_wds, packed_lmdb, tmp_path):
-    from shardfeed.convert.pack import PackOptions
+    from shardfeed.convert.write.pack import PackOptions
     from shardfeed.readers import open_dataset
-    from shardfeed.readers.gpu_decode import GpuBatchDecoder
+    from shardfeed.readers.decode.gpu_decode import GpuBatchDecoder
 
     message = rf"on_error must be 'raise' or 'skip', got {value!r}".replace("(", r"\(").replace(")", r"\)")
     entries = [lambda: PackOptions(on_error=value),

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import DatasetChangedError
 

@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 
 from shardfeed.readers import LoaderOptions, OpenOptions, ReadOptions, make_loader, open_dataset
-from shardfeed.readers.folder_source import FolderSource
-from shardfeed.readers.local_manifest import load_manifest
-from shardfeed.readers.lmdb_source import LMDBSource
-from shardfeed.readers.webdataset_source import WebDatasetSource
+from shardfeed.readers.sources.folder_source import FolderSource
+from shardfeed.readers.storage.local_manifest import load_manifest
+from shardfeed.readers.sources.lmdb_source import LMDBSource
+from shardfeed.readers.sources.webdataset_source import WebDatasetSource
 
 
 def _by_path(items):

@@ -5,9 +5,9 @@ from array import array
 
 import pytest
 
-from shardfeed.readers import path_column
-from shardfeed.readers.folder_walk import FolderListing
-from shardfeed.readers.path_column import PathColumn
+from shardfeed.readers.format import path_column
+from shardfeed.readers.format.folder_walk import FolderListing
+from shardfeed.readers.format.path_column import PathColumn
 
 PLANTED = ["cat/a.jpg", "cat/b.jpg", "cat/sub/c.png", "dog/é ü.jpg", "dog/caf\udce9.jpg", "top.jpg", "dog/x.jpeg"]
 

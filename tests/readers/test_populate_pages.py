@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from shardfeed.readers import pages as pages_module
-from shardfeed.readers.batching import BatchRing
-from shardfeed.readers.pages import populate_pages
+from shardfeed.readers.batching import pages as pages_module
+from shardfeed.readers.batching.buffers import BatchRing
+from shardfeed.readers.batching.pages import populate_pages
 
 PAGE = mmap.PAGESIZE
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shardfeed.readers import ranged_stream
+from shardfeed.readers.storage import ranged_stream
 from shardfeed.readers.errors import DataSourceError
-from shardfeed.readers.ranged_stream import BodyCutShort, ResumableRangeStream
+from shardfeed.readers.storage.ranged_stream import BodyCutShort, ResumableRangeStream
 
 DATA = bytes(range(256)) * 40  # 10,240 planted bytes
 

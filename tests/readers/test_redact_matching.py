@@ -1,4 +1,4 @@
-"""What :func:`shardfeed.readers.redact.redact` replaces: a long secret wherever it occurs, a short
+"""What :func:`shardfeed.readers.storage.redact.redact` replaces: a long secret wherever it occurs, a short
 one (``test``) only as a whole token, the access key id not at all (except inside a signed
 request). Right values: the strings planted here."""
 
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from shardfeed.readers.redact import redact
+from shardfeed.readers.storage.redact import redact
 
 SHARDFEED = [sys.executable, "-P", "-m", "shardfeed.convert.cli"]
 #: a 40-character secret access key, AWS's shape

@@ -1,4 +1,4 @@
-"""Where a resumed epoch continues, as pure functions (readers/epoch.py); fast, no I/O.
+"""Where a resumed epoch continues, as pure functions (readers/order/epoch.py); fast, no I/O.
 
 Expectations are built here from the rule's definition: each rank's sequence, the first ``k``
 positions of every rank consumed, the rest cut again among the new ranks.
@@ -13,7 +13,7 @@ import pytest
 
 from .epoch_order_reference import buffer_order, buffer_place
 
-from shardfeed.readers.epoch import (fresh_rank_sequence, remaining_sequence, resumed_rank_sequence,
+from shardfeed.readers.order.epoch import (fresh_rank_sequence, remaining_sequence, resumed_rank_sequence,
                                      resumed_samples_per_rank, shuffle_buffer_order, worker_batches)
 
 

@@ -17,7 +17,7 @@ _HOOK_CALLS = {("os", "register_at_fork"), ("atexit", "register"), ("signal", "s
 #: hooks installed outside the runtime module, each for a reason its module states
 _ALLOWED_ELSEWHERE = {
     ("readers/integrations/autowatch.py", "atexit.register"),  # must run after or before foreign exit callbacks
-    ("readers/batching.py", "weakref.finalize"),  # one per lent batch view, not process-wide
+    ("readers/batching/buffers.py", "weakref.finalize"),  # one per lent batch view, not process-wide
 }
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from shardfeed.readers import open_dataset
-from shardfeed.readers.format import Manifest
-from shardfeed.readers.http_io import HttpLocation
-from shardfeed.readers.cached_location import CachedLocation
-from shardfeed.readers.shard_cache import CacheLockTimeout, ShardCache, VERIFIED_MTIME_NS, dataset_identity
+from shardfeed.readers.format.manifest import Manifest
+from shardfeed.readers.storage.http_io import HttpLocation
+from shardfeed.readers.storage.cached_location import CachedLocation
+from shardfeed.readers.storage.shard_cache import CacheLockTimeout, ShardCache, VERIFIED_MTIME_NS, dataset_identity
 
 pytestmark = pytest.mark.network
 
@@ -204,7 +204,7 @@ def test_a_damaged_copy_is_fetched_again(start_http_server, packed_wds, tmp_path
 
 def test_a_rewritten_dataset_at_the_same_url_is_not_served_from_old_copies(start_http_server, tiny_image_folder,
                                                                             tmp_path):
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
 
     root = tmp_path / "served"
     pack(tiny_image_folder, root, PackOptions(format="wds", max_count=16, workers=1, seed=0))

@@ -1,4 +1,4 @@
-"""Read-ahead of shard chunks (readers/shard_readahead.py): same bytes, in order, bounded in flight.
+"""Read-ahead of shard chunks (readers/storage/shard_readahead.py): same bytes, in order, bounded in flight.
 
 The slow storage is a real file read with ``os.pread`` after a sleep (what a network mount's
 round trip adds); the loader test reads a WebDataset through the FUSE storage emulator.
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.readers import shard_readahead
-from shardfeed.readers.shard_readahead import open_ahead, read_ahead, storage_is_slow, take_opened
+from shardfeed.readers.storage import shard_readahead
+from shardfeed.readers.storage.shard_readahead import open_ahead, read_ahead, storage_is_slow, take_opened
 
 from .watch_helpers import load_emulator
 
@@ -305,7 +305,7 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch
         if os.environ.get("CI") == "true":
             pytest.fail(msg + " (CI=true: FUSE is required here)")
         pytest.skip(msg)
-    from shardfeed.convert.pack import PackOptions, pack
+    from shardfeed.convert.write.pack import PackOptions, pack
     from shardfeed.readers import open_dataset
 
     folder = tmp_path / "folder"
@@ -320,7 +320,7 @@ def test_webdataset_on_slow_storage_reads_the_same_samples(tmp_path, monkeypatch
         (d / f"{i:03d}.jpg").write_bytes(buf.getvalue())
         planted[f"c{i % 2}/{i:03d}.jpg"] = buf.getvalue()
     pack(folder, tmp_path / "wds", PackOptions(format="wds", max_count=15, overwrite=True))
-    from shardfeed.readers import location as location_module
+    from shardfeed.readers.storage import location as location_module
 
     handed = []
 

@@ -17,7 +17,7 @@ import torch
 
 from shardfeed.readers import make_loader, open_dataset, to_device
 from shardfeed.readers.errors import CorruptDataError, DataSourceError, IncompleteDatasetError, ManifestError
-from shardfeed.readers.format import Sample
+from shardfeed.readers.format.manifest import Sample
 
 
 def pillow_rgb(data: bytes) -> np.ndarray:
@@ -173,7 +173,7 @@ def _corrupt_copy(packed_wds, tmp_path):
     """A copy whose shard 0 has the image bytes of its second sample garbled (same size)."""
     import shutil
 
-    from shardfeed.readers.offset_index import read_index
+    from shardfeed.readers.format.offset_index import read_index
 
     d = tmp_path / "corrupt"
     shutil.copytree(packed_wds, d)
@@ -199,7 +199,7 @@ def test_on_error(packed_wds, tmp_path, caplog):
 
 
 def test_memory_cache_refuses_when_it_does_not_fit(packed_wds):
-    from shardfeed.readers.memory_cache import MemoryCachedSource
+    from shardfeed.readers.sources.memory_cache import MemoryCachedSource
 
     src = open_dataset(packed_wds)
     with pytest.raises(MemoryError, match="cache='memory' needs about"):
@@ -224,7 +224,7 @@ def test_shards_from_other_tools_without_index(tiny_folder_expected, tmp_path):
     import hashlib
     import tarfile
 
-    from shardfeed.readers.format import Manifest, ShardEntry
+    from shardfeed.readers.format.manifest import Manifest, ShardEntry
 
     items = sorted(tiny_folder_expected.items())
     classes = sorted({p.split("/")[0] for p, _ in items})

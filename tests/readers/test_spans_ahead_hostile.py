@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from shardfeed.readers import shard_readahead
-from shardfeed.readers.shard_readahead import SpansAhead
+from shardfeed.readers.storage import shard_readahead
+from shardfeed.readers.storage.shard_readahead import SpansAhead
 
 
 def _planted(path, n, seed):
@@ -120,8 +120,9 @@ def test_a_shard_changed_between_epochs_is_read_as_it_is_now(tmp_path, monkeypat
     import numpy as np
     from PIL import Image
 
-    from shardfeed.convert.pack import PackOptions, pack
-    from shardfeed.readers import make_loader, webdataset_source
+    from shardfeed.convert.write.pack import PackOptions, pack
+    from shardfeed.readers import make_loader
+    from shardfeed.readers.sources import webdataset_source
 
     folder = tmp_path / "folder"
     rng = np.random.default_rng(9)

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from shardfeed.convert.cli import main as cli
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.tario import iter_members
+from shardfeed.readers.format.tario import iter_members
 
 TIB = 1 << 40
 

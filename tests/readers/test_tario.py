@@ -1,4 +1,4 @@
-"""Tar member iteration (readers/tario.py) against archives written by tarfile and by our writer."""
+"""Tar member iteration (readers/format/tario.py) against archives written by tarfile and by our writer."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import tarfile
 
 import pytest
 
-from shardfeed.convert.tarwriter import TarShardFile
+from shardfeed.convert.write.tarwriter import TarShardFile
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.offset_index import read_index
-from shardfeed.readers.tario import iter_members, iter_samples
-from shardfeed.readers.tario_indexed import SequentialReader, iter_indexed_samples
+from shardfeed.readers.format.offset_index import read_index
+from shardfeed.readers.format.tario import iter_members, iter_samples
+from shardfeed.readers.format.tario_indexed import SequentialReader, iter_indexed_samples
 
 
 class NoSeek(io.RawIOBase):
@@ -350,7 +350,7 @@ def test_checksum_fields_hold_the_checksum_python_tarfile_writes():
     it wrote is among those a header with that byte sum can hold (the digit sum by arithmetic)."""
     import zlib
 
-    from shardfeed.readers import tario_indexed
+    from shardfeed.readers.format import tario_indexed
 
     rng = random.Random(7)
     for _ in range(400):

@@ -20,7 +20,7 @@ def _load():
 
 def test_the_shard_and_both_readers_agree_with_tarfile(tmp_path):
     bench = _load()
-    from shardfeed.readers import tario
+    from shardfeed.readers.format import tario
 
     baseline = bench.load_baseline("HEAD")
     for pax in (False, True):

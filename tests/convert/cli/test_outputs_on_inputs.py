@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.overlap import local_extent, refuse_outputs_on_inputs
+from shardfeed.convert.write.overlap import local_extent, refuse_outputs_on_inputs
 
 
 def _snapshot(folder) -> dict[str, bytes]:

@@ -18,7 +18,7 @@ from PIL import Image
 
 from shardfeed.convert.cli import main
 from shardfeed.convert.cli.common import num_workers_options
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 
 
 @pytest.fixture(scope="module")

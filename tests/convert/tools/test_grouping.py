@@ -22,7 +22,7 @@ from shardfeed.convert.tools.convert import convert_dataset
 from shardfeed.convert.tools.index import index_shards
 from shardfeed.readers import open_dataset
 from shardfeed.readers.errors import CorruptDataError
-from shardfeed.readers.source_base import parts_to_raw
+from shardfeed.readers.sources.source_base import parts_to_raw
 
 
 def _image(fmt: str, mode: str = "RGB") -> bytes:

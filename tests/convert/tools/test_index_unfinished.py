@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardfeed.convert.cli import main
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.readers.errors import IncompleteDatasetError
 
 
@@ -51,7 +51,7 @@ def _refused_index(out: Path, *needles: str) -> None:
 
 @pytest.mark.parametrize("layout", [None, "no_labels"])
 def test_index_refuses_a_stopped_pack_which_resume_then_finishes(tiny_image_folder, tmp_path, layout):
-    from shardfeed.convert.layouts import LayoutOptions
+    from shardfeed.convert.write.layouts import LayoutOptions
 
     opts = PackOptions(format="wds", max_count=8, workers=1, seed=0)
     lay = LayoutOptions(no_labels=True) if layout else None
@@ -91,7 +91,7 @@ def test_index_unfinished_is_the_library_error(tiny_image_folder, tmp_path):
 
 
 def test_failed_index_overwrite_keeps_every_offset_index(tiny_image_folder, tmp_path):
-    from shardfeed.convert.layouts import LayoutOptions
+    from shardfeed.convert.write.layouts import LayoutOptions
     from shardfeed.readers import open_dataset
 
     ds = tmp_path / "ds"

@@ -15,7 +15,7 @@ from PIL import Image
 
 from shardfeed.convert.tools.index import index_shards
 from shardfeed.readers import open_dataset
-from shardfeed.readers.local_manifest import load_manifest
+from shardfeed.readers.storage.local_manifest import load_manifest
 
 
 def _img(seed: int) -> bytes:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.convert.tools.stage import stage
 
 JUNK_BYTES = 64 << 20  # what the server would send after each shard's real bytes

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardfeed.convert.cli import main as cli
-from shardfeed.convert.pack import PackOptions, pack
+from shardfeed.convert.write.pack import PackOptions, pack
 from shardfeed.convert.tools.check import check_dataset
 from shardfeed.convert.tools.common import iter_raw_samples, safe_relative_path
 from shardfeed.convert.tools.convert import convert_dataset
@@ -34,8 +34,8 @@ from shardfeed.convert.tools.serve import serve_directory
 from shardfeed.convert.tools.stage import stage
 from shardfeed.convert.tools.unpack import unpack
 from shardfeed.convert.writers.webdataset import WebDatasetWriter
-from shardfeed.readers.format import Sample
-from shardfeed.readers.offset_index import read_index
+from shardfeed.readers.format.manifest import Sample
+from shardfeed.readers.format.offset_index import read_index
 
 CLASSES = ["bird", "cat", "dog", "empty"]  # sorted, as ImageFolder finds them; "empty" holds nothing
 
@@ -448,7 +448,7 @@ def test_http_read_equals_local_read(wds):
     with serve_directory(wds) as (url, _):
         remote = [(n, tuple(s)) for n, s in iter_raw_samples(url)]
         assert check_dataset(url).ok
-        from shardfeed.readers.dataset import open_dataset
+        from shardfeed.readers.sources.dataset import open_dataset
 
         via_reader = sorted((s.key, bytes(s.data), s.label) for s in open_dataset(url, decode=False, shuffle=False))
         assert via_reader == sorted((s[1][0], s[1][1], s[1][3]) for s in local)
@@ -504,7 +504,7 @@ def test_index_makes_webdataset_shardwriter_output_readable(src, tmp_path):
                     seen.add(key)
                     firsts.append(m.offset)
         assert read_index(shard_dir / shard["index"]) == firsts
-    from shardfeed.readers.dataset import open_dataset
+    from shardfeed.readers.sources.dataset import open_dataset
 
     ds = open_dataset(shard_dir, decode=False, shuffle=False)
     assert sorted((s.key, bytes(s.data), s.label) for s in ds) == sorted((k, v[0], v[1]) for k, v in written.items())
@@ -652,7 +652,7 @@ def _sidecar_src(root: Path) -> tuple[dict[str, bytes], dict[str, dict[str, byte
 
 
 def _read_with_fields(ds: Path, fields=("txt", "json")) -> dict[str, tuple]:
-    from shardfeed.readers.dataset import open_dataset
+    from shardfeed.readers.sources.dataset import open_dataset
 
     got = {}
     for s, f in open_dataset(ds, decode=False, shuffle=False, fields=fields):
