@@ -26,6 +26,7 @@ from shardfeed.readers.format.manifest import (
     Manifest,
     Sample,
     field_name_problem,
+    fields_problem,
     key_width,
     member_clash,
     normalize_ext,
@@ -220,11 +221,7 @@ def write_samples(samples, out, *, format, max_count, max_bytes, prefix, classes
     declared = list(dict.fromkeys(fields))
     if len(declared) > MAX_FIELDS:
         raise ValueError(f"{len(declared)} extra fields, more than the {MAX_FIELDS} a dataset may have")
-    for name in declared:
-        problem = field_name_problem(name)
-        if problem is not None:
-            raise ValueError(problem)
-    problem = member_clash((), declared)
+    problem = fields_problem(declared)
     if problem is not None:  # before anything is written
         raise ValueError(f"fields: {problem}")
     width = None

@@ -64,8 +64,7 @@ from shardfeed.readers.format.manifest import (
     Sample,
     ShardEntry,
     encode_record,
-    field_name_problem,
-    member_clash,
+    fields_problem,
     normalize_ext,
 )
 
@@ -384,12 +383,8 @@ class LmdbWriter:
                  fields: Sequence[str] = (), state: Callable[[], dict] | None = None, resume: bool = False):
         if labels not in (LABELS_CLASS, LABELS_NONE):
             raise ValueError(f"labels must be {LABELS_CLASS!r} or {LABELS_NONE!r}, got {labels!r}")
-        for name in fields:
-            problem = field_name_problem(name)
-            if problem is not None:
-                raise ValueError(problem)
-        problem = member_clash((), fields)
-        if problem is not None:  # two fields in one member: written twice, or one read for both
+        problem = fields_problem(fields)
+        if problem is not None:  # a bad name, or two fields in one member: written twice, or one read for both
             raise ValueError(problem)
         self.labels = labels
         self.field_counts: dict[str, int] = {name: 0 for name in fields}

@@ -40,8 +40,7 @@ from shardfeed.readers.format.manifest import (
     Sample,
     ShardEntry,
     field_member,
-    field_name_problem,
-    member_clash,
+    fields_problem,
 )
 from shardfeed.readers.format.sample_members import class_bytes, meta_bytes
 
@@ -121,12 +120,8 @@ class WebDatasetWriter:
         limits = ShardLimits(int(max_count), int(max_bytes))
         if labels not in (LABELS_CLASS, LABELS_NONE):
             raise ValueError(f"labels must be {LABELS_CLASS!r} or {LABELS_NONE!r}, got {labels!r}")
-        for name in fields:
-            problem = field_name_problem(name)
-            if problem is not None:
-                raise ValueError(problem)
-        problem = member_clash((), fields)
-        if problem is not None:  # two fields in one member: written twice, or one read for both
+        problem = fields_problem(fields)
+        if problem is not None:  # a bad name, or two fields in one member: written twice, or one read for both
             raise ValueError(problem)
         if not prefix or "/" in prefix or "." in prefix:
             raise ValueError(f"prefix {prefix!r} must be a plain name without '/' or '.'")

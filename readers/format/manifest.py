@@ -213,6 +213,18 @@ def member_clash(image_exts: Iterable[str], fields: Iterable[str]) -> str | None
     return None
 
 
+def fields_problem(fields: Iterable[str]) -> str | None:
+    """Why the extra ``fields`` cannot be one dataset's fields, or None: the first name
+    :func:`field_name_problem` refuses, else two fields stored under one member
+    (:func:`member_clash`). Writers check it before anything is written."""
+    fields = list(fields)
+    for name in fields:
+        problem = field_name_problem(name)
+        if problem is not None:
+            return problem
+    return member_clash((), fields)
+
+
 def key_width(num_samples: int) -> int:
     """Digits of the zero-padded keys of a dataset of ``num_samples`` samples (at least 9)."""
     return max(KEY_MIN_DIGITS, len(str(max(num_samples - 1, 0))))
