@@ -8,8 +8,9 @@ indexes and extension counts as ``pack`` writes them) and loads it with
 * ``first``: the first process of a node (parses, validates, writes the compact form);
 * ``shared``: every later process (maps the compact form).
 
-Prints, per size, each mode's seconds, RSS growth and private memory growth (what is not shared
-with the other processes: the mapped table is shared page cache), and ``json / shared``.
+Prints, per size, each mode's seconds, RSS growth and heap growth (``Private_Dirty``: memory of
+this process alone; RSS also counts the mapped table, page cache that the node's processes share),
+and ``json / shared``.
 
     python scripts/bench_manifest.py                   # 10,000 and 100,000 shards (10M, 100M samples)
     python scripts/bench_manifest.py --shards 10000 --repeat 3
@@ -37,7 +38,7 @@ def mem():
             k, v = line.split(":", 1)
             if k == "Rss":
                 rss = int(v.split()[0])
-            elif k in ("Private_Clean", "Private_Dirty"):
+            elif k == "Private_Dirty":
                 private += int(v.split()[0])
     return rss * 1024, private * 1024
 
@@ -79,7 +80,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--repeat", type=int, default=2, help="processes per mode (the best time is shown)")
     args = ap.parse_args()
-    print(f"{'shards':>8} {'JSON MB':>8} {'mode':>7} {'s':>7} {'RSS MB':>7} {'private MB':>10}")
+    print(f"{'shards':>8} {'JSON MB':>8} {'mode':>7} {'s':>7} {'RSS MB':>7} {'heap MB':>10}")
     for shards in args.shards:
         with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as cache:
             size = write_manifest(data, shards)
@@ -94,7 +95,7 @@ def main() -> None:
                       f"{b['private'] / 1e6:>10.1f}")
             j, s = best["json"], best["shared"]
             print(f"{shards:>8} {'':>8} {'json/shared':>11}: time x{j['s'] / s['s']:.1f}, RSS x"
-                  f"{j['rss'] / max(s['rss'], 1):.1f}, private x{j['private'] / max(s['private'], 1):.1f}")
+                  f"{j['rss'] / max(s['rss'], 1):.1f}, heap x{j['private'] / max(s['private'], 1):.1f}")
 
 
 if __name__ == "__main__":

@@ -153,7 +153,6 @@ class ShardTable(Sequence):
             raise ValueError("a shard record is out of range")
         self.total_samples = int(samples.sum(dtype=np.uint64)) if num_shards else 0
         self._counts = samples
-        self._last: tuple[int, ShardEntry] | None = None
 
     def __len__(self) -> int:
         return self._n
@@ -162,10 +161,19 @@ class ShardTable(Sequence):
         return str(self._view[self._pool_at + off:self._pool_at + off + length], "utf-8")
 
     def _entry(self, i: int) -> ShardEntry:
-        (samples, nbytes, _, name_off, name_len, index_off, index_len, ext_off, ext_len, flags, sha,
-         index_sha) = _REC.unpack_from(self._view, self._at + i * _REC.size)
-        ext = json.loads(self._text(ext_off, ext_len)) if flags & _HAS_EXT else None
-        return ShardEntry(name=self._text(name_off, name_len), num_samples=samples, num_bytes=nbytes,
+        return self._build(_REC.unpack_from(self._view, self._at + i * _REC.size), {})
+
+    def _build(self, rec: tuple, ext_memo: dict[tuple[int, int], dict]) -> ShardEntry:
+        samples, nbytes, _, name_off, name_len, index_off, index_len, ext_off, ext_len, flags, sha, index_sha = rec
+        ext = None
+        if flags & _HAS_EXT:  # shards share a few distinct counts: each decoded once per pass, copied
+            got = ext_memo.get((ext_off, ext_len))
+            if got is None:
+                got = ext_memo[ext_off, ext_len] = json.loads(self._text(ext_off, ext_len))
+            ext = dict(got)
+        pool = self._pool_at
+        return ShardEntry(name=str(self._view[pool + name_off:pool + name_off + name_len], "utf-8"),
+                          num_samples=samples, num_bytes=nbytes,
                           sha256=sha.hex() if flags & _HAS_SHA else None,
                           index=self._text(index_off, index_len) if flags & _HAS_INDEX else None,
                           index_sha256=index_sha.hex() if flags & _HAS_INDEX_SHA else None, extensions=ext)
@@ -178,16 +186,12 @@ class ShardTable(Sequence):
             i += self._n
         if not 0 <= i < self._n:
             raise IndexError("shard index out of range")
-        last = self._last
-        if last is not None and last[0] == i:
-            return last[1]
-        entry = self._entry(i)
-        self._last = (i, entry)
-        return entry
+        return self._entry(i)  # a new entry each time: a caller may change its copy
 
     def __iter__(self) -> Iterator[ShardEntry]:
-        for i in range(self._n):
-            yield self._entry(i)
+        memo: dict[tuple[int, int], dict] = {}
+        for rec in _REC.iter_unpack(self._view[self._at:self._pool_at]):
+            yield self._build(rec, memo)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):

@@ -133,6 +133,11 @@ def test_mapped_manifest_equals_the_json_parsed_independently(tmp_path, cache):
     assert pickle.loads(pickle.dumps(m)) == parsed
     with pytest.raises(IndexError):
         m.shards[SHARDS]
+    first, *rest = m.shards  # each entry is the caller's copy
+    first.num_bytes = -1
+    rest[0].extensions["jpg"] = -1
+    assert m.shards[0].num_bytes == 1000 and m.shards[1].extensions == {"jpg": 2, "png": 2}
+    assert [s.extensions for s in m.shards][5] == {"jpg": 1, "png": 2}
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "garbage"])
