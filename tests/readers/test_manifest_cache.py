@@ -198,3 +198,53 @@ def test_cache_off_parses_every_time(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDFEED_MANIFEST_CACHE", "off")
     plant(tmp_path / "ds", planted_doc())
     assert isinstance(load_manifest(tmp_path / "ds", check_files=False).shards, list)
+
+
+@pytest.fixture
+def share_every_manifest(cache, monkeypatch) -> Path:
+    from shardfeed.readers.storage import manifest_cache
+
+    monkeypatch.setattr(manifest_cache, "MIN_SHARED_MANIFEST_BYTES", 0)
+    return cache
+
+
+def test_reader_on_the_mapped_manifest_reads_the_packed_samples_and_stops_on_a_rebuild(
+        tiny_image_folder, mixed_case_folder, tmp_path, share_every_manifest):
+    import torch
+
+    from shardfeed.convert.write.pack import PackOptions, pack
+    from shardfeed.readers import open_dataset
+    from shardfeed.readers.errors import DatasetChangedError
+
+    opts = dict(format="wds", max_count=16, workers=1, seed=0)
+    pack(tiny_image_folder, tmp_path / "ds", PackOptions(**opts))
+    files = sorted(p for p in tiny_image_folder.rglob("*") if p.is_file())
+    planted = sorted(p.read_bytes() for p in files)
+    open_dataset(str(tmp_path / "ds"))  # builds the compact form
+    ds = open_dataset(str(tmp_path / "ds"), decode=False, shuffle=False)
+    assert isinstance(ds.manifest.shards, ShardTable) and len(cache_files(share_every_manifest)) == 1
+    assert sorted(s.data for s in ds) == planted
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context="spawn")  # the table pickled to workers
+    assert sorted(s.data for s in loader) == planted
+    it = iter(open_dataset(str(tmp_path / "ds"), decode=False, shuffle=False))
+    next(it)
+    pack(mixed_case_folder, tmp_path / "ds", PackOptions(**opts, overwrite=True))
+    with pytest.raises(DatasetChangedError, match="changed since the dataset was opened"):
+        for _ in it:
+            pass
+    rebuilt = open_dataset(str(tmp_path / "ds"), decode=False, shuffle=False)  # the new manifest, its own copy
+    want = sorted(p.read_bytes() for p in mixed_case_folder.rglob("*") if p.is_file())
+    assert sorted(s.data for s in rebuilt) == want and len(cache_files(share_every_manifest)) == 2
+
+
+def test_manifest_over_http_is_shared_too(tmp_path, cache, start_http_server):
+    from shardfeed.readers.storage.opener import open_location
+
+    doc = planted_doc()
+    plant(tmp_path / "ds", doc)
+    url = start_http_server(tmp_path / "ds")
+    open_location(url).load_manifest(check_files=False)
+    m = open_location(url).load_manifest(check_files=False)
+    assert isinstance(m.shards, ShardTable) and shard_dicts(m) == doc["shards"]
+    assert len(cache_files(cache)) == 1
