@@ -248,3 +248,20 @@ def test_manifest_over_http_is_shared_too(tmp_path, cache, start_http_server):
     m = open_location(url).load_manifest(check_files=False)
     assert isinstance(m.shards, ShardTable) and shard_dicts(m) == doc["shards"]
     assert len(cache_files(cache)) == 1
+
+
+def test_a_lock_held_too_long_is_not_waited_for(tmp_path, monkeypatch):
+    import fcntl
+
+    from shardfeed.readers.storage import manifest_cache
+
+    monkeypatch.setattr(manifest_cache, "MANIFEST_LOCK_TIMEOUT_S", 0.05)
+    doc = planted_doc()
+    raw = json.dumps(doc).encode()
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    with open(folder / f"{hashlib.sha256(raw).hexdigest()}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process building it, stuck
+        m = parse_manifest(raw, "big", cache_dir=folder)
+    assert isinstance(m.shards, list) and shard_dicts(m) == doc["shards"]
+    assert cache_files(folder) == []
