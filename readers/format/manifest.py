@@ -518,7 +518,8 @@ class Manifest:
         classes: class names; index = class index (order as torchvision.datasets.ImageFolder:
             sorted sub-folder names, unless a class map was given).
         class_to_idx: name → index.
-        shards: the files, in shard-index order.
+        shards: the files, in shard-index order (a large manifest's is a read-only
+            :class:`~shardfeed.readers.format.manifest_table.ShardTable` that equals the list).
         skipped: ``[{"path", "reason"}]`` for files not packed because of errors (``--on-error skip``).
         options: the packing options (for ``--resume`` and provenance).
         files: accounting of the input: ``{"found", "packed", "skipped", "ignored"}``.

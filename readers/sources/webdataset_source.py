@@ -68,6 +68,7 @@ from ..order.epoch import (rank_span, resumed_rank_sequence, shard_order, spans_
                            worker_batches, worker_span)
 from ..errors import CorruptDataError, DataSourceError
 from ..format.manifest import TAR_BLOCK, Manifest, Sample
+from ..format.manifest_table import shard_sample_counts
 from ..format.offset_index import decode_index
 from ..format.sample_members import label_problem
 from ..storage.http_io import index_size_cap
@@ -175,7 +176,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._class_to_idx = dict(manifest.class_to_idx)
         self._labels = frozenset(self._class_to_idx.values())
         self._num_samples = manifest.num_samples
-        self._counts = [s.num_samples for s in manifest.shards]
+        self._counts = shard_sample_counts(manifest.shards)
         #: packing-order index of each shard's first sample
         self._starts = [0, *itertools.accumulate(self._counts)][:-1]
         self._offsets = OffsetCache(self.offset_cache_bytes)

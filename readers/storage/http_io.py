@@ -69,6 +69,7 @@ from .ranged_stream import ResumableRangeStream
 from .redact import guard_client_logs, redact
 from ..format.registry import describe
 from ..runtime import after_fork_in_child
+from .manifest_cache import parse_manifest
 
 __all__ = [
     "check_remote_files", "HttpLocation", "HttpRangeStream", "DEFAULT_TIMEOUT_S", "DEFAULT_RETRIES", "MAX_REDIRECTS",
@@ -492,7 +493,7 @@ class HttpLocation(LocationBase):
         except FileNotFoundError:
             raise ManifestError(f"{redact(murl)}: not found; {self} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
-        manifest = Manifest.from_json(raw, redact(murl))
+        manifest = parse_manifest(raw, redact(murl))
         if check_files and describe(manifest.format).exact_sizes:
             self.check_files(manifest)
         return manifest

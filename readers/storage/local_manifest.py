@@ -25,6 +25,7 @@ from ..format.manifest import (
               Manifest,
           )
 from ..format.registry import describe
+from .manifest_cache import parse_manifest
 
 __all__ = ["describe_unfinished", "unfinished_pack_error", "find_manifest_path", "load_manifest",
            "check_files_present"]
@@ -127,7 +128,7 @@ def load_manifest(path: str | os.PathLike[str], *, check_files: bool = True) -> 
                                 f"with `shardfeed pack {root} OUT`")
         raise ManifestError(f"{root}: no {MANIFEST_NAME}: not a packed dataset (pack it with `shardfeed pack`, "
                             "or write a manifest for existing shards with `shardfeed index`)")
-    manifest = Manifest.from_json(read_small_file(mpath, max_bytes=MAX_MANIFEST_BYTES, what="the manifest"), str(mpath))
+    manifest = parse_manifest(read_small_file(mpath, max_bytes=MAX_MANIFEST_BYTES, what="the manifest"), str(mpath))
     if check_files:
         check_files_present(manifest, mpath.parent)
     return manifest

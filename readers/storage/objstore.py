@@ -42,6 +42,7 @@ from .http_io import (DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HE
                       MAX_MANIFEST_BYTES, MAX_WHOLE_READ_BYTES, check_remote_files, decode_content)
 from .redact import guard_client_logs, register_secret
 from ..format.registry import describe
+from .manifest_cache import parse_manifest
 from .store_urls import (STORAGE_OPTION_KEYS, STORE_SCHEMES, is_s3_url, is_store_url, looks_like_option_key,
                          option_hint, parse_storage_options, scrub, split_store_url, unreadable_option_message,
                          use_cli_spelling)
@@ -535,7 +536,7 @@ class StoreLocation(LocationBase):
                 raise unfinished_pack_error(self.base) from None  # the rule of a local folder
             raise ManifestError(f"{murl}: not found; {self.base} is not a packed dataset, or its pack did not "
                                 "finish (the manifest is written last): pack it with `shardfeed pack`") from None
-        manifest = Manifest.from_json(raw, murl)
+        manifest = parse_manifest(raw, murl)
         if check_files and describe(manifest.format).exact_sizes:
             self.check_files(manifest)
         return manifest

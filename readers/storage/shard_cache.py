@@ -48,7 +48,7 @@ from typing import Any, BinaryIO, Callable
 from ..errors import CorruptDataError, DataSourceError
 from ..sizes import parse_size
 
-__all__ = ["ShardCache", "CacheLockTimeout", "TooLongError", "copy_stream", "dataset_identity",
+__all__ = ["ShardCache", "CacheLockTimeout", "lock_file", "TooLongError", "copy_stream", "dataset_identity",
            "check_cache_limit", "VERIFIED_MTIME_NS", "DEFAULT_LOCK_TIMEOUT_S", "COPY_CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -242,6 +242,10 @@ def _lock_file(path: Path, kind: int, timeout_s: float | None, what: Callable[[]
         os.close(fd)
     raise CacheLockTimeout(f"{path}: removed or replaced {MAX_OPEN_ATTEMPTS} times while this process locked it "
                            "(other processes evict and fetch it again at that pace): raise cache_limit")
+
+
+#: The one bounded lock of a cache file (the shard cache's and the parsed-manifest cache's).
+lock_file = _lock_file
 
 
 def _allocate(fd: int, num_bytes: int, path: Path) -> None:
