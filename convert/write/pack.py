@@ -568,7 +568,7 @@ def _pack_locked(src: Path, out: Path, options: PackOptions, scan: ScanResult, c
                              samples.width)
         remove_state_folder(out)
     return manifest_report(manifest, source=scan.root, output=str(out), input_bytes=input_bytes(samples),
-                           seconds=time.perf_counter() - t0, workers=options.workers, ignored=scan.ignored,
+                           seconds=time.perf_counter() - t0, workers=options.workers or 1, ignored=scan.ignored,
                            empty_classes=scan.empty_classes, shards_resumed=result.resumed, extra=extra)
 
 
