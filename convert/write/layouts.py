@@ -117,7 +117,8 @@ class LayoutOptions:
 
 
 def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout: LayoutOptions, *,
-                progress: Callable[[int, int], None] | None = None, context: PackContext | None = None):
+                progress: Callable[[int, int], None] | None = None, context: PackContext | None = None,
+                source: str | None = None):
     """Pack SRC in a layout other than plain class folders (see the module docstring).
 
     Labels come from ``layout.labels_file``, else from class folders (``SRC/CLASS/...``, sorted as
@@ -130,7 +131,10 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             ``context``).
         context: the pack's :class:`~shardfeed.convert.write.context.PackContext` (:func:`pack` passes
             its own; its ``progress`` is called); None: one made for ``options`` with
-            ``progress``. These layouts pack in this process: the executor runs no task.
+            ``progress``.
+        source: what the manifest records as ``options.source`` and messages name: the bucket
+            URL when ``src`` is its local mirror (:func:`~shardfeed.convert.write.pack.pack`); None:
+            ``src``'s absolute path.
 
     Returns:
         A :class:`~shardfeed.convert.write.pack.PackReport`.
@@ -145,17 +149,17 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     """
     if context is None:
         with PackContext.for_options(options, progress=progress) as context:
-            return pack_layout(src, out, options, layout, context=context)
+            return pack_layout(src, out, options, layout, context=context, source=source)
     if progress is not None:
         raise TypeError("pack_layout(context=...): pass progress in the context")
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
-    plan = _checked_plan(src, options, layout)
+    plan = _checked_plan(src, options, layout, source)
     return _pack_planned(src, out, options, layout, plan, context, t0)
 
 
 def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: LayoutOptions, *,
-                         context: PackContext):
+                         context: PackContext, source: str | None = None):
     """:func:`pack_layout` into an object-store prefix (``s3://bucket/prefix/``): built in a local
     staging folder and uploaded shard by shard, the manifest last
     (:func:`~shardfeed.convert.write.store_pack.pack_to_store`); the same objects as the local pack's files.
@@ -169,7 +173,7 @@ def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: 
     from .store_pack import pack_to_store
 
     src = Path(src)
-    plan = _checked_plan(src, options, layout)
+    plan = _checked_plan(src, options, layout, source)
 
     def build(src, stage, local_options, *, scan, context):
         return _pack_planned(Path(src), Path(stage), local_options, layout, plan, context, time.perf_counter())
@@ -180,7 +184,7 @@ def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: 
     return pack_to_store(src, out_url, options, build, context=context, finished=finished)
 
 
-def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
+def _checked_plan(src: Path, options, layout: LayoutOptions, source: str | None) -> "_LayoutPlan":
     """The options checked, then SRC scanned and planned (:func:`_plan_layout`); OUT untouched.
 
     Raises:
@@ -201,7 +205,7 @@ def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")
-    return _plan_layout(src, options, layout)
+    return _plan_layout(src, options, layout, source or str(src.absolute()))
 
 
 def _pack_planned(src: Path, out: Path, options, layout: LayoutOptions, plan: "_LayoutPlan", context: PackContext,
@@ -270,9 +274,9 @@ class _LayoutPlan:
     fingerprint: str
 
 
-def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
+def _plan_layout(src: Path, options, layout: LayoutOptions, source: str) -> _LayoutPlan:
     """Scan SRC, label its images, drop those without their required sidecars and fix the
-    packing order (:func:`pack_layout` before OUT is touched)."""
+    packing order (:func:`pack_layout` before OUT is touched); ``source``: SRC as recorded and named."""
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files,
                          follow_external_links=options.follow_external_links)
@@ -282,9 +286,9 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     n_found = (len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
                + len(found.unpackable))
     skipped: list[dict] = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in found.unpackable]
-    labels = _resolve_labels(src, options, layout, found, skipped)
+    labels = _resolve_labels(src, options, layout, found, skipped, source)
     if not labels.images:
-        raise ValueError(f"{src}: no images with extensions {','.join(exts)} to pack")
+        raise ValueError(f"{source}: no images with extensions {','.join(exts)} to pack")
     labels.images = _drop_missing_sidecars(src, options, layout, found, labels.images, skipped)
     images = labels.images
     order = list(range(len(images)))
@@ -292,7 +296,7 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
         random.Random(options.seed).shuffle(order)  # the permutation plan_samples applies
     classes = [c for c, _ in sorted(labels.class_to_idx.items(), key=lambda kv: kv[1])]
     fp = options.fingerprint_fields()
-    recorded = {**fp, "source": str(src.absolute()), "layout": labels.kind}
+    recorded = {**fp, "source": source, "layout": labels.kind}
     if layout.labels_file is not None:
         recorded["labels_file"] = str(layout.labels_file)
         for name in ("num_classes", "label_kind"):
@@ -312,14 +316,15 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     return plan
 
 
-def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
+def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict],
+                    source: str) -> _Labels:
     """The labels from the labels file, else none (``no_labels``, or no class folders), else the
     class folders; the images without a label are added to ``skipped`` (or raise)."""
     if layout.labels_file is not None:
-        return _labels_from_file(src, options, layout, found, skipped)
+        return _labels_from_file(src, options, layout, found, skipped, source)
     if layout.no_labels or not any("/" in rel for rel, *_ in found.images):
         if options.class_to_idx is not None:  # a class map asks for labels: never dropped silently
-            why = "--no-labels" if layout.no_labels else f"{src} has no class folders"
+            why = "--no-labels" if layout.no_labels else f"{source} has no class folders"
             raise ValueError(f"--classes-from gives classes, but this pack is unlabelled ({why}); pass --labels FILE "
                              "to label the images, or drop --classes-from")
         return _Labels(found.images, {}, {}, False, "unlabelled")
@@ -336,7 +341,8 @@ def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, sk
     return _Labels(images, class_to_idx, labels_of, True, "class-folders")
 
 
-def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
+def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict],
+                      source: str) -> _Labels:
     """The labels of ``layout.labels_file``: images without a row and rows without an image are
     an error (``on_error="raise"``) or skipped; the class map is ``options.class_to_idx``, else
     ``"0" .. "K-1"`` for integer labels, else the sorted label names."""
@@ -349,10 +355,10 @@ def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, 
     if (unlisted or absent) and options.on_error != "skip":
         parts = []
         if unlisted:
-            parts.append(f"{len(unlisted)} image(s) under {src} have no row in {layout.labels_file} "
+            parts.append(f"{len(unlisted)} image(s) under {source} have no row in {layout.labels_file} "
                          f"(e.g. {', '.join(unlisted[:3])})")
         if absent:
-            parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {src} "
+            parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {source} "
                          f"(e.g. {', '.join(_why_not_an_image(src, rel, found) for rel in absent[:3])})")
         raise ValueError("; ".join(parts) + "; fix the labels file, or pass --on-error skip to pack the "
                          "images that have a label (the others are listed in the manifest's skipped)")
@@ -403,7 +409,7 @@ def _finished_layout_report(manifest: Manifest, where: str, plan: _LayoutPlan, t
         raise ValueError(f"{where}: already holds a finished dataset packed with other options, labels or "
                          f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
                          "output folder")
-    return finished_manifest_report(manifest, source=str(plan.src.absolute()), output=where, t0=t0, workers=1,
+    return finished_manifest_report(manifest, source=plan.recorded["source"], output=where, t0=t0, workers=1,
                                     ignored=plan.found.ignored, empty_classes=[],
                                     extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
@@ -534,7 +540,7 @@ def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, se
     """The :class:`~shardfeed.convert.write.report.PackReport` of a finished layout pack."""
     from .report import manifest_report
 
-    return manifest_report(manifest, source=str(plan.src.absolute()), output=str(out),
+    return manifest_report(manifest, source=plan.recorded["source"], output=str(out),
                            input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=options.workers,
                            ignored=plan.found.ignored, empty_classes=[],
                            extra={"layout": plan.labels.kind, "fields": manifest.fields})
