@@ -138,3 +138,27 @@ def test_a_bucket_object_that_is_also_a_folder_is_refused_by_name(s3_client, s3_
         pack(f"s3://{bucket}/p", tmp_path / "out", PackOptions(format="wds", workers=1),
              layout=LayoutOptions(no_labels=True))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_an_lmdb_layout_pack_from_a_bucket_holds_the_local_records(s3_client, s3_bucket, tmp_path, monkeypatch):
+    from shardfeed.readers import open_dataset
+
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path))
+    src = tmp_path / "src"
+    want = _plant(src)
+    bucket = s3_bucket("layout-src-lmdb")
+    _upload_dir(s3_client, bucket, "flat/", src)
+    layout = LayoutOptions(labels_file=src / "labels.csv", sidecars=("txt",))
+    options = PackOptions(format="lmdb", workers=1)
+    pack(src, tmp_path / "local", options, layout=layout)
+    pack(f"s3://{bucket}/flat", tmp_path / "remote", options, layout=layout)
+
+    def records(folder: Path) -> list[tuple]:
+        ds = open_dataset(folder, fields=("txt",), decode=False)
+        return [(s.key, s.meta["path"], bytes(s.data), s.label, f.get("txt")) for s, f in ds]
+
+    got = records(tmp_path / "remote")
+    assert got == records(tmp_path / "local")
+    assert {path: (data, txt) for _, path, data, _, txt in got} == \
+        {rel: (item["jpg"], item["txt"].decode() if "txt" in item else None) for rel, item in want.items()}
