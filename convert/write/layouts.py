@@ -17,8 +17,10 @@ Rules (binding for these layouts): images and sidecar files are found by
 :mod:`shardfeed.convert.write.layout_scan` (the one naming rule: an image is an image whatever its
 stem; a sidecar file is an image's stem plus a requested suffix; symbolic links followed inside
 SRC and refused out of it, as a class-folder pack does), recursively below SRC, in sorted order;
-the packing order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``),
-keys are the zero-padded positions. An image missing from the labels file and a row naming a
+the packing order is the seeded shuffle of that sorted order and keys are the zero-padded
+positions: the plan is a :class:`~shardfeed.convert.write.plan.SamplePlan` over the images' compact
+columns (:func:`~shardfeed.convert.write.plan.plan_files`, the rule of ``pack``'s ``plan_samples``).
+An image missing from the labels file and a row naming a
 missing image are counted and named: an error, or (``on_error="skip"``) listed in the manifest's
 ``skipped``; never guessed. Sidecar files are stored as they are, once checked to read back (a
 ``.txt`` is UTF-8, a ``.json`` parses); re-encoding and ``--decode-check`` apply to the image.
@@ -39,9 +41,9 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import time
 import unicodedata
+from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -50,6 +52,7 @@ from shardfeed.readers.format.manifest import (
     key_width,
     member_clash,
 )
+from shardfeed.readers.format.path_column import PathColumn
 from shardfeed.readers.format.registry import describe
 
 from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
@@ -70,7 +73,8 @@ from .layout_scan import scan_layout_folder
 from .label_files import (MAX_CLASSES, MAX_LABEL_FIELD_CHARS, MAX_LABEL_ROWS, MAX_LABELS_FILE_BYTES,
                           parse_sidecars, read_classes_file, read_label_rows,
                           read_labels_file)
-from .scan import parse_extensions
+from .plan import SamplePlan, input_bytes, plan_files
+from .scan import ScannedFiles, parse_extensions
 
 __all__ = ["write_dataset", "pack_layout", "pack_layout_to_store", "read_labels_file", "read_label_rows",
            "read_classes_file", "LayoutOptions", "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS",
@@ -247,7 +251,8 @@ def _write_layout_tasks(out: Path, options, layout: LayoutOptions, plan: _Layout
 
 @dataclasses.dataclass
 class _Labels:
-    """The labels of a layout pack: the images left to pack and each one's class index."""
+    """The labels of a layout pack: the images left to pack and each one's class index (both
+    emptied once planned: the plan's columns hold them)."""
 
     images: list
     class_to_idx: dict[str, int]
@@ -265,7 +270,8 @@ class _LayoutPlan:
     n_found: int
     labels: _Labels
     skipped: list[dict]
-    planned: list
+    #: the packing order and keys: the images as rows of compact columns, class code = label
+    planned: SamplePlan
     width: int
     classes: list[str]
     fp: dict
@@ -291,9 +297,6 @@ def _plan_layout(src: Path, options, layout: LayoutOptions, source: str) -> _Lay
         raise ValueError(f"{source}: no images with extensions {','.join(exts)} to pack")
     labels.images = _drop_missing_sidecars(src, options, layout, found, labels.images, skipped)
     images = labels.images
-    order = list(range(len(images)))
-    if options.shuffle:
-        random.Random(options.seed).shuffle(order)  # the permutation plan_samples applies
     classes = [c for c, _ in sorted(labels.class_to_idx.items(), key=lambda kv: kv[1])]
     fp = options.fingerprint_fields()
     recorded = {**fp, "source": source, "layout": labels.kind}
@@ -308,12 +311,32 @@ def _plan_layout(src: Path, options, layout: LayoutOptions, source: str) -> _Lay
     files = {"found": n_found, "packed": 0, "skipped": 0, "ignored": len(found.ignored)}
     if layout.sidecars:
         files["sidecars"] = sum(len(v) for v in found.sidecars.values())
-    planned = [images[i] for i in order]
+    # the one order and key rule (plan_files), on the images' compact columns
+    planned = plan_files(_image_columns(src, images, labels, classes), seed=options.seed, shuffle=options.shuffle)
+    found.images, labels.images, labels.labels_of = [], [], {}  # the columns hold them now (memory)
     plan = _LayoutPlan(src=src, found=found, n_found=n_found, labels=labels, skipped=skipped, planned=planned,
                        width=key_width(len(images)), classes=classes, fp=fp, recorded=recorded, files=files,
                        fingerprint="")
     plan.fingerprint = layout_fingerprint(recorded, labels.class_to_idx, layout_shards.layout_rows(plan, layout))
     return plan
+
+
+def _image_columns(src: Path, images: list, labels: _Labels, classes: list[str]) -> ScannedFiles:
+    """The images to pack (``(rel, ext, size, mtime)``, sorted) as compact columns; each image's
+    class code names its label (``classes[code]``, index ``class_labels[code]``), or the one code
+    of label -1 when unlabelled."""
+    rels = PathColumn.from_paths(rel for rel, *_ in images)
+    exts = sorted({t[1] for t in images})
+    ext_code = {e: i for i, e in enumerate(exts)}
+    if labels.labelled:
+        names, indices = classes, [labels.class_to_idx[c] for c in classes]
+        code_of = {index: code for code, index in enumerate(indices)}
+        codes = array("i", (code_of[labels.labels_of[rel]] for rel, *_ in images))
+    else:
+        names, indices, codes = [""], [-1], array("i", bytes(4 * len(images)))
+    return ScannedFiles(str(src.absolute()), rels, array("q", (t[2] for t in images)),
+                        array("q", (t[3] for t in images)), codes, names, indices,
+                        array("H", (ext_code[t[1]] for t in images)), exts)
 
 
 def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict],
@@ -541,7 +564,7 @@ def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, se
     from .report import manifest_report
 
     return manifest_report(manifest, source=plan.recorded["source"], output=str(out),
-                           input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=options.workers,
+                           input_bytes=input_bytes(plan.planned), seconds=seconds, workers=options.workers,
                            ignored=plan.found.ignored, empty_classes=[],
                            extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
