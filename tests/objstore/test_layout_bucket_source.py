@@ -162,3 +162,47 @@ def test_an_lmdb_layout_pack_from_a_bucket_holds_the_local_records(s3_client, s3
     assert got == records(tmp_path / "local")
     assert {path: (data, txt) for _, path, data, _, txt in got} == \
         {rel: (item["jpg"], item["txt"].decode() if "txt" in item else None) for rel, item in want.items()}
+
+
+@pytest.mark.slow
+def test_an_interrupted_layout_pack_from_a_bucket_resumes_without_downloading_again(s3_client, s3_bucket, tmp_path,
+                                                                                     monkeypatch):
+    """The mirror stays after a stopped pack; ``resume`` finds every file there (size and mtime)
+    and keeps the complete shards: the shards of the local pack, nothing downloaded twice."""
+    from shardfeed.convert.write import layout_shards
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(staging))
+    src = tmp_path / "src"
+    _plant(src)
+    bucket = s3_bucket("layout-src-resume")
+    _upload_dir(s3_client, bucket, "flat/", src)
+    url = f"s3://{bucket}/flat/"
+    layout = LayoutOptions(labels_file=src / "labels.csv", sidecars=("txt",))
+    pack(src, tmp_path / "local", PackOptions(format="wds", max_count=3, workers=1), layout=layout)
+    real_read, calls = layout_shards.read_checked, {"n": 0}
+
+    def read_then_stop(*args):
+        calls["n"] += 1
+        if calls["n"] == 12:  # shard 0 (3 images, 2 captions) and shard 1 complete, shard 2 not
+            raise KeyboardInterrupt
+        return real_read(*args)
+
+    monkeypatch.setattr(layout_shards, "read_checked", read_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        pack(url, tmp_path / "remote", PackOptions(format="wds", max_count=3, workers=1), layout=layout)
+    monkeypatch.setattr(layout_shards, "read_checked", real_read)
+    assert (tmp_path / "remote" / "shard-000000.tar").exists() and not (tmp_path / "remote" / "manifest.json").exists()
+    assert len(list(staging.iterdir())) == 1, "the mirror is kept for the resumed pack"
+    kept = (tmp_path / "remote" / "shard-000000.tar").stat().st_mtime_ns
+
+    read: list[str] = []
+    original = StoreLocation.read_bytes
+    monkeypatch.setattr(StoreLocation, "read_bytes", lambda self, name, **kw: read.append(name) or original(
+        self, name, **kw))
+    pack(url, tmp_path / "remote", PackOptions(format="wds", max_count=3, workers=1, resume=True), layout=layout)
+    assert read == []
+    assert (tmp_path / "remote" / "shard-000000.tar").stat().st_mtime_ns == kept
+    assert _shards(tmp_path / "remote") == _shards(tmp_path / "local")
+    assert list(staging.iterdir()) == []
