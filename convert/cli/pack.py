@@ -109,8 +109,9 @@ def pack_cmd(ctx, src: Path, out: Path, extensions, classes_from, labels_file, n
     \b
     Other layouts: a folder plus a labels file (--labels FILE), images with sidecar
     files (--sidecars txt,json), or no labels at all (--no-labels, or a SRC without
-    sub-folders); these pack in one process (--resume: WebDataset; re-encoding applies
-    to the images, sidecar files are stored as they are).
+    sub-folders); these take -j, --executor ray, --resume and a bucket SRC or OUT as
+    class folders do (re-encoding applies to the images, sidecar files are stored as
+    they are; with a bucket SRC, --labels FILE is a local file).
 
     \b
     Classes are SRC's sorted sub-folders, as torchvision.datasets.ImageFolder finds them;

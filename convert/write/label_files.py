@@ -163,11 +163,17 @@ _NEGATIVE_INT = re.compile(r"^-[0-9]+$")
 def _read_bounded(p: Path, limit: int, what: str) -> bytes:
     """The bytes of ``p``, at most ``limit`` (read so: a file that grows, or a pipe such as
     ``--labels <(...)``, is bounded too, not just one whose size says so)."""
+    parts, got = [], 0
     with open(p, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
+        while got <= limit:  # in chunks: memory follows the file, never the limit
+            chunk = f.read(min(limit + 1 - got, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    if got > limit:
         raise ValueError(f"{p}: over the {limit} bytes {what} may have")
-    return data
+    return b"".join(parts)
 
 
 def _csv_rows(reader, p: Path):

@@ -35,7 +35,7 @@ from shardfeed.readers.format.manifest import normalize_ext, stored_path_problem
 from shardfeed.readers.format.folder_walk import OutsideLink, walk_folder
 from shardfeed.readers.format.imagefolder import display_name, outside_link_entries, unstatable_reason
 
-__all__ = ["Found", "scan_layout_folder"]
+__all__ = ["Found", "scan_layout_folder", "may_be_read"]
 
 
 @dataclasses.dataclass
@@ -154,6 +154,13 @@ def _scan_one_folder(dirpath: str, rel_dir: str, names: list[str], ext_set: set[
                                   "reason": "sidecar file without an image of the same stem"})
         else:
             found.ignored.append({"path": display_name(rel_dir + name), "reason": "extension not packed"})
+
+
+def may_be_read(name: str, exts: tuple[str, ...], sidecars: tuple[str, ...]) -> bool:
+    """Whether :func:`scan_layout_folder` may read the file ``name`` (a file name, not hidden):
+    its extension is packed (an image, or a sidecar file that is an image file), or it ends in a
+    requested sidecar suffix. Every other file is only listed as ignored."""
+    return _ext(name) in {e.lower() for e in exts} or any(_ends_with(name, f) for f in sidecars)
 
 
 def _ext(name: str) -> str:

@@ -59,32 +59,38 @@ def uses_tasks(options) -> bool:
 
 
 class LayoutRows(Sequence):
-    """The planned samples of a layout plan (``layouts._LayoutPlan``) as :data:`LayoutRow`, in
+    """The planned samples of a layout plan (``layouts._LayoutPlan``, whose ``planned`` is a
+    :class:`~shardfeed.convert.write.plan.SamplePlan`: class code = label) as :data:`LayoutRow`, in
     packing order, built on demand (the plan is not copied; a slice is a list of rows)."""
 
     def __init__(self, plan, layout):
         self._plan = plan
+        self._planned = plan.planned  # a SamplePlan: rows of compact columns, class code = label
+        self._files = plan.planned.columns
         self._sidecars = frozenset(layout.sidecars)
         self._idx_to_class = {i: c for c, i in plan.labels.class_to_idx.items()}
 
     def __len__(self) -> int:
-        return len(self._plan.planned)
+        return len(self._planned)
 
     def size(self, j: int) -> int:
         """The image's size of row ``j`` (bytes, at the scan), without building the row."""
-        return self._plan.planned[j][2]
+        return self._files.sizes[self._planned.row(j)]
 
     def __getitem__(self, j):
         if isinstance(j, slice):
             return [self[i] for i in range(*j.indices(len(self)))]
-        plan = self._plan
-        labels, found = plan.labels, plan.found
-        rel, ext, size, mtime = plan.planned[j]
-        label = labels.labels_of[rel] if labels.labelled else None
+        plan, files = self._plan, self._files
+        i = self._planned.row(j)
+        j = j + len(self) if j < 0 else j
+        rel = files.rels[i]
+        label = files.class_labels[files.class_codes[i]] if plan.labels.labelled else None
         meta = {"path": rel} if label is None else {"path": rel, "class": self._idx_to_class[label]}
+        found = plan.found
         sides = tuple((f, srel, *found.side_stats[srel]) for f, srel in sorted(found.sidecars.get(rel, {}).items())
                       if f in self._sidecars)
-        return (str(j).zfill(plan.width), rel, ext, size, mtime, label, meta_bytes(meta), sides)
+        return (self._planned.key_of(j), rel, files.exts[files.ext_codes[i]], files.sizes[i], files.mtimes_ns[i],
+                label, meta_bytes(meta), sides)
 
 
 def layout_rows(plan, layout) -> LayoutRows:

@@ -17,8 +17,10 @@ Rules (binding for these layouts): images and sidecar files are found by
 :mod:`shardfeed.convert.write.layout_scan` (the one naming rule: an image is an image whatever its
 stem; a sidecar file is an image's stem plus a requested suffix; symbolic links followed inside
 SRC and refused out of it, as a class-folder pack does), recursively below SRC, in sorted order;
-the packing order is the seeded shuffle of that sorted order (as ``pack``'s ``plan_samples``),
-keys are the zero-padded positions. An image missing from the labels file and a row naming a
+the packing order is the seeded shuffle of that sorted order and keys are the zero-padded
+positions: the plan is a :class:`~shardfeed.convert.write.plan.SamplePlan` over the images' compact
+columns (:func:`~shardfeed.convert.write.plan.plan_files`, the rule of ``pack``'s ``plan_samples``).
+An image missing from the labels file and a row naming a
 missing image are counted and named: an error, or (``on_error="skip"``) listed in the manifest's
 ``skipped``; never guessed. Sidecar files are stored as they are, once checked to read back (a
 ``.txt`` is UTF-8, a ``.json`` parses); re-encoding and ``--decode-check`` apply to the image.
@@ -39,9 +41,9 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import time
 import unicodedata
+from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -50,6 +52,7 @@ from shardfeed.readers.format.manifest import (
     key_width,
     member_clash,
 )
+from shardfeed.readers.format.path_column import PathColumn
 from shardfeed.readers.format.registry import describe
 
 from shardfeed.readers.file_io import read_small_file, write_bytes_atomic
@@ -70,7 +73,8 @@ from .layout_scan import scan_layout_folder
 from .label_files import (MAX_CLASSES, MAX_LABEL_FIELD_CHARS, MAX_LABEL_ROWS, MAX_LABELS_FILE_BYTES,
                           parse_sidecars, read_classes_file, read_label_rows,
                           read_labels_file)
-from .scan import parse_extensions
+from .plan import SamplePlan, input_bytes, plan_files
+from .scan import ScannedFiles, parse_extensions
 
 __all__ = ["write_dataset", "pack_layout", "pack_layout_to_store", "read_labels_file", "read_label_rows",
            "read_classes_file", "LayoutOptions", "MAX_LABELS_FILE_BYTES", "MAX_LABEL_ROWS", "MAX_LABEL_FIELD_CHARS",
@@ -117,7 +121,8 @@ class LayoutOptions:
 
 
 def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout: LayoutOptions, *,
-                progress: Callable[[int, int], None] | None = None, context: PackContext | None = None):
+                progress: Callable[[int, int], None] | None = None, context: PackContext | None = None,
+                source: str | None = None):
     """Pack SRC in a layout other than plain class folders (see the module docstring).
 
     Labels come from ``layout.labels_file``, else from class folders (``SRC/CLASS/...``, sorted as
@@ -130,7 +135,10 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
             ``context``).
         context: the pack's :class:`~shardfeed.convert.write.context.PackContext` (:func:`pack` passes
             its own; its ``progress`` is called); None: one made for ``options`` with
-            ``progress``. These layouts pack in this process: the executor runs no task.
+            ``progress``.
+        source: what the manifest records as ``options.source`` and messages name: the bucket
+            URL when ``src`` is its local mirror (:func:`~shardfeed.convert.write.pack.pack`); None:
+            ``src``'s absolute path.
 
     Returns:
         A :class:`~shardfeed.convert.write.pack.PackReport`.
@@ -145,17 +153,17 @@ def pack_layout(src: str | os.PathLike, out: str | os.PathLike, options, layout:
     """
     if context is None:
         with PackContext.for_options(options, progress=progress) as context:
-            return pack_layout(src, out, options, layout, context=context)
+            return pack_layout(src, out, options, layout, context=context, source=source)
     if progress is not None:
         raise TypeError("pack_layout(context=...): pass progress in the context")
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
-    plan = _checked_plan(src, options, layout)
+    plan = _checked_plan(src, options, layout, source)
     return _pack_planned(src, out, options, layout, plan, context, t0)
 
 
 def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: LayoutOptions, *,
-                         context: PackContext):
+                         context: PackContext, source: str | None = None):
     """:func:`pack_layout` into an object-store prefix (``s3://bucket/prefix/``): built in a local
     staging folder and uploaded shard by shard, the manifest last
     (:func:`~shardfeed.convert.write.store_pack.pack_to_store`); the same objects as the local pack's files.
@@ -169,7 +177,7 @@ def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: 
     from .store_pack import pack_to_store
 
     src = Path(src)
-    plan = _checked_plan(src, options, layout)
+    plan = _checked_plan(src, options, layout, source)
 
     def build(src, stage, local_options, *, scan, context):
         return _pack_planned(Path(src), Path(stage), local_options, layout, plan, context, time.perf_counter())
@@ -180,7 +188,7 @@ def pack_layout_to_store(src: str | os.PathLike, out_url: str, options, layout: 
     return pack_to_store(src, out_url, options, build, context=context, finished=finished)
 
 
-def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
+def _checked_plan(src: Path, options, layout: LayoutOptions, source: str | None) -> "_LayoutPlan":
     """The options checked, then SRC scanned and planned (:func:`_plan_layout`); OUT untouched.
 
     Raises:
@@ -201,7 +209,7 @@ def _checked_plan(src: Path, options, layout: LayoutOptions) -> "_LayoutPlan":
     if layout.require_sidecars and not layout.sidecars:
         raise ValueError("--require-sidecars needs --sidecars naming the sidecar files to require (e.g. "
                          "--sidecars txt,json)")
-    return _plan_layout(src, options, layout)
+    return _plan_layout(src, options, layout, source or str(src.absolute()))
 
 
 def _pack_planned(src: Path, out: Path, options, layout: LayoutOptions, plan: "_LayoutPlan", context: PackContext,
@@ -243,7 +251,8 @@ def _write_layout_tasks(out: Path, options, layout: LayoutOptions, plan: _Layout
 
 @dataclasses.dataclass
 class _Labels:
-    """The labels of a layout pack: the images left to pack and each one's class index."""
+    """The labels of a layout pack: the images left to pack and each one's class index (both
+    emptied once planned: the plan's columns hold them)."""
 
     images: list
     class_to_idx: dict[str, int]
@@ -261,7 +270,8 @@ class _LayoutPlan:
     n_found: int
     labels: _Labels
     skipped: list[dict]
-    planned: list
+    #: the packing order and keys: the images as rows of compact columns, class code = label
+    planned: SamplePlan
     width: int
     classes: list[str]
     fp: dict
@@ -270,9 +280,9 @@ class _LayoutPlan:
     fingerprint: str
 
 
-def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
+def _plan_layout(src: Path, options, layout: LayoutOptions, source: str) -> _LayoutPlan:
     """Scan SRC, label its images, drop those without their required sidecars and fix the
-    packing order (:func:`pack_layout` before OUT is touched)."""
+    packing order (:func:`pack_layout` before OUT is touched); ``source``: SRC as recorded and named."""
     exts = parse_extensions(options.extensions)
     found = _scan_images(src.absolute(), exts, tuple(layout.sidecars), layout.max_files,
                          follow_external_links=options.follow_external_links)
@@ -282,17 +292,14 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     n_found = (len(found.images) + sum(len(v) for v in found.sidecars.values()) + len(found.ignored)
                + len(found.unpackable))
     skipped: list[dict] = [{"path": u["path"], "key": None, "reason": u["reason"]} for u in found.unpackable]
-    labels = _resolve_labels(src, options, layout, found, skipped)
+    labels = _resolve_labels(src, options, layout, found, skipped, source)
     if not labels.images:
-        raise ValueError(f"{src}: no images with extensions {','.join(exts)} to pack")
+        raise ValueError(f"{source}: no images with extensions {','.join(exts)} to pack")
     labels.images = _drop_missing_sidecars(src, options, layout, found, labels.images, skipped)
     images = labels.images
-    order = list(range(len(images)))
-    if options.shuffle:
-        random.Random(options.seed).shuffle(order)  # the permutation plan_samples applies
     classes = [c for c, _ in sorted(labels.class_to_idx.items(), key=lambda kv: kv[1])]
     fp = options.fingerprint_fields()
-    recorded = {**fp, "source": str(src.absolute()), "layout": labels.kind}
+    recorded = {**fp, "source": source, "layout": labels.kind}
     if layout.labels_file is not None:
         recorded["labels_file"] = str(layout.labels_file)
         for name in ("num_classes", "label_kind"):
@@ -304,7 +311,9 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     files = {"found": n_found, "packed": 0, "skipped": 0, "ignored": len(found.ignored)}
     if layout.sidecars:
         files["sidecars"] = sum(len(v) for v in found.sidecars.values())
-    planned = [images[i] for i in order]
+    # the one order and key rule (plan_files), on the images' compact columns
+    planned = plan_files(_image_columns(src, images, labels, classes), seed=options.seed, shuffle=options.shuffle)
+    found.images, labels.images, labels.labels_of = [], [], {}  # the columns hold them now (memory)
     plan = _LayoutPlan(src=src, found=found, n_found=n_found, labels=labels, skipped=skipped, planned=planned,
                        width=key_width(len(images)), classes=classes, fp=fp, recorded=recorded, files=files,
                        fingerprint="")
@@ -312,14 +321,33 @@ def _plan_layout(src: Path, options, layout: LayoutOptions) -> _LayoutPlan:
     return plan
 
 
-def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
+def _image_columns(src: Path, images: list, labels: _Labels, classes: list[str]) -> ScannedFiles:
+    """The images to pack (``(rel, ext, size, mtime)``, sorted) as compact columns; each image's
+    class code names its label (``classes[code]``, index ``class_labels[code]``), or the one code
+    of label -1 when unlabelled."""
+    rels = PathColumn.from_paths(rel for rel, *_ in images)
+    exts = sorted({t[1] for t in images})
+    ext_code = {e: i for i, e in enumerate(exts)}
+    if labels.labelled:
+        names, indices = classes, [labels.class_to_idx[c] for c in classes]
+        code_of = {index: code for code, index in enumerate(indices)}
+        codes = array("i", (code_of[labels.labels_of[rel]] for rel, *_ in images))
+    else:
+        names, indices, codes = [""], [-1], array("i", bytes(4 * len(images)))
+    return ScannedFiles(str(src.absolute()), rels, array("q", (t[2] for t in images)),
+                        array("q", (t[3] for t in images)), codes, names, indices,
+                        array("H", (ext_code[t[1]] for t in images)), exts)
+
+
+def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict],
+                    source: str) -> _Labels:
     """The labels from the labels file, else none (``no_labels``, or no class folders), else the
     class folders; the images without a label are added to ``skipped`` (or raise)."""
     if layout.labels_file is not None:
-        return _labels_from_file(src, options, layout, found, skipped)
+        return _labels_from_file(src, options, layout, found, skipped, source)
     if layout.no_labels or not any("/" in rel for rel, *_ in found.images):
         if options.class_to_idx is not None:  # a class map asks for labels: never dropped silently
-            why = "--no-labels" if layout.no_labels else f"{src} has no class folders"
+            why = "--no-labels" if layout.no_labels else f"{source} has no class folders"
             raise ValueError(f"--classes-from gives classes, but this pack is unlabelled ({why}); pass --labels FILE "
                              "to label the images, or drop --classes-from")
         return _Labels(found.images, {}, {}, False, "unlabelled")
@@ -336,7 +364,8 @@ def _resolve_labels(src: Path, options, layout: LayoutOptions, found: _Found, sk
     return _Labels(images, class_to_idx, labels_of, True, "class-folders")
 
 
-def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict]) -> _Labels:
+def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, skipped: list[dict],
+                      source: str) -> _Labels:
     """The labels of ``layout.labels_file``: images without a row and rows without an image are
     an error (``on_error="raise"``) or skipped; the class map is ``options.class_to_idx``, else
     ``"0" .. "K-1"`` for integer labels, else the sorted label names."""
@@ -349,10 +378,10 @@ def _labels_from_file(src: Path, options, layout: LayoutOptions, found: _Found, 
     if (unlisted or absent) and options.on_error != "skip":
         parts = []
         if unlisted:
-            parts.append(f"{len(unlisted)} image(s) under {src} have no row in {layout.labels_file} "
+            parts.append(f"{len(unlisted)} image(s) under {source} have no row in {layout.labels_file} "
                          f"(e.g. {', '.join(unlisted[:3])})")
         if absent:
-            parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {src} "
+            parts.append(f"{len(absent)} row(s) of {layout.labels_file} name no image under {source} "
                          f"(e.g. {', '.join(_why_not_an_image(src, rel, found) for rel in absent[:3])})")
         raise ValueError("; ".join(parts) + "; fix the labels file, or pass --on-error skip to pack the "
                          "images that have a label (the others are listed in the manifest's skipped)")
@@ -403,7 +432,7 @@ def _finished_layout_report(manifest: Manifest, where: str, plan: _LayoutPlan, t
         raise ValueError(f"{where}: already holds a finished dataset packed with other options, labels or "
                          f"files; nothing to resume: rebuild it with {flag('overwrite')}, or choose another "
                          "output folder")
-    return finished_manifest_report(manifest, source=str(plan.src.absolute()), output=where, t0=t0, workers=1,
+    return finished_manifest_report(manifest, source=plan.recorded["source"], output=where, t0=t0, workers=1,
                                     ignored=plan.found.ignored, empty_classes=[],
                                     extra={"layout": plan.labels.kind, "fields": manifest.fields})
 
@@ -534,8 +563,8 @@ def _layout_report(out: Path, options, plan: _LayoutPlan, manifest: Manifest, se
     """The :class:`~shardfeed.convert.write.report.PackReport` of a finished layout pack."""
     from .report import manifest_report
 
-    return manifest_report(manifest, source=str(plan.src.absolute()), output=str(out),
-                           input_bytes=sum(t[2] for t in plan.planned), seconds=seconds, workers=options.workers,
+    return manifest_report(manifest, source=plan.recorded["source"], output=str(out),
+                           input_bytes=input_bytes(plan.planned), seconds=seconds, workers=options.workers,
                            ignored=plan.found.ignored, empty_classes=[],
                            extra={"layout": plan.labels.kind, "fields": manifest.fields})
 

@@ -285,8 +285,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     * a local OUT is checked (:func:`prepare_output`) before the scan (a refused OUT costs no scan);
     * labels from a file, sidecar files, no labels (``layout``:
       :class:`~shardfeed.convert.write.layouts.LayoutOptions`), and a SRC without class folders (packed
-      unlabelled, with a ``notice``) go to :func:`shardfeed.convert.write.layouts.pack_layout` (a local
-      SRC; OUT local or in a bucket).
+      unlabelled, with a ``notice``) go to :func:`shardfeed.convert.write.layouts.pack_layout` (OUT local
+      or in a bucket). A bucket SRC is mirrored for them by
+      :func:`shardfeed.convert.write.store_pack.mirror_layout_folder` (only the images and files ending in
+      a sidecar suffix are downloaded); ``layout.labels_file`` is a local file either way.
 
     Args:
         src: an ImageFolder root (``SRC/CLASS/IMAGE``): a local path or an ``s3://`` prefix.
@@ -317,7 +319,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
     Raises:
         FileNotFoundError, NotADirectoryError: SRC missing or a file; OUT a file.
         ValueError: empty SRC, OUT not empty, bad options, a sample larger than ``max_bytes``;
-            a layout with a bucket SRC.
+            with a ``layout``, a bucket object whose name cannot be a local file (named).
         shardfeed.readers.errors.UnsupportedURLError: a scheme other than ``file``/``s3`` (named,
             nothing written: never a local folder called ``gs:``), LMDB to a bucket, or the
             object-store client not installed.
@@ -345,21 +347,28 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions | 
             prepare_output(src, out, resume=options.resume, overwrite=options.overwrite, check_only=True)
         layout = _layout_of(src, layout, src_url=src_url, notice=notice)
         if layout is not None:
-            return _pack_layout_locally(src, out, options, layout, context, to_store=to_store)
-        if scan is None:
-            scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
-                                     progress=scan_progress, follow_external_links=options.follow_external_links)
-        if start_progress is not None:
-            start_progress(len(scan.files), scan.num_bytes)
-        if to_store:
-            from .store_pack import pack_to_store
-
-            report = pack_to_store(src, out, options, pack_local, context=context, scan=scan)
+            report = _pack_layout_locally(src, out, options, layout, context, to_store=to_store, source=src_url)
         else:
-            report = pack_local(src, out, options, scan=scan, context=context)
+            report = _pack_class_folders(src, out, options, context, scan, to_store, scan_progress, start_progress)
     if src_url is not None:
         _finish_bucket_source(report, src, src_url, download_s)
     return report
+
+
+def _pack_class_folders(src: Path, out, options: PackOptions, context: PackContext, scan: ScanResult | None,
+                        to_store: bool, scan_progress: Callable[[str, int], None] | None,
+                        start_progress: Callable[[int, int], None] | None) -> PackReport:
+    """:func:`pack` of class folders (SRC local or a bucket's mirror) into a local OUT or a bucket."""
+    if scan is None:
+        scan = scan_image_folder(src, extensions=options.extensions, class_to_idx=options.class_to_idx,
+                                 progress=scan_progress, follow_external_links=options.follow_external_links)
+    if start_progress is not None:
+        start_progress(len(scan.files), scan.num_bytes)
+    if to_store:
+        from .store_pack import pack_to_store
+
+        return pack_to_store(src, out, options, pack_local, context=context, scan=scan)
+    return pack_local(src, out, options, scan=scan, context=context)
 
 
 def _append(src: Path, out: str | Path, options: PackOptions, context: PackContext, layout: LayoutOptions | None,
@@ -382,14 +391,15 @@ def _append(src: Path, out: str | Path, options: PackOptions, context: PackConte
 
 
 def _pack_layout_locally(src: Path, out, options: PackOptions, layout, context: PackContext, *,
-                         to_store: bool) -> PackReport:
+                         to_store: bool, source: str | None) -> PackReport:
     """:func:`pack` of a layout beyond the class folder (:func:`shardfeed.convert.write.layouts.pack_layout`),
-    into a local OUT or a bucket (:func:`shardfeed.convert.write.layouts.pack_layout_to_store`)."""
+    into a local OUT or a bucket (:func:`shardfeed.convert.write.layouts.pack_layout_to_store`); ``source``:
+    the bucket URL ``src`` mirrors (recorded instead of the mirror's path), or None."""
     from .layouts import pack_layout, pack_layout_to_store
 
     if to_store:
-        return pack_layout_to_store(src, out, options, layout, context=context)
-    report: PackReport = pack_layout(src, out, options, layout, context=context)
+        return pack_layout_to_store(src, out, options, layout, context=context, source=source)
+    report: PackReport = pack_layout(src, out, options, layout, context=context, source=source)
     return report
 
 
@@ -429,12 +439,13 @@ def _local_source(src: str | os.PathLike[str], options: PackOptions, context: Pa
                   ) -> tuple[Path, ScanResult | None, str | None]:
     """:func:`pack`'s SRC as a local folder: ``(folder, scan, bucket URL or None)``.
 
-    A bucket SRC is mirrored to a local folder first (with ``context.storage_options``); its scan
-    is the listing's, rooted at the mirror. A local SRC keeps the ``scan`` given.
+    A bucket SRC is mirrored to a local folder first (with ``context.storage_options``); for class
+    folders its scan is the listing's, rooted at the mirror; for a ``layout`` the scan is None (the
+    layout scan runs on the mirror). A local SRC keeps the ``scan`` given.
 
     Raises:
         shardfeed.readers.errors.UnsupportedURLError: an unsupported scheme.
-        ValueError: a ``layout`` with a bucket SRC.
+        ValueError: with a ``layout``, a bucket object whose name cannot be a local file.
         FileNotFoundError: the local folder does not exist.
         DataSourceError: the listing or a download failed.
     """
@@ -443,12 +454,14 @@ def _local_source(src: str | os.PathLike[str], options: PackOptions, context: Pa
     check_supported(src, what="`shardfeed pack`", hint="SRC may be a local folder or s3://BUCKET/PREFIX")
     src_url = str(src) if is_remote(src) else None
     if src_url is not None:
-        if layout is not None:
-            raise ValueError("--labels, --sidecars and --no-labels (layout) pack a local folder: copy the bucket's "
-                             "folder to a local disk first (e.g. `aws s3 sync`), then pack it")
-        from .store_pack import mirror_store_folder
+        from .store_pack import mirror_layout_folder, mirror_store_folder
 
         (notice or log.info)(f"listing and downloading the image folder {src_url} ...")
+        if layout is not None:  # the layout scan runs on the mirror (the one naming rule)
+            folder, _ = mirror_layout_folder(src_url, extensions=options.extensions, sidecars=tuple(layout.sidecars),
+                                             max_files=layout.max_files, storage_options=context.storage_options,
+                                             progress=download_progress)
+            return folder, None, src_url
         # the listing's scan, rooted at the mirror: the pack accounts for the bucket's objects
         # (found, ignored, skipped) as for the files of a local folder, not for the mirror's
         folder, scan = mirror_store_folder(src_url, extensions=options.extensions,

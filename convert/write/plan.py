@@ -30,8 +30,8 @@ from shardfeed.readers.format.sample_members import class_bytes, meta_bytes
 from .scan import ScannedFile, ScannedFiles, ScanResult, new_scanned_file
 from .shard_cut import ShardLimits, cut_shards, wds_sample_bytes
 
-__all__ = ["PlannedSample", "SamplePlan", "plan_samples", "plan_shards", "sample_meta_bytes", "fast_meta_bytes",
-           "input_bytes", "file_sizes"]
+__all__ = ["PlannedSample", "SamplePlan", "plan_samples", "plan_files", "plan_shards", "sample_meta_bytes",
+           "fast_meta_bytes", "input_bytes", "file_sizes"]
 
 # json.dumps(..., ensure_ascii=False) encodes strings with this very function (C when available)
 _encode_str = json.encoder.encode_basestring
@@ -157,6 +157,25 @@ class SamplePlan(Sequence[PlannedSample]):
             return self._files
         return self.files
 
+    @property
+    def columns(self) -> ScannedFiles:
+        """The scanned columns the plan's samples are rows of (:meth:`row`); never copied."""
+        return self._files
+
+    def row(self, j: int) -> int:
+        """The row of :attr:`columns` that holds the plan's ``j``-th sample (negative ``j`` counts
+        from the end).
+
+        Raises:
+            IndexError: ``j`` out of range.
+        """
+        n = self._hi - self._lo
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError("sample index out of range")
+        return self._lo + j if self._order is None else self._order[self._lo + j]
+
     def rekeyed(self, start: int, width: int) -> "SamplePlan":
         """The same samples in the same order, keyed from ``start`` with ``width`` digits (no copy)."""
         return SamplePlan(self._files, start, width, order=self._order, _lo=self._lo, _hi=self._hi)
@@ -185,9 +204,7 @@ class SamplePlan(Sequence[PlannedSample]):
                               _hi=self._lo + b)
         if j < 0:
             j += n
-        if not 0 <= j < n:
-            raise IndexError("sample index out of range")
-        f = self._files[self._lo + j if self._order is None else self._order[self._lo + j]]
+        f = self._files[self.row(j)]
         return PlannedSample(self.start + j, self.key_of(j), f, {"path": f.rel, "class": f.class_name})
 
     def __iter__(self) -> Iterator[PlannedSample]:
@@ -265,6 +282,18 @@ def plan_samples(scan: ScanResult, *, seed: int = 0, shuffle: bool = True) -> Sa
     files = scan.files
     if not isinstance(files, ScannedFiles):
         files = ScannedFiles.from_files(scan.root, files)
+    return plan_files(files, seed=seed, shuffle=shuffle)
+
+
+def plan_files(files: ScannedFiles, *, seed: int = 0, shuffle: bool = True) -> SamplePlan:
+    """:func:`plan_samples` of compact columns: the one rule of the packing order and the keys, for
+    class folders and for the layouts (a labels file, sidecar files, no labels), whose images are
+    columns in their sorted order.
+
+    Returns:
+        A :class:`SamplePlan` keyed from 0 (:func:`~shardfeed.readers.format.manifest.key_width` of
+        ``len(files)`` digits).
+    """
     if not shuffle:
         return SamplePlan(files, 0, key_width(len(files)))
     # 4 bytes an entry ("L" past 2**32 files), kept as the plan's order: no reordered copy of the columns

@@ -50,7 +50,8 @@ from .context import PackContext
 from .pack_state import PLAN_NAME, STATE_DIR
 from .tarwriter import create_new_file
 
-__all__ = ["pack_to_store", "convert_to_store", "staging_dir", "mirror_store_folder", "UPLOAD_THREADS",
+__all__ = ["pack_to_store", "convert_to_store", "staging_dir", "mirror_store_folder", "mirror_layout_folder",
+           "UPLOAD_THREADS",
            "DOWNLOAD_THREADS"]
 
 log = logging.getLogger(__name__)
@@ -177,8 +178,99 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
         if c in files.class_names or class_to_idx is None:
             (dest / c).mkdir(parents=True, exist_ok=True)
 
-    def fetch(i: int) -> int:
-        rel, size, mtime = files.rels[i], files.sizes[i], files.mtimes_ns[i]
+    _mirror_objects(loc, dest, _Objects(len(files), lambda i: (files.rels[i], files.sizes[i], files.mtimes_ns[i])),
+                    progress=progress)
+    local = ScannedFiles(str(dest), files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.class_names,
+                         files.class_labels, files.ext_codes, files.exts)
+    # the manifest records the bucket's URL (str(loc): no credentials), not the mirror's path
+    return dest, dataclasses.replace(scan, root=str(dest), files=local, source=str(loc))
+
+
+def mirror_layout_folder(src_url: str, *, extensions=None, sidecars: tuple[str, ...] = (), max_files: int,
+                         storage_options: dict | None = None,
+                         progress: Callable[[int, int], Callable[[int, int], None]] | None = None) -> tuple[Path, str]:
+    """Copy the folder at ``src_url`` (``s3://bucket/prefix/``) to a local folder for a layout
+    pack (a labels file, sidecar files, no labels).
+
+    One paginated listing; only the objects the layout scan may read are downloaded
+    (:func:`~shardfeed.convert.write.layout_scan.may_be_read`: a packed extension or a requested
+    sidecar suffix, outside hidden folders), :data:`DOWNLOAD_THREADS` at a time, as
+    :func:`mirror_store_folder` does. Every other object is mirrored as an empty file of its name
+    (never read), so the layout scan of the mirror counts found and ignored files as it does for a
+    local folder of the same tree. A file already there with the object's size and mtime is kept.
+
+    Args:
+        src_url: the folder's prefix URL.
+        extensions: the packed extensions (None: the defaults).
+        sidecars: the requested sidecar suffixes (lower case, no leading dot).
+        max_files: most objects below the prefix (the layout scan's bound).
+        storage_options: object-store client options.
+        progress: as :func:`mirror_store_folder`.
+
+    Returns:
+        ``(local_folder, url)``: the mirror (``$SHARDFEED_STAGING_DIR`` or the temp dir) and the
+        prefix URL without credentials (what the packed manifest records as ``options.source``).
+
+    Raises:
+        ValueError: more than ``max_files`` objects; an object whose name cannot be a local path
+            (an empty, ``.`` or ``..`` part), or that is also the folder of another object (named).
+        DataSourceError: the listing or a download failed after the retries (names the URL).
+    """
+    from .layout_scan import may_be_read
+    from .scan import parse_extensions
+
+    loc = _open(src_url, storage_options, listable=True)
+    exts = parse_extensions(extensions)
+    listing = [(rel, size, mtime) for rel, size, mtime in loc.list_objects() if rel and not rel.endswith("/")]
+    if len(listing) > max_files:
+        raise ValueError(f"{loc}: more than {max_files} objects; pack a smaller folder")
+    folders = {"/".join(parts[:i]) for parts in (rel.split("/") for rel, *_ in listing) for i in range(1, len(parts))}
+    read, placeholders = [], []
+    for rel, size, mtime in listing:
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") or "\0" in p for p in parts) or rel in folders:
+            why = "is also the folder of other objects" if rel in folders else "has an empty, '.' or '..' part"
+            raise ValueError(f"{loc.where(rel)}: the object's name {why}, so it cannot be a file of the local "
+                             "mirror; rename it, or pack a prefix without it")
+        if not any(p.startswith(".") for p in parts) and may_be_read(parts[-1], exts, sidecars):
+            read.append((rel, size, mtime))
+        else:
+            placeholders.append((rel, mtime))
+    dest = staging_dir(str(loc), "mirror")
+    _make_own_dir(dest)
+    _mirror_objects(loc, dest, read, placeholders=placeholders, progress=progress)
+    return dest, str(loc)
+
+
+class _Objects:
+    """A read-only sequence of ``(name, size, mtime ns)`` computed per index (no list of tuples:
+    a mirror of millions of images keeps the scan's compact columns only)."""
+
+    def __init__(self, n: int, item: Callable[[int], tuple[str, int, int]]):
+        self.n, self.item = n, item
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return map(self.item, range(self.n))
+
+
+def _mirror_objects(loc, dest: Path, objects, *,
+                    placeholders: list[tuple[str, int]] = (),
+                    progress: Callable[[int, int], Callable[[int, int], None]] | None = None) -> None:
+    """Download ``objects`` (a sized iterable of ``(name below the prefix, size bytes, mtime ns)``) into ``dest``,
+    :data:`DOWNLOAD_THREADS` at a time (one GET each, at most the object store's whole-read
+    bound), each with its object's modification time; a file already there with the object's size
+    and mtime is kept. ``placeholders`` (``(name, mtime ns)``) are written as empty files: objects a
+    scan lists (ignored) but never reads. Files of an earlier mirror that neither names are removed.
+
+    Raises:
+        DataSourceError: a download failed after the retries (names the URL).
+    """
+
+    def fetch(item: tuple[str, int, int]) -> int:
+        rel, size, mtime = item
         path = dest / rel
         try:
             st = path.stat()
@@ -187,28 +279,32 @@ def mirror_store_folder(src_url: str, *, extensions=None, class_to_idx=None, sto
         except FileNotFoundError:
             pass
         data = loc.read_bytes(rel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with os.fdopen(create_new_file(tmp), "wb") as f:  # never through a link
-            f.write(data)
-        os.utime(tmp, ns=(mtime, mtime))
-        os.replace(tmp, path)
+        _write_mirrored(path, data, mtime)
         return len(data)
 
-    keep = set(files.rels)
+    keep = {rel for rel, *_ in objects} | {rel for rel, _ in placeholders}
     if dest.is_dir():  # objects deleted since an earlier mirror must not be packed
         for p in dest.rglob("*"):
-            if p.is_file() and p.relative_to(dest).as_posix() not in keep:
+            if (p.is_file() or p.is_symlink()) and p.relative_to(dest).as_posix() not in keep:
                 p.unlink()
-    fetched = progress(len(files), sum(files.sizes)) if progress is not None else None
+    for rel, mtime in placeholders:
+        if not (dest / rel).is_file():
+            _write_mirrored(dest / rel, b"", mtime)
+    fetched = progress(len(objects), sum(size for _, size, _ in objects)) if progress is not None else None
     with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
-        for nbytes in pool.map(fetch, range(len(files))):
+        for nbytes in pool.map(fetch, objects):
             if fetched is not None:
                 fetched(1, nbytes)
-    local = ScannedFiles(str(dest), files.rels, files.sizes, files.mtimes_ns, files.class_codes, files.class_names,
-                         files.class_labels, files.ext_codes, files.exts)
-    # the manifest records the bucket's URL (str(loc): no credentials), not the mirror's path
-    return dest, dataclasses.replace(scan, root=str(dest), files=local, source=str(loc))
+
+
+def _write_mirrored(path: Path, data: bytes, mtime: int) -> None:
+    """``data`` written to ``path`` (atomically, never through a link) with the modification time ``mtime``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with os.fdopen(create_new_file(tmp), "wb") as f:  # never through a link
+        f.write(data)
+    os.utime(tmp, ns=(mtime, mtime))
+    os.replace(tmp, path)
 
 
 def _check_out(loc, options, *, scan=None, t0: float = 0.0, finished: Callable | None = None):
