@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from shardfeed.convert.writers.unique_keys import UniqueKeys
 from shardfeed.readers.format.manifest import (
     DEFAULT_PREFIX,
     LABELS_CLASS,
@@ -148,7 +149,7 @@ class WebDatasetWriter:
         self._writer = ShardWriter(self.out, prefix=prefix, limits=limits, first_index=len(resume_shards or ()),
                                    on_shard_end=on_shard_end)
         self._writer.shards = list(resume_shards or ())
-        self._keys: set[str] = set()
+        self._keys = UniqueKeys()
         self._closed = False
 
     @classmethod
@@ -195,7 +196,8 @@ class WebDatasetWriter:
                 writer's ``fields``.
 
         Raises:
-            ValueError: the key is empty, holds a ``.``, repeats an earlier key, or the sample alone
+            ValueError: the key is empty, holds a ``.``, repeats the key just written (a key repeated
+                out of order is refused by :meth:`close`), or the sample alone
                 is larger than ``max_bytes``; a field the writer was not given; the writer is closed.
         """
         if self._closed:
@@ -204,7 +206,7 @@ class WebDatasetWriter:
         if not key or "." in key.rsplit("/", 1)[-1]:
             raise ValueError(f"sample key {key!r}: keys must be non-empty and hold no '.' (WebDataset splits the "
                              "key from the extension at the first dot)")
-        if key in self._keys:
+        if self._keys.repeats_last(key):  # keys out of order are checked for repeats at close
             raise ValueError(f"sample key {key!r} written twice; keys must be unique")
         path = (sample.meta or {}).get("path", "?")
         if not fields and self.labels == LABELS_CLASS:  # the class-folder layout: pack's exact members
@@ -232,7 +234,8 @@ class WebDatasetWriter:
             The dataset's :class:`~shardfeed.readers.format.manifest.Manifest`.
 
         Raises:
-            ValueError: no sample was written (an empty dataset has no manifest).
+            ValueError: no sample was written (an empty dataset has no manifest); two samples
+                written out of key order have the same key.
         """
         if self._closed:
             if self.manifest is None:
@@ -240,6 +243,7 @@ class WebDatasetWriter:
             return self.manifest
         self._writer.close()
         self._closed = True
+        self._keys.check()  # before the manifest: a dataset with a repeated key is never finished
         self.manifest = write_sample_manifest(
             self.out, self.shards, classes=self.classes, class_to_idx=self.class_to_idx, skipped=self.skipped,
             options=self.options, limits=(self.max_count, self.max_bytes, self.prefix), files=self.files,
