@@ -232,3 +232,24 @@ def test_workers_that_mostly_sleep_on_slow_storage_are_storage_bound_though_they
     assert "workers asleep 70% ≥ 35%" in d["text"]
     # the same figures over the page cache: nothing says storage, the run queue decides
     assert _diag(**figures)["kind"] == "cpu-contended"
+
+
+#: workers reading through a user-space mount with 2 ms per request, on 2 cores (figures measured by
+#: scripts/validate_watch.py storage-2ms, the run queue wait from /proc/PID/schedstat)
+MOUNT_WORKERS_TWO_BURNERS = {"num": 2, "cpu_busy_share": 0.09, "cpu_demand_share": 0.32, "runqueue_share": 0.25,
+                             "disk_sleep_share": 0.28}  # two CPU burners beside it, load average about 5
+MOUNT_WORKERS_LOAD_11 = {"num": 2, "cpu_busy_share": 0.03, "cpu_demand_share": 0.65, "runqueue_share": 0.65,
+                         "disk_sleep_share": 0.08}  # ten CPU burners beside it, load average about 11
+
+
+def test_workers_on_slow_storage_that_also_queue_for_a_core_most_of_the_time_are_borderline_not_storage_bound():
+    system = {"cpu_busy_share": 1.0, "others_cpu_share": 0.95}
+    facts = {"slow_storage": True}
+    d = _diag(stall=0.79, workers=MOUNT_WORKERS_TWO_BURNERS, system=system, facts=facts)
+    assert d["kind"] == "storage-bound", d["text"]  # asleep 66 %: the wait for a core is the smaller part
+    d = _diag(stall=0.88, workers=MOUNT_WORKERS_LOAD_11, system=system, facts=facts)
+    # runnable but not running 65 % of the time, asleep 32 %: both waits are real and the larger one is
+    # the wait for a core, so the verdict names both, the run queue's first
+    assert d["evidence"]["workers_sleep_share"] == pytest.approx(0.32)
+    assert d["kind"] == "borderline" and d["between"] == ["cpu-contended", "storage-bound"], d["text"]
+    assert "workers asleep 32% near 35% ± 10 points" in d["text"]
