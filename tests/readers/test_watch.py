@@ -111,9 +111,12 @@ def test_cpu_heavy_transform_is_cpu_bound(jpegs):
 
 @pytest.mark.multiprocess
 def test_long_step_is_compute_bound(jpegs):
+    # the loop still waits a few ms per batch for the hand-off and for the main process to wake (5 to
+    # 15 ms at a load average of 10 to 12 on 2 cores): against a 150 ms step that was a stall of 7 to
+    # 12 %, inside the band of the 10 % threshold; against 500 ms it is at most about 3 %
     loader = DataLoader(FilesDataset(jpegs[:32]), batch_size=4, num_workers=2)
     w = watch(loader)
-    waits, steps, batches = timed_loop(w, 0.15)
+    waits, steps, batches = timed_loop(w, 0.5)
     rep = w.report()
     w.close()
     assert len(batches) == 8
