@@ -143,7 +143,7 @@ def _chain(ev: dict, over) -> str:
         return "storage-bound"
     if over("workers_runqueue_share"):
         return "cpu-contended" if over("others_cpu_share") else "cpu-bound"
-    return "storage-bound"
+    return "storage-bound" if ev["storage_signs"] else "unknown"  # storage only from its signs, never by default
 
 
 def judge(ev: dict) -> dict:
@@ -157,9 +157,10 @@ def judge(ev: dict) -> dict:
     asleep ≥ :data:`WORKER_SLEEP_STORAGE` with signs of storage waits (``storage_signs``) →
     ``storage-bound``; workers runnable but not running ≥ :data:`WORKER_RUNQUEUE_STARVED` → ``cpu-contended`` when other
     processes took :data:`OTHERS_CPU_CONTENDED` of the machine, else ``cpu-bound``; else the workers
-    sleep → ``storage-bound``. A figure inside its band (:data:`THRESHOLDS`) whose two sides lead to
-    different kinds makes the verdict ``borderline``; so do sleeping workers over the page cache when
-    whether the batches had come back is not known (``storage-bound`` or ``handoff-bound``).
+    sleep → ``storage-bound`` when storage shows signs of waits, ``unknown`` when it shows none (the
+    wait is elsewhere in the dataset's code, or the hand-off when that is not measured): storage is
+    never the default. A figure inside its band (:data:`THRESHOLDS`) whose two sides lead to
+    different kinds makes the verdict ``borderline``.
 
     Returns:
         ``{"kind", "between", "decided_by"}``: ``between`` the two kinds of a ``borderline`` verdict
@@ -186,9 +187,7 @@ def judge(ev: dict) -> dict:
 
     kind = _chain(ev, over)
     between = None
-    if kind == "storage-bound" and ev["page_cache"] and ev["ready_wait_share"] is None:
-        between = ["storage-bound", "handoff-bound"]  # idle workers over the page cache: the hand-off is not ruled out
-    elif band:
+    if band:
         key = band[0]
         other = _chain(ev, lambda k: over(k, {key: not ev[key] >= THRESHOLDS[key][0]}))
         if other != kind:
@@ -213,7 +212,8 @@ def _kind_text(kind: str, ev: dict, wait_mean_s: float | None) -> str:
     shares = f"CPU busy {pct(busy)}, running or runnable {pct(demand)}, runnable but not running {pct(runq)}"
     if kind == "compute-bound":
         return f"{stall_txt}: the loader keeps up; a faster loader would not speed this loop up"
-    if kind == "unknown":
+    if kind == "unknown" and all(ev[k] is None for k in ("workers_cpu_busy_share", "workers_cpu_demand_share",
+                                                         "workers_runqueue_share")):
         return f"{stall_txt}; the worker processes could not be watched (psutil), so the cause is not known"
     if kind == "main-process-bound" and nw == 0:
         return f"{stall_txt}, and the samples are loaded in the main process (num_workers=0), between the steps"
@@ -240,14 +240,16 @@ def _kind_text(kind: str, ev: dict, wait_mean_s: float | None) -> str:
     reads = ""
     if ev["read_chars_per_s"] is not None:
         reads = f"; reading {fmt_bytes(ev['read_chars_per_s'])}/s"
+    handoff = " or in the hand-off of each batch (not measured here)" if ready is None else ""
     if ev["storage_signs"]:
         where = "on storage (opens and reads): " + ", ".join(ev["storage_signs"])
     elif ev["page_cache"]:
-        where = (f"not on the local disk: no block device was read and I/O wait is {pct(ev['iowait_share'])}, "
+        where = (f"no sign of storage: no block device was read and I/O wait is {pct(ev['iowait_share'])}, "
                  "so the data came from the page cache; the wait is elsewhere in the dataset's code "
-                 "(the network, a lock, a sleep)")
+                 f"(the network, a lock, a sleep){handoff}")
     else:
-        where = "on storage or the network (opens and reads), or on another wait in the dataset's code"
+        where = ("no sign of storage was measured (no block reads or I/O wait figures, no network or user-space "
+                 f"mount); the wait is in the dataset's code (storage, the network, a lock, a sleep){handoff}")
     return f"{stall_txt} while the {nw} workers mostly wait ({shares}){ready_txt}: {where}{reads}"
 
 
@@ -282,8 +284,6 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
     if between:
         text = (f"borderline: {between[0]} or {between[1]}: {_kind_text(between[0], ev, wait_mean)}; "
                 f"or else {between[1]}")
-        if not any(d["side"] == "band" for d in verdict["decided_by"]):
-            text += " (whether each batch had already come back from a worker is not known here)"
     else:
         text = _kind_text(kind, ev, wait_mean)
     text += f" [decided by: {_decided_text(verdict['decided_by'])}]"
@@ -300,7 +300,7 @@ def diagnose(*, stall_share: float, batches: int, num_workers: int | None, worke
 def _advice(kind: str, ev: dict, loader: dict, cpu_count: int, cuda: bool, epochs: int, t_wait_s: dict | None,
             t_step_s: dict | None, workers: dict | None, facts: dict, data: str) -> list[str]:
     """:func:`diagnose`'s advice for one kind, in its one order."""
-    if kind in ("compute-bound", "unknown"):
+    if kind == "compute-bound" or (kind == "unknown" and ev["workers_sleep_share"] is None):
         return []
     nw, stall, busy = ev["num_workers"], ev["stall_share"], ev["workers_cpu_busy_share"]
     machine_full = (ev["machine_cpu_busy_share"] or 0.0) >= MAIN_CPU_SATURATED
@@ -321,7 +321,7 @@ def _advice(kind: str, ev: dict, loader: dict, cpu_count: int, cuda: bool, epoch
     elif kind == "cpu-contended":
         advice.append(f"free cores for the workers: other processes took {pct(ev['others_cpu_share'])} of the "
                       "machine's CPU while the loop ran (see top); more workers would wait for a core as well")
-    elif kind == "storage-bound" and nw is not None:
+    elif kind in ("storage-bound", "unknown") and nw is not None:  # unknown here: workers that sleep
         more = storage_workers(nw, cpu_count)
         advice.append(f"num_workers={nw} → {more}: the workers sleep rather than compute, so more of "
                       f"them keep more reads in flight (this machine has {cpu_count} cores)"
@@ -461,8 +461,9 @@ def loader_verdict(*, num_workers: int, workers_cpu_busy_share: float | None, sl
                    remote: bool | None = None) -> dict:
     """:func:`judge` for a loader with no training loop behind it (the loop taken to wait for data,
     a data stall of 1): ``cpu-bound`` when the workers are CPU-saturated
-    (:data:`WORKER_CPU_SATURATED`), ``storage-bound`` when they mostly wait, ``borderline`` between
-    the two inside the band; ``main-process-bound`` with ``num_workers=0``.
+    (:data:`WORKER_CPU_SATURATED`), ``storage-bound`` when they mostly wait on slow or remote storage,
+    ``unknown`` when they mostly wait on nothing known, ``borderline`` between two of these inside the
+    band; ``main-process-bound`` with ``num_workers=0``.
 
     Args:
         num_workers: the loader's workers.

@@ -111,9 +111,12 @@ def test_cpu_heavy_transform_is_cpu_bound(jpegs):
 
 @pytest.mark.multiprocess
 def test_long_step_is_compute_bound(jpegs):
+    # the loop still waits a few ms per batch for the hand-off and for the main process to wake (5 to
+    # 15 ms at a load average of 10 to 12 on 2 cores): against a 150 ms step that was a stall of 7 to
+    # 12 %, inside the band of the 10 % threshold; against 500 ms it is at most about 3 %
     loader = DataLoader(FilesDataset(jpegs[:32]), batch_size=4, num_workers=2)
     w = watch(loader)
-    waits, steps, batches = timed_loop(w, 0.15)
+    waits, steps, batches = timed_loop(w, 0.5)
     rep = w.report()
     w.close()
     assert len(batches) == 8
@@ -147,7 +150,7 @@ def test_status_line_is_logged_when_asked(caplog):
 def test_diagnose_names_the_datasets_folder_and_the_order_of_advice():
     from shardfeed.readers.measure.watch import diagnose
 
-    workers = {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.1}
+    workers = {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.1, "disk_sleep_share": 0.3}  # in disk sleep
     d = diagnose(stall_share=0.5, batches=50, num_workers=2, workers=workers, main={"cpu_busy_share": 0.1},
                  loader={"num_workers": 2, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False},
                  cpu_count=8, cuda=True, epochs=3, t_wait_s={"p50": 0.01, "p95": 0.08}, data="/data/train")
@@ -300,7 +303,7 @@ def test_batches_ready_before_they_are_asked_for_stall_on_the_hand_off_not_the_w
 
 
 @pytest.mark.multiprocess
-def test_workers_waiting_without_cpu_are_storage_bound_and_the_batches_were_not_ready():
+def test_workers_sleeping_in_the_datasets_code_are_not_storage_bound_and_the_batches_were_not_ready():
     # 4 samples of 30 ms waits per batch and worker (about 60 ms a batch with 2 workers) against a
     # 2 ms step: the loop asks before the next batch has come back
     loader = DataLoader(_SlowReads(), batch_size=4, num_workers=2)
@@ -310,8 +313,11 @@ def test_workers_waiting_without_cpu_are_storage_bound_and_the_batches_were_not_
     w.close()
     assert rep.stall_share > 0.5, rep.summary()
     assert rep.workers["ready_wait_share"] <= 0.2, rep.summary()
-    assert rep.diagnosis["kind"] == "storage-bound", rep.summary()
+    # the dataset sleeps: no block reads, no I/O wait, no slow mount, so nothing says storage
+    assert rep.diagnosis["kind"] == "unknown", rep.summary()
+    assert "no sign of storage" in rep.diagnosis["text"], rep.summary()
     assert rep.diagnosis["advice"][0].startswith("num_workers=2 → 4"), rep.summary()
+    assert not any("shardfeed pack" in a or "cache=" in a for a in rep.diagnosis["advice"]), rep.summary()
 
 
 def test_batch_ready_is_unknown_for_an_iterable_that_is_no_multi_process_loader():
@@ -327,7 +333,7 @@ def test_diagnose_tells_the_hand_off_from_storage_by_the_waiting_spent_on_batche
 
     def kind_and_advice(ready):
         workers = {"num": 2, "cpu_busy_share": 0.3, "cpu_demand_share": 0.3, "ready_wait_share": ready,
-                   "batch_tensors": 2}
+                   "batch_tensors": 2, "disk_sleep_share": 0.3}  # in disk sleep: a sign of storage
         d = diagnose(stall_share=0.3, batches=50, num_workers=2, workers=workers, main={"cpu_busy_share": 0.2},
                      loader={"num_workers": 2, "batch_size": 64}, cpu_count=2, cuda=False, epochs=1,
                      t_wait_s={"mean": 0.004, "p50": 0.004, "p95": 0.005})

@@ -26,7 +26,7 @@ SMALL = (96, 80)  # w, h of the planted small images: shorter side 80 px
 LARGE = (640, 480)  # shorter side 480 px
 
 #: worker figures of each stalled verdict (shares in [0, 1])
-STORAGE = {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.1}
+STORAGE = {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.1, "disk_sleep_share": 0.3}  # in disk sleep
 CPU = {"num": 2, "cpu_busy_share": 0.95, "cpu_demand_share": 1.0}
 MAIN = {"num": 2, "cpu_busy_share": 0.05, "cpu_demand_share": 0.05}
 

@@ -51,9 +51,16 @@ def test_user_dataset_on_slow_storage_is_storage_bound(folder, mounted):
     measured = stall_of(waits, steps)
     assert measured > 0.10  # the loop is stalled: the case under test
     assert rep.stall_share == pytest.approx(measured, abs=0.05)
-    assert rep.diagnosis["kind"] == "storage-bound", rep.summary()
-    assert any(a.startswith("shardfeed pack") for a in rep.diagnosis["advice"])
-    assert rep.diagnosis["advice"][0].startswith("num_workers=2 → 4") and "expected about" in rep.diagnosis["advice"][0]
+    d = rep.diagnosis
+    assert any(a.startswith("shardfeed pack") for a in d["advice"])
+    if d["kind"] == "borderline":
+        # at a load average of about 11 on 2 cores the workers waited for a core 62-65 % of the time and
+        # slept 32-34 % (scripts/validate_watch.py storage-2ms): both waits are real, so both are named
+        assert set(d["between"]) == {"storage-bound", "cpu-contended"}, rep.summary()
+        assert d["evidence"]["workers_runqueue_share"] >= 0.15, rep.summary()
+    else:
+        assert d["kind"] == "storage-bound", rep.summary()
+        assert d["advice"][0].startswith("num_workers=2 → 4") and "expected about" in d["advice"][0]
     assert rep.workers["num"] == 2 and len(rep.workers["per_worker"]) == 2
     # the workers' reads are counted (the main process opens no image): at least one batch's files
     assert rep.io["read_chars"] >= sum((folder / p).stat().st_size for p in paths[:16])

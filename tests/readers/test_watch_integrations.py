@@ -12,19 +12,23 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 
 class _Counted(Dataset):
-    """A dataset that counts the samples read from it (in the main process: ``num_workers=0``)."""
+    """A dataset that counts the samples read from it and times each read by its own clock
+    (``read_s``, seconds; in the main process: ``num_workers=0``)."""
 
     def __init__(self, inner, sleep_s: float = 0.0):
-        self.inner, self.sleep_s, self.calls = inner, sleep_s, 0
+        self.inner, self.sleep_s, self.calls, self.read_s = inner, sleep_s, 0, 0.0
 
     def __len__(self):
         return len(self.inner)
 
     def __getitem__(self, i):
+        t0 = time.perf_counter()
         self.calls += 1
         if self.sleep_s:
             time.sleep(self.sleep_s)
-        return self.inner[i]
+        item = self.inner[i]
+        self.read_s += time.perf_counter() - t0
+        return item
 
 
 class _Pairs(Dataset):
@@ -158,9 +162,12 @@ def test_lightning_validation_during_the_epoch_is_other_time_not_data_wait(tmp_p
     assert rep.num_samples == 64 - 4  # the batches of the steps, the first (warm-up) left out
     # each timed fetch read 4 samples of 5 ms: the wait is seen ...
     assert rep.t_wait_s["total"] >= rep.batches * 4 * _READ_SLEEP_S
-    # ... and the validation is not part of it: it is the time between steps that is not a fetch
+    # ... and the validation is not part of it: it is the time between steps that is not a fetch. The
+    # reads take longer on a busy machine, so the wait is held to the reads as the dataset timed them
+    # plus half the validation (the margin for the loader's own work), not to a fixed figure: a wait
+    # that held the validation would exceed that by half the validation
     assert rep.t_other_s["total"] >= planted
-    assert rep.t_wait_s["total"] < planted / 2, rep.summary()
+    assert rep.t_wait_s["total"] < train.read_s + planted / 2, rep.summary()
     assert rep.stall_share < rep.other_share
     assert "other" in rep.summary()
 
@@ -212,7 +219,8 @@ def test_transformers_evaluation_is_other_time_and_each_accumulated_fetch_counts
     assert rep.num_samples == (6 * 2 - 1) * 4
     assert rep.t_wait_s["total"] >= rep.batches * 4 * _READ_SLEEP_S
     assert rep.t_other_s["total"] >= planted
-    assert rep.t_wait_s["total"] < planted / 2, rep.summary()
+    # the reads as the dataset timed them plus half the evaluation: see the Lightning test
+    assert rep.t_wait_s["total"] < train.read_s + planted / 2, rep.summary()
     # the trainer's loader is given back as it was
     loader, cls = cb.given
     assert type(loader) is cls

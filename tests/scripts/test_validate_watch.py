@@ -48,3 +48,5 @@ def test_the_loop_s_own_stall_leaves_out_the_first_batch_and_a_trainer_s_window_
     fetches = [(0.0, 1.0), (2.0, 3.0), (5.0, 6.0), (9.5, 11.0)]
     assert vw.window_stall(fetches, 1.5, 10.0) == pytest.approx((1.0 + 1.0 + 0.5) / 8.5)
     assert vw.window_stall(fetches, None, 10.0) is None
+    # the call that ends the pass (no batch: the workers shut down) is left out of the window
+    assert vw.window_stall(fetches + [(7.0, 8.0, False)], 1.5, 10.0) == pytest.approx((1.0 + 1.0 + 0.5) / 7.5)

@@ -69,11 +69,14 @@ def test_watch_runs_an_unmodified_script_and_keeps_its_exit_status(tmp_path):
     assert lo["stall_share"] == pytest.approx(w / (w + s), abs=0.05)
     assert lo["t_wait_s"]["total"] == pytest.approx(w, rel=0.10, abs=0.02)
     assert lo["workers"]["num"] == 2
-    # workers that sleep are storage-bound; on a machine busy enough to put the evidence inside a
-    # rule's band the verdict is borderline, and storage-bound is still one of its two kinds
+    # workers that sleep in the dataset's code, with no sign of storage: never storage-bound. With ten
+    # CPU burners beside the test (load average about 10) the workers also wait for a core, and the
+    # verdict was cpu-contended: then the run queue shows it
     diagnosis = lo["diagnosis"]
-    assert diagnosis["kind"] == "storage-bound" or (
-        diagnosis["kind"] == "borderline" and "storage-bound" in diagnosis["between"]), diagnosis
+    named = diagnosis["between"] if diagnosis["kind"] == "borderline" else [diagnosis["kind"]]
+    assert set(named) <= {"unknown", "cpu-contended"}, diagnosis
+    if "cpu-contended" in named:
+        assert diagnosis["evidence"]["workers_runqueue_share"] >= 0.10, diagnosis
     assert "data stall" in r.stdout  # the summary printed after the script's own output
     assert r.stdout.index("script done") < r.stdout.index("data stall")
 
