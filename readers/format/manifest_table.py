@@ -15,8 +15,9 @@ later process maps it. The layout (all little-endian):
 * the SHA-256 of everything before it.
 
 The file is input like any other: :func:`decode_manifest_table` checks the sizes, the trailing
-digest, the manifest digest and every offset before anything is used, and raises ``ValueError``
-for anything else; its caller rebuilds the file.
+digest, the manifest digest, every offset and the fields (by :meth:`Manifest.from_json`) before
+anything is used, and raises ``ValueError`` for anything else; its caller rebuilds the file. A
+shard's file names are checked as its entry is built (:class:`ShardTable`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any, Iterator
 
-from .manifest import MAX_MANIFEST_COUNT, Manifest, ShardEntry
+from ..errors import ManifestError
+from .manifest import MAX_MANIFEST_COUNT, Manifest, ShardEntry, plain_file_name_problem
 
 __all__ = ["MANIFEST_TABLE_SUFFIX", "encode_manifest_table", "decode_manifest_table", "ShardTable",
            "shard_sample_counts"]
@@ -110,10 +112,19 @@ def decode_manifest_table(buf: Any, manifest_sha256: bytes) -> Manifest:
     table = ShardTable(view, _HEAD.size + meta_len, n, pool_len)
     if table.total_samples != meta["num_samples"]:
         raise ValueError("its shard table does not add up to the manifest's sample count")
-    manifest = Manifest(**{**meta, "shards": []})
+    manifest = Manifest.from_json(_stand_in_doc(meta, table), "the compact manifest")
     manifest.shards = table  # after __post_init__: extensions come from the JSON block
     manifest.extensions = meta["extensions"]
     return manifest
+
+
+def _stand_in_doc(meta: dict, table: "ShardTable") -> dict:
+    """A ``manifest.json`` document of ``meta`` for :meth:`Manifest.from_json` to check its fields
+    by the JSON's rules: one stand-in shard holds every sample, one more carries each distinct
+    extension count of the table. (Each shard's file names are checked as its entry is built.)"""
+    shards = [{"name": f"s{i}", "num_samples": 0, "num_bytes": 0, "extensions": json.loads(table._text(off, length))}
+              for i, (off, length) in enumerate(table._extension_spans())]
+    return {**meta, "shards": [*shards, {"name": "all", "num_samples": meta["num_samples"], "num_bytes": 0}]}
 
 
 class ShardTable(Sequence):
@@ -129,6 +140,8 @@ class ShardTable(Sequence):
 
     Raises:
         ValueError: a record's counts or offsets are out of range (every record is checked here).
+        ManifestError: (as an entry is built) its file name is not a plain file name
+            (:func:`~shardfeed.readers.format.manifest.plain_file_name_problem`).
     """
 
     def __init__(self, view: memoryview, table_at: int, num_shards: int, pool_len: int) -> None:
@@ -153,6 +166,15 @@ class ShardTable(Sequence):
             raise ValueError("a shard record is out of range")
         self.total_samples = int(samples.sum(dtype=np.uint64)) if num_shards else 0
         self._counts = samples
+        self._rec = rec
+
+    def _extension_spans(self) -> list[tuple[int, int]]:
+        """The distinct (offset, length) in the pool of the records' extension counts."""
+        import numpy as np
+
+        has = (self._rec["flags"] & _HAS_EXT) != 0
+        keys = np.unique((self._rec["ext_off"][has].astype(np.uint64) << np.uint64(32)) | self._rec["ext_len"][has])
+        return [(int(k) >> 32, int(k) & 0xFFFFFFFF) for k in keys]
 
     def __len__(self) -> int:
         return self._n
@@ -172,10 +194,15 @@ class ShardTable(Sequence):
                 got = ext_memo[ext_off, ext_len] = json.loads(self._text(ext_off, ext_len))
             ext = dict(got)
         pool = self._pool_at
-        return ShardEntry(name=str(self._view[pool + name_off:pool + name_off + name_len], "utf-8"),
-                          num_samples=samples, num_bytes=nbytes,
-                          sha256=sha.hex() if flags & _HAS_SHA else None,
-                          index=self._text(index_off, index_len) if flags & _HAS_INDEX else None,
+        name = str(self._view[pool + name_off:pool + name_off + name_len], "utf-8")
+        index = self._text(index_off, index_len) if flags & _HAS_INDEX else None
+        problem = plain_file_name_problem(name) or (plain_file_name_problem(index) if index is not None else None)
+        if problem:
+            raise ManifestError(f"a shard record of a parsed-manifest cache file: its file name {problem}; delete "
+                                "the files of the manifest cache ($SHARDFEED_MANIFEST_CACHE, else "
+                                "~/.cache/shardfeed/manifests) and open the dataset again")
+        return ShardEntry(name=name, num_samples=samples, num_bytes=nbytes,
+                          sha256=sha.hex() if flags & _HAS_SHA else None, index=index,
                           index_sha256=index_sha.hex() if flags & _HAS_INDEX_SHA else None, extensions=ext)
 
     def __getitem__(self, i):  # type: ignore[override]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from shardfeed.readers.errors import ManifestError
 from shardfeed.readers.format.manifest import Manifest
 from shardfeed.readers.format.manifest_table import (
     ShardTable,
@@ -265,3 +266,52 @@ def test_a_lock_held_too_long_is_not_waited_for(tmp_path, monkeypatch):
         m = parse_manifest(raw, "big", cache_dir=folder)
     assert isinstance(m.shards, list) and shard_dicts(m) == doc["shards"]
     assert cache_files(folder) == []
+
+
+def plant_crafted_cache(tmp_path, cache, edit) -> tuple[dict, Path]:
+    """The planted manifest, and its cache file rewritten with ``edit`` applied to a parsed copy
+    (a correct outer digest and manifest digest: only the content is hostile)."""
+    doc = planted_doc()
+    raw = plant(tmp_path / "ds", doc)
+    digest = hashlib.sha256(raw).digest()
+    hostile = Manifest.from_json(raw, "x")
+    hostile.shards = list(hostile.shards)
+    edit(hostile)
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = cache / f"{digest.hex()}.sfman"
+    path.write_bytes(encode_manifest_table(hostile, digest))
+    return doc, path
+
+
+@pytest.mark.parametrize("field", ["name", "index"])
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "a\0b", "s3://bucket/x.tar", ".hidden"])
+def test_cache_file_naming_a_file_outside_the_dataset_is_refused(tmp_path, cache, field, name):
+    def edit(m):
+        setattr(m.shards[1], field, name)  # shard 1 has an offset index
+
+    doc, _ = plant_crafted_cache(tmp_path, cache, edit)
+    m = load_manifest(tmp_path / "ds", check_files=False)
+    assert m.shards[0].to_json() == doc["shards"][0]
+    with pytest.raises(ManifestError, match="manifest cache"):
+        m.shards[1]
+    with pytest.raises(ManifestError, match="manifest cache"):
+        list(m.shards)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: setattr(m, "classes", 5),
+    lambda m: setattr(m, "class_to_idx", {"cat": 0, "dög": 0}),
+    lambda m: setattr(m, "format", ["webdataset"]),
+    lambda m: setattr(m.shards[1], "extensions", {"jpg": -4}),
+    lambda m: setattr(m, "fields", {"../x": {"member": "../x", "count": 1, "missing": 0}}),
+], ids=["classes", "class_to_idx", "format", "extensions", "fields"])
+def test_cache_file_with_fields_a_manifest_may_not_hold_is_rebuilt(tmp_path, cache, edit):
+    doc, path = plant_crafted_cache(tmp_path, cache, edit)
+    m = load_manifest(tmp_path / "ds", check_files=False)
+    assert (m.classes, m.class_to_idx, m.format) == (doc["classes"], doc["class_to_idx"], doc["format"])
+    assert {k: (v["count"], v["missing"]) for k, v in m.fields.items()} == {"txt": (2, 1)}
+    assert shard_dicts(m) == doc["shards"]
+    assert m.shards[1].extensions == doc["shards"][1]["extensions"]
+    raw = (tmp_path / "ds" / "manifest.json").read_bytes()
+    rebuilt = decode_manifest_table(path.read_bytes(), hashlib.sha256(raw).digest())
+    assert rebuilt.classes == doc["classes"]
