@@ -25,6 +25,7 @@ import hashlib
 import logging
 import mmap
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -48,6 +49,7 @@ MAX_CACHED_MANIFESTS = 32
 #: The largest compact form read (its shard table is smaller than the JSON it came from, plus slack).
 MAX_TABLE_BYTES = 2 * MAX_MANIFEST_BYTES
 _ENV = "SHARDFEED_MANIFEST_CACHE"
+_CACHE_NAME = re.compile(r"[0-9a-f]{64}" + re.escape(MANIFEST_TABLE_SUFFIX))
 
 
 def manifest_cache_dir() -> Path | None:
@@ -101,11 +103,12 @@ def _load(path: Path, digest: bytes) -> Manifest | None:
 
 def _evict(folder: Path, keep: Path) -> None:
     """Remove the least recently written compact forms beyond :data:`MAX_CACHED_MANIFESTS` (a
-    process that maps one keeps reading it)."""
+    process that maps one keeps reading it). Only the files this cache names (``<sha256>.sfman``
+    and its ``.lock``) are removed: the folder may be one the user named, holding other files."""
     try:
         with os.scandir(folder) as it:
             found = [(e.stat(follow_symlinks=False).st_mtime_ns, e.path) for _, e in zip(range(10_000), it)
-                     if e.name.endswith(MANIFEST_TABLE_SUFFIX) and e.path != str(keep)]
+                     if _CACHE_NAME.fullmatch(e.name) and e.path != str(keep)]
     except OSError:
         return
     found.sort()

@@ -315,3 +315,21 @@ def test_cache_file_with_fields_a_manifest_may_not_hold_is_rebuilt(tmp_path, cac
     raw = (tmp_path / "ds" / "manifest.json").read_bytes()
     rebuilt = decode_manifest_table(path.read_bytes(), hashlib.sha256(raw).digest())
     assert rebuilt.classes == doc["classes"]
+
+
+def test_eviction_removes_only_the_files_the_cache_names(tmp_path, cache, monkeypatch):
+    from shardfeed.readers.storage import manifest_cache
+
+    monkeypatch.setattr(manifest_cache, "MAX_CACHED_MANIFESTS", 1)
+    cache.mkdir(mode=0o700, parents=True)
+    mine = {"thesis.sfman": b"chapter 1", "thesis.lock": b"keep", f"{'A' * 64}.sfman": b"upper-case hex"}
+    for name, data in mine.items():
+        (cache / name).write_bytes(data)
+        os.utime(cache / name, ns=(1, 1))  # older than any cache file
+    plant(tmp_path / "a", planted_doc(bytes_of_first=1))
+    load_manifest(tmp_path / "a", check_files=False)
+    plant(tmp_path / "b", planted_doc(bytes_of_first=2))
+    load_manifest(tmp_path / "b", check_files=False)
+    raw_b = (tmp_path / "b" / "manifest.json").read_bytes()
+    assert [p.name for p in cache_files(cache) if p.name not in mine] == [f"{hashlib.sha256(raw_b).hexdigest()}.sfman"]
+    assert {n: (cache / n).read_bytes() for n in mine} == mine
