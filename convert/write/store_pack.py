@@ -30,6 +30,7 @@ LMDB is refused for a bucket (LMDB maps a local file): pack to a local folder.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -264,10 +265,35 @@ def _mirror_objects(loc, dest: Path, objects, *,
     bound), each with its object's modification time; a file already there with the object's size
     and mtime is kept. ``placeholders`` (``(name, mtime ns)``) are written as empty files: objects a
     scan lists (ignored) but never reads. Files of an earlier mirror that neither names are removed.
+    Each file is written to a temporary file in a folder beside ``dest`` (any name in ``dest`` may
+    be an object's), then renamed into place.
 
     Raises:
+        ValueError: a part of an object's name is longer than the local disk's longest file name
+            (named, before anything is downloaded).
         DataSourceError: a download failed after the retries (names the URL).
     """
+    name_max = _name_max(dest)
+    for rel in itertools.chain((rel for rel, *_ in objects), (rel for rel, _ in placeholders)):
+        if len(rel) > name_max // 4 and any(len(os.fsencode(p)) > name_max for p in rel.split("/")):
+            raise ValueError(f"{loc.where(rel)}: a part of the object's name is longer than {name_max} bytes, the "
+                             "longest file name of the local disk, so it cannot be a file of the local mirror; "
+                             "rename it, or pack a prefix without it")
+    part = dest.with_name(f"{dest.name}.part")
+    _make_own_dir(part)
+    tmp_names = itertools.count()
+
+    def write(path: Path, data: bytes, mtime: int) -> None:
+        _write_mirrored(path, data, mtime, part / f"{next(tmp_names)}.tmp")
+
+    try:
+        _download(loc, dest, objects, placeholders, write, progress)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+
+
+def _download(loc, dest: Path, objects, placeholders, write: Callable[[Path, bytes, int], None], progress) -> None:
+    """The downloads of :func:`_mirror_objects`, each file written by ``write(path, data, mtime)``."""
 
     def fetch(item: tuple[str, int, int]) -> int:
         rel, size, mtime = item
@@ -279,7 +305,7 @@ def _mirror_objects(loc, dest: Path, objects, *,
         except FileNotFoundError:
             pass
         data = loc.read_bytes(rel)
-        _write_mirrored(path, data, mtime)
+        write(path, data, mtime)
         return len(data)
 
     keep = {rel for rel, *_ in objects} | {rel for rel, _ in placeholders}
@@ -289,7 +315,7 @@ def _mirror_objects(loc, dest: Path, objects, *,
                 p.unlink()
     for rel, mtime in placeholders:
         if not (dest / rel).is_file():
-            _write_mirrored(dest / rel, b"", mtime)
+            write(dest / rel, b"", mtime)
     fetched = progress(len(objects), sum(size for _, size, _ in objects)) if progress is not None else None
     with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
         for nbytes in pool.map(fetch, objects):
@@ -297,10 +323,18 @@ def _mirror_objects(loc, dest: Path, objects, *,
                 fetched(1, nbytes)
 
 
-def _write_mirrored(path: Path, data: bytes, mtime: int) -> None:
-    """``data`` written to ``path`` (atomically, never through a link) with the modification time ``mtime``."""
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) of the disk of ``folder`` (255 when it cannot tell)."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _write_mirrored(path: Path, data: bytes, mtime: int, tmp: Path) -> None:
+    """``data`` written to ``path`` through the temporary file ``tmp`` (atomically, never through a
+    link) with the modification time ``mtime``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     with os.fdopen(create_new_file(tmp), "wb") as f:  # never through a link
         f.write(data)
     os.utime(tmp, ns=(mtime, mtime))

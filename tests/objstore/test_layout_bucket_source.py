@@ -206,3 +206,42 @@ def test_an_interrupted_layout_pack_from_a_bucket_resumes_without_downloading_ag
     assert (tmp_path / "remote" / "shard-000000.tar").stat().st_mtime_ns == kept
     assert _shards(tmp_path / "remote") == _shards(tmp_path / "local")
     assert list(staging.iterdir()) == []
+
+
+def test_objects_named_like_a_mirror_temporary_file_or_at_the_longest_name_pack_as_on_a_local_disk(
+        s3_client, s3_bucket, tmp_path, monkeypatch):
+    """``.a.jpg.tmp`` beside ``a.jpg`` is a hidden file of the folder, kept and counted as ignored;
+    a 252-byte name (a valid local file name) is packed."""
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(staging))
+    bucket = s3_bucket("layout-temp-names")
+    long_name = "x" * 248 + ".jpg"
+    planted = {"a.jpg": _jpeg(1), ".a.jpg.tmp": b"a hidden file", long_name: _jpeg(2)}
+    for rel, data in planted.items():
+        s3_client.put_object(Bucket=bucket, Key=f"p/{rel}", Body=data)
+    pack(f"s3://{bucket}/p", tmp_path / "out", PackOptions(format="wds", workers=1),
+         layout=LayoutOptions(no_labels=True))
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["files"]["found"], manifest["files"]["packed"], manifest["files"]["ignored"]) == (3, 2, 1)
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tar:
+        images = sorted(tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".jpg"))
+    assert images == sorted([planted["a.jpg"], planted[long_name]])
+    assert list(staging.iterdir()) == []
+
+
+def test_an_object_name_longer_than_a_local_file_name_is_refused_by_name(s3_client, s3_bucket, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setenv("SHARDFEED_STAGING_DIR", str(tmp_path / "staging"))
+    bucket = s3_bucket("layout-long-name")
+    long_key = "p/sub/" + "x" * 300 + ".jpg"
+    for key in ("p/a.jpg", long_key):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=_jpeg(1))
+    read: list[str] = []
+    original = StoreLocation.read_bytes
+    monkeypatch.setattr(StoreLocation, "read_bytes", lambda self, name, **kw: read.append(name) or original(
+        self, name, **kw))
+    with pytest.raises(ValueError, match=rf"s3://{bucket}/{long_key}: a part of the object's name is longer than"):
+        pack(f"s3://{bucket}/p", tmp_path / "out", PackOptions(format="wds", workers=1),
+             layout=LayoutOptions(no_labels=True))
+    assert read == [] and not (tmp_path / "out").exists()
