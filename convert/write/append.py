@@ -53,7 +53,8 @@ from .executors import signals_held
 from .outdir import check_out_outside_src
 from .outlock import output_lock
 from .ownership import local_entries, survey
-from .path_index import UNKNOWN_MTIME, UNKNOWN_SIZE, PathRecords, path_hashes, read_path_index, write_path_index
+from .path_index import (UNKNOWN_MTIME, UNKNOWN_SIZE, PathRecords, path_hashes, read_path_index,
+                         skipped_keys_end, write_path_index)
 from .pack_state import PLAN_NAME, STATE_DIR, remove_state_folder
 from .plan import SamplePlan, input_bytes, plan_samples
 from .report import PackReport
@@ -187,11 +188,8 @@ def read_dataset_paths(root: str | Path, manifest: Manifest) -> DatasetPaths:
                 width = width or len(key)
                 if key.isdigit():
                     last = max(last, int(key))
-    for item in manifest.skipped:
-        key = item.get("key") if isinstance(item, dict) else None
-        if isinstance(key, str) and key.isdigit():
-            last = max(last, int(key))
-    return DatasetPaths(PathRecords.build(path_hashes(rels), np.array(sizes, np.uint64)), last + 1, width or 9)
+    return DatasetPaths(PathRecords.build(path_hashes(rels), np.array(sizes, np.uint64)),
+                        max(last + 1, skipped_keys_end(manifest)), width or 9)
 
 
 def merge_class_maps(old: dict[str, int], folder_classes: list[str], given: dict[str, int] | None,

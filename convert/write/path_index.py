@@ -13,7 +13,8 @@
   (:data:`UNKNOWN_MTIME`: not known).
 
 24 bytes a sample. The sizes and times let an append tell a changed file at a packed path.
-It is a cache. An append trusts it only when its identity matches the manifest; otherwise
+It is a cache. An append trusts it only when its identity matches the manifest and its counts
+agree with it (one record per sample, a next key past every sample and skipped file); otherwise
 (missing, stale, damaged, or the hashes-only ``SFPATHS1`` of earlier versions) the paths and
 image sizes are read from the shards. Readers never look at it.
 """
@@ -34,7 +35,7 @@ from shardfeed.readers.format.manifest import PATH_INDEX_NAME, Manifest
 from shardfeed.readers.file_io import write_bytes_atomic
 
 __all__ = ["PATHS_NAME", "MAGIC", "UNKNOWN_SIZE", "UNKNOWN_MTIME", "PathRecords", "path_hash", "path_hashes",
-           "dataset_identity", "write_path_index", "read_path_index", "is_path_index"]
+           "dataset_identity", "write_path_index", "read_path_index", "is_path_index", "skipped_keys_end"]
 
 #: The path index's file name inside OUT.
 PATHS_NAME = PATH_INDEX_NAME
@@ -140,22 +141,33 @@ def write_path_index(out: str | os.PathLike, manifest: Manifest, records: PathRe
     write_bytes_atomic(Path(out) / PATHS_NAME, head + body)
 
 
+def skipped_keys_end(manifest: Manifest) -> int:
+    """One past the largest decimal key that ``manifest``'s ``skipped`` list names (0: none)."""
+    keys = (item.get("key") if isinstance(item, dict) else None for item in manifest.skipped)
+    return max((int(k) + 1 for k in keys if isinstance(k, str) and k.isdigit()), default=0)
+
+
 def read_path_index(out: str | os.PathLike, manifest: Manifest) -> tuple[PathRecords, int, int] | None:
     """``(records, next key index, key width)`` of OUT's path index when it describes
-    ``manifest``; None when it is missing, damaged, of an earlier version, or of another version of the dataset."""
+    ``manifest``; None when it is missing, damaged, of an earlier version, or of another version of the
+    dataset, or when its counts disagree with the manifest (not one record per sample, a next key a
+    sample or a skipped file holds already, a size that is not its records')."""
     path = Path(out) / PATHS_NAME
     try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(_HEAD.size)
             if len(head) != _HEAD.size:
                 return None
             magic, identity, count, next_key, width = _HEAD.unpack(head)
-            if magic != MAGIC or identity != dataset_identity(manifest) or count > MAX_HASHES:
+            if (magic != MAGIC or identity != dataset_identity(manifest) or count > MAX_HASHES
+                    or count != manifest.num_samples or size != _HEAD.size + 24 * count):
                 return None
             data = f.read(24 * count + 1)
     except OSError:
         return None
-    if len(data) != 24 * count or not 0 < width <= 64:
+    if (len(data) != 24 * count or not 0 < width <= 64
+            or next_key < max(count, skipped_keys_end(manifest))):
         return None
     hashes = np.frombuffer(data, "<u8", count, 0).astype(np.uint64)
     if count > 1 and bool(np.any(hashes[1:] < hashes[:-1])):

@@ -241,6 +241,44 @@ def test_an_unsorted_path_index_is_not_trusted(tmp_path, first_pack):
     assert report.num_samples == 1 and report.extra["duplicates"] == 5
 
 
+@pytest.mark.parametrize("damage", ["no records", "one record short", "next key 0", "next key on a skipped key"])
+def test_a_path_index_whose_counts_disagree_with_the_manifest_is_not_trusted(tmp_path, first_pack, damage):
+    """An index with the dataset's identity but not one record per sample, or a next key that a
+    sample holds, would append packed images again or reuse a key: the shards are read instead."""
+    import struct
+    import tarfile
+
+    out, planted = first_pack
+    index = out / ".shardfeed-paths"
+    raw = index.read_bytes()
+    magic, identity, count, next_key, width = struct.unpack("<8s32sQQQ", raw[:64])
+    assert (count, next_key, width) == (5, 5, 9)
+    hashes, sizes, mtimes = raw[64:104], raw[104:144], raw[144:184]
+    if damage == "no records":
+        crafted = struct.pack("<8s32sQQQ", magic, identity, 0, 5, 9)
+    elif damage == "one record short":
+        crafted = struct.pack("<8s32sQQQ", magic, identity, 4, 5, 9) + hashes[:32] + sizes[:32] + mtimes[:32]
+    elif damage == "next key 0":
+        crafted = struct.pack("<8s32sQQQ", magic, identity, 5, 0, 9) + raw[64:]
+    else:  # the manifest lists a skipped file with key 5: the next key must be past it
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["skipped"] = [{"path": "cat/bad.jpg", "key": "000000005", "reason": "empty file"}]
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        crafted = raw
+    index.write_bytes(crafted)
+    _plant(tmp_path / "src1", {"dog/d8.jpg": _jpeg(70)})
+    report = pack(tmp_path / "src1", out, _options(append=True))
+    assert report.num_samples == 1 and report.extra["duplicates"] == 5
+    want = {r: (d, 0 if r.startswith("cat") else 1) for r, d in planted.items()}
+    assert _read(out) == want | {"dog/d8.jpg": (_jpeg(70), 1)}
+    keys = []
+    for shard in sorted(out.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            keys += sorted({m.name.split(".")[0] for m in tar.getmembers()})
+    new_key = "000000006" if damage == "next key on a skipped key" else "000000005"
+    assert keys == [f"{i:09d}" for i in range(5)] + [new_key]
+
+
 def test_append_refuses_an_out_inside_src(tmp_path, first_pack):
     out, _ = first_pack
     with pytest.raises(ValueError, match="OUT is the source folder itself"):
