@@ -357,23 +357,25 @@ class TarShardFile:
         """Append one sample's members contiguously. Returns the sample's bytes on disk.
 
         Raises:
-            ValueError: a member name longer than 100 bytes, or a member over 8 GiB.
+            ValueError: a member name longer than 100 bytes, or a member over 8 GiB (nothing of the
+                sample is added).
             OSError: writing failed (disk full...): the message names the shard.
         """
+        key_b = key.encode("utf-8") + b"."
+        for ext, data in members:  # every member checked before any is added: a refused sample leaves nothing
+            if len(key_b) + len(ext.encode("utf-8")) > 100 or len(data) > MAX_MEMBER_BYTES:
+                tar_header(key_b + ext.encode("utf-8"), len(data))  # raises the precise error
         start = self.num_bytes
         self.offsets.append(start)
         if members and members[0][0] not in ("cls", "json"):
             self.extensions[members[0][0]] = self.extensions.get(members[0][0], 0) + 1
         parts = self._parts
         written = 0
-        key_b = key.encode("utf-8") + b"."
         key_sum = _FIXED_SUM + sum(key_b)
         for ext, data in members:
             n = len(data)
             ext_b = ext.encode("utf-8")
             name = key_b + ext_b
-            if len(name) > 100 or n > MAX_MEMBER_BYTES:
-                tar_header(name, n)  # raises the precise error
             size_field = b"%011o\0" % n
             chksum = key_sum + sum(ext_b) + sum(size_field)
             parts.append(b"".join((name, _NAME_PAD[100 - len(name)], _H_MID, size_field, _H_MTIME,

@@ -197,7 +197,8 @@ class WebDatasetWriter:
 
         Raises:
             ValueError: the key is empty, holds a ``.``, repeats the key just written (a key repeated
-                out of order is refused by :meth:`close`), or the sample alone
+                out of order is refused by :meth:`close`), makes a member name longer than 100 bytes
+                (nothing of the sample is written), or the sample alone
                 is larger than ``max_bytes``; a field the writer was not given; the writer is closed.
         """
         if self._closed:
@@ -209,6 +210,10 @@ class WebDatasetWriter:
         if self._keys.repeats_last(key):  # keys out of order are checked for repeats at close
             raise ValueError(f"sample key {key!r} written twice; keys must be unique")
         path = (sample.meta or {}).get("path", "?")
+        longest = max(len(m.encode("utf-8")) for m in [sample.ext, "json", *map(field_member, fields or ())])
+        if len(key.encode("utf-8")) + 1 + longest > 100:
+            raise ValueError(f"sample {key!r} ({path}): its member names ({{key}}.{{extension}}) would be longer than "
+                             f"the 100 bytes of a tar member name; use keys of at most {99 - longest} bytes")
         if not fields and self.labels == LABELS_CLASS:  # the class-folder layout: pack's exact members
             self._writer.add(key, sample.ext, sample.data, class_bytes(sample.label), meta_bytes(sample.meta),
                              describe=f"sample {key!r} ({path})")

@@ -72,3 +72,18 @@ def test_one_flush_of_more_than_1024_chunks(tmp_path):
     for key, data, label in samples:
         w.add_wds_sample(key, "jpg", data, str(label).encode(), b'{"k": "%s"}' % key.encode())
     _check_against_tarfile(tmp_path / "s.tar", tmp_path / "s.idx", samples, w.close())
+
+
+@pytest.mark.parametrize("too_long", ["json", "cls"])
+def test_a_sample_refused_for_a_long_member_name_leaves_nothing_in_the_shard(too_long, tmp_path):
+    """The member that passes 100 bytes comes after others: none of the sample is added."""
+    samples = _samples(2, 4, [300])
+    w = TarShardFile(tmp_path, "s.tar", "s.idx")
+    key, data, label = samples[0]
+    w.add_sample(key, [("jpg", data), ("cls", str(label).encode()), ("json", b'{"k": "%s"}' % key.encode())])
+    long_key = "k" * (100 - 1 - len(too_long) + 1)  # "{key}.x" fits, "{key}.{too_long}" is 101 bytes
+    with pytest.raises(ValueError, match="longer than 100 bytes"):
+        w.add_sample(long_key, [("x", b"x" * 10), (too_long, b"1")])
+    key, data, label = samples[1]
+    w.add_sample(key, [("jpg", data), ("cls", str(label).encode()), ("json", b'{"k": "%s"}' % key.encode())])
+    _check_against_tarfile(tmp_path / "s.tar", tmp_path / "s.idx", samples, w.close())

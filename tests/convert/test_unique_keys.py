@@ -62,3 +62,19 @@ def test_keys_that_differ_only_after_a_long_common_prefix_are_told_apart():
     seen.add(prefix + "a")
     with pytest.raises(ValueError, match="positions 1 and 3"):
         seen.check()
+
+
+def test_a_key_too_long_for_a_tar_name_is_refused_by_name_and_the_writer_goes_on(tmp_path):
+    from shardfeed.convert.writers.webdataset import WebDatasetWriter
+    from shardfeed.readers import open_dataset
+    from shardfeed.readers.format.manifest import Sample
+
+    w = WebDatasetWriter.create(tmp_path / "out", classes=["x"])
+    w.write(Sample("k1", _png(1), "png", 0, {"path": "a.png"}))
+    long_key = "k" * 96  # k….png and k….cls are 100 bytes; k….json is 101
+    with pytest.raises(ValueError, match=r"\(b.png\): its member names .* use keys of at most 95 bytes"):
+        w.write(Sample(long_key, _png(2), "png", 0, {"path": "b.png"}))
+    w.write(Sample("k3", _png(3), "png", 0, {"path": "c.png"}))
+    assert w.close().num_samples == 2
+    got = [(s.key, bytes(s.data)) for s in open_dataset(tmp_path / "out", decode=False, shuffle=False)]
+    assert got == [("k1", _png(1)), ("k3", _png(3))]
