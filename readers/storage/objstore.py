@@ -458,8 +458,8 @@ class StoreLocation(LocationBase):
 
         Raises:
             DataSourceError: the listing failed (a missing bucket, 403 ... named), or the server
-                misbehaves: it repeats a continuation token, says "truncated" without one, or
-                passes a bound (names the endpoint).
+                misbehaves: it repeats a continuation token, says "truncated" without one,
+                passes a bound, lists a key twice or a key outside the prefix (names the endpoint).
         """
         out: list[tuple[str, int, int]] = []
         prefix = self.prefix + sub
@@ -478,11 +478,17 @@ class StoreLocation(LocationBase):
             resp = self._call(self.base + sub, "LIST", page)
             for obj in resp.get("Contents", []):
                 mtime = obj.get("LastModified")
+                if not obj["Key"].startswith(prefix):
+                    raise DataSourceError(f"{where} holds the key {obj['Key']!r}, not below {prefix!r}; check it")
                 out.append((obj["Key"][n:], int(obj["Size"]), int(mtime.timestamp() * 1e9) if mtime else 0))
             if len(out) > MAX_LIST_KEYS:
                 raise DataSourceError(f"{where} passed {MAX_LIST_KEYS:,} keys after {pages:,} pages; list a narrower "
                                       "prefix (or pack the folder into shards, which lists only the shards)")
             if not resp.get("IsTruncated"):
+                out.sort()  # in key order already from a server that speaks ListObjectsV2: one pass
+                twice = next((a for (a, *_), (b, *_) in zip(out, out[1:]) if a == b), None)
+                if twice is not None:
+                    raise DataSourceError(f"{where} lists {self.base}{twice} twice; check the server")
                 return out
             token[0] = resp.get("NextContinuationToken")
             if not token[0]:

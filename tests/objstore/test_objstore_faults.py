@@ -187,7 +187,8 @@ def test_cli_names_missing_secret_key_once(s3_packed, monkeypatch):
 class _EndlessListing(http.server.BaseHTTPRequestHandler):
     """Speaks enough ListObjectsV2 to misbehave: every page holds one new key and says
     ``IsTruncated``; ``server.mode`` picks the continuation token: ``"same"`` (always ``tok``),
-    ``"new"`` (a new one each page) or ``"none"`` (no token). Object GETs are 404 NoSuchKey."""
+    ``"new"`` (a new one each page) or ``"none"`` (no token). ``"twice"``: two pages, one key, the
+    last not truncated; ``"outside"``: one page, a key outside the prefix. Object GETs are 404 NoSuchKey."""
 
     protocol_version = "HTTP/1.1"
 
@@ -209,11 +210,13 @@ class _EndlessListing(http.server.BaseHTTPRequestHandler):
         with srv.lock:
             srv.pages += 1
             n = srv.pages
-        token = {"same": "<NextContinuationToken>tok</NextContinuationToken>",
-                 "new": f"<NextContinuationToken>tok-{n}</NextContinuationToken>", "none": ""}[srv.mode]
+        token = {"same": "<NextContinuationToken>tok</NextContinuationToken>", "none": "", "outside": "",
+                 }.get(srv.mode, f"<NextContinuationToken>tok-{n}</NextContinuationToken>")
+        truncated = "false" if srv.mode == "outside" or (srv.mode == "twice" and n == 2) else "true"
+        key = {"twice": "x/cls/img-000000001.jpg", "outside": "y/cls/img.jpg"}.get(srv.mode, f"x/cls/img-{n:09d}.jpg")
         body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/'
                 f'2006-03-01/"><Name>bkt</Name><Prefix>x/</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>'
-                f"<IsTruncated>true</IsTruncated>{token}<Contents><Key>x/cls/img-{n:09d}.jpg</Key>"
+                f"<IsTruncated>{truncated}</IsTruncated>{token}<Contents><Key>{key}</Key>"
                 "<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>\"e\"</ETag><Size>3</Size>"
                 "<StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>").encode()
         self._send(200, body)
@@ -255,6 +258,22 @@ def test_a_listing_that_never_ends_is_stopped_naming_the_endpoint(mode, pages, e
     with pytest.raises(DataSourceError, match=rf"s3://bkt/x/: the listing from {endpoint} {expect}"):
         loc.list_objects()
     assert endless_listing.server.pages == pages
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode,expect", [
+    ("twice", r"lists s3://bkt/x/cls/img-000000001.jpg twice"),
+    ("outside", r"holds the key 'y/cls/img.jpg', not below 'x/'"),
+])
+def test_a_listing_with_a_key_twice_or_outside_the_prefix_is_refused(mode, expect, endless_listing, s3_endpoint):
+    """Such a key would be packed twice, or packed under a name of the prefix it is not in."""
+    from shardfeed.readers.storage import objstore
+    from shardfeed.readers.errors import DataSourceError
+
+    endpoint = endless_listing(mode)
+    loc = objstore.StoreLocation("s3://bkt/x/", storage_options={"endpoint_url": endpoint})
+    with pytest.raises(DataSourceError, match=rf"s3://bkt/x/: the listing from {endpoint} {expect}"):
+        loc.list_objects()
 
 
 @pytest.mark.timeout(60)
