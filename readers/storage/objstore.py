@@ -43,8 +43,9 @@ from .http_io import (DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, HE
 from .redact import guard_client_logs, register_secret
 from ..format.registry import describe
 from .manifest_cache import parse_manifest
-from .store_urls import (STORAGE_OPTION_KEYS, STORE_SCHEMES, is_s3_url, is_store_url, looks_like_option_key,
-                         option_hint, parse_storage_options, scrub, split_store_url, unreadable_option_message,
+from .store_urls import (STORAGE_OPTION_KEYS, STORE_SCHEMES, is_s3_url, is_store_url, listed_entry,
+                         looks_like_option_key, option_hint, parse_storage_options, scrub, sorted_listing,
+                         split_store_url, unreadable_option_message,
                          use_cli_spelling)
 
 __all__ = ["STORE_SCHEMES", "option_hint", "use_cli_spelling",
@@ -476,20 +477,12 @@ class StoreLocation(LocationBase):
         where = f"{self.base}{sub}: the listing from {self.endpoint}"
         for pages in range(1, MAX_LIST_PAGES + 1):
             resp = self._call(self.base + sub, "LIST", page)
-            for obj in resp.get("Contents", []):
-                mtime = obj.get("LastModified")
-                if not obj["Key"].startswith(prefix):
-                    raise DataSourceError(f"{where} holds the key {obj['Key']!r}, not below {prefix!r}; check it")
-                out.append((obj["Key"][n:], int(obj["Size"]), int(mtime.timestamp() * 1e9) if mtime else 0))
+            out.extend(listed_entry(obj, prefix, n, where) for obj in resp.get("Contents", []))
             if len(out) > MAX_LIST_KEYS:
                 raise DataSourceError(f"{where} passed {MAX_LIST_KEYS:,} keys after {pages:,} pages; list a narrower "
                                       "prefix (or pack the folder into shards, which lists only the shards)")
             if not resp.get("IsTruncated"):
-                out.sort()  # in key order already from a server that speaks ListObjectsV2: one pass
-                twice = next((a for (a, *_), (b, *_) in zip(out, out[1:]) if a == b), None)
-                if twice is not None:
-                    raise DataSourceError(f"{where} lists {self.base}{twice} twice; check the server")
-                return out
+                return sorted_listing(out, where, self.base)
             token[0] = resp.get("NextContinuationToken")
             if not token[0]:
                 raise DataSourceError(f"{where} says it is truncated after {pages:,} pages ({len(out):,} keys) but "

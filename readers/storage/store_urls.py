@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import UnsupportedURLError
+from ..errors import DataSourceError, UnsupportedURLError
 from .redact import redact
 
 __all__ = ["STORE_SCHEMES", "STORAGE_OPTION_KEYS", "option_hint", "use_cli_spelling", "is_store_url", "is_s3_url",
@@ -182,3 +182,31 @@ def option_hint(*pairs: tuple[str, Any]) -> str:
         return " ".join(f"--storage-option {k}={cli_value(v)}" for k, v in pairs)
     inner = ", ".join(f"{k!r}: {'...' if v is ... else repr(v)}" for k, v in pairs)
     return f"storage_options={{{inner}}}"
+
+
+def listed_entry(obj: dict[str, Any], prefix: str, n: int, where: str) -> tuple[str, int, int]:
+    """One ListObjectsV2 ``Contents`` entry as ``(name, size in bytes, mtime in ns)``, the name
+    being the key less its first ``n`` characters (the location's prefix).
+
+    Raises:
+        DataSourceError: the key is not below ``prefix`` (a server that ignores the prefix asked).
+    """
+    key = obj["Key"]
+    if not key.startswith(prefix):
+        raise DataSourceError(f"{where} holds the key {key!r}, not below {prefix!r}; check the server")
+    mtime = obj.get("LastModified")
+    return key[n:], int(obj["Size"]), int(mtime.timestamp() * 1e9) if mtime else 0
+
+
+def sorted_listing(listing: list[tuple[str, int, int]], where: str, base: str) -> list[tuple[str, int, int]]:
+    """``listing`` sorted in key order, in place (one pass for a ListObjectsV2 server, which lists
+    in key order already).
+
+    Raises:
+        DataSourceError: a key listed twice (it would be read or packed twice).
+    """
+    listing.sort()
+    twice = next((a for (a, *_), (b, *_) in zip(listing, listing[1:]) if a == b), None)
+    if twice is not None:
+        raise DataSourceError(f"{where} lists {base}{twice} twice; check the server")
+    return listing
