@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import ManifestError
 
-__all__ = ["MAX_CONTROL_FILE_BYTES", "read_small_file", "write_temp_beside", "write_bytes_atomic"]
+__all__ = ["MAX_CONTROL_FILE_BYTES", "read_at_most", "read_small_file", "write_temp_beside", "write_bytes_atomic"]
 
 #: A control file larger than this is refused (a manifest of 10 million samples' shards is a few MiB).
 MAX_CONTROL_FILE_BYTES = 256 << 20
@@ -49,16 +50,24 @@ def read_small_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_CONTRO
         os.close(fd)
         raise error(f"{path}: {what} is not a regular file (a folder, a FIFO, a device or a link to one); refused")
     with os.fdopen(fd, "rb") as f:
-        chunks, got = [], 0
-        while got <= max_bytes:
-            chunk = f.read(min(max_bytes + 1 - got, 16 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-    if got > max_bytes:
+        data = read_at_most(f, max_bytes, chunk_bytes=16 << 20)
+    if data is None:
         raise error(f"{path}: {what} is more than {max_bytes:,} bytes; refused (is this the right file?)")
-    return b"".join(chunks)
+    return data
+
+
+def read_at_most(f: BinaryIO, max_bytes: int, *, chunk_bytes: int = 1 << 20) -> bytes | None:
+    """The rest of the open binary file ``f`` when it holds at most ``max_bytes`` more bytes, else
+    None. Read in chunks of ``chunk_bytes``, so memory follows what the file holds (a pipe or a
+    growing file too), never the bound; at most ``max_bytes + 1`` bytes are read."""
+    chunks, got = [], 0
+    while got <= max_bytes:
+        chunk = f.read(min(max_bytes + 1 - got, chunk_bytes))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return None if got > max_bytes else b"".join(chunks)
 
 
 def _read_umask() -> int:

@@ -25,27 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_storage import prepare_data  # noqa: E402
 from storage_emulator import StorageEmulator, fuse_unavailable_reason  # noqa: E402
+from validate_watch import FilesDataset  # noqa: E402  (a user's map-style Dataset over image files)
 
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class FilesDataset:
-    def __init__(self, paths):
-        self.paths = [str(p) for p in paths]
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        import numpy as np
-        import torch
-        from PIL import Image
-
-        with open(self.paths[i], "rb") as f:
-            img = Image.open(f).convert("RGB").resize((32, 32))
-        return torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous(), 0
 
 
 def _run(paths, workers: int, args):

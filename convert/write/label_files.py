@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from shardfeed.readers.file_io import read_at_most
 from shardfeed.readers.format.manifest import (
     field_name_problem,
     stored_path_problem,
@@ -163,17 +164,11 @@ _NEGATIVE_INT = re.compile(r"^-[0-9]+$")
 def _read_bounded(p: Path, limit: int, what: str) -> bytes:
     """The bytes of ``p``, at most ``limit`` (read so: a file that grows, or a pipe such as
     ``--labels <(...)``, is bounded too, not just one whose size says so)."""
-    parts, got = [], 0
     with open(p, "rb") as f:
-        while got <= limit:  # in chunks: memory follows the file, never the limit
-            chunk = f.read(min(limit + 1 - got, 1 << 20))
-            if not chunk:
-                break
-            parts.append(chunk)
-            got += len(chunk)
-    if got > limit:
+        data = read_at_most(f, limit)  # in chunks: memory follows the file, never the limit
+    if data is None:
         raise ValueError(f"{p}: over the {limit} bytes {what} may have")
-    return b"".join(parts)
+    return data
 
 
 def _csv_rows(reader, p: Path):
