@@ -366,11 +366,16 @@ def _handoff_advice(nw: int | None, loader: dict, tensors: int | None, t_wait_s:
     return advice
 
 
+def _read_by_us(facts: dict) -> tuple[bool, bool]:
+    """Whether shardfeed's reader reads the data, and whether it reads a packed dataset (not a folder)."""
+    fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
+    return ours, bool(ours and fmt is not None and fmt != "folder")
+
+
 def _storage_advice(facts: dict, data: str) -> list[str]:
     """:func:`diagnose`'s storage advice (pack, stage, ``cache="memory"``), as ``facts`` allow."""
     advice: list[str] = []
-    fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
-    packed = ours and fmt is not None and fmt != "folder"
+    ours, packed = _read_by_us(facts)
     if not packed:
         advice.append(f"shardfeed pack {data} OUT --format wds: a few large shards read sequentially instead of "
                       f"one open and read per sample (then shardfeed verify {data} OUT shows the change)")
@@ -391,8 +396,7 @@ def _storage_advice(facts: dict, data: str) -> list[str]:
 def _decode_advice(facts: dict, data: str) -> list[str]:
     """:func:`diagnose`'s decode-cost advice (``--resize``, scaled decoding, the decoder), as ``facts`` allow."""
     advice: list[str] = []
-    fmt, ours = facts.get("format"), facts.get("reader") == "shardfeed"
-    packed = ours and fmt is not None and fmt != "folder"
+    ours, packed = _read_by_us(facts)
     image_size = facts.get("image_size") if ours else None
     side = facts.get("image_side")
     target = resize_target(image_size)
