@@ -5,10 +5,13 @@ For each format (WebDataset, LMDB) and size N, three fresh processes:
 
 * ``pack``: :func:`shardfeed.convert.write_dataset` of N samples (one 8x8 PNG, labels 0-9; WebDataset
   shards of ``--max-count`` samples, so the shard count grows with N too);
-* ``read``: ``open_dataset`` (``open``), a ``make_loader`` (batch 256, ``num_workers=0``, raw samples,
+* ``read``: ``open_dataset`` (``open``: the machine's first process, which parses ``manifest.json``;
+  each dataset gets an empty manifest cache, ``SHARDFEED_MANIFEST_CACHE``), a ``make_loader`` (batch 256, ``num_workers=0``, raw samples,
   shuffled) and its first batch (``first batch``), its whole epoch (``epoch``; ``--no-epoch`` stops
   after the resume point), the ``state_dict()`` taken 200 batches in, and a new loader's first batch
   after ``load_state_dict`` of it (``first batch after resume``);
+* ``open again``: ``open_dataset`` in another process (``open, another process``), which maps the
+  parsed manifest the first one left (large manifests only);
 * ``check``: :func:`shardfeed.convert.tools.check.check_dataset` (every shard or record, no decode).
 
 Each cost is wall-clock seconds, and the growth of the process's peak resident set (``ru_maxrss``)
@@ -38,7 +41,7 @@ import time
 
 BATCH = 256
 RESUME_BATCHES = 200
-COSTS = ("pack", "open", "first batch", "first batch after resume", "epoch", "check")
+COSTS = ("pack", "open", "open, another process", "first batch", "first batch after resume", "epoch", "check")
 FORMATS = ("webdataset", "lmdb")
 CLASSES = [str(i) for i in range(10)]
 
@@ -112,6 +115,16 @@ def stage_read(fmt: str, n: int, path: str, epoch: bool) -> dict:
     return steps.out
 
 
+def stage_open(fmt: str, n: int, path: str) -> dict:
+    import shardfeed.readers.sources.lmdb_source  # noqa: F401  (as in stage_read)
+    import shardfeed.readers.sources.webdataset_source  # noqa: F401
+    from shardfeed.readers import open_dataset
+
+    steps = _Steps()
+    steps.run("open, another process", lambda: open_dataset(path, decode=False))
+    return steps.out
+
+
 def stage_check(fmt: str, n: int, path: str) -> dict:
     from shardfeed.convert.tools.check import check_dataset
 
@@ -122,10 +135,10 @@ def stage_check(fmt: str, n: int, path: str) -> dict:
     return steps.out
 
 
-def _stage(args: list[str]) -> dict:
+def _stage(args: list[str], env: dict | None = None) -> dict:
     """Run one stage in a fresh process; its last output line is the JSON of its steps."""
     cmd = [sys.executable, os.path.abspath(__file__), "--stage", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if out.returncode != 0:
         raise SystemExit(f"stage {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -134,12 +147,16 @@ def _stage(args: list[str]) -> dict:
 def measure(fmt: str, n: int, root: str, *, max_count: int, epoch: bool) -> dict:
     """Every cost of ``fmt`` at ``n`` samples: ``{cost: {"s", "mb"}}`` (the dataset deleted after)."""
     path = os.path.join(root, f"{fmt}-{n}")
+    manifests = os.path.join(root, f"manifest-cache-{fmt}-{n}")
+    env = dict(os.environ, SHARDFEED_MANIFEST_CACHE=manifests)
     try:
         res = _stage(["pack", fmt, str(n), path, str(max_count)])
-        res.update(_stage(["read", fmt, str(n), path, "1" if epoch else "0"]))
+        res.update(_stage(["read", fmt, str(n), path, "1" if epoch else "0"], env))
+        res.update(_stage(["open", fmt, str(n), path], env))
         res.update(_stage(["check", fmt, str(n), path]))
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(manifests, ignore_errors=True)
     return res
 
 
@@ -189,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             out = stage_pack(fmt, int(n), path, int(rest[0]))
         elif kind == "read":
             out = stage_read(fmt, int(n), path, rest[0] == "1")
+        elif kind == "open":
+            out = stage_open(fmt, int(n), path)
         else:
             out = stage_check(fmt, int(n), path)
         print(json.dumps(out))

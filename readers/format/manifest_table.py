@@ -173,8 +173,10 @@ class ShardTable(Sequence):
         import numpy as np
 
         has = (self._rec["flags"] & _HAS_EXT) != 0
-        keys = np.unique((self._rec["ext_off"][has].astype(np.uint64) << np.uint64(32)) | self._rec["ext_len"][has])
-        return [(int(k) >> 32, int(k) & 0xFFFFFFFF) for k in keys]
+        keys = np.sort((self._rec["ext_off"][has].astype(np.uint64) << np.uint64(32)) | self._rec["ext_len"][has])
+        if keys.size:  # distinct values of the sorted keys (np.unique would import numpy.ma: ~10 ms at start-up)
+            keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+        return [(int(k) >> 32, int(k) & 0xFFFFFFFF) for k in keys.tolist()]
 
     def __len__(self) -> int:
         return self._n

@@ -28,16 +28,19 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "BUFFER_ORDER_SINCE", "ROUNDS", "round_keys", "mix64",
+__all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "BUFFER_ORDER_SINCE", "SHARD_ORDER_SINCE", "ROUNDS", "round_keys", "mix64",
            "permute", "permute_keyed", "unpermute", "CHUNK", "check_state_epoch_order"]
 
 #: The version of the epoch order (1: random-access sources shuffle a list of ``range(N)``, WebDataset
 #: workers mix through a reservoir buffer; 2: random-access sources use this module; 3: WebDataset
-#: workers mix through windows, :mod:`~shardfeed.readers.order.buffer_order`).
-EPOCH_ORDER_VERSION = 3
-#: The first version of the current random-access order, and of the current shuffle buffer order.
+#: workers mix through windows, :mod:`~shardfeed.readers.order.buffer_order`; 4: the WebDataset shard
+#: order is this module's permutation of the shard indices, not ``random.Random(seed + epoch).shuffle``).
+EPOCH_ORDER_VERSION = 4
+#: The first version of the current random-access order, of the current shuffle buffer order, and
+#: of the current WebDataset shard order.
 RANDOM_ACCESS_ORDER_SINCE = 2
 BUFFER_ORDER_SINCE = 3
+SHARD_ORDER_SINCE = 4
 #: Feistel rounds per pass.
 ROUNDS = 6
 #: Positions computed at once (bounds the temporary arrays to a few MiB).
@@ -160,9 +163,10 @@ def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: boo
     A state of version 1 has no ``epoch_order``: it was saved under epoch order 1. A state's positions
     still hold where the order it was saved under did not change: ``shuffle=False`` (the identity), a
     state at an epoch's start (nothing consumed), a random-access source's state of order 2 or later
-    (:data:`RANDOM_ACCESS_ORDER_SINCE`), a WebDataset state whose runs had no shuffle buffer (0 or 1
-    sample), or one of order 3 or later (:data:`BUFFER_ORDER_SINCE`). Any other mid-epoch state of an
-    older order is refused, and so is a mid-epoch state of a newer order than this shardfeed's.
+    (:data:`RANDOM_ACCESS_ORDER_SINCE`), or a WebDataset state of order 4 or later
+    (:data:`SHARD_ORDER_SINCE`: its shard order changed then, and its shuffle buffer's order at 3).
+    Any other mid-epoch state of an older order is refused, and so is a mid-epoch state of a newer
+    order than this shardfeed's.
 
     Args:
         state: a loader state (``ShardfeedLoader.state_dict()``), its other fields already checked.
@@ -181,14 +185,12 @@ def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: boo
     mid_epoch = state.get("samples_consumed", 0) > 0 or bool(state.get("segments"))
     if not (shuffle and mid_epoch) or order == EPOCH_ORDER_VERSION:
         return
-    runs = [state, *state.get("segments", [])]
-    buffered = not random_access and any(int(run.get("shuffle_buffer", 0)) > 1 for run in runs)
     if order > EPOCH_ORDER_VERSION:
         what = f"an epoch order newer than this shardfeed's ({EPOCH_ORDER_VERSION})"
     elif random_access and order < RANDOM_ACCESS_ORDER_SINCE:
         what = f"random-access datasets by epoch order {EPOCH_ORDER_VERSION}"
-    elif buffered and order < BUFFER_ORDER_SINCE:
-        what = f"WebDataset shuffle buffers by epoch order {EPOCH_ORDER_VERSION} (windows)"
+    elif not random_access and order < SHARD_ORDER_SINCE:
+        what = f"WebDataset shards (and shuffle buffers) by epoch order {EPOCH_ORDER_VERSION}"
     else:
         return
     raise ResumeStateError(f"the loader state was saved mid-epoch under epoch order {order}, and this "

@@ -58,13 +58,13 @@ import math
 import os
 import time
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch.utils.data
 
 from ..order.buffer_order import shuffled_windows
-from ..order.epoch import (rank_span, resumed_rank_sequence, shard_order, spans_to_ranges, worker_batch_counts_before,
+from ..order.epoch import (iter_spans, rank_span, resumed_rank_sequence, shard_order, worker_batch_counts_before,
                            worker_batches, worker_span)
 from ..errors import CorruptDataError, DataSourceError
 from ..format.manifest import TAR_BLOCK, Manifest, Sample
@@ -176,9 +176,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         self._class_to_idx = dict(manifest.class_to_idx)
         self._labels = frozenset(self._class_to_idx.values())
         self._num_samples = manifest.num_samples
-        self._counts = shard_sample_counts(manifest.shards)
+        #: samples per shard (``int64 [shards]``, manifest order)
+        self._counts = np.asarray(shard_sample_counts(manifest.shards), dtype=np.int64)
         #: packing-order index of each shard's first sample
-        self._starts = [0, *itertools.accumulate(self._counts)][:-1]
+        self._starts = (np.cumsum(self._counts) - self._counts).tolist()
         self._offsets = OffsetCache(self.offset_cache_bytes)
         #: the next epoch's first samples, read ahead in this process (:meth:`_start_ahead`)
         self._ahead: SpansAhead | None = None
@@ -435,7 +436,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
                 continue
             yield out
 
-    def _read_worker_range(self, order: list[int], epoch: int, worker: int, num_workers: int, done: int):
+    def _read_worker_range(self, order: np.ndarray, epoch: int, worker: int, num_workers: int, done: int):
         """``(index, key, parts)`` of ``worker``'s sub-range of this rank through its shuffle buffer,
         from its ``done``-th emitted sample on.
 
@@ -449,8 +450,11 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
         buffer = self.buffer_size
         first = done - done % buffer if buffer > 1 else done  # the stream place the read starts at
-        ranges = spans_to_ranges(self._counts, order, a + first, b)
-        reads = _Reads(self._iter_ranges(ranges, self._take_ahead(ranges) if done == 0 else {}))
+        ranges = iter_spans(self._counts, order, a + first, b)
+        held: dict = {}
+        if done == 0:
+            ranges, held = self._take_ahead(ranges)
+        reads = _Reads(self._iter_ranges(ranges, held))
         items = shuffled_windows(reads, buffer, num_items=b - a, seed=self.seed, epoch=epoch, rank=self.rank,
                                  worker=worker, first=done)
         yield from self._then_read_ahead(items, reads, epoch, a, b)
@@ -505,9 +509,11 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             return
         if local and not (self.location.readahead and (self._slow_epoch or storage_is_slow())):
             return
-        ranges = spans_to_ranges(self._counts, shard_order(len(self._counts), seed=self.seed, epoch=epoch,
-                                                           shuffle=self.shuffle), a, b)
         want = max(self.buffer_size, self.batch_size, 1)
+        # the first ranges only (each holds a sample at least), found here rather than in the read's thread
+        ranges = list(itertools.islice(iter_spans(self._counts, shard_order(len(self._counts), seed=self.seed,
+                                                                            epoch=epoch, shuffle=self.shuffle),
+                                                  a, b), want))
         self._ahead = SpansAhead(lambda: self._ahead_plan(ranges, want, local), max_bytes=EPOCH_AHEAD_BYTES)
 
     def _ahead_plan(self, ranges, want: int, local: bool) -> list[tuple]:
@@ -553,24 +559,28 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             return self.location.file_path(entry.name)
         return lambda: self._open_shard(entry, first, stop, self.location.where(entry.name))
 
-    def _take_ahead(self, ranges) -> dict:
-        """``{(shard, start): (stop, SpansAhead, key)}``: the spans read ahead (samples ``[start,
-        stop)`` of ``shard``, whatever epoch they were read for: the bytes are the same) that start
-        one of ``ranges`` and end within it; every other span read ahead is dropped."""
+    def _take_ahead(self, ranges: Iterator[tuple[int, int, int]]) -> tuple[Iterator[tuple[int, int, int]], dict]:
+        """``(ranges, held)``: the same ranges (an iterator), and ``{(shard, start): (stop,
+        SpansAhead, key)}``, the spans read ahead (samples ``[start, stop)`` of ``shard``, whatever
+        epoch they were read for: the bytes are the same) that start one of the first ranges and end
+        within it; every other span read ahead is dropped. Spans read ahead cover the first ranges
+        of a sub-range (:meth:`_ahead_plan`), so only as many ranges are looked at as spans are held."""
         ahead, self._ahead = self._ahead, None
         self._last_ahead = ahead
         self._slow_epoch = ahead is not None  # read ahead: the storage was slow (the memory is not)
         if ahead is None:
-            return {}
-        wanted = {(shard, start): end for shard, start, end in ranges}
+            return ranges, {}
+        spans = list(ahead.spans())
+        head = list(itertools.islice(ranges, len(spans)))
+        wanted = {(shard, start): end for shard, start, end in head}
         held = {}
-        for key in ahead.spans():
+        for key in spans:
             shard, start, stop = key
             if wanted.get((shard, start), -1) >= stop:
                 held[(shard, start)] = (stop, ahead, key)
             else:
                 ahead.discard(key)
-        return held
+        return itertools.chain(head, ranges), held
 
     def _drop_ahead(self) -> None:
         """Drop what was read ahead (an epoch that does not start afresh reads by position)."""
@@ -578,14 +588,14 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             self._ahead.close()
             self._ahead = None
 
-    def _read_positions(self, order: list[int], positions: np.ndarray):
+    def _read_positions(self, order: np.ndarray, positions: np.ndarray):
         """``(index, key, parts)`` of global positions ``positions`` in that order (a resumed epoch):
         chunk by chunk, each chunk's samples read by runs of their shards in file order; samples
         read ahead for a later chunk (within four chunks) are kept until then."""
         n = self._num_samples
         if n == 0 or len(positions) == 0:
             return
-        ordered_counts = np.asarray([self._counts[i] for i in order], dtype=np.int64)
+        ordered_counts = self._counts[np.asarray(order, dtype=np.int64)]
         ends = np.cumsum(ordered_counts)
         phys = np.asarray(positions, dtype=np.int64) % n
         slot = np.searchsorted(ends, phys, side="right")
@@ -618,18 +628,21 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         ``on_error="skip"`` a damaged shard's remaining samples are counted as skipped (and, under a
         loader, stand as ``(index, None, None)`` holes). ``held``: spans read ahead
         (:meth:`_take_ahead`), whose samples are parsed from memory."""
-        ranges = list(ranges)
         local = isinstance(self.location, LocalLocation)
         held = {} if held is None else held
-        for n, (shard, start, end) in enumerate(ranges):
+        pieces = iter(ranges)
+        nxt = next(pieces, None)
+        n = -1
+        while nxt is not None:
+            (shard, start, end), nxt, n = nxt, next(pieces, None), n + 1
             if local and (shard, start) in held and held[(shard, start)][0] < end:
                 # read ahead only in part: the shard opens while its first samples come from memory
                 self.location.open_ahead(self.manifest.shards[shard].name, 0)
-            if local and n + 1 < len(ranges) and ranges[n + 1][1] == 0 and (ranges[n + 1][0], 0) not in held:
+            if local and nxt is not None and nxt[1] == 0 and (nxt[0], 0) not in held:
                 # slow storage: the next shard opens (and its index is read) while this one decodes
-                nxt = ranges[n + 1][0]
-                self.location.open_ahead(self.manifest.shards[nxt].name, INDEXED_READ_BYTES,
-                                         prepare=lambda i=nxt: self._index(i))
+                following = nxt[0]
+                self.location.open_ahead(self.manifest.shards[following].name, INDEXED_READ_BYTES,
+                                         prepare=lambda i=following: self._index(i))
             if local and not self._slow_epoch and n and storage_is_slow():
                 self._slow_epoch = True  # the last range ended slow
             got = 0

@@ -1,17 +1,16 @@
 """A WebDataset worker's shuffle buffer (windows of ``shuffle_buffer`` samples, each emitted in a
 seeded permuted order): the samples a loader yields, fresh and resumed at every batch, against the
-order built here from the specification (shard order by ``random.Random(seed + epoch)``, the keys
+order built here from the specification (shard order by the seeded permutation of the shard indices, the keys
 read from the tar files themselves, the windows' order from :mod:`epoch_order_reference`)."""
 
 from __future__ import annotations
 
 import json
-import random
 import tarfile
 
 import pytest
 
-from .epoch_order_reference import buffer_order
+from .epoch_order_reference import buffer_order, permutation
 
 BATCH = 4
 
@@ -21,8 +20,7 @@ def _global_keys(wds, seed: int, epoch: int) -> list[str]:
     from shardfeed.readers.storage.local_manifest import load_manifest
 
     shards = load_manifest(wds).shards
-    order = list(range(len(shards)))
-    random.Random(seed + epoch).shuffle(order)
+    order = permutation(len(shards), seed, epoch)
     out = []
     for i in order:
         with tarfile.open(wds / shards[i].name) as tar:

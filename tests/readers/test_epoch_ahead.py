@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -222,6 +223,14 @@ class Spy:
         monkeypatch.setattr(SpansAhead, "take", counted_take)
         monkeypatch.setattr(SpansAhead, "_run", counted_run)
 
+    def wait_planned(self, count: int, timeout_s: float = 30.0) -> list:
+        """The plans, once ``count`` were made (the last epoch's read ahead is planned on its own
+        thread, which may not have run when the epoch's last batch arrives) or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.planned) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.planned
+
 
 def _epochs_at_2ms(wds, files, epochs: int, **kw) -> list:
     """:func:`_epochs` through the storage emulator at 2 ms per open and per read request."""
@@ -271,7 +280,7 @@ def test_remote_next_epochs_are_read_ahead_in_order(packed_wds, tiny_folder_expe
     spy = Spy(monkeypatch)
     remote = _epochs(f"{nginx_server}/wds/", tiny_folder_expected, 3, num_workers=0, shuffle_buffer=8)
     assert remote == local
-    assert len(spy.planned) == 3 and all(sum(k[2] - k[1] for k, _ in spans) == 8 for spans in spy.planned)
+    assert len(spy.wait_planned(3)) == 3 and all(sum(k[2] - k[1] for k, _ in spans) == 8 for spans in spy.planned)
     assert len([n for _, n in spy.taken if n]) >= 2  # epochs 1 and 2 began on ranges received ahead
 
 

@@ -131,7 +131,7 @@ def test_a_state_saved_mid_epoch_under_the_list_order_is_refused_for_a_shuffled_
 def test_a_state_of_the_list_order_is_kept_where_its_positions_still_hold(packed_lmdb, packed_wds):
     from shardfeed.readers import make_loader
 
-    for path, kw in ((packed_wds, {"shuffle_buffer": 0}), (packed_lmdb, {"shuffle": False})):
+    for path, kw in ((packed_wds, {"shuffle": False}), (packed_lmdb, {"shuffle": False})):
         state = _saved_state(make_loader(path, 4, num_workers=0, decode=False, seed=3, **kw))
         old = {k: v for k, v in state.items() if k != "epoch_order"} | {"version": 1}
         loader = make_loader(path, 4, num_workers=0, decode=False, seed=3, **kw)
@@ -144,24 +144,27 @@ def test_a_state_of_the_list_order_is_kept_where_its_positions_still_hold(packed
     make_loader(packed_lmdb, 4, num_workers=0, decode=False, seed=3).load_state_dict(at_start)
 
 
-def test_a_webdataset_state_saved_mid_epoch_under_the_reservoir_buffer_is_refused(packed_wds):
+def test_a_webdataset_state_saved_mid_epoch_under_an_older_shard_order_is_refused(packed_wds):
     from shardfeed.readers import make_loader
     from shardfeed.readers.errors import ResumeStateError
 
     state = _saved_state(make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16))
-    assert state["epoch_order"] == 3
+    assert state["epoch_order"] == 4
+    unbuffered = _saved_state(make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=0))
     for old in ({k: v for k, v in state.items() if k != "epoch_order"} | {"version": 1}, dict(state, epoch_order=2),
+                dict(state, epoch_order=3), dict(unbuffered, epoch_order=3),
                 dict(state, samples_consumed=0, batches_consumed=0, epoch_order=2,
                      segments=[{"world_size": 1, "num_workers": 0, "batch_size": 4, "shuffle_buffer": 16,
                                 "samples_consumed": 8}])):
-        fresh = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16)
-        with pytest.raises(ResumeStateError, match=r"epoch order [12].*WebDataset shuffle buffers.*set_epoch\(0\)"):
+        fresh = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3,
+                            shuffle_buffer=old["shuffle_buffer"])
+        with pytest.raises(ResumeStateError, match=r"epoch order [123].*WebDataset shards.*set_epoch\(0\)"):
             fresh.load_state_dict(old)
     newer = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16)
     with pytest.raises(ResumeStateError, match="newer"):
-        newer.load_state_dict(dict(state, epoch_order=4))
+        newer.load_state_dict(dict(state, epoch_order=5))
     at_start = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=3, shuffle_buffer=16)
-    at_start.load_state_dict(dict(state, epoch_order=2, samples_consumed=0, batches_consumed=0))
+    at_start.load_state_dict(dict(state, epoch_order=3, samples_consumed=0, batches_consumed=0))
     assert len(list(at_start)) == 60 // 4
 
 

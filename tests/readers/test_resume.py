@@ -196,7 +196,7 @@ def test_changed_dataset_and_other_rules_are_refused(packed_wds, packed_lmdb, tm
     next(it)
     state = json.loads(json.dumps(loader.state_dict()))
     assert state["samples_consumed"] == BATCH and state["epoch"] == 0
-    assert state["version"] == 2 and state["epoch_order"] == 3
+    assert state["version"] == 2 and state["epoch_order"] == 4
     assert {"fingerprint", "seed", "world_size", "batch_size", "num_workers"} <= set(state)
     with pytest.raises(ResumeStateError, match="another dataset"):
         make_loader(packed_lmdb, BATCH, num_workers=0, decode=False, seed=11).load_state_dict(state)
