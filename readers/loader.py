@@ -36,6 +36,7 @@ folder sources index directly.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import logging
@@ -191,6 +192,23 @@ class _EpochProgress:
         self.segments = segments
 
 
+#: The epoch iterators alive in this process, released before the interpreter exits
+#: (:func:`_release_epoch_iterators`).
+_LIVE_ITERATORS: "weakref.WeakSet[_EpochIterator]" = weakref.WeakSet()
+
+
+def _release_epoch_iterators() -> None:
+    """Drop the ``DataLoader`` iterators still held at exit (an iterator left in a global, a loop
+    left with ``break``), so their readers close their files while the modules are still whole:
+    after that, Python finalises them with their modules' names set to None, and each prints
+    "Exception ignored in: <generator ...>" on the way out."""
+    for epoch_it in list(_LIVE_ITERATORS):
+        epoch_it._it = iter(())
+
+
+atexit.register(_release_epoch_iterators)
+
+
 class _EpochIterator:
     """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end,
     and the count of batches delivered (for :meth:`ShardfeedLoader.state_dict`)."""
@@ -200,6 +218,7 @@ class _EpochIterator:
         self._loader = loader
         self._progress = progress
         self._reported = False
+        _LIVE_ITERATORS.add(self)
 
     @property
     def num_batches_delivered(self) -> int:

@@ -20,8 +20,8 @@ during that step, in MB. The growth exponent between two sizes is ``log(cost2 / 
 
 Usage::
 
-    python scripts/bench_scale.py                         # 100k and 1M, about 4 minutes on 2 cores
-    python scripts/bench_scale.py --large                 # and 10M (about 40 minutes, 35 GB of disk)
+    python scripts/bench_scale.py                         # 100k and 1M, about 1.5 minutes on 2 cores
+    python scripts/bench_scale.py --large                 # and 10M (about 12 minutes, 35 GB of disk)
     python scripts/bench_scale.py --sizes 10000,100000 --json out/bench/scale.json
 """
 
@@ -192,7 +192,7 @@ def table(results: dict, sizes: list[int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="100000,1000000", help="comma-separated sample counts (default 100k, 1M)")
-    ap.add_argument("--large", action="store_true", help="add 10M samples (slow: tens of minutes, 35 GB of disk)")
+    ap.add_argument("--large", action="store_true", help="add 10M samples (slow: about 12 minutes, 35 GB of disk)")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: webdataset, lmdb")
     ap.add_argument("--max-count", type=int, default=1000, help="WebDataset samples per shard (default 1000)")
     ap.add_argument("--no-epoch", action="store_true", help="do not time a whole epoch")

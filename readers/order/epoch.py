@@ -10,9 +10,8 @@ loader (:mod:`~shardfeed.readers.loader`). The format specification (docs/format
 
 1. shards (WebDataset): the shard order is the seeded permutation of the shard indices, place by
    place (:func:`shard_order`; ``shuffle=False`` keeps the manifest order), and the shards are laid
-   end to end; random-access
-   sources (LMDB, folder, ``cache="memory"``) use a seeded permutation of the N sample indices
-   instead, computed per position (:func:`positions_to_indices`,
+   end to end; random-access sources (LMDB, folder, ``cache="memory"``) use the same permutation of
+   the N sample indices instead, computed per position (:func:`positions_to_indices`,
    :func:`~shardfeed.readers.order.permutation.permute`), so a process computes only the positions it reads;
 2. ``G`` is cut into ``world_size`` equal contiguous ranges of ``N // world_size`` positions: the
    remainder ``N % world_size`` (the end of ``G``) is dropped, or, with ``pad=True``, every rank

@@ -28,8 +28,8 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "BUFFER_ORDER_SINCE", "SHARD_ORDER_SINCE", "ROUNDS", "round_keys", "mix64",
-           "permute", "permute_keyed", "unpermute", "CHUNK", "check_state_epoch_order"]
+__all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "BUFFER_ORDER_SINCE", "SHARD_ORDER_SINCE", "ROUNDS",
+           "round_keys", "mix64", "permute", "permute_keyed", "unpermute", "CHUNK", "check_state_epoch_order"]
 
 #: The version of the epoch order (1: random-access sources shuffle a list of ``range(N)``, WebDataset
 #: workers mix through a reservoir buffer; 2: random-access sources use this module; 3: WebDataset

@@ -183,3 +183,23 @@ def test_defaults_one_rank_one_worker_seed_0_epoch_0():
     assert samples_per_rank(7, 2) == 3 and samples_per_rank(7, 2, pad=True) == 4
     assert samples_per_rank(7, 1, batch_size=3) == 7  # drop_last off by default
     assert num_batches(7, 1, 3) == 3
+
+
+def test_a_span_deep_in_an_epoch_of_many_shards_maps_to_the_shards_at_its_places():
+    """Shards of 7 samples: position ``p`` lies at place ``p // 7`` of the shard order, which holds
+    the shard of the reference permutation at that place."""
+    from shardfeed.readers.order.epoch import iter_spans, shard_order
+
+    from .epoch_order_reference import sample_at
+
+    shards, seed, epoch = 20_000, 11, 2
+    counts = [7] * shards
+    order = shard_order(shards, seed=seed, epoch=epoch, shuffle=True)
+    start = 7 * 12_345 + 3
+    at = [sample_at(place, shards, seed, epoch) for place in range(12_345, 12_349)]
+    assert list(iter_spans(counts, order, start, start + 20)) == [(at[0], 3, 7), (at[1], 0, 7), (at[2], 0, 7),
+                                                                   (at[3], 0, 2)]
+    # past the epoch's end (pad): the positions wrap to the start of the same order
+    end = 7 * shards
+    assert list(iter_spans(counts, order, end - 2, end + 3)) == [
+        (sample_at(shards - 1, shards, seed, epoch), 5, 7), (sample_at(0, shards, seed, epoch), 0, 3)]
