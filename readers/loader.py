@@ -198,8 +198,8 @@ _LIVE_ITERATORS: "weakref.WeakSet[_EpochIterator]" = weakref.WeakSet()
 
 
 def _release_epoch_iterators() -> None:
-    """Drop the ``DataLoader`` iterators still held at exit (an iterator left in a global, a loop
-    left with ``break``), so their readers close their files while the modules are still whole:
+    """Drop the ``DataLoader`` iterators still held at exit (``it = iter(loader)`` in a global), so
+    their readers close their files while the modules are still whole:
     after that, Python finalises them with their modules' names set to None, and each prints
     "Exception ignored in: <generator ...>" on the way out."""
     for epoch_it in list(_LIVE_ITERATORS):
