@@ -203,7 +203,7 @@ def _release_epoch_iterators() -> None:
     after that, Python finalises them with their modules' names set to None, and each prints
     "Exception ignored in: <generator ...>" on the way out."""
     for epoch_it in list(_LIVE_ITERATORS):
-        epoch_it._it = iter(())
+        epoch_it._it = cast("_BaseDataLoaderIter", iter(()))  # a later next() ends the epoch
 
 
 atexit.register(_release_epoch_iterators)
