@@ -36,7 +36,6 @@ folder sources index directly.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import logging
@@ -46,13 +45,14 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 import torch.utils.data
 
-from .batching.buffers import BATCH_RING_MAX_BYTES, BatchRing, RingBatch, batch_ring_for, collate_decoded
+from .batching.buffers import BATCH_RING_MAX_BYTES, BatchRing, batch_ring_for, collate_decoded
 from .device import to_device
+from .iteration import EpochIterator, EpochProgress
 from .sources.dataset import is_url, open_dataset, open_dataset_keywords
 from .order.epoch import RankOrder, resolve_rank, resumed_samples_per_rank, validate_resume_state
 from .errors import ResumeStateError
@@ -60,9 +60,6 @@ from .order.permutation import EPOCH_ORDER_VERSION, check_state_epoch_order
 from .keywords import check_keywords, signature_keywords
 from .sources.options import check_seed
 from .sources.source_base import SourceBase
-
-if TYPE_CHECKING:
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 __all__ = ["make_loader", "LoaderOptions", "LOADER_OPTION_NAMES", "to_device", "ShardfeedLoader",
            "EpochSampler", "default_num_workers", "BATCH_RING_MAX_BYTES",
@@ -176,87 +173,6 @@ def collate_raw(batch: Sequence[Any]) -> list[Any]:
     return [s for s in batch if s is not None]
 
 
-class _EpochProgress:
-    """What the training loop received from the latest ``iter(loader)``: its epoch, the batches
-    delivered, whether it ran to its end, and the earlier runs of that epoch (``segments``) when it
-    was a resumed one. The loader holds it strongly and the iterator updates it, so an iteration
-    left early (``break``, an exception in the step, ``itertools.islice``, ``del it``) still counts
-    after its iterator is gone (the iterator holds the loader, the loader never holds the iterator)."""
-
-    __slots__ = ("epoch", "batches", "finished", "segments")
-
-    def __init__(self, epoch: int, segments: list[dict[str, Any]]) -> None:
-        self.epoch = int(epoch)
-        self.batches = 0
-        self.finished = False
-        self.segments = segments
-
-
-#: The epoch iterators alive in this process, released before the interpreter exits
-#: (:func:`_release_epoch_iterators`).
-_LIVE_ITERATORS: "weakref.WeakSet[_EpochIterator]" = weakref.WeakSet()
-
-
-def _release_epoch_iterators() -> None:
-    """Drop the ``DataLoader`` iterators still held at exit (``it = iter(loader)`` in a global), so
-    their readers close their files while the modules are still whole:
-    after that, Python finalises them with their modules' names set to None, and each prints
-    "Exception ignored in: <generator ...>" on the way out."""
-    for epoch_it in list(_LIVE_ITERATORS):
-        epoch_it._it = cast("_BaseDataLoaderIter", iter(()))  # a later next() ends the epoch
-
-
-atexit.register(_release_epoch_iterators)
-
-
-class _EpochIterator:
-    """The ``DataLoader``'s iterator, plus one report of the epoch's skipped samples at its end,
-    and the count of batches delivered (for :meth:`ShardfeedLoader.state_dict`)."""
-
-    def __init__(self, it: _BaseDataLoaderIter, loader: "ShardfeedLoader", progress: _EpochProgress) -> None:
-        self._it = it
-        self._loader = loader
-        self._progress = progress
-        self._reported = False
-        _LIVE_ITERATORS.add(self)
-
-    @property
-    def num_batches_delivered(self) -> int:
-        """Batches delivered so far in this iteration."""
-        return self._progress.batches
-
-    @property
-    def finished(self) -> bool:
-        """True once the iteration has ended (``StopIteration``)."""
-        return self._progress.finished
-
-    def __iter__(self) -> "_EpochIterator":
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            self._progress.finished = True
-            if not self._reported:
-                self._reported = True
-                self._loader._report_epoch(self._progress.epoch)
-            raise
-        if type(batch) is tuple and len(batch) == 2 and isinstance(batch[0], RingBatch):
-            # a worker's batch in a reused shared-memory slot: a view of it, held while the loop holds it
-            ring = self._loader._batch_ring
-            assert ring is not None  # a RingBatch comes only from a loader with a ring
-            batch = ring.take_batch(batch[0], pin_memory=self._loader._pin_ring)
-        self._progress.batches += 1  # the batch is the loop's from here on, whatever it does with it
-        return batch
-
-    def __len__(self) -> int:
-        return len(self._it)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
-
-
 class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
     """A ``DataLoader`` that tells its dataset (and sampler) the epoch before each iteration.
 
@@ -283,10 +199,10 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         #: each iteration hands it, or None, to the source (``SourceBase.use_batch_ring``) before its workers start
         self._batch_ring = batch_ring if isinstance(self.dataset, SourceBase) else None
         self._pin_ring = bool(pin_ring)  # batches taken from the ring are copied into page-locked memory
-        self._ring_user: "weakref.ref[_EpochIterator] | None" = None  # the iteration whose workers use the ring
-        self._latest: "weakref.ref[_EpochIterator] | None" = None  # the latest iteration started
+        self._ring_user: "weakref.ref[EpochIterator] | None" = None  # the iteration whose workers use the ring
+        self._latest: "weakref.ref[EpochIterator] | None" = None  # the latest iteration started
         self._next_epoch = 0
-        self._progress: _EpochProgress | None = None  # the latest iteration's (see state_dict)
+        self._progress: EpochProgress | None = None  # the latest iteration's (see state_dict)
         self._resume: dict[str, Any] | None = None  # {"epoch", "segments"} in effect
         self._resume_started = False
 
@@ -309,7 +225,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         if self._epoch_sampler is not None:
             self._epoch_sampler.set_resume(plan)
 
-    def __iter__(self) -> _EpochIterator:  # type: ignore[override]  # DataLoader's says _BaseDataLoaderIter
+    def __iter__(self) -> EpochIterator:  # type: ignore[override]  # DataLoader's says _BaseDataLoaderIter
         live = self._latest() if self._latest is not None else None
         if (live is not None and not live.finished and self.num_workers > 0 and not self.persistent_workers
                 and isinstance(self.dataset, SourceBase)):
@@ -330,7 +246,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         elif hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(e)
         segments = list(self._resume["segments"]) if self._resume is not None else []
-        progress = _EpochProgress(e, segments)
+        progress = EpochProgress(e, segments)
         ring = self._batch_ring
         if ring is not None and not self.persistent_workers and self._ring_in_use():
             # another iteration's workers write into the slots: this one's make their batches the
@@ -341,7 +257,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             ring.reclaim()  # slots of batches an earlier iteration never took
         if self._batch_ring is not None:
             cast(SourceBase, ds).use_batch_ring(ring)  # the workers started below copy it
-        it = _EpochIterator(super().__iter__(), self, progress)
+        it = EpochIterator(super().__iter__(), self, progress)
         if ring is not None:
             self._ring_user = weakref.ref(it)
         self._latest = weakref.ref(it)

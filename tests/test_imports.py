@@ -179,7 +179,7 @@ def test_the_checks_see_imports_inside_functions():
 #: (errors, version, keywords, runtime, background, file_io, sizes), below every stage.
 STAGES = {
     "shardfeed.convert": ["cli", "tools", "write|writers"],
-    "shardfeed.readers": ["integrations|consumers", "measure", "loader|device", "sources", "decode|batching",
+    "shardfeed.readers": ["integrations|consumers", "measure", "loader|iteration|device", "sources", "decode|batching",
                           "storage", "order", "format"],
 }
 

@@ -450,10 +450,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         a, b = worker_span(start, stop, num_workers, worker, batch_size=self.batch_size)
         buffer = self.buffer_size
         first = done - done % buffer if buffer > 1 else done  # the stream place the read starts at
-        ranges = iter_spans(self._counts, order, a + first, b)
-        held: dict = {}
-        if done == 0:
-            ranges, held = self._take_ahead(ranges)
+        ranges: Iterator[tuple[int, int, int]] = iter_spans(self._counts, order, a + first, b)
+        ranges, held = self._take_ahead(ranges) if done == 0 else (ranges, {})
         reads = _Reads(self._iter_ranges(ranges, held))
         items = shuffled_windows(reads, buffer, num_items=b - a, seed=self.seed, epoch=epoch, rank=self.rank,
                                  worker=worker, first=done)
@@ -510,10 +508,8 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         if local and not (self.location.readahead and (self._slow_epoch or storage_is_slow())):
             return
         want = max(self.buffer_size, self.batch_size, 1)
-        # the first ranges only (each holds a sample at least), found here rather than in the read's thread
-        ranges = list(itertools.islice(iter_spans(self._counts, shard_order(len(self._counts), seed=self.seed,
-                                                                            epoch=epoch, shuffle=self.shuffle),
-                                                  a, b), want))
+        order = shard_order(len(self._counts), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        ranges = list(itertools.islice(iter_spans(self._counts, order, a, b), want))  # each holds a sample
         self._ahead = SpansAhead(lambda: self._ahead_plan(ranges, want, local), max_bytes=EPOCH_AHEAD_BYTES)
 
     def _ahead_plan(self, ranges, want: int, local: bool) -> list[tuple]:
@@ -560,11 +556,10 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
         return lambda: self._open_shard(entry, first, stop, self.location.where(entry.name))
 
     def _take_ahead(self, ranges: Iterator[tuple[int, int, int]]) -> tuple[Iterator[tuple[int, int, int]], dict]:
-        """``(ranges, held)``: the same ranges (an iterator), and ``{(shard, start): (stop,
-        SpansAhead, key)}``, the spans read ahead (samples ``[start, stop)`` of ``shard``, whatever
-        epoch they were read for: the bytes are the same) that start one of the first ranges and end
-        within it; every other span read ahead is dropped. Spans read ahead cover the first ranges
-        of a sub-range (:meth:`_ahead_plan`), so only as many ranges are looked at as spans are held."""
+        """``(ranges, held)``: the same ranges, and ``{(shard, start): (stop, SpansAhead, key)}``, the
+        spans read ahead (samples ``[start, stop)`` of ``shard``, whatever epoch they were read for)
+        that start one of the first ranges (where :meth:`_ahead_plan` puts them) and end within it;
+        every other span read ahead is dropped."""
         ahead, self._ahead = self._ahead, None
         self._last_ahead = ahead
         self._slow_epoch = ahead is not None  # read ahead: the storage was slow (the memory is not)

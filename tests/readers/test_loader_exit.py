@@ -58,7 +58,7 @@ def test_an_iterator_held_at_exit_prints_nothing_on_the_way_out(hundred_shards, 
 
 def test_releasing_the_iterators_closes_their_shard_files(hundred_shards):
     from shardfeed.readers import make_loader
-    from shardfeed.readers.loader import _release_epoch_iterators
+    from shardfeed.readers.iteration import release_epoch_iterators
 
     def open_shards() -> int:
         fds = os.listdir("/proc/self/fd")
@@ -67,5 +67,5 @@ def test_releasing_the_iterators_closes_their_shard_files(hundred_shards):
     it = iter(make_loader(hundred_shards, 256, num_workers=0, decode=False, seed=0))
     next(it)
     assert open_shards() >= 1  # the shard being read
-    _release_epoch_iterators()
+    release_epoch_iterators()
     assert open_shards() == 0
