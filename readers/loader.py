@@ -344,7 +344,6 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             raise ResumeStateError(f"loader state version {got!r} is not {STATE_VERSION}: it was saved by another "
                                    "shardfeed; start the epoch afresh (loader.set_epoch(epoch))")
         validate_resume_state(state, num_samples=ds.num_samples)
-        check_state_epoch_order(state, random_access=getattr(ds, "map_style", False), shuffle=ds.shuffle)
         if state.get("fingerprint") != ds.fingerprint:
             raise ResumeStateError(f"the loader state was saved for another dataset (fingerprint "
                                    f"{str(state.get('fingerprint'))[:12]}..., this one {ds.fingerprint[:12]}...): "
@@ -374,6 +373,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             raise ResumeStateError(f"loader state field samples_consumed (or one of segments) does not fit the "
                                    f"epoch: {exc}; pass what loader.state_dict() returned, or start the epoch "
                                    "afresh with loader.set_epoch(epoch)") from None
+        check_state_epoch_order(state, random_access=getattr(ds, "map_style", False), shuffle=ds.shuffle,
+                                finished=bool(segments) and left == 0)
         if segments and left == 0:
             epoch, segments = epoch + 1, []  # the epoch was consumed to its end
         self._next_epoch = epoch

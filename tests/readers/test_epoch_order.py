@@ -277,3 +277,25 @@ def test_iterating_a_source_directly_each_worker_reads_its_own_batches(packed_lm
         assert [s.data for s in samples] == [tiny_folder_expected[ds[i].meta["path"]][0] for i in mine]
         got += mine
     assert sorted(got) == list(range(n))
+
+
+def test_a_state_of_an_older_order_saved_after_the_epochs_last_batch_resumes_at_the_next_epoch(packed_wds, packed_lmdb):
+    """A state saved once the loop received the epoch's last batch (before the loop saw its end)
+    names no position: it resumes at the start of the next epoch, whatever order it was saved under."""
+    from shardfeed.readers import make_loader
+
+    for path, kw, order in ((packed_wds, {"shuffle_buffer": 16}, 3), (packed_wds, {"shuffle_buffer": 0}, 1),
+                            (packed_lmdb, {}, 1), (packed_wds, {"shuffle_buffer": 16}, 5)):
+        loader = make_loader(path, 4, num_workers=0, decode=False, seed=3, **kw)
+        it = iter(loader)
+        for _ in range(60 // 4):  # the epoch's 15 batches, and not the StopIteration after them
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert (state["epoch"], state["samples_consumed"]) == (0, 60)
+        old = dict(state, epoch_order=order) if order > 1 else {
+            k: v for k, v in state.items() if k != "epoch_order"} | {"version": 1}
+        fresh = make_loader(path, 4, num_workers=0, decode=False, seed=3, **kw)
+        fresh.load_state_dict(old)
+        assert (fresh.state_dict()["epoch"], fresh.state_dict()["samples_consumed"]) == (1, 0)
+        keys = [s.key for batch in fresh for s in batch]
+        assert len(keys) == 60 and len(set(keys)) == 60  # all of epoch 1, each sample once
