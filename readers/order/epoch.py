@@ -388,18 +388,19 @@ def _worker_order(a: int, b: int, *, shuffle: bool, buffer: int, seed: int, epoc
 
 def fresh_rank_sequence(num_samples: int, *, rank: int, world_size: int, batch_size: int, num_workers: int,
                         buffer: int, seed: int, epoch: int, shuffle: bool, pad: bool = False,
-                        drop_last: bool = False) -> np.ndarray:
+                        drop_last: bool = False, streams: bool = False) -> np.ndarray:
     """The rank's positions in ``G`` in the order its batches are delivered, for a fresh epoch.
 
-    ``buffer <= 1`` (random-access sources, or no shuffle buffer): the rank's range in order.
-    Else the WebDataset rule of the module docstring (worker sub-ranges, shuffle buffers, round
-    robin of batches over ``num_workers`` workers).
+    Random-access sources (``streams=False``: the sampler hands out the positions), or one worker
+    without a shuffle buffer: the rank's range in order. Else the WebDataset rule of the module
+    docstring (``streams=True``: worker sub-ranges, shuffle buffers, round robin of batches over
+    ``num_workers`` workers), with or without a buffer.
 
     Returns:
         ``int64 [L]`` positions (``>= N`` for padded ones: ``p % N``).
     """
     start, stop = rank_span(num_samples, rank, world_size, pad=pad, batch_size=batch_size, drop_last=drop_last)
-    if not shuffle or buffer <= 1:
+    if (not shuffle or buffer <= 1) and (not streams or num_workers <= 1):
         return np.arange(start, stop, dtype=np.int64)
     w_count = max(1, int(num_workers))
     parts, keys = [], []
@@ -445,8 +446,9 @@ def resumed_samples_per_rank(num_samples: int, segments: Iterable[Mapping], *, w
 
 
 def remaining_sequence(num_samples: int, segments: Sequence[Mapping], *, seed: int, epoch: int, shuffle: bool,
-                       pad: bool = False, drop_last: bool = False) -> np.ndarray | None:
+                       pad: bool = False, drop_last: bool = False, streams: bool = False) -> np.ndarray | None:
     """What is left of the epoch after the earlier runs ``segments`` (None: nothing consumed yet).
+    ``streams``: the runs read a WebDataset, a stream per worker (:func:`fresh_rank_sequence`).
 
     Returns:
         ``int64 [M]``: positions in ``G``, rank 0's rest first, each rank's in delivery order.
@@ -459,7 +461,7 @@ def remaining_sequence(num_samples: int, segments: Sequence[Mapping], *, seed: i
         ws, nw, bs, win, k = _check_segment(seg, num_samples)
         seqs = [_segment_rank_sequence(num_samples, rest, rank=r, world_size=ws, batch_size=bs, num_workers=nw,
                                        buffer=win, seed=seed, epoch=epoch, shuffle=shuffle, pad=pad,
-                                       drop_last=drop_last) for r in range(ws)]
+                                       drop_last=drop_last, streams=streams) for r in range(ws)]
         if seqs and k > len(seqs[0]):
             raise ValueError(f"a resume segment consumed {k} samples per rank but its ranks had {len(seqs[0])}")
         rest = np.concatenate([s[k:] for s in seqs]) if seqs else np.empty(0, dtype=np.int64)
@@ -468,11 +470,11 @@ def remaining_sequence(num_samples: int, segments: Sequence[Mapping], *, seed: i
 
 def _segment_rank_sequence(num_samples: int, rest: np.ndarray | None, *, rank: int, world_size: int,
                            batch_size: int, num_workers: int, buffer: int, seed: int, epoch: int, shuffle: bool,
-                           pad: bool, drop_last: bool) -> np.ndarray:
+                           pad: bool, drop_last: bool, streams: bool = False) -> np.ndarray:
     if rest is None:
         return fresh_rank_sequence(num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
                                    num_workers=num_workers, buffer=buffer, seed=seed, epoch=epoch,
-                                   shuffle=shuffle, pad=pad, drop_last=drop_last)
+                                   shuffle=shuffle, pad=pad, drop_last=drop_last, streams=streams)
     m = len(rest)
     start, stop = rank_span(m, rank, world_size, pad=pad, batch_size=batch_size, drop_last=drop_last)
     if m == 0 or stop <= start:
@@ -482,18 +484,19 @@ def _segment_rank_sequence(num_samples: int, rest: np.ndarray | None, *, rank: i
 
 def resumed_rank_sequence(num_samples: int, segments: Sequence[Mapping], *, rank: int, world_size: int,
                           batch_size: int, num_workers: int, buffer: int, seed: int, epoch: int, shuffle: bool,
-                          pad: bool = False, drop_last: bool = False) -> np.ndarray:
+                          pad: bool = False, drop_last: bool = False, streams: bool = False) -> np.ndarray:
     """The rank's positions in delivery order for this run, after the earlier runs ``segments``
-    (a fresh epoch when ``segments`` is empty).
+    (a fresh epoch when ``segments`` is empty). ``streams``: a WebDataset, a stream per worker
+    (:func:`fresh_rank_sequence`).
 
     Returns:
         ``int64 [L]`` positions in ``G`` (``p % N`` for padded ones).
     """
     rest = remaining_sequence(num_samples, segments, seed=seed, epoch=epoch, shuffle=shuffle, pad=pad,
-                              drop_last=drop_last)
+                              drop_last=drop_last, streams=streams)
     return _segment_rank_sequence(num_samples, rest, rank=rank, world_size=world_size, batch_size=batch_size,
                                   num_workers=num_workers, buffer=buffer, seed=seed, epoch=epoch,
-                                  shuffle=shuffle, pad=pad, drop_last=drop_last)
+                                  shuffle=shuffle, pad=pad, drop_last=drop_last, streams=streams)
 
 
 def worker_batches(sequence: np.ndarray, *, batch_size: int, num_workers: int, worker: int) -> np.ndarray:

@@ -341,7 +341,7 @@ class WebDatasetSource(SourceBase, torch.utils.data.IterableDataset):
             seq = resumed_rank_sequence(self._num_samples, segments, rank=self.rank, world_size=self.world_size,
                                         batch_size=self.batch_size, num_workers=num_workers, buffer=self.buffer_size,
                                         seed=self.seed, epoch=epoch, shuffle=self.shuffle, pad=self.pad,
-                                        drop_last=self.drop_last)
+                                        drop_last=self.drop_last, streams=True)
             mine = worker_batches(seq, batch_size=self.batch_size, num_workers=num_workers, worker=worker)
             raw = self._read_positions(order, mine)
         c2i = self._class_to_idx
