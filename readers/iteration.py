@@ -46,7 +46,10 @@ def release_epoch_iterators() -> None:
     their readers close their files while the modules are still whole. Finalised later, with their
     modules' names set to None, each would print "Exception ignored in: <generator ...>"."""
     for epoch_it in list(_LIVE_ITERATORS):
-        epoch_it._it = cast("_BaseDataLoaderIter", iter(()))  # a later next() ends the epoch
+        # a later next() (a thread still iterating, an exit handler) stops, and the epoch stays
+        # where the loop left it: the loader's state_dict() still names the batches not yet read
+        epoch_it._released = True
+        epoch_it._it = cast("_BaseDataLoaderIter", iter(()))
 
 
 at_exit(release_epoch_iterators)
@@ -62,6 +65,7 @@ class EpochIterator:
         self._loader = loader
         self._progress = progress
         self._reported = False
+        self._released = False  # by release_epoch_iterators: its end is not the epoch's
         _LIVE_ITERATORS.add(self)
 
     @property
@@ -81,6 +85,8 @@ class EpochIterator:
         try:
             batch = next(self._it)
         except StopIteration:
+            if self._released:
+                raise
             self._progress.finished = True
             if not self._reported:
                 self._reported = True

@@ -69,3 +69,23 @@ def test_releasing_the_iterators_closes_their_shard_files(hundred_shards):
     assert open_shards() >= 1  # the shard being read
     release_epoch_iterators()
     assert open_shards() == 0
+
+
+def test_a_released_iterator_stops_without_ending_the_epoch(packed_wds):
+    """A ``next()`` after the exit release (a thread still iterating, an exit handler) stops, and the
+    loader's state still names the batches not yet read: a checkpoint saved then resumes the epoch."""
+    from shardfeed.readers import make_loader
+    from shardfeed.readers.iteration import release_epoch_iterators
+
+    loader = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=0)
+    it = iter(loader)
+    read = [s.key for _ in range(2) for s in next(it)]
+    release_epoch_iterators()
+    with pytest.raises(StopIteration):
+        next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["samples_consumed"]) == (0, 8)
+    fresh = make_loader(packed_wds, 4, num_workers=0, decode=False, seed=0)
+    fresh.load_state_dict(state)
+    rest = [s.key for batch in fresh for s in batch]
+    assert sorted(read + rest) == [f"{i:09d}" for i in range(60)]  # the epoch's other 52 samples, once each
