@@ -442,8 +442,8 @@ def make_loader(source_or_dataset: Any, batch_size: int, *, num_workers: int | N
         pin_memory: page-locked batches for fast ``non_blocking`` copies (default: CUDA available).
         prefetch_factor: batches each worker prepares ahead (ignored without workers).
         persistent_workers: keep workers between epochs (only with ``num_workers > 0``).
-        shuffle: shuffle each epoch (shard order + shuffle buffer, or a permutation), seeded by
-            ``seed + epoch``.
+        shuffle: shuffle each epoch (shard order + shuffle buffer, or a permutation), keyed by
+            ``(seed, epoch)``.
         seed: the run's seed (shuffling and random transforms).
         drop_last: drop each rank's last partial batch.
         pad: give every rank ``ceil(N / world_size)`` samples by repeating samples from the start

@@ -86,7 +86,7 @@ class ReadOptions:
         resize_size: evaluation: the shorter side (pixels) before the central ``image_size`` crop.
         crop_pct: timm's spelling of the same: ``resize_size = floor(image_size / crop_pct)``.
         seed: the run's seed (shuffling and random transforms); stored as ``int``.
-        shuffle: shuffle each epoch (seeded by ``seed + epoch``).
+        shuffle: shuffle each epoch (keyed by ``(seed, epoch)``).
         pad: fill the remainder ``N % world_size`` by repeating samples instead of dropping it.
         rank, world_size: explicit values (None: from ``torch.distributed`` or the environment, see
             :func:`~shardfeed.readers.order.epoch.resolve_rank`).

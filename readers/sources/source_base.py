@@ -130,7 +130,7 @@ class SourceBase:
     ``max_decode_bytes``, ``seed``, ``resize_size``, ``crop_pct``:
     :class:`~shardfeed.readers.decode.transforms.SampleDecoder`), ``decode`` (False yields raw
     :class:`~shardfeed.readers.format.manifest.Sample` tuples), ``on_error`` (``"raise"`` or ``"skip"``),
-    ``shuffle`` (each epoch, seeded by ``seed + epoch``), ``pad`` (fill the remainder
+    ``shuffle`` (each epoch, keyed by ``(seed, epoch)``), ``pad`` (fill the remainder
     ``N % world_size`` by repeating samples instead of dropping it), ``rank``/``world_size``
     (see :func:`~shardfeed.readers.sources.dataset.resolve_rank`) and ``fields``: extra fields to yield
     beside image and label (manifest version 3, e.g. ``("txt", "json")``): decoded items become
