@@ -288,6 +288,7 @@ def iter_spans(counts: Sequence[int] | np.ndarray, order: Sequence[int] | np.nda
     :data:`_SPAN_BLOCK` shards at a time, so a reader that starts deep into an epoch, or stops
     early, builds only the pieces it reads.
     """
+    start, stop = int(start), int(stop)  # numpy integers too: the pieces hold Python ints
     order_arr = np.asarray(order, dtype=np.int64)
     in_order = np.asarray(counts, dtype=np.int64)[order_arr] if len(order_arr) else np.zeros(0, np.int64)
     total = int(in_order.sum())

@@ -203,3 +203,44 @@ def test_a_span_deep_in_an_epoch_of_many_shards_maps_to_the_shards_at_its_places
     end = 7 * shards
     assert list(iter_spans(counts, order, end - 2, end + 3)) == [
         (sample_at(shards - 1, shards, seed, epoch), 5, 7), (sample_at(0, shards, seed, epoch), 0, 3)]
+
+
+def _pieces_by_position(counts, order, start, stop):
+    """``(shard, start, end)`` pieces of positions ``[start, stop)`` built one position at a time:
+    the shards laid end to end in ``order``, position ``p`` standing for ``p % N``; consecutive
+    samples of one shard joined."""
+    flat = [(s, i) for s in order for i in range(counts[s])]
+    out = []
+    for p in range(start, stop) if flat else ():
+        s, i = flat[p % len(flat)]
+        if out and out[-1][0] == s and out[-1][2] == i:
+            out[-1] = (s, out[-1][1], i + 1)
+        else:
+            out.append((s, i, i + 1))
+    return out
+
+
+def test_spans_match_the_positions_one_by_one():
+    """Empty shards anywhere (first, last, all), one shard, ranges that wrap several times (pad),
+    empty ranges, counts and positions as lists or numpy: the pieces of the positions themselves,
+    as Python ints."""
+    import numpy as np
+
+    from shardfeed.readers.order.epoch import iter_spans, shard_order
+
+    rng = random.Random(7)
+    cases = [([0, 3, 0], [0, 1, 2]), ([5], [0]), ([0, 0], [1, 0]), ([2, 0, 4, 1, 0], [4, 2, 0, 1, 3]), ([0], [0])]
+    cases += [([rng.choice([0, 0, 1, 2, 3, 7]) for _ in range(n)], None) for n in range(1, 9) for _ in range(20)]
+    for counts, order in cases:
+        order = order if order is not None else shard_order(len(counts), seed=rng.randint(0, 9), epoch=1,
+                                                            shuffle=True).tolist()
+        n = sum(counts)
+        for _ in range(12):
+            start = rng.randint(0, 3 * n + 2)
+            stop = start + rng.randint(-1, 3 * n + 3)
+            want = _pieces_by_position(counts, order, start, stop)
+            for c, o, a, b in ((counts, order, start, stop),
+                               (np.asarray(counts), np.asarray(order), np.int64(start), np.int64(stop))):
+                got = list(iter_spans(c, o, a, b))
+                assert got == want, (counts, order, start, stop)
+                assert all(type(x) is int for piece in got for x in piece), got
