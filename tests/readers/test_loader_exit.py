@@ -89,3 +89,30 @@ def test_a_released_iterator_stops_without_ending_the_epoch(packed_wds):
     fresh.load_state_dict(state)
     rest = [s.key for batch in fresh for s in batch]
     assert sorted(read + rest) == [f"{i:09d}" for i in range(60)]  # the epoch's other 52 samples, once each
+
+
+_WORKERS_SCRIPT = textwrap.dedent("""
+    import sys
+    from shardfeed.readers import make_loader
+
+    path = sys.argv[1]
+    held = []
+    for persistent in (True, False):
+        loader = make_loader(path, 4, num_workers=2, decode=False, seed=0, persistent_workers=persistent,
+                             shuffle_buffer=8)
+        it = iter(loader)  # workers alive, their queues full, until the interpreter exits
+        next(it)
+        held.append((loader, it))
+    print("read", flush=True)
+""")
+
+
+def test_iterators_with_live_workers_held_at_exit_end_with_the_process(packed_wds, tmp_path):
+    """Two loaders with two workers each (persistent and not), their iterators held in globals: the
+    process exits by itself (the subprocess limit only guards against a hang), and quietly."""
+    env = dict(os.environ, SHARDFEED_MANIFEST_CACHE="off")
+    out = subprocess.run([sys.executable, "-P", "-c", _WORKERS_SCRIPT, str(packed_wds)], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "read"
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
