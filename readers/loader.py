@@ -291,7 +291,8 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         ``batches_consumed``, ``seed``, ``shuffle``, ``pad``, ``drop_last``, ``num_samples``,
         ``world_size``, ``batch_size``, ``num_workers``, ``shuffle_buffer`` (WebDataset, samples; 0
         for random-access sources), ``epoch_order`` (the version of the epoch order,
-        :data:`~shardfeed.readers.order.permutation.EPOCH_ORDER_VERSION`) and ``segments`` (earlier runs of
+        :data:`~shardfeed.readers.order.permutation.EPOCH_ORDER_VERSION`), ``access`` (``"stream"``: a
+        WebDataset read by worker streams; ``"random"``: indices from the sampler) and ``segments`` (earlier runs of
         this epoch when it was itself resumed). Call it between batches (after a step): a batch the loop has
         received counts as consumed. Under DDP every rank returns the same values (save rank 0's).
 
@@ -321,7 +322,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
                  "samples_consumed": min(batches * ds.batch_size, length), "batches_consumed": batches,
                  **self._rules(), "world_size": ds.world_size, "batch_size": ds.batch_size,
                  "num_workers": self.num_workers, "shuffle_buffer": ds.buffer_size, "epoch_order": EPOCH_ORDER_VERSION,
-                 "segments": segments}
+                 "access": "random" if getattr(ds, "map_style", False) else "stream", "segments": segments}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -375,6 +376,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
                                    "afresh with loader.set_epoch(epoch)") from None
         check_state_epoch_order(state, random_access=getattr(ds, "map_style", False), shuffle=ds.shuffle,
                                 finished=bool(segments) and left == 0)
+        self._check_state_access(state, finished=bool(segments) and left == 0)
         if segments and left == 0:
             epoch, segments = epoch + 1, []  # the epoch was consumed to its end
         self._next_epoch = epoch
@@ -385,6 +387,23 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             self._epoch_sampler.set_epoch(epoch)
         log.info("resuming epoch %d after %d earlier run(s): %d samples left on this rank", epoch, len(segments),
                  left if segments else 0)
+
+    def _check_state_access(self, state: dict[str, Any], *, finished: bool) -> None:
+        """Refuse a mid-epoch state saved by a loader that read the epoch the other way: a stream per
+        worker (``access="stream"``: WebDataset) or indices handed out by the sampler
+        (``access="random"``: LMDB, folders, ``cache="memory"``). The positions are delivered in
+        another order, so resuming would repeat some samples and skip others. A state without
+        ``access`` is a stream's when its ``shuffle_buffer`` is over 1 (random-access loaders save 0)."""
+        mine = "random" if getattr(self._source(), "map_style", False) else "stream"
+        theirs = state.get("access", "stream" if state.get("shuffle_buffer", 0) > 1 else None)
+        mid_epoch = not finished and (state.get("samples_consumed", 0) > 0 or bool(state.get("segments")))
+        if mid_epoch and theirs not in (None, mine):
+            how = {"stream": "a stream per worker (a WebDataset read from its shards)",
+                   "random": "indices from the sampler (LMDB, a folder, or cache=\"memory\")"}
+            raise ResumeStateError(f"the loader state was saved mid-epoch by a loader that read {how[theirs]}, "
+                                   f"and this one reads {how[mine]}: the same positions hold other samples. "
+                                   "Make the loader as when the state was saved (the same cache= option), or "
+                                   f"start the epoch afresh with loader.set_epoch({state.get('epoch')})")
 
     def _report_epoch(self, epoch: int) -> None:
         ds = self.dataset

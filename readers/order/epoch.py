@@ -113,6 +113,7 @@ def validate_resume_state(state: Mapping, *, num_samples: int) -> None:
     * ``world_size`` and ``batch_size`` in ``1..`` (:data:`MAX_RESUME_WORLD_SIZE` ranks),
       ``num_workers`` in ``0..``:data:`MAX_RESUME_WORKERS`, ``shuffle_buffer`` and
       ``samples_consumed`` non-negative, the latter at most ``num_samples`` (the epoch's length);
+    * ``access``, when present, ``"stream"`` or ``"random"``;
     * ``segments`` a list of at most :data:`MAX_RESUME_SEGMENTS` objects with the same
       :data:`SEGMENT_KEYS` fields, checked the same way.
 
@@ -160,6 +161,8 @@ def validate_resume_state(state: Mapping, *, num_samples: int) -> None:
     integer(state, "num_samples", "num_samples", 0, _MAX_RESUME_INT)
     integer(state, "epoch", "epoch", 0, _MAX_RESUME_INT)
     integer(state, "batches_consumed", "batches_consumed", 0, _MAX_RESUME_INT)
+    if "access" in state and state["access"] not in ("stream", "random"):
+        raise bad("access", f"is {state['access']!r}, not \"stream\" or \"random\"")
     segment(state, "")
     segments = state.get("segments", [])
     if not isinstance(segments, list) or len(segments) > MAX_RESUME_SEGMENTS:

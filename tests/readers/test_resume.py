@@ -219,3 +219,39 @@ def test_changed_dataset_and_other_rules_are_refused(packed_wds, packed_lmdb, tm
         make_loader(packed_wds, BATCH, num_workers=0, decode=False, seed=12).load_state_dict(state)
     with pytest.raises(ResumeStateError, match="version"):
         make_loader(packed_wds, BATCH, num_workers=0, decode=False, seed=11).load_state_dict(dict(state, version=99))
+
+
+def test_a_stream_state_and_a_random_access_state_do_not_resume_each_other(packed_wds, tiny_folder_expected):
+    """A WebDataset read by worker streams and the same dataset read through ``cache="memory"``
+    deliver an epoch's positions in other orders: a mid-epoch state of one is refused by the other."""
+    from shardfeed.readers import make_loader
+    from shardfeed.readers.errors import ResumeStateError
+
+    def saved(loader):
+        it = iter(loader)
+        next(it)
+        return json.loads(json.dumps(loader.state_dict()))
+
+    def stream():
+        return make_loader(packed_wds, BATCH, num_workers=0, decode=False, seed=11)
+
+    def memory():
+        return make_loader(packed_wds, BATCH, num_workers=0, decode=False, seed=11, cache="memory")
+
+    from_stream, from_memory = saved(stream()), saved(memory())
+    assert (from_stream["access"], from_memory["access"]) == ("stream", "random")
+    with pytest.raises(ResumeStateError, match=r"stream per worker.*cache=.*set_epoch\(0\)"):
+        memory().load_state_dict(from_stream)
+    with pytest.raises(ResumeStateError, match="indices from the sampler"):
+        stream().load_state_dict(from_memory)
+    older = {k: v for k, v in from_stream.items() if k != "access"}  # saved before states named it
+    with pytest.raises(ResumeStateError, match="stream per worker"):
+        memory().load_state_dict(older)
+    with pytest.raises(ResumeStateError, match="access"):
+        stream().load_state_dict(dict(from_stream, access="sideways"))
+    for state, loader in ((from_stream, stream()), (from_memory, memory())):  # its own kind resumes
+        loader.load_state_dict(state)
+        assert len(list(loader)) == len(loader) > 0
+    start = memory()  # at an epoch's start the positions name nothing yet
+    start.load_state_dict(dict(from_stream, samples_consumed=0, batches_consumed=0))
+    assert sum(len(b) for b in start) == len(tiny_folder_expected)  # the whole epoch, every planted image
