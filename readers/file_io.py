@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from .errors import ManifestError
 
@@ -56,13 +56,16 @@ def read_small_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_CONTRO
     return data
 
 
-def read_at_most(f: BinaryIO, max_bytes: int, *, chunk_bytes: int = 1 << 20) -> bytes | None:
+def read_at_most(f: BinaryIO | Callable[[int], bytes], max_bytes: int, *,
+                 chunk_bytes: int = 1 << 20) -> bytes | None:
     """The rest of the open binary file ``f`` when it holds at most ``max_bytes`` more bytes, else
     None. Read in chunks of ``chunk_bytes``, so memory follows what the file holds (a pipe or a
-    growing file too), never the bound; at most ``max_bytes + 1`` bytes are read."""
+    growing file too), never the bound; at most ``max_bytes + 1`` bytes are read. ``f`` may also
+    be a function ``read(n) -> bytes`` (a response body; ``b""`` at its end)."""
+    read = f if callable(f) else f.read
     chunks, got = [], 0
     while got <= max_bytes:
-        chunk = f.read(min(max_bytes + 1 - got, chunk_bytes))
+        chunk = read(min(max_bytes + 1 - got, chunk_bytes))
         if not chunk:
             break
         chunks.append(chunk)

@@ -59,6 +59,7 @@ from typing import BinaryIO, Callable
 
 from ..background import before_join
 from ..errors import DataSourceError, ManifestError
+from ..file_io import read_at_most
 from ..format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .http_transport import (DEFAULT_DEADLINE_S, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, DRAIN_MAX_BYTES, DRAIN_S,
                              MAX_REDIRECTS, POOL_CONNECTIONS, Permanent, content_coding, finish_answer, header,
@@ -192,27 +193,28 @@ def http_get(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = D
             if length is not None and length > max_bytes:
                 raise Permanent(DataSourceError(f"{url}: {what} is {length:,} bytes (Content-Length), more than the "
                                                  f"{max_bytes:,} accepted; refused (is this the right URL?)"))
-            parts = []
-            while True:
+
+            def read(n: int) -> bytes:
+                nonlocal got
                 try:
-                    chunk = read_body(resp, 1 << 16)
+                    chunk = read_body(resp, n)
                 except (OSError, http.client.HTTPException):
                     if reply.late:
                         raise reply.deadline_error(got) from None
                     raise
-                if not chunk:
-                    break
                 got += len(chunk)
-                if got > max_bytes:
-                    raise Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; refused "
-                                                     "(is this the right URL?)"))
-                parts.append(chunk)
+                return chunk
+
+            body = read_at_most(read, max_bytes, chunk_bytes=1 << 16)
+            if body is None:
+                raise Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; refused "
+                                                 "(is this the right URL?)"))
             if reply.late:
                 raise reply.deadline_error(got)
             if length is not None and got != length:
                 raise http.client.IncompleteRead(b"", length - got)
             try:
-                return decode_content(url, b"".join(parts), content_coding(resp), max_bytes, what)
+                return decode_content(url, body, content_coding(resp), max_bytes, what)
             except DataSourceError as exc:
                 raise Permanent(exc) from None
         finally:

@@ -34,6 +34,7 @@ import time
 from typing import BinaryIO, Iterator
 
 from ..errors import DataSourceError, ManifestError, StorageAccessError, UnsupportedURLError
+from ..file_io import read_at_most
 from ..format.manifest import MANIFEST_NAME, PACK_STATE_DIR, Manifest
 from .local_manifest import unfinished_pack_error
 from .location import LocationBase, check_byte_range
@@ -391,28 +392,29 @@ class StoreLocation(LocationBase):
                 if length is not None and int(length) > max_bytes:
                     raise _Permanent(DataSourceError(f"{url}: {what} is {int(length):,} bytes, more than the "
                                                      f"{max_bytes:,} accepted; refused (is this the right object?)"))
-                raw = getattr(body, "_raw_stream", None)
-                read = getattr(raw, "read1", None) or body.read  # read1: one socket read, so the deadline holds
-                parts, got = [], 0
-                while True:
+                read = getattr(getattr(body, "_raw_stream", None), "read1", None) or body.read
+                got = 0  # bytes received; read1 is one socket read, so the deadline below holds
+
+                def timed_read(n: int) -> bytes:
+                    nonlocal got
                     if time.monotonic() - started > self.deadline_s:
                         raise _Permanent(DataSourceError(
                             f"{url}: no complete answer within {self.deadline_s:g} s ({got:,} bytes received); the "
                             "store is too slow or sends the body a trickle at a time: check the server"))
-                    chunk = read(1 << 16)
-                    if not chunk:
-                        break
+                    chunk = read(n)
                     got += len(chunk)
-                    if got > max_bytes:
-                        raise _Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; "
-                                                         "refused (is this the right object?)"))
-                    parts.append(chunk)
+                    return chunk
+
+                data = read_at_most(timed_read, max_bytes, chunk_bytes=1 << 16)
+                if data is None:
+                    raise _Permanent(DataSourceError(f"{url}: {what} sends more than {max_bytes:,} bytes; "
+                                                     "refused (is this the right object?)"))
                 if length is not None and got != int(length):
                     raise DataSourceError(f"{url}: the body ended after {got:,} of {int(length):,} bytes")
                 codings = [c.strip().lower() for c in str(resp.get("ContentEncoding") or "").split(",")
                            if c.strip() and c.strip().lower() not in ("identity", "aws-chunked")]
                 try:
-                    return decode_content(url, b"".join(parts), codings, max_bytes, what)
+                    return decode_content(url, data, codings, max_bytes, what)
                 except DataSourceError as exc:
                     raise _Permanent(exc) from None
             finally:
