@@ -374,9 +374,10 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
             raise ResumeStateError(f"loader state field samples_consumed (or one of segments) does not fit the "
                                    f"epoch: {exc}; pass what loader.state_dict() returned, or start the epoch "
                                    "afresh with loader.set_epoch(epoch)") from None
+        mid_epoch = bool(segments) and left > 0  # positions consumed and positions left
         check_state_epoch_order(state, random_access=getattr(ds, "map_style", False), shuffle=ds.shuffle,
-                                finished=bool(segments) and left == 0)
-        self._check_state_access(state, finished=bool(segments) and left == 0)
+                                mid_epoch=mid_epoch)
+        self._check_state_access(state, mid_epoch=mid_epoch)
         if segments and left == 0:
             epoch, segments = epoch + 1, []  # the epoch was consumed to its end
         self._next_epoch = epoch
@@ -388,7 +389,7 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         log.info("resuming epoch %d after %d earlier run(s): %d samples left on this rank", epoch, len(segments),
                  left if segments else 0)
 
-    def _check_state_access(self, state: dict[str, Any], *, finished: bool) -> None:
+    def _check_state_access(self, state: dict[str, Any], *, mid_epoch: bool) -> None:
         """Refuse a mid-epoch state saved by a loader that read the epoch the other way: a stream per
         worker (``access="stream"``: WebDataset) or indices handed out by the sampler
         (``access="random"``: LMDB, folders, ``cache="memory"``). The positions are delivered in
@@ -396,7 +397,6 @@ class ShardfeedLoader(torch.utils.data.DataLoader[Any]):
         ``access`` is a stream's when its ``shuffle_buffer`` is over 1 (random-access loaders save 0)."""
         mine = "random" if getattr(self._source(), "map_style", False) else "stream"
         theirs = state.get("access", "stream" if state.get("shuffle_buffer", 0) > 1 else None)
-        mid_epoch = not finished and (state.get("samples_consumed", 0) > 0 or bool(state.get("segments")))
         if mid_epoch and theirs not in (None, mine):
             how = {"stream": "a stream per worker (a WebDataset read from its shards)",
                    "random": "indices from the sampler (LMDB, a folder, or cache=\"memory\")"}

@@ -157,13 +157,13 @@ def unpermute(indices: np.ndarray, num_samples: int, *, seed: int, epoch: int) -
     return permute(indices, num_samples, seed=seed, epoch=epoch, inverse=True)
 
 
-def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: bool, finished: bool = False) -> None:
+def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: bool, mid_epoch: bool) -> None:
     """Refuse a loader state whose positions mean other samples under this epoch order.
 
     A state of version 1 has no ``epoch_order``: it was saved under epoch order 1. A state's positions
     still hold where the order it was saved under did not change: ``shuffle=False`` (the identity), a
-    state at an epoch's start (nothing consumed) or at its end (``finished``: it resumes at the next
-    epoch's start), a random-access source's state of order 2 or later
+    state at an epoch's start (nothing consumed) or at its end (it resumes at the next epoch's
+    start), a random-access source's state of order 2 or later
     (:data:`RANDOM_ACCESS_ORDER_SINCE`), or a WebDataset state of order 4 or later
     (:data:`SHARD_ORDER_SINCE`: its shard order changed then, and its shuffle buffer's order at 3).
     Any other mid-epoch state of an older order is refused, and so is a mid-epoch state of a newer
@@ -173,8 +173,8 @@ def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: boo
         state: a loader state (``ShardfeedLoader.state_dict()``), its other fields already checked.
         random_access: the loader's source is random-access (LMDB, folder, memory).
         shuffle: the loader shuffles.
-        finished: the state's epoch has no samples left (its last batch was received before the state
-            was saved); its positions name nothing.
+        mid_epoch: the state names positions inside its epoch: some consumed, some left (at an
+            epoch's start or after its last batch, its positions name nothing).
 
     Raises:
         ResumeStateError: ``epoch_order`` is not an integer, or names another order where it matters.
@@ -185,7 +185,6 @@ def check_state_epoch_order(state: Mapping, *, random_access: bool, shuffle: boo
     if type(order) is not int:
         raise ResumeStateError(f"loader state field epoch_order is {order!r}, not an integer: pass what "
                                "loader.state_dict() returned, or start the epoch afresh with loader.set_epoch(epoch)")
-    mid_epoch = not finished and (state.get("samples_consumed", 0) > 0 or bool(state.get("segments")))
     if not (shuffle and mid_epoch) or order == EPOCH_ORDER_VERSION:
         return
     if order > EPOCH_ORDER_VERSION:
