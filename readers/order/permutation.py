@@ -28,7 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "BUFFER_ORDER_SINCE", "SHARD_ORDER_SINCE", "ROUNDS",
+__all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "SHARD_ORDER_SINCE", "ROUNDS",
            "round_keys", "mix64", "permute", "permute_keyed", "unpermute", "CHUNK", "check_state_epoch_order"]
 
 #: The version of the epoch order (1: random-access sources shuffle a list of ``range(N)``, WebDataset
@@ -36,10 +36,9 @@ __all__ = ["EPOCH_ORDER_VERSION", "RANDOM_ACCESS_ORDER_SINCE", "BUFFER_ORDER_SIN
 #: workers mix through windows, :mod:`~shardfeed.readers.order.buffer_order`; 4: the WebDataset shard
 #: order is this module's permutation of the shard indices, not ``random.Random(seed + epoch).shuffle``).
 EPOCH_ORDER_VERSION = 4
-#: The first version of the current random-access order, of the current shuffle buffer order, and
-#: of the current WebDataset shard order.
+#: The first version of the current random-access order, and of the current WebDataset order (its
+#: shard order; its shuffle buffer's order dates from 3).
 RANDOM_ACCESS_ORDER_SINCE = 2
-BUFFER_ORDER_SINCE = 3
 SHARD_ORDER_SINCE = 4
 #: Feistel rounds per pass.
 ROUNDS = 6
